@@ -1,0 +1,46 @@
+# dflash — a newcomer needs two commands: `make run` and `make test`.
+# Everything is provisioned from here: uv (from PyPI), the torch==2.11.0 wheel that provides
+# libtorch (into the project-local .venv), and the Rust build. Nothing else is downloaded.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+VENV        := .venv
+UV          := python3 -m uv
+TORCH_STAMP := $(VENV)/.provisioned-torch-2.11.0
+RUN_DIR     ?= runs/default
+
+# tch/torch-sys build against the wheel's libtorch (C++11 ABI), never a downloaded zip.
+LIBTORCH_DIR = $(shell $(VENV)/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+CARGO = LIBTORCH="$(LIBTORCH_DIR)" LIBTORCH_CXX11_ABI=1 cargo
+
+.PHONY: build run test lint fmt bench doctor clean provision
+
+$(TORCH_STAMP): pyproject.toml uv.lock
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --frozen
+	@$(VENV)/bin/python -c 'import torch; assert torch.__version__.startswith("2.11.0"), torch.__version__'
+	@touch $@
+
+provision: $(TORCH_STAMP)
+
+build: provision
+	$(CARGO) build --release --workspace
+
+run: build
+	./target/release/dflashd start --foreground --run-dir $(RUN_DIR)
+
+test: provision
+	$(CARGO) test --workspace --release
+
+lint: provision
+	cargo fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+doctor: build
+	./target/release/dflashd doctor
+
+clean:
+	cargo clean

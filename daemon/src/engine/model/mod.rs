@@ -1,0 +1,1 @@
+//! Model code: one module per model, weights loaded by name.

@@ -1,0 +1,1 @@
+//! The DFlash training step and everything around it.

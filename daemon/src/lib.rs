@@ -1,0 +1,9 @@
+//! dflashd: DFlash drafter training on libtorch, plus the runtime that guards a week-long run.
+//!
+//! Layout:
+//! - [`engine`]: the math. `model/` (target models, drafter, attention) and `train/`
+//!   (anchors, loss, optimizer, checkpoints, evaluation).
+//! - [`runtime`]: workers, the hidden-state queue, the run lifecycle.
+//! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
+//! - [`control`]: the Unix-socket control plane, journal and pending actions.
+pub mod engine;

@@ -1,0 +1,27 @@
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// dflashd — trains DFlash speculative-decoding drafters and guards the run.
+#[derive(Parser)]
+#[command(name = "dflashd", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print what this binary runs on: libtorch, CUDA, devices, NVML.
+    Doctor,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Doctor => {
+            println!("cuda available: {}", tch::Cuda::is_available());
+            println!("cuda devices: {}", tch::Cuda::device_count());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Types and pure logic shared by `dflashd` and `dflash-tui`.
+//!
+//! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
+//! this crate says what the bytes mean and judges the numbers.
+pub mod actions;
+pub mod events;
+pub mod metrics;
+pub mod protocol;
+pub mod status;

@@ -1,0 +1,139 @@
+//! Telemetry samples: what the daemon measures and streams to consoles.
+//!
+//! Every optional field is `None` when the number could not be read. A GPU figure that NVML or
+//! libtorch did not report is never filled in with a guess.
+use serde::{Deserialize, Serialize};
+
+/// Unix time in milliseconds (UTC).
+pub type TimestampMs = i64;
+
+/// Wall time spent in each phase of one optimizer step, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimes {
+    pub data_wait_ms: f64,
+    pub target_forward_ms: f64,
+    pub queue_wait_ms: f64,
+    pub drafter_forward_backward_ms: f64,
+    pub all_reduce_ms: f64,
+    pub optimizer_ms: f64,
+    pub total_ms: f64,
+}
+
+/// Throughput of one worker thread (one device).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerThroughput {
+    /// e.g. "cuda:3" or "cpu".
+    pub device: String,
+    pub role: DeviceRole,
+    /// Training-sequence tokens this worker consumed per second.
+    pub tokens_per_s: f64,
+}
+
+/// One optimizer step. This is also the schema of a `--metrics-jsonl` line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub ts_ms: TimestampMs,
+    pub step: u64,
+    pub epoch: u32,
+    pub loss: f64,
+    /// Top-1 accuracy over weighted draft positions.
+    pub accuracy: f64,
+    /// Offline acceptance length; only on evaluation steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tau: Option<f64>,
+    pub lr: f64,
+    pub grad_norm: f64,
+    /// Tokens of training sequences consumed per second, all workers together.
+    pub tokens_per_s: f64,
+    #[serde(default)]
+    pub workers: Vec<WorkerThroughput>,
+    #[serde(default)]
+    pub times: StepTimes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceRole {
+    Target,
+    Drafter,
+    /// A single device that runs both (the CPU default).
+    Both,
+    Idle,
+}
+
+/// libtorch caching-allocator statistics for one CUDA device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorStats {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// One NVML reading of one GPU. Fields NVML could not read are `None`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub ts_ms: TimestampMs,
+    pub index: u32,
+    pub name: String,
+    pub role: DeviceRole,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub utilization_pct: Option<u32>,
+    pub power_w: Option<f64>,
+    pub temperature_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorStats>,
+}
+
+/// Host-side reading, always available (sysinfo).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostSample {
+    pub ts_ms: TimestampMs,
+    pub process_rss_bytes: u64,
+    pub host_memory_used_bytes: u64,
+    pub host_memory_total_bytes: u64,
+    pub process_cpu_pct: f32,
+}
+
+/// Whether GPU telemetry exists at all, and why not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum GpuTelemetry {
+    Available { gpus: Vec<GpuSample> },
+    /// e.g. "NVML unavailable: libnvidia-ml.so.1 not found".
+    Unavailable { reason: String },
+}
+
+/// The hidden-state queue between target and drafter workers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStats {
+    pub ts_ms: TimestampMs,
+    pub depth: usize,
+    pub capacity: usize,
+    pub high_watermark: usize,
+    pub low_watermark: usize,
+    pub bytes_resident: u64,
+    pub byte_cap: u64,
+    /// Items pushed / popped per second over the last sampling interval.
+    pub producer_rate: f64,
+    pub consumer_rate: f64,
+    /// Cumulative time producers spent blocked on a full queue.
+    pub producer_blocked_ms: f64,
+    /// Cumulative time consumers spent waiting on an empty queue.
+    pub consumer_starved_ms: f64,
+}
+
+/// Warm/cold state of one compile or kernel cache directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheState {
+    /// e.g. "torchinductor", "triton", "cuda_compute_cache", "dflash_warmup".
+    pub name: String,
+    pub path: String,
+    pub present: bool,
+    pub size_bytes: u64,
+    pub entries: u64,
+    pub last_change_ms: Option<TimestampMs>,
+    pub warm: bool,
+}
