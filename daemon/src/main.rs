@@ -1,5 +1,6 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use dflashd::cli;
 
 /// dflashd — trains DFlash speculative-decoding drafters and guards the run.
 #[derive(Parser)]
@@ -18,10 +19,6 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Doctor => {
-            println!("cuda available: {}", tch::Cuda::is_available());
-            println!("cuda devices: {}", tch::Cuda::device_count());
-            Ok(())
-        }
+        Command::Doctor => cli::doctor::run(),
     }
 }

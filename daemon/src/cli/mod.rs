@@ -1,0 +1,2 @@
+//! One module per subcommand; `main.rs` only parses and dispatches.
+pub mod doctor;
