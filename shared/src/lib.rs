@@ -6,4 +6,5 @@ pub mod actions;
 pub mod events;
 pub mod metrics;
 pub mod protocol;
+pub mod recording;
 pub mod status;
