@@ -326,11 +326,11 @@ mod tests {
         assert!(q.equal(&p));
         assert_eq!(fresh.step_count(), 1);
 
-        let mut bad = master.clone();
+        let mut bad: HashMap<String, Tensor> = master.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         bad.insert("p".into(), Tensor::zeros([3], (Kind::Float, Device::Cpu)));
         let err = fresh.restore(&bad, &moments, 1).unwrap_err();
         assert!(err.to_string().contains("shape [3]"), "{err}");
-        let mut missing = moments.clone();
+        let mut missing: HashMap<String, Tensor> = moments.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         missing.remove("exp_avg_sq.p");
         assert!(matches!(fresh.restore(&master, &missing, 1), Err(OptimError::MissingState(n)) if n == "exp_avg_sq.p"));
     }
