@@ -211,6 +211,21 @@ pub fn load_jsonl(path: &Path, opts: &DataOptions) -> Result<(Vec<Sample>, DataR
     Ok((samples, report))
 }
 
+/// SHA-256 over the parsed samples (ids and masks), so a resumed run can tell whether its data
+/// changed underneath it, whatever file or format it came from.
+pub fn fingerprint(samples: &[Sample]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for s in samples {
+        h.update((s.input_ids.len() as u64).to_le_bytes());
+        for id in &s.input_ids {
+            h.update(id.to_le_bytes());
+        }
+        h.update(&s.loss_mask);
+    }
+    hex::encode(h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +282,18 @@ mod tests {
         }
         assert_eq!((r.lines, r.samples), (11, 1));
         assert!(r.to_string().contains("10 bad lines skipped"));
+    }
+
+    #[test]
+    fn fingerprint_changes_with_any_token_or_mask_bit() {
+        let a = vec![Sample { input_ids: vec![1, 2], loss_mask: vec![1, 1], line: 1 }];
+        let mut b = a.clone();
+        b[0].loss_mask[0] = 0;
+        let mut c = a.clone();
+        c[0].input_ids[1] = 3;
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(fingerprint(&a), fingerprint(&c));
     }
 
     #[test]
