@@ -1,2 +1,4 @@
 //! Model code: one module per model, weights loaded by name.
+pub mod attention;
+pub mod drafter;
 pub mod layers;

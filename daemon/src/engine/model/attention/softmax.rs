@@ -1,0 +1,67 @@
+//! Masked attention that also returns a differentiable log-sum-exp, so that two attentions
+//! over disjoint key sets can be merged exactly.
+use tch::{Kind, Tensor};
+
+/// Score of a hidden key. Finite on purpose: a row whose keys are all hidden (a block at
+/// anchor 0 has no context) then gets a uniform softmax and an LSE near this value instead of
+/// NaN; its merge weight `exp(lse - lse_total)` underflows to exactly 0, so neither its output
+/// nor its gradient reaches anything. `-inf` would give `exp(-inf - -inf) = NaN`.
+pub(crate) const HIDDEN_SCORE: f64 = -1.0e30;
+
+/// `q` `[..., Tq, D]`, `k`/`v` `[..., Tk, D]` (broadcastable batch dims), `visible` bool
+/// broadcastable to `[..., Tq, Tk]`. Returns `(out [..., Tq, D]` in `q`'s dtype,
+/// `lse [..., Tq]` fp32`)`. Scores, softmax and LSE are fp32 whatever the activation dtype.
+pub(crate) fn attention_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, visible: &Tensor, scale: f64) -> (Tensor, Tensor) {
+    let scores = q.matmul(&k.transpose(-2, -1)).to_kind(Kind::Float) * scale;
+    let scores = scores.masked_fill(&visible.logical_not(), HIDDEN_SCORE);
+    let probs = scores.softmax(-1, Kind::Float);
+    // d lse / d scores = probs. Writing lse as `Σ probs.detach() · scores` plus a constant
+    // gives that gradient while autograd saves only `probs`, which the softmax and the PV
+    // matmul save anyway; `scores.logsumexp()` would keep a second score-sized fp32 tensor
+    // alive until backward.
+    let lse_value = tch::no_grad(|| scores.logsumexp([-1], false));
+    let linear = (probs.detach() * &scores).sum_dim_intlist(-1, false, Kind::Float);
+    let lse = &linear + (lse_value - linear.detach());
+    let out = probs.to_kind(q.kind()).matmul(v);
+    (out, lse)
+}
+
+/// Exact merge of two attentions of the same queries over disjoint key sets:
+/// `softmax` over the union equals the LSE-weighted mix of the parts.
+/// `out_*` `[..., D]` (activation dtype), `lse_*` `[...]` fp32. Returns the activation dtype.
+pub(crate) fn merge_by_lse(out_a: &Tensor, lse_a: &Tensor, out_b: &Tensor, lse_b: &Tensor) -> Tensor {
+    let total = lse_a.logaddexp(lse_b);
+    let weight_a = (lse_a - &total).exp().unsqueeze(-1);
+    let weight_b = (lse_b - &total).exp().unsqueeze(-1);
+    let merged = out_a.to_kind(Kind::Float) * weight_a + out_b.to_kind(Kind::Float) * weight_b;
+    merged.to_kind(out_a.kind())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn split_keys_merged_by_lse_equal_one_softmax_in_value_and_gradient() {
+        tch::manual_seed(3);
+        let opts = (Kind::Float, Device::Cpu);
+        let q = Tensor::randn([2, 5, 8], opts).set_requires_grad(true);
+        let k = Tensor::randn([2, 9, 8], opts).set_requires_grad(true);
+        let v = Tensor::randn([2, 9, 8], opts).set_requires_grad(true);
+        let visible = Tensor::rand([2, 5, 9], opts).gt(0.3);
+        // Row 0 of batch 0 sees nothing in the first part.
+        let _ = visible.get(0).get(0).narrow(0, 0, 4).fill_(0);
+        let _ = visible.narrow(-1, 4, 5).fill_(1);
+        let (whole, _) = attention_with_lse(&q, &k, &v, &visible, 0.3);
+        let (a, la) = attention_with_lse(&q, &k.narrow(1, 0, 4), &v.narrow(1, 0, 4), &visible.narrow(-1, 0, 4), 0.3);
+        let (b, lb) = attention_with_lse(&q, &k.narrow(1, 4, 5), &v.narrow(1, 4, 5), &visible.narrow(-1, 4, 5), 0.3);
+        let merged = merge_by_lse(&a, &la, &b, &lb);
+        assert!(merged.allclose(&whole, 1e-5, 1e-6, false));
+        let probe = Tensor::randn([2, 5, 8], opts);
+        let grads = |out: &Tensor| Tensor::run_backward(&[(out * &probe).sum(Kind::Float)], &[&q, &k, &v], false, false);
+        for (x, y) in grads(&merged).iter().zip(grads(&whole).iter()) {
+            assert!(x.allclose(y, 1e-5, 1e-6, false), "gradient differs: {}", (x - y).abs().max());
+        }
+    }
+}
