@@ -14,11 +14,20 @@ struct Cli {
 enum Command {
     /// Print what this binary runs on: libtorch, CUDA, devices, NVML.
     Doctor,
+    /// Train (with no config: the embedded tiny default on the CPU).
+    Start(cli::start::StartArgs),
+    /// Offline evaluation of a drafter: τ, per-position acceptance, recall@k, loss.
+    Eval(cli::eval::EvalArgs),
+    /// Write a checkpoint's drafter in the Hugging Face layout.
+    Export(cli::export::ExportArgs),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor => cli::doctor::run(),
+        Command::Start(args) => cli::start::run(args),
+        Command::Eval(args) => cli::eval::run(args),
+        Command::Export(args) => cli::export::run(args),
     }
 }
