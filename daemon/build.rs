@@ -4,22 +4,30 @@
 //!    `LD_LIBRARY_PATH`. We embed the libtorch lib dir (a RUNPATH, so an explicit
 //!    `LD_LIBRARY_PATH`, e.g. a GPU node's own torch, still wins).
 //! 2. libtorch_cuda: nothing in our code references a symbol of it, so the default
-//!    `--as-needed` drops it and CUDA silently looks absent. We link it with the
-//!    `-as-needed` modifier whenever the wheel ships it.
+//!    `--as-needed` drops it and CUDA silently looks absent. We link it inside a
+//!    `--no-as-needed` bracket whenever the wheel ships it (the `-as-needed` link modifier
+//!    is still nightly-only).
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    let Ok(lib_dir) = std::env::var("DEP_TORCH_SYS_LIBTORCH_LIB") else {
+    let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         println!("cargo:warning=torch-sys did not report its libtorch lib dir; binaries will need LD_LIBRARY_PATH");
         return;
     };
     let lib_dir = PathBuf::from(lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     println!("cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}", lib_dir.display());
-    for cuda_lib in ["torch_cuda", "c10_cuda"] {
-        if lib_dir.join(format!("lib{cuda_lib}.so")).exists() {
-            println!("cargo:rustc-link-lib=dylib:-as-needed={cuda_lib}");
-        }
+    let cuda_libs: Vec<String> = ["torch_cuda", "c10_cuda"]
+        .iter()
+        .filter(|name| lib_dir.join(format!("lib{name}.so")).exists())
+        .map(|name| format!("-l{name}"))
+        .collect();
+    if !cuda_libs.is_empty() {
+        println!(
+            "cargo:rustc-link-arg=-Wl,-L{},--no-as-needed,{},--as-needed",
+            lib_dir.display(),
+            cuda_libs.join(",")
+        );
     }
 }
