@@ -2,3 +2,6 @@
 pub mod attention;
 pub mod drafter;
 pub mod layers;
+pub mod error;
+pub mod target;
+pub mod weights;
