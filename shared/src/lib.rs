@@ -5,6 +5,7 @@
 pub mod actions;
 pub mod events;
 pub mod format;
+pub mod health;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
