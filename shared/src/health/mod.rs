@@ -70,7 +70,10 @@ impl Transition {
     /// Entering (or moving between) Warn and Crit starts a regression; returning to Ok ends it.
     pub fn to_event_kind(&self) -> EventKind {
         if self.to == Level::Ok {
-            EventKind::RegressionEnded { detector: self.detector.clone(), message: self.message.clone() }
+            EventKind::RegressionEnded {
+                detector: self.detector.clone(),
+                message: self.message.clone(),
+            }
         } else {
             EventKind::RegressionStarted {
                 detector: self.detector.clone(),
@@ -136,8 +139,15 @@ mod tests {
                 message: "collapse".into()
             }
         );
-        let ended = Transition { from: Level::Crit, to: Level::Ok, ..t };
-        assert!(matches!(ended.to_event_kind(), EventKind::RegressionEnded { .. }));
+        let ended = Transition {
+            from: Level::Crit,
+            to: Level::Ok,
+            ..t
+        };
+        assert!(matches!(
+            ended.to_event_kind(),
+            EventKind::RegressionEnded { .. }
+        ));
         assert_eq!(ended.severity(), Severity::Info);
     }
 

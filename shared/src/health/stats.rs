@@ -8,7 +8,11 @@ pub(crate) fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
 }
 
 /// Population mean and standard deviation; `None` when empty.
@@ -32,6 +36,9 @@ mod tests {
         assert_eq!(median([4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median([f64::NAN, 1.0]), Some(1.0));
         assert_eq!(median(Vec::<f64>::new()), None);
-        assert_eq!(mean_std(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]), Some((5.0, 2.0)));
+        assert_eq!(
+            mean_std(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]),
+            Some((5.0, 2.0))
+        );
     }
 }
