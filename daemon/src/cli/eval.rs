@@ -60,10 +60,19 @@ pub struct EvalArgs {
     pub rows_per_forward: usize,
     #[arg(long, value_enum, default_value = "block-sparse")]
     pub attention: AttentionArg,
+    /// CPU threads for libtorch (default: libtorch's choice).
+    #[arg(long)]
+    pub threads: Option<i32>,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
+    if let Some(n) = args.threads {
+        if n < 1 {
+            bail!("--threads: expected at least 1, found {n}");
+        }
+        tch::set_num_threads(n);
+    }
     let kind = match args.dtype.as_deref() {
         None => compute_kind(device),
         Some("f32" | "float32") => Kind::Float,

@@ -33,6 +33,10 @@ pub struct StartArgs {
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// CPU threads for libtorch's intra-op parallelism. The tiny default's tensors are too small
+    /// to gain from more than one, and spinning threads collapse throughput on a shared machine.
+    #[arg(long, default_value_t = 1)]
+    pub threads: i32,
     /// Print a progress line every this many steps (0: only evaluations).
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
@@ -75,6 +79,10 @@ fn install_stop_handlers() {
 
 pub fn run(args: StartArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
+    if args.threads < 1 {
+        bail!("--threads: expected at least 1, found {}", args.threads);
+    }
+    tch::set_num_threads(args.threads);
     std::fs::create_dir_all(&args.run_dir).with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
     let cfg = embedded::tiny_train_config();
     let target = embedded::tiny_target(Some(&args.run_dir), device)?;

@@ -2,10 +2,21 @@
 //! schedule, data, checkpoints, evaluation and the trainer loop.
 pub mod anchors;
 pub mod checkpoint;
+pub mod config;
 pub mod data;
+pub mod drafter_io;
+pub mod embedded;
+pub mod error;
+pub mod eval;
 pub mod labels;
 pub mod loader;
 pub mod loss;
 pub mod optim;
+pub mod resume;
 pub mod rng;
 pub mod schedule;
+pub mod trainer;
+
+pub use config::TrainConfig;
+pub use error::TrainError;
+pub use trainer::Trainer;
