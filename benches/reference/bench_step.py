@@ -76,9 +76,9 @@ def main():
         meta, b = load_case(args.case, device, dtype)
         model = load_drafter(args.case / "drafter", dtype, device)
         if args.compile:
-            import torch._dynamo
+            from torch import _dynamo
 
-            torch._dynamo.config.cache_size_limit = max(64, model.cfg.num_layers * 4)
+            _dynamo.config.cache_size_limit = max(64, model.cfg.num_layers * 4)
             model.compile()
         labels, block_ids, targets, weights = check_labels(model, meta, b)
         result.update(labels)

@@ -242,7 +242,7 @@ def weighted_ce_backward(out, lm_head, targets, weights, denominator: float, chu
         (numerator / denominator).backward()
         with torch.no_grad():
             correct += int((logits.argmax(-1) == t).sum())
-        weighted += float(numerator)
+        weighted += float(numerator.detach())
     if hidden.grad is not None:
         out.backward(hidden.grad)
     return weighted, float(w.sum()), correct, int(idx.numel())

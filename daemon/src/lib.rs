@@ -6,5 +6,6 @@
 //! - [`runtime`]: workers, the hidden-state queue, the run lifecycle.
 //! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
+pub mod bench;
 pub mod cli;
 pub mod engine;

@@ -20,6 +20,8 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Write a checkpoint's drafter in the Hugging Face layout.
     Export(cli::export::ExportArgs),
+    /// Measure the engine side by side with the PyTorch reference (see docs/BENCHMARKS.md).
+    Bench(Box<cli::bench::BenchArgs>),
 }
 
 fn main() -> Result<()> {
@@ -29,5 +31,6 @@ fn main() -> Result<()> {
         Command::Start(args) => cli::start::run(args),
         Command::Eval(args) => cli::eval::run(args),
         Command::Export(args) => cli::export::run(args),
+        Command::Bench(args) => cli::bench::run(*args),
     }
 }
