@@ -128,8 +128,9 @@ pub fn compare_step(meta: StepMeta, engine: StepRun, reference: StepRun, peak: O
 /// Merges repeated runs of one implementation (rounds alternate engine and reference to
 /// spread the machine's noise over both): step times pooled, peaks maximal, losses and the
 /// rest from the first round.
-pub fn merge_rounds(mut runs: Vec<StepRun>) -> Option<StepRun> {
-    let mut merged = runs.drain(..1).next()?;
+pub fn merge_rounds(runs: Vec<StepRun>) -> Option<StepRun> {
+    let mut runs = runs.into_iter();
+    let mut merged = runs.next()?;
     for r in runs {
         merged.step_ms.extend(r.step_ms);
         for (slot, v) in [
