@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
 use crate::engine::train::embedded;
 use crate::engine::train::trainer::{RunOptions, Trainer};
+use anyhow::{bail, Context, Result};
+use clap::Args;
 use tch::Device;
 
 #[derive(Args, Debug)]
@@ -83,15 +83,20 @@ pub fn run(args: StartArgs) -> Result<()> {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }
     tch::set_num_threads(args.threads);
-    std::fs::create_dir_all(&args.run_dir).with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
+    std::fs::create_dir_all(&args.run_dir)
+        .with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
     let cfg = embedded::tiny_train_config();
     let target = embedded::tiny_target(Some(&args.run_dir), device)?;
     let (samples, report) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
     for bad in &report.bad {
-        eprintln!("data: {} line {}: {} (skipped)", report.source, bad.line, bad.reason);
+        eprintln!(
+            "data: {} line {}: {} (skipped)",
+            report.source, bad.line, bad.reason
+        );
     }
     let report_path = args.run_dir.join("data_report.json");
-    std::fs::write(&report_path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("cannot write {}", report_path.display()))?;
+    std::fs::write(&report_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", report_path.display()))?;
     println!("data: {report}");
 
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
@@ -99,7 +104,13 @@ pub fn run(args: StartArgs) -> Result<()> {
     let checkpoints = args.run_dir.join("checkpoints");
     if let Some(dir) = trainer.resume_latest(&checkpoints)? {
         let pos = trainer.data_position();
-        println!("resumed from {} (step {}, epoch {}, sample {} of the epoch)", dir.display(), trainer.step_count(), pos.epoch, pos.index);
+        println!(
+            "resumed from {} (step {}, epoch {}, sample {} of the epoch)",
+            dir.display(),
+            trainer.step_count(),
+            pos.epoch,
+            pos.index
+        );
     }
     println!(
         "training on {} for {} steps in total ({} train / {} held-out samples); run dir {}",
@@ -110,9 +121,13 @@ pub fn run(args: StartArgs) -> Result<()> {
         args.run_dir.display()
     );
 
-    let metrics_path = args.metrics_jsonl.clone().unwrap_or_else(|| args.run_dir.join("metrics.jsonl"));
+    let metrics_path = args
+        .metrics_jsonl
+        .clone()
+        .unwrap_or_else(|| args.run_dir.join("metrics.jsonl"));
     if let Some(parent) = metrics_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let mut metrics = OpenOptions::new()
         .create(true)
@@ -131,7 +146,10 @@ pub fn run(args: StartArgs) -> Result<()> {
             stop_flag.store(true, Ordering::SeqCst);
         }
         let line = serde_json::to_string(m).map_err(std::io::Error::other);
-        if let Err(e) = line.and_then(|l| writeln!(metrics, "{l}")).and_then(|_| metrics.flush()) {
+        if let Err(e) = line
+            .and_then(|l| writeln!(metrics, "{l}"))
+            .and_then(|_| metrics.flush())
+        {
             write_error.get_or_insert(e);
         }
         let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
@@ -144,13 +162,27 @@ pub fn run(args: StartArgs) -> Result<()> {
         }
         Ok(())
     };
-    let opts = RunOptions { max_steps: args.max_steps, checkpoint_root: Some(checkpoints), stop: Some(stop) };
+    let opts = RunOptions {
+        max_steps: args.max_steps,
+        checkpoint_root: Some(checkpoints),
+        stop: Some(stop),
+    };
     let summary = trainer.run(&opts, &mut sink)?;
     if let Some(e) = write_error {
         bail!("writing metrics to {} failed: {e}", metrics_path.display());
     }
-    let saved = summary.last_checkpoint.map(|p| p.display().to_string()).unwrap_or_else(|| "none (no step taken)".into());
-    let state = if summary.finished { "training complete" } else { "stopped" };
-    println!("{state} at step {}/{}; {} steps this run; checkpoint {saved}", summary.final_step, total, summary.steps_run);
+    let saved = summary
+        .last_checkpoint
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "none (no step taken)".into());
+    let state = if summary.finished {
+        "training complete"
+    } else {
+        "stopped"
+    };
+    println!(
+        "{state} at step {}/{}; {} steps this run; checkpoint {saved}",
+        summary.final_step, total, summary.steps_run
+    );
     Ok(())
 }
