@@ -111,6 +111,7 @@ pub struct CheckpointWriter {
 impl CheckpointWriter {
     pub fn begin(root: &Path, step: u64) -> Result<Self, CheckpointError> {
         fs::create_dir_all(root).map_err(io_err(root))?;
+        recover(root)?;
         let tmp = root.join(format!(
             ".tmp-{}-{}",
             checkpoint_dir_name(step),
@@ -225,6 +226,42 @@ impl Drop for CheckpointWriter {
             let _ = fs::remove_dir_all(&self.tmp);
         }
     }
+}
+
+/// Cleans up after a writer that died (one writer per run directory is assumed): partial
+/// `.tmp-*` directories are deleted; a `.old-<name>-*` directory, left when a crash hit between
+/// moving an old checkpoint aside and publishing its replacement, is put back if `<name>` is
+/// missing and deleted otherwise.
+pub fn recover(root: &Path) -> Result<(), CheckpointError> {
+    let entries = match fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(CheckpointError::Io {
+                path: root.to_path_buf(),
+                source: e,
+            })
+        }
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(root))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let path = entry.path();
+        if name.starts_with(".tmp-") && path.is_dir() {
+            fs::remove_dir_all(&path).map_err(io_err(&path))?;
+        } else if let Some(rest) = name.strip_prefix(".old-") {
+            let Some((original, _pid)) = rest.rsplit_once('-') else {
+                continue;
+            };
+            let published = root.join(original);
+            if published.exists() {
+                fs::remove_dir_all(&path).map_err(io_err(&path))?;
+            } else {
+                fs::rename(&path, &published).map_err(io_err(&published))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn point_latest(root: &Path, target: &str) -> Result<(), CheckpointError> {
@@ -405,6 +442,29 @@ mod tests {
         assert!(list(root.path()).unwrap().is_empty());
         let err = verify(&root.path().join("step-0000000007")).unwrap_err();
         assert!(matches!(err, CheckpointError::NoManifest { .. }), "{err}");
+    }
+
+    #[test]
+    fn leftovers_of_a_killed_writer_are_recovered_on_the_next_write() {
+        let root = tempfile::tempdir().unwrap();
+        write_one(root.path(), 1);
+        // Killed mid-write (no Drop ran): a partial directory of another process.
+        let stale = root.path().join(".tmp-step-0000000002-99999");
+        fs::create_dir(&stale).unwrap();
+        fs::write(stale.join("weights.safetensors"), b"partial").unwrap();
+        // Killed between moving step 1 aside and publishing its replacement.
+        fs::rename(
+            root.path().join("step-0000000001"),
+            root.path().join(".old-step-0000000001-99999"),
+        )
+        .unwrap();
+        assert!(list(root.path()).unwrap().is_empty());
+
+        write_one(root.path(), 3);
+        assert!(!stale.exists());
+        let steps: Vec<u64> = list(root.path()).unwrap().iter().map(|(s, _)| *s).collect();
+        assert_eq!(steps, vec![1, 3]);
+        verify(&root.path().join("step-0000000001")).unwrap();
     }
 
     #[test]

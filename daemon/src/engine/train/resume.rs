@@ -152,6 +152,7 @@ impl Trainer {
 
     /// Resumes from the newest checkpoint under `root`, if any. Returns its directory.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<PathBuf>, TrainError> {
+        checkpoint::recover(root)?;
         match checkpoint::latest(root)? {
             Some(dir) => {
                 self.restore_checkpoint(&dir)?;
