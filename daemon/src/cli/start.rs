@@ -4,6 +4,10 @@
 //! The run directory holds the target (`target/`, HF layout), checkpoints (`checkpoints/`),
 //! `metrics.jsonl` (unless `--metrics-jsonl` points elsewhere) and `data_report.json`. If it
 //! already has a checkpoint, training resumes from the newest one, exactly.
+//!
+//! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
+//! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the
+//! untrained drafter: its `loss` and `accuracy` are held-out figures and it has no throughput.
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
@@ -63,11 +67,16 @@ pub fn parse_device(name: &str) -> Result<Device> {
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn request_stop(_signal: libc::c_int) {
+extern "C" fn request_stop(signal: libc::c_int) {
     STOP_REQUESTED.store(true, Ordering::SeqCst);
+    // A second Ctrl-C kills at once, as users expect. `signal` is async-signal-safe.
+    // SAFETY: restoring the default disposition has no preconditions.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+    }
 }
 
-/// SIGINT/SIGTERM finish the current step, write a checkpoint and exit 0.
+/// The first SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits 0.
 fn install_stop_handlers() {
     let handler = request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
@@ -184,5 +193,11 @@ pub fn run(args: StartArgs) -> Result<()> {
         "{state} at step {}/{}; {} steps this run; checkpoint {saved}",
         summary.final_step, total, summary.steps_run
     );
+    if let Some(e) = summary.last_eval.as_ref() {
+        println!(
+            "held-out evaluation: tau {:.4}, loss {:.4}, top-1 accuracy {:.4}",
+            e.tau, e.loss, e.accuracy
+        );
+    }
     Ok(())
 }
