@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::model::error::ModelError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Qwen3_5LayerKind {
     /// Gated DeltaNet (`linear_attention`).
     LinearAttention,

@@ -204,7 +204,9 @@ impl TargetModel {
 
     /// input_ids `[B,S]` int64 → `[B,S,len(layer_ids)*hidden]`; no grad; layer id L = residual
     /// stream after decoder layer L (HF `hidden_states[L+1]`), concatenated in the given order.
-    /// Layers past `max(layer_ids)` are not run.
+    /// Layers past `max(layer_ids)` are not run. Exactly as HF, the id of the LAST decoder layer
+    /// yields the final-normed state (HF's `hidden_states[-1]` is `last_hidden_state`); DFlash's
+    /// default taps never include it.
     pub fn features(&self, input_ids: &Tensor, layer_ids: &[usize]) -> Result<Tensor, ModelError> {
         let Some(&last) = layer_ids.iter().max() else {
             return Err(ModelError::BadInput {
@@ -228,11 +230,19 @@ impl TargetModel {
                 sin: &sin,
             };
             let mut taps: Vec<Option<Tensor>> = layer_ids.iter().map(|_| None).collect();
+            let final_layer = self.config.num_layers() - 1;
             let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (index, layer) in self.layers[..=last].iter().enumerate() {
                 h = layer.forward(&h, &ctx);
+                // transformers replaces hidden_states[-1] by the final-normed last_hidden_state
+                // (`capture_outputs(tie_last_hidden_states=True)`); DFlash taps follow HF.
+                let tap = if index == final_layer {
+                    self.norm_style.apply(&h, &self.final_norm, ctx.eps)
+                } else {
+                    h.shallow_clone()
+                };
                 for (slot, _) in layer_ids.iter().enumerate().filter(|(_, &l)| l == index) {
-                    taps[slot] = Some(h.shallow_clone());
+                    taps[slot] = Some(tap.shallow_clone());
                 }
             }
             let taps: Vec<Tensor> = taps.into_iter().flatten().collect();
