@@ -1,5 +1,5 @@
 //! Model code: one module per model, weights loaded by name.
-pub mod layers;
 pub mod error;
+pub mod layers;
 pub mod target;
 pub mod weights;

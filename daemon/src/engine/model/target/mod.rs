@@ -6,6 +6,7 @@ mod decoder;
 pub mod delta_rule;
 mod gated_attention;
 mod gated_deltanet;
+mod hf_config;
 mod hf_io;
 mod mlp;
 mod params;
@@ -17,7 +18,9 @@ use std::path::Path;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
-pub use config::{CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig};
+pub use config::{
+    CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig,
+};
 pub use hf_io::{LoadOptions, DEFAULT_MAX_SHARD_BYTES};
 
 use self::decoder::{DecoderLayer, LayerContext, NormStyle};
@@ -116,8 +119,14 @@ impl TargetModel {
             });
         }
         let (rotary, norm_style) = match &config {
-            TargetConfig::Qwen3_5(c) => (Rotary::new(c.rotary_dim(), c.rope_theta, device), NormStyle::ZeroCentered),
-            TargetConfig::Qwen3(c) => (Rotary::new(c.head_dim, c.rope_theta, device), NormStyle::Plain),
+            TargetConfig::Qwen3_5(c) => (
+                Rotary::new(c.rotary_dim(), c.rope_theta, device),
+                NormStyle::ZeroCentered,
+            ),
+            TargetConfig::Qwen3(c) => (
+                Rotary::new(c.head_dim, c.rope_theta, device),
+                NormStyle::Plain,
+            ),
         };
         Ok(Self {
             config,
@@ -259,7 +268,10 @@ impl TargetModel {
             });
         }
         let kind = input_ids.kind();
-        if !matches!(kind, Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8) {
+        if !matches!(
+            kind,
+            Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8
+        ) {
             return Err(ModelError::BadInput {
                 what: format!("expected integer token ids (int64), found {kind:?}"),
             });
@@ -297,7 +309,9 @@ pub fn parse_dtype(name: &str) -> Result<Kind, ModelError> {
         "f32" | "fp32" | "float32" | "float" => Ok(Kind::Float),
         "bf16" | "bfloat16" => Ok(Kind::BFloat16),
         "f16" | "fp16" | "float16" | "half" => Ok(Kind::Half),
-        _ => Err(ModelError::UnsupportedDtype { found: name.to_string() }),
+        _ => Err(ModelError::UnsupportedDtype {
+            found: name.to_string(),
+        }),
     }
 }
 
