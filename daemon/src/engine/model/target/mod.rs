@@ -215,7 +215,8 @@ impl TargetModel {
     /// stream after decoder layer L (HF `hidden_states[L+1]`), concatenated in the given order.
     /// Layers past `max(layer_ids)` are not run. Exactly as HF, the id of the LAST decoder layer
     /// yields the final-normed state (HF's `hidden_states[-1]` is `last_hidden_state`); DFlash's
-    /// default taps never include it.
+    /// default taps never include it. There is no attention mask: rows are unpadded sequences
+    /// starting at position 0 (right padding is harmless, everything is causal; left padding is not).
     pub fn features(&self, input_ids: &Tensor, layer_ids: &[usize]) -> Result<Tensor, ModelError> {
         let Some(&last) = layer_ids.iter().max() else {
             return Err(ModelError::BadInput {
