@@ -1,2 +1,5 @@
 //! Model code: one module per model, weights loaded by name.
+pub mod error;
 pub mod layers;
+pub mod target;
+pub mod weights;

@@ -12,7 +12,9 @@ pub struct Rotary {
 impl Rotary {
     pub fn new(rotary_dim: i64, theta: f64, device: Device) -> Self {
         let exponents = Tensor::arange_start_step(0, rotary_dim, 2, (Kind::Float, device)) / rotary_dim as f64;
-        let inv_freq = (exponents * theta.ln()).exp().reciprocal();
+        // `1 / θ^e` in fp32 exactly as transformers computes it: exp(-e·ln θ) differs in the last
+        // bits, and those bits were the whole remaining difference to HF's hidden states.
+        let inv_freq = Tensor::pow_scalar(theta, &exponents).reciprocal();
         Self { inv_freq }
     }
 
