@@ -45,8 +45,16 @@ mod tests {
     #[test]
     fn zero_centered_with_zero_weight_equals_plain_with_unit_weight() {
         let x = Tensor::randn([2, 8], (Kind::Float, tch::Device::Cpu));
-        let a = rms_norm_zero_centered(&x, &Tensor::zeros([8], (Kind::Float, tch::Device::Cpu)), 1e-6);
-        let b = rms_norm(&x, &Tensor::ones([8], (Kind::Float, tch::Device::Cpu)), 1e-6);
+        let a = rms_norm_zero_centered(
+            &x,
+            &Tensor::zeros([8], (Kind::Float, tch::Device::Cpu)),
+            1e-6,
+        );
+        let b = rms_norm(
+            &x,
+            &Tensor::ones([8], (Kind::Float, tch::Device::Cpu)),
+            1e-6,
+        );
         assert!(a.allclose(&b, 1e-6, 1e-6, false));
     }
 }
