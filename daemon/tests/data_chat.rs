@@ -71,9 +71,16 @@ fn expected_qwen3_5_spans() -> Vec<Vec<&'static str>> {
 #[test]
 fn masked_tokens_decode_to_exactly_the_assistant_spans() {
     let encoder = encoder(SpanRule::qwen3_5());
-    let (samples, report) =
-        load(&fixtures().join("chat.jsonl"), DataFormat::Chat(&encoder), &options(4096)).unwrap();
-    let runs: Vec<Vec<String>> = samples.iter().map(|s| supervised_runs(&encoder, s)).collect();
+    let (samples, report) = load(
+        &fixtures().join("chat.jsonl"),
+        DataFormat::Chat(&encoder),
+        &options(4096),
+    )
+    .unwrap();
+    let runs: Vec<Vec<String>> = samples
+        .iter()
+        .map(|s| supervised_runs(&encoder, s))
+        .collect();
     assert_eq!(runs, expected_qwen3_5_spans());
     assert_eq!(report.truncated, 0);
     for sample in &samples {
@@ -86,14 +93,22 @@ fn bad_lines_are_reported_with_line_numbers_and_reasons_and_nothing_is_lost() {
     let encoder = encoder(SpanRule::qwen3_5());
     let path = fixtures().join("chat.jsonl");
     let (samples, report) = load(&path, DataFormat::Chat(&encoder), &options(4096)).unwrap();
-    let bad: Vec<(u64, &str)> = report.bad_lines.iter().map(|b| (b.line, b.reason.as_str())).collect();
+    let bad: Vec<(u64, &str)> = report
+        .bad_lines
+        .iter()
+        .map(|b| (b.line, b.reason.as_str()))
+        .collect();
     assert_eq!(bad.len(), 3, "{bad:?}");
     assert_eq!(bad[0].0, 3);
     assert!(bad[0].1.contains("not a chat row"), "{}", bad[0].1);
     assert_eq!(bad[1].0, 5);
     assert!(bad[1].1.contains("role \"bot\""), "{}", bad[1].1);
     assert_eq!(bad[2].0, 8);
-    assert!(bad[2].1.contains("No user query found in messages."), "{}", bad[2].1);
+    assert!(
+        bad[2].1.contains("No user query found in messages."),
+        "{}",
+        bad[2].1
+    );
     assert!(report.bad_lines.iter().all(|b| b.file == path));
     assert_eq!(report.blank_lines, 1);
     // Line 10's only assistant turn is history (before the last user message): no think block,
@@ -101,7 +116,11 @@ fn bad_lines_are_reported_with_line_numbers_and_reasons_and_nothing_is_lost() {
     assert_eq!(report.skipped_too_short, vec![10]);
     assert_eq!((report.lines, report.samples, samples.len()), (11, 6, 6));
     assert!(report.is_balanced());
-    assert!(report.summary().contains("first bad line"), "{}", report.summary());
+    assert!(
+        report.summary().contains("first bad line"),
+        "{}",
+        report.summary()
+    );
 }
 
 #[test]
@@ -120,12 +139,19 @@ fn renders_like_transformers_and_masks_like_specforge() {
         let line = &lines[n - 1];
         if entry.get("error").is_some() {
             if !line.trim().is_empty() {
-                assert!(encoder.encode_line(line).is_err(), "line {n} should be rejected");
+                assert!(
+                    encoder.encode_line(line).is_err(),
+                    "line {n} should be rejected"
+                );
             }
             continue;
         }
         let encoded = encoder.encode_line(line).unwrap();
-        assert_eq!(encoded.text, entry["text"].as_str().unwrap(), "line {n} render");
+        assert_eq!(
+            encoded.text,
+            entry["text"].as_str().unwrap(),
+            "line {n} render"
+        );
         let ids: Vec<i64> = serde_json::from_value(entry["input_ids"].clone()).unwrap();
         let mask: Vec<u8> = serde_json::from_value(entry["loss_mask"].clone()).unwrap();
         assert_eq!(encoded.sample.input_ids, ids, "line {n} ids");
@@ -138,8 +164,12 @@ fn renders_like_transformers_and_masks_like_specforge() {
 #[test]
 fn every_turn_rule_also_supervises_history_turns() {
     let encoder = encoder(SpanRule::qwen3_5_every_turn());
-    let (samples, report) =
-        load(&fixtures().join("chat.jsonl"), DataFormat::Chat(&encoder), &options(4096)).unwrap();
+    let (samples, report) = load(
+        &fixtures().join("chat.jsonl"),
+        DataFormat::Chat(&encoder),
+        &options(4096),
+    )
+    .unwrap();
     assert!(report.skipped_too_short.is_empty());
     assert_eq!(samples.len(), 7);
     assert_eq!(
@@ -175,13 +205,20 @@ fn truncation_cuts_ids_and_mask_together_and_drops_rows_left_unsupervised() {
         {"role": "user", "content": "The capital of France is Paris. ".repeat(20)},
         {"role": "assistant", "content": "Yes."},
     ]});
-    let path = write_jsonl(dir.path(), "long.jsonl", &[long_answer.clone(), long_prompt]);
+    let path = write_jsonl(
+        dir.path(),
+        "long.jsonl",
+        &[long_answer.clone(), long_prompt],
+    );
     let max_length = 40;
     let (samples, report) = load(&path, DataFormat::Chat(&encoder), &options(max_length)).unwrap();
     assert_eq!(report.truncated, 1);
     assert_eq!(report.skipped_too_short, vec![2]);
     assert_eq!(samples.len(), 1);
-    let full = encoder.encode_line(&long_answer.to_string()).unwrap().sample;
+    let full = encoder
+        .encode_line(&long_answer.to_string())
+        .unwrap()
+        .sample;
     assert!(full.len() > max_length);
     assert_eq!(samples[0].input_ids, full.input_ids[..max_length]);
     assert_eq!(samples[0].loss_mask, full.loss_mask[..max_length]);
@@ -211,10 +248,17 @@ fn a_jinja_file_overrides_the_config_template_and_a_model_dir_jinja_is_preferred
     );
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(model.join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        model.join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
     std::fs::copy(&jinja, dir.path().join("chat_template.jinja")).unwrap();
     let from_dir = ChatEncoder::from_model_dir(dir.path(), None, options).unwrap();
-    assert_eq!(from_dir.template().origin(), dir.path().join("chat_template.jinja"));
+    assert_eq!(
+        from_dir.template().origin(),
+        dir.path().join("chat_template.jinja")
+    );
     assert_eq!(from_dir.encode_line(line).unwrap().text, encoded.text);
 }
 
@@ -226,12 +270,34 @@ fn parallel_loading_keeps_file_order_and_line_numbers_across_batches() {
     let path = dir.path().join("big.jsonl");
     // 11 lines × 400 = 4400 lines: more than one 4096-line batch.
     std::fs::write(&path, fixture.repeat(400)).unwrap();
-    let sequential = load(&path, DataFormat::Chat(&encoder), &LoadOptions { threads: 1, ..options(4096) }).unwrap();
-    let parallel = load(&path, DataFormat::Chat(&encoder), &LoadOptions { threads: 3, ..options(4096) }).unwrap();
+    let sequential = load(
+        &path,
+        DataFormat::Chat(&encoder),
+        &LoadOptions {
+            threads: 1,
+            ..options(4096)
+        },
+    )
+    .unwrap();
+    let parallel = load(
+        &path,
+        DataFormat::Chat(&encoder),
+        &LoadOptions {
+            threads: 3,
+            ..options(4096)
+        },
+    )
+    .unwrap();
     assert_eq!(sequential, parallel);
     let (samples, report) = parallel;
     assert_eq!(samples.len(), 6 * 400);
-    let last_bad: Vec<u64> = report.bad_lines.iter().rev().take(3).map(|b| b.line).collect();
+    let last_bad: Vec<u64> = report
+        .bad_lines
+        .iter()
+        .rev()
+        .take(3)
+        .map(|b| b.line)
+        .collect();
     assert_eq!(last_bad, vec![11 * 399 + 8, 11 * 399 + 5, 11 * 399 + 3]);
     assert!(report.is_balanced());
 }
@@ -243,19 +309,37 @@ fn file_level_problems_are_errors_that_name_the_file() {
     assert!(matches!(err, DataError::MissingFile { .. }), "{err}");
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
 
-    std::fs::write(dir.path().join("tokenizer.json"), "{\"not\": \"a tokenizer\"}").unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        "{\"not\": \"a tokenizer\"}",
+    )
+    .unwrap();
     let err = ChatEncoder::from_model_dir(dir.path(), None, ChatOptions::default()).unwrap_err();
-    assert!(matches!(err, DataError::UnreadableTokenizer { .. }), "{err}");
+    assert!(
+        matches!(err, DataError::UnreadableTokenizer { .. }),
+        "{err}"
+    );
 
-    std::fs::copy(fixtures().join("model/tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        fixtures().join("model/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
     let err = ChatEncoder::from_model_dir(dir.path(), None, ChatOptions::default()).unwrap_err();
-    assert!(matches!(err, DataError::MissingChatTemplate { .. }), "{err}");
+    assert!(
+        matches!(err, DataError::MissingChatTemplate { .. }),
+        "{err}"
+    );
 
     let bad_template = dir.path().join("chat_template.jinja");
     std::fs::write(&bad_template, "{% for m in messages %}{{ m.content }}").unwrap();
     let err = ChatEncoder::from_model_dir(dir.path(), None, ChatOptions::default()).unwrap_err();
     assert!(matches!(err, DataError::BadTemplate { .. }), "{err}");
-    assert!(err.to_string().contains(&bad_template.display().to_string()), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&bad_template.display().to_string()),
+        "{err}"
+    );
 
     let encoder = encoder(SpanRule::qwen3_5());
     let missing = dir.path().join("nope.jsonl");

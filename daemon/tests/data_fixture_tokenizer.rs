@@ -91,14 +91,22 @@ fn committed_tokenizer_fixture_matches_its_generator() {
 fn fixture_tokenizer_has_qwen_style_specials_and_round_trips() {
     let tokenizer = Tokenizer::from_str(&generate()).unwrap();
     for token in ["<|im_start|>", "<|im_end|>", "<think>", "</think>"] {
-        let id = tokenizer.token_to_id(token).unwrap_or_else(|| panic!("{token} missing"));
+        let id = tokenizer
+            .token_to_id(token)
+            .unwrap_or_else(|| panic!("{token} missing"));
         let bpe_size = tokenizer.get_vocab_size(false);
-        assert!(id as usize >= bpe_size, "{token} ({id}) should follow the {bpe_size} BPE ids");
+        assert!(
+            id as usize >= bpe_size,
+            "{token} ({id}) should follow the {bpe_size} BPE ids"
+        );
     }
     let text = "<|im_start|>assistant\n<think>\nCafé 🙂 日本\n</think>\n\nx = 42<|im_end|>\n";
     let encoding = tokenizer.encode(text, false).unwrap();
     let ids = encoding.get_ids();
     assert_eq!(ids[0], tokenizer.token_to_id("<|im_start|>").unwrap());
-    assert!(ids.len() < text.len(), "merges should make tokens longer than a byte");
+    assert!(
+        ids.len() < text.len(),
+        "merges should make tokens longer than a byte"
+    );
     assert_eq!(tokenizer.decode(ids, false).unwrap(), text);
 }

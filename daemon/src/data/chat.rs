@@ -49,7 +49,10 @@ pub fn parse_line(line: &str, system_prompt: Option<&str>) -> Result<Conversatio
     }
     if let Some(prompt) = system_prompt.filter(|p| !p.is_empty()) {
         if messages[0].0 != "system" {
-            let system = Value::from_iter([("role", Value::from("system")), ("content", Value::from(prompt))]);
+            let system = Value::from_iter([
+                ("role", Value::from("system")),
+                ("content", Value::from(prompt)),
+            ]);
             messages.insert(0, ("system", system));
         }
     }
@@ -75,7 +78,10 @@ fn normalize(raw: RawMessage) -> Result<(&'static str, Value), String> {
     };
     // Like SF: a missing or null content renders as an empty string.
     let content = raw.content.or(raw.value).unwrap_or_default();
-    let mut fields = vec![("role", Value::from(role)), ("content", Value::from(content))];
+    let mut fields = vec![
+        ("role", Value::from(role)),
+        ("content", Value::from(content)),
+    ];
     if let Some(reasoning) = raw.reasoning_content {
         fields.push(("reasoning_content", Value::from(reasoning)));
     }
@@ -90,12 +96,18 @@ fn normalize(raw: RawMessage) -> Result<(&'static str, Value), String> {
 fn parse_tool_calls(calls: Value) -> Result<Value, String> {
     let calls = decode_if_string(calls, "tool_calls")?;
     if calls.kind() != ValueKind::Seq {
-        return Err(format!("`tool_calls` is a {}; expected a list", calls.kind()));
+        return Err(format!(
+            "`tool_calls` is a {}; expected a list",
+            calls.kind()
+        ));
     }
     let mut out = Vec::new();
     for (i, call) in iterate(&calls)?.into_iter().enumerate() {
         if call.kind() != ValueKind::Map {
-            return Err(format!("tool_calls[{i}] is a {}; expected a mapping", call.kind()));
+            return Err(format!(
+                "tool_calls[{i}] is a {}; expected a mapping",
+                call.kind()
+            ));
         }
         let mut fields = Vec::new();
         for key in iterate(&call)? {
@@ -164,7 +176,10 @@ mod tests {
                {"role":"assistant","content":"a","reasoning_content":"r","extra":1}]}"#,
         );
         assert_eq!(m.len(), 2);
-        assert_eq!(m[1].get_attr("reasoning_content").unwrap().as_str(), Some("r"));
+        assert_eq!(
+            m[1].get_attr("reasoning_content").unwrap().as_str(),
+            Some("r")
+        );
         assert!(m[1].get_attr("extra").unwrap().is_undefined());
         assert!(m[0].get_attr("reasoning_content").unwrap().is_undefined());
     }
@@ -187,11 +202,19 @@ mod tests {
                "tool_calls":"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"z\\\":1,\\\"a\\\":2}\"}}]"}]}"#,
         );
         let args = m[1]
-            .get_attr("tool_calls").unwrap()
-            .get_item_by_index(0).unwrap()
-            .get_attr("function").unwrap()
-            .get_attr("arguments").unwrap();
-        let keys: Vec<String> = iterate(&args).unwrap().iter().map(|k| k.to_string()).collect();
+            .get_attr("tool_calls")
+            .unwrap()
+            .get_item_by_index(0)
+            .unwrap()
+            .get_attr("function")
+            .unwrap()
+            .get_attr("arguments")
+            .unwrap();
+        let keys: Vec<String> = iterate(&args)
+            .unwrap()
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
         assert_eq!(keys, vec!["z", "a"]);
     }
 
@@ -200,9 +223,17 @@ mod tests {
         let line = r#"{"conversations":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#;
         let m = iterate(&parse_line(line, Some("Be brief.")).unwrap().messages).unwrap();
         assert_eq!(m.len(), 3);
-        assert_eq!(m[0].get_attr("content").unwrap().as_str(), Some("Be brief."));
+        assert_eq!(
+            m[0].get_attr("content").unwrap().as_str(),
+            Some("Be brief.")
+        );
         let line = r#"{"conversations":[{"role":"system","content":"S"},{"role":"assistant","content":"a"}]}"#;
-        assert_eq!(iterate(&parse_line(line, Some("Be brief.")).unwrap().messages).unwrap().len(), 2);
+        assert_eq!(
+            iterate(&parse_line(line, Some("Be brief.")).unwrap().messages)
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]
@@ -211,10 +242,22 @@ mod tests {
             ("{", "not a chat row"),
             (r#"{"id":"x"}"#, "missing field `conversations`"),
             (r#"{"conversations":[]}"#, "is empty"),
-            (r#"{"conversations":[{"role":"user","content":"q"}]}"#, "no assistant message"),
-            (r#"{"conversations":[{"role":"bot","content":"q"}]}"#, "message 0: role \"bot\""),
-            (r#"{"conversations":[{"content":"q"}]}"#, "message 0: has no `role`"),
-            (r#"{"conversations":[{"role":"user","content":["q"]}]}"#, "not a chat row"),
+            (
+                r#"{"conversations":[{"role":"user","content":"q"}]}"#,
+                "no assistant message",
+            ),
+            (
+                r#"{"conversations":[{"role":"bot","content":"q"}]}"#,
+                "message 0: role \"bot\"",
+            ),
+            (
+                r#"{"conversations":[{"content":"q"}]}"#,
+                "message 0: has no `role`",
+            ),
+            (
+                r#"{"conversations":[{"role":"user","content":["q"]}]}"#,
+                "not a chat row",
+            ),
             (
                 r#"{"conversations":[{"role":"assistant","content":"","tool_calls":"[oops"}]}"#,
                 "`tool_calls` is a string that is not valid JSON",

@@ -86,7 +86,10 @@ pub fn load(
             break;
         }
         let first_line = report.lines + 1;
-        for (offset, outcome) in process_batch(&batch, format, options, threads).into_iter().enumerate() {
+        for (offset, outcome) in process_batch(&batch, format, options, threads)
+            .into_iter()
+            .enumerate()
+        {
             let line = first_line + offset as u64;
             report.lines += 1;
             match outcome {
@@ -130,7 +133,10 @@ fn process_batch(
 ) -> Vec<Outcome> {
     let chunk = lines.len().div_ceil(threads.max(1)).max(1);
     if threads <= 1 || lines.len() <= chunk {
-        return lines.iter().map(|l| process_line(l, format, options)).collect();
+        return lines
+            .iter()
+            .map(|l| process_line(l, format, options))
+            .collect();
     }
     std::thread::scope(|scope| {
         let workers: Vec<_> = lines
@@ -159,7 +165,10 @@ fn process_line(raw: &[u8], format: DataFormat<'_>, options: &LoadOptions) -> Ou
     let Ok(text) = std::str::from_utf8(raw) else {
         return Outcome::Bad("not valid UTF-8".to_string());
     };
-    let text = text.trim_end_matches(['\n', '\r']);
+    // Windows line ends and a UTF-8 byte-order mark are editor artifacts, not bad data.
+    let text = text
+        .trim_end_matches(['\n', '\r'])
+        .trim_start_matches('\u{feff}');
     if text.trim().is_empty() {
         return Outcome::Blank;
     }
@@ -177,7 +186,11 @@ fn process_line(raw: &[u8], format: DataFormat<'_>, options: &LoadOptions) -> Ou
 
 fn check_vocab(sample: Sample, vocab_size: Option<usize>) -> Result<Sample, String> {
     if let Some(limit) = vocab_size {
-        if let Some(pos) = sample.input_ids.iter().position(|&id| id as u64 >= limit as u64) {
+        if let Some(pos) = sample
+            .input_ids
+            .iter()
+            .position(|&id| id as u64 >= limit as u64)
+        {
             return Err(format!(
                 "token {pos} has id {} but the model's vocab_size is {limit}; the tokenizer \
                  does not match the model",
@@ -217,5 +230,60 @@ impl LoadReport {
             text.push_str(&format!("; first bad line: {first}"));
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(line: &str, max_length: usize) -> Outcome {
+        let options = LoadOptions {
+            max_length,
+            vocab_size: Some(100),
+            threads: 1,
+        };
+        process_line(line.as_bytes(), DataFormat::Pretokenized, &options)
+    }
+
+    #[test]
+    fn crlf_bom_and_blank_lines_are_not_bad_data() {
+        let row = "\u{feff}{\"input_ids\":[1,2,3],\"loss_mask\":[0,1,1]}\r\n";
+        assert!(matches!(
+            outcome(row, 8),
+            Outcome::Sample {
+                truncated: false,
+                ..
+            }
+        ));
+        assert!(matches!(outcome(" \t\r\n", 8), Outcome::Blank));
+        assert!(matches!(
+            process_line(&[0xff, b'\n'], DataFormat::Pretokenized, &LoadOptions { max_length: 8, vocab_size: None, threads: 1 }),
+            Outcome::Bad(reason) if reason.contains("UTF-8")
+        ));
+    }
+
+    #[test]
+    fn truncation_happens_before_the_anchor_check() {
+        let row = r#"{"input_ids":[1,2,3,4],"loss_mask":[0,0,1,1]}"#;
+        assert!(matches!(
+            outcome(row, 4),
+            Outcome::Sample {
+                truncated: false,
+                ..
+            }
+        ));
+        assert!(matches!(outcome(row, 3), Outcome::TooShort));
+        let row = r#"{"input_ids":[1,2,3,4],"loss_mask":[1,1,1,0]}"#;
+        match outcome(row, 2) {
+            Outcome::Sample { sample, truncated } => {
+                assert!(truncated);
+                assert_eq!(
+                    (sample.input_ids, sample.loss_mask),
+                    (vec![1, 2], vec![1, 1])
+                );
+            }
+            _ => panic!("expected a truncated sample"),
+        }
     }
 }

@@ -116,15 +116,21 @@ impl ChatEncoder {
         };
         self.template
             .render(&conversation.messages, &args)
-            .map_err(|e| format!("chat template {} failed: {e}", self.template.origin().display()))
+            .map_err(|e| {
+                format!(
+                    "chat template {} failed: {e}",
+                    self.template.origin().display()
+                )
+            })
     }
 
     /// Tokenizes the whole text once (no added BOS/EOS, as SF) and marks each token whose
     /// byte span lies inside an assistant span.
     pub fn tokenize_and_mask(&self, text: &str) -> Result<Sample, String> {
-        let encoding = self.tokenizer.encode(text, false).map_err(|e| {
-            format!("tokenizer {} failed: {e}", self.tokenizer_path.display())
-        })?;
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("tokenizer {} failed: {e}", self.tokenizer_path.display()))?;
         // A text without an assistant span gets an all-zero mask; `load` then counts the row
         // as unsupervised, as SF's `has_consecutive_supervised_tokens` filter does.
         let rule = &self.options.span_rule;

@@ -153,7 +153,10 @@ mod tests {
         <|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\na<|im_end|>\n";
 
     fn spans<'a>(text: &'a str, rule: &SpanRule) -> Vec<&'a str> {
-        supervised_ranges(text, rule).into_iter().map(|r| &text[r]).collect()
+        supervised_ranges(text, rule)
+            .into_iter()
+            .map(|r| &text[r])
+            .collect()
     }
 
     #[test]
@@ -185,10 +188,10 @@ mod tests {
 
     #[test]
     fn token_mask_needs_full_containment_and_honours_ignores() {
-        // Tokens: [0,3) [3,5) [5,8) [8,10); supervised 3..10; ignored 5..8.
-        let offsets = [(0, 3), (3, 5), (5, 8), (8, 10), (2, 4)];
-        let mask = token_mask(&offsets, &[3..10], &[5..8]);
-        assert_eq!(mask, vec![0, 1, 0, 1, 0]);
+        // Supervised 3..10 and 12..14; ignored 5..8 and 20..22.
+        let offsets = [(0, 3), (3, 5), (5, 8), (8, 10), (2, 4), (9, 13), (12, 14)];
+        let mask = token_mask(&offsets, &[3..10, 12..14], &[5..8, 20..22]);
+        assert_eq!(mask, vec![0, 1, 0, 1, 0, 0, 1]);
     }
 
     #[test]
@@ -206,6 +209,9 @@ mod tests {
             SpanRule::by_name(name).unwrap().validate().unwrap();
         }
         let err = SpanRule::by_name("llama").unwrap_err().to_string();
-        assert!(err.contains("data.span_rule") && err.contains("\"llama\""), "{err}");
+        assert!(
+            err.contains("data.span_rule") && err.contains("\"llama\""),
+            "{err}"
+        );
     }
 }

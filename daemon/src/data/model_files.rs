@@ -51,7 +51,10 @@ pub fn load_chat_template(
         Some(path) => (read_text(path, "chat template")?, path.to_path_buf()),
         None if jinja_path.is_file() => (read_text(&jinja_path, "chat template")?, jinja_path),
         None => match &config {
-            Some(json) => (template_from_config(json, &config_path)?, config_path.clone()),
+            Some(json) => (
+                template_from_config(json, &config_path)?,
+                config_path.clone(),
+            ),
             None => {
                 return Err(DataError::MissingChatTemplate {
                     model_dir: model_dir.to_path_buf(),
@@ -72,14 +75,20 @@ fn template_from_config(json: &serde_json::Value, path: &Path) -> Result<String,
     match json.get("chat_template") {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(serde_json::Value::Array(named)) => {
-            let default = named.iter().find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
+            let default = named
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
             default
                 .and_then(|t| t.get("template"))
                 .and_then(|t| t.as_str())
                 .map(str::to_string)
-                .ok_or_else(|| bad("`chat_template` is a list without a template named \"default\"".into()))
+                .ok_or_else(|| {
+                    bad("`chat_template` is a list without a template named \"default\"".into())
+                })
         }
-        Some(other) => Err(bad(format!("`chat_template` is {other}; expected a string"))),
+        Some(other) => Err(bad(format!(
+            "`chat_template` is {other}; expected a string"
+        ))),
         None => Err(DataError::MissingChatTemplate {
             model_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
         }),
@@ -140,8 +149,14 @@ mod tests {
             "chat_template": "x"
         });
         let tokens = special_tokens(&config);
-        assert_eq!(tokens.get("eos_token").map(String::as_str), Some("<|im_end|>"));
-        assert_eq!(tokens.get("pad_token").map(String::as_str), Some("<|endoftext|>"));
+        assert_eq!(
+            tokens.get("eos_token").map(String::as_str),
+            Some("<|im_end|>")
+        );
+        assert_eq!(
+            tokens.get("pad_token").map(String::as_str),
+            Some("<|endoftext|>")
+        );
         assert!(!tokens.contains_key("bos_token"));
     }
 
@@ -152,7 +167,10 @@ mod tests {
             {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
         assert_eq!(template_from_config(&json, p).unwrap(), "D");
         let json = serde_json::json!({"chat_template": [{"name": "tool_use", "template": "T"}]});
-        assert!(template_from_config(&json, p).unwrap_err().to_string().contains("\"default\""));
+        assert!(template_from_config(&json, p)
+            .unwrap_err()
+            .to_string()
+            .contains("\"default\""));
         let err = template_from_config(&serde_json::json!({}), p).unwrap_err();
         assert!(matches!(err, DataError::MissingChatTemplate { .. }));
     }

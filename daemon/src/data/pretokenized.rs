@@ -59,8 +59,11 @@ mod tests {
 
     #[test]
     fn accepts_a_valid_row_and_ignores_extra_keys() {
-        let s = parse_line(r#"{"id":"a","input_ids":[5,6,7],"loss_mask":[0,1,1]}"#, Some(8))
-            .unwrap();
+        let s = parse_line(
+            r#"{"id":"a","input_ids":[5,6,7],"loss_mask":[0,1,1]}"#,
+            Some(8),
+        )
+        .unwrap();
         assert_eq!(s.input_ids, vec![5, 6, 7]);
         assert_eq!(s.loss_mask, vec![0, 1, 1]);
     }
@@ -69,11 +72,23 @@ mod tests {
     fn rejects_each_kind_of_malformed_row_with_a_reason() {
         let cases = [
             (r#"{"input_ids":[1,2],"loss_mask":[1]}"#, "same length"),
-            (r#"{"input_ids":[1,2],"loss_mask":[1,2]}"#, "loss_mask[1] is 2"),
-            (r#"{"input_ids":[1,9],"loss_mask":[1,1]}"#, "input_ids[1] is 9; expected 0..8"),
-            (r#"{"input_ids":[-1,2],"loss_mask":[1,1]}"#, "input_ids[0] is -1"),
+            (
+                r#"{"input_ids":[1,2],"loss_mask":[1,2]}"#,
+                "loss_mask[1] is 2",
+            ),
+            (
+                r#"{"input_ids":[1,9],"loss_mask":[1,1]}"#,
+                "input_ids[1] is 9; expected 0..8",
+            ),
+            (
+                r#"{"input_ids":[-1,2],"loss_mask":[1,1]}"#,
+                "input_ids[0] is -1",
+            ),
             (r#"{"input_ids":[],"loss_mask":[]}"#, "empty"),
-            (r#"{"input_ids":[1.5],"loss_mask":[1]}"#, "not a pre-tokenized row"),
+            (
+                r#"{"input_ids":[1.5],"loss_mask":[1]}"#,
+                "not a pre-tokenized row",
+            ),
             (r#"{"loss_mask":[1]}"#, "missing field `input_ids`"),
             ("{not json", "not a pre-tokenized row"),
         ];

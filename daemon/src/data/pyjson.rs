@@ -37,7 +37,10 @@ pub fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) if v.is_none() => None,
         Some(v) if v.is_integer() => Some(" ".repeat(usize::try_from(v)?)),
         Some(v) => Some(v.as_str().map(str::to_string).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: indent must be an int or a string",
+            )
         })?),
     };
     let mut opts = DumpOptions::python(indent);
@@ -49,7 +52,10 @@ pub fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     }
     if let Some(seps) = kwargs.get::<Option<Vec<String>>>("separators")? {
         let [item, key]: [String; 2] = seps.try_into().map_err(|_| {
-            Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            )
         })?;
         opts.item_separator = item;
         opts.key_separator = key;
@@ -61,13 +67,20 @@ pub fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 /// Writes `value` as `json.dumps` would.
-pub fn dump(value: &Value, opts: &DumpOptions, depth: usize, out: &mut String) -> Result<(), Error> {
+pub fn dump(
+    value: &Value,
+    opts: &DumpOptions,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number if value.is_integer() => out.push_str(&value.to_string()),
         ValueKind::Number => out.push_str(&python_float_repr(f64::try_from(value.clone())?)),
-        ValueKind::String => write_string(value.as_str().unwrap_or_default(), opts.ensure_ascii, out),
+        ValueKind::String => {
+            write_string(value.as_str().unwrap_or_default(), opts.ensure_ascii, out)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             write_container(out, opts, depth, '[', ']', &items, |item, out| {
@@ -187,7 +200,11 @@ pub fn python_float_repr(v: f64) -> String {
     let point = exp + 1; // digits[..point] are the integer part
     let body = if !(-3..=16).contains(&point) {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{first}{frac}e{esign}{:02}", exp.abs())
     } else if point <= 0 {
@@ -208,7 +225,13 @@ mod tests {
     fn dumps(json: &str, indent: Option<&str>) -> String {
         let value: Value = serde_json::from_str(json).unwrap();
         let mut out = String::new();
-        dump(&value, &DumpOptions::python(indent.map(str::to_string)), 0, &mut out).unwrap();
+        dump(
+            &value,
+            &DumpOptions::python(indent.map(str::to_string)),
+            0,
+            &mut out,
+        )
+        .unwrap();
         out
     }
 
@@ -239,7 +262,10 @@ mod tests {
     fn dumps_like_python_default_separators_and_key_order() {
         // json.dumps({"b": 1, "a": [1.0, None, True, "x\"y\n"], "é": {}}, ensure_ascii=False)
         assert_eq!(
-            dumps(r#"{"b": 1, "a": [1.0, null, true, "x\"y\n"], "é": {}}"#, None),
+            dumps(
+                r#"{"b": 1, "a": [1.0, null, true, "x\"y\n"], "é": {}}"#,
+                None
+            ),
             r#"{"b": 1, "a": [1.0, null, true, "x\"y\n"], "é": {}}"#
         );
     }

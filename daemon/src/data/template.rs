@@ -60,7 +60,10 @@ impl ChatTemplate {
     }
 
     pub fn with_special_tokens(mut self, tokens: BTreeMap<String, String>) -> Self {
-        self.special_tokens = tokens.into_iter().map(|(k, v)| (k, Value::from(v))).collect();
+        self.special_tokens = tokens
+            .into_iter()
+            .map(|(k, v)| (k, Value::from(v)))
+            .collect();
         self
     }
 
@@ -137,7 +140,10 @@ mod tests {
     fn render(source: &str, messages: &str, extra: &[(&str, Value)]) -> Result<String, String> {
         let t = ChatTemplate::compile(source.to_string(), "t.jinja".into()).unwrap();
         let args = RenderArgs {
-            extra: extra.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            extra: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             ..Default::default()
         };
         t.render(&serde_json::from_str(messages).unwrap(), &args)
@@ -193,7 +199,10 @@ mod tests {
     fn syntax_errors_name_the_file() {
         let err = ChatTemplate::compile("{% if %}".into(), "model/tpl.jinja".into()).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("model/tpl.jinja") && text.contains("bad chat template"), "{text}");
+        assert!(
+            text.contains("model/tpl.jinja") && text.contains("bad chat template"),
+            "{text}"
+        );
     }
 
     #[test]
