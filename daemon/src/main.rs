@@ -20,6 +20,8 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Write a checkpoint's drafter in the Hugging Face layout.
     Export(cli::export::ExportArgs),
+    /// Target hidden states at tap layers for a token sequence, written as safetensors.
+    Features(cli::features::FeaturesArgs),
 }
 
 fn main() -> Result<()> {
@@ -29,5 +31,6 @@ fn main() -> Result<()> {
         Command::Start(args) => cli::start::run(args),
         Command::Eval(args) => cli::eval::run(args),
         Command::Export(args) => cli::export::run(args),
+        Command::Features(args) => cli::features::run(args),
     }
 }

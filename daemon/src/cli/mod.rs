@@ -2,4 +2,5 @@
 pub mod doctor;
 pub mod eval;
 pub mod export;
+pub mod features;
 pub mod start;
