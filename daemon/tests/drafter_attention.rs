@@ -6,7 +6,7 @@ mod drafter_support;
 use dflashd::engine::model::attention::{
     block_sparse_attention, dense_mask_attention, BlockAttentionInputs, LayerRule,
 };
-use drafter_support::{max_abs_diff, random_anchors};
+use drafter_support::{max_abs_diff, relative_error, seeded, random_anchors};
 use tch::{Device, Kind, Tensor};
 
 /// f32 tolerance of the oracle comparison: both sides are exact reformulations; what is left
@@ -77,6 +77,7 @@ fn rules() -> [LayerRule; 3] {
 
 #[test]
 fn block_sparse_equals_dense_in_value_and_gradient_f32() {
+    let _rng = seeded(0);
     tch::manual_seed(11);
     for (shuffle, budget) in [(false, 1 << 25), (true, 300), (false, 1)] {
         for rule in rules() {
@@ -100,6 +101,7 @@ fn block_sparse_equals_dense_in_value_and_gradient_f32() {
 
 #[test]
 fn oracle_detects_a_wrong_visibility_rule() {
+    let _rng = seeded(0);
     // The comparison above must be able to fail: the block-sparse result for one rule
     // differs from the dense result for a neighbouring rule (a window one token longer).
     tch::manual_seed(12);
@@ -111,26 +113,30 @@ fn oracle_detects_a_wrong_visibility_rule() {
 
 #[test]
 fn block_sparse_matches_dense_in_bf16_within_bf16_rounding() {
+    let _rng = seeded(0);
     tch::manual_seed(13);
     for rule in rules() {
         let p = problem(2, 8, 4, 21, Kind::BFloat16, true);
         let dense = dense_mask_attention(&p.inputs(rule));
         let sparse = block_sparse_attention(&p.inputs(rule), 200);
         assert_eq!(sparse.kind(), Kind::BFloat16);
-        // Outputs are O(1) averages of values; bf16 has 8 mantissa bits (ulp 2^-7 at 1).
-        let diff = max_abs_diff(&sparse, &dense);
-        assert!(diff < 3e-2, "{rule:?}: bf16 forward differs by {diff}");
+        // bf16 keeps 8 significant bits; scores and softmax are fp32 on both sides, so what
+        // differs is the rounding of the bf16 products and of the merge: well under 1%.
+        let diff = relative_error(&sparse, &dense);
+        eprintln!("{rule:?}: bf16 relative error, forward {diff:.5}");
+        assert!(diff < 1e-2, "{rule:?}: bf16 forward relative error {diff}");
         let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
         for (gs, gd) in p.run(&sparse, &probe).iter().zip(p.run(&dense, &probe).iter()) {
-            let scale = gd.to_kind(Kind::Float).abs().max().double_value(&[]).max(1.0);
-            let diff = max_abs_diff(gs, gd);
-            assert!(diff < 5e-2 * scale, "{rule:?}: bf16 gradient differs by {diff} (scale {scale})");
+            let diff = relative_error(gs, gd);
+            eprintln!("{rule:?}: bf16 relative error, gradient {diff:.5}");
+            assert!(diff < 2e-2, "{rule:?}: bf16 gradient relative error {diff}");
         }
     }
 }
 
 #[test]
 fn blocks_without_any_context_are_finite_and_equal_to_dense() {
+    let _rng = seeded(0);
     // Every block at anchor 0 or invalid: the context part is empty for all rows.
     let p = problem(1, 3, 4, 9, Kind::Float, false);
     let anchors = Tensor::from_slice(&[0i64, 0, 5]).view([1, 3]);

@@ -6,7 +6,7 @@ mod drafter_support;
 use std::collections::BTreeMap;
 
 use dflashd::engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
-use drafter_support::{max_abs_diff, random_anchors, randomize, tiny_config};
+use drafter_support::{max_abs_diff, relative_error, seeded, random_anchors, randomize, tiny_config};
 use tch::{nn, Device, Kind, Tensor};
 
 const F32_TOL: f64 = 1e-5;
@@ -48,6 +48,7 @@ impl Batch {
 
 #[test]
 fn parameters_have_the_spec_names_shapes_and_hf_init() {
+    let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -91,6 +92,7 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
 
 #[test]
 fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
+    let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (vs, drafter) = build(&cfg, 2);
     tch::manual_seed(3);
@@ -122,6 +124,7 @@ fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
 
 #[test]
 fn outputs_of_a_block_ignore_features_at_and_after_its_anchor() {
+    let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (_vs, drafter) = build(&cfg, 4);
     tch::manual_seed(5);
@@ -156,6 +159,7 @@ fn outputs_of_a_block_ignore_features_at_and_after_its_anchor() {
 
 #[test]
 fn training_forward_equals_single_block_inference_at_each_anchor() {
+    let _rng = seeded(0);
     // Tolerance: the same math in a different grouping (many blocks and chunked context vs one
     // block and a dense mask); f32 rounding only.
     for layer_types in [both_types(), vec![LayerType::Full, LayerType::Full]] {
@@ -182,6 +186,7 @@ fn training_forward_equals_single_block_inference_at_each_anchor() {
 
 #[test]
 fn bf16_drafter_runs_in_bf16_and_tracks_f32() {
+    let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (mut vs, drafter) = build(&cfg, 8);
     tch::manual_seed(9);
@@ -192,15 +197,19 @@ fn bf16_drafter_runs_in_bf16_and_tracks_f32() {
     assert_eq!(out.kind(), Kind::BFloat16);
     assert!(out.isfinite().all().int64_value(&[]) == 1);
     let dense = b.forward(&drafter, AttentionBackend::DenseMask);
-    let between = max_abs_diff(&out, &dense);
-    let to_f32 = max_abs_diff(&out, &reference);
-    // Final-normed outputs are O(1); three layers of bf16 activations drift by a few 1e-2.
-    assert!(between < 0.1, "bf16 block-sparse vs dense: {between}");
-    assert!(to_f32 < 0.25, "bf16 vs f32: {to_f32}");
+    let between = relative_error(&out, &dense);
+    let to_f32 = relative_error(&out, &reference);
+    eprintln!("bf16 relative errors: block-sparse vs dense {between:.4}, vs f32 {to_f32:.4}");
+    // bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 0.002 per op); through three
+    // layers of activations in bf16 the outputs drift by about a percent. A visibility
+    // error changes outputs by tens of percent (see the f32 tests), far above this bound.
+    assert!(between < 0.03, "bf16 block-sparse vs dense: relative error {between}");
+    assert!(to_f32 < 0.05, "bf16 vs f32: relative error {to_f32}");
 }
 
 #[test]
 fn weights_round_trip_through_safetensors_with_hf_keys() {
+    let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (vs, drafter) = build(&cfg, 10);
     let dir = tempfile::tempdir().unwrap();

@@ -61,6 +61,21 @@ pub fn random_anchors(rows: i64, blocks: i64, context: i64, shuffle: bool) -> (T
     (anchors, keep)
 }
 
+/// `‖a − b‖ / ‖b‖` (Frobenius), in f64.
+pub fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(f64::MIN_POSITIVE)
+}
+
+/// libtorch's RNG is process-global and tests run on parallel threads: every test that draws
+/// random numbers holds this guard so its data depend only on its own seed.
+pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::manual_seed(seed);
+    guard
+}
+
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
 }
