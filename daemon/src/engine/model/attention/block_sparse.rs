@@ -20,10 +20,11 @@ use super::softmax::{attention_with_lse, merge_by_lse, HIDDEN_SCORE};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
-/// Default cap on one chunk's score tensor (`B·Hq·C·bs·L` elements; 32 Mi fp32 = 128 MiB).
-/// Large enough that per-chunk overhead is negligible, small enough that the transient
-/// scores of one chunk never dominate.
-pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 25;
+/// Default cap on one chunk's score tensor (`B·Hq·C·bs·L` elements; 8 Mi fp32 = 32 MiB, and
+/// a chunk has about three such tensors alive at once). Large enough that per-chunk overhead
+/// is small, small enough that one chunk's transients stay well below what autograd keeps
+/// for all chunks together.
+pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 
 /// A run of sorted blocks `start..end` attending to context keys `keys.0..keys.1`
 /// (`None`: none of them sees any context).

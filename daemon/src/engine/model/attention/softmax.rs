@@ -11,16 +11,23 @@ pub(crate) const HIDDEN_SCORE: f64 = -1.0e30;
 /// `q` `[..., Tq, D]`, `k`/`v` `[..., Tk, D]` (broadcastable batch dims), `visible` bool
 /// broadcastable to `[..., Tq, Tk]`. Returns `(out [..., Tq, D]` in `q`'s dtype,
 /// `lse [..., Tq]` fp32`)`. Scores, softmax and LSE are fp32 whatever the activation dtype.
+///
+/// Memory matters here (this runs on every chunk of every layer): besides its inputs,
+/// autograd keeps only the fp32 probabilities and the (head-broadcast) mask, and the only
+/// score-sized temporaries are the scores and the probabilities themselves.
 pub(crate) fn attention_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, visible: &Tensor, scale: f64) -> (Tensor, Tensor) {
-    let scores = q.matmul(&k.transpose(-2, -1)).to_kind(Kind::Float) * scale;
-    let scores = scores.masked_fill(&visible.logical_not(), HIDDEN_SCORE);
+    // Scaling q (small) instead of the scores (large) saves a score-sized temporary.
+    let mut scores = (q * scale).matmul(&k.transpose(-2, -1)).to_kind(Kind::Float);
+    // In place is safe: the matmul saves its inputs, not its output.
+    let _ = scores.masked_fill_(&visible.logical_not(), HIDDEN_SCORE);
     let probs = scores.softmax(-1, Kind::Float);
-    // d lse / d scores = probs. Writing lse as `Σ probs.detach() · scores` plus a constant
-    // gives that gradient while autograd saves only `probs`, which the softmax and the PV
-    // matmul save anyway; `scores.logsumexp()` would keep a second score-sized fp32 tensor
-    // alive until backward.
-    let lse_value = tch::no_grad(|| scores.logsumexp([-1], false));
-    let linear = (probs.detach() * &scores).sum_dim_intlist(-1, false, Kind::Float);
+    // lse = max_j s_j - log(max_j p_j), exact since p_j = exp(s_j - lse); avoids the
+    // score-sized temporaries of `logsumexp`. p_max >= 1/Tk, so the log is well conditioned.
+    let lse_value = tch::no_grad(|| scores.amax([-1], false) - probs.amax([-1], false).log());
+    // d lse / d scores = probs. Writing lse as `Σ_j probs_j.detach() · s_j` plus a constant
+    // gives exactly that gradient while autograd saves only `probs` (already kept by the
+    // softmax and the PV matmul); the batched dot avoids a score-sized product.
+    let linear = probs.detach().unsqueeze(-2).matmul(&scores.unsqueeze(-1)).squeeze_dim(-1).squeeze_dim(-1);
     let lse = &linear + (lse_value - linear.detach());
     let out = probs.to_kind(q.kind()).matmul(v);
     (out, lse)
