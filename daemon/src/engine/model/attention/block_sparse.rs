@@ -16,7 +16,7 @@
 //! instead of the dense `B·Hq·Q·(S+Q)`.
 use tch::{Device, Kind, Tensor};
 
-use super::softmax::{attention_with_lse, merge_by_lse, HIDDEN_SCORE};
+use super::softmax::{attention_with_lse, fused_attention_with_lse, merge_by_lse, HIDDEN_SCORE};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
@@ -151,8 +151,10 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
         b * heads * bs,
         chunk_score_elements,
     );
-    let context_key = inputs.context_key.permute([0, 2, 1, 3]).unsqueeze(2); // [B, Hkv, 1, S, D]
-    let context_value = inputs.context_value.permute([0, 2, 1, 3]).unsqueeze(2);
+    // [B, Hq, S, D]: kv heads repeated to the query heads (HF `repeat_kv`), as the fused
+    // kernel wants equal head counts.
+    let context_key = inputs.context_key.transpose(1, 2).repeat_interleave_self_int(g, 1, None);
+    let context_value = inputs.context_value.transpose(1, 2).repeat_interleave_self_int(g, 1, None);
     let mut outs = Vec::with_capacity(plan.len());
     let mut lses = Vec::with_capacity(plan.len());
     for chunk in &plan {
@@ -164,7 +166,7 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
             continue;
         };
         let len = hi - lo;
-        let q_chunk = q.narrow(1, start, count).permute([0, 3, 4, 1, 2, 5]).reshape([b, hkv, g, count * bs, dh]);
+        let q_chunk = q.narrow(1, start, count).permute([0, 3, 4, 1, 2, 5]).reshape([b, heads, count * bs, dh]);
         let visible = context_mask(
             inputs.rule,
             &anchors.narrow(1, start, count),
@@ -173,11 +175,11 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
             lo,
             hi,
         )
-        .view([b, 1, 1, count * bs, len]);
-        let (out, lse) = attention_with_lse(
+        .view([b, 1, count * bs, len]);
+        let (out, lse) = fused_attention_with_lse(
             &q_chunk,
-            &context_key.narrow(3, lo, len),
-            &context_value.narrow(3, lo, len),
+            &context_key.narrow(2, lo, len),
+            &context_value.narrow(2, lo, len),
             &visible,
             inputs.scale,
         );

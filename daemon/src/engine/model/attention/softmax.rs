@@ -33,6 +33,43 @@ pub(crate) fn attention_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, visible: &T
     (out, lse)
 }
 
+/// Same contract as [`attention_with_lse`] for `q` `[B, H, Tq, D]`, `k`/`v` `[B, H, Tk, D]`,
+/// `visible` `[B, 1, Tq, Tk]`, but through libtorch's fused `scaled_dot_product_attention`,
+/// which never keeps the `[Tq, Tk]` probabilities for backward (it recomputes them). Rows with
+/// no visible key get `lse = HIDDEN_SCORE` (merge weight exactly 0) and a finite output.
+///
+/// SDPA does not return a differentiable LSE, so it is assembled from its value and its
+/// gradient separately:
+/// - value: `logsumexp` of the masked scores, computed without autograd (a transient
+///   score-sized tensor, nothing kept);
+/// - gradient: `∂lse_q/∂s_qj = p_qj`, so `∂lse_q/∂q_q = scale·Σ_j p_qj k_j` and
+///   `∂lse_q/∂k_j = scale·p_qj q_q`. Both are the gradients of `scale·q_q·k̄_q` where
+///   `k̄ = SDPA(q.detach(), k.detach(), values = k)`: an attention whose weights are held
+///   fixed and whose values are the live keys.
+pub(crate) fn fused_attention_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, visible: &Tensor, scale: f64) -> (Tensor, Tensor) {
+    let has_key = visible.any_dim(-1, false); // [B, 1, Tq]
+    // Unmask key 0 on empty rows so the kernel never sees an all-hidden row (NaN); their
+    // output is then finite garbage with weight exactly 0.
+    let first_key = Tensor::zeros([visible.size()[3]], (Kind::Bool, visible.device()));
+    let _ = first_key.narrow(0, 0, 1).fill_(1);
+    let rescue = has_key.logical_not().unsqueeze(-1).logical_and(&first_key);
+    let visible = visible.logical_or(&rescue);
+    // One additive mask shared by both kernel calls (a bool mask would be converted, and
+    // kept, once per call).
+    let bias = Tensor::zeros(visible.size(), (q.kind(), q.device())).masked_fill(&visible.logical_not(), f64::NEG_INFINITY);
+    let lse_value = tch::no_grad(|| {
+        let mut scores = (q * scale).matmul(&k.transpose(-2, -1)).to_kind(Kind::Float);
+        let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
+        scores.logsumexp([-1], false)
+    });
+    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, scale, false);
+    let key_mean = Tensor::scaled_dot_product_attention(&q.detach(), &k.detach(), k, Some(&bias), 0.0, false, scale, false);
+    let linear = (q.to_kind(Kind::Float) * key_mean.to_kind(Kind::Float)).sum_dim_intlist(-1, false, Kind::Float) * scale;
+    let lse = &linear + (lse_value - linear.detach());
+    let hidden = Tensor::full_like(&lse, HIDDEN_SCORE);
+    (out, lse.where_self(&has_key, &hidden))
+}
+
 /// Exact merge of two attentions of the same queries over disjoint key sets:
 /// `softmax` over the union equals the LSE-weighted mix of the parts.
 /// `out_*` `[..., D]` (activation dtype), `lse_*` `[...]` fp32. Returns the activation dtype.
