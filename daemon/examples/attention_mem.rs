@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use dflashd::engine::model::attention::{
-    block_sparse_attention, dense_mask_attention, AttentionBackend, BlockAttentionInputs, LayerRule,
-    DEFAULT_CHUNK_SCORE_ELEMENTS,
+    block_sparse_attention, dense_mask_attention, AttentionBackend, BlockAttentionInputs,
+    LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
@@ -63,7 +63,11 @@ fn parse_args() -> Result<(Args, Vec<String>)> {
             continue;
         }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        let int = || value.parse::<i64>().with_context(|| format!("{flag}: expected an integer, found {value:?}"));
+        let int = || {
+            value
+                .parse::<i64>()
+                .with_context(|| format!("{flag}: expected an integer, found {value:?}"))
+        };
         match flag.as_str() {
             "--anchors" => a.anchors = int()?,
             "--block" => a.block = int()?,
@@ -78,7 +82,9 @@ fn parse_args() -> Result<(Args, Vec<String>)> {
             "--rule" => {
                 a.rule = match value.split_once(':') {
                     None if value == "full" => LayerRule::Full,
-                    Some(("sliding", w)) => LayerRule::Sliding { window: w.parse().context("--rule sliding:W")? },
+                    Some(("sliding", w)) => LayerRule::Sliding {
+                        window: w.parse().context("--rule sliding:W")?,
+                    },
                     _ => bail!("--rule: expected full or sliding:W, found {value:?}"),
                 }
             }
@@ -115,7 +121,10 @@ fn mem_available_mib() -> Option<f64> {
 /// CPU seconds of this process, all threads: on a shared machine wall time mostly measures
 /// the neighbours, CPU time measures the work.
 fn process_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -160,7 +169,12 @@ fn measure(a: &Args, backend: AttentionBackend) -> Result<Value> {
     // §2.2: anchors uniformly without replacement from 0..=S-2, sorted; all valid.
     let anchors = Tensor::stack(
         &(0..a.batch)
-            .map(|_| Tensor::randperm(a.context - 1, (Kind::Int64, Device::Cpu)).narrow(0, 0, a.anchors).sort(0, false).0)
+            .map(|_| {
+                Tensor::randperm(a.context - 1, (Kind::Int64, Device::Cpu))
+                    .narrow(0, 0, a.anchors)
+                    .sort(0, false)
+                    .0
+            })
             .collect::<Vec<_>>(),
         0,
     );
@@ -221,13 +235,24 @@ fn compare(raw: &[String]) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut results = Vec::new();
     for backend in ["block-sparse", "dense"] {
-        let out = Command::new(&exe).args(raw).args(["--backend", backend]).output()?;
+        let out = Command::new(&exe)
+            .args(raw)
+            .args(["--backend", backend])
+            .output()?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        match stdout.lines().last().and_then(|l| serde_json::from_str::<Value>(l).ok()) {
+        match stdout
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        {
             Some(v) if out.status.success() => results.push(v),
             _ => {
                 let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-                let why = if why.is_empty() { format!("exited with {}", out.status) } else { why };
+                let why = if why.is_empty() {
+                    format!("exited with {}", out.status)
+                } else {
+                    why
+                };
                 eprintln!("{backend}: not measured: {why}");
                 results.push(json!({ "backend": backend, "skipped": why }));
             }

@@ -6,7 +6,7 @@ mod drafter_support;
 use dflashd::engine::model::attention::{
     block_sparse_attention, dense_mask_attention, BlockAttentionInputs, LayerRule,
 };
-use drafter_support::{max_abs_diff, relative_error, seeded, random_anchors};
+use drafter_support::{max_abs_diff, random_anchors, relative_error, seeded};
 use tch::{Device, Kind, Tensor};
 
 /// f32 tolerance of the oracle comparison: both sides are exact reformulations; what is left
@@ -28,7 +28,9 @@ fn problem(batch: i64, blocks: i64, bs: i64, context: i64, kind: Kind, shuffle: 
     let (heads, kv_heads, dim) = (4, 2, 8);
     let q_len = blocks * bs;
     let leaf = |shape: &[i64], scale: f64| {
-        (Tensor::randn(shape, (Kind::Float, Device::Cpu)) * scale).to_kind(kind).set_requires_grad(true)
+        (Tensor::randn(shape, (Kind::Float, Device::Cpu)) * scale)
+            .to_kind(kind)
+            .set_requires_grad(true)
     };
     let (anchors, keep) = random_anchors(batch, blocks, context, shuffle);
     Problem {
@@ -61,7 +63,13 @@ impl Problem {
     }
 
     fn leaves(&self) -> [&Tensor; 5] {
-        [&self.q, &self.context_key, &self.context_value, &self.block_key, &self.block_value]
+        [
+            &self.q,
+            &self.context_key,
+            &self.context_value,
+            &self.block_key,
+            &self.block_value,
+        ]
     }
 
     /// Output and the gradients of `<out, probe>` w.r.t. every input.
@@ -72,7 +80,11 @@ impl Problem {
 }
 
 fn rules() -> [LayerRule; 3] {
-    [LayerRule::Full, LayerRule::Sliding { window: 5 }, LayerRule::Sliding { window: 2 }]
+    [
+        LayerRule::Full,
+        LayerRule::Sliding { window: 5 },
+        LayerRule::Sliding { window: 2 },
+    ]
 }
 
 #[test]
@@ -85,14 +97,33 @@ fn block_sparse_equals_dense_in_value_and_gradient_f32() {
             let dense = dense_mask_attention(&p.inputs(rule));
             let sparse = block_sparse_attention(&p.inputs(rule), budget);
             assert_eq!(sparse.size(), dense.size());
-            assert!(sparse.isfinite().all().int64_value(&[]) == 1, "{rule:?}: non-finite output");
+            assert!(
+                sparse.isfinite().all().int64_value(&[]) == 1,
+                "{rule:?}: non-finite output"
+            );
             let diff = max_abs_diff(&sparse, &dense);
-            assert!(diff < F32_TOL, "{rule:?} budget {budget}: forward differs by {diff}");
+            assert!(
+                diff < F32_TOL,
+                "{rule:?} budget {budget}: forward differs by {diff}"
+            );
             let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
-            let names = ["query", "context_key", "context_value", "block_key", "block_value"];
-            for ((name, gs), gd) in names.iter().zip(p.run(&sparse, &probe)).zip(p.run(&dense, &probe)) {
+            let names = [
+                "query",
+                "context_key",
+                "context_value",
+                "block_key",
+                "block_value",
+            ];
+            for ((name, gs), gd) in names
+                .iter()
+                .zip(p.run(&sparse, &probe))
+                .zip(p.run(&dense, &probe))
+            {
                 let diff = max_abs_diff(&gs, &gd);
-                assert!(diff < F32_TOL, "{rule:?} budget {budget}: d/d{name} differs by {diff}");
+                assert!(
+                    diff < F32_TOL,
+                    "{rule:?} budget {budget}: d/d{name} differs by {diff}"
+                );
                 assert!(gs.isfinite().all().int64_value(&[]) == 1);
             }
         }
@@ -126,7 +157,11 @@ fn block_sparse_matches_dense_in_bf16_within_bf16_rounding() {
         eprintln!("{rule:?}: bf16 relative error, forward {diff:.5}");
         assert!(diff < 1e-2, "{rule:?}: bf16 forward relative error {diff}");
         let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
-        for (gs, gd) in p.run(&sparse, &probe).iter().zip(p.run(&dense, &probe).iter()) {
+        for (gs, gd) in p
+            .run(&sparse, &probe)
+            .iter()
+            .zip(p.run(&dense, &probe).iter())
+        {
             let diff = relative_error(gs, gd);
             eprintln!("{rule:?}: bf16 relative error, gradient {diff:.5}");
             assert!(diff < 2e-2, "{rule:?}: bf16 gradient relative error {diff}");
@@ -141,7 +176,11 @@ fn blocks_without_any_context_are_finite_and_equal_to_dense() {
     let p = problem(1, 3, 4, 9, Kind::Float, false);
     let anchors = Tensor::from_slice(&[0i64, 0, 5]).view([1, 3]);
     let keep = Tensor::from_slice(&[true, true, false]).view([1, 3]);
-    let inputs = BlockAttentionInputs { anchors: &anchors, keep: &keep, ..p.inputs(LayerRule::Full) };
+    let inputs = BlockAttentionInputs {
+        anchors: &anchors,
+        keep: &keep,
+        ..p.inputs(LayerRule::Full)
+    };
     let sparse = block_sparse_attention(&inputs, 1 << 25);
     let dense = dense_mask_attention(&inputs);
     assert!(max_abs_diff(&sparse, &dense) < F32_TOL);

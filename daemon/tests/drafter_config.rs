@@ -50,15 +50,27 @@ fn parse(value: &Value) -> Result<DrafterConfig, DrafterError> {
 }
 
 fn error_text(value: &Value) -> String {
-    parse(value).expect_err("config must be rejected").to_string()
+    parse(value)
+        .expect_err("config must be rejected")
+        .to_string()
 }
 
 #[test]
 fn published_qwen36_drafter_config_reads_as_the_spec_says() {
     let cfg = parse(&qwen36_27b()).unwrap();
     assert_eq!(cfg.hidden_size, 5120);
-    assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (32, 8, 128));
-    assert_eq!(cfg.layer_types, [[LayerType::Sliding; 4].as_slice(), &[LayerType::Full]].concat());
+    assert_eq!(
+        (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim
+        ),
+        (32, 8, 128)
+    );
+    assert_eq!(
+        cfg.layer_types,
+        [[LayerType::Sliding; 4].as_slice(), &[LayerType::Full]].concat()
+    );
     assert_eq!(cfg.sliding_window, Some(2048));
     assert_eq!((cfg.block_size, cfg.mask_token_id), (16, 248070));
     assert_eq!(cfg.target_layer_ids, [1, 16, 31, 46, 61]);
@@ -75,13 +87,26 @@ fn round_trip_through_the_hf_layout_is_lossless() {
     plain.target_hidden_size = plain.hidden_size;
     plain.num_target_layers = None;
     plain.sliding_window = None;
-    for cfg in [tiny_config(vec![LayerType::Sliding, LayerType::Full, LayerType::Sliding]), plain] {
+    for cfg in [
+        tiny_config(vec![
+            LayerType::Sliding,
+            LayerType::Full,
+            LayerType::Sliding,
+        ]),
+        plain,
+    ] {
         let json = cfg.to_hf_json();
         assert_eq!(json["architectures"], json!(["DFlashDraftModel"]));
         assert_eq!(json["model_type"], "qwen3");
         assert_eq!(json["auto_map"]["AutoModel"], "dflash.DFlashDraftModel");
-        assert_eq!(json["dflash_config"]["mask_token_id"], json!(cfg.mask_token_id));
-        assert_eq!(json["dflash_config"]["target_layer_ids"], json!(cfg.target_layer_ids));
+        assert_eq!(
+            json["dflash_config"]["mask_token_id"],
+            json!(cfg.mask_token_id)
+        );
+        assert_eq!(
+            json["dflash_config"]["target_layer_ids"],
+            json!(cfg.target_layer_ids)
+        );
         assert_eq!(json["rope_parameters"]["rope_theta"], json!(cfg.rope_theta));
         let back = DrafterConfig::from_hf_json(&write(dir.path(), &json)).unwrap();
         assert_eq!(back, cfg);
@@ -94,7 +119,10 @@ fn rope_parameters_form_is_read_with_or_without_rope_theta() {
     let map = v.as_object_mut().unwrap();
     map.remove("rope_theta");
     map.remove("rope_scaling");
-    map.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 1000000.0}));
+    map.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": 1000000.0}),
+    );
     assert_eq!(parse(&v).unwrap().rope_theta, 1e6);
     // Per layer type, as transformers 5 writes it for mixed models: accepted when they agree.
     v["rope_parameters"] = json!({
@@ -133,28 +161,50 @@ fn missing_or_bad_fields_get_errors_naming_file_key_expected_and_found() {
 
     let mut v = qwen36_27b();
     v.as_object_mut().unwrap().remove("hidden_size");
-    let text = DrafterConfig::from_hf_json(&write(dir.path(), &v)).unwrap_err().to_string();
-    assert!(text.contains(&shown) && text.contains("`hidden_size`") && text.contains("missing"), "{text}");
+    let text = DrafterConfig::from_hf_json(&write(dir.path(), &v))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains(&shown) && text.contains("`hidden_size`") && text.contains("missing"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v["hidden_size"] = json!("big");
     let text = error_text(&v);
-    assert!(text.contains("`hidden_size`") && text.contains("an integer") && text.contains("\"big\""), "{text}");
+    assert!(
+        text.contains("`hidden_size`") && text.contains("an integer") && text.contains("\"big\""),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v["layer_types"][2] = json!("linear_attention");
     let text = error_text(&v);
-    assert!(text.contains("`layer_types[2]`") && text.contains("linear_attention"), "{text}");
+    assert!(
+        text.contains("`layer_types[2]`") && text.contains("linear_attention"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
-    v["dflash_config"].as_object_mut().unwrap().remove("mask_token_id");
+    v["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("mask_token_id");
     let text = error_text(&v);
-    assert!(text.contains("dflash_config.mask_token_id") && text.contains("missing"), "{text}");
+    assert!(
+        text.contains("dflash_config.mask_token_id") && text.contains("missing"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
     let text = error_text(&v);
-    assert!(text.contains("rope_scaling.rope_type") && text.contains("yarn") && text.contains("not supported"), "{text}");
+    assert!(
+        text.contains("rope_scaling.rope_type")
+            && text.contains("yarn")
+            && text.contains("not supported"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v.as_object_mut().unwrap().remove("rope_theta");
@@ -163,7 +213,10 @@ fn missing_or_bad_fields_get_errors_naming_file_key_expected_and_found() {
     let mut v = qwen36_27b();
     v["num_key_value_heads"] = json!(5);
     let text = error_text(&v);
-    assert!(text.contains("num_key_value_heads") && text.contains("divisor"), "{text}");
+    assert!(
+        text.contains("num_key_value_heads") && text.contains("divisor"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v["layer_types"] = json!(["full_attention"]);
@@ -176,7 +229,10 @@ fn missing_or_bad_fields_get_errors_naming_file_key_expected_and_found() {
     let mut v = qwen36_27b();
     v["dflash_config"]["target_layer_ids"] = json!([1, 16, 64]);
     let text = error_text(&v);
-    assert!(text.contains("target_layer_ids") && text.contains("64"), "{text}");
+    assert!(
+        text.contains("target_layer_ids") && text.contains("64"),
+        "{text}"
+    );
 
     let mut v = qwen36_27b();
     v["dflash_config"]["is_causal"] = json!(false);
@@ -199,5 +255,8 @@ fn unreadable_files_name_the_path() {
     let err = DrafterConfig::from_hf_json(&broken).unwrap_err();
     assert!(matches!(err, DrafterError::Json { .. }), "{err}");
     std::fs::write(&broken, "[1, 2]").unwrap();
-    assert!(DrafterConfig::from_hf_json(&broken).unwrap_err().to_string().contains("a JSON object"));
+    assert!(DrafterConfig::from_hf_json(&broken)
+        .unwrap_err()
+        .to_string()
+        .contains("a JSON object"));
 }

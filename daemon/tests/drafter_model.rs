@@ -6,7 +6,9 @@ mod drafter_support;
 use std::collections::BTreeMap;
 
 use dflashd::engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
-use drafter_support::{max_abs_diff, relative_error, seeded, random_anchors, randomize, tiny_config};
+use drafter_support::{
+    max_abs_diff, random_anchors, randomize, relative_error, seeded, tiny_config,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 const F32_TOL: f64 = 1e-5;
@@ -33,8 +35,14 @@ struct Batch {
 fn batch(cfg: &DrafterConfig, rows: i64, blocks: i64, context: i64, shuffle: bool) -> Batch {
     let (anchors, keep) = random_anchors(rows, blocks, context, shuffle);
     Batch {
-        features: Tensor::randn([rows, context, cfg.feature_size()], (Kind::Float, Device::Cpu)),
-        embeddings: Tensor::randn([rows, blocks * cfg.block_size, cfg.hidden_size], (Kind::Float, Device::Cpu)),
+        features: Tensor::randn(
+            [rows, context, cfg.feature_size()],
+            (Kind::Float, Device::Cpu),
+        ),
+        embeddings: Tensor::randn(
+            [rows, blocks * cfg.block_size, cfg.hidden_size],
+            (Kind::Float, Device::Cpu),
+        ),
         anchors,
         keep,
     }
@@ -42,7 +50,13 @@ fn batch(cfg: &DrafterConfig, rows: i64, blocks: i64, context: i64, shuffle: boo
 
 impl Batch {
     fn forward(&self, drafter: &Drafter, backend: AttentionBackend) -> Tensor {
-        drafter.forward(&self.features, &self.embeddings, &self.anchors, &self.keep, backend)
+        drafter.forward(
+            &self.features,
+            &self.embeddings,
+            &self.anchors,
+            &self.keep,
+            backend,
+        )
     }
 }
 
@@ -53,7 +67,11 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
-    let vars: BTreeMap<String, Vec<i64>> = vs.variables().into_iter().map(|(k, v)| (k, v.size())).collect();
+    let vars: BTreeMap<String, Vec<i64>> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (k, v.size()))
+        .collect();
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let mut want = BTreeMap::from([
         ("fc.weight".to_string(), vec![h, cfg.feature_size()]),
@@ -64,10 +82,22 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
         let p = format!("layers.{i}");
         for (name, shape) in [
             ("input_layernorm.weight", vec![h]),
-            ("self_attn.q_proj.weight", vec![cfg.num_attention_heads * hd, h]),
-            ("self_attn.k_proj.weight", vec![cfg.num_key_value_heads * hd, h]),
-            ("self_attn.v_proj.weight", vec![cfg.num_key_value_heads * hd, h]),
-            ("self_attn.o_proj.weight", vec![h, cfg.num_attention_heads * hd]),
+            (
+                "self_attn.q_proj.weight",
+                vec![cfg.num_attention_heads * hd, h],
+            ),
+            (
+                "self_attn.k_proj.weight",
+                vec![cfg.num_key_value_heads * hd, h],
+            ),
+            (
+                "self_attn.v_proj.weight",
+                vec![cfg.num_key_value_heads * hd, h],
+            ),
+            (
+                "self_attn.o_proj.weight",
+                vec![h, cfg.num_attention_heads * hd],
+            ),
             ("self_attn.q_norm.weight", vec![hd]),
             ("self_attn.k_norm.weight", vec![hd]),
             ("post_attention_layernorm.weight", vec![h]),
@@ -81,7 +111,10 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
     assert_eq!(vars, want);
     for (name, var) in vs.variables() {
         if name.ends_with("norm.weight") {
-            assert!(var.eq(1.0).all().int64_value(&[]) == 1, "{name} must start at 1");
+            assert!(
+                var.eq(1.0).all().int64_value(&[]) == 1,
+                "{name} must start at 1"
+            );
         } else if var.numel() > 1000 {
             let std = var.std(true).double_value(&[]);
             assert!((std - 0.02).abs() < 0.003, "{name}: std {std}, want 0.02");
@@ -99,26 +132,36 @@ fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
     let b = batch(&cfg, 2, 7, 22, true);
     let features = b.features.set_requires_grad(true);
     let embeddings = b.embeddings.set_requires_grad(true);
-    let probe = Tensor::randn([2, 7 * cfg.block_size, cfg.hidden_size], (Kind::Float, Device::Cpu));
+    let probe = Tensor::randn(
+        [2, 7 * cfg.block_size, cfg.hidden_size],
+        (Kind::Float, Device::Cpu),
+    );
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut leaves: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
     leaves.push(&features);
     leaves.push(&embeddings);
     let run = |backend| {
         let out = drafter.forward(&features, &embeddings, &b.anchors, &b.keep, backend);
-        let grads = Tensor::run_backward(&[(&out * &probe).sum(Kind::Float)], &leaves, false, false);
+        let grads =
+            Tensor::run_backward(&[(&out * &probe).sum(Kind::Float)], &leaves, false, false);
         (out, grads)
     };
     let (sparse, sparse_grads) = run(AttentionBackend::BlockSparse);
     let (dense, dense_grads) = run(AttentionBackend::DenseMask);
     let diff = max_abs_diff(&sparse, &dense);
     assert!(diff < F32_TOL, "forward differs by {diff}");
-    let names = params.iter().map(|(n, _)| n.as_str()).chain(["target_features", "block_embeddings"]);
+    let names = params
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .chain(["target_features", "block_embeddings"]);
     for ((name, gs), gd) in names.zip(&sparse_grads).zip(&dense_grads) {
         // Relative to the gradient's own scale: parameter gradients reach O(10) here.
         let scale = gd.abs().max().double_value(&[]).max(1.0);
         let diff = max_abs_diff(gs, gd);
-        assert!(diff < F32_TOL * scale, "d/d{name} differs by {diff} (scale {scale})");
+        assert!(
+            diff < F32_TOL * scale,
+            "d/d{name} differs by {diff} (scale {scale})"
+        );
     }
 }
 
@@ -131,29 +174,49 @@ fn outputs_of_a_block_ignore_features_at_and_after_its_anchor() {
     let context = 20;
     let anchors = Tensor::from_slice(&[3i64, 9, 9, 10, 14, 18, 0]).view([1, 7]);
     let keep = Tensor::ones([1, 7], (Kind::Bool, Device::Cpu));
-    let b = Batch { anchors, keep, ..batch(&cfg, 1, 7, context, false) };
+    let b = Batch {
+        anchors,
+        keep,
+        ..batch(&cfg, 1, 7, context, false)
+    };
     let bs = cfg.block_size;
     for backend in [AttentionBackend::BlockSparse, AttentionBackend::DenseMask] {
         let base = b.forward(&drafter, backend);
         for (blk, anchor) in [3i64, 9, 9, 10, 14, 18, 0].into_iter().enumerate() {
             let blk = blk as i64;
             // Finite noise (NaN would leak through 0·NaN even where the mask is right).
-            let noise = Tensor::randn([1, context - anchor, cfg.feature_size()], (Kind::Float, Device::Cpu)) * 3.0;
+            let noise = Tensor::randn(
+                [1, context - anchor, cfg.feature_size()],
+                (Kind::Float, Device::Cpu),
+            ) * 3.0;
             let features = b.features.copy();
             let _ = features.narrow(1, anchor, context - anchor).g_add_(&noise);
             let moved = drafter.forward(&features, &b.embeddings, &b.anchors, &b.keep, backend);
             let mine = |t: &Tensor| t.narrow(1, blk * bs, bs);
-            assert!(mine(&moved).equal(&mine(&base)), "{backend:?}: block {blk} (anchor {anchor}) saw features >= its anchor");
+            assert!(
+                mine(&moved).equal(&mine(&base)),
+                "{backend:?}: block {blk} (anchor {anchor}) saw features >= its anchor"
+            );
             // Blocks with a later anchor see the changed positions: the test has teeth.
             if anchor < 18 {
-                assert!(!moved.narrow(1, 5 * bs, bs).equal(&base.narrow(1, 5 * bs, bs)));
+                assert!(!moved
+                    .narrow(1, 5 * bs, bs)
+                    .equal(&base.narrow(1, 5 * bs, bs)));
             }
         }
         // And the feature just before an anchor does reach that block.
         let features = b.features.copy();
-        let _ = features.narrow(1, 9, 1).g_add_(&Tensor::ones([1, 1, cfg.feature_size()], (Kind::Float, Device::Cpu)));
+        let _ = features.narrow(1, 9, 1).g_add_(&Tensor::ones(
+            [1, 1, cfg.feature_size()],
+            (Kind::Float, Device::Cpu),
+        ));
         let moved = drafter.forward(&features, &b.embeddings, &b.anchors, &b.keep, backend);
-        assert!(!moved.narrow(1, 3 * bs, bs).equal(&base.narrow(1, 3 * bs, bs)), "anchor 10 must see position 9");
+        assert!(
+            !moved
+                .narrow(1, 3 * bs, bs)
+                .equal(&base.narrow(1, 3 * bs, bs)),
+            "anchor 10 must see position 9"
+        );
     }
 }
 
@@ -168,18 +231,27 @@ fn training_forward_equals_single_block_inference_at_each_anchor() {
         tch::manual_seed(7);
         let context = 18;
         // Every position 0..=16 as an anchor (blocks overlap heavily), unsorted.
-        let order: Vec<i64> = Tensor::randperm(context - 1, (Kind::Int64, Device::Cpu)).try_into().unwrap();
+        let order: Vec<i64> = Tensor::randperm(context - 1, (Kind::Int64, Device::Cpu))
+            .try_into()
+            .unwrap();
         let blocks = order.len() as i64;
         let anchors = Tensor::from_slice(&order).view([1, blocks]);
         let keep = Tensor::ones([1, blocks], (Kind::Bool, Device::Cpu));
-        let b = Batch { anchors, keep, ..batch(&cfg, 1, blocks, context, false) };
+        let b = Batch {
+            anchors,
+            keep,
+            ..batch(&cfg, 1, blocks, context, false)
+        };
         let bs = cfg.block_size;
         let training = b.forward(&drafter, AttentionBackend::BlockSparse);
         for (blk, &anchor) in order.iter().enumerate() {
             let block = b.embeddings.narrow(1, blk as i64 * bs, bs);
             let inference = drafter.forward_block(&b.features.narrow(1, 0, anchor), &block, anchor);
             let diff = max_abs_diff(&training.narrow(1, blk as i64 * bs, bs), &inference);
-            assert!(diff < F32_TOL, "anchor {anchor}: training vs inference differ by {diff}");
+            assert!(
+                diff < F32_TOL,
+                "anchor {anchor}: training vs inference differ by {diff}"
+            );
         }
     }
 }
@@ -203,7 +275,10 @@ fn bf16_drafter_runs_in_bf16_and_tracks_f32() {
     // bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 0.002 per op); through three
     // layers of activations in bf16 the outputs drift by about a percent. A visibility
     // error changes outputs by tens of percent (see the f32 tests), far above this bound.
-    assert!(between < 0.03, "bf16 block-sparse vs dense: relative error {between}");
+    assert!(
+        between < 0.03,
+        "bf16 block-sparse vs dense: relative error {between}"
+    );
     assert!(to_f32 < 0.05, "bf16 vs f32: relative error {to_f32}");
 }
 
@@ -215,8 +290,17 @@ fn weights_round_trip_through_safetensors_with_hf_keys() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.safetensors");
     vs.save(&path).unwrap();
-    let names: Vec<String> = tch::Tensor::read_safetensors(&path).unwrap().into_iter().map(|(n, _)| n).collect();
-    assert!(names.iter().any(|n| n == "layers.2.self_attn.k_norm.weight"), "{names:?}");
+    let names: Vec<String> = tch::Tensor::read_safetensors(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "layers.2.self_attn.k_norm.weight"),
+        "{names:?}"
+    );
     tch::manual_seed(99);
     let mut loaded_vs = nn::VarStore::new(Device::Cpu);
     let loaded = Drafter::new(&loaded_vs.root(), &cfg);

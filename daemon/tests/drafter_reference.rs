@@ -20,13 +20,22 @@ fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/drafter_fixtures/reference")
 }
 
-fn load() -> (DrafterConfig, nn::VarStore, Drafter, HashMap<String, Tensor>) {
+fn load() -> (
+    DrafterConfig,
+    nn::VarStore,
+    Drafter,
+    HashMap<String, Tensor>,
+) {
     let dir = fixture_dir();
     let cfg = DrafterConfig::from_hf_json(&dir.join("config.json")).expect("fixture config parses");
     let mut vs = nn::VarStore::new(Device::Cpu);
     let drafter = Drafter::new(&vs.root(), &cfg);
-    vs.load(dir.join("model.safetensors")).expect("fixture weights load under the HF keys");
-    let inputs = Tensor::read_safetensors(dir.join("inputs.safetensors")).unwrap().into_iter().collect();
+    vs.load(dir.join("model.safetensors"))
+        .expect("fixture weights load under the HF keys");
+    let inputs = Tensor::read_safetensors(dir.join("inputs.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect();
     (cfg, vs, drafter, inputs)
 }
 
@@ -35,10 +44,19 @@ fn forward_matches_the_independent_reference_with_both_backends() {
     let (_cfg, _vs, drafter, t) = load();
     let keep = t["keep"].to_kind(Kind::Bool);
     for backend in [AttentionBackend::BlockSparse, AttentionBackend::DenseMask] {
-        let out = drafter.forward(&t["target_features"], &t["block_embeddings"], &t["anchors"], &keep, backend);
+        let out = drafter.forward(
+            &t["target_features"],
+            &t["block_embeddings"],
+            &t["anchors"],
+            &keep,
+            backend,
+        );
         let diff = max_abs_diff(&out, &t["expected_output"]);
         eprintln!("{backend:?}: max |rust - reference| = {diff:e}");
-        assert!(diff < TOL, "{backend:?}: differs from the reference by {diff}");
+        assert!(
+            diff < TOL,
+            "{backend:?}: differs from the reference by {diff}"
+        );
     }
 }
 
@@ -56,9 +74,16 @@ fn single_block_inference_matches_the_reference_for_every_valid_block() {
         let (row, blk) = (i as i64 / blocks, i as i64 % blocks);
         let row_of = |name: &str| t[name].narrow(0, row, 1);
         let block = row_of("block_embeddings").narrow(1, blk * bs, bs);
-        let out = drafter.forward_block(&row_of("target_features").narrow(1, 0, anchor), &block, anchor);
+        let out = drafter.forward_block(
+            &row_of("target_features").narrow(1, 0, anchor),
+            &block,
+            anchor,
+        );
         let want = row_of("expected_output").narrow(1, blk * bs, bs);
         let diff = max_abs_diff(&out, &want);
-        assert!(diff < TOL, "row {row} block {blk} (anchor {anchor}): differs by {diff}");
+        assert!(
+            diff < TOL,
+            "row {row} block {blk} (anchor {anchor}): differs by {diff}"
+        );
     }
 }

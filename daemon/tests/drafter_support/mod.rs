@@ -34,7 +34,11 @@ pub fn randomize(vs: &nn::VarStore, scale: f64) {
     tch::no_grad(|| {
         for (name, mut var) in vs.variables() {
             let noise = Tensor::randn(var.size(), (Kind::Float, var.device())) * scale;
-            let value = if name.ends_with("norm.weight") { noise + 1.0 } else { noise };
+            let value = if name.ends_with("norm.weight") {
+                noise + 1.0
+            } else {
+                noise
+            };
             var.copy_(&value.to_kind(var.kind()));
         }
     });
@@ -47,16 +51,22 @@ pub fn randomize(vs: &nn::VarStore, scale: f64) {
 pub fn random_anchors(rows: i64, blocks: i64, context: i64, shuffle: bool) -> (Tensor, Tensor) {
     let anchors = Tensor::randint(context - 1, [rows, blocks], (Kind::Int64, Device::Cpu));
     // Force overlaps: every third anchor copies or nudges its neighbour.
-    let _ = anchors.narrow(1, 1, 1).copy_(&anchors.narrow(1, 0, 1));
+    anchors.narrow(1, 1, 1).copy_(&anchors.narrow(1, 0, 1));
     if blocks > 3 {
         let near = (anchors.narrow(1, 2, 1) + 1).clamp_max(context - 2);
-        let _ = anchors.narrow(1, 3, 1).copy_(&near);
+        anchors.narrow(1, 3, 1).copy_(&near);
     }
     let keep = Tensor::rand([rows, blocks], (Kind::Float, Device::Cpu)).gt(0.25);
     let _ = keep.narrow(1, 0, 1).fill_(1);
-    let anchors = if shuffle { anchors } else { anchors.sort(1, false).0 };
+    let anchors = if shuffle {
+        anchors
+    } else {
+        anchors.sort(1, false).0
+    };
     // Half the invalid slots get anchor 0 as §2.2 writes them; the others keep a stale value.
-    let zero_them = Tensor::rand([rows, blocks], (Kind::Float, Device::Cpu)).gt(0.5).logical_and(&keep.logical_not());
+    let zero_them = Tensor::rand([rows, blocks], (Kind::Float, Device::Cpu))
+        .gt(0.5)
+        .logical_and(&keep.logical_not());
     let anchors = anchors.masked_fill(&zero_them, 0);
     (anchors, keep)
 }
@@ -77,5 +87,8 @@ pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
 }
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
 }
