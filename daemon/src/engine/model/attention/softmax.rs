@@ -66,9 +66,9 @@ pub(crate) fn fused_attention_with_lse(
     visible: &Tensor,
     scale: f64,
 ) -> (Tensor, Tensor) {
-    let has_key = visible.any_dim(-1, false); // [B, 1, Tq]
-                                              // Unmask key 0 on empty rows so the kernel never sees an all-hidden row (NaN); their
-                                              // output is then finite garbage with weight exactly 0.
+    // [B, 1, Tq]. Empty rows get key 0 unmasked so that the kernel never sees an all-hidden
+    // row (NaN); their output is then finite garbage with weight exactly 0.
+    let has_key = visible.any_dim(-1, false);
     let first_key = Tensor::zeros([visible.size()[3]], (Kind::Bool, visible.device()));
     let _ = first_key.narrow(0, 0, 1).fill_(1);
     let rescue = has_key.logical_not().unsqueeze(-1).logical_and(&first_key);
