@@ -14,11 +14,14 @@ struct Cli {
 enum Command {
     /// Print what this binary runs on: libtorch, CUDA, devices, NVML.
     Doctor,
+    /// Target hidden states at tap layers for a token sequence, written as safetensors.
+    Features(cli::features::FeaturesArgs),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor => cli::doctor::run(),
+        Command::Features(args) => cli::features::run(args),
     }
 }

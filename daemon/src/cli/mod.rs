@@ -1,2 +1,3 @@
 //! One module per subcommand; `main.rs` only parses and dispatches.
 pub mod doctor;
+pub mod features;

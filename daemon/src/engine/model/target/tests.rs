@@ -1,0 +1,209 @@
+//! Model-level unit tests on random tiny targets (parity with transformers lives in
+//! `daemon/tests/target_parity.rs`).
+use super::*;
+
+fn small_qwen3_5() -> TargetConfig {
+    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
+        unreachable!()
+    };
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.vocab_size = 64;
+    c.head_dim = 16;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 8;
+    c.num_hidden_layers = 4;
+    c.layer_types.truncate(4);
+    TargetConfig::Qwen3_5(c)
+}
+
+fn small_qwen3(tied: bool) -> TargetConfig {
+    TargetConfig::Qwen3(Qwen3Config {
+        vocab_size: 64,
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 3,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        attention_bias: true,
+        tie_word_embeddings: tied,
+        max_position_embeddings: 128,
+    })
+}
+
+fn ids(batch: i64, seq: i64, vocab: i64) -> Tensor {
+    Tensor::arange(batch * seq, (Kind::Int64, Device::Cpu))
+        .view([batch, seq])
+        .remainder(vocab)
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn features_shape_order_and_truncation() {
+    let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 1);
+    let input = ids(2, 70, 64);
+    let f = model.features(&input, &[3, 0, 2]).unwrap();
+    assert_eq!(f.size(), vec![2, 70, 96]);
+    let single = |l: usize| model.features(&input, &[l]).unwrap();
+    assert!(f.narrow(-1, 0, 32).equal(&single(3)));
+    assert!(f.narrow(-1, 32, 32).equal(&single(0)));
+    assert!(f.narrow(-1, 64, 32).equal(&single(2)));
+    // each layer changes the residual stream
+    assert!(max_diff(&single(0), &single(2)) > 1e-3);
+}
+
+#[test]
+fn features_are_causal() {
+    let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 2);
+    let a = ids(1, 80, 64);
+    let b = a.copy();
+    let _ = b.narrow(1, 50, 30).fill_(5);
+    let fa = model.features(&a, &[3]).unwrap();
+    let fb = model.features(&b, &[3]).unwrap();
+    assert!(max_diff(&fa.narrow(1, 0, 50), &fb.narrow(1, 0, 50)) < 1e-6);
+    assert!(max_diff(&fa.narrow(1, 50, 30), &fb.narrow(1, 50, 30)) > 1e-4);
+}
+
+#[test]
+fn batch_rows_are_independent() {
+    let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 3);
+    let input = ids(2, 40, 64);
+    let both = model.features(&input, &[1, 2]).unwrap();
+    let row1 = model.features(&input.narrow(0, 1, 1), &[1, 2]).unwrap();
+    assert!(max_diff(&both.narrow(0, 1, 1), &row1) < 1e-5);
+}
+
+#[test]
+fn save_then_load_round_trips_single_and_sharded() {
+    for (config, shard_bytes) in [
+        (small_qwen3_5(), DEFAULT_MAX_SHARD_BYTES),
+        (small_qwen3_5(), 8 * 1024),
+        (small_qwen3(false), 8 * 1024),
+        (small_qwen3(true), DEFAULT_MAX_SHARD_BYTES),
+    ] {
+        let model = TargetModel::random(config.clone(), Device::Cpu, Kind::Float, 4);
+        let dir = tempfile::tempdir().unwrap();
+        model.save_hf_sharded(dir.path(), shard_bytes).unwrap();
+        let sharded = dir.path().join("model.safetensors.index.json").exists();
+        assert_eq!(sharded, shard_bytes < DEFAULT_MAX_SHARD_BYTES);
+        let loaded = TargetModel::load(dir.path(), Device::Cpu, None).unwrap();
+        assert_eq!(loaded.config(), &config);
+        let input = ids(1, 20, 64);
+        let layers: Vec<usize> = (0..config.num_layers()).collect();
+        assert!(model
+            .features(&input, &layers)
+            .unwrap()
+            .equal(&loaded.features(&input, &layers).unwrap()));
+        assert!(loaded.lm_head().equal(model.lm_head()));
+        if config.tie_word_embeddings() {
+            assert!(loaded.lm_head().equal(loaded.embed_tokens()));
+        }
+        // re-saving the loaded model keeps its config and loads again
+        let again = tempfile::tempdir().unwrap();
+        loaded.save_hf(again.path()).unwrap();
+        assert_eq!(TargetConfig::from_hf_dir(again.path()).unwrap(), config);
+    }
+}
+
+#[test]
+fn load_with_max_layers_gives_the_same_early_features() {
+    let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 5);
+    let dir = tempfile::tempdir().unwrap();
+    model.save_hf(dir.path()).unwrap();
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: None,
+        max_layers: Some(2),
+    };
+    let partial = TargetModel::load_with(dir.path(), options).unwrap();
+    assert_eq!(partial.loaded_layers(), 2);
+    let input = ids(1, 30, 64);
+    assert!(partial
+        .features(&input, &[1])
+        .unwrap()
+        .equal(&model.features(&input, &[1]).unwrap()));
+    let err = partial.features(&input, &[2]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::LayerOutOfRange {
+                layer: 2,
+                available: 2
+            }
+        ),
+        "{err}"
+    );
+    assert!(partial
+        .save_hf(tempfile::tempdir().unwrap().path())
+        .is_err());
+}
+
+#[test]
+fn bf16_load_runs_in_bf16_close_to_f32() {
+    let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 6);
+    let dir = tempfile::tempdir().unwrap();
+    model.save_hf(dir.path()).unwrap();
+    let bf16 = TargetModel::load(dir.path(), Device::Cpu, Some(Kind::BFloat16)).unwrap();
+    let input = ids(1, 70, 64);
+    let a = model.features(&input, &[3]).unwrap();
+    let b = bf16.features(&input, &[3]).unwrap();
+    assert_eq!(b.kind(), Kind::BFloat16);
+    let rel = max_diff(&a, &b.to_kind(Kind::Float)) / a.abs().max().double_value(&[]);
+    assert!(rel < 0.05, "bf16 relative deviation {rel}");
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let model = TargetModel::random(small_qwen3(false), Device::Cpu, Kind::Float, 7);
+    let input = ids(2, 10, 64);
+    let _ = input.get(1).get(7).fill_(64);
+    let err = model.features(&input, &[0]).unwrap_err().to_string();
+    assert!(
+        err.contains("token id 64") && err.contains("[1, 7]") && err.contains("vocab_size 64"),
+        "{err}"
+    );
+    let _ = input.get(1).get(7).fill_(-1);
+    assert!(model
+        .features(&input, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("token id -1"));
+
+    let err = model
+        .features(&ids(1, 5, 64), &[3])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layer id 3") && err.contains("3 decoder layers"),
+        "{err}"
+    );
+    assert!(model.features(&ids(1, 5, 64), &[]).is_err());
+    let flat = Tensor::arange(5, (Kind::Int64, Device::Cpu));
+    assert!(model
+        .features(&flat, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("[batch, seq]"));
+    let floats = Tensor::zeros([1, 5], (Kind::Float, Device::Cpu));
+    assert!(model
+        .features(&floats, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("integer"));
+}
+
+#[test]
+fn dtype_names_parse() {
+    assert_eq!(parse_dtype("bf16").unwrap(), Kind::BFloat16);
+    assert_eq!(parse_dtype("f32").unwrap(), Kind::Float);
+    assert!(parse_dtype("int8")
+        .unwrap_err()
+        .to_string()
+        .contains("int8"));
+}
