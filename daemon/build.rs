@@ -17,7 +17,10 @@ fn main() {
     };
     let lib_dir = PathBuf::from(lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    println!("cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}", lib_dir.display());
+    println!(
+        "cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}",
+        lib_dir.display()
+    );
     let cuda_libs: Vec<String> = ["torch_cuda", "c10_cuda"]
         .iter()
         .filter(|name| lib_dir.join(format!("lib{name}.so")).exists())

@@ -10,8 +10,11 @@ saves them in the real checkpoint layouts, and records reference hidden states a
 * `qwen3/`: `Qwen3ForCausalLM` dense, tied embeddings, saved in several shards with
   `model.safetensors.index.json`.
 
-Each directory also gets `parity.safetensors` with `input_ids` [B,S] (int64), `layer_ids` (int64)
-and `hidden_states` [B,S,len(layer_ids)*hidden] = concat of HF `hidden_states[L+1]`.
+Each directory also gets `parity.safetensors` with `input_ids` [B,S] (int64), `layer_ids` (int64),
+`hidden_states` [B,S,len(layer_ids)*hidden] = concat of HF `hidden_states[L+1]` (f32), and
+`hidden_states_bf16`, the same with the model cast to bf16. Note that HF's `hidden_states[-1]` is
+the final-normed `last_hidden_state`, so the last layer id yields a normed state (qwen3_5 taps 3,
+qwen3 taps 2: both the last layer).
 
 Norm weights get random values (the defaults 0/1 would hide a wrong norm convention), weights
 use a larger init range than HF's 0.02 so that every layer moves the residual stream visibly,
@@ -57,12 +60,18 @@ def reference_hidden_states(model, input_ids: torch.Tensor, layer_ids: list[int]
     return torch.cat([hs[layer + 1] for layer in layer_ids], dim=-1).contiguous()
 
 
-def write_parity(out_dir: Path, input_ids: torch.Tensor, layer_ids: list[int], hidden: torch.Tensor):
+def write_parity(out_dir: Path, model, input_ids: torch.Tensor, layer_ids: list[int]):
+    hidden = reference_hidden_states(model, input_ids, layer_ids)
+    # The saved checkpoint loaded in bf16, as `--dtype bf16` does. (Not `model.to(bf16)`: that
+    # also rounds the RoPE `inv_freq` buffer, which `from_pretrained(dtype=bf16)` keeps in fp32.)
+    bf16_model = type(model).from_pretrained(str(out_dir), dtype=torch.bfloat16).eval()
+    hidden_bf16 = reference_hidden_states(bf16_model, input_ids, layer_ids)
     save_file(
         {
             "input_ids": input_ids.contiguous(),
             "layer_ids": torch.tensor(layer_ids, dtype=torch.int64),
             "hidden_states": hidden.float().contiguous(),
+            "hidden_states_bf16": hidden_bf16.contiguous(),
         },
         str(out_dir / "parity.safetensors"),
         metadata={"format": "pt"},
@@ -113,7 +122,7 @@ def make_qwen3_5(out_dir: Path, seed: int) -> None:
         num_position_embeddings=16,
     )
     config = Qwen3_5Config(text_config=text_config, vision_config=vision_config, tie_word_embeddings=False)
-    config._attn_implementation = "eager"
+    config._attn_implementation = "sdpa"  # the transformers default
     model = Qwen3_5ForConditionalGeneration(config).eval().float()
     gen = torch.Generator().manual_seed(seed + 1)
     randomize_norms_and_gates(model, gen)
@@ -124,8 +133,7 @@ def make_qwen3_5(out_dir: Path, seed: int) -> None:
 
     input_ids = torch.randint(0, text_config["vocab_size"], (BATCH, SEQ_LEN), generator=gen)
     layer_ids = [0, 2, 3]
-    hidden = reference_hidden_states(model, input_ids, layer_ids)
-    write_parity(out_dir, input_ids, layer_ids, hidden)
+    write_parity(out_dir, model, input_ids, layer_ids)
 
 
 def append_mtp_tensor(path: Path) -> None:
@@ -155,7 +163,7 @@ def make_qwen3(out_dir: Path, seed: int) -> None:
         max_position_embeddings=512,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
-    config._attn_implementation = "eager"
+    config._attn_implementation = "sdpa"  # the transformers default
     model = Qwen3ForCausalLM(config).eval().float()
     gen = torch.Generator().manual_seed(seed + 1)
     randomize_norms_and_gates(model, gen)
@@ -166,8 +174,7 @@ def make_qwen3(out_dir: Path, seed: int) -> None:
 
     input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ_LEN), generator=gen)
     layer_ids = [2, 0]  # deliberately out of order: features concatenate in the requested order
-    hidden = reference_hidden_states(model, input_ids, layer_ids)
-    write_parity(out_dir, input_ids, layer_ids, hidden)
+    write_parity(out_dir, model, input_ids, layer_ids)
 
 
 def clean(out_dir: Path) -> None:

@@ -20,6 +20,8 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Write a checkpoint's drafter in the Hugging Face layout.
     Export(cli::export::ExportArgs),
+    /// Target hidden states at tap layers for a token sequence, written as safetensors.
+    Features(cli::features::FeaturesArgs),
     /// Measure the engine side by side with the PyTorch reference (see docs/BENCHMARKS.md).
     Bench(Box<cli::bench::BenchArgs>),
 }
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
         Command::Start(args) => cli::start::run(args),
         Command::Eval(args) => cli::eval::run(args),
         Command::Export(args) => cli::export::run(args),
+        Command::Features(args) => cli::features::run(args),
         Command::Bench(args) => cli::bench::run(*args),
     }
 }

@@ -8,16 +8,30 @@ use dflashd::engine::train::embedded::TINY_DATASET;
 fn eval_json_shape_and_bad_line_reporting() {
     let run = tempfile::tempdir().unwrap();
     let bin = env!("CARGO_BIN_EXE_dflashd");
-    let o = Command::new(bin).args(["start", "--threads", "1", "--max-steps", "3", "--run-dir"]).arg(run.path()).output().unwrap();
+    let o = Command::new(bin)
+        .args(["start", "--threads", "1", "--max-steps", "3", "--run-dir"])
+        .arg(run.path())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let drafter = run.path().join("drafter");
-    let o = Command::new(bin).arg("export").arg("--checkpoint").arg(run.path()).arg("--out").arg(&drafter).output().unwrap();
+    let o = Command::new(bin)
+        .arg("export")
+        .arg("--checkpoint")
+        .arg(run.path())
+        .arg("--out")
+        .arg(&drafter)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // 10 good samples with two bad lines among them (lines 4 and 8).
     let mut lines: Vec<String> = TINY_DATASET.lines().take(10).map(str::to_string).collect();
     lines.insert(3, r#"{"input_ids":[1,2,3],"loss_mask":[0,1]}"#.to_string());
-    lines.insert(7, r#"{"input_ids":[1,2,9999],"loss_mask":[1,1,1]}"#.to_string());
+    lines.insert(
+        7,
+        r#"{"input_ids":[1,2,9999],"loss_mask":[1,1,1]}"#.to_string(),
+    );
     let data = run.path().join("eval.jsonl");
     std::fs::write(&data, lines.join("\n") + "\n").unwrap();
 
@@ -32,11 +46,21 @@ fn eval_json_shape_and_bad_line_reporting() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    assert!(stderr.contains("line 4") && stderr.contains("`loss_mask` has 2 entries"), "{stderr}");
-    assert!(stderr.contains("line 8") && stderr.contains("9999 is outside the vocabulary [0, 512)"), "{stderr}");
+    assert!(
+        stderr.contains("line 4") && stderr.contains("`loss_mask` has 2 entries"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 8") && stderr.contains("9999 is outside the vocabulary [0, 512)"),
+        "{stderr}"
+    );
 
     let stdout = String::from_utf8(o.stdout).unwrap();
-    assert_eq!(stdout.trim().lines().count(), 1, "expected one JSON line, got {stdout:?}");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "expected one JSON line, got {stdout:?}"
+    );
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let tau = v["tau"].as_f64().unwrap();
     assert!((1.0..=8.0).contains(&tau), "{tau}");
@@ -50,8 +74,14 @@ fn eval_json_shape_and_bad_line_reporting() {
     let keys: Vec<&str> = recall.keys().map(String::as_str).collect();
     assert_eq!(keys, vec!["1", "2", "4", "8"]);
     for slot in 0..7 {
-        let r: Vec<f64> = ["1", "2", "4", "8"].iter().map(|k| recall[*k][slot].as_f64().unwrap()).collect();
-        assert!(r.windows(2).all(|w| w[0] <= w[1]) && r.iter().all(|x| (0.0..=1.0).contains(x)), "slot {slot}: {r:?}");
+        let r: Vec<f64> = ["1", "2", "4", "8"]
+            .iter()
+            .map(|k| recall[*k][slot].as_f64().unwrap())
+            .collect();
+        assert!(
+            r.windows(2).all(|w| w[0] <= w[1]) && r.iter().all(|x| (0.0..=1.0).contains(x)),
+            "slot {slot}: {r:?}"
+        );
     }
     // recall@1 at slot 1 is the same event as acceptance at slot 1.
     assert!((recall["1"][0].as_f64().unwrap() - acc[0]).abs() < 1e-12);

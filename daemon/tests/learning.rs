@@ -17,11 +17,21 @@ fn embedded_default_loss_falls_and_tau_rises() {
     let before = trainer.evaluate_held_out().unwrap().unwrap();
     let mut losses = Vec::new();
     let summary = trainer
-        .run(&RunOptions { max_steps: Some(100), ..Default::default() }, &mut |m| {
-            assert!(m.loss.is_finite() && m.grad_norm.is_finite(), "step {}: {m:?}", m.step);
-            losses.push(m.loss);
-            Ok(())
-        })
+        .run(
+            &RunOptions {
+                max_steps: Some(100),
+                ..Default::default()
+            },
+            &mut |m| {
+                assert!(
+                    m.loss.is_finite() && m.grad_norm.is_finite(),
+                    "step {}: {m:?}",
+                    m.step
+                );
+                losses.push(m.loss);
+                Ok(())
+            },
+        )
         .unwrap();
     assert_eq!(summary.steps_run, 100);
     let after = trainer.evaluate_held_out().unwrap().unwrap();
@@ -33,8 +43,18 @@ fn embedded_default_loss_falls_and_tau_rises() {
     // A random drafter predicts nothing: CE near ln(512) = 6.24 and τ = 1.
     assert!(before.loss > 5.8, "{before:?}");
     assert!(before.tau < 1.1, "{before:?}");
-    assert!(after.loss < before.loss - 0.6, "loss {} -> {}", before.loss, after.loss);
-    assert!(after.tau > before.tau + 0.2, "tau {} -> {}", before.tau, after.tau);
+    assert!(
+        after.loss < before.loss - 0.6,
+        "loss {} -> {}",
+        before.loss,
+        after.loss
+    );
+    assert!(
+        after.tau > before.tau + 0.2,
+        "tau {} -> {}",
+        before.tau,
+        after.tau
+    );
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     let (first, last) = (mean(&losses[..10]), mean(&losses[90..]));
     assert!(last < first - 0.5, "training loss {first} -> {last}");

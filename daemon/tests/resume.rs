@@ -19,7 +19,11 @@ fn trainer() -> Trainer {
 }
 
 fn run(t: &mut Trainer, steps: u64, root: Option<&Path>) {
-    let opts = RunOptions { max_steps: Some(steps), checkpoint_root: root.map(Path::to_path_buf), stop: None };
+    let opts = RunOptions {
+        max_steps: Some(steps),
+        checkpoint_root: root.map(Path::to_path_buf),
+        stop: None,
+    };
     t.run(&opts, &mut |_| Ok(())).unwrap();
 }
 
@@ -40,13 +44,20 @@ fn resumed_run_is_bitwise_identical_to_a_straight_run() {
     let dir = tempfile::tempdir().unwrap();
     let mut first_half = trainer();
     run(&mut first_half, N / 2, Some(dir.path()));
-    let halfway = first_half.master_weights().into_iter().map(|(n, t)| (n, t.copy())).collect::<Vec<_>>();
+    let halfway = first_half
+        .master_weights()
+        .into_iter()
+        .map(|(n, t)| (n, t.copy()))
+        .collect::<Vec<_>>();
     drop(first_half);
 
     // A fresh trainer (freshly initialised weights, fresh RNG, data position 0) restores
     // everything from disk.
     let mut resumed = trainer();
-    let from = resumed.resume_latest(dir.path()).unwrap().expect("a checkpoint was written");
+    let from = resumed
+        .resume_latest(dir.path())
+        .unwrap()
+        .expect("a checkpoint was written");
     assert!(from.ends_with("step-0000000004"), "{}", from.display());
     assert_eq!(resumed.step_count(), N / 2);
     assert_bitwise_equal(&resumed.master_weights(), &halfway);
@@ -56,17 +67,34 @@ fn resumed_run_is_bitwise_identical_to_a_straight_run() {
     assert_eq!(resumed.data_position(), straight.data_position());
     assert_bitwise_equal(&resumed.master_weights(), &straight.master_weights());
     // And the test can fail: the second half really changed the weights.
-    let moved = halfway.iter().zip(straight.master_weights()).any(|((_, a), (_, b))| !a.equal(&b));
+    let moved = halfway
+        .iter()
+        .zip(straight.master_weights())
+        .any(|((_, a), (_, b))| !a.equal(&b));
     assert!(moved);
 }
 
 fn start(run_dir: &Path, steps: u64) {
     let out = Command::new(env!("CARGO_BIN_EXE_dflashd"))
-        .args(["start", "--foreground", "--threads", "1", "--log-every", "0", "--max-steps", &steps.to_string(), "--run-dir"])
+        .args([
+            "start",
+            "--foreground",
+            "--threads",
+            "1",
+            "--log-every",
+            "0",
+            "--max-steps",
+            &steps.to_string(),
+            "--run-dir",
+        ])
         .arg(run_dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "dflashd start failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dflashd start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -76,15 +104,23 @@ fn restarting_the_process_continues_exactly() {
     start(a.path(), 6);
     start(b.path(), 3);
     start(b.path(), 3);
-    let ckpt = |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step-0000000006").join(f)).unwrap();
+    let ckpt =
+        |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step-0000000006").join(f)).unwrap();
     for file in ["drafter.safetensors", "optimizer.safetensors"] {
-        assert!(ckpt(a.path(), file) == ckpt(b.path(), file), "{file} differs between 6 straight steps and 3 + 3");
+        assert!(
+            ckpt(a.path(), file) == ckpt(b.path(), file),
+            "{file} differs between 6 straight steps and 3 + 3"
+        );
     }
     // The metrics file of the restarted run continues the step count.
     let steps: Vec<u64> = std::fs::read_to_string(b.path().join("metrics.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(steps, vec![0, 1, 2, 3, 4, 5, 6]);
 }

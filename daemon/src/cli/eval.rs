@@ -3,8 +3,6 @@
 //! anchors at every valid position of every sample.
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::config::Attention;
 use crate::engine::train::data::{load_jsonl, DataOptions, Sample};
@@ -12,6 +10,8 @@ use crate::engine::train::drafter_io::load_hf;
 use crate::engine::train::eval::{evaluate, EvalOptions};
 use crate::engine::train::labels::{default_gamma, LabelMaskRule};
 use crate::engine::train::trainer::compute_kind;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
 use serde_json::json;
 use tch::Kind;
 
@@ -81,10 +81,16 @@ pub fn run(args: EvalArgs) -> Result<()> {
     };
     let target = TargetModel::load(&args.target, device, Some(kind))?;
     let drafter = load_hf(&args.drafter, device, kind)?;
-    let opts = DataOptions { vocab_size: Some(target.config().vocab_size()), max_len: Some(args.max_len) };
+    let opts = DataOptions {
+        vocab_size: Some(target.config().vocab_size()),
+        max_len: Some(args.max_len),
+    };
     let (samples, report) = load_jsonl(&args.data, &opts)?;
     for bad in &report.bad {
-        eprintln!("data: {} line {}: {} (skipped)", report.source, bad.line, bad.reason);
+        eprintln!(
+            "data: {} line {}: {} (skipped)",
+            report.source, bad.line, bad.reason
+        );
     }
     let limit = args.max_samples.unwrap_or(usize::MAX);
     let chosen: Vec<&Sample> = samples.iter().take(limit).collect();
@@ -113,9 +119,15 @@ pub fn run(args: EvalArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&value)?);
         return Ok(());
     }
-    println!("data: {report}; evaluated {} samples, {} blocks, {} draft positions", result.samples, result.blocks, result.positions);
+    println!(
+        "data: {report}; evaluated {} samples, {} blocks, {} draft positions",
+        result.samples, result.blocks, result.positions
+    );
     println!("tau (acceptance length): {:.4}", result.tau);
-    println!("loss: {:.4}   top-1 accuracy: {:.4}", result.loss, result.accuracy);
+    println!(
+        "loss: {:.4}   top-1 accuracy: {:.4}",
+        result.loss, result.accuracy
+    );
     print!("{:>4} {:>10}", "k", "accept");
     for k in result.recall_at_k.keys() {
         print!(" {:>9}", format!("recall@{k}"));

@@ -2,10 +2,10 @@
 //! published Hugging Face layout (`config.json` + `model.safetensors`, spec §1.3 keys).
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
-use clap::Args;
 use crate::engine::train::drafter_io::write_hf;
 use crate::engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
+use anyhow::{bail, Result};
+use clap::Args;
 use tch::Kind;
 
 #[derive(Args, Debug)]
@@ -31,6 +31,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let dir = resolve_checkpoint(&args.checkpoint)?;
     let (config, weights) = read_checkpoint_drafter(&dir)?;
     write_hf(&args.out, &config, &weights, dtype)?;
-    println!("exported {} ({} tensors) to {}", dir.display(), weights.len(), args.out.display());
+    println!(
+        "exported {} ({} tensors) to {}",
+        dir.display(),
+        weights.len(),
+        args.out.display()
+    );
     Ok(())
 }

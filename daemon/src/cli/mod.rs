@@ -3,4 +3,5 @@ pub mod bench;
 pub mod doctor;
 pub mod eval;
 pub mod export;
+pub mod features;
 pub mod start;

@@ -4,16 +4,20 @@
 //! The run directory holds the target (`target/`, HF layout), checkpoints (`checkpoints/`),
 //! `metrics.jsonl` (unless `--metrics-jsonl` points elsewhere) and `data_report.json`. If it
 //! already has a checkpoint, training resumes from the newest one, exactly.
+//!
+//! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
+//! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the
+//! untrained drafter: its `loss` and `accuracy` are held-out figures and it has no throughput.
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
 use crate::engine::train::embedded;
 use crate::engine::train::trainer::{RunOptions, Trainer};
+use anyhow::{bail, Context, Result};
+use clap::Args;
 use tch::Device;
 
 #[derive(Args, Debug)]
@@ -63,11 +67,16 @@ pub fn parse_device(name: &str) -> Result<Device> {
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn request_stop(_signal: libc::c_int) {
+extern "C" fn request_stop(signal: libc::c_int) {
     STOP_REQUESTED.store(true, Ordering::SeqCst);
+    // A second Ctrl-C kills at once, as users expect. `signal` is async-signal-safe.
+    // SAFETY: restoring the default disposition has no preconditions.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+    }
 }
 
-/// SIGINT/SIGTERM finish the current step, write a checkpoint and exit 0.
+/// The first SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits 0.
 fn install_stop_handlers() {
     let handler = request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
@@ -83,15 +92,20 @@ pub fn run(args: StartArgs) -> Result<()> {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }
     tch::set_num_threads(args.threads);
-    std::fs::create_dir_all(&args.run_dir).with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
+    std::fs::create_dir_all(&args.run_dir)
+        .with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
     let cfg = embedded::tiny_train_config();
     let target = embedded::tiny_target(Some(&args.run_dir), device)?;
     let (samples, report) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
     for bad in &report.bad {
-        eprintln!("data: {} line {}: {} (skipped)", report.source, bad.line, bad.reason);
+        eprintln!(
+            "data: {} line {}: {} (skipped)",
+            report.source, bad.line, bad.reason
+        );
     }
     let report_path = args.run_dir.join("data_report.json");
-    std::fs::write(&report_path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("cannot write {}", report_path.display()))?;
+    std::fs::write(&report_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", report_path.display()))?;
     println!("data: {report}");
 
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
@@ -99,7 +113,13 @@ pub fn run(args: StartArgs) -> Result<()> {
     let checkpoints = args.run_dir.join("checkpoints");
     if let Some(dir) = trainer.resume_latest(&checkpoints)? {
         let pos = trainer.data_position();
-        println!("resumed from {} (step {}, epoch {}, sample {} of the epoch)", dir.display(), trainer.step_count(), pos.epoch, pos.index);
+        println!(
+            "resumed from {} (step {}, epoch {}, sample {} of the epoch)",
+            dir.display(),
+            trainer.step_count(),
+            pos.epoch,
+            pos.index
+        );
     }
     println!(
         "training on {} for {} steps in total ({} train / {} held-out samples); run dir {}",
@@ -110,9 +130,13 @@ pub fn run(args: StartArgs) -> Result<()> {
         args.run_dir.display()
     );
 
-    let metrics_path = args.metrics_jsonl.clone().unwrap_or_else(|| args.run_dir.join("metrics.jsonl"));
+    let metrics_path = args
+        .metrics_jsonl
+        .clone()
+        .unwrap_or_else(|| args.run_dir.join("metrics.jsonl"));
     if let Some(parent) = metrics_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let mut metrics = OpenOptions::new()
         .create(true)
@@ -131,7 +155,10 @@ pub fn run(args: StartArgs) -> Result<()> {
             stop_flag.store(true, Ordering::SeqCst);
         }
         let line = serde_json::to_string(m).map_err(std::io::Error::other);
-        if let Err(e) = line.and_then(|l| writeln!(metrics, "{l}")).and_then(|_| metrics.flush()) {
+        if let Err(e) = line
+            .and_then(|l| writeln!(metrics, "{l}"))
+            .and_then(|_| metrics.flush())
+        {
             write_error.get_or_insert(e);
         }
         let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
@@ -144,13 +171,33 @@ pub fn run(args: StartArgs) -> Result<()> {
         }
         Ok(())
     };
-    let opts = RunOptions { max_steps: args.max_steps, checkpoint_root: Some(checkpoints), stop: Some(stop) };
+    let opts = RunOptions {
+        max_steps: args.max_steps,
+        checkpoint_root: Some(checkpoints),
+        stop: Some(stop),
+    };
     let summary = trainer.run(&opts, &mut sink)?;
     if let Some(e) = write_error {
         bail!("writing metrics to {} failed: {e}", metrics_path.display());
     }
-    let saved = summary.last_checkpoint.map(|p| p.display().to_string()).unwrap_or_else(|| "none (no step taken)".into());
-    let state = if summary.finished { "training complete" } else { "stopped" };
-    println!("{state} at step {}/{}; {} steps this run; checkpoint {saved}", summary.final_step, total, summary.steps_run);
+    let saved = summary
+        .last_checkpoint
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "none (no step taken)".into());
+    let state = if summary.finished {
+        "training complete"
+    } else {
+        "stopped"
+    };
+    println!(
+        "{state} at step {}/{}; {} steps this run; checkpoint {saved}",
+        summary.final_step, total, summary.steps_run
+    );
+    if let Some(e) = summary.last_eval.as_ref() {
+        println!(
+            "held-out evaluation: tau {:.4}, loss {:.4}, top-1 accuracy {:.4}",
+            e.tau, e.loss, e.accuracy
+        );
+    }
     Ok(())
 }

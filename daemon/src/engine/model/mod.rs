@@ -1,7 +1,7 @@
 //! Model code: one module per model, weights loaded by name.
 pub mod attention;
 pub mod drafter;
-pub mod layers;
 pub mod error;
+pub mod layers;
 pub mod target;
 pub mod weights;

@@ -45,10 +45,11 @@ impl CheckpointIndex {
         let single = dir.join(SINGLE_FILE);
         if single.is_file() {
             let mmap = map_file(&single)?;
-            let (_, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
-                file: single.clone(),
-                reason: e.to_string(),
-            })?;
+            let (_, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                    file: single.clone(),
+                    reason: e.to_string(),
+                })?;
             let weight_map = metadata
                 .tensors()
                 .into_keys()
@@ -61,15 +62,19 @@ impl CheckpointIndex {
                 weight_map,
             });
         }
-        Err(ModelError::NoCheckpoint { dir: dir.to_path_buf() })
+        Err(ModelError::NoCheckpoint {
+            dir: dir.to_path_buf(),
+        })
     }
 
     fn from_index(dir: &Path, index_path: PathBuf) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
-            path: index_path.clone(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| ModelError::Json {
+                path: index_path.clone(),
+                source,
+            })?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -77,7 +82,9 @@ impl CheckpointIndex {
                 path: index_path.clone(),
                 key: "weight_map".into(),
                 expected: "an object of tensor name → shard file".into(),
-                found: json.get("weight_map").map_or("nothing".into(), |v| v.to_string()),
+                found: json
+                    .get("weight_map")
+                    .map_or("nothing".into(), |v| v.to_string()),
             })?;
         let mut weight_map = BTreeMap::new();
         for (name, shard) in map {
@@ -128,10 +135,12 @@ impl CheckpointIndex {
         let path = self.shard_path(name)?;
         let mmap = map_file(&path)?;
         let tensors = parse(&path, &mmap)?;
-        let view = tensors.tensor(name).map_err(|_| ModelError::MissingTensor {
-            file: path.clone(),
-            tensor: name.to_string(),
-        })?;
+        let view = tensors
+            .tensor(name)
+            .map_err(|_| ModelError::MissingTensor {
+                file: path.clone(),
+                tensor: name.to_string(),
+            })?;
         kind_of(view.dtype()).ok_or_else(|| ModelError::BadDtype {
             file: path,
             tensor: name.to_string(),
@@ -140,10 +149,13 @@ impl CheckpointIndex {
     }
 
     fn shard_path(&self, name: &str) -> Result<PathBuf, ModelError> {
-        let shard = self.weight_map.get(name).ok_or_else(|| ModelError::MissingTensor {
-            file: self.listing.clone(),
-            tensor: name.to_string(),
-        })?;
+        let shard = self
+            .weight_map
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: self.listing.clone(),
+                tensor: name.to_string(),
+            })?;
         let path = self.dir.join(shard);
         if !path.is_file() {
             return Err(ModelError::MissingShard {
@@ -166,7 +178,10 @@ impl CheckpointIndex {
     ) -> Result<HashMap<String, Tensor>, ModelError> {
         let mut by_shard: BTreeMap<PathBuf, Vec<&TensorRequest>> = BTreeMap::new();
         for request in requests {
-            by_shard.entry(self.shard_path(&request.name)?).or_default().push(request);
+            by_shard
+                .entry(self.shard_path(&request.name)?)
+                .or_default()
+                .push(request);
         }
         let mut out = HashMap::with_capacity(requests.len());
         for (path, shard_requests) in by_shard {
@@ -206,10 +221,12 @@ fn load_one(
     device: Device,
     kind: Kind,
 ) -> Result<Tensor, ModelError> {
-    let view = tensors.tensor(&request.name).map_err(|_| ModelError::MissingTensor {
-        file: path.to_path_buf(),
-        tensor: request.name.clone(),
-    })?;
+    let view = tensors
+        .tensor(&request.name)
+        .map_err(|_| ModelError::MissingTensor {
+            file: path.to_path_buf(),
+            tensor: request.name.clone(),
+        })?;
     let found: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
     if found != request.shape {
         return Err(ModelError::WrongShape {
@@ -226,8 +243,16 @@ fn load_one(
     })?;
     let host = Tensor::f_from_data_size(view.data(), &found, stored)?;
     // Move first, convert on the device: a bf16 checkpoint converted to f32 never doubles in host RAM.
-    let on_device = if device == Device::Cpu { host } else { host.f_to_device(device)? };
-    Ok(if stored == kind { on_device } else { on_device.f_to_kind(kind)? })
+    let on_device = if device == Device::Cpu {
+        host
+    } else {
+        host.f_to_device(device)?
+    };
+    Ok(if stored == kind {
+        on_device
+    } else {
+        on_device.f_to_kind(kind)?
+    })
 }
 
 /// The float dtypes a target checkpoint may hold.
@@ -265,7 +290,11 @@ impl<'a> HostTensor<'a> {
             found: format!("{kind:?}"),
         })?;
         let shape = tensor.size().iter().map(|&d| d as usize).collect();
-        Ok(Self { tensor, dtype, shape })
+        Ok(Self {
+            tensor,
+            dtype,
+            shape,
+        })
     }
 }
 
@@ -327,7 +356,10 @@ pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
 }
 
 pub fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
@@ -336,7 +368,8 @@ mod tests {
     use super::*;
 
     fn write(dir: &Path, file: &str, tensors: &[(&str, Tensor)]) {
-        let named: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.to_string(), t)).collect();
+        let named: Vec<(String, &Tensor)> =
+            tensors.iter().map(|(n, t)| (n.to_string(), t)).collect();
         write_safetensors_atomic(&dir.join(file), &named, HashMap::new()).unwrap();
     }
 
@@ -348,7 +381,10 @@ mod tests {
         let index = CheckpointIndex::open(dir.path()).unwrap();
         assert!(!index.is_sharded());
         assert_eq!(index.stored_kind("a").unwrap(), Kind::Float);
-        let req = [TensorRequest { name: "a".into(), shape: vec![3, 4] }];
+        let req = [TensorRequest {
+            name: "a".into(),
+            shape: vec![3, 4],
+        }];
         let loaded = index.load(&req, Device::Cpu, Kind::Float).unwrap();
         assert!(loaded["a"].equal(&a));
         let bf = index.load(&req, Device::Cpu, Kind::BFloat16).unwrap();
@@ -358,29 +394,67 @@ mod tests {
     #[test]
     fn sharded_checkpoint_reports_missing_shard_and_wrong_shape() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), "s1.safetensors", &[("a", Tensor::zeros([2], (Kind::Float, Device::Cpu)))]);
+        write(
+            dir.path(),
+            "s1.safetensors",
+            &[("a", Tensor::zeros([2], (Kind::Float, Device::Cpu)))],
+        );
         let index_json = r#"{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}"#;
         std::fs::write(dir.path().join(INDEX_FILE), index_json).unwrap();
         let index = CheckpointIndex::open(dir.path()).unwrap();
         assert!(index.is_sharded());
 
-        let wrong = [TensorRequest { name: "a".into(), shape: vec![3] }];
-        let err = index.load(&wrong, Device::Cpu, Kind::Float).unwrap_err().to_string();
-        assert!(err.contains("s1.safetensors") && err.contains("`a`") && err.contains("[3]") && err.contains("[2]"), "{err}");
+        let wrong = [TensorRequest {
+            name: "a".into(),
+            shape: vec![3],
+        }];
+        let err = index
+            .load(&wrong, Device::Cpu, Kind::Float)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s1.safetensors")
+                && err.contains("`a`")
+                && err.contains("[3]")
+                && err.contains("[2]"),
+            "{err}"
+        );
 
-        let missing = [TensorRequest { name: "b".into(), shape: vec![2] }];
-        let err = index.load(&missing, Device::Cpu, Kind::Float).unwrap_err().to_string();
-        assert!(err.contains("s2.safetensors") && err.contains("missing") && err.contains("`b`"), "{err}");
+        let missing = [TensorRequest {
+            name: "b".into(),
+            shape: vec![2],
+        }];
+        let err = index
+            .load(&missing, Device::Cpu, Kind::Float)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s2.safetensors") && err.contains("missing") && err.contains("`b`"),
+            "{err}"
+        );
 
-        let absent = [TensorRequest { name: "c".into(), shape: vec![2] }];
-        let err = index.load(&absent, Device::Cpu, Kind::Float).unwrap_err().to_string();
-        assert!(err.contains(INDEX_FILE) && err.contains("`c` is missing"), "{err}");
+        let absent = [TensorRequest {
+            name: "c".into(),
+            shape: vec![2],
+        }];
+        let err = index
+            .load(&absent, Device::Cpu, Kind::Float)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(INDEX_FILE) && err.contains("`c` is missing"),
+            "{err}"
+        );
     }
 
     #[test]
     fn shard_names_may_not_leave_the_directory() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(INDEX_FILE), r#"{"weight_map": {"a": "../x.safetensors"}}"#).unwrap();
+        std::fs::write(
+            dir.path().join(INDEX_FILE),
+            r#"{"weight_map": {"a": "../x.safetensors"}}"#,
+        )
+        .unwrap();
         let err = CheckpointIndex::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("weight_map.a"), "{err}");
     }
@@ -388,10 +462,20 @@ mod tests {
     #[test]
     fn non_float_tensors_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), SINGLE_FILE, &[("ids", Tensor::from_slice(&[1i64, 2]))]);
+        write(
+            dir.path(),
+            SINGLE_FILE,
+            &[("ids", Tensor::from_slice(&[1i64, 2]))],
+        );
         let index = CheckpointIndex::open(dir.path()).unwrap();
-        let req = [TensorRequest { name: "ids".into(), shape: vec![2] }];
-        let err = index.load(&req, Device::Cpu, Kind::Float).unwrap_err().to_string();
+        let req = [TensorRequest {
+            name: "ids".into(),
+            shape: vec![2],
+        }];
+        let err = index
+            .load(&req, Device::Cpu, Kind::Float)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`ids`") && err.contains("I64"), "{err}");
     }
 
@@ -400,6 +484,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(SINGLE_FILE), b"not a safetensors file").unwrap();
         let err = CheckpointIndex::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains(SINGLE_FILE) && err.contains("not a valid safetensors"), "{err}");
+        assert!(
+            err.contains(SINGLE_FILE) && err.contains("not a valid safetensors"),
+            "{err}"
+        );
     }
 }

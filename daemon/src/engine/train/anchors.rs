@@ -29,12 +29,20 @@ impl AnchorBatch {
                 keep[b * width + j] = true;
             }
         }
-        Self { batch: rows.len(), width, positions, keep }
+        Self {
+            batch: rows.len(),
+            width,
+            positions,
+            keep,
+        }
     }
 
     pub fn row(&self, b: usize) -> impl Iterator<Item = (i64, bool)> + '_ {
         let lo = b * self.width;
-        self.positions[lo..lo + self.width].iter().copied().zip(self.keep[lo..lo + self.width].iter().copied())
+        self.positions[lo..lo + self.width]
+            .iter()
+            .copied()
+            .zip(self.keep[lo..lo + self.width].iter().copied())
     }
 
     pub fn kept(&self) -> usize {
@@ -44,8 +52,13 @@ impl AnchorBatch {
     /// `(anchors [B, N] int64, keep [B, N] bool)` on `device`.
     pub fn to_tensors(&self, device: Device) -> (Tensor, Tensor) {
         let shape = [self.batch as i64, self.width as i64];
-        let anchors = Tensor::from_slice(&self.positions).view(shape).to_device(device);
-        let keep = Tensor::from_slice(&self.keep).view(shape).to_kind(Kind::Bool).to_device(device);
+        let anchors = Tensor::from_slice(&self.positions)
+            .view(shape)
+            .to_device(device);
+        let keep = Tensor::from_slice(&self.keep)
+            .view(shape)
+            .to_kind(Kind::Bool)
+            .to_device(device);
         (anchors, keep)
     }
 }
@@ -63,8 +76,16 @@ pub fn valid_anchor_positions(loss_mask: &[u8]) -> Vec<i64> {
 /// Spec §2.2: per row, a uniform sample without replacement of `min(num_anchors, count)` valid
 /// positions; the batch width is `min(num_anchors, max count over rows)`.
 pub fn sample_anchors(loss_masks: &[&[u8]], num_anchors: usize, rng: &mut Rng) -> AnchorBatch {
-    let candidates: Vec<Vec<i64>> = loss_masks.iter().map(|m| valid_anchor_positions(m)).collect();
-    let width = candidates.iter().map(Vec::len).max().unwrap_or(0).min(num_anchors);
+    let candidates: Vec<Vec<i64>> = loss_masks
+        .iter()
+        .map(|m| valid_anchor_positions(m))
+        .collect();
+    let width = candidates
+        .iter()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
+        .min(num_anchors);
     let rows: Vec<Vec<i64>> = candidates
         .iter()
         .map(|valid| {
@@ -80,14 +101,24 @@ pub fn sample_anchors(loss_masks: &[&[u8]], num_anchors: usize, rng: &mut Rng) -
 /// `max_per_forward` anchors per row so a forward pass stays bounded in memory.
 pub fn all_anchors_chunked(loss_masks: &[&[u8]], max_per_forward: usize) -> Vec<AnchorBatch> {
     let max_per_forward = max_per_forward.max(1);
-    let candidates: Vec<Vec<i64>> = loss_masks.iter().map(|m| valid_anchor_positions(m)).collect();
+    let candidates: Vec<Vec<i64>> = loss_masks
+        .iter()
+        .map(|m| valid_anchor_positions(m))
+        .collect();
     let longest = candidates.iter().map(Vec::len).max().unwrap_or(0);
     let chunks = longest.div_ceil(max_per_forward);
     (0..chunks)
         .map(|c| {
             let rows: Vec<Vec<i64>> = candidates
                 .iter()
-                .map(|valid| valid.iter().skip(c * max_per_forward).take(max_per_forward).copied().collect())
+                .map(|valid| {
+                    valid
+                        .iter()
+                        .skip(c * max_per_forward)
+                        .take(max_per_forward)
+                        .copied()
+                        .collect()
+                })
                 .collect();
             let width = rows.iter().map(Vec::len).max().unwrap_or(0);
             AnchorBatch::from_rows(&rows, width)

@@ -94,7 +94,12 @@ impl TrainConfig {
     }
 
     pub fn validate(&self) -> Result<(), TrainError> {
-        let bad = |key: &str, detail: String| Err(TrainError::Config { key: key.into(), detail });
+        let bad = |key: &str, detail: String| {
+            Err(TrainError::Config {
+                key: key.into(),
+                detail,
+            })
+        };
         if self.epochs == 0 {
             return bad("epochs", "must be at least 1, found 0".into());
         }
@@ -110,10 +115,16 @@ impl TrainConfig {
             }
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("lr", format!("must be a positive number, found {}", self.lr));
+            return bad(
+                "lr",
+                format!("must be a positive number, found {}", self.lr),
+            );
         }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
-            return bad("warmup_ratio", format!("must be in [0, 1], found {}", self.warmup_ratio));
+            return bad(
+                "warmup_ratio",
+                format!("must be in [0, 1], found {}", self.warmup_ratio),
+            );
         }
         if let Some(g) = self.gamma {
             if !(g.is_finite() && g > 0.0) {
@@ -121,7 +132,10 @@ impl TrainConfig {
             }
         }
         if self.loss_chunk_positions < 1 {
-            return bad("loss_chunk_positions", format!("must be at least 1, found {}", self.loss_chunk_positions));
+            return bad(
+                "loss_chunk_positions",
+                format!("must be at least 1, found {}", self.loss_chunk_positions),
+            );
         }
         Ok(())
     }
@@ -135,7 +149,10 @@ mod tests {
     fn defaults_are_the_paper_values_and_valid() {
         let c = TrainConfig::default();
         c.validate().unwrap();
-        assert_eq!((c.epochs, c.num_anchors, c.lr, c.warmup_ratio), (6, 512, 6e-4, 0.04));
+        assert_eq!(
+            (c.epochs, c.num_anchors, c.lr, c.warmup_ratio),
+            (6, 512, 6e-4, 0.04)
+        );
         assert_eq!(c.adamw.weight_decay, 0.0);
         assert_eq!(c.adamw.max_grad_norm, Some(1.0));
         assert_eq!(c.gamma_for(16), 7.0);
@@ -143,9 +160,19 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        let c = TrainConfig { batch_size: 0, ..Default::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("`batch_size`"));
-        let c = TrainConfig { lr: -1.0, ..Default::default() };
+        let c = TrainConfig {
+            batch_size: 0,
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`batch_size`"));
+        let c = TrainConfig {
+            lr: -1.0,
+            ..Default::default()
+        };
         assert!(c.validate().unwrap_err().to_string().contains("`lr`"));
     }
 

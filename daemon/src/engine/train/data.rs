@@ -16,7 +16,10 @@ use super::anchors::valid_anchor_positions;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error("cannot read data file {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("data file {path} has no usable sample ({report})")]
     Empty { path: String, report: String },
 }
@@ -56,7 +59,11 @@ pub struct DataReport {
 
 impl fmt::Display for DataReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} lines, {} samples", self.source, self.lines, self.samples)?;
+        write!(
+            f,
+            "{}: {} lines, {} samples",
+            self.source, self.lines, self.samples
+        )?;
         if self.truncated > 0 {
             write!(f, ", {} truncated", self.truncated)?;
         }
@@ -92,17 +99,26 @@ fn type_name(v: &Value) -> &'static str {
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 40 {
-        format!("{}…", &s[..s.char_indices().nth(40).map_or(s.len(), |(i, _)| i)])
+        format!(
+            "{}…",
+            &s[..s.char_indices().nth(40).map_or(s.len(), |(i, _)| i)]
+        )
     } else {
         s
     }
 }
 
-fn int_array<'a>(obj: &'a serde_json::Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, String> {
+fn int_array<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<&'a Vec<Value>, String> {
     match obj.get(key) {
         None => Err(format!("missing key `{key}`")),
         Some(Value::Array(a)) => Ok(a),
-        Some(other) => Err(format!("`{key}` must be an array, found {}", type_name(other))),
+        Some(other) => Err(format!(
+            "`{key}` must be an array, found {}",
+            type_name(other)
+        )),
     }
 }
 
@@ -113,7 +129,10 @@ fn diagnose(line: &str) -> String {
         Err(e) => return format!("invalid JSON: {e}"),
     };
     let Value::Object(obj) = &value else {
-        return format!("expected a JSON object with `input_ids` and `loss_mask`, found {}", type_name(&value));
+        return format!(
+            "expected a JSON object with `input_ids` and `loss_mask`, found {}",
+            type_name(&value)
+        );
     };
     for key in ["input_ids", "loss_mask"] {
         let arr = match int_array(obj, key) {
@@ -126,7 +145,11 @@ fn diagnose(line: &str) -> String {
                 _ => matches!(v.as_u64(), Some(0 | 1)),
             };
             if !ok {
-                let expected = if key == "input_ids" { "an integer token id" } else { "0 or 1" };
+                let expected = if key == "input_ids" {
+                    "an integer token id"
+                } else {
+                    "0 or 1"
+                };
                 return format!("`{key}[{i}]` is {}, expected {expected}", short(v));
             }
         }
@@ -134,7 +157,12 @@ fn diagnose(line: &str) -> String {
     "unreadable sample".to_string()
 }
 
-fn validate(mut t: TypedLine, line: usize, opts: &DataOptions, truncated: &mut bool) -> Result<Sample, String> {
+fn validate(
+    mut t: TypedLine,
+    line: usize,
+    opts: &DataOptions,
+    truncated: &mut bool,
+) -> Result<Sample, String> {
     if t.input_ids.is_empty() {
         return Err("`input_ids` is empty".into());
     }
@@ -146,11 +174,17 @@ fn validate(mut t: TypedLine, line: usize, opts: &DataOptions, truncated: &mut b
         ));
     }
     if let Some(i) = t.loss_mask.iter().position(|m| *m > 1) {
-        return Err(format!("`loss_mask[{i}]` is {}, expected 0 or 1", t.loss_mask[i]));
+        return Err(format!(
+            "`loss_mask[{i}]` is {}, expected 0 or 1",
+            t.loss_mask[i]
+        ));
     }
     if let Some(vocab) = opts.vocab_size {
         if let Some(i) = t.input_ids.iter().position(|id| *id < 0 || *id >= vocab) {
-            return Err(format!("`input_ids[{i}]` = {} is outside the vocabulary [0, {vocab})", t.input_ids[i]));
+            return Err(format!(
+                "`input_ids[{i}]` = {} is outside the vocabulary [0, {vocab})",
+                t.input_ids[i]
+            ));
         }
     } else if let Some(i) = t.input_ids.iter().position(|id| *id < 0) {
         return Err(format!("`input_ids[{i}]` = {} is negative", t.input_ids[i]));
@@ -168,16 +202,30 @@ fn validate(mut t: TypedLine, line: usize, opts: &DataOptions, truncated: &mut b
             "no two consecutive supervised tokens (loss_mask 1){after}: the sample has nothing to train or evaluate"
         ));
     }
-    Ok(Sample { input_ids: t.input_ids, loss_mask: t.loss_mask, line })
+    Ok(Sample {
+        input_ids: t.input_ids,
+        loss_mask: t.loss_mask,
+        line,
+    })
 }
 
 /// Parses JSONL from `reader`. Only an I/O failure is an error; bad lines go into the report.
-pub fn parse_jsonl<R: BufRead>(reader: R, source: &str, opts: &DataOptions) -> Result<(Vec<Sample>, DataReport), DataError> {
-    let mut report = DataReport { source: source.to_string(), ..Default::default() };
+pub fn parse_jsonl<R: BufRead>(
+    reader: R,
+    source: &str,
+    opts: &DataOptions,
+) -> Result<(Vec<Sample>, DataReport), DataError> {
+    let mut report = DataReport {
+        source: source.to_string(),
+        ..Default::default()
+    };
     let mut samples = Vec::new();
     for (i, line) in reader.lines().enumerate() {
         let line_no = i + 1;
-        let text = line.map_err(|source_err| DataError::Io { path: source.to_string(), source: source_err })?;
+        let text = line.map_err(|source_err| DataError::Io {
+            path: source.to_string(),
+            source: source_err,
+        })?;
         if text.trim().is_empty() {
             continue;
         }
@@ -189,7 +237,10 @@ pub fn parse_jsonl<R: BufRead>(reader: R, source: &str, opts: &DataOptions) -> R
                 report.truncated += usize::from(truncated);
                 samples.push(sample);
             }
-            Err(reason) => report.bad.push(BadLine { line: line_no, reason }),
+            Err(reason) => report.bad.push(BadLine {
+                line: line_no,
+                reason,
+            }),
         }
     }
     report.samples = samples.len();
@@ -199,14 +250,20 @@ pub fn parse_jsonl<R: BufRead>(reader: R, source: &str, opts: &DataOptions) -> R
 /// Reads a JSONL file; fails only when it cannot be read or holds no usable sample at all.
 pub fn load_jsonl(path: &Path, opts: &DataOptions) -> Result<(Vec<Sample>, DataReport), DataError> {
     let source = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| DataError::Io { path: source.clone(), source: e })?;
+    let file = std::fs::File::open(path).map_err(|e| DataError::Io {
+        path: source.clone(),
+        source: e,
+    })?;
     let (samples, report) = parse_jsonl(std::io::BufReader::new(file), &source, opts)?;
     if samples.is_empty() {
         let detail = match report.bad.first() {
             Some(b) => format!("{report}; first bad line {}: {}", b.line, b.reason),
             None => report.to_string(),
         };
-        return Err(DataError::Empty { path: source, report: detail });
+        return Err(DataError::Empty {
+            path: source,
+            report: detail,
+        });
     }
     Ok((samples, report))
 }
@@ -259,7 +316,13 @@ mod tests {
             r#"{"input_ids":[],"loss_mask":[]}"#,
             r#"{"input_ids":[1,2,3,4],"loss_mask":[0,0,1,1]}"#,
         ];
-        let (s, r) = parse(&lines.join("\n"), DataOptions { vocab_size: Some(100), max_len: Some(3) });
+        let (s, r) = parse(
+            &lines.join("\n"),
+            DataOptions {
+                vocab_size: Some(100),
+                max_len: Some(3),
+            },
+        );
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].line, 1);
         let got: Vec<(usize, &str)> = r.bad.iter().map(|b| (b.line, b.reason.as_str())).collect();
@@ -278,7 +341,10 @@ mod tests {
         assert_eq!(got.len(), expect.len(), "{got:?}");
         for ((line, reason), (eline, epart)) in got.iter().zip(expect) {
             assert_eq!(*line, eline);
-            assert!(reason.contains(epart), "line {line}: {reason:?} lacks {epart:?}");
+            assert!(
+                reason.contains(epart),
+                "line {line}: {reason:?} lacks {epart:?}"
+            );
         }
         assert_eq!((r.lines, r.samples), (11, 1));
         assert!(r.to_string().contains("10 bad lines skipped"));
@@ -286,7 +352,11 @@ mod tests {
 
     #[test]
     fn fingerprint_changes_with_any_token_or_mask_bit() {
-        let a = vec![Sample { input_ids: vec![1, 2], loss_mask: vec![1, 1], line: 1 }];
+        let a = vec![Sample {
+            input_ids: vec![1, 2],
+            loss_mask: vec![1, 1],
+            line: 1,
+        }];
         let mut b = a.clone();
         b[0].loss_mask[0] = 0;
         let mut c = a.clone();
@@ -298,7 +368,13 @@ mod tests {
 
     #[test]
     fn long_samples_are_truncated_and_counted() {
-        let (s, r) = parse(r#"{"input_ids":[1,2,3,4,5],"loss_mask":[1,1,1,1,1]}"#, DataOptions { vocab_size: None, max_len: Some(4) });
+        let (s, r) = parse(
+            r#"{"input_ids":[1,2,3,4,5],"loss_mask":[1,1,1,1,1]}"#,
+            DataOptions {
+                vocab_size: None,
+                max_len: Some(4),
+            },
+        );
         assert_eq!(s[0].len(), 4);
         assert_eq!(r.truncated, 1);
     }
@@ -308,9 +384,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.jsonl");
         std::fs::write(&path, "{\"input_ids\":[1],\"loss_mask\":[1]}\n").unwrap();
-        let err = load_jsonl(&path, &DataOptions::default()).unwrap_err().to_string();
+        let err = load_jsonl(&path, &DataOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("d.jsonl") && err.contains("line 1"), "{err}");
-        let missing = load_jsonl(&dir.path().join("nope.jsonl"), &DataOptions::default()).unwrap_err().to_string();
+        let missing = load_jsonl(&dir.path().join("nope.jsonl"), &DataOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("nope.jsonl"), "{missing}");
     }
 }

@@ -23,37 +23,62 @@ fn dtype_name(kind: Kind) -> &'static str {
     }
 }
 
-fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<(), TrainError>) -> Result<(), TrainError> {
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
     let tmp = path.with_extension("partial");
     write(&tmp)?;
-    fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(TrainError::io(&tmp))?;
+    fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(TrainError::io(&tmp))?;
     fs::rename(&tmp, path).map_err(TrainError::io(path))
 }
 
 /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), weights cast
 /// to `dtype`. Each file is written under a temporary name and renamed into place.
-pub fn write_hf(dir: &Path, cfg: &DrafterConfig, weights: &[(String, Tensor)], dtype: Kind) -> Result<(), TrainError> {
+pub fn write_hf(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &[(String, Tensor)],
+    dtype: Kind,
+) -> Result<(), TrainError> {
     fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
     let mut config = cfg.to_hf_json();
     if let Value::Object(map) = &mut config {
-        map.insert("torch_dtype".into(), Value::String(dtype_name(dtype).into()));
+        map.insert(
+            "torch_dtype".into(),
+            Value::String(dtype_name(dtype).into()),
+        );
         map.insert("dtype".into(), Value::String(dtype_name(dtype).into()));
     }
     let weights_path = dir.join(WEIGHTS_FILE);
     let tensors: Vec<(String, Tensor)> = weights
         .iter()
-        .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).to_kind(dtype).contiguous()))
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.detach()
+                    .to_device(Device::Cpu)
+                    .to_kind(dtype)
+                    .contiguous(),
+            )
+        })
         .collect();
     write_atomically(&weights_path, |tmp| {
-        Tensor::write_safetensors(&tensors, tmp)
-            .map_err(|e| TrainError::DrafterWeights { path: tmp.to_path_buf(), detail: e.to_string() })
+        Tensor::write_safetensors(&tensors, tmp).map_err(|e| TrainError::DrafterWeights {
+            path: tmp.to_path_buf(),
+            detail: e.to_string(),
+        })
     })?;
     let config_path = dir.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(&config).map_err(|e| TrainError::DrafterWeights {
         path: config_path.clone(),
         detail: format!("cannot serialize config: {e}"),
     })?;
-    write_atomically(&config_path, |tmp| fs::write(tmp, text + "\n").map_err(TrainError::io(tmp)))
+    write_atomically(&config_path, |tmp| {
+        fs::write(tmp, text + "\n").map_err(TrainError::io(tmp))
+    })
 }
 
 /// All tensors of a drafter checkpoint directory: `model.safetensors`, or the shards listed by
@@ -65,12 +90,21 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, (Tensor, PathBuf)>, TrainE
         vec![single]
     } else if index.is_file() {
         let text = fs::read_to_string(&index).map_err(TrainError::io(&index))?;
-        let json: Value = serde_json::from_str(&text)
-            .map_err(|e| TrainError::DrafterWeights { path: index.clone(), detail: format!("invalid JSON: {e}") })?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| TrainError::DrafterWeights {
+            path: index.clone(),
+            detail: format!("invalid JSON: {e}"),
+        })?;
         let Some(map) = json.get("weight_map").and_then(Value::as_object) else {
-            return Err(TrainError::DrafterWeights { path: index, detail: "missing object `weight_map`".into() });
+            return Err(TrainError::DrafterWeights {
+                path: index,
+                detail: "missing object `weight_map`".into(),
+            });
         };
-        let mut shards: Vec<PathBuf> = map.values().filter_map(Value::as_str).map(|s| dir.join(s)).collect();
+        let mut shards: Vec<PathBuf> = map
+            .values()
+            .filter_map(Value::as_str)
+            .map(|s| dir.join(s))
+            .collect();
         shards.sort();
         shards.dedup();
         shards
@@ -82,8 +116,10 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, (Tensor, PathBuf)>, TrainE
     };
     let mut out = HashMap::new();
     for file in files {
-        let tensors = Tensor::read_safetensors(&file)
-            .map_err(|e| TrainError::DrafterWeights { path: file.clone(), detail: e.to_string() })?;
+        let tensors = Tensor::read_safetensors(&file).map_err(|e| TrainError::DrafterWeights {
+            path: file.clone(),
+            detail: e.to_string(),
+        })?;
         for (name, t) in tensors {
             out.insert(name, (t, file.clone()));
         }
@@ -93,23 +129,40 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, (Tensor, PathBuf)>, TrainE
 
 /// Copies named weights into a drafter's VarStore: every parameter must be present with its
 /// exact shape. Tensors that are not parameters (e.g. a stored `rotary_emb.inv_freq`) are ignored.
-pub fn assign_weights(vs: &VarStore, weights: &HashMap<String, (Tensor, PathBuf)>, source: &Path) -> Result<(), TrainError> {
+pub fn assign_weights(
+    vs: &VarStore,
+    weights: &HashMap<String, (Tensor, PathBuf)>,
+    source: &Path,
+) -> Result<(), TrainError> {
     let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, var) in &vars {
         let Some((t, file)) = weights.get(name) else {
-            return Err(TrainError::DrafterWeights { path: source.to_path_buf(), detail: format!("tensor `{name}` is missing") });
+            return Err(TrainError::DrafterWeights {
+                path: source.to_path_buf(),
+                detail: format!("tensor `{name}` is missing"),
+            });
         };
         if t.size() != var.size() {
             return Err(TrainError::DrafterWeights {
                 path: file.clone(),
-                detail: format!("tensor `{name}` has shape {:?}, expected {:?}", t.size(), var.size()),
+                detail: format!(
+                    "tensor `{name}` has shape {:?}, expected {:?}",
+                    t.size(),
+                    var.size()
+                ),
             });
         }
-        if !matches!(t.kind(), Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double) {
+        if !matches!(
+            t.kind(),
+            Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+        ) {
             return Err(TrainError::DrafterWeights {
                 path: file.clone(),
-                detail: format!("tensor `{name}` has dtype {:?}, expected a float type", t.kind()),
+                detail: format!(
+                    "tensor `{name}` has dtype {:?}, expected a float type",
+                    t.kind()
+                ),
             });
         }
     }
@@ -139,7 +192,11 @@ pub fn load_hf(dir: &Path, device: Device, kind: Kind) -> Result<LoadedDrafter, 
         vs.set_kind(kind);
     }
     vs.freeze();
-    Ok(LoadedDrafter { config, vs, drafter })
+    Ok(LoadedDrafter {
+        config,
+        vs,
+        drafter,
+    })
 }
 
 /// The parameters of a VarStore, sorted by name (the HF keys).

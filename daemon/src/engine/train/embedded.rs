@@ -71,9 +71,19 @@ pub fn tiny_train_config() -> TrainConfig {
     }
 }
 
-pub fn tiny_samples(vocab_size: i64, max_len: usize) -> Result<(Vec<Sample>, DataReport), TrainError> {
-    let opts = DataOptions { vocab_size: Some(vocab_size), max_len: Some(max_len) };
-    Ok(parse_jsonl(TINY_DATASET.as_bytes(), TINY_DATASET_NAME, &opts)?)
+pub fn tiny_samples(
+    vocab_size: i64,
+    max_len: usize,
+) -> Result<(Vec<Sample>, DataReport), TrainError> {
+    let opts = DataOptions {
+        vocab_size: Some(vocab_size),
+        max_len: Some(max_len),
+    };
+    Ok(parse_jsonl(
+        TINY_DATASET.as_bytes(),
+        TINY_DATASET_NAME,
+        &opts,
+    )?)
 }
 
 /// The run's target: loaded from `<run_dir>/target` when a previous run saved it there,
@@ -88,7 +98,12 @@ pub fn tiny_target(run_dir: Option<&Path>, device: Device) -> Result<TargetModel
         target.save_hf(&dir)?;
         return Ok(target);
     }
-    Ok(TargetModel::random(tiny_target_config(), device, kind, TINY_TARGET_SEED))
+    Ok(TargetModel::random(
+        tiny_target_config(),
+        device,
+        kind,
+        TINY_TARGET_SEED,
+    ))
 }
 
 #[cfg(test)]
@@ -98,11 +113,14 @@ mod tests {
     #[test]
     fn the_embedded_dataset_is_clean_and_fits_the_tiny_target() {
         let cfg = tiny_target_config();
-        let (samples, report) = tiny_samples(cfg.vocab_size(), tiny_train_config().max_len).unwrap();
+        let (samples, report) =
+            tiny_samples(cfg.vocab_size(), tiny_train_config().max_len).unwrap();
         assert!(report.bad.is_empty(), "{:?}", report.bad.first());
         assert_eq!(report.truncated, 0);
         assert!(samples.len() >= 500, "{}", samples.len());
-        assert!(samples.iter().all(|s| s.input_ids.iter().all(|&t| t != TINY_MASK_TOKEN_ID)));
+        assert!(samples
+            .iter()
+            .all(|s| s.input_ids.iter().all(|&t| t != TINY_MASK_TOKEN_ID)));
     }
 
     #[test]

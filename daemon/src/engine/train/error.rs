@@ -37,6 +37,9 @@ pub enum TrainError {
 
 impl TrainError {
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-        move |source| TrainError::Io { path: path.to_path_buf(), source }
+        move |source| TrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }

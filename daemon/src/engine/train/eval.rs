@@ -88,7 +88,14 @@ struct PositionScores {
     in_top: Vec<bool>,
 }
 
-fn score_positions(out: &Tensor, lm_head: &Tensor, targets: &Tensor, idx: &Tensor, chunk: i64, max_k: i64) -> PositionScores {
+fn score_positions(
+    out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    idx: &Tensor,
+    chunk: i64,
+    max_k: i64,
+) -> PositionScores {
     let hidden = out.size()[2];
     let flat = out.reshape([-1, hidden]);
     let tgt = targets.reshape([-1]).index_select(0, idx);
@@ -98,21 +105,44 @@ fn score_positions(out: &Tensor, lm_head: &Tensor, targets: &Tensor, idx: &Tenso
     let mut start = 0;
     while start < n {
         let len = chunk.min(n - start);
-        let logits = flat.index_select(0, &idx.narrow(0, start, len)).matmul(&lm_head.tr()).to_kind(Kind::Float);
+        let logits = flat
+            .index_select(0, &idx.narrow(0, start, len))
+            .matmul(&lm_head.tr())
+            .to_kind(Kind::Float);
         let t = tgt.narrow(0, start, len);
-        let nll = -logits.log_softmax(-1, Kind::Float).gather(1, &t.unsqueeze(1), false).squeeze_dim(1);
+        let nll = -logits
+            .log_softmax(-1, Kind::Float)
+            .gather(1, &t.unsqueeze(1), false)
+            .squeeze_dim(1);
         let (_, top) = logits.topk(max_k, -1, true, true);
-        let hit = top.eq_tensor(&t.unsqueeze(1)).to_kind(Kind::Int64).cumsum(1, Kind::Int64).gt(0);
-        let cols: Vec<i64> = RECALL_KS.iter().map(|&k| (k as i64).min(max_k) - 1).collect();
+        let hit = top
+            .eq_tensor(&t.unsqueeze(1))
+            .to_kind(Kind::Int64)
+            .cumsum(1, Kind::Int64)
+            .gt(0);
+        let cols: Vec<i64> = RECALL_KS
+            .iter()
+            .map(|&k| (k as i64).min(max_k) - 1)
+            .collect();
         let picked = hit.index_select(1, &Tensor::from_slice(&cols).to_device(hit.device()));
         ce.extend(Vec::<f32>::try_from(&nll.to_device(tch::Device::Cpu)).unwrap_or_default());
-        in_top.extend(Vec::<bool>::try_from(&picked.reshape([-1]).to_device(tch::Device::Cpu)).unwrap_or_default());
+        in_top.extend(
+            Vec::<bool>::try_from(&picked.reshape([-1]).to_device(tch::Device::Cpu))
+                .unwrap_or_default(),
+        );
         start += len;
     }
     PositionScores { ce, in_top }
 }
 
-fn accumulate(totals: &mut Totals, anchors: &AnchorBatch, labels: &BlockLabels, block_size: usize, valid_flat: &[usize], scores: &PositionScores) {
+fn accumulate(
+    totals: &mut Totals,
+    anchors: &AnchorBatch,
+    labels: &BlockLabels,
+    block_size: usize,
+    valid_flat: &[usize],
+    scores: &PositionScores,
+) {
     let n_blocks = anchors.batch * anchors.width;
     // correct[block][k]: true where the label is invalid (spec §5) or the argmax hits.
     let mut correct = vec![true; n_blocks * block_size];
@@ -152,7 +182,12 @@ fn accumulate(totals: &mut Totals, anchors: &AnchorBatch, labels: &BlockLabels, 
 }
 
 /// Evaluates `drafter` on `samples` with the target's features, embedding and LM head.
-pub fn evaluate(target: &TargetModel, drafter: &Drafter, samples: &[&Sample], opts: &EvalOptions) -> Result<EvalReport, TrainError> {
+pub fn evaluate(
+    target: &TargetModel,
+    drafter: &Drafter,
+    samples: &[&Sample],
+    opts: &EvalOptions,
+) -> Result<EvalReport, TrainError> {
     let cfg = drafter.config();
     let bs = cfg.block_size as usize;
     let vocab = target.config().vocab_size();
@@ -163,7 +198,8 @@ pub fn evaluate(target: &TargetModel, drafter: &Drafter, samples: &[&Sample], op
         for group in samples.chunks(opts.rows_per_forward.max(1)) {
             let batch = collate(group, 0, 0);
             let rows: Rows = batch.rows();
-            let ids = Tensor::from_slice(&batch.input_ids).view([batch.batch as i64, batch.seq_len as i64]);
+            let ids = Tensor::from_slice(&batch.input_ids)
+                .view([batch.batch as i64, batch.seq_len as i64]);
             let features = target.features(&ids, &cfg.target_layer_ids)?;
             for anchors in all_anchors_chunked(&batch.masks(), opts.anchors_per_forward) {
                 if anchors.width == 0 {
@@ -172,29 +208,67 @@ pub fn evaluate(target: &TargetModel, drafter: &Drafter, samples: &[&Sample], op
                 let block_ids = block_input_ids(rows, &anchors, bs, cfg.mask_token_id);
                 let block_ids = Tensor::from_slice(&block_ids).to_device(device);
                 let q = (anchors.width * bs) as i64;
-                let embeddings = target.embed_tokens().index_select(0, &block_ids).view([batch.batch as i64, q, -1]);
+                let embeddings = target.embed_tokens().index_select(0, &block_ids).view([
+                    batch.batch as i64,
+                    q,
+                    -1,
+                ]);
                 let (anchor_t, keep_t) = anchors.to_tensors(device);
                 let out = drafter.forward(&features, &embeddings, &anchor_t, &keep_t, opts.backend);
                 let labels = block_labels(rows, &anchors, bs, Some(opts.gamma), opts.rule);
-                let valid_flat: Vec<usize> = (0..labels.valid.len()).filter(|&f| labels.valid[f]).collect();
+                let valid_flat: Vec<usize> = (0..labels.valid.len())
+                    .filter(|&f| labels.valid[f])
+                    .collect();
                 if valid_flat.is_empty() {
-                    accumulate(&mut totals, &anchors, &labels, bs, &[], &PositionScores { ce: vec![], in_top: vec![] });
+                    accumulate(
+                        &mut totals,
+                        &anchors,
+                        &labels,
+                        bs,
+                        &[],
+                        &PositionScores {
+                            ce: vec![],
+                            in_top: vec![],
+                        },
+                    );
                     continue;
                 }
-                let idx = Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>()).to_device(out.device());
+                let idx =
+                    Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
+                        .to_device(out.device());
                 let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
                 let lm_head = target.lm_head().to_device(out.device());
-                let scores = score_positions(&out, &lm_head, &targets, &idx, opts.chunk_positions.max(1), max_k);
+                let scores = score_positions(
+                    &out,
+                    &lm_head,
+                    &targets,
+                    &idx,
+                    opts.chunk_positions.max(1),
+                    max_k,
+                );
                 accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
             }
         }
         Ok(())
     })?;
-    let per_slot = |num: &[u64]| -> Vec<f64> { (1..bs).map(|k| ratio(num[k], totals.valid_at[k])).collect() };
-    let recall_at_k = RECALL_KS.iter().enumerate().map(|(i, k)| (k.to_string(), per_slot(&totals.hits_at[i]))).collect();
+    let per_slot =
+        |num: &[u64]| -> Vec<f64> { (1..bs).map(|k| ratio(num[k], totals.valid_at[k])).collect() };
+    let recall_at_k = RECALL_KS
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.to_string(), per_slot(&totals.hits_at[i])))
+        .collect();
     Ok(EvalReport {
-        tau: if totals.blocks > 0 { totals.accepted_plus_one / totals.blocks as f64 } else { 0.0 },
-        loss: if totals.weight > 0.0 { totals.weighted_ce / totals.weight } else { 0.0 },
+        tau: if totals.blocks > 0 {
+            totals.accepted_plus_one / totals.blocks as f64
+        } else {
+            0.0
+        },
+        loss: if totals.weight > 0.0 {
+            totals.weighted_ce / totals.weight
+        } else {
+            0.0
+        },
         accuracy: ratio(totals.top1, totals.positions),
         per_position_acceptance: per_slot(&totals.accepted_at),
         recall_at_k,
@@ -212,11 +286,18 @@ mod tests {
     fn one_block(valid: Vec<bool>, hits: &[bool]) -> (Totals, usize) {
         let bs = valid.len();
         let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
-        let labels = BlockLabels { targets: vec![0; bs], weights: valid.iter().map(|v| f32::from(u8::from(*v))).collect(), valid };
+        let labels = BlockLabels {
+            targets: vec![0; bs],
+            weights: valid.iter().map(|v| f32::from(u8::from(*v))).collect(),
+            valid,
+        };
         let valid_flat: Vec<usize> = (0..bs).filter(|&f| labels.valid[f]).collect();
         assert_eq!(valid_flat.len(), hits.len());
         let in_top: Vec<bool> = hits.iter().flat_map(|&h| [h, true, true, true]).collect();
-        let scores = PositionScores { ce: vec![1.0; hits.len()], in_top };
+        let scores = PositionScores {
+            ce: vec![1.0; hits.len()],
+            in_top,
+        };
         let mut totals = Totals::new(bs, RECALL_KS.len());
         accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
         (totals, bs)
@@ -225,7 +306,10 @@ mod tests {
     #[test]
     fn acceptance_stops_at_the_first_miss() {
         // slots 1..4 valid; hits: yes, yes, no, yes -> accepted 2, τ 3.
-        let (t, _) = one_block(vec![false, true, true, true, true], &[true, true, false, true]);
+        let (t, _) = one_block(
+            vec![false, true, true, true, true],
+            &[true, true, false, true],
+        );
         assert_eq!(t.blocks, 1);
         assert_eq!(t.accepted_plus_one, 3.0);
         assert_eq!(t.accepted_at, vec![0, 1, 1, 0, 0]);

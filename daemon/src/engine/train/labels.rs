@@ -62,7 +62,12 @@ impl<'a> Rows<'a> {
 
 /// Block token ids `[B, N*bs]`: the anchor token in slot 0 of kept blocks, the mask token
 /// everywhere else (padded blocks are all mask).
-pub fn block_input_ids(rows: Rows, anchors: &AnchorBatch, block_size: usize, mask_token_id: i64) -> Vec<i64> {
+pub fn block_input_ids(
+    rows: Rows,
+    anchors: &AnchorBatch,
+    block_size: usize,
+    mask_token_id: i64,
+) -> Vec<i64> {
     let mut out = vec![mask_token_id; rows.batch * anchors.width * block_size];
     for b in 0..rows.batch {
         let ids = rows.ids(b);
@@ -140,7 +145,11 @@ pub fn block_labels(
             }
         }
     }
-    BlockLabels { targets, weights, valid }
+    BlockLabels {
+        targets,
+        weights,
+        valid,
+    }
 }
 
 #[cfg(test)]
@@ -148,7 +157,12 @@ mod tests {
     use super::*;
 
     fn rows<'a>(ids: &'a [i64], mask: &'a [u8], batch: usize) -> Rows<'a> {
-        Rows { input_ids: ids, loss_mask: mask, batch, seq_len: ids.len() / batch }
+        Rows {
+            input_ids: ids,
+            loss_mask: mask,
+            batch,
+            seq_len: ids.len() / batch,
+        }
     }
 
     #[test]
@@ -190,7 +204,13 @@ mod tests {
         let ids = [10, 11, 12, 13, 14, 15];
         let mask = [0, 1, 1, 0, 1, 1];
         let anchors = AnchorBatch::from_rows(&[vec![1, 4]], 3);
-        let l = block_labels(rows(&ids, &mask, 1), &anchors, 4, Some(2.0), LabelMaskRule::Independent);
+        let l = block_labels(
+            rows(&ids, &mask, 1),
+            &anchors,
+            4,
+            Some(2.0),
+            LabelMaskRule::Independent,
+        );
         // Block at 1: labels 11,12,13,14 -> weights 0, 1 (12 supervised), 0 (13 not), e^-1 (14).
         assert_eq!(&l.targets[0..4], &[11, 12, 13, 14]);
         let w = &l.weights[0..4];
@@ -211,7 +231,13 @@ mod tests {
         let ids = [10, 11, 12, 13, 14, 15];
         let mask = [0, 1, 1, 0, 1, 1];
         let anchors = AnchorBatch::from_rows(&[vec![1]], 1);
-        let l = block_labels(rows(&ids, &mask, 1), &anchors, 4, None, LabelMaskRule::Cumulative);
+        let l = block_labels(
+            rows(&ids, &mask, 1),
+            &anchors,
+            4,
+            None,
+            LabelMaskRule::Cumulative,
+        );
         assert_eq!(l.weights, vec![0.0, 1.0, 0.0, 0.0]);
     }
 
@@ -219,8 +245,19 @@ mod tests {
     fn unkept_blocks_have_no_weight() {
         let ids = [10, 11, 12, 13];
         let mask = [1, 1, 1, 1];
-        let anchors = AnchorBatch { batch: 1, width: 1, positions: vec![0], keep: vec![false] };
-        let l = block_labels(rows(&ids, &mask, 1), &anchors, 3, None, LabelMaskRule::Independent);
+        let anchors = AnchorBatch {
+            batch: 1,
+            width: 1,
+            positions: vec![0],
+            keep: vec![false],
+        };
+        let l = block_labels(
+            rows(&ids, &mask, 1),
+            &anchors,
+            3,
+            None,
+            LabelMaskRule::Independent,
+        );
         assert_eq!(l.weight_sum(), 0.0);
     }
 }

@@ -24,7 +24,10 @@ pub fn split_held_out(n_samples: usize, held_out: usize, seed: u64) -> Split {
     let mut train: Vec<usize> = order[k..].to_vec();
     held.sort_unstable();
     train.sort_unstable();
-    Split { train, held_out: held }
+    Split {
+        train,
+        held_out: held,
+    }
 }
 
 /// Where the next batch starts: `index` counts samples already consumed in `epoch`.
@@ -49,7 +52,12 @@ pub struct Batch {
 
 impl Batch {
     pub fn rows(&self) -> Rows<'_> {
-        Rows { input_ids: &self.input_ids, loss_mask: &self.loss_mask, batch: self.batch, seq_len: self.seq_len }
+        Rows {
+            input_ids: &self.input_ids,
+            loss_mask: &self.loss_mask,
+            batch: self.batch,
+            seq_len: self.seq_len,
+        }
     }
 
     pub fn masks(&self) -> Vec<&[u8]> {
@@ -66,7 +74,14 @@ pub fn collate(samples: &[&Sample], pad_id: i64, epoch: u32) -> Batch {
         loss_mask[b * seq_len..b * seq_len + s.len()].copy_from_slice(&s.loss_mask);
     }
     let tokens = samples.iter().map(|s| s.len()).sum();
-    Batch { input_ids, loss_mask, batch: samples.len(), seq_len, tokens, epoch }
+    Batch {
+        input_ids,
+        loss_mask,
+        batch: samples.len(),
+        seq_len,
+        tokens,
+        epoch,
+    }
 }
 
 /// Walks the training samples epoch by epoch in a seeded order, `batch_size` at a time.
@@ -83,8 +98,14 @@ pub struct Loader {
 
 impl Loader {
     pub fn new(train: Vec<usize>, batch_size: usize, seed: u64, pad_id: i64) -> Self {
-        let mut loader =
-            Self { train, batch_size: batch_size.max(1), seed, pad_id, position: DataPosition::default(), order: Vec::new() };
+        let mut loader = Self {
+            train,
+            batch_size: batch_size.max(1),
+            seed,
+            pad_id,
+            position: DataPosition::default(),
+            order: Vec::new(),
+        };
         loader.order = loader.epoch_order(0);
         loader
     }
@@ -110,7 +131,10 @@ impl Loader {
         self.position = position;
         self.order = self.epoch_order(position.epoch);
         if self.position.index >= self.order.len() {
-            self.position = DataPosition { epoch: position.epoch + 1, index: 0 };
+            self.position = DataPosition {
+                epoch: position.epoch + 1,
+                index: 0,
+            };
             self.order = self.epoch_order(self.position.epoch);
         }
     }
@@ -118,10 +142,16 @@ impl Loader {
     pub fn next_batch(&mut self, samples: &[Sample]) -> Batch {
         let DataPosition { epoch, index } = self.position;
         let end = (index + self.batch_size).min(self.order.len());
-        let picked: Vec<&Sample> = self.order[index..end].iter().map(|&i| &samples[i]).collect();
+        let picked: Vec<&Sample> = self.order[index..end]
+            .iter()
+            .map(|&i| &samples[i])
+            .collect();
         let batch = collate(&picked, self.pad_id, epoch);
         if end >= self.order.len() {
-            self.seek(DataPosition { epoch: epoch + 1, index: 0 });
+            self.seek(DataPosition {
+                epoch: epoch + 1,
+                index: 0,
+            });
         } else {
             self.position.index = end;
         }
@@ -135,7 +165,11 @@ mod tests {
 
     fn samples(n: usize) -> Vec<Sample> {
         (0..n)
-            .map(|i| Sample { input_ids: vec![i as i64; 2 + i % 3], loss_mask: vec![1; 2 + i % 3], line: i + 1 })
+            .map(|i| Sample {
+                input_ids: vec![i as i64; 2 + i % 3],
+                loss_mask: vec![1; 2 + i % 3],
+                line: i + 1,
+            })
             .collect()
     }
 
@@ -189,8 +223,16 @@ mod tests {
 
     #[test]
     fn collate_right_pads_with_zero_mask() {
-        let a = Sample { input_ids: vec![5, 6, 7], loss_mask: vec![0, 1, 1], line: 1 };
-        let b = Sample { input_ids: vec![8], loss_mask: vec![1], line: 2 };
+        let a = Sample {
+            input_ids: vec![5, 6, 7],
+            loss_mask: vec![0, 1, 1],
+            line: 1,
+        };
+        let b = Sample {
+            input_ids: vec![8],
+            loss_mask: vec![1],
+            line: 2,
+        };
         let batch = collate(&[&a, &b], 0, 0);
         assert_eq!(batch.seq_len, 3);
         assert_eq!(batch.input_ids, vec![5, 6, 7, 8, 0, 0]);

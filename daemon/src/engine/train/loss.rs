@@ -85,11 +85,22 @@ pub fn weighted_ce_backward(
         let rows = idx.narrow(0, start, len);
         let h = flat.index_select(0, &rows);
         let logits = h.matmul(&lm_head.tr()).to_kind(Kind::Float);
-        let ce = logits.cross_entropy_loss::<Tensor>(&tgt.narrow(0, start, len), None, Reduction::None, -100, 0.0);
+        let ce = logits.cross_entropy_loss::<Tensor>(
+            &tgt.narrow(0, start, len),
+            None,
+            Reduction::None,
+            -100,
+            0.0,
+        );
         let wc = w.narrow(0, start, len);
         let numerator = (&ce * &wc).sum(Kind::Float);
         (&numerator / denominator).backward();
-        let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&tgt.narrow(0, start, len)).sum(Kind::Int64));
+        let correct = tch::no_grad(|| {
+            logits
+                .argmax(-1, false)
+                .eq_tensor(&tgt.narrow(0, start, len))
+                .sum(Kind::Int64)
+        });
         sums.weighted_ce += numerator.double_value(&[]);
         sums.weight += wc.sum(Kind::Double).double_value(&[]);
         sums.correct += correct.int64_value(&[]) as u64;
@@ -105,7 +116,13 @@ pub fn weighted_ce_backward(
 }
 
 /// The same loss without gradients (evaluation / validation), chunked the same way.
-pub fn weighted_ce(drafter_out: &Tensor, lm_head: &Tensor, targets: &Tensor, weights: &Tensor, chunk_positions: i64) -> LossSums {
+pub fn weighted_ce(
+    drafter_out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    weights: &Tensor,
+    chunk_positions: i64,
+) -> LossSums {
     tch::no_grad(|| {
         let hidden = drafter_out.size().last().copied().unwrap_or(0);
         let flat = drafter_out.reshape([-1, hidden]);
@@ -117,13 +134,20 @@ pub fn weighted_ce(drafter_out: &Tensor, lm_head: &Tensor, targets: &Tensor, wei
         let mut start = 0;
         while start < total {
             let len = chunk.min(total - start);
-            let logits = flat.index_select(0, &idx.narrow(0, start, len)).matmul(&lm_head.tr()).to_kind(Kind::Float);
+            let logits = flat
+                .index_select(0, &idx.narrow(0, start, len))
+                .matmul(&lm_head.tr())
+                .to_kind(Kind::Float);
             let t = tgt.narrow(0, start, len);
             let ce = logits.cross_entropy_loss::<Tensor>(&t, None, Reduction::None, -100, 0.0);
             let wc = w.narrow(0, start, len);
             sums.weighted_ce += (&ce * &wc).sum(Kind::Double).double_value(&[]);
             sums.weight += wc.sum(Kind::Double).double_value(&[]);
-            sums.correct += logits.argmax(-1, false).eq_tensor(&t).sum(Kind::Int64).int64_value(&[]) as u64;
+            sums.correct += logits
+                .argmax(-1, false)
+                .eq_tensor(&t)
+                .sum(Kind::Int64)
+                .int64_value(&[]) as u64;
             sums.counted += len as u64;
             start += len;
         }
@@ -143,13 +167,20 @@ mod tests {
         let proj = Tensor::randn([8, 8], opts);
         let head = Tensor::randn([11, 8], opts);
         let targets = Tensor::randint(11, [2, 5], (Kind::Int64, Device::Cpu));
-        let weights = Tensor::from_slice(&[0.0f32, 1.0, 0.5, 0.0, 0.25, 0.0, 1.0, 1.0, 0.3, 0.0]).view([2, 5]);
+        let weights = Tensor::from_slice(&[0.0f32, 1.0, 0.5, 0.0, 0.25, 0.0, 1.0, 1.0, 0.3, 0.0])
+            .view([2, 5]);
         (w_in, proj, head, targets, weights)
     }
 
     fn dense_loss(out: &Tensor, head: &Tensor, targets: &Tensor, weights: &Tensor) -> Tensor {
         let logits = out.matmul(&head.tr()).view([-1, 11]);
-        let ce = logits.cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::None, -100, 0.0);
+        let ce = logits.cross_entropy_loss::<Tensor>(
+            &targets.view([-1]),
+            None,
+            Reduction::None,
+            -100,
+            0.0,
+        );
         (ce * weights.view([-1])).sum(Kind::Float) / weights.sum(Kind::Float)
     }
 

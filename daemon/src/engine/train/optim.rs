@@ -16,7 +16,11 @@ pub enum OptimError {
     #[error("optimizer state is missing tensor `{0}`")]
     MissingState(String),
     #[error("optimizer state tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    ShapeMismatch { name: String, expected: Vec<i64>, found: Vec<i64> },
+    ShapeMismatch {
+        name: String,
+        expected: Vec<i64>,
+        found: Vec<i64>,
+    },
     #[error("optimizer state holds `{0}`, which is not a parameter of this drafter")]
     UnknownState(String),
 }
@@ -33,7 +37,13 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: Some(1.0) }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: Some(1.0),
+        }
     }
 }
 
@@ -78,13 +88,24 @@ impl AdamW {
             params
                 .into_iter()
                 .map(|(name, param)| {
-                    let master = (param.kind() != Kind::Float).then(|| param.to_kind(Kind::Float).detach());
+                    let master =
+                        (param.kind() != Kind::Float).then(|| param.to_kind(Kind::Float).detach());
                     let zeros = || Tensor::zeros(param.size(), (Kind::Float, param.device()));
-                    Slot { name, exp_avg: zeros(), exp_avg_sq: zeros(), param, master }
+                    Slot {
+                        name,
+                        exp_avg: zeros(),
+                        exp_avg_sq: zeros(),
+                        param,
+                        master,
+                    }
                 })
                 .collect()
         });
-        Self { cfg, slots, step: 0 }
+        Self {
+            cfg,
+            slots,
+            step: 0,
+        }
     }
 
     pub fn config(&self) -> &AdamWConfig {
@@ -144,7 +165,7 @@ impl AdamW {
                 }
                 let mut g = grad.to_kind(Kind::Float);
                 if clip_coef < 1.0 {
-                    g = g * clip_coef;
+                    g *= clip_coef;
                 }
                 let mut master = slot.master().shallow_clone();
                 if self.cfg.weight_decay != 0.0 {
@@ -156,11 +177,14 @@ impl AdamW {
                 let denom = slot.exp_avg_sq.sqrt() / bias_correction2_sqrt + self.cfg.eps;
                 let _ = master.g_sub_(&(&slot.exp_avg / denom * step_size));
                 if slot.master.is_some() {
-                    let _ = slot.param.copy_(&master);
+                    slot.param.copy_(&master);
                 }
             }
         });
-        Ok(StepReport { grad_norm, clip_coef })
+        Ok(StepReport {
+            grad_norm,
+            clip_coef,
+        })
     }
 
     pub fn zero_grad(&mut self) {
@@ -171,15 +195,24 @@ impl AdamW {
 
     /// The fp32 weights the optimizer updates, by parameter name (for checkpoints and export).
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
-        self.slots.iter().map(|s| (s.name.clone(), s.master().shallow_clone())).collect()
+        self.slots
+            .iter()
+            .map(|s| (s.name.clone(), s.master().shallow_clone()))
+            .collect()
     }
 
     /// First and second moments, named `exp_avg.<param>` / `exp_avg_sq.<param>`.
     pub fn moment_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(2 * self.slots.len());
         for s in &self.slots {
-            out.push((format!("{EXP_AVG_PREFIX}{}", s.name), s.exp_avg.shallow_clone()));
-            out.push((format!("{EXP_AVG_SQ_PREFIX}{}", s.name), s.exp_avg_sq.shallow_clone()));
+            out.push((
+                format!("{EXP_AVG_PREFIX}{}", s.name),
+                s.exp_avg.shallow_clone(),
+            ));
+            out.push((
+                format!("{EXP_AVG_SQ_PREFIX}{}", s.name),
+                s.exp_avg_sq.shallow_clone(),
+            ));
         }
         out
     }
@@ -192,10 +225,19 @@ impl AdamW {
         moments: &HashMap<String, Tensor>,
         step: u64,
     ) -> Result<(), OptimError> {
-        let lookup = |map: &HashMap<String, Tensor>, name: String, shape: &[i64]| -> Result<Tensor, OptimError> {
-            let t = map.get(&name).ok_or_else(|| OptimError::MissingState(name.clone()))?;
+        let lookup = |map: &HashMap<String, Tensor>,
+                      name: String,
+                      shape: &[i64]|
+         -> Result<Tensor, OptimError> {
+            let t = map
+                .get(&name)
+                .ok_or_else(|| OptimError::MissingState(name.clone()))?;
             if t.size() != shape {
-                return Err(OptimError::ShapeMismatch { name, expected: shape.to_vec(), found: t.size() });
+                return Err(OptimError::ShapeMismatch {
+                    name,
+                    expected: shape.to_vec(),
+                    found: t.size(),
+                });
             }
             Ok(t.shallow_clone())
         };
@@ -208,7 +250,8 @@ impl AdamW {
                 lookup(moments, format!("{EXP_AVG_SQ_PREFIX}{}", s.name), &shape)?,
             ));
         }
-        let known: std::collections::HashSet<&str> = self.slots.iter().map(|s| s.name.as_str()).collect();
+        let known: std::collections::HashSet<&str> =
+            self.slots.iter().map(|s| s.name.as_str()).collect();
         if let Some(extra) = master.keys().find(|k| !known.contains(k.as_str())) {
             return Err(OptimError::UnknownState(extra.clone()));
         }
@@ -216,12 +259,14 @@ impl AdamW {
             for (slot, (w, m, v)) in self.slots.iter_mut().zip(staged) {
                 let device = slot.param.device();
                 let mut target = slot.master().shallow_clone();
-                let _ = target.copy_(&w.to_device(device).to_kind(Kind::Float));
+                target.copy_(&w.to_device(device).to_kind(Kind::Float));
                 if slot.master.is_some() {
-                    let _ = slot.param.copy_(&target);
+                    slot.param.copy_(&target);
                 }
-                let _ = slot.exp_avg.copy_(&m.to_device(device).to_kind(Kind::Float));
-                let _ = slot.exp_avg_sq.copy_(&v.to_device(device).to_kind(Kind::Float));
+                slot.exp_avg
+                    .copy_(&m.to_device(device).to_kind(Kind::Float));
+                slot.exp_avg_sq
+                    .copy_(&v.to_device(device).to_kind(Kind::Float));
             }
         });
         self.step = step;
@@ -242,8 +287,16 @@ mod tests {
     fn first_step_moves_each_weight_by_lr_against_the_gradient_sign() {
         // After one step m̂ = g and v̂ = g², so the update is lr · g/(|g| + eps) ≈ lr · sign(g).
         let p = leaf(&[1.0, -2.0, 0.5]);
-        (&p * Tensor::from_slice(&[3.0f32, -0.5, 0.0])).sum(Kind::Float).backward();
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig { max_grad_norm: None, ..Default::default() });
+        (&p * Tensor::from_slice(&[3.0f32, -0.5, 0.0]))
+            .sum(Kind::Float)
+            .backward();
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig {
+                max_grad_norm: None,
+                ..Default::default()
+            },
+        );
         opt.step(0.1).unwrap();
         let got: Vec<f32> = Vec::try_from(&p.detach()).unwrap();
         assert!((got[0] - 0.9).abs() < 1e-6, "{got:?}");
@@ -254,7 +307,11 @@ mod tests {
 
     #[test]
     fn matches_a_hand_computed_two_step_adamw_with_weight_decay() {
-        let cfg = AdamWConfig { weight_decay: 0.1, max_grad_norm: None, ..Default::default() };
+        let cfg = AdamWConfig {
+            weight_decay: 0.1,
+            max_grad_norm: None,
+            ..Default::default()
+        };
         let p = leaf(&[1.0]);
         let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], cfg.clone());
         let (mut w, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
@@ -276,30 +333,49 @@ mod tests {
     #[test]
     fn clipping_scales_gradients_to_the_max_norm() {
         let p = leaf(&[0.0, 0.0]);
-        (&p * Tensor::from_slice(&[3.0f32, 4.0])).sum(Kind::Float).backward();
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig::default());
+        (&p * Tensor::from_slice(&[3.0f32, 4.0]))
+            .sum(Kind::Float)
+            .backward();
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        );
         let report = opt.step(1e-3).unwrap();
         assert!((report.grad_norm - 5.0).abs() < 1e-5);
         assert!((report.clip_coef - 0.2).abs() < 1e-6);
         // Moments saw the clipped gradient: m = 0.1 · (0.6, 0.8).
         let m: Vec<f32> = Vec::try_from(&opt.moment_tensors()[0].1).unwrap();
-        assert!((m[0] - 0.06).abs() < 1e-6 && (m[1] - 0.08).abs() < 1e-6, "{m:?}");
+        assert!(
+            (m[0] - 0.06).abs() < 1e-6 && (m[1] - 0.08).abs() < 1e-6,
+            "{m:?}"
+        );
     }
 
     #[test]
     fn non_finite_gradients_leave_weights_untouched() {
         let p = leaf(&[1.0]);
         (&p * f64::NAN).sum(Kind::Float).backward();
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig::default());
-        assert!(matches!(opt.step(0.1), Err(OptimError::NonFiniteGradients { .. })));
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        );
+        assert!(matches!(
+            opt.step(0.1),
+            Err(OptimError::NonFiniteGradients { .. })
+        ));
         assert_eq!(p.double_value(&[0]), 1.0);
         assert_eq!(opt.step_count(), 0);
     }
 
     #[test]
     fn bf16_params_keep_an_fp32_master_that_accumulates_tiny_updates() {
-        let p = Tensor::from_slice(&[1.0f32]).to_kind(Kind::BFloat16).set_requires_grad(true);
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig::default());
+        let p = Tensor::from_slice(&[1.0f32])
+            .to_kind(Kind::BFloat16)
+            .set_requires_grad(true);
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        );
         for _ in 0..10 {
             opt.zero_grad();
             (&p * 1.0).to_kind(Kind::Float).sum(Kind::Float).backward();
@@ -315,23 +391,41 @@ mod tests {
     fn restore_round_trips_and_rejects_wrong_shapes() {
         let p = leaf(&[1.0, 2.0]);
         (&p * 2.0).sum(Kind::Float).backward();
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig::default());
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        );
         opt.step(0.1).unwrap();
-        let master: HashMap<String, Tensor> = opt.master_weights().into_iter().map(|(n, t)| (n, t.copy())).collect();
-        let moments: HashMap<String, Tensor> = opt.moment_tensors().into_iter().map(|(n, t)| (n, t.copy())).collect();
+        let master: HashMap<String, Tensor> = opt
+            .master_weights()
+            .into_iter()
+            .map(|(n, t)| (n, t.copy()))
+            .collect();
+        let moments: HashMap<String, Tensor> = opt
+            .moment_tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.copy()))
+            .collect();
 
         let q = leaf(&[0.0, 0.0]);
-        let mut fresh = AdamW::new(vec![("p".into(), q.shallow_clone())], AdamWConfig::default());
+        let mut fresh = AdamW::new(
+            vec![("p".into(), q.shallow_clone())],
+            AdamWConfig::default(),
+        );
         fresh.restore(&master, &moments, 1).unwrap();
         assert!(q.equal(&p));
         assert_eq!(fresh.step_count(), 1);
 
-        let mut bad: HashMap<String, Tensor> = master.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+        let mut bad: HashMap<String, Tensor> =
+            master.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         bad.insert("p".into(), Tensor::zeros([3], (Kind::Float, Device::Cpu)));
         let err = fresh.restore(&bad, &moments, 1).unwrap_err();
         assert!(err.to_string().contains("shape [3]"), "{err}");
-        let mut missing: HashMap<String, Tensor> = moments.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+        let mut missing: HashMap<String, Tensor> =
+            moments.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         missing.remove("exp_avg_sq.p");
-        assert!(matches!(fresh.restore(&master, &missing, 1), Err(OptimError::MissingState(n)) if n == "exp_avg_sq.p"));
+        assert!(
+            matches!(fresh.restore(&master, &missing, 1), Err(OptimError::MissingState(n)) if n == "exp_avg_sq.p")
+        );
     }
 }

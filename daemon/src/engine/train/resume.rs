@@ -52,7 +52,11 @@ pub struct TrainerState {
 /// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`.
 fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<String> {
     let (Value::Object(a), Value::Object(b)) = (saved, now) else {
-        return if saved == now { vec![] } else { vec!["<whole config>".into()] };
+        return if saved == now {
+            vec![]
+        } else {
+            vec!["<whole config>".into()]
+        };
     };
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
@@ -61,7 +65,11 @@ fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<String> {
         .filter(|k| !allowed.contains(&k.as_str()) && a.get(*k) != b.get(*k))
         .map(|k| {
             let show = |v: Option<&Value>| v.map_or("absent".to_string(), Value::to_string);
-            format!("`{k}`: checkpoint {} vs now {}", show(a.get(k)), show(b.get(k)))
+            format!(
+                "`{k}`: checkpoint {} vs now {}",
+                show(a.get(k)),
+                show(b.get(k))
+            )
         })
         .collect()
 }
@@ -98,17 +106,26 @@ impl Trainer {
     /// this trainer was built with.
     pub fn restore_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
         checkpoint::verify(dir)?;
-        let incompatible = |detail: String| TrainError::Incompatible { checkpoint: dir.to_path_buf(), detail };
+        let incompatible = |detail: String| TrainError::Incompatible {
+            checkpoint: dir.to_path_buf(),
+            detail,
+        };
         let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
         let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
         let drafter_diff = changed_keys(&saved_drafter, &self.drafter_cfg.to_hf_json(), &[]);
         if !drafter_diff.is_empty() {
-            return Err(incompatible(format!("the drafter config differs: {}", drafter_diff.join("; "))));
+            return Err(incompatible(format!(
+                "the drafter config differs: {}",
+                drafter_diff.join("; ")
+            )));
         }
         let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
         let config_diff = changed_keys(&as_json(&state.config), &as_json(&self.cfg), &RUNTIME_KEYS);
         if !config_diff.is_empty() {
-            return Err(incompatible(format!("locked training keys differ: {}", config_diff.join("; "))));
+            return Err(incompatible(format!(
+                "locked training keys differ: {}",
+                config_diff.join("; ")
+            )));
         }
         if state.data_fingerprint != self.data_fingerprint {
             return Err(incompatible(format!(
@@ -117,11 +134,16 @@ impl Trainer {
             )));
         }
         if state.schedule != self.schedule {
-            return Err(incompatible(format!("the schedule differs: checkpoint {:?}, now {:?}", state.schedule, self.schedule)));
+            return Err(incompatible(format!(
+                "the schedule differs: checkpoint {:?}, now {:?}",
+                state.schedule, self.schedule
+            )));
         }
         let master = tensor_map(checkpoint::read_tensors(dir, DRAFTER_FILE)?);
         let moments = tensor_map(checkpoint::read_tensors(dir, OPTIMIZER_FILE)?);
-        self.optimizer.restore(&master, &moments, state.optimizer_step).map_err(|e| incompatible(e.to_string()))?;
+        self.optimizer
+            .restore(&master, &moments, state.optimizer_step)
+            .map_err(|e| incompatible(e.to_string()))?;
         self.step = state.step;
         self.loader.seek(state.position);
         self.rng = Rng::from_state(state.rng);
@@ -130,6 +152,7 @@ impl Trainer {
 
     /// Resumes from the newest checkpoint under `root`, if any. Returns its directory.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<PathBuf>, TrainError> {
+        checkpoint::recover(root)?;
         match checkpoint::latest(root)? {
             Some(dir) => {
                 self.restore_checkpoint(&dir)?;
@@ -141,10 +164,13 @@ impl Trainer {
 }
 
 /// The drafter config and fp32 weights of a checkpoint (verified), for export.
-pub fn read_checkpoint_drafter(dir: &Path) -> Result<(DrafterConfig, Vec<(String, Tensor)>), TrainError> {
+pub fn read_checkpoint_drafter(
+    dir: &Path,
+) -> Result<(DrafterConfig, Vec<(String, Tensor)>), TrainError> {
     checkpoint::verify(dir)?;
     let config_value: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
-    let config = DrafterConfig::from_hf_value(&config_value, &dir.join(CONFIG_FILE).display().to_string())?;
+    let config =
+        DrafterConfig::from_hf_value(&config_value, &dir.join(CONFIG_FILE).display().to_string())?;
     let mut weights = checkpoint::read_tensors(dir, DRAFTER_FILE)?;
     weights.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((config, weights))
@@ -160,7 +186,10 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, TrainError> {
             return Ok(dir);
         }
     }
-    Err(checkpoint::CheckpointError::NoManifest { dir: path.to_path_buf() }.into())
+    Err(checkpoint::CheckpointError::NoManifest {
+        dir: path.to_path_buf(),
+    }
+    .into())
 }
 
 #[cfg(test)]

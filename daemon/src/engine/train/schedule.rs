@@ -13,7 +13,11 @@ impl WarmupCosine {
     /// `warmup_ratio` of `total_steps` (truncated, as SpecForge does) warms up linearly.
     pub fn new(base_lr: f64, total_steps: u64, warmup_ratio: f64) -> Self {
         let warmup_steps = ((total_steps as f64) * warmup_ratio.clamp(0.0, 1.0)) as u64;
-        Self { base_lr, total_steps, warmup_steps }
+        Self {
+            base_lr,
+            total_steps,
+            warmup_steps,
+        }
     }
 
     /// The learning rate used by optimizer step `step` (0-based).

@@ -68,7 +68,11 @@ fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> 
     let t = target.config();
     let mismatch = |s: String| Err(TrainError::Mismatch(s));
     if d.target_hidden_size != t.hidden_size() {
-        return mismatch(format!("drafter target_hidden_size {} but the target's hidden_size is {}", d.target_hidden_size, t.hidden_size()));
+        return mismatch(format!(
+            "drafter target_hidden_size {} but the target's hidden_size is {}",
+            d.target_hidden_size,
+            t.hidden_size()
+        ));
     }
     if d.hidden_size != t.hidden_size() {
         return mismatch(format!(
@@ -78,10 +82,17 @@ fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> 
         ));
     }
     if d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size() {
-        return mismatch(format!("mask_token_id {} is not a row of the target's embedding (vocab {})", d.mask_token_id, t.vocab_size()));
+        return mismatch(format!(
+            "mask_token_id {} is not a row of the target's embedding (vocab {})",
+            d.mask_token_id,
+            t.vocab_size()
+        ));
     }
     if let Some(&l) = d.target_layer_ids.iter().find(|&&l| l >= t.num_layers()) {
-        return mismatch(format!("target_layer_ids contains {l}, but the target has {} layers", t.num_layers()));
+        return mismatch(format!(
+            "target_layer_ids contains {l}, but the target has {} layers",
+            t.num_layers()
+        ));
     }
     Ok(())
 }
@@ -103,7 +114,10 @@ impl Trainer {
         if split.train.is_empty() {
             return Err(TrainError::Config {
                 key: "held_out".into(),
-                detail: format!("leaves no training samples ({} samples in the data)", samples.len()),
+                detail: format!(
+                    "leaves no training samples ({} samples in the data)",
+                    samples.len()
+                ),
             });
         }
         // Drafter init draws from libtorch's global generator; seed it so runs are reproducible.
@@ -116,7 +130,8 @@ impl Trainer {
         }
         let optimizer = AdamW::new(named_parameters(&vs), cfg.adamw.clone());
         let loader = Loader::new(split.train.clone(), cfg.batch_size, cfg.seed, PAD_ID);
-        let total_steps = ((cfg.epochs as usize * loader.batches_per_epoch()).div_ceil(cfg.grad_accum)) as u64;
+        let total_steps =
+            ((cfg.epochs as usize * loader.batches_per_epoch()).div_ceil(cfg.grad_accum)) as u64;
         let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
         let embed = target.embed_tokens().to_device(device).to_kind(kind);
         let lm_head = target.lm_head().to_device(device).to_kind(kind);
@@ -181,28 +196,68 @@ impl Trainer {
         let anchors = sample_anchors(&batch.masks(), self.cfg.num_anchors, &mut self.rng);
         let bs = self.drafter_cfg.block_size as usize;
         let gamma = self.cfg.gamma_for(bs);
-        let labels = block_labels(batch.rows(), &anchors, bs, Some(gamma), self.cfg.label_mask_rule);
-        Micro { batch, anchors, labels }
+        let labels = block_labels(
+            batch.rows(),
+            &anchors,
+            bs,
+            Some(gamma),
+            self.cfg.label_mask_rule,
+        );
+        Micro {
+            batch,
+            anchors,
+            labels,
+        }
     }
 
-    fn micro_forward_backward(&self, m: &Micro, denominator: f64, times: &mut StepTimes) -> Result<LossSums, TrainError> {
+    fn micro_forward_backward(
+        &self,
+        m: &Micro,
+        denominator: f64,
+        times: &mut StepTimes,
+    ) -> Result<LossSums, TrainError> {
         let t = Instant::now();
         let (b, s) = (m.batch.batch as i64, m.batch.seq_len as i64);
         let ids = Tensor::from_slice(&m.batch.input_ids).view([b, s]);
-        let features = self.target.features(&ids, &self.drafter_cfg.target_layer_ids)?.to_device(self.device);
+        let features = self
+            .target
+            .features(&ids, &self.drafter_cfg.target_layer_ids)?
+            .to_device(self.device);
         times.target_forward_ms += t.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
         let bs = self.drafter_cfg.block_size as usize;
-        let block_ids = block_input_ids(m.batch.rows(), &m.anchors, bs, self.drafter_cfg.mask_token_id);
+        let block_ids = block_input_ids(
+            m.batch.rows(),
+            &m.anchors,
+            bs,
+            self.drafter_cfg.mask_token_id,
+        );
         let block_ids = Tensor::from_slice(&block_ids).to_device(self.device);
         let q = (m.anchors.width * bs) as i64;
         let embeddings = tch::no_grad(|| self.embed.index_select(0, &block_ids).view([b, q, -1]));
         let (anchors, keep) = m.anchors.to_tensors(self.device);
-        let out = self.drafter.forward(&features, &embeddings, &anchors, &keep, self.cfg.attention.into());
-        let targets = Tensor::from_slice(&m.labels.targets).view([b, q]).to_device(self.device);
-        let weights = Tensor::from_slice(&m.labels.weights).view([b, q]).to_device(self.device);
-        let sums = weighted_ce_backward(&out, &self.lm_head, &targets, &weights, denominator, self.cfg.loss_chunk_positions);
+        let out = self.drafter.forward(
+            &features,
+            &embeddings,
+            &anchors,
+            &keep,
+            self.cfg.attention.into(),
+        );
+        let targets = Tensor::from_slice(&m.labels.targets)
+            .view([b, q])
+            .to_device(self.device);
+        let weights = Tensor::from_slice(&m.labels.weights)
+            .view([b, q])
+            .to_device(self.device);
+        let sums = weighted_ce_backward(
+            &out,
+            &self.lm_head,
+            &targets,
+            &weights,
+            denominator,
+            self.cfg.loss_chunk_positions,
+        );
         times.drafter_forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
         Ok(sums)
     }
@@ -211,7 +266,9 @@ impl Trainer {
     pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
         let start = Instant::now();
         let mut times = StepTimes::default();
-        let micros: Vec<Micro> = (0..self.cfg.grad_accum).map(|_| self.next_micro()).collect();
+        let micros: Vec<Micro> = (0..self.cfg.grad_accum)
+            .map(|_| self.next_micro())
+            .collect();
         times.data_wait_ms = start.elapsed().as_secs_f64() * 1e3;
         // Σw over the whole optimizer batch: each micro-batch's numerator is divided by it, so
         // the accumulated gradient is that of the global weighted mean (spec §2.7).
@@ -243,7 +300,11 @@ impl Trainer {
             lr,
             grad_norm: report.grad_norm,
             tokens_per_s,
-            workers: vec![WorkerThroughput { device: device_name(self.device), role: DeviceRole::Both, tokens_per_s }],
+            workers: vec![WorkerThroughput {
+                device: device_name(self.device),
+                role: DeviceRole::Both,
+                tokens_per_s,
+            }],
             times,
         })
     }
@@ -262,8 +323,18 @@ impl Trainer {
 
     /// Evaluates on the held-out split (`None` when nothing is held out).
     pub fn evaluate_held_out(&self) -> Result<Option<EvalReport>, TrainError> {
-        let limit = if self.cfg.eval_max_samples == 0 { usize::MAX } else { self.cfg.eval_max_samples };
-        let held: Vec<&Sample> = self.split.held_out.iter().take(limit).map(|&i| &self.samples[i]).collect();
+        let limit = if self.cfg.eval_max_samples == 0 {
+            usize::MAX
+        } else {
+            self.cfg.eval_max_samples
+        };
+        let held: Vec<&Sample> = self
+            .split
+            .held_out
+            .iter()
+            .take(limit)
+            .map(|&i| &self.samples[i])
+            .collect();
         if held.is_empty() {
             return Ok(None);
         }
@@ -273,7 +344,11 @@ impl Trainer {
     /// Runs until the schedule ends, `max_steps` more steps were taken, or `stop` is set.
     /// Evaluates every `eval_every` steps (and once before the first step of a fresh run),
     /// checkpoints every `checkpoint_every` steps and at the end.
-    pub fn run(&mut self, opts: &RunOptions, sink: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>) -> Result<RunSummary, TrainError> {
+    pub fn run(
+        &mut self,
+        opts: &RunOptions,
+        sink: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
+    ) -> Result<RunSummary, TrainError> {
         let mut summary = RunSummary::default();
         if self.step == 0 && self.cfg.eval_every > 0 {
             if let Some(report) = self.evaluate_held_out()? {
@@ -283,12 +358,17 @@ impl Trainer {
         }
         let mut last_saved = None;
         while !self.is_finished() && opts.max_steps.is_none_or(|m| summary.steps_run < m) {
-            if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            if opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
                 break;
             }
             let mut metrics = self.train_step()?;
             summary.steps_run += 1;
-            let eval_due = self.cfg.eval_every > 0 && (self.step % self.cfg.eval_every == 0 || self.is_finished());
+            let eval_due = self.cfg.eval_every > 0
+                && (self.step % self.cfg.eval_every == 0 || self.is_finished());
             if eval_due {
                 if let Some(report) = self.evaluate_held_out()? {
                     metrics.tau = Some(report.tau);

@@ -6,24 +6,28 @@
 //! 1. Blocks are sorted by anchor (a permutation restores the order at the end), so
 //!    consecutive blocks need similar context ranges.
 //! 2. Context part: sorted blocks are grouped into chunks whose `[B, heads, C·bs, L]` score
-//!    tensor stays under a budget; `L` is only the key range the chunk can see (up to its
+//!    grid stays under a budget; `L` is only the key range the chunk can see (up to its
 //!    largest anchor; on sliding layers also from its smallest window start). The mask is
-//!    built per chunk from the visibility rule.
+//!    built per chunk from the visibility rule, and the chunk runs through the fused SDPA
+//!    kernel with a differentiable LSE ([`fused_attention_with_lse`]).
 //! 3. Own-block part: one batched `[B·N, heads, bs, bs]` attention.
 //! 4. Merge by log-sum-exp, restore block order.
 //!
-//! Memory: autograd keeps each chunk's fp32 probabilities, about `B·Hq·Σ_blocks bs·L` values
-//! instead of the dense `B·Hq·Q·(S+Q)`.
+//! Memory kept for backward: per chunk its additive mask (`B·C·bs·L`, shared by all heads)
+//! and O(Q) tensors; the own-block probabilities `B·Hq·Q·bs`. No `[Q, S+Q]` grid and no
+//! per-head context probabilities exist at any time; the largest transient is one chunk's
+//! fp32 scores (for the LSE value).
 use tch::{Device, Kind, Tensor};
 
-use super::softmax::{attention_with_lse, merge_by_lse, HIDDEN_SCORE};
+use super::softmax::{attention_with_lse, fused_attention_with_lse, merge_by_lse, HIDDEN_SCORE};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
-/// Default cap on one chunk's score tensor (`B·Hq·C·bs·L` elements; 32 Mi fp32 = 128 MiB).
-/// Large enough that per-chunk overhead is negligible, small enough that the transient
-/// scores of one chunk never dominate.
-pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 25;
+/// Default cap on one chunk's score grid (`B·Hq·C·bs·L` elements; 8 Mi fp32 = 32 MiB, of
+/// which about three exist at once, only while the chunk runs). Large enough that per-chunk
+/// kernel launches are few, small enough that the transients stay well below what the whole
+/// attention keeps for backward.
+pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 
 /// A run of sorted blocks `start..end` attending to context keys `keys.0..keys.1`
 /// (`None`: none of them sees any context).
@@ -57,28 +61,44 @@ fn key_range<'a>(
     (hi > lo).then_some((lo, hi))
 }
 
-/// Greedy chunking of sorted blocks. `anchors`/`keep` are row-major `[batch, blocks]` (sorted
-/// per row); `cost_per_key` is the score elements one block adds per visible key
-/// (`batch·heads·bs`). A chunk grows while its score tensor stays within `budget` (a single
-/// block is always allowed, whatever its cost).
+/// Anchors and validity of the blocks after sorting, row-major `[batch, blocks]`.
+pub(crate) struct SortedBlocks<'a> {
+    pub anchors: &'a [i64],
+    pub keep: &'a [bool],
+    pub batch: usize,
+    pub blocks: usize,
+}
+
+/// Greedy chunking of sorted blocks. `cost_per_key` is the score elements one block adds per
+/// visible key (`batch·heads·bs`). A chunk grows while its score grid stays within `budget`
+/// (a single block is always allowed, whatever its cost).
 pub(crate) fn plan_context_chunks(
     rule: LayerRule,
-    anchors: &[i64],
-    keep: &[bool],
-    batch: usize,
-    blocks: usize,
+    sorted: &SortedBlocks<'_>,
     context_len: i64,
     cost_per_key: i64,
     budget: i64,
 ) -> Vec<ContextChunk> {
-    let column = |start: usize, end: usize| {
+    let SortedBlocks {
+        anchors,
+        keep,
+        batch,
+        blocks,
+    } = *sorted;
+    let column = move |start: usize, end: usize| {
         (0..batch).flat_map(move |b| (start..end).map(move |i| b * blocks + i))
     };
     let range_of = |start: usize, end: usize| {
-        key_range(rule, context_len, column(start, end).map(|i| (&anchors[i], &keep[i])))
+        key_range(
+            rule,
+            context_len,
+            column(start, end).map(|i| (&anchors[i], &keep[i])),
+        )
     };
     let cost = |start: usize, end: usize, keys: Option<(i64, i64)>| {
-        keys.map_or(0, |(lo, hi)| (end - start) as i64 * cost_per_key * (hi - lo))
+        keys.map_or(0, |(lo, hi)| {
+            (end - start) as i64 * cost_per_key * (hi - lo)
+        })
     };
     let mut chunks = Vec::new();
     let mut start = 0;
@@ -106,9 +126,19 @@ fn host_i64(t: &Tensor) -> Vec<i64> {
 
 /// Block-sparse attention; `chunk_score_elements` caps one context chunk's score tensor.
 /// Returns `[B, Q, Hq, D]` in the query dtype.
-pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_elements: i64) -> Tensor {
+pub fn block_sparse_attention(
+    inputs: &BlockAttentionInputs<'_>,
+    chunk_score_elements: i64,
+) -> Tensor {
     let d = inputs.dims();
-    let (b, n, bs, hkv, g, dh) = (d.batch, d.num_blocks, d.block_size, d.kv_heads, d.group, d.head_dim);
+    let (b, n, bs, hkv, g, dh) = (
+        d.batch,
+        d.num_blocks,
+        d.block_size,
+        d.kv_heads,
+        d.group,
+        d.head_dim,
+    );
     let heads = hkv * g;
     let kind = inputs.query.kind();
     let device = inputs.query.device();
@@ -117,13 +147,19 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
     }
 
     // Invalid blocks see no context; sorting them as anchor 0 puts them first, out of the way.
-    let effective = inputs.anchors.where_self(inputs.keep, &inputs.anchors.zeros_like());
+    let effective = inputs
+        .anchors
+        .where_self(inputs.keep, &inputs.anchors.zeros_like());
     let order = effective.argsort_stable(true, 1, false);
     let inverse = order.argsort_stable(true, 1, false);
     let anchors = inputs.anchors.gather(1, &order, false);
     let keep = inputs.keep.gather(1, &order, false);
     let sort_blocks = |t: &Tensor, per_block: i64| {
-        t.reshape([b, n, per_block]).gather(1, &order.unsqueeze(-1).expand([b, n, per_block], false), false)
+        t.reshape([b, n, per_block]).gather(
+            1,
+            &order.unsqueeze(-1).expand([b, n, per_block], false),
+            false,
+        )
     };
     let q = sort_blocks(inputs.query, bs * heads * dh).view([b, n, bs, hkv, g, dh]);
     let block_key = sort_blocks(inputs.block_key, bs * hkv * dh).view([b, n, bs, hkv, dh]);
@@ -140,18 +176,30 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
 
     // Context, chunk by chunk of sorted blocks.
     let host_keep: Vec<bool> = host_i64(&keep).into_iter().map(|k| k != 0).collect();
+    let host_anchors = host_i64(&anchors);
+    let sorted = SortedBlocks {
+        anchors: &host_anchors,
+        keep: &host_keep,
+        batch: b as usize,
+        blocks: n as usize,
+    };
     let plan = plan_context_chunks(
         inputs.rule,
-        &host_i64(&anchors),
-        &host_keep,
-        b as usize,
-        n as usize,
+        &sorted,
         d.context_len,
         b * heads * bs,
         chunk_score_elements,
     );
-    let context_key = inputs.context_key.permute([0, 2, 1, 3]).unsqueeze(2); // [B, Hkv, 1, S, D]
-    let context_value = inputs.context_value.permute([0, 2, 1, 3]).unsqueeze(2);
+    // [B, Hq, S, D]: kv heads repeated to the query heads (HF `repeat_kv`), as the fused
+    // kernel wants equal head counts.
+    let context_key = inputs
+        .context_key
+        .transpose(1, 2)
+        .repeat_interleave_self_int(g, 1, None);
+    let context_value = inputs
+        .context_value
+        .transpose(1, 2)
+        .repeat_interleave_self_int(g, 1, None);
     let mut outs = Vec::with_capacity(plan.len());
     let mut lses = Vec::with_capacity(plan.len());
     for chunk in &plan {
@@ -159,11 +207,18 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
         let Some((lo, hi)) = chunk.keys else {
             // No context for any of these blocks: an empty part with weight exactly 0.
             outs.push(Tensor::zeros([b, count, hkv, g, bs, dh], (kind, device)));
-            lses.push(Tensor::full([b, count, hkv, g, bs], HIDDEN_SCORE, (Kind::Float, device)));
+            lses.push(Tensor::full(
+                [b, count, hkv, g, bs],
+                HIDDEN_SCORE,
+                (Kind::Float, device),
+            ));
             continue;
         };
         let len = hi - lo;
-        let q_chunk = q.narrow(1, start, count).permute([0, 3, 4, 1, 2, 5]).reshape([b, hkv, g, count * bs, dh]);
+        let q_chunk = q
+            .narrow(1, start, count)
+            .permute([0, 3, 4, 1, 2, 5])
+            .reshape([b, heads, count * bs, dh]);
         let visible = context_mask(
             inputs.rule,
             &anchors.narrow(1, start, count),
@@ -172,15 +227,18 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
             lo,
             hi,
         )
-        .view([b, 1, 1, count * bs, len]);
-        let (out, lse) = attention_with_lse(
+        .view([b, 1, count * bs, len]);
+        let (out, lse) = fused_attention_with_lse(
             &q_chunk,
-            &context_key.narrow(3, lo, len),
-            &context_value.narrow(3, lo, len),
+            &context_key.narrow(2, lo, len),
+            &context_value.narrow(2, lo, len),
             &visible,
             inputs.scale,
         );
-        outs.push(out.view([b, hkv, g, count, bs, dh]).permute([0, 3, 1, 2, 4, 5]));
+        outs.push(
+            out.view([b, hkv, g, count, bs, dh])
+                .permute([0, 3, 1, 2, 4, 5]),
+        );
         lses.push(lse.view([b, hkv, g, count, bs]).permute([0, 3, 1, 2, 4]));
     }
     let context_out = Tensor::cat(&outs, 1);
@@ -188,8 +246,16 @@ pub fn block_sparse_attention(inputs: &BlockAttentionInputs<'_>, chunk_score_ele
 
     let merged = merge_by_lse(&context_out, &context_lse, &inner_out, &inner_lse); // [B, N, Hkv, g, bs, D]
     let per_block = bs * heads * dh;
-    let merged = merged.permute([0, 1, 4, 2, 3, 5]).reshape([b, n, per_block]);
-    merged.gather(1, &inverse.unsqueeze(-1).expand([b, n, per_block], false), false).view([b, n * bs, heads, dh])
+    let merged = merged
+        .permute([0, 1, 4, 2, 3, 5])
+        .reshape([b, n, per_block]);
+    merged
+        .gather(
+            1,
+            &inverse.unsqueeze(-1).expand([b, n, per_block], false),
+            false,
+        )
+        .view([b, n * bs, heads, dh])
 }
 
 #[cfg(test)]
@@ -197,12 +263,29 @@ mod tests {
     use super::super::visibility::context_visible;
     use super::*;
 
-    fn check_plan(rule: LayerRule, anchors: &[i64], keep: &[bool], batch: usize, s: i64, bs: i64, budget: i64) {
+    fn check_plan(
+        rule: LayerRule,
+        anchors: &[i64],
+        keep: &[bool],
+        batch: usize,
+        s: i64,
+        bs: i64,
+        budget: i64,
+    ) {
         let blocks = anchors.len() / batch;
-        let plan = plan_context_chunks(rule, anchors, keep, batch, blocks, s, batch as i64 * bs, budget);
+        let sorted = SortedBlocks {
+            anchors,
+            keep,
+            batch,
+            blocks,
+        };
+        let plan = plan_context_chunks(rule, &sorted, s, batch as i64 * bs, budget);
         let mut next = 0;
         for chunk in &plan {
-            assert_eq!(chunk.start, next, "chunks must tile the blocks in order: {plan:?}");
+            assert_eq!(
+                chunk.start, next,
+                "chunks must tile the blocks in order: {plan:?}"
+            );
             assert!(chunk.end > chunk.start);
             next = chunk.end;
             let (lo, hi) = chunk.keys.unwrap_or((0, 0));
@@ -216,7 +299,10 @@ mod tests {
                     for off in 0..bs {
                         for j in 0..s {
                             if context_visible(rule, a, k, off, j) {
-                                assert!(lo <= j && j < hi, "{rule:?}: key {j} of block {i} outside {chunk:?}");
+                                assert!(
+                                    lo <= j && j < hi,
+                                    "{rule:?}: key {j} of block {i} outside {chunk:?}"
+                                );
                             }
                         }
                     }
@@ -229,8 +315,15 @@ mod tests {
     #[test]
     fn chunks_tile_the_blocks_cover_every_visible_key_and_respect_the_budget() {
         let anchors = [0, 0, 2, 3, 3, 9, 14, 15, 1, 4, 4, 5, 8, 8, 12, 17];
-        let keep = [false, true, true, true, true, true, true, false, true, true, true, true, false, true, true, true];
-        for rule in [LayerRule::Full, LayerRule::Sliding { window: 1 }, LayerRule::Sliding { window: 4 }] {
+        let keep = [
+            false, true, true, true, true, true, true, false, true, true, true, true, false, true,
+            true, true,
+        ];
+        for rule in [
+            LayerRule::Full,
+            LayerRule::Sliding { window: 1 },
+            LayerRule::Sliding { window: 4 },
+        ] {
             for budget in [0, 20, 64, 200, i64::MAX] {
                 check_plan(rule, &anchors, &keep, 2, 18, 2, budget);
             }
@@ -239,11 +332,36 @@ mod tests {
 
     #[test]
     fn blocks_without_context_get_no_key_range() {
-        let plan = plan_context_chunks(LayerRule::Full, &[0, 0, 5], &[true, false, true], 1, 3, 10, 1, 0);
-        assert_eq!(plan[0].keys, None);
-        assert_eq!(plan[1].keys, None);
-        assert_eq!(plan[2].keys, Some((0, 5)));
-        let window_one = plan_context_chunks(LayerRule::Sliding { window: 1 }, &[5], &[true], 1, 1, 10, 1, 0);
+        let sorted = SortedBlocks {
+            anchors: &[0, 0, 5],
+            keep: &[true, false, true],
+            batch: 1,
+            blocks: 3,
+        };
+        let plan = plan_context_chunks(LayerRule::Full, &sorted, 10, 1, 0);
+        // The two context-free blocks cost nothing and share a chunk; the third would not fit.
+        assert_eq!(
+            plan,
+            [
+                ContextChunk {
+                    start: 0,
+                    end: 2,
+                    keys: None
+                },
+                ContextChunk {
+                    start: 2,
+                    end: 3,
+                    keys: Some((0, 5))
+                }
+            ]
+        );
+        let one = SortedBlocks {
+            anchors: &[5],
+            keep: &[true],
+            batch: 1,
+            blocks: 1,
+        };
+        let window_one = plan_context_chunks(LayerRule::Sliding { window: 1 }, &one, 10, 1, 0);
         assert_eq!(window_one[0].keys, None);
     }
 }

@@ -100,7 +100,11 @@ impl BlockAttentionInputs<'_> {
             && self.block_value.size() == bk
             && kv_heads > 0
             && heads % kv_heads == 0;
-        assert!(ok, "attention inputs have inconsistent shapes: {}", shapes());
+        assert!(
+            ok,
+            "attention inputs have inconsistent shapes: {}",
+            shapes()
+        );
         Dims {
             batch,
             num_blocks,
@@ -116,7 +120,9 @@ impl BlockAttentionInputs<'_> {
 /// Runs one attention call with the chosen back-end. Returns `[B, Q, Hq, D]` in the query dtype.
 pub fn block_attention(inputs: &BlockAttentionInputs<'_>, backend: AttentionBackend) -> Tensor {
     match backend {
-        AttentionBackend::BlockSparse => block_sparse_attention(inputs, DEFAULT_CHUNK_SCORE_ELEMENTS),
+        AttentionBackend::BlockSparse => {
+            block_sparse_attention(inputs, DEFAULT_CHUNK_SCORE_ELEMENTS)
+        }
         AttentionBackend::DenseMask => dense_mask_attention(inputs),
     }
 }

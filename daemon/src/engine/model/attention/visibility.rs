@@ -28,7 +28,13 @@ pub enum LayerRule {
 
 /// Whether a query at `query_offset` of a block anchored at `anchor` sees context position
 /// `key_pos`.
-pub fn context_visible(rule: LayerRule, anchor: i64, keep: bool, query_offset: i64, key_pos: i64) -> bool {
+pub fn context_visible(
+    rule: LayerRule,
+    anchor: i64,
+    keep: bool,
+    query_offset: i64,
+    key_pos: i64,
+) -> bool {
     if !keep || key_pos >= anchor {
         return false;
     }
@@ -82,27 +88,39 @@ pub fn context_mask(
     let device = anchors.device();
     let keys = Tensor::arange_start(key_start, key_end, (Kind::Int64, device)).view([1, 1, 1, -1]);
     let anchor = anchors.view([batch, blocks, 1, 1]);
-    let mut allowed = keys.lt_tensor(&anchor).logical_and(&keep.view([batch, blocks, 1, 1]));
+    let mut allowed = keys
+        .lt_tensor(&anchor)
+        .logical_and(&keep.view([batch, blocks, 1, 1]));
     if let LayerRule::Sliding { window } = rule {
         let offsets = Tensor::arange(block_size, (Kind::Int64, device)).view([1, 1, -1, 1]);
         let lowest = anchor + offsets - (window - 1);
         allowed = allowed.logical_and(&keys.ge_tensor(&lowest));
     }
     let key_len = key_end - key_start;
-    allowed.expand([batch, blocks, block_size, key_len], false).reshape([batch, blocks * block_size, key_len])
+    allowed
+        .expand([batch, blocks, block_size, key_len], false)
+        .reshape([batch, blocks * block_size, key_len])
 }
 
 /// Visibility inside one block: `[bs, bs]` bool (query offset × key offset).
 pub fn own_block_mask(rule: LayerRule, block_size: i64, device: Device) -> Tensor {
     match rule {
         LayerRule::Full => Tensor::ones([block_size, block_size], (Kind::Bool, device)),
-        LayerRule::Sliding { .. } => Tensor::ones([block_size, block_size], (Kind::Bool, device)).tril(0),
+        LayerRule::Sliding { .. } => {
+            Tensor::ones([block_size, block_size], (Kind::Bool, device)).tril(0)
+        }
     }
 }
 
 /// The whole `[B, N·bs, S + N·bs]` mask. Only for the dense oracle and single-block inference:
 /// at training sizes this grid is what the block-sparse back-end exists to avoid.
-pub fn dense_mask(rule: LayerRule, anchors: &Tensor, keep: &Tensor, block_size: i64, context_len: i64) -> Tensor {
+pub fn dense_mask(
+    rule: LayerRule,
+    anchors: &Tensor,
+    keep: &Tensor,
+    block_size: i64,
+    context_len: i64,
+) -> Tensor {
     let size = anchors.size();
     let (batch, blocks) = (size[0], size[1]);
     let queries = blocks * block_size;
@@ -112,7 +130,10 @@ pub fn dense_mask(rule: LayerRule, anchors: &Tensor, keep: &Tensor, block_size: 
     let block_of = index.divide_scalar_mode(block_size, "floor");
     let same_block = block_of.view([-1, 1]).eq_tensor(&block_of.view([1, -1]));
     let inner = own_block_mask(rule, block_size, device).repeat([blocks, blocks]);
-    let draft = same_block.logical_and(&inner).unsqueeze(0).expand([batch, queries, queries], false);
+    let draft = same_block
+        .logical_and(&inner)
+        .unsqueeze(0)
+        .expand([batch, queries, queries], false);
     Tensor::cat(&[context, draft], -1)
 }
 
@@ -161,7 +182,10 @@ mod tests {
 
     fn cases() -> Vec<Case> {
         let overlapping = vec![vec![5, 6, 6, 0, 11, 2], vec![0, 3, 9, 9, 1, 7]];
-        let keep = vec![vec![true, true, true, false, true, true], vec![true, true, false, true, true, false]];
+        let keep = vec![
+            vec![true, true, true, false, true, true],
+            vec![true, true, false, true, true, false],
+        ];
         let mut out = Vec::new();
         for rule in [
             LayerRule::Full,
@@ -171,7 +195,13 @@ mod tests {
             LayerRule::Sliding { window: 100 },
         ] {
             for bs in [1, 4] {
-                out.push(Case { rule, bs, s: 13, anchors: overlapping.clone(), keep: keep.clone() });
+                out.push(Case {
+                    rule,
+                    bs,
+                    s: 13,
+                    anchors: overlapping.clone(),
+                    keep: keep.clone(),
+                });
             }
         }
         out
@@ -181,7 +211,10 @@ mod tests {
         let anchors: Vec<i64> = case.anchors.concat();
         let keep: Vec<bool> = case.keep.concat();
         let rows = case.anchors.len() as i64;
-        (Tensor::from_slice(&anchors).view([rows, -1]), Tensor::from_slice(&keep).view([rows, -1]))
+        (
+            Tensor::from_slice(&anchors).view([rows, -1]),
+            Tensor::from_slice(&keep).view([rows, -1]),
+        )
     }
 
     #[test]
@@ -215,8 +248,13 @@ mod tests {
                 for q in 0..queries {
                     for j in 0..case.s + queries {
                         let got = mask.int64_value(&[b as i64, q, j]) != 0;
-                        let want = spec_reference(case.rule, case.bs, case.s, row_anchors, row_keep, q, j);
-                        assert_eq!(got, want, "{:?} bs {} row {b} q {q} key {j}", case.rule, case.bs);
+                        let want =
+                            spec_reference(case.rule, case.bs, case.s, row_anchors, row_keep, q, j);
+                        assert_eq!(
+                            got, want,
+                            "{:?} bs {} row {b} q {q} key {j}",
+                            case.rule, case.bs
+                        );
                     }
                 }
             }
@@ -229,7 +267,12 @@ mod tests {
             let (anchors, keep) = tensors(&case);
             let full = context_mask(case.rule, &anchors, &keep, case.bs, 0, case.s);
             let part = context_mask(case.rule, &anchors, &keep, case.bs, 4, 9);
-            assert!(part.equal(&full.narrow(-1, 4, 5)), "{:?} bs {}", case.rule, case.bs);
+            assert!(
+                part.equal(&full.narrow(-1, 4, 5)),
+                "{:?} bs {}",
+                case.rule,
+                case.bs
+            );
         }
     }
 
@@ -246,7 +289,13 @@ mod tests {
         assert!(context_visible(sliding, 7, true, 0, 4));
         assert!(!context_visible(sliding, 7, true, 0, 3));
         // Window 1: only the query itself, so no context at all.
-        assert!(!context_visible(LayerRule::Sliding { window: 1 }, 7, true, 0, 6));
+        assert!(!context_visible(
+            LayerRule::Sliding { window: 1 },
+            7,
+            true,
+            0,
+            6
+        ));
     }
 
     #[test]
@@ -255,7 +304,11 @@ mod tests {
             let (anchors, keep) = tensors(&case);
             let mask = dense_mask(case.rule, &anchors, &keep, case.bs, case.s);
             let per_row = mask.sum_dim_intlist(-1, false, Kind::Int64);
-            assert!(per_row.min().int64_value(&[]) >= 1, "{:?}: a row with no visible key", case.rule);
+            assert!(
+                per_row.min().int64_value(&[]) >= 1,
+                "{:?}: a row with no visible key",
+                case.rule
+            );
             for (b, row_keep) in case.keep.iter().enumerate() {
                 for (blk, kept) in row_keep.iter().enumerate() {
                     if *kept {

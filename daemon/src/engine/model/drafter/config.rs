@@ -42,11 +42,25 @@ pub enum DrafterError {
         source: serde_json::Error,
     },
     #[error("drafter config {path}: missing key `{key}` ({hint})")]
-    MissingField { path: String, key: String, hint: String },
+    MissingField {
+        path: String,
+        key: String,
+        hint: String,
+    },
     #[error("drafter config {path}: key `{key}` expected {expected}, found {found}")]
-    InvalidField { path: String, key: String, expected: String, found: String },
+    InvalidField {
+        path: String,
+        key: String,
+        expected: String,
+        found: String,
+    },
     #[error("drafter config {path}: key `{key}` = {found} is not supported: {why}")]
-    Unsupported { path: String, key: String, found: String, why: String },
+    Unsupported {
+        path: String,
+        key: String,
+        found: String,
+        why: String,
+    },
 }
 
 /// Hyper-parameters of a DFlash drafter (spec §1.2). Field names follow the HF `config.json`.
@@ -76,6 +90,11 @@ pub struct DrafterConfig {
     pub num_target_layers: Option<usize>,
     /// Std of the `N(0, σ)` init of every linear weight (HF `initializer_range`).
     pub initializer_range: f64,
+}
+
+/// False for NaN as well as for non-positive values.
+fn is_positive(x: f64) -> bool {
+    x > 0.0
 }
 
 impl DrafterConfig {
@@ -135,12 +154,19 @@ impl DrafterConfig {
         if self.num_attention_heads % self.num_key_value_heads != 0 {
             return invalid(
                 "num_key_value_heads",
-                &format!("a divisor of num_attention_heads ({})", self.num_attention_heads),
+                &format!(
+                    "a divisor of num_attention_heads ({})",
+                    self.num_attention_heads
+                ),
                 self.num_key_value_heads.to_string(),
             );
         }
         if self.head_dim % 2 != 0 {
-            return invalid("head_dim", "an even number (rotary embedding)", self.head_dim.to_string());
+            return invalid(
+                "head_dim",
+                "an even number (rotary embedding)",
+                self.head_dim.to_string(),
+            );
         }
         if self.layer_types.len() != self.num_hidden_layers {
             return invalid(
@@ -151,26 +177,52 @@ impl DrafterConfig {
         }
         let has_sliding = self.layer_types.contains(&LayerType::Sliding);
         match self.sliding_window {
-            Some(w) if w <= 0 => return invalid("sliding_window", "a positive integer", w.to_string()),
+            Some(w) if w <= 0 => {
+                return invalid("sliding_window", "a positive integer", w.to_string())
+            }
             None if has_sliding => {
-                return invalid("sliding_window", "a window size (layer_types has sliding layers)", "null".into())
+                return invalid(
+                    "sliding_window",
+                    "a window size (layer_types has sliding layers)",
+                    "null".into(),
+                )
             }
             _ => {}
         }
-        if !(self.rms_norm_eps > 0.0) {
-            return invalid("rms_norm_eps", "a positive number", self.rms_norm_eps.to_string());
+        if !is_positive(self.rms_norm_eps) {
+            return invalid(
+                "rms_norm_eps",
+                "a positive number",
+                self.rms_norm_eps.to_string(),
+            );
         }
-        if !(self.rope_theta > 0.0) {
-            return invalid("rope_theta", "a positive number", self.rope_theta.to_string());
+        if !is_positive(self.rope_theta) {
+            return invalid(
+                "rope_theta",
+                "a positive number",
+                self.rope_theta.to_string(),
+            );
         }
-        if !(self.initializer_range > 0.0) {
-            return invalid("initializer_range", "a positive number", self.initializer_range.to_string());
+        if !is_positive(self.initializer_range) {
+            return invalid(
+                "initializer_range",
+                "a positive number",
+                self.initializer_range.to_string(),
+            );
         }
         if self.target_layer_ids.is_empty() {
-            return invalid("dflash_config.target_layer_ids", "at least one layer id", "[]".into());
+            return invalid(
+                "dflash_config.target_layer_ids",
+                "at least one layer id",
+                "[]".into(),
+            );
         }
         if self.target_hidden_size <= 0 {
-            return invalid("target_hidden_size", "a positive integer", self.target_hidden_size.to_string());
+            return invalid(
+                "target_hidden_size",
+                "a positive integer",
+                self.target_hidden_size.to_string(),
+            );
         }
         if let Some(n) = self.num_target_layers {
             if let Some(&bad) = self.target_layer_ids.iter().find(|&&id| id >= n) {
@@ -198,11 +250,23 @@ mod tests {
 
     #[test]
     fn default_target_layers_match_the_published_drafters() {
-        assert_eq!(DrafterConfig::build_target_layer_ids(64, 5), vec![1, 16, 31, 46, 61]);
-        assert_eq!(DrafterConfig::build_target_layer_ids(36, 5), vec![1, 9, 17, 25, 33]);
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(64, 5),
+            vec![1, 16, 31, 46, 61]
+        );
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(36, 5),
+            vec![1, 9, 17, 25, 33]
+        );
         assert_eq!(DrafterConfig::build_target_layer_ids(36, 1), vec![18]);
         // 1 + i·24/3 → 1, 9, 17, 25 (exact); 1 + i·25/2 = 13.5 rounds half to even → 14.
-        assert_eq!(DrafterConfig::build_target_layer_ids(28, 4), vec![1, 9, 17, 25]);
-        assert_eq!(DrafterConfig::build_target_layer_ids(29, 3), vec![1, 14, 26]);
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(28, 4),
+            vec![1, 9, 17, 25]
+        );
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(29, 3),
+            vec![1, 14, 26]
+        );
     }
 }

@@ -37,7 +37,11 @@ fn describe(value: &Value) -> String {
 
 impl<'a> Reader<'a> {
     fn missing(&self, key: &str, hint: &str) -> DrafterError {
-        DrafterError::MissingField { path: self.path.clone(), key: key.into(), hint: hint.into() }
+        DrafterError::MissingField {
+            path: self.path.clone(),
+            key: key.into(),
+            hint: hint.into(),
+        }
     }
 
     fn invalid(&self, key: &str, expected: &str, found: &Value) -> DrafterError {
@@ -50,7 +54,12 @@ impl<'a> Reader<'a> {
     }
 
     fn unsupported(&self, key: &str, found: &Value, why: &str) -> DrafterError {
-        DrafterError::Unsupported { path: self.path.clone(), key: key.into(), found: describe(found), why: why.into() }
+        DrafterError::Unsupported {
+            path: self.path.clone(),
+            key: key.into(),
+            found: describe(found),
+            why: why.into(),
+        }
     }
 
     /// A present, non-null top-level value.
@@ -64,26 +73,39 @@ impl<'a> Reader<'a> {
 
     /// A DFlash key: `dflash_config.<key>` first, then top level. Returns the key as found.
     fn dflash_value(&self, key: &str) -> Option<(String, &'a Value)> {
-        if let Some(v) = self.dflash().and_then(|d| d.get(key)).filter(|v| !v.is_null()) {
+        if let Some(v) = self
+            .dflash()
+            .and_then(|d| d.get(key))
+            .filter(|v| !v.is_null())
+        {
             return Some((format!("dflash_config.{key}"), v));
         }
         self.top(key).map(|v| (key.to_string(), v))
     }
 
     fn as_int(&self, key: &str, value: &Value) -> Result<i64, DrafterError> {
-        value.as_i64().ok_or_else(|| self.invalid(key, "an integer", value))
+        value
+            .as_i64()
+            .ok_or_else(|| self.invalid(key, "an integer", value))
     }
 
     fn as_count(&self, key: &str, value: &Value) -> Result<usize, DrafterError> {
-        value.as_u64().map(|v| v as usize).ok_or_else(|| self.invalid(key, "a non-negative integer", value))
+        value
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| self.invalid(key, "a non-negative integer", value))
     }
 
     fn as_float(&self, key: &str, value: &Value) -> Result<f64, DrafterError> {
-        value.as_f64().ok_or_else(|| self.invalid(key, "a number", value))
+        value
+            .as_f64()
+            .ok_or_else(|| self.invalid(key, "a number", value))
     }
 
     fn int(&self, key: &str) -> Result<i64, DrafterError> {
-        let value = self.top(key).ok_or_else(|| self.missing(key, "required Qwen3 field"))?;
+        let value = self
+            .top(key)
+            .ok_or_else(|| self.missing(key, "required Qwen3 field"))?;
         self.as_int(key, value)
     }
 
@@ -96,7 +118,10 @@ impl<'a> Reader<'a> {
     }
 
     fn bool_or(&self, key: &str, default: bool) -> Result<bool, DrafterError> {
-        self.top(key).map_or(Ok(default), |v| v.as_bool().ok_or_else(|| self.invalid(key, "true or false", v)))
+        self.top(key).map_or(Ok(default), |v| {
+            v.as_bool()
+                .ok_or_else(|| self.invalid(key, "true or false", v))
+        })
     }
 
     /// `rope_theta`, or `rope_parameters.rope_theta` (transformers 5; also accepted per layer
@@ -104,22 +129,29 @@ impl<'a> Reader<'a> {
     fn rope_theta(&self) -> Result<f64, DrafterError> {
         let mut theta = None;
         for key in ["rope_parameters", "rope_scaling"] {
-            let Some(params) = self.top(key) else { continue };
-            let object = params.as_object().ok_or_else(|| self.invalid(key, "an object", params))?;
-            let per_type = ["full_attention", "sliding_attention"];
-            let groups: Vec<(String, &Map<String, Value>)> = if per_type.iter().any(|t| object.contains_key(*t)) {
-                let mut groups = Vec::new();
-                for t in per_type {
-                    if let Some(group) = object.get(t) {
-                        let key = format!("{key}.{t}");
-                        let group = group.as_object().ok_or_else(|| self.invalid(&key, "an object", group))?;
-                        groups.push((key, group));
-                    }
-                }
-                groups
-            } else {
-                vec![(key.to_string(), object)]
+            let Some(params) = self.top(key) else {
+                continue;
             };
+            let object = params
+                .as_object()
+                .ok_or_else(|| self.invalid(key, "an object", params))?;
+            let per_type = ["full_attention", "sliding_attention"];
+            let groups: Vec<(String, &Map<String, Value>)> =
+                if per_type.iter().any(|t| object.contains_key(*t)) {
+                    let mut groups = Vec::new();
+                    for t in per_type {
+                        if let Some(group) = object.get(t) {
+                            let key = format!("{key}.{t}");
+                            let group = group
+                                .as_object()
+                                .ok_or_else(|| self.invalid(&key, "an object", group))?;
+                            groups.push((key, group));
+                        }
+                    }
+                    groups
+                } else {
+                    vec![(key.to_string(), object)]
+                };
             for (key, group) in groups {
                 let kind = group.get("rope_type").or_else(|| group.get("type"));
                 if let Some(kind) = kind.filter(|k| k.as_str() != Some("default")) {
@@ -133,7 +165,11 @@ impl<'a> Reader<'a> {
                     let key = format!("{key}.rope_theta");
                     let value = self.as_float(&key, value)?;
                     if theta.is_some_and(|t| t != value) {
-                        return Err(self.unsupported(&key, &json!(value), "differs from another rope_theta in the config"));
+                        return Err(self.unsupported(
+                            &key,
+                            &json!(value),
+                            "differs from another rope_theta in the config",
+                        ));
                     }
                     theta = Some(value);
                 }
@@ -142,29 +178,58 @@ impl<'a> Reader<'a> {
         if let Some(value) = self.top("rope_theta") {
             let value = self.as_float("rope_theta", value)?;
             if theta.is_some_and(|t| t != value) {
-                return Err(self.unsupported("rope_theta", &json!(value), "differs from rope_parameters.rope_theta"));
+                return Err(self.unsupported(
+                    "rope_theta",
+                    &json!(value),
+                    "differs from rope_parameters.rope_theta",
+                ));
             }
             theta = Some(value);
         }
-        theta.ok_or_else(|| self.missing("rope_theta", "give `rope_theta` or `rope_parameters.rope_theta`"))
+        theta.ok_or_else(|| {
+            self.missing(
+                "rope_theta",
+                "give `rope_theta` or `rope_parameters.rope_theta`",
+            )
+        })
     }
 
-    fn layer_types(&self, num_layers: usize, sliding_window: Option<i64>) -> Result<Vec<LayerType>, DrafterError> {
+    fn layer_types(
+        &self,
+        num_layers: usize,
+        sliding_window: Option<i64>,
+    ) -> Result<Vec<LayerType>, DrafterError> {
         let Some(value) = self.top("layer_types") else {
             // Qwen3Config's derivation when the list is absent.
-            let first_sliding = self.int_or("max_window_layers", QWEN3_DEFAULT_MAX_WINDOW_LAYERS as i64)?;
+            let first_sliding =
+                self.int_or("max_window_layers", QWEN3_DEFAULT_MAX_WINDOW_LAYERS as i64)?;
             let sliding_on = self.bool_or("use_sliding_window", false)? && sliding_window.is_some();
             return Ok((0..num_layers)
-                .map(|i| if sliding_on && i as i64 >= first_sliding { LayerType::Sliding } else { LayerType::Full })
+                .map(|i| {
+                    if sliding_on && i as i64 >= first_sliding {
+                        LayerType::Sliding
+                    } else {
+                        LayerType::Full
+                    }
+                })
                 .collect());
         };
-        let list = value.as_array().ok_or_else(|| self.invalid("layer_types", "a list of layer type names", value))?;
+        let list = value
+            .as_array()
+            .ok_or_else(|| self.invalid("layer_types", "a list of layer type names", value))?;
         list.iter()
             .enumerate()
             .map(|(i, entry)| {
-                entry.as_str().and_then(LayerType::from_hf_name).ok_or_else(|| {
-                    self.invalid(&format!("layer_types[{i}]"), "\"full_attention\" or \"sliding_attention\"", entry)
-                })
+                entry
+                    .as_str()
+                    .and_then(LayerType::from_hf_name)
+                    .ok_or_else(|| {
+                        self.invalid(
+                            &format!("layer_types[{i}]"),
+                            "\"full_attention\" or \"sliding_attention\"",
+                            entry,
+                        )
+                    })
             })
             .collect()
     }
@@ -172,7 +237,11 @@ impl<'a> Reader<'a> {
     fn reject_behaviour_changes(&self) -> Result<(), DrafterError> {
         if let Some(v) = self.top("attention_bias") {
             if v.as_bool() != Some(false) {
-                return Err(self.unsupported("attention_bias", v, "the drafter's projections have no bias"));
+                return Err(self.unsupported(
+                    "attention_bias",
+                    v,
+                    "the drafter's projections have no bias",
+                ));
             }
         }
         if let Some(v) = self.top("hidden_act") {
@@ -190,7 +259,11 @@ impl<'a> Reader<'a> {
         for key in ["input_embedding_scale", "output_multiplier"] {
             if let Some((key, v)) = self.dflash_value(key) {
                 if v.as_f64() != Some(1.0) {
-                    return Err(self.unsupported(&key, v, "embedding/logit scaling is not implemented"));
+                    return Err(self.unsupported(
+                        &key,
+                        v,
+                        "embedding/logit scaling is not implemented",
+                    ));
                 }
             }
         }
@@ -207,7 +280,9 @@ impl<'a> Reader<'a> {
         let hidden_size = self.int("hidden_size")?;
         let num_attention_heads = self.int("num_attention_heads")?;
         let num_hidden_layers = {
-            let v = self.top("num_hidden_layers").ok_or_else(|| self.missing("num_hidden_layers", "required Qwen3 field"))?;
+            let v = self
+                .top("num_hidden_layers")
+                .ok_or_else(|| self.missing("num_hidden_layers", "required Qwen3 field"))?;
             self.as_count("num_hidden_layers", v)?
         };
         let head_dim = match self.top("head_dim") {
@@ -215,7 +290,10 @@ impl<'a> Reader<'a> {
             None if num_attention_heads > 0 => hidden_size / num_attention_heads,
             None => 0,
         };
-        let sliding_window = self.top("sliding_window").map(|v| self.as_int("sliding_window", v)).transpose()?;
+        let sliding_window = self
+            .top("sliding_window")
+            .map(|v| self.as_int("sliding_window", v))
+            .transpose()?;
         let layer_types = self.layer_types(num_hidden_layers, sliding_window)?;
         if layer_types.contains(&LayerType::Sliding) && !self.bool_or("use_sliding_window", true)? {
             return Err(self.unsupported(
@@ -224,10 +302,15 @@ impl<'a> Reader<'a> {
                 "layer_types has sliding layers, but transformers drops sliding_window when this is false",
             ));
         }
-        let num_target_layers = self.top("num_target_layers").map(|v| self.as_count("num_target_layers", v)).transpose()?;
+        let num_target_layers = self
+            .top("num_target_layers")
+            .map(|v| self.as_count("num_target_layers", v))
+            .transpose()?;
         let target_layer_ids = match self.dflash_value("target_layer_ids") {
             Some((key, value)) => {
-                let list = value.as_array().ok_or_else(|| self.invalid(&key, "a list of layer ids", value))?;
+                let list = value
+                    .as_array()
+                    .ok_or_else(|| self.invalid(&key, "a list of layer ids", value))?;
                 list.iter()
                     .enumerate()
                     .map(|(i, id)| self.as_count(&format!("{key}[{i}]"), id))
@@ -235,12 +318,10 @@ impl<'a> Reader<'a> {
             }
             None => match num_target_layers {
                 Some(n) => DrafterConfig::build_target_layer_ids(n, num_hidden_layers),
-                None => {
-                    return Err(self.missing(
-                        "dflash_config.target_layer_ids",
-                        "give the target layer ids, or `num_target_layers` to use the default spacing",
-                    ))
-                }
+                None => return Err(self.missing(
+                    "dflash_config.target_layer_ids",
+                    "give the target layer ids, or `num_target_layers` to use the default spacing",
+                )),
             },
         };
         let mask_token_id = match self.dflash_value("mask_token_id") {
@@ -272,9 +353,13 @@ impl<'a> Reader<'a> {
             target_layer_ids,
             target_hidden_size: self.int_or("target_hidden_size", hidden_size)?,
             vocab_size: self.int("vocab_size")?,
-            max_position_embeddings: self.int_or("max_position_embeddings", QWEN3_DEFAULT_MAX_POSITION_EMBEDDINGS)?,
+            max_position_embeddings: self.int_or(
+                "max_position_embeddings",
+                QWEN3_DEFAULT_MAX_POSITION_EMBEDDINGS,
+            )?,
             num_target_layers,
-            initializer_range: self.float_or("initializer_range", QWEN3_DEFAULT_INITIALIZER_RANGE)?,
+            initializer_range: self
+                .float_or("initializer_range", QWEN3_DEFAULT_INITIALIZER_RANGE)?,
         };
         config.validate(&self.path)?;
         Ok(config)
@@ -285,20 +370,32 @@ impl DrafterConfig {
     /// Reads a drafter `config.json` (published DFlash layout).
     pub fn from_hf_json(path: &Path) -> Result<Self, DrafterError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| DrafterError::Io { path: shown.clone(), source })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| DrafterError::Json { path: shown.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| DrafterError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|source| DrafterError::Json {
+            path: shown.clone(),
+            source,
+        })?;
         Self::from_hf_value(&value, &shown)
     }
 
     /// Same as [`Self::from_hf_json`] for an already parsed document; `source` names it in errors.
     pub fn from_hf_value(value: &Value, source: &str) -> Result<Self, DrafterError> {
-        let root = value.as_object().ok_or_else(|| DrafterError::InvalidField {
+        let root = value
+            .as_object()
+            .ok_or_else(|| DrafterError::InvalidField {
+                path: source.to_string(),
+                key: "(document)".into(),
+                expected: "a JSON object".into(),
+                found: describe(value),
+            })?;
+        Reader {
             path: source.to_string(),
-            key: "(document)".into(),
-            expected: "a JSON object".into(),
-            found: describe(value),
-        })?;
-        Reader { path: source.to_string(), root }.config()
+            root,
+        }
+        .config()
     }
 
     /// The published DFlash layout (architectures `DFlashDraftModel`, model_type `qwen3`,

@@ -2,7 +2,9 @@
 use tch::{nn, Tensor};
 
 use super::config::{DrafterConfig, LayerType};
-use crate::engine::model::attention::{block_attention, AttentionBackend, BlockAttentionInputs, LayerRule};
+use crate::engine::model::attention::{
+    block_attention, AttentionBackend, BlockAttentionInputs, LayerRule,
+};
 use crate::engine::model::layers::{apply_rotary, rms_norm};
 
 /// Bias-free linear layer, weight `[out, in]` named `<path>.weight`, HF init `N(0, σ)`.
@@ -12,7 +14,11 @@ pub(crate) struct Linear {
 
 impl Linear {
     pub fn new(vs: &nn::Path, out_features: i64, in_features: i64, stdev: f64) -> Self {
-        let weight = vs.var("weight", &[out_features, in_features], nn::Init::Randn { mean: 0.0, stdev });
+        let weight = vs.var(
+            "weight",
+            &[out_features, in_features],
+            nn::Init::Randn { mean: 0.0, stdev },
+        );
         Self { weight }
     }
 
@@ -29,7 +35,10 @@ pub(crate) struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(vs: &nn::Path, size: i64, eps: f64) -> Self {
-        Self { weight: vs.ones("weight", &[size]), eps }
+        Self {
+            weight: vs.ones("weight", &[size]),
+            eps,
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
@@ -86,7 +95,9 @@ impl DecoderLayer {
         let rule = match layer_type {
             LayerType::Full => LayerRule::Full,
             LayerType::Sliding => LayerRule::Sliding {
-                window: cfg.sliding_window.expect("a validated config has a window for sliding layers"),
+                window: cfg
+                    .sliding_window
+                    .expect("a validated config has a window for sliding layers"),
             },
         };
         Self {
@@ -97,7 +108,11 @@ impl DecoderLayer {
             o_proj: Linear::new(&(&attn / "o_proj"), h, heads * hd, std),
             q_norm: RmsNorm::new(&(&attn / "q_norm"), hd, cfg.rms_norm_eps),
             k_norm: RmsNorm::new(&(&attn / "k_norm"), hd, cfg.rms_norm_eps),
-            post_attention_layernorm: RmsNorm::new(&(vs / "post_attention_layernorm"), h, cfg.rms_norm_eps),
+            post_attention_layernorm: RmsNorm::new(
+                &(vs / "post_attention_layernorm"),
+                h,
+                cfg.rms_norm_eps,
+            ),
             gate_proj: Linear::new(&(&mlp / "gate_proj"), cfg.intermediate_size, h, std),
             up_proj: Linear::new(&(&mlp / "up_proj"), cfg.intermediate_size, h, std),
             down_proj: Linear::new(&(&mlp / "down_proj"), h, cfg.intermediate_size, std),
@@ -117,14 +132,27 @@ impl DecoderLayer {
         let x = self.input_layernorm.forward(hidden);
         let rope = ctx.rope;
 
-        let q = self.q_norm.forward(&self.q_proj.forward(&x).view([b, q_len, self.heads, hd]));
+        let q = self
+            .q_norm
+            .forward(&self.q_proj.forward(&x).view([b, q_len, self.heads, hd]));
         let q = apply_rotary(&q, &rope.block_cos, &rope.block_sin);
         // Context keys/values come from this layer's own projections of the shared context;
         // k_norm applies to both, RoPE at their own absolute positions.
-        let context_key = self.k_norm.forward(&self.k_proj.forward(ctx.context).view([b, s, self.kv_heads, hd]));
+        let context_key =
+            self.k_norm.forward(
+                &self
+                    .k_proj
+                    .forward(ctx.context)
+                    .view([b, s, self.kv_heads, hd]),
+            );
         let context_key = apply_rotary(&context_key, &rope.context_cos, &rope.context_sin);
-        let context_value = self.v_proj.forward(ctx.context).view([b, s, self.kv_heads, hd]);
-        let block_key = self.k_norm.forward(&self.k_proj.forward(&x).view([b, q_len, self.kv_heads, hd]));
+        let context_value = self
+            .v_proj
+            .forward(ctx.context)
+            .view([b, s, self.kv_heads, hd]);
+        let block_key =
+            self.k_norm
+                .forward(&self.k_proj.forward(&x).view([b, q_len, self.kv_heads, hd]));
         let block_key = apply_rotary(&block_key, &rope.block_cos, &rope.block_sin);
         let block_value = self.v_proj.forward(&x).view([b, q_len, self.kv_heads, hd]);
 
@@ -143,9 +171,14 @@ impl DecoderLayer {
             },
             ctx.backend,
         );
-        let hidden = hidden + self.o_proj.forward(&attended.reshape([b, q_len, self.heads * hd]));
+        let hidden = hidden
+            + self
+                .o_proj
+                .forward(&attended.reshape([b, q_len, self.heads * hd]));
         let y = self.post_attention_layernorm.forward(&hidden);
-        let mlp = self.down_proj.forward(&(self.gate_proj.forward(&y).silu() * self.up_proj.forward(&y)));
+        let mlp = self
+            .down_proj
+            .forward(&(self.gate_proj.forward(&y).silu() * self.up_proj.forward(&y)));
         hidden + mlp
     }
 }

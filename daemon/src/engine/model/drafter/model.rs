@@ -71,7 +71,11 @@ impl Drafter {
     ) -> Tensor {
         let cfg = &self.config;
         let bs = cfg.block_size;
-        let (f, e, a) = (target_features.size(), block_embeddings.size(), anchors.size());
+        let (f, e, a) = (
+            target_features.size(),
+            block_embeddings.size(),
+            anchors.size(),
+        );
         assert!(
             f.len() == 3
                 && f[2] == cfg.feature_size()
@@ -88,17 +92,31 @@ impl Drafter {
         let (dtype, device) = (self.dtype(), self.device());
         let anchors = anchors.to_device(device).to_kind(Kind::Int64);
         let keep = keep.to_device(device).to_kind(Kind::Bool);
-        let context = self
-            .hidden_norm
-            .forward(&self.fc.forward(&target_features.to_device(device).to_kind(dtype)));
+        let context = self.hidden_norm.forward(
+            &self
+                .fc
+                .forward(&target_features.to_device(device).to_kind(dtype)),
+        );
 
         let offsets = Tensor::arange(bs, (Kind::Int64, device));
         let block_positions = (anchors.unsqueeze(-1) + offsets).view([a[0], a[1] * bs]);
         let context_positions = Tensor::arange(f[1], (Kind::Int64, device)).unsqueeze(0);
         let (context_cos, context_sin) = self.rotary.cos_sin(&context_positions);
         let (block_cos, block_sin) = self.rotary.cos_sin(&block_positions);
-        let rope = RopeTables { context_cos, context_sin, block_cos, block_sin };
-        let layer_context = LayerContext { context: &context, rope: &rope, anchors: &anchors, keep: &keep, block_size: bs, backend };
+        let rope = RopeTables {
+            context_cos,
+            context_sin,
+            block_cos,
+            block_sin,
+        };
+        let layer_context = LayerContext {
+            context: &context,
+            rope: &rope,
+            anchors: &anchors,
+            keep: &keep,
+            block_size: bs,
+            backend,
+        };
 
         let mut hidden = block_embeddings.to_device(device).to_kind(dtype);
         for layer in &self.layers {
@@ -111,7 +129,12 @@ impl Drafter {
     /// `0..anchor-1` (`[B, anchor, n·Ht]`; longer inputs are cut to `anchor`). Returns
     /// `[B, bs, H]`. This is what a KV-cached decoding step computes (ZL `dflash_generate`):
     /// the block sees every context position before its anchor, windowed on sliding layers.
-    pub fn forward_block(&self, context_features: &Tensor, block_embeddings: &Tensor, anchor: i64) -> Tensor {
+    pub fn forward_block(
+        &self,
+        context_features: &Tensor,
+        block_embeddings: &Tensor,
+        anchor: i64,
+    ) -> Tensor {
         let size = context_features.size();
         assert!(
             size.len() == 3 && anchor >= 0 && size[1] >= anchor,

@@ -24,7 +24,9 @@ pub fn rms_norm_zero_centered(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
 /// Qwen3.5 gated RMSNorm of the Gated DeltaNet output: `w * x̂ * silu(z)`.
 pub fn rms_norm_gated(x: &Tensor, gate: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let dtype = x.kind();
-    let normed = weight.to_kind(Kind::Float) * normalized_fp32(x, eps);
+    // transformers' `Qwen3_5RMSNormGated` casts x̂ back and multiplies by `w` in the input dtype,
+    // then applies the fp32 gate; in bf16 this order is what makes the GDN output bit-identical.
+    let normed = (weight * normalized_fp32(x, eps).to_kind(dtype)).to_kind(Kind::Float);
     (normed * gate.to_kind(Kind::Float).silu()).to_kind(dtype)
 }
 
@@ -43,8 +45,16 @@ mod tests {
     #[test]
     fn zero_centered_with_zero_weight_equals_plain_with_unit_weight() {
         let x = Tensor::randn([2, 8], (Kind::Float, tch::Device::Cpu));
-        let a = rms_norm_zero_centered(&x, &Tensor::zeros([8], (Kind::Float, tch::Device::Cpu)), 1e-6);
-        let b = rms_norm(&x, &Tensor::ones([8], (Kind::Float, tch::Device::Cpu)), 1e-6);
+        let a = rms_norm_zero_centered(
+            &x,
+            &Tensor::zeros([8], (Kind::Float, tch::Device::Cpu)),
+            1e-6,
+        );
+        let b = rms_norm(
+            &x,
+            &Tensor::ones([8], (Kind::Float, tch::Device::Cpu)),
+            1e-6,
+        );
         assert!(a.allclose(&b, 1e-6, 1e-6, false));
     }
 }

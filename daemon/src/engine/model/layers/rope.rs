@@ -11,8 +11,11 @@ pub struct Rotary {
 
 impl Rotary {
     pub fn new(rotary_dim: i64, theta: f64, device: Device) -> Self {
-        let exponents = Tensor::arange_start_step(0, rotary_dim, 2, (Kind::Float, device)) / rotary_dim as f64;
-        let inv_freq = (exponents * theta.ln()).exp().reciprocal();
+        let exponents =
+            Tensor::arange_start_step(0, rotary_dim, 2, (Kind::Float, device)) / rotary_dim as f64;
+        // `1 / θ^e` in fp32 exactly as transformers computes it: exp(-e·ln θ) differs in the last
+        // bits, and those bits were the whole remaining difference to HF's hidden states.
+        let inv_freq = Tensor::pow_scalar(theta, &exponents).reciprocal();
         Self { inv_freq }
     }
 
@@ -62,7 +65,10 @@ mod tests {
         let x = Tensor::randn([1, 3, 2, 8], (Kind::Float, Device::Cpu));
         let (cos, sin) = rope.cos_sin(&Tensor::from_slice(&[0i64, 5, 17]).view([1, 3]));
         let y = apply_rotary(&x, &cos, &sin);
-        assert!(y.get(0).get(0).allclose(&x.get(0).get(0), 1e-6, 1e-6, false));
+        assert!(y
+            .get(0)
+            .get(0)
+            .allclose(&x.get(0).get(0), 1e-6, 1e-6, false));
         let nx = x.square().sum_dim_intlist(-1, false, Kind::Float);
         let ny = y.square().sum_dim_intlist(-1, false, Kind::Float);
         assert!(nx.allclose(&ny, 1e-4, 1e-5, false));
@@ -75,6 +81,8 @@ mod tests {
         let (cos, sin) = rope.cos_sin(&Tensor::from_slice(&[3i64, 9]).view([1, 2]));
         let y = apply_rotary(&x, &cos, &sin);
         assert!(y.narrow(-1, 4, 6).equal(&x.narrow(-1, 4, 6)));
-        assert!(!y.narrow(-1, 0, 4).allclose(&x.narrow(-1, 0, 4), 1e-3, 1e-3, false));
+        assert!(!y
+            .narrow(-1, 0, 4)
+            .allclose(&x.narrow(-1, 0, 4), 1e-3, 1e-3, false));
     }
 }

@@ -8,7 +8,8 @@ use crate::engine::model::layers::Rotary;
 /// activation dtype (SDPA's kernels do this for half precision).
 pub fn causal_gqa_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
     let (q, k, v) = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
-    Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, true).transpose(1, 2)
+    Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, true)
+        .transpose(1, 2)
 }
 
 /// cos/sin `[T, rotary_dim]` for positions `0..T` (a prefill from the sequence start).
@@ -32,7 +33,9 @@ mod tests {
             let vh = v.select(2, kv_head);
             let scores = qh.matmul(&kh.transpose(-1, -2)) * scale;
             let mask = Tensor::ones([t, t], (Kind::Bool, Device::Cpu)).triu(1);
-            let probs = scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, Kind::Float);
+            let probs = scores
+                .masked_fill(&mask, f64::NEG_INFINITY)
+                .softmax(-1, Kind::Float);
             rows.push(probs.matmul(&vh));
         }
         Tensor::stack(&rows, 2)

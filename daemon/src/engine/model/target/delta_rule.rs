@@ -64,7 +64,11 @@ fn l2_normalize(x: &Tensor) -> Tensor {
 /// Chunked gated delta rule (WY/UT form): within a chunk of `C` tokens, the `C` sequential rank-1
 /// updates are condensed into one unit-lower-triangular solve, so the sequential loop runs over
 /// `T/C` chunks instead of `T` tokens. Same result as [`recurrent_gated_delta_rule`] up to rounding.
-pub fn chunk_gated_delta_rule(x: &DeltaRuleInputs<'_>, chunk: i64, initial_state: Option<&Tensor>) -> (Tensor, Tensor) {
+pub fn chunk_gated_delta_rule(
+    x: &DeltaRuleInputs<'_>,
+    chunk: i64,
+    initial_state: Option<&Tensor>,
+) -> (Tensor, Tensor) {
     let out_kind = x.q.kind();
     let Prepared { q, k, v, g, beta } = prepare(x);
     let (batch, heads, seq, dk) = dims4(&q);
@@ -84,10 +88,14 @@ pub fn chunk_gated_delta_rule(x: &DeltaRuleInputs<'_>, chunk: i64, initial_state
     let q = chunked(&q, dk);
     let k = chunked(&k, dk);
     // c_i = Σ_{j≤i} g_j inside each chunk (log of the decay from chunk start to i)
-    let c = g.reshape([batch, heads, num_chunks, chunk]).cumsum(-1, Kind::Float);
+    let c = g
+        .reshape([batch, heads, num_chunks, chunk])
+        .cumsum(-1, Kind::Float);
     let strictly_upper = Tensor::ones([chunk, chunk], (Kind::Bool, q.device())).triu(1);
     // D_ij = exp(c_i - c_j) for j ≤ i, 0 above the diagonal
-    let pair_decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(&strictly_upper, f64::NEG_INFINITY).exp();
+    let pair_decay = (c.unsqueeze(-1) - c.unsqueeze(-2))
+        .masked_fill(&strictly_upper, f64::NEG_INFINITY)
+        .exp();
     let k_t = k.transpose(-1, -2);
     let ut_system = k_beta.matmul(&k_t) * &pair_decay;
     let intra = q.matmul(&k_t) * &pair_decay;
@@ -117,7 +125,10 @@ pub fn chunk_gated_delta_rule(x: &DeltaRuleInputs<'_>, chunk: i64, initial_state
 }
 
 /// Token-by-token gated delta rule: the definition, used as the oracle for the chunked form.
-pub fn recurrent_gated_delta_rule(x: &DeltaRuleInputs<'_>, initial_state: Option<&Tensor>) -> (Tensor, Tensor) {
+pub fn recurrent_gated_delta_rule(
+    x: &DeltaRuleInputs<'_>,
+    initial_state: Option<&Tensor>,
+) -> (Tensor, Tensor) {
     let out_kind = x.q.kind();
     let Prepared { q, k, v, g, beta } = prepare(x);
     let (batch, heads, seq, dk) = dims4(&q);
@@ -144,7 +155,12 @@ mod tests {
     use super::*;
     use tch::Device;
 
-    fn random_inputs(seq: i64, hk: i64, hv: i64, d: i64) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    fn random_inputs(
+        seq: i64,
+        hk: i64,
+        hv: i64,
+        d: i64,
+    ) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
         let opts = (Kind::Float, Device::Cpu);
         let q = Tensor::randn([2, seq, hk, d], opts);
         let k = Tensor::randn([2, seq, hk, d], opts);
@@ -160,13 +176,22 @@ mod tests {
         tch::manual_seed(11);
         for (seq, chunk) in [(100, 64), (64, 64), (37, 16), (5, 64)] {
             let (q, k, v, g, beta) = random_inputs(seq, 2, 4, 8);
-            let x = DeltaRuleInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+            let x = DeltaRuleInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
             let (o_chunk, s_chunk) = chunk_gated_delta_rule(&x, chunk, None);
             let (o_rec, s_rec) = recurrent_gated_delta_rule(&x, None);
             assert_eq!(o_chunk.size(), vec![2, seq, 4, 11]);
             let diff = (&o_chunk - &o_rec).abs().max().double_value(&[]);
             let sdiff = (&s_chunk - &s_rec).abs().max().double_value(&[]);
-            assert!(diff < 1e-5 && sdiff < 1e-5, "seq {seq} chunk {chunk}: out {diff} state {sdiff}");
+            assert!(
+                diff < 1e-5 && sdiff < 1e-5,
+                "seq {seq} chunk {chunk}: out {diff} state {sdiff}"
+            );
         }
     }
 
@@ -174,13 +199,47 @@ mod tests {
     fn initial_state_carries_over_exactly_like_one_long_sequence() {
         tch::manual_seed(12);
         let (q, k, v, g, beta) = random_inputs(90, 1, 2, 8);
-        let whole = DeltaRuleInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let whole = DeltaRuleInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
         let (o_all, _) = chunk_gated_delta_rule(&whole, 16, None);
         let part = |t: &Tensor, s: i64, l: i64| t.narrow(1, s, l);
-        let (q1, k1, v1, g1, b1) = (part(&q, 0, 40), part(&k, 0, 40), part(&v, 0, 40), part(&g, 0, 40), part(&beta, 0, 40));
-        let (q2, k2, v2, g2, b2) = (part(&q, 40, 50), part(&k, 40, 50), part(&v, 40, 50), part(&g, 40, 50), part(&beta, 40, 50));
-        let (_, s1) = chunk_gated_delta_rule(&DeltaRuleInputs { q: &q1, k: &k1, v: &v1, g: &g1, beta: &b1 }, 16, None);
-        let second = DeltaRuleInputs { q: &q2, k: &k2, v: &v2, g: &g2, beta: &b2 };
+        let (q1, k1, v1, g1, b1) = (
+            part(&q, 0, 40),
+            part(&k, 0, 40),
+            part(&v, 0, 40),
+            part(&g, 0, 40),
+            part(&beta, 0, 40),
+        );
+        let (q2, k2, v2, g2, b2) = (
+            part(&q, 40, 50),
+            part(&k, 40, 50),
+            part(&v, 40, 50),
+            part(&g, 40, 50),
+            part(&beta, 40, 50),
+        );
+        let (_, s1) = chunk_gated_delta_rule(
+            &DeltaRuleInputs {
+                q: &q1,
+                k: &k1,
+                v: &v1,
+                g: &g1,
+                beta: &b1,
+            },
+            16,
+            None,
+        );
+        let second = DeltaRuleInputs {
+            q: &q2,
+            k: &k2,
+            v: &v2,
+            g: &g2,
+            beta: &b2,
+        };
         let (o2, _) = recurrent_gated_delta_rule(&second, Some(&s1));
         let diff = (o_all.narrow(1, 40, 50) - o2).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "{diff}");
@@ -190,11 +249,32 @@ mod tests {
     fn grouped_key_heads_serve_consecutive_value_heads() {
         tch::manual_seed(13);
         let (q, k, v, g, beta) = random_inputs(10, 2, 4, 4);
-        let (o, _) = recurrent_gated_delta_rule(&DeltaRuleInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta }, None);
+        let (o, _) = recurrent_gated_delta_rule(
+            &DeltaRuleInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            },
+            None,
+        );
         // value head 1 must use key head 0 (heads 0,1 ← key 0; 2,3 ← key 1)
         let pick = |t: &Tensor, h: i64| t.narrow(2, h, 1);
-        let (q0, k0, v1, g1, b1) = (pick(&q, 0), pick(&k, 0), pick(&v, 1), pick(&g, 1), pick(&beta, 1));
-        let single = DeltaRuleInputs { q: &q0, k: &k0, v: &v1, g: &g1, beta: &b1 };
+        let (q0, k0, v1, g1, b1) = (
+            pick(&q, 0),
+            pick(&k, 0),
+            pick(&v, 1),
+            pick(&g, 1),
+            pick(&beta, 1),
+        );
+        let single = DeltaRuleInputs {
+            q: &q0,
+            k: &k0,
+            v: &v1,
+            g: &g1,
+            beta: &b1,
+        };
         let (o1, _) = recurrent_gated_delta_rule(&single, None);
         assert!(pick(&o, 1).allclose(&o1, 1e-6, 1e-6, false));
     }

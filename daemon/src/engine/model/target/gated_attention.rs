@@ -28,15 +28,51 @@ pub struct GatedAttention {
 impl GatedAttention {
     pub fn specs(c: &Qwen3_5TextConfig, prefix: &str, specs: &mut Vec<ParamSpec>) {
         let (h, d, bias) = (c.hidden_size, c.head_dim, c.attention_bias);
-        Linear::specs(&format!("{prefix}.q_proj"), c.num_attention_heads * d * 2, h, bias, specs);
-        Linear::specs(&format!("{prefix}.k_proj"), c.num_key_value_heads * d, h, bias, specs);
-        Linear::specs(&format!("{prefix}.v_proj"), c.num_key_value_heads * d, h, bias, specs);
-        Linear::specs(&format!("{prefix}.o_proj"), h, c.num_attention_heads * d, bias, specs);
-        specs.push(ParamSpec::new(format!("{prefix}.q_norm.weight"), &[d], Init::ZeroCenteredNorm));
-        specs.push(ParamSpec::new(format!("{prefix}.k_norm.weight"), &[d], Init::ZeroCenteredNorm));
+        Linear::specs(
+            &format!("{prefix}.q_proj"),
+            c.num_attention_heads * d * 2,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.k_proj"),
+            c.num_key_value_heads * d,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.v_proj"),
+            c.num_key_value_heads * d,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.o_proj"),
+            h,
+            c.num_attention_heads * d,
+            bias,
+            specs,
+        );
+        specs.push(ParamSpec::new(
+            format!("{prefix}.q_norm.weight"),
+            &[d],
+            Init::ZeroCenteredNorm,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{prefix}.k_norm.weight"),
+            &[d],
+            Init::ZeroCenteredNorm,
+        ));
     }
 
-    pub fn take(c: &Qwen3_5TextConfig, prefix: &str, params: &mut Params) -> Result<Self, ModelError> {
+    pub fn take(
+        c: &Qwen3_5TextConfig,
+        prefix: &str,
+        params: &mut Params,
+    ) -> Result<Self, ModelError> {
         let bias = c.attention_bias;
         Ok(Self {
             q_proj: Linear::take(&format!("{prefix}.q_proj"), bias, params)?,
@@ -57,14 +93,25 @@ impl GatedAttention {
         let size = x.size();
         let (batch, seq) = (size[0], size[1]);
         let d = self.head_dim;
-        let q_and_gate = self.q_proj.forward(x).view([batch, seq, self.num_heads, 2 * d]);
+        let q_and_gate = self
+            .q_proj
+            .forward(x)
+            .view([batch, seq, self.num_heads, 2 * d]);
         let q = q_and_gate.narrow(-1, 0, d);
-        let gate = q_and_gate.narrow(-1, d, d).reshape([batch, seq, self.num_heads * d]);
+        let gate = q_and_gate
+            .narrow(-1, d, d)
+            .reshape([batch, seq, self.num_heads * d]);
 
         let q = rms_norm_zero_centered(&q, &self.q_norm, self.eps);
-        let k = self.k_proj.forward(x).view([batch, seq, self.num_kv_heads, d]);
+        let k = self
+            .k_proj
+            .forward(x)
+            .view([batch, seq, self.num_kv_heads, d]);
         let k = rms_norm_zero_centered(&k, &self.k_norm, self.eps);
-        let v = self.v_proj.forward(x).view([batch, seq, self.num_kv_heads, d]);
+        let v = self
+            .v_proj
+            .forward(x)
+            .view([batch, seq, self.num_kv_heads, d]);
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
 

@@ -50,7 +50,13 @@ impl GatedDeltaNet {
         let d = dims(c);
         let h = c.hidden_size;
         let nv = c.linear_num_value_heads;
-        Linear::specs(&format!("{prefix}.in_proj_qkv"), d.conv_dim, h, false, specs);
+        Linear::specs(
+            &format!("{prefix}.in_proj_qkv"),
+            d.conv_dim,
+            h,
+            false,
+            specs,
+        );
         Linear::specs(&format!("{prefix}.in_proj_z"), d.value_dim, h, false, specs);
         Linear::specs(&format!("{prefix}.in_proj_b"), nv, h, false, specs);
         Linear::specs(&format!("{prefix}.in_proj_a"), nv, h, false, specs);
@@ -59,13 +65,25 @@ impl GatedDeltaNet {
             &[d.conv_dim, 1, c.linear_conv_kernel_dim],
             Init::Normal(INIT_STD),
         ));
-        specs.push(ParamSpec::new(format!("{prefix}.dt_bias"), &[nv], Init::Ones));
+        specs.push(ParamSpec::new(
+            format!("{prefix}.dt_bias"),
+            &[nv],
+            Init::Ones,
+        ));
         specs.push(ParamSpec::new(format!("{prefix}.A_log"), &[nv], Init::ALog));
-        specs.push(ParamSpec::new(format!("{prefix}.norm.weight"), &[c.linear_value_head_dim], Init::UnitNorm));
+        specs.push(ParamSpec::new(
+            format!("{prefix}.norm.weight"),
+            &[c.linear_value_head_dim],
+            Init::UnitNorm,
+        ));
         Linear::specs(&format!("{prefix}.out_proj"), h, d.value_dim, false, specs);
     }
 
-    pub fn take(c: &Qwen3_5TextConfig, prefix: &str, params: &mut Params) -> Result<Self, ModelError> {
+    pub fn take(
+        c: &Qwen3_5TextConfig,
+        prefix: &str,
+        params: &mut Params,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
             in_proj_qkv: Linear::take(&format!("{prefix}.in_proj_qkv"), false, params)?,
             in_proj_z: Linear::take(&format!("{prefix}.in_proj_z"), false, params)?,
@@ -92,10 +110,26 @@ impl GatedDeltaNet {
         let value_dim = self.num_v_heads * self.head_v_dim;
 
         let mixed = causal_depthwise_conv_silu(&self.in_proj_qkv.forward(x), &self.conv1d);
-        let q = mixed.narrow(-1, 0, key_dim).reshape([batch, seq, self.num_k_heads, self.head_k_dim]);
-        let k = mixed.narrow(-1, key_dim, key_dim).reshape([batch, seq, self.num_k_heads, self.head_k_dim]);
-        let v = mixed.narrow(-1, 2 * key_dim, value_dim).reshape([batch, seq, self.num_v_heads, self.head_v_dim]);
-        let z = self.in_proj_z.forward(x).reshape([batch, seq, self.num_v_heads, self.head_v_dim]);
+        let q =
+            mixed
+                .narrow(-1, 0, key_dim)
+                .reshape([batch, seq, self.num_k_heads, self.head_k_dim]);
+        let k = mixed.narrow(-1, key_dim, key_dim).reshape([
+            batch,
+            seq,
+            self.num_k_heads,
+            self.head_k_dim,
+        ]);
+        let v = mixed.narrow(-1, 2 * key_dim, value_dim).reshape([
+            batch,
+            seq,
+            self.num_v_heads,
+            self.head_v_dim,
+        ]);
+        let z = self
+            .in_proj_z
+            .forward(x)
+            .reshape([batch, seq, self.num_v_heads, self.head_v_dim]);
 
         let beta = self.in_proj_b.forward(x).sigmoid();
         // fp32 as in HF: in half precision exp(A_log) may overflow and softplus loses the small decays
@@ -111,7 +145,8 @@ impl GatedDeltaNet {
         };
         let (core, _state) = chunk_gated_delta_rule(&inputs, CHUNK_SIZE, None);
         let normed = rms_norm_gated(&core, &z, &self.norm, self.eps);
-        self.out_proj.forward(&normed.reshape([batch, seq, value_dim]))
+        self.out_proj
+            .forward(&normed.reshape([batch, seq, value_dim]))
     }
 }
 

@@ -6,12 +6,14 @@ use std::path::Path;
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::config::{read_hf_config, CheckpointLayout, TargetConfig};
+use super::config::{CheckpointLayout, TargetConfig};
+use super::hf_config::read_hf_config;
 use super::params::{Init, ParamSpec, Params, INIT_STD};
 use super::{qwen3, qwen3_5};
 use crate::engine::model::error::ModelError;
 use crate::engine::model::weights::{
-    write_bytes_atomic, write_safetensors_atomic, CheckpointIndex, TensorRequest, INDEX_FILE, SINGLE_FILE,
+    write_bytes_atomic, write_safetensors_atomic, CheckpointIndex, TensorRequest, INDEX_FILE,
+    SINGLE_FILE,
 };
 
 pub const LM_HEAD: &str = "lm_head.weight";
@@ -33,7 +35,11 @@ pub struct LoadOptions {
 /// Everything in the model except decoder layers `layers..`.
 pub fn param_specs(config: &TargetConfig, layers: usize) -> Vec<ParamSpec> {
     let (vocab, hidden) = (config.vocab_size(), config.hidden_size());
-    let mut specs = vec![ParamSpec::new(EMBED_TOKENS, &[vocab, hidden], Init::Normal(INIT_STD))];
+    let mut specs = vec![ParamSpec::new(
+        EMBED_TOKENS,
+        &[vocab, hidden],
+        Init::Normal(INIT_STD),
+    )];
     for layer in 0..layers {
         match config {
             TargetConfig::Qwen3_5(c) => qwen3_5::layer_specs(c, layer, &mut specs),
@@ -46,7 +52,11 @@ pub fn param_specs(config: &TargetConfig, layers: usize) -> Vec<ParamSpec> {
     };
     specs.push(ParamSpec::new(FINAL_NORM, &[hidden], norm_init));
     if !config.tie_word_embeddings() {
-        specs.push(ParamSpec::new(LM_HEAD, &[vocab, hidden], Init::Normal(INIT_STD)));
+        specs.push(ParamSpec::new(
+            LM_HEAD,
+            &[vocab, hidden],
+            Init::Normal(INIT_STD),
+        ));
     }
     specs
 }
@@ -73,7 +83,9 @@ pub struct Loaded {
 pub fn load(dir: &Path, options: LoadOptions) -> Result<Loaded, ModelError> {
     let (config, layout, raw_config) = read_hf_config(dir)?;
     let index = CheckpointIndex::open(dir)?;
-    let layers = options.max_layers.map_or(config.num_layers(), |n| n.min(config.num_layers()));
+    let layers = options
+        .max_layers
+        .map_or(config.num_layers(), |n| n.min(config.num_layers()));
     let specs = param_specs(&config, layers);
     let kind = match options.dtype {
         Some(kind) => kind,
@@ -160,7 +172,10 @@ pub fn save(dir: &Path, req: &SaveRequest<'_>) -> Result<(), ModelError> {
     let mut total_size = 0usize;
     for (i, shard) in shards.iter().enumerate() {
         let file = format!("model-{:05}-of-{count:05}.safetensors", i + 1);
-        let tensors: Vec<(String, &Tensor)> = shard.iter().map(|&j| (named[j].0.clone(), named[j].1)).collect();
+        let tensors: Vec<(String, &Tensor)> = shard
+            .iter()
+            .map(|&j| (named[j].0.clone(), named[j].1))
+            .collect();
         for (name, t) in &tensors {
             weight_map.insert(name.clone(), file.clone());
             total_size += byte_size(t);

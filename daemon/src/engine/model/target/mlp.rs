@@ -11,17 +11,35 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn specs(name: &str, out_features: i64, in_features: i64, bias: bool, specs: &mut Vec<ParamSpec>) {
-        specs.push(ParamSpec::new(format!("{name}.weight"), &[out_features, in_features], Init::Normal(INIT_STD)));
+    pub fn specs(
+        name: &str,
+        out_features: i64,
+        in_features: i64,
+        bias: bool,
+        specs: &mut Vec<ParamSpec>,
+    ) {
+        specs.push(ParamSpec::new(
+            format!("{name}.weight"),
+            &[out_features, in_features],
+            Init::Normal(INIT_STD),
+        ));
         if bias {
-            specs.push(ParamSpec::new(format!("{name}.bias"), &[out_features], Init::Zeros));
+            specs.push(ParamSpec::new(
+                format!("{name}.bias"),
+                &[out_features],
+                Init::Zeros,
+            ));
         }
     }
 
     pub fn take(name: &str, bias: bool, params: &mut Params) -> Result<Self, ModelError> {
         Ok(Self {
             weight: params.take(&format!("{name}.weight"))?,
-            bias: if bias { Some(params.take(&format!("{name}.bias"))?) } else { None },
+            bias: if bias {
+                Some(params.take(&format!("{name}.bias"))?)
+            } else {
+                None
+            },
         })
     }
 
@@ -39,9 +57,27 @@ pub struct SwiGluMlp {
 
 impl SwiGluMlp {
     pub fn specs(prefix: &str, hidden: i64, intermediate: i64, specs: &mut Vec<ParamSpec>) {
-        Linear::specs(&format!("{prefix}.gate_proj"), intermediate, hidden, false, specs);
-        Linear::specs(&format!("{prefix}.up_proj"), intermediate, hidden, false, specs);
-        Linear::specs(&format!("{prefix}.down_proj"), hidden, intermediate, false, specs);
+        Linear::specs(
+            &format!("{prefix}.gate_proj"),
+            intermediate,
+            hidden,
+            false,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.up_proj"),
+            intermediate,
+            hidden,
+            false,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.down_proj"),
+            hidden,
+            intermediate,
+            false,
+            specs,
+        );
     }
 
     pub fn take(prefix: &str, params: &mut Params) -> Result<Self, ModelError> {
@@ -53,6 +89,7 @@ impl SwiGluMlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+        self.down_proj
+            .forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
     }
 }

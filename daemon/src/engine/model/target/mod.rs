@@ -6,6 +6,7 @@ mod decoder;
 pub mod delta_rule;
 mod gated_attention;
 mod gated_deltanet;
+mod hf_config;
 mod hf_io;
 mod mlp;
 mod params;
@@ -17,7 +18,9 @@ use std::path::Path;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
-pub use config::{CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig};
+pub use config::{
+    CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig,
+};
 pub use hf_io::{LoadOptions, DEFAULT_MAX_SHARD_BYTES};
 
 use self::decoder::{DecoderLayer, LayerContext, NormStyle};
@@ -116,8 +119,14 @@ impl TargetModel {
             });
         }
         let (rotary, norm_style) = match &config {
-            TargetConfig::Qwen3_5(c) => (Rotary::new(c.rotary_dim(), c.rope_theta, device), NormStyle::ZeroCentered),
-            TargetConfig::Qwen3(c) => (Rotary::new(c.head_dim, c.rope_theta, device), NormStyle::Plain),
+            TargetConfig::Qwen3_5(c) => (
+                Rotary::new(c.rotary_dim(), c.rope_theta, device),
+                NormStyle::ZeroCentered,
+            ),
+            TargetConfig::Qwen3(c) => (
+                Rotary::new(c.head_dim, c.rope_theta, device),
+                NormStyle::Plain,
+            ),
         };
         Ok(Self {
             config,
@@ -204,7 +213,10 @@ impl TargetModel {
 
     /// input_ids `[B,S]` int64 → `[B,S,len(layer_ids)*hidden]`; no grad; layer id L = residual
     /// stream after decoder layer L (HF `hidden_states[L+1]`), concatenated in the given order.
-    /// Layers past `max(layer_ids)` are not run.
+    /// Layers past `max(layer_ids)` are not run. Exactly as HF, the id of the LAST decoder layer
+    /// yields the final-normed state (HF's `hidden_states[-1]` is `last_hidden_state`); DFlash's
+    /// default taps never include it. There is no attention mask: rows are unpadded sequences
+    /// starting at position 0 (right padding is harmless, everything is causal; left padding is not).
     pub fn features(&self, input_ids: &Tensor, layer_ids: &[usize]) -> Result<Tensor, ModelError> {
         let Some(&last) = layer_ids.iter().max() else {
             return Err(ModelError::BadInput {
@@ -228,11 +240,19 @@ impl TargetModel {
                 sin: &sin,
             };
             let mut taps: Vec<Option<Tensor>> = layer_ids.iter().map(|_| None).collect();
+            let final_layer = self.config.num_layers() - 1;
             let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (index, layer) in self.layers[..=last].iter().enumerate() {
                 h = layer.forward(&h, &ctx);
+                // transformers replaces hidden_states[-1] by the final-normed last_hidden_state
+                // (`capture_outputs(tie_last_hidden_states=True)`); DFlash taps follow HF.
+                let tap = if index == final_layer {
+                    self.norm_style.apply(&h, &self.final_norm, ctx.eps)
+                } else {
+                    h.shallow_clone()
+                };
                 for (slot, _) in layer_ids.iter().enumerate().filter(|(_, &l)| l == index) {
-                    taps[slot] = Some(h.shallow_clone());
+                    taps[slot] = Some(tap.shallow_clone());
                 }
             }
             let taps: Vec<Tensor> = taps.into_iter().flatten().collect();
@@ -249,7 +269,10 @@ impl TargetModel {
             });
         }
         let kind = input_ids.kind();
-        if !matches!(kind, Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8) {
+        if !matches!(
+            kind,
+            Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8
+        ) {
             return Err(ModelError::BadInput {
                 what: format!("expected integer token ids (int64), found {kind:?}"),
             });
@@ -287,7 +310,9 @@ pub fn parse_dtype(name: &str) -> Result<Kind, ModelError> {
         "f32" | "fp32" | "float32" | "float" => Ok(Kind::Float),
         "bf16" | "bfloat16" => Ok(Kind::BFloat16),
         "f16" | "fp16" | "float16" | "half" => Ok(Kind::Half),
-        _ => Err(ModelError::UnsupportedDtype { found: name.to_string() }),
+        _ => Err(ModelError::UnsupportedDtype {
+            found: name.to_string(),
+        }),
     }
 }
 

@@ -57,17 +57,21 @@ impl Params {
     }
 
     pub fn take(&mut self, name: &str) -> Result<Tensor, ModelError> {
-        self.tensors.remove(name).ok_or_else(|| ModelError::MissingTensor {
-            file: "(parameter list)".into(),
-            tensor: name.to_string(),
-        })
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: "(parameter list)".into(),
+                tensor: name.to_string(),
+            })
     }
 
     pub fn get(&self, name: &str) -> Result<&Tensor, ModelError> {
-        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
-            file: "(parameter list)".into(),
-            tensor: name.to_string(),
-        })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: "(parameter list)".into(),
+                tensor: name.to_string(),
+            })
     }
 
     pub fn take_opt(&mut self, name: &str) -> Option<Tensor> {
@@ -134,7 +138,10 @@ mod tests {
         assert!((std - 0.02).abs() < 0.002, "std {std}");
         let alog = a.take("a").unwrap();
         let (lo, hi) = (alog.min().double_value(&[]), alog.max().double_value(&[]));
-        assert!(lo >= 0.01f64.ln() - 1e-6 && hi <= 16f64.ln() + 1e-6, "{lo} {hi}");
+        assert!(
+            lo >= 0.01f64.ln() - 1e-6 && hi <= 16f64.ln() + 1e-6,
+            "{lo} {hi}"
+        );
         let n = a.take("n").unwrap();
         assert!((n.mean(Kind::Float).double_value(&[]) - 1.0).abs() < 0.2);
         assert!(a.take("w").is_err());

@@ -26,12 +26,44 @@ pub struct Qwen3Attention {
 impl Qwen3Attention {
     pub fn specs(c: &Qwen3Config, prefix: &str, specs: &mut Vec<ParamSpec>) {
         let (h, d, bias) = (c.hidden_size, c.head_dim, c.attention_bias);
-        Linear::specs(&format!("{prefix}.q_proj"), c.num_attention_heads * d, h, bias, specs);
-        Linear::specs(&format!("{prefix}.k_proj"), c.num_key_value_heads * d, h, bias, specs);
-        Linear::specs(&format!("{prefix}.v_proj"), c.num_key_value_heads * d, h, bias, specs);
-        Linear::specs(&format!("{prefix}.o_proj"), h, c.num_attention_heads * d, bias, specs);
-        specs.push(ParamSpec::new(format!("{prefix}.q_norm.weight"), &[d], Init::UnitNorm));
-        specs.push(ParamSpec::new(format!("{prefix}.k_norm.weight"), &[d], Init::UnitNorm));
+        Linear::specs(
+            &format!("{prefix}.q_proj"),
+            c.num_attention_heads * d,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.k_proj"),
+            c.num_key_value_heads * d,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.v_proj"),
+            c.num_key_value_heads * d,
+            h,
+            bias,
+            specs,
+        );
+        Linear::specs(
+            &format!("{prefix}.o_proj"),
+            h,
+            c.num_attention_heads * d,
+            bias,
+            specs,
+        );
+        specs.push(ParamSpec::new(
+            format!("{prefix}.q_norm.weight"),
+            &[d],
+            Init::UnitNorm,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{prefix}.k_norm.weight"),
+            &[d],
+            Init::UnitNorm,
+        ));
     }
 
     pub fn take(c: &Qwen3Config, prefix: &str, params: &mut Params) -> Result<Self, ModelError> {
@@ -56,24 +88,48 @@ impl Qwen3Attention {
         let (batch, seq) = (size[0], size[1]);
         let d = self.head_dim;
         let q = self.q_proj.forward(x).view([batch, seq, self.num_heads, d]);
-        let k = self.k_proj.forward(x).view([batch, seq, self.num_kv_heads, d]);
-        let v = self.v_proj.forward(x).view([batch, seq, self.num_kv_heads, d]);
+        let k = self
+            .k_proj
+            .forward(x)
+            .view([batch, seq, self.num_kv_heads, d]);
+        let v = self
+            .v_proj
+            .forward(x)
+            .view([batch, seq, self.num_kv_heads, d]);
         let q = apply_rotary(&rms_norm(&q, &self.q_norm, self.eps), cos, sin);
         let k = apply_rotary(&rms_norm(&k, &self.k_norm, self.eps), cos, sin);
         let attn = causal_gqa_attention(&q, &k, &v, (d as f64).powf(-0.5));
-        self.o_proj.forward(&attn.reshape([batch, seq, self.num_heads * d]))
+        self.o_proj
+            .forward(&attn.reshape([batch, seq, self.num_heads * d]))
     }
 }
 
 pub fn layer_specs(c: &Qwen3Config, layer: usize, specs: &mut Vec<ParamSpec>) {
     let p = format!("layers.{layer}");
-    specs.push(ParamSpec::new(format!("{p}.input_layernorm.weight"), &[c.hidden_size], Init::UnitNorm));
-    specs.push(ParamSpec::new(format!("{p}.post_attention_layernorm.weight"), &[c.hidden_size], Init::UnitNorm));
+    specs.push(ParamSpec::new(
+        format!("{p}.input_layernorm.weight"),
+        &[c.hidden_size],
+        Init::UnitNorm,
+    ));
+    specs.push(ParamSpec::new(
+        format!("{p}.post_attention_layernorm.weight"),
+        &[c.hidden_size],
+        Init::UnitNorm,
+    ));
     Qwen3Attention::specs(c, &format!("{p}.self_attn"), specs);
-    SwiGluMlp::specs(&format!("{p}.mlp"), c.hidden_size, c.intermediate_size, specs);
+    SwiGluMlp::specs(
+        &format!("{p}.mlp"),
+        c.hidden_size,
+        c.intermediate_size,
+        specs,
+    );
 }
 
-pub fn build_layer(c: &Qwen3Config, layer: usize, params: &mut Params) -> Result<DecoderLayer, ModelError> {
+pub fn build_layer(
+    c: &Qwen3Config,
+    layer: usize,
+    params: &mut Params,
+) -> Result<DecoderLayer, ModelError> {
     let p = format!("layers.{layer}");
     Ok(DecoderLayer {
         input_norm: params.take(&format!("{p}.input_layernorm.weight"))?,

@@ -10,23 +10,42 @@ use crate::engine::model::error::ModelError;
 
 pub fn layer_specs(c: &Qwen3_5TextConfig, layer: usize, specs: &mut Vec<ParamSpec>) {
     let p = format!("layers.{layer}");
-    specs.push(ParamSpec::new(format!("{p}.input_layernorm.weight"), &[c.hidden_size], Init::ZeroCenteredNorm));
+    specs.push(ParamSpec::new(
+        format!("{p}.input_layernorm.weight"),
+        &[c.hidden_size],
+        Init::ZeroCenteredNorm,
+    ));
     specs.push(ParamSpec::new(
         format!("{p}.post_attention_layernorm.weight"),
         &[c.hidden_size],
         Init::ZeroCenteredNorm,
     ));
     match c.layer_types[layer] {
-        Qwen3_5LayerKind::LinearAttention => GatedDeltaNet::specs(c, &format!("{p}.linear_attn"), specs),
-        Qwen3_5LayerKind::FullAttention => GatedAttention::specs(c, &format!("{p}.self_attn"), specs),
+        Qwen3_5LayerKind::LinearAttention => {
+            GatedDeltaNet::specs(c, &format!("{p}.linear_attn"), specs)
+        }
+        Qwen3_5LayerKind::FullAttention => {
+            GatedAttention::specs(c, &format!("{p}.self_attn"), specs)
+        }
     }
-    SwiGluMlp::specs(&format!("{p}.mlp"), c.hidden_size, c.intermediate_size, specs);
+    SwiGluMlp::specs(
+        &format!("{p}.mlp"),
+        c.hidden_size,
+        c.intermediate_size,
+        specs,
+    );
 }
 
-pub fn build_layer(c: &Qwen3_5TextConfig, layer: usize, params: &mut Params) -> Result<DecoderLayer, ModelError> {
+pub fn build_layer(
+    c: &Qwen3_5TextConfig,
+    layer: usize,
+    params: &mut Params,
+) -> Result<DecoderLayer, ModelError> {
     let p = format!("layers.{layer}");
     let mixer = match c.layer_types[layer] {
-        Qwen3_5LayerKind::LinearAttention => Mixer::DeltaNet(GatedDeltaNet::take(c, &format!("{p}.linear_attn"), params)?),
+        Qwen3_5LayerKind::LinearAttention => {
+            Mixer::DeltaNet(GatedDeltaNet::take(c, &format!("{p}.linear_attn"), params)?)
+        }
         Qwen3_5LayerKind::FullAttention => {
             Mixer::GatedAttention(GatedAttention::take(c, &format!("{p}.self_attn"), params)?)
         }

@@ -3,7 +3,9 @@
 use super::*;
 
 fn small_qwen3_5() -> TargetConfig {
-    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else { unreachable!() };
+    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
+        unreachable!()
+    };
     c.hidden_size = 32;
     c.intermediate_size = 48;
     c.vocab_size = 64;
@@ -33,7 +35,9 @@ fn small_qwen3(tied: bool) -> TargetConfig {
 }
 
 fn ids(batch: i64, seq: i64, vocab: i64) -> Tensor {
-    Tensor::arange(batch * seq, (Kind::Int64, Device::Cpu)).view([batch, seq]).remainder(vocab)
+    Tensor::arange(batch * seq, (Kind::Int64, Device::Cpu))
+        .view([batch, seq])
+        .remainder(vocab)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -92,7 +96,10 @@ fn save_then_load_round_trips_single_and_sharded() {
         assert_eq!(loaded.config(), &config);
         let input = ids(1, 20, 64);
         let layers: Vec<usize> = (0..config.num_layers()).collect();
-        assert!(model.features(&input, &layers).unwrap().equal(&loaded.features(&input, &layers).unwrap()));
+        assert!(model
+            .features(&input, &layers)
+            .unwrap()
+            .equal(&loaded.features(&input, &layers).unwrap()));
         assert!(loaded.lm_head().equal(model.lm_head()));
         if config.tie_word_embeddings() {
             assert!(loaded.lm_head().equal(loaded.embed_tokens()));
@@ -117,10 +124,24 @@ fn load_with_max_layers_gives_the_same_early_features() {
     let partial = TargetModel::load_with(dir.path(), options).unwrap();
     assert_eq!(partial.loaded_layers(), 2);
     let input = ids(1, 30, 64);
-    assert!(partial.features(&input, &[1]).unwrap().equal(&model.features(&input, &[1]).unwrap()));
+    assert!(partial
+        .features(&input, &[1])
+        .unwrap()
+        .equal(&model.features(&input, &[1]).unwrap()));
     let err = partial.features(&input, &[2]).unwrap_err();
-    assert!(matches!(err, ModelError::LayerOutOfRange { layer: 2, available: 2 }), "{err}");
-    assert!(partial.save_hf(tempfile::tempdir().unwrap().path()).is_err());
+    assert!(
+        matches!(
+            err,
+            ModelError::LayerOutOfRange {
+                layer: 2,
+                available: 2
+            }
+        ),
+        "{err}"
+    );
+    assert!(partial
+        .save_hf(tempfile::tempdir().unwrap().path())
+        .is_err());
 }
 
 #[test]
@@ -143,22 +164,46 @@ fn bad_inputs_are_errors_not_panics() {
     let input = ids(2, 10, 64);
     let _ = input.get(1).get(7).fill_(64);
     let err = model.features(&input, &[0]).unwrap_err().to_string();
-    assert!(err.contains("token id 64") && err.contains("[1, 7]") && err.contains("vocab_size 64"), "{err}");
+    assert!(
+        err.contains("token id 64") && err.contains("[1, 7]") && err.contains("vocab_size 64"),
+        "{err}"
+    );
     let _ = input.get(1).get(7).fill_(-1);
-    assert!(model.features(&input, &[0]).unwrap_err().to_string().contains("token id -1"));
+    assert!(model
+        .features(&input, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("token id -1"));
 
-    let err = model.features(&ids(1, 5, 64), &[3]).unwrap_err().to_string();
-    assert!(err.contains("layer id 3") && err.contains("3 decoder layers"), "{err}");
+    let err = model
+        .features(&ids(1, 5, 64), &[3])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layer id 3") && err.contains("3 decoder layers"),
+        "{err}"
+    );
     assert!(model.features(&ids(1, 5, 64), &[]).is_err());
     let flat = Tensor::arange(5, (Kind::Int64, Device::Cpu));
-    assert!(model.features(&flat, &[0]).unwrap_err().to_string().contains("[batch, seq]"));
+    assert!(model
+        .features(&flat, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("[batch, seq]"));
     let floats = Tensor::zeros([1, 5], (Kind::Float, Device::Cpu));
-    assert!(model.features(&floats, &[0]).unwrap_err().to_string().contains("integer"));
+    assert!(model
+        .features(&floats, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("integer"));
 }
 
 #[test]
 fn dtype_names_parse() {
     assert_eq!(parse_dtype("bf16").unwrap(), Kind::BFloat16);
     assert_eq!(parse_dtype("f32").unwrap(), Kind::Float);
-    assert!(parse_dtype("int8").unwrap_err().to_string().contains("int8"));
+    assert!(parse_dtype("int8")
+        .unwrap_err()
+        .to_string()
+        .contains("int8"));
 }
