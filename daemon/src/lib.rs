@@ -8,3 +8,5 @@
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
 pub mod cli;
 pub mod engine;
+pub mod control;
+pub mod runtime;
