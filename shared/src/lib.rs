@@ -4,7 +4,11 @@
 //! this crate says what the bytes mean and judges the numbers.
 pub mod actions;
 pub mod events;
+pub mod format;
+pub mod health;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
 pub mod status;
+
+mod serde_util;
