@@ -10,3 +10,4 @@ pub mod cli;
 pub mod engine;
 pub mod control;
 pub mod runtime;
+pub mod telemetry;

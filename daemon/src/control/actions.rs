@@ -7,7 +7,7 @@ use dflash_shared::events::{EventKind, Severity};
 use tokio::sync::oneshot;
 
 use super::dispatch::DispatchConfig;
-use super::format;
+use dflash_shared::format::{format_bytes, format_duration_ms};
 use super::pending::Approved;
 use crate::runtime::handle::{CommandOutcome, RunCommand, RunHandle};
 
@@ -60,7 +60,7 @@ async fn stop_run_loop(handle: &RunHandle, id: &str, kill: bool, cfg: &DispatchC
             Err(_) => {
                 return Err(format!(
                     "the run loop did not answer within {}; it may still be checkpointing",
-                    format::duration_ms(cfg.command_timeout.as_millis() as i64)
+                    format_duration_ms(cfg.command_timeout.as_millis() as i64)
                 ))
             }
         },
@@ -95,7 +95,7 @@ async fn delete_cache(handle: &RunHandle, name: &str, path: PathBuf) -> Result<S
     tokio::task::spawn_blocking(move || remove_cache_dir(&p))
         .await
         .map_err(|e| format!("deleting {}: {e}", path.display()))??;
-    let size = before.map(|c| format!(" ({}, {} entries)", format::bytes(c.size_bytes), c.entries)).unwrap_or_default();
+    let size = before.map(|c| format!(" ({}, {} entries)", format_bytes(c.size_bytes), c.entries)).unwrap_or_default();
     handle.record_event_logged(
         Severity::Warn,
         EventKind::CacheChanged {

@@ -9,20 +9,19 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dflash_shared::protocol::{ErrorCode, Request, Response, Topic, PROTOCOL_VERSION};
+use dflash_shared::protocol::{negotiate, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic};
 use tokio::io::BufWriter;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::broadcast::{self, error::RecvError};
 
 use super::dispatch::{self, error, Caller, DispatchConfig};
-use super::framing::{write_frame, FrameReader, Inbound};
+use super::framing::{write_frame, FrameReader};
 use crate::runtime::bus::Published;
 use crate::runtime::handle::{RunHandle, Shutdown};
 
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
-    pub max_frame_bytes: usize,
     /// A write that takes longer means the client stopped reading; it is disconnected.
     pub write_timeout: Duration,
     pub allowed_uids: Vec<u32>,
@@ -70,7 +69,7 @@ pub async fn serve(stream: UnixStream, handle: RunHandle, cfg: Arc<ConnectionCon
         let _ = writer.send(&error(ErrorCode::NotPermitted, msg.clone())).await;
         return Ended::Refused(msg);
     }
-    let mut reader = FrameReader::new(read_half, cfg.max_frame_bytes);
+    let mut reader = FrameReader::new(read_half);
     let mut conn = Conn { hello_done: false, topics: HashSet::new(), sub: None };
     loop {
         let ended = tokio::select! {
@@ -116,49 +115,36 @@ struct Conn {
 impl Conn {
     async fn on_frame(
         &mut self,
-        frame: Inbound,
+        frame: Result<Vec<u8>, FrameError>,
         handle: &RunHandle,
         caller: Caller,
         cfg: &ConnectionConfig,
         writer: &mut Writer,
     ) -> Result<(), Ended> {
         let line = match frame {
-            Inbound::TooLarge { seen } => {
-                let msg = format!(
-                    "frame exceeds {} bytes (got at least {seen}); it was discarded",
-                    cfg.max_frame_bytes
-                );
-                return writer.send(&error(ErrorCode::FrameTooLarge, msg)).await;
-            }
-            Inbound::Line(line) if line.iter().all(u8::is_ascii_whitespace) => return Ok(()),
-            Inbound::Line(line) => line,
+            Err(e) => return writer.send(&e.to_reply()).await,
+            Ok(line) if line.iter().all(u8::is_ascii_whitespace) => return Ok(()),
+            Ok(line) => line,
         };
         let req = match dispatch::parse_request(&line) {
             Ok(r) => r,
             Err(reply) => return writer.send(&reply).await,
         };
         if !self.hello_done {
-            return match req {
-                Request::Hello { version, client } if version == PROTOCOL_VERSION => {
+            let identity = ServerIdentity { run_name: handle.run_name().to_string(), daemon_pid: std::process::id() };
+            return match negotiate(&req, &identity) {
+                Ok(welcome) => {
                     self.hello_done = true;
-                    tracing::debug!(uid = caller.uid, pid = ?caller.pid, %client, "control client connected");
-                    writer
-                        .send(&Response::Welcome {
-                            version: PROTOCOL_VERSION,
-                            run_name: handle.run_name().to_string(),
-                            daemon_pid: std::process::id(),
-                        })
-                        .await
+                    if let Request::Hello { client, .. } = &req {
+                        tracing::debug!(uid = caller.uid, pid = ?caller.pid, %client, "control client connected");
+                    }
+                    writer.send(&welcome.into()).await
                 }
-                Request::Hello { version, .. } => {
-                    let msg = format!(
-                        "protocol version mismatch: this daemon speaks version {PROTOCOL_VERSION}, \
-                         the client sent {version}; use a console built from the same release"
-                    );
-                    writer.send(&error(ErrorCode::VersionMismatch, msg)).await?;
+                Err(reply) if reply.code == ErrorCode::VersionMismatch => {
+                    writer.send(&reply.into()).await?;
                     Err(Ended::VersionMismatch)
                 }
-                _ => writer.send(&error(ErrorCode::BadFrame, "send a hello frame first")).await,
+                Err(reply) => writer.send(&reply.into()).await,
             };
         }
         match req {

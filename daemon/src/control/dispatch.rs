@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dflash_shared::events::{EventKind, Severity};
-use dflash_shared::protocol::{ErrorCode, Request, Response};
+use dflash_shared::protocol::{decode_request, ErrorCode, Request, Response};
 
 use super::actions;
 use super::journal::JournalQuery;
@@ -12,21 +12,6 @@ use crate::runtime::handle::RunHandle;
 
 /// Events per `events` reply; a client pages with the last seq it got.
 pub const MAX_EVENTS_PER_REPLY: usize = 500;
-
-/// Request `type` tags, as the client writes them.
-pub const REQUEST_TYPES: [&str; 11] = [
-    "hello",
-    "subscribe",
-    "status",
-    "config",
-    "fingerprint",
-    "caches",
-    "checkpoints",
-    "events",
-    "request_action",
-    "confirm",
-    "cancel",
-];
 
 /// Who sent a request, from SO_PEERCRED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,22 +36,10 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     Response::Error { code, message: message.into() }
 }
 
-/// Parses one frame, telling malformed JSON apart from a well-formed unknown request.
+/// Parses one frame; malformed JSON, a well-formed unknown request and a bad field each get
+/// their own error reply.
 pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
-    let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
-        error(ErrorCode::BadFrame, format!("frame is not valid JSON ({e}); send one JSON object per line"))
-    })?;
-    let Some(kind) = value.get("type").and_then(|t| t.as_str()) else {
-        return Err(error(ErrorCode::BadFrame, "expected a JSON object with a string \"type\" field"));
-    };
-    if !REQUEST_TYPES.contains(&kind) {
-        return Err(error(
-            ErrorCode::UnknownRequest,
-            format!("unknown request type {kind:?}; known types: {}", REQUEST_TYPES.join(", ")),
-        ));
-    }
-    let kind = kind.to_string();
-    serde_json::from_value(value).map_err(|e| error(ErrorCode::BadFrame, format!("bad {kind:?} request: {e}")))
+    decode_request(line).map_err(|e| e.to_reply())
 }
 
 /// Answers every request except `hello` and `subscribe`, which change connection state.
@@ -162,32 +135,6 @@ fn to_json<T: serde::Serialize>(v: &T) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dflash_shared::actions::Action;
-    use dflash_shared::protocol::Topic;
-
-    #[test]
-    fn every_request_variant_has_a_known_type_tag() {
-        let all = [
-            Request::Hello { version: 1, client: "t".into() },
-            Request::Subscribe { topics: vec![Topic::Metrics] },
-            Request::Status,
-            Request::Config,
-            Request::Fingerprint,
-            Request::Caches,
-            Request::Checkpoints,
-            Request::Events { after_seq: None },
-            Request::RequestAction { action: Action::StopRun },
-            Request::Confirm { action_id: "a".into(), run_name: "r".into(), via: "t".into() },
-            Request::Cancel { action_id: "a".into() },
-        ];
-        assert_eq!(all.len(), REQUEST_TYPES.len());
-        for r in all {
-            let v = serde_json::to_value(&r).unwrap();
-            let t = v["type"].as_str().unwrap();
-            assert!(REQUEST_TYPES.contains(&t), "{t}");
-            assert_eq!(parse_request(&serde_json::to_vec(&r).unwrap()).unwrap(), r);
-        }
-    }
 
     #[test]
     fn garbage_unknown_and_malformed_frames_get_distinct_errors() {

@@ -1,162 +1,77 @@
-//! Newline-delimited frames with a hard size limit.
+//! Async edges of the shared framing: newline-delimited JSON with a hard size limit.
 //!
-//! [`LineFramer`] is the pure state machine: bytes in, frames out. An oversize line is
-//! reported once as [`Inbound::TooLarge`] and its remaining bytes are skipped up to the next
-//! newline, so one bad frame costs one error reply and the connection goes on. Memory per
-//! connection is bounded by the limit plus one read chunk.
-use dflash_shared::protocol::Response;
+//! The cutting itself is `dflash_shared::protocol::FrameSplitter` (shared with the console);
+//! this module feeds it from a socket and writes encoded responses.
+use std::collections::VecDeque;
+
+use dflash_shared::protocol::{encode_frame, ErrorCode, FrameError, FrameSplitter, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Inbound {
-    /// One complete line, without its newline.
-    Line(Vec<u8>),
-    /// A line longer than the limit; `seen` is how many of its bytes arrived before it was cut.
-    TooLarge { seen: usize },
-}
-
-#[derive(Debug)]
-pub struct LineFramer {
-    buf: Vec<u8>,
-    max: usize,
-    /// Inside an oversize line: drop bytes until its newline.
-    discarding: bool,
-}
-
-impl LineFramer {
-    pub fn new(max_frame_bytes: usize) -> Self {
-        LineFramer { buf: Vec::new(), max: max_frame_bytes, discarding: false }
-    }
-
-    pub fn feed(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
-    }
-
-    /// Bytes buffered that do not form a complete frame yet.
-    pub fn pending_bytes(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub fn next_frame(&mut self) -> Option<Inbound> {
-        loop {
-            let newline = self.buf.iter().position(|&b| b == b'\n');
-            if self.discarding {
-                match newline {
-                    Some(p) => {
-                        self.buf.drain(..=p);
-                        self.discarding = false;
-                        continue;
-                    }
-                    None => {
-                        self.buf.clear();
-                        return None;
-                    }
-                }
-            }
-            return match newline {
-                Some(p) if p > self.max => {
-                    self.buf.drain(..=p);
-                    Some(Inbound::TooLarge { seen: p })
-                }
-                Some(p) => {
-                    let mut line: Vec<u8> = self.buf.drain(..=p).collect();
-                    line.pop();
-                    if line.last() == Some(&b'\r') {
-                        line.pop();
-                    }
-                    Some(Inbound::Line(line))
-                }
-                None if self.buf.len() > self.max => {
-                    let seen = self.buf.len();
-                    self.buf.clear();
-                    self.discarding = true;
-                    Some(Inbound::TooLarge { seen })
-                }
-                None => None,
-            };
-        }
-    }
-}
-
 /// Reads frames from an async stream. `next` is cancel-safe: bytes read before a cancelled
-/// call stay in the framer.
+/// call stay in the splitter, frames already cut stay queued.
 #[derive(Debug)]
 pub struct FrameReader<R> {
     inner: R,
-    framer: LineFramer,
+    splitter: FrameSplitter,
+    ready: VecDeque<Result<Vec<u8>, FrameError>>,
     chunk: Box<[u8]>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    pub fn new(inner: R, max_frame_bytes: usize) -> Self {
-        FrameReader { inner, framer: LineFramer::new(max_frame_bytes), chunk: vec![0; 16 * 1024].into() }
+    pub fn new(inner: R) -> Self {
+        FrameReader { inner, splitter: FrameSplitter::new(), ready: VecDeque::new(), chunk: vec![0; 16 * 1024].into() }
     }
 
-    /// The next frame, or `None` at end of stream. Bytes of an unterminated last line are
-    /// dropped at EOF (the peer never finished that frame).
-    pub async fn next(&mut self) -> std::io::Result<Option<Inbound>> {
+    /// The next frame (or framing error, e.g. an oversize frame that was skipped), or `None`
+    /// at end of stream. An unterminated last line is dropped at EOF: the peer never finished it.
+    pub async fn next(&mut self) -> std::io::Result<Option<Result<Vec<u8>, FrameError>>> {
         loop {
-            if let Some(frame) = self.framer.next_frame() {
+            if let Some(frame) = self.ready.pop_front() {
                 return Ok(Some(frame));
             }
             let n = self.inner.read(&mut self.chunk).await?;
             if n == 0 {
                 return Ok(None);
             }
-            self.framer.feed(&self.chunk[..n]);
+            self.ready.extend(self.splitter.push(&self.chunk[..n]));
         }
     }
 }
 
-/// Serializes one response as a line and flushes it.
+/// Encodes one response as a line and flushes it. A response too large for a frame (which
+/// the client would refuse) is replaced by an error reply that says so.
 pub async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &Response) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(frame).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    out.write_all(&line).await?;
+    let bytes = match encode_frame(frame) {
+        Ok(b) => b,
+        Err(e) => encode_frame(&Response::Error {
+            code: ErrorCode::Internal,
+            message: format!("the reply could not be framed: {e}"),
+        })
+        .map_err(std::io::Error::other)?,
+    };
+    out.write_all(&bytes).await?;
     out.flush().await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dflash_shared::protocol::MAX_FRAME_BYTES;
 
-    fn frames(f: &mut LineFramer) -> Vec<Inbound> {
-        std::iter::from_fn(|| f.next_frame()).collect()
-    }
-
-    #[test]
-    fn splits_lines_across_arbitrary_chunks() {
-        let mut f = LineFramer::new(64);
-        f.feed(b"{\"a\":1}\n{\"b\"");
-        assert_eq!(frames(&mut f), vec![Inbound::Line(b"{\"a\":1}".to_vec())]);
-        f.feed(b":2}\r\n");
-        assert_eq!(frames(&mut f), vec![Inbound::Line(b"{\"b\":2}".to_vec())]);
-        assert_eq!(f.pending_bytes(), 0);
-    }
-
-    #[test]
-    fn oversize_line_is_reported_once_and_skipped_up_to_its_newline() {
-        let mut f = LineFramer::new(8);
-        f.feed(&[b'x'; 20]);
-        assert_eq!(frames(&mut f), vec![Inbound::TooLarge { seen: 20 }]);
-        f.feed(&[b'y'; 100]);
-        assert_eq!(frames(&mut f), vec![], "the rest of the same line is silently skipped");
-        assert_eq!(f.pending_bytes(), 0, "memory stays bounded while discarding");
-        f.feed(b"yyy\nok\n");
-        assert_eq!(frames(&mut f), vec![Inbound::Line(b"ok".to_vec())]);
-    }
-
-    #[test]
-    fn oversize_line_arriving_whole_is_cut_too() {
-        let mut f = LineFramer::new(4);
-        f.feed(b"123456\nabc\n");
-        assert_eq!(frames(&mut f), vec![Inbound::TooLarge { seen: 6 }, Inbound::Line(b"abc".to_vec())]);
-    }
-
-    #[test]
-    fn a_line_of_exactly_the_limit_passes() {
-        let mut f = LineFramer::new(4);
-        f.feed(b"1234\n");
-        assert_eq!(frames(&mut f), vec![Inbound::Line(b"1234".to_vec())]);
+    #[tokio::test]
+    async fn frames_survive_split_reads_and_oversize_lines_are_skipped() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(async move {
+            client.write_all(b"{\"type\":\"sta").await.unwrap();
+            client.write_all(b"tus\"}\n").await.unwrap();
+            client.write_all(&vec![b'x'; MAX_FRAME_BYTES + 10]).await.unwrap();
+            client.write_all(b"\n{\"type\":\"config\"}\n").await.unwrap();
+        });
+        let mut r = FrameReader::new(server);
+        assert_eq!(r.next().await.unwrap().unwrap().unwrap(), b"{\"type\":\"status\"}");
+        assert!(matches!(r.next().await.unwrap().unwrap(), Err(FrameError::TooLarge { .. })));
+        assert_eq!(r.next().await.unwrap().unwrap().unwrap(), b"{\"type\":\"config\"}");
+        writer.await.unwrap();
+        assert!(r.next().await.unwrap().is_none());
     }
 }

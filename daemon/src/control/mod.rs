@@ -8,7 +8,6 @@
 pub mod actions;
 pub mod connection;
 pub mod dispatch;
-pub mod format;
 pub mod framing;
 pub mod journal;
 pub mod pending;

@@ -12,7 +12,7 @@ use dflash_shared::protocol::ErrorCode;
 use dflash_shared::status::{CheckpointInfo, RunState};
 use thiserror::Error;
 
-use super::format;
+use dflash_shared::format::{format_ago, format_bytes, format_duration_ms, format_tokens_per_s};
 
 /// Keys that cannot change on resume or at run time without a confirmed unlock.
 pub const LOCKED_KEYS: [&str; 5] = ["precision", "epochs", "anchors", "block_size", "target_layer_ids"];
@@ -269,16 +269,16 @@ fn check(action: &Action, view: &StateView, policy: &ActionPolicy) -> Result<Opt
 pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) -> Vec<String> {
     let mut out = Vec::new();
     let checkpoint = match &view.last_checkpoint {
-        Some(c) => format!("last checkpoint {} (step {})", format::ago(c.written_ms, view.now_ms), c.step),
+        Some(c) => format!("last checkpoint {} (step {})", format_ago(c.written_ms, view.now_ms), c.step),
         None => "no checkpoint written yet".to_string(),
     };
     let throughput = match (view.tokens_per_s, view.stable_since_ms) {
         (Some(t), Some(since)) => Some(format!(
             "stable at {} tok/s for {}",
-            format::tokens_per_s(t),
-            format::duration_ms(view.now_ms - since)
+            format_tokens_per_s(t),
+            format_duration_ms(view.now_ms - since)
         )),
-        (Some(t), None) => Some(format!("running at {} tok/s (not yet stable)", format::tokens_per_s(t))),
+        (Some(t), None) => Some(format!("running at {} tok/s (not yet stable)", format_tokens_per_s(t))),
         (None, _) => None,
     };
     match action {
@@ -303,7 +303,7 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
             if let Some(c) = view.caches.iter().find(|c| &c.name == name) {
                 out.push(format!(
                     "{} cache, {} entries at {}",
-                    format::bytes(c.size_bytes),
+                    format_bytes(c.size_bytes),
                     c.entries,
                     c.path
                 ));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dflash_shared::events::{EventKind, Severity};
-use dflash_shared::protocol::{ErrorCode, MAX_FRAME_BYTES};
+use dflash_shared::protocol::ErrorCode;
 use thiserror::Error;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, Semaphore};
@@ -29,7 +29,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 pub struct ServerConfig {
     pub socket_path: PathBuf,
     pub max_connections: usize,
-    pub max_frame_bytes: usize,
     pub write_timeout: Duration,
     /// Peers allowed to connect; by default only our own effective uid.
     pub allowed_uids: Vec<u32>,
@@ -43,7 +42,6 @@ impl ServerConfig {
         ServerConfig {
             socket_path: socket_path.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_frame_bytes: MAX_FRAME_BYTES,
             write_timeout: Duration::from_secs(5),
             allowed_uids: vec![current_uid()],
             dispatch: DispatchConfig::default(),
@@ -106,7 +104,6 @@ impl ControlServer {
         let ControlServer { listener, config, handle, identity, .. } = self;
         let limit = Arc::new(Semaphore::new(config.max_connections));
         let conn_cfg = Arc::new(ConnectionConfig {
-            max_frame_bytes: config.max_frame_bytes,
             write_timeout: config.write_timeout,
             allowed_uids: config.allowed_uids.clone(),
             dispatch: config.dispatch.clone(),

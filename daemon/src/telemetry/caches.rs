@@ -1,6 +1,7 @@
 //! Compile and kernel cache inventory: present, size, entries, last change, warm or cold,
 //! and what changed since the previous scan (including while the daemon was down, through
-//! the last inventory saved in the run dir).
+//! the last inventory saved in the run dir). A cache counts as warm when it holds at least
+//! one entry (for the warmup record: one warmed device).
 //!
 //! Defaults follow each tool's own rules: TorchInductor `$TORCHINDUCTOR_CACHE_DIR` or
 //! `<tmp>/torchinductor_<user>`; Triton `$TRITON_CACHE_DIR` or `~/.triton/cache`; CUDA
@@ -8,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use dflash_shared::events::Severity;
+use dflash_shared::health::{CacheChange, CacheWatcher, Transition};
 use dflash_shared::metrics::{CacheState, TimestampMs};
 
 use super::warmup::WARMUP_FILE_NAME;
@@ -133,81 +134,51 @@ fn mtime_ms(m: &std::fs::Metadata) -> Option<TimestampMs> {
     i64::try_from(d.as_millis()).ok()
 }
 
-/// A change worth a journal event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheChange {
-    pub severity: Severity,
-    pub description: String,
+/// One scan of every configured cache, judged against the previous scans.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheScan {
+    pub states: Vec<CacheState>,
+    /// For the journal (`CacheChange::to_event_kind`).
+    pub changes: Vec<CacheChange>,
+    /// For alerts: a warm cache gone missing or cold is Warn until it is warm again.
+    pub transitions: Vec<Transition>,
 }
 
-/// What changed between two scans of the same cache. Growth is normal (compilation fills
-/// caches) and is not reported; losing entries is.
-pub fn diff(prev: &CacheState, cur: &CacheState) -> Option<CacheChange> {
-    let was = |s: &CacheState| format!("{}, {} entries", crate::control::format::bytes(s.size_bytes), s.entries);
-    let change = |severity, description: String| Some(CacheChange { severity, description });
-    if prev.path != cur.path {
-        return change(Severity::Info, format!("now watched at {} (was {})", cur.path, prev.path));
-    }
-    match (prev.present, cur.present) {
-        (true, false) => return change(Severity::Warn, format!("deleted (was {}); it is cold now", was(prev))),
-        (false, true) if cur.warm => return change(Severity::Info, format!("appeared warm ({})", was(cur))),
-        (false, true) => return change(Severity::Info, "created (empty)".into()),
-        (false, false) => return None,
-        (true, true) => {}
-    }
-    if prev.warm && !cur.warm {
-        return change(Severity::Warn, format!("went cold: emptied (was {})", was(prev)));
-    }
-    if prev.entries >= 10 && cur.entries * 2 < prev.entries {
-        return change(
-            Severity::Warn,
-            format!("lost most entries: {} -> {} (partly deleted)", prev.entries, cur.entries),
-        );
-    }
-    if !prev.warm && cur.warm {
-        return change(Severity::Info, format!("warmed ({})", was(cur)));
-    }
-    None
-}
-
-/// Scans every configured cache and reports changes against the previous scan.
+/// Scans every configured cache; change detection is the shared [`CacheWatcher`].
 #[derive(Debug)]
 pub struct CacheMonitor {
     specs: Vec<CacheSpec>,
-    last: Vec<CacheState>,
+    watcher: CacheWatcher,
 }
 
 impl CacheMonitor {
     /// `previous` is the inventory saved by the last daemon on this run dir, if any, so a
     /// cache deleted while the daemon was down is reported on the first scan.
-    pub fn new(specs: Vec<CacheSpec>, previous: Vec<CacheState>) -> Self {
-        CacheMonitor { specs, last: previous }
+    pub fn new(specs: Vec<CacheSpec>, previous: &[CacheState], previous_ms: TimestampMs) -> Self {
+        let mut watcher = CacheWatcher::new();
+        if !previous.is_empty() {
+            watcher.observe(previous_ms, previous);
+        }
+        CacheMonitor { specs, watcher }
     }
 
     pub fn specs(&self) -> &[CacheSpec] {
         &self.specs
     }
 
-    pub fn scan_all(&mut self) -> (Vec<CacheState>, Vec<(CacheState, CacheChange)>) {
+    pub fn scan_all(&mut self, now_ms: TimestampMs) -> CacheScan {
         let states: Vec<CacheState> = self.specs.iter().map(scan).collect();
-        let mut changes = Vec::new();
-        for cur in &states {
-            if let Some(prev) = self.last.iter().find(|p| p.name == cur.name) {
-                if let Some(c) = diff(prev, cur) {
-                    changes.push((cur.clone(), c));
-                }
-            }
-        }
-        self.last = states.clone();
-        (states, changes)
+        let (changes, transitions) = self.watcher.observe(now_ms, &states);
+        CacheScan { states, changes, transitions }
     }
 }
 
-pub fn load_inventory(run_dir: &Path) -> Vec<CacheState> {
-    std::fs::read(run_dir.join(INVENTORY_FILE_NAME))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The inventory saved by the previous daemon and when it was written.
+pub fn load_inventory(run_dir: &Path) -> (Vec<CacheState>, TimestampMs) {
+    let path = run_dir.join(INVENTORY_FILE_NAME);
+    let saved_ms = std::fs::metadata(&path).ok().and_then(|m| mtime_ms(&m)).unwrap_or(0);
+    let states = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    (states, saved_ms)
 }
 
 pub fn save_inventory(run_dir: &Path, states: &[CacheState]) -> std::io::Result<()> {

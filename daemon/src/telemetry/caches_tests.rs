@@ -1,5 +1,7 @@
 use super::*;
 use crate::telemetry::warmup::{WarmupDevice, WarmupRecord};
+use dflash_shared::events::EventKind;
+use dflash_shared::health::CacheChangeKind;
 use dflash_shared::metrics::DeviceRole;
 
 fn fill(dir: &Path, files: usize, bytes: usize) {
@@ -62,35 +64,20 @@ fn monitor_detects_deletion_and_going_cold_between_scans() {
     fill(&a, 20, 10);
     fill(&b, 20, 10);
     let specs = vec![CacheSpec { name: "a".into(), path: a.clone() }, CacheSpec { name: "b".into(), path: b.clone() }];
-    let mut m = CacheMonitor::new(specs, Vec::new());
-    let (states, changes) = m.scan_all();
-    assert_eq!(states.len(), 2);
-    assert!(changes.is_empty(), "a first scan without history reports nothing");
+    let mut m = CacheMonitor::new(specs, &[], 0);
+    let first = m.scan_all(1);
+    assert_eq!(first.states.len(), 2);
+    assert!(first.changes.is_empty(), "a first scan without history reports nothing");
     std::fs::remove_dir_all(&a).unwrap();
     std::fs::remove_dir_all(b.join("sub")).unwrap();
-    let (_, changes) = m.scan_all();
-    let text: Vec<String> = changes.iter().map(|(s, c)| format!("{}: {}", s.name, c.description)).collect();
-    assert_eq!(changes.len(), 2, "{text:?}");
-    assert!(text[0].starts_with("a: deleted (was 200 B, 20 entries)"), "{text:?}");
-    assert!(text[1].starts_with("b: went cold"), "{text:?}");
-    assert!(changes.iter().all(|(_, c)| c.severity == Severity::Warn));
-}
-
-#[test]
-fn partial_deletion_and_growth_are_told_apart() {
-    let prev = CacheState {
-        name: "t".into(),
-        path: "/t".into(),
-        present: true,
-        size_bytes: 1000,
-        entries: 100,
-        last_change_ms: None,
-        warm: true,
-    };
-    let grown = CacheState { entries: 150, size_bytes: 1500, ..prev.clone() };
-    assert_eq!(diff(&prev, &grown), None);
-    let gutted = CacheState { entries: 30, ..prev.clone() };
-    assert!(diff(&prev, &gutted).unwrap().description.contains("100 -> 30"));
+    let next = m.scan_all(2);
+    let kinds: Vec<(String, CacheChangeKind)> = next.changes.iter().map(|c| (c.name.clone(), c.kind)).collect();
+    assert_eq!(kinds, vec![("a".into(), CacheChangeKind::Deleted), ("b".into(), CacheChangeKind::WentCold)]);
+    match next.changes[0].to_event_kind() {
+        EventKind::CacheChanged { change, .. } => assert_eq!(change, "deleted (was 200 B, 20 entries)"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(next.transitions.len(), 2, "both warm caches raise an alert");
 }
 
 #[test]
@@ -101,13 +88,15 @@ fn deletion_while_the_daemon_was_down_is_reported_from_the_saved_inventory() {
     let cache = tmp.path().join("inductor");
     fill(&cache, 12, 10);
     let specs = vec![CacheSpec { name: "torchinductor".into(), path: cache.clone() }];
-    let (states, _) = CacheMonitor::new(specs.clone(), Vec::new()).scan_all();
-    save_inventory(&run_dir, &states).unwrap();
+    let scan = CacheMonitor::new(specs.clone(), &[], 0).scan_all(1);
+    save_inventory(&run_dir, &scan.states).unwrap();
     std::fs::remove_dir_all(&cache).unwrap();
-    let mut next = CacheMonitor::new(specs, load_inventory(&run_dir));
-    let (_, changes) = next.scan_all();
-    assert_eq!(changes.len(), 1);
-    assert!(changes[0].1.description.starts_with("deleted"));
+    let (previous, saved_ms) = load_inventory(&run_dir);
+    assert!(saved_ms > 0);
+    let mut next = CacheMonitor::new(specs, &previous, saved_ms);
+    let scan = next.scan_all(saved_ms + 1);
+    assert_eq!(scan.changes.len(), 1);
+    assert_eq!(scan.changes[0].kind, CacheChangeKind::Deleted);
 }
 
 #[test]
