@@ -4,3 +4,4 @@ pub mod bus;
 pub mod handle;
 pub mod lock;
 pub mod paths;
+pub mod queue;
