@@ -5,3 +5,5 @@ pub mod handle;
 pub mod lock;
 pub mod paths;
 pub mod queue;
+pub mod logging;
+pub mod notify;

@@ -38,3 +38,4 @@ fn tempfile_in(dir: &Path, target: &Path) -> std::io::Result<(std::path::PathBuf
     let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
     Ok((tmp, f))
 }
+pub mod sampler;
