@@ -141,21 +141,22 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let value: f64 = number.parse().map_err(|_| {
         format!("'{text}' is not a byte size (examples: 4096, \"512 MiB\", \"8 GiB\")")
     })?;
-    let scale: f64 =
-        match unit.to_ascii_lowercase().as_str() {
-            "" | "b" => 1.0,
-            "k" | "kb" => 1e3,
-            "m" | "mb" => 1e6,
-            "g" | "gb" => 1e9,
-            "t" | "tb" => 1e12,
-            "kib" => 1024.0,
-            "mib" => 1_048_576.0,
-            "gib" => 1_073_741_824.0,
-            "tib" => 1_099_511_627_776.0,
-            _ => return Err(format!(
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1_048_576.0,
+        "gib" => 1_073_741_824.0,
+        "tib" => 1_099_511_627_776.0,
+        _ => {
+            return Err(format!(
                 "unknown unit '{unit}' in '{text}' (use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)"
-            )),
-        };
+            ))
+        }
+    };
     let bytes = value * scale;
     if !bytes.is_finite() || bytes > u64::MAX as f64 {
         return Err(format!("'{text}' is too large"));

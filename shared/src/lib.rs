@@ -3,6 +3,7 @@
 //! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
 //! this crate says what the bytes mean and judges the numbers.
 pub mod actions;
+pub mod config;
 pub mod events;
 pub mod format;
 pub mod health;

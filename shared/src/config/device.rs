@@ -49,7 +49,9 @@ impl FromStr for Device {
             .strip_prefix("cuda:")
             .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|n| n.parse::<u32>().ok());
-        index.map(Device::Cuda).ok_or_else(|| DeviceParseError(s.to_string()))
+        index
+            .map(Device::Cuda)
+            .ok_or_else(|| DeviceParseError(s.to_string()))
     }
 }
 

@@ -60,7 +60,11 @@ impl CacheChange {
             ),
             _ => self.kind.word().to_string(),
         };
-        EventKind::CacheChanged { name: self.name.clone(), path: self.path.clone(), change }
+        EventKind::CacheChanged {
+            name: self.name.clone(),
+            path: self.path.clone(),
+            change,
+        }
     }
 }
 
@@ -94,7 +98,11 @@ impl CacheWatcher {
 
     /// Feeds one inventory of all configured caches. Returns the changes (for the journal) and
     /// any level transitions (for alerts).
-    pub fn observe(&mut self, ts_ms: TimestampMs, states: &[CacheState]) -> (Vec<CacheChange>, Vec<Transition>) {
+    pub fn observe(
+        &mut self,
+        ts_ms: TimestampMs,
+        states: &[CacheState],
+    ) -> (Vec<CacheChange>, Vec<Transition>) {
         let mut changes = Vec::new();
         let mut transitions = Vec::new();
         for state in states {
@@ -119,7 +127,11 @@ impl CacheWatcher {
                 }
             }
             let warm_now = state.present && state.warm;
-            let next = if warm_now || !tracked.was_ever_warm { Level::Ok } else { Level::Warn };
+            let next = if warm_now || !tracked.was_ever_warm {
+                Level::Ok
+            } else {
+                Level::Warn
+            };
             if next != tracked.level {
                 let label = cache_label(&state.name);
                 let message = match next {
@@ -128,7 +140,10 @@ impl CacheWatcher {
                         "{label} deleted ({}); the next compilation starts cold",
                         state.path
                     ),
-                    _ => format!("{label} went cold ({}); the next compilation starts cold", state.path),
+                    _ => format!(
+                        "{label} went cold ({}); the next compilation starts cold",
+                        state.path
+                    ),
                 };
                 transitions.push(Transition {
                     detector: format!("cache:{}", state.name),
@@ -183,7 +198,10 @@ mod tests {
             }
         );
         assert_eq!(t.len(), 1);
-        assert_eq!((t[0].detector.as_str(), t[0].to), ("cache:torchinductor", Level::Warn));
+        assert_eq!(
+            (t[0].detector.as_str(), t[0].to),
+            ("cache:torchinductor", Level::Warn)
+        );
         assert_eq!(
             t[0].message,
             "TorchInductor compile cache deleted (/tmp/torchinductor_op); the next compilation starts cold"
@@ -199,6 +217,9 @@ mod tests {
         let (c, t) = w.observe(1, &[state(true, false, 9)]);
         assert_eq!(c[0].kind, CacheChangeKind::WentCold);
         assert!(t[0].message.contains("went cold"));
-        assert!(w.observe(2, &[state(true, false, 9)]).0.is_empty(), "no repeat");
+        assert!(
+            w.observe(2, &[state(true, false, 9)]).0.is_empty(),
+            "no repeat"
+        );
     }
 }

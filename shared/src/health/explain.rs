@@ -36,7 +36,11 @@ impl Precursor {
 ///
 /// Regression events count only when strictly earlier than the alert, so the alert does not
 /// explain itself.
-pub fn explain_alert(alert_since_ms: TimestampMs, events: &[Event], window_ms: i64) -> Vec<Precursor> {
+pub fn explain_alert(
+    alert_since_ms: TimestampMs,
+    events: &[Event],
+    window_ms: i64,
+) -> Vec<Precursor> {
     let from = alert_since_ms - window_ms;
     let mut out: Vec<Precursor> = events
         .iter()
@@ -46,7 +50,10 @@ pub fn explain_alert(alert_since_ms: TimestampMs, events: &[Event], window_ms: i
             if is_regression && e.ts_ms >= alert_since_ms {
                 return None;
             }
-            precursor_text(e).map(|text| Precursor { ts_ms: e.ts_ms, text })
+            precursor_text(e).map(|text| Precursor {
+                ts_ms: e.ts_ms,
+                text,
+            })
         })
         .collect();
     out.sort_by_key(|p| p.ts_ms);
@@ -58,20 +65,37 @@ pub fn explain_alert(alert_since_ms: TimestampMs, events: &[Event], window_ms: i
 
 fn precursor_text(event: &Event) -> Option<String> {
     Some(match &event.kind {
-        EventKind::EnvironmentDrift { field, before, after } => drift_sentence(field, before, after),
+        EventKind::EnvironmentDrift {
+            field,
+            before,
+            after,
+        } => drift_sentence(field, before, after),
         EventKind::CacheChanged { name, change, .. } => {
             // Keep the kind's words, drop the "(was …)" detail: the alert line must stay short.
             let word = change.split(" (").next().unwrap_or(change);
             format!("{} {word}", cache_label(name))
         }
-        EventKind::RunStarted { resumed_from_step: Some(step), .. } => {
+        EventKind::RunStarted {
+            resumed_from_step: Some(step),
+            ..
+        } => {
             format!("daemon restarted, resumed at step {step}")
         }
-        EventKind::RunStarted { resumed_from_step: None, .. } => "run started".into(),
+        EventKind::RunStarted {
+            resumed_from_step: None,
+            ..
+        } => "run started".into(),
         EventKind::WorkerFailed { device, error } => format!("worker on {device} failed: {error}"),
         EventKind::RunPaused { reason } => format!("run paused: {reason}"),
         EventKind::ActionExecuted { outcome, .. } => format!("operator action: {outcome}"),
-        EventKind::RegressionStarted { message, level, .. } if *level >= Severity::Warn => message.clone(),
+        // Cache detectors repeat what their `CacheChanged` event already says.
+        EventKind::RegressionStarted { detector, .. } if detector.starts_with("cache:") => {
+            return None
+        }
+        // The headline of another detector's alert: "GPU 0 memory volatile".
+        EventKind::RegressionStarted { message, level, .. } if *level >= Severity::Warn => {
+            message.split(": ").next().unwrap_or(message).to_string()
+        }
         _ => return None,
     })
 }

@@ -171,10 +171,16 @@ pub fn diff_fingerprints(before: &Fingerprint, after: &Fingerprint) -> Vec<Envir
             blocks_resume: field != "config_hash",
         })
         .collect();
-    let names: std::collections::BTreeSet<&String> =
-        before.python_packages.keys().chain(after.python_packages.keys()).collect();
+    let names: std::collections::BTreeSet<&String> = before
+        .python_packages
+        .keys()
+        .chain(after.python_packages.keys())
+        .collect();
     for name in names {
-        let (b, a) = (before.python_packages.get(name), after.python_packages.get(name));
+        let (b, a) = (
+            before.python_packages.get(name),
+            after.python_packages.get(name),
+        );
         if b != a {
             drifts.push(EnvironmentDrift {
                 field: format!("python.{name}"),
@@ -203,10 +209,14 @@ mod tests {
             cuda_runtime: Some("12.8".into()),
             cuda_driver: Some("580.65.06".into()),
             gpu_models: vec!["NVIDIA H200".into(); 8],
-            python_packages: [("torch", "2.11.0+cu128"), ("triton", "3.5.0"), ("numpy", "2.3.4")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            python_packages: [
+                ("torch", "2.11.0+cu128"),
+                ("triton", "3.5.0"),
+                ("numpy", "2.3.4"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
             ..Default::default()
         }
     }
@@ -214,7 +224,10 @@ mod tests {
     #[test]
     fn identical_fingerprints_do_not_drift() {
         let a = seed_fingerprint();
-        let b = Fingerprint { captured_ms: 99, ..a.clone() };
+        let b = Fingerprint {
+            captured_ms: 99,
+            ..a.clone()
+        };
         assert!(diff_fingerprints(&a, &b).is_empty());
     }
 
@@ -224,12 +237,19 @@ mod tests {
         let mut after = before.clone();
         after.libtorch_version = Some("2.9.1".into());
         after.cuda_runtime = Some("13.0".into());
-        after.python_packages.insert("torch".into(), "2.9.1+cu130".into());
+        after
+            .python_packages
+            .insert("torch".into(), "2.9.1+cu130".into());
         after.python_packages.remove("triton");
-        after.python_packages.insert("nvidia-nccl-cu13".into(), "2.28.3".into());
+        after
+            .python_packages
+            .insert("nvidia-nccl-cu13".into(), "2.28.3".into());
         after.config_hash = Some("bb".into());
         let drifts = diff_fingerprints(&before, &after);
-        let lines: Vec<_> = drifts.iter().map(|d| (d.sentence(), d.blocks_resume)).collect();
+        let lines: Vec<_> = drifts
+            .iter()
+            .map(|d| (d.sentence(), d.blocks_resume))
+            .collect();
         assert_eq!(
             lines,
             [

@@ -33,7 +33,13 @@ pub struct MemoryConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { warmup_s: 300.0, window_s: 600.0, min_samples: 20, max_range_frac: 0.02, max_stddev_frac: 0.005 }
+        Self {
+            warmup_s: 300.0,
+            window_s: 600.0,
+            min_samples: 20,
+            max_range_frac: 0.02,
+            max_stddev_frac: 0.005,
+        }
     }
 }
 
@@ -56,11 +62,18 @@ pub struct MemoryStats {
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum MemoryVerdict {
     /// Warming up, or too few samples in the window yet.
-    Collecting { samples: usize },
+    Collecting {
+        samples: usize,
+    },
     /// Neither NVML nor the allocator reported memory for this GPU.
     Unavailable,
-    Flat { stats: MemoryStats },
-    Volatile { stats: MemoryStats, reasons: Vec<String> },
+    Flat {
+        stats: MemoryStats,
+    },
+    Volatile {
+        stats: MemoryStats,
+        reasons: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +101,10 @@ pub struct MemoryFlatness {
 
 impl MemoryFlatness {
     pub fn new(cfg: MemoryConfig) -> Self {
-        Self { cfg, gpus: BTreeMap::new() }
+        Self {
+            cfg,
+            gpus: BTreeMap::new(),
+        }
     }
 
     pub fn detector_name(gpu_index: u32) -> String {
@@ -101,7 +117,7 @@ impl MemoryFlatness {
         let first = *gpu.first_ts.get_or_insert(sample.ts_ms);
         let alloc = sample.allocator.as_ref();
         let used = sample.memory_used_bytes.or(alloc.map(|a| a.reserved_bytes));
-        let Some(used) = used else { return None };
+        let used = used?;
         gpu.saw_memory = true;
         if gpu.points.back().is_some_and(|p| sample.ts_ms <= p.ts) {
             return None;
@@ -129,7 +145,11 @@ impl MemoryFlatness {
             return None;
         }
         gpu.volatile = volatile;
-        let (from, to) = if volatile { (Level::Ok, Level::Warn) } else { (Level::Warn, Level::Ok) };
+        let (from, to) = if volatile {
+            (Level::Ok, Level::Warn)
+        } else {
+            (Level::Warn, Level::Ok)
+        };
         Some(Transition {
             detector: Self::detector_name(sample.index),
             from,
@@ -161,7 +181,13 @@ fn verdict_of(cfg: &MemoryConfig, gpu: &GpuWindow) -> MemoryVerdict {
     let (mean, std) = mean_std(&used).unwrap_or((0.0, 0.0));
     let min = gpu.points.iter().map(|p| p.used).min().unwrap_or(0);
     let max = gpu.points.iter().map(|p| p.used).max().unwrap_or(0);
-    let total = gpu.points.iter().rev().find_map(|p| p.total).unwrap_or(max).max(1);
+    let total = gpu
+        .points
+        .iter()
+        .rev()
+        .find_map(|p| p.total)
+        .unwrap_or(max)
+        .max(1);
     let retries: Vec<u64> = gpu.points.iter().filter_map(|p| p.retries).collect();
     let retries_delta = match (retries.first(), retries.last()) {
         (Some(a), Some(b)) => Some(b.saturating_sub(*a)),
@@ -199,7 +225,9 @@ fn verdict_of(cfg: &MemoryConfig, gpu: &GpuWindow) -> MemoryVerdict {
         ));
     }
     if let Some(d) = retries_delta.filter(|d| *d > 0) {
-        reasons.push(format!("{d} allocator retries (cache flushes) in the window"));
+        reasons.push(format!(
+            "{d} allocator retries (cache flushes) in the window"
+        ));
     }
     if reasons.is_empty() {
         MemoryVerdict::Flat { stats }
@@ -240,7 +268,11 @@ mod tests {
             utilization_pct: None,
             power_w: None,
             temperature_c: None,
-            allocator: retries.map(|r| AllocatorStats { alloc_retries: r, reserved_bytes: 90_000_000_000, ..Default::default() }),
+            allocator: retries.map(|r| AllocatorStats {
+                alloc_retries: r,
+                reserved_bytes: 90_000_000_000,
+                ..Default::default()
+            }),
         }
     }
 
@@ -263,7 +295,10 @@ mod tests {
         // The retry stays inside the 600 s window; it clears once it has left.
         let mut later = Vec::new();
         for t in 1001..1700 {
-            later.extend(m.observe(&sample(t, Some(120_000_000_000), Some(6))).map(|t| (t.at_ms, t.to)));
+            later.extend(
+                m.observe(&sample(t, Some(120_000_000_000), Some(6)))
+                    .map(|t| (t.at_ms, t.to)),
+            );
         }
         assert_eq!(later, [(1_600_000, Level::Ok)]);
     }
@@ -284,7 +319,9 @@ mod tests {
         for t in 0..400 {
             m.observe(&sample(t, None, Some(0)));
         }
-        let MemoryVerdict::Flat { stats } = m.verdict(3) else { panic!("{:?}", m.verdict(3)) };
+        let MemoryVerdict::Flat { stats } = m.verdict(3) else {
+            panic!("{:?}", m.verdict(3))
+        };
         assert_eq!(stats.max_bytes, 90_000_000_000);
         assert_eq!(stats.alloc_retries_delta, Some(0));
     }

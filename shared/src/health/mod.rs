@@ -7,6 +7,7 @@ pub mod cache;
 pub mod explain;
 pub mod fingerprint;
 pub mod memory;
+mod monitor;
 pub mod queue;
 mod stats;
 pub mod throughput;
@@ -20,6 +21,7 @@ pub use cache::{CacheChange, CacheChangeKind, CacheWatcher};
 pub use explain::{explain_alert, render_precursors, throughput_headline, Precursor};
 pub use fingerprint::{diff_fingerprints, EnvironmentDrift, Fingerprint};
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
+pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueConfig, QueueDiagnoser, QueueDiagnosis};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 
@@ -70,7 +72,10 @@ impl Transition {
     /// Entering (or moving between) Warn and Crit starts a regression; returning to Ok ends it.
     pub fn to_event_kind(&self) -> EventKind {
         if self.to == Level::Ok {
-            EventKind::RegressionEnded { detector: self.detector.clone(), message: self.message.clone() }
+            EventKind::RegressionEnded {
+                detector: self.detector.clone(),
+                message: self.message.clone(),
+            }
         } else {
             EventKind::RegressionStarted {
                 detector: self.detector.clone(),
@@ -136,8 +141,15 @@ mod tests {
                 message: "collapse".into()
             }
         );
-        let ended = Transition { from: Level::Crit, to: Level::Ok, ..t };
-        assert!(matches!(ended.to_event_kind(), EventKind::RegressionEnded { .. }));
+        let ended = Transition {
+            from: Level::Crit,
+            to: Level::Ok,
+            ..t
+        };
+        assert!(matches!(
+            ended.to_event_kind(),
+            EventKind::RegressionEnded { .. }
+        ));
         assert_eq!(ended.severity(), Severity::Info);
     }
 

@@ -34,7 +34,13 @@ pub struct QueueConfig {
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        Self { window_s: 120.0, starved_frac: 0.10, blocked_frac: 0.10, waste_warn_frac: 0.5, min_duration_s: 120.0 }
+        Self {
+            window_s: 120.0,
+            starved_frac: 0.10,
+            blocked_frac: 0.10,
+            waste_warn_frac: 0.5,
+            min_duration_s: 120.0,
+        }
     }
 }
 
@@ -127,7 +133,8 @@ impl QueueDiagnoser {
         };
         let ts = stats.ts_ms;
         self.wasteful.update(waste >= self.cfg.waste_warn_frac, ts);
-        self.not_wasteful.update(waste < self.cfg.waste_warn_frac, ts);
+        self.not_wasteful
+            .update(waste < self.cfg.waste_warn_frac, ts);
         let hold = secs_to_ms(self.cfg.min_duration_s);
         let next = match self.level {
             Level::Ok if self.wasteful.held_for(ts, hold) => Level::Warn,
@@ -143,7 +150,13 @@ impl QueueDiagnoser {
             Level::Ok => format!("queue no longer wasteful: {}", diagnosis.explanation),
             _ => format!("queue imbalance: {}", diagnosis.explanation),
         };
-        Some(Transition { detector: DETECTOR.into(), from, to: next, at_ms: ts, message })
+        Some(Transition {
+            detector: DETECTOR.into(),
+            from,
+            to: next,
+            at_ms: ts,
+            message,
+        })
     }
 
     /// `None` until the window spans at least two samples.
@@ -158,17 +171,23 @@ impl QueueDiagnoser {
         let blocked = (last.producer_blocked_ms - first.producer_blocked_ms).max(0.0)
             / (dt * self.producers as f64);
         // The first sample only anchors the deltas; depth is averaged over the rest.
-        let depths: Vec<f64> = self.samples.iter().skip(1).map(|s| s.depth as f64).collect();
+        let depths: Vec<f64> = self
+            .samples
+            .iter()
+            .skip(1)
+            .map(|s| s.depth as f64)
+            .collect();
         let mean_depth = depths.iter().sum::<f64>() / depths.len().max(1) as f64;
         let (low, high) = (last.low_watermark, last.high_watermark);
         let midpoint = (low + high) as f64 / 2.0;
-        let bound = if starved >= self.cfg.starved_frac && mean_depth < midpoint && starved >= blocked {
-            QueueBound::TargetBound
-        } else if blocked >= self.cfg.blocked_frac && mean_depth >= midpoint {
-            QueueBound::DrafterBound
-        } else {
-            QueueBound::Balanced
-        };
+        let bound =
+            if starved >= self.cfg.starved_frac && mean_depth < midpoint && starved >= blocked {
+                QueueBound::TargetBound
+            } else if blocked >= self.cfg.blocked_frac && mean_depth >= midpoint {
+                QueueBound::DrafterBound
+            } else {
+                QueueBound::Balanced
+            };
         let explanation = format!(
             "drafter workers waited for hidden states {:.0}% of the time, target workers were \
              blocked on a full queue {:.0}%; mean depth {:.1} (watermarks {low}/{high}): {}",

@@ -40,6 +40,7 @@ pub struct ThroughputConfig {
     /// No judgement until the baseline rests on this many samples.
     pub min_baseline_samples: usize,
     /// Baseline pinned from an earlier run; when set, the rolling baseline is not used.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_baseline_tokens_per_s: Option<f64>,
     pub warn_below: f64,
     pub warn_clear_above: f64,
@@ -163,7 +164,10 @@ impl ThroughputDetector {
         if self.level_since.is_none() {
             self.level_since = Some(first);
         }
-        if self.last_ts.is_some_and(|last| ts_ms - last > secs_to_ms(self.cfg.max_sample_gap_s)) {
+        if self
+            .last_ts
+            .is_some_and(|last| ts_ms - last > secs_to_ms(self.cfg.max_sample_gap_s))
+        {
             self.reset_clocks();
         }
         self.last_ts = Some(ts_ms);
@@ -185,8 +189,10 @@ impl ThroughputDetector {
         let ratio = smoothed / baseline;
         self.below_warn.update(ratio < self.cfg.warn_below, ts_ms);
         self.below_crit.update(ratio < self.cfg.crit_below, ts_ms);
-        self.above_warn_clear.update(ratio >= self.cfg.warn_clear_above, ts_ms);
-        self.above_crit_clear.update(ratio >= self.cfg.crit_clear_above, ts_ms);
+        self.above_warn_clear
+            .update(ratio >= self.cfg.warn_clear_above, ts_ms);
+        self.above_crit_clear
+            .update(ratio >= self.cfg.crit_clear_above, ts_ms);
 
         let next = self.next_level(ts_ms);
         if self.level == Level::Ok && next == Level::Ok && self.below_warn.since().is_none() {
@@ -264,7 +270,9 @@ mod tests {
 
     /// Feeds one sample per second for `secs` seconds starting at `t0_s`.
     fn feed(d: &mut ThroughputDetector, t0_s: i64, secs: i64, value: f64) -> Vec<Transition> {
-        (0..secs).filter_map(|i| d.observe((t0_s + i) * 1000, value)).collect()
+        (0..secs)
+            .filter_map(|i| d.observe((t0_s + i) * 1000, value))
+            .collect()
     }
 
     #[test]
@@ -279,12 +287,18 @@ mod tests {
 
     #[test]
     fn pinned_baseline_judges_a_run_that_starts_slow() {
-        let cfg = ThroughputConfig { pinned_baseline_tokens_per_s: Some(21_500.0), ..Default::default() };
+        let cfg = ThroughputConfig {
+            pinned_baseline_tokens_per_s: Some(21_500.0),
+            ..Default::default()
+        };
         let mut d = ThroughputDetector::new(cfg);
         let t = feed(&mut d, 0, 400, 12_800.0);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].to, Level::Warn);
-        assert_eq!(t[0].message, "throughput 12.8K tok/s is 60% of baseline 21.5K (Warn)");
+        assert_eq!(
+            t[0].message,
+            "throughput 12.8K tok/s is 60% of baseline 21.5K (Warn)"
+        );
     }
 
     #[test]
@@ -309,7 +323,10 @@ mod tests {
         let t = feed(&mut d, 1_720, 200, 19_000.0); // 95%
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].to, Level::Ok);
-        assert_eq!(t[0].message, "throughput recovered: 19.0K tok/s, 95% of baseline 20.0K");
+        assert_eq!(
+            t[0].message,
+            "throughput recovered: 19.0K tok/s, 95% of baseline 20.0K"
+        );
     }
 
     #[test]
