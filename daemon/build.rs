@@ -24,7 +24,10 @@ fn main() {
     };
     let lib_dir = PathBuf::from(lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    println!("cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}", lib_dir.display());
+    println!(
+        "cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}",
+        lib_dir.display()
+    );
     let cuda_libs: Vec<String> = ["torch_cuda", "c10_cuda"]
         .iter()
         .filter(|name| lib_dir.join(format!("lib{name}.so")).exists())
@@ -52,7 +55,9 @@ fn compile_allocator_shim(lib_dir: &Path) {
         );
         return;
     }
-    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").map(|v| v != "0").unwrap_or(true);
+    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI")
+        .map(|v| v != "0")
+        .unwrap_or(true);
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -99,10 +104,19 @@ fn emit_provenance() {
     if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
         println!("cargo:rerun-if-changed={git_dir}/HEAD");
     }
-    if let (Some(common), Some(head_ref)) = (git(&["rev-parse", "--git-common-dir"]), git(&["symbolic-ref", "-q", "HEAD"])) {
+    if let (Some(common), Some(head_ref)) = (
+        git(&["rev-parse", "--git-common-dir"]),
+        git(&["symbolic-ref", "-q", "HEAD"]),
+    ) {
         let common = manifest_dir.join(common);
-        println!("cargo:rerun-if-changed={}", common.join(&head_ref).display());
-        println!("cargo:rerun-if-changed={}", common.join("packed-refs").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            common.join(&head_ref).display()
+        );
+        println!(
+            "cargo:rerun-if-changed={}",
+            common.join("packed-refs").display()
+        );
     }
 }
 
@@ -112,7 +126,11 @@ fn locked_version(lock: &str, package: &str) -> Option<String> {
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {
         if line.trim() == needle {
-            let version = lines.next()?.trim().strip_prefix("version = \"")?.strip_suffix('"')?;
+            let version = lines
+                .next()?
+                .trim()
+                .strip_prefix("version = \"")?
+                .strip_suffix('"')?;
             return Some(version.to_string());
         }
     }

@@ -7,7 +7,7 @@
 //! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
 pub mod cli;
-pub mod engine;
 pub mod control;
+pub mod engine;
 pub mod runtime;
 pub mod telemetry;

@@ -18,7 +18,12 @@ fn uid() -> u32 {
 }
 
 fn journal_kinds(d: &TestDaemon) -> Vec<EventKind> {
-    d.handle.with_journal(|j| j.query(&JournalQuery::default())).unwrap().into_iter().map(|e| e.kind).collect()
+    d.handle
+        .with_journal(|j| j.query(&JournalQuery::default()))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
 }
 
 #[test]
@@ -26,39 +31,76 @@ fn stop_runs_only_after_a_typed_confirmation_and_the_run_loop_checkpoints() {
     let mut d = TestDaemon::start();
     d.handle.set_run_state(RunState::Training);
     d.handle
-        .add_checkpoint(CheckpointInfo { step: 800, path: "/runs/a/ckpt-800".into(), written_ms: 1, bytes: 10 })
+        .add_checkpoint(CheckpointInfo {
+            step: 800,
+            path: "/runs/a/ckpt-800".into(),
+            written_ms: 1,
+            bytes: 10,
+        })
         .unwrap();
     // A stand-in run loop: a real thread that serves the command channel like the trainer will.
     let commands = d.handle.attach_run_loop();
     let h = d.handle.clone();
-    let run_loop = std::thread::spawn(move || match commands.recv_timeout(Duration::from_secs(10)).unwrap() {
-        RunCommand::Stop { action_id, reply } => {
-            h.set_run_state(RunState::Stopping);
-            let ckpt = "/runs/a/ckpt-900".to_string();
-            h.record_event(Severity::Info, EventKind::RunStopped { reason: format!("operator ({action_id})"), checkpoint: Some(ckpt.clone()) })
-                .unwrap();
-            reply.send(Ok(format!("checkpoint written: {ckpt} (step 900)"))).unwrap();
-        }
-        other => panic!("{other:?}"),
-    });
+    let run_loop =
+        std::thread::spawn(
+            move || match commands.recv_timeout(Duration::from_secs(10)).unwrap() {
+                RunCommand::Stop { action_id, reply } => {
+                    h.set_run_state(RunState::Stopping);
+                    let ckpt = "/runs/a/ckpt-900".to_string();
+                    h.record_event(
+                        Severity::Info,
+                        EventKind::RunStopped {
+                            reason: format!("operator ({action_id})"),
+                            checkpoint: Some(ckpt.clone()),
+                        },
+                    )
+                    .unwrap();
+                    reply
+                        .send(Ok(format!("checkpoint written: {ckpt} (step 900)")))
+                        .unwrap();
+                }
+                other => panic!("{other:?}"),
+            },
+        );
 
     let mut c = d.client();
-    let pending = match c.request(&Request::RequestAction { action: Action::StopRun }) {
+    let pending = match c.request(&Request::RequestAction {
+        action: Action::StopRun,
+    }) {
         Response::Pending { action } => action,
         other => panic!("{other:?}"),
     };
     assert!(pending.id.starts_with("stop-"));
-    assert!(pending.consequences.iter().any(|s| s.contains("last checkpoint") && s.contains("step 800")), "{:?}", pending.consequences);
+    assert!(
+        pending
+            .consequences
+            .iter()
+            .any(|s| s.contains("last checkpoint") && s.contains("step 800")),
+        "{:?}",
+        pending.consequences
+    );
     assert!(!run_loop.is_finished(), "a request alone must not act");
 
-    let wrong = c.request(&Request::Confirm { action_id: pending.id.clone(), run_name: "qwen27b".into(), via: "test".into() });
+    let wrong = c.request(&Request::Confirm {
+        action_id: pending.id.clone(),
+        run_name: "qwen27b".into(),
+        via: "test".into(),
+    });
     assert_eq!(error_code(&wrong), ErrorCode::WrongRunName);
     match c.request(&Request::Status) {
-        Response::Status(s) => assert_eq!(s.pending_actions.len(), 1, "a typo keeps the action pending"),
+        Response::Status(s) => assert_eq!(
+            s.pending_actions.len(),
+            1,
+            "a typo keeps the action pending"
+        ),
         other => panic!("{other:?}"),
     }
 
-    let done = c.request(&Request::Confirm { action_id: pending.id.clone(), run_name: RUN_NAME.into(), via: "test".into() });
+    let done = c.request(&Request::Confirm {
+        action_id: pending.id.clone(),
+        run_name: RUN_NAME.into(),
+        via: "test".into(),
+    });
     match done {
         Response::Executed { action_id, outcome } => {
             assert_eq!(action_id, pending.id);
@@ -74,7 +116,9 @@ fn stop_runs_only_after_a_typed_confirmation_and_the_run_loop_checkpoints() {
     assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorRequest { uid: u, action_id: Some(id), .. } if *u == uid() && *id == pending.id)));
     assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorRequest { request, .. } if request.contains("refused"))), "failed confirmations are audited");
     assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorConfirmed { uid: u, via, .. } if *u == uid() && via == "test")));
-    assert!(kinds.iter().any(|k| matches!(k, EventKind::ActionExecuted { outcome, .. } if outcome.contains("ckpt-900"))));
+    assert!(kinds.iter().any(
+        |k| matches!(k, EventKind::ActionExecuted { outcome, .. } if outcome.contains("ckpt-900"))
+    ));
 }
 
 #[test]
@@ -94,8 +138,12 @@ fn deleting_a_cache_is_refused_while_workers_run_and_done_when_paused() {
     }]);
     d.handle.set_run_state(RunState::Training);
     let mut c = d.client();
-    let del = Action::DeleteCache { name: "torchinductor".into() };
-    match c.request(&Request::RequestAction { action: del.clone() }) {
+    let del = Action::DeleteCache {
+        name: "torchinductor".into(),
+    };
+    match c.request(&Request::RequestAction {
+        action: del.clone(),
+    }) {
         Response::Error { code, message } => {
             assert_eq!(code, ErrorCode::Refused);
             assert!(message.contains("workers are running"), "{message}");
@@ -107,9 +155,17 @@ fn deleting_a_cache_is_refused_while_workers_run_and_done_when_paused() {
         Response::Pending { action } => action,
         other => panic!("{other:?}"),
     };
-    assert!(pending.consequences[0].contains("1.0 kB cache, 1 entries"), "{:?}", pending.consequences);
+    assert!(
+        pending.consequences[0].contains("1.0 kB cache, 1 entries"),
+        "{:?}",
+        pending.consequences
+    );
     assert!(cache_dir.exists());
-    match c.request(&Request::Confirm { action_id: pending.id, run_name: RUN_NAME.into(), via: "test".into() }) {
+    match c.request(&Request::Confirm {
+        action_id: pending.id,
+        run_name: RUN_NAME.into(),
+        via: "test".into(),
+    }) {
         Response::Executed { outcome, .. } => assert!(outcome.starts_with("deleted"), "{outcome}"),
         other => panic!("{other:?}"),
     }
@@ -134,12 +190,20 @@ fn a_cache_deletion_confirmed_after_the_run_resumed_is_refused() {
     }]);
     d.handle.set_run_state(RunState::Paused);
     let mut c = d.client();
-    let pending = match c.request(&Request::RequestAction { action: Action::DeleteCache { name: "triton".into() } }) {
+    let pending = match c.request(&Request::RequestAction {
+        action: Action::DeleteCache {
+            name: "triton".into(),
+        },
+    }) {
         Response::Pending { action } => action,
         other => panic!("{other:?}"),
     };
     d.handle.set_run_state(RunState::WarmingUp);
-    let reply = c.request(&Request::Confirm { action_id: pending.id, run_name: RUN_NAME.into(), via: "test".into() });
+    let reply = c.request(&Request::Confirm {
+        action_id: pending.id,
+        run_name: RUN_NAME.into(),
+        via: "test".into(),
+    });
     assert_eq!(error_code(&reply), ErrorCode::Refused);
     assert!(cache_dir.exists(), "nothing deleted");
 }
@@ -148,20 +212,48 @@ fn a_cache_deletion_confirmed_after_the_run_resumed_is_refused() {
 fn cancel_and_unlock() {
     let d = TestDaemon::start();
     let mut c = d.client();
-    let p = match c.request(&Request::RequestAction { action: Action::Kill }) {
+    let p = match c.request(&Request::RequestAction {
+        action: Action::Kill,
+    }) {
         Response::Pending { action } => action,
         other => panic!("{other:?}"),
     };
-    assert_eq!(c.request(&Request::Cancel { action_id: p.id.clone() }), Response::Ok);
-    let gone = c.request(&Request::Confirm { action_id: p.id, run_name: RUN_NAME.into(), via: "t".into() });
+    assert_eq!(
+        c.request(&Request::Cancel {
+            action_id: p.id.clone()
+        }),
+        Response::Ok
+    );
+    let gone = c.request(&Request::Confirm {
+        action_id: p.id,
+        run_name: RUN_NAME.into(),
+        via: "t".into(),
+    });
     assert_eq!(error_code(&gone), ErrorCode::NoSuchAction);
 
-    let p = match c.request(&Request::RequestAction { action: Action::UnlockKey { key: "block_size".into() } }) {
+    let p = match c.request(&Request::RequestAction {
+        action: Action::UnlockKey {
+            key: "block_size".into(),
+        },
+    }) {
         Response::Pending { action } => action,
         other => panic!("{other:?}"),
     };
-    assert!(matches!(c.request(&Request::Confirm { action_id: p.id, run_name: RUN_NAME.into(), via: "t".into() }), Response::Executed { .. }));
+    assert!(matches!(
+        c.request(&Request::Confirm {
+            action_id: p.id,
+            run_name: RUN_NAME.into(),
+            via: "t".into()
+        }),
+        Response::Executed { .. }
+    ));
     assert_eq!(d.handle.unlocked_keys(), vec!["block_size".to_string()]);
-    let poweroff = c.request(&Request::RequestAction { action: Action::PowerOff });
-    assert_eq!(error_code(&poweroff), ErrorCode::Refused, "power-off is disabled by default");
+    let poweroff = c.request(&Request::RequestAction {
+        action: Action::PowerOff,
+    });
+    assert_eq!(
+        error_code(&poweroff),
+        ErrorCode::Refused,
+        "power-off is disabled by default"
+    );
 }

@@ -18,7 +18,10 @@ fn ready_and_status_reach_the_notify_socket() {
     let mut buf = [0u8; 512];
     let n = sock.recv(&mut buf).unwrap();
     let msg = String::from_utf8_lossy(&buf[..n]);
-    assert!(msg.contains("READY=1") && msg.contains("STATUS=control socket up"), "{msg}");
+    assert!(
+        msg.contains("READY=1") && msg.contains("STATUS=control socket up"),
+        "{msg}"
+    );
     dflashd::runtime::notify::stopping("checkpointing");
     let n = sock.recv(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));

@@ -20,9 +20,19 @@ fn socket_is_0600_inside_a_0700_directory() {
 fn hello_then_queries() {
     let d = TestDaemon::start();
     let mut c = d.connect();
-    match c.request(&Request::Hello { version: PROTOCOL_VERSION, client: "t".into() }) {
-        Response::Welcome { version, run_name, daemon_pid } => {
-            assert_eq!((version, run_name.as_str(), daemon_pid), (PROTOCOL_VERSION, RUN_NAME, std::process::id()));
+    match c.request(&Request::Hello {
+        version: PROTOCOL_VERSION,
+        client: "t".into(),
+    }) {
+        Response::Welcome {
+            version,
+            run_name,
+            daemon_pid,
+        } => {
+            assert_eq!(
+                (version, run_name.as_str(), daemon_pid),
+                (PROTOCOL_VERSION, RUN_NAME, std::process::id())
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -30,7 +40,8 @@ fn hello_then_queries() {
         Response::Status(s) => assert_eq!(s.run.name, RUN_NAME),
         other => panic!("{other:?}"),
     }
-    d.handle.set_config(serde_json::json!({"training": {"epochs": 6}}));
+    d.handle
+        .set_config(serde_json::json!({"training": {"epochs": 6}}));
     match c.request(&Request::Config) {
         Response::Json { value } => assert_eq!(value["training"]["epochs"], 6),
         other => panic!("{other:?}"),
@@ -44,10 +55,16 @@ fn hello_then_queries() {
 fn a_request_before_hello_is_answered_with_hello_required() {
     let d = TestDaemon::start();
     let mut c = d.connect();
-    assert_eq!(error_code(&c.request(&Request::Status)), ErrorCode::HelloRequired);
+    assert_eq!(
+        error_code(&c.request(&Request::Status)),
+        ErrorCode::HelloRequired
+    );
     // The connection stays usable: hello now works.
     assert!(matches!(
-        c.request(&Request::Hello { version: PROTOCOL_VERSION, client: "t".into() }),
+        c.request(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: "t".into()
+        }),
         Response::Welcome { .. }
     ));
 }
@@ -99,23 +116,38 @@ fn an_unknown_command_names_the_known_ones() {
 fn a_wrong_protocol_version_is_refused_and_the_daemon_goes_on() {
     let d = TestDaemon::start();
     let mut c = d.connect();
-    let reply = c.request(&Request::Hello { version: PROTOCOL_VERSION + 1, client: "future".into() });
+    let reply = c.request(&Request::Hello {
+        version: PROTOCOL_VERSION + 1,
+        client: "future".into(),
+    });
     assert_eq!(error_code(&reply), ErrorCode::VersionMismatch);
-    assert!(c.recv().is_none(), "the connection is closed after a version mismatch");
+    assert!(
+        c.recv().is_none(),
+        "the connection is closed after a version mismatch"
+    );
     let mut other = d.client();
-    assert!(matches!(other.request(&Request::Status), Response::Status(_)));
+    assert!(matches!(
+        other.request(&Request::Status),
+        Response::Status(_)
+    ));
 }
 
 #[test]
 fn peers_of_another_uid_are_refused() {
     // Our own uid plays "another user": the daemon reads the peer's uid from SO_PEERCRED and
     // only lets uid 4242 in.
-    let d = TestDaemon::start_with(Options { tweak: Box::new(|c| c.allowed_uids = vec![4242]), ..Default::default() });
+    let d = TestDaemon::start_with(Options {
+        tweak: Box::new(|c| c.allowed_uids = vec![4242]),
+        ..Default::default()
+    });
     let mut c = d.connect();
     match c.recv().unwrap() {
         Response::Error { code, message } => {
             assert_eq!(code, ErrorCode::NotPermitted);
-            assert!(message.contains(&format!("uid {}", unsafe { libc::geteuid() })), "{message}");
+            assert!(
+                message.contains(&format!("uid {}", unsafe { libc::geteuid() })),
+                "{message}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -124,7 +156,10 @@ fn peers_of_another_uid_are_refused() {
 
 #[test]
 fn the_connection_cap_refuses_extra_clients_with_a_reason() {
-    let d = TestDaemon::start_with(Options { tweak: Box::new(|c| c.max_connections = 2), ..Default::default() });
+    let d = TestDaemon::start_with(Options {
+        tweak: Box::new(|c| c.max_connections = 2),
+        ..Default::default()
+    });
     let a = d.client();
     let _b = d.client();
     let mut extra = d.connect();
@@ -140,7 +175,10 @@ fn the_connection_cap_refuses_extra_clients_with_a_reason() {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let mut c = d.connect();
-        match c.request(&Request::Hello { version: PROTOCOL_VERSION, client: "t".into() }) {
+        match c.request(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: "t".into(),
+        }) {
             Response::Welcome { .. } => break,
             _ => assert!(std::time::Instant::now() < deadline, "slot never freed"),
         }
@@ -157,7 +195,13 @@ fn many_clients_at_once() {
             let socket = socket.clone();
             std::thread::spawn(move || {
                 let mut c = Client::connect(&socket);
-                assert!(matches!(c.request(&Request::Hello { version: PROTOCOL_VERSION, client: "t".into() }), Response::Welcome { .. }));
+                assert!(matches!(
+                    c.request(&Request::Hello {
+                        version: PROTOCOL_VERSION,
+                        client: "t".into()
+                    }),
+                    Response::Welcome { .. }
+                ));
                 for _ in 0..10 {
                     assert!(matches!(c.request(&Request::Status), Response::Status(_)));
                 }
@@ -176,7 +220,10 @@ fn a_stale_socket_is_replaced_but_a_live_one_is_not() {
     std::fs::create_dir(&sock_dir).unwrap();
     std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let path = sock_dir.join("dflashd.sock");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let d = TestDaemon::start();
     rt.block_on(async {
         // Live: someone listens there.
@@ -202,12 +249,16 @@ fn shutdown_by_broadcast_notifies_clients_and_removes_the_socket() {
     let mut d = TestDaemon::start();
     let mut a = d.client();
     let mut b = d.client();
-    b.send(&Request::Subscribe { topics: vec![dflash_shared::protocol::Topic::Events] });
+    b.send(&Request::Subscribe {
+        topics: vec![dflash_shared::protocol::Topic::Events],
+    });
     assert_eq!(b.recv(), Some(Response::Ok));
     d.handle.request_shutdown("test");
     for c in [&mut a, &mut b] {
         match c.recv() {
-            Some(Response::Dropped { reason }) => assert!(reason.contains("shutting down"), "{reason}"),
+            Some(Response::Dropped { reason }) => {
+                assert!(reason.contains("shutting down"), "{reason}")
+            }
             other => panic!("{other:?}"),
         }
         assert!(c.recv().is_none());

@@ -29,22 +29,50 @@ fn metrics(step: u64) -> StepMetrics {
 fn subscribers_get_only_their_topics() {
     let d = TestDaemon::start();
     let mut c = d.client();
-    assert_eq!(c.request(&Request::Subscribe { topics: vec![Topic::Events] }), Response::Ok);
+    assert_eq!(
+        c.request(&Request::Subscribe {
+            topics: vec![Topic::Events]
+        }),
+        Response::Ok
+    );
     d.handle.publish_metrics(metrics(1));
-    d.handle.record_event(Severity::Info, EventKind::Note { message: "hello".into() }).unwrap();
+    d.handle
+        .record_event(
+            Severity::Info,
+            EventKind::Note {
+                message: "hello".into(),
+            },
+        )
+        .unwrap();
     match c.recv().unwrap() {
-        Response::Event(e) => assert_eq!(e.kind, EventKind::Note { message: "hello".into() }),
+        Response::Event(e) => assert_eq!(
+            e.kind,
+            EventKind::Note {
+                message: "hello".into()
+            }
+        ),
         other => panic!("metrics must not reach an events-only subscriber: {other:?}"),
     }
-    assert_eq!(c.request(&Request::Subscribe { topics: vec![Topic::Metrics] }), Response::Ok);
+    assert_eq!(
+        c.request(&Request::Subscribe {
+            topics: vec![Topic::Metrics]
+        }),
+        Response::Ok
+    );
     d.handle.publish_metrics(metrics(2));
-    d.handle.publish_queue(QueueStats { depth: 3, ..Default::default() });
+    d.handle.publish_queue(QueueStats {
+        depth: 3,
+        ..Default::default()
+    });
     assert!(matches!(c.recv().unwrap(), Response::Metrics(m) if m.step == 2));
     assert!(matches!(c.recv().unwrap(), Response::Queue(q) if q.depth == 3));
     // Status reflects what the run loop published.
     match c.request(&Request::Status) {
         Response::Status(s) => {
-            assert_eq!((s.run.step, s.throughput.tokens_per_s, s.queue.depth), (2, 21_500.0, 3));
+            assert_eq!(
+                (s.run.step, s.throughput.tokens_per_s, s.queue.depth),
+                (2, 21_500.0, 3)
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -54,20 +82,37 @@ fn subscribers_get_only_their_topics() {
 fn journal_events_are_queryable_by_seq() {
     let d = TestDaemon::start();
     for i in 0..5 {
-        d.handle.record_event(Severity::Info, EventKind::Note { message: format!("n{i}") }).unwrap();
+        d.handle
+            .record_event(
+                Severity::Info,
+                EventKind::Note {
+                    message: format!("n{i}"),
+                },
+            )
+            .unwrap();
     }
     let mut c = d.client();
     match c.request(&Request::Events { after_seq: Some(3) }) {
-        Response::Events { events } => assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]),
+        Response::Events { events } => {
+            assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5])
+        }
         other => panic!("{other:?}"),
     }
 }
 
 #[test]
 fn a_slow_subscriber_is_dropped_with_a_notice_and_never_slows_the_producer() {
-    let d = TestDaemon::start_with(Options { bus_capacity: 64, ..Default::default() });
+    let d = TestDaemon::start_with(Options {
+        bus_capacity: 64,
+        ..Default::default()
+    });
     let mut slow = d.client();
-    assert_eq!(slow.request(&Request::Subscribe { topics: vec![Topic::Metrics] }), Response::Ok);
+    assert_eq!(
+        slow.request(&Request::Subscribe {
+            topics: vec![Topic::Metrics]
+        }),
+        Response::Ok
+    );
     let mut healthy = d.client();
 
     // The slow client reads nothing while the producer publishes far more than the bus and
@@ -80,11 +125,20 @@ fn a_slow_subscriber_is_dropped_with_a_notice_and_never_slows_the_producer() {
         slowest = slowest.max(t.elapsed());
     }
     let total = started.elapsed();
-    assert!(total < Duration::from_secs(3), "publishing 20k frames took {total:?}");
-    assert!(slowest < Duration::from_millis(200), "one publish blocked for {slowest:?}");
+    assert!(
+        total < Duration::from_secs(3),
+        "publishing 20k frames took {total:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(200),
+        "one publish blocked for {slowest:?}"
+    );
 
     // Other clients are served meanwhile.
-    assert!(matches!(healthy.request(&Request::Status), Response::Status(_)));
+    assert!(matches!(
+        healthy.request(&Request::Status),
+        Response::Status(_)
+    ));
 
     // When the slow client finally reads, it finds what fit, then the notice, then EOF.
     let mut frames = 0;
@@ -96,9 +150,15 @@ fn a_slow_subscriber_is_dropped_with_a_notice_and_never_slows_the_producer() {
         }
     };
     assert!(reason.contains("behind"), "{reason}");
-    assert!(frames < 20_000, "the slow client cannot have received everything");
+    assert!(
+        frames < 20_000,
+        "the slow client cannot have received everything"
+    );
     assert!(slow.recv().is_none(), "dropped clients are disconnected");
-    assert!(matches!(healthy.request(&Request::Status), Response::Status(_)));
+    assert!(matches!(
+        healthy.request(&Request::Status),
+        Response::Status(_)
+    ));
 }
 
 #[test]
@@ -109,7 +169,12 @@ fn a_client_that_never_reads_is_cut_off_by_the_write_timeout() {
         ..Default::default()
     });
     let mut stuck = d.client();
-    assert_eq!(stuck.request(&Request::Subscribe { topics: vec![Topic::Metrics] }), Response::Ok);
+    assert_eq!(
+        stuck.request(&Request::Subscribe {
+            topics: vec![Topic::Metrics]
+        }),
+        Response::Ok
+    );
     for step in 0..20_000 {
         d.handle.publish_metrics(metrics(step));
     }
@@ -122,5 +187,8 @@ fn a_client_that_never_reads_is_cut_off_by_the_write_timeout() {
     }
     assert!(n < 20_000, "got {n}");
     let mut other = d.client();
-    assert!(matches!(other.request(&Request::Status), Response::Status(_)));
+    assert!(matches!(
+        other.request(&Request::Status),
+        Response::Status(_)
+    ));
 }

@@ -7,12 +7,16 @@ use dflash_shared::events::{EventKind, Severity};
 use tokio::sync::oneshot;
 
 use super::dispatch::DispatchConfig;
-use dflash_shared::format::{format_bytes, format_duration_ms};
 use super::pending::Approved;
 use crate::runtime::handle::{CommandOutcome, RunCommand, RunHandle};
+use dflash_shared::format::{format_bytes, format_duration_ms};
 
 /// Runs `approved`; `Ok` is the outcome sentence, `Err` says why it could not be done.
-pub async fn execute(handle: &RunHandle, approved: Approved, cfg: &DispatchConfig) -> Result<String, String> {
+pub async fn execute(
+    handle: &RunHandle,
+    approved: Approved,
+    cfg: &DispatchConfig,
+) -> Result<String, String> {
     let id = approved.pending.id.clone();
     let result = match &approved.pending.action {
         Action::StopRun => stop_run_loop(handle, &id, false, cfg).await,
@@ -24,24 +28,47 @@ pub async fn execute(handle: &RunHandle, approved: Approved, cfg: &DispatchConfi
         },
         Action::UnlockKey { key } => {
             handle.unlock_key(key);
-            Ok(format!("{key:?} is unlocked; a changed value is accepted on the next resume"))
+            Ok(format!(
+                "{key:?} is unlocked; a changed value is accepted on the next resume"
+            ))
         }
     };
     let outcome = match &result {
         Ok(o) => o.clone(),
         Err(e) => format!("failed: {e}"),
     };
-    let severity = if result.is_ok() { Severity::Warn } else { Severity::Crit };
-    handle.record_event_logged(severity, EventKind::ActionExecuted { action_id: id, outcome });
+    let severity = if result.is_ok() {
+        Severity::Warn
+    } else {
+        Severity::Crit
+    };
+    handle.record_event_logged(
+        severity,
+        EventKind::ActionExecuted {
+            action_id: id,
+            outcome,
+        },
+    );
     result
 }
 
-async fn stop_run_loop(handle: &RunHandle, id: &str, kill: bool, cfg: &DispatchConfig) -> Result<String, String> {
+async fn stop_run_loop(
+    handle: &RunHandle,
+    id: &str,
+    kill: bool,
+    cfg: &DispatchConfig,
+) -> Result<String, String> {
     let (reply, rx) = oneshot::channel::<CommandOutcome>();
     let cmd = if kill {
-        RunCommand::Kill { action_id: id.to_string(), reply }
+        RunCommand::Kill {
+            action_id: id.to_string(),
+            reply,
+        }
     } else {
-        RunCommand::Stop { action_id: id.to_string(), reply }
+        RunCommand::Stop {
+            action_id: id.to_string(),
+            reply,
+        }
     };
     let verb = if kill { "killed" } else { "stopped" };
     let outcome = match handle.send_command(cmd) {
@@ -49,14 +76,24 @@ async fn stop_run_loop(handle: &RunHandle, id: &str, kill: bool, cfg: &DispatchC
             let outcome = "no training loop is running; the daemon exits".to_string();
             handle.record_event_logged(
                 Severity::Warn,
-                EventKind::RunStopped { reason: format!("{verb} by operator ({id}); no run loop"), checkpoint: None },
+                EventKind::RunStopped {
+                    reason: format!("{verb} by operator ({id}); no run loop"),
+                    checkpoint: None,
+                },
             );
             outcome
         }
         Ok(()) => match tokio::time::timeout(cfg.command_timeout, rx).await {
             Ok(Ok(Ok(outcome))) => outcome,
-            Ok(Ok(Err(e))) => return Err(format!("the run loop could not {}: {e}", if kill { "stop" } else { "checkpoint and stop" })),
-            Ok(Err(_)) => return Err("the run loop ended without answering; check the journal".into()),
+            Ok(Ok(Err(e))) => {
+                return Err(format!(
+                    "the run loop could not {}: {e}",
+                    if kill { "stop" } else { "checkpoint and stop" }
+                ))
+            }
+            Ok(Err(_)) => {
+                return Err("the run loop ended without answering; check the journal".into())
+            }
             Err(_) => {
                 return Err(format!(
                     "the run loop did not answer within {}; it may still be checkpointing",
@@ -83,9 +120,15 @@ async fn power_off(handle: &RunHandle, id: &str, cfg: &DispatchConfig) -> Result
         .await
         .map_err(|e| format!("{stopped}; running `{}` failed: {e}", argv.join(" ")))?;
     if status.success() {
-        Ok(format!("{stopped}; `{}` accepted the power-off", argv.join(" ")))
+        Ok(format!(
+            "{stopped}; `{}` accepted the power-off",
+            argv.join(" ")
+        ))
     } else {
-        Err(format!("{stopped}; `{}` exited with {status}", argv.join(" ")))
+        Err(format!(
+            "{stopped}; `{}` exited with {status}",
+            argv.join(" ")
+        ))
     }
 }
 
@@ -95,7 +138,9 @@ async fn delete_cache(handle: &RunHandle, name: &str, path: PathBuf) -> Result<S
     tokio::task::spawn_blocking(move || remove_cache_dir(&p))
         .await
         .map_err(|e| format!("deleting {}: {e}", path.display()))??;
-    let size = before.map(|c| format!(" ({}, {} entries)", format_bytes(c.size_bytes), c.entries)).unwrap_or_default();
+    let size = before
+        .map(|c| format!(" ({}, {} entries)", format_bytes(c.size_bytes), c.entries))
+        .unwrap_or_default();
     handle.record_event_logged(
         Severity::Warn,
         EventKind::CacheChanged {
@@ -104,14 +149,20 @@ async fn delete_cache(handle: &RunHandle, name: &str, path: PathBuf) -> Result<S
             change: format!("deleted by operator{size}"),
         },
     );
-    Ok(format!("deleted {}{size}; the next start compiles cold", path.display()))
+    Ok(format!(
+        "deleted {}{size}; the next start compiles cold",
+        path.display()
+    ))
 }
 
 /// Removes a cache directory, refusing symlinks so a link cannot redirect the deletion.
 fn remove_cache_dir(path: &Path) -> Result<(), String> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if meta.file_type().is_symlink() {
-        return Err(format!("{} is a symlink; refusing to delete through it", path.display()));
+        return Err(format!(
+            "{} is a symlink; refusing to delete through it",
+            path.display()
+        ));
     }
     if !meta.is_dir() {
         return Err(format!("{} is not a directory", path.display()));

@@ -9,7 +9,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dflash_shared::protocol::{negotiate, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic};
+use dflash_shared::protocol::{
+    negotiate, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic,
+};
 use tokio::io::BufWriter;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -56,21 +58,41 @@ impl Writer {
     }
 }
 
-pub async fn serve(stream: UnixStream, handle: RunHandle, cfg: Arc<ConnectionConfig>, mut shutdown: Shutdown) -> Ended {
+pub async fn serve(
+    stream: UnixStream,
+    handle: RunHandle,
+    cfg: Arc<ConnectionConfig>,
+    mut shutdown: Shutdown,
+) -> Ended {
     let cred = stream.peer_cred();
     let (read_half, write_half) = stream.into_split();
-    let mut writer = Writer { out: BufWriter::new(write_half), timeout: cfg.write_timeout };
+    let mut writer = Writer {
+        out: BufWriter::new(write_half),
+        timeout: cfg.write_timeout,
+    };
     let caller = match cred {
-        Ok(c) => Caller { uid: c.uid(), pid: c.pid() },
+        Ok(c) => Caller {
+            uid: c.uid(),
+            pid: c.pid(),
+        },
         Err(e) => return Ended::Io(format!("reading peer credentials: {e}")),
     };
     if !cfg.allowed_uids.contains(&caller.uid) {
-        let msg = format!("uid {} may not use this daemon's control socket", caller.uid);
-        let _ = writer.send(&error(ErrorCode::NotPermitted, msg.clone())).await;
+        let msg = format!(
+            "uid {} may not use this daemon's control socket",
+            caller.uid
+        );
+        let _ = writer
+            .send(&error(ErrorCode::NotPermitted, msg.clone()))
+            .await;
         return Ended::Refused(msg);
     }
     let mut reader = FrameReader::new(read_half);
-    let mut conn = Conn { hello_done: false, topics: HashSet::new(), sub: None };
+    let mut conn = Conn {
+        hello_done: false,
+        topics: HashSet::new(),
+        sub: None,
+    };
     loop {
         let ended = tokio::select! {
             biased;
@@ -131,7 +153,10 @@ impl Conn {
             Err(reply) => return writer.send(&reply).await,
         };
         if !self.hello_done {
-            let identity = ServerIdentity { run_name: handle.run_name().to_string(), daemon_pid: std::process::id() };
+            let identity = ServerIdentity {
+                run_name: handle.run_name().to_string(),
+                daemon_pid: std::process::id(),
+            };
             return match negotiate(&req, &identity) {
                 Ok(welcome) => {
                     self.hello_done = true;
@@ -163,7 +188,9 @@ impl Conn {
     }
 }
 
-async fn recv_subscribed(sub: &mut Option<broadcast::Receiver<Arc<Published>>>) -> Result<Arc<Published>, RecvError> {
+async fn recv_subscribed(
+    sub: &mut Option<broadcast::Receiver<Arc<Published>>>,
+) -> Result<Arc<Published>, RecvError> {
     match sub {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -173,6 +200,8 @@ async fn recv_subscribed(sub: &mut Option<broadcast::Receiver<Arc<Published>>>) 
 fn is_disconnect(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
-        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+        std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::UnexpectedEof
     )
 }

@@ -28,12 +28,17 @@ pub struct DispatchConfig {
 
 impl Default for DispatchConfig {
     fn default() -> Self {
-        DispatchConfig { command_timeout: Duration::from_secs(600) }
+        DispatchConfig {
+            command_timeout: Duration::from_secs(600),
+        }
     }
 }
 
 pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error { code, message: message.into() }
+    Response::Error {
+        code,
+        message: message.into(),
+    }
 }
 
 /// Parses one frame; malformed JSON, a well-formed unknown request and a bad field each get
@@ -43,17 +48,35 @@ pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
 }
 
 /// Answers every request except `hello` and `subscribe`, which change connection state.
-pub async fn handle_request(handle: &RunHandle, caller: Caller, cfg: &DispatchConfig, req: Request) -> Response {
+pub async fn handle_request(
+    handle: &RunHandle,
+    caller: Caller,
+    cfg: &DispatchConfig,
+    req: Request,
+) -> Response {
     match req {
-        Request::Hello { .. } => error(ErrorCode::BadFrame, "hello was already exchanged on this connection"),
-        Request::Subscribe { .. } => error(ErrorCode::Internal, "subscribe is handled by the connection"),
+        Request::Hello { .. } => error(
+            ErrorCode::BadFrame,
+            "hello was already exchanged on this connection",
+        ),
+        Request::Subscribe { .. } => error(
+            ErrorCode::Internal,
+            "subscribe is handled by the connection",
+        ),
         Request::Status => Response::Status(Box::new(handle.status_snapshot())),
-        Request::Config => Response::Json { value: handle.config() },
-        Request::Fingerprint => Response::Json { value: handle.fingerprint() },
+        Request::Config => Response::Json {
+            value: handle.config(),
+        },
+        Request::Fingerprint => Response::Json {
+            value: handle.fingerprint(),
+        },
         Request::Caches => to_json(&handle.caches()),
         Request::Checkpoints => to_json(&handle.checkpoints()),
         Request::Events { after_seq } => {
-            let q = JournalQuery { after_seq, ..Default::default() };
+            let q = JournalQuery {
+                after_seq,
+                ..Default::default()
+            };
             match handle.with_journal(|j| j.query(&q)) {
                 Ok(mut events) => {
                     events.truncate(MAX_EVENTS_PER_REPLY);
@@ -65,25 +88,52 @@ pub async fn handle_request(handle: &RunHandle, caller: Caller, cfg: &DispatchCo
         Request::RequestAction { action } => {
             let id = action_id(&action, rand::random());
             let view = handle.state_view();
-            let result = handle.with_pending(|p| p.request(id.clone(), action.clone(), caller.uid, &view, handle.policy()));
+            let result = handle.with_pending(|p| {
+                p.request(
+                    id.clone(),
+                    action.clone(),
+                    caller.uid,
+                    &view,
+                    handle.policy(),
+                )
+            });
             let (request, action_id) = match &result {
-                Ok(_) => (format!("{} (filed, awaiting confirmation)", action.title()), Some(id)),
+                Ok(_) => (
+                    format!("{} (filed, awaiting confirmation)", action.title()),
+                    Some(id),
+                ),
                 Err(e) => (format!("{} (refused: {e})", action.title()), None),
             };
-            handle.record_event_logged(Severity::Info, EventKind::OperatorRequest { uid: caller.uid, request, action_id });
+            handle.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: caller.uid,
+                    request,
+                    action_id,
+                },
+            );
             match result {
                 Ok(action) => Response::Pending { action },
                 Err(e) => error(e.code(), e.to_string()),
             }
         }
-        Request::Confirm { action_id, run_name, via } => {
+        Request::Confirm {
+            action_id,
+            run_name,
+            via,
+        } => {
             let view = handle.state_view();
-            let result = handle.with_pending(|p| p.confirm(&action_id, &run_name, &view, handle.policy()));
+            let result =
+                handle.with_pending(|p| p.confirm(&action_id, &run_name, &view, handle.policy()));
             match result {
                 Ok(approved) => {
                     handle.record_event_logged(
                         Severity::Warn,
-                        EventKind::OperatorConfirmed { uid: caller.uid, action_id: action_id.clone(), via },
+                        EventKind::OperatorConfirmed {
+                            uid: caller.uid,
+                            action_id: action_id.clone(),
+                            via,
+                        },
                     );
                     match actions::execute(handle, approved, cfg).await {
                         Ok(outcome) => Response::Executed { action_id, outcome },
@@ -104,7 +154,8 @@ pub async fn handle_request(handle: &RunHandle, caller: Caller, cfg: &DispatchCo
             }
         }
         Request::Cancel { action_id } => {
-            let result = handle.with_pending(|p| p.cancel(&action_id, crate::control::journal::now_ms()));
+            let result =
+                handle.with_pending(|p| p.cancel(&action_id, crate::control::journal::now_ms()));
             let outcome = match &result {
                 Ok(_) => "cancelled".to_string(),
                 Err(e) => format!("refused: {e}"),
@@ -144,7 +195,13 @@ mod tests {
         };
         assert_eq!(code(b"\x00\xffnot json"), ErrorCode::BadFrame);
         assert_eq!(code(b"[1,2]"), ErrorCode::BadFrame);
-        assert_eq!(code(br#"{"type":"launch_missiles"}"#), ErrorCode::UnknownRequest);
-        assert_eq!(code(br#"{"type":"confirm","action_id":"x"}"#), ErrorCode::BadFrame);
+        assert_eq!(
+            code(br#"{"type":"launch_missiles"}"#),
+            ErrorCode::UnknownRequest
+        );
+        assert_eq!(
+            code(br#"{"type":"confirm","action_id":"x"}"#),
+            ErrorCode::BadFrame
+        );
     }
 }

@@ -19,7 +19,12 @@ pub struct FrameReader<R> {
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> Self {
-        FrameReader { inner, splitter: FrameSplitter::new(), ready: VecDeque::new(), chunk: vec![0; 16 * 1024].into() }
+        FrameReader {
+            inner,
+            splitter: FrameSplitter::new(),
+            ready: VecDeque::new(),
+            chunk: vec![0; 16 * 1024].into(),
+        }
     }
 
     /// The next frame (or framing error, e.g. an oversize frame that was skipped), or `None`
@@ -40,7 +45,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
 /// Encodes one response as a line and flushes it. A response too large for a frame (which
 /// the client would refuse) is replaced by an error reply that says so.
-pub async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &Response) -> std::io::Result<()> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    frame: &Response,
+) -> std::io::Result<()> {
     let bytes = match encode_frame(frame) {
         Ok(b) => b,
         Err(e) => encode_frame(&Response::Error {
@@ -64,13 +72,28 @@ mod tests {
         let writer = tokio::spawn(async move {
             client.write_all(b"{\"type\":\"sta").await.unwrap();
             client.write_all(b"tus\"}\n").await.unwrap();
-            client.write_all(&vec![b'x'; MAX_FRAME_BYTES + 10]).await.unwrap();
-            client.write_all(b"\n{\"type\":\"config\"}\n").await.unwrap();
+            client
+                .write_all(&vec![b'x'; MAX_FRAME_BYTES + 10])
+                .await
+                .unwrap();
+            client
+                .write_all(b"\n{\"type\":\"config\"}\n")
+                .await
+                .unwrap();
         });
         let mut r = FrameReader::new(server);
-        assert_eq!(r.next().await.unwrap().unwrap().unwrap(), b"{\"type\":\"status\"}");
-        assert!(matches!(r.next().await.unwrap().unwrap(), Err(FrameError::TooLarge { .. })));
-        assert_eq!(r.next().await.unwrap().unwrap().unwrap(), b"{\"type\":\"config\"}");
+        assert_eq!(
+            r.next().await.unwrap().unwrap().unwrap(),
+            b"{\"type\":\"status\"}"
+        );
+        assert!(matches!(
+            r.next().await.unwrap().unwrap(),
+            Err(FrameError::TooLarge { .. })
+        ));
+        assert_eq!(
+            r.next().await.unwrap().unwrap().unwrap(),
+            b"{\"type\":\"config\"}"
+        );
         writer.await.unwrap();
         assert!(r.next().await.unwrap().is_none());
     }

@@ -21,7 +21,11 @@ const MEMORY_TAIL: usize = 4096;
 #[derive(Debug, Error)]
 pub enum JournalError {
     #[error("{action} journal {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("serializing journal event: {0}")]
     Serialize(#[from] serde_json::Error),
 }
@@ -78,11 +82,17 @@ impl Journal {
     pub fn open_file(path: &Path) -> Result<(Self, RecoveryReport), JournalError> {
         let io_err = |action: &'static str| {
             let path = path.to_path_buf();
-            move |source| JournalError::Io { action, path, source }
+            move |source| JournalError::Io {
+                action,
+                path,
+                source,
+            }
         };
         let (events, report, good_len) = match File::open(path) {
             Ok(f) => scan(BufReader::new(f)).map_err(io_err("reading"))?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), RecoveryReport::default(), 0),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                (Vec::new(), RecoveryReport::default(), 0)
+            }
             Err(e) => return Err(io_err("opening")(e)),
         };
         let file = OpenOptions::new()
@@ -91,13 +101,22 @@ impl Journal {
             .open(path)
             .map_err(io_err("opening for append"))?;
         if report.torn_tail_bytes > 0 {
-            file.set_len(good_len).map_err(io_err("truncating the torn tail of"))?;
+            file.set_len(good_len)
+                .map_err(io_err("truncating the torn tail of"))?;
             file.sync_all().map_err(io_err("syncing"))?;
         }
         let next_seq = events.last().map_or(1, |e| e.seq + 1);
         let skip = events.len().saturating_sub(MEMORY_TAIL);
         let tail = events.into_iter().skip(skip).collect();
-        Ok((Journal { path: path.to_path_buf(), file, next_seq, tail }, report))
+        Ok((
+            Journal {
+                path: path.to_path_buf(),
+                file,
+                next_seq,
+                tail,
+            },
+            report,
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -121,12 +140,21 @@ impl Journal {
         severity: Severity,
         kind: EventKind,
     ) -> Result<Event, JournalError> {
-        let event = Event { seq: self.next_seq, ts_ms, severity, kind };
+        let event = Event {
+            seq: self.next_seq,
+            ts_ms,
+            severity,
+            kind,
+        };
         let mut line = serde_json::to_vec(&event)?;
         line.push(b'\n');
         let io_err = |action: &'static str| {
             let path = self.path.clone();
-            move |source| JournalError::Io { action, path, source }
+            move |source| JournalError::Io {
+                action,
+                path,
+                source,
+            }
         };
         self.file.write_all(&line).map_err(io_err("appending to"))?;
         self.file.sync_data().map_err(io_err("syncing"))?;
@@ -160,7 +188,11 @@ impl Journal {
             })?;
             events.into_iter().filter(|e| query.matches(e)).collect()
         } else {
-            self.tail.iter().filter(|e| query.matches(e)).cloned().collect()
+            self.tail
+                .iter()
+                .filter(|e| query.matches(e))
+                .cloned()
+                .collect()
         };
         if let Some(limit) = query.limit {
             // The newest `limit` events are the useful ones for a timeline.
@@ -256,7 +288,8 @@ mod tests {
         }
         let path = dir.path().join(JOURNAL_FILE_NAME);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(br#"{"seq":2,"ts_ms":5,"severity":"info","kind":"no"#).unwrap();
+        f.write_all(br#"{"seq":2,"ts_ms":5,"severity":"info","kind":"no"#)
+            .unwrap();
         drop(f);
         let (mut j, report) = Journal::open(dir.path()).unwrap();
         assert!(report.torn_tail_bytes > 0);
@@ -289,14 +322,50 @@ mod tests {
     fn query_by_seq_time_and_severity() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _) = Journal::open(dir.path()).unwrap();
-        for (ts, sev) in [(100, Severity::Info), (200, Severity::Warn), (300, Severity::Crit), (400, Severity::Info)] {
+        for (ts, sev) in [
+            (100, Severity::Info),
+            (200, Severity::Warn),
+            (300, Severity::Crit),
+            (400, Severity::Info),
+        ] {
             j.append_at(ts, sev, note("x")).unwrap();
         }
-        let seqs = |q: JournalQuery| j.query(&q).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>();
-        assert_eq!(seqs(JournalQuery { after_seq: Some(2), ..Default::default() }), vec![3, 4]);
-        assert_eq!(seqs(JournalQuery { since_ms: Some(200), until_ms: Some(300), ..Default::default() }), vec![2, 3]);
-        assert_eq!(seqs(JournalQuery { min_severity: Some(Severity::Warn), ..Default::default() }), vec![2, 3]);
-        assert_eq!(seqs(JournalQuery { limit: Some(2), ..Default::default() }), vec![3, 4]);
+        let seqs = |q: JournalQuery| {
+            j.query(&q)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            seqs(JournalQuery {
+                after_seq: Some(2),
+                ..Default::default()
+            }),
+            vec![3, 4]
+        );
+        assert_eq!(
+            seqs(JournalQuery {
+                since_ms: Some(200),
+                until_ms: Some(300),
+                ..Default::default()
+            }),
+            vec![2, 3]
+        );
+        assert_eq!(
+            seqs(JournalQuery {
+                min_severity: Some(Severity::Warn),
+                ..Default::default()
+            }),
+            vec![2, 3]
+        );
+        assert_eq!(
+            seqs(JournalQuery {
+                limit: Some(2),
+                ..Default::default()
+            }),
+            vec![3, 4]
+        );
     }
 
     #[test]
@@ -308,14 +377,28 @@ mod tests {
         drop(j);
         let mut text = String::new();
         for seq in 1..=(MEMORY_TAIL as u64 + 10) {
-            let e = Event { seq, ts_ms: seq as i64, severity: Severity::Info, kind: note("h") };
+            let e = Event {
+                seq,
+                ts_ms: seq as i64,
+                severity: Severity::Info,
+                kind: note("h"),
+            };
             text.push_str(&serde_json::to_string(&e).unwrap());
             text.push('\n');
         }
         std::fs::write(&path, text).unwrap();
         (j, _) = Journal::open(dir.path()).unwrap();
         assert_eq!(j.recent(1)[0].seq, MEMORY_TAIL as u64 + 10);
-        let early = j.query(&JournalQuery { after_seq: Some(0), until_ms: Some(3), ..Default::default() }).unwrap();
-        assert_eq!(early.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        let early = j
+            .query(&JournalQuery {
+                after_seq: Some(0),
+                until_ms: Some(3),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            early.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
     }
 }

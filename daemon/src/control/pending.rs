@@ -15,7 +15,13 @@ use thiserror::Error;
 use dflash_shared::format::{format_ago, format_bytes, format_duration_ms, format_tokens_per_s};
 
 /// Keys that cannot change on resume or at run time without a confirmed unlock.
-pub const LOCKED_KEYS: [&str; 5] = ["precision", "epochs", "anchors", "block_size", "target_layer_ids"];
+pub const LOCKED_KEYS: [&str; 5] = [
+    "precision",
+    "epochs",
+    "anchors",
+    "block_size",
+    "target_layer_ids",
+];
 pub const DEFAULT_TTL_MS: i64 = 5 * 60_000;
 /// Ids of recently expired actions, kept to tell "expired" apart from "never existed".
 const EXPIRED_MEMORY: usize = 64;
@@ -58,7 +64,10 @@ pub struct StateView {
 impl StateView {
     /// Whether worker threads are alive and may touch compile caches.
     pub fn workers_running(&self) -> bool {
-        !matches!(self.run_state, RunState::Paused | RunState::Finished | RunState::Failed)
+        !matches!(
+            self.run_state,
+            RunState::Paused | RunState::Finished | RunState::Failed
+        )
     }
 }
 
@@ -68,7 +77,9 @@ pub enum ActionError {
     NoSuchAction(String),
     #[error("pending action {id} expired at its deadline; file the request again")]
     Expired { id: String },
-    #[error("the typed run name {typed:?} does not match this run ({expected:?}); nothing was done")]
+    #[error(
+        "the typed run name {typed:?} does not match this run ({expected:?}); nothing was done"
+    )]
     WrongRunName { typed: String, expected: String },
     #[error("refused: {0}")]
     Refused(String),
@@ -129,7 +140,9 @@ impl PendingActions {
         self.expire(view.now_ms);
         let cache_path = check(&action, view, policy)?;
         if self.entries.contains_key(&id) {
-            return Err(ActionError::Refused(format!("action id {id} is already in use")));
+            return Err(ActionError::Refused(format!(
+                "action id {id} is already in use"
+            )));
         }
         let pending = PendingAction {
             id: id.clone(),
@@ -139,7 +152,13 @@ impl PendingActions {
             created_ms: view.now_ms,
             expires_ms: view.now_ms + policy.ttl_ms,
         };
-        self.entries.insert(id, Entry { pending: pending.clone(), cache_path });
+        self.entries.insert(
+            id,
+            Entry {
+                pending: pending.clone(),
+                cache_path,
+            },
+        );
         Ok(pending)
     }
 
@@ -172,7 +191,10 @@ impl PendingActions {
                 entry.cache_path, cache_path
             )));
         }
-        Ok(Approved { pending: entry.pending, cache_path })
+        Ok(Approved {
+            pending: entry.pending,
+            cache_path,
+        })
     }
 
     pub fn cancel(&mut self, id: &str, now_ms: TimestampMs) -> Result<PendingAction, ActionError> {
@@ -221,7 +243,11 @@ impl PendingActions {
 }
 
 /// The state checks of `action`; returns the cache directory a `DeleteCache` would remove.
-fn check(action: &Action, view: &StateView, policy: &ActionPolicy) -> Result<Option<String>, ActionError> {
+fn check(
+    action: &Action,
+    view: &StateView,
+    policy: &ActionPolicy,
+) -> Result<Option<String>, ActionError> {
     let refuse = |m: String| Err(ActionError::Refused(m));
     match action {
         Action::StopRun | Action::Kill | Action::PowerOff
@@ -236,7 +262,10 @@ fn check(action: &Action, view: &StateView, policy: &ActionPolicy) -> Result<Opt
         Action::DeleteCache { name } => {
             let Some(cache) = view.caches.iter().find(|c| &c.name == name) else {
                 let known: Vec<&str> = view.caches.iter().map(|c| c.name.as_str()).collect();
-                return refuse(format!("no cache named {name:?}; known caches: {}", known.join(", ")));
+                return refuse(format!(
+                    "no cache named {name:?}; known caches: {}",
+                    known.join(", ")
+                ));
             };
             if view.workers_running() {
                 return refuse(format!(
@@ -246,7 +275,10 @@ fn check(action: &Action, view: &StateView, policy: &ActionPolicy) -> Result<Opt
                 ));
             }
             if !cache.present {
-                return refuse(format!("the {name} cache at {} is not there; nothing to delete", cache.path));
+                return refuse(format!(
+                    "the {name} cache at {} is not there; nothing to delete",
+                    cache.path
+                ));
             }
             Ok(Some(cache.path.clone()))
         }
@@ -269,7 +301,11 @@ fn check(action: &Action, view: &StateView, policy: &ActionPolicy) -> Result<Opt
 pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) -> Vec<String> {
     let mut out = Vec::new();
     let checkpoint = match &view.last_checkpoint {
-        Some(c) => format!("last checkpoint {} (step {})", format_ago(c.written_ms, view.now_ms), c.step),
+        Some(c) => format!(
+            "last checkpoint {} (step {})",
+            format_ago(c.written_ms, view.now_ms),
+            c.step
+        ),
         None => "no checkpoint written yet".to_string(),
     };
     let throughput = match (view.tokens_per_s, view.stable_since_ms) {
@@ -278,23 +314,36 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
             format_tokens_per_s(t),
             format_duration_ms(view.now_ms - since)
         )),
-        (Some(t), None) => Some(format!("running at {} tok/s (not yet stable)", format_tokens_per_s(t))),
+        (Some(t), None) => Some(format!(
+            "running at {} tok/s (not yet stable)",
+            format_tokens_per_s(t)
+        )),
         (None, _) => None,
     };
     match action {
         Action::StopRun | Action::PowerOff => {
             out.push(checkpoint);
             out.extend(throughput);
-            out.push(format!("writes a final checkpoint at step {}, then the daemon exits", view.step));
+            out.push(format!(
+                "writes a final checkpoint at step {}, then the daemon exits",
+                view.step
+            ));
             if let (Action::PowerOff, Some(cmd)) = (action, &policy.poweroff_command) {
-                out.push(format!("then runs `{}` to power off the machine", cmd.join(" ")));
+                out.push(format!(
+                    "then runs `{}` to power off the machine",
+                    cmd.join(" ")
+                ));
             }
         }
         Action::Kill => {
             out.push(checkpoint);
             out.extend(throughput);
             let lost = match &view.last_checkpoint {
-                Some(c) => format!("steps {}..{} since the last checkpoint are lost", c.step + 1, view.step),
+                Some(c) => format!(
+                    "steps {}..{} since the last checkpoint are lost",
+                    c.step + 1,
+                    view.step
+                ),
                 None => format!("all {} steps of this run are lost", view.step),
             };
             out.push(format!("no final checkpoint: {lost}"));
@@ -308,11 +357,18 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
                     c.path
                 ));
             }
-            out.push("the next start recompiles cold (minutes per device before full speed)".into());
+            out.push(
+                "the next start recompiles cold (minutes per device before full speed)".into(),
+            );
         }
         Action::UnlockKey { key } => {
-            out.push(format!("{key:?} may then change on resume; the change is journaled"));
-            out.push("a run resumed with a different value is no longer comparable to its history".into());
+            out.push(format!(
+                "{key:?} may then change on resume; the change is journaled"
+            ));
+            out.push(
+                "a run resumed with a different value is no longer comparable to its history"
+                    .into(),
+            );
         }
     }
     out

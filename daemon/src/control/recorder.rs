@@ -24,7 +24,10 @@ impl Recorder {
     pub fn open(run_dir: &Path) -> io::Result<Self> {
         let path = run_dir.join(RECORDING_FILE_NAME);
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        Ok(Recorder { path, out: Some(BufWriter::new(file)) })
+        Ok(Recorder {
+            path,
+            out: Some(BufWriter::new(file)),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -39,13 +42,20 @@ impl Recorder {
     pub fn records(frame: &Response) -> bool {
         matches!(
             frame,
-            Response::Metrics(_) | Response::Gpus { .. } | Response::Queue(_) | Response::Event(_) | Response::Status(_)
+            Response::Metrics(_)
+                | Response::Gpus { .. }
+                | Response::Queue(_)
+                | Response::Event(_)
+                | Response::Status(_)
         )
     }
 
     pub fn record(&mut self, ts_ms: TimestampMs, frame: &Response) {
         let Some(out) = self.out.as_mut() else { return };
-        let line = RecordedFrame { ts_ms, frame: frame.clone() };
+        let line = RecordedFrame {
+            ts_ms,
+            frame: frame.clone(),
+        };
         let result = serde_json::to_writer(&mut *out, &line)
             .map_err(io::Error::other)
             .and_then(|()| out.write_all(b"\n"))

@@ -59,7 +59,11 @@ pub enum ServerError {
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
     #[error("{action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 }
 
 #[derive(Debug)]
@@ -82,12 +86,23 @@ impl ControlServer {
         let stale_removed = remove_stale_socket(&path)?;
         let io_err = |action: &'static str| {
             let path = path.clone();
-            move |source| ServerError::Io { action, path, source }
+            move |source| ServerError::Io {
+                action,
+                path,
+                source,
+            }
         };
         let listener = UnixListener::bind(&path).map_err(io_err("binding"))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io_err("setting mode 0600 on"))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err("setting mode 0600 on"))?;
         let meta = std::fs::symlink_metadata(&path).map_err(io_err("inspecting"))?;
-        Ok(ControlServer { listener, config, handle, identity: (meta.dev(), meta.ino()), stale_removed })
+        Ok(ControlServer {
+            listener,
+            config,
+            handle,
+            identity: (meta.dev(), meta.ino()),
+            stale_removed,
+        })
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -101,7 +116,13 @@ impl ControlServer {
 
     /// Serves until shutdown is requested on the handle, then waits for every connection.
     pub async fn run(self) {
-        let ControlServer { listener, config, handle, identity, .. } = self;
+        let ControlServer {
+            listener,
+            config,
+            handle,
+            identity,
+            ..
+        } = self;
         let limit = Arc::new(Semaphore::new(config.max_connections));
         let conn_cfg = Arc::new(ConnectionConfig {
             write_timeout: config.write_timeout,
@@ -162,14 +183,22 @@ fn expire_pending(handle: &RunHandle) {
     for a in expired {
         handle.record_event_logged(
             Severity::Info,
-            EventKind::Note { message: format!("pending action {} ({}) expired unconfirmed", a.id, a.action.title()) },
+            EventKind::Note {
+                message: format!(
+                    "pending action {} ({}) expired unconfirmed",
+                    a.id,
+                    a.action.title()
+                ),
+            },
         );
     }
 }
 
 fn log_end(ended: &Ended) {
     match ended {
-        Ended::ClientClosed | Ended::Shutdown => tracing::debug!(?ended, "control connection ended"),
+        Ended::ClientClosed | Ended::Shutdown => {
+            tracing::debug!(?ended, "control connection ended")
+        }
         Ended::Refused(m) => tracing::warn!("refused control connection: {m}"),
         other => tracing::info!(ended = ?other, "control connection ended"),
     }
@@ -180,7 +209,13 @@ fn remove_stale_socket(path: &Path) -> Result<bool, ServerError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(source) => return Err(ServerError::Io { action: "inspecting", path: path.into(), source }),
+        Err(source) => {
+            return Err(ServerError::Io {
+                action: "inspecting",
+                path: path.into(),
+                source,
+            })
+        }
     };
     use std::os::unix::fs::FileTypeExt;
     if !meta.file_type().is_socket() {
@@ -189,12 +224,19 @@ fn remove_stale_socket(path: &Path) -> Result<bool, ServerError> {
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => Err(ServerError::SocketInUse(path.into())),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            std::fs::remove_file(path)
-                .map_err(|source| ServerError::Io { action: "removing stale socket", path: path.into(), source })?;
+            std::fs::remove_file(path).map_err(|source| ServerError::Io {
+                action: "removing stale socket",
+                path: path.into(),
+                source,
+            })?;
             tracing::info!(path = %path.display(), "removed a stale control socket (nobody was listening)");
             Ok(true)
         }
-        Err(source) => Err(ServerError::Io { action: "probing existing socket", path: path.into(), source }),
+        Err(source) => Err(ServerError::Io {
+            action: "probing existing socket",
+            path: path.into(),
+            source,
+        }),
     }
 }
 

@@ -30,9 +30,15 @@ pub type CommandOutcome = Result<String, String>;
 #[derive(Debug)]
 pub enum RunCommand {
     /// Write a checkpoint, then return from the run loop. Reply with where it went.
-    Stop { action_id: String, reply: oneshot::Sender<CommandOutcome> },
+    Stop {
+        action_id: String,
+        reply: oneshot::Sender<CommandOutcome>,
+    },
     /// Return from the run loop now, without a checkpoint.
-    Kill { action_id: String, reply: oneshot::Sender<CommandOutcome> },
+    Kill {
+        action_id: String,
+        reply: oneshot::Sender<CommandOutcome>,
+    },
 }
 
 #[derive(Debug)]
@@ -80,7 +86,14 @@ pub struct RunHandleParts {
 
 impl RunHandle {
     pub fn new(parts: RunHandleParts) -> Self {
-        let RunHandleParts { policy, run_dir, journal, bus, recorder, config_path } = parts;
+        let RunHandleParts {
+            policy,
+            run_dir,
+            journal,
+            bus,
+            recorder,
+            config_path,
+        } = parts;
         let snapshot = StatusSnapshot {
             run: RunInfo {
                 name: policy.run_name.clone(),
@@ -94,8 +107,14 @@ impl RunHandle {
                 run_dir: run_dir.display().to_string(),
                 config_path,
             },
-            throughput: Throughput { tokens_per_s: 0.0, baseline_tokens_per_s: None, stable_since_ms: None },
-            gpus: GpuTelemetry::Unavailable { reason: "GPU telemetry not sampled yet".into() },
+            throughput: Throughput {
+                tokens_per_s: 0.0,
+                baseline_tokens_per_s: None,
+                stable_since_ms: None,
+            },
+            gpus: GpuTelemetry::Unavailable {
+                reason: "GPU telemetry not sampled yet".into(),
+            },
             host: None,
             queue: QueueStats::default(),
             caches: Vec::new(),
@@ -110,7 +129,10 @@ impl RunHandle {
             inner: Arc::new(Shared {
                 run_name: policy.run_name.clone(),
                 run_dir,
-                status: RwLock::new(Status { snapshot, have_metrics: false }),
+                status: RwLock::new(Status {
+                    snapshot,
+                    have_metrics: false,
+                }),
                 config: RwLock::new(serde_json::Value::Null),
                 fingerprint: RwLock::new(serde_json::Value::Null),
                 journal: Mutex::new(journal),
@@ -225,7 +247,11 @@ impl RunHandle {
         }
         self.record_event(
             Severity::Info,
-            EventKind::CheckpointWritten { step: c.step, path: c.path, bytes: c.bytes },
+            EventKind::CheckpointWritten {
+                step: c.step,
+                path: c.path,
+                bytes: c.bytes,
+            },
         )
     }
 
@@ -347,7 +373,10 @@ impl RunHandle {
 
     /// A [`Shutdown`] listener; it also fires if shutdown was requested before subscribing.
     pub fn shutdown_listener(&self) -> Shutdown {
-        Shutdown { rx: self.inner.shutdown_tx.subscribe(), handle: self.clone() }
+        Shutdown {
+            rx: self.inner.shutdown_tx.subscribe(),
+            handle: self.clone(),
+        }
     }
 }
 

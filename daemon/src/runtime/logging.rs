@@ -58,34 +58,56 @@ pub struct LogGuards {
 }
 
 /// Builds the subscriber without installing it (tests use `with_default`).
-pub fn build(cfg: &LoggingConfig) -> Result<(impl Subscriber + Send + Sync, LogGuards), LoggingError> {
+pub fn build(
+    cfg: &LoggingConfig,
+) -> Result<(impl Subscriber + Send + Sync, LogGuards), LoggingError> {
     std::fs::create_dir_all(&cfg.log_dir).map_err(|e| files_err(&cfg.log_dir, e))?;
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) if !env.is_empty() => env,
         _ => cfg.filter.clone(),
     };
-    let env_filter = EnvFilter::try_new(&filter).map_err(|e| LoggingError::Filter { filter, message: e.to_string() })?;
-    let (human, human_guard) = tracing_appender::non_blocking(appender(&cfg.log_dir, HUMAN_LOG_SUFFIX)?);
-    let (json, json_guard) = tracing_appender::non_blocking(appender(&cfg.log_dir, JSON_LOG_SUFFIX)?);
+    let env_filter = EnvFilter::try_new(&filter).map_err(|e| LoggingError::Filter {
+        filter,
+        message: e.to_string(),
+    })?;
+    let (human, human_guard) =
+        tracing_appender::non_blocking(appender(&cfg.log_dir, HUMAN_LOG_SUFFIX)?);
+    let (json, json_guard) =
+        tracing_appender::non_blocking(appender(&cfg.log_dir, JSON_LOG_SUFFIX)?);
     let stderr_human = (cfg.stderr == StderrFormat::Human).then(|| {
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::env::var_os("NO_COLOR").is_none())
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::env::var_os("NO_COLOR").is_none())
     });
-    let stderr_json =
-        (cfg.stderr == StderrFormat::Json).then(|| tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr));
+    let stderr_json = (cfg.stderr == StderrFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
     let subscriber = Registry::default()
         .with(env_filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(human).with_ansi(false))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(human)
+                .with_ansi(false),
+        )
         .with(tracing_subscriber::fmt::layer().json().with_writer(json))
         .with(stderr_human)
         .with(stderr_json)
         .with(cfg.bus.clone().map(|bus| BusLayer { bus }));
-    Ok((subscriber, LogGuards { _guards: vec![human_guard, json_guard] }))
+    Ok((
+        subscriber,
+        LogGuards {
+            _guards: vec![human_guard, json_guard],
+        },
+    ))
 }
 
 /// Builds and installs the process-wide subscriber.
 pub fn init(cfg: &LoggingConfig) -> Result<LogGuards, LoggingError> {
     let (subscriber, guards) = build(cfg)?;
-    tracing::subscriber::set_global_default(subscriber).map_err(|_| LoggingError::AlreadyInstalled)?;
+    tracing::subscriber::set_global_default(subscriber)
+        .map_err(|_| LoggingError::AlreadyInstalled)?;
     Ok(guards)
 }
 
@@ -100,7 +122,10 @@ fn appender(dir: &Path, suffix: &str) -> Result<RollingFileAppender, LoggingErro
 }
 
 fn files_err(dir: &Path, e: impl std::fmt::Display) -> LoggingError {
-    LoggingError::Files { dir: dir.to_path_buf(), message: e.to_string() }
+    LoggingError::Files {
+        dir: dir.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 /// Publishes each log line to `logs` subscribers as `Response::Log`.
@@ -120,7 +145,13 @@ impl<S: Subscriber> Layer<S> for BusLayer {
         if !line.fields.is_empty() {
             let _ = write!(text, " {}", line.fields);
         }
-        self.bus.publish(Topic::Logs, Response::Log { level: meta.level().to_string(), line: text });
+        self.bus.publish(
+            Topic::Logs,
+            Response::Log {
+                level: meta.level().to_string(),
+                line: text,
+            },
+        );
     }
 }
 
@@ -164,7 +195,10 @@ pub fn newest_log_file(log_dir: &Path, suffix: &str) -> Option<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             name.starts_with(HUMAN_LOG_PREFIX) && name.ends_with(&format!(".{suffix}"))
         })
         .collect();
@@ -182,7 +216,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bus = FrameBus::new(16);
         let mut rx = bus.subscribe();
-        let cfg = LoggingConfig { log_dir: dir.path().into(), stderr: StderrFormat::Off, filter: "info".into(), bus: Some(bus) };
+        let cfg = LoggingConfig {
+            log_dir: dir.path().into(),
+            stderr: StderrFormat::Off,
+            filter: "info".into(),
+            bus: Some(bus),
+        };
         let (subscriber, guards) = build(&cfg).unwrap();
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(device = "cpu", "warmup finished");
@@ -190,10 +229,15 @@ mod tests {
         });
         drop(guards); // flushes the non-blocking writers
 
-        let human = std::fs::read_to_string(newest_log_file(dir.path(), HUMAN_LOG_SUFFIX).unwrap()).unwrap();
-        assert!(human.contains("warmup finished") && human.contains("device=\"cpu\""), "{human}");
+        let human = std::fs::read_to_string(newest_log_file(dir.path(), HUMAN_LOG_SUFFIX).unwrap())
+            .unwrap();
+        assert!(
+            human.contains("warmup finished") && human.contains("device=\"cpu\""),
+            "{human}"
+        );
         assert!(!human.contains("filtered out"), "{human}");
-        let json = std::fs::read_to_string(newest_log_file(dir.path(), JSON_LOG_SUFFIX).unwrap()).unwrap();
+        let json =
+            std::fs::read_to_string(newest_log_file(dir.path(), JSON_LOG_SUFFIX).unwrap()).unwrap();
         let line: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
         assert_eq!(line["fields"]["message"], "warmup finished");
         assert_eq!(line["level"], "INFO");
@@ -207,7 +251,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(rx.try_recv().is_err(), "the filtered debug line is not published");
+        assert!(
+            rx.try_recv().is_err(),
+            "the filtered debug line is not published"
+        );
     }
 
     #[test]
@@ -216,8 +263,16 @@ mod tests {
             return; // RUST_LOG overrides the configured filter by design.
         }
         let dir = tempfile::tempdir().unwrap();
-        let cfg = LoggingConfig { log_dir: dir.path().into(), stderr: StderrFormat::Off, filter: "=[".into(), bus: None };
+        let cfg = LoggingConfig {
+            log_dir: dir.path().into(),
+            stderr: StderrFormat::Off,
+            filter: "=[".into(),
+            bus: None,
+        };
         let err = build(&cfg).err().expect("invalid filter");
-        assert!(err.to_string().contains("invalid log filter \"=[\""), "{err}");
+        assert!(
+            err.to_string().contains("invalid log filter \"=[\""),
+            "{err}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 pub mod bus;
 pub mod handle;
 pub mod lock;
-pub mod paths;
-pub mod queue;
 pub mod logging;
 pub mod notify;
+pub mod paths;
+pub mod queue;

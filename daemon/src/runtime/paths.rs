@@ -23,14 +23,24 @@ pub const MAX_SOCKET_PATH_BYTES: usize = 107;
 
 #[derive(Debug, Error)]
 pub enum PathError {
-    #[error("cannot determine the home directory (HOME unset?); pass --run-dir and --socket explicitly")]
+    #[error(
+        "cannot determine the home directory (HOME unset?); pass --run-dir and --socket explicitly"
+    )]
     NoHome,
     #[error("socket path {path} is {len} bytes; Unix sockets allow at most {max}. Pass a shorter --socket")]
-    SocketPathTooLong { path: PathBuf, len: usize, max: usize },
+    SocketPathTooLong {
+        path: PathBuf,
+        len: usize,
+        max: usize,
+    },
     #[error("{path}: {reason}")]
     UnsafeDirectory { path: PathBuf, reason: String },
     #[error("{action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 }
 
 /// Raw inputs to path resolution, as read from the environment.
@@ -164,7 +174,11 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(source) => {
-            return Err(PathError::Io { action: "creating", path: dir.to_path_buf(), source });
+            return Err(PathError::Io {
+                action: "creating",
+                path: dir.to_path_buf(),
+                source,
+            });
         }
     }
     let meta = std::fs::symlink_metadata(dir).map_err(|source| PathError::Io {
@@ -193,7 +207,11 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
     }
     if meta.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| PathError::Io { action: "setting mode 0700 on", path: dir.to_path_buf(), source },
+            |source| PathError::Io {
+                action: "setting mode 0700 on",
+                path: dir.to_path_buf(),
+                source,
+            },
         )?;
     }
     Ok(())
@@ -226,11 +244,17 @@ mod tests {
     #[test]
     fn xdg_runtime_dir_holds_the_socket() {
         let p = resolve(&inputs());
-        assert_eq!(p.socket, PathBuf::from("/run/user/1000/dflash/dflashd.sock"));
+        assert_eq!(
+            p.socket,
+            PathBuf::from("/run/user/1000/dflash/dflashd.sock")
+        );
         assert_eq!(p.socket_dir_source, SocketDirSource::XdgRuntimeDir);
         assert!(p.socket_notice().is_none());
         assert_eq!(p.log_dir, PathBuf::from("/home/a/.local/state/dflash/logs"));
-        assert_eq!(p.default_run_dir, PathBuf::from("/home/a/.local/share/dflash/runs/default"));
+        assert_eq!(
+            p.default_run_dir,
+            PathBuf::from("/home/a/.local/share/dflash/runs/default")
+        );
     }
 
     #[test]

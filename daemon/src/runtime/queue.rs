@@ -43,7 +43,11 @@ pub struct QueueConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum QueueConfigError {
     #[error("queue watermarks must satisfy 0 <= low_watermark < high_watermark <= capacity; found low {low}, high {high}, capacity {capacity}")]
-    Watermarks { low: usize, high: usize, capacity: usize },
+    Watermarks {
+        low: usize,
+        high: usize,
+        capacity: usize,
+    },
     #[error("queue byte_cap must be > 0")]
     ZeroByteCap,
 }
@@ -145,7 +149,11 @@ impl<T: ByteSized> HiddenStateQueue<T> {
     pub fn push(&self, item: T) -> Result<(), PushError<T>> {
         let bytes = item.byte_size();
         if bytes > self.cfg.byte_cap {
-            return Err(PushError::TooLarge { item, bytes, cap: self.cfg.byte_cap });
+            return Err(PushError::TooLarge {
+                item,
+                bytes,
+                cap: self.cfg.byte_cap,
+            });
         }
         let mut st = self.lock();
         let mut wait_start = None;
@@ -154,7 +162,9 @@ impl<T: ByteSized> HiddenStateQueue<T> {
                 self.end_producer_wait(&mut st, wait_start);
                 return Err(PushError::Closed(item));
             }
-            let full = st.gated || st.items.len() >= self.cfg.high_watermark || st.bytes + bytes > self.cfg.byte_cap;
+            let full = st.gated
+                || st.items.len() >= self.cfg.high_watermark
+                || st.bytes + bytes > self.cfg.byte_cap;
             if !full {
                 break;
             }
@@ -225,7 +235,10 @@ impl<T: ByteSized> HiddenStateQueue<T> {
                         self.end_consumer_wait(&mut st, wait_start);
                         return Popped::TimedOut;
                     }
-                    self.not_empty.wait_timeout(st, d - now).unwrap_or_else(|p| p.into_inner()).0
+                    self.not_empty
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
                 }
             };
         }

@@ -8,7 +8,12 @@ fn block(v: f64) -> Tensor {
 }
 
 fn cfg(capacity: usize, high: usize, low: usize, byte_cap: u64) -> QueueConfig {
-    QueueConfig { capacity, high_watermark: high, low_watermark: low, byte_cap }
+    QueueConfig {
+        capacity,
+        high_watermark: high,
+        low_watermark: low,
+        byte_cap,
+    }
 }
 
 /// Polls `cond` for up to 5 s; the queue is driven by real threads.
@@ -23,9 +28,15 @@ fn eventually(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn bad_watermarks_are_refused_with_the_numbers() {
     let err = HiddenStateQueue::<Tensor>::new(cfg(4, 6, 2, 100)).unwrap_err();
-    assert!(err.to_string().contains("low 2, high 6, capacity 4"), "{err}");
+    assert!(
+        err.to_string().contains("low 2, high 6, capacity 4"),
+        "{err}"
+    );
     assert!(HiddenStateQueue::<Tensor>::new(cfg(4, 4, 4, 100)).is_err());
-    assert_eq!(HiddenStateQueue::<Tensor>::new(cfg(4, 4, 1, 0)).unwrap_err(), QueueConfigError::ZeroByteCap);
+    assert_eq!(
+        HiddenStateQueue::<Tensor>::new(cfg(4, 4, 1, 0)).unwrap_err(),
+        QueueConfigError::ZeroByteCap
+    );
 }
 
 #[test]
@@ -54,13 +65,21 @@ fn producers_block_at_high_and_resume_only_at_low() {
             }
         })
     };
-    eventually("producer blocked at the high watermark", || q.depth() == 4 && q.waiting().0 == 1);
+    eventually("producer blocked at the high watermark", || {
+        q.depth() == 4 && q.waiting().0 == 1
+    });
     let _ = q.pop().unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(q.depth(), 3, "hysteresis: one pop above the low watermark must not release the producer");
+    assert_eq!(
+        q.depth(),
+        3,
+        "hysteresis: one pop above the low watermark must not release the producer"
+    );
     assert_eq!(q.waiting().0, 1);
     let _ = q.pop().unwrap();
-    eventually("producer refilled to the high watermark", || q.depth() == 4 && q.waiting().0 == 1);
+    eventually("producer refilled to the high watermark", || {
+        q.depth() == 4 && q.waiting().0 == 1
+    });
     while !matches!(q.pop_timeout(Duration::from_millis(500)), Popped::TimedOut) {}
     producer.join().unwrap();
     let s = q.stats();
@@ -80,10 +99,14 @@ fn the_byte_cap_bounds_resident_memory() {
             }
         })
     };
-    eventually("producer blocked by bytes", || q.depth() == 3 && q.waiting().0 == 1);
+    eventually("producer blocked by bytes", || {
+        q.depth() == 3 && q.waiting().0 == 1
+    });
     assert_eq!(q.stats().bytes_resident, 192);
     let _ = q.pop().unwrap();
-    eventually("one more fits", || q.depth() == 3 && q.stats().bytes_resident == 192);
+    eventually("one more fits", || {
+        q.depth() == 3 && q.stats().bytes_resident == 192
+    });
     let _ = q.pop().unwrap();
     producer.join().unwrap();
 }
@@ -105,10 +128,15 @@ fn close_lets_consumers_drain_then_end_and_returns_late_pushes() {
     let q = HiddenStateQueue::new(cfg(4, 4, 1, 1 << 20)).unwrap();
     q.push(block(7.0)).unwrap();
     q.close();
-    assert!(matches!(q.push(block(8.0)), Err(PushError::Closed(t)) if t.double_value(&[0, 0]) == 8.0));
+    assert!(
+        matches!(q.push(block(8.0)), Err(PushError::Closed(t)) if t.double_value(&[0, 0]) == 8.0)
+    );
     assert_eq!(q.pop().unwrap().double_value(&[0, 0]), 7.0);
     assert!(q.pop().is_none());
-    assert!(matches!(q.pop_timeout(Duration::from_millis(1)), Popped::Closed));
+    assert!(matches!(
+        q.pop_timeout(Duration::from_millis(1)),
+        Popped::Closed
+    ));
 }
 
 #[test]
@@ -143,7 +171,10 @@ fn starved_consumer_time_is_measured_including_a_wait_in_progress() {
     eventually("consumer waiting", || q.waiting().1 == 1);
     std::thread::sleep(Duration::from_millis(60));
     let during = q.stats();
-    assert!(during.consumer_starved_ms >= 50.0, "ongoing wait counts: {during:?}");
+    assert!(
+        during.consumer_starved_ms >= 50.0,
+        "ongoing wait counts: {during:?}"
+    );
     q.push(block(1.0)).unwrap();
     let _ = consumer.join().unwrap().unwrap();
     let after = q.stats();
@@ -183,8 +214,13 @@ fn two_producers_and_two_consumers_lose_nothing() {
         p.join().unwrap();
     }
     q.close();
-    let (sum, n) = consumers.into_iter().map(|c| c.join().unwrap()).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let expected: f64 = (0..2).flat_map(|p| (0..200).map(move |i| (p * 1000 + i) as f64)).sum();
+    let (sum, n) = consumers
+        .into_iter()
+        .map(|c| c.join().unwrap())
+        .fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let expected: f64 = (0..2)
+        .flat_map(|p| (0..200).map(move |i| (p * 1000 + i) as f64))
+        .sum();
     assert_eq!((sum, n), (expected, 400));
     let s = q.stats();
     assert!(s.producer_rate > 0.0 && s.consumer_rate > 0.0, "{s:?}");

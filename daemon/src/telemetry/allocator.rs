@@ -43,7 +43,11 @@ mod ffi {
             err: *mut c_char,
             err_len: usize,
         ) -> c_int;
-        pub fn dflash_cuda_allocator_reset_peak(device: c_int, err: *mut c_char, err_len: usize) -> c_int;
+        pub fn dflash_cuda_allocator_reset_peak(
+            device: c_int,
+            err: *mut c_char,
+            err_len: usize,
+        ) -> c_int;
     }
 }
 
@@ -87,11 +91,14 @@ pub fn cuda_stats(device: usize) -> Result<AllocatorStats, AllocatorUnavailable>
 fn query(device: usize) -> Result<AllocatorStats, AllocatorUnavailable> {
     let mut out = ffi::DflashAllocatorStats::default();
     let mut err = [0 as std::ffi::c_char; 512];
-    let dev = std::ffi::c_int::try_from(device)
-        .map_err(|_| AllocatorUnavailable::Failed { device, message: "device index out of range".into() })?;
+    let dev = std::ffi::c_int::try_from(device).map_err(|_| AllocatorUnavailable::Failed {
+        device,
+        message: "device index out of range".into(),
+    })?;
     // SAFETY: `out` and `err` are valid for writes of their full size; the shim catches every
     // C++ exception and NUL-terminates `err`.
-    let rc = unsafe { ffi::dflash_cuda_allocator_stats(dev, &mut out, err.as_mut_ptr(), err.len()) };
+    let rc =
+        unsafe { ffi::dflash_cuda_allocator_stats(dev, &mut out, err.as_mut_ptr(), err.len()) };
     match rc {
         ffi::OK => {
             let u = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -104,19 +111,26 @@ fn query(device: usize) -> Result<AllocatorStats, AllocatorUnavailable> {
             })
         }
         ffi::NOT_COMPILED => Err(AllocatorUnavailable::NotBuilt(message(&err))),
-        _ => Err(AllocatorUnavailable::Failed { device, message: message(&err) }),
+        _ => Err(AllocatorUnavailable::Failed {
+            device,
+            message: message(&err),
+        }),
     }
 }
 
 #[cfg(not(dflash_allocator_shim))]
 fn query(_device: usize) -> Result<AllocatorStats, AllocatorUnavailable> {
-    Err(AllocatorUnavailable::NotBuilt("the allocator shim was not compiled (torch headers missing at build time)".into()))
+    Err(AllocatorUnavailable::NotBuilt(
+        "the allocator shim was not compiled (torch headers missing at build time)".into(),
+    ))
 }
 
 /// Resets the peak counters of `device`, so the next reading's peak covers one window.
 pub fn reset_peak(device: usize) -> Result<(), AllocatorUnavailable> {
     if !cuda_query_compiled() {
-        return Err(AllocatorUnavailable::NotBuilt("CUDA allocator query not built".into()));
+        return Err(AllocatorUnavailable::NotBuilt(
+            "CUDA allocator query not built".into(),
+        ));
     }
     if !tch::Cuda::is_available() {
         return Err(AllocatorUnavailable::NoCuda);
@@ -124,12 +138,17 @@ pub fn reset_peak(device: usize) -> Result<(), AllocatorUnavailable> {
     #[cfg(dflash_allocator_shim)]
     {
         let mut err = [0 as std::ffi::c_char; 512];
-        let dev = std::ffi::c_int::try_from(device)
-            .map_err(|_| AllocatorUnavailable::Failed { device, message: "device index out of range".into() })?;
+        let dev = std::ffi::c_int::try_from(device).map_err(|_| AllocatorUnavailable::Failed {
+            device,
+            message: "device index out of range".into(),
+        })?;
         // SAFETY: `err` is valid for writes of its full size; the shim NUL-terminates it.
         let rc = unsafe { ffi::dflash_cuda_allocator_reset_peak(dev, err.as_mut_ptr(), err.len()) };
         if rc != ffi::OK {
-            return Err(AllocatorUnavailable::Failed { device, message: message(&err) });
+            return Err(AllocatorUnavailable::Failed {
+                device,
+                message: message(&err),
+            });
         }
     }
     Ok(())
@@ -148,7 +167,8 @@ mod tests {
 
     #[test]
     fn shim_reports_the_header_version_of_the_linked_wheel() {
-        let v = torch_header_version().expect("build.rs compiles the shim when torch headers exist");
+        let v =
+            torch_header_version().expect("build.rs compiles the shim when torch headers exist");
         assert!(v.starts_with("2."), "{v}");
     }
 

@@ -36,7 +36,11 @@ pub struct CacheEnv {
 
 impl CacheEnv {
     pub fn from_environment() -> Self {
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         CacheEnv {
             torchinductor_cache_dir: var("TORCHINDUCTOR_CACHE_DIR"),
             triton_cache_dir: var("TRITON_CACHE_DIR"),
@@ -61,7 +65,15 @@ fn user_name() -> Option<String> {
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: all pointers are valid for the buffer sizes given; getpwuid_r is thread-safe.
-    let rc = unsafe { libc::getpwuid_r(libc::geteuid(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
     if rc != 0 || result.is_null() {
         return None;
     }
@@ -75,18 +87,40 @@ pub fn default_cache_specs(env: &CacheEnv, run_dir: &Path) -> Vec<CacheSpec> {
     let home = |rel: &str| env.home.as_ref().map(|h| h.join(rel));
     let mut specs = Vec::new();
     let inductor = env.torchinductor_cache_dir.clone().or_else(|| {
-        env.user.as_ref().map(|u| env.tmp_dir.join(format!("torchinductor_{u}")))
+        env.user
+            .as_ref()
+            .map(|u| env.tmp_dir.join(format!("torchinductor_{u}")))
     });
     if let Some(path) = inductor {
-        specs.push(CacheSpec { name: "torchinductor".into(), path });
+        specs.push(CacheSpec {
+            name: "torchinductor".into(),
+            path,
+        });
     }
-    if let Some(path) = env.triton_cache_dir.clone().or_else(|| home(".triton/cache")) {
-        specs.push(CacheSpec { name: "triton".into(), path });
+    if let Some(path) = env
+        .triton_cache_dir
+        .clone()
+        .or_else(|| home(".triton/cache"))
+    {
+        specs.push(CacheSpec {
+            name: "triton".into(),
+            path,
+        });
     }
-    if let Some(path) = env.cuda_cache_path.clone().or_else(|| home(".nv/ComputeCache")) {
-        specs.push(CacheSpec { name: "cuda_compute_cache".into(), path });
+    if let Some(path) = env
+        .cuda_cache_path
+        .clone()
+        .or_else(|| home(".nv/ComputeCache"))
+    {
+        specs.push(CacheSpec {
+            name: "cuda_compute_cache".into(),
+            path,
+        });
     }
-    specs.push(CacheSpec { name: WARMUP_CACHE_NAME.into(), path: run_dir.join(WARMUP_FILE_NAME) });
+    specs.push(CacheSpec {
+        name: WARMUP_CACHE_NAME.into(),
+        path: run_dir.join(WARMUP_FILE_NAME),
+    });
     specs
 }
 
@@ -102,16 +136,21 @@ pub fn scan(spec: &CacheSpec) -> CacheState {
         last_change_ms: None,
         warm: false,
     };
-    let Ok(meta) = std::fs::symlink_metadata(&spec.path) else { return state };
+    let Ok(meta) = std::fs::symlink_metadata(&spec.path) else {
+        return state;
+    };
     state.present = true;
     let mut newest = mtime_ms(&meta);
     if meta.is_file() {
         state.size_bytes = meta.len();
-        state.entries = super::warmup::WarmupRecord::load_file(&spec.path).map_or(0, |r| r.devices.len() as u64);
+        state.entries = super::warmup::WarmupRecord::load_file(&spec.path)
+            .map_or(0, |r| r.devices.len() as u64);
     } else if meta.is_dir() {
         let mut stack = vec![spec.path.clone()];
         while let Some(dir) = stack.pop() {
-            let Ok(read) = std::fs::read_dir(&dir) else { continue };
+            let Ok(read) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in read.flatten() {
                 let Ok(m) = entry.metadata() else { continue };
                 newest = newest.max(mtime_ms(&m));
@@ -169,15 +208,25 @@ impl CacheMonitor {
     pub fn scan_all(&mut self, now_ms: TimestampMs) -> CacheScan {
         let states: Vec<CacheState> = self.specs.iter().map(scan).collect();
         let (changes, transitions) = self.watcher.observe(now_ms, &states);
-        CacheScan { states, changes, transitions }
+        CacheScan {
+            states,
+            changes,
+            transitions,
+        }
     }
 }
 
 /// The inventory saved by the previous daemon and when it was written.
 pub fn load_inventory(run_dir: &Path) -> (Vec<CacheState>, TimestampMs) {
     let path = run_dir.join(INVENTORY_FILE_NAME);
-    let saved_ms = std::fs::metadata(&path).ok().and_then(|m| mtime_ms(&m)).unwrap_or(0);
-    let states = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    let saved_ms = std::fs::metadata(&path)
+        .ok()
+        .and_then(|m| mtime_ms(&m))
+        .unwrap_or(0);
+    let states = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
     (states, saved_ms)
 }
 

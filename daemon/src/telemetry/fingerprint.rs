@@ -20,11 +20,22 @@ pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
 #[derive(Debug, Error)]
 pub enum FingerprintError {
     #[error("hashing {what} {path}: {source}")]
-    Hash { what: &'static str, path: PathBuf, source: std::io::Error },
+    Hash {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a valid fingerprint file: {source}")]
-    Parse { path: PathBuf, source: serde_json::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 /// Where the run's config came from.
@@ -46,12 +57,23 @@ pub struct FingerprintInputs {
 
 /// Gathers the fingerprint. Hashes every data file in full (streamed), so it can take
 /// seconds on large data; run it off the async runtime.
-pub fn collect(inputs: &FingerprintInputs, gpus: &GpuSampler, now_ms: i64) -> Result<Fingerprint, FingerprintError> {
+pub fn collect(
+    inputs: &FingerprintInputs,
+    gpus: &GpuSampler,
+    now_ms: i64,
+) -> Result<Fingerprint, FingerprintError> {
     let (config_hash, config_git_commit) = match &inputs.config {
-        ConfigSource::File(path) => (Some(sha256_file(path, "config")?), git::head_commit_of(path)),
+        ConfigSource::File(path) => (
+            Some(sha256_file(path, "config")?),
+            git::head_commit_of(path),
+        ),
         ConfigSource::Embedded(text) => (Some(hex::encode(Sha256::digest(text.as_bytes()))), None),
     };
-    let data_hash = if inputs.data_files.is_empty() { None } else { Some(hash_data_files(&inputs.data_files)?) };
+    let data_hash = if inputs.data_files.is_empty() {
+        None
+    } else {
+        Some(hash_data_files(&inputs.data_files)?)
+    };
     let venv_env = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from);
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let env = python_env::locate(inputs.python_env.as_deref(), venv_env.as_deref(), &cwd);
@@ -92,26 +114,47 @@ pub enum ResumeDecision {
     /// Nothing differs.
     Unchanged,
     /// Differences that need no confirmation, or that an operator accepted by token.
-    Proceed { drifts: Vec<EnvironmentDrift>, accepted: bool },
+    Proceed {
+        drifts: Vec<EnvironmentDrift>,
+        accepted: bool,
+    },
     /// Differences that hold the run until `confirm_token` is given back by an operator.
-    Blocked { drifts: Vec<EnvironmentDrift>, confirm_token: String },
+    Blocked {
+        drifts: Vec<EnvironmentDrift>,
+        confirm_token: String,
+    },
 }
 
 /// Pure: compares fingerprints and applies the operator's acceptance, if any.
-pub fn resume_decision(previous: Option<&Fingerprint>, current: &Fingerprint, accepted_token: Option<&str>) -> ResumeDecision {
-    let Some(previous) = previous else { return ResumeDecision::FirstStart };
+pub fn resume_decision(
+    previous: Option<&Fingerprint>,
+    current: &Fingerprint,
+    accepted_token: Option<&str>,
+) -> ResumeDecision {
+    let Some(previous) = previous else {
+        return ResumeDecision::FirstStart;
+    };
     let drifts = diff_fingerprints(previous, current);
     if drifts.is_empty() {
         return ResumeDecision::Unchanged;
     }
     if !drifts.iter().any(|d| d.blocks_resume) {
-        return ResumeDecision::Proceed { drifts, accepted: false };
+        return ResumeDecision::Proceed {
+            drifts,
+            accepted: false,
+        };
     }
     let confirm_token = confirm_token(current);
     if accepted_token == Some(confirm_token.as_str()) {
-        ResumeDecision::Proceed { drifts, accepted: true }
+        ResumeDecision::Proceed {
+            drifts,
+            accepted: true,
+        }
     } else {
-        ResumeDecision::Blocked { drifts, confirm_token }
+        ResumeDecision::Blocked {
+            drifts,
+            confirm_token,
+        }
     }
 }
 
@@ -132,9 +175,15 @@ pub fn digest(fp: &Fingerprint) -> [u8; 32] {
 pub fn load(run_dir: &Path) -> Result<Option<Fingerprint>, FingerprintError> {
     let path = run_dir.join(FINGERPRINT_FILE_NAME);
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|source| FingerprintError::Parse { path, source }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| FingerprintError::Parse { path, source }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(FingerprintError::Io { action: "reading", path, source }),
+        Err(source) => Err(FingerprintError::Io {
+            action: "reading",
+            path,
+            source,
+        }),
     }
 }
 
@@ -142,14 +191,21 @@ pub fn load(run_dir: &Path) -> Result<Option<Fingerprint>, FingerprintError> {
 pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
     let path = run_dir.join(FINGERPRINT_FILE_NAME);
     let bytes = serde_json::to_vec_pretty(fp).expect("a fingerprint always serializes");
-    super::write_atomic(&path, &bytes).map_err(|source| FingerprintError::Io { action: "writing", path, source })
+    super::write_atomic(&path, &bytes).map_err(|source| FingerprintError::Io {
+        action: "writing",
+        path,
+        source,
+    })
 }
 
 /// One digest over all data files: each file's name and content hash, in order.
 pub fn hash_data_files(files: &[PathBuf]) -> Result<String, FingerprintError> {
     let mut all = Sha256::new();
     for f in files {
-        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         all.update(name.as_bytes());
         all.update([0]);
         all.update(sha256_file(f, "data file")?.as_bytes());
@@ -159,7 +215,11 @@ pub fn hash_data_files(files: &[PathBuf]) -> Result<String, FingerprintError> {
 }
 
 fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintError> {
-    let err = |source| FingerprintError::Hash { what, path: path.to_path_buf(), source };
+    let err = |source| FingerprintError::Hash {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = std::fs::File::open(path).map_err(err)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -177,7 +237,8 @@ fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintErr
 /// `/proc/self/maps` and read the wheel's `version.py` (or a libtorch zip's `build-version`)
 /// next to it. A torch swapped under the same path shows up here.
 pub fn loaded_libtorch_version() -> Option<String> {
-    let lib_dir = loaded_libtorch_dir().or_else(|| option_env!("DFLASH_BUILD_LIBTORCH_LIB").map(PathBuf::from))?;
+    let lib_dir = loaded_libtorch_dir()
+        .or_else(|| option_env!("DFLASH_BUILD_LIBTORCH_LIB").map(PathBuf::from))?;
     libtorch_version_in(&lib_dir)
 }
 
@@ -194,20 +255,27 @@ pub fn libtorch_version_in(lib_dir: &Path) -> Option<String> {
     let root = lib_dir.parent()?;
     if let Ok(py) = std::fs::read_to_string(root.join("version.py")) {
         let found = py.lines().find_map(|l| {
-            let v = l.strip_prefix("__version__")?.trim_start().strip_prefix('=')?.trim();
+            let v = l
+                .strip_prefix("__version__")?
+                .trim_start()
+                .strip_prefix('=')?
+                .trim();
             Some(v.trim_matches(|c| c == '\'' || c == '"').to_string())
         });
         if found.is_some() {
             return found;
         }
     }
-    std::fs::read_to_string(root.join("build-version")).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(root.join("build-version"))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// CUDA runtime libtorch was built with (e.g. "13.0"), when it has CUDA at all.
 fn cuda_runtime_version() -> Option<String> {
     // tch panics on a libtorch error; a CPU-only libtorch may refuse the query.
-    let v = std::panic::catch_unwind(|| tch::utils::has_cudart().then(tch::utils::version_cudart)).ok()??;
+    let v = std::panic::catch_unwind(|| tch::utils::has_cudart().then(tch::utils::version_cudart))
+        .ok()??;
     (v > 0).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 

@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 
 /// The commit checked out in the repository containing `path`, if it is in one.
 pub fn head_commit_of(path: &Path) -> Option<String> {
-    let start = if path.is_dir() { path.to_path_buf() } else { path.parent()?.to_path_buf() };
+    let start = if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent()?.to_path_buf()
+    };
     let start = std::fs::canonicalize(start).ok()?;
     let git_dir = find_git_dir(&start)?;
     resolve_head(&git_dir)
@@ -86,7 +90,11 @@ mod tests {
         assert_eq!(head_commit_of(&file).as_deref(), Some(SHA));
 
         std::fs::remove_file(git.join("refs/heads/main")).unwrap();
-        std::fs::write(git.join("packed-refs"), format!("# pack-refs\n{SHA} refs/heads/main\n")).unwrap();
+        std::fs::write(
+            git.join("packed-refs"),
+            format!("# pack-refs\n{SHA} refs/heads/main\n"),
+        )
+        .unwrap();
         assert_eq!(head_commit_of(&file).as_deref(), Some(SHA));
 
         let detached = "fedcba9876543210fedcba9876543210fedcba98";

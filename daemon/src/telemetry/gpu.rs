@@ -67,7 +67,13 @@ impl GpuSampler {
     pub fn set_roles_by_cuda_index(&mut self, roles: &[(usize, DeviceRole)]) {
         self.roles = roles
             .iter()
-            .filter_map(|&(cuda, role)| self.cuda_to_nvml.get(cuda).copied().flatten().map(|n| (n, role)))
+            .filter_map(|&(cuda, role)| {
+                self.cuda_to_nvml
+                    .get(cuda)
+                    .copied()
+                    .flatten()
+                    .map(|n| (n, role))
+            })
             .collect();
     }
 
@@ -83,7 +89,9 @@ impl GpuSampler {
 
     /// Model names of every GPU NVML sees, in NVML order.
     pub fn gpu_models(&self) -> Vec<String> {
-        let Ok(nvml) = &self.nvml else { return Vec::new() };
+        let Ok(nvml) = &self.nvml else {
+            return Vec::new();
+        };
         let count = nvml.device_count().unwrap_or(0);
         (0..count)
             .map(|i| {
@@ -97,11 +105,19 @@ impl GpuSampler {
     pub fn sample(&mut self, ts_ms: TimestampMs) -> GpuTelemetry {
         let nvml = match &self.nvml {
             Ok(n) => n,
-            Err(reason) => return GpuTelemetry::Unavailable { reason: reason.clone() },
+            Err(reason) => {
+                return GpuTelemetry::Unavailable {
+                    reason: reason.clone(),
+                }
+            }
         };
         let count = match nvml.device_count() {
             Ok(c) => c,
-            Err(e) => return GpuTelemetry::Unavailable { reason: format!("NVML device count failed: {e}") },
+            Err(e) => {
+                return GpuTelemetry::Unavailable {
+                    reason: format!("NVML device count failed: {e}"),
+                }
+            }
         };
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
@@ -109,7 +125,12 @@ impl GpuSampler {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::debug!(index, error = %e, "NVML device handle failed");
-                    gpus.push(empty_sample(ts_ms, index, format!("unreadable ({e})"), self.role(index)));
+                    gpus.push(empty_sample(
+                        ts_ms,
+                        index,
+                        format!("unreadable ({e})"),
+                        self.role(index),
+                    ));
                     continue;
                 }
             };
@@ -148,7 +169,8 @@ impl GpuSampler {
             return;
         }
         for (cuda, nvml_index) in self.cuda_to_nvml.iter().enumerate() {
-            let Some(sample) = nvml_index.and_then(|n| gpus.iter_mut().find(|g| g.index == n)) else {
+            let Some(sample) = nvml_index.and_then(|n| gpus.iter_mut().find(|g| g.index == n))
+            else {
                 continue;
             };
             match allocator::cuda_stats(cuda) {
@@ -164,10 +186,16 @@ impl GpuSampler {
     }
 
     fn compute_cuda_mapping(&self) -> Vec<Option<u32>> {
-        let Ok(nvml) = &self.nvml else { return Vec::new() };
+        let Ok(nvml) = &self.nvml else {
+            return Vec::new();
+        };
         let count = nvml.device_count().unwrap_or(0);
         let uuids: Vec<String> = (0..count)
-            .map(|i| nvml.device_by_index(i).and_then(|d| d.uuid()).unwrap_or_default())
+            .map(|i| {
+                nvml.device_by_index(i)
+                    .and_then(|d| d.uuid())
+                    .unwrap_or_default()
+            })
             .collect();
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         cuda_to_nvml_indices(visible.as_deref(), &uuids)
@@ -212,7 +240,10 @@ pub fn cuda_to_nvml_indices(visible: Option<&str>, nvml_uuids: &[String]) -> Vec
             }
             out.push(Some(i));
         } else if entry.starts_with("GPU-") {
-            match nvml_uuids.iter().position(|u| !u.is_empty() && u.starts_with(entry)) {
+            match nvml_uuids
+                .iter()
+                .position(|u| !u.is_empty() && u.starts_with(entry))
+            {
                 Some(p) => out.push(Some(p as u32)),
                 None => break,
             }
@@ -230,17 +261,33 @@ mod tests {
     use super::*;
 
     fn uuids() -> Vec<String> {
-        vec!["GPU-aaaa-1".into(), "GPU-bbbb-2".into(), "GPU-cccc-3".into()]
+        vec![
+            "GPU-aaaa-1".into(),
+            "GPU-bbbb-2".into(),
+            "GPU-cccc-3".into(),
+        ]
     }
 
     #[test]
     fn visible_devices_map_cuda_to_nvml_indices() {
-        assert_eq!(cuda_to_nvml_indices(None, &uuids()), vec![Some(0), Some(1), Some(2)]);
-        assert_eq!(cuda_to_nvml_indices(Some("2,0"), &uuids()), vec![Some(2), Some(0)]);
-        assert_eq!(cuda_to_nvml_indices(Some("GPU-bbbb"), &uuids()), vec![Some(1)]);
+        assert_eq!(
+            cuda_to_nvml_indices(None, &uuids()),
+            vec![Some(0), Some(1), Some(2)]
+        );
+        assert_eq!(
+            cuda_to_nvml_indices(Some("2,0"), &uuids()),
+            vec![Some(2), Some(0)]
+        );
+        assert_eq!(
+            cuda_to_nvml_indices(Some("GPU-bbbb"), &uuids()),
+            vec![Some(1)]
+        );
         // CUDA ignores everything from the first invalid entry on.
         assert_eq!(cuda_to_nvml_indices(Some("1,7,0"), &uuids()), vec![Some(1)]);
-        assert_eq!(cuda_to_nvml_indices(Some(""), &uuids()), Vec::<Option<u32>>::new());
+        assert_eq!(
+            cuda_to_nvml_indices(Some(""), &uuids()),
+            Vec::<Option<u32>>::new()
+        );
         assert_eq!(cuda_to_nvml_indices(Some("MIG-x"), &uuids()), vec![None]);
     }
 

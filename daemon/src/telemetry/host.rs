@@ -12,14 +12,18 @@ pub struct HostSampler {
 
 impl HostSampler {
     pub fn new() -> Self {
-        let mut sampler = HostSampler { system: System::new(), pid: Pid::from_u32(std::process::id()) };
+        let mut sampler = HostSampler {
+            system: System::new(),
+            pid: Pid::from_u32(std::process::id()),
+        };
         // CPU usage is a difference between two refreshes; prime the first one.
         sampler.refresh();
         sampler
     }
 
     fn refresh(&mut self) {
-        self.system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        self.system
+            .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
         self.system.refresh_processes_specifics(
             ProcessesToUpdate::Some(&[self.pid]),
             false,

@@ -17,7 +17,9 @@ pub fn locate(explicit: Option<&Path>, virtual_env: Option<&Path>, cwd: &Path) -
 
 /// Every `lib/python3.*/site-packages` of an environment.
 pub fn site_packages(env: &Path) -> Vec<PathBuf> {
-    let Ok(read) = std::fs::read_dir(env.join("lib")) else { return Vec::new() };
+    let Ok(read) = std::fs::read_dir(env.join("lib")) else {
+        return Vec::new();
+    };
     let mut dirs: Vec<PathBuf> = read
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
@@ -31,14 +33,24 @@ pub fn site_packages(env: &Path) -> Vec<PathBuf> {
 /// Distribution name (normalized: lowercase, runs of `-_.` as `-`) → version.
 pub fn installed_packages(site_packages: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let Ok(read) = std::fs::read_dir(site_packages) else { return out };
+    let Ok(read) = std::fs::read_dir(site_packages) else {
+        return out;
+    };
     for entry in read.flatten() {
         let file_name = entry.file_name();
-        let Some(stem) = file_name.to_str().and_then(|n| n.strip_suffix(".dist-info")) else { continue };
+        let Some(stem) = file_name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".dist-info"))
+        else {
+            continue;
+        };
         let parsed = std::fs::read_to_string(entry.path().join("METADATA"))
             .ok()
             .and_then(|m| metadata_name_version(&m))
-            .or_else(|| stem.split_once('-').map(|(n, v)| (n.to_string(), v.to_string())));
+            .or_else(|| {
+                stem.split_once('-')
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+            });
         if let Some((name, version)) = parsed {
             out.insert(normalize(&name), version);
         }
@@ -97,15 +109,28 @@ mod tests {
     fn reads_names_and_versions_from_metadata_with_a_dirname_fallback() {
         let tmp = tempfile::tempdir().unwrap();
         let site = tmp.path().join("lib/python3.11/site-packages");
-        dist(&site, "torch-2.11.0+cu130.dist-info", Some("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n\nVersion: not-this\n"));
-        dist(&site, "Jinja2-3.1.4.dist-info", Some("Name: Jinja2\nVersion: 3.1.4\n"));
+        dist(
+            &site,
+            "torch-2.11.0+cu130.dist-info",
+            Some(
+                "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n\nVersion: not-this\n",
+            ),
+        );
+        dist(
+            &site,
+            "Jinja2-3.1.4.dist-info",
+            Some("Name: Jinja2\nVersion: 3.1.4\n"),
+        );
         dist(&site, "nvidia_nccl_cu13-2.27.7.dist-info", None);
         std::fs::create_dir_all(site.join("torch")).unwrap();
         assert_eq!(site_packages(tmp.path()), vec![site.clone()]);
         let pkgs = installed_packages(&site);
         assert_eq!(pkgs.get("torch").map(String::as_str), Some("2.11.0+cu130"));
         assert_eq!(pkgs.get("jinja2").map(String::as_str), Some("3.1.4"));
-        assert_eq!(pkgs.get("nvidia-nccl-cu13").map(String::as_str), Some("2.27.7"));
+        assert_eq!(
+            pkgs.get("nvidia-nccl-cu13").map(String::as_str),
+            Some("2.27.7")
+        );
         assert_eq!(pkgs.len(), 3);
     }
 
@@ -117,7 +142,13 @@ mod tests {
         std::fs::create_dir_all(cwd.join(".venv")).unwrap();
         std::fs::write(cwd.join(".venv/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
         assert_eq!(locate(None, None, cwd), Some(cwd.join(".venv")));
-        assert_eq!(locate(None, Some(Path::new("/ve")), cwd), Some(PathBuf::from("/ve")));
-        assert_eq!(locate(Some(Path::new("/x")), Some(Path::new("/ve")), cwd), Some(PathBuf::from("/x")));
+        assert_eq!(
+            locate(None, Some(Path::new("/ve")), cwd),
+            Some(PathBuf::from("/ve"))
+        );
+        assert_eq!(
+            locate(Some(Path::new("/x")), Some(Path::new("/ve")), cwd),
+            Some(PathBuf::from("/x"))
+        );
     }
 }

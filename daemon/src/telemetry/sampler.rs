@@ -33,8 +33,20 @@ pub struct TelemetrySampler {
 }
 
 impl TelemetrySampler {
-    pub fn new(handle: RunHandle, gpu: GpuSampler, caches: CacheMonitor, cfg: SamplerConfig) -> Self {
-        TelemetrySampler { gpu, host: HostSampler::new(), caches, handle, cfg, last_cache_scan: None }
+    pub fn new(
+        handle: RunHandle,
+        gpu: GpuSampler,
+        caches: CacheMonitor,
+        cfg: SamplerConfig,
+    ) -> Self {
+        TelemetrySampler {
+            gpu,
+            host: HostSampler::new(),
+            caches,
+            handle,
+            cfg,
+            last_cache_scan: None,
+        }
     }
 
     /// One round of sampling.
@@ -42,7 +54,9 @@ impl TelemetrySampler {
         let now = now_ms();
         self.handle.publish_gpus(self.gpu.sample(now));
         self.handle.set_host(self.host.sample(now));
-        let due = self.last_cache_scan.is_none_or(|t| t.elapsed() >= self.cfg.cache_interval);
+        let due = self
+            .last_cache_scan
+            .is_none_or(|t| t.elapsed() >= self.cfg.cache_interval);
         if due {
             self.scan_caches(now);
             self.last_cache_scan = Some(Instant::now());
@@ -53,13 +67,16 @@ impl TelemetrySampler {
         let scan = self.caches.scan_all(now);
         for change in &scan.changes {
             let severity = match change.kind {
-                dflash_shared::health::CacheChangeKind::Deleted | dflash_shared::health::CacheChangeKind::WentCold => Severity::Warn,
+                dflash_shared::health::CacheChangeKind::Deleted
+                | dflash_shared::health::CacheChangeKind::WentCold => Severity::Warn,
                 _ => Severity::Info,
             };
-            self.handle.record_event_logged(severity, change.to_event_kind());
+            self.handle
+                .record_event_logged(severity, change.to_event_kind());
         }
         for t in &scan.transitions {
-            self.handle.record_event_logged(t.severity(), t.to_event_kind());
+            self.handle
+                .record_event_logged(t.severity(), t.to_event_kind());
         }
         if let Err(e) = save_inventory(&self.cfg.run_dir, &scan.states) {
             tracing::warn!(error = %e, "could not save the cache inventory; a deletion while the daemon is down will go unnoticed");
@@ -69,15 +86,19 @@ impl TelemetrySampler {
 
     /// Runs `tick` every interval on a named thread until shutdown is requested.
     pub fn spawn(mut self) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new().name("dflash-telemetry".into()).spawn(move || {
-            while !self.handle.is_shutdown_requested() {
-                let started = Instant::now();
-                self.tick();
-                // Sleep in short slices so shutdown is not delayed by a whole interval.
-                while started.elapsed() < self.cfg.interval && !self.handle.is_shutdown_requested() {
-                    std::thread::sleep(Duration::from_millis(50).min(self.cfg.interval));
+        std::thread::Builder::new()
+            .name("dflash-telemetry".into())
+            .spawn(move || {
+                while !self.handle.is_shutdown_requested() {
+                    let started = Instant::now();
+                    self.tick();
+                    // Sleep in short slices so shutdown is not delayed by a whole interval.
+                    while started.elapsed() < self.cfg.interval
+                        && !self.handle.is_shutdown_requested()
+                    {
+                        std::thread::sleep(Duration::from_millis(50).min(self.cfg.interval));
+                    }
                 }
-            }
-        })
+            })
     }
 }

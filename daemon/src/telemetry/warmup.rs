@@ -57,13 +57,28 @@ mod tests {
     #[test]
     fn records_devices_atomically_and_reloads_them() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = WarmupRecord { fingerprint_digest: Some("abc".into()), devices: vec![] };
+        let mut r = WarmupRecord {
+            fingerprint_digest: Some("abc".into()),
+            devices: vec![],
+        };
         for (d, ms) in [("cuda:0", 6300.0), ("cuda:1", 5900.0), ("cuda:0", 6100.0)] {
-            r.record_device(dir.path(), WarmupDevice { device: d.into(), role: DeviceRole::Target, duration_ms: ms, finished_ms: 1 })
-                .unwrap();
+            r.record_device(
+                dir.path(),
+                WarmupDevice {
+                    device: d.into(),
+                    role: DeviceRole::Target,
+                    duration_ms: ms,
+                    finished_ms: 1,
+                },
+            )
+            .unwrap();
         }
         let back = WarmupRecord::load(dir.path()).unwrap();
-        assert_eq!(back.devices.len(), 2, "re-warming a device replaces its entry");
+        assert_eq!(
+            back.devices.len(),
+            2,
+            "re-warming a device replaces its entry"
+        );
         assert_eq!(back.devices[1].duration_ms, 6100.0);
         assert!(back.matches("abc") && !back.matches("def"));
     }

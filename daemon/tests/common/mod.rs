@@ -32,7 +32,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { bus_capacity: 1024, tweak: Box::new(|_| {}), policy: ActionPolicy::new(RUN_NAME) }
+        Options {
+            bus_capacity: 1024,
+            tweak: Box::new(|_| {}),
+            policy: ActionPolicy::new(RUN_NAME),
+        }
     }
 }
 
@@ -60,15 +64,27 @@ impl TestDaemon {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let h = handle.clone();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 let server = ControlServer::bind(cfg, h).unwrap();
                 ready_tx.send(()).unwrap();
                 server.run().await;
             });
         });
-        ready_rx.recv_timeout(Duration::from_secs(5)).expect("server bound");
-        TestDaemon { handle, socket, run_dir, thread: Some(thread), dir }
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("server bound");
+        TestDaemon {
+            handle,
+            socket,
+            run_dir,
+            thread: Some(thread),
+            dir,
+        }
     }
 
     pub fn connect(&self) -> Client {
@@ -78,7 +94,10 @@ impl TestDaemon {
     /// Connects and completes the hello.
     pub fn client(&self) -> Client {
         let mut c = self.connect();
-        match c.request(&Request::Hello { version: PROTOCOL_VERSION, client: "test".into() }) {
+        match c.request(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: "test".into(),
+        }) {
             Response::Welcome { .. } => c,
             other => panic!("expected welcome, got {other:?}"),
         }
@@ -114,7 +133,10 @@ impl Client {
     pub fn connect(path: &Path) -> Self {
         let s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        Client { writer: s.try_clone().unwrap(), reader: BufReader::new(s) }
+        Client {
+            writer: s.try_clone().unwrap(),
+            reader: BufReader::new(s),
+        }
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) {
@@ -133,7 +155,9 @@ impl Client {
         let mut line = String::new();
         match self.reader.read_line(&mut line) {
             Ok(0) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad frame {line:?}: {e}"))),
+            Ok(_) => Some(
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad frame {line:?}: {e}")),
+            ),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
             Err(e) => panic!("reading a frame: {e}"),
         }
