@@ -257,3 +257,42 @@ fn cancel_and_unlock() {
         "power-off is disabled by default"
     );
 }
+
+#[test]
+fn poweroff_when_configured_stops_then_runs_the_command() {
+    let mut policy = dflashd::control::pending::ActionPolicy::new(RUN_NAME);
+    // `true` stands in for `systemctl poweroff`: a real process whose exit status is checked.
+    policy.poweroff_command = Some(vec!["true".into()]);
+    let mut d = TestDaemon::start_with(common::Options {
+        policy,
+        ..Default::default()
+    });
+    d.handle.set_run_state(RunState::Training);
+    let mut c = d.client();
+    let p = match c.request(&Request::RequestAction {
+        action: Action::PowerOff,
+    }) {
+        Response::Pending { action } => action,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        p.consequences.iter().any(|s| s.contains("`true`")),
+        "{:?}",
+        p.consequences
+    );
+    match c.request(&Request::Confirm {
+        action_id: p.id,
+        run_name: RUN_NAME.into(),
+        via: "t".into(),
+    }) {
+        Response::Executed { outcome, .. } => {
+            assert!(
+                outcome.contains("no training loop is running")
+                    && outcome.contains("`true` accepted the power-off"),
+                "{outcome}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    d.join();
+}
