@@ -8,5 +8,8 @@
 //! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
 pub mod cli;
+pub mod control;
 pub mod data;
 pub mod engine;
+pub mod runtime;
+pub mod telemetry;
