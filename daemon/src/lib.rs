@@ -9,5 +9,8 @@
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
 pub mod bench;
 pub mod cli;
+pub mod control;
 pub mod data;
 pub mod engine;
+pub mod runtime;
+pub mod telemetry;

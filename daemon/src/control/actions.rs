@@ -1,0 +1,171 @@
+//! Carries out a confirmed, re-checked action. Stop and kill go to the run loop, which knows
+//! how to checkpoint; the rest the control plane does itself. Every outcome is journaled.
+use std::path::{Path, PathBuf};
+
+use dflash_shared::actions::Action;
+use dflash_shared::events::{EventKind, Severity};
+use tokio::sync::oneshot;
+
+use super::dispatch::DispatchConfig;
+use super::pending::Approved;
+use crate::runtime::handle::{CommandOutcome, RunCommand, RunHandle};
+use dflash_shared::format::{format_bytes, format_duration_ms};
+
+/// Runs `approved`; `Ok` is the outcome sentence, `Err` says why it could not be done.
+pub async fn execute(
+    handle: &RunHandle,
+    approved: Approved,
+    cfg: &DispatchConfig,
+) -> Result<String, String> {
+    let id = approved.pending.id.clone();
+    let result = match &approved.pending.action {
+        Action::StopRun => stop_run_loop(handle, &id, false, cfg).await,
+        Action::Kill => stop_run_loop(handle, &id, true, cfg).await,
+        Action::PowerOff => power_off(handle, &id, cfg).await,
+        Action::DeleteCache { name } => match &approved.cache_path {
+            Some(path) => delete_cache(handle, name, PathBuf::from(path)).await,
+            None => Err(format!("no directory recorded for the {name} cache")),
+        },
+        Action::UnlockKey { key } => {
+            handle.unlock_key(key);
+            Ok(format!(
+                "{key:?} is unlocked; a changed value is accepted on the next resume"
+            ))
+        }
+    };
+    let outcome = match &result {
+        Ok(o) => o.clone(),
+        Err(e) => format!("failed: {e}"),
+    };
+    let severity = if result.is_ok() {
+        Severity::Warn
+    } else {
+        Severity::Crit
+    };
+    handle.record_event_logged(
+        severity,
+        EventKind::ActionExecuted {
+            action_id: id,
+            outcome,
+        },
+    );
+    result
+}
+
+async fn stop_run_loop(
+    handle: &RunHandle,
+    id: &str,
+    kill: bool,
+    cfg: &DispatchConfig,
+) -> Result<String, String> {
+    let (reply, rx) = oneshot::channel::<CommandOutcome>();
+    let cmd = if kill {
+        RunCommand::Kill {
+            action_id: id.to_string(),
+            reply,
+        }
+    } else {
+        RunCommand::Stop {
+            action_id: id.to_string(),
+            reply,
+        }
+    };
+    let verb = if kill { "killed" } else { "stopped" };
+    let outcome = match handle.send_command(cmd) {
+        Err(_) => {
+            let outcome = "no training loop is running; the daemon exits".to_string();
+            handle.record_event_logged(
+                Severity::Warn,
+                EventKind::RunStopped {
+                    reason: format!("{verb} by operator ({id}); no run loop"),
+                    checkpoint: None,
+                },
+            );
+            outcome
+        }
+        Ok(()) => match tokio::time::timeout(cfg.command_timeout, rx).await {
+            Ok(Ok(Ok(outcome))) => outcome,
+            Ok(Ok(Err(e))) => {
+                return Err(format!(
+                    "the run loop could not {}: {e}",
+                    if kill { "stop" } else { "checkpoint and stop" }
+                ))
+            }
+            Ok(Err(_)) => {
+                return Err("the run loop ended without answering; check the journal".into())
+            }
+            Err(_) => {
+                return Err(format!(
+                    "the run loop did not answer within {}; it may still be checkpointing",
+                    format_duration_ms(cfg.command_timeout.as_millis() as i64)
+                ))
+            }
+        },
+    };
+    handle.request_shutdown(format!("run {verb} by operator ({id})"));
+    Ok(outcome)
+}
+
+async fn power_off(handle: &RunHandle, id: &str, cfg: &DispatchConfig) -> Result<String, String> {
+    let Some(argv) = handle.policy().poweroff_command.clone() else {
+        return Err("power-off is disabled".into());
+    };
+    let stopped = stop_run_loop(handle, id, false, cfg).await?;
+    let Some((program, args)) = argv.split_first() else {
+        return Err(format!("{stopped}; the power-off command is empty"));
+    };
+    let status = tokio::process::Command::new(program)
+        .args(args)
+        .status()
+        .await
+        .map_err(|e| format!("{stopped}; running `{}` failed: {e}", argv.join(" ")))?;
+    if status.success() {
+        Ok(format!(
+            "{stopped}; `{}` accepted the power-off",
+            argv.join(" ")
+        ))
+    } else {
+        Err(format!(
+            "{stopped}; `{}` exited with {status}",
+            argv.join(" ")
+        ))
+    }
+}
+
+async fn delete_cache(handle: &RunHandle, name: &str, path: PathBuf) -> Result<String, String> {
+    let before = handle.caches().into_iter().find(|c| c.name == name);
+    let p = path.clone();
+    tokio::task::spawn_blocking(move || remove_cache_dir(&p))
+        .await
+        .map_err(|e| format!("deleting {}: {e}", path.display()))??;
+    let size = before
+        .map(|c| format!(" ({}, {} entries)", format_bytes(c.size_bytes), c.entries))
+        .unwrap_or_default();
+    handle.record_event_logged(
+        Severity::Warn,
+        EventKind::CacheChanged {
+            name: name.to_string(),
+            path: path.display().to_string(),
+            change: format!("deleted by operator{size}"),
+        },
+    );
+    Ok(format!(
+        "deleted {}{size}; the next start compiles cold",
+        path.display()
+    ))
+}
+
+/// Removes a cache directory, refusing symlinks so a link cannot redirect the deletion.
+fn remove_cache_dir(path: &Path) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "{} is a symlink; refusing to delete through it",
+            path.display()
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", path.display()));
+    }
+    std::fs::remove_dir_all(path).map_err(|e| format!("deleting {}: {e}", path.display()))
+}

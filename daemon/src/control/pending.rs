@@ -1,0 +1,393 @@
+//! Destructive requests as pending actions: pure logic, no I/O.
+//!
+//! A request only files a [`PendingAction`] with its consequences worded from a [`StateView`].
+//! It runs after a confirmation that names its id and carries the typed run name, and only if
+//! the state checks still pass at that moment (the run may have moved on since the request).
+//! Unconfirmed actions expire.
+use std::collections::{BTreeMap, VecDeque};
+
+use dflash_shared::actions::{Action, PendingAction};
+use dflash_shared::metrics::{CacheState, TimestampMs};
+use dflash_shared::protocol::ErrorCode;
+use dflash_shared::status::{CheckpointInfo, RunState};
+use thiserror::Error;
+
+use dflash_shared::format::{format_ago, format_bytes, format_duration_ms, format_tokens_per_s};
+
+/// Keys that cannot change on resume or at run time without a confirmed unlock.
+pub const LOCKED_KEYS: [&str; 5] = [
+    "precision",
+    "epochs",
+    "anchors",
+    "block_size",
+    "target_layer_ids",
+];
+pub const DEFAULT_TTL_MS: i64 = 5 * 60_000;
+/// Ids of recently expired actions, kept to tell "expired" apart from "never existed".
+const EXPIRED_MEMORY: usize = 64;
+
+/// What the operator configured about destructive actions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActionPolicy {
+    pub run_name: String,
+    pub ttl_ms: i64,
+    /// argv of the power-off command; `None` disables power-off (the default).
+    pub poweroff_command: Option<Vec<String>>,
+    pub locked_keys: Vec<String>,
+}
+
+impl ActionPolicy {
+    pub fn new(run_name: impl Into<String>) -> Self {
+        ActionPolicy {
+            run_name: run_name.into(),
+            ttl_ms: DEFAULT_TTL_MS,
+            poweroff_command: None,
+            locked_keys: LOCKED_KEYS.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+}
+
+/// The state an action is judged against, taken at request and again at confirmation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateView {
+    pub now_ms: TimestampMs,
+    pub run_state: RunState,
+    pub step: u64,
+    pub last_checkpoint: Option<CheckpointInfo>,
+    pub tokens_per_s: Option<f64>,
+    /// Since when throughput has held its level, if the detectors call it stable.
+    pub stable_since_ms: Option<TimestampMs>,
+    pub caches: Vec<CacheState>,
+    pub unlocked_keys: Vec<String>,
+}
+
+impl StateView {
+    /// Whether worker threads are alive and may touch compile caches.
+    pub fn workers_running(&self) -> bool {
+        !matches!(
+            self.run_state,
+            RunState::Paused | RunState::Finished | RunState::Failed
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ActionError {
+    #[error("no pending action {0}")]
+    NoSuchAction(String),
+    #[error("pending action {id} expired at its deadline; file the request again")]
+    Expired { id: String },
+    #[error(
+        "the typed run name {typed:?} does not match this run ({expected:?}); nothing was done"
+    )]
+    WrongRunName { typed: String, expected: String },
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+impl ActionError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ActionError::NoSuchAction(_) | ActionError::Expired { .. } => ErrorCode::NoSuchAction,
+            ActionError::WrongRunName { .. } => ErrorCode::WrongRunName,
+            ActionError::Refused(_) => ErrorCode::Refused,
+        }
+    }
+}
+
+/// A confirmed action that passed its re-check; the caller carries it out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Approved {
+    pub pending: PendingAction,
+    /// For `DeleteCache`: the directory judged at request time (re-verified at confirmation).
+    pub cache_path: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    pending: PendingAction,
+    cache_path: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct PendingActions {
+    entries: BTreeMap<String, Entry>,
+    recently_expired: VecDeque<String>,
+}
+
+/// A short id such as "stop-3fa9c2"; `nonce` comes from the caller's RNG.
+pub fn action_id(action: &Action, nonce: u32) -> String {
+    let kind = match action {
+        Action::StopRun => "stop",
+        Action::Kill => "kill",
+        Action::PowerOff => "poweroff",
+        Action::DeleteCache { .. } => "delcache",
+        Action::UnlockKey { .. } => "unlock",
+    };
+    format!("{kind}-{:06x}", nonce & 0xff_ffff)
+}
+
+impl PendingActions {
+    /// Files `action` if its state checks pass. `id` must be unique (see [`action_id`]).
+    pub fn request(
+        &mut self,
+        id: String,
+        action: Action,
+        uid: u32,
+        view: &StateView,
+        policy: &ActionPolicy,
+    ) -> Result<PendingAction, ActionError> {
+        self.expire(view.now_ms);
+        let cache_path = check(&action, view, policy)?;
+        if self.entries.contains_key(&id) {
+            return Err(ActionError::Refused(format!(
+                "action id {id} is already in use"
+            )));
+        }
+        let pending = PendingAction {
+            id: id.clone(),
+            consequences: consequences(&action, view, policy),
+            action,
+            requested_by_uid: uid,
+            created_ms: view.now_ms,
+            expires_ms: view.now_ms + policy.ttl_ms,
+        };
+        self.entries.insert(
+            id,
+            Entry {
+                pending: pending.clone(),
+                cache_path,
+            },
+        );
+        Ok(pending)
+    }
+
+    /// Confirms `id`. The run name must be typed exactly; the state is checked again.
+    /// A wrong run name leaves the action pending (a typo should not cost a new request);
+    /// a failed re-check removes it, since its consequences no longer describe the state.
+    pub fn confirm(
+        &mut self,
+        id: &str,
+        typed_run_name: &str,
+        view: &StateView,
+        policy: &ActionPolicy,
+    ) -> Result<Approved, ActionError> {
+        self.expire(view.now_ms);
+        let Some(entry) = self.entries.get(id) else {
+            return Err(self.missing(id));
+        };
+        if typed_run_name != policy.run_name {
+            return Err(ActionError::WrongRunName {
+                typed: typed_run_name.to_string(),
+                expected: policy.run_name.clone(),
+            });
+        }
+        let recheck = check(&entry.pending.action, view, policy);
+        let entry = self.entries.remove(id).expect("entry was just found");
+        let cache_path = recheck?;
+        if cache_path != entry.cache_path {
+            return Err(ActionError::Refused(format!(
+                "the cache directory changed since the request ({:?} -> {:?}); file the request again",
+                entry.cache_path, cache_path
+            )));
+        }
+        Ok(Approved {
+            pending: entry.pending,
+            cache_path,
+        })
+    }
+
+    pub fn cancel(&mut self, id: &str, now_ms: TimestampMs) -> Result<PendingAction, ActionError> {
+        self.expire(now_ms);
+        match self.entries.remove(id) {
+            Some(e) => Ok(e.pending),
+            None => Err(self.missing(id)),
+        }
+    }
+
+    /// Removes and returns the actions whose deadline has passed.
+    pub fn expire(&mut self, now_ms: TimestampMs) -> Vec<PendingAction> {
+        let expired: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.pending.expires_ms <= now_ms)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut out = Vec::with_capacity(expired.len());
+        for id in expired {
+            if let Some(e) = self.entries.remove(&id) {
+                out.push(e.pending);
+            }
+            if self.recently_expired.len() == EXPIRED_MEMORY {
+                self.recently_expired.pop_front();
+            }
+            self.recently_expired.push_back(id);
+        }
+        out
+    }
+
+    /// Pending actions, oldest first.
+    pub fn list(&self) -> Vec<PendingAction> {
+        let mut v: Vec<_> = self.entries.values().map(|e| e.pending.clone()).collect();
+        v.sort_by_key(|p| p.created_ms);
+        v
+    }
+
+    fn missing(&self, id: &str) -> ActionError {
+        if self.recently_expired.iter().any(|e| e == id) {
+            ActionError::Expired { id: id.to_string() }
+        } else {
+            ActionError::NoSuchAction(id.to_string())
+        }
+    }
+}
+
+/// The state checks of `action`; returns the cache directory a `DeleteCache` would remove.
+fn check(
+    action: &Action,
+    view: &StateView,
+    policy: &ActionPolicy,
+) -> Result<Option<String>, ActionError> {
+    let refuse = |m: String| Err(ActionError::Refused(m));
+    match action {
+        Action::StopRun | Action::Kill | Action::PowerOff
+            if matches!(view.run_state, RunState::Stopping | RunState::Finished) =>
+        {
+            refuse(format!("the run is already {}", state_word(view.run_state)))
+        }
+        Action::PowerOff if policy.poweroff_command.is_none() => refuse(
+            "power-off is disabled; set control.poweroff_command in the config to enable it".into(),
+        ),
+        Action::StopRun | Action::Kill | Action::PowerOff => Ok(None),
+        Action::DeleteCache { name } => {
+            let Some(cache) = view.caches.iter().find(|c| &c.name == name) else {
+                let known: Vec<&str> = view.caches.iter().map(|c| c.name.as_str()).collect();
+                return refuse(format!(
+                    "no cache named {name:?}; known caches: {}",
+                    known.join(", ")
+                ));
+            };
+            if view.workers_running() {
+                return refuse(format!(
+                    "workers are running (run is {}); deleting the {name} cache under live workers \
+                     forces a cold recompile that can race first compilation. Stop the run first",
+                    state_word(view.run_state)
+                ));
+            }
+            if !cache.present {
+                return refuse(format!(
+                    "the {name} cache at {} is not there; nothing to delete",
+                    cache.path
+                ));
+            }
+            Ok(Some(cache.path.clone()))
+        }
+        Action::UnlockKey { key } => {
+            if !policy.locked_keys.iter().any(|k| k == key) {
+                return refuse(format!(
+                    "{key:?} is not a locked key; locked keys are {}",
+                    policy.locked_keys.join(", ")
+                ));
+            }
+            if view.unlocked_keys.iter().any(|k| k == key) {
+                return refuse(format!("{key:?} is already unlocked"));
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Sentences that tell the operator what the action costs, from the current state.
+pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) -> Vec<String> {
+    let mut out = Vec::new();
+    let checkpoint = match &view.last_checkpoint {
+        Some(c) => format!(
+            "last checkpoint {} (step {})",
+            format_ago(c.written_ms, view.now_ms),
+            c.step
+        ),
+        None => "no checkpoint written yet".to_string(),
+    };
+    let throughput = match (view.tokens_per_s, view.stable_since_ms) {
+        (Some(t), Some(since)) => Some(format!(
+            "stable at {} tok/s for {}",
+            format_tokens_per_s(t),
+            format_duration_ms(view.now_ms - since)
+        )),
+        (Some(t), None) => Some(format!(
+            "running at {} tok/s (not yet stable)",
+            format_tokens_per_s(t)
+        )),
+        (None, _) => None,
+    };
+    match action {
+        Action::StopRun | Action::PowerOff => {
+            out.push(checkpoint);
+            out.extend(throughput);
+            out.push(format!(
+                "writes a final checkpoint at step {}, then the daemon exits",
+                view.step
+            ));
+            if let (Action::PowerOff, Some(cmd)) = (action, &policy.poweroff_command) {
+                out.push(format!(
+                    "then runs `{}` to power off the machine",
+                    cmd.join(" ")
+                ));
+            }
+        }
+        Action::Kill => {
+            out.push(checkpoint);
+            out.extend(throughput);
+            let lost = match &view.last_checkpoint {
+                Some(c) => format!(
+                    "steps {}..{} since the last checkpoint are lost",
+                    c.step + 1,
+                    view.step
+                ),
+                None => format!("all {} steps of this run are lost", view.step),
+            };
+            out.push(format!("no final checkpoint: {lost}"));
+        }
+        Action::DeleteCache { name } => {
+            if let Some(c) = view.caches.iter().find(|c| &c.name == name) {
+                out.push(format!(
+                    "{} cache, {} entries at {}",
+                    format_bytes(c.size_bytes),
+                    c.entries,
+                    c.path
+                ));
+            }
+            out.push(
+                "the next start recompiles cold (minutes per device before full speed)".into(),
+            );
+        }
+        Action::UnlockKey { key } => {
+            out.push(format!(
+                "{key:?} may then change on resume; the change is journaled"
+            ));
+            out.push(
+                "a run resumed with a different value is no longer comparable to its history"
+                    .into(),
+            );
+        }
+    }
+    out
+}
+
+fn state_word(s: RunState) -> &'static str {
+    match s {
+        RunState::Starting => "starting",
+        RunState::WarmingUp => "warming up",
+        RunState::Training => "training",
+        RunState::Evaluating => "evaluating",
+        RunState::Checkpointing => "checkpointing",
+        RunState::Paused => "paused",
+        RunState::Stopping => "stopping",
+        RunState::Finished => "finished",
+        RunState::Failed => "failed",
+    }
+}
+
+#[cfg(test)]
+#[path = "pending_tests.rs"]
+mod tests;
