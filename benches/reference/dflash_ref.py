@@ -150,19 +150,29 @@ class Drafter(torch.nn.Module):
                 raise ValueError(f"unknown attention back-end {attention!r}")
         return masks
 
-    def layer(self, i, h, ctx, cos, sin, mask, attention: str):
+    LAYER_WEIGHTS = (
+        "input_layernorm", "self_attn.q_proj", "self_attn.q_norm", "self_attn.k_proj", "self_attn.k_norm",
+        "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
+        "mlp.down_proj",
+    )
+
+    def layer_weights(self, i: int):
+        return tuple(self.w(f"layers.{i}.{name}.weight") for name in self.LAYER_WEIGHTS)
+
+    def layer(self, w, h, ctx, cos, sin, mask, attention: str):
+        """One decoder layer; its weights come in as arguments (``layer_weights``) so that a
+        compiled layer is one graph shared by every layer of the same shape."""
         cfg = self.cfg
+        ln_in, wq, q_norm, wk, k_norm, wv, wo, ln_post, w_gate, w_up, w_down = w
         bsz, q_len, _ = h.shape
         seq_len = ctx.shape[1]
-        p = f"layers.{i}."
-        x = rms_norm(h, self.w(p + "input_layernorm.weight"), cfg.rms_norm_eps)
-        q = F.linear(x, self.w(p + "self_attn.q_proj.weight")).view(bsz, q_len, cfg.num_heads, cfg.head_dim)
-        q = rms_norm(q, self.w(p + "self_attn.q_norm.weight"), cfg.rms_norm_eps).transpose(1, 2)
+        x = rms_norm(h, ln_in, cfg.rms_norm_eps)
+        q = F.linear(x, wq).view(bsz, q_len, cfg.num_heads, cfg.head_dim)
+        q = rms_norm(q, q_norm, cfg.rms_norm_eps).transpose(1, 2)
         kv_in = torch.cat((ctx, x), dim=1)
-        k = F.linear(kv_in, self.w(p + "self_attn.k_proj.weight")).view(bsz, seq_len + q_len, cfg.num_kv_heads, cfg.head_dim)
-        k = rms_norm(k, self.w(p + "self_attn.k_norm.weight"), cfg.rms_norm_eps).transpose(1, 2)
-        v = F.linear(kv_in, self.w(p + "self_attn.v_proj.weight"))
-        v = v.view(bsz, seq_len + q_len, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        k = F.linear(kv_in, wk).view(bsz, seq_len + q_len, cfg.num_kv_heads, cfg.head_dim)
+        k = rms_norm(k, k_norm, cfg.rms_norm_eps).transpose(1, 2)
+        v = F.linear(kv_in, wv).view(bsz, seq_len + q_len, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q = q * cos[:, :, seq_len:] + rotate_half(q) * sin[:, :, seq_len:]
         k = k * cos + rotate_half(k) * sin
         if attention == "eager":
@@ -172,10 +182,9 @@ class Drafter(torch.nn.Module):
 
             a = flex_attend(q, k, v, mask)
         a = a.transpose(1, 2).reshape(bsz, q_len, cfg.num_heads * cfg.head_dim)
-        h = h + F.linear(a, self.w(p + "self_attn.o_proj.weight"))
-        y = rms_norm(h, self.w(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-        mlp = F.silu(F.linear(y, self.w(p + "mlp.gate_proj.weight"))) * F.linear(y, self.w(p + "mlp.up_proj.weight"))
-        return h + F.linear(mlp, self.w(p + "mlp.down_proj.weight"))
+        h = h + F.linear(a, wo)
+        y = rms_norm(h, ln_post, cfg.rms_norm_eps)
+        return h + F.linear(F.silu(F.linear(y, w_gate)) * F.linear(y, w_up), w_down)
 
     def forward(self, target_features, block_emb, anchors, keep, attention: str):
         cfg = self.cfg
@@ -191,7 +200,7 @@ class Drafter(torch.nn.Module):
         layer = self.compiled_layer or self.layer
         h = block_emb
         for i in range(cfg.num_layers):
-            h = layer(i, h, ctx, cos, sin, masks[cfg.window(i)], attention)
+            h = layer(self.layer_weights(i), h, ctx, cos, sin, masks[cfg.window(i)], attention)
         return rms_norm(h, self.w("norm.weight"), cfg.rms_norm_eps)
 
     def compile(self):

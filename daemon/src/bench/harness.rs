@@ -15,6 +15,8 @@ use super::compare::{compare_step, loss_tolerance, merge_rounds, StepComparison}
 use super::error::BenchError;
 use super::matmul::MatmulPeak;
 use super::memory;
+use super::overhead::OverheadRun;
+use super::queue::QueueRun;
 use super::presets::AttentionPreset;
 use super::process::{engine_command, run_json, Python};
 use super::stats::{ratio, rel_diff};
@@ -59,8 +61,12 @@ fn failed_run(implementation: &str, error: String) -> StepRun {
 
 impl Harness {
     fn engine(&self, task: &str, dir: &Path) -> Result<Command, BenchError> {
+        self.engine_threads(task, dir, self.threads)
+    }
+
+    fn engine_threads(&self, task: &str, dir: &Path, threads: i32) -> Result<Command, BenchError> {
         let mut cmd = engine_command()?;
-        cmd.args(["--child", task, "--work-dir"]).arg(dir).args(["--threads", &self.threads.to_string()]);
+        cmd.args(["--child", task, "--work-dir"]).arg(dir).args(["--threads", &threads.to_string()]);
         Ok(cmd)
     }
 
@@ -212,6 +218,54 @@ impl Harness {
         })
     }
 
+    /// Daemon overhead: the embedded default's step (1 thread) with 0 or `clients` clients attached and
+    /// the telemetry sampler off or on; `rounds` rounds of all four, interleaved.
+    pub fn overhead(&self, clients: usize) -> Result<OverheadResult, BenchError> {
+        let variants = [(0, false), (clients, false), (0, true), (clients, true)];
+        let mut runs: Vec<Vec<OverheadRun>> = vec![Vec::new(); variants.len()];
+        for round in 0..self.rounds.max(1) {
+            for (slot, &(n, sampler)) in variants.iter().enumerate() {
+                let dir = self.out_dir.join(format!("overhead-{round}-{n}-{sampler}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                // One intra-op thread, as `dflashd start` trains the embedded default (its
+                // tensors gain nothing from more, and the last core serves the clients).
+                let mut cmd = self.engine_threads("overhead", &dir, 1)?;
+                cmd.args(["--clients", &n.to_string(), "--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string()]);
+                if sampler {
+                    cmd.arg("--sampler");
+                }
+                let run = child_json(cmd, self.timeout)
+                    .unwrap_or_else(|e| OverheadRun { clients: n, sampler, error: Some(e.to_string()), ..OverheadRun::default() });
+                runs[slot].push(run);
+            }
+        }
+        let merged: Vec<OverheadRun> = runs
+            .into_iter()
+            .filter_map(|rounds| {
+                let mut it = rounds.into_iter();
+                let mut m = it.next()?;
+                for r in it {
+                    m.step_ms.extend(r.step_ms);
+                    m.publish_us.extend(r.publish_us);
+                    m.error = m.error.or(r.error);
+                }
+                m.median_step_ms = super::stats::median(&m.step_ms);
+                m.median_publish_us = super::stats::median(&m.publish_us);
+                Some(m)
+            })
+            .collect();
+        let base = merged.first().and_then(|r| r.median_step_ms);
+        let over = |i: usize| ratio(merged.get(i).and_then(|r| r.median_step_ms), base).map(|r| r - 1.0);
+        Ok(OverheadResult { clients_overhead: over(1), sampler_overhead: over(2), both_overhead: over(3), runs: merged })
+    }
+
+    /// Hidden-state queue throughput (one process, producer and consumer threads).
+    pub fn queue(&self, items: usize) -> Result<QueueRun, BenchError> {
+        let mut cmd = self.engine("queue", &self.out_dir)?;
+        cmd.args(["--steps", &items.to_string()]);
+        child_json(cmd, self.timeout)
+    }
+
     /// GPU correctness: the tiny case on CUDA vs the CPU (fp32, same weights and batch), and
     /// CUDA bf16 engine vs the reference in bf16.
     pub fn parity(&self, device: &str) -> Result<ParityResult, BenchError> {
@@ -249,6 +303,16 @@ impl AttentionResult {
             format!("not run: the dense [Q, S+Q] grid needs ~{:.1} GB (estimate), {:.1} GB available", need as f64 / 1e9, avail as f64 / 1e9),
         ));
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OverheadResult {
+    /// (0 clients, no sampler), (N clients), (sampler), (N clients + sampler).
+    pub runs: Vec<OverheadRun>,
+    /// Median step time relative to the first variant, minus 1.
+    pub clients_overhead: Option<f64>,
+    pub sampler_overhead: Option<f64>,
+    pub both_overhead: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 //! - [`flops`], [`stats`], [`compare`]: pure arithmetic over the results.
 //! - [`process`], [`harness`]: child processes (one per implementation and case, so peak memory
 //!   is per process) and the side-by-side orchestration.
+//! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 pub mod attention;
 pub mod case;
@@ -16,8 +17,10 @@ pub mod flops;
 pub mod harness;
 pub mod matmul;
 pub mod memory;
+pub mod overhead;
 pub mod presets;
 pub mod process;
+pub mod queue;
 pub mod report;
 pub mod stats;
 pub mod step;

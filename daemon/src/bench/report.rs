@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::compare::StepComparison;
-use super::harness::{AttentionResult, ParityResult, TargetResult};
+use super::harness::{AttentionResult, OverheadResult, ParityResult, TargetResult};
+use super::queue::QueueRun;
 use super::matmul::MatmulPeak;
 use super::memory::parse_status_kb;
 
@@ -54,6 +55,8 @@ pub struct BenchReport {
     pub attention: Vec<AttentionResult>,
     pub target: Option<TargetResult>,
     pub parity: Option<ParityResult>,
+    pub overhead: Option<OverheadResult>,
+    pub queue: Option<QueueRun>,
     /// Cases that failed outright, with the error.
     pub errors: Vec<String>,
     /// Cases the harness does not run, and why.
@@ -122,6 +125,12 @@ impl BenchReport {
         }
         if let Some(t) = &self.target {
             md.push_str(&target_table(t));
+        }
+        if let Some(o) = &self.overhead {
+            md.push_str(&overhead_table(o));
+        }
+        if let Some(q) = &self.queue {
+            md.push_str(&queue_table(q));
         }
         for e in &self.errors {
             let _ = writeln!(md, "- error: {e}");
@@ -236,6 +245,57 @@ fn target_table(t: &TargetResult) -> String {
         }
     }
     let _ = writeln!(md, "\nengine / transformers: time ratio **{}**, peak RSS ratio {}.\n", fmt(t.ratio, 2), fmt(t.peak_rss_ratio, 2));
+    md
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{:+.1}%", v * 100.0))
+}
+
+fn overhead_table(o: &OverheadResult) -> String {
+    let mut md = String::from(
+        "### Daemon overhead (embedded default step + metrics published to the bus)\n\n\
+         | clients | telemetry sampler | median step ms | vs 0 clients, no sampler | median publish µs | steps |\n|---|---|---|---|---|---|\n",
+    );
+    let overheads = [Some(0.0), o.clients_overhead, o.sampler_overhead, o.both_overhead];
+    for (run, over) in o.runs.iter().zip(overheads) {
+        let note = run.error.as_ref().map_or(String::new(), |e| format!(" (failed: {})", e.replace('|', "/")));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {}{} | {} | {} | {} |",
+            run.clients,
+            if run.sampler { "on" } else { "off" },
+            fmt(run.median_step_ms, 1),
+            note,
+            pct(over),
+            fmt(run.median_publish_us, 1),
+            run.step_ms.len()
+        );
+    }
+    md.push('\n');
+    md
+}
+
+fn queue_table(q: &QueueRun) -> String {
+    let c = &q.case;
+    let mut md = format!(
+        "### Hidden-state queue ({} producers → {} consumers, items [1, {}, {}] f32 = {:.0} MiB, capacity {}, watermarks {}/{}, byte cap {} items)\n\n\
+         | items | elapsed ms | items/s | µs per item | GiB/s handed over | producer blocked ms | consumer starved ms |\n|---|---|---|---|---|---|---|\n",
+        c.producers, c.consumers, c.seq_len, c.features, q.item_bytes as f64 / (1u64 << 20) as f64, c.capacity, c.high_watermark, c.low_watermark, c.byte_cap_items
+    );
+    let _ = writeln!(
+        md,
+        "| {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} |{}",
+        c.items,
+        q.elapsed_ms,
+        q.items_per_s,
+        q.us_per_item,
+        q.gib_per_s,
+        q.producer_blocked_ms,
+        q.consumer_starved_ms,
+        q.error.as_ref().map_or(String::new(), |e| format!(" error: {e}"))
+    );
+    md.push('\n');
     md
 }
 

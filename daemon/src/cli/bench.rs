@@ -22,11 +22,13 @@ use crate::bench::process::Python;
 use crate::bench::report::{loadavg, BenchReport, Machine};
 use crate::bench::step::{run_engine_step, StepOptions};
 use crate::bench::target_pass::{prepare_target_case, run_engine_target};
+use crate::bench::overhead::{run_clients, run_overhead};
+use crate::bench::queue::{run_queue, QueueCase};
 use crate::bench::{matmul, BenchError};
 use crate::cli::start::parse_device;
 use crate::engine::model::drafter::AttentionBackend;
 
-const CASES: &[&str] = &["step", "attention", "target", "parity"];
+const CASES: &[&str] = &["step", "attention", "target", "overhead", "queue", "parity"];
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -34,8 +36,9 @@ pub struct BenchArgs {
     /// (under 3 minutes on 2 cores).
     #[arg(long)]
     pub quick: bool,
-    /// Cases: step, attention, target, parity (CUDA vs CPU and bf16 vs the reference; needs
-    /// --device cuda). Default: step,attention,target (--quick: step).
+    /// Cases: step, attention, target, overhead (daemon: clients, telemetry), queue, parity
+    /// (CUDA vs CPU and bf16 vs the reference; needs --device cuda).
+    /// Default: step,attention,target,overhead,queue (--quick: step).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Drafter-step configs: tiny, small, medium, gpu-large. Default: tiny,small,medium
@@ -98,6 +101,16 @@ pub struct BenchArgs {
     pub backend: Option<String>,
     #[arg(long, hide = true)]
     pub forward_only: bool,
+    /// Items pushed through the queue in the queue case.
+    #[arg(long, default_value_t = 2000)]
+    pub queue_items: usize,
+    /// Clients attached in the overhead case.
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    #[arg(long, hide = true)]
+    pub socket: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub sampler: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -109,6 +122,9 @@ pub enum ChildTask {
     PrepareTarget,
     RunTarget,
     Matmul,
+    Overhead,
+    Clients,
+    Queue,
 }
 
 fn parse_kind(name: &str) -> Result<Kind> {
@@ -156,6 +172,12 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
             let n = args.matmul_n.unwrap_or(2048);
             to_value(serde_json::to_value(matmul::measure(n, device, kind, warmup, steps)?))
         }
+        ChildTask::Overhead => to_value(serde_json::to_value(run_overhead(&dir, args.clients, args.sampler, warmup, steps)?)),
+        ChildTask::Clients => {
+            run_clients(args.socket.as_deref().ok_or_else(|| usage("--socket"))?, args.clients)?;
+            Ok(json!({ "clients": args.clients }))
+        }
+        ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(args.steps.unwrap_or(2000)))?)),
     }
 }
 
@@ -178,7 +200,7 @@ fn run_child(task: ChildTask, args: &BenchArgs) -> Result<()> {
 
 fn defaults(args: &BenchArgs) -> (Vec<String>, Vec<String>, Vec<usize>) {
     let or = |given: &[String], default: &[&str]| if given.is_empty() { default.iter().map(|s| s.to_string()).collect() } else { given.to_vec() };
-    let cases = or(&args.cases, if args.quick { &["step"] } else { &["step", "attention", "target"] });
+    let cases = or(&args.cases, if args.quick { &["step"] } else { &["step", "attention", "target", "overhead", "queue"] });
     let configs = or(&args.configs, if args.quick { &["tiny"] } else { CPU_STEP_PRESETS });
     let anchors = if args.anchors.is_empty() { ATTENTION_LADDER.to_vec() } else { args.anchors.clone() };
     (cases, configs, anchors)
@@ -253,6 +275,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Err(e) => report.errors.push(format!("target: {e}")),
         }
     }
+    if cases.iter().any(|c| c == "overhead") {
+        progress(&format!("daemon overhead: 0 vs {} clients, telemetry sampler off/on", args.clients));
+        match harness.overhead(args.clients) {
+            Ok(o) => report.overhead = Some(o),
+            Err(e) => report.errors.push(format!("overhead: {e}")),
+        }
+    }
+    if cases.iter().any(|c| c == "queue") {
+        progress("hidden-state queue throughput");
+        match harness.queue(args.queue_items) {
+            Ok(q) => report.queue = Some(q),
+            Err(e) => report.errors.push(format!("queue: {e}")),
+        }
+    }
     if cases.iter().any(|c| c == "parity") {
         if !cuda {
             report.errors.push("parity: needs --device cuda".into());
@@ -263,12 +299,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Err(e) => report.errors.push(format!("parity: {e}")),
             }
         }
-    }
-    if !args.quick && args.cases.is_empty() {
-        report.not_done.extend([
-            "hidden-state queue throughput: the queue (daemon/src/runtime/queue.rs) is not on main yet".to_string(),
-            "daemon overhead (0 vs 50 clients, telemetry samplers on/off): the control plane is not on main yet".to_string(),
-        ]);
     }
     report.machine.loadavg_end = loadavg();
 
