@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -106,13 +107,21 @@ def main():
                         ce = F.cross_entropy(F.linear(h[rows], lm_head).float(), targets.reshape(-1)[rows], reduction="none")
                         num += float((ce * w[rows]).sum())
                 return num / denominator, None
+            t0 = time.perf_counter()
             out = model(features, emb, anchors, keep, args.attention)
+            bu.sync(device)
+            t1 = time.perf_counter()
             weighted, wsum, _, _ = weighted_ce_backward(out, lm_head, targets, weights, denominator, chunk)
+            bu.sync(device)
+            t2 = time.perf_counter()
             norm = opt.step()
             opt.zero_grad()
+            bu.sync(device)
+            t3 = time.perf_counter()
+            phases.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
             return weighted / wsum, norm
 
-        losses, norms, times = [], [], []
+        losses, norms, times, phases = [], [], [], []
         result["baseline_rss_mb"] = bu.rss_mb()
         result["load_peak_rss_mb"] = bu.peak_rss_mb()
         result["peak_reset"] = bu.reset_peak_rss()
@@ -130,6 +139,9 @@ def main():
             losses=[bu.finite_or_none(x) for x in losses],
             grad_norms=[bu.finite_or_none(x) for x in norms],
             forward_only=args.forward_only,
+            forward_ms=bu.median([p[0] for p in phases[args.warmup:]]),
+            backward_ms=bu.median([p[1] for p in phases[args.warmup:]]),
+            optimizer_ms=bu.median([p[2] for p in phases[args.warmup:]]),
             tokens=meta["tokens"],
             positions=int(block_ids.numel()),
             weighted_positions=int((weights > 0).sum()),

@@ -13,7 +13,8 @@ use tch::{Device, Kind};
 
 use super::case::{read_meta, CaseTensors, DRAFTER_DIR};
 use super::error::BenchError;
-use super::timing::{timed_loop, Timed};
+use super::stats::median;
+use super::timing::{sync, timed_loop, Timed};
 use crate::engine::model::drafter::{AttentionBackend, Drafter};
 use crate::engine::train::drafter_io::{load_hf, named_parameters};
 use crate::engine::train::loss::{weighted_ce, weighted_ce_backward};
@@ -51,6 +52,11 @@ pub struct StepRun {
     pub block_ids_match: Option<bool>,
     pub targets_match: Option<bool>,
     pub weights_max_abs_diff: Option<f64>,
+    /// Medians over the timed steps of the step's phases, ms: drafter forward, chunked loss +
+    /// backward, clip + optimizer update (device synchronised between phases).
+    pub forward_ms: Option<f64>,
+    pub backward_ms: Option<f64>,
+    pub optimizer_ms: Option<f64>,
     /// Largest absolute difference of this run's output from the engine's output of the same
     /// case (attention and target cases), and the relative L2 difference.
     pub max_abs_diff: Option<f64>,
@@ -99,6 +105,31 @@ pub fn kind_name(kind: Kind) -> &'static str {
     }
 }
 
+/// Split times within a step, the device synchronised at each split.
+struct Lap {
+    device: Device,
+    last: std::time::Instant,
+}
+
+impl Lap {
+    fn new(device: Device) -> Self {
+        Self { device, last: std::time::Instant::now() }
+    }
+
+    fn restart(&mut self) {
+        self.last = std::time::Instant::now();
+    }
+
+    /// Milliseconds since the last split.
+    fn split(&mut self) -> f64 {
+        sync(self.device);
+        let now = std::time::Instant::now();
+        let ms = (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+        ms
+    }
+}
+
 /// Runs the engine's step on the case in `dir`.
 pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchError> {
     let meta = read_meta(dir)?;
@@ -131,7 +162,10 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     };
     let mut losses = Vec::new();
     let mut norms = Vec::new();
-    let timed = timed_loop(opts.warmup, opts.steps, opts.device, |_| {
+    let mut phases: [Vec<f64>; 3] = Default::default();
+    let mut lap = Lap::new(opts.device);
+    let timed = timed_loop(opts.warmup, opts.steps, opts.device, |i| {
+        lap.restart();
         let embeddings = tch::no_grad(|| embed.index_select(0, &block_ids.reshape([-1])).view([b, q, -1]));
         let (loss, norm) = if opts.forward_only {
             let sums = tch::no_grad(|| {
@@ -141,9 +175,16 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
             (sums.loss(), None)
         } else {
             let out = drafter.forward(features, &embeddings, anchors, &keep, AttentionBackend::BlockSparse);
+            let forward = lap.split();
             let sums = weighted_ce_backward(&out, lm_head, targets, weights, denominator, meta.loss_chunk_positions);
+            let backward = lap.split();
             let report = optimizer.step(meta.lr);
             optimizer.zero_grad();
+            if i >= opts.warmup {
+                for (phase, ms) in phases.iter_mut().zip([forward, backward, lap.split()]) {
+                    phase.push(ms);
+                }
+            }
             (sums.loss(), Some(report?.grad_norm))
         };
         losses.push(loss.is_finite().then_some(loss));
@@ -152,6 +193,7 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     })?;
     run.losses = losses;
     run.grad_norms = norms;
+    [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
     run.absorb(timed);
     Ok(run)
 }

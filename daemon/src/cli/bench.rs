@@ -57,7 +57,9 @@ pub struct BenchArgs {
     /// Rounds of (engine, reference), alternated so the machine's noise falls on both.
     #[arg(long)]
     pub rounds: Option<usize>,
-    /// Intra-op threads of every process, engine and reference alike (default: all cores).
+    /// Intra-op threads of every process, engine and reference alike. The default is 1: on a
+    /// shared machine more threads than idle cores make OpenMP barriers spin and step times
+    /// swing by several times (see docs/BENCHMARKS.md).
     #[arg(long)]
     pub threads: Option<i32>,
     /// Device of the step cases: `cpu`, `cuda` or `cuda:N`.
@@ -222,7 +224,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !["eager", "flex"].contains(&args.reference_attention.as_str()) {
         bail!("--reference-attention: expected `eager` or `flex`, found `{}`", args.reference_attention);
     }
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as i32));
+    let threads = args.threads.unwrap_or(1);
     fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     let out_dir = args.out_dir.canonicalize().with_context(|| format!("resolving {}", args.out_dir.display()))?;
     let cuda = args.device != "cpu";
