@@ -269,6 +269,15 @@ class MasterAdamW:
             self.masters = self.params
         self.max_grad_norm = max_grad_norm
         self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # torch allocates the moments lazily at the first step; the engine allocates them when
+        # the optimizer is built. Allocate them here too, so that the memory of the timed steps
+        # measures the same things on both sides (the state is exactly torch's own initial one).
+        for m in self.masters:
+            self.opt.state[m] = {
+                "step": torch.tensor(0.0, dtype=torch.float32),
+                "exp_avg": torch.zeros_like(m, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(m, memory_format=torch.preserve_format),
+            }
 
     def step(self) -> float:
         if self.mixed:

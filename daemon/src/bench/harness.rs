@@ -74,6 +74,16 @@ impl Harness {
         cmd.args(["--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string(), "--device", device, "--dtype", dtype]);
     }
 
+    /// Repetitions for cases whose single iteration takes seconds (attention, target pass).
+    fn heavy(&self) -> (usize, usize) {
+        (self.warmup.min(1), self.steps.min(3))
+    }
+
+    fn heavy_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
+        let (warmup, steps) = self.heavy();
+        cmd.args(["--warmup", &warmup.to_string(), "--steps", &steps.to_string(), "--device", device, "--dtype", dtype]);
+    }
+
     fn reference_script(&self, script: &str) -> Result<Command, String> {
         let python = self.python.as_ref().map_err(Clone::clone)?;
         let mut cmd = python.script(script);
@@ -154,7 +164,7 @@ impl Harness {
                 continue;
             }
             let mut cmd = self.engine("run-attention", &dir)?;
-            self.timed_args(&mut cmd, "cpu", "f32");
+            self.heavy_args(&mut cmd, "cpu", "f32");
             cmd.args(["--backend", backend_name(backend)]);
             result.runs.push(child_json(cmd, self.timeout).unwrap_or_else(|e| failed_run(&name, e.to_string())));
         }
@@ -171,7 +181,8 @@ impl Harness {
                     continue;
                 }
             };
-            cmd.arg("--case").arg(&dir).args(["--attention", attention, "--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string()]);
+            let (warmup, steps) = self.heavy();
+            cmd.arg("--case").arg(&dir).args(["--attention", attention, "--warmup", &warmup.to_string(), "--steps", &steps.to_string()]);
             if forward_only {
                 cmd.arg("--forward-only");
             }
@@ -196,11 +207,12 @@ impl Harness {
         let (mut engine, mut reference) = (Vec::new(), Vec::new());
         for _ in 0..self.rounds.max(1) {
             let mut cmd = self.engine("run-target", &dir)?;
-            self.timed_args(&mut cmd, "cpu", "f32");
+            self.heavy_args(&mut cmd, "cpu", "f32");
             engine.push(child_json(cmd, self.timeout).unwrap_or_else(|e| failed_run("engine", e.to_string())));
             let run = match self.reference_script("bench_target.py") {
                 Ok(mut cmd) => {
-                    cmd.arg("--case").arg(&dir).args(["--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string()]);
+                    let (warmup, steps) = self.heavy();
+                    cmd.arg("--case").arg(&dir).args(["--warmup", &warmup.to_string(), "--steps", &steps.to_string()]);
                     run_json(cmd, self.timeout).unwrap_or_else(|e: BenchError| failed_run("transformers", e.to_string()))
                 }
                 Err(why) => failed_run("transformers", format!("reference not run: {why}")),
