@@ -68,7 +68,7 @@ def main():
             if i == 0:
                 first["out"] = out.detach()
 
-        times = []
+        times, cpu = [], []
         result["baseline_rss_mb"] = bu.rss_mb()
         result["load_peak_rss_mb"] = bu.peak_rss_mb()
         result["peak_reset"] = bu.reset_peak_rss()
@@ -77,8 +77,9 @@ def main():
                 step(i)
             if i >= args.warmup:
                 times.append(timer.ms)
+                cpu.append(timer.cpu_ms)
         result["step_peak_rss_mb"] = bu.peak_rss_mb()
-        result.update(step_ms=times, median_step_ms=bu.median(times), positions=q_len)
+        result.update(step_ms=times, median_step_ms=bu.median(times), cpu_ms=cpu, median_cpu_ms=bu.median(cpu), positions=q_len)
         engine_out = args.case / "out-engine-block_sparse.safetensors"
         if engine_out.is_file() and "out" in first:
             theirs = load_file(str(engine_out))["out"]

@@ -121,7 +121,7 @@ def main():
             phases.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
             return weighted / wsum, norm
 
-        losses, norms, times, phases = [], [], [], []
+        losses, norms, times, phases, cpu = [], [], [], [], []
         result["baseline_rss_mb"] = bu.rss_mb()
         result["load_peak_rss_mb"] = bu.peak_rss_mb()
         result["peak_reset"] = bu.reset_peak_rss()
@@ -132,10 +132,13 @@ def main():
             norms.append(norm)
             if i >= args.warmup:
                 times.append(t.ms)
+                cpu.append(t.cpu_ms)
         result["step_peak_rss_mb"] = bu.peak_rss_mb()
         result.update(
             step_ms=times,
             median_step_ms=bu.median(times),
+            cpu_ms=cpu,
+            median_cpu_ms=bu.median(cpu),
             losses=[bu.finite_or_none(x) for x in losses],
             grad_norms=[bu.finite_or_none(x) for x in norms],
             forward_only=args.forward_only,

@@ -88,7 +88,7 @@ def main():
                     pass
             return torch.cat([taps[i] for i in layer_ids], dim=-1)
 
-        first, times = None, []
+        first, times, cpu = None, [], []
         result["baseline_rss_mb"] = bu.rss_mb()
         result["load_peak_rss_mb"] = bu.peak_rss_mb()
         result["peak_reset"] = bu.reset_peak_rss()
@@ -99,8 +99,9 @@ def main():
                 first = out
             if i >= args.warmup:
                 times.append(t.ms)
+                cpu.append(t.cpu_ms)
         result["step_peak_rss_mb"] = bu.peak_rss_mb()
-        result.update(step_ms=times, median_step_ms=bu.median(times), tokens=int(ids.numel()))
+        result.update(step_ms=times, median_step_ms=bu.median(times), cpu_ms=cpu, median_cpu_ms=bu.median(cpu), tokens=int(ids.numel()))
         engine_file = args.case / "features-engine.safetensors"
         if engine_file.is_file():
             theirs = load_file(str(engine_file))["hidden_states"]

@@ -53,20 +53,23 @@ def sync(device: torch.device) -> None:
 
 
 class Timer:
-    """Wall-clock milliseconds of a block, synchronising the device on both ends."""
+    """Wall-clock and process CPU milliseconds of a block, synchronising the device on both ends."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.ms = 0.0
+        self.cpu_ms = 0.0
 
     def __enter__(self):
         sync(self.device)
         self._t0 = time.perf_counter()
+        self._c0 = time.process_time()
         return self
 
     def __exit__(self, *exc):
         sync(self.device)
         self.ms = (time.perf_counter() - self._t0) * 1e3
+        self.cpu_ms = (time.process_time() - self._c0) * 1e3
         return False
 
 

@@ -84,6 +84,8 @@ pub struct StepComparison {
     pub check: LossCheck,
     /// engine / reference median step time (< 1: the engine is faster).
     pub ratio: Option<f64>,
+    /// engine / reference median process CPU time per step (less sensitive to other load).
+    pub cpu_ratio: Option<f64>,
     /// engine / reference whole-process peak RSS, and the same for the growth during steps.
     pub peak_rss_ratio: Option<f64>,
     pub step_growth_ratio: Option<f64>,
@@ -110,6 +112,7 @@ pub fn compare_step(meta: StepMeta, engine: StepRun, reference: StepRun, peak: O
     StepComparison {
         config: meta.config.clone(),
         ratio: ratio(engine.median_step_ms, reference.median_step_ms),
+        cpu_ratio: ratio(engine.median_cpu_ms, reference.median_cpu_ms),
         peak_rss_ratio: ratio(engine.peak_rss_mb, reference.peak_rss_mb),
         step_growth_ratio: ratio(engine.step_growth_mb(), reference.step_growth_mb()),
         engine_tokens_per_s: per_s(meta.tokens as f64, engine.median_step_ms),
@@ -133,6 +136,7 @@ pub fn merge_rounds(runs: Vec<StepRun>) -> Option<StepRun> {
     let mut merged = runs.next()?;
     for r in runs {
         merged.step_ms.extend(r.step_ms);
+        merged.cpu_ms.extend(r.cpu_ms);
         for (slot, v) in [
             (&mut merged.peak_rss_mb, r.peak_rss_mb),
             (&mut merged.step_peak_rss_mb, r.step_peak_rss_mb),
@@ -147,6 +151,7 @@ pub fn merge_rounds(runs: Vec<StepRun>) -> Option<StepRun> {
         }
     }
     merged.median_step_ms = super::stats::median(&merged.step_ms);
+    merged.median_cpu_ms = super::stats::median(&merged.cpu_ms);
     Some(merged)
 }
 

@@ -78,6 +78,9 @@ impl BenchReport {
                 ("engine_step_ms", num(c.engine.median_step_ms)),
                 ("reference_step_ms", num(c.reference.median_step_ms)),
                 ("ratio", num(c.ratio)),
+                ("engine_cpu_ms", num(c.engine.median_cpu_ms)),
+                ("reference_cpu_ms", num(c.reference.median_cpu_ms)),
+                ("cpu_ratio", num(c.cpu_ratio)),
                 ("engine_peak_rss_mb", num(c.engine.peak_rss_mb)),
                 ("reference_peak_rss_mb", num(c.reference.peak_rss_mb)),
                 ("engine_step_growth_mb", num(c.engine.step_growth_mb())),
@@ -149,15 +152,15 @@ pub fn fmt(x: Option<f64>, digits: usize) -> String {
 fn step_table(steps: &[StepComparison]) -> String {
     let mut md = String::from(
         "### Drafter training step (forward, backward, AdamW)\n\n\
-         | config | B×S, anchors×bs | engine ms | reference ms | ratio | engine tok/s | reference tok/s | engine peak / step growth MiB | reference peak / step growth MiB | engine GFLOP/s (of peak) | loss engine / reference (rel diff) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         | config | B×S, anchors×bs | engine ms | reference ms | ratio | CPU-time ratio | engine tok/s | reference tok/s | engine peak / step growth MiB | reference peak / step growth MiB | engine GFLOP/s (of peak) | loss engine / reference (rel diff) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in steps {
         let m = &c.meta;
         let check = if c.check.valid { format!("{} / {} ({:.1e})", fmt(c.check.engine_loss, 5), fmt(c.check.reference_loss, 5), c.check.rel_diff.unwrap_or(0.0)) } else { format!("**void**: {}", c.check.void_reason.clone().unwrap_or_default()) };
         let _ = writeln!(
             md,
-            "| {} | {}×{}, {}×{} | {} | {} | **{}** | {} | {} | {} / {} | {} / {} | {} ({}%) | {} |",
+            "| {} | {}×{}, {}×{} | {} | {} | **{}** | {} | {} | {} | {} / {} | {} / {} | {} ({}%) | {} |",
             c.config,
             m.batch,
             m.seq_len,
@@ -166,6 +169,7 @@ fn step_table(steps: &[StepComparison]) -> String {
             fmt(c.engine.median_step_ms, 1),
             fmt(c.reference.median_step_ms, 1),
             fmt(c.ratio, 2),
+            fmt(c.cpu_ratio, 2),
             fmt(c.engine_tokens_per_s, 0),
             fmt(c.reference_tokens_per_s, 0),
             fmt(c.engine.peak_rss_mb, 0),
@@ -184,19 +188,20 @@ fn step_table(steps: &[StepComparison]) -> String {
 fn attention_table(results: &[AttentionResult]) -> String {
     let mut md = String::from(
         "### Attention: block-sparse vs dense mask (forward + backward; flex: forward only)\n\n\
-         | anchors × bs, context | implementation | median ms | peak / step growth MiB | max abs diff vs block-sparse |\n\
-         |---|---|---|---|---|\n",
+         | anchors × bs, context | implementation | median ms | median CPU ms | peak / step growth MiB | max abs diff vs block-sparse |\n\
+         |---|---|---|---|---|---|\n",
     );
     for r in results {
         let m = &r.meta;
         let shape = format!("{}×{}, {} (heads {}/{}, dim {})", m.anchors, m.block_size, m.context_len, m.heads, m.kv_heads, m.head_dim);
         for run in &r.runs {
             let row = match &run.error {
-                Some(e) => format!("| {shape} | {} | failed: {} | | |", run.implementation, e.replace('|', "/")),
+                Some(e) => format!("| {shape} | {} | failed: {} | | | |", run.implementation, e.replace('|', "/")),
                 None => format!(
-                    "| {shape} | {} | {} | {} / {} | {} |",
+                    "| {shape} | {} | {} | {} | {} / {} | {} |",
                     run.implementation,
                     fmt(run.median_step_ms, 1),
+                    fmt(run.median_cpu_ms, 1),
                     fmt(run.peak_rss_mb, 0),
                     fmt(run.step_growth_mb(), 0),
                     run.max_abs_diff.map_or("–".into(), |d| format!("{d:.1e}"))
@@ -205,10 +210,10 @@ fn attention_table(results: &[AttentionResult]) -> String {
             let _ = writeln!(md, "{row}");
         }
         for (name, why) in &r.skipped {
-            let _ = writeln!(md, "| {shape} | {name} | {why} | | |");
+            let _ = writeln!(md, "| {shape} | {name} | {why} | | | |");
         }
         if let (Some(p), Some(t)) = (r.dense_over_sparse_peak, r.dense_over_sparse_time) {
-            let _ = writeln!(md, "| {shape} | **dense / block-sparse** | **{t:.2}× time** | **{p:.1}× step growth** | |");
+            let _ = writeln!(md, "| {shape} | **dense / block-sparse** | **{t:.2}× time** | | **{p:.1}× step growth** | |");
         }
     }
     md.push('\n');
@@ -219,23 +224,24 @@ fn target_table(t: &TargetResult) -> String {
     let m = &t.meta;
     let mut md = format!(
         "### Target feature pass (Qwen3.5 hybrid: hidden {}, {} layers, vocab {}, taps {:?}; B×S = {}×{})\n\n\
-         | implementation | median ms | tok/s | peak / step growth MiB | max abs diff (rel L2) vs engine |\n|---|---|---|---|---|\n",
+         | implementation | median ms | median CPU ms | tok/s | peak / step growth MiB | max abs diff (rel L2) vs engine |\n|---|---|---|---|---|---|\n",
         m.hidden_size, m.num_layers, m.vocab_size, m.layer_ids, m.batch, m.seq_len
     );
     let tokens = (m.batch * m.seq_len) as f64;
     for run in [&t.engine, &t.transformers] {
         match &run.error {
             Some(e) => {
-                let _ = writeln!(md, "| {} | failed: {} | | | |", run.implementation, e.replace('|', "/"));
+                let _ = writeln!(md, "| {} | failed: {} | | | | |", run.implementation, e.replace('|', "/"));
             }
             None => {
                 let tps = run.median_step_ms.map(|ms| tokens / (ms * 1e-3));
                 let diff = run.max_abs_diff.map_or("–".into(), |d| format!("{d:.1e} ({:.1e})", run.rel_l2_diff.unwrap_or(0.0)));
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} / {} | {} |",
+                    "| {} | {} | {} | {} | {} / {} | {} |",
                     run.implementation,
                     fmt(run.median_step_ms, 1),
+                    fmt(run.median_cpu_ms, 1),
                     fmt(tps, 0),
                     fmt(run.peak_rss_mb, 0),
                     fmt(run.step_growth_mb(), 0),

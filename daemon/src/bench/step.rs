@@ -33,6 +33,9 @@ pub struct StepRun {
     /// Times of the timed steps (after warmup), ms.
     pub step_ms: Vec<f64>,
     pub median_step_ms: Option<f64>,
+    /// Process CPU time of the timed steps (all threads), ms.
+    pub cpu_ms: Vec<f64>,
+    pub median_cpu_ms: Option<f64>,
     /// Loss of every step, warmup included (step 0 is before any update).
     pub losses: Vec<Option<f64>>,
     pub grad_norms: Vec<Option<f64>>,
@@ -75,6 +78,8 @@ impl StepRun {
     pub fn absorb(&mut self, t: Timed) {
         self.step_ms = t.step_ms;
         self.median_step_ms = t.median_step_ms;
+        self.cpu_ms = t.cpu_ms;
+        self.median_cpu_ms = t.median_cpu_ms;
         self.baseline_rss_mb = t.baseline_rss_mb;
         self.load_peak_rss_mb = t.load_peak_rss_mb;
         self.step_peak_rss_mb = t.step_peak_rss_mb;
