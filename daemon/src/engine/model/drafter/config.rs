@@ -1,0 +1,272 @@
+//! Drafter hyper-parameters and their validation.
+use thiserror::Error;
+
+/// Attention kind of one drafter layer (`layer_types` in the HF config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    /// `"full_attention"`: whole context prefix, bidirectional inside the block.
+    Full,
+    /// `"sliding_attention"`: `sliding_window` tokens, causal inside the block.
+    Sliding,
+}
+
+impl LayerType {
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            LayerType::Full => "full_attention",
+            LayerType::Sliding => "sliding_attention",
+        }
+    }
+
+    pub fn from_hf_name(name: &str) -> Option<Self> {
+        match name {
+            "full_attention" => Some(LayerType::Full),
+            "sliding_attention" => Some(LayerType::Sliding),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum DrafterError {
+    #[error("cannot read drafter config {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("drafter config {path} is not valid JSON: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("drafter config {path}: missing key `{key}` ({hint})")]
+    MissingField {
+        path: String,
+        key: String,
+        hint: String,
+    },
+    #[error("drafter config {path}: key `{key}` expected {expected}, found {found}")]
+    InvalidField {
+        path: String,
+        key: String,
+        expected: String,
+        found: String,
+    },
+    #[error("drafter config {path}: key `{key}` = {found} is not supported: {why}")]
+    Unsupported {
+        path: String,
+        key: String,
+        found: String,
+        why: String,
+    },
+}
+
+/// Hyper-parameters of a DFlash drafter (spec §1.2). Field names follow the HF `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrafterConfig {
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub layer_types: Vec<LayerType>,
+    /// Window of sliding layers in tokens (query included); required iff a layer is sliding.
+    pub sliding_window: Option<i64>,
+    pub block_size: i64,
+    pub mask_token_id: i64,
+    /// Target layers whose residual-stream outputs are concatenated as features (§1.4).
+    pub target_layer_ids: Vec<usize>,
+    /// Hidden size of the target; `fc` maps `len(target_layer_ids)·target_hidden_size -> hidden_size`.
+    /// Published drafters have it equal to `hidden_size` (their loaders assume so).
+    pub target_hidden_size: i64,
+    pub vocab_size: i64,
+    pub max_position_embeddings: i64,
+    /// Layers of the target (written as `num_target_layers`; used for default layer ids).
+    pub num_target_layers: Option<usize>,
+    /// Std of the `N(0, σ)` init of every linear weight (HF `initializer_range`).
+    pub initializer_range: f64,
+}
+
+/// False for NaN as well as for non-positive values.
+fn is_positive(x: f64) -> bool {
+    x > 0.0
+}
+
+impl DrafterConfig {
+    /// Default target layers (spec §1.4, ZL/SF `build_target_layer_ids`): one drafter layer →
+    /// the middle layer; otherwise `round(1 + i·(n_target-4)/(n_draft-1))`, i.e. uniformly from
+    /// layer 1 to layer `n_target-3`. Python's `round` is half-to-even; the values are rounded
+    /// the same way here.
+    pub fn build_target_layer_ids(num_target_layers: usize, num_draft_layers: usize) -> Vec<usize> {
+        if num_draft_layers == 0 {
+            return Vec::new();
+        }
+        if num_draft_layers == 1 {
+            return vec![num_target_layers / 2];
+        }
+        let span = num_target_layers as f64 - 4.0;
+        (0..num_draft_layers)
+            .map(|i| {
+                let value = 1.0 + i as f64 * span / (num_draft_layers - 1) as f64;
+                value.round_ties_even().max(0.0) as usize
+            })
+            .collect()
+    }
+
+    /// Width of one feature row: `len(target_layer_ids) · target_hidden_size`.
+    pub fn feature_size(&self) -> i64 {
+        self.target_layer_ids.len() as i64 * self.target_hidden_size
+    }
+
+    /// Checks the relations the model relies on. `source` names the config in the error
+    /// (a file path, or e.g. `"built-in config"`).
+    pub fn validate(&self, source: &str) -> Result<(), DrafterError> {
+        let invalid = |key: &str, expected: &str, found: String| {
+            Err(DrafterError::InvalidField {
+                path: source.to_string(),
+                key: key.to_string(),
+                expected: expected.to_string(),
+                found,
+            })
+        };
+        for (key, value) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("block_size", self.block_size),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if value <= 0 {
+                return invalid(key, "a positive integer", value.to_string());
+            }
+        }
+        if self.num_hidden_layers == 0 {
+            return invalid("num_hidden_layers", "at least 1", "0".into());
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return invalid(
+                "num_key_value_heads",
+                &format!(
+                    "a divisor of num_attention_heads ({})",
+                    self.num_attention_heads
+                ),
+                self.num_key_value_heads.to_string(),
+            );
+        }
+        if self.head_dim % 2 != 0 {
+            return invalid(
+                "head_dim",
+                "an even number (rotary embedding)",
+                self.head_dim.to_string(),
+            );
+        }
+        if self.layer_types.len() != self.num_hidden_layers {
+            return invalid(
+                "layer_types",
+                &format!("{} entries (num_hidden_layers)", self.num_hidden_layers),
+                format!("{} entries", self.layer_types.len()),
+            );
+        }
+        let has_sliding = self.layer_types.contains(&LayerType::Sliding);
+        match self.sliding_window {
+            Some(w) if w <= 0 => {
+                return invalid("sliding_window", "a positive integer", w.to_string())
+            }
+            None if has_sliding => {
+                return invalid(
+                    "sliding_window",
+                    "a window size (layer_types has sliding layers)",
+                    "null".into(),
+                )
+            }
+            _ => {}
+        }
+        if !is_positive(self.rms_norm_eps) {
+            return invalid(
+                "rms_norm_eps",
+                "a positive number",
+                self.rms_norm_eps.to_string(),
+            );
+        }
+        if !is_positive(self.rope_theta) {
+            return invalid(
+                "rope_theta",
+                "a positive number",
+                self.rope_theta.to_string(),
+            );
+        }
+        if !is_positive(self.initializer_range) {
+            return invalid(
+                "initializer_range",
+                "a positive number",
+                self.initializer_range.to_string(),
+            );
+        }
+        if self.target_layer_ids.is_empty() {
+            return invalid(
+                "dflash_config.target_layer_ids",
+                "at least one layer id",
+                "[]".into(),
+            );
+        }
+        if self.target_hidden_size <= 0 {
+            return invalid(
+                "target_hidden_size",
+                "a positive integer",
+                self.target_hidden_size.to_string(),
+            );
+        }
+        if let Some(n) = self.num_target_layers {
+            if let Some(&bad) = self.target_layer_ids.iter().find(|&&id| id >= n) {
+                return invalid(
+                    "dflash_config.target_layer_ids",
+                    &format!("ids below num_target_layers ({n})"),
+                    bad.to_string(),
+                );
+            }
+        }
+        if self.mask_token_id < 0 || self.mask_token_id >= self.vocab_size {
+            return invalid(
+                "dflash_config.mask_token_id",
+                &format!("a token id in 0..{} (vocab_size)", self.vocab_size),
+                self.mask_token_id.to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_target_layers_match_the_published_drafters() {
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(64, 5),
+            vec![1, 16, 31, 46, 61]
+        );
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(36, 5),
+            vec![1, 9, 17, 25, 33]
+        );
+        assert_eq!(DrafterConfig::build_target_layer_ids(36, 1), vec![18]);
+        // 1 + i·24/3 → 1, 9, 17, 25 (exact); 1 + i·25/2 = 13.5 rounds half to even → 14.
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(28, 4),
+            vec![1, 9, 17, 25]
+        );
+        assert_eq!(
+            DrafterConfig::build_target_layer_ids(29, 3),
+            vec![1, 14, 26]
+        );
+    }
+}
