@@ -1,0 +1,258 @@
+//! A connected session with `dflashd`.
+//!
+//! The protocol has no request ids: the daemon answers requests in order, and frames it pushes to
+//! subscribers (metrics, GPUs, queue, events, logs) are told apart by their type. So replies are
+//! matched FIFO to requests, and pushed frames go to a bounded channel. A console that stops
+//! draining that channel stops reading the socket, and the daemon drops it rather than slow down.
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dflash_shared::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::codec::{FramedRead, LinesCodecError};
+
+use super::{client_name, codec, ClientError};
+
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const PUSH_CHANNEL: usize = 4096;
+
+/// What the daemon said in its welcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u32,
+    pub run_name: String,
+    pub daemon_pid: u32,
+}
+
+/// Something the daemon sent without being asked, or the end of the session.
+#[derive(Debug)]
+pub enum Push {
+    Frame(Response),
+    /// A frame that could not be read; the session goes on.
+    Garbled(ClientError),
+    /// The connection ended; nothing follows.
+    Closed(String),
+}
+
+/// Frames the daemon pushes to subscribers rather than sends as replies.
+pub fn is_pushed(frame: &Response) -> bool {
+    matches!(
+        frame,
+        Response::Metrics(_)
+            | Response::Gpus { .. }
+            | Response::Queue(_)
+            | Response::Event(_)
+            | Response::Log { .. }
+            | Response::Dropped { .. }
+    )
+}
+
+type ReplySender = oneshot::Sender<Result<Response, ClientError>>;
+
+#[derive(Default)]
+struct Waiting {
+    replies: VecDeque<ReplySender>,
+    closed: bool,
+}
+
+pub struct Session {
+    socket: PathBuf,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    waiting: Arc<Mutex<Waiting>>,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Session {
+    /// Connects, says hello and checks the version. Pushed frames arrive on the returned receiver.
+    pub async fn connect(
+        socket: &Path,
+    ) -> Result<(Session, Welcome, mpsc::Receiver<Push>), ClientError> {
+        crate::paths::check_fallback_socket_dir(socket)?;
+        let stream = UnixStream::connect(socket).await.map_err(|source| {
+            use std::io::ErrorKind::{ConnectionRefused, NotFound};
+            match source.kind() {
+                NotFound | ConnectionRefused => ClientError::NoDaemon {
+                    path: socket.to_path_buf(),
+                    reason: source.to_string(),
+                },
+                _ => ClientError::Connect {
+                    path: socket.to_path_buf(),
+                    source,
+                },
+            }
+        })?;
+        let (read, mut write) = stream.into_split();
+        let mut lines = FramedRead::new(read, codec::line_codec());
+
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: client_name(),
+        };
+        write_line(&mut write, &codec::encode(&hello)?).await?;
+        let first = tokio::time::timeout(HELLO_TIMEOUT, lines.next())
+            .await
+            .map_err(|_| ClientError::HelloTimeout {
+                path: socket.to_path_buf(),
+                timeout_ms: HELLO_TIMEOUT.as_millis() as u64,
+            })?;
+        let welcome = match first {
+            None => return Err(ClientError::Closed),
+            Some(Err(e)) => return Err(line_error(e)),
+            Some(Ok(line)) => welcome_from(codec::decode(&line)?)?,
+        };
+
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let (push_tx, push_rx) = mpsc::channel(PUSH_CHANNEL);
+        let reader = tokio::spawn(read_frames(lines, Arc::clone(&waiting), push_tx));
+        let session = Session {
+            socket: socket.to_path_buf(),
+            writer: tokio::sync::Mutex::new(write),
+            waiting,
+            reader,
+        };
+        Ok((session, welcome, push_rx))
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Sends one request and waits for its reply. A daemon `Error` reply becomes `Err(Daemon)`.
+    pub async fn request(&self, request: &Request) -> Result<Response, ClientError> {
+        let line = codec::encode(request)?;
+        let (tx, rx) = oneshot::channel();
+        {
+            // Queue the reply slot and write under one lock, so slots stay in request order.
+            let mut writer = self.writer.lock().await;
+            {
+                let mut waiting = self.waiting.lock().expect("waiting-list lock poisoned");
+                if waiting.closed {
+                    return Err(ClientError::Closed);
+                }
+                waiting.replies.push_back(tx);
+            }
+            write_line(&mut writer, &line).await?;
+        }
+        let reply = tokio::time::timeout(REQUEST_TIMEOUT, rx)
+            .await
+            .map_err(|_| ClientError::RequestTimeout {
+                timeout_ms: REQUEST_TIMEOUT.as_millis() as u64,
+            })?
+            .map_err(|_| ClientError::Closed)??;
+        match reply {
+            Response::Error { code, message } => Err(ClientError::Daemon { code, message }),
+            other => Ok(other),
+        }
+    }
+}
+
+fn welcome_from(frame: Response) -> Result<Welcome, ClientError> {
+    match frame {
+        Response::Welcome {
+            version,
+            run_name,
+            daemon_pid,
+        } if version == PROTOCOL_VERSION => Ok(Welcome {
+            version,
+            run_name,
+            daemon_pid,
+        }),
+        Response::Welcome { version, .. } => Err(ClientError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: format!("v{version}"),
+        }),
+        Response::Error {
+            code: ErrorCode::VersionMismatch,
+            message,
+        } => Err(ClientError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: message,
+        }),
+        Response::Error { code, message } => Err(ClientError::Daemon { code, message }),
+        other => Err(ClientError::Handshake {
+            got: codec::preview(&format!("{other:?}")),
+        }),
+    }
+}
+
+async fn write_line(writer: &mut OwnedWriteHalf, line: &str) -> Result<(), ClientError> {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    writer.write_all(&bytes).await?;
+    Ok(())
+}
+
+fn line_error(error: LinesCodecError) -> ClientError {
+    match error {
+        LinesCodecError::MaxLineLengthExceeded => ClientError::FrameTooLarge {
+            len: dflash_shared::protocol::MAX_FRAME_BYTES + 1,
+            max: dflash_shared::protocol::MAX_FRAME_BYTES,
+        },
+        LinesCodecError::Io(e) => ClientError::Io(e),
+    }
+}
+
+async fn read_frames(
+    mut lines: FramedRead<tokio::net::unix::OwnedReadHalf, tokio_util::codec::LinesCodec>,
+    waiting: Arc<Mutex<Waiting>>,
+    pushes: mpsc::Sender<Push>,
+) {
+    let reason = loop {
+        match lines.next().await {
+            None => break "the daemon closed the connection".to_string(),
+            Some(Err(LinesCodecError::Io(e))) => break format!("read error: {e}"),
+            Some(Err(e @ LinesCodecError::MaxLineLengthExceeded)) => {
+                let _ = pushes.send(Push::Garbled(line_error(e))).await;
+            }
+            Some(Ok(line)) => match codec::decode::<Response>(&line) {
+                Err(e) => {
+                    let _ = pushes.send(Push::Garbled(e)).await;
+                }
+                Ok(frame) if is_pushed(&frame) => {
+                    let _ = pushes.send(Push::Frame(frame)).await;
+                }
+                Ok(reply) => {
+                    let slot = waiting
+                        .lock()
+                        .expect("waiting-list lock poisoned")
+                        .replies
+                        .pop_front();
+                    match slot {
+                        Some(slot) => {
+                            let _ = slot.send(Ok(reply));
+                        }
+                        // An error about something we did not ask (e.g. a frame it could not
+                        // read) still matters to the operator.
+                        None => {
+                            let _ = pushes.send(Push::Frame(reply)).await;
+                        }
+                    }
+                }
+            },
+        }
+    };
+    let orphans = {
+        let mut waiting = waiting.lock().expect("waiting-list lock poisoned");
+        waiting.closed = true;
+        std::mem::take(&mut waiting.replies)
+    };
+    for slot in orphans {
+        let _ = slot.send(Err(ClientError::Closed));
+    }
+    let _ = pushes.send(Push::Closed(reason)).await;
+}
