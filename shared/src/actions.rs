@@ -14,9 +14,13 @@ pub enum Action {
     Kill,
     /// Stop the run, then run the configured power-off command.
     PowerOff,
-    DeleteCache { name: String },
+    DeleteCache {
+        name: String,
+    },
     /// Allow a locked config key (precision, epochs, anchors, block_size, target_layer_ids) to change.
-    UnlockKey { key: String },
+    UnlockKey {
+        key: String,
+    },
 }
 
 impl Action {

@@ -25,21 +25,74 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
-    RunStarted { run_name: String, resumed_from_step: Option<u64> },
-    WarmupDone { device: String, role: crate::metrics::DeviceRole, duration_ms: f64 },
-    Fingerprint { summary: String },
+    RunStarted {
+        run_name: String,
+        resumed_from_step: Option<u64>,
+    },
+    WarmupDone {
+        device: String,
+        role: crate::metrics::DeviceRole,
+        duration_ms: f64,
+    },
+    Fingerprint {
+        summary: String,
+    },
     /// A fingerprint field differs from the one recorded at the previous start.
-    EnvironmentDrift { field: String, before: String, after: String },
-    CacheChanged { name: String, path: String, change: String },
-    CheckpointWritten { step: u64, path: String, bytes: u64 },
-    RegressionStarted { detector: String, level: Severity, message: String },
-    RegressionEnded { detector: String, message: String },
-    OperatorRequest { uid: u32, request: String, action_id: Option<String> },
-    OperatorConfirmed { uid: u32, action_id: String, via: String },
-    ActionExecuted { action_id: String, outcome: String },
-    WorkerFailed { device: String, error: String },
-    RunPaused { reason: String },
-    RunStopped { reason: String, checkpoint: Option<String> },
-    BadDataLine { file: String, line: u64, reason: String },
-    Note { message: String },
+    EnvironmentDrift {
+        field: String,
+        before: String,
+        after: String,
+    },
+    CacheChanged {
+        name: String,
+        path: String,
+        change: String,
+    },
+    CheckpointWritten {
+        step: u64,
+        path: String,
+        bytes: u64,
+    },
+    RegressionStarted {
+        detector: String,
+        level: Severity,
+        message: String,
+    },
+    RegressionEnded {
+        detector: String,
+        message: String,
+    },
+    OperatorRequest {
+        uid: u32,
+        request: String,
+        action_id: Option<String>,
+    },
+    OperatorConfirmed {
+        uid: u32,
+        action_id: String,
+        via: String,
+    },
+    ActionExecuted {
+        action_id: String,
+        outcome: String,
+    },
+    WorkerFailed {
+        device: String,
+        error: String,
+    },
+    RunPaused {
+        reason: String,
+    },
+    RunStopped {
+        reason: String,
+        checkpoint: Option<String>,
+    },
+    BadDataLine {
+        file: String,
+        line: u64,
+        reason: String,
+    },
+    Note {
+        message: String,
+    },
 }

@@ -3,8 +3,13 @@
 //! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
 //! this crate says what the bytes mean and judges the numbers.
 pub mod actions;
+pub mod config;
 pub mod events;
+pub mod format;
+pub mod health;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
 pub mod status;
+
+mod serde_util;

@@ -35,15 +35,20 @@ pub struct StepMetrics {
     pub ts_ms: TimestampMs,
     pub step: u64,
     pub epoch: u32,
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub loss: f64,
     /// Top-1 accuracy over weighted draft positions.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub accuracy: f64,
     /// Offline acceptance length; only on evaluation steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tau: Option<f64>,
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub lr: f64,
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub grad_norm: f64,
     /// Tokens of training sequences consumed per second, all workers together.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub tokens_per_s: f64,
     #[serde(default)]
     pub workers: Vec<WorkerThroughput>,
@@ -101,9 +106,13 @@ pub struct HostSample {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum GpuTelemetry {
-    Available { gpus: Vec<GpuSample> },
+    Available {
+        gpus: Vec<GpuSample>,
+    },
     /// e.g. "NVML unavailable: libnvidia-ml.so.1 not found".
-    Unavailable { reason: String },
+    Unavailable {
+        reason: String,
+    },
 }
 
 /// The hidden-state queue between target and drafter workers.

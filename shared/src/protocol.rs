@@ -1,6 +1,20 @@
 //! Control-plane wire protocol: a versioned hello, then newline-delimited JSON frames.
 //!
 //! Framing lives here as pure functions so both ends (and fuzz-ish tests) share it.
+mod framing;
+mod handshake;
+#[cfg(test)]
+mod tests;
+
+pub use framing::{
+    decode_request, decode_response, encode_frame, FrameError, FrameSplitter, REQUEST_TYPES,
+    RESPONSE_TYPES,
+};
+pub use handshake::{
+    accept_welcome, hello, negotiate, request_type, response_type, ErrorReply, ServerIdentity,
+    Welcome,
+};
+
 use serde::{Deserialize, Serialize};
 
 use crate::actions::{Action, PendingAction};
@@ -9,6 +23,8 @@ use crate::metrics::{GpuTelemetry, QueueStats, StepMetrics};
 use crate::status::StatusSnapshot;
 
 pub const PROTOCOL_VERSION: u32 = 1;
+/// The oldest client protocol this build still answers.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// Frames longer than this are refused; the connection gets an error reply.
 pub const MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -25,42 +41,80 @@ pub enum Topic {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
-    Hello { version: u32, client: String },
-    Subscribe { topics: Vec<Topic> },
+    Hello {
+        version: u32,
+        client: String,
+    },
+    Subscribe {
+        topics: Vec<Topic>,
+    },
     Status,
     Config,
     Fingerprint,
     Caches,
     Checkpoints,
     /// Journal events with `seq > after_seq`.
-    Events { after_seq: Option<u64> },
+    Events {
+        after_seq: Option<u64>,
+    },
     /// Files a pending destructive action; never acts by itself.
-    RequestAction { action: Action },
+    RequestAction {
+        action: Action,
+    },
     /// Confirms a pending action; `run_name` must be typed by the operator.
-    Confirm { action_id: String, run_name: String, via: String },
-    Cancel { action_id: String },
+    Confirm {
+        action_id: String,
+        run_name: String,
+        via: String,
+    },
+    Cancel {
+        action_id: String,
+    },
 }
 
 /// Daemon → client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Response {
-    Welcome { version: u32, run_name: String, daemon_pid: u32 },
+    Welcome {
+        version: u32,
+        run_name: String,
+        daemon_pid: u32,
+    },
     Ok,
     Status(Box<StatusSnapshot>),
-    Json { value: serde_json::Value },
-    Events { events: Vec<Event> },
-    Pending { action: PendingAction },
-    Executed { action_id: String, outcome: String },
-    Error { code: ErrorCode, message: String },
+    Json {
+        value: serde_json::Value,
+    },
+    Events {
+        events: Vec<Event>,
+    },
+    Pending {
+        action: PendingAction,
+    },
+    Executed {
+        action_id: String,
+        outcome: String,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
     // Pushed to subscribers.
     Metrics(Box<StepMetrics>),
-    Gpus { telemetry: GpuTelemetry },
+    Gpus {
+        telemetry: GpuTelemetry,
+    },
     Queue(QueueStats),
     Event(Box<Event>),
-    Log { level: String, line: String },
+    Log {
+        level: String,
+        line: String,
+    },
     /// Sent just before a slow subscriber is dropped.
-    Dropped { reason: String },
+    Dropped {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,4 +129,6 @@ pub enum ErrorCode {
     WrongRunName,
     Refused,
     Internal,
+    /// The first frame of a connection was not a hello.
+    HelloRequired,
 }

@@ -1,0 +1,260 @@
+//! The TOML run config: schema, defaults, validation and locked keys.
+//!
+//! [`Config::from_toml_str`] parses, fills derived defaults and validates; every error names
+//! the key path and line, what was expected and what was found, and suggests the right key for
+//! an unknown one. [`Config::to_toml_string`] prints the effective config (`config show`).
+pub mod bytesize;
+pub mod device;
+mod error;
+mod locate;
+pub mod locked;
+pub mod paths;
+pub mod runtime;
+pub mod sections;
+mod validate;
+
+use serde::{Deserialize, Serialize};
+
+pub use bytesize::ByteSize;
+pub use device::{Device, DeviceParseError};
+pub use error::{ConfigError, ConfigIssue, Problem};
+pub use locked::{is_locked_key, locked_key_changes, LockedKeyChange, LOCKED_KEYS};
+pub use paths::{expand_path, PathContext, PathTemplateError};
+pub use runtime::{
+    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+};
+pub use sections::{
+    paper_loss_decay_gamma, AttentionImpl, DataFormat, DataSection, DrafterSection, Dtype,
+    LabelMask, LayerType, Precision, RunSection, TargetSection, TopologySection, TrainingSection,
+    EMBEDDED, EMBEDDED_DATA,
+};
+
+use error::{closest, translate_serde_message, Translated};
+use locate::SourceMap;
+
+/// The built-in tiny CPU configuration `dflashd start` uses without `--config`.
+pub const EMBEDDED_DEFAULT_TOML: &str = include_str!("../../../configs/tiny-cpu.toml");
+/// How errors in [`EMBEDDED_DEFAULT_TOML`] name their origin.
+pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub run: RunSection,
+    pub target: TargetSection,
+    pub drafter: DrafterSection,
+    #[serde(default)]
+    pub training: TrainingSection,
+    pub data: DataSection,
+    pub topology: TopologySection,
+    #[serde(default)]
+    pub queue: QueueSection,
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
+    #[serde(default)]
+    pub control: ControlSection,
+    #[serde(default)]
+    pub detectors: DetectorsSection,
+}
+
+/// Keys that may be absent from a printed config (unset options), for "did you mean".
+const OPTIONAL_KEYS: &[&str] = &[
+    "run.run_dir",
+    "data.tokenizer",
+    "data.chat_template",
+    "data.held_out_samples",
+    "drafter.sliding_window",
+    "training.max_steps",
+    "training.loss_decay_gamma",
+    "telemetry.python",
+    "control.socket",
+    "control.poweroff_command",
+    "detectors.throughput.pinned_baseline_tokens_per_s",
+];
+
+impl Config {
+    /// Parses, fills derived defaults and validates. `origin` names the file in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let map = SourceMap::parse(text).map_err(|e| syntax_error(text, &e, origin))?;
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError {
+            origin: origin.into(),
+            issues: vec![deserialize_issue(&map, &e)],
+        })?;
+        config.fill_derived_defaults();
+        let mut issues = validate::validate(&config);
+        if issues.is_empty() {
+            return Ok(config);
+        }
+        for issue in &mut issues {
+            issue.line = map.line_of_path(&issue.key);
+        }
+        Err(ConfigError {
+            origin: origin.into(),
+            issues,
+        })
+    }
+
+    /// The embedded tiny CPU default. It is validated by the test suite.
+    pub fn embedded_default() -> Self {
+        Self::from_toml_str(EMBEDDED_DEFAULT_TOML, EMBEDDED_ORIGIN).unwrap_or_else(|e| {
+            panic!("the embedded default config is invalid (a build defect): {e}")
+        })
+    }
+
+    /// Validates a config built or changed in code (line numbers are unknown here).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let issues = validate::validate(self);
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                origin: "<config>".into(),
+                issues,
+            })
+        }
+    }
+
+    /// Non-fatal remarks for the start log and `config validate`.
+    pub fn warnings(&self) -> Vec<String> {
+        validate::warnings(self)
+    }
+
+    /// The effective config, every default filled in; parses back to an equal `Config`.
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print this config: {e}\n"))
+    }
+
+    /// γ of the per-position loss weights, after defaults (validation guarantees one).
+    pub fn loss_decay_gamma(&self) -> f64 {
+        self.training
+            .loss_decay_gamma
+            .or_else(|| paper_loss_decay_gamma(self.drafter.block_size))
+            .unwrap_or(7.0)
+    }
+
+    fn fill_derived_defaults(&mut self) {
+        if self.drafter.layer_types.is_empty() {
+            self.drafter.layer_types = vec![LayerType::FullAttention; self.drafter.num_layers];
+        }
+        if self.training.loss_decay_gamma.is_none() {
+            self.training.loss_decay_gamma = paper_loss_decay_gamma(self.drafter.block_size);
+        }
+    }
+
+    /// Every key path a config can have, for suggestions.
+    fn known_keys() -> Vec<String> {
+        let mut keys: Vec<String> = OPTIONAL_KEYS.iter().map(|k| k.to_string()).collect();
+        if let Ok(toml::Value::Table(t)) = toml::Value::try_from(Config::embedded_default()) {
+            collect_keys(&t, "", &mut keys);
+        }
+        keys
+    }
+}
+
+fn collect_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if let toml::Value::Table(t) = v {
+            collect_keys(t, &path, out);
+        }
+        out.push(path);
+    }
+}
+
+fn syntax_error(text: &str, e: &toml::de::Error, origin: &str) -> ConfigError {
+    let map_offsets = |offset: usize| {
+        let offset = offset.min(text.len());
+        let line = text[..offset].matches('\n').count() + 1;
+        let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+        (line, text[line_start..offset].chars().count() + 1)
+    };
+    let (line, column) = e.span().map_or((1, 1), |s| map_offsets(s.start));
+    ConfigError {
+        origin: origin.into(),
+        issues: vec![ConfigIssue {
+            key: String::new(),
+            line: Some(line),
+            problem: Problem::Syntax {
+                column,
+                message: e.message().trim().replace('\n', "; "),
+            },
+        }],
+    }
+}
+
+fn deserialize_issue(map: &SourceMap<'_>, e: &toml::de::Error) -> ConfigIssue {
+    let (path, line) = e.span().map(|s| map.path_at(&s)).unwrap_or_default();
+    match translate_serde_message(e.message()) {
+        Translated::UnknownKey { key, allowed } => {
+            let suggestion = closest(&key, allowed.iter().map(String::as_str))
+                .map(|s| format!("`{s}`"))
+                .or_else(|| elsewhere(&key));
+            ConfigIssue {
+                key: path,
+                line,
+                problem: Problem::UnknownKey { suggestion },
+            }
+        }
+        Translated::Missing { key } => {
+            let full = if path.is_empty() {
+                key
+            } else {
+                format!("{path}.{key}")
+            };
+            let expected = expected_for_missing(&full);
+            ConfigIssue {
+                key: full,
+                line,
+                problem: Problem::Missing { expected },
+            }
+        }
+        Translated::Invalid {
+            expected,
+            found,
+            hint,
+        } => ConfigIssue {
+            key: path,
+            line,
+            problem: Problem::Invalid {
+                expected,
+                found,
+                hint,
+            },
+        },
+    }
+}
+
+/// A key that exists, under the same name, in another section: "`training.num_anchors`".
+fn elsewhere(key: &str) -> Option<String> {
+    Config::known_keys()
+        .into_iter()
+        .find(|k| k.rsplit('.').next() == Some(key))
+        .map(|k| {
+            format!(
+                "`{k}` (it belongs in [{}])",
+                k.rsplit_once('.').map_or("", |(s, _)| s)
+            )
+        })
+}
+
+fn expected_for_missing(key: &str) -> String {
+    let known = match key {
+        "run" | "target" | "drafter" | "data" | "topology" => return format!("a [{key}] table"),
+        "run.name" => "a run name (letters, digits, '.', '_', '-')",
+        "target.model" => "a Hugging Face checkpoint directory or \"embedded\"",
+        "drafter.mask_token_id" => "the target tokenizer's mask token id",
+        "drafter.target_layer_ids" => "a list of target layer ids, e.g. [1, 16, 31, 46, 61]",
+        "data.train_file" => "a JSONL file path or \"embedded\"",
+        "topology.target_devices" | "topology.drafter_devices" => {
+            "a list of devices, e.g. [\"cuda:0\"] or [\"cpu\"]"
+        }
+        "telemetry.caches.name" | "telemetry.caches.path" => "a string",
+        k if k.starts_with("drafter.") => "a positive integer",
+        _ => "a value",
+    };
+    known.to_string()
+}

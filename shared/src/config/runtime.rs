@@ -1,0 +1,140 @@
+//! The daemon-side sections: queue, telemetry, control plane and detectors.
+use serde::{Deserialize, Serialize};
+
+use super::bytesize::ByteSize;
+use crate::health::{MemoryConfig, QueueConfig, ThroughputConfig};
+
+/// `[queue]`: the bounded hidden-state queue between target and drafter workers.
+///
+/// Producers block when the depth reaches `high_watermark` or the resident bytes reach
+/// `byte_cap`, and resume once the depth is back at `low_watermark`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueSection {
+    /// Hard maximum of items (batches of hidden states) in flight.
+    pub capacity: usize,
+    pub high_watermark: usize,
+    pub low_watermark: usize,
+    pub byte_cap: ByteSize,
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        Self {
+            capacity: 16,
+            high_watermark: 12,
+            low_watermark: 4,
+            byte_cap: ByteSize::gib(16),
+        }
+    }
+}
+
+/// One compile/kernel cache directory to watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheDirConfig {
+    pub name: String,
+    /// A path template: `~/`, `${VAR}`, `${VAR:-default}` and `{run_dir}` are expanded by
+    /// [`super::paths::expand_path`].
+    pub path: String,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// GPU, host, queue and cache sampling period.
+    pub sample_interval_ms: u64,
+    /// Python whose packages go into the environment fingerprint. Unset: the interpreter of
+    /// the environment libtorch was loaded from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    pub caches: Vec<CacheDirConfig>,
+}
+
+impl Default for TelemetrySection {
+    fn default() -> Self {
+        Self {
+            sample_interval_ms: 1000,
+            python: None,
+            caches: default_caches(),
+        }
+    }
+}
+
+/// The caches watched by default, with the locations their owners use when the override
+/// variable is unset: TorchInductor `<tmp>/torchinductor_<user>`, Triton `~/.triton/cache`,
+/// CUDA's JIT ComputeCache `~/.nv/ComputeCache`, and dflashd's own warmup record.
+pub fn default_caches() -> Vec<CacheDirConfig> {
+    [
+        (
+            "torchinductor",
+            "${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_${USER}}",
+        ),
+        ("triton", "${TRITON_CACHE_DIR:-~/.triton/cache}"),
+        (
+            "cuda_compute_cache",
+            "${CUDA_CACHE_PATH:-~/.nv/ComputeCache}",
+        ),
+        ("dflash_warmup", "{run_dir}/warmup.json"),
+    ]
+    .into_iter()
+    .map(|(name, path)| CacheDirConfig {
+        name: name.into(),
+        path: path.into(),
+    })
+    .collect()
+}
+
+/// `[control]`: the Unix-socket control plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlSection {
+    /// Unset: `$XDG_RUNTIME_DIR/dflash/dflashd.sock`, or a private 0700 fallback directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+    /// Unconfirmed destructive requests expire after this many seconds.
+    pub pending_action_expiry_s: u64,
+    /// Program and arguments run (without a shell) to power the machine off after a confirmed
+    /// stop. Unset: power-off requests are refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poweroff_command: Option<Vec<String>>,
+    /// Users besides the daemon's own allowed to connect.
+    pub allowed_uids: Vec<u32>,
+    /// Frames buffered per subscriber; a subscriber that falls this far behind is dropped.
+    pub client_buffer_frames: usize,
+}
+
+impl Default for ControlSection {
+    fn default() -> Self {
+        Self {
+            socket: None,
+            pending_action_expiry_s: 300,
+            poweroff_command: None,
+            allowed_uids: Vec::new(),
+            client_buffer_frames: 1024,
+        }
+    }
+}
+
+/// `[detectors]`: thresholds of the health detectors (see `crate::health`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectorsSection {
+    /// How far before an alert the journal is searched for what changed.
+    pub explain_lookback_s: u64,
+    pub throughput: ThroughputConfig,
+    pub memory: MemoryConfig,
+    pub queue: QueueConfig,
+}
+
+impl Default for DetectorsSection {
+    fn default() -> Self {
+        Self {
+            explain_lookback_s: 3600,
+            throughput: ThroughputConfig::default(),
+            memory: MemoryConfig::default(),
+            queue: QueueConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The run, model and training sections of the run config.
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::device::Device;
+
+/// `[run]`: what the run is called and where it lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// Letters, digits, `.`, `_`, `-`. Operators type it to confirm destructive actions.
+    pub name: String,
+    /// Checkpoints, journal and recordings. Unset: dflashd picks `<XDG data dir>/runs/<name>`,
+    /// or `--run-dir` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<String>,
+    /// Seeds initialisation, anchor sampling and the per-epoch data shuffle.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The value of `target.model` that selects the built-in tiny target.
+pub const EMBEDDED: &str = "embedded";
+
+/// `[target]`: the frozen model whose hidden states condition the drafter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSection {
+    /// A Hugging Face checkpoint directory, or `"embedded"` for the built-in tiny target.
+    pub model: String,
+    /// Weights are loaded and run in this dtype.
+    #[serde(default = "default_target_dtype")]
+    pub dtype: Dtype,
+}
+
+impl TargetSection {
+    pub fn is_embedded(&self) -> bool {
+        self.model == EMBEDDED
+    }
+}
+
+fn default_target_dtype() -> Dtype {
+    Dtype::Bf16
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+/// Attention kind of one drafter layer (the names of the published drafter `config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    FullAttention,
+    SlidingAttention,
+}
+
+/// `[drafter]`: the drafter architecture (spec §1.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrafterSection {
+    pub num_layers: usize,
+    /// Must equal the target's hidden size (the drafter reuses its embedding and LM head).
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub mask_token_id: u32,
+    /// Target layers whose residual-stream outputs are concatenated (the `hidden_states[L+1]`
+    /// convention), in this order.
+    pub target_layer_ids: Vec<usize>,
+    /// One per layer; unset means every layer is `full_attention`.
+    #[serde(default)]
+    pub layer_types: Vec<LayerType>,
+    /// Window of `sliding_attention` layers, in tokens; required when any layer slides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_rms_norm_eps")]
+    pub rms_norm_eps: f64,
+}
+
+fn default_rope_theta() -> f64 {
+    1_000_000.0
+}
+
+fn default_rms_norm_eps() -> f64 {
+    1e-6
+}
+
+/// Training precision. BF16 is the only one: the published DFlash drafters were trained with
+/// BF16 parameters and activations on FP32 master weights, and FP8 is refused on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    #[default]
+    Bf16,
+}
+
+impl Serialize for Precision {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("bf16")
+    }
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let lower = text.to_ascii_lowercase();
+        if lower == "bf16" || lower == "bfloat16" {
+            return Ok(Precision::Bf16);
+        }
+        let fp8 = lower.contains("fp8")
+            || lower.contains("float8")
+            || lower.starts_with("e4m3")
+            || lower.starts_with("e5m2");
+        let hint = if fp8 {
+            "; FP8 training is refused: DFlash drafters are trained in BF16 on FP32 master weights, \
+             and FP8 changes the numerics the published drafters and acceptance figures rest on"
+        } else {
+            ""
+        };
+        Err(serde::de::Error::custom(format!(
+            "expected \"bf16\", found \"{text}\"{hint}"
+        )))
+    }
+}
+
+/// `[training]`: optimisation (spec §2.8). Defaults are the paper/SpecForge values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainingSection {
+    pub precision: Precision,
+    pub epochs: u32,
+    /// Off by default: the recipe trains every epoch; evaluation τ does not stop it early.
+    pub early_stopping: bool,
+    /// Optional cap on optimizer steps (SpecForge caps its Qwen3.6-27B recipe at 10000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// Anchors (draft blocks) sampled per sequence.
+    pub num_anchors: usize,
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub grad_clip: f64,
+    pub weight_decay: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_eps: f64,
+    /// γ of the per-position weight exp(-(k-1)/γ). Unset: the paper's value for the block size
+    /// (7 for 16, 5 for 10, 4 for 8); other block sizes must set it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_decay_gamma: Option<f64>,
+    /// Sequences per drafter device per optimizer step.
+    pub batch_size: usize,
+    /// Sequences are truncated to this many tokens.
+    pub max_length: usize,
+    /// Evaluate τ on the held-out split every this many optimizer steps.
+    pub eval_every: u64,
+    pub checkpoint_every: u64,
+    /// Checkpoints kept besides `latest`; older ones are deleted.
+    pub keep_checkpoints: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// How an unsupervised label inside a block masks the slots after it.
+    pub label_mask: LabelMask,
+    /// Evaluate only the first this many held-out samples (0: all of them).
+    pub eval_max_samples: usize,
+    /// Weighted positions per LM-head + cross-entropy chunk (bounds logits memory).
+    pub loss_chunk_positions: usize,
+    /// Anchors per row in one evaluation forward.
+    pub eval_anchors_per_forward: usize,
+    /// Drafter attention implementation; `dense_mask` exists as a test oracle.
+    pub attention: AttentionImpl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LabelMask {
+    /// SpecForge: each slot is masked by its own label's loss mask only.
+    #[default]
+    Independent,
+    /// Stop at the first unsupervised label (safer for multi-turn data).
+    Cumulative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionImpl {
+    #[default]
+    BlockSparse,
+    DenseMask,
+}
+
+impl Default for TrainingSection {
+    fn default() -> Self {
+        Self {
+            precision: Precision::Bf16,
+            epochs: 6,
+            early_stopping: false,
+            max_steps: None,
+            num_anchors: 512,
+            lr: 6e-4,
+            warmup_ratio: 0.04,
+            grad_clip: 1.0,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_eps: 1e-8,
+            loss_decay_gamma: None,
+            batch_size: 1,
+            max_length: 3072,
+            eval_every: 500,
+            checkpoint_every: 500,
+            keep_checkpoints: 3,
+            grad_accum: 1,
+            label_mask: LabelMask::Independent,
+            eval_max_samples: 0,
+            loss_chunk_positions: 2048,
+            eval_anchors_per_forward: 256,
+            attention: AttentionImpl::BlockSparse,
+        }
+    }
+}
+
+/// The paper's γ for a block size, where one is published.
+pub fn paper_loss_decay_gamma(block_size: usize) -> Option<f64> {
+    match block_size {
+        16 => Some(7.0),
+        10 => Some(5.0),
+        8 => Some(4.0),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// SpecForge-style `{"conversations": [{"role", "content", "reasoning_content"?}]}`.
+    Chat,
+    /// `{"input_ids": [...], "loss_mask": [...]}`.
+    Pretokenized,
+}
+
+/// The value of `data.train_file` that selects the small dataset shipped with dflashd.
+pub const EMBEDDED_DATA: &str = "embedded";
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// JSONL file, or `"embedded"` for the dataset shipped with dflashd.
+    pub train_file: String,
+    #[serde(default = "default_data_format")]
+    pub format: DataFormat,
+    /// `tokenizer.json` for chat data. Unset: `<target.model>/tokenizer.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// A Jinja chat template file. Unset: the template shipped with the target model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// Share of samples held out for τ evaluation (chosen deterministically from the seed).
+    #[serde(default = "default_held_out_fraction")]
+    pub held_out_fraction: f64,
+    /// An exact number of held-out samples; when set it replaces `held_out_fraction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_samples: Option<usize>,
+}
+
+impl DataSection {
+    /// How many of `total` samples are held out.
+    pub fn held_out_count(&self, total: usize) -> usize {
+        self.held_out_samples
+            .unwrap_or_else(|| (self.held_out_fraction * total as f64).ceil() as usize)
+            .min(total)
+    }
+}
+
+fn default_data_format() -> DataFormat {
+    DataFormat::Chat
+}
+
+fn default_held_out_fraction() -> f64 {
+    0.01
+}
+
+/// `[topology]`: one worker thread per listed device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySection {
+    /// Each holds a frozen target replica and produces hidden states.
+    pub target_devices: Vec<Device>,
+    /// Data-parallel drafter replicas; gradients are averaged across them every step.
+    pub drafter_devices: Vec<Device>,
+}

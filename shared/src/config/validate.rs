@@ -1,0 +1,563 @@
+//! Semantic checks after the types parsed. Every rule names its key, the expectation and what
+//! was found; all failures are collected so one run of `config validate` shows them all.
+use std::collections::BTreeSet;
+
+use super::device::Device;
+use super::error::ConfigIssue;
+use super::sections::{paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA};
+use super::Config;
+
+const MAX_RUN_NAME: usize = 64;
+
+pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
+    let mut v = Vec::new();
+    run(c, &mut v);
+    drafter(c, &mut v);
+    training(c, &mut v);
+    data(c, &mut v);
+    topology(c, &mut v);
+    runtime(c, &mut v);
+    detectors(c, &mut v);
+    v
+}
+
+fn positive(v: &mut Vec<ConfigIssue>, key: &str, value: usize) {
+    if value == 0 {
+        v.push(ConfigIssue::invalid(key, "a positive integer", value));
+    }
+}
+
+fn in_range(v: &mut Vec<ConfigIssue>, key: &str, value: f64, lo: f64, hi: f64, expected: &str) {
+    if !(value.is_finite() && value >= lo && value <= hi) {
+        v.push(ConfigIssue::invalid(key, expected, value));
+    }
+}
+
+fn run(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let name = &c.run.name;
+    let ok = !name.is_empty()
+        && name.len() <= MAX_RUN_NAME
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch));
+    if !ok {
+        v.push(
+            ConfigIssue::invalid(
+                "run.name",
+                format!("1–{MAX_RUN_NAME} letters, digits, '.', '_' or '-'"),
+                format!("\"{name}\""),
+            )
+            .with_hint("operators type the run name to confirm destructive actions"),
+        );
+    }
+}
+
+fn drafter(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let d = &c.drafter;
+    for (key, value) in [
+        ("drafter.num_layers", d.num_layers),
+        ("drafter.hidden_size", d.hidden_size),
+        ("drafter.intermediate_size", d.intermediate_size),
+        ("drafter.num_attention_heads", d.num_attention_heads),
+        ("drafter.num_key_value_heads", d.num_key_value_heads),
+        ("drafter.head_dim", d.head_dim),
+    ] {
+        positive(v, key, value);
+    }
+    if d.num_key_value_heads > 0 && d.num_attention_heads % d.num_key_value_heads != 0 {
+        v.push(ConfigIssue::invalid(
+            "drafter.num_key_value_heads",
+            format!(
+                "a divisor of drafter.num_attention_heads ({})",
+                d.num_attention_heads
+            ),
+            d.num_key_value_heads,
+        ));
+    }
+    if d.head_dim % 2 != 0 {
+        v.push(ConfigIssue::invalid(
+            "drafter.head_dim",
+            "an even number (RoPE rotates pairs)",
+            d.head_dim,
+        ));
+    }
+    if d.block_size < 2 {
+        v.push(
+            ConfigIssue::invalid("drafter.block_size", "at least 2", d.block_size)
+                .with_hint("a block is the anchor plus the positions the drafter predicts"),
+        );
+    }
+    if d.target_layer_ids.is_empty() {
+        v.push(ConfigIssue::invalid(
+            "drafter.target_layer_ids",
+            "at least one target layer id",
+            "an empty list",
+        ));
+    }
+    let unique: BTreeSet<_> = d.target_layer_ids.iter().collect();
+    if unique.len() != d.target_layer_ids.len() {
+        v.push(ConfigIssue::invalid(
+            "drafter.target_layer_ids",
+            "distinct layer ids",
+            format!("{:?}", d.target_layer_ids),
+        ));
+    }
+    if d.layer_types.len() != d.num_layers {
+        v.push(ConfigIssue::invalid(
+            "drafter.layer_types",
+            format!(
+                "one entry per layer ({} = drafter.num_layers)",
+                d.num_layers
+            ),
+            format!("{} entries", d.layer_types.len()),
+        ));
+    }
+    let slides = d.layer_types.contains(&LayerType::SlidingAttention);
+    match d.sliding_window {
+        None if slides => v.push(ConfigIssue::invalid(
+            "drafter.sliding_window",
+            "a window in tokens, because drafter.layer_types has sliding_attention layers",
+            "nothing",
+        )),
+        Some(0) => v.push(ConfigIssue::invalid(
+            "drafter.sliding_window",
+            "a positive integer",
+            0,
+        )),
+        _ => {}
+    }
+    if !(d.rope_theta.is_finite() && d.rope_theta > 0.0) {
+        v.push(ConfigIssue::invalid(
+            "drafter.rope_theta",
+            "a positive number",
+            d.rope_theta,
+        ));
+    }
+    in_range(
+        v,
+        "drafter.rms_norm_eps",
+        d.rms_norm_eps,
+        f64::MIN_POSITIVE,
+        1.0,
+        "a small positive number",
+    );
+}
+
+fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let t = &c.training;
+    if t.epochs == 0 {
+        v.push(ConfigIssue::invalid(
+            "training.epochs",
+            "a positive integer (the recipe trains 6)",
+            0,
+        ));
+    }
+    if t.max_steps == Some(0) {
+        v.push(ConfigIssue::invalid(
+            "training.max_steps",
+            "a positive integer or no value",
+            0,
+        ));
+    }
+    positive(v, "training.num_anchors", t.num_anchors);
+    positive(v, "training.batch_size", t.batch_size);
+    positive(v, "training.keep_checkpoints", t.keep_checkpoints);
+    positive(v, "training.grad_accum", t.grad_accum);
+    positive(v, "training.loss_chunk_positions", t.loss_chunk_positions);
+    positive(
+        v,
+        "training.eval_anchors_per_forward",
+        t.eval_anchors_per_forward,
+    );
+    if t.eval_every == 0 {
+        v.push(ConfigIssue::invalid(
+            "training.eval_every",
+            "a positive number of steps",
+            0,
+        ));
+    }
+    if t.checkpoint_every == 0 {
+        v.push(ConfigIssue::invalid(
+            "training.checkpoint_every",
+            "a positive number of steps",
+            0,
+        ));
+    }
+    if t.max_length <= c.drafter.block_size {
+        v.push(ConfigIssue::invalid(
+            "training.max_length",
+            format!(
+                "more tokens than drafter.block_size ({})",
+                c.drafter.block_size
+            ),
+            t.max_length,
+        ));
+    }
+    if t.num_anchors > t.max_length {
+        v.push(ConfigIssue::invalid(
+            "training.num_anchors",
+            format!("at most training.max_length ({})", t.max_length),
+            t.num_anchors,
+        ));
+    }
+    if !(t.lr.is_finite() && t.lr > 0.0) {
+        v.push(ConfigIssue::invalid(
+            "training.lr",
+            "a positive number",
+            t.lr,
+        ));
+    }
+    in_range(
+        v,
+        "training.warmup_ratio",
+        t.warmup_ratio,
+        0.0,
+        0.999_999,
+        "a fraction in [0, 1)",
+    );
+    if !(t.grad_clip.is_finite() && t.grad_clip > 0.0) {
+        v.push(ConfigIssue::invalid(
+            "training.grad_clip",
+            "a positive number (global L2 norm)",
+            t.grad_clip,
+        ));
+    }
+    in_range(
+        v,
+        "training.weight_decay",
+        t.weight_decay,
+        0.0,
+        1.0,
+        "a number in [0, 1]",
+    );
+    in_range(
+        v,
+        "training.adam_beta1",
+        t.adam_beta1,
+        0.0,
+        0.999_999,
+        "a number in [0, 1)",
+    );
+    in_range(
+        v,
+        "training.adam_beta2",
+        t.adam_beta2,
+        0.0,
+        0.999_999_999,
+        "a number in [0, 1)",
+    );
+    in_range(
+        v,
+        "training.adam_eps",
+        t.adam_eps,
+        f64::MIN_POSITIVE,
+        1.0,
+        "a small positive number",
+    );
+    match t.loss_decay_gamma {
+        Some(g) if !(g.is_finite() && g > 0.0) => {
+            v.push(ConfigIssue::invalid(
+                "training.loss_decay_gamma",
+                "a positive number",
+                g,
+            ));
+        }
+        None if paper_loss_decay_gamma(c.drafter.block_size).is_none() => v.push(
+            ConfigIssue::invalid(
+                "training.loss_decay_gamma",
+                format!(
+                    "a value, because the paper publishes none for drafter.block_size = {}",
+                    c.drafter.block_size
+                ),
+                "nothing",
+            )
+            .with_hint("the paper uses 7 for block 16, 5 for block 10, 4 for block 8"),
+        ),
+        _ => {}
+    }
+}
+
+fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let d = &c.data;
+    if d.train_file.trim().is_empty() {
+        v.push(ConfigIssue::invalid(
+            "data.train_file",
+            "a JSONL path or \"embedded\"",
+            "an empty string",
+        ));
+    }
+    in_range(
+        v,
+        "data.held_out_fraction",
+        d.held_out_fraction,
+        0.0,
+        0.5,
+        "a fraction in [0, 0.5]",
+    );
+    let needs_tokenizer = d.format == DataFormat::Chat && d.train_file != EMBEDDED_DATA;
+    if needs_tokenizer && d.tokenizer.is_none() && c.target.is_embedded() {
+        v.push(
+            ConfigIssue::invalid("data.tokenizer", "a tokenizer.json path for chat data", "nothing")
+                .with_hint("the embedded target ships no tokenizer; set data.tokenizer or use format = \"pretokenized\""),
+        );
+    }
+}
+
+fn topology(c: &Config, v: &mut Vec<ConfigIssue>) {
+    for (key, devices) in [
+        ("topology.target_devices", &c.topology.target_devices),
+        ("topology.drafter_devices", &c.topology.drafter_devices),
+    ] {
+        if devices.is_empty() {
+            v.push(ConfigIssue::invalid(
+                key,
+                "at least one device (\"cpu\" or \"cuda:N\")",
+                "an empty list",
+            ));
+            continue;
+        }
+        let mut seen = BTreeSet::new();
+        for d in devices.iter().filter(|d| d.is_cuda()) {
+            if !seen.insert(d) {
+                v.push(ConfigIssue::invalid(
+                    key,
+                    "each GPU at most once (one worker thread per device)",
+                    format!("{d} twice"),
+                ));
+            }
+        }
+        // CPU workers share the host; several are allowed (tests run 2+2 CPU topologies).
+        let kinds: BTreeSet<bool> = devices.iter().map(Device::is_cuda).collect();
+        if kinds.len() > 1 {
+            v.push(
+                ConfigIssue::invalid(key, "all \"cpu\" or all \"cuda:N\"", "a mix of both")
+                    .with_hint("gradients and hidden states are exchanged within one device kind"),
+            );
+        }
+    }
+}
+
+fn runtime(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let q = &c.queue;
+    positive(v, "queue.capacity", q.capacity);
+    if q.high_watermark == 0 || q.high_watermark > q.capacity {
+        v.push(ConfigIssue::invalid(
+            "queue.high_watermark",
+            format!("between 1 and queue.capacity ({})", q.capacity),
+            q.high_watermark,
+        ));
+    }
+    if q.low_watermark >= q.high_watermark {
+        v.push(ConfigIssue::invalid(
+            "queue.low_watermark",
+            format!("less than queue.high_watermark ({})", q.high_watermark),
+            q.low_watermark,
+        ));
+    }
+    if q.byte_cap.bytes() == 0 {
+        v.push(ConfigIssue::invalid(
+            "queue.byte_cap",
+            "a positive size",
+            "0 B",
+        ));
+    }
+    let t = &c.telemetry;
+    if t.sample_interval_ms < 100 {
+        v.push(ConfigIssue::invalid(
+            "telemetry.sample_interval_ms",
+            "at least 100",
+            t.sample_interval_ms,
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for (i, cache) in t.caches.iter().enumerate() {
+        if cache.name.trim().is_empty() {
+            v.push(ConfigIssue::invalid(
+                format!("telemetry.caches[{i}].name"),
+                "a name",
+                "an empty string",
+            ));
+        } else if !names.insert(cache.name.as_str()) {
+            v.push(ConfigIssue::invalid(
+                format!("telemetry.caches[{i}].name"),
+                "a name not used by another cache",
+                format!("\"{}\" again", cache.name),
+            ));
+        }
+        if cache.path.trim().is_empty() {
+            v.push(ConfigIssue::invalid(
+                format!("telemetry.caches[{i}].path"),
+                "a path",
+                "an empty string",
+            ));
+        }
+    }
+    let ctl = &c.control;
+    if ctl.pending_action_expiry_s == 0 {
+        v.push(ConfigIssue::invalid(
+            "control.pending_action_expiry_s",
+            "a positive number of seconds",
+            0,
+        ));
+    }
+    positive(v, "control.client_buffer_frames", ctl.client_buffer_frames);
+    if let Some(cmd) = &ctl.poweroff_command {
+        if cmd.first().is_none_or(|p| p.trim().is_empty()) {
+            v.push(
+                ConfigIssue::invalid(
+                    "control.poweroff_command",
+                    "a program and its arguments, e.g. [\"systemctl\", \"poweroff\"]",
+                    "an empty command",
+                )
+                .with_hint("leave the key out to keep power-off disabled"),
+            );
+        }
+    }
+}
+
+fn detectors(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let t = &c.detectors.throughput;
+    let p = "detectors.throughput";
+    for (key, value) in [
+        ("warn_below", t.warn_below),
+        ("warn_clear_above", t.warn_clear_above),
+        ("crit_below", t.crit_below),
+        ("crit_clear_above", t.crit_clear_above),
+    ] {
+        in_range(
+            v,
+            &format!("{p}.{key}"),
+            value,
+            0.0,
+            1.0,
+            "a ratio of the baseline in [0, 1]",
+        );
+    }
+    if t.crit_below >= t.warn_below {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.crit_below"),
+            format!("less than {p}.warn_below ({})", t.warn_below),
+            t.crit_below,
+        ));
+    }
+    if t.warn_clear_above <= t.warn_below {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.warn_clear_above"),
+            format!("more than {p}.warn_below ({}) for hysteresis", t.warn_below),
+            t.warn_clear_above,
+        ));
+    }
+    if t.crit_clear_above <= t.crit_below {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.crit_clear_above"),
+            format!("more than {p}.crit_below ({}) for hysteresis", t.crit_below),
+            t.crit_clear_above,
+        ));
+    }
+    positive(v, &format!("{p}.smoothing_samples"), t.smoothing_samples);
+    if let Some(b) = t.pinned_baseline_tokens_per_s {
+        if !(b.is_finite() && b > 0.0) {
+            v.push(ConfigIssue::invalid(
+                format!("{p}.pinned_baseline_tokens_per_s"),
+                "a positive tok/s",
+                b,
+            ));
+        }
+    }
+    let durations = [
+        ("detectors.throughput.warmup_s", t.warmup_s),
+        (
+            "detectors.throughput.baseline_window_s",
+            t.baseline_window_s,
+        ),
+        ("detectors.throughput.warn_after_s", t.warn_after_s),
+        ("detectors.throughput.crit_after_s", t.crit_after_s),
+        ("detectors.throughput.clear_after_s", t.clear_after_s),
+        ("detectors.throughput.max_sample_gap_s", t.max_sample_gap_s),
+        ("detectors.memory.warmup_s", c.detectors.memory.warmup_s),
+        ("detectors.memory.window_s", c.detectors.memory.window_s),
+        ("detectors.queue.window_s", c.detectors.queue.window_s),
+        (
+            "detectors.queue.min_duration_s",
+            c.detectors.queue.min_duration_s,
+        ),
+    ];
+    for (key, value) in durations {
+        in_range(
+            v,
+            key,
+            value,
+            0.0,
+            f64::MAX,
+            "a non-negative number of seconds",
+        );
+    }
+    let m = &c.detectors.memory;
+    in_range(
+        v,
+        "detectors.memory.max_range_frac",
+        m.max_range_frac,
+        0.0,
+        1.0,
+        "a fraction of total memory in [0, 1]",
+    );
+    in_range(
+        v,
+        "detectors.memory.max_stddev_frac",
+        m.max_stddev_frac,
+        0.0,
+        1.0,
+        "a fraction of total memory in [0, 1]",
+    );
+    let q = &c.detectors.queue;
+    for (key, value) in [
+        ("starved_frac", q.starved_frac),
+        ("blocked_frac", q.blocked_frac),
+        ("waste_warn_frac", q.waste_warn_frac),
+    ] {
+        in_range(
+            v,
+            &format!("detectors.queue.{key}"),
+            value,
+            0.0,
+            1.0,
+            "a fraction in [0, 1]",
+        );
+    }
+}
+
+/// Legal but worth saying out loud at start and in `config validate`.
+pub(crate) fn warnings(c: &Config) -> Vec<String> {
+    let mut w = Vec::new();
+    if c.training.epochs != 6 {
+        w.push(format!(
+            "training.epochs = {}: the DFlash recipe trains 6 full epochs",
+            c.training.epochs
+        ));
+    }
+    if c.training.early_stopping {
+        w.push(
+            "training.early_stopping = true: the run may end before every epoch was trained".into(),
+        );
+    }
+    if let Some(steps) = c.training.max_steps {
+        w.push(format!(
+            "training.max_steps = {steps}: training stops there even if epochs remain"
+        ));
+    }
+    let drafters: BTreeSet<_> = c
+        .topology
+        .drafter_devices
+        .iter()
+        .filter(|d| d.is_cuda())
+        .collect();
+    for d in c
+        .topology
+        .target_devices
+        .iter()
+        .filter(|d| drafters.contains(d))
+    {
+        w.push(format!("{d} is in both topology.target_devices and topology.drafter_devices: two workers share its memory"));
+    }
+    w
+}

@@ -1,0 +1,296 @@
+//! The environment fingerprint taken at start and compared on resume.
+//!
+//! Every field is optional on the wire (`#[serde(default)]`) so a fingerprint written by an
+//! older dflashd still loads; a field one side lacks shows up as a drift from/to "(absent)".
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::EventKind;
+use crate::metrics::TimestampMs;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Fingerprint {
+    pub captured_ms: TimestampMs,
+    pub hostname: Option<String>,
+    pub dflashd_version: Option<String>,
+    /// Git commit of the dflashd build.
+    pub code_git_commit: Option<String>,
+    /// Git commit of the repository the config file lives in, when it is in one.
+    pub config_git_commit: Option<String>,
+    pub config_hash: Option<String>,
+    pub data_hash: Option<String>,
+    /// Version libtorch reports (e.g. "2.11.0").
+    pub libtorch_version: Option<String>,
+    pub tch_version: Option<String>,
+    pub cuda_runtime: Option<String>,
+    pub cuda_driver: Option<String>,
+    /// One entry per visible GPU, in index order (e.g. "NVIDIA H200").
+    pub gpu_models: Vec<String>,
+    pub python_executable: Option<String>,
+    /// Distribution name → version of the Python environment in use (torch, triton, …).
+    pub python_packages: BTreeMap<String, String>,
+}
+
+/// One field that differs between two fingerprints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvironmentDrift {
+    /// `libtorch`, `cuda_driver`, `gpu_models`, `python.torch`, …
+    pub field: String,
+    pub before: Option<String>,
+    pub after: Option<String>,
+    /// Whether resuming across this drift needs an operator's confirmation. Only the config
+    /// hash does not: locked config keys are checked separately, the rest may change freely.
+    pub blocks_resume: bool,
+}
+
+const ABSENT: &str = "(absent)";
+
+impl EnvironmentDrift {
+    pub fn to_event_kind(&self) -> EventKind {
+        EventKind::EnvironmentDrift {
+            field: self.field.clone(),
+            before: self.before.clone().unwrap_or_else(|| ABSENT.into()),
+            after: self.after.clone().unwrap_or_else(|| ABSENT.into()),
+        }
+    }
+
+    /// "torch 2.11.0+cu128 → 2.9.1+cu130".
+    pub fn sentence(&self) -> String {
+        drift_sentence(
+            &self.field,
+            self.before.as_deref().unwrap_or(ABSENT),
+            self.after.as_deref().unwrap_or(ABSENT),
+        )
+    }
+}
+
+/// Human wording of a drift, shared with the journal explanation of `EnvironmentDrift` events.
+pub fn drift_sentence(field: &str, before: &str, after: &str) -> String {
+    let label = match field {
+        "libtorch" => "libtorch",
+        "tch" => "tch",
+        "cuda_runtime" => "CUDA runtime",
+        "cuda_driver" => "CUDA driver",
+        "gpu_models" => "GPUs",
+        "hostname" => "host",
+        "dflashd" => "dflashd",
+        "code_git_commit" => "code commit",
+        "config_git_commit" => "config commit",
+        "config_hash" => "config",
+        "data_hash" => "training data",
+        "python_executable" => "Python",
+        other => other.strip_prefix("python.").unwrap_or(other),
+    };
+    let (before, after) = match field {
+        "code_git_commit" | "config_git_commit" | "config_hash" | "data_hash" => {
+            (short_hash(before), short_hash(after))
+        }
+        _ => (before.to_string(), after.to_string()),
+    };
+    format!("{label} {before} → {after}")
+}
+
+fn short_hash(h: &str) -> String {
+    if h.len() > 12 && h.chars().all(|c| c.is_ascii_hexdigit()) {
+        h[..12].to_string()
+    } else {
+        h.to_string()
+    }
+}
+
+impl Fingerprint {
+    /// One line for the journal's `Fingerprint` event.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(v) = &self.libtorch_version {
+            parts.push(format!("libtorch {v}"));
+        }
+        if let Some(v) = self.python_packages.get("torch") {
+            parts.push(format!("torch {v}"));
+        }
+        match (&self.cuda_runtime, &self.cuda_driver) {
+            (Some(r), Some(d)) => parts.push(format!("CUDA {r} (driver {d})")),
+            (Some(r), None) => parts.push(format!("CUDA {r}")),
+            (None, Some(d)) => parts.push(format!("CUDA driver {d}")),
+            (None, None) => parts.push("no CUDA".into()),
+        }
+        parts.push(summarize_gpus(&self.gpu_models));
+        if let Some(v) = &self.tch_version {
+            parts.push(format!("tch {v}"));
+        }
+        if let Some(c) = &self.code_git_commit {
+            parts.push(format!("commit {}", c.chars().take(12).collect::<String>()));
+        }
+        parts.join(", ")
+    }
+}
+
+/// "8× NVIDIA H200", "NVIDIA H200, NVIDIA A100", "no GPUs".
+pub fn summarize_gpus(models: &[String]) -> String {
+    match models {
+        [] => "no GPUs".into(),
+        [first, rest @ ..] if rest.iter().all(|m| m == first) => {
+            if models.len() == 1 {
+                first.clone()
+            } else {
+                format!("{}× {first}", models.len())
+            }
+        }
+        _ => models.join(", "),
+    }
+}
+
+/// Every field that differs, in a fixed order: scalar fields first, then Python packages by name.
+pub fn diff_fingerprints(before: &Fingerprint, after: &Fingerprint) -> Vec<EnvironmentDrift> {
+    let scalar = |b: &Fingerprint| -> Vec<(&'static str, Option<String>)> {
+        vec![
+            ("hostname", b.hostname.clone()),
+            ("dflashd", b.dflashd_version.clone()),
+            ("code_git_commit", b.code_git_commit.clone()),
+            ("config_git_commit", b.config_git_commit.clone()),
+            ("config_hash", b.config_hash.clone()),
+            ("data_hash", b.data_hash.clone()),
+            ("libtorch", b.libtorch_version.clone()),
+            ("tch", b.tch_version.clone()),
+            ("cuda_runtime", b.cuda_runtime.clone()),
+            ("cuda_driver", b.cuda_driver.clone()),
+            ("gpu_models", Some(summarize_gpus(&b.gpu_models))),
+            ("python_executable", b.python_executable.clone()),
+        ]
+    };
+    let mut drifts: Vec<EnvironmentDrift> = scalar(before)
+        .into_iter()
+        .zip(scalar(after))
+        .filter(|((_, b), (_, a))| b != a)
+        .map(|((field, b), (_, a))| EnvironmentDrift {
+            field: field.into(),
+            before: b,
+            after: a,
+            blocks_resume: field != "config_hash",
+        })
+        .collect();
+    let names: std::collections::BTreeSet<&String> = before
+        .python_packages
+        .keys()
+        .chain(after.python_packages.keys())
+        .collect();
+    for name in names {
+        let (b, a) = (
+            before.python_packages.get(name),
+            after.python_packages.get(name),
+        );
+        if b != a {
+            drifts.push(EnvironmentDrift {
+                field: format!("python.{name}"),
+                before: b.cloned(),
+                after: a.cloned(),
+                blocks_resume: true,
+            });
+        }
+    }
+    drifts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_fingerprint() -> Fingerprint {
+        Fingerprint {
+            captured_ms: 1,
+            hostname: Some("gpu-node-7".into()),
+            dflashd_version: Some("0.1.0".into()),
+            code_git_commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+            config_hash: Some("aa".into()),
+            libtorch_version: Some("2.11.0".into()),
+            tch_version: Some("0.24.0".into()),
+            cuda_runtime: Some("12.8".into()),
+            cuda_driver: Some("580.65.06".into()),
+            gpu_models: vec!["NVIDIA H200".into(); 8],
+            python_packages: [
+                ("torch", "2.11.0+cu128"),
+                ("triton", "3.5.0"),
+                ("numpy", "2.3.4"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn identical_fingerprints_do_not_drift() {
+        let a = seed_fingerprint();
+        let b = Fingerprint {
+            captured_ms: 99,
+            ..a.clone()
+        };
+        assert!(diff_fingerprints(&a, &b).is_empty());
+    }
+
+    #[test]
+    fn a_torch_swap_is_reported_field_by_field() {
+        let before = seed_fingerprint();
+        let mut after = before.clone();
+        after.libtorch_version = Some("2.9.1".into());
+        after.cuda_runtime = Some("13.0".into());
+        after
+            .python_packages
+            .insert("torch".into(), "2.9.1+cu130".into());
+        after.python_packages.remove("triton");
+        after
+            .python_packages
+            .insert("nvidia-nccl-cu13".into(), "2.28.3".into());
+        after.config_hash = Some("bb".into());
+        let drifts = diff_fingerprints(&before, &after);
+        let lines: Vec<_> = drifts
+            .iter()
+            .map(|d| (d.sentence(), d.blocks_resume))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("config aa → bb".to_string(), false),
+                ("libtorch 2.11.0 → 2.9.1".into(), true),
+                ("CUDA runtime 12.8 → 13.0".into(), true),
+                ("nvidia-nccl-cu13 (absent) → 2.28.3".into(), true),
+                ("torch 2.11.0+cu128 → 2.9.1+cu130".into(), true),
+                ("triton 3.5.0 → (absent)".into(), true),
+            ]
+        );
+        assert_eq!(
+            drifts[4].to_event_kind(),
+            EventKind::EnvironmentDrift {
+                field: "python.torch".into(),
+                before: "2.11.0+cu128".into(),
+                after: "2.9.1+cu130".into()
+            }
+        );
+    }
+
+    #[test]
+    fn gpu_changes_and_summary() {
+        let before = seed_fingerprint();
+        let mut after = before.clone();
+        after.gpu_models.truncate(7);
+        let d = diff_fingerprints(&before, &after);
+        assert_eq!(d[0].sentence(), "GPUs 8× NVIDIA H200 → 7× NVIDIA H200");
+        assert_eq!(
+            before.summary(),
+            "libtorch 2.11.0, torch 2.11.0+cu128, CUDA 12.8 (driver 580.65.06), 8× NVIDIA H200, \
+             tch 0.24.0, commit 0123456789ab"
+        );
+        let cpu = Fingerprint::default();
+        assert_eq!(cpu.summary(), "no CUDA, no GPUs");
+    }
+
+    #[test]
+    fn an_older_fingerprint_without_new_fields_still_loads() {
+        let old: Fingerprint = serde_json::from_str(r#"{"libtorch_version":"2.11.0"}"#).unwrap();
+        assert_eq!(old.libtorch_version.as_deref(), Some("2.11.0"));
+        assert!(old.python_packages.is_empty());
+    }
+}

@@ -1,0 +1,351 @@
+//! Throughput regression against a baseline, with Ok/Warn/Crit hysteresis.
+//!
+//! The judged value is the rolling median of the last `smoothing_samples` tok/s samples, as a
+//! ratio of the baseline. The baseline is either pinned (from an earlier run of the same config)
+//! or the median of all post-warmup samples in the last `baseline_window_s` that were taken
+//! while the detector was Ok and no escalation was pending, so a regression never drags its
+//! own baseline down.
+//!
+//! Levels are entered when the ratio has stayed below `warn_below` / `crit_below` for
+//! `warn_after_s` / `crit_after_s`, and left only when it has stayed at or above the higher
+//! `*_clear_above` thresholds for `clear_after_s`.
+//!
+//! Detection bound: with samples every `Δ` seconds and a step change at `t0`, the rolling
+//! median crosses once more than half of the smoothing window holds post-change samples, i.e.
+//! by `t0 + (⌊k/2⌋ + 1)·Δ` for `k = smoothing_samples`, and the level is raised at the first
+//! sample at least `*_after_s` later. So a collapse is Crit no later than
+//! `t0 + (⌊k/2⌋ + 2)·Δ + crit_after_s` (defaults, Δ = 1 s: 24 s), a drop below `warn_below`
+//! is Warn no later than `t0 + (⌊k/2⌋ + 2)·Δ + warn_after_s` (64 s). Sample gaps longer than
+//! `max_sample_gap_s` (a pause, an evaluation) restart the duration clocks.
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::stats::median;
+use super::{secs_to_ms, HeldSince, Level, Transition};
+use crate::format::format_tokens_per_s;
+use crate::metrics::TimestampMs;
+
+pub const DETECTOR: &str = "throughput";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ThroughputConfig {
+    /// Samples in the first seconds after the first one are ignored (compilation, warmup).
+    pub warmup_s: f64,
+    /// Rolling-median width, in samples, applied before judging.
+    pub smoothing_samples: usize,
+    /// Rolling baseline: median of healthy samples in this window.
+    pub baseline_window_s: f64,
+    /// No judgement until the baseline rests on this many samples.
+    pub min_baseline_samples: usize,
+    /// Baseline pinned from an earlier run; when set, the rolling baseline is not used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_baseline_tokens_per_s: Option<f64>,
+    pub warn_below: f64,
+    pub warn_clear_above: f64,
+    pub crit_below: f64,
+    pub crit_clear_above: f64,
+    pub warn_after_s: f64,
+    pub crit_after_s: f64,
+    pub clear_after_s: f64,
+    pub max_sample_gap_s: f64,
+}
+
+impl Default for ThroughputConfig {
+    fn default() -> Self {
+        Self {
+            warmup_s: 120.0,
+            smoothing_samples: 5,
+            baseline_window_s: 1800.0,
+            min_baseline_samples: 20,
+            pinned_baseline_tokens_per_s: None,
+            warn_below: 0.80,
+            warn_clear_above: 0.90,
+            crit_below: 0.40,
+            crit_clear_above: 0.50,
+            warn_after_s: 60.0,
+            crit_after_s: 20.0,
+            clear_after_s: 120.0,
+            max_sample_gap_s: 60.0,
+        }
+    }
+}
+
+/// What the console shows next to the big tok/s number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThroughputStatus {
+    pub level: Level,
+    /// Since when the current level holds.
+    pub since_ms: Option<TimestampMs>,
+    pub smoothed_tokens_per_s: Option<f64>,
+    pub baseline_tokens_per_s: Option<f64>,
+    pub baseline_pinned: bool,
+    /// True until warmup is over and the baseline has enough samples.
+    pub learning: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ThroughputDetector {
+    cfg: ThroughputConfig,
+    first_ts: Option<TimestampMs>,
+    last_ts: Option<TimestampMs>,
+    recent: VecDeque<f64>,
+    healthy: VecDeque<(TimestampMs, f64)>,
+    level: Level,
+    level_since: Option<TimestampMs>,
+    below_warn: HeldSince,
+    below_crit: HeldSince,
+    above_warn_clear: HeldSince,
+    above_crit_clear: HeldSince,
+    smoothed: Option<f64>,
+}
+
+impl ThroughputDetector {
+    pub fn new(cfg: ThroughputConfig) -> Self {
+        Self {
+            cfg,
+            first_ts: None,
+            last_ts: None,
+            recent: VecDeque::new(),
+            healthy: VecDeque::new(),
+            level: Level::Ok,
+            level_since: None,
+            below_warn: HeldSince::default(),
+            below_crit: HeldSince::default(),
+            above_warn_clear: HeldSince::default(),
+            above_crit_clear: HeldSince::default(),
+            smoothed: None,
+        }
+    }
+
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    pub fn baseline(&self) -> Option<f64> {
+        if let Some(pinned) = self.cfg.pinned_baseline_tokens_per_s {
+            return Some(pinned);
+        }
+        if self.healthy.len() < self.cfg.min_baseline_samples.max(1) {
+            return None;
+        }
+        median(self.healthy.iter().map(|&(_, v)| v))
+    }
+
+    pub fn status(&self) -> ThroughputStatus {
+        let baseline = self.baseline();
+        ThroughputStatus {
+            level: self.level,
+            since_ms: self.level_since,
+            smoothed_tokens_per_s: self.smoothed,
+            baseline_tokens_per_s: baseline,
+            baseline_pinned: self.cfg.pinned_baseline_tokens_per_s.is_some(),
+            learning: baseline.is_none() || self.in_warmup(self.last_ts.unwrap_or(0)),
+        }
+    }
+
+    fn in_warmup(&self, ts_ms: TimestampMs) -> bool {
+        match self.first_ts {
+            Some(first) => ts_ms - first < secs_to_ms(self.cfg.warmup_s),
+            None => true,
+        }
+    }
+
+    /// Feeds one sample (all workers together). Non-finite or negative values are ignored.
+    pub fn observe(&mut self, ts_ms: TimestampMs, tokens_per_s: f64) -> Option<Transition> {
+        if !tokens_per_s.is_finite() || tokens_per_s < 0.0 {
+            return None;
+        }
+        if self.last_ts.is_some_and(|last| ts_ms <= last) {
+            return None; // out of order or duplicate: the clocks only move forward
+        }
+        let first = *self.first_ts.get_or_insert(ts_ms);
+        if self.level_since.is_none() {
+            self.level_since = Some(first);
+        }
+        if self
+            .last_ts
+            .is_some_and(|last| ts_ms - last > secs_to_ms(self.cfg.max_sample_gap_s))
+        {
+            self.reset_clocks();
+        }
+        self.last_ts = Some(ts_ms);
+        if self.in_warmup(ts_ms) {
+            return None;
+        }
+
+        self.recent.push_back(tokens_per_s);
+        while self.recent.len() > self.cfg.smoothing_samples.max(1) {
+            self.recent.pop_front();
+        }
+        let smoothed = median(self.recent.iter().copied())?;
+        self.smoothed = Some(smoothed);
+
+        let Some(baseline) = self.baseline().filter(|b| *b > 0.0) else {
+            self.record_healthy(ts_ms, tokens_per_s);
+            return None;
+        };
+        let ratio = smoothed / baseline;
+        self.below_warn.update(ratio < self.cfg.warn_below, ts_ms);
+        self.below_crit.update(ratio < self.cfg.crit_below, ts_ms);
+        self.above_warn_clear
+            .update(ratio >= self.cfg.warn_clear_above, ts_ms);
+        self.above_crit_clear
+            .update(ratio >= self.cfg.crit_clear_above, ts_ms);
+
+        let next = self.next_level(ts_ms);
+        if self.level == Level::Ok && next == Level::Ok && self.below_warn.since().is_none() {
+            self.record_healthy(ts_ms, tokens_per_s);
+        }
+        if next == self.level {
+            return None;
+        }
+        let from = std::mem::replace(&mut self.level, next);
+        self.level_since = Some(ts_ms);
+        Some(Transition {
+            detector: DETECTOR.into(),
+            from,
+            to: next,
+            at_ms: ts_ms,
+            message: self.describe(from, next, smoothed, baseline),
+        })
+    }
+
+    fn next_level(&self, ts: TimestampMs) -> Level {
+        let c = &self.cfg;
+        let crit = self.below_crit.held_for(ts, secs_to_ms(c.crit_after_s));
+        let warn = self.below_warn.held_for(ts, secs_to_ms(c.warn_after_s));
+        let clear_ms = secs_to_ms(c.clear_after_s);
+        match self.level {
+            _ if crit => Level::Crit,
+            Level::Ok if warn => Level::Warn,
+            Level::Ok => Level::Ok,
+            _ if self.above_warn_clear.held_for(ts, clear_ms) => Level::Ok,
+            Level::Crit if self.above_crit_clear.held_for(ts, clear_ms) => Level::Warn,
+            level => level,
+        }
+    }
+
+    fn record_healthy(&mut self, ts_ms: TimestampMs, tokens_per_s: f64) {
+        self.healthy.push_back((ts_ms, tokens_per_s));
+        let horizon = ts_ms - secs_to_ms(self.cfg.baseline_window_s);
+        while self.healthy.front().is_some_and(|&(t, _)| t < horizon) {
+            self.healthy.pop_front();
+        }
+    }
+
+    fn reset_clocks(&mut self) {
+        self.below_warn.reset();
+        self.below_crit.reset();
+        self.above_warn_clear.reset();
+        self.above_crit_clear.reset();
+    }
+
+    fn describe(&self, from: Level, to: Level, smoothed: f64, baseline: f64) -> String {
+        let pct = (smoothed / baseline * 100.0).round();
+        let now = format_tokens_per_s(smoothed);
+        let base = format_tokens_per_s(baseline);
+        match to {
+            Level::Ok => format!("throughput recovered: {now} tok/s, {pct}% of baseline {base}"),
+            _ if to > from => format!(
+                "throughput {now} tok/s is {pct}% of baseline {base} ({})",
+                to.label()
+            ),
+            _ => format!(
+                "throughput eased to {now} tok/s, {pct}% of baseline {base} ({})",
+                to.label()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detector() -> ThroughputDetector {
+        ThroughputDetector::new(ThroughputConfig::default())
+    }
+
+    /// Feeds one sample per second for `secs` seconds starting at `t0_s`.
+    fn feed(d: &mut ThroughputDetector, t0_s: i64, secs: i64, value: f64) -> Vec<Transition> {
+        (0..secs)
+            .filter_map(|i| d.observe((t0_s + i) * 1000, value))
+            .collect()
+    }
+
+    #[test]
+    fn learns_the_baseline_after_warmup() {
+        let mut d = detector();
+        assert!(feed(&mut d, 0, 130, 21_500.0).is_empty());
+        assert_eq!(d.baseline(), None, "only 10 post-warmup samples");
+        feed(&mut d, 130, 20, 21_500.0);
+        assert_eq!(d.baseline(), Some(21_500.0));
+        assert!(!d.status().learning);
+    }
+
+    #[test]
+    fn pinned_baseline_judges_a_run_that_starts_slow() {
+        let cfg = ThroughputConfig {
+            pinned_baseline_tokens_per_s: Some(21_500.0),
+            ..Default::default()
+        };
+        let mut d = ThroughputDetector::new(cfg);
+        let t = feed(&mut d, 0, 400, 12_800.0);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].to, Level::Warn);
+        assert_eq!(
+            t[0].message,
+            "throughput 12.8K tok/s is 60% of baseline 21.5K (Warn)"
+        );
+    }
+
+    #[test]
+    fn a_short_stall_is_not_a_regression() {
+        let mut d = detector();
+        feed(&mut d, 0, 600, 21_500.0);
+        // A 15 s checkpoint stall at zero throughput: below Crit for < crit_after_s.
+        assert!(feed(&mut d, 600, 15, 0.0).is_empty());
+        assert!(feed(&mut d, 615, 300, 21_500.0).is_empty());
+        assert_eq!(d.level(), Level::Ok);
+    }
+
+    #[test]
+    fn hysteresis_holds_warn_between_the_thresholds() {
+        let mut d = detector();
+        feed(&mut d, 0, 600, 20_000.0);
+        let t = feed(&mut d, 600, 120, 15_000.0); // 75%: below warn_below 80%
+        assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), [Level::Warn]);
+        // 85% is above warn_below but below warn_clear_above: stays Warn, no flapping.
+        assert!(feed(&mut d, 720, 1_000, 17_000.0).is_empty());
+        assert_eq!(d.level(), Level::Warn);
+        let t = feed(&mut d, 1_720, 200, 19_000.0); // 95%
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].to, Level::Ok);
+        assert_eq!(
+            t[0].message,
+            "throughput recovered: 19.0K tok/s, 95% of baseline 20.0K"
+        );
+    }
+
+    #[test]
+    fn a_gap_restarts_the_duration_clocks() {
+        let mut d = detector();
+        feed(&mut d, 0, 600, 21_500.0);
+        // 50 s slow, a 5-minute silence, 50 s slow again: never 60 s continuous.
+        assert!(feed(&mut d, 600, 50, 15_000.0).is_empty());
+        assert!(feed(&mut d, 950, 50, 15_000.0).is_empty());
+        assert_eq!(d.level(), Level::Ok);
+    }
+
+    #[test]
+    fn bad_samples_are_ignored() {
+        let mut d = detector();
+        feed(&mut d, 0, 600, 21_500.0);
+        assert_eq!(d.observe(601_000, f64::NAN), None);
+        assert_eq!(d.observe(599_000, 1.0), None, "out of order");
+        assert_eq!(d.observe(602_000, -3.0), None);
+        assert_eq!(d.status().smoothed_tokens_per_s, Some(21_500.0));
+    }
+}

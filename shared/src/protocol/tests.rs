@@ -1,0 +1,626 @@
+//! Framing, handshake and JSON round-trip tests for every message.
+use super::*;
+use crate::actions::{Action, PendingAction};
+use crate::events::{Event, EventKind, Severity};
+use crate::metrics::{
+    AllocatorStats, CacheState, DeviceRole, GpuSample, GpuTelemetry, HostSample, QueueStats,
+    StepMetrics, StepTimes, WorkerThroughput,
+};
+use crate::status::{
+    Alert, CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput as RunThroughput,
+};
+
+fn step_metrics() -> StepMetrics {
+    StepMetrics {
+        ts_ms: 1_767_000_000_000,
+        step: 1234,
+        epoch: 2,
+        loss: 3.52,
+        accuracy: 0.21,
+        tau: Some(3.1),
+        lr: 6e-4,
+        grad_norm: 0.87,
+        tokens_per_s: 21_500.0,
+        workers: vec![WorkerThroughput {
+            device: "cuda:5".into(),
+            role: DeviceRole::Drafter,
+            tokens_per_s: 7_166.7,
+        }],
+        times: StepTimes {
+            total_ms: 812.5,
+            drafter_forward_backward_ms: 600.0,
+            ..Default::default()
+        },
+    }
+}
+
+fn gpu_sample() -> GpuSample {
+    GpuSample {
+        ts_ms: 1_767_000_000_000,
+        index: 0,
+        name: "NVIDIA H200".into(),
+        role: DeviceRole::Target,
+        memory_used_bytes: Some(96_000_000_000),
+        memory_total_bytes: Some(150_754_820_096),
+        utilization_pct: Some(97),
+        power_w: Some(612.5),
+        temperature_c: Some(61),
+        allocator: Some(AllocatorStats {
+            allocated_bytes: 80_000_000_000,
+            reserved_bytes: 90_000_000_000,
+            peak_allocated_bytes: 85_000_000_000,
+            alloc_retries: 0,
+            ooms: 0,
+        }),
+    }
+}
+
+fn event(kind: EventKind) -> Event {
+    Event {
+        seq: 7,
+        ts_ms: 1_767_000_000_000,
+        severity: Severity::Warn,
+        kind,
+    }
+}
+
+fn pending() -> PendingAction {
+    PendingAction {
+        id: "act-3f2a".into(),
+        action: Action::DeleteCache {
+            name: "torchinductor".into(),
+        },
+        requested_by_uid: 1000,
+        created_ms: 1_767_000_000_000,
+        expires_ms: 1_767_000_300_000,
+        consequences: vec!["last checkpoint 14 min ago".into(), "2.1 GB cache".into()],
+    }
+}
+
+fn queue_stats() -> QueueStats {
+    QueueStats {
+        ts_ms: 1_767_000_000_000,
+        depth: 12,
+        capacity: 64,
+        high_watermark: 48,
+        low_watermark: 8,
+        bytes_resident: 3 << 30,
+        byte_cap: 32 << 30,
+        producer_rate: 5.5,
+        consumer_rate: 5.4,
+        producer_blocked_ms: 100.0,
+        consumer_starved_ms: 20.0,
+    }
+}
+
+fn status() -> StatusSnapshot {
+    StatusSnapshot {
+        run: RunInfo {
+            name: "qwen36-27b".into(),
+            state: RunState::Training,
+            step: 1234,
+            total_steps: 20_000,
+            epoch: 2,
+            epochs: 6,
+            started_ms: 1_766_990_000_000,
+            eta_ms: Some(1_767_100_000_000),
+            run_dir: "/srv/runs/qwen36-27b".into(),
+            config_path: Some("configs/qwen3.6-27b-8gpu.toml".into()),
+        },
+        throughput: RunThroughput {
+            tokens_per_s: 12_800.0,
+            baseline_tokens_per_s: Some(21_500.0),
+            stable_since_ms: Some(1_766_999_000_000),
+        },
+        gpus: GpuTelemetry::Available {
+            gpus: vec![gpu_sample()],
+        },
+        host: Some(HostSample {
+            ts_ms: 1_767_000_000_000,
+            process_rss_bytes: 1 << 34,
+            host_memory_used_bytes: 1 << 36,
+            host_memory_total_bytes: 1 << 40,
+            process_cpu_pct: 312.5,
+        }),
+        queue: queue_stats(),
+        caches: vec![CacheState {
+            name: "triton".into(),
+            path: "/home/op/.triton/cache".into(),
+            present: true,
+            size_bytes: 2_100_000_000,
+            entries: 418,
+            last_change_ms: None,
+            warm: true,
+        }],
+        alerts: vec![Alert {
+            detector: "throughput".into(),
+            level: Severity::Crit,
+            since_ms: 1_767_000_000_000,
+            message: "4.3K tok/s".into(),
+            preceded_by: vec!["torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52".into()],
+        }],
+        pending_actions: vec![pending()],
+        checkpoints: vec![CheckpointInfo {
+            step: 1000,
+            path: "/srv/runs/qwen36-27b/checkpoints/step-1000".into(),
+            written_ms: 1_766_999_500_000,
+            bytes: 20_800_000_000,
+        }],
+        last_loss: Some(3.5),
+        last_tau: None,
+    }
+}
+
+fn all_requests() -> Vec<Request> {
+    vec![
+        hello("dflash-tui 0.1.0"),
+        Request::Subscribe {
+            topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],
+        },
+        Request::Status,
+        Request::Config,
+        Request::Fingerprint,
+        Request::Caches,
+        Request::Checkpoints,
+        Request::Events {
+            after_seq: Some(41),
+        },
+        Request::Events { after_seq: None },
+        Request::RequestAction {
+            action: Action::StopRun,
+        },
+        Request::RequestAction {
+            action: Action::Kill,
+        },
+        Request::RequestAction {
+            action: Action::PowerOff,
+        },
+        Request::RequestAction {
+            action: Action::DeleteCache {
+                name: "triton".into(),
+            },
+        },
+        Request::RequestAction {
+            action: Action::UnlockKey {
+                key: "training.epochs".into(),
+            },
+        },
+        Request::Confirm {
+            action_id: "act-1".into(),
+            run_name: "qwen36-27b".into(),
+            via: "tui".into(),
+        },
+        Request::Cancel {
+            action_id: "act-1".into(),
+        },
+    ]
+}
+
+fn all_responses() -> Vec<Response> {
+    let kinds = vec![
+        EventKind::RunStarted {
+            run_name: "r".into(),
+            resumed_from_step: Some(10),
+        },
+        EventKind::WarmupDone {
+            device: "cuda:0".into(),
+            role: DeviceRole::Target,
+            duration_ms: 5_300.5,
+        },
+        EventKind::Fingerprint {
+            summary: "torch 2.11.0".into(),
+        },
+        EventKind::EnvironmentDrift {
+            field: "python.torch".into(),
+            before: "2.11.0+cu128".into(),
+            after: "2.9.1+cu130".into(),
+        },
+        EventKind::CacheChanged {
+            name: "torchinductor".into(),
+            path: "/tmp/x".into(),
+            change: "deleted".into(),
+        },
+        EventKind::CheckpointWritten {
+            step: 5,
+            path: "/r/c".into(),
+            bytes: 9,
+        },
+        EventKind::RegressionStarted {
+            detector: "throughput".into(),
+            level: Severity::Crit,
+            message: "m".into(),
+        },
+        EventKind::RegressionEnded {
+            detector: "throughput".into(),
+            message: "m".into(),
+        },
+        EventKind::OperatorRequest {
+            uid: 1000,
+            request: "stop".into(),
+            action_id: None,
+        },
+        EventKind::OperatorConfirmed {
+            uid: 1000,
+            action_id: "a".into(),
+            via: "tui".into(),
+        },
+        EventKind::ActionExecuted {
+            action_id: "a".into(),
+            outcome: "done".into(),
+        },
+        EventKind::WorkerFailed {
+            device: "cuda:3".into(),
+            error: "CUDA out of memory".into(),
+        },
+        EventKind::RunPaused {
+            reason: "worker failed".into(),
+        },
+        EventKind::RunStopped {
+            reason: "operator".into(),
+            checkpoint: Some("/r/c".into()),
+        },
+        EventKind::BadDataLine {
+            file: "train.jsonl".into(),
+            line: 12,
+            reason: "not JSON".into(),
+        },
+        EventKind::Note {
+            message: "multi\nline \"quoted\" ✓".into(),
+        },
+    ];
+    let mut out = vec![
+        Welcome {
+            version: PROTOCOL_VERSION,
+            run_name: "r".into(),
+            daemon_pid: 4242,
+        }
+        .into(),
+        Response::Ok,
+        Response::Status(Box::new(status())),
+        Response::Json {
+            value: serde_json::json!({"training": {"epochs": 6}}),
+        },
+        Response::Events {
+            events: kinds.iter().cloned().map(event).collect(),
+        },
+        Response::Pending { action: pending() },
+        Response::Executed {
+            action_id: "act-1".into(),
+            outcome: "checkpoint step-1234 written".into(),
+        },
+        ErrorReply::new(ErrorCode::WrongRunName, "typed 'x', the run is 'r'").into(),
+        Response::Metrics(Box::new(step_metrics())),
+        Response::Gpus {
+            telemetry: GpuTelemetry::Available {
+                gpus: vec![gpu_sample()],
+            },
+        },
+        Response::Gpus {
+            telemetry: GpuTelemetry::Unavailable {
+                reason: "NVML unavailable: libnvidia-ml.so.1 not found".into(),
+            },
+        },
+        Response::Queue(queue_stats()),
+        Response::Log {
+            level: "INFO".into(),
+            line: "step 5\tdone".into(),
+        },
+        Response::Dropped {
+            reason: "client too slow".into(),
+        },
+    ];
+    out.extend(
+        kinds
+            .into_iter()
+            .map(|k| Response::Event(Box::new(event(k)))),
+    );
+    out
+}
+
+/// Encoded frames are one line of valid JSON, carry the tag the tables list, and decode back to
+/// the same value. (nvtop once shipped a JSON mode whose output did not parse.)
+#[test]
+fn every_request_round_trips_as_one_line_of_valid_json() {
+    for request in all_requests() {
+        let frame = encode_frame(&request).unwrap();
+        assert_eq!(frame.last(), Some(&b'\n'));
+        assert_eq!(
+            frame.iter().filter(|&&b| b == b'\n').count(),
+            1,
+            "{request:?}"
+        );
+        let value: serde_json::Value = serde_json::from_slice(&frame).expect("valid JSON");
+        let tag = value["type"].as_str().expect("type tag");
+        assert_eq!(tag, request_type(&request));
+        assert!(REQUEST_TYPES.contains(&tag), "REQUEST_TYPES lacks '{tag}'");
+        assert_eq!(decode_request(&frame).unwrap(), request);
+    }
+}
+
+#[test]
+fn every_response_round_trips_as_one_line_of_valid_json() {
+    for response in all_responses() {
+        let frame = encode_frame(&response).unwrap();
+        assert_eq!(
+            frame.iter().filter(|&&b| b == b'\n').count(),
+            1,
+            "{response:?}"
+        );
+        let value: serde_json::Value = serde_json::from_slice(&frame).expect("valid JSON");
+        let tag = value["type"].as_str().expect("type tag");
+        assert_eq!(tag, response_type(&response));
+        assert!(
+            RESPONSE_TYPES.contains(&tag),
+            "RESPONSE_TYPES lacks '{tag}'"
+        );
+        assert_eq!(decode_response(&frame).unwrap(), response);
+    }
+}
+
+#[test]
+fn tag_tables_have_no_entries_without_a_variant() {
+    let requests: Vec<_> = all_requests().iter().map(request_type).collect();
+    for tag in REQUEST_TYPES {
+        assert!(requests.contains(tag), "no request variant for '{tag}'");
+    }
+    let responses: Vec<_> = all_responses().iter().map(response_type).collect();
+    for tag in RESPONSE_TYPES {
+        assert!(responses.contains(tag), "no response variant for '{tag}'");
+    }
+}
+
+#[test]
+fn nan_loss_survives_the_wire() {
+    let mut metrics = step_metrics();
+    metrics.loss = f64::NAN;
+    metrics.grad_norm = f64::INFINITY;
+    let frame = encode_frame(&Response::Metrics(Box::new(metrics))).unwrap();
+    serde_json::from_slice::<serde_json::Value>(&frame).expect("valid JSON");
+    let Response::Metrics(back) = decode_response(&frame).unwrap() else {
+        panic!("not metrics")
+    };
+    assert!(back.loss.is_nan());
+    // JSON has no infinity; it travels as null like NaN and reads back as NaN, not as an error.
+    assert!(back.grad_norm.is_nan());
+}
+
+#[test]
+fn garbage_bytes_are_bad_frames_not_panics() {
+    let cases: &[&[u8]] = &[
+        b"\xff\xfe\x00garbage",
+        b"hello there\n",
+        b"{\"type\":",
+        b"[1,2,3]",
+        b"42",
+        b"null",
+        b"\n",
+        b"   \r\n",
+        b"{}",
+        b"{\"type\":7}",
+        b"{\"version\":1}",
+        b"{\"type\":\"hello\"}",
+        b"{\"type\":\"hello\",\"version\":\"one\",\"client\":\"x\"}",
+        b"{\"type\":\"request_action\",\"action\":{\"action\":\"format_disk\"}}",
+    ];
+    for case in cases {
+        let err = decode_request(case).unwrap_err();
+        assert!(
+            matches!(err, FrameError::BadJson(_)),
+            "{:?} -> {err:?}",
+            String::from_utf8_lossy(case)
+        );
+        let Response::Error { code, message } = err.to_reply() else {
+            panic!()
+        };
+        assert_eq!(code, ErrorCode::BadFrame);
+        assert!(!message.is_empty());
+        // The reply itself must be a valid frame.
+        encode_frame(&err.to_reply()).unwrap();
+    }
+}
+
+#[test]
+fn bad_frame_messages_say_what_was_wrong() {
+    let msg = |b: &[u8]| decode_request(b).unwrap_err().to_string();
+    assert_eq!(
+        msg(b"\xff\xfe"),
+        "malformed frame: not UTF-8 (invalid byte at offset 0)"
+    );
+    assert_eq!(
+        msg(b"[1]"),
+        "malformed frame: expected a JSON object, found an array"
+    );
+    assert_eq!(msg(b"{}"), "malformed frame: missing field \"type\"");
+    assert_eq!(
+        msg(b"{\"type\":7}"),
+        "malformed frame: field \"type\" must be a string, found a number"
+    );
+    assert_eq!(
+        msg(b"{\"type\":\"hello\"}"),
+        "malformed frame: 'hello': missing field `version`"
+    );
+}
+
+#[test]
+fn unknown_request_type_is_named_in_the_error() {
+    let err = decode_request(b"{\"type\":\"rm_rf\",\"path\":\"/\"}\n").unwrap_err();
+    assert_eq!(err, FrameError::UnknownType("rm_rf".into()));
+    let Response::Error { code, message } = err.to_reply() else {
+        panic!()
+    };
+    assert_eq!(code, ErrorCode::UnknownRequest);
+    assert_eq!(message, "unknown message type 'rm_rf'");
+    // A hostile, huge tag is not echoed in full.
+    let long = format!("{{\"type\":\"{}\"}}", "x".repeat(10_000));
+    let FrameError::UnknownType(tag) = decode_request(long.as_bytes()).unwrap_err() else {
+        panic!()
+    };
+    assert!(tag.chars().count() <= 65);
+}
+
+#[test]
+fn oversize_frames_are_refused_both_ways() {
+    let big = format!(
+        "{{\"type\":\"status\",\"pad\":\"{}\"}}",
+        "a".repeat(MAX_FRAME_BYTES)
+    );
+    let err = decode_request(big.as_bytes()).unwrap_err();
+    assert!(matches!(
+        err,
+        FrameError::TooLarge {
+            max: MAX_FRAME_BYTES,
+            ..
+        }
+    ));
+    assert_eq!(err.code(), ErrorCode::FrameTooLarge);
+
+    let huge = Response::Log {
+        level: "INFO".into(),
+        line: "y".repeat(MAX_FRAME_BYTES),
+    };
+    assert!(matches!(
+        encode_frame(&huge),
+        Err(FrameError::TooLarge { .. })
+    ));
+
+    // Exactly at the limit (newline included) is fine; one byte more is not.
+    let overhead = encode_frame(&Response::Log {
+        level: String::new(),
+        line: String::new(),
+    })
+    .unwrap()
+    .len();
+    let fits = Response::Log {
+        level: String::new(),
+        line: "z".repeat(MAX_FRAME_BYTES - overhead),
+    };
+    let frame = encode_frame(&fits).unwrap();
+    assert_eq!(frame.len(), MAX_FRAME_BYTES);
+    assert_eq!(decode_response(&frame).unwrap(), fits);
+    let over = Response::Log {
+        level: String::new(),
+        line: "z".repeat(MAX_FRAME_BYTES - overhead + 1),
+    };
+    assert!(encode_frame(&over).is_err());
+}
+
+#[test]
+fn lenient_on_crlf_and_unknown_extra_fields() {
+    let r = decode_request(b"{\"type\":\"status\",\"from_future\":true}\r\n").unwrap();
+    assert_eq!(r, Request::Status);
+}
+
+#[test]
+fn splitter_yields_lines_across_arbitrary_chunking() {
+    let mut wire = Vec::new();
+    for r in all_requests() {
+        wire.extend(encode_frame(&r).unwrap());
+    }
+    for chunk in [1, 3, 17, 4096] {
+        let mut splitter = FrameSplitter::new();
+        let mut got = Vec::new();
+        for piece in wire.chunks(chunk) {
+            for line in splitter.push(piece) {
+                got.push(decode_request(&line.unwrap()).unwrap());
+            }
+        }
+        assert_eq!(got, all_requests(), "chunk size {chunk}");
+        assert_eq!(splitter.finish(), None);
+    }
+}
+
+#[test]
+fn splitter_drops_an_oversize_line_without_buffering_it_and_resyncs() {
+    let mut splitter = FrameSplitter::new();
+    let mut results = Vec::new();
+    let junk = vec![b'q'; 64 * 1024];
+    for _ in 0..(3 * MAX_FRAME_BYTES / junk.len()) {
+        results.extend(splitter.push(&junk));
+        assert!(splitter.buffered() < MAX_FRAME_BYTES);
+    }
+    results.extend(splitter.push(b"tail\n{\"type\":\"status\"}\n"));
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(
+        matches!(results[0], Err(FrameError::TooLarge { len, .. }) if len == 3 * MAX_FRAME_BYTES + 5)
+    );
+    assert_eq!(
+        decode_request(results[1].as_ref().unwrap()).unwrap(),
+        Request::Status
+    );
+}
+
+#[test]
+fn splitter_reports_a_truncated_last_frame() {
+    let mut splitter = FrameSplitter::new();
+    assert!(splitter.push(b"{\"type\":\"sta").is_empty());
+    assert!(matches!(splitter.finish(), Some(FrameError::BadJson(m)) if m.contains("12 bytes")));
+}
+
+fn identity() -> ServerIdentity {
+    ServerIdentity {
+        run_name: "qwen36-27b".into(),
+        daemon_pid: 4242,
+    }
+}
+
+#[test]
+fn negotiate_accepts_the_current_version() {
+    let welcome = negotiate(&hello("dflash-tui"), &identity()).unwrap();
+    assert_eq!(welcome.version, PROTOCOL_VERSION);
+    assert_eq!(welcome.run_name, "qwen36-27b");
+    let reply: Response = welcome.clone().into();
+    assert_eq!(accept_welcome(&reply).unwrap(), welcome);
+}
+
+#[test]
+fn negotiate_refuses_a_wrong_version_and_says_both() {
+    let newer = Request::Hello {
+        version: PROTOCOL_VERSION + 1,
+        client: "dflash-tui 9".into(),
+    };
+    let err = negotiate(&newer, &identity()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::VersionMismatch);
+    assert_eq!(
+        err.message,
+        format!(
+            "client 'dflash-tui 9' speaks protocol v{}, this dflashd speaks v{PROTOCOL_VERSION}: \
+             this dflashd is older than the client; upgrade dflashd or use a matching dflash-tui",
+            PROTOCOL_VERSION + 1
+        )
+    );
+    let older = Request::Hello {
+        version: 0,
+        client: "x".into(),
+    };
+    assert!(negotiate(&older, &identity())
+        .unwrap_err()
+        .message
+        .contains("upgrade the client"));
+    // The client turns the daemon's refusal into the same error.
+    let refused: Response = err.clone().into();
+    assert_eq!(accept_welcome(&refused).unwrap_err(), err);
+}
+
+#[test]
+fn negotiate_requires_hello_first() {
+    let err = negotiate(&Request::Status, &identity()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::HelloRequired);
+    assert!(err.message.ends_with("got 'status'"), "{}", err.message);
+}
+
+#[test]
+fn client_rejects_a_welcome_it_cannot_speak_or_a_non_welcome() {
+    let future = Response::Welcome {
+        version: PROTOCOL_VERSION + 5,
+        run_name: "r".into(),
+        daemon_pid: 1,
+    };
+    assert_eq!(
+        accept_welcome(&future).unwrap_err().code,
+        ErrorCode::VersionMismatch
+    );
+    assert_eq!(
+        accept_welcome(&Response::Ok).unwrap_err().code,
+        ErrorCode::BadFrame
+    );
+}

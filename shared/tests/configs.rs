@@ -1,0 +1,244 @@
+//! The shipped configs validate, and a corpus of broken configs fails with exact messages.
+//!
+//! Each file in `configs/invalid/` starts with `# expect: ` lines holding the exact error text.
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use dflash_shared::config::{
+    locked_key_changes, Config, DataFormat, Device, LayerType, Precision, EMBEDDED_DEFAULT_TOML,
+};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn load(path: &Path) -> Result<Config, String> {
+    let text = fs::read_to_string(path).unwrap();
+    let name = path.file_name().unwrap().to_string_lossy();
+    Config::from_toml_str(&text, &name).map_err(|e| e.to_string())
+}
+
+fn toml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_shipped_config_validates_and_prints_back_to_itself() {
+    let files = toml_files(&repo_root().join("configs"));
+    let names: Vec<_> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "qwen3-8b-8gpu.toml",
+            "qwen3.6-27b-8gpu.toml",
+            "tiny-cpu.toml"
+        ]
+    );
+    for file in files
+        .iter()
+        .chain(toml_files(&repo_root().join("shared/tests/configs/valid")).iter())
+    {
+        let config = load(file).unwrap_or_else(|e| panic!("{e}"));
+        let printed = config.to_toml_string();
+        let reparsed =
+            Config::from_toml_str(&printed, "printed").unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(reparsed, config, "{}", file.display());
+        assert!(
+            config.warnings().is_empty(),
+            "{}: {:?}",
+            file.display(),
+            config.warnings()
+        );
+    }
+}
+
+#[test]
+fn the_embedded_default_is_the_tiny_cpu_config() {
+    let shipped = load(&repo_root().join("configs/tiny-cpu.toml")).unwrap();
+    assert_eq!(Config::embedded_default(), shipped);
+    assert_eq!(
+        EMBEDDED_DEFAULT_TOML,
+        fs::read_to_string(repo_root().join("configs/tiny-cpu.toml")).unwrap()
+    );
+    assert!(shipped.target.is_embedded());
+    assert_eq!(shipped.topology.target_devices, [Device::Cpu]);
+    assert_eq!(shipped.topology.drafter_devices, [Device::Cpu]);
+    assert_eq!(shipped.data.format, DataFormat::Pretokenized);
+    assert_eq!(shipped.loss_decay_gamma(), 4.0, "paper γ for block 8");
+}
+
+#[test]
+fn the_27b_config_is_the_one_the_issue_describes() {
+    let c = load(&repo_root().join("configs/qwen3.6-27b-8gpu.toml")).unwrap();
+    let cuda = |r: std::ops::Range<u32>| r.map(Device::Cuda).collect::<Vec<_>>();
+    assert_eq!(c.topology.target_devices, cuda(0..5));
+    assert_eq!(c.topology.drafter_devices, cuda(5..8));
+    assert_eq!(c.drafter.target_layer_ids, [1, 16, 31, 46, 61]);
+    assert_eq!((c.training.num_anchors, c.drafter.block_size), (1024, 32));
+    assert_eq!(c.training.precision, Precision::Bf16);
+    assert_eq!((c.training.epochs, c.training.early_stopping), (6, false));
+    assert_eq!(
+        (
+            c.training.lr,
+            c.training.warmup_ratio,
+            c.training.grad_clip,
+            c.training.weight_decay
+        ),
+        (6e-4, 0.04, 1.0, 0.0)
+    );
+    assert_eq!(
+        (
+            c.drafter.hidden_size,
+            c.drafter.num_layers,
+            c.drafter.mask_token_id
+        ),
+        (5120, 5, 248_070)
+    );
+    assert_eq!(
+        c.drafter
+            .layer_types
+            .iter()
+            .filter(|t| **t == LayerType::SlidingAttention)
+            .count(),
+        4
+    );
+}
+
+#[test]
+fn the_8b_config_follows_spec_section_1_2() {
+    let c = load(&repo_root().join("configs/qwen3-8b-8gpu.toml")).unwrap();
+    let d = &c.drafter;
+    assert_eq!(
+        (d.num_layers, d.hidden_size, d.intermediate_size),
+        (5, 4096, 12288)
+    );
+    assert_eq!(
+        (d.num_attention_heads, d.num_key_value_heads, d.head_dim),
+        (32, 8, 128)
+    );
+    assert_eq!(
+        (d.block_size, d.mask_token_id, d.rope_theta),
+        (16, 151_669, 1e6)
+    );
+    assert_eq!(d.target_layer_ids, [1, 9, 17, 25, 33]);
+    assert!(d.layer_types.iter().all(|t| *t == LayerType::FullAttention));
+    assert_eq!(
+        c.topology.target_devices.len() + c.topology.drafter_devices.len(),
+        8
+    );
+    assert_eq!(c.loss_decay_gamma(), 7.0);
+}
+
+#[test]
+fn defaults_fill_a_minimal_config() {
+    let c = load(&repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
+    assert_eq!(c.training.epochs, 6);
+    assert_eq!(c.training.num_anchors, 512);
+    assert_eq!(c.training.loss_decay_gamma, Some(7.0));
+    assert_eq!(c.drafter.layer_types, [LayerType::FullAttention]);
+    assert!(
+        c.control.poweroff_command.is_none(),
+        "power-off is disabled by default"
+    );
+    let names: Vec<_> = c.telemetry.caches.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "torchinductor",
+            "triton",
+            "cuda_compute_cache",
+            "dflash_warmup"
+        ]
+    );
+    let shown = c.to_toml_string();
+    for key in [
+        "epochs = 6",
+        "num_anchors = 512",
+        "pending_action_expiry_s = 300",
+        "[detectors.throughput]",
+    ] {
+        assert!(shown.contains(key), "config show lacks {key}:\n{shown}");
+    }
+}
+
+#[test]
+fn invalid_configs_fail_with_the_expected_message() {
+    let files = toml_files(&repo_root().join("shared/tests/configs/invalid"));
+    assert!(files.len() >= 15);
+    let mut mismatches = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        let expected: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .collect();
+        assert!(
+            !expected.is_empty(),
+            "{} has no '# expect:' line",
+            file.display()
+        );
+        match load(&file) {
+            Ok(_) => mismatches.push(format!("{}: parsed, but should fail", file.display())),
+            Err(message) if message != expected.join("\n") => mismatches.push(format!(
+                "{}:\n  expected: {}\n  actual:   {message}",
+                file.display(),
+                expected.join("\n")
+            )),
+            Err(_) => {}
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+#[test]
+fn locked_keys_changes_are_listed_on_resume() {
+    let old = Config::embedded_default();
+    assert!(locked_key_changes(&old, &old.clone()).is_empty());
+    let mut new = old.clone();
+    new.training.epochs = 3;
+    new.training.num_anchors = 1024;
+    new.drafter.target_layer_ids = vec![1, 2];
+    new.training.lr = 1e-3; // not locked
+    let changes: Vec<String> = locked_key_changes(&old, &new)
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            "training.epochs is locked: 6 → 3",
+            "training.num_anchors is locked: 16 → 1024",
+            "drafter.target_layer_ids is locked: [1, 3] → [1, 2]",
+        ]
+    );
+}
+
+#[test]
+fn warnings_say_when_the_recipe_is_left() {
+    let mut c = Config::embedded_default();
+    c.training.epochs = 2;
+    c.training.early_stopping = true;
+    c.topology.target_devices = vec![Device::Cuda(0)];
+    c.topology.drafter_devices = vec![Device::Cuda(0)];
+    assert_eq!(
+        c.warnings(),
+        [
+            "training.epochs = 2: the DFlash recipe trains 6 full epochs",
+            "training.early_stopping = true: the run may end before every epoch was trained",
+            "cuda:0 is in both topology.target_devices and topology.drafter_devices: two workers share its memory",
+        ]
+    );
+    c.validate().unwrap();
+}
