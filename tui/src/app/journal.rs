@@ -90,21 +90,6 @@ impl Journal {
     pub fn filtered<'a>(&'a self, filter: &'a EventFilter) -> impl Iterator<Item = &'a Event> {
         self.events.iter().filter(move |e| filter.matches(e))
     }
-
-    /// The changes (environment, caches, restarts, …) in the `window_ms` before `ts_ms`,
-    /// oldest first, at most `limit` of the most recent ones.
-    pub fn changes_before(&self, ts_ms: TimestampMs, window_ms: i64, limit: usize) -> Vec<&Event> {
-        let mut changes: Vec<&Event> = self
-            .events
-            .iter()
-            .filter(|e| e.ts_ms < ts_ms && e.ts_ms >= ts_ms - window_ms)
-            .filter(|e| wording::is_change(&e.kind))
-            .collect();
-        if changes.len() > limit {
-            changes.drain(..changes.len() - limit);
-        }
-        changes
-    }
 }
 
 #[cfg(test)]
@@ -157,29 +142,5 @@ mod tests {
         filter.cycle_severity();
         filter.text = "KERNEL".into();
         assert_eq!(journal.filtered(&filter).map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
-    }
-
-    #[test]
-    fn changes_before_skips_routine_events_and_keeps_the_latest() {
-        let mut journal = Journal::default();
-        let drift = |seq, ts| {
-            event(
-                seq,
-                ts,
-                Severity::Warn,
-                EventKind::EnvironmentDrift {
-                    field: "torch".into(),
-                    before: "a".into(),
-                    after: "b".into(),
-                },
-            )
-        };
-        journal.extend([drift(1, 1_000), note(2, "routine"), drift(3, 3_000), drift(4, 9_000)]);
-        let seqs: Vec<u64> = journal
-            .changes_before(5_000, 10_000, 1)
-            .iter()
-            .map(|e| e.seq)
-            .collect();
-        assert_eq!(seqs, vec![3]);
     }
 }

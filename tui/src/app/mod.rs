@@ -5,7 +5,6 @@ mod consequences;
 pub mod history;
 mod input;
 pub mod journal;
-pub mod judge;
 pub mod telemetry;
 pub mod wording;
 

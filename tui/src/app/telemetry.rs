@@ -1,10 +1,15 @@
-//! Telemetry history: throughput, loss and τ curves, per-GPU memory, queue depth.
+//! Telemetry history: throughput, loss and τ curves, per-GPU memory, queue depth. The memory
+//! and queue verdicts come from the shared detectors the daemon also runs.
 use std::collections::BTreeMap;
 
-use dflash_shared::metrics::{GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs};
+use dflash_shared::health::{
+    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueConfig, QueueDiagnoser, QueueDiagnosis,
+};
+use dflash_shared::metrics::{
+    DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics,
+};
 
 use super::history::Series;
-use super::judge::{self, MemoryVerdict, QueueBound};
 
 /// Charts keep this much history.
 pub const RETENTION_MS: i64 = 6 * 60 * 60 * 1000;
@@ -12,6 +17,15 @@ const CAPACITY: usize = 20_000;
 
 fn series() -> Series {
     Series::new(CAPACITY, RETENTION_MS)
+}
+
+/// The console judges memory over the detector's window from the first sample it sees; the
+/// daemon already skips the run's own warmup before it streams, so no second warmup here.
+pub fn console_memory_config() -> MemoryConfig {
+    MemoryConfig {
+        warmup_s: 0.0,
+        ..MemoryConfig::default()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -31,10 +45,6 @@ impl GpuHistory {
             allocator_allocated: series(),
         }
     }
-
-    pub fn verdict(&self, now_ms: TimestampMs) -> MemoryVerdict {
-        judge::memory_verdict(&self.memory_used, now_ms, self.latest.memory_total_bytes)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -48,9 +58,12 @@ pub struct Telemetry {
     /// Set when the daemon reports no GPU telemetry, with its reason.
     pub gpu_unavailable: Option<String>,
     pub gpus: BTreeMap<u32, GpuHistory>,
+    memory: MemoryFlatness,
     pub queue: Option<QueueStats>,
-    previous_queue: Option<QueueStats>,
     pub queue_depth: Series,
+    queue_diagnoser: QueueDiagnoser,
+    /// (target workers, drafter workers) the diagnoser was built for.
+    queue_workers: (usize, usize),
 }
 
 impl Default for Telemetry {
@@ -63,9 +76,11 @@ impl Default for Telemetry {
             tau: series(),
             gpu_unavailable: None,
             gpus: BTreeMap::new(),
+            memory: MemoryFlatness::new(console_memory_config()),
             queue: None,
-            previous_queue: None,
             queue_depth: series(),
+            queue_diagnoser: QueueDiagnoser::new(QueueConfig::default(), 1, 1),
+            queue_workers: (1, 1),
         }
     }
 }
@@ -93,44 +108,89 @@ impl Telemetry {
             GpuTelemetry::Available { gpus } => {
                 self.gpu_unavailable = None;
                 for sample in gpus {
-                    let history = self
-                        .gpus
-                        .entry(sample.index)
-                        .or_insert_with(|| GpuHistory::new(sample));
-                    if sample.ts_ms < history.latest.ts_ms {
-                        continue;
-                    }
-                    if let Some(used) = sample.memory_used_bytes {
-                        history.memory_used.push(sample.ts_ms, used as f64);
-                    }
-                    if let Some(alloc) = &sample.allocator {
-                        history
-                            .allocator_reserved
-                            .push(sample.ts_ms, alloc.reserved_bytes as f64);
-                        history
-                            .allocator_allocated
-                            .push(sample.ts_ms, alloc.allocated_bytes as f64);
-                    }
-                    history.latest = sample.clone();
+                    self.apply_gpu(sample);
                 }
             }
         }
+    }
+
+    fn apply_gpu(&mut self, sample: &GpuSample) {
+        let history = self
+            .gpus
+            .entry(sample.index)
+            .or_insert_with(|| GpuHistory::new(sample));
+        if sample.ts_ms < history.latest.ts_ms {
+            return;
+        }
+        if let Some(used) = sample.memory_used_bytes {
+            history.memory_used.push(sample.ts_ms, used as f64);
+        }
+        if let Some(alloc) = &sample.allocator {
+            history
+                .allocator_reserved
+                .push(sample.ts_ms, alloc.reserved_bytes as f64);
+            history
+                .allocator_allocated
+                .push(sample.ts_ms, alloc.allocated_bytes as f64);
+        }
+        history.latest = sample.clone();
+        // The console shows the verdict; the daemon journals the transitions.
+        let _ = self.memory.observe(sample);
+    }
+
+    pub fn memory_verdict(&self, gpu_index: u32) -> MemoryVerdict {
+        self.memory.verdict(gpu_index)
+    }
+
+    /// GPUs whose memory is volatile now.
+    pub fn volatile_gpus(&self) -> Vec<u32> {
+        self.gpus
+            .keys()
+            .copied()
+            .filter(|i| matches!(self.memory.verdict(*i), MemoryVerdict::Volatile { .. }))
+            .collect()
     }
 
     pub fn apply_queue(&mut self, stats: &QueueStats) {
         if self.queue.as_ref().is_some_and(|q| stats.ts_ms <= q.ts_ms) {
             return;
         }
-        self.previous_queue = self.queue.take();
+        let workers = self.worker_counts();
+        if workers != self.queue_workers {
+            self.queue_workers = workers;
+            self.queue_diagnoser = QueueDiagnoser::new(QueueConfig::default(), workers.0, workers.1);
+        }
+        let _ = self.queue_diagnoser.observe(stats);
         self.queue_depth.push(stats.ts_ms, stats.depth as f64);
         self.queue = Some(stats.clone());
     }
 
-    pub fn queue_bound(&self) -> QueueBound {
-        match &self.queue {
-            Some(current) => judge::queue_bound(self.previous_queue.as_ref(), current),
-            None => QueueBound::Unknown,
-        }
+    /// `None` until two queue samples span some time.
+    pub fn queue_diagnosis(&self) -> Option<QueueDiagnosis> {
+        self.queue_diagnoser.diagnosis()
+    }
+
+    /// (target workers, drafter workers), from the per-worker throughput or the GPU roles.
+    fn worker_counts(&self) -> (usize, usize) {
+        let count = |roles: &mut dyn Iterator<Item = DeviceRole>| {
+            roles.fold((0, 0), |(t, d), role| match role {
+                DeviceRole::Target => (t + 1, d),
+                DeviceRole::Drafter => (t, d + 1),
+                DeviceRole::Both => (t + 1, d + 1),
+                DeviceRole::Idle => (t, d),
+            })
+        };
+        let from_workers = self
+            .last_metrics
+            .as_ref()
+            .map(|m| count(&mut m.workers.iter().map(|w| w.role)))
+            .unwrap_or((0, 0));
+        let (t, d) = if from_workers != (0, 0) {
+            from_workers
+        } else {
+            count(&mut self.gpus.values().map(|g| g.latest.role))
+        };
+        (t.max(1), d.max(1))
     }
 
     /// Steps per millisecond over the trailing `window_ms` of metrics.
@@ -140,13 +200,68 @@ impl Telemetry {
         let span = (last_ts - first_ts) as f64;
         (span > 0.0 && last_step > first_step).then(|| (last_step - first_step) / span)
     }
+}
 
-    /// GPUs whose memory is volatile now.
-    pub fn volatile_gpus(&self, now_ms: TimestampMs) -> Vec<u32> {
-        self.gpus
-            .iter()
-            .filter(|(_, h)| matches!(h.verdict(now_ms), MemoryVerdict::Volatile { .. }))
-            .map(|(i, _)| *i)
-            .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn gpu(ts_s: i64, used: u64) -> GpuSample {
+        GpuSample {
+            ts_ms: ts_s * 1000,
+            index: 2,
+            name: "NVIDIA H200".into(),
+            role: DeviceRole::Drafter,
+            memory_used_bytes: Some(used),
+            memory_total_bytes: Some(141 * GB),
+            utilization_pct: Some(97),
+            power_w: Some(600.0),
+            temperature_c: Some(70),
+            allocator: None,
+        }
+    }
+
+    #[test]
+    fn flat_then_volatile_memory_is_judged_per_gpu_and_charted() {
+        let mut telemetry = Telemetry::default();
+        for i in 0..30 {
+            telemetry.apply_gpus(&GpuTelemetry::Available {
+                gpus: vec![gpu(i * 15, 70 * GB)],
+            });
+        }
+        assert!(matches!(telemetry.memory_verdict(2), MemoryVerdict::Flat { .. }));
+        assert!(telemetry.volatile_gpus().is_empty());
+        for i in 30..60 {
+            let swing = if i % 2 == 0 { 58 } else { 79 };
+            telemetry.apply_gpus(&GpuTelemetry::Available {
+                gpus: vec![gpu(i * 15, swing * GB)],
+            });
+        }
+        assert_eq!(telemetry.volatile_gpus(), vec![2]);
+        assert_eq!(telemetry.gpus[&2].memory_used.len(), 60);
+    }
+
+    #[test]
+    fn unavailable_gpu_telemetry_keeps_its_reason() {
+        let mut telemetry = Telemetry::default();
+        telemetry.apply_gpus(&GpuTelemetry::Unavailable {
+            reason: "NVML unavailable: libnvidia-ml.so.1 not found".into(),
+        });
+        assert_eq!(
+            telemetry.gpu_unavailable.as_deref(),
+            Some("NVML unavailable: libnvidia-ml.so.1 not found")
+        );
+    }
+
+    #[test]
+    fn the_step_rate_comes_from_the_step_counter_not_the_sample_count() {
+        let mut telemetry = Telemetry::default();
+        for i in 0..5_u64 {
+            telemetry.steps.push(i as i64 * 10_000, (i * 50) as f64);
+        }
+        let rate = telemetry.step_rate_per_ms(60_000).unwrap();
+        assert!((rate - 0.005).abs() < 1e-12, "{rate}");
     }
 }

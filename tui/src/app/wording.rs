@@ -1,5 +1,5 @@
 //! Journal events in words, for the events view, alerts and the status report.
-use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::events::{EventKind, Severity};
 
 use crate::fmt;
 
@@ -11,16 +11,7 @@ pub fn severity_word(level: Severity) -> &'static str {
     }
 }
 
-/// A friendlier name for the daemon's default caches; others keep their own name.
-pub fn cache_label(name: &str) -> String {
-    match name {
-        "torchinductor" => "compile cache (torchinductor)".into(),
-        "triton" => "kernel cache (triton)".into(),
-        "cuda_compute_cache" => "CUDA ComputeCache".into(),
-        "dflash_warmup" => "warmup record".into(),
-        other => format!("{other} cache"),
-    }
-}
+pub use dflash_shared::health::cache::cache_label;
 
 /// The short kind tag used in the events view and `tail`.
 pub fn kind_tag(kind: &EventKind) -> &'static str {
@@ -65,7 +56,7 @@ pub fn describe(kind: &EventKind) -> String {
             field,
             before,
             after,
-        } => format!("{field} {before} → {after}"),
+        } => dflash_shared::health::fingerprint::drift_sentence(field, before, after),
         EventKind::CacheChanged { name, path, change } => {
             format!("{} {change} ({path})", cache_label(name))
         }
@@ -99,30 +90,6 @@ pub fn describe(kind: &EventKind) -> String {
     }
 }
 
-/// Changes that explain a regression: environment, caches, restarts, failures, operator actions.
-pub fn is_change(kind: &EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::RunStarted { .. }
-            | EventKind::EnvironmentDrift { .. }
-            | EventKind::CacheChanged { .. }
-            | EventKind::OperatorConfirmed { .. }
-            | EventKind::ActionExecuted { .. }
-            | EventKind::WorkerFailed { .. }
-            | EventKind::RunPaused { .. }
-            | EventKind::RunStopped { .. }
-    )
-}
-
-/// The short form used after "Before it:", without paths: "compile cache (torchinductor) deleted".
-pub fn change_phrase(event: &Event) -> String {
-    match &event.kind {
-        EventKind::CacheChanged { name, change, .. } => format!("{} {change}", cache_label(name)),
-        EventKind::RunStopped { reason, .. } => format!("run stopped ({reason})"),
-        other => describe(other),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,18 +102,15 @@ mod tests {
             after: "2.9.1+cu130".into(),
         };
         assert_eq!(describe(&drift), "torch 2.11.0+cu128 → 2.9.1+cu130");
-        let deleted = Event {
-            seq: 1,
-            ts_ms: 0,
-            severity: Severity::Warn,
-            kind: EventKind::CacheChanged {
-                name: "torchinductor".into(),
-                path: "/home/op/.cache/torchinductor".into(),
-                change: "deleted".into(),
-            },
+        let deleted = EventKind::CacheChanged {
+            name: "torchinductor".into(),
+            path: "/home/op/.cache/torchinductor".into(),
+            change: "deleted".into(),
         };
-        assert_eq!(change_phrase(&deleted), "compile cache (torchinductor) deleted");
-        assert!(is_change(&deleted.kind));
-        assert!(!is_change(&EventKind::Note { message: "x".into() }));
+        assert_eq!(
+            describe(&deleted),
+            "TorchInductor compile cache deleted (/home/op/.cache/torchinductor)"
+        );
+        assert_eq!(kind_tag(&deleted), "cache");
     }
 }

@@ -1,6 +1,6 @@
-//! One frame is one line of JSON. Both directions are capped at `MAX_FRAME_BYTES`.
-use dflash_shared::protocol::MAX_FRAME_BYTES;
-use serde::de::DeserializeOwned;
+//! One frame is one line of JSON, at most `MAX_FRAME_BYTES` with its newline. Encoding and
+//! decoding are the shared protocol's (`dflash_shared::protocol`); this adds the stream side.
+use dflash_shared::protocol::{decode_response, encode_frame, FrameError, Response, MAX_FRAME_BYTES};
 use serde::Serialize;
 use tokio_util::codec::LinesCodec;
 
@@ -8,29 +8,27 @@ use super::ClientError;
 
 /// A line codec that refuses lines over the protocol limit instead of buffering them.
 pub fn line_codec() -> LinesCodec {
-    LinesCodec::new_with_max_length(MAX_FRAME_BYTES)
+    // The limit counts the newline; LinesCodec's does not.
+    LinesCodec::new_with_max_length(MAX_FRAME_BYTES - 1)
 }
 
-/// Serializes a frame to one line (without the newline), refusing oversize frames.
-pub fn encode<T: Serialize>(frame: &T) -> Result<String, ClientError> {
-    let line = serde_json::to_string(frame).map_err(|e| ClientError::BadFrame {
-        preview: String::new(),
-        reason: format!("cannot serialize: {e}"),
-    })?;
-    if line.len() > MAX_FRAME_BYTES {
-        return Err(ClientError::FrameTooLarge {
-            len: line.len(),
-            max: MAX_FRAME_BYTES,
-        });
+/// One frame, newline included, refusing oversize frames before they are sent.
+pub fn encode<T: Serialize>(frame: &T) -> Result<Vec<u8>, ClientError> {
+    encode_frame(frame).map_err(|e| frame_error(e, ""))
+}
+
+pub fn decode(line: &str) -> Result<Response, ClientError> {
+    decode_response(line.as_bytes()).map_err(|e| frame_error(e, line))
+}
+
+fn frame_error(error: FrameError, line: &str) -> ClientError {
+    match error {
+        FrameError::TooLarge { len, max } => ClientError::FrameTooLarge { len, max },
+        other => ClientError::BadFrame {
+            preview: preview(line),
+            reason: other.to_string(),
+        },
     }
-    Ok(line)
-}
-
-pub fn decode<T: DeserializeOwned>(line: &str) -> Result<T, ClientError> {
-    serde_json::from_str(line).map_err(|e| ClientError::BadFrame {
-        preview: preview(line),
-        reason: e.to_string(),
-    })
 }
 
 /// The first characters of a line, for error messages that must not dump a megabyte.
@@ -45,16 +43,22 @@ pub fn preview(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dflash_shared::protocol::{Request, Response, Topic};
+    use dflash_shared::protocol::{Request, Topic};
 
     #[test]
-    fn frames_round_trip_as_single_lines() {
-        let request = Request::Subscribe {
-            topics: vec![Topic::Metrics, Topic::Events],
+    fn frames_are_single_lines_and_round_trip() {
+        let reply = Response::Log {
+            level: "info".into(),
+            line: "a\nb".into(),
         };
-        let line = encode(&request).unwrap();
-        assert!(!line.contains('\n'));
-        assert_eq!(decode::<Request>(&line).unwrap(), request);
+        let bytes = encode(&reply).unwrap();
+        assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
+        let line = std::str::from_utf8(&bytes).unwrap().trim_end();
+        assert_eq!(decode(line).unwrap(), reply);
+        let request = Request::Subscribe {
+            topics: vec![Topic::Metrics],
+        };
+        assert!(encode(&request).is_ok());
     }
 
     #[test]
@@ -69,7 +73,7 @@ mod tests {
     #[test]
     fn garbage_is_a_bad_frame_with_a_short_preview() {
         let garbage = "{not json".repeat(100);
-        match decode::<Response>(&garbage) {
+        match decode(&garbage) {
             Err(ClientError::BadFrame { preview, .. }) => assert!(preview.chars().count() <= 121),
             other => panic!("expected BadFrame, got {other:?}"),
         }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dflash_shared::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION};
+use dflash_shared::protocol::{self, ErrorCode, Request, Response, PROTOCOL_VERSION};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
@@ -98,11 +98,7 @@ impl Session {
         let (read, mut write) = stream.into_split();
         let mut lines = FramedRead::new(read, codec::line_codec());
 
-        let hello = Request::Hello {
-            version: PROTOCOL_VERSION,
-            client: client_name(),
-        };
-        write_line(&mut write, &codec::encode(&hello)?).await?;
+        write_frame(&mut write, &codec::encode(&protocol::hello(client_name()))?).await?;
         let first = tokio::time::timeout(HELLO_TIMEOUT, lines.next())
             .await
             .map_err(|_| ClientError::HelloTimeout {
@@ -112,7 +108,7 @@ impl Session {
         let welcome = match first {
             None => return Err(ClientError::Closed),
             Some(Err(e)) => return Err(line_error(e)),
-            Some(Ok(line)) => welcome_from(codec::decode(&line)?)?,
+            Some(Ok(line)) => welcome_from(&codec::decode(&line)?)?,
         };
 
         let waiting = Arc::new(Mutex::new(Waiting::default()));
@@ -133,7 +129,7 @@ impl Session {
 
     /// Sends one request and waits for its reply. A daemon `Error` reply becomes `Err(Daemon)`.
     pub async fn request(&self, request: &Request) -> Result<Response, ClientError> {
-        let line = codec::encode(request)?;
+        let frame = codec::encode(request)?;
         let (tx, rx) = oneshot::channel();
         {
             // Queue the reply slot and write under one lock, so slots stay in request order.
@@ -145,7 +141,7 @@ impl Session {
                 }
                 waiting.replies.push_back(tx);
             }
-            write_line(&mut writer, &line).await?;
+            write_frame(&mut writer, &frame).await?;
         }
         let reply = tokio::time::timeout(REQUEST_TIMEOUT, rx)
             .await
@@ -160,40 +156,27 @@ impl Session {
     }
 }
 
-fn welcome_from(frame: Response) -> Result<Welcome, ClientError> {
-    match frame {
-        Response::Welcome {
-            version,
-            run_name,
-            daemon_pid,
-        } if version == PROTOCOL_VERSION => Ok(Welcome {
-            version,
-            run_name,
-            daemon_pid,
+fn welcome_from(frame: &Response) -> Result<Welcome, ClientError> {
+    match protocol::accept_welcome(frame) {
+        Ok(w) => Ok(Welcome {
+            version: w.version,
+            run_name: w.run_name,
+            daemon_pid: w.daemon_pid,
         }),
-        Response::Welcome { version, .. } => Err(ClientError::VersionMismatch {
+        Err(e) if e.code == ErrorCode::VersionMismatch => Err(ClientError::VersionMismatch {
             ours: PROTOCOL_VERSION,
-            theirs: format!("v{version}"),
+            theirs: e.message,
         }),
-        Response::Error {
-            code: ErrorCode::VersionMismatch,
-            message,
-        } => Err(ClientError::VersionMismatch {
-            ours: PROTOCOL_VERSION,
-            theirs: message,
+        Err(e) if matches!(frame, Response::Error { .. }) => Err(ClientError::Daemon {
+            code: e.code,
+            message: e.message,
         }),
-        Response::Error { code, message } => Err(ClientError::Daemon { code, message }),
-        other => Err(ClientError::Handshake {
-            got: codec::preview(&format!("{other:?}")),
-        }),
+        Err(e) => Err(ClientError::Handshake { got: e.message }),
     }
 }
 
-async fn write_line(writer: &mut OwnedWriteHalf, line: &str) -> Result<(), ClientError> {
-    let mut bytes = Vec::with_capacity(line.len() + 1);
-    bytes.extend_from_slice(line.as_bytes());
-    bytes.push(b'\n');
-    writer.write_all(&bytes).await?;
+async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> Result<(), ClientError> {
+    writer.write_all(frame).await?;
     Ok(())
 }
 
@@ -219,7 +202,7 @@ async fn read_frames(
             Some(Err(e @ LinesCodecError::MaxLineLengthExceeded)) => {
                 let _ = pushes.send(Push::Garbled(line_error(e))).await;
             }
-            Some(Ok(line)) => match codec::decode::<Response>(&line) {
+            Some(Ok(line)) => match codec::decode(&line) {
                 Err(e) => {
                     let _ = pushes.send(Push::Garbled(e)).await;
                 }

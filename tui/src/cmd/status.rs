@@ -9,7 +9,7 @@ use dflash_shared::protocol::{Request, Response};
 use super::SocketArg;
 use crate::client::{ClientError, Session};
 use crate::fmt::{self, DisplayClock};
-use crate::paths::StateFiles;
+use crate::paths::DaemonFiles;
 use crate::report::{self, ReportInput};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,10 +27,14 @@ pub struct Args {
     /// The daemon's state dir (journal and logs) [default: $XDG_STATE_HOME/dflash]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// The run dir holding journal.jsonl, read when the daemon is down
+    /// [default: $XDG_DATA_HOME/dflash/runs/default]
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let files = StateFiles::resolve(args.state_dir.as_deref())?;
+    let files = DaemonFiles::resolve(args.state_dir.as_deref(), args.run_dir.as_deref())?;
     let (snapshot, events, config, daemon_error) = match Session::connect(&args.socket.path()).await {
         Ok((session, ..)) => {
             let snapshot = match session.request(&Request::Status).await? {
@@ -71,7 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn read_journal(files: &StateFiles) -> Vec<Event> {
+fn read_journal(files: &DaemonFiles) -> Vec<Event> {
     let Ok(text) = std::fs::read_to_string(&files.journal) else {
         eprintln!("dflash-tui: no journal at {}", files.journal.display());
         return Vec::new();

@@ -14,7 +14,7 @@ use crate::client::supervisor::{run_link, LinkConfig, LinkEvent};
 use crate::client::{ClientError, Session};
 use crate::feed::{self, Filter, Item, Level};
 use crate::fmt;
-use crate::paths::StateFiles;
+use crate::paths::DaemonFiles;
 
 mod files;
 
@@ -40,6 +40,10 @@ pub struct Args {
     /// The daemon's state dir, read when the daemon is down [default: $XDG_STATE_HOME/dflash]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// The run dir holding journal.jsonl, read when the daemon is down
+    /// [default: $XDG_DATA_HOME/dflash/runs/default]
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
 }
 
 /// Writes one line at a time and flushes it, so a pipe sees every line as it happens.
@@ -118,7 +122,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             follow_live(socket, &mut out, args.lines).await
         }
         Err(e @ (ClientError::NoDaemon { .. } | ClientError::Connect { .. })) => {
-            let files = StateFiles::resolve(args.state_dir.as_deref())?;
+            let files = DaemonFiles::resolve(args.state_dir.as_deref(), args.run_dir.as_deref())?;
             eprintln!(
                 "dflash-tui: {e}\ndflash-tui: reading the daemon's files in {} instead (journal and \
                  logs; live metrics need the daemon)",

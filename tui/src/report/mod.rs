@@ -6,15 +6,15 @@ pub mod timeline;
 
 use dflash_shared::actions::PendingAction;
 use dflash_shared::events::{Event, EventKind};
+use dflash_shared::health;
 use dflash_shared::metrics::{CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs};
 use dflash_shared::status::{CheckpointInfo, StatusSnapshot};
 use serde::Serialize;
 
 use crate::app::alerts::{self, ActiveAlerts, ThroughputNow};
 use crate::app::journal::Journal;
-use crate::app::judge::{self, QueueBound};
 use crate::fmt::{self, DisplayClock};
-use crate::paths::StateFiles;
+use crate::paths::DaemonFiles;
 
 pub use markdown::render as render_markdown;
 
@@ -24,7 +24,7 @@ pub struct ReportInput<'a> {
     pub snapshot: Option<&'a StatusSnapshot>,
     pub events: &'a [Event],
     pub config: Option<&'a serde_json::Value>,
-    pub files: &'a StateFiles,
+    pub files: &'a DaemonFiles,
     pub daemon_error: Option<String>,
     pub now_ms: TimestampMs,
     pub clock: DisplayClock,
@@ -272,13 +272,14 @@ fn queue_section(snapshot: Option<&StatusSnapshot>) -> Queue {
             low_watermark: Some(q.low_watermark),
             high_watermark: Some(q.high_watermark),
             bytes_resident: Some(q.bytes_resident),
-            bound_by: match judge::queue_bound(None, q) {
-                QueueBound::Unknown => "unknown",
-                QueueBound::Balanced => "balanced",
-                QueueBound::TargetSide { .. } => "target side (queue empty, drafters waiting)",
-                QueueBound::DrafterSide { .. } => "drafter side (queue full, targets waiting)",
-            }
-            .into(),
+            bound_by: match snapshot
+                .and_then(|s| s.alerts.iter().find(|a| a.detector == health::queue::DETECTOR))
+            {
+                Some(alert) => alert.message.clone(),
+                None => "no queue alert (which side bounds the run needs a time window: \
+                         `dflash-tui attach`, view 3)"
+                    .into(),
+            },
         },
         None => Queue {
             depth: None,
@@ -298,7 +299,13 @@ fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
         run_dir: run.map(|r| r.run_dir.clone()),
         latest_checkpoint: checkpoints.last().map(|c| c.path.clone()),
         checkpoints: checkpoints.iter().map(|c| c.path.clone()).collect(),
-        journal: input.files.journal.display().to_string(),
+        journal: match run {
+            Some(r) => std::path::Path::new(&r.run_dir)
+                .join(crate::paths::JOURNAL_FILE)
+                .display()
+                .to_string(),
+            None => input.files.journal.display().to_string(),
+        },
         logs: input.files.logs_dir.display().to_string(),
         data: input.config.map(plan::data_paths).unwrap_or_default(),
     }

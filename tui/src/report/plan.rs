@@ -15,35 +15,17 @@ pub fn goal(report: &StatusReport) -> String {
     )
 }
 
-/// The first value under a key named `key`, anywhere in the config.
-fn find_key<'a>(value: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match value {
-        serde_json::Value::Object(map) => map
-            .get(key)
-            .or_else(|| map.values().find_map(|v| find_key(v, key))),
-        serde_json::Value::Array(items) => items.iter().find_map(|v| find_key(v, key)),
-        _ => None,
-    }
+/// The value at a dotted config path such as `training.precision`.
+fn value_at<'a>(config: &'a serde_json::Value, dotted: &str) -> Option<&'a serde_json::Value> {
+    config.pointer(&format!("/{}", dotted.replace('.', "/")))
 }
 
-/// String values under keys that name data (`data`, `train_data`, `eval_data`, …).
+/// The data files the config names (`[data]` of the shared config schema).
 pub fn data_paths(config: &serde_json::Value) -> Vec<String> {
-    fn walk(value: &serde_json::Value, under_data: bool, out: &mut Vec<String>) {
-        match value {
-            serde_json::Value::Object(map) => {
-                for (k, v) in map {
-                    walk(v, under_data || k.contains("data"), out);
-                }
-            }
-            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, under_data, out)),
-            serde_json::Value::String(s) if under_data && s.contains('/') => out.push(s.clone()),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    walk(config, false, &mut out);
-    out.dedup();
-    out
+    ["data.train_file", "data.tokenizer", "data.chat_template"]
+        .iter()
+        .filter_map(|key| value_at(config, key)?.as_str().map(str::to_string))
+        .collect()
 }
 
 pub fn constraints(report: &StatusReport, config: Option<&serde_json::Value>) -> Vec<String> {
@@ -57,7 +39,7 @@ pub fn constraints(report: &StatusReport, config: Option<&serde_json::Value>) ->
     let locked: Vec<String> = LOCKED_KEYS
         .iter()
         .filter_map(|key| {
-            let value = config.and_then(|c| find_key(c, key))?;
+            let value = config.and_then(|c| value_at(c, key))?;
             Some(format!("{key} = {value}"))
         })
         .collect();
@@ -214,17 +196,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_keys_and_data_paths_are_found_anywhere() {
+    fn config_keys_and_data_paths_are_read_by_dotted_path() {
         let config = serde_json::json!({
-            "training": {"precision": "bf16", "epochs": 6, "block_size": 32},
-            "model": {"target_layer_ids": [1, 16, 31, 46, 61], "anchors": 1024},
-            "data": {"train": "/data/chat.jsonl", "eval_split": 0.01},
-            "eval_data": ["/data/heldout.jsonl"]
+            "training": {"precision": "bf16", "epochs": 6, "num_anchors": 1024},
+            "drafter": {"block_size": 32, "target_layer_ids": [1, 16, 31, 46, 61]},
+            "data": {"train_file": "/data/chat.jsonl", "tokenizer": "/models/tokenizer.json"}
         });
-        assert_eq!(find_key(&config, "anchors"), Some(&serde_json::json!(1024)));
+        assert_eq!(value_at(&config, "training.num_anchors"), Some(&serde_json::json!(1024)));
+        assert_eq!(value_at(&config, "training.missing"), None);
         assert_eq!(
             data_paths(&config),
-            vec!["/data/chat.jsonl".to_string(), "/data/heldout.jsonl".to_string()]
+            vec!["/data/chat.jsonl".to_string(), "/models/tokenizer.json".to_string()]
         );
     }
 }

@@ -8,8 +8,9 @@ use ratatui::Frame;
 
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
-use crate::app::judge::{MemoryVerdict, MEMORY_WINDOW_MS};
-use crate::app::telemetry::GpuHistory;
+use dflash_shared::health::MemoryVerdict;
+
+use crate::app::telemetry::{console_memory_config, GpuHistory};
 use crate::app::App;
 use crate::fmt;
 
@@ -66,22 +67,24 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
     frame.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: true }), area);
 }
 
-fn verdict_cell(verdict: MemoryVerdict, theme: &Theme) -> (String, Style) {
+fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
     match verdict {
-        MemoryVerdict::TooFewSamples => ("judging…".into(), theme.dim()),
-        MemoryVerdict::Flat { range_bytes } => {
-            (format!("flat ±{}", fmt::bytes(range_bytes as u64 / 2)), theme.ok())
-        }
-        MemoryVerdict::Volatile { range_bytes, .. } => (
-            format!("VOLATILE ±{}", fmt::bytes(range_bytes as u64 / 2)),
+        MemoryVerdict::Collecting { samples } => (format!("judging ({samples})"), theme.dim()),
+        MemoryVerdict::Unavailable => ("no reading".into(), theme.dim()),
+        MemoryVerdict::Flat { stats } => (
+            format!("flat ±{}", fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)),
+            theme.ok(),
+        ),
+        MemoryVerdict::Volatile { stats, .. } => (
+            format!("VOLATILE ±{}", fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)),
             theme.crit(),
         ),
     }
 }
 
 fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let volatile = app.telemetry.volatile_gpus(app.now_ms);
-    let window = fmt::duration_ms(MEMORY_WINDOW_MS);
+    let volatile = app.telemetry.volatile_gpus();
+    let window = fmt::duration_ms((console_memory_config().window_s * 1000.0) as i64);
     let line = if volatile.is_empty() {
         Span::styled(
             format!(" memory flat on every judged GPU (last {window})"),
@@ -113,7 +116,7 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             (Some(used), None) => Cell::from(fmt::bytes(used)),
             _ => na(theme),
         };
-        let (verdict, style) = verdict_cell(gpu.verdict(app.now_ms), theme);
+        let (verdict, style) = verdict_cell(&app.telemetry.memory_verdict(s.index), theme);
         let allocator = match &s.allocator {
             Some(a) => Cell::from(format!(
                 "{} / {}",
@@ -154,7 +157,8 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 }
 
 fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, theme: &Theme) {
-    let (verdict, style) = verdict_cell(gpu.verdict(app.now_ms), theme);
+    let verdict_now = app.telemetry.memory_verdict(gpu.latest.index);
+    let (verdict, style) = verdict_cell(&verdict_now, theme);
     let title = Line::from(vec![
         Span::styled(format!(" GPU {} memory over time: ", gpu.latest.index), theme.title()),
         Span::styled(format!("{verdict} "), style),

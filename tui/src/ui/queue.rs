@@ -1,4 +1,5 @@
 //! Queue: depth against the watermarks, producer and consumer rates, and which side bounds the run.
+use dflash_shared::health::QueueBound;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
@@ -6,7 +7,6 @@ use ratatui::Frame;
 
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
-use crate::app::judge::QueueBound;
 use crate::app::App;
 use crate::fmt;
 
@@ -21,23 +21,20 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
     let bar_width = facts.width.saturating_sub(20).max(10) as usize;
     let depth_bar = depth_bar(queue.depth, queue.capacity, queue.low_watermark, queue.high_watermark, bar_width);
-    let (verdict, style) = match app.telemetry.queue_bound() {
-        QueueBound::Unknown => ("not known yet".to_string(), theme.dim()),
-        QueueBound::Balanced => ("balanced: neither side waits on the other".to_string(), theme.ok()),
-        QueueBound::TargetSide { starved_share } => (
-            format!(
-                "the TARGET side bounds the run: drafters starved {:.0}% of the time",
-                starved_share * 100.0
-            ),
-            theme.warn(),
-        ),
-        QueueBound::DrafterSide { blocked_share } => (
-            format!(
-                "the DRAFTER side bounds the run: target workers blocked {:.0}% of the time",
-                blocked_share * 100.0
-            ),
-            theme.warn(),
-        ),
+    let (verdict, style) = match app.telemetry.queue_diagnosis() {
+        None => ("needs two samples".to_string(), theme.dim()),
+        Some(d) => {
+            let side = match d.bound {
+                QueueBound::Balanced => "balanced: neither side waits much on the other".to_string(),
+                QueueBound::TargetBound => "the TARGET side bounds the run".to_string(),
+                QueueBound::DrafterBound => "the DRAFTER side bounds the run".to_string(),
+            };
+            let style = match d.bound {
+                QueueBound::Balanced => theme.ok(),
+                _ => theme.warn(),
+            };
+            (format!("{side} ({})", d.explanation), style)
+        }
     };
     let label = |t: &'static str| Span::styled(t, theme.dim());
     let lines = vec![

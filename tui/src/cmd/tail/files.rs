@@ -9,7 +9,7 @@ use dflash_shared::events::Event;
 
 use super::{Gone, Out};
 use crate::feed::{self, Item};
-use crate::paths::StateFiles;
+use crate::paths::DaemonFiles;
 
 const POLL: Duration = Duration::from_millis(500);
 
@@ -53,6 +53,8 @@ impl Cursor {
     }
 }
 
+/// The daemon writes each line twice, to a human log and a JSON-lines log: read the JSON ones
+/// (exact levels and times), or the human ones when there are none.
 fn log_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|entries| {
@@ -63,6 +65,10 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
         })
         .unwrap_or_default();
     files.sort();
+    let is_json = |p: &PathBuf| p.extension().is_some_and(|e| e == "jsonl");
+    if files.iter().any(is_json) {
+        files.retain(is_json);
+    }
     files
 }
 
@@ -107,7 +113,7 @@ impl Sources {
 }
 
 pub(super) async fn tail(
-    files: &StateFiles,
+    files: &DaemonFiles,
     out: &mut Out,
     lines: usize,
     follow: bool,
