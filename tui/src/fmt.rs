@@ -76,6 +76,11 @@ impl DisplayClock {
         self.with_format(ts_ms, "%H:%M:%S")
     }
 
+    /// "03-14 21:03"
+    pub fn month_day_hm(&self, ts_ms: TimestampMs) -> String {
+        self.with_format(ts_ms, "%m-%d %H:%M")
+    }
+
     /// "2026-03-14 21:03"
     pub fn date_hm(&self, ts_ms: TimestampMs) -> String {
         self.with_format(ts_ms, "%Y-%m-%d %H:%M")

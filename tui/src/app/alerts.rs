@@ -93,9 +93,28 @@ fn health_level(severity: Severity) -> health::Level {
     }
 }
 
-/// "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 → 2.9.1+cu130
-/// at 20:52; TorchInductor compile cache deleted at 21:00."
-///
+/// An alert in words: the headline, and what changed in the journal just before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub level: Severity,
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K)"
+    pub head: String,
+    /// "torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52", oldest first.
+    pub before: Vec<String>,
+}
+
+impl Explanation {
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 →
+    /// 2.9.1+cu130 at 20:52; TorchInductor compile cache deleted at 21:00."
+    pub fn sentence(&self) -> String {
+        if self.before.is_empty() {
+            format!("{}. Nothing changed in the journal in the hour before.", self.head)
+        } else {
+            format!("{}. Before it: {}.", self.head, self.before.join("; "))
+        }
+    }
+}
+
 /// The daemon's own `preceded_by` wins; without it the console searches its journal the same
 /// way the daemon does (`dflash_shared::health::explain_alert`).
 pub fn explain(
@@ -103,7 +122,7 @@ pub fn explain(
     throughput: ThroughputNow,
     journal: &Journal,
     clock: DisplayClock,
-) -> String {
+) -> Explanation {
     let offset = clock.offset_at(alert.since_ms);
     let head = match (is_throughput_detector(&alert.detector), throughput.tokens_per_s) {
         (true, Some(now)) => health::throughput_headline(
@@ -121,14 +140,17 @@ pub fn explain(
         ),
     };
     let before = if alert.preceded_by.is_empty() {
-        let precursors = health::explain_alert(alert.since_ms, journal.events(), CONTEXT_WINDOW_MS);
-        health::render_precursors(&precursors, offset)
+        health::explain_alert(alert.since_ms, journal.events(), CONTEXT_WINDOW_MS)
+            .iter()
+            .map(|p| p.sentence(offset))
+            .collect()
     } else {
-        Some(format!("Before it: {}.", alert.preceded_by.join("; ")))
+        alert.preceded_by.clone()
     };
-    match before {
-        Some(before) => format!("{head}. {before}"),
-        None => format!("{head}. Nothing changed in the journal in the hour before."),
+    Explanation {
+        level: alert.level,
+        head,
+        before,
     }
 }
 
@@ -192,7 +214,8 @@ mod tests {
             },
             &journal,
             DisplayClock::utc(),
-        );
+        )
+        .sentence();
         assert_eq!(
             text,
             "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 → \
@@ -209,7 +232,13 @@ mod tests {
             message: "GPU memory volatile on cuda:5.".into(),
             preceded_by: vec!["compile cache deleted at 21:00".into()],
         };
-        let text = explain(&alert, ThroughputNow::default(), &Journal::default(), DisplayClock::utc());
+        let text = explain(
+            &alert,
+            ThroughputNow::default(),
+            &Journal::default(),
+            DisplayClock::utc(),
+        )
+        .sentence();
         assert_eq!(
             text,
             "GPU memory volatile on cuda:5, Warn since 21:03. Before it: compile cache deleted at 21:00."

@@ -15,7 +15,7 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
             Some(c) => format!(
                 "last checkpoint {} ago, at step {}",
                 fmt::duration_ms(app.now_ms - c.written_ms),
-                c.step
+                fmt::thousands(c.step)
             ),
             None => "no checkpoint yet in this run".into(),
         });
@@ -33,8 +33,9 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
         }
         Action::Kill => lines.push(match (app.step_epoch(), status.and_then(|s| s.checkpoints.iter().map(|c| c.step).max())) {
             (Some((step, _)), Some(saved)) => format!(
-                "no final checkpoint: the {} steps since step {saved} are lost",
-                step.saturating_sub(saved)
+                "no final checkpoint: the {} steps since step {} are lost",
+                fmt::thousands(step.saturating_sub(saved)),
+                fmt::thousands(saved)
             ),
             _ => "no final checkpoint: progress since the last checkpoint is lost".into(),
         }),
@@ -49,7 +50,7 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
                         "deletes {}: {}, {} entries ({})",
                         cache.path,
                         fmt::bytes(cache.size_bytes),
-                        cache.entries,
+                        fmt::thousands(cache.entries),
                         if cache.warm { "warm" } else { "cold" }
                     ));
                     lines.push(

@@ -375,14 +375,11 @@ impl App {
     }
 
     /// Every active alert in words, most severe first.
-    pub fn explained_alerts(&self) -> Vec<(dflash_shared::events::Severity, String)> {
+    pub fn explained_alerts(&self) -> Vec<alerts::Explanation> {
         self.alerts
             .sorted()
             .into_iter()
-            .map(|a| {
-                let text = alerts::explain(a, self.throughput_now(), &self.journal, self.clock);
-                (a.level, text)
-            })
+            .map(|a| alerts::explain(a, self.throughput_now(), &self.journal, self.clock))
             .collect()
     }
 }

@@ -41,7 +41,10 @@ pub fn describe(kind: &EventKind) -> String {
         EventKind::RunStarted {
             run_name,
             resumed_from_step: Some(step),
-        } => format!("run {run_name} restarted, resuming at step {step}"),
+        } => format!(
+            "run {run_name} restarted, resuming at step {}",
+            fmt::thousands(*step)
+        ),
         EventKind::RunStarted { run_name, .. } => format!("run {run_name} started"),
         EventKind::WarmupDone {
             device,
@@ -61,7 +64,11 @@ pub fn describe(kind: &EventKind) -> String {
             format!("{} {change} ({path})", cache_label(name))
         }
         EventKind::CheckpointWritten { step, path, bytes } => {
-            format!("checkpoint at step {step}, {} ({path})", fmt::bytes(*bytes))
+            format!(
+                "checkpoint at step {}, {} ({path})",
+                fmt::thousands(*step),
+                fmt::bytes(*bytes)
+            )
         }
         EventKind::RegressionStarted { message, .. } => message.clone(),
         EventKind::RegressionEnded { message, .. } => message.clone(),

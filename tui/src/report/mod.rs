@@ -239,7 +239,7 @@ fn alert_section(input: &ReportInput, journal: &Journal, throughput: &Throughput
             level: a.level,
             since: fmt::rfc3339(a.since_ms),
             message: a.message.clone(),
-            explanation: alerts::explain(a, now, journal, input.clock),
+            explanation: alerts::explain(a, now, journal, input.clock).sentence(),
         })
         .collect()
 }

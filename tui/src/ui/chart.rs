@@ -101,7 +101,10 @@ impl TimeChart<'_> {
             Span::styled((self.format_value)(y_lo), theme.dim()),
             Span::styled((self.format_value)(y_hi), theme.dim()),
         ];
+        let legend = (self.lines.len() + self.levels.len() > 1)
+            .then_some(ratatui::widgets::LegendPosition::TopLeft);
         let chart = Chart::new(datasets)
+            .legend_position(legend)
             .block(self.block)
             .x_axis(Axis::default().bounds([-window_s, 0.0]).labels(x_labels))
             .y_axis(Axis::default().bounds([y_lo, y_hi]).labels(y_labels))

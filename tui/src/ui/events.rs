@@ -58,6 +58,15 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             })
             .collect()
     };
+    let logs = if logs.is_empty() {
+        let why = match app.source {
+            crate::app::Source::Replay(_) => "recordings carry no log lines",
+            crate::app::Source::Live { .. } => "no log lines yet",
+        };
+        vec![Line::from(Span::styled(why, theme.dim()))]
+    } else {
+        logs
+    };
     let block = Block::bordered().title(Span::styled(" Log ", theme.title()));
     frame.render_widget(Paragraph::new(logs).block(block), logs_area);
 }

@@ -95,14 +95,17 @@ fn source_spans<'a>(app: &'a App, theme: &Theme) -> Vec<Span<'a>> {
             } else {
                 "playing"
             };
+            let file = std::path::Path::new(&replay.file)
+                .file_name()
+                .map_or(replay.file.clone(), |f| f.to_string_lossy().into_owned());
             vec![Span::styled(
                 format!(
-                    "▶ replay {} · {}/{} · ×{} · {state} · {}",
-                    replay.file,
+                    "▶ {} {} · {}/{} ×{} {state}",
+                    file,
+                    app.clock.hms(app.now_ms),
                     replay.position,
                     replay.total,
                     replay.speed,
-                    app.clock.hms(app.now_ms)
                 ),
                 theme.accent(),
             )]

@@ -7,24 +7,30 @@ use ratatui::Frame;
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
 use super::bignum;
+use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let alerts = app.explained_alerts();
-    let inner_width = area.width.saturating_sub(2).max(1) as usize;
-    let alert_rows: usize = alerts
-        .iter()
-        .map(|(_, text)| (text.chars().count() + 7).div_ceil(inner_width))
-        .sum();
-    let alert_height = (alert_rows.max(1) + 2).min(8) as u16;
+    let inner_width = area.width.saturating_sub(2) as usize;
+    let mut lines = alert_lines(&app.explained_alerts(), inner_width, theme);
+    let max_rows = ((area.height as usize * 2) / 5).max(3);
+    if lines.len() > max_rows {
+        let hidden = lines.len() - max_rows + 1;
+        lines.truncate(max_rows - 1);
+        lines.push(Line::from(Span::styled(
+            format!("… {hidden} more line(s); the Events view (5) has the whole journal"),
+            theme.dim(),
+        )));
+    }
     let [alerts_area, top, bottom] = Layout::vertical([
-        Constraint::Length(alert_height),
+        Constraint::Length(lines.len() as u16 + 2),
         Constraint::Length(11),
         Constraint::Min(0),
     ])
     .areas(area);
-    draw_alerts(frame, alerts_area, &alerts, theme);
+    let block = Block::bordered().title(Span::styled(" Alerts ", theme.title()));
+    frame.render_widget(Paragraph::new(lines).block(block), alerts_area);
     let [throughput, run] =
         Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(top);
     draw_throughput(frame, throughput, app, theme);
@@ -59,33 +65,63 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     .draw(frame, tau, theme);
 }
 
-fn draw_alerts(
-    frame: &mut Frame,
-    area: Rect,
-    alerts: &[(dflash_shared::events::Severity, String)],
-    theme: &Theme,
-) {
-    let block = Block::bordered().title(Span::styled(" Alerts ", theme.title()));
-    let lines: Vec<Line> = if alerts.is_empty() {
-        vec![Line::from(Span::styled("No active alerts.", theme.ok()))]
-    } else {
-        alerts
-            .iter()
-            .map(|(level, text)| {
-                Line::from(vec![
-                    Span::styled(
-                        format!("{:<5}", wording::severity_word(*level).to_uppercase()),
-                        theme.severity(*level),
-                    ),
-                    Span::raw(text.clone()),
-                ])
-            })
-            .collect()
+/// One line per alert, most severe first; the worst alert also lists what changed before it.
+/// Lines are cut to the width (keeping a trailing "at 21:00") rather than wrapped, so a long
+/// explanation never pushes the other alerts off the screen.
+fn alert_lines(alerts: &[Explanation], width: usize, theme: &Theme) -> Vec<Line<'static>> {
+    if alerts.is_empty() {
+        return vec![Line::from(Span::styled("No active alerts.", theme.ok()))];
+    }
+    let mut lines = Vec::new();
+    for (i, alert) in alerts.iter().enumerate() {
+        let tag = format!("{:<5}", wording::severity_word(alert.level).to_uppercase());
+        let head = if i == 0 && !alert.before.is_empty() {
+            format!("{}. Before it:", alert.head)
+        } else if i == 0 {
+            format!("{}. Nothing changed in the journal in the hour before.", alert.head)
+        } else {
+            alert.head.clone()
+        };
+        lines.push(Line::from(vec![
+            Span::styled(tag, theme.severity(alert.level)),
+            Span::raw(fit(&head, width.saturating_sub(5))),
+        ]));
+        if i == 0 {
+            for before in &alert.before {
+                lines.push(Line::from(vec![
+                    Span::styled("     · ", theme.dim()),
+                    Span::raw(fit(before, width.saturating_sub(7))),
+                ]));
+            }
+        }
+    }
+    lines
+}
+
+/// Cuts `text` to `width` columns with an ellipsis, keeping a trailing " at HH:MM".
+fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let (body, time) = match text.rfind(" at ") {
+        Some(at) if text.len() - at == " at HH:MM".len() => text.split_at(at),
+        _ => (text, ""),
     };
-    frame.render_widget(
-        Paragraph::new(lines).block(block).wrap(Wrap { trim: false }),
-        area,
-    );
+    let keep = width.saturating_sub(time.chars().count() + 1);
+    let cut: String = body.chars().take(keep).collect();
+    format!("{cut}…{time}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn long_lines_keep_their_time() {
+        assert_eq!(fit("short", 10), "short");
+        assert_eq!(fit("a very long explanation at 21:02", 20), "a very lon… at 21:02");
+        assert_eq!(fit("no time in this long line", 10), "no time i…");
+    }
 }
 
 fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
@@ -182,16 +218,14 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ]));
             let eta = match app.eta_ms() {
                 Some(eta) => format!(
-                    "{} (in {})",
-                    app.clock.date_hm(eta),
-                    fmt::duration_ms(eta - app.now_ms)
+                    "epoch {} ends in {} ({})",
+                    run.epochs,
+                    fmt::duration_ms(eta - app.now_ms),
+                    app.clock.month_day_hm(eta)
                 ),
                 None => "unknown until steps are measured".into(),
             };
-            lines.push(Line::from(vec![
-                label("ETA     "),
-                Span::raw(format!("end of epoch {}: {eta}", run.epochs)),
-            ]));
+            lines.push(Line::from(vec![label("ETA     "), Span::raw(eta)]));
             let loss = status.last_loss.map_or("—".into(), |l| format!("{l:.3}"));
             let tau = status.last_tau.map_or("—".into(), |t| format!("{t:.2}"));
             lines.push(Line::from(vec![label("loss    "), Span::raw(format!("{loss}   τ {tau}"))]));

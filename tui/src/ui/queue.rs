@@ -72,7 +72,12 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Line::from(vec![label("verdict   "), Span::styled(verdict, style)]),
     ];
     let block = Block::bordered().title(Span::styled(" Hidden-state queue ", theme.title()));
-    frame.render_widget(Paragraph::new(lines).block(block), facts);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(ratatui::widgets::Wrap { trim: false }),
+        facts,
+    );
 
     TimeChart {
         block: Block::bordered().title(Span::styled(" Depth over time ", theme.title())),
