@@ -1,24 +1,75 @@
-//! One frame is one line of JSON, at most `MAX_FRAME_BYTES` with its newline. Encoding and
-//! decoding are the shared protocol's (`dflash_shared::protocol`); this adds the stream side.
-use dflash_shared::protocol::{decode_response, encode_frame, FrameError, Response, MAX_FRAME_BYTES};
+//! One frame is one line of JSON, at most `MAX_FRAME_BYTES` with its newline. Encoding,
+//! decoding and line splitting are the shared protocol's (`dflash_shared::protocol`); this adds
+//! the async read side.
+use std::collections::VecDeque;
+
+use dflash_shared::protocol::{
+    decode_response, encode_frame, FrameError, FrameSplitter, Response,
+};
 use serde::Serialize;
-use tokio_util::codec::LinesCodec;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::ClientError;
 
-/// A line codec that refuses lines over the protocol limit instead of buffering them.
-pub fn line_codec() -> LinesCodec {
-    // The limit counts the newline; LinesCodec's does not.
-    LinesCodec::new_with_max_length(MAX_FRAME_BYTES - 1)
+/// Reads frames from a stream. A garbled or oversize frame is an `Err` item and reading goes
+/// on at the next line; only an I/O error or the end of the stream ends it.
+pub struct FrameReader<R> {
+    inner: R,
+    splitter: FrameSplitter,
+    ready: VecDeque<Result<Response, ClientError>>,
+    buf: Vec<u8>,
+    ended: bool,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            splitter: FrameSplitter::new(),
+            ready: VecDeque::new(),
+            buf: vec![0; 64 * 1024],
+            ended: false,
+        }
+    }
+
+    /// The next frame, a recoverable frame error, an I/O error (after which the stream has
+    /// ended), or `None` at the end of the stream.
+    pub async fn next(&mut self) -> Option<Result<Response, ClientError>> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.ended {
+                return None;
+            }
+            match self.inner.read(&mut self.buf).await {
+                Ok(0) => {
+                    self.ended = true;
+                    if let Some(e) = std::mem::take(&mut self.splitter).finish() {
+                        self.ready.push_back(Err(frame_error(e, "")));
+                    }
+                }
+                Ok(n) => {
+                    for line in self.splitter.push(&self.buf[..n]) {
+                        let frame = line.map_err(|e| frame_error(e, "")).and_then(|bytes| {
+                            decode_response(&bytes)
+                                .map_err(|e| frame_error(e, &String::from_utf8_lossy(&bytes)))
+                        });
+                        self.ready.push_back(frame);
+                    }
+                }
+                Err(e) => {
+                    self.ended = true;
+                    return Some(Err(ClientError::Io(e)));
+                }
+            }
+        }
+    }
 }
 
 /// One frame, newline included, refusing oversize frames before they are sent.
 pub fn encode<T: Serialize>(frame: &T) -> Result<Vec<u8>, ClientError> {
     encode_frame(frame).map_err(|e| frame_error(e, ""))
-}
-
-pub fn decode(line: &str) -> Result<Response, ClientError> {
-    decode_response(line.as_bytes()).map_err(|e| frame_error(e, line))
 }
 
 fn frame_error(error: FrameError, line: &str) -> ClientError {
@@ -43,7 +94,7 @@ pub fn preview(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dflash_shared::protocol::{Request, Topic};
+    use dflash_shared::protocol::{Request, Topic, MAX_FRAME_BYTES};
 
     #[test]
     fn frames_are_single_lines_and_round_trip() {
@@ -53,8 +104,7 @@ mod tests {
         };
         let bytes = encode(&reply).unwrap();
         assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
-        let line = std::str::from_utf8(&bytes).unwrap().trim_end();
-        assert_eq!(decode(line).unwrap(), reply);
+        assert_eq!(decode_response(&bytes).unwrap(), reply);
         let request = Request::Subscribe {
             topics: vec![Topic::Metrics],
         };
@@ -70,12 +120,16 @@ mod tests {
         assert!(matches!(encode(&huge), Err(ClientError::FrameTooLarge { .. })));
     }
 
-    #[test]
-    fn garbage_is_a_bad_frame_with_a_short_preview() {
-        let garbage = "{not json".repeat(100);
-        match decode(&garbage) {
-            Err(ClientError::BadFrame { preview, .. }) => assert!(preview.chars().count() <= 121),
-            other => panic!("expected BadFrame, got {other:?}"),
-        }
+    #[tokio::test]
+    async fn the_reader_reports_bad_frames_and_goes_on() {
+        let huge = format!("{}\n", "x".repeat(MAX_FRAME_BYTES + 5));
+        let stream = format!("{{\"type\":\"ok\"}}\nnot json\n{huge}{{\"type\":\"ok\"}}\npartial");
+        let mut reader = FrameReader::new(stream.as_bytes());
+        assert_eq!(reader.next().await.unwrap().unwrap(), Response::Ok);
+        assert!(matches!(reader.next().await, Some(Err(ClientError::BadFrame { .. }))));
+        assert!(matches!(reader.next().await, Some(Err(ClientError::FrameTooLarge { .. }))));
+        assert_eq!(reader.next().await.unwrap().unwrap(), Response::Ok);
+        assert!(matches!(reader.next().await, Some(Err(ClientError::BadFrame { .. }))));
+        assert!(reader.next().await.is_none());
     }
 }

@@ -10,14 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dflash_shared::protocol::{self, ErrorCode, Request, Response, PROTOCOL_VERSION};
-use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{FramedRead, LinesCodecError};
-
+use super::codec::FrameReader;
 use super::{client_name, codec, ClientError};
 
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,10 +94,10 @@ impl Session {
             }
         })?;
         let (read, mut write) = stream.into_split();
-        let mut lines = FramedRead::new(read, codec::line_codec());
+        let mut frames = FrameReader::new(read);
 
         write_frame(&mut write, &codec::encode(&protocol::hello(client_name()))?).await?;
-        let first = tokio::time::timeout(HELLO_TIMEOUT, lines.next())
+        let first = tokio::time::timeout(HELLO_TIMEOUT, frames.next())
             .await
             .map_err(|_| ClientError::HelloTimeout {
                 path: socket.to_path_buf(),
@@ -107,13 +105,13 @@ impl Session {
             })?;
         let welcome = match first {
             None => return Err(ClientError::Closed),
-            Some(Err(e)) => return Err(line_error(e)),
-            Some(Ok(line)) => welcome_from(&codec::decode(&line)?)?,
+            Some(Err(e)) => return Err(e),
+            Some(Ok(frame)) => welcome_from(&frame)?,
         };
 
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let (push_tx, push_rx) = mpsc::channel(PUSH_CHANNEL);
-        let reader = tokio::spawn(read_frames(lines, Arc::clone(&waiting), push_tx));
+        let reader = tokio::spawn(read_frames(frames, Arc::clone(&waiting), push_tx));
         let session = Session {
             socket: socket.to_path_buf(),
             writer: tokio::sync::Mutex::new(write),
@@ -180,53 +178,38 @@ async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> Result<(), Cl
     Ok(())
 }
 
-fn line_error(error: LinesCodecError) -> ClientError {
-    match error {
-        LinesCodecError::MaxLineLengthExceeded => ClientError::FrameTooLarge {
-            len: dflash_shared::protocol::MAX_FRAME_BYTES + 1,
-            max: dflash_shared::protocol::MAX_FRAME_BYTES,
-        },
-        LinesCodecError::Io(e) => ClientError::Io(e),
-    }
-}
-
 async fn read_frames(
-    mut lines: FramedRead<tokio::net::unix::OwnedReadHalf, tokio_util::codec::LinesCodec>,
+    mut frames: FrameReader<tokio::net::unix::OwnedReadHalf>,
     waiting: Arc<Mutex<Waiting>>,
     pushes: mpsc::Sender<Push>,
 ) {
     let reason = loop {
-        match lines.next().await {
+        match frames.next().await {
             None => break "the daemon closed the connection".to_string(),
-            Some(Err(LinesCodecError::Io(e))) => break format!("read error: {e}"),
-            Some(Err(e @ LinesCodecError::MaxLineLengthExceeded)) => {
-                let _ = pushes.send(Push::Garbled(line_error(e))).await;
+            Some(Err(ClientError::Io(e))) => break format!("read error: {e}"),
+            Some(Err(e)) => {
+                let _ = pushes.send(Push::Garbled(e)).await;
             }
-            Some(Ok(line)) => match codec::decode(&line) {
-                Err(e) => {
-                    let _ = pushes.send(Push::Garbled(e)).await;
-                }
-                Ok(frame) if is_pushed(&frame) => {
-                    let _ = pushes.send(Push::Frame(frame)).await;
-                }
-                Ok(reply) => {
-                    let slot = waiting
-                        .lock()
-                        .expect("waiting-list lock poisoned")
-                        .replies
-                        .pop_front();
-                    match slot {
-                        Some(slot) => {
-                            let _ = slot.send(Ok(reply));
-                        }
-                        // An error about something we did not ask (e.g. a frame it could not
-                        // read) still matters to the operator.
-                        None => {
-                            let _ = pushes.send(Push::Frame(reply)).await;
-                        }
+            Some(Ok(frame)) if is_pushed(&frame) => {
+                let _ = pushes.send(Push::Frame(frame)).await;
+            }
+            Some(Ok(reply)) => {
+                let slot = waiting
+                    .lock()
+                    .expect("waiting-list lock poisoned")
+                    .replies
+                    .pop_front();
+                match slot {
+                    Some(slot) => {
+                        let _ = slot.send(Ok(reply));
+                    }
+                    // An error about something we did not ask (e.g. a frame it could not
+                    // read) still matters to the operator.
+                    None => {
+                        let _ = pushes.send(Push::Frame(reply)).await;
                     }
                 }
-            },
+            }
         }
     };
     let orphans = {

@@ -86,6 +86,11 @@ impl TestDaemon {
         let _ = self.pushes.send(frame);
     }
 
+    /// A handle that pushes frames from another task.
+    pub fn pusher(&self) -> broadcast::Sender<Response> {
+        self.pushes.clone()
+    }
+
     pub fn requests(&self) -> Vec<Request> {
         self.script.lock().unwrap().requests.clone()
     }
