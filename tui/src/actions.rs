@@ -14,7 +14,9 @@ pub const VIA_TUI: &str = "tui";
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
     /// Unlock only: pick which locked key.
-    ChoosingKey { index: usize },
+    ChoosingKey {
+        index: usize,
+    },
     /// Asked the daemon to file the request; waiting for the pending action.
     Requesting,
     /// The daemon filed it; the operator types the run name.
@@ -23,9 +25,15 @@ pub enum Stage {
         typed: String,
         mismatch: bool,
     },
-    Submitting { pending: PendingAction },
-    Done { outcome: String },
-    Failed { message: String },
+    Submitting {
+        pending: PendingAction,
+    },
+    Done {
+        outcome: String,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -77,7 +85,8 @@ impl ActionFlow {
     }
 
     pub fn on_key(&mut self, key: KeyEvent) -> FlowStep {
-        let ctrl_c = key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+        let ctrl_c =
+            key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
         if key.code == KeyCode::Esc || ctrl_c {
             let cancel = self.pending().map(|p| Request::Cancel {
                 action_id: p.id.clone(),
@@ -214,7 +223,12 @@ mod tests {
     fn stop_needs_the_exact_run_name_before_confirming() {
         let (mut flow, request) = ActionFlow::start(Action::StopRun, "qwen-drafter".into(), vec![]);
         let request = request.expect("files the request at once");
-        assert_eq!(request, Request::RequestAction { action: Action::StopRun });
+        assert_eq!(
+            request,
+            Request::RequestAction {
+                action: Action::StopRun
+            }
+        );
         let reply = Ok(Response::Pending {
             action: pending(Action::StopRun),
         });
@@ -222,7 +236,10 @@ mod tests {
 
         type_text(&mut flow, "qwen");
         assert_eq!(flow.on_key(key(KeyCode::Enter)), FlowStep::Stay);
-        assert!(matches!(flow.stage, Stage::Confirming { mismatch: true, .. }));
+        assert!(matches!(
+            flow.stage,
+            Stage::Confirming { mismatch: true, .. }
+        ));
 
         type_text(&mut flow, "-drafter");
         let confirm = match flow.on_key(key(KeyCode::Enter)) {
@@ -287,7 +304,10 @@ mod tests {
     fn a_refusal_is_shown_and_replies_for_other_requests_are_not_taken() {
         let (mut flow, request) = ActionFlow::start(Action::Kill, "run".into(), vec![]);
         assert!(!flow.on_reply(&Request::Status, &Ok(Response::Ok)));
-        assert!(flow.on_reply(&request.unwrap(), &Err("the daemon refused (NotPermitted)".into())));
+        assert!(flow.on_reply(
+            &request.unwrap(),
+            &Err("the daemon refused (NotPermitted)".into())
+        ));
         assert!(matches!(flow.stage, Stage::Failed { .. }));
     }
 }

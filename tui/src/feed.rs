@@ -100,9 +100,14 @@ pub fn parse_since(text: &str, now_ms: TimestampMs) -> Result<TimestampMs, Strin
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(t.timestamp_millis());
     }
-    if let Some((number, unit_ms)) = [("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]
-        .iter()
-        .find_map(|(suffix, ms)| text.strip_suffix(suffix).map(|n| (n, *ms)))
+    if let Some((number, unit_ms)) = [
+        ("s", 1_000),
+        ("m", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ]
+    .iter()
+    .find_map(|(suffix, ms)| text.strip_suffix(suffix).map(|n| (n, *ms)))
     {
         if let Ok(n) = number.parse::<u32>() {
             return Ok(now_ms - i64::from(n) * unit_ms);
@@ -182,7 +187,12 @@ pub fn parse_log_line(line: &str) -> Option<Item> {
             .pointer("/fields/message")
             .and_then(|m| m.as_str())
             .map(str::to_string)
-            .unwrap_or_else(|| value.get("fields").map(|f| f.to_string()).unwrap_or_default());
+            .unwrap_or_else(|| {
+                value
+                    .get("fields")
+                    .map(|f| f.to_string())
+                    .unwrap_or_default()
+            });
         return Some(Item::Log {
             ts_ms,
             level,
@@ -211,12 +221,17 @@ mod tests {
 
     #[test]
     fn since_accepts_rfc3339_ages_and_clock_times() {
-        assert_eq!(parse_since("2026-03-14T20:52:00Z", NOW), Ok(NOW - 11 * 60_000));
+        assert_eq!(
+            parse_since("2026-03-14T20:52:00Z", NOW),
+            Ok(NOW - 11 * 60_000)
+        );
         assert_eq!(parse_since("10m", NOW), Ok(NOW - 600_000));
         assert_eq!(parse_since("2h", NOW), Ok(NOW - 7_200_000));
         assert_eq!(parse_since("20:52", NOW), Ok(NOW - 11 * 60_000));
         assert_eq!(parse_since("21:10", NOW), Ok(NOW + 7 * 60_000 - 86_400_000));
-        assert!(parse_since("yesterday", NOW).unwrap_err().contains("yesterday"));
+        assert!(parse_since("yesterday", NOW)
+            .unwrap_err()
+            .contains("yesterday"));
     }
 
     #[test]
@@ -227,9 +242,17 @@ mod tests {
             seq: 1,
             ts_ms: NOW,
             severity: Severity::Warn,
-            kind: EventKind::Note { message: "x".into() },
+            kind: EventKind::Note {
+                message: "x".into(),
+            },
         });
-        let keep = |min_level, since_ms| Filter { min_level, since_ms }.keeps(&event);
+        let keep = |min_level, since_ms| {
+            Filter {
+                min_level,
+                since_ms,
+            }
+            .keeps(&event)
+        };
         assert!(keep(Level::Info, None));
         assert!(keep(Level::Warn, Some(NOW)));
         assert!(!keep(Level::Error, None));
@@ -262,12 +285,20 @@ mod tests {
         let json = r#"{"timestamp":"2026-03-14T21:03:00.000Z","level":"WARN","fields":{"message":"slow"},"target":"dflashd"}"#;
         assert_eq!(
             parse_log_line(json),
-            Some(Item::Log { ts_ms: NOW, level: Level::Warn, line: "slow".into() })
+            Some(Item::Log {
+                ts_ms: NOW,
+                level: Level::Warn,
+                line: "slow".into()
+            })
         );
         let human = "2026-03-14T21:03:00.000Z  INFO dflashd::runtime: step 5";
         assert_eq!(
             parse_log_line(human),
-            Some(Item::Log { ts_ms: NOW, level: Level::Info, line: "dflashd::runtime: step 5".into() })
+            Some(Item::Log {
+                ts_ms: NOW,
+                level: Level::Info,
+                line: "dflashd::runtime: step 5".into()
+            })
         );
         assert_eq!(parse_log_line("no time here"), None);
     }

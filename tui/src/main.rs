@@ -2,7 +2,10 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = dflash_tui::cmd::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("dflash-tui: cannot start the async runtime: {e}");

@@ -21,7 +21,9 @@ pub const LOGS_DIR: &str = "logs";
 
 #[derive(Debug, Error)]
 pub enum PathError {
-    #[error("cannot find a home directory for the dflash state dir; pass --state-dir and --run-dir")]
+    #[error(
+        "cannot find a home directory for the dflash state dir; pass --state-dir and --run-dir"
+    )]
     NoHome,
     #[error(
         "refusing socket directory {dir}: it must be owned by uid {expected_uid} with mode 0700, \
@@ -175,7 +177,10 @@ mod tests {
         );
         let fallback = PathBuf::from("/tmp/dflash-1234/dflashd.sock");
         assert_eq!(socket_path_from(&inputs(None, None)), fallback);
-        assert_eq!(socket_path_from(&inputs(None, Some(Path::new("rel")))), fallback);
+        assert_eq!(
+            socket_path_from(&inputs(None, Some(Path::new("rel")))),
+            fallback
+        );
     }
 
     #[test]
@@ -191,7 +196,10 @@ mod tests {
     fn a_private_dir_passes_and_an_open_or_foreign_one_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("dflash-x");
-        assert!(check_private_dir(&dir, current_uid()).is_ok(), "missing dir passes");
+        assert!(
+            check_private_dir(&dir, current_uid()).is_ok(),
+            "missing dir passes"
+        );
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(check_private_dir(&dir, current_uid()).is_ok());
@@ -202,7 +210,10 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(matches!(
             check_private_dir(&dir, current_uid()),
-            Err(PathError::UnsafeSocketDir { found_mode: 0o755, .. })
+            Err(PathError::UnsafeSocketDir {
+                found_mode: 0o755,
+                ..
+            })
         ));
     }
 }

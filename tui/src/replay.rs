@@ -25,7 +25,9 @@ pub enum RecordingError {
         #[source]
         source: std::io::Error,
     },
-    #[error("recording {path} has no readable frame ({skipped} lines skipped; first problem: {first})")]
+    #[error(
+        "recording {path} has no readable frame ({skipped} lines skipped; first problem: {first})"
+    )]
     Empty {
         path: String,
         skipped: usize,
@@ -88,7 +90,12 @@ pub fn faster(speed: f64) -> f64 {
 }
 
 pub fn slower(speed: f64) -> f64 {
-    SPEEDS.iter().rev().copied().find(|s| *s < speed).unwrap_or(speed)
+    SPEEDS
+        .iter()
+        .rev()
+        .copied()
+        .find(|s| *s < speed)
+        .unwrap_or(speed)
 }
 
 /// Plays frames into the console with their recorded spacing divided by the speed.
@@ -113,7 +120,11 @@ pub async fn play(
         let mut remaining = Duration::from_secs_f64(gap_ms / 1000.0 / speed).min(MAX_WAIT);
         loop {
             let started = tokio::time::Instant::now();
-            let wait = if paused { Duration::from_secs(3600) } else { remaining };
+            let wait = if paused {
+                Duration::from_secs(3600)
+            } else {
+                remaining
+            };
             tokio::select! {
                 _ = tokio::time::sleep(wait), if !paused => break,
                 control = controls.recv() => {

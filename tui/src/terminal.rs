@@ -83,7 +83,11 @@ pub fn spawn_ticker(events: mpsc::Sender<AppEvent>) -> tokio::task::JoinHandle<(
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            if events.send(AppEvent::Tick(crate::fmt::now_ms())).await.is_err() {
+            if events
+                .send(AppEvent::Tick(crate::fmt::now_ms()))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

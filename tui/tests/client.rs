@@ -69,7 +69,8 @@ fn note(seq: u64, text: &str) -> Event {
 #[tokio::test]
 async fn a_session_says_hello_and_keeps_replies_in_order_around_pushes() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start(&dir.path().join("d.sock"), Script::new(incident_status())).await;
+    let daemon =
+        TestDaemon::start(&dir.path().join("d.sock"), Script::new(incident_status())).await;
     let (session, welcome, mut pushes) = Session::connect(&daemon.socket).await.unwrap();
     assert_eq!(welcome.run_name, incident::RUN_NAME);
     assert_eq!(welcome.daemon_pid, 4242);
@@ -136,7 +137,10 @@ async fn a_newer_daemon_is_refused_with_both_versions() {
     )
     .await;
     let err = Session::connect(&path).await.err().expect("refused");
-    assert!(matches!(err, ClientError::VersionMismatch { ours: 1, .. }), "{err}");
+    assert!(
+        matches!(err, ClientError::VersionMismatch { ours: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("v99"), "{err}");
     server.abort();
 }
@@ -165,7 +169,10 @@ async fn garbage_and_oversize_frames_are_reported_and_the_session_goes_on() {
             other => panic!("expected a garbled frame, got {other:?}"),
         }
     }
-    assert_eq!(session.request(&Request::Status).await.unwrap(), Response::Ok);
+    assert_eq!(
+        session.request(&Request::Status).await.unwrap(),
+        Response::Ok
+    );
     server.abort();
 }
 
@@ -203,24 +210,37 @@ async fn the_link_reconnects_after_a_daemon_restart_and_backfills_only_what_it_m
         ..LinkConfig::new(socket.clone())
     };
     let link = tokio::spawn(run_link(config, events_tx, commands));
-    next_matching(&mut events, "connected", |e| matches!(e, LinkEvent::Connected(_))).await;
-    next_matching(&mut events, "backfill", |e| {
-        matches!(e, LinkEvent::Frame(Response::Events { events }) if events.len() == 2)
+    next_matching(&mut events, "connected", |e| {
+        matches!(e, LinkEvent::Connected(_))
     })
+    .await;
+    next_matching(
+        &mut events,
+        "backfill",
+        |e| matches!(e, LinkEvent::Frame(Response::Events { events }) if events.len() == 2),
+    )
     .await;
 
     daemon.stop();
     next_matching(&mut events, "lost", |e| matches!(e, LinkEvent::Lost { .. })).await;
     // Requests while the daemon is away fail at once instead of hanging.
-    commands_tx.send(LinkCommand::Send(Request::Status)).await.unwrap();
-    next_matching(&mut events, "offline reply", |e| {
-        matches!(e, LinkEvent::Reply { result: Err(m), .. } if m.contains("not connected"))
-    })
+    commands_tx
+        .send(LinkCommand::Send(Request::Status))
+        .await
+        .unwrap();
+    next_matching(
+        &mut events,
+        "offline reply",
+        |e| matches!(e, LinkEvent::Reply { result: Err(m), .. } if m.contains("not connected")),
+    )
     .await;
 
     shared.lock().unwrap().events.push(note(3, "three"));
     let daemon = TestDaemon::start_shared(&socket, shared).await;
-    next_matching(&mut events, "reconnected", |e| matches!(e, LinkEvent::Connected(_))).await;
+    next_matching(&mut events, "reconnected", |e| {
+        matches!(e, LinkEvent::Connected(_))
+    })
+    .await;
     let backfill = next_matching(&mut events, "second backfill", |e| {
         matches!(e, LinkEvent::Frame(Response::Events { .. }))
     })
@@ -259,7 +279,15 @@ async fn the_console_loop_shows_live_throughput_and_q_quits() {
         let daemon_pushes = daemon_pusher(&daemon);
         async move {
             timeout(WAIT, async {
-                while script.lock().unwrap().requests.iter().filter(|r| **r == Request::Status).count() < 2 {
+                while script
+                    .lock()
+                    .unwrap()
+                    .requests
+                    .iter()
+                    .filter(|r| **r == Request::Status)
+                    .count()
+                    < 2
+                {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             })
@@ -288,14 +316,22 @@ async fn the_console_loop_shows_live_throughput_and_q_quits() {
     );
     timeout(
         WAIT,
-        console::run(&mut terminal, &mut app, &Theme::plain(), &mut events, &mut LiveSink(commands_tx)),
+        console::run(
+            &mut terminal,
+            &mut app,
+            &Theme::plain(),
+            &mut events,
+            &mut LiveSink(commands_tx),
+        ),
     )
     .await
     .expect("q ends the loop")
     .expect("drawing works");
     pushes.await.unwrap();
     assert_eq!(app.tokens_per_s(), Some(21_480.0));
-    terminal.draw(|f| dflash_tui::ui::draw(f, &app, &Theme::plain())).unwrap();
+    terminal
+        .draw(|f| dflash_tui::ui::draw(f, &app, &Theme::plain()))
+        .unwrap();
     let text = screen::text(terminal.backend());
     assert!(text.contains("● connected (dflashd pid 4242)"), "{text}");
     assert!(text.contains("baseline 21.5K"), "{text}");

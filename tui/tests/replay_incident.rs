@@ -36,8 +36,14 @@ fn the_console_flags_the_collapse_with_the_torch_swap_and_the_cache_deletion() {
     assert_eq!(level, Severity::Crit, "{alerts:?}");
     assert!(text.contains(" tok/s, Crit since 21:0"), "{text}");
     assert!(text.contains("(baseline 21.5K)"), "{text}");
-    assert!(text.contains("torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52"), "{text}");
-    assert!(text.contains("TorchInductor compile cache deleted at 21:00"), "{text}");
+    assert!(
+        text.contains("torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52"),
+        "{text}"
+    );
+    assert!(
+        text.contains("TorchInductor compile cache deleted at 21:00"),
+        "{text}"
+    );
 
     let overview = screen::text(&render(&app, WIDTH, HEIGHT));
     assert!(overview.contains("CRIT"), "{overview}");
@@ -100,8 +106,14 @@ fn from_the_stream_alone_the_console_still_names_what_changed() {
         .find(|a| a.level == Severity::Crit)
         .unwrap_or_else(|| panic!("no Crit alert in {alerts:?}"))
         .sentence();
-    assert!(crit.contains("torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52"), "{crit}");
-    assert!(crit.contains("TorchInductor compile cache deleted at 21:00"), "{crit}");
+    assert!(
+        crit.contains("torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52"),
+        "{crit}"
+    );
+    assert!(
+        crit.contains("TorchInductor compile cache deleted at 21:00"),
+        "{crit}"
+    );
 }
 
 #[test]

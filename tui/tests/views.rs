@@ -99,7 +99,10 @@ fn connecting_and_lost_states() {
         retry_in: Duration::from_secs(2),
     }));
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(text.contains("✕ daemon unreachable: no dflashd is listening"), "{text}");
+    assert!(
+        text.contains("✕ daemon unreachable: no dflashd is listening"),
+        "{text}"
+    );
     snapshot("lost", &app);
 }
 
@@ -122,7 +125,10 @@ fn nvml_unavailable_says_so_instead_of_zeros() {
     }
     app.handle(key('2'));
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(text.contains("NVML unavailable: libnvidia-ml.so.1"), "{text}");
+    assert!(
+        text.contains("NVML unavailable: libnvidia-ml.so.1"),
+        "{text}"
+    );
     assert!(!text.contains(" 0%"), "{text}");
     snapshot("gpus_nvml_unavailable", &app);
 }
@@ -133,7 +139,11 @@ fn help_lists_every_view_and_marks_actions() {
     app.handle(key('?'));
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
     for view in View::ALL {
-        assert!(text.contains(view.title()), "{} missing from help", view.title());
+        assert!(
+            text.contains(view.title()),
+            "{} missing from help",
+            view.title()
+        );
     }
     snapshot("help", &app);
     app.handle(code(KeyCode::Esc));
@@ -190,13 +200,22 @@ fn events_filter_by_level_and_text() {
 fn stop_modal_states_consequences_and_needs_the_typed_run_name() {
     let mut app = live(false);
     let effects = app.handle(key('s'));
-    assert!(effects.is_empty() && app.modal.is_none(), "lowercase s does nothing");
+    assert!(
+        effects.is_empty() && app.modal.is_none(),
+        "lowercase s does nothing"
+    );
 
     let request = request_and_file(&mut app, key('S'), Action::StopRun);
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(text.contains("last checkpoint 0 s ago, at step 31,682"), "{text}");
+    assert!(
+        text.contains("last checkpoint 0 s ago, at step 31,682"),
+        "{text}"
+    );
     assert!(text.contains(" tok/s, not stable"), "{text}");
-    assert!(text.contains("Type the run name qwen36-27b-dflash"), "{text}");
+    assert!(
+        text.contains("Type the run name qwen36-27b-dflash"),
+        "{text}"
+    );
     snapshot("modal_stop_confirming", &app);
 
     for c in "qwen36".chars() {
@@ -213,7 +232,10 @@ fn stop_modal_states_consequences_and_needs_the_typed_run_name() {
         run_name: incident::RUN_NAME.into(),
         via: "tui".into(),
     };
-    assert_eq!(app.handle(code(KeyCode::Enter)), vec![Effect::Send(confirm.clone())]);
+    assert_eq!(
+        app.handle(code(KeyCode::Enter)),
+        vec![Effect::Send(confirm.clone())]
+    );
     snapshot("modal_stop_submitting", &app);
     app.handle(AppEvent::Link(LinkEvent::Reply {
         request: confirm,
@@ -245,7 +267,9 @@ fn escape_cancels_a_filed_request() {
 #[test]
 fn kill_shows_what_is_lost_and_a_refusal_is_shown() {
     let mut app = live(false);
-    let request = Request::RequestAction { action: Action::Kill };
+    let request = Request::RequestAction {
+        action: Action::Kill,
+    };
     assert_eq!(app.handle(key('K')), vec![Effect::Send(request.clone())]);
     snapshot("modal_kill_requesting", &app);
     app.handle(AppEvent::Link(LinkEvent::Reply {
@@ -270,7 +294,10 @@ fn delete_cache_names_the_path_and_size() {
         },
     );
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(text.contains("deletes /srv/dflash/cache/triton: 850 MB, 1,204 entries (warm)"), "{text}");
+    assert!(
+        text.contains("deletes /srv/dflash/cache/triton: 850 MB, 1,204 entries (warm)"),
+        "{text}"
+    );
     snapshot("modal_delete_cache", &app);
 }
 
@@ -302,7 +329,10 @@ fn read_only_disables_every_action() {
     assert!(app.handle(key('D')).is_empty());
     assert!(app.modal.is_none());
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(text.contains("read-only console (--read-only): actions are disabled"), "{text}");
+    assert!(
+        text.contains("read-only console (--read-only): actions are disabled"),
+        "{text}"
+    );
     snapshot("read_only_notice", &app);
 }
 

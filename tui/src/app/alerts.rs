@@ -108,7 +108,10 @@ impl Explanation {
     /// 2.9.1+cu130 at 20:52; TorchInductor compile cache deleted at 21:00."
     pub fn sentence(&self) -> String {
         if self.before.is_empty() {
-            format!("{}. Nothing changed in the journal in the hour before.", self.head)
+            format!(
+                "{}. Nothing changed in the journal in the hour before.",
+                self.head
+            )
         } else {
             format!("{}. Before it: {}.", self.head, self.before.join("; "))
         }
@@ -124,7 +127,10 @@ pub fn explain(
     clock: DisplayClock,
 ) -> Explanation {
     let offset = clock.offset_at(alert.since_ms);
-    let head = match (is_throughput_detector(&alert.detector), throughput.tokens_per_s) {
+    let head = match (
+        is_throughput_detector(&alert.detector),
+        throughput.tokens_per_s,
+    ) {
         (true, Some(now)) => health::throughput_headline(
             now,
             health_level(alert.level),

@@ -93,9 +93,15 @@ mod tests {
         for (ts, v) in [(0, 1.0), (1_000, 2.0), (2_000, 3.0), (3_000, 4.0)] {
             series.push(ts, v);
         }
-        assert_eq!(series.iter().map(|p| p.1).collect::<Vec<_>>(), vec![2.0, 3.0, 4.0]);
+        assert_eq!(
+            series.iter().map(|p| p.1).collect::<Vec<_>>(),
+            vec![2.0, 3.0, 4.0]
+        );
         series.push(12_500, 5.0);
-        assert_eq!(series.iter().map(|p| p.0).collect::<Vec<_>>(), vec![3_000, 12_500]);
+        assert_eq!(
+            series.iter().map(|p| p.0).collect::<Vec<_>>(),
+            vec![3_000, 12_500]
+        );
     }
 
     #[test]

@@ -7,15 +7,31 @@ use crate::actions::{ActionFlow, FlowStep};
 
 /// Every key, as the help screen lists it: (keys, what they do, destructive).
 pub const KEYMAP: &[(&str, &str, bool)] = &[
-    ("1-6", "Overview, GPUs, Queue, Caches, Events, Checkpoints", false),
+    (
+        "1-6",
+        "Overview, GPUs, Queue, Caches, Events, Checkpoints",
+        false,
+    ),
     ("Tab ← → h l", "previous / next view", false),
     ("↑ ↓ k j", "move the selection or scroll", false),
     ("PgUp PgDn g G", "page, first, last", false),
-    ("/", "Events: filter by text (Enter keeps, Esc clears)", false),
-    ("f", "Events: cycle the minimum level (all, warn, crit)", false),
+    (
+        "/",
+        "Events: filter by text (Enter keeps, Esc clears)",
+        false,
+    ),
+    (
+        "f",
+        "Events: cycle the minimum level (all, warn, crit)",
+        false,
+    ),
     ("Space + -", "Replay: pause, faster, slower", false),
     ("?", "this help", false),
-    ("q  Ctrl-C", "quit the console (the daemon keeps training)", false),
+    (
+        "q  Ctrl-C",
+        "quit the console (the daemon keeps training)",
+        false,
+    ),
     ("S", "stop the run: checkpoint, then exit", true),
     ("K", "kill the run: no final checkpoint", true),
     ("P", "stop the run and power off the machine", true),

@@ -40,7 +40,9 @@ impl EventFilter {
         }
         let needle = self.text.to_lowercase();
         wording::kind_tag(&event.kind).contains(&needle)
-            || wording::describe(&event.kind).to_lowercase().contains(&needle)
+            || wording::describe(&event.kind)
+                .to_lowercase()
+                .contains(&needle)
     }
 
     /// all → warn and above → crit only → all.
@@ -107,7 +109,14 @@ mod tests {
     }
 
     fn note(seq: u64, text: &str) -> Event {
-        event(seq, seq as i64 * 1000, Severity::Info, EventKind::Note { message: text.into() })
+        event(
+            seq,
+            seq as i64 * 1000,
+            Severity::Info,
+            EventKind::Note {
+                message: text.into(),
+            },
+        )
     }
 
     #[test]
@@ -141,6 +150,9 @@ mod tests {
         assert_eq!(journal.filtered(&filter).count(), 0);
         filter.cycle_severity();
         filter.text = "KERNEL".into();
-        assert_eq!(journal.filtered(&filter).map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            journal.filtered(&filter).map(|e| e.seq).collect::<Vec<_>>(),
+            vec![2]
+        );
     }
 }

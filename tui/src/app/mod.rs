@@ -63,7 +63,11 @@ impl View {
     fn step(self, forward: bool) -> View {
         let index = View::ALL.iter().position(|v| *v == self).unwrap_or(0);
         let n = View::ALL.len();
-        View::ALL[if forward { (index + 1) % n } else { (index + n - 1) % n }]
+        View::ALL[if forward {
+            (index + 1) % n
+        } else {
+            (index + n - 1) % n
+        }]
     }
 }
 
@@ -87,9 +91,17 @@ pub struct ReplayState {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum LinkState {
-    Connecting { attempt: u32 },
-    Connected { welcome: Welcome, since_ms: TimestampMs },
-    Lost { reason: String, retry_at_ms: TimestampMs },
+    Connecting {
+        attempt: u32,
+    },
+    Connected {
+        welcome: Welcome,
+        since_ms: TimestampMs,
+    },
+    Lost {
+        reason: String,
+        retry_at_ms: TimestampMs,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -352,7 +364,11 @@ impl App {
 
     /// (step, epoch): the newer of the metrics stream and the last status.
     pub fn step_epoch(&self) -> Option<(u64, u32)> {
-        let from_metrics = self.telemetry.last_metrics.as_ref().map(|m| (m.step, m.epoch));
+        let from_metrics = self
+            .telemetry
+            .last_metrics
+            .as_ref()
+            .map(|m| (m.step, m.epoch));
         let from_status = self.status.as_ref().map(|s| (s.run.step, s.run.epoch));
         match (from_metrics, from_status) {
             (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use dflash_shared::health::{
     MemoryConfig, MemoryFlatness, MemoryVerdict, QueueConfig, QueueDiagnoser, QueueDiagnosis,
 };
-use dflash_shared::metrics::{
-    DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics,
-};
+use dflash_shared::metrics::{DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics};
 
 use super::history::Series;
 
@@ -158,7 +156,8 @@ impl Telemetry {
         let workers = self.worker_counts();
         if workers != self.queue_workers {
             self.queue_workers = workers;
-            self.queue_diagnoser = QueueDiagnoser::new(QueueConfig::default(), workers.0, workers.1);
+            self.queue_diagnoser =
+                QueueDiagnoser::new(QueueConfig::default(), workers.0, workers.1);
         }
         let _ = self.queue_diagnoser.observe(stats);
         self.queue_depth.push(stats.ts_ms, stats.depth as f64);
@@ -231,7 +230,10 @@ mod tests {
                 gpus: vec![gpu(i * 15, 70 * GB)],
             });
         }
-        assert!(matches!(telemetry.memory_verdict(2), MemoryVerdict::Flat { .. }));
+        assert!(matches!(
+            telemetry.memory_verdict(2),
+            MemoryVerdict::Flat { .. }
+        ));
         assert!(telemetry.volatile_gpus().is_empty());
         for i in 30..60 {
             let swing = if i % 2 == 0 { 58 } else { 79 };

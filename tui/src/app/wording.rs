@@ -80,7 +80,11 @@ pub fn describe(kind: &EventKind) -> String {
             Some(id) => format!("uid {uid} requested {request} (pending {id})"),
             None => format!("uid {uid} requested {request}"),
         },
-        EventKind::OperatorConfirmed { uid, action_id, via } => {
+        EventKind::OperatorConfirmed {
+            uid,
+            action_id,
+            via,
+        } => {
             format!("uid {uid} confirmed {action_id} via {via}")
         }
         EventKind::ActionExecuted { action_id, outcome } => format!("{action_id}: {outcome}"),

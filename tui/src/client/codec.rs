@@ -3,9 +3,7 @@
 //! the async read side.
 use std::collections::VecDeque;
 
-use dflash_shared::protocol::{
-    decode_response, encode_frame, FrameError, FrameSplitter, Response,
-};
+use dflash_shared::protocol::{decode_response, encode_frame, FrameError, FrameSplitter, Response};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -117,7 +115,10 @@ mod tests {
             level: "info".into(),
             line: "x".repeat(MAX_FRAME_BYTES),
         };
-        assert!(matches!(encode(&huge), Err(ClientError::FrameTooLarge { .. })));
+        assert!(matches!(
+            encode(&huge),
+            Err(ClientError::FrameTooLarge { .. })
+        ));
     }
 
     #[tokio::test]
@@ -126,10 +127,19 @@ mod tests {
         let stream = format!("{{\"type\":\"ok\"}}\nnot json\n{huge}{{\"type\":\"ok\"}}\npartial");
         let mut reader = FrameReader::new(stream.as_bytes());
         assert_eq!(reader.next().await.unwrap().unwrap(), Response::Ok);
-        assert!(matches!(reader.next().await, Some(Err(ClientError::BadFrame { .. }))));
-        assert!(matches!(reader.next().await, Some(Err(ClientError::FrameTooLarge { .. }))));
+        assert!(matches!(
+            reader.next().await,
+            Some(Err(ClientError::BadFrame { .. }))
+        ));
+        assert!(matches!(
+            reader.next().await,
+            Some(Err(ClientError::FrameTooLarge { .. }))
+        ));
         assert_eq!(reader.next().await.unwrap().unwrap(), Response::Ok);
-        assert!(matches!(reader.next().await, Some(Err(ClientError::BadFrame { .. }))));
+        assert!(matches!(
+            reader.next().await,
+            Some(Err(ClientError::BadFrame { .. }))
+        ));
         assert!(reader.next().await.is_none());
     }
 }

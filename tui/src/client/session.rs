@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::codec::FrameReader;
+use super::{client_name, codec, ClientError};
 use dflash_shared::protocol::{self, ErrorCode, Request, Response, PROTOCOL_VERSION};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use super::codec::FrameReader;
-use super::{client_name, codec, ClientError};
 
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

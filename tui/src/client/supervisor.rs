@@ -12,13 +12,18 @@ use super::session::{Push, Session, Welcome};
 /// What the link tells the console.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LinkEvent {
-    Connecting { attempt: u32 },
+    Connecting {
+        attempt: u32,
+    },
     Connected(Welcome),
     /// A pushed frame, or a reply to the link's own queries (status, journal backfill).
     Frame(Response),
     /// A frame that could not be read; the link goes on.
     Garbled(String),
-    Lost { reason: String, retry_in: Duration },
+    Lost {
+        reason: String,
+        retry_in: Duration,
+    },
     /// The reply to a request the console asked the link to send.
     Reply {
         request: Request,
@@ -79,7 +84,11 @@ pub async fn run_link<E>(
             Ok((session, welcome, mut pushes)) => {
                 config.backoff.reset();
                 attempt = 0;
-                if events.send(LinkEvent::Connected(welcome).into()).await.is_err() {
+                if events
+                    .send(LinkEvent::Connected(welcome).into())
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 let link = Served {
@@ -146,7 +155,10 @@ struct Served<'a, E> {
 
 impl<E: From<LinkEvent>> Served<'_, E> {
     async fn emit(&self, event: LinkEvent) -> Result<(), Ended> {
-        self.events.send(event.into()).await.map_err(|_| Ended::Stop)
+        self.events
+            .send(event.into())
+            .await
+            .map_err(|_| Ended::Stop)
     }
 
     /// Sends one of the link's own queries and forwards the reply as a frame.
@@ -157,7 +169,10 @@ impl<E: From<LinkEvent>> Served<'_, E> {
                 self.emit(LinkEvent::Frame(frame)).await
             }
             Err(crate::client::ClientError::Closed) => Err(Ended::Lost("connection closed".into())),
-            Err(e) => self.emit(LinkEvent::Garbled(format!("{request:?}: {e}"))).await,
+            Err(e) => {
+                self.emit(LinkEvent::Garbled(format!("{request:?}: {e}")))
+                    .await
+            }
         }
     }
 

@@ -25,7 +25,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut terminal = terminal::enter()?;
     let (events_tx, mut events) = mpsc::channel(4096);
     let (commands_tx, commands) = mpsc::channel(64);
-    let link = tokio::spawn(run_link(LinkConfig::new(socket.clone()), events_tx.clone(), commands));
+    let link = tokio::spawn(run_link(
+        LinkConfig::new(socket.clone()),
+        events_tx.clone(),
+        commands,
+    ));
     let ticker = terminal::spawn_ticker(events_tx.clone());
     let input = InputThread::spawn(events_tx);
 

@@ -37,7 +37,10 @@ pub const REFUSED: u8 = 2;
 pub enum Plan {
     Refuse(String),
     /// Confirm this request without asking (the audited script form).
-    Confirm { action_id: String, via: &'static str },
+    Confirm {
+        action_id: String,
+        via: &'static str,
+    },
     /// Ask on the terminal which request, then for the run name.
     Ask(Vec<PendingAction>),
 }
@@ -53,7 +56,11 @@ pub fn plan(
     pending: &[PendingAction],
     interactive: bool,
 ) -> Plan {
-    let stops: Vec<PendingAction> = pending.iter().filter(|p| is_stop(&p.action)).cloned().collect();
+    let stops: Vec<PendingAction> = pending
+        .iter()
+        .filter(|p| is_stop(&p.action))
+        .cloned()
+        .collect();
     match (token, yes_i_know) {
         (Some(_), false) => Plan::Refuse(
             "--token needs --yes-i-know: confirming without typing the run name must be explicit; \
@@ -61,7 +68,8 @@ pub fn plan(
                 .into(),
         ),
         (None, true) => Plan::Refuse(
-            "--yes-i-know needs --token ID naming the pending request; nothing was confirmed".into(),
+            "--yes-i-know needs --token ID naming the pending request; nothing was confirmed"
+                .into(),
         ),
         (Some(id), true) => match stops.iter().find(|p| p.id == id) {
             Some(p) => Plan::Confirm {
@@ -127,7 +135,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     print!("{}", describe_pending(pending, now, DisplayClock::Local));
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let run_name = status.run.name.clone();
-    let (action_id, typed, via) = match plan(args.token.as_deref(), args.yes_i_know, pending, interactive) {
+    let (action_id, typed, via) = match plan(
+        args.token.as_deref(),
+        args.yes_i_know,
+        pending,
+        interactive,
+    ) {
         Plan::Refuse(message) => {
             eprintln!("dflash-tui: {message}");
             return Ok(ExitCode::from(REFUSED));
@@ -140,7 +153,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let answer = tokio::task::spawn_blocking(|| prompt("Which request? number: "))
                     .await?
                     .unwrap_or_default();
-                match answer.trim().parse::<usize>().ok().and_then(|n| stops.get(n.wrapping_sub(1))) {
+                match answer
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|n| stops.get(n.wrapping_sub(1)))
+                {
                     Some(p) => p.clone(),
                     None => {
                         eprintln!("dflash-tui: '{answer}' is not one of the listed numbers; nothing was confirmed");
@@ -245,32 +263,55 @@ mod tests {
     #[test]
     fn without_a_terminal_it_refuses_unless_token_and_yes_i_know() {
         let list = vec![pending("act-1", Action::StopRun)];
-        assert!(matches!(plan(None, false, &list, false), Plan::Refuse(m) if m.contains("interactive terminal")));
-        assert!(matches!(plan(Some("act-1"), false, &list, false), Plan::Refuse(m) if m.contains("--yes-i-know")));
+        assert!(
+            matches!(plan(None, false, &list, false), Plan::Refuse(m) if m.contains("interactive terminal"))
+        );
+        assert!(
+            matches!(plan(Some("act-1"), false, &list, false), Plan::Refuse(m) if m.contains("--yes-i-know"))
+        );
         assert!(matches!(plan(None, true, &list, false), Plan::Refuse(_)));
         assert_eq!(
             plan(Some("act-1"), true, &list, false),
-            Plan::Confirm { action_id: "act-1".into(), via: "token" }
+            Plan::Confirm {
+                action_id: "act-1".into(),
+                via: "token"
+            }
         );
     }
 
     #[test]
     fn only_stop_and_poweroff_requests_are_confirmed_here() {
         let list = vec![
-            pending("act-1", Action::DeleteCache { name: "triton".into() }),
+            pending(
+                "act-1",
+                Action::DeleteCache {
+                    name: "triton".into(),
+                },
+            ),
             pending("act-2", Action::PowerOff),
         ];
-        assert!(matches!(plan(Some("act-1"), true, &list, false), Plan::Refuse(m) if m.contains("act-1")));
+        assert!(
+            matches!(plan(Some("act-1"), true, &list, false), Plan::Refuse(m) if m.contains("act-1"))
+        );
         match plan(None, false, &list, true) {
-            Plan::Ask(stops) => assert_eq!(stops.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), vec!["act-2"]),
+            Plan::Ask(stops) => assert_eq!(
+                stops.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+                vec!["act-2"]
+            ),
             other => panic!("expected to ask, got {other:?}"),
         }
-        assert!(matches!(plan(None, false, &list[..1], true), Plan::Refuse(m) if m.contains("no pending")));
+        assert!(
+            matches!(plan(None, false, &list[..1], true), Plan::Refuse(m) if m.contains("no pending"))
+        );
     }
 
     #[test]
     fn the_listing_shows_each_request_with_its_consequences() {
-        let text = describe_pending(&[pending("act-2", Action::StopRun)], 60_000, DisplayClock::utc());
+        let text = describe_pending(
+            &[pending("act-2", Action::StopRun)],
+            60_000,
+            DisplayClock::utc(),
+        );
         assert!(text.contains("[1] act-2: Stop the run (checkpoint, then exit) (uid 1000, filed 1 min ago, expires 00:10 / in 9 min)"));
         assert!(text.contains("- last checkpoint 14 min ago"));
     }

@@ -35,13 +35,17 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let files = DaemonFiles::resolve(args.state_dir.as_deref(), args.run_dir.as_deref())?;
-    let (snapshot, events, config, daemon_error) = match Session::connect(&args.socket.path()).await {
+    let (snapshot, events, config, daemon_error) = match Session::connect(&args.socket.path()).await
+    {
         Ok((session, ..)) => {
             let snapshot = match session.request(&Request::Status).await? {
                 Response::Status(s) => s,
                 other => anyhow::bail!("expected the daemon's status, got {other:?}"),
             };
-            let events = match session.request(&Request::Events { after_seq: None }).await? {
+            let events = match session
+                .request(&Request::Events { after_seq: None })
+                .await?
+            {
                 Response::Events { events } => events,
                 other => anyhow::bail!("expected journal events, got {other:?}"),
             };
@@ -86,7 +90,11 @@ fn read_journal(files: &DaemonFiles) -> Vec<Event> {
         .filter_map(|(i, line)| match serde_json::from_str(line) {
             Ok(event) => Some(event),
             Err(e) => {
-                eprintln!("dflash-tui: {}:{}: skipped: {e}", files.journal.display(), i + 1);
+                eprintln!(
+                    "dflash-tui: {}:{}: skipped: {e}",
+                    files.journal.display(),
+                    i + 1
+                );
                 None
             }
         })

@@ -29,7 +29,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Response::Pending { action } => action,
         other => anyhow::bail!("expected the daemon to file a pending action, got {other:?}"),
     };
-    print!("{}", describe_filed(&pending, &welcome.run_name, fmt::now_ms(), DisplayClock::Local));
+    print!(
+        "{}",
+        describe_filed(
+            &pending,
+            &welcome.run_name,
+            fmt::now_ms(),
+            DisplayClock::Local
+        )
+    );
     Ok(ExitCode::SUCCESS)
 }
 

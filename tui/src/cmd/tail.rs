@@ -116,7 +116,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let socket = args.socket.path();
     let outcome = match Session::connect(&socket).await {
-        Ok((session, _welcome, _pushes)) if !args.follow => history_once(&session, &mut out, args.lines).await,
+        Ok((session, _welcome, _pushes)) if !args.follow => {
+            history_once(&session, &mut out, args.lines).await
+        }
         Ok((session, ..)) => {
             drop(session);
             follow_live(socket, &mut out, args.lines).await

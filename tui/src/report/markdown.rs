@@ -56,12 +56,19 @@ pub fn render(report: &StatusReport) -> String {
         _ => "Throughput unknown (no status from the daemon).".into(),
     };
     let _ = writeln!(out, "- {throughput}");
-    for alert in &report.alerts {
+    // The worst alert with what preceded it; the others by their headline (Progress lists
+    // them all).
+    for (i, alert) in report.alerts.iter().enumerate() {
+        let text = if i == 0 {
+            &alert.explanation
+        } else {
+            &alert.headline
+        };
         let _ = writeln!(
             out,
             "- {} alert: {}",
             wording::severity_word(alert.level),
-            alert.explanation
+            text
         );
     }
     match &report.gpus_unavailable {
@@ -72,9 +79,14 @@ pub fn render(report: &StatusReport) -> String {
             let _ = writeln!(out, "- GPUs: {} reporting.", report.gpus.len());
         }
     }
-    let _ = writeln!(out, "- Queue: depth {}, bound by {}.",
-        report.queue.depth.map_or("unknown".into(), |d| d.to_string()),
-        report.queue.bound_by);
+    let q = &report.queue;
+    let depth = match (q.depth, q.capacity, q.low_watermark, q.high_watermark) {
+        (Some(d), Some(c), Some(lo), Some(hi)) => {
+            format!("depth {d} of {c} (watermarks {lo}/{hi})")
+        }
+        _ => "depth unknown".into(),
+    };
+    let _ = writeln!(out, "- Queue: {depth}; {}.", q.bound_by);
     for cache in &report.caches {
         let _ = writeln!(
             out,
@@ -85,7 +97,10 @@ pub fn render(report: &StatusReport) -> String {
             if cache.warm { "warm" } else { "cold" }
         );
     }
-    let _ = writeln!(out, "\n### Timeline of changes (environment, caches, restarts, throughput)\n");
+    let _ = writeln!(
+        out,
+        "\n### Timeline of changes (environment, caches, restarts, throughput)\n"
+    );
     let timeline: Vec<String> = report
         .timeline
         .iter()
@@ -96,8 +111,18 @@ pub fn render(report: &StatusReport) -> String {
     let _ = writeln!(out, "\n## Relevant Files\n");
     let f = &report.files;
     let unknown = || "unknown".to_string();
-    let _ = writeln!(out, "- Config: {}", f.config.clone().unwrap_or_else(|| "embedded default".into()));
-    let _ = writeln!(out, "- Run dir: {}", f.run_dir.clone().unwrap_or_else(unknown));
+    let _ = writeln!(
+        out,
+        "- Config: {}",
+        f.config
+            .clone()
+            .unwrap_or_else(|| "embedded default".into())
+    );
+    let _ = writeln!(
+        out,
+        "- Run dir: {}",
+        f.run_dir.clone().unwrap_or_else(unknown)
+    );
     let _ = writeln!(
         out,
         "- Checkpoints: {} (latest: {})",

@@ -96,6 +96,8 @@ pub struct AlertReport {
     pub level: dflash_shared::events::Severity,
     pub since: String,
     pub message: String,
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K)"
+    pub headline: String,
     /// The sentence the console shows: what, since when, and what changed just before.
     pub explanation: String,
 }
@@ -150,7 +152,9 @@ pub fn build(input: &ReportInput) -> StatusReport {
         queue,
         caches: snapshot.map(|s| s.caches.clone()).unwrap_or_default(),
         alerts,
-        pending_actions: snapshot.map(|s| s.pending_actions.clone()).unwrap_or_default(),
+        pending_actions: snapshot
+            .map(|s| s.pending_actions.clone())
+            .unwrap_or_default(),
         checkpoints,
         constraints: Vec::new(),
         progress: Progress::default(),
@@ -220,7 +224,11 @@ fn throughput_section(input: &ReportInput) -> Throughput {
     }
 }
 
-fn alert_section(input: &ReportInput, journal: &Journal, throughput: &Throughput) -> Vec<AlertReport> {
+fn alert_section(
+    input: &ReportInput,
+    journal: &Journal,
+    throughput: &Throughput,
+) -> Vec<AlertReport> {
     let mut active = ActiveAlerts::default();
     match input.snapshot {
         Some(s) => active.replace_all(&s.alerts),
@@ -234,12 +242,16 @@ fn alert_section(input: &ReportInput, journal: &Journal, throughput: &Throughput
     active
         .sorted()
         .into_iter()
-        .map(|a| AlertReport {
-            detector: a.detector.clone(),
-            level: a.level,
-            since: fmt::rfc3339(a.since_ms),
-            message: a.message.clone(),
-            explanation: alerts::explain(a, now, journal, input.clock).sentence(),
+        .map(|a| {
+            let explained = alerts::explain(a, now, journal, input.clock);
+            AlertReport {
+                detector: a.detector.clone(),
+                level: a.level,
+                since: fmt::rfc3339(a.since_ms),
+                message: a.message.clone(),
+                headline: explained.head.clone(),
+                explanation: explained.sentence(),
+            }
         })
         .collect()
 }
@@ -272,12 +284,14 @@ fn queue_section(snapshot: Option<&StatusSnapshot>) -> Queue {
             low_watermark: Some(q.low_watermark),
             high_watermark: Some(q.high_watermark),
             bytes_resident: Some(q.bytes_resident),
-            bound_by: match snapshot
-                .and_then(|s| s.alerts.iter().find(|a| a.detector == health::queue::DETECTOR))
-            {
+            bound_by: match snapshot.and_then(|s| {
+                s.alerts
+                    .iter()
+                    .find(|a| a.detector == health::queue::DETECTOR)
+            }) {
                 Some(alert) => alert.message.clone(),
-                None => "no queue alert (which side bounds the run needs a time window: \
-                         `dflash-tui attach`, view 3)"
+                None => "no queue alert; which side bounds the run needs a time window \
+                         (`dflash-tui attach`, view 3)"
                     .into(),
             },
         },

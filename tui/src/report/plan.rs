@@ -87,7 +87,9 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
         .filter(|e| matches!(e.kind, EventKind::WarmupDone { .. }))
         .count();
     if warmups > 0 {
-        p.done.push(format!("Serialized warmup recorded for {warmups} device(s)."));
+        p.done.push(format!(
+            "Serialized warmup recorded for {warmups} device(s)."
+        ));
     }
     if let (Some(step), Some(epoch)) = (run.step, run.epoch) {
         let mut line = format!(
@@ -107,7 +109,10 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
             line.push_str(&format!(" at {} tok/s", fmt::si(tokens)));
         }
         if let Some(eta) = &run.eta {
-            line.push_str(&format!("; ETA end of epoch {}: {eta}", run.epochs.unwrap_or(6)));
+            line.push_str(&format!(
+                "; ETA end of epoch {}: {eta}",
+                run.epochs.unwrap_or(6)
+            ));
         }
         p.in_progress.push(format!("{line}."));
     }
@@ -121,7 +126,8 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
         p.blocked.push(format!("The run is {}.", run.state));
     }
     for alert in report.alerts.iter().filter(|a| a.level >= Severity::Warn) {
-        p.blocked.push(alert.explanation.clone());
+        p.blocked
+            .push(format!("{} (detector {}).", alert.headline, alert.detector));
     }
     for pending in &report.pending_actions {
         p.blocked.push(format!(
@@ -142,10 +148,13 @@ pub fn next_steps(report: &StatusReport, events: &[Event]) -> Vec<String> {
                 field,
                 before,
                 after,
-            } => steps.push(format!(
-                "Restore {field} {before} (replaced by {after}), or confirm the drift on purpose, \
-                 before resuming."
-            )),
+            } => {
+                let label = field.strip_prefix("python.").unwrap_or(field);
+                steps.push(format!(
+                    "Restore {label} {before} (now {after}), or confirm the drift on purpose, \
+                     before resuming."
+                ))
+            }
             EventKind::CacheChanged { name, change, .. }
                 if change.contains("delet") || change.contains("cold") =>
             {
@@ -202,11 +211,17 @@ mod tests {
             "drafter": {"block_size": 32, "target_layer_ids": [1, 16, 31, 46, 61]},
             "data": {"train_file": "/data/chat.jsonl", "tokenizer": "/models/tokenizer.json"}
         });
-        assert_eq!(value_at(&config, "training.num_anchors"), Some(&serde_json::json!(1024)));
+        assert_eq!(
+            value_at(&config, "training.num_anchors"),
+            Some(&serde_json::json!(1024))
+        );
         assert_eq!(value_at(&config, "training.missing"), None);
         assert_eq!(
             data_paths(&config),
-            vec!["/data/chat.jsonl".to_string(), "/models/tokenizer.json".to_string()]
+            vec![
+                "/data/chat.jsonl".to_string(),
+                "/models/tokenizer.json".to_string()
+            ]
         );
     }
 }

@@ -13,6 +13,8 @@ pub enum Category {
     Caches,
     Restarts,
     Throughput,
+    Memory,
+    Queue,
     Failures,
     Operator,
 }
@@ -24,6 +26,8 @@ impl Category {
             Category::Caches => "caches",
             Category::Restarts => "restarts",
             Category::Throughput => "throughput",
+            Category::Memory => "memory",
+            Category::Queue => "queue",
             Category::Failures => "failures",
             Category::Operator => "operator",
         }
@@ -45,12 +49,11 @@ pub fn category(kind: &EventKind) -> Option<Category> {
     Some(match kind {
         EventKind::Fingerprint { .. } | EventKind::EnvironmentDrift { .. } => Category::Environment,
         EventKind::CacheChanged { .. } => Category::Caches,
-        EventKind::RunStarted { .. } | EventKind::RunStopped { .. } | EventKind::RunPaused { .. } => {
-            Category::Restarts
-        }
-        EventKind::RegressionStarted { .. } | EventKind::RegressionEnded { .. } => {
-            Category::Throughput
-        }
+        EventKind::RunStarted { .. }
+        | EventKind::RunStopped { .. }
+        | EventKind::RunPaused { .. } => Category::Restarts,
+        EventKind::RegressionStarted { detector, .. }
+        | EventKind::RegressionEnded { detector, .. } => detector_category(detector),
         EventKind::WorkerFailed { .. } => Category::Failures,
         EventKind::OperatorRequest { .. }
         | EventKind::OperatorConfirmed { .. }
@@ -60,6 +63,17 @@ pub fn category(kind: &EventKind) -> Option<Category> {
         | EventKind::BadDataLine { .. }
         | EventKind::Note { .. } => return None,
     })
+}
+
+/// Detectors are named `throughput`, `memory:gpu3`, `queue`, `cache:triton` (shared health).
+fn detector_category(detector: &str) -> Category {
+    match detector.split(':').next().unwrap_or(detector) {
+        "memory" => Category::Memory,
+        "queue" => Category::Queue,
+        "cache" => Category::Caches,
+        "fingerprint" | "environment" => Category::Environment,
+        _ => Category::Throughput,
+    }
 }
 
 fn entry(event: &Event, category: Category) -> Entry {
@@ -108,21 +122,43 @@ mod tests {
     #[test]
     fn changes_and_decisions_split_the_journal() {
         let events = vec![
-            event(1, EventKind::RunStarted { run_name: "r".into(), resumed_from_step: None }),
-            event(2, EventKind::CheckpointWritten { step: 5, path: "/c".into(), bytes: 1 }),
-            event(3, EventKind::EnvironmentDrift {
-                field: "torch".into(),
-                before: "a".into(),
-                after: "b".into(),
-            }),
-            event(4, EventKind::OperatorConfirmed {
-                uid: 1000,
-                action_id: "act-1".into(),
-                via: "token".into(),
-            }),
+            event(
+                1,
+                EventKind::RunStarted {
+                    run_name: "r".into(),
+                    resumed_from_step: None,
+                },
+            ),
+            event(
+                2,
+                EventKind::CheckpointWritten {
+                    step: 5,
+                    path: "/c".into(),
+                    bytes: 1,
+                },
+            ),
+            event(
+                3,
+                EventKind::EnvironmentDrift {
+                    field: "torch".into(),
+                    before: "a".into(),
+                    after: "b".into(),
+                },
+            ),
+            event(
+                4,
+                EventKind::OperatorConfirmed {
+                    uid: 1000,
+                    action_id: "act-1".into(),
+                    via: "token".into(),
+                },
+            ),
         ];
         let changes = changes(&events);
-        assert_eq!(changes.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(
+            changes.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
         assert_eq!(changes[1].category, Category::Environment);
         assert_eq!(changes[1].text, "torch a → b");
         let decisions = decisions(&events);

@@ -9,7 +9,11 @@ use crate::app::{wording, App};
 use crate::fmt;
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let caches = app.status.as_ref().map(|s| s.caches.as_slice()).unwrap_or_default();
+    let caches = app
+        .status
+        .as_ref()
+        .map(|s| s.caches.as_slice())
+        .unwrap_or_default();
     if caches.is_empty() {
         let text = Span::styled("no cache inventory yet", theme.dim());
         frame.render_widget(Paragraph::new(text).block(Block::bordered()), area);
@@ -17,8 +21,8 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     let [table_area, detail] =
         Layout::vertical([Constraint::Min(0), Constraint::Length(4)]).areas(area);
-    let header = Row::new(["cache", "state", "size", "entries", "warm", "last change"])
-        .style(theme.title());
+    let header =
+        Row::new(["cache", "state", "size", "entries", "warm", "last change"]).style(theme.title());
     let rows = caches.iter().map(|c| {
         let state = if c.present {
             Cell::from(Span::styled("present", theme.ok()))
@@ -31,7 +35,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             Cell::from(Span::styled("COLD", theme.warn()))
         };
         let changed = match c.last_change_ms {
-            Some(ts) => format!("{} ({} ago)", app.clock.hm(ts), fmt::duration_ms(app.now_ms - ts)),
+            Some(ts) => format!(
+                "{} ({} ago)",
+                app.clock.hm(ts),
+                fmt::duration_ms(app.now_ms - ts)
+            ),
             None => "never seen".into(),
         };
         Row::new([

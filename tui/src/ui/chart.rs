@@ -66,9 +66,17 @@ impl TimeChart<'_> {
             .map(|l| vec![(-window_s, l.value), (0.0, l.value)])
             .collect();
 
-        let values = data.iter().flatten().map(|p| p.1).chain(self.levels.iter().map(|l| l.value));
+        let values = data
+            .iter()
+            .flatten()
+            .map(|p| p.1)
+            .chain(self.levels.iter().map(|l| l.value));
         let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        let (lo, hi) = if self.from_zero { (0.0_f64.min(lo), hi) } else { (lo, hi) };
+        let (lo, hi) = if self.from_zero {
+            (0.0_f64.min(lo), hi)
+        } else {
+            (lo, hi)
+        };
         let pad = ((hi - lo).abs() * 0.1).max(hi.abs() * 0.01).max(1e-9);
         let (y_lo, y_hi) = (if self.from_zero { lo } else { lo - pad }, hi + pad);
 

@@ -25,7 +25,10 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Row::new([
             Cell::from(fmt::thousands(c.step)),
             Cell::from(app.clock.date_hm(c.written_ms)),
-            Cell::from(format!("{} ago", fmt::duration_ms(app.now_ms - c.written_ms))),
+            Cell::from(format!(
+                "{} ago",
+                fmt::duration_ms(app.now_ms - c.written_ms)
+            )),
             Cell::from(fmt::bytes(c.bytes)),
             Cell::from(c.path.clone()),
         ])

@@ -31,7 +31,10 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     format!("{:<5}", wording::severity_word(e.severity).to_uppercase()),
                     theme.severity(e.severity),
                 ),
-                Span::styled(format!("{:<13} ", wording::kind_tag(&e.kind)), theme.accent()),
+                Span::styled(
+                    format!("{:<13} ", wording::kind_tag(&e.kind)),
+                    theme.accent(),
+                ),
                 Span::raw(wording::describe(&e.kind)),
             ])
         })
@@ -41,7 +44,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     } else {
         format!("{} back", app.selection.events_scroll)
     };
-    let title = format!(" Journal ({} of {}, {position}) ", matching.len(), app.journal.events().len());
+    let title = format!(
+        " Journal ({} of {}, {position}) ",
+        matching.len(),
+        app.journal.events().len()
+    );
     let block = Block::bordered().title(Span::styled(title, theme.title()));
     frame.render_widget(Paragraph::new(lines).block(block), events_area);
 

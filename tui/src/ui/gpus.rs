@@ -64,7 +64,10 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
         None => lines.push(Line::from(Span::styled("no host reading yet", theme.dim()))),
     }
     let block = Block::bordered().title(Span::styled(" GPUs ", theme.title()));
-    frame.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: true }), area);
+    frame.render_widget(
+        Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
+        area,
+    );
 }
 
 fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
@@ -72,11 +75,17 @@ fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
         MemoryVerdict::Collecting { samples } => (format!("judging ({samples})"), theme.dim()),
         MemoryVerdict::Unavailable => ("no reading".into(), theme.dim()),
         MemoryVerdict::Flat { stats } => (
-            format!("flat ±{}", fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)),
+            format!(
+                "flat ±{}",
+                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+            ),
             theme.ok(),
         ),
         MemoryVerdict::Volatile { stats, .. } => (
-            format!("VOLATILE ±{}", fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)),
+            format!(
+                "VOLATILE ±{}",
+                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+            ),
             theme.crit(),
         ),
     }
@@ -93,7 +102,10 @@ fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     } else {
         let list: Vec<String> = volatile.iter().map(u32::to_string).collect();
         Span::styled(
-            format!(" memory VOLATILE on GPU {} (last {window})", list.join(", ")),
+            format!(
+                " memory VOLATILE on GPU {} (last {window})",
+                list.join(", ")
+            ),
             theme.crit(),
         )
     };
@@ -106,13 +118,23 @@ fn na(theme: &Theme) -> Cell<'static> {
 
 fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let header = Row::new([
-        "GPU", "name", "role", "memory used", "memory", "reserved/alloc", "util", "power", "temp",
+        "GPU",
+        "name",
+        "role",
+        "memory used",
+        "memory",
+        "reserved/alloc",
+        "util",
+        "power",
+        "temp",
     ])
     .style(theme.title());
     let rows = app.telemetry.gpus.values().map(|gpu| {
         let s = &gpu.latest;
         let memory = match (s.memory_used_bytes, s.memory_total_bytes) {
-            (Some(used), Some(total)) => Cell::from(format!("{} / {}", fmt::bytes(used), fmt::bytes(total))),
+            (Some(used), Some(total)) => {
+                Cell::from(format!("{} / {}", fmt::bytes(used), fmt::bytes(total)))
+            }
             (Some(used), None) => Cell::from(fmt::bytes(used)),
             _ => na(theme),
         };
@@ -132,9 +154,12 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             memory,
             Cell::from(Span::styled(verdict, style)),
             allocator,
-            s.utilization_pct.map_or_else(|| na(theme), |u| Cell::from(format!("{u}%"))),
-            s.power_w.map_or_else(|| na(theme), |p| Cell::from(format!("{p:.0} W"))),
-            s.temperature_c.map_or_else(|| na(theme), |t| Cell::from(format!("{t}°C"))),
+            s.utilization_pct
+                .map_or_else(|| na(theme), |u| Cell::from(format!("{u}%"))),
+            s.power_w
+                .map_or_else(|| na(theme), |p| Cell::from(format!("{p:.0} W"))),
+            s.temperature_c
+                .map_or_else(|| na(theme), |t| Cell::from(format!("{t}°C"))),
         ])
     });
     let widths = [
@@ -160,7 +185,10 @@ fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, them
     let verdict_now = app.telemetry.memory_verdict(gpu.latest.index);
     let (verdict, style) = verdict_cell(&verdict_now, theme);
     let title = Line::from(vec![
-        Span::styled(format!(" GPU {} memory over time: ", gpu.latest.index), theme.title()),
+        Span::styled(
+            format!(" GPU {} memory over time: ", gpu.latest.index),
+            theme.title(),
+        ),
         Span::styled(format!("{verdict} "), style),
     ]);
     let mut lines = vec![chart::Line {

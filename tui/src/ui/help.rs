@@ -14,8 +14,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     lines.push(Line::from(""));
     lines.push(Line::from(Span::styled("Keys", theme.title())));
-    for (keys, what, destructive) in KEYMAP.iter().filter(|k| !k.2) {
-        debug_assert!(!destructive);
+    for (keys, what, _) in KEYMAP.iter().filter(|k| !k.2) {
         lines.push(Line::from(format!("  {keys:<14}{what}")));
     }
     lines.push(Line::from(""));
@@ -26,7 +25,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     };
     lines.push(Line::from(Span::styled(heading, theme.title())));
     for (keys, what, _) in KEYMAP.iter().filter(|k| k.2) {
-        let style = if app.read_only { theme.dim() } else { theme.danger_key() };
+        let style = if app.read_only {
+            theme.dim()
+        } else {
+            theme.danger_key()
+        };
         lines.push(Line::from(vec![
             Span::styled(format!("  {keys:<14}"), style),
             Span::raw(*what),

@@ -67,14 +67,22 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         spans.push(Span::styled(name.to_string(), theme.text()));
     }
     if let Some(status) = &app.status {
-        spans.push(Span::styled(format!(" · {:?}", status.run.state), theme.accent()));
+        spans.push(Span::styled(
+            format!(" · {:?}", status.run.state),
+            theme.accent(),
+        ));
     }
     spans.push(Span::raw("  "));
     spans.extend(source_spans(app, theme));
     let badge = match app.alerts.worst() {
         Some(level) => Span::styled(
-            format!(" {} ", crate::app::wording::severity_word(level).to_uppercase()),
-            theme.severity(level).add_modifier(ratatui::style::Modifier::REVERSED),
+            format!(
+                " {} ",
+                crate::app::wording::severity_word(level).to_uppercase()
+            ),
+            theme
+                .severity(level)
+                .add_modifier(ratatui::style::Modifier::REVERSED),
         ),
         None => Span::styled(" OK ", theme.ok()),
     };
@@ -142,7 +150,11 @@ fn draw_tabs(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let tabs = Tabs::new(titles)
         .select(selected)
         .style(theme.dim())
-        .highlight_style(theme.title().add_modifier(ratatui::style::Modifier::REVERSED));
+        .highlight_style(
+            theme
+                .title()
+                .add_modifier(ratatui::style::Modifier::REVERSED),
+        );
     frame.render_widget(tabs, area);
 }
 
@@ -151,7 +163,10 @@ fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         frame.render_widget(Paragraph::new(notice.to_string()).style(theme.warn()), area);
         return;
     }
-    let mut spans = vec![Span::styled(" ? help  q quit  1-6 views  ↑↓ select ", theme.dim())];
+    let mut spans = vec![Span::styled(
+        " ? help  q quit  1-6 views  ↑↓ select ",
+        theme.dim(),
+    )];
     if app.read_only {
         let why = match app.source {
             Source::Replay(_) => " replay: read-only ",
@@ -165,7 +180,10 @@ fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ));
     }
     if matches!(app.source, Source::Replay(_)) {
-        spans.push(Span::styled(" Space pause  + faster  - slower ", theme.dim()));
+        spans.push(Span::styled(
+            " Space pause  + faster  - slower ",
+            theme.dim(),
+        ));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }

@@ -38,16 +38,25 @@ pub fn draw(frame: &mut Frame, area: Rect, flow: &ActionFlow, app: &App, theme: 
         Stage::ChoosingKey { index } => {
             lines.push(Line::from(Span::styled("Which locked key?", theme.title())));
             for (i, key) in LOCKED_KEYS.iter().enumerate() {
-                let style = if i == *index { theme.selected() } else { theme.text() };
+                let style = if i == *index {
+                    theme.selected()
+                } else {
+                    theme.text()
+                };
                 lines.push(Line::from(Span::styled(format!("  {key}"), style)));
             }
-            lines.push(Line::from(Span::styled("↑↓ choose · Enter request · Esc cancel", theme.dim())));
+            lines.push(Line::from(Span::styled(
+                "↑↓ choose · Enter request · Esc cancel",
+                theme.dim(),
+            )));
         }
         Stage::Requesting => lines.push(Line::from(Span::styled(
             "Asking the daemon to file the request… (Esc cancels)",
             theme.dim(),
         ))),
-        Stage::Confirming { typed, mismatch, .. } => {
+        Stage::Confirming {
+            typed, mismatch, ..
+        } => {
             lines.push(Line::from(vec![
                 Span::raw("Type the run name "),
                 Span::styled(flow.run_name.clone(), theme.warn()),
@@ -70,11 +79,17 @@ pub fn draw(frame: &mut Frame, area: Rect, flow: &ActionFlow, app: &App, theme: 
             theme.dim(),
         ))),
         Stage::Done { outcome } => {
-            lines.push(Line::from(Span::styled(format!("Done: {outcome}"), theme.ok())));
+            lines.push(Line::from(Span::styled(
+                format!("Done: {outcome}"),
+                theme.ok(),
+            )));
             lines.push(Line::from(Span::styled("any key closes", theme.dim())));
         }
         Stage::Failed { message } => {
-            lines.push(Line::from(Span::styled(format!("Not done: {message}"), theme.crit())));
+            lines.push(Line::from(Span::styled(
+                format!("Not done: {message}"),
+                theme.crit(),
+            )));
             lines.push(Line::from(Span::styled("any key closes", theme.dim())));
         }
     }
@@ -89,7 +104,9 @@ pub fn draw(frame: &mut Frame, area: Rect, flow: &ActionFlow, app: &App, theme: 
     let title = Span::styled(format!(" {} ", flow.action.title()), theme.crit());
     let block = Block::bordered().title(title);
     frame.render_widget(
-        Paragraph::new(lines).block(block).wrap(Wrap { trim: false }),
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(Wrap { trim: false }),
         popup,
     );
 }

@@ -4,9 +4,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Wrap};
 use ratatui::Frame;
 
+use super::bignum;
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
-use super::bignum;
 use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
@@ -78,7 +78,10 @@ fn alert_lines(alerts: &[Explanation], width: usize, theme: &Theme) -> Vec<Line<
         let head = if i == 0 && !alert.before.is_empty() {
             format!("{}. Before it:", alert.head)
         } else if i == 0 {
-            format!("{}. Nothing changed in the journal in the hour before.", alert.head)
+            format!(
+                "{}. Nothing changed in the journal in the hour before.",
+                alert.head
+            )
         } else {
             alert.head.clone()
         };
@@ -119,7 +122,10 @@ mod tests {
     #[test]
     fn long_lines_keep_their_time() {
         assert_eq!(fit("short", 10), "short");
-        assert_eq!(fit("a very long explanation at 21:02", 20), "a very lon… at 21:02");
+        assert_eq!(
+            fit("a very long explanation at 21:02", 20),
+            "a very lon… at 21:02"
+        );
         assert_eq!(fit("no time in this long line", 10), "no time i…");
     }
 }
@@ -154,12 +160,19 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     match (tokens, app.baseline_tokens_per_s()) {
         (Some(now), Some(base)) if base > 0.0 => {
             spans.push(Span::raw(format!(" baseline {} · ", fmt::si(base))));
-            spans.push(Span::styled(format!("{:.0}% of baseline", 100.0 * now / base), style));
+            spans.push(Span::styled(
+                format!("{:.0}% of baseline", 100.0 * now / base),
+                style,
+            ));
         }
         (_, Some(base)) => spans.push(Span::raw(format!(" baseline {}", fmt::si(base)))),
         (_, None) => spans.push(Span::styled(" baseline: not yet established", theme.dim())),
     }
-    if let Some(since) = app.status.as_ref().and_then(|s| s.throughput.stable_since_ms) {
+    if let Some(since) = app
+        .status
+        .as_ref()
+        .and_then(|s| s.throughput.stable_since_ms)
+    {
         spans.push(Span::raw(format!(
             " · stable for {}",
             fmt::duration_ms(app.now_ms - since)
@@ -197,7 +210,10 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     match &app.status {
         Some(status) => {
             let run = &status.run;
-            lines.push(Line::from(vec![label("state   "), Span::raw(format!("{:?}", run.state))]));
+            lines.push(Line::from(vec![
+                label("state   "),
+                Span::raw(format!("{:?}", run.state)),
+            ]));
             let (step, epoch) = app.step_epoch().unwrap_or((run.step, run.epoch));
             let pct = if run.total_steps > 0 {
                 format!(" ({:.1}%)", 100.0 * step as f64 / run.total_steps as f64)
@@ -228,7 +244,10 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             lines.push(Line::from(vec![label("ETA     "), Span::raw(eta)]));
             let loss = status.last_loss.map_or("—".into(), |l| format!("{l:.3}"));
             let tau = status.last_tau.map_or("—".into(), |t| format!("{t:.2}"));
-            lines.push(Line::from(vec![label("loss    "), Span::raw(format!("{loss}   τ {tau}"))]));
+            lines.push(Line::from(vec![
+                label("loss    "),
+                Span::raw(format!("{loss}   τ {tau}")),
+            ]));
             let checkpoint = status.checkpoints.iter().max_by_key(|c| c.step);
             lines.push(Line::from(vec![
                 label("saved   "),
@@ -253,7 +272,10 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 ]));
             }
         }
-        None => lines.push(Line::from(Span::styled("waiting for the daemon's status…", theme.dim()))),
+        None => lines.push(Line::from(Span::styled(
+            "waiting for the daemon's status…",
+            theme.dim(),
+        ))),
     }
     frame.render_widget(
         Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),

@@ -20,12 +20,20 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Layout::vertical([Constraint::Length(9), Constraint::Min(0)]).areas(area);
 
     let bar_width = facts.width.saturating_sub(20).max(10) as usize;
-    let depth_bar = depth_bar(queue.depth, queue.capacity, queue.low_watermark, queue.high_watermark, bar_width);
+    let depth_bar = depth_bar(
+        queue.depth,
+        queue.capacity,
+        queue.low_watermark,
+        queue.high_watermark,
+        bar_width,
+    );
     let (verdict, style) = match app.telemetry.queue_diagnosis() {
         None => ("needs two samples".to_string(), theme.dim()),
         Some(d) => {
             let side = match d.bound {
-                QueueBound::Balanced => "balanced: neither side waits much on the other".to_string(),
+                QueueBound::Balanced => {
+                    "balanced: neither side waits much on the other".to_string()
+                }
                 QueueBound::TargetBound => "the TARGET side bounds the run".to_string(),
                 QueueBound::DrafterBound => "the DRAFTER side bounds the run".to_string(),
             };

@@ -11,8 +11,13 @@ pub struct Theme {
 impl Theme {
     /// Colour unless `NO_COLOR` is set to a non-empty value.
     pub fn from_env() -> Self {
-        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        Self { color: !no_color }
+        Self::from_no_color(std::env::var_os("NO_COLOR").as_deref())
+    }
+
+    pub fn from_no_color(no_color: Option<&std::ffi::OsStr>) -> Self {
+        Self {
+            color: !no_color.is_some_and(|v| !v.is_empty()),
+        }
     }
 
     pub fn plain() -> Self {
@@ -78,5 +83,24 @@ impl Theme {
 
     pub fn danger_key(&self) -> Style {
         self.paint(Color::Red)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn no_color_keeps_emphasis_and_drops_colour() {
+        let plain = Theme::from_no_color(Some(OsStr::new("1")));
+        assert!(!plain.color);
+        assert_eq!(plain.crit().fg, None);
+        assert!(plain.crit().add_modifier.contains(Modifier::BOLD));
+        assert_eq!(plain.dim().fg, None);
+        let colored = Theme::from_no_color(None);
+        assert_eq!(colored.crit().fg, Some(Color::Red));
+        // An empty NO_COLOR does not count, per no-color.org.
+        assert!(Theme::from_no_color(Some(OsStr::new(""))).color);
     }
 }

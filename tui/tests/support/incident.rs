@@ -166,7 +166,8 @@ impl Sim {
         self.step_f += tokens_per_s * 15.0 / TOKENS_PER_STEP;
         let step = self.step_f as u64;
         let progress = (step - 31_000) as f64;
-        let tau = (ts % 300_000 == 0).then(|| r3(3.91 + progress * 1e-5 + 0.02 * self.rng.normal()));
+        let tau =
+            (ts % 300_000 == 0).then(|| r3(3.91 + progress * 1e-5 + 0.02 * self.rng.normal()));
         if tau.is_some() {
             self.last_tau = tau;
         }
@@ -217,7 +218,11 @@ impl Sim {
             let reserved = used - 0.9 * GB;
             let allocated = reserved * (0.82 + 0.06 * self.rng.unit());
             let busy = if target {
-                if broken { 22.0 } else { 96.0 }
+                if broken {
+                    22.0
+                } else {
+                    96.0
+                }
             } else if broken {
                 35.0 + 55.0 * self.rng.unit()
             } else {
@@ -228,7 +233,11 @@ impl Sim {
                 ts_ms: ts,
                 index,
                 name: "NVIDIA H200".into(),
-                role: if target { DeviceRole::Target } else { DeviceRole::Drafter },
+                role: if target {
+                    DeviceRole::Target
+                } else {
+                    DeviceRole::Drafter
+                },
                 memory_used_bytes: Some(used as u64),
                 memory_total_bytes: Some(H200_TOTAL),
                 utilization_pct: Some(util.round() as u32),
@@ -267,7 +276,10 @@ impl Sim {
         } else {
             (28.0 + 4.0 * self.rng.normal()).round().clamp(9.0, 47.0) as usize
         };
-        let rate = self.last_metrics.as_ref().map_or(0.33, |m| m.tokens_per_s / TOKENS_PER_STEP);
+        let rate = self
+            .last_metrics
+            .as_ref()
+            .map_or(0.33, |m| m.tokens_per_s / TOKENS_PER_STEP);
         let (blocked, starved) = if broken { (0.9, 0.0) } else { (0.02, 0.03) };
         self.queue = QueueStats {
             ts_ms: ts,
@@ -358,7 +370,11 @@ impl Sim {
         if self.checkpoints.len() > 3 {
             self.checkpoints.remove(0);
         }
-        self.event(ts, Severity::Info, EventKind::CheckpointWritten { step, path, bytes });
+        self.event(
+            ts,
+            Severity::Info,
+            EventKind::CheckpointWritten { step, path, bytes },
+        );
     }
 
     fn status(&mut self, ts: TimestampMs) {

@@ -64,7 +64,12 @@ pub fn replay_source(total: usize) -> Source {
 /// A console that has played `frames` to the end, clocks in UTC.
 pub fn replayed(frames: &[RecordedFrame]) -> App {
     let start = frames.first().map_or(0, |f| f.ts_ms);
-    let mut app = App::new(replay_source(frames.len()), true, start, DisplayClock::utc());
+    let mut app = App::new(
+        replay_source(frames.len()),
+        true,
+        start,
+        DisplayClock::utc(),
+    );
     dflash_tui::replay::apply_all(&mut app, frames);
     app
 }

@@ -227,10 +227,19 @@ fn answer(script: &Arc<Mutex<Script>>, request: Request) -> (Response, Option<Ve
             ..
         } => {
             let Some(at) = s.pending.iter().position(|p| p.id == action_id) else {
-                return (error(ErrorCode::NoSuchAction, format!("no pending action {action_id}")), None);
+                return (
+                    error(
+                        ErrorCode::NoSuchAction,
+                        format!("no pending action {action_id}"),
+                    ),
+                    None,
+                );
             };
             if run_name != s.run_name {
-                return (error(ErrorCode::WrongRunName, "that is not the run name"), None);
+                return (
+                    error(ErrorCode::WrongRunName, "that is not the run name"),
+                    None,
+                );
             }
             s.pending.remove(at);
             let reply = Response::Executed {
