@@ -93,3 +93,21 @@ pub fn spawn_ticker(events: mpsc::Sender<AppEvent>) -> tokio::task::JoinHandle<(
         }
     })
 }
+
+/// Turns SIGTERM and SIGHUP into a clean quit, so the terminal is restored either way.
+pub fn spawn_signal_watcher(events: mpsc::Sender<AppEvent>) -> tokio::task::JoinHandle<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+        let _ = events.send(AppEvent::Shutdown).await;
+    })
+}

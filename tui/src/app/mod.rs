@@ -126,6 +126,8 @@ pub enum AppEvent {
         paused: bool,
         finished: bool,
     },
+    /// SIGTERM or SIGHUP: leave like `q`, restoring the terminal.
+    Shutdown,
 }
 
 impl From<LinkEvent> for AppEvent {
@@ -223,6 +225,7 @@ impl App {
                 }
             }
             AppEvent::Link(link) => return self.on_link(link),
+            AppEvent::Shutdown => return vec![Effect::Quit],
         }
         Vec::new()
     }

@@ -31,6 +31,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         commands,
     ));
     let ticker = terminal::spawn_ticker(events_tx.clone());
+    let signals = terminal::spawn_signal_watcher(events_tx.clone());
     let input = InputThread::spawn(events_tx);
 
     let source = Source::Live {
@@ -47,6 +48,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     .await;
     terminal::leave();
     drop(input);
+    signals.abort();
     ticker.abort();
     link.abort();
     result?;

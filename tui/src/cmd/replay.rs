@@ -46,6 +46,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         events_tx.clone(),
         controls,
     ));
+    let signals = terminal::spawn_signal_watcher(events_tx.clone());
     let input = InputThread::spawn(events_tx);
     let mut app = App::new(Source::Replay(state), true, start_ms, DisplayClock::Local);
     let result = console::run(
@@ -58,6 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     .await;
     terminal::leave();
     drop(input);
+    signals.abort();
     player.abort();
     result?;
     Ok(ExitCode::SUCCESS)

@@ -19,7 +19,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         frame.render_widget(Paragraph::new(text).block(Block::bordered()), area);
         return;
     }
-    checkpoints.sort_by(|a, b| b.step.cmp(&a.step));
+    checkpoints.sort_by_key(|c| std::cmp::Reverse(c.step));
     let header = Row::new(["step", "written", "age", "size", "path"]).style(theme.title());
     let rows = checkpoints.iter().map(|c| {
         Row::new([

@@ -115,21 +115,6 @@ fn fit(text: &str, width: usize) -> String {
     format!("{cut}…{time}")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::fit;
-
-    #[test]
-    fn long_lines_keep_their_time() {
-        assert_eq!(fit("short", 10), "short");
-        assert_eq!(
-            fit("a very long explanation at 21:02", 20),
-            "a very lon… at 21:02"
-        );
-        assert_eq!(fit("no time in this long line", 10), "no time i…");
-    }
-}
-
 fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let block = Block::bordered().title(Span::styled(" Throughput (tok/s) ", theme.title()));
     let inner = block.inner(area);
@@ -281,4 +266,19 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
         area,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn long_lines_keep_their_time() {
+        assert_eq!(fit("short", 10), "short");
+        assert_eq!(
+            fit("a very long explanation at 21:02", 20),
+            "a very lon… at 21:02"
+        );
+        assert_eq!(fit("no time in this long line", 10), "no time i…");
+    }
 }

@@ -16,7 +16,7 @@ impl Theme {
 
     pub fn from_no_color(no_color: Option<&std::ffi::OsStr>) -> Self {
         Self {
-            color: !no_color.is_some_and(|v| !v.is_empty()),
+            color: no_color.is_none_or(|v| v.is_empty()),
         }
     }
 

@@ -131,13 +131,15 @@ pub(super) async fn tail(
         );
     }
     out.emit_history(&sources.poll(), lines)?;
-    while follow {
+    if !follow {
+        return Ok(());
+    }
+    loop {
         tokio::time::sleep(POLL).await;
         for item in sources.poll() {
             out.emit(&item)?;
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
