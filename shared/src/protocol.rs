@@ -4,6 +4,8 @@
 mod framing;
 mod handshake;
 #[cfg(test)]
+mod samples;
+#[cfg(test)]
 mod tests;
 
 pub use framing::{

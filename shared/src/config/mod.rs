@@ -230,15 +230,13 @@ fn deserialize_issue(map: &SourceMap<'_>, e: &toml::de::Error) -> ConfigIssue {
 
 /// A key that exists, under the same name, in another section: "`training.num_anchors`".
 fn elsewhere(key: &str) -> Option<String> {
-    Config::known_keys()
+    let found = Config::known_keys()
         .into_iter()
-        .find(|k| k.rsplit('.').next() == Some(key))
-        .map(|k| {
-            format!(
-                "`{k}` (it belongs in [{}])",
-                k.rsplit_once('.').map_or("", |(s, _)| s)
-            )
-        })
+        .find(|k| k.rsplit('.').next() == Some(key))?;
+    Some(match found.rsplit_once('.') {
+        Some((section, _)) => format!("`{found}` (it belongs in [{section}])"),
+        None => format!("the top-level [{found}] table"),
+    })
 }
 
 fn expected_for_missing(key: &str) -> String {

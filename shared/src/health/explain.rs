@@ -88,8 +88,13 @@ fn precursor_text(event: &Event) -> Option<String> {
         EventKind::WorkerFailed { device, error } => format!("worker on {device} failed: {error}"),
         EventKind::RunPaused { reason } => format!("run paused: {reason}"),
         EventKind::ActionExecuted { outcome, .. } => format!("operator action: {outcome}"),
+        // Cache detectors repeat what their `CacheChanged` event already says.
+        EventKind::RegressionStarted { detector, .. } if detector.starts_with("cache:") => {
+            return None
+        }
+        // The headline of another detector's alert: "GPU 0 memory volatile".
         EventKind::RegressionStarted { message, level, .. } if *level >= Severity::Warn => {
-            message.clone()
+            message.split(": ").next().unwrap_or(message).to_string()
         }
         _ => return None,
     })

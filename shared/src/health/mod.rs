@@ -7,6 +7,7 @@ pub mod cache;
 pub mod explain;
 pub mod fingerprint;
 pub mod memory;
+mod monitor;
 pub mod queue;
 mod stats;
 pub mod throughput;
@@ -20,6 +21,7 @@ pub use cache::{CacheChange, CacheChangeKind, CacheWatcher};
 pub use explain::{explain_alert, render_precursors, throughput_headline, Precursor};
 pub use fingerprint::{diff_fingerprints, EnvironmentDrift, Fingerprint};
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
+pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueConfig, QueueDiagnoser, QueueDiagnosis};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 

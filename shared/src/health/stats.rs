@@ -6,13 +6,15 @@ pub(crate) fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
+    // Selection, not a sort: the throughput baseline takes the median of ~1800 samples per tick.
+    let (n, mid) = (v.len(), v.len() / 2);
+    let (lower, upper, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+    let upper = *upper;
+    if n % 2 == 1 {
+        return Some(upper);
+    }
+    let below = lower.iter().copied().max_by(f64::total_cmp)?;
+    Some((below + upper) / 2.0)
 }
 
 /// Population mean and standard deviation; `None` when empty.
