@@ -36,15 +36,13 @@ impl ActiveAlerts {
                 level,
                 message,
             } => {
-                let same_level_since = self
-                    .by_detector
-                    .get(detector)
-                    .filter(|a| a.level == *level)
-                    .map(|a| a.since_ms);
+                // Warn → Crit keeps the time the regression began, as the daemon's
+                // `HealthMonitor` does.
+                let began = self.by_detector.get(detector).map(|a| a.since_ms);
                 let alert = Alert {
                     detector: detector.clone(),
                     level: *level,
-                    since_ms: same_level_since.unwrap_or(event.ts_ms),
+                    since_ms: began.unwrap_or(event.ts_ms),
                     message: message.clone(),
                     preceded_by: Vec::new(),
                 };
@@ -252,12 +250,13 @@ mod tests {
     }
 
     #[test]
-    fn escalation_resets_since_and_a_repeat_keeps_it_and_an_end_clears() {
+    fn escalation_keeps_when_the_regression_began_and_an_end_clears() {
         let mut alerts = ActiveAlerts::default();
         alerts.apply_event(&crit_event(1, 1_000, Severity::Warn));
         alerts.apply_event(&crit_event(2, 2_000, Severity::Crit));
         alerts.apply_event(&crit_event(3, 3_000, Severity::Crit));
-        assert_eq!(alerts.sorted()[0].since_ms, 2_000);
+        assert_eq!(alerts.sorted()[0].since_ms, 1_000);
+        assert_eq!(alerts.sorted()[0].level, Severity::Crit);
         assert_eq!(alerts.worst(), Some(Severity::Crit));
         alerts.apply_event(&Event {
             seq: 4,

@@ -2,9 +2,9 @@
 //! issue describes, as `dflashd` would have recorded it (one `RecordedFrame` per line).
 //!
 //! The run's telemetry is simulated from a seeded generator; everything the daemon derives from
-//! it (throughput regression, memory flatness, cache changes, the alert explanations in its
-//! status snapshots) comes from the same `dflash_shared::health` detectors the daemon runs, fed
-//! the simulated samples. Timeline (UTC, 2026-03-14):
+//! it (throughput regression, memory flatness, queue diagnosis, cache changes, the active alerts
+//! and their explanations in its status snapshots) comes from the shared `HealthMonitor` the
+//! daemon runs, fed the simulated samples. Timeline (UTC, 2026-03-14):
 //!
 //! - 20:30–21:01 stable at 21.5K tok/s (±1.2%), GPU memory flat;
 //! - 20:52 a package install replaces torch 2.11.0+cu128 by 2.9.1+cu130 (EnvironmentDrift);
@@ -17,17 +17,15 @@
 //! what this generator produces; regenerate with `DFLASH_REGENERATE_FIXTURES=1`.
 use chrono::{FixedOffset, TimeZone, Utc};
 use dflash_shared::events::{Event, EventKind, Severity};
-use dflash_shared::health::{
-    self, CacheWatcher, MemoryConfig, MemoryFlatness, ThroughputConfig, ThroughputDetector,
-    Transition,
-};
+use dflash_shared::config::DetectorsSection;
+use dflash_shared::health::{self, HealthMonitor, Transition};
 use dflash_shared::metrics::{
     AllocatorStats, CacheState, DeviceRole, GpuSample, GpuTelemetry, HostSample, QueueStats,
     StepMetrics, StepTimes, TimestampMs,
 };
 use dflash_shared::protocol::Response;
 use dflash_shared::recording::RecordedFrame;
-use dflash_shared::status::{Alert, CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput};
+use dflash_shared::status::{CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput};
 
 pub const SEED: u64 = 0x2026_0314_2103;
 pub const RUN_NAME: &str = "qwen36-27b-dflash";
@@ -101,11 +99,8 @@ struct Sim {
     events: Vec<Event>,
     next_seq: u64,
     step_f: f64,
-    throughput: ThroughputDetector,
-    memory: MemoryFlatness,
-    caches: CacheWatcher,
-    /// Active alerts by detector.
-    alerts: Vec<Alert>,
+    /// The daemon's detectors, fed what the daemon would feed them.
+    health: HealthMonitor,
     checkpoints: Vec<CheckpointInfo>,
     last_metrics: Option<StepMetrics>,
     last_gpus: Vec<GpuSample>,
@@ -131,27 +126,9 @@ impl Sim {
         self.frame(ts_ms, Response::Event(Box::new(event)));
     }
 
-    /// A detector transition becomes a journal event and updates the active alerts, with the
-    /// precursors the daemon attaches (shared `explain_alert`, UTC clock).
+    /// A detector transition becomes a journal event, as the daemon journals it.
     fn transition(&mut self, t: Transition) {
-        let kind = t.to_event_kind();
-        self.event(t.at_ms, t.severity(), kind);
-        self.alerts.retain(|a| a.detector != t.detector);
-        if t.to != health::Level::Ok {
-            let utc = FixedOffset::east_opt(0).expect("utc");
-            let preceded_by = health::explain_alert(t.at_ms, &self.events, 3_600_000)
-                .iter()
-                .filter(|p| p.ts_ms < t.at_ms)
-                .map(|p| p.sentence(utc))
-                .collect();
-            self.alerts.push(Alert {
-                detector: t.detector.clone(),
-                level: t.severity(),
-                since_ms: t.at_ms,
-                message: t.message.clone(),
-                preceded_by,
-            });
-        }
+        self.event(t.at_ms, t.severity(), t.to_event_kind());
     }
 
     fn tokens_per_s(&mut self, ts: TimestampMs) -> f64 {
@@ -196,7 +173,7 @@ impl Sim {
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
         self.last_metrics = Some(metrics);
-        if let Some(t) = self.throughput.observe(ts, tokens_per_s) {
+        for t in self.health.observe_step(&self.last_metrics.clone().expect("just set")) {
             self.transition(t);
         }
     }
@@ -252,18 +229,17 @@ impl Sim {
                 }),
             });
         }
+        let telemetry = GpuTelemetry::Available {
+            gpus: samples.clone(),
+        };
         self.frame(
             ts,
             Response::Gpus {
-                telemetry: GpuTelemetry::Available {
-                    gpus: samples.clone(),
-                },
+                telemetry: telemetry.clone(),
             },
         );
-        for sample in &samples {
-            if let Some(t) = self.memory.observe(sample) {
-                self.transition(t);
-            }
+        for t in self.health.observe_gpus(&telemetry) {
+            self.transition(t);
         }
         self.last_gpus = samples;
     }
@@ -295,6 +271,9 @@ impl Sim {
             consumer_starved_ms: r3(self.queue.consumer_starved_ms + starved * dt * 3.0),
         };
         self.frame(ts, Response::Queue(self.queue.clone()));
+        for t in self.health.observe_queue(&self.queue.clone()) {
+            self.transition(t);
+        }
     }
 
     fn cache_states(&self, ts: TimestampMs) -> Vec<CacheState> {
@@ -348,7 +327,7 @@ impl Sim {
 
     fn caches(&mut self, ts: TimestampMs) {
         let states = self.cache_states(ts);
-        let (changes, transitions) = self.caches.observe(ts, &states);
+        let (changes, transitions) = self.health.observe_caches(ts, &states);
         for change in changes {
             self.event(ts, Severity::Warn, change.to_event_kind());
         }
@@ -379,7 +358,8 @@ impl Sim {
 
     fn status(&mut self, ts: TimestampMs) {
         let metrics = self.last_metrics.clone().expect("metrics come first");
-        let detector = self.throughput.status();
+        let detector = self.health.throughput();
+        let utc = FixedOffset::east_opt(0).expect("utc");
         let steps_left = (EPOCHS as u64 * STEPS_PER_EPOCH).saturating_sub(metrics.step) as f64;
         let steps_per_ms = metrics.tokens_per_s / TOKENS_PER_STEP / 1000.0;
         let snapshot = StatusSnapshot {
@@ -414,7 +394,7 @@ impl Sim {
             }),
             queue: self.queue.clone(),
             caches: self.cache_states(ts),
-            alerts: self.alerts.clone(),
+            alerts: self.health.alerts(&self.events, utc),
             pending_actions: Vec::new(),
             checkpoints: self.checkpoints.clone(),
             last_loss: Some(metrics.loss),
@@ -432,10 +412,7 @@ pub fn generate(seed: u64) -> Vec<RecordedFrame> {
         events: Vec::new(),
         next_seq: 4_812,
         step_f: 31_000.0,
-        throughput: ThroughputDetector::new(ThroughputConfig::default()),
-        memory: MemoryFlatness::new(MemoryConfig::default()),
-        caches: CacheWatcher::new(),
-        alerts: Vec::new(),
+        health: HealthMonitor::new(&DetectorsSection::default(), TARGETS as usize, 3),
         checkpoints: vec![
             CheckpointInfo {
                 step: 30_112,
