@@ -99,6 +99,26 @@ async fn a_session_says_hello_and_keeps_replies_in_order_around_pushes() {
 }
 
 #[tokio::test]
+async fn journal_catch_up_pages_through_the_daemons_reply_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut script = Script::new(incident_status());
+    script.events = (1..=7).map(|seq| note(seq, "n")).collect();
+    script.events_per_reply = 3;
+    let daemon = TestDaemon::start(&dir.path().join("p.sock"), script).await;
+    let (session, ..) = Session::connect(&daemon.socket).await.unwrap();
+    let all = session.events_after(None, 10).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=7).collect::<Vec<_>>()
+    );
+    let since_five = session.events_after(Some(5), 10).await.unwrap();
+    assert_eq!(since_five.len(), 2);
+    let capped = session.events_after(None, 2).await.unwrap();
+    assert_eq!(capped.len(), 6, "at most max_pages pages");
+    daemon.stop();
+}
+
+#[tokio::test]
 async fn no_daemon_is_a_clear_error_naming_the_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.sock");

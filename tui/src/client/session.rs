@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::codec::FrameReader;
 use super::{client_name, codec, ClientError};
+use dflash_shared::events::Event;
 use dflash_shared::protocol::{self, ErrorCode, Request, Response, PROTOCOL_VERSION};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
@@ -20,6 +21,8 @@ use tokio::task::JoinHandle;
 
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Journal pages fetched at most when catching up (the daemon sends 500 events a page).
+pub const MAX_EVENT_PAGES: usize = 400;
 const PUSH_CHANNEL: usize = 4096;
 
 /// What the daemon said in its welcome.
@@ -151,6 +154,36 @@ impl Session {
             Response::Error { code, message } => Err(ClientError::Daemon { code, message }),
             other => Ok(other),
         }
+    }
+}
+
+impl Session {
+    /// Every journal event after `after_seq`, oldest first, paging through the daemon's
+    /// per-reply limit (it answers at most a few hundred events per `events` request).
+    pub async fn events_after(
+        &self,
+        mut after_seq: Option<u64>,
+        max_pages: usize,
+    ) -> Result<Vec<Event>, ClientError> {
+        let mut all = Vec::new();
+        for _ in 0..max_pages {
+            let page = match self.request(&Request::Events { after_seq }).await? {
+                Response::Events { events } => events,
+                other => {
+                    return Err(ClientError::UnexpectedReply {
+                        expected: "journal events",
+                        got: codec::preview(&format!("{other:?}")),
+                    })
+                }
+            };
+            let newest = page.iter().map(|e| e.seq).max();
+            all.extend(page);
+            match newest {
+                Some(seq) if after_seq.is_none_or(|after| seq > after) => after_seq = Some(seq),
+                _ => break,
+            }
+        }
+        Ok(all)
     }
 }
 

@@ -7,7 +7,7 @@ use dflash_shared::protocol::{Request, Response, Topic};
 use tokio::sync::mpsc;
 
 use super::backoff::Backoff;
-use super::session::{Push, Session, Welcome};
+use super::session::{Push, Session, Welcome, MAX_EVENT_PAGES};
 
 /// What the link tells the console.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,10 +202,20 @@ impl<E: From<LinkEvent>> Served<'_, E> {
         if let Err(e) = self.session.request(&subscribe).await {
             return Err(Ended::Lost(format!("subscribe failed: {e}")));
         }
-        let backfill = Request::Events {
-            after_seq: *last_seq,
-        };
-        self.query(&backfill, last_seq).await?;
+        match self.session.events_after(*last_seq, MAX_EVENT_PAGES).await {
+            Ok(events) => {
+                let frame = Response::Events { events };
+                note_seq(&frame, last_seq);
+                self.emit(LinkEvent::Frame(frame)).await?;
+            }
+            Err(crate::client::ClientError::Closed) => {
+                return Err(Ended::Lost("connection closed".into()))
+            }
+            Err(e) => {
+                self.emit(LinkEvent::Garbled(format!("journal backfill: {e}")))
+                    .await?
+            }
+        }
         self.query(&Request::Status, last_seq).await?;
         let mut status_tick = tokio::time::interval(self.status_every);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -7,6 +7,7 @@ use dflash_shared::events::Event;
 use dflash_shared::protocol::{Request, Response};
 
 use super::SocketArg;
+use crate::client::session::MAX_EVENT_PAGES;
 use crate::client::{ClientError, Session};
 use crate::fmt::{self, DisplayClock};
 use crate::paths::DaemonFiles;
@@ -42,13 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Response::Status(s) => s,
                 other => anyhow::bail!("expected the daemon's status, got {other:?}"),
             };
-            let events = match session
-                .request(&Request::Events { after_seq: None })
-                .await?
-            {
-                Response::Events { events } => events,
-                other => anyhow::bail!("expected journal events, got {other:?}"),
-            };
+            let events = session.events_after(None, MAX_EVENT_PAGES).await?;
             // The config is context, not essential: a daemon that cannot send it still gets a report.
             let config = match session.request(&Request::Config).await {
                 Ok(Response::Json { value }) => Some(value),

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dflash_shared::protocol::{Request, Response, Topic};
+use dflash_shared::protocol::{Response, Topic};
 use tokio::sync::mpsc;
 
 use super::SocketArg;
+use crate::client::session::MAX_EVENT_PAGES;
 use crate::client::supervisor::{run_link, LinkConfig, LinkEvent};
 use crate::client::{ClientError, Session};
 use crate::feed::{self, Filter, Item, Level};
@@ -140,14 +141,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn history_once(session: &Session, out: &mut Out, lines: usize) -> Result<(), Gone> {
-    match session.request(&Request::Events { after_seq: None }).await {
-        Ok(Response::Events { events }) => {
+    match session.events_after(None, MAX_EVENT_PAGES).await {
+        Ok(events) => {
             let items: Vec<Item> = events.into_iter().map(Item::Event).collect();
             out.emit_history(&items, lines)
-        }
-        Ok(other) => {
-            eprintln!("dflash-tui: unexpected reply to the journal query: {other:?}");
-            Ok(())
         }
         Err(e) => {
             eprintln!("dflash-tui: cannot read the journal: {e}");

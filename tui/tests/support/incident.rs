@@ -16,8 +16,8 @@
 //! `cargo test -p dflash-tui --test replay_incident` fails when the committed file differs from
 //! what this generator produces; regenerate with `DFLASH_REGENERATE_FIXTURES=1`.
 use chrono::{FixedOffset, TimeZone, Utc};
-use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::config::DetectorsSection;
+use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::health::{self, HealthMonitor, Transition};
 use dflash_shared::metrics::{
     AllocatorStats, CacheState, DeviceRole, GpuSample, GpuTelemetry, HostSample, QueueStats,
@@ -173,7 +173,10 @@ impl Sim {
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
         self.last_metrics = Some(metrics);
-        for t in self.health.observe_step(&self.last_metrics.clone().expect("just set")) {
+        for t in self
+            .health
+            .observe_step(&self.last_metrics.clone().expect("just set"))
+        {
             self.transition(t);
         }
     }

@@ -31,6 +31,8 @@ pub struct Script {
     pub after_confirm: Vec<Response>,
     /// Every request received, in order, across connections.
     pub requests: Vec<Request>,
+    /// Events per `events` reply, like the daemon's page limit.
+    pub events_per_reply: usize,
     next_action: u32,
 }
 
@@ -46,6 +48,7 @@ impl Script {
             consequences: Vec::new(),
             after_confirm: Vec::new(),
             requests: Vec::new(),
+            events_per_reply: usize::MAX,
             next_action: 1,
         }
     }
@@ -199,6 +202,7 @@ fn answer(script: &Arc<Mutex<Script>>, request: Request) -> (Response, Option<Ve
                 .events
                 .iter()
                 .filter(|e| after_seq.is_none_or(|after| e.seq > after))
+                .take(s.events_per_reply)
                 .cloned()
                 .collect(),
         },
