@@ -21,6 +21,8 @@ use tokio::task::JoinHandle;
 
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a confirmed action may take to be answered (a stop waits for the checkpoint).
+pub const ACTION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// Journal pages fetched at most when catching up (the daemon sends 500 events a page).
 pub const MAX_EVENT_PAGES: usize = 400;
 const PUSH_CHANNEL: usize = 4096;
@@ -130,6 +132,16 @@ impl Session {
 
     /// Sends one request and waits for its reply. A daemon `Error` reply becomes `Err(Daemon)`.
     pub async fn request(&self, request: &Request) -> Result<Response, ClientError> {
+        self.request_with_timeout(request, REQUEST_TIMEOUT).await
+    }
+
+    /// Like [`Session::request`] with a caller-chosen wait: a confirmed stop is answered only
+    /// after the daemon has written its checkpoint.
+    pub async fn request_with_timeout(
+        &self,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<Response, ClientError> {
         let frame = codec::encode(request)?;
         let (tx, rx) = oneshot::channel();
         {
@@ -144,10 +156,10 @@ impl Session {
             }
             write_frame(&mut writer, &frame).await?;
         }
-        let reply = tokio::time::timeout(REQUEST_TIMEOUT, rx)
+        let reply = tokio::time::timeout(timeout, rx)
             .await
             .map_err(|_| ClientError::RequestTimeout {
-                timeout_ms: REQUEST_TIMEOUT.as_millis() as u64,
+                timeout_ms: timeout.as_millis() as u64,
             })?
             .map_err(|_| ClientError::Closed)??;
         match reply {

@@ -1,13 +1,15 @@
 //! The console's link to the daemon: connects, subscribes, backfills the journal, polls status,
 //! forwards requests, and reconnects with backoff whenever the daemon goes away.
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dflash_shared::protocol::{Request, Response, Topic};
 use tokio::sync::mpsc;
 
 use super::backoff::Backoff;
-use super::session::{Push, Session, Welcome, MAX_EVENT_PAGES};
+use super::session::{Push, Session, Welcome, ACTION_TIMEOUT, MAX_EVENT_PAGES, REQUEST_TIMEOUT};
 
 /// What the link tells the console.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +93,7 @@ pub async fn run_link<E>(
                 {
                     return;
                 }
+                let session = Arc::new(session);
                 let link = Served {
                     session: &session,
                     events: &events,
@@ -148,32 +151,17 @@ async fn wait_answering_offline<E: From<LinkEvent>>(
 }
 
 struct Served<'a, E> {
-    session: &'a Session,
+    session: &'a Arc<Session>,
     events: &'a mpsc::Sender<E>,
     status_every: Duration,
 }
 
-impl<E: From<LinkEvent>> Served<'_, E> {
+impl<E: From<LinkEvent> + Send + 'static> Served<'_, E> {
     async fn emit(&self, event: LinkEvent) -> Result<(), Ended> {
         self.events
             .send(event.into())
             .await
             .map_err(|_| Ended::Stop)
-    }
-
-    /// Sends one of the link's own queries and forwards the reply as a frame.
-    async fn query(&self, request: &Request, last_seq: &mut Option<u64>) -> Result<(), Ended> {
-        match self.session.request(request).await {
-            Ok(frame) => {
-                note_seq(&frame, last_seq);
-                self.emit(LinkEvent::Frame(frame)).await
-            }
-            Err(crate::client::ClientError::Closed) => Err(Ended::Lost("connection closed".into())),
-            Err(e) => {
-                self.emit(LinkEvent::Garbled(format!("{request:?}: {e}")))
-                    .await
-            }
-        }
     }
 
     async fn serve(
@@ -187,6 +175,45 @@ impl<E: From<LinkEvent>> Served<'_, E> {
             Ok(never) => match never {},
             Err(ended) => ended,
         }
+    }
+
+    /// Status polls and the console's requests run as their own tasks: the daemon answers a
+    /// confirmed stop only once the run has checkpointed, and the link must keep reading
+    /// meanwhile. A poll is skipped while the previous one is unanswered.
+    fn spawn_status_poll(&self, in_flight: &Arc<AtomicBool>) {
+        if in_flight.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (session, events, in_flight) = (
+            Arc::clone(self.session),
+            self.events.clone(),
+            Arc::clone(in_flight),
+        );
+        tokio::spawn(async move {
+            let event = match session.request(&Request::Status).await {
+                Ok(frame) => LinkEvent::Frame(frame),
+                Err(e) => LinkEvent::Garbled(format!("status: {e}")),
+            };
+            in_flight.store(false, Ordering::SeqCst);
+            let _ = events.send(event.into()).await;
+        });
+    }
+
+    fn spawn_request(&self, request: Request) {
+        let (session, events) = (Arc::clone(self.session), self.events.clone());
+        tokio::spawn(async move {
+            let timeout = match request {
+                Request::Confirm { .. } => ACTION_TIMEOUT,
+                _ => REQUEST_TIMEOUT,
+            };
+            let result = session
+                .request_with_timeout(&request, timeout)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = events
+                .send(LinkEvent::Reply { request, result }.into())
+                .await;
+        });
     }
 
     async fn serve_inner(
@@ -216,7 +243,7 @@ impl<E: From<LinkEvent>> Served<'_, E> {
                     .await?
             }
         }
-        self.query(&Request::Status, last_seq).await?;
+        let status_in_flight = Arc::new(AtomicBool::new(false));
         let mut status_tick = tokio::time::interval(self.status_every);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -230,13 +257,10 @@ impl<E: From<LinkEvent>> Served<'_, E> {
                         self.emit(LinkEvent::Frame(frame)).await?;
                     }
                 },
-                _ = status_tick.tick() => self.query(&Request::Status, last_seq).await?,
+                _ = status_tick.tick() => self.spawn_status_poll(&status_in_flight),
                 command = commands.recv() => match command {
                     None => return Err(Ended::Stop),
-                    Some(LinkCommand::Send(request)) => {
-                        let result = self.session.request(&request).await.map_err(|e| e.to_string());
-                        self.emit(LinkEvent::Reply { request, result }).await?;
-                    }
+                    Some(LinkCommand::Send(request)) => self.spawn_request(request),
                 },
             }
         }

@@ -25,7 +25,7 @@ pub struct Args {
     /// Confirm without typing the run name. Deliberately long; there is no short form.
     #[arg(long = "yes-i-know")]
     yes_i_know: bool,
-    /// How long to wait for the daemon's final checkpoint after confirming.
+    /// How long to wait for the daemon to checkpoint and stop after confirming.
     #[arg(long, value_name = "SECS", default_value_t = 900)]
     wait: u64,
 }
@@ -190,12 +190,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         run_name: typed,
         via: via.into(),
     };
-    match session.request(&request).await? {
+    // The daemon answers once the run has checkpointed and stopped.
+    let wait = Duration::from_secs(args.wait);
+    match session.request_with_timeout(&request, wait).await? {
         Response::Executed { outcome, .. } => println!("Confirmed {action_id}: {outcome}"),
         Response::Ok => println!("Confirmed {action_id}; the daemon is checkpointing."),
         other => anyhow::bail!("unexpected reply to the confirmation: {other:?}"),
     }
-    report_checkpoint(pushes, Duration::from_secs(args.wait)).await
+    report_checkpoint(pushes, wait).await
 }
 
 /// Waits for the daemon's final checkpoint (or its exit) and says where it is.
