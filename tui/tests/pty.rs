@@ -314,3 +314,16 @@ fn confirm_stop_on_a_terminal_needs_the_exact_run_name() {
     }));
     daemon.stop();
 }
+
+#[test]
+fn replay_plays_the_incident_to_the_end_and_flags_it() {
+    let mut pty = InPty::spawn(&["replay", incident::FIXTURE, "--speed", "7200"]);
+    pty.wait_for("end");
+    pty.wait_for("CRIT");
+    pty.wait_for("20:52");
+    pty.type_text("2");
+    pty.wait_for("VOLATILE");
+    pty.type_text("q");
+    assert!(pty.wait_exit().success());
+    assert_restored(&pty);
+}
