@@ -3,7 +3,6 @@
 pub mod anchors;
 pub mod checkpoint;
 pub mod config;
-pub mod data;
 pub mod drafter_io;
 pub mod embedded;
 pub mod error;

@@ -13,16 +13,16 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::anchors::{sample_anchors, AnchorBatch};
 use super::config::TrainConfig;
-use super::data::{fingerprint, Sample};
 use super::drafter_io::named_parameters;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
 use super::labels::{block_input_ids, block_labels, BlockLabels};
-use super::loader::{split_held_out, Batch, DataPosition, Loader, Split};
+use super::loader::{fingerprint, split_held_out, Batch, DataPosition, Loader};
 use super::loss::{weighted_ce_backward, LossSums};
 use super::optim::AdamW;
 use super::rng::{streams, Rng};
 use super::schedule::WarmupCosine;
+use crate::data::{HoldoutSplit, Sample};
 use crate::engine::model::drafter::{Drafter, DrafterConfig};
 use crate::engine::model::target::TargetModel;
 
@@ -48,7 +48,7 @@ pub struct Trainer {
     pub(super) optimizer: AdamW,
     pub(super) schedule: WarmupCosine,
     pub(super) samples: Vec<Sample>,
-    pub(super) split: Split,
+    pub(super) split: HoldoutSplit,
     pub(super) loader: Loader,
     pub(super) rng: Rng,
     pub(super) step: u64,
@@ -110,16 +110,7 @@ impl Trainer {
         cfg.validate()?;
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
-        let split = split_held_out(samples.len(), cfg.held_out, cfg.seed);
-        if split.train.is_empty() {
-            return Err(TrainError::Config {
-                key: "held_out".into(),
-                detail: format!(
-                    "leaves no training samples ({} samples in the data)",
-                    samples.len()
-                ),
-            });
-        }
+        let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
         // Drafter init draws from libtorch's global generator; seed it so runs are reproducible.
         tch::manual_seed(cfg.seed as i64);
         let mut vs = VarStore::new(device);
@@ -183,7 +174,7 @@ impl Trainer {
     pub fn data_position(&self) -> DataPosition {
         self.loader.position()
     }
-    pub fn split(&self) -> &Split {
+    pub fn split(&self) -> &HoldoutSplit {
         &self.split
     }
     /// fp32 weights by HF key (what checkpoints and exports hold).
@@ -330,7 +321,7 @@ impl Trainer {
         };
         let held: Vec<&Sample> = self
             .split
-            .held_out
+            .eval
             .iter()
             .take(limit)
             .map(|&i| &self.samples[i])
