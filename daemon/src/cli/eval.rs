@@ -4,9 +4,9 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+use crate::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, LoadReport, Sample};
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::config::Attention;
-use crate::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, LoadReport, Sample};
 use crate::engine::train::drafter_io::load_hf;
 use crate::engine::train::eval::{evaluate, EvalOptions};
 use crate::engine::train::labels::{default_gamma, LabelMaskRule};
@@ -184,13 +184,15 @@ pub fn run(args: EvalArgs) -> Result<()> {
 
 /// True when the first non-blank line is a JSON object with a `conversations` key.
 fn looks_like_chat(path: &Path) -> Result<bool> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read data file {}", path.display()))?;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read data file {}", path.display()))?;
     for line in BufReader::new(file).lines() {
         let line = line.with_context(|| format!("cannot read data file {}", path.display()))?;
         if line.trim().is_empty() {
             continue;
         }
-        let value: serde_json::Value = serde_json::from_str(line.trim_start_matches('\u{feff}')).unwrap_or_default();
+        let value: serde_json::Value =
+            serde_json::from_str(line.trim_start_matches('\u{feff}')).unwrap_or_default();
         return Ok(value.get("conversations").is_some());
     }
     Ok(false)

@@ -102,7 +102,11 @@ pub fn run(args: StartArgs) -> Result<()> {
     let report_json = load_report_json(embedded::TINY_DATASET_NAME, &report);
     std::fs::write(&report_path, serde_json::to_vec_pretty(&report_json)?)
         .with_context(|| format!("cannot write {}", report_path.display()))?;
-    println!("data: {}: {}", embedded::TINY_DATASET_NAME, report.summary());
+    println!(
+        "data: {}: {}",
+        embedded::TINY_DATASET_NAME,
+        report.summary()
+    );
 
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, device)?;

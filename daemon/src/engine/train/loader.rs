@@ -13,14 +13,23 @@ use crate::data::{epoch_order, holdout_split, HoldoutSplit, Sample};
 
 /// Holds out `held_out` samples, chosen from the seed ([`holdout_split`]); both parts are in
 /// file order.
-pub fn split_held_out(n_samples: usize, held_out: usize, seed: u64) -> Result<HoldoutSplit, TrainError> {
+pub fn split_held_out(
+    n_samples: usize,
+    held_out: usize,
+    seed: u64,
+) -> Result<HoldoutSplit, TrainError> {
     if held_out == 0 {
-        return Ok(HoldoutSplit { train: (0..n_samples).collect(), eval: Vec::new() });
+        return Ok(HoldoutSplit {
+            train: (0..n_samples).collect(),
+            eval: Vec::new(),
+        });
     }
     if held_out >= n_samples {
         return Err(TrainError::Config {
             key: "held_out".into(),
-            detail: format!("is {held_out}, which leaves no training sample of the {n_samples} in the data"),
+            detail: format!(
+                "is {held_out}, which leaves no training sample of the {n_samples} in the data"
+            ),
         });
     }
     // `round(n · k/n)` is `k` exactly for any realistic n, so the count is honoured.
@@ -125,7 +134,10 @@ impl Loader {
 
     /// The order in which epoch `epoch` visits the training samples.
     pub fn epoch_order(&self, epoch: u32) -> Vec<usize> {
-        epoch_order(self.train.len(), self.seed, u64::from(epoch)).into_iter().map(|i| self.train[i]).collect()
+        epoch_order(self.train.len(), self.seed, u64::from(epoch))
+            .into_iter()
+            .map(|i| self.train[i])
+            .collect()
     }
 
     pub fn batches_per_epoch(&self) -> usize {
@@ -192,15 +204,24 @@ mod tests {
             all.sort_unstable();
             assert_eq!(all, (0..n).collect::<Vec<_>>());
         }
-        assert_eq!(split_held_out(50, 5, 1).unwrap(), split_held_out(50, 5, 1).unwrap());
+        assert_eq!(
+            split_held_out(50, 5, 1).unwrap(),
+            split_held_out(50, 5, 1).unwrap()
+        );
         assert!(split_held_out(5, 0, 1).unwrap().eval.is_empty());
         let err = split_held_out(3, 3, 1).unwrap_err().to_string();
-        assert!(err.contains("held_out") && err.contains("no training sample"), "{err}");
+        assert!(
+            err.contains("held_out") && err.contains("no training sample"),
+            "{err}"
+        );
     }
 
     #[test]
     fn fingerprint_changes_with_any_token_or_mask_bit() {
-        let a = vec![Sample { input_ids: vec![1, 2], loss_mask: vec![1, 1] }];
+        let a = vec![Sample {
+            input_ids: vec![1, 2],
+            loss_mask: vec![1, 1],
+        }];
         let mut b = a.clone();
         b[0].loss_mask[0] = 0;
         let mut c = a.clone();

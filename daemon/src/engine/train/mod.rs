@@ -13,6 +13,7 @@ pub mod loss;
 pub mod optim;
 pub mod resume;
 pub mod rng;
+pub mod run_config;
 pub mod schedule;
 pub mod trainer;
 

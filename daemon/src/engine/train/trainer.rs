@@ -121,8 +121,11 @@ impl Trainer {
         }
         let optimizer = AdamW::new(named_parameters(&vs), cfg.adamw.clone());
         let loader = Loader::new(split.train.clone(), cfg.batch_size, cfg.seed, PAD_ID);
-        let total_steps =
+        let epoch_steps =
             ((cfg.epochs as usize * loader.batches_per_epoch()).div_ceil(cfg.grad_accum)) as u64;
+        let total_steps = cfg
+            .max_steps
+            .map_or(epoch_steps, |cap| cap.min(epoch_steps));
         let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
         let embed = target.embed_tokens().to_device(device).to_kind(kind);
         let lm_head = target.lm_head().to_device(device).to_kind(kind);
