@@ -217,6 +217,7 @@ impl Trainer {
             .target
             .features(&ids, &self.drafter_cfg.target_layer_ids)?
             .to_device(self.device);
+        sync(self.device);
         times.target_forward_ms += t.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
@@ -278,6 +279,7 @@ impl Trainer {
         let report = self.optimizer.step(lr);
         self.optimizer.zero_grad();
         let report = report?;
+        sync(self.device);
         times.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
         self.step += 1;
         times.total_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -403,6 +405,13 @@ impl Trainer {
             workers: Vec::new(),
             times: StepTimes::default(),
         }
+    }
+}
+
+/// Waits for queued CUDA work, so per-phase wall times measure the phase and not its launch.
+fn sync(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
     }
 }
 
