@@ -14,6 +14,12 @@ struct Cli {
 enum Command {
     /// Print what this binary runs on: libtorch, CUDA, devices, NVML.
     Doctor,
+    /// Train (with no config: the embedded tiny default on the CPU).
+    Start(cli::start::StartArgs),
+    /// Offline evaluation of a drafter: τ, per-position acceptance, recall@k, loss.
+    Eval(cli::eval::EvalArgs),
+    /// Write a checkpoint's drafter in the Hugging Face layout.
+    Export(cli::export::ExportArgs),
     /// Target hidden states at tap layers for a token sequence, written as safetensors.
     Features(cli::features::FeaturesArgs),
 }
@@ -22,6 +28,9 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor => cli::doctor::run(),
+        Command::Start(args) => cli::start::run(args),
+        Command::Eval(args) => cli::eval::run(args),
+        Command::Export(args) => cli::export::run(args),
         Command::Features(args) => cli::features::run(args),
     }
 }

@@ -1,1 +1,22 @@
-//! The DFlash training step and everything around it.
+//! The DFlash training step and everything around it: anchors, labels, loss, optimizer,
+//! schedule, data, checkpoints, evaluation and the trainer loop.
+pub mod anchors;
+pub mod checkpoint;
+pub mod config;
+pub mod drafter_io;
+pub mod embedded;
+pub mod error;
+pub mod eval;
+pub mod labels;
+pub mod loader;
+pub mod loss;
+pub mod optim;
+pub mod resume;
+pub mod rng;
+pub mod run_config;
+pub mod schedule;
+pub mod trainer;
+
+pub use config::TrainConfig;
+pub use error::TrainError;
+pub use trainer::Trainer;

@@ -1,0 +1,45 @@
+//! Errors of the training engine. Each names the file, key or tensor and what was expected.
+use std::path::PathBuf;
+
+use super::checkpoint::CheckpointError;
+use super::optim::OptimError;
+use crate::data::DataError;
+use crate::engine::model::drafter::DrafterError;
+use crate::engine::model::error::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Drafter(#[from] DrafterError),
+    #[error("drafter weights {path}: {detail}")]
+    DrafterWeights { path: PathBuf, detail: String },
+    #[error("training config: `{key}` {detail}")]
+    Config { key: String, detail: String },
+    #[error("cannot resume from {checkpoint}: {detail}")]
+    Incompatible { checkpoint: PathBuf, detail: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the target and the drafter do not fit together: {0}")]
+    Mismatch(String),
+}
+
+impl TrainError {
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+        move |source| TrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Weighted cross-entropy through the frozen LM head, in chunks (spec §2.7, §8.2).
+//!
+//! Full logits (`positions × vocab`) are the largest tensor of a step: 8192 × 248320 is 8 GB in
+//! fp32. The drafter output is cut from the graph (`detach().requires_grad_()`), and the head +
+//! CE run chunk by chunk, each chunk backpropagated at once so only one chunk's logits live at a
+//! time. The accumulated gradient on the detached output then flows into the drafter with a
+//! single backward. Only positions with a non-zero weight are projected at all.
+use tch::{Kind, Reduction, Tensor};
+
+/// Sums over the weighted positions of one micro-batch (not yet divided by anything).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossSums {
+    /// Σ w · CE.
+    pub weighted_ce: f64,
+    /// Σ w.
+    pub weight: f64,
+    /// Positions with w > 0 whose argmax equals the label.
+    pub correct: u64,
+    /// Positions with w > 0.
+    pub counted: u64,
+}
+
+impl LossSums {
+    pub fn add(&mut self, other: &LossSums) {
+        self.weighted_ce += other.weighted_ce;
+        self.weight += other.weight;
+        self.correct += other.correct;
+        self.counted += other.counted;
+    }
+
+    /// Σ w·CE / Σ w (0 when nothing was weighted).
+    pub fn loss(&self) -> f64 {
+        if self.weight > 0.0 {
+            self.weighted_ce / self.weight
+        } else {
+            0.0
+        }
+    }
+
+    pub fn accuracy(&self) -> f64 {
+        if self.counted > 0 {
+            self.correct as f64 / self.counted as f64
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Flat indices of positions with a positive weight, and those weights, on the weights' device.
+pub(crate) fn weighted_positions(weights: &Tensor) -> (Tensor, Tensor) {
+    let flat = weights.reshape([-1]);
+    let idx = flat.gt(0.0).nonzero().reshape([-1]);
+    let w = flat.index_select(0, &idx).to_kind(Kind::Float);
+    (idx, w)
+}
+
+/// Computes `Σ w·CE / denominator` over all positions of `drafter_out` and backpropagates it
+/// into the drafter's parameters, chunk by chunk.
+///
+/// - `drafter_out`: `[B, Q, H]`, the drafter's final-normed output, part of the autograd graph.
+/// - `lm_head`: `[V, H]`, frozen (no gradient is ever taken for it).
+/// - `targets`: `[B, Q]` int64; `weights`: `[B, Q]` (zero where a slot is not trained).
+/// - `denominator`: Σ w over the whole optimizer batch (all micro-batches, all ranks), so
+///   gradient accumulation yields the gradient of the global weighted mean.
+/// - `chunk_positions`: how many weighted positions go through the head at once.
+pub fn weighted_ce_backward(
+    drafter_out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    weights: &Tensor,
+    denominator: f64,
+    chunk_positions: i64,
+) -> LossSums {
+    let hidden = drafter_out.size().last().copied().unwrap_or(0);
+    let detached = drafter_out.detach().set_requires_grad(true);
+    let flat = detached.reshape([-1, hidden]);
+    let (idx, w) = weighted_positions(weights);
+    let tgt = targets.reshape([-1]).index_select(0, &idx);
+    let total = idx.size()[0];
+    let chunk = chunk_positions.max(1);
+    let mut sums = LossSums::default();
+    let mut start = 0;
+    while start < total {
+        let len = chunk.min(total - start);
+        let rows = idx.narrow(0, start, len);
+        let h = flat.index_select(0, &rows);
+        let logits = h.matmul(&lm_head.tr()).to_kind(Kind::Float);
+        let ce = logits.cross_entropy_loss::<Tensor>(
+            &tgt.narrow(0, start, len),
+            None,
+            Reduction::None,
+            -100,
+            0.0,
+        );
+        let wc = w.narrow(0, start, len);
+        let numerator = (&ce * &wc).sum(Kind::Float);
+        (&numerator / denominator).backward();
+        let correct = tch::no_grad(|| {
+            logits
+                .argmax(-1, false)
+                .eq_tensor(&tgt.narrow(0, start, len))
+                .sum(Kind::Int64)
+        });
+        sums.weighted_ce += numerator.double_value(&[]);
+        sums.weight += wc.sum(Kind::Double).double_value(&[]);
+        sums.correct += correct.int64_value(&[]) as u64;
+        sums.counted += len as u64;
+        start += len;
+    }
+    let grad = detached.grad();
+    if grad.defined() {
+        // d/d(out) of Σ(out · g) is exactly g: hands the accumulated gradient to the drafter.
+        (drafter_out * grad.detach()).sum(Kind::Float).backward();
+    }
+    sums
+}
+
+/// The same loss without gradients (evaluation / validation), chunked the same way.
+pub fn weighted_ce(
+    drafter_out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    weights: &Tensor,
+    chunk_positions: i64,
+) -> LossSums {
+    tch::no_grad(|| {
+        let hidden = drafter_out.size().last().copied().unwrap_or(0);
+        let flat = drafter_out.reshape([-1, hidden]);
+        let (idx, w) = weighted_positions(weights);
+        let tgt = targets.reshape([-1]).index_select(0, &idx);
+        let total = idx.size()[0];
+        let chunk = chunk_positions.max(1);
+        let mut sums = LossSums::default();
+        let mut start = 0;
+        while start < total {
+            let len = chunk.min(total - start);
+            let logits = flat
+                .index_select(0, &idx.narrow(0, start, len))
+                .matmul(&lm_head.tr())
+                .to_kind(Kind::Float);
+            let t = tgt.narrow(0, start, len);
+            let ce = logits.cross_entropy_loss::<Tensor>(&t, None, Reduction::None, -100, 0.0);
+            let wc = w.narrow(0, start, len);
+            sums.weighted_ce += (&ce * &wc).sum(Kind::Double).double_value(&[]);
+            sums.weight += wc.sum(Kind::Double).double_value(&[]);
+            sums.correct += logits
+                .argmax(-1, false)
+                .eq_tensor(&t)
+                .sum(Kind::Int64)
+                .int64_value(&[]) as u64;
+            sums.counted += len as u64;
+            start += len;
+        }
+        sums
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn setup() -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+        tch::manual_seed(0);
+        let opts = (Kind::Float, Device::Cpu);
+        let w_in = Tensor::randn([2, 5, 8], opts).set_requires_grad(true);
+        let proj = Tensor::randn([8, 8], opts);
+        let head = Tensor::randn([11, 8], opts);
+        let targets = Tensor::randint(11, [2, 5], (Kind::Int64, Device::Cpu));
+        let weights = Tensor::from_slice(&[0.0f32, 1.0, 0.5, 0.0, 0.25, 0.0, 1.0, 1.0, 0.3, 0.0])
+            .view([2, 5]);
+        (w_in, proj, head, targets, weights)
+    }
+
+    fn dense_loss(out: &Tensor, head: &Tensor, targets: &Tensor, weights: &Tensor) -> Tensor {
+        let logits = out.matmul(&head.tr()).view([-1, 11]);
+        let ce = logits.cross_entropy_loss::<Tensor>(
+            &targets.view([-1]),
+            None,
+            Reduction::None,
+            -100,
+            0.0,
+        );
+        (ce * weights.view([-1])).sum(Kind::Float) / weights.sum(Kind::Float)
+    }
+
+    #[test]
+    fn chunked_gradient_equals_the_dense_weighted_mean_gradient() {
+        let (x, proj, head, targets, weights) = setup();
+        let denom = weights.sum(Kind::Double).double_value(&[]);
+
+        let out = x.matmul(&proj);
+        let sums = weighted_ce_backward(&out, &head, &targets, &weights, denom, 2);
+        let chunked_grad = x.grad().copy();
+        let _ = x.grad().zero_();
+
+        let reference = dense_loss(&x.matmul(&proj), &head, &targets, &weights);
+        reference.backward();
+        assert!((sums.loss() - reference.double_value(&[])).abs() < 1e-5);
+        assert!(chunked_grad.allclose(&x.grad(), 1e-5, 1e-6, false));
+        assert_eq!(sums.counted, 6);
+        assert!((sums.weight - denom).abs() < 1e-6);
+    }
+
+    #[test]
+    fn chunk_size_does_not_change_the_result() {
+        let (x, proj, head, targets, weights) = setup();
+        let out = x.matmul(&proj);
+        let a = weighted_ce(&out, &head, &targets, &weights, 1);
+        let b = weighted_ce(&out, &head, &targets, &weights, 1000);
+        assert!((a.loss() - b.loss()).abs() < 1e-6);
+        assert_eq!(a.correct, b.correct);
+    }
+
+    #[test]
+    fn the_head_gets_no_gradient_and_zero_weights_contribute_nothing() {
+        let (x, proj, head, targets, _) = setup();
+        let head = head.set_requires_grad(false);
+        let zero = Tensor::zeros([2, 5], (Kind::Float, Device::Cpu));
+        let sums = weighted_ce_backward(&x.matmul(&proj), &head, &targets, &zero, 1.0, 4);
+        assert_eq!(sums, LossSums::default());
+        assert!(!x.grad().defined() || x.grad().abs().sum(Kind::Float).double_value(&[]) == 0.0);
+        assert!(!head.grad().defined());
+    }
+
+    #[test]
+    fn accuracy_counts_argmax_hits() {
+        // Head = identity over 3 classes: the argmax is the largest input coordinate.
+        let head = Tensor::eye(3, (Kind::Float, Device::Cpu));
+        let out = Tensor::from_slice(&[5.0f32, 0.0, 0.0, 0.0, 5.0, 0.0]).view([1, 2, 3]);
+        let targets = Tensor::from_slice(&[0i64, 2]).view([1, 2]);
+        let weights = Tensor::from_slice(&[1.0f32, 1.0]).view([1, 2]);
+        let s = weighted_ce(&out, &head, &targets, &weights, 8);
+        assert_eq!((s.correct, s.counted), (1, 2));
+        assert_eq!(s.accuracy(), 0.5);
+    }
+}

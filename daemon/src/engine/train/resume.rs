@@ -1,0 +1,215 @@
+//! Trainer checkpoints: what exact resume needs, and the checks that refuse an unsafe resume.
+//!
+//! A checkpoint directory holds `drafter.safetensors` (fp32 master weights, HF keys),
+//! `optimizer.safetensors` (AdamW moments), `config.json` (the drafter in the HF layout) and
+//! `trainer_state.json` (step, schedule, RNG state, data position, the training config and a
+//! fingerprint of the data), all covered by the manifest's checksums.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tch::Tensor;
+
+use super::checkpoint::{self, CheckpointWriter};
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::loader::DataPosition;
+use super::rng::Rng;
+use super::schedule::WarmupCosine;
+use super::trainer::Trainer;
+use crate::engine::model::drafter::DrafterConfig;
+
+pub const DRAFTER_FILE: &str = "drafter.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+pub const STATE_FILE: &str = "trainer_state.json";
+
+/// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
+/// when to evaluate or save and how to chunk work, not what is computed.
+const RUNTIME_KEYS: [&str; 7] = [
+    "eval_every",
+    "eval_max_samples",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_anchors_per_forward",
+    "loss_chunk_positions",
+    "attention",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub step: u64,
+    pub optimizer_step: u64,
+    pub position: DataPosition,
+    pub rng: [u64; 4],
+    pub schedule: WarmupCosine,
+    pub config: TrainConfig,
+    pub data_fingerprint: String,
+    pub dtype: String,
+}
+
+/// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`.
+fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<String> {
+    let (Value::Object(a), Value::Object(b)) = (saved, now) else {
+        return if saved == now {
+            vec![]
+        } else {
+            vec!["<whole config>".into()]
+        };
+    };
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| !allowed.contains(&k.as_str()) && a.get(*k) != b.get(*k))
+        .map(|k| {
+            let show = |v: Option<&Value>| v.map_or("absent".to_string(), Value::to_string);
+            format!(
+                "`{k}`: checkpoint {} vs now {}",
+                show(a.get(k)),
+                show(b.get(k))
+            )
+        })
+        .collect()
+}
+
+fn tensor_map(list: Vec<(String, Tensor)>) -> HashMap<String, Tensor> {
+    list.into_iter().collect()
+}
+
+impl Trainer {
+    /// Writes a checkpoint of the current step under `root` and prunes old ones.
+    pub fn save_checkpoint(&self, root: &Path) -> Result<PathBuf, TrainError> {
+        let state = TrainerState {
+            step: self.step,
+            optimizer_step: self.optimizer.step_count(),
+            position: self.loader.position(),
+            rng: self.rng.state(),
+            schedule: self.schedule.clone(),
+            config: self.cfg.clone(),
+            data_fingerprint: self.data_fingerprint.clone(),
+            dtype: format!("{:?}", super::trainer::compute_kind(self.vs.device())),
+        };
+        let mut w = CheckpointWriter::begin(root, self.step)?;
+        w.write_tensors(DRAFTER_FILE, &self.optimizer.master_weights())?;
+        w.write_tensors(OPTIMIZER_FILE, &self.optimizer.moment_tensors())?;
+        w.write_json(CONFIG_FILE, &self.drafter_cfg.to_hf_json())?;
+        w.write_json(STATE_FILE, &state)?;
+        let dir = w.commit()?;
+        checkpoint::prune(root, self.cfg.keep_checkpoints)?;
+        Ok(dir)
+    }
+
+    /// Restores weights, optimizer, schedule, RNG and data position from `dir` after checking
+    /// its checksums, and that the drafter, the locked training keys and the data are the ones
+    /// this trainer was built with.
+    pub fn restore_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
+        checkpoint::verify(dir)?;
+        let incompatible = |detail: String| TrainError::Incompatible {
+            checkpoint: dir.to_path_buf(),
+            detail,
+        };
+        let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
+        let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
+        let drafter_diff = changed_keys(&saved_drafter, &self.drafter_cfg.to_hf_json(), &[]);
+        if !drafter_diff.is_empty() {
+            return Err(incompatible(format!(
+                "the drafter config differs: {}",
+                drafter_diff.join("; ")
+            )));
+        }
+        let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
+        let config_diff = changed_keys(&as_json(&state.config), &as_json(&self.cfg), &RUNTIME_KEYS);
+        if !config_diff.is_empty() {
+            return Err(incompatible(format!(
+                "locked training keys differ: {}",
+                config_diff.join("; ")
+            )));
+        }
+        if state.data_fingerprint != self.data_fingerprint {
+            return Err(incompatible(format!(
+                "the training data changed (fingerprint {} in the checkpoint, {} now); its data position would be meaningless",
+                state.data_fingerprint, self.data_fingerprint
+            )));
+        }
+        if state.schedule != self.schedule {
+            return Err(incompatible(format!(
+                "the schedule differs: checkpoint {:?}, now {:?}",
+                state.schedule, self.schedule
+            )));
+        }
+        let master = tensor_map(checkpoint::read_tensors(dir, DRAFTER_FILE)?);
+        let moments = tensor_map(checkpoint::read_tensors(dir, OPTIMIZER_FILE)?);
+        self.optimizer
+            .restore(&master, &moments, state.optimizer_step)
+            .map_err(|e| incompatible(e.to_string()))?;
+        self.step = state.step;
+        self.loader.seek(state.position);
+        self.rng = Rng::from_state(state.rng);
+        Ok(())
+    }
+
+    /// Resumes from the newest checkpoint under `root`, if any. Returns its directory.
+    pub fn resume_latest(&mut self, root: &Path) -> Result<Option<PathBuf>, TrainError> {
+        checkpoint::recover(root)?;
+        match checkpoint::latest(root)? {
+            Some(dir) => {
+                self.restore_checkpoint(&dir)?;
+                Ok(Some(dir))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// The drafter config and fp32 weights of a checkpoint (verified), for export.
+pub fn read_checkpoint_drafter(
+    dir: &Path,
+) -> Result<(DrafterConfig, Vec<(String, Tensor)>), TrainError> {
+    checkpoint::verify(dir)?;
+    let config_value: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
+    let config =
+        DrafterConfig::from_hf_value(&config_value, &dir.join(CONFIG_FILE).display().to_string())?;
+    let mut weights = checkpoint::read_tensors(dir, DRAFTER_FILE)?;
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((config, weights))
+}
+
+/// A checkpoint directory, or the newest checkpoint of a run's checkpoint root.
+pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, TrainError> {
+    if path.join(checkpoint::MANIFEST).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    for root in [path.join("checkpoints"), path.to_path_buf()] {
+        if let Some(dir) = checkpoint::latest(&root)? {
+            return Ok(dir);
+        }
+    }
+    Err(checkpoint::CheckpointError::NoManifest {
+        dir: path.to_path_buf(),
+    }
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn changed_keys_lists_only_locked_differences() {
+        let a = json!({"lr": 1.0, "eval_every": 5, "epochs": 6});
+        let b = json!({"lr": 2.0, "eval_every": 7, "epochs": 6});
+        let diff = changed_keys(&a, &b, &["eval_every"]);
+        assert_eq!(diff, vec!["`lr`: checkpoint 1.0 vs now 2.0".to_string()]);
+    }
+
+    #[test]
+    fn runtime_keys_exist_in_the_config() {
+        let keys = serde_json::to_value(TrainConfig::default()).unwrap();
+        for k in RUNTIME_KEYS {
+            assert!(keys.get(k).is_some(), "{k}");
+        }
+    }
+}
