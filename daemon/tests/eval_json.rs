@@ -47,11 +47,11 @@ fn eval_json_shape_and_bad_line_reporting() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(
-        stderr.contains("line 4") && stderr.contains("`loss_mask` has 2 entries"),
+        stderr.contains("eval.jsonl:4: input_ids has 3 tokens but loss_mask has 2"),
         "{stderr}"
     );
     assert!(
-        stderr.contains("line 8") && stderr.contains("9999 is outside the vocabulary [0, 512)"),
+        stderr.contains("eval.jsonl:8: input_ids[2] is 9999; expected 0..512"),
         "{stderr}"
     );
 
@@ -86,7 +86,14 @@ fn eval_json_shape_and_bad_line_reporting() {
     // recall@1 at slot 1 is the same event as acceptance at slot 1.
     assert!((recall["1"][0].as_f64().unwrap() - acc[0]).abs() < 1e-12);
     assert_eq!(v["samples"], 10);
-    assert_eq!(v["data"]["bad_lines"].as_array().unwrap().len(), 2);
+    let bad: Vec<u64> = v["data"]["bad_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bad, vec![4, 8]);
+    assert_eq!(v["data"]["samples"], 10);
 }
 
 #[test]

@@ -74,7 +74,7 @@ fn resumed_run_is_bitwise_identical_to_a_straight_run() {
     assert!(moved);
 }
 
-fn start(run_dir: &Path, steps: u64) {
+fn start(run_dir: &Path, steps: u64, metrics: &Path) {
     let out = Command::new(env!("CARGO_BIN_EXE_dflashd"))
         .args([
             "start",
@@ -88,6 +88,8 @@ fn start(run_dir: &Path, steps: u64) {
             "--run-dir",
         ])
         .arg(run_dir)
+        .arg("--metrics-jsonl")
+        .arg(metrics)
         .output()
         .unwrap();
     assert!(
@@ -101,9 +103,10 @@ fn start(run_dir: &Path, steps: u64) {
 fn restarting_the_process_continues_exactly() {
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    start(a.path(), 6);
-    start(b.path(), 3);
-    start(b.path(), 3);
+    let metrics = b.path().join("logs/metrics.jsonl");
+    start(a.path(), 6, &a.path().join("metrics.jsonl"));
+    start(b.path(), 3, &metrics);
+    start(b.path(), 3, &metrics);
     let ckpt =
         |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step-0000000006").join(f)).unwrap();
     for file in ["drafter.safetensors", "optimizer.safetensors"] {
@@ -112,15 +115,30 @@ fn restarting_the_process_continues_exactly() {
             "{file} differs between 6 straight steps and 3 + 3"
         );
     }
-    // The metrics file of the restarted run continues the step count.
-    let steps: Vec<u64> = std::fs::read_to_string(b.path().join("metrics.jsonl"))
+    // One JSON object per line; the restarted run continues the step count; the first line
+    // is the evaluation of the untrained drafter (τ = 1: it predicts nothing yet).
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
         .unwrap()
         .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    let steps: Vec<u64> = lines.iter().map(|v| v["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, vec![0, 1, 2, 3, 4, 5, 6]);
+    for v in &lines {
+        for key in [
+            "epoch",
+            "loss",
+            "tokens_per_s",
+            "lr",
+            "grad_norm",
+            "accuracy",
+        ] {
+            assert!(v[key].is_number(), "{key} missing in {v}");
+        }
+    }
+    assert!(lines[0]["tau"].as_f64().unwrap() < 1.1, "{}", lines[0]);
+    assert!(lines[1..].iter().all(|v| v.get("tau").is_none()));
+    assert!(lines[1..]
+        .iter()
+        .all(|v| v["tokens_per_s"].as_f64().unwrap() > 0.0));
 }

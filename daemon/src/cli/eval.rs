@@ -1,21 +1,29 @@
 //! `dflashd eval --target DIR --drafter DIR --data FILE [--json]`: offline acceptance length τ,
 //! per-position acceptance, recall@k per position and loss (spec §5), with deterministic
 //! anchors at every valid position of every sample.
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 
+use crate::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, LoadReport, Sample};
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::config::Attention;
-use crate::engine::train::data::{load_jsonl, DataOptions, Sample};
 use crate::engine::train::drafter_io::load_hf;
 use crate::engine::train::eval::{evaluate, EvalOptions};
 use crate::engine::train::labels::{default_gamma, LabelMaskRule};
 use crate::engine::train::trainer::compute_kind;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use tch::Kind;
 
 use super::start::parse_device;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    Auto,
+    Pretokenized,
+    Chat,
+}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum AttentionArg {
@@ -31,9 +39,16 @@ pub struct EvalArgs {
     /// Drafter directory in the published DFlash layout (`config.json` + safetensors).
     #[arg(long)]
     pub drafter: PathBuf,
-    /// Pre-tokenized JSONL: `input_ids` and `loss_mask` per line.
+    /// JSONL data: pre-tokenized (`input_ids` + `loss_mask`) or chat (`conversations`, rendered
+    /// with the target's `tokenizer.json` and chat template).
     #[arg(long)]
     pub data: PathBuf,
+    /// Data format; `auto` looks at the first non-blank line.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: FormatArg,
+    /// Chat template file for chat data (default: the target directory's template).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -81,15 +96,36 @@ pub fn run(args: EvalArgs) -> Result<()> {
     };
     let target = TargetModel::load(&args.target, device, Some(kind))?;
     let drafter = load_hf(&args.drafter, device, kind)?;
-    let opts = DataOptions {
-        vocab_size: Some(target.config().vocab_size()),
-        max_len: Some(args.max_len),
+    let opts = LoadOptions {
+        max_length: args.max_len,
+        vocab_size: Some(target.config().vocab_size() as usize),
+        threads: 0,
     };
-    let (samples, report) = load_jsonl(&args.data, &opts)?;
-    for bad in &report.bad {
+    let format = match args.format {
+        FormatArg::Auto if looks_like_chat(&args.data)? => FormatArg::Chat,
+        FormatArg::Auto => FormatArg::Pretokenized,
+        other => other,
+    };
+    let encoder = match format {
+        FormatArg::Chat => Some(ChatEncoder::from_model_dir(
+            &args.target,
+            args.chat_template.as_deref(),
+            ChatOptions::default(),
+        )?),
+        _ => None,
+    };
+    let data_format = match &encoder {
+        Some(e) => DataFormat::Chat(e),
+        None => DataFormat::Pretokenized,
+    };
+    let (samples, report) = load(&args.data, data_format, &opts)?;
+    for bad in &report.bad_lines {
+        eprintln!("data: {bad} (skipped)");
+    }
+    for line in &report.skipped_too_short {
         eprintln!(
-            "data: {} line {}: {} (skipped)",
-            report.source, bad.line, bad.reason
+            "data: {}:{line}: no two consecutive supervised tokens, nothing to evaluate (skipped)",
+            args.data.display()
         );
     }
     let limit = args.max_samples.unwrap_or(usize::MAX);
@@ -113,15 +149,18 @@ pub fn run(args: EvalArgs) -> Result<()> {
         if let Some(map) = value.as_object_mut() {
             map.insert(
                 "data".into(),
-                json!({"source": report.source, "lines": report.lines, "samples": report.samples, "bad_lines": report.bad}),
+                load_report_json(&args.data.display().to_string(), &report),
             );
         }
         println!("{}", serde_json::to_string(&value)?);
         return Ok(());
     }
     println!(
-        "data: {report}; evaluated {} samples, {} blocks, {} draft positions",
-        result.samples, result.blocks, result.positions
+        "data: {}; evaluated {} samples, {} blocks, {} draft positions",
+        report.summary(),
+        result.samples,
+        result.blocks,
+        result.positions
     );
     println!("tau (acceptance length): {:.4}", result.tau);
     println!(
@@ -141,4 +180,33 @@ pub fn run(args: EvalArgs) -> Result<()> {
         println!();
     }
     Ok(())
+}
+
+/// True when the first non-blank line is a JSON object with a `conversations` key.
+fn looks_like_chat(path: &Path) -> Result<bool> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read data file {}", path.display()))?;
+    for line in BufReader::new(file).lines() {
+        let line = line.with_context(|| format!("cannot read data file {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(line.trim_start_matches('\u{feff}')).unwrap_or_default();
+        return Ok(value.get("conversations").is_some());
+    }
+    Ok(false)
+}
+
+/// A data load's accounting as JSON (for `--json` output and `data_report.json`).
+pub fn load_report_json(source: &str, report: &LoadReport) -> serde_json::Value {
+    json!({
+        "source": source,
+        "lines": report.lines,
+        "blank_lines": report.blank_lines,
+        "samples": report.samples,
+        "truncated": report.truncated,
+        "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "reason": b.reason})).collect::<Vec<_>>(),
+        "skipped_too_short": report.skipped_too_short,
+    })
 }

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::eval::load_report_json;
 use crate::engine::train::embedded;
 use crate::engine::train::trainer::{RunOptions, Trainer};
 use anyhow::{bail, Context, Result};
@@ -97,16 +98,15 @@ pub fn run(args: StartArgs) -> Result<()> {
     let cfg = embedded::tiny_train_config();
     let target = embedded::tiny_target(Some(&args.run_dir), device)?;
     let (samples, report) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
-    for bad in &report.bad {
-        eprintln!(
-            "data: {} line {}: {} (skipped)",
-            report.source, bad.line, bad.reason
-        );
-    }
     let report_path = args.run_dir.join("data_report.json");
-    std::fs::write(&report_path, serde_json::to_vec_pretty(&report)?)
+    let report_json = load_report_json(embedded::TINY_DATASET_NAME, &report);
+    std::fs::write(&report_path, serde_json::to_vec_pretty(&report_json)?)
         .with_context(|| format!("cannot write {}", report_path.display()))?;
-    println!("data: {report}");
+    println!(
+        "data: {}: {}",
+        embedded::TINY_DATASET_NAME,
+        report.summary()
+    );
 
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, device)?;
@@ -126,7 +126,7 @@ pub fn run(args: StartArgs) -> Result<()> {
         args.device,
         trainer.total_steps(),
         trainer.split().train.len(),
-        trainer.split().held_out.len(),
+        trainer.split().eval.len(),
         args.run_dir.display()
     );
 

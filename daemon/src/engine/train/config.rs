@@ -31,6 +31,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Full passes over the training split (no early stopping).
     pub epochs: u32,
+    /// Caps the schedule's length (SpecForge caps its Qwen3.6-27B recipe at 10000 steps).
+    pub max_steps: Option<u64>,
     /// Sequences per micro-batch.
     pub batch_size: usize,
     /// Micro-batches per optimizer step.
@@ -67,6 +69,7 @@ impl Default for TrainConfig {
         Self {
             seed: 0,
             epochs: 6,
+            max_steps: None,
             batch_size: 1,
             grad_accum: 1,
             num_anchors: 512,
@@ -100,6 +103,9 @@ impl TrainConfig {
                 detail,
             })
         };
+        if self.max_steps == Some(0) {
+            return bad("max_steps", "must be at least 1 when set, found 0".into());
+        }
         if self.epochs == 0 {
             return bad("epochs", "must be at least 1, found 0".into());
         }

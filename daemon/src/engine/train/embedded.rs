@@ -3,13 +3,15 @@
 //! (compiled into the binary, so it runs from any directory).
 use std::path::Path;
 
+use dflash_shared::config::Config;
 use tch::Device;
 
 use super::config::TrainConfig;
-use super::data::{parse_jsonl, DataOptions, DataReport, Sample};
 use super::error::TrainError;
+use super::run_config;
 use super::trainer::compute_kind;
-use crate::engine::model::drafter::{DrafterConfig, LayerType};
+use crate::data::{has_consecutive_supervised, parse_pretokenized_line, LoadReport, Sample};
+use crate::engine::model::drafter::DrafterConfig;
 use crate::engine::model::target::{TargetConfig, TargetModel};
 
 /// `assets/tiny/train.jsonl`, written by `assets/tiny/make_tiny_dataset.py`.
@@ -26,64 +28,57 @@ pub fn tiny_target_config() -> TargetConfig {
     TargetConfig::tiny_default()
 }
 
+/// `configs/tiny-cpu.toml`, compiled in (`dflash_shared::config::EMBEDDED_DEFAULT_TOML`).
+pub fn tiny_run_config() -> Config {
+    Config::embedded_default()
+}
+
 /// Two drafter layers (one sliding, one full) over two tapped target layers, block size 8.
 pub fn tiny_drafter_config(target: &TargetConfig) -> DrafterConfig {
-    let layers = 2;
-    let hidden = target.hidden_size();
-    DrafterConfig {
-        hidden_size: hidden,
-        intermediate_size: 3 * hidden,
-        num_hidden_layers: layers,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: hidden / 4,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        layer_types: vec![LayerType::Sliding, LayerType::Full],
-        sliding_window: Some(32),
-        block_size: 8,
-        mask_token_id: TINY_MASK_TOKEN_ID,
-        target_layer_ids: DrafterConfig::build_target_layer_ids(target.num_layers(), layers),
-        target_hidden_size: hidden,
-        vocab_size: target.vocab_size(),
-        max_position_embeddings: 4096,
-        num_target_layers: Some(target.num_layers()),
-        initializer_range: 0.02,
-    }
+    run_config::drafter_config(&tiny_run_config().drafter, target)
 }
 
 /// Sized so six epochs take a few minutes on two CPU cores.
 pub fn tiny_train_config() -> TrainConfig {
-    TrainConfig {
-        seed: 1,
-        epochs: 6,
-        batch_size: 8,
-        num_anchors: 16,
-        lr: 2e-3,
-        held_out: 48,
-        eval_every: 50,
-        checkpoint_every: 100,
-        keep_checkpoints: 3,
-        max_len: 256,
-        loss_chunk_positions: 1024,
-        eval_anchors_per_forward: 64,
-        ..TrainConfig::default()
-    }
+    let samples = TINY_DATASET
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    run_config::train_config(&tiny_run_config(), samples)
 }
 
+/// The embedded dataset as samples. It is part of the binary, so any line that does not parse
+/// or fit is a build defect and an error, not a skipped line.
 pub fn tiny_samples(
     vocab_size: i64,
     max_len: usize,
-) -> Result<(Vec<Sample>, DataReport), TrainError> {
-    let opts = DataOptions {
-        vocab_size: Some(vocab_size),
-        max_len: Some(max_len),
+) -> Result<(Vec<Sample>, LoadReport), TrainError> {
+    let mut report = LoadReport::default();
+    let mut samples = Vec::new();
+    let defect = |line: usize, why: String| TrainError::Config {
+        key: TINY_DATASET_NAME.into(),
+        detail: format!("line {line}: {why}"),
     };
-    Ok(parse_jsonl(
-        TINY_DATASET.as_bytes(),
-        TINY_DATASET_NAME,
-        &opts,
-    )?)
+    for (i, text) in TINY_DATASET.lines().enumerate() {
+        report.lines += 1;
+        if text.trim().is_empty() {
+            report.blank_lines += 1;
+            continue;
+        }
+        let mut sample = parse_pretokenized_line(text, Some(vocab_size as usize))
+            .map_err(|why| defect(i + 1, why))?;
+        if sample.len() > max_len {
+            sample.input_ids.truncate(max_len);
+            sample.loss_mask.truncate(max_len);
+            report.truncated += 1;
+        }
+        if !has_consecutive_supervised(&sample.loss_mask) {
+            return Err(defect(i + 1, "no two consecutive supervised tokens".into()));
+        }
+        report.samples += 1;
+        samples.push(sample);
+    }
+    Ok((samples, report))
 }
 
 /// The run's target: loaded from `<run_dir>/target` when a previous run saved it there,
@@ -115,7 +110,7 @@ mod tests {
         let cfg = tiny_target_config();
         let (samples, report) =
             tiny_samples(cfg.vocab_size(), tiny_train_config().max_len).unwrap();
-        assert!(report.bad.is_empty(), "{:?}", report.bad.first());
+        assert!(report.is_balanced());
         assert_eq!(report.truncated, 0);
         assert!(samples.len() >= 500, "{}", samples.len());
         assert!(samples
@@ -127,7 +122,11 @@ mod tests {
     fn the_tiny_drafter_config_is_valid() {
         let d = tiny_drafter_config(&tiny_target_config());
         d.validate("embedded").unwrap();
-        assert_eq!(d.target_layer_ids, vec![1, 3]);
+        assert_eq!(
+            d.target_layer_ids,
+            DrafterConfig::build_target_layer_ids(6, 2)
+        );
+        assert_eq!(d.mask_token_id, TINY_MASK_TOKEN_ID);
         tiny_train_config().validate().unwrap();
     }
 }

@@ -2,8 +2,8 @@
 use std::path::PathBuf;
 
 use super::checkpoint::CheckpointError;
-use super::data::DataError;
 use super::optim::OptimError;
+use crate::data::DataError;
 use crate::engine::model::drafter::DrafterError;
 use crate::engine::model::error::ModelError;
 

@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use super::anchors::{all_anchors_chunked, AnchorBatch};
-use super::data::Sample;
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::collate;
+use crate::data::Sample;
 use crate::engine::model::drafter::{AttentionBackend, Drafter};
 use crate::engine::model::target::TargetModel;
 

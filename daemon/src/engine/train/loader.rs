@@ -1,33 +1,55 @@
-//! From samples to batches: the held-out split, the per-epoch shuffle and padding.
+//! From samples to batches: the held-out split, the per-epoch order and padding.
 //!
-//! Everything is a pure function of the run seed and the data position `(epoch, index)`, so a
-//! run restarted from a checkpoint sees exactly the batches the uninterrupted run would have.
+//! The split and the order come from [`crate::data`] (one definition of "data position" for the
+//! engine and the daemon); everything is a pure function of the run seed and the position
+//! `(epoch, index)`, so a run restarted from a checkpoint sees exactly the batches the
+//! uninterrupted run would have.
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-use super::data::Sample;
+use super::error::TrainError;
 use super::labels::Rows;
-use super::rng::{streams, Rng};
+use crate::data::{epoch_order, holdout_split, HoldoutSplit, Sample};
 
-/// Sample indices of the training and held-out parts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Split {
-    pub train: Vec<usize>,
-    pub held_out: Vec<usize>,
+/// Holds out `held_out` samples, chosen from the seed ([`holdout_split`]); both parts are in
+/// file order.
+pub fn split_held_out(
+    n_samples: usize,
+    held_out: usize,
+    seed: u64,
+) -> Result<HoldoutSplit, TrainError> {
+    if held_out == 0 {
+        return Ok(HoldoutSplit {
+            train: (0..n_samples).collect(),
+            eval: Vec::new(),
+        });
+    }
+    if held_out >= n_samples {
+        return Err(TrainError::Config {
+            key: "held_out".into(),
+            detail: format!(
+                "is {held_out}, which leaves no training sample of the {n_samples} in the data"
+            ),
+        });
+    }
+    // `round(n · k/n)` is `k` exactly for any realistic n, so the count is honoured.
+    let split = holdout_split(n_samples, seed, held_out as f64 / n_samples as f64)?;
+    debug_assert_eq!(split.eval.len(), held_out);
+    Ok(split)
 }
 
-/// Holds out `held_out` samples chosen uniformly from the seed (both parts keep file order).
-pub fn split_held_out(n_samples: usize, held_out: usize, seed: u64) -> Split {
-    let mut order: Vec<usize> = (0..n_samples).collect();
-    Rng::stream(seed, streams::SPLIT, 0).shuffle(&mut order);
-    let k = held_out.min(n_samples.saturating_sub(1));
-    let mut held: Vec<usize> = order[..k].to_vec();
-    let mut train: Vec<usize> = order[k..].to_vec();
-    held.sort_unstable();
-    train.sort_unstable();
-    Split {
-        train,
-        held_out: held,
+/// SHA-256 over the samples (ids and masks), so a resumed run can tell whether its data
+/// changed underneath it, whatever file or format it came from.
+pub fn fingerprint(samples: &[Sample]) -> String {
+    let mut h = Sha256::new();
+    for s in samples {
+        h.update((s.input_ids.len() as u64).to_le_bytes());
+        for id in &s.input_ids {
+            h.update(id.to_le_bytes());
+        }
+        h.update(&s.loss_mask);
     }
+    hex::encode(h.finalize())
 }
 
 /// Where the next batch starts: `index` counts samples already consumed in `epoch`.
@@ -112,9 +134,10 @@ impl Loader {
 
     /// The order in which epoch `epoch` visits the training samples.
     pub fn epoch_order(&self, epoch: u32) -> Vec<usize> {
-        let mut order = self.train.clone();
-        Rng::stream(self.seed, streams::SHUFFLE, epoch as u64).shuffle(&mut order);
-        order
+        epoch_order(self.train.len(), self.seed, u64::from(epoch))
+            .into_iter()
+            .map(|i| self.train[i])
+            .collect()
     }
 
     pub fn batches_per_epoch(&self) -> usize {
@@ -168,21 +191,44 @@ mod tests {
             .map(|i| Sample {
                 input_ids: vec![i as i64; 2 + i % 3],
                 loss_mask: vec![1; 2 + i % 3],
-                line: i + 1,
             })
             .collect()
     }
 
     #[test]
-    fn split_is_disjoint_complete_and_seeded() {
-        let s = split_held_out(50, 5, 1);
-        assert_eq!(s.held_out.len(), 5);
-        let mut all: Vec<usize> = s.train.iter().chain(&s.held_out).copied().collect();
-        all.sort_unstable();
-        assert_eq!(all, (0..50).collect::<Vec<_>>());
-        assert_eq!(s, split_held_out(50, 5, 1));
-        assert_ne!(s.held_out, split_held_out(50, 5, 2).held_out);
-        assert_eq!(split_held_out(3, 10, 1).train.len(), 1);
+    fn split_holds_out_exactly_the_requested_count() {
+        for (n, k) in [(50, 5), (900, 48), (7, 1), (3, 2)] {
+            let s = split_held_out(n, k, 1).unwrap();
+            assert_eq!(s.eval.len(), k);
+            let mut all: Vec<usize> = s.train.iter().chain(&s.eval).copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            split_held_out(50, 5, 1).unwrap(),
+            split_held_out(50, 5, 1).unwrap()
+        );
+        assert!(split_held_out(5, 0, 1).unwrap().eval.is_empty());
+        let err = split_held_out(3, 3, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("held_out") && err.contains("no training sample"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fingerprint_changes_with_any_token_or_mask_bit() {
+        let a = vec![Sample {
+            input_ids: vec![1, 2],
+            loss_mask: vec![1, 1],
+        }];
+        let mut b = a.clone();
+        b[0].loss_mask[0] = 0;
+        let mut c = a.clone();
+        c[0].input_ids[1] = 3;
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(fingerprint(&a), fingerprint(&c));
     }
 
     #[test]
@@ -226,12 +272,10 @@ mod tests {
         let a = Sample {
             input_ids: vec![5, 6, 7],
             loss_mask: vec![0, 1, 1],
-            line: 1,
         };
         let b = Sample {
             input_ids: vec![8],
             loss_mask: vec![1],
-            line: 2,
         };
         let batch = collate(&[&a, &b], 0, 0);
         assert_eq!(batch.seq_len, 3);

@@ -3,7 +3,6 @@
 pub mod anchors;
 pub mod checkpoint;
 pub mod config;
-pub mod data;
 pub mod drafter_io;
 pub mod embedded;
 pub mod error;
@@ -14,6 +13,7 @@ pub mod loss;
 pub mod optim;
 pub mod resume;
 pub mod rng;
+pub mod run_config;
 pub mod schedule;
 pub mod trainer;
 

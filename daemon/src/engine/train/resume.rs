@@ -89,7 +89,7 @@ impl Trainer {
             schedule: self.schedule.clone(),
             config: self.cfg.clone(),
             data_fingerprint: self.data_fingerprint.clone(),
-            dtype: format!("{:?}", self.vs.root().kind()),
+            dtype: format!("{:?}", super::trainer::compute_kind(self.vs.device())),
         };
         let mut w = CheckpointWriter::begin(root, self.step)?;
         w.write_tensors(DRAFTER_FILE, &self.optimizer.master_weights())?;

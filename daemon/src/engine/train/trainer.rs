@@ -13,16 +13,16 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::anchors::{sample_anchors, AnchorBatch};
 use super::config::TrainConfig;
-use super::data::{fingerprint, Sample};
 use super::drafter_io::named_parameters;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
 use super::labels::{block_input_ids, block_labels, BlockLabels};
-use super::loader::{split_held_out, Batch, DataPosition, Loader, Split};
+use super::loader::{fingerprint, split_held_out, Batch, DataPosition, Loader};
 use super::loss::{weighted_ce_backward, LossSums};
 use super::optim::AdamW;
 use super::rng::{streams, Rng};
 use super::schedule::WarmupCosine;
+use crate::data::{HoldoutSplit, Sample};
 use crate::engine::model::drafter::{Drafter, DrafterConfig};
 use crate::engine::model::target::TargetModel;
 
@@ -48,7 +48,7 @@ pub struct Trainer {
     pub(super) optimizer: AdamW,
     pub(super) schedule: WarmupCosine,
     pub(super) samples: Vec<Sample>,
-    pub(super) split: Split,
+    pub(super) split: HoldoutSplit,
     pub(super) loader: Loader,
     pub(super) rng: Rng,
     pub(super) step: u64,
@@ -110,16 +110,7 @@ impl Trainer {
         cfg.validate()?;
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
-        let split = split_held_out(samples.len(), cfg.held_out, cfg.seed);
-        if split.train.is_empty() {
-            return Err(TrainError::Config {
-                key: "held_out".into(),
-                detail: format!(
-                    "leaves no training samples ({} samples in the data)",
-                    samples.len()
-                ),
-            });
-        }
+        let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
         // Drafter init draws from libtorch's global generator; seed it so runs are reproducible.
         tch::manual_seed(cfg.seed as i64);
         let mut vs = VarStore::new(device);
@@ -130,8 +121,11 @@ impl Trainer {
         }
         let optimizer = AdamW::new(named_parameters(&vs), cfg.adamw.clone());
         let loader = Loader::new(split.train.clone(), cfg.batch_size, cfg.seed, PAD_ID);
-        let total_steps =
+        let epoch_steps =
             ((cfg.epochs as usize * loader.batches_per_epoch()).div_ceil(cfg.grad_accum)) as u64;
+        let total_steps = cfg
+            .max_steps
+            .map_or(epoch_steps, |cap| cap.min(epoch_steps));
         let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
         let embed = target.embed_tokens().to_device(device).to_kind(kind);
         let lm_head = target.lm_head().to_device(device).to_kind(kind);
@@ -183,7 +177,7 @@ impl Trainer {
     pub fn data_position(&self) -> DataPosition {
         self.loader.position()
     }
-    pub fn split(&self) -> &Split {
+    pub fn split(&self) -> &HoldoutSplit {
         &self.split
     }
     /// fp32 weights by HF key (what checkpoints and exports hold).
@@ -223,6 +217,7 @@ impl Trainer {
             .target
             .features(&ids, &self.drafter_cfg.target_layer_ids)?
             .to_device(self.device);
+        sync(self.device);
         times.target_forward_ms += t.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
@@ -284,6 +279,7 @@ impl Trainer {
         let report = self.optimizer.step(lr);
         self.optimizer.zero_grad();
         let report = report?;
+        sync(self.device);
         times.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
         self.step += 1;
         times.total_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -330,7 +326,7 @@ impl Trainer {
         };
         let held: Vec<&Sample> = self
             .split
-            .held_out
+            .eval
             .iter()
             .take(limit)
             .map(|&i| &self.samples[i])
@@ -409,6 +405,13 @@ impl Trainer {
             workers: Vec::new(),
             times: StepTimes::default(),
         }
+    }
+}
+
+/// Waits for queued CUDA work, so per-phase wall times measure the phase and not its launch.
+fn sync(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
     }
 }
 

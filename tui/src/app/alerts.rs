@@ -1,0 +1,272 @@
+//! Active alerts and how they are explained: what happened, since when, and what changed in
+//! the journal just before.
+use std::collections::BTreeMap;
+
+use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::status::Alert;
+
+use dflash_shared::health;
+
+use super::journal::Journal;
+use super::wording;
+use crate::fmt::DisplayClock;
+
+/// How far back "Before it" looks in the journal when the daemon did not say.
+pub const CONTEXT_WINDOW_MS: i64 = 60 * 60 * 1000;
+
+/// Alerts by detector. The daemon's status snapshot is authoritative when it arrives; journal
+/// events in between start and end alerts so the console never lags a poll behind.
+#[derive(Debug, Clone, Default)]
+pub struct ActiveAlerts {
+    by_detector: BTreeMap<String, Alert>,
+}
+
+impl ActiveAlerts {
+    pub fn replace_all(&mut self, alerts: &[Alert]) {
+        self.by_detector = alerts
+            .iter()
+            .map(|a| (a.detector.clone(), a.clone()))
+            .collect();
+    }
+
+    pub fn apply_event(&mut self, event: &Event) {
+        match &event.kind {
+            EventKind::RegressionStarted {
+                detector,
+                level,
+                message,
+            } => {
+                // Warn → Crit keeps the time the regression began, as the daemon's
+                // `HealthMonitor` does.
+                let began = self.by_detector.get(detector).map(|a| a.since_ms);
+                let alert = Alert {
+                    detector: detector.clone(),
+                    level: *level,
+                    since_ms: began.unwrap_or(event.ts_ms),
+                    message: message.clone(),
+                    preceded_by: Vec::new(),
+                };
+                self.by_detector.insert(detector.clone(), alert);
+            }
+            EventKind::RegressionEnded { detector, .. } => {
+                self.by_detector.remove(detector);
+            }
+            _ => {}
+        }
+    }
+
+    /// Most severe first, then oldest first.
+    pub fn sorted(&self) -> Vec<&Alert> {
+        let mut alerts: Vec<&Alert> = self.by_detector.values().collect();
+        alerts.sort_by(|a, b| b.level.cmp(&a.level).then(a.since_ms.cmp(&b.since_ms)));
+        alerts
+    }
+
+    pub fn worst(&self) -> Option<Severity> {
+        self.by_detector.values().map(|a| a.level).max()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_detector.is_empty()
+    }
+}
+
+/// What the console knows about throughput when it words an alert.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThroughputNow {
+    pub tokens_per_s: Option<f64>,
+    pub baseline_tokens_per_s: Option<f64>,
+}
+
+pub fn is_throughput_detector(detector: &str) -> bool {
+    let d = detector.to_ascii_lowercase();
+    d.contains("throughput") || d.contains("tok")
+}
+
+fn health_level(severity: Severity) -> health::Level {
+    match severity {
+        Severity::Info => health::Level::Ok,
+        Severity::Warn => health::Level::Warn,
+        Severity::Crit => health::Level::Crit,
+    }
+}
+
+/// An alert in words: the headline, and what changed in the journal just before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub level: Severity,
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K)"
+    pub head: String,
+    /// "torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52", oldest first.
+    pub before: Vec<String>,
+}
+
+impl Explanation {
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 →
+    /// 2.9.1+cu130 at 20:52; TorchInductor compile cache deleted at 21:00."
+    pub fn sentence(&self) -> String {
+        if self.before.is_empty() {
+            format!(
+                "{}. Nothing changed in the journal in the hour before.",
+                self.head
+            )
+        } else {
+            format!("{}. Before it: {}.", self.head, self.before.join("; "))
+        }
+    }
+}
+
+/// The daemon's own `preceded_by` wins; without it the console searches its journal the same
+/// way the daemon does (`dflash_shared::health::explain_alert`).
+pub fn explain(
+    alert: &Alert,
+    throughput: ThroughputNow,
+    journal: &Journal,
+    clock: DisplayClock,
+) -> Explanation {
+    let offset = clock.offset_at(alert.since_ms);
+    let head = match (
+        is_throughput_detector(&alert.detector),
+        throughput.tokens_per_s,
+    ) {
+        (true, Some(now)) => health::throughput_headline(
+            now,
+            health_level(alert.level),
+            Some(alert.since_ms),
+            throughput.baseline_tokens_per_s,
+            offset,
+        ),
+        _ => format!(
+            "{}, {} since {}",
+            alert.message.trim_end_matches('.'),
+            wording::severity_word(alert.level),
+            clock.hm(alert.since_ms)
+        ),
+    };
+    let before = if alert.preceded_by.is_empty() {
+        health::explain_alert(alert.since_ms, journal.events(), CONTEXT_WINDOW_MS)
+            .iter()
+            .map(|p| p.sentence(offset))
+            .collect()
+    } else {
+        alert.preceded_by.clone()
+    };
+    Explanation {
+        level: alert.level,
+        head,
+        before,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T2052: i64 = 1_773_521_520_000;
+    const T2100: i64 = 1_773_522_000_000;
+    const T2103: i64 = 1_773_522_180_000;
+
+    fn incident_journal() -> Journal {
+        let mut journal = Journal::default();
+        journal.insert(Event {
+            seq: 10,
+            ts_ms: T2052,
+            severity: Severity::Warn,
+            kind: EventKind::EnvironmentDrift {
+                field: "torch".into(),
+                before: "2.11.0+cu128".into(),
+                after: "2.9.1+cu130".into(),
+            },
+        });
+        journal.insert(Event {
+            seq: 11,
+            ts_ms: T2100,
+            severity: Severity::Warn,
+            kind: EventKind::CacheChanged {
+                name: "torchinductor".into(),
+                path: "/x".into(),
+                change: "deleted".into(),
+            },
+        });
+        journal
+    }
+
+    fn crit_event(seq: u64, ts_ms: i64, level: Severity) -> Event {
+        Event {
+            seq,
+            ts_ms,
+            severity: level,
+            kind: EventKind::RegressionStarted {
+                detector: "throughput".into(),
+                level,
+                message: "throughput 20% of baseline".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_throughput_alert_names_the_changes_before_it() {
+        let journal = incident_journal();
+        let mut alerts = ActiveAlerts::default();
+        alerts.apply_event(&crit_event(12, T2103, Severity::Crit));
+        let alert = alerts.sorted()[0];
+        let text = explain(
+            alert,
+            ThroughputNow {
+                tokens_per_s: Some(4_300.0),
+                baseline_tokens_per_s: Some(21_500.0),
+            },
+            &journal,
+            DisplayClock::utc(),
+        )
+        .sentence();
+        assert_eq!(
+            text,
+            "4.3K tok/s, Crit since 21:03 (baseline 21.5K). Before it: torch 2.11.0+cu128 → \
+             2.9.1+cu130 at 20:52; TorchInductor compile cache deleted at 21:00."
+        );
+    }
+
+    #[test]
+    fn the_daemons_own_context_wins_and_other_detectors_use_their_message() {
+        let alert = Alert {
+            detector: "memory_flatness".into(),
+            level: Severity::Warn,
+            since_ms: T2103,
+            message: "GPU memory volatile on cuda:5.".into(),
+            preceded_by: vec!["compile cache deleted at 21:00".into()],
+        };
+        let text = explain(
+            &alert,
+            ThroughputNow::default(),
+            &Journal::default(),
+            DisplayClock::utc(),
+        )
+        .sentence();
+        assert_eq!(
+            text,
+            "GPU memory volatile on cuda:5, Warn since 21:03. Before it: compile cache deleted at 21:00."
+        );
+    }
+
+    #[test]
+    fn escalation_keeps_when_the_regression_began_and_an_end_clears() {
+        let mut alerts = ActiveAlerts::default();
+        alerts.apply_event(&crit_event(1, 1_000, Severity::Warn));
+        alerts.apply_event(&crit_event(2, 2_000, Severity::Crit));
+        alerts.apply_event(&crit_event(3, 3_000, Severity::Crit));
+        assert_eq!(alerts.sorted()[0].since_ms, 1_000);
+        assert_eq!(alerts.sorted()[0].level, Severity::Crit);
+        assert_eq!(alerts.worst(), Some(Severity::Crit));
+        alerts.apply_event(&Event {
+            seq: 4,
+            ts_ms: 4_000,
+            severity: Severity::Info,
+            kind: EventKind::RegressionEnded {
+                detector: "throughput".into(),
+                message: "back to baseline".into(),
+            },
+        });
+        assert!(alerts.is_empty());
+    }
+}

@@ -1,0 +1,60 @@
+//! `dflash-tui attach [--socket PATH] [--read-only]`
+use std::process::ExitCode;
+
+use tokio::sync::mpsc;
+
+use super::SocketArg;
+use crate::app::{App, Source};
+use crate::client::supervisor::{run_link, LinkConfig};
+use crate::console::{self, LiveSink};
+use crate::fmt::{self, DisplayClock};
+use crate::terminal::{self, InputThread};
+use crate::ui::theme::Theme;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    socket: SocketArg,
+    /// Watch only: every destructive action is disabled.
+    #[arg(long)]
+    read_only: bool,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let socket = args.socket.path();
+    let mut terminal = terminal::enter()?;
+    let (events_tx, mut events) = mpsc::channel(4096);
+    let (commands_tx, commands) = mpsc::channel(64);
+    let link = tokio::spawn(run_link(
+        LinkConfig::new(socket.clone()),
+        events_tx.clone(),
+        commands,
+    ));
+    let ticker = terminal::spawn_ticker(events_tx.clone());
+    let signals = terminal::spawn_signal_watcher(events_tx.clone());
+    let input = InputThread::spawn(events_tx);
+
+    let source = Source::Live {
+        socket: socket.display().to_string(),
+    };
+    let mut app = App::new(source, args.read_only, fmt::now_ms(), DisplayClock::Local);
+    let result = console::run(
+        &mut terminal,
+        &mut app,
+        &Theme::from_env(),
+        &mut events,
+        &mut LiveSink(commands_tx),
+    )
+    .await;
+    terminal::leave();
+    drop(input);
+    signals.abort();
+    ticker.abort();
+    link.abort();
+    result?;
+    println!("Left the console; dflashd keeps training.");
+    println!("  watch again:  dflash-tui attach");
+    println!("  headless:     dflash-tui tail --follow   or   dflash-tui status");
+    println!("  stop the run: dflash-tui stop, then dflash-tui confirm-stop");
+    Ok(ExitCode::SUCCESS)
+}

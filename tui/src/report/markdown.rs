@@ -1,0 +1,140 @@
+//! The status report as markdown, with the sections a hand-over needs.
+use std::fmt::Write;
+
+use super::StatusReport;
+use crate::app::wording;
+use crate::fmt;
+
+fn list(out: &mut String, items: &[String], empty: &str) {
+    if items.is_empty() {
+        let _ = writeln!(out, "- {empty}");
+    }
+    for item in items {
+        let _ = writeln!(out, "- {item}");
+    }
+}
+
+pub fn render(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let name = report.run.name.as_deref().unwrap_or("unknown run");
+    let _ = writeln!(out, "# dflash status: {name}\n");
+    let _ = writeln!(out, "_Generated {}._\n", report.generated_at);
+
+    let _ = writeln!(out, "## Goal\n\n{}\n", report.goal);
+
+    let _ = writeln!(out, "## Constraints & Preferences\n");
+    list(&mut out, &report.constraints, "none recorded");
+
+    let _ = writeln!(out, "\n## Progress\n\n### Done\n");
+    list(&mut out, &report.progress.done, "nothing recorded yet");
+    let _ = writeln!(out, "\n### In Progress\n");
+    list(&mut out, &report.progress.in_progress, "nothing running");
+    let _ = writeln!(out, "\n### Blocked\n");
+    list(&mut out, &report.progress.blocked, "nothing");
+
+    let _ = writeln!(out, "\n## Key Decisions\n");
+    let decisions: Vec<String> = report
+        .key_decisions
+        .iter()
+        .map(|e| format!("{}: {}", e.at, e.text))
+        .collect();
+    list(&mut out, &decisions, "no operator action recorded");
+
+    let _ = writeln!(out, "\n## Next Steps\n");
+    list(&mut out, &report.next_steps, "none");
+
+    let _ = writeln!(out, "\n## Critical Context\n");
+    let t = &report.throughput;
+    let throughput = match (t.tokens_per_s, t.baseline_tokens_per_s) {
+        (Some(now), Some(base)) => format!(
+            "Throughput {} tok/s against a baseline of {} ({:.0}%).",
+            fmt::si(now),
+            fmt::si(base),
+            100.0 * now / base.max(f64::MIN_POSITIVE)
+        ),
+        (Some(now), None) => format!("Throughput {} tok/s; no baseline yet.", fmt::si(now)),
+        _ => "Throughput unknown (no status from the daemon).".into(),
+    };
+    let _ = writeln!(out, "- {throughput}");
+    // The worst alert with what preceded it; the others by their headline (Progress lists
+    // them all).
+    for (i, alert) in report.alerts.iter().enumerate() {
+        let text = if i == 0 {
+            &alert.explanation
+        } else {
+            &alert.headline
+        };
+        let _ = writeln!(
+            out,
+            "- {} alert: {}",
+            wording::severity_word(alert.level),
+            text
+        );
+    }
+    match &report.gpus_unavailable {
+        Some(reason) => {
+            let _ = writeln!(out, "- GPUs: {reason}.");
+        }
+        None => {
+            let _ = writeln!(out, "- GPUs: {} reporting.", report.gpus.len());
+        }
+    }
+    let q = &report.queue;
+    let depth = match (q.depth, q.capacity, q.low_watermark, q.high_watermark) {
+        (Some(d), Some(c), Some(lo), Some(hi)) => {
+            format!("depth {d} of {c} (watermarks {lo}/{hi})")
+        }
+        _ => "depth unknown".into(),
+    };
+    let _ = writeln!(out, "- Queue: {depth}; {}.", q.bound_by);
+    for cache in &report.caches {
+        let _ = writeln!(
+            out,
+            "- {}: {}, {}, {}.",
+            wording::cache_label(&cache.name),
+            if cache.present { "present" } else { "missing" },
+            fmt::bytes(cache.size_bytes),
+            if cache.warm { "warm" } else { "cold" }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n### Timeline of changes (environment, caches, restarts, throughput)\n"
+    );
+    let timeline: Vec<String> = report
+        .timeline
+        .iter()
+        .map(|e| format!("{} [{}] {}", e.at, e.category.word(), e.text))
+        .collect();
+    list(&mut out, &timeline, "no change recorded in the journal");
+
+    let _ = writeln!(out, "\n## Relevant Files\n");
+    let f = &report.files;
+    let unknown = || "unknown".to_string();
+    let _ = writeln!(
+        out,
+        "- Config: {}",
+        f.config
+            .clone()
+            .unwrap_or_else(|| "embedded default".into())
+    );
+    let _ = writeln!(
+        out,
+        "- Run dir: {}",
+        f.run_dir.clone().unwrap_or_else(unknown)
+    );
+    let _ = writeln!(
+        out,
+        "- Checkpoints: {} (latest: {})",
+        f.checkpoints.len(),
+        f.latest_checkpoint.clone().unwrap_or_else(|| "none".into())
+    );
+    let _ = writeln!(out, "- Journal: {}", f.journal);
+    let _ = writeln!(out, "- Logs: {}", f.logs);
+    if f.data.is_empty() {
+        let _ = writeln!(out, "- Data: see the config");
+    } else {
+        let _ = writeln!(out, "- Data: {}", f.data.join(", "));
+    }
+    out
+}

@@ -1,0 +1,326 @@
+//! The status checkpoint: a pure function of the daemon's snapshot, its journal and its config.
+//! `dflash-tui status` prints it as markdown (for people and for handing a run over) or JSON.
+mod markdown;
+mod plan;
+pub mod timeline;
+
+use dflash_shared::actions::PendingAction;
+use dflash_shared::events::{Event, EventKind};
+use dflash_shared::health;
+use dflash_shared::metrics::{CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs};
+use dflash_shared::status::{CheckpointInfo, StatusSnapshot};
+use serde::Serialize;
+
+use crate::app::alerts::{self, ActiveAlerts, ThroughputNow};
+use crate::app::journal::Journal;
+use crate::fmt::{self, DisplayClock};
+use crate::paths::DaemonFiles;
+
+pub use markdown::render as render_markdown;
+
+/// Everything the report is built from.
+pub struct ReportInput<'a> {
+    /// `None` when the daemon could not be reached; the report then rests on the journal.
+    pub snapshot: Option<&'a StatusSnapshot>,
+    pub events: &'a [Event],
+    pub config: Option<&'a serde_json::Value>,
+    pub files: &'a DaemonFiles,
+    pub daemon_error: Option<String>,
+    pub now_ms: TimestampMs,
+    pub clock: DisplayClock,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusReport {
+    pub generated_at: String,
+    pub daemon: Daemon,
+    pub goal: String,
+    pub run: Run,
+    pub throughput: Throughput,
+    pub gpus: Vec<GpuSample>,
+    /// Why `gpus` is empty, when NVML gave nothing.
+    pub gpus_unavailable: Option<String>,
+    pub host: Option<HostSample>,
+    pub queue: Queue,
+    pub caches: Vec<CacheState>,
+    pub alerts: Vec<AlertReport>,
+    pub pending_actions: Vec<PendingAction>,
+    pub checkpoints: Vec<CheckpointInfo>,
+    pub constraints: Vec<String>,
+    pub progress: Progress,
+    pub key_decisions: Vec<timeline::Entry>,
+    pub next_steps: Vec<String>,
+    pub timeline: Vec<timeline::Entry>,
+    pub files: Files,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Daemon {
+    pub reachable: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Run {
+    pub name: Option<String>,
+    /// The daemon's run state, or "unknown (daemon unreachable)".
+    pub state: String,
+    pub step: Option<u64>,
+    pub epoch: Option<u32>,
+    pub epochs: Option<u32>,
+    pub total_steps: Option<u64>,
+    pub eta: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Throughput {
+    pub tokens_per_s: Option<f64>,
+    pub baseline_tokens_per_s: Option<f64>,
+    pub share_of_baseline: Option<f64>,
+    pub stable_since: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Queue {
+    pub depth: Option<usize>,
+    pub capacity: Option<usize>,
+    pub low_watermark: Option<usize>,
+    pub high_watermark: Option<usize>,
+    pub bytes_resident: Option<u64>,
+    pub bound_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AlertReport {
+    pub detector: String,
+    pub level: dflash_shared::events::Severity,
+    pub since: String,
+    pub message: String,
+    /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K)"
+    pub headline: String,
+    /// The sentence the console shows: what, since when, and what changed just before.
+    pub explanation: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Progress {
+    pub done: Vec<String>,
+    pub in_progress: Vec<String>,
+    pub blocked: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Files {
+    pub config: Option<String>,
+    pub run_dir: Option<String>,
+    pub latest_checkpoint: Option<String>,
+    pub checkpoints: Vec<String>,
+    pub journal: String,
+    pub logs: String,
+    pub data: Vec<String>,
+}
+
+pub fn build(input: &ReportInput) -> StatusReport {
+    let snapshot = input.snapshot;
+    let mut journal = Journal::default();
+    journal.extend(input.events.iter().cloned());
+    let events = journal.events();
+
+    let run = run_section(input, events);
+    let throughput = throughput_section(input);
+    let alerts = alert_section(input, &journal, &throughput);
+    let (gpus, gpus_unavailable) = match snapshot.map(|s| &s.gpus) {
+        Some(GpuTelemetry::Available { gpus }) => (gpus.clone(), None),
+        Some(GpuTelemetry::Unavailable { reason }) => (Vec::new(), Some(reason.clone())),
+        None => (Vec::new(), Some("daemon unreachable".into())),
+    };
+    let checkpoints = checkpoint_list(snapshot, events);
+    let queue = queue_section(snapshot);
+    let files = files_section(input, &checkpoints);
+    let mut report = StatusReport {
+        generated_at: fmt::rfc3339(input.now_ms),
+        daemon: Daemon {
+            reachable: snapshot.is_some(),
+            error: input.daemon_error.clone(),
+        },
+        goal: String::new(),
+        run,
+        throughput,
+        gpus,
+        gpus_unavailable,
+        host: snapshot.and_then(|s| s.host.clone()),
+        queue,
+        caches: snapshot.map(|s| s.caches.clone()).unwrap_or_default(),
+        alerts,
+        pending_actions: snapshot
+            .map(|s| s.pending_actions.clone())
+            .unwrap_or_default(),
+        checkpoints,
+        constraints: Vec::new(),
+        progress: Progress::default(),
+        key_decisions: timeline::decisions(events),
+        next_steps: Vec::new(),
+        timeline: timeline::changes(events),
+        files,
+    };
+    report.goal = plan::goal(&report);
+    report.constraints = plan::constraints(&report, input.config);
+    report.progress = plan::progress(&report, events, input.clock);
+    report.next_steps = plan::next_steps(&report, events);
+    report
+}
+
+fn run_section(input: &ReportInput, events: &[Event]) -> Run {
+    match input.snapshot {
+        Some(s) => Run {
+            name: Some(s.run.name.clone()),
+            state: format!("{:?}", s.run.state).to_lowercase(),
+            step: Some(s.run.step),
+            epoch: Some(s.run.epoch),
+            epochs: Some(s.run.epochs),
+            total_steps: Some(s.run.total_steps),
+            eta: s.run.eta_ms.map(fmt::rfc3339),
+        },
+        None => {
+            let name = events.iter().rev().find_map(|e| match &e.kind {
+                EventKind::RunStarted { run_name, .. } => Some(run_name.clone()),
+                _ => None,
+            });
+            let step = events.iter().rev().find_map(|e| match &e.kind {
+                EventKind::CheckpointWritten { step, .. } => Some(*step),
+                _ => None,
+            });
+            Run {
+                name,
+                state: "unknown (daemon unreachable)".into(),
+                step,
+                epoch: None,
+                epochs: None,
+                total_steps: None,
+                eta: None,
+            }
+        }
+    }
+}
+
+fn throughput_section(input: &ReportInput) -> Throughput {
+    let Some(s) = input.snapshot else {
+        return Throughput {
+            tokens_per_s: None,
+            baseline_tokens_per_s: None,
+            share_of_baseline: None,
+            stable_since: None,
+        };
+    };
+    let t = &s.throughput;
+    Throughput {
+        tokens_per_s: Some(t.tokens_per_s),
+        baseline_tokens_per_s: t.baseline_tokens_per_s,
+        share_of_baseline: t
+            .baseline_tokens_per_s
+            .filter(|b| *b > 0.0)
+            .map(|b| t.tokens_per_s / b),
+        stable_since: t.stable_since_ms.map(fmt::rfc3339),
+    }
+}
+
+fn alert_section(
+    input: &ReportInput,
+    journal: &Journal,
+    throughput: &Throughput,
+) -> Vec<AlertReport> {
+    let mut active = ActiveAlerts::default();
+    match input.snapshot {
+        Some(s) => active.replace_all(&s.alerts),
+        // Without the daemon, the journal's regression events say what was active.
+        None => journal.events().iter().for_each(|e| active.apply_event(e)),
+    }
+    let now = ThroughputNow {
+        tokens_per_s: throughput.tokens_per_s,
+        baseline_tokens_per_s: throughput.baseline_tokens_per_s,
+    };
+    active
+        .sorted()
+        .into_iter()
+        .map(|a| {
+            let explained = alerts::explain(a, now, journal, input.clock);
+            AlertReport {
+                detector: a.detector.clone(),
+                level: a.level,
+                since: fmt::rfc3339(a.since_ms),
+                message: a.message.clone(),
+                headline: explained.head.clone(),
+                explanation: explained.sentence(),
+            }
+        })
+        .collect()
+}
+
+fn checkpoint_list(snapshot: Option<&StatusSnapshot>, events: &[Event]) -> Vec<CheckpointInfo> {
+    let mut list: Vec<CheckpointInfo> = match snapshot {
+        Some(s) => s.checkpoints.clone(),
+        None => events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::CheckpointWritten { step, path, bytes } => Some(CheckpointInfo {
+                    step: *step,
+                    path: path.clone(),
+                    written_ms: e.ts_ms,
+                    bytes: *bytes,
+                }),
+                _ => None,
+            })
+            .collect(),
+    };
+    list.sort_by_key(|c| c.step);
+    list
+}
+
+fn queue_section(snapshot: Option<&StatusSnapshot>) -> Queue {
+    match snapshot.map(|s| &s.queue) {
+        Some(q) => Queue {
+            depth: Some(q.depth),
+            capacity: Some(q.capacity),
+            low_watermark: Some(q.low_watermark),
+            high_watermark: Some(q.high_watermark),
+            bytes_resident: Some(q.bytes_resident),
+            bound_by: match snapshot.and_then(|s| {
+                s.alerts
+                    .iter()
+                    .find(|a| a.detector == health::queue::DETECTOR)
+            }) {
+                Some(alert) => alert.message.clone(),
+                None => "no queue alert; which side bounds the run needs a time window \
+                         (`dflash-tui attach`, view 3)"
+                    .into(),
+            },
+        },
+        None => Queue {
+            depth: None,
+            capacity: None,
+            low_watermark: None,
+            high_watermark: None,
+            bytes_resident: None,
+            bound_by: "unknown (daemon unreachable)".into(),
+        },
+    }
+}
+
+fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
+    let run = input.snapshot.map(|s| &s.run);
+    Files {
+        config: run.and_then(|r| r.config_path.clone()),
+        run_dir: run.map(|r| r.run_dir.clone()),
+        latest_checkpoint: checkpoints.last().map(|c| c.path.clone()),
+        checkpoints: checkpoints.iter().map(|c| c.path.clone()).collect(),
+        journal: match run {
+            Some(r) => std::path::Path::new(&r.run_dir)
+                .join(crate::paths::JOURNAL_FILE)
+                .display()
+                .to_string(),
+            None => input.files.journal.display().to_string(),
+        },
+        logs: input.files.logs_dir.display().to_string(),
+        data: input.config.map(plan::data_paths).unwrap_or_default(),
+    }
+}

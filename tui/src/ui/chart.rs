@@ -1,0 +1,125 @@
+//! Time-series charts whose x axis ends at "now" and whose window grows with the data.
+use dflash_shared::metrics::TimestampMs;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::symbols::Marker;
+use ratatui::text::Span;
+use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
+use ratatui::Frame;
+
+use super::theme::Theme;
+use crate::app::history::Series;
+use crate::fmt;
+
+const MIN_WINDOW_MS: i64 = 5 * 60 * 1000;
+
+pub struct Line<'a> {
+    pub name: String,
+    pub series: &'a Series,
+    pub style: Style,
+}
+
+/// A horizontal line across the chart (a baseline, a watermark).
+pub struct Level {
+    pub name: String,
+    pub value: f64,
+    pub style: Style,
+}
+
+pub struct TimeChart<'a> {
+    pub block: Block<'a>,
+    pub lines: Vec<Line<'a>>,
+    pub levels: Vec<Level>,
+    pub now_ms: TimestampMs,
+    pub from_zero: bool,
+    pub format_value: fn(f64) -> String,
+}
+
+impl TimeChart<'_> {
+    pub fn draw(self, frame: &mut Frame, area: Rect, theme: &Theme) {
+        let oldest = self
+            .lines
+            .iter()
+            .filter_map(|l| l.series.iter().next().map(|p| p.0))
+            .min();
+        let Some(oldest) = oldest else {
+            let empty = Paragraph::new(Span::styled("no data yet", theme.dim())).block(self.block);
+            frame.render_widget(empty, area);
+            return;
+        };
+        let window_ms = (self.now_ms - oldest).max(MIN_WINDOW_MS);
+        let window_s = window_ms as f64 / 1000.0;
+
+        let data: Vec<Vec<(f64, f64)>> = self
+            .lines
+            .iter()
+            .map(|l| {
+                l.series
+                    .since(self.now_ms - window_ms)
+                    .map(|&(ts, v)| ((ts - self.now_ms) as f64 / 1000.0, v))
+                    .collect()
+            })
+            .collect();
+        let level_data: Vec<Vec<(f64, f64)>> = self
+            .levels
+            .iter()
+            .map(|l| vec![(-window_s, l.value), (0.0, l.value)])
+            .collect();
+
+        let values = data
+            .iter()
+            .flatten()
+            .map(|p| p.1)
+            .chain(self.levels.iter().map(|l| l.value));
+        let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = if self.from_zero {
+            (0.0_f64.min(lo), hi)
+        } else {
+            (lo, hi)
+        };
+        let pad = ((hi - lo).abs() * 0.1).max(hi.abs() * 0.01).max(1e-9);
+        let (y_lo, y_hi) = (if self.from_zero { lo } else { lo - pad }, hi + pad);
+
+        let mut datasets = Vec::new();
+        for (level, points) in self.levels.iter().zip(&level_data) {
+            datasets.push(
+                Dataset::default()
+                    .name(level.name.clone())
+                    .marker(Marker::Braille)
+                    .graph_type(GraphType::Line)
+                    .style(level.style)
+                    .data(points),
+            );
+        }
+        for (line, points) in self.lines.iter().zip(&data) {
+            datasets.push(
+                Dataset::default()
+                    .name(line.name.clone())
+                    .marker(Marker::Braille)
+                    .graph_type(GraphType::Line)
+                    .style(line.style)
+                    .data(points),
+            );
+        }
+        let x_labels = vec![
+            Span::styled(format!("-{}", fmt::duration_ms(window_ms)), theme.dim()),
+            Span::styled("now", theme.dim()),
+        ];
+        let y_labels = vec![
+            Span::styled((self.format_value)(y_lo), theme.dim()),
+            Span::styled((self.format_value)(y_hi), theme.dim()),
+        ];
+        let legend = (self.lines.len() + self.levels.len() > 1)
+            .then_some(ratatui::widgets::LegendPosition::TopLeft);
+        let chart = Chart::new(datasets)
+            .legend_position(legend)
+            .block(self.block)
+            .x_axis(Axis::default().bounds([-window_s, 0.0]).labels(x_labels))
+            .y_axis(Axis::default().bounds([y_lo, y_hi]).labels(y_labels))
+            .hidden_legend_constraints((
+                ratatui::layout::Constraint::Percentage(60),
+                ratatui::layout::Constraint::Percentage(60),
+            ));
+        frame.render_widget(chart, area);
+    }
+}

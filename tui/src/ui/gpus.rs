@@ -1,0 +1,220 @@
+//! GPUs: role, memory over time with a flat/volatile verdict, allocator reserved vs
+//! allocated, utilization, power, temperature. Missing readings say so; they are never zeros.
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::Frame;
+
+use super::chart::{self, TimeChart};
+use super::theme::Theme;
+use dflash_shared::health::MemoryVerdict;
+
+use crate::app::telemetry::{console_memory_config, GpuHistory};
+use crate::app::App;
+use crate::fmt;
+
+pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    if let Some(reason) = &app.telemetry.gpu_unavailable {
+        draw_unavailable(frame, area, app, reason, theme);
+        return;
+    }
+    if app.telemetry.gpus.is_empty() {
+        let text = Span::styled("no GPU readings yet", theme.dim());
+        frame.render_widget(Paragraph::new(text).block(Block::bordered()), area);
+        return;
+    }
+    let rows = app.telemetry.gpus.len() as u16;
+    let [summary, table, history] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(rows + 3),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    draw_summary(frame, summary, app, theme);
+    draw_table(frame, table, app, theme);
+    if let Some(gpu) = app.telemetry.gpus.values().nth(app.selection.gpu) {
+        draw_history(frame, history, app, gpu, theme);
+    }
+}
+
+fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, theme: &Theme) {
+    let headline = if reason.starts_with("NVML unavailable") {
+        reason.to_string()
+    } else {
+        format!("NVML unavailable: {reason}")
+    };
+    let mut lines = vec![
+        Line::from(Span::styled(headline, theme.warn())),
+        Line::from(Span::styled(
+            "No GPU figures are shown rather than made up. Host readings instead:",
+            theme.dim(),
+        )),
+    ];
+    match app.status.as_ref().and_then(|s| s.host.as_ref()) {
+        Some(host) => {
+            lines.push(Line::from(format!(
+                "daemon process RSS {} · host memory {} / {} · daemon CPU {:.0}%",
+                fmt::bytes(host.process_rss_bytes),
+                fmt::bytes(host.host_memory_used_bytes),
+                fmt::bytes(host.host_memory_total_bytes),
+                host.process_cpu_pct
+            )));
+        }
+        None => lines.push(Line::from(Span::styled("no host reading yet", theme.dim()))),
+    }
+    let block = Block::bordered().title(Span::styled(" GPUs ", theme.title()));
+    frame.render_widget(
+        Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
+        area,
+    );
+}
+
+fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
+    match verdict {
+        MemoryVerdict::Collecting { samples } => (format!("judging ({samples})"), theme.dim()),
+        MemoryVerdict::Unavailable => ("no reading".into(), theme.dim()),
+        MemoryVerdict::Flat { stats } => (
+            format!(
+                "flat ±{}",
+                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+            ),
+            theme.ok(),
+        ),
+        MemoryVerdict::Volatile { stats, .. } => (
+            format!(
+                "VOLATILE ±{}",
+                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+            ),
+            theme.crit(),
+        ),
+    }
+}
+
+fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let volatile = app.telemetry.volatile_gpus();
+    let window = fmt::duration_ms((console_memory_config().window_s * 1000.0) as i64);
+    let line = if volatile.is_empty() {
+        Span::styled(
+            format!(" memory flat on every judged GPU (last {window})"),
+            theme.ok(),
+        )
+    } else {
+        let list: Vec<String> = volatile.iter().map(u32::to_string).collect();
+        Span::styled(
+            format!(
+                " memory VOLATILE on GPU {} (last {window})",
+                list.join(", ")
+            ),
+            theme.crit(),
+        )
+    };
+    frame.render_widget(Paragraph::new(Line::from(line)), area);
+}
+
+fn na(theme: &Theme) -> Cell<'static> {
+    Cell::from(Span::styled("n/a", theme.dim()))
+}
+
+fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let header = Row::new([
+        "GPU",
+        "name",
+        "role",
+        "memory used",
+        "memory",
+        "reserved/alloc",
+        "util",
+        "power",
+        "temp",
+    ])
+    .style(theme.title());
+    let rows = app.telemetry.gpus.values().map(|gpu| {
+        let s = &gpu.latest;
+        let memory = match (s.memory_used_bytes, s.memory_total_bytes) {
+            (Some(used), Some(total)) => {
+                Cell::from(format!("{} / {}", fmt::bytes(used), fmt::bytes(total)))
+            }
+            (Some(used), None) => Cell::from(fmt::bytes(used)),
+            _ => na(theme),
+        };
+        let (verdict, style) = verdict_cell(&app.telemetry.memory_verdict(s.index), theme);
+        let allocator = match &s.allocator {
+            Some(a) => Cell::from(format!(
+                "{} / {}",
+                fmt::bytes(a.reserved_bytes),
+                fmt::bytes(a.allocated_bytes)
+            )),
+            None => na(theme),
+        };
+        Row::new([
+            Cell::from(s.index.to_string()),
+            Cell::from(s.name.clone()),
+            Cell::from(format!("{:?}", s.role).to_lowercase()),
+            memory,
+            Cell::from(Span::styled(verdict, style)),
+            allocator,
+            s.utilization_pct
+                .map_or_else(|| na(theme), |u| Cell::from(format!("{u}%"))),
+            s.power_w
+                .map_or_else(|| na(theme), |p| Cell::from(format!("{p:.0} W"))),
+            s.temperature_c
+                .map_or_else(|| na(theme), |t| Cell::from(format!("{t}°C"))),
+        ])
+    });
+    let widths = [
+        Constraint::Length(3),
+        Constraint::Min(8),
+        Constraint::Length(7),
+        Constraint::Length(17),
+        Constraint::Length(16),
+        Constraint::Length(17),
+        Constraint::Length(5),
+        Constraint::Length(6),
+        Constraint::Length(5),
+    ];
+    let table = Table::new(rows, widths)
+        .header(header)
+        .block(Block::bordered().title(Span::styled(" GPUs ", theme.title())))
+        .row_highlight_style(theme.selected());
+    let mut state = TableState::default().with_selected(Some(app.selection.gpu));
+    frame.render_stateful_widget(table, area, &mut state);
+}
+
+fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, theme: &Theme) {
+    let verdict_now = app.telemetry.memory_verdict(gpu.latest.index);
+    let (verdict, style) = verdict_cell(&verdict_now, theme);
+    let title = Line::from(vec![
+        Span::styled(
+            format!(" GPU {} memory over time: ", gpu.latest.index),
+            theme.title(),
+        ),
+        Span::styled(format!("{verdict} "), style),
+    ]);
+    let mut lines = vec![chart::Line {
+        name: "used (NVML)".into(),
+        series: &gpu.memory_used,
+        style,
+    }];
+    if !gpu.allocator_reserved.is_empty() {
+        lines.push(chart::Line {
+            name: "reserved".into(),
+            series: &gpu.allocator_reserved,
+            style: theme.reference_line(),
+        });
+        lines.push(chart::Line {
+            name: "allocated".into(),
+            series: &gpu.allocator_allocated,
+            style: theme.accent(),
+        });
+    }
+    TimeChart {
+        block: Block::bordered().title(title),
+        lines,
+        levels: vec![],
+        now_ms: app.now_ms,
+        from_zero: false,
+        format_value: |v| fmt::bytes(v.max(0.0) as u64),
+    }
+    .draw(frame, area, theme);
+}

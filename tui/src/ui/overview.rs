@@ -1,0 +1,284 @@
+//! Overview: is the run healthy at a glance? Alerts first, then throughput, progress, curves.
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Paragraph, Wrap};
+use ratatui::Frame;
+
+use super::bignum;
+use super::chart::{self, TimeChart};
+use super::theme::Theme;
+use crate::app::alerts::Explanation;
+use crate::app::{wording, App};
+use crate::fmt;
+
+pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let inner_width = area.width.saturating_sub(2) as usize;
+    let mut lines = alert_lines(&app.explained_alerts(), inner_width, theme);
+    let max_rows = ((area.height as usize * 2) / 5).max(3);
+    if lines.len() > max_rows {
+        let hidden = lines.len() - max_rows + 1;
+        lines.truncate(max_rows - 1);
+        lines.push(Line::from(Span::styled(
+            format!("… {hidden} more line(s); the Events view (5) has the whole journal"),
+            theme.dim(),
+        )));
+    }
+    let [alerts_area, top, bottom] = Layout::vertical([
+        Constraint::Length(lines.len() as u16 + 2),
+        Constraint::Length(11),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    let block = Block::bordered().title(Span::styled(" Alerts ", theme.title()));
+    frame.render_widget(Paragraph::new(lines).block(block), alerts_area);
+    let [throughput, run] =
+        Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(top);
+    draw_throughput(frame, throughput, app, theme);
+    draw_run(frame, run, app, theme);
+    let [loss, tau] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    TimeChart {
+        block: Block::bordered().title(Span::styled(" Loss ", theme.title())),
+        lines: vec![chart::Line {
+            name: "loss".into(),
+            series: &app.telemetry.loss,
+            style: theme.accent(),
+        }],
+        levels: vec![],
+        now_ms: app.now_ms,
+        from_zero: false,
+        format_value: |v| format!("{v:.3}"),
+    }
+    .draw(frame, loss, theme);
+    TimeChart {
+        block: Block::bordered().title(Span::styled(" τ (acceptance length) ", theme.title())),
+        lines: vec![chart::Line {
+            name: "τ".into(),
+            series: &app.telemetry.tau,
+            style: theme.accent(),
+        }],
+        levels: vec![],
+        now_ms: app.now_ms,
+        from_zero: false,
+        format_value: |v| format!("{v:.2}"),
+    }
+    .draw(frame, tau, theme);
+}
+
+/// One line per alert, most severe first; the worst alert also lists what changed before it.
+/// Lines are cut to the width (keeping a trailing "at 21:00") rather than wrapped, so a long
+/// explanation never pushes the other alerts off the screen.
+fn alert_lines(alerts: &[Explanation], width: usize, theme: &Theme) -> Vec<Line<'static>> {
+    if alerts.is_empty() {
+        return vec![Line::from(Span::styled("No active alerts.", theme.ok()))];
+    }
+    let mut lines = Vec::new();
+    for (i, alert) in alerts.iter().enumerate() {
+        let tag = format!("{:<5}", wording::severity_word(alert.level).to_uppercase());
+        let head = if i == 0 && !alert.before.is_empty() {
+            format!("{}. Before it:", alert.head)
+        } else if i == 0 {
+            format!(
+                "{}. Nothing changed in the journal in the hour before.",
+                alert.head
+            )
+        } else {
+            alert.head.clone()
+        };
+        lines.push(Line::from(vec![
+            Span::styled(tag, theme.severity(alert.level)),
+            Span::raw(fit(&head, width.saturating_sub(5))),
+        ]));
+        if i == 0 {
+            for before in &alert.before {
+                lines.push(Line::from(vec![
+                    Span::styled("     · ", theme.dim()),
+                    Span::raw(fit(before, width.saturating_sub(7))),
+                ]));
+            }
+        }
+    }
+    lines
+}
+
+/// Cuts `text` to `width` columns with an ellipsis, keeping a trailing " at HH:MM".
+fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let (body, time) = match text.rfind(" at ") {
+        Some(at) if text.len() - at == " at HH:MM".len() => text.split_at(at),
+        _ => (text, ""),
+    };
+    let keep = width.saturating_sub(time.chars().count() + 1);
+    let cut: String = body.chars().take(keep).collect();
+    format!("{cut}…{time}")
+}
+
+fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let block = Block::bordered().title(Span::styled(" Throughput (tok/s) ", theme.title()));
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let [big, baseline, history] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(1),
+        Constraint::Min(0),
+    ])
+    .areas(inner);
+
+    let tokens = app.tokens_per_s();
+    let headline = tokens.map_or_else(|| "—".to_string(), fmt::si);
+    let style = match app.alerts.worst() {
+        Some(level) => theme.severity(level),
+        None => theme.ok(),
+    };
+    let big_lines: Vec<Line> = match bignum::render(&headline) {
+        Some(rows) => rows
+            .into_iter()
+            .map(|r| Line::from(Span::styled(format!(" {r}"), style)))
+            .collect(),
+        None => vec![Line::from(Span::styled(format!(" {headline}"), style))],
+    };
+    frame.render_widget(Paragraph::new(big_lines), big);
+
+    let mut spans = Vec::new();
+    match (tokens, app.baseline_tokens_per_s()) {
+        (Some(now), Some(base)) if base > 0.0 => {
+            spans.push(Span::raw(format!(" baseline {} · ", fmt::si(base))));
+            spans.push(Span::styled(
+                format!("{:.0}% of baseline", 100.0 * now / base),
+                style,
+            ));
+        }
+        (_, Some(base)) => spans.push(Span::raw(format!(" baseline {}", fmt::si(base)))),
+        (_, None) => spans.push(Span::styled(" baseline: not yet established", theme.dim())),
+    }
+    if let Some(since) = app
+        .status
+        .as_ref()
+        .and_then(|s| s.throughput.stable_since_ms)
+    {
+        spans.push(Span::raw(format!(
+            " · stable for {}",
+            fmt::duration_ms(app.now_ms - since)
+        )));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), baseline);
+
+    TimeChart {
+        block: Block::default(),
+        lines: vec![chart::Line {
+            name: "tok/s".into(),
+            series: &app.telemetry.tokens_per_s,
+            style,
+        }],
+        levels: app
+            .baseline_tokens_per_s()
+            .map(|b| chart::Level {
+                name: "baseline".into(),
+                value: b,
+                style: theme.reference_line(),
+            })
+            .into_iter()
+            .collect(),
+        now_ms: app.now_ms,
+        from_zero: true,
+        format_value: fmt::si,
+    }
+    .draw(frame, history, theme);
+}
+
+fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let block = Block::bordered().title(Span::styled(" Run ", theme.title()));
+    let mut lines = Vec::new();
+    let label = |text: &'static str| Span::styled(text, theme.dim());
+    match &app.status {
+        Some(status) => {
+            let run = &status.run;
+            lines.push(Line::from(vec![
+                label("state   "),
+                Span::raw(format!("{:?}", run.state)),
+            ]));
+            let (step, epoch) = app.step_epoch().unwrap_or((run.step, run.epoch));
+            let pct = if run.total_steps > 0 {
+                format!(" ({:.1}%)", 100.0 * step as f64 / run.total_steps as f64)
+            } else {
+                String::new()
+            };
+            lines.push(Line::from(vec![
+                label("epoch   "),
+                Span::raw(format!("{epoch} / {}", run.epochs)),
+            ]));
+            lines.push(Line::from(vec![
+                label("step    "),
+                Span::raw(format!(
+                    "{} / {}{pct}",
+                    fmt::thousands(step),
+                    fmt::thousands(run.total_steps)
+                )),
+            ]));
+            let eta = match app.eta_ms() {
+                Some(eta) => format!(
+                    "epoch {} ends in {} ({})",
+                    run.epochs,
+                    fmt::duration_ms(eta - app.now_ms),
+                    app.clock.month_day_hm(eta)
+                ),
+                None => "unknown until steps are measured".into(),
+            };
+            lines.push(Line::from(vec![label("ETA     "), Span::raw(eta)]));
+            let loss = status.last_loss.map_or("—".into(), |l| format!("{l:.3}"));
+            let tau = status.last_tau.map_or("—".into(), |t| format!("{t:.2}"));
+            lines.push(Line::from(vec![
+                label("loss    "),
+                Span::raw(format!("{loss}   τ {tau}")),
+            ]));
+            let checkpoint = status.checkpoints.iter().max_by_key(|c| c.step);
+            lines.push(Line::from(vec![
+                label("saved   "),
+                Span::raw(match checkpoint {
+                    Some(c) => format!(
+                        "step {} · {} ago",
+                        fmt::thousands(c.step),
+                        fmt::duration_ms(app.now_ms - c.written_ms)
+                    ),
+                    None => "no checkpoint yet".into(),
+                }),
+            ]));
+            for pending in &status.pending_actions {
+                lines.push(Line::from(vec![
+                    Span::styled("pending ", theme.warn()),
+                    Span::raw(format!(
+                        "{} {} · expires in {}",
+                        pending.id,
+                        pending.action.title(),
+                        fmt::duration_ms(pending.expires_ms - app.now_ms)
+                    )),
+                ]));
+            }
+        }
+        None => lines.push(Line::from(Span::styled(
+            "waiting for the daemon's status…",
+            theme.dim(),
+        ))),
+    }
+    frame.render_widget(
+        Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
+        area,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn long_lines_keep_their_time() {
+        assert_eq!(fit("short", 10), "short");
+        assert_eq!(
+            fit("a very long explanation at 21:02", 20),
+            "a very lon… at 21:02"
+        );
+        assert_eq!(fit("no time in this long line", 10), "no time i…");
+    }
+}

@@ -1,0 +1,352 @@
+//! Every view, overlay and modal drawn whole into `TestBackend` and snapshot-tested (times and
+//! numbers redacted), plus the key handling that leads to them.
+mod support;
+
+use std::time::Duration;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use dflash_shared::actions::{Action, PendingAction};
+use dflash_shared::metrics::{GpuTelemetry, HostSample};
+use dflash_shared::protocol::{Request, Response};
+use dflash_tui::app::{App, AppEvent, Effect, Source, View};
+use dflash_tui::client::supervisor::LinkEvent;
+use dflash_tui::client::Welcome;
+use dflash_tui::fmt::DisplayClock;
+use support::incident;
+use support::screen::{self, redacted, render, HEIGHT, WIDTH};
+
+const SOCKET: &str = "/run/user/1000/dflash/dflashd.sock";
+
+fn key(c: char) -> AppEvent {
+    AppEvent::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
+}
+
+fn code(code: KeyCode) -> AppEvent {
+    AppEvent::Key(KeyEvent::new(code, KeyModifiers::NONE))
+}
+
+fn live(read_only: bool) -> App {
+    let frames = incident::generate(incident::SEED);
+    let mut app = App::new(
+        Source::Live {
+            socket: SOCKET.into(),
+        },
+        read_only,
+        frames[0].ts_ms,
+        DisplayClock::utc(),
+    );
+    app.handle(AppEvent::Link(LinkEvent::Connected(Welcome {
+        version: 1,
+        run_name: incident::RUN_NAME.into(),
+        daemon_pid: 4242,
+    })));
+    for frame in frames {
+        app.handle(AppEvent::Tick(frame.ts_ms));
+        app.handle(AppEvent::Link(LinkEvent::Frame(frame.frame)));
+    }
+    app
+}
+
+fn snapshot(name: &str, app: &App) {
+    redacted().bind(|| insta::assert_snapshot!(name, render(app, WIDTH, HEIGHT)));
+}
+
+fn pending(action: Action, app: &App) -> PendingAction {
+    PendingAction {
+        id: "act-7".into(),
+        action,
+        requested_by_uid: 1000,
+        created_ms: app.now_ms,
+        expires_ms: app.now_ms + 300_000,
+        consequences: vec![
+            "last checkpoint 0 min ago (step 31,682)".into(),
+            "throughput 4.5K tok/s, Crit for 11 min".into(),
+        ],
+    }
+}
+
+/// Presses `key`, checks the console asks the daemon to file `action`, and answers for it.
+fn request_and_file(app: &mut App, key_event: AppEvent, action: Action) -> Request {
+    let effects = app.handle(key_event);
+    let request = Request::RequestAction {
+        action: action.clone(),
+    };
+    assert_eq!(effects, vec![Effect::Send(request.clone())]);
+    let reply = Ok(Response::Pending {
+        action: pending(action, app),
+    });
+    app.handle(AppEvent::Link(LinkEvent::Reply {
+        request: request.clone(),
+        result: reply,
+    }));
+    request
+}
+
+#[test]
+fn connecting_and_lost_states() {
+    let mut app = App::new(
+        Source::Live {
+            socket: SOCKET.into(),
+        },
+        false,
+        incident::start_ms(),
+        DisplayClock::utc(),
+    );
+    app.handle(AppEvent::Link(LinkEvent::Connecting { attempt: 1 }));
+    snapshot("connecting", &app);
+    app.handle(AppEvent::Link(LinkEvent::Lost {
+        reason: format!("no dflashd is listening at {SOCKET} (Connection refused)"),
+        retry_in: Duration::from_secs(2),
+    }));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("✕ daemon unreachable: no dflashd is listening"),
+        "{text}"
+    );
+    snapshot("lost", &app);
+}
+
+#[test]
+fn nvml_unavailable_says_so_instead_of_zeros() {
+    let mut app = live(false);
+    app.handle(AppEvent::Link(LinkEvent::Frame(Response::Gpus {
+        telemetry: GpuTelemetry::Unavailable {
+            reason: "NVML unavailable: libnvidia-ml.so.1: cannot open shared object file".into(),
+        },
+    })));
+    if let Some(status) = &mut app.status {
+        status.host = Some(HostSample {
+            ts_ms: app.now_ms,
+            process_rss_bytes: 2_300_000_000,
+            host_memory_used_bytes: 9_800_000_000,
+            host_memory_total_bytes: 16_000_000_000,
+            process_cpu_pct: 180.0,
+        });
+    }
+    app.handle(key('2'));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("NVML unavailable: libnvidia-ml.so.1"),
+        "{text}"
+    );
+    assert!(!text.contains(" 0%"), "{text}");
+    snapshot("gpus_nvml_unavailable", &app);
+}
+
+#[test]
+fn help_lists_every_view_and_marks_actions() {
+    let mut app = live(false);
+    app.handle(key('?'));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    for view in View::ALL {
+        assert!(
+            text.contains(view.title()),
+            "{} missing from help",
+            view.title()
+        );
+    }
+    snapshot("help", &app);
+    app.handle(code(KeyCode::Esc));
+    assert!(!app.help_open);
+
+    let mut read_only = live(true);
+    read_only.handle(key('?'));
+    assert!(screen::text(&render(&read_only, WIDTH, HEIGHT)).contains("disabled: read-only"));
+    snapshot("help_read_only", &read_only);
+}
+
+#[test]
+fn views_switch_by_digit_arrow_and_vim_keys() {
+    let mut app = live(false);
+    app.handle(key('3'));
+    assert_eq!(app.view, View::Queue);
+    app.handle(key('l'));
+    assert_eq!(app.view, View::Caches);
+    app.handle(code(KeyCode::Left));
+    app.handle(key('h'));
+    assert_eq!(app.view, View::Gpus);
+    app.handle(code(KeyCode::BackTab));
+    app.handle(code(KeyCode::BackTab));
+    assert_eq!(app.view, View::Checkpoints);
+    app.handle(key('2'));
+    app.handle(key('j'));
+    app.handle(code(KeyCode::Down));
+    assert_eq!(app.selection.gpu, 2);
+    app.handle(key('G'));
+    assert_eq!(app.selection.gpu, 7);
+    snapshot("gpus_last_selected", &app);
+    assert_eq!(app.handle(key('q')), vec![Effect::Quit]);
+}
+
+#[test]
+fn events_filter_by_level_and_text() {
+    let mut app = live(false);
+    app.handle(key('5'));
+    app.handle(key('f'));
+    for c in "/cache".chars() {
+        app.handle(key(c));
+    }
+    app.handle(code(KeyCode::Enter));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(text.contains("warn and above · text 'cache'"), "{text}");
+    assert!(!text.contains("checkpoint at step"), "{text}");
+    snapshot("events_filtered", &app);
+    // While typing a filter, q is a letter, not quit.
+    app.handle(key('/'));
+    assert_eq!(app.handle(key('q')), vec![]);
+}
+
+#[test]
+fn stop_modal_states_consequences_and_needs_the_typed_run_name() {
+    let mut app = live(false);
+    let effects = app.handle(key('s'));
+    assert!(
+        effects.is_empty() && app.modal.is_none(),
+        "lowercase s does nothing"
+    );
+
+    let request = request_and_file(&mut app, key('S'), Action::StopRun);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("last checkpoint 0 s ago, at step 31,682"),
+        "{text}"
+    );
+    assert!(text.contains(" tok/s, not stable"), "{text}");
+    assert!(
+        text.contains("Type the run name qwen36-27b-dflash"),
+        "{text}"
+    );
+    snapshot("modal_stop_confirming", &app);
+
+    for c in "qwen36".chars() {
+        assert!(app.handle(key(c)).is_empty());
+    }
+    assert!(app.handle(code(KeyCode::Enter)).is_empty());
+    snapshot("modal_stop_wrong_name", &app);
+
+    for c in "-27b-dflash".chars() {
+        app.handle(key(c));
+    }
+    let confirm = Request::Confirm {
+        action_id: "act-7".into(),
+        run_name: incident::RUN_NAME.into(),
+        via: "tui".into(),
+    };
+    assert_eq!(
+        app.handle(code(KeyCode::Enter)),
+        vec![Effect::Send(confirm.clone())]
+    );
+    snapshot("modal_stop_submitting", &app);
+    app.handle(AppEvent::Link(LinkEvent::Reply {
+        request: confirm,
+        result: Ok(Response::Executed {
+            action_id: "act-7".into(),
+            outcome: "checkpoint step 31,682 written; stopping".into(),
+        }),
+    }));
+    snapshot("modal_stop_done", &app);
+    app.handle(key('x'));
+    assert!(app.modal.is_none());
+    let _ = request;
+}
+
+#[test]
+fn escape_cancels_a_filed_request() {
+    let mut app = live(false);
+    request_and_file(&mut app, key('P'), Action::PowerOff);
+    snapshot("modal_poweroff_confirming", &app);
+    assert_eq!(
+        app.handle(code(KeyCode::Esc)),
+        vec![Effect::Send(Request::Cancel {
+            action_id: "act-7".into()
+        })]
+    );
+    assert!(app.modal.is_none());
+}
+
+#[test]
+fn kill_shows_what_is_lost_and_a_refusal_is_shown() {
+    let mut app = live(false);
+    let request = Request::RequestAction {
+        action: Action::Kill,
+    };
+    assert_eq!(app.handle(key('K')), vec![Effect::Send(request.clone())]);
+    snapshot("modal_kill_requesting", &app);
+    app.handle(AppEvent::Link(LinkEvent::Reply {
+        request,
+        result: Err("the daemon refused (NotPermitted): uid 1001 may not act on this run".into()),
+    }));
+    snapshot("modal_kill_refused", &app);
+}
+
+#[test]
+fn delete_cache_names_the_path_and_size() {
+    let mut app = live(false);
+    app.handle(key('D'));
+    assert!(app.modal.is_none(), "D acts only in the Caches view");
+    app.handle(key('4'));
+    app.handle(key('j'));
+    request_and_file(
+        &mut app,
+        key('D'),
+        Action::DeleteCache {
+            name: "triton".into(),
+        },
+    );
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("deletes /srv/dflash/cache/triton: 850 MB, 1,204 entries (warm)"),
+        "{text}"
+    );
+    snapshot("modal_delete_cache", &app);
+}
+
+#[test]
+fn unlock_asks_for_the_key_first() {
+    let mut app = live(false);
+    assert!(app.handle(key('U')).is_empty());
+    app.handle(key('j'));
+    snapshot("modal_unlock_choose_key", &app);
+    let effects = app.handle(code(KeyCode::Enter));
+    assert_eq!(
+        effects,
+        vec![Effect::Send(Request::RequestAction {
+            action: Action::UnlockKey {
+                key: "training.epochs".into()
+            }
+        })]
+    );
+}
+
+#[test]
+fn read_only_disables_every_action() {
+    let mut app = live(true);
+    for c in ['S', 'K', 'P', 'U'] {
+        assert!(app.handle(key(c)).is_empty());
+        assert!(app.modal.is_none());
+    }
+    app.handle(key('4'));
+    assert!(app.handle(key('D')).is_empty());
+    assert!(app.modal.is_none());
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("read-only console (--read-only): actions are disabled"),
+        "{text}"
+    );
+    snapshot("read_only_notice", &app);
+}
+
+#[test]
+fn small_and_resized_terminals() {
+    let app = live(false);
+    let tiny = screen::text(&render(&app, 50, 10));
+    assert!(tiny.contains("terminal too small: 50×10"), "{tiny}");
+    for (w, h) in [(60, 16), (80, 24), (200, 60), (61, 17)] {
+        for view in View::ALL {
+            let mut app = live(false);
+            app.view = view;
+            render(&app, w, h);
+        }
+    }
+    redacted().bind(|| insta::assert_snapshot!("overview_80x24", render(&app, 80, 24)));
+}
