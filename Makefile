@@ -44,3 +44,19 @@ doctor: build
 
 clean:
 	cargo clean
+
+# --- Performance harness (docs/BENCHMARKS.md): the engine side by side with the PyTorch
+# reference in benches/reference, same weights and batches. Results: runs/bench/results.{md,json}.
+# transformers (the target-pass reference) comes from the `fixtures` dependency group.
+BENCH_ARGS ?=
+bench: build
+	@$(UV) sync --frozen --inexact --group fixtures >/dev/null 2>&1 || echo "note: could not add transformers (uv sync --group fixtures); the target case will report it missing"
+	./target/release/dflashd bench --out-dir runs/bench $(BENCH_ARGS)
+
+# What scripts/gpu-check.sh needs on a CUDA node without network or Rust: the release binary,
+# the script and the reference scripts, in one directory.
+gpu-bundle: build
+	rm -rf runs/gpu-bundle && mkdir -p runs/gpu-bundle/benches/reference
+	cp target/release/dflashd scripts/gpu-check.sh runs/gpu-bundle/
+	cp benches/reference/*.py runs/gpu-bundle/benches/reference/
+	@du -sh runs/gpu-bundle

@@ -1,12 +1,17 @@
-"""flex_attention back-end of the reference: the same visibility rule as a mask_mod, compiled into
-a block mask so empty tiles are skipped (what SpecForge and speculators use on GPU)."""
+"""flex_attention back-end of the reference: the same visibility rule as a mask_mod, turned into a
+block mask so empty tiles are skipped (what SpecForge and speculators use on GPU).
+
+The block mask is built once per training step and per window (layers with the same rule share
+it). On CUDA ``create_block_mask`` is compiled so the mask is evaluated tile by tile instead of
+over the dense ``[Q, S+Q]`` grid. torch 2.11 has no flex_attention backward on CPU: there, flex
+is a forward-only comparison.
+"""
 from __future__ import annotations
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 _compiled_flex = torch.compile(flex_attention, dynamic=False)
-_block_masks: dict = {}
 
 
 def _mask_mod(anchors, keep, seq_len, block_size, window):
@@ -26,12 +31,11 @@ def _mask_mod(anchors, keep, seq_len, block_size, window):
     return mod
 
 
-def flex_attend(q, k, v, anchors, keep, seq_len, block_size, window):
-    bsz, _, q_len, _ = q.shape
-    kv_len = k.shape[2]
-    key = (anchors.data_ptr(), window, q_len, kv_len)
-    if key not in _block_masks:
-        _block_masks[key] = create_block_mask(
-            _mask_mod(anchors, keep, seq_len, block_size, window), bsz, None, q_len, kv_len, device=q.device
-        )
-    return _compiled_flex(q, k, v, block_mask=_block_masks[key], enable_gqa=True)
+def block_mask(anchors, keep, seq_len, block_size, window, q_len, kv_len):
+    mod = _mask_mod(anchors, keep, seq_len, block_size, window)
+    bsz = anchors.shape[0]
+    return create_block_mask(mod, bsz, None, q_len, kv_len, device=anchors.device, _compile=anchors.is_cuda)
+
+
+def flex_attend(q, k, v, mask):
+    return _compiled_flex(q, k, v, block_mask=mask, enable_gqa=True)

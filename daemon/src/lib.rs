@@ -7,6 +7,7 @@
 //! - [`runtime`]: workers, the hidden-state queue, the run lifecycle.
 //! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
 //! - [`control`]: the Unix-socket control plane, journal and pending actions.
+pub mod bench;
 pub mod cli;
 pub mod control;
 pub mod data;

@@ -172,10 +172,17 @@ impl AdamW {
                     let _ = master.g_mul_scalar_(1.0 - lr * self.cfg.weight_decay);
                 }
                 let _ = slot.exp_avg.lerp_(&g, 1.0 - b1);
+                // In place as far as tch allows (torch's single-tensor AdamW): two temporaries
+                // per parameter instead of six.
                 let _ = slot.exp_avg_sq.g_mul_scalar_(b2);
-                let _ = slot.exp_avg_sq.g_add_(&(g.square() * (1.0 - b2)));
-                let denom = slot.exp_avg_sq.sqrt() / bias_correction2_sqrt + self.cfg.eps;
-                let _ = master.g_sub_(&(&slot.exp_avg / denom * step_size));
+                let _ = slot.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - b2)));
+                // denom = (sqrt(v) / bc2 + eps) / -step_size, so that `addcdiv_` subtracts
+                // step_size · m / (sqrt(v) / bc2 + eps).
+                let mut denom = slot.exp_avg_sq.sqrt();
+                let _ = denom.g_div_scalar_(bias_correction2_sqrt);
+                let _ = denom.g_add_scalar_(self.cfg.eps);
+                let _ = denom.g_div_scalar_(-step_size);
+                let _ = master.addcdiv_(&slot.exp_avg, &denom);
                 if slot.master.is_some() {
                     slot.param.copy_(&master);
                 }

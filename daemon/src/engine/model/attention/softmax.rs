@@ -1,6 +1,6 @@
 //! Masked attention that also returns a differentiable log-sum-exp, so that two attentions
 //! over disjoint key sets can be merged exactly.
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Score of a hidden key. Finite on purpose: a row whose keys are all hidden (a block at
 /// anchor 0 has no context) then gets a uniform softmax and an LSE near this value instead of
@@ -77,14 +77,19 @@ pub(crate) fn fused_attention_with_lse(
     // kept, once per call).
     let bias = Tensor::zeros(visible.size(), (q.kind(), q.device()))
         .masked_fill(&visible.logical_not(), f64::NEG_INFINITY);
-    let lse_value = tch::no_grad(|| {
-        let mut scores = (q * scale)
-            .matmul(&k.transpose(-2, -1))
-            .to_kind(Kind::Float);
-        let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
-        scores.logsumexp([-1], false)
-    });
-    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, scale, false);
+    let (out, lse_value) = if q.device() == Device::Cpu {
+        // The CPU flash kernel returns the log-sum-exp with the output: no second pass over
+        // the scores and no score-sized fp32 temporary.
+        let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, Some(&bias), scale);
+        (out, lse.detach())
+    } else {
+        let lse = tch::no_grad(|| {
+            let mut scores = (q * scale).matmul(&k.transpose(-2, -1)).to_kind(Kind::Float);
+            let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
+            scores.logsumexp([-1], false)
+        });
+        (Tensor::scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, scale, false), lse)
+    };
     let key_mean = Tensor::scaled_dot_product_attention(
         &q.detach(),
         &k.detach(),

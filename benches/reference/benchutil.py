@@ -1,0 +1,112 @@
+"""Measurement helpers shared by the reference benchmark scripts.
+
+Memory is read the same way the Rust engine reads it, so the two columns compare like with like:
+``VmHWM`` (peak resident set) and ``VmRSS`` from ``/proc/self/status``. Writing ``5`` to
+``/proc/self/clear_refs`` resets ``VmHWM`` to the current RSS (Linux >= 4.0), which lets a script
+measure the peak of the timed steps alone, separately from the peak of loading.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_kb(field: str) -> float | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_mb() -> float | None:
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb / 1024.0
+
+
+def peak_rss_mb() -> float | None:
+    kb = _status_kb("VmHWM")
+    return None if kb is None else kb / 1024.0
+
+
+def reset_peak_rss() -> bool:
+    """Resets VmHWM to the current RSS; False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Wall-clock and process CPU milliseconds of a block, synchronising the device on both ends."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.ms = 0.0
+        self.cpu_ms = 0.0
+
+    def __enter__(self):
+        sync(self.device)
+        self._t0 = time.perf_counter()
+        self._c0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.ms = (time.perf_counter() - self._t0) * 1e3
+        self.cpu_ms = (time.process_time() - self._c0) * 1e3
+        return False
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def set_threads(n: int | None) -> int:
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def emit(obj: dict) -> None:
+    """The result is the LAST line of stdout, one JSON object (the Rust harness reads it)."""
+    sys.stdout.flush()
+    print(json.dumps(obj, allow_nan=False, default=_json_default), flush=True)
+
+
+def _json_default(x):
+    if isinstance(x, float):
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def finite_or_none(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return x if x == x and abs(x) != float("inf") else None
+
+
+def cuda_memory(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {
+        "cuda_max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+        "cuda_max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+    }

@@ -1,0 +1,69 @@
+//! Resident memory of this process, read the way the Python reference reads it
+//! (`benches/reference/benchutil.py`), so the two columns compare like with like.
+//!
+//! `VmHWM` in `/proc/self/status` is the peak resident set; writing `5` to
+//! `/proc/self/clear_refs` resets it to the current RSS (Linux >= 4.0), which separates the
+//! peak of the timed steps from the peak of loading.
+use std::fs;
+
+fn status_kb(field: &str) -> Option<f64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    parse_status_kb(&status, field)
+}
+
+/// The value in kB of `field` in a `/proc/<pid>/status` text.
+pub fn parse_status_kb(status: &str, field: &str) -> Option<f64> {
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Current resident set in MiB.
+pub fn rss_mb() -> Option<f64> {
+    status_kb("VmRSS").map(|kb| kb / 1024.0)
+}
+
+/// Peak resident set in MiB (since start or the last [`reset_peak`]).
+pub fn peak_rss_mb() -> Option<f64> {
+    status_kb("VmHWM").map(|kb| kb / 1024.0)
+}
+
+/// Resets the peak to the current RSS; `false` where the kernel does not allow it.
+pub fn reset_peak() -> bool {
+    fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Bytes the kernel says can be allocated without swapping (`MemAvailable`).
+pub fn available_bytes() -> Option<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo").ok()?;
+    parse_status_kb(&meminfo, "MemAvailable").map(|kb| (kb * 1024.0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_status_fields() {
+        let text = "Name:\tdflashd\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n";
+        assert_eq!(parse_status_kb(text, "VmHWM"), Some(204800.0));
+        assert_eq!(parse_status_kb(text, "VmRSS"), Some(102400.0));
+        assert_eq!(parse_status_kb(text, "VmSwap"), None);
+        assert_eq!(parse_status_kb("VmHWMX: 1 kB", "VmHWM"), None);
+    }
+
+    #[test]
+    fn the_peak_follows_a_large_allocation_and_can_be_reset() {
+        let before = peak_rss_mb().expect("Linux /proc");
+        let block = vec![1u8; 128 << 20];
+        std::hint::black_box(&block);
+        let during = peak_rss_mb().unwrap();
+        assert!(during >= before + 100.0, "peak {before} -> {during} MiB after touching 128 MiB");
+        drop(block);
+        if reset_peak() {
+            let after = peak_rss_mb().unwrap();
+            assert!(after < during, "reset peak {after} should drop below {during}");
+        }
+    }
+}
