@@ -175,3 +175,29 @@ pub fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
+
+/// Writes the embedded default, edited, as a config file.
+pub fn write_config(path: &Path, edit: impl FnOnce(&mut dflash_shared::config::Config)) {
+    let mut cfg = dflash_shared::config::Config::embedded_default();
+    edit(&mut cfg);
+    std::fs::write(path, cfg.to_toml_string()).unwrap();
+}
+
+/// Files `action` and confirms it with the run name; returns (action id, reply).
+pub fn request_and_confirm(c: &mut Client, action: dflash_shared::actions::Action) -> (String, Response) {
+    let id = loop {
+        match c.request(&Request::RequestAction {
+            action: action.clone(),
+        }) {
+            Response::Pending { action } => break action.id,
+            other => panic!("{other:?}"),
+        }
+    };
+    c.set_read_timeout(Duration::from_secs(60));
+    let reply = c.request(&Request::Confirm {
+        action_id: id.clone(),
+        run_name: "tiny-cpu".into(),
+        via: "test".into(),
+    });
+    (id, reply)
+}
