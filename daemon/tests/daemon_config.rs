@@ -6,11 +6,11 @@ mod daemon_support;
 use std::path::Path;
 
 use common::Client;
-use daemon_support::{journal, run, Daemon};
+use daemon_support::{journal, request_and_confirm, run, write_config, Daemon};
 use dflash_shared::actions::Action;
 use dflash_shared::config::{Config, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::EventKind;
-use dflash_shared::protocol::{Request, Response};
+use dflash_shared::protocol::Response;
 
 #[test]
 fn validate_names_the_bad_key_and_show_prints_every_default() {
@@ -22,18 +22,31 @@ fn validate_names_the_bad_key_and_show_prints_every_default() {
     let (code, stdout, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
     assert_eq!(code, 1, "{stdout}");
     for needle in ["bad.toml", "training.num_anchors", "(line ", "\"many\""] {
-        assert!(stderr.contains(needle), "{needle:?} missing from:\n{stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
     }
-    std::fs::write(&bad, EMBEDDED_DEFAULT_TOML.replace("eval_every = 50", "eval_evry = 50")).unwrap();
+    std::fs::write(
+        &bad,
+        EMBEDDED_DEFAULT_TOML.replace("eval_every = 50", "eval_evry = 50"),
+    )
+    .unwrap();
     let (code, _, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("training.eval_evry") && stderr.contains("did you mean `eval_every`"), "{stderr}");
+    assert!(
+        stderr.contains("training.eval_evry") && stderr.contains("did you mean `eval_every`"),
+        "{stderr}"
+    );
 
     let (code, shown, stderr) = run(root, &["config", "show"]);
     assert_eq!(code, 0, "{stderr}");
     let parsed = Config::from_toml_str(&shown, "shown").unwrap();
     assert_eq!(parsed, Config::embedded_default());
-    assert!(shown.contains("[detectors.throughput]"), "defaults are filled in:\n{shown}");
+    assert!(
+        shown.contains("[detectors.throughput]"),
+        "defaults are filled in:\n{shown}"
+    );
     let good = root.join("good.toml");
     std::fs::write(&good, &shown).unwrap();
     let (code, stdout, _) = run(root, &["config", "validate", &good.display().to_string()]);
@@ -43,33 +56,25 @@ fn validate_names_the_bad_key_and_show_prints_every_default() {
     assert_eq!(Config::from_toml_str(&again, "again").unwrap(), parsed);
 }
 
-fn write_config(path: &Path, edit: impl FnOnce(&mut Config)) {
-    let mut cfg = Config::embedded_default();
-    edit(&mut cfg);
-    std::fs::write(path, cfg.to_toml_string()).unwrap();
-}
-
 fn confirm(c: &mut Client, action: Action) -> String {
-    let id = match c.request(&Request::RequestAction { action }) {
-        Response::Pending { action } => action.id,
-        other => panic!("{other:?}"),
-    };
-    match c.request(&Request::Confirm {
-        action_id: id.clone(),
-        run_name: "tiny-cpu".into(),
-        via: "test".into(),
-    }) {
-        Response::Executed { outcome, .. } => assert!(outcome.contains("unlocked"), "{outcome}"),
-        other => panic!("{other:?}"),
+    match request_and_confirm(c, action) {
+        (id, Response::Executed { outcome, .. }) => {
+            assert!(outcome.contains("unlocked"), "{outcome}");
+            id
+        }
+        (_, other) => panic!("{other:?}"),
     }
-    id
 }
 
 #[test]
 fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let (old, new, epochs) = (root.join("old.toml"), root.join("new.toml"), root.join("epochs.toml"));
+    let (old, new, epochs) = (
+        root.join("old.toml"),
+        root.join("new.toml"),
+        root.join("epochs.toml"),
+    );
     write_config(&old, |_| {});
     write_config(&new, |c| c.training.early_stopping = true);
     write_config(&epochs, |c| c.training.epochs = 3);
@@ -86,7 +91,11 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
         let mut d = Daemon::spawn(root, &["--config", &cfg(file), "--max-steps", "1"]);
         let status = d.wait_exit();
         assert_eq!(status.code(), Some(2), "{}", d.stderr());
-        assert!(d.stderr().contains(needle), "{needle:?} missing:\n{}", d.stderr());
+        assert!(
+            d.stderr().contains(needle),
+            "{needle:?} missing:\n{}",
+            d.stderr()
+        );
         assert!(d.stderr().contains("unlock"), "{}", d.stderr());
     }
     let paused = journal(&d.run_dir).into_iter().any(
@@ -116,4 +125,49 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     // The unlocked epochs key was not part of it: still refused.
     let mut d = Daemon::spawn(root, &["--config", &cfg(&epochs), "--max-steps", "1"]);
     assert_eq!(d.wait_exit().code(), Some(2));
+}
+
+#[test]
+fn an_environment_drift_holds_the_resume_until_its_token_is_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut d = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    // What a swapped libtorch looks like to the next start: the recorded environment differs.
+    let path = d.run_dir.join("fingerprint.json");
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let now = fp["libtorch_version"]
+        .as_str()
+        .unwrap_or("(absent)")
+        .to_string();
+    fp["libtorch_version"] = "2.9.1+cu130".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+
+    let mut held = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert_eq!(held.wait_exit().code(), Some(3), "{}", held.stderr());
+    let err = held.stderr();
+    assert!(
+        err.contains(&format!("libtorch 2.9.1+cu130 → {now}")),
+        "{err}"
+    );
+    let token = err
+        .split("--accept-drift ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no token in: {err}"))
+        .to_string();
+    let drift = journal(&d.run_dir).into_iter().any(
+        |e| matches!(e.kind, EventKind::EnvironmentDrift { ref field, .. } if field == "libtorch"),
+    );
+    assert!(drift, "the drift is journaled");
+    let mut wrong = Daemon::spawn(root, &["--max-steps", "1", "--accept-drift", "0000"]);
+    assert_eq!(wrong.wait_exit().code(), Some(3));
+
+    let mut accepted = Daemon::spawn(root, &["--max-steps", "1", "--accept-drift", &token]);
+    assert!(accepted.wait_exit().success(), "{}", accepted.stderr());
+    assert!(
+        accepted.stdout().contains("resumed at step 1"),
+        "{}",
+        accepted.stdout()
+    );
 }

@@ -34,7 +34,10 @@ pub enum SetupError {
         detail: String,
     },
     #[error("loading the target model {path}: {source}")]
-    Target { path: PathBuf, source: ModelError },
+    Target {
+        path: PathBuf,
+        source: Box<ModelError>,
+    },
     #[error(transparent)]
     Data(#[from] DataError),
     #[error("data.train_file {path}: no usable sample ({summary})")]
@@ -160,9 +163,18 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let target = if cfg.target.is_embedded() {
         embedded::tiny_target(Some(inputs.run_dir), device)?
     } else {
-        let dir = resolve_path("target.model", &cfg.target.model, inputs.config_path, inputs.run_dir)?;
-        TargetModel::load(&dir, device, Some(compute_kind(device)))
-            .map_err(|source| SetupError::Target { path: dir, source })?
+        let dir = resolve_path(
+            "target.model",
+            &cfg.target.model,
+            inputs.config_path,
+            inputs.run_dir,
+        )?;
+        TargetModel::load(&dir, device, Some(compute_kind(device))).map_err(|e| {
+            SetupError::Target {
+                path: dir,
+                source: Box::new(e),
+            }
+        })?
     };
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
@@ -199,7 +211,12 @@ fn load_samples(
         let (samples, report) = embedded::tiny_samples(vocab as i64, max_len)?;
         return Ok((samples, report, embedded::TINY_DATASET_NAME.to_string()));
     }
-    let path = resolve_path("data.train_file", &cfg.data.train_file, inputs.config_path, inputs.run_dir)?;
+    let path = resolve_path(
+        "data.train_file",
+        &cfg.data.train_file,
+        inputs.config_path,
+        inputs.run_dir,
+    )?;
     let options = LoadOptions {
         max_length: max_len,
         vocab_size: Some(vocab),
@@ -253,7 +270,12 @@ fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
             let path = resolve_path("data.tokenizer", t, config_path, run_dir)?;
             let tokenizer = load_tokenizer(&path)?;
             let template = load_chat_template(&model_dir, template.as_deref())?;
-            Ok(ChatEncoder::new(tokenizer, path, template, ChatOptions::default())?)
+            Ok(ChatEncoder::new(
+                tokenizer,
+                path,
+                template,
+                ChatOptions::default(),
+            )?)
         }
     }
 }
@@ -283,7 +305,10 @@ mod tests {
             resolve_path("k", "{run_dir}/t", None, run).unwrap(),
             PathBuf::from("/runs/a/t")
         );
-        assert_eq!(resolve_path("k", "x", None, run).unwrap(), PathBuf::from("./x"));
+        assert_eq!(
+            resolve_path("k", "x", None, run).unwrap(),
+            PathBuf::from("./x")
+        );
         let err = resolve_path("data.train_file", "${DFLASH_SURELY_UNSET_VAR}/x", None, run)
             .unwrap_err()
             .to_string();
@@ -307,6 +332,9 @@ mod tests {
         let (chosen, note) = training_device(&inputs(&cfg));
         assert_eq!(chosen, config::Device::Cuda(2));
         let note = note.unwrap();
-        assert!(note.contains("3 device(s)") && note.contains("cuda:0, cuda:1"), "{note}");
+        assert!(
+            note.contains("3 device(s)") && note.contains("cuda:0, cuda:1"),
+            "{note}"
+        );
     }
 }

@@ -48,7 +48,10 @@ impl Daemon {
     pub fn spawn_in(root: &Path, run_dir: &Path, extra: &[&str]) -> Daemon {
         let socket = root.join("s").join("d.sock");
         let n = std::fs::read_dir(root).map_or(0, |d| d.count());
-        let (out, err) = (root.join(format!("out-{n}.txt")), root.join(format!("err-{n}.txt")));
+        let (out, err) = (
+            root.join(format!("out-{n}.txt")),
+            root.join(format!("err-{n}.txt")),
+        );
         let child = dflashd(root)
             .args(["start", "--threads", "1", "--log-every", "0", "--run-dir"])
             .arg(run_dir)
@@ -83,7 +86,10 @@ impl Daemon {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("dflashd exited ({status}) before serving:\n{}", self.stderr());
+                panic!(
+                    "dflashd exited ({status}) before serving:\n{}",
+                    self.stderr()
+                );
             }
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
                 let mut c = Client::connect(&self.socket);
@@ -115,7 +121,11 @@ impl Daemon {
             if now > step {
                 return now;
             }
-            assert!(Instant::now() < deadline, "stuck at step {now}:\n{}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "stuck at step {now}:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -131,7 +141,11 @@ impl Daemon {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "dflashd did not exit:\n{}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "dflashd did not exit:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -174,4 +188,29 @@ pub fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
+}
+
+/// Writes the embedded default, edited, as a config file.
+pub fn write_config(path: &Path, edit: impl FnOnce(&mut dflash_shared::config::Config)) {
+    let mut cfg = dflash_shared::config::Config::embedded_default();
+    edit(&mut cfg);
+    std::fs::write(path, cfg.to_toml_string()).unwrap();
+}
+
+/// Files `action` and confirms it with the run name; returns (action id, reply).
+pub fn request_and_confirm(
+    c: &mut Client,
+    action: dflash_shared::actions::Action,
+) -> (String, Response) {
+    let id = match c.request(&Request::RequestAction { action }) {
+        Response::Pending { action } => action.id,
+        other => panic!("{other:?}"),
+    };
+    c.set_read_timeout(Duration::from_secs(60));
+    let reply = c.request(&Request::Confirm {
+        action_id: id.clone(),
+        run_name: "tiny-cpu".into(),
+        via: "test".into(),
+    });
+    (id, reply)
 }
