@@ -1,5 +1,5 @@
 //! The daemon runtime around the training engine: paths and the run-dir lock, the shared
-//! [`handle::RunHandle`], the frame bus, the hidden-state queue, logging and systemd readiness.
+//! [`handle::RunHandle`], the frame bus, the hidden-state queue, the multi-device topology, logging and systemd readiness.
 pub mod bus;
 pub mod daemon;
 pub mod handle;
@@ -8,3 +8,4 @@ pub mod logging;
 pub mod notify;
 pub mod paths;
 pub mod queue;
+pub mod topology;

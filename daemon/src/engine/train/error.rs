@@ -33,6 +33,18 @@ pub enum TrainError {
     },
     #[error("the target and the drafter do not fit together: {0}")]
     Mismatch(String),
+    /// A worker thread failed (an error or a panic, e.g. out of memory on its device). The run
+    /// does not continue on the remaining devices.
+    #[error("{worker} failed: {detail}; training stopped (it never continues with fewer devices)")]
+    Worker {
+        /// e.g. `target worker 1 on cuda:3`.
+        worker: String,
+        /// e.g. `cuda:3`.
+        device: String,
+        detail: String,
+    },
+    #[error("topology: {0}")]
+    Topology(String),
 }
 
 impl TrainError {
