@@ -142,6 +142,11 @@ impl AdamW {
         self.slots.iter().map(|s| s.param.numel() as i64).collect()
     }
 
+    /// Shape of each parameter, in slot order.
+    pub fn param_shapes(&self) -> Vec<Vec<i64>> {
+        self.slots.iter().map(|s| s.param.size()).collect()
+    }
+
     /// Each parameter's current gradient (undefined where none was computed), in slot order.
     pub fn param_grads(&self) -> Vec<Tensor> {
         self.slots.iter().map(|s| s.param.grad()).collect()

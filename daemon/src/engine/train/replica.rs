@@ -163,10 +163,11 @@ impl DrafterReplica {
                 let mut offset = 0;
                 let grads: Vec<Tensor> = self
                     .optimizer
-                    .param_numels()
+                    .param_shapes()
                     .into_iter()
-                    .map(|n| {
-                        let view = flat.narrow(0, offset, n);
+                    .zip(self.optimizer.param_numels())
+                    .map(|(shape, n)| {
+                        let view = flat.narrow(0, offset, n).view(shape.as_slice());
                         offset += n;
                         view
                     })

@@ -26,8 +26,11 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const STATE_FILE: &str = "trainer_state.json";
 
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when to evaluate or save and how to chunk work, not what is computed.
-const RUNTIME_KEYS: [&str; 7] = [
+/// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
+/// change with the number of drafter ranks as long as the global batch (micro-batches per
+/// step, checked separately) stays the same.
+const RUNTIME_KEYS: [&str; 8] = [
+    "grad_accum",
     "eval_every",
     "eval_max_samples",
     "checkpoint_every",
@@ -145,12 +148,6 @@ impl Trainer {
                 state.data_fingerprint, self.data_fingerprint
             )));
         }
-        if state.schedule != self.schedule {
-            return Err(incompatible(format!(
-                "the schedule differs: checkpoint {:?}, now {:?}",
-                state.schedule, self.schedule
-            )));
-        }
         let per_step = state
             .micro_batches_per_step
             .unwrap_or(state.config.grad_accum as u64);
@@ -161,6 +158,12 @@ impl Trainer {
                 self.plan.micro_per_step(),
                 self.plan.ranks,
                 self.plan.accum
+            )));
+        }
+        if state.schedule != self.schedule {
+            return Err(incompatible(format!(
+                "the schedule differs: checkpoint {:?}, now {:?}",
+                state.schedule, self.schedule
             )));
         }
         let cursor = self

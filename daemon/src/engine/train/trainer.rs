@@ -341,16 +341,18 @@ impl Trainer {
     /// Remembers a worker failure so no later step runs on fewer devices.
     fn note_failure(&mut self, e: TrainError) -> TrainError {
         if self.failure.is_none() {
+            let inline_failure = match &e {
+                TrainError::Worker { detail, .. } => Some(WorkerFailure {
+                    worker: self.rank0.id,
+                    detail: detail.clone(),
+                }),
+                _ => None,
+            };
             self.failure = self
                 .cluster
                 .as_ref()
                 .and_then(Cluster::failure)
-                .or_else(|| {
-                    matches!(e, TrainError::Worker { .. }).then(|| WorkerFailure {
-                        worker: self.rank0.id,
-                        detail: e.to_string(),
-                    })
-                });
+                .or(inline_failure);
         }
         e
     }

@@ -14,6 +14,7 @@ use crate::engine::train::micro::{MicroSource, PreparedMicro};
 use crate::runtime::queue::{ByteSized, HiddenStateQueue};
 
 /// One micro-batch with the target's tap-layer features, ready for its drafter rank.
+#[derive(Debug)]
 pub struct HiddenItem {
     pub micro: PreparedMicro,
     /// `[B, S, n·H]` on the drafter rank's device.
