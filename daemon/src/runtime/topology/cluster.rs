@@ -32,7 +32,7 @@ pub struct Cluster {
     queues: Vec<Arc<ItemQueue>>,
     dispatcher: Arc<Dispatcher>,
     tripwire: Arc<Tripwire>,
-    /// How far (in micro-batches) target workers may run ahead of the current step.
+    /// How far (in micro-batches) target workers may run ahead of the current step's end.
     window: u64,
     producing: bool,
 }
@@ -124,7 +124,10 @@ impl Cluster {
             targets: Vec::new(),
             drafters: Vec::new(),
             rank0_inbox: Inbox::new(Arc::clone(&queues[0])),
-            window: (queue_cfg.capacity * ranks) as u64,
+            // Room for every queue to fill and every target worker to hold one more item, so
+            // the queues' watermarks (which the statistics see) are what holds producers back;
+            // the limit only bounds how far ahead a straggler lets the others run.
+            window: (queue_cfg.capacity * ranks + spec.target_devices.len()) as u64,
             queues,
             dispatcher,
             tripwire,

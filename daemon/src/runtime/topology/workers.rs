@@ -57,15 +57,28 @@ pub(crate) struct TargetWorker {
     pub handle: Option<JoinHandle<()>>,
 }
 
+/// libtorch's intra-op thread count is per thread (OpenMP): a new thread would use every
+/// core. Workers take the count of the thread that created them, so `--threads` (and a test's
+/// `set_num_threads(1)`) holds on every worker and results do not depend on which thread ran.
+fn inherit_threads(count: i32) {
+    if count > 0 {
+        tch::set_num_threads(count);
+    }
+}
+
 pub(crate) fn spawn_target(
     id: WorkerId,
     target: TargetModel,
     shared: Arc<ProducerShared>,
 ) -> std::io::Result<TargetWorker> {
     let (tx, rx) = channel();
+    let threads = tch::get_num_threads();
     let handle = std::thread::Builder::new()
         .name(format!("dflash-target-{}", id.index))
-        .spawn(move || target_main(id, target, shared, rx))?;
+        .spawn(move || {
+            inherit_threads(threads);
+            target_main(id, target, shared, rx)
+        })?;
     Ok(TargetWorker {
         id,
         commands: Some(tx),
@@ -170,9 +183,13 @@ pub(crate) fn spawn_drafter(
 ) -> std::io::Result<DrafterWorker> {
     let id = state.id;
     let (tx, rx) = channel();
+    let threads = tch::get_num_threads();
     let handle = std::thread::Builder::new()
         .name(format!("dflash-drafter-{rank}"))
-        .spawn(move || drafter_main(state, inbox, plan, rank, tripwire, rx))?;
+        .spawn(move || {
+            inherit_threads(threads);
+            drafter_main(state, inbox, plan, rank, tripwire, rx)
+        })?;
     Ok(DrafterWorker {
         id,
         commands: Some(tx),
