@@ -1,4 +1,5 @@
 //! One module per subcommand; `main.rs` only parses and dispatches.
+pub mod config;
 pub mod doctor;
 pub mod eval;
 pub mod export;
