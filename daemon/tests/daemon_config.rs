@@ -22,18 +22,31 @@ fn validate_names_the_bad_key_and_show_prints_every_default() {
     let (code, stdout, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
     assert_eq!(code, 1, "{stdout}");
     for needle in ["bad.toml", "training.num_anchors", "(line ", "\"many\""] {
-        assert!(stderr.contains(needle), "{needle:?} missing from:\n{stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
     }
-    std::fs::write(&bad, EMBEDDED_DEFAULT_TOML.replace("eval_every = 50", "eval_evry = 50")).unwrap();
+    std::fs::write(
+        &bad,
+        EMBEDDED_DEFAULT_TOML.replace("eval_every = 50", "eval_evry = 50"),
+    )
+    .unwrap();
     let (code, _, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("training.eval_evry") && stderr.contains("did you mean `eval_every`"), "{stderr}");
+    assert!(
+        stderr.contains("training.eval_evry") && stderr.contains("did you mean `eval_every`"),
+        "{stderr}"
+    );
 
     let (code, shown, stderr) = run(root, &["config", "show"]);
     assert_eq!(code, 0, "{stderr}");
     let parsed = Config::from_toml_str(&shown, "shown").unwrap();
     assert_eq!(parsed, Config::embedded_default());
-    assert!(shown.contains("[detectors.throughput]"), "defaults are filled in:\n{shown}");
+    assert!(
+        shown.contains("[detectors.throughput]"),
+        "defaults are filled in:\n{shown}"
+    );
     let good = root.join("good.toml");
     std::fs::write(&good, &shown).unwrap();
     let (code, stdout, _) = run(root, &["config", "validate", &good.display().to_string()]);
@@ -69,7 +82,11 @@ fn confirm(c: &mut Client, action: Action) -> String {
 fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let (old, new, epochs) = (root.join("old.toml"), root.join("new.toml"), root.join("epochs.toml"));
+    let (old, new, epochs) = (
+        root.join("old.toml"),
+        root.join("new.toml"),
+        root.join("epochs.toml"),
+    );
     write_config(&old, |_| {});
     write_config(&new, |c| c.training.early_stopping = true);
     write_config(&epochs, |c| c.training.epochs = 3);
@@ -86,7 +103,11 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
         let mut d = Daemon::spawn(root, &["--config", &cfg(file), "--max-steps", "1"]);
         let status = d.wait_exit();
         assert_eq!(status.code(), Some(2), "{}", d.stderr());
-        assert!(d.stderr().contains(needle), "{needle:?} missing:\n{}", d.stderr());
+        assert!(
+            d.stderr().contains(needle),
+            "{needle:?} missing:\n{}",
+            d.stderr()
+        );
         assert!(d.stderr().contains("unlock"), "{}", d.stderr());
     }
     let paused = journal(&d.run_dir).into_iter().any(

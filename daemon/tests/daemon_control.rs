@@ -45,8 +45,15 @@ fn bad_frames_get_errors_and_training_goes_on() {
 
     let after = d.wait_step_above(before + 2);
     assert!(after > before);
-    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is unaffected");
-    assert!(d.stderr().is_empty() || !d.stderr().contains("panicked"), "{}", d.stderr());
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon is unaffected"
+    );
+    assert!(
+        d.stderr().is_empty() || !d.stderr().contains("panicked"),
+        "{}",
+        d.stderr()
+    );
     d.signal(libc::SIGTERM);
     assert!(d.wait_exit().success());
 }
@@ -75,7 +82,10 @@ fn a_confirmed_stop_checkpoints_answers_with_it_and_exits_zero() {
         }
     };
     assert!(
-        pending.consequences.iter().any(|c| c.contains("writes a final checkpoint")),
+        pending
+            .consequences
+            .iter()
+            .any(|c| c.contains("writes a final checkpoint")),
         "{:?}",
         pending.consequences
     );
@@ -103,8 +113,13 @@ fn a_confirmed_stop_checkpoints_answers_with_it_and_exits_zero() {
     }
     let outcome = executed.expect("the confirmation is answered");
     let checkpoint = stopped_event.expect("the stop's event reaches the confirming subscriber");
-    assert!(outcome.contains(&checkpoint), "{outcome} names {checkpoint}");
-    assert!(std::path::Path::new(&checkpoint).join("manifest.json").is_file());
+    assert!(
+        outcome.contains(&checkpoint),
+        "{outcome} names {checkpoint}"
+    );
+    assert!(std::path::Path::new(&checkpoint)
+        .join("manifest.json")
+        .is_file());
     assert!(d.wait_exit().success(), "{}", d.stderr());
     let step = last_journaled_checkpoint(&d.run_dir);
     assert_eq!(checkpoint_steps(&d.run_dir).last(), Some(&step));

@@ -23,7 +23,10 @@ fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume
     assert_eq!(s.run.state, RunState::Training);
     assert_eq!((s.run.epochs, s.run.total_steps), (6, 642));
     assert!(s.throughput.tokens_per_s > 0.0, "{:?}", s.throughput);
-    assert!(s.last_loss.is_some() && s.last_tau.is_some(), "step-0 evaluation reported");
+    assert!(
+        s.last_loss.is_some() && s.last_tau.is_some(),
+        "step-0 evaluation reported"
+    );
 
     // Same run dir, another socket: refused by the lock, naming the live daemon.
     let (code, _, stderr) = run(
@@ -44,8 +47,13 @@ fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume
 
     d.signal(libc::SIGTERM);
     assert!(d.wait_exit().success(), "{}", d.stderr());
-    let saved = *checkpoint_steps(&d.run_dir).last().expect("a checkpoint on SIGTERM");
-    assert!(saved >= later, "checkpoint at step {saved}, status said {later}");
+    let saved = *checkpoint_steps(&d.run_dir)
+        .last()
+        .expect("a checkpoint on SIGTERM");
+    assert!(
+        saved >= later,
+        "checkpoint at step {saved}, status said {later}"
+    );
     let events = journal(&d.run_dir);
     let stopped = events.iter().rev().find_map(|e| match &e.kind {
         EventKind::RunStopped { reason, checkpoint } => Some((reason.clone(), checkpoint.clone())),
@@ -59,12 +67,20 @@ fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume
     // The restart resumes from that checkpoint and goes on from its step.
     let mut again = Daemon::spawn(root, &["--max-steps", "2"]);
     assert!(again.wait_exit().success(), "{}", again.stderr());
-    assert!(again.stdout().contains(&format!("resumed at step {saved}")), "{}", again.stdout());
+    assert!(
+        again.stdout().contains(&format!("resumed at step {saved}")),
+        "{}",
+        again.stdout()
+    );
     assert_eq!(checkpoint_steps(&d.run_dir).last(), Some(&(saved + 2)));
     let metrics = std::fs::read_to_string(d.run_dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(&steps[steps.len() - 2..], &[saved + 1, saved + 2]);
     let resumed = journal(&d.run_dir).into_iter().any(|e| {
@@ -77,7 +93,11 @@ fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit(')').next().map(|r| !r.trim_start().starts_with(['Z', 'X'])))
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
+        })
         .unwrap_or(false)
 }
 
@@ -87,7 +107,16 @@ fn detach_returns_once_serving_and_reuse_running_finds_it() {
     let root = tmp.path();
     let run_dir = root.join("run").display().to_string();
     let socket = root.join("s/d.sock").display().to_string();
-    let start = ["start", "--detach", "--threads", "1", "--run-dir", &run_dir, "--socket", &socket];
+    let start = [
+        "start",
+        "--detach",
+        "--threads",
+        "1",
+        "--run-dir",
+        &run_dir,
+        "--socket",
+        &socket,
+    ];
     let t0 = Instant::now();
     let (code, stdout, stderr) = run(root, &start);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
@@ -104,7 +133,10 @@ fn detach_returns_once_serving_and_reuse_running_finds_it() {
         "dflash-tui stop --socket",
         "dflash-tui confirm-stop",
     ] {
-        assert!(stdout.contains(needle), "{needle:?} missing from:\n{stdout}");
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} missing from:\n{stdout}"
+        );
     }
     // The socket answers right away: `--detach` returned only once it did.
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
@@ -113,7 +145,10 @@ fn detach_returns_once_serving_and_reuse_running_finds_it() {
     reuse.push("--reuse-running");
     let (code, stdout, _) = run(root, &reuse);
     assert_eq!(code, 0);
-    assert!(stdout.contains(&format!("already running on {socket} (pid {pid}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("already running on {socket} (pid {pid}")),
+        "{stdout}"
+    );
 
     // SAFETY: the detached daemon is ours (started above).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -122,6 +157,7 @@ fn detach_returns_once_serving_and_reuse_running_finds_it() {
         assert!(Instant::now() < deadline, "detached daemon did not exit");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = std::fs::read_to_string(root.join("xdg-state/dflash/logs/dflashd-stdio.out")).unwrap();
+    let out =
+        std::fs::read_to_string(root.join("xdg-state/dflash/logs/dflashd-stdio.out")).unwrap();
     assert!(out.contains("stopped (SIGTERM)"), "{out}");
 }

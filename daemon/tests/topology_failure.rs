@@ -24,11 +24,7 @@ fn samples_with_bad(position: usize, batch_size: usize) -> Vec<dflashd::data::Sa
 
 fn worker_error(err: TrainError) -> (String, String, String) {
     match err {
-        TrainError::Worker {
-            worker,
-            device,
-            detail,
-        } => (worker, device, detail),
+        TrainError::Worker(f) => (f.worker, f.device, f.detail),
         other => panic!("expected a worker failure, got: {other}"),
     }
 }

@@ -42,9 +42,17 @@ struct Daemon {
 
 impl Daemon {
     fn start(root: &Path) -> Daemon {
-        let (socket, run_dir, stderr) = (root.join("s/d.sock"), root.join("run"), root.join("dflashd.err"));
+        let (socket, run_dir, stderr) = (
+            root.join("s/d.sock"),
+            root.join("run"),
+            root.join("dflashd.err"),
+        );
         let mut cmd = Command::new(dflashd_bin());
-        for (var, sub) in [("XDG_RUNTIME_DIR", "rt"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data")] {
+        for (var, sub) in [
+            ("XDG_RUNTIME_DIR", "rt"),
+            ("XDG_STATE_HOME", "state"),
+            ("XDG_DATA_HOME", "data"),
+        ] {
             cmd.env(var, root.join(sub));
         }
         let child = cmd
@@ -87,11 +95,19 @@ impl Daemon {
     fn wait_step_above(&mut self, step: u64) -> StatusSnapshot {
         let deadline = Instant::now() + WAIT;
         loop {
-            assert!(self.child.try_wait().unwrap().is_none(), "dflashd exited:\n{}", self.log());
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "dflashd exited:\n{}",
+                self.log()
+            );
             if let Some(s) = self.try_status().filter(|s| s.run.step > step) {
                 return s;
             }
-            assert!(Instant::now() < deadline, "no step above {step}:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "no step above {step}:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -130,27 +146,54 @@ impl Tmux {
         };
         let out = t
             .tmux()
-            .args(["new-session", "-d", "-s", "e2e", "-x", "110", "-y", "34", command])
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                "e2e",
+                "-x",
+                "110",
+                "-y",
+                "34",
+                command,
+            ])
             .env("TERM", "xterm-256color")
             .env("NO_COLOR", "1")
             .output()
             .expect("tmux is installed");
-        assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         t
     }
 
     fn screen(&self) -> String {
-        let out = self.tmux().args(["capture-pane", "-p", "-t", "e2e"]).output().unwrap();
+        let out = self
+            .tmux()
+            .args(["capture-pane", "-p", "-t", "e2e"])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn display(&self, format: &str) -> String {
-        let out = self.tmux().args(["display-message", "-p", "-t", "e2e", format]).output().unwrap();
+        let out = self
+            .tmux()
+            .args(["display-message", "-p", "-t", "e2e", format])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     fn keys(&self, keys: &str) {
-        assert!(self.tmux().args(["send-keys", "-t", "e2e", keys]).status().unwrap().success());
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "e2e", keys])
+            .status()
+            .unwrap()
+            .success());
     }
 
     fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
@@ -175,7 +218,9 @@ impl Drop for Tmux {
 /// Reads the block-font headline under the "Throughput (tok/s)" title back into text.
 fn headline(screen: &str) -> Option<String> {
     let lines: Vec<&str> = screen.lines().collect();
-    let title = lines.iter().position(|l| l.contains("Throughput (tok/s)"))?;
+    let title = lines
+        .iter()
+        .position(|l| l.contains("Throughput (tok/s)"))?;
     let rows: Vec<Vec<char>> = lines
         .get(title + 1..title + 4)?
         .iter()
@@ -189,11 +234,14 @@ fn headline(screen: &str) -> Option<String> {
     let mut text = String::new();
     let mut x = 0;
     'scan: while x < width {
-        for c in ['M', 'K', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'G', '—', '.'] {
+        for c in [
+            'M', 'K', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'G', '—', '.',
+        ] {
             let glyph = bignum::render(&c.to_string())?;
-            let fits = glyph.iter().enumerate().all(|(r, g)| {
-                g.chars().enumerate().all(|(i, gc)| cell(r, x + i) == gc)
-            });
+            let fits = glyph
+                .iter()
+                .enumerate()
+                .all(|(r, g)| g.chars().enumerate().all(|(i, gc)| cell(r, x + i) == gc));
             let blank = glyph.iter().all(|g| g.trim().is_empty());
             if fits && !blank {
                 text.push(c);
@@ -229,7 +277,8 @@ fn tui(args: &[&str]) -> Output {
 }
 
 #[test]
-fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_only_when_confirmed() {
+fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_only_when_confirmed()
+{
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let mut daemon = Daemon::start(root);
@@ -243,21 +292,34 @@ fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_on
     );
     let tmux = Tmux::start(&pane);
     let screen = tmux.wait_for("the overview with a tok/s headline", |s| {
-        s.contains("tiny-cpu") && s.contains("Training") && headline(s).and_then(|h| parse_si(&h)).is_some()
+        s.contains("tiny-cpu")
+            && s.contains("Training")
+            && headline(s).and_then(|h| parse_si(&h)).is_some()
     });
     let shown = parse_si(&headline(&screen).unwrap()).unwrap();
-    let live = daemon.wait_step_above(first.run.step).throughput.tokens_per_s;
+    let live = daemon
+        .wait_step_above(first.run.step)
+        .throughput
+        .tokens_per_s;
     assert!(
         shown > 0.0 && shown > live / 4.0 && shown < live * 4.0,
         "the overview shows {shown} tok/s, the daemon {live}:\n{screen}"
     );
-    assert_eq!(tmux.display("#{alternate_on}"), "1", "attached in the alternate screen");
+    assert_eq!(
+        tmux.display("#{alternate_on}"),
+        "1",
+        "attached in the alternate screen"
+    );
 
     tmux.keys("q");
     let after = tmux.wait_for("the console's exit", |s| s.contains("E2E_DONE"));
     assert!(after.contains("ATTACH_EXIT=0"), "{after}");
     assert!(after.contains("dflashd keeps training"), "{after}");
-    assert_eq!(tmux.display("#{alternate_on}"), "0", "left the alternate screen");
+    assert_eq!(
+        tmux.display("#{alternate_on}"),
+        "0",
+        "left the alternate screen"
+    );
     let modes = std::fs::read_to_string(&stty).unwrap();
     let flags: Vec<&str> = modes.split_whitespace().collect();
     for flag in ["icanon", "echo", "isig"] {
@@ -281,24 +343,50 @@ fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_on
     );
     let before = daemon.wait_step_above(0);
     let still = daemon.wait_step_above(before.run.step + 1);
-    assert!(still.pending_actions.iter().any(|p| p.id == id), "the stop is still pending");
+    assert!(
+        still.pending_actions.iter().any(|p| p.id == id),
+        "the stop is still pending"
+    );
 
-    let confirmed = tui(&["confirm-stop", "--socket", &socket, "--token", &id, "--yes-i-know", "--wait", "60"]);
+    let confirmed = tui(&[
+        "confirm-stop",
+        "--socket",
+        &socket,
+        "--token",
+        &id,
+        "--yes-i-know",
+        "--wait",
+        "60",
+    ]);
     let out = String::from_utf8_lossy(&confirmed.stdout).into_owned();
-    assert!(confirmed.status.success(), "{out}\n{}", String::from_utf8_lossy(&confirmed.stderr));
+    assert!(
+        confirmed.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&confirmed.stderr)
+    );
     let checkpoint = out
         .split("final checkpoint: ")
         .nth(1)
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|| panic!("no checkpoint reported: {out}"));
-    assert!(checkpoint.starts_with(&daemon.run_dir.display().to_string()), "{checkpoint}");
-    assert!(Path::new(&checkpoint).join("manifest.json").is_file(), "{checkpoint}");
+    assert!(
+        checkpoint.starts_with(&daemon.run_dir.display().to_string()),
+        "{checkpoint}"
+    );
+    assert!(
+        Path::new(&checkpoint).join("manifest.json").is_file(),
+        "{checkpoint}"
+    );
     let deadline = Instant::now() + WAIT;
     let status = loop {
         if let Some(status) = daemon.child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "dflashd still running:\n{}", daemon.log());
+        assert!(
+            Instant::now() < deadline,
+            "dflashd still running:\n{}",
+            daemon.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{}", daemon.log());

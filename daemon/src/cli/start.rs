@@ -92,8 +92,7 @@ pub fn parse_device(name: &str) -> Result<Device> {
 
 fn config_device(name: &str) -> Result<dflash_shared::config::Device> {
     let name = if name == "cuda" { "cuda:0" } else { name };
-    name.parse()
-        .map_err(|e| anyhow::anyhow!("--device: {e}"))
+    name.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -117,7 +116,12 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     let paths = resolve(&PathInputs::from_environment()?);
     let run_dir = match (&args.run_dir, &config.run.run_dir) {
         (Some(dir), _) => dir.clone(),
-        (None, Some(dir)) => resolve_path("run.run_dir", dir, config_path.as_deref(), &paths.default_run_dir)?,
+        (None, Some(dir)) => resolve_path(
+            "run.run_dir",
+            dir,
+            config_path.as_deref(),
+            &paths.default_run_dir,
+        )?,
         (None, None) => paths.default_run_dir.clone(),
     };
     let run_dir = absolute(&run_dir)?;

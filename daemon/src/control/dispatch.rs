@@ -213,12 +213,16 @@ mod tests {
 
     #[test]
     fn event_pages_are_the_oldest_or_with_last_the_newest() {
-        let seqs = |v: Vec<dflash_shared::events::Event>| v.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let seqs =
+            |v: Vec<dflash_shared::events::Event>| v.iter().map(|e| e.seq).collect::<Vec<_>>();
         let all: Vec<_> = (1..=MAX_EVENTS_PER_REPLY as u64 + 10).map(note).collect();
         let page = seqs(page_of_events(all.clone(), None));
         assert_eq!(page.len(), MAX_EVENTS_PER_REPLY);
         assert_eq!(page[0], 1);
-        assert_eq!(seqs(page_of_events(all.clone(), Some(3))), vec![508, 509, 510]);
+        assert_eq!(
+            seqs(page_of_events(all.clone(), Some(3))),
+            vec![508, 509, 510]
+        );
         let capped = seqs(page_of_events(all.clone(), Some(100_000)));
         assert_eq!((capped.len(), capped[0]), (MAX_EVENTS_PER_REPLY, 11));
         assert!(page_of_events(all, Some(0)).is_empty());

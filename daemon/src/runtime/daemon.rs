@@ -85,7 +85,10 @@ impl ControlPlane {
     }
 
     /// [`ControlPlane::start`] with non-default control settings.
-    pub async fn start_with(opts: DaemonOptions, tuning: ControlTuning) -> Result<Self, StartError> {
+    pub async fn start_with(
+        opts: DaemonOptions,
+        tuning: ControlTuning,
+    ) -> Result<Self, StartError> {
         let lock = RunDirLock::acquire(&opts.run_dir)?;
         let takeover = lock.takeover().notice(lock.path());
         let (journal, recovery) = Journal::open(&opts.run_dir)?;

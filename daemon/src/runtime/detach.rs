@@ -76,7 +76,10 @@ pub fn parse_verdict(message: &str, stdio_log: &Path) -> Verdict {
             text: text.to_string(),
         };
     }
-    if let Some(code) = head.strip_prefix("exit ").and_then(|c| c.parse::<u8>().ok()) {
+    if let Some(code) = head
+        .strip_prefix("exit ")
+        .and_then(|c| c.parse::<u8>().ok())
+    {
         return Verdict {
             code: code.max(1),
             text: text.to_string(),
@@ -114,7 +117,8 @@ pub fn detach(stdio_log: &Path) -> io::Result<Detached> {
         return Err(os_err("creating the readiness pipe"));
     }
     // SAFETY: pipe2 returned two fresh descriptors that we now own.
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: the process is single-threaded here (documented precondition), so the child
     // may go on running Rust code after fork.
     let child = unsafe { libc::fork() };
@@ -182,9 +186,17 @@ mod tests {
             }
         );
         assert_eq!(parse_verdict("exit 3\ndrift", log).code, 3);
-        assert_eq!(parse_verdict("exit 0\nodd", log).code, 1, "a failure never exits 0");
+        assert_eq!(
+            parse_verdict("exit 0\nodd", log).code,
+            1,
+            "a failure never exits 0"
+        );
         let silent = parse_verdict("", log);
         assert_eq!(silent.code, 1);
-        assert!(silent.text.contains("/s/logs/dflashd-stdio.out"), "{}", silent.text);
+        assert!(
+            silent.text.contains("/s/logs/dflashd-stdio.out"),
+            "{}",
+            silent.text
+        );
     }
 }

@@ -69,7 +69,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Ok(g) => g,
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &format!("logging: {e}")),
     };
-    if let Some(notice) = spec.paths.socket_notice().filter(|_| spec.socket_is_default) {
+    if let Some(notice) = spec
+        .paths
+        .socket_notice()
+        .filter(|_| spec.socket_is_default)
+    {
         tracing::warn!("{notice}");
         eprintln!("dflashd: {notice}");
     }
@@ -80,9 +84,18 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(&mut ready, EXIT_FAILURE, &format!("starting the async runtime: {e}")),
+        Err(e) => {
+            return fail(
+                &mut ready,
+                EXIT_FAILURE,
+                &format!("starting the async runtime: {e}"),
+            )
+        }
     };
-    let cp = match rt.block_on(ControlPlane::start_with(daemon_options(&spec, bus), tuning(&spec))) {
+    let cp = match rt.block_on(ControlPlane::start_with(
+        daemon_options(&spec, bus),
+        tuning(&spec),
+    )) {
         Ok(cp) => cp,
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &e.to_string()),
     };
@@ -91,7 +104,10 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         handle.record_event_logged(
             Severity::Crit,
             EventKind::RunStopped {
-                reason: format!("resume refused: {}", text.lines().next().unwrap_or_default()),
+                reason: format!(
+                    "resume refused: {}",
+                    text.lines().next().unwrap_or_default()
+                ),
                 checkpoint: None,
             },
         );
@@ -99,7 +115,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         rt.block_on(cp.wait());
         fail(ready, code, &text)
     };
-    if let ResumeDecision::Blocked { drifts, confirm_token } = &cp.resume {
+    if let ResumeDecision::Blocked {
+        drifts,
+        confirm_token,
+    } = &cp.resume
+    {
         let text = drift_refusal(drifts, confirm_token, &spec);
         return refused(EXIT_DRIFT, text, &mut ready, cp);
     }
@@ -117,7 +137,12 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Ok(p) => p,
         Err(e) => {
             handle.set_run_state(RunState::Failed);
-            return refused(EXIT_FAILURE, format!("cannot start training: {e}"), &mut ready, cp);
+            return refused(
+                EXIT_FAILURE,
+                format!("cannot start training: {e}"),
+                &mut ready,
+                cp,
+            );
         }
     };
     if let Err(e) = locked::save_effective(&spec.run_dir, &spec.config) {
@@ -139,7 +164,10 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
         Ok(l) => l,
         Err(e) => {
-            let text = format!("opening the metrics file {}: {e}", spec.metrics_path.display());
+            let text = format!(
+                "opening the metrics file {}: {e}",
+                spec.metrics_path.display()
+            );
             return refused(EXIT_FAILURE, text, &mut ready, cp);
         }
     };
@@ -188,12 +216,23 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
     };
     let data_files = match cfg.data.train_file.as_str() {
         EMBEDDED_DATA => vec![],
-        file => setup::resolve_path("data.train_file", file, spec.config_path.as_deref(), &spec.run_dir)
-            .map(|p| vec![p])
-            .unwrap_or_default(),
+        file => setup::resolve_path(
+            "data.train_file",
+            file,
+            spec.config_path.as_deref(),
+            &spec.run_dir,
+        )
+        .map(|p| vec![p])
+        .unwrap_or_default(),
     };
     let python_env = cfg.telemetry.python.as_deref().and_then(|p| {
-        setup::resolve_path("telemetry.python", p, spec.config_path.as_deref(), &spec.run_dir).ok()
+        setup::resolve_path(
+            "telemetry.python",
+            p,
+            spec.config_path.as_deref(),
+            &spec.run_dir,
+        )
+        .ok()
     });
     let interval = Duration::from_millis(cfg.telemetry.sample_interval_ms.max(100));
     DaemonOptions {
@@ -291,13 +330,21 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
     let summary = format!("data {}: {}", p.data_source, report.summary());
     let extra = report.bad_lines.len().saturating_sub(BAD_LINES_JOURNALED);
     let message = if extra > 0 {
-        format!("{summary}; {extra} more bad lines are listed in {}", spec.run_dir.join(setup::DATA_REPORT_FILE).display())
+        format!(
+            "{summary}; {extra} more bad lines are listed in {}",
+            spec.run_dir.join(setup::DATA_REPORT_FILE).display()
+        )
     } else {
         summary
     };
     handle.record_event_logged(Severity::Info, EventKind::Note { message });
     if let Some(note) = &p.topology_note {
-        handle.record_event_logged(Severity::Warn, EventKind::Note { message: note.clone() });
+        handle.record_event_logged(
+            Severity::Warn,
+            EventKind::Note {
+                message: note.clone(),
+            },
+        );
         tracing::warn!("{note}");
     }
     handle.record_event_logged(
@@ -328,12 +375,18 @@ fn banner(spec: &LaunchSpec, p: &Prepared, device: &str) -> String {
         t.split().train.len(),
         t.split().eval.len(),
     );
-    text.push_str(&format!("  data:     {}: {}\n", p.data_source, p.report.summary()));
+    text.push_str(&format!(
+        "  data:     {}: {}\n",
+        p.data_source,
+        p.report.summary()
+    ));
     text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
     text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
     text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));
     text.push_str(&format!("  attach:   dflash-tui attach{socket_arg}\n"));
-    text.push_str(&format!("  headless: dflash-tui tail --follow{socket_arg}\n"));
+    text.push_str(&format!(
+        "  headless: dflash-tui tail --follow{socket_arg}\n"
+    ));
     text.push_str(&format!(
         "  stop:     dflash-tui stop{socket_arg}, then dflash-tui confirm-stop{socket_arg}"
     ));
@@ -342,7 +395,10 @@ fn banner(spec: &LaunchSpec, p: &Prepared, device: &str) -> String {
 
 fn farewell(ending: &Ending, handle: &RunHandle) -> String {
     let s = handle.status_snapshot();
-    let tau = s.last_tau.map(|t| format!("; last held-out tau {t:.4}")).unwrap_or_default();
+    let tau = s
+        .last_tau
+        .map(|t| format!("; last held-out tau {t:.4}"))
+        .unwrap_or_default();
     let what = match ending {
         Ending::Finished { .. } => "training complete".to_string(),
         Ending::Killed { action_id } => format!("killed by {action_id}"),

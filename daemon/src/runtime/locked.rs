@@ -98,7 +98,10 @@ pub fn refusal_message(changes: &[LockedKeyChange], unlocked: &[String], run_dir
         } else {
             ""
         };
-        out.push_str(&format!("  - {}: {} → {}{note}\n", c.key, c.before, c.after));
+        out.push_str(&format!(
+            "  - {}: {} → {}{note}\n",
+            c.key, c.before, c.after
+        ));
     }
     out.push_str(&format!(
         "A locked key changed mid-run makes the result a different experiment. Either start with \

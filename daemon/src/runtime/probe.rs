@@ -43,7 +43,10 @@ mod tests {
     #[test]
     fn nothing_listening_is_none() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(probe(&dir.path().join("none.sock"), Duration::from_millis(200)), None);
+        assert_eq!(
+            probe(&dir.path().join("none.sock"), Duration::from_millis(200)),
+            None
+        );
         // A listener that never answers times out rather than hanging.
         let path = dir.path().join("mute.sock");
         let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{EventKind, Severity};
-use dflash_shared::metrics::{DeviceRole, StepMetrics};
+use dflash_shared::metrics::StepMetrics;
 use dflash_shared::status::{Alert, RunState};
 
 use super::checkpoints;
@@ -173,7 +173,10 @@ impl RunLoop {
     /// Trains until something ends the run; returns why.
     pub fn run(mut self) -> Ending {
         let (total, epochs) = (self.trainer.total_steps(), self.trainer.config().epochs);
-        let (step, epoch) = (self.trainer.step_count(), self.trainer.data_position().epoch);
+        let (step, epoch) = (
+            self.trainer.step_count(),
+            self.trainer.data_position().epoch,
+        );
         self.handle.update_run(|r| {
             r.total_steps = total;
             r.epochs = epochs;
@@ -247,8 +250,11 @@ impl RunLoop {
         }
         if !self.warmed_up && summary.steps_run > 0 {
             self.warmed_up = true;
-            self.record_warmup(summary.last_metrics.as_ref());
+            self.record_warmup();
             self.handle.set_run_state(RunState::Training);
+        }
+        if let Some(queue) = self.trainer.queue_stats() {
+            self.handle.publish_queue(queue);
         }
         let step = self.trainer.step_count();
         let remaining = self.trainer.total_steps().saturating_sub(step);
@@ -272,35 +278,36 @@ impl RunLoop {
         }
     }
 
-    fn record_warmup(&self, m: Option<&StepMetrics>) {
-        let Some(m) = m else { return };
-        let duration_ms = m.times.total_ms;
-        self.handle.record_event_logged(
-            Severity::Info,
-            EventKind::WarmupDone {
-                device: self.cfg.device.clone(),
-                role: DeviceRole::Both,
-                duration_ms,
-            },
-        );
+    /// Journals each worker's serialized warmup (`WarmupDone` per device and role) and writes
+    /// them as the warmup record, under the current environment digest.
+    fn record_warmup(&self) {
+        let records = self.trainer.warmup_records();
+        for r in records {
+            self.handle.record_event_logged(
+                Severity::Info,
+                EventKind::WarmupDone {
+                    device: r.device.clone(),
+                    role: r.role,
+                    duration_ms: r.duration_ms,
+                },
+            );
+        }
         let env_digest = serde_json::from_value(self.handle.fingerprint())
             .ok()
             .map(|fp| hex::encode(digest(&fp)));
-        let run_dir = self.handle.run_dir();
-        let mut record = WarmupRecord::load(run_dir).unwrap_or_default();
-        if record.fingerprint_digest != env_digest {
-            record = WarmupRecord {
-                fingerprint_digest: env_digest,
-                devices: Vec::new(),
-            };
-        }
-        let entry = WarmupDevice {
-            device: self.cfg.device.clone(),
-            role: DeviceRole::Both,
-            duration_ms,
-            finished_ms: now_ms(),
+        let record = WarmupRecord {
+            fingerprint_digest: env_digest,
+            devices: records
+                .iter()
+                .map(|r| WarmupDevice {
+                    device: r.device.clone(),
+                    role: r.role,
+                    duration_ms: r.duration_ms,
+                    finished_ms: r.finished_ms,
+                })
+                .collect(),
         };
-        if let Err(e) = record.record_device(run_dir, entry) {
+        if let Err(e) = record.save(self.handle.run_dir()) {
             tracing::warn!(error = %e, "could not write the warmup record");
         }
     }
@@ -312,7 +319,8 @@ impl RunLoop {
         self.handle.set_run_state(RunState::Checkpointing);
         let saved = self.trainer.save_checkpoint(&self.cfg.checkpoint_root);
         self.handle.set_run_state(before);
-        let dir = saved.map_err(|e| format!("writing the checkpoint of step {step} failed: {e}"))?;
+        let dir =
+            saved.map_err(|e| format!("writing the checkpoint of step {step} failed: {e}"))?;
         let path = dir.display().to_string();
         if let Some(info) = checkpoints::describe(&dir) {
             if let Err(e) = self.handle.add_checkpoint(info) {
@@ -338,7 +346,12 @@ impl RunLoop {
                     let stopped = format!("stopping without a final checkpoint: {error}");
                     self.journal_stop(&stopped, None);
                     self.handle.set_run_state(RunState::Failed);
-                    return (Ending::Failed { error: error.clone() }, Err(error));
+                    return (
+                        Ending::Failed {
+                            error: error.clone(),
+                        },
+                        Err(error),
+                    );
                 }
             }
         } else {
@@ -389,11 +402,15 @@ impl RunLoop {
             RunState::Stopping
         });
         let outcome = match &checkpoint {
-            Some(path) if self.last_saved_step == Some(step) => {
-                Ok(format!("checkpoint of step {step} at {path}; the daemon exits"))
+            Some(path) if self.last_saved_step == Some(step) => Ok(format!(
+                "checkpoint of step {step} at {path}; the daemon exits"
+            )),
+            Some(path) => Ok(format!(
+                "nothing to save since the checkpoint at {path}; the daemon exits"
+            )),
+            None => {
+                Ok("no step was taken, so there is nothing to checkpoint; the daemon exits".into())
             }
-            Some(path) => Ok(format!("nothing to save since the checkpoint at {path}; the daemon exits")),
-            None => Ok("no step was taken, so there is nothing to checkpoint; the daemon exits".into()),
         };
         (ending, outcome)
     }
@@ -401,11 +418,19 @@ impl RunLoop {
     fn kill(&mut self, action_id: String) -> (Ending, CommandOutcome) {
         let step = self.trainer.step_count();
         let lost = match self.handle.checkpoints().last() {
-            Some(c) if c.step == step => format!("nothing is lost (checkpoint {} is current)", c.path),
-            Some(c) => format!("steps {}..{step} are lost; the last checkpoint is {} (step {})", c.step + 1, c.path, c.step),
+            Some(c) if c.step == step => {
+                format!("nothing is lost (checkpoint {} is current)", c.path)
+            }
+            Some(c) => format!(
+                "steps {}..{step} are lost; the last checkpoint is {} (step {})",
+                c.step + 1,
+                c.path,
+                c.step
+            ),
             None => format!("all {step} steps are lost; there is no checkpoint"),
         };
-        let text = format!("killed by operator ({action_id}) at step {step} without a checkpoint: {lost}");
+        let text =
+            format!("killed by operator ({action_id}) at step {step} without a checkpoint: {lost}");
         self.handle.set_run_state(RunState::Stopping);
         self.journal_stop(&text, None);
         (Ending::Killed { action_id }, Ok(text))
@@ -438,7 +463,10 @@ impl RunLoop {
         let step = self.trainer.step_count();
         let last = self.handle.checkpoints().last().cloned();
         let kept = match &last {
-            Some(c) => format!("the last checkpoint (step {}, {}) is intact", c.step, c.path),
+            Some(c) => format!(
+                "the last checkpoint (step {}, {}) is intact",
+                c.step, c.path
+            ),
             None => "there is no checkpoint yet".to_string(),
         };
         let reason = format!(
@@ -466,7 +494,9 @@ impl RunLoop {
             preceded_by: Vec::new(),
         }));
         let last_path = last.map(|c| c.path);
-        let stopped = |how: &str| format!("{how} while paused after a failed step; no new checkpoint (the trainer's state after a failure is not trusted)");
+        let stopped = |how: &str| {
+            format!("{how} while paused after a failed step; no new checkpoint (the trainer's state after a failure is not trusted)")
+        };
         loop {
             std::thread::sleep(Duration::from_millis(100));
             self.health.poll(false);
@@ -474,7 +504,10 @@ impl RunLoop {
                 format!("{} received", signals::name(s))
             } else {
                 match self.commands.try_recv() {
-                    Ok(RunCommand::Stop { action_id, reply } | RunCommand::Kill { action_id, reply }) => {
+                    Ok(
+                        RunCommand::Stop { action_id, reply }
+                        | RunCommand::Kill { action_id, reply },
+                    ) => {
                         let text = stopped(&format!("stopped by operator ({action_id})"));
                         let _ = reply.send(Ok(match &last_path {
                             Some(p) => format!("{text}; the last checkpoint is {p}"),
@@ -492,7 +525,10 @@ impl RunLoop {
     }
 
     fn notify_progress(&mut self) {
-        if self.last_notify.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+        if self
+            .last_notify
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
             return;
         }
         self.last_notify = Some(Instant::now());
@@ -526,25 +562,40 @@ mod tests {
         p.observe_ms(100.0);
         assert_eq!(p.eta_ms(1_000, 10), Some(2_000));
         p.observe_ms(200.0);
-        assert_eq!(p.eta_ms(0, 100), Some(11_000), "moves 10% towards the new time");
+        assert_eq!(
+            p.eta_ms(0, 100),
+            Some(11_000),
+            "moves 10% towards the new time"
+        );
         assert_eq!(p.eta_ms(5, 0), Some(5));
     }
 
     #[test]
     fn panic_messages_keep_their_first_line() {
-        let p: Box<dyn std::any::Any + Send> =
-            Box::new("CUDA out of memory. Tried to allocate 2.00 GiB\nException raised from malloc".to_string());
+        let p: Box<dyn std::any::Any + Send> = Box::new(
+            "CUDA out of memory. Tried to allocate 2.00 GiB\nException raised from malloc"
+                .to_string(),
+        );
         assert_eq!(
             panic_text(p.as_ref()),
             "libtorch error: CUDA out of memory. Tried to allocate 2.00 GiB"
         );
         let p: Box<dyn std::any::Any + Send> = Box::new(3u8);
-        assert_eq!(panic_text(p.as_ref()), "libtorch error: a panic without a message");
+        assert_eq!(
+            panic_text(p.as_ref()),
+            "libtorch error: a panic without a message"
+        );
     }
 
     #[test]
     fn only_failures_exit_non_zero() {
-        assert_eq!(Ending::Killed { action_id: "k".into() }.exit_code(), 0);
+        assert_eq!(
+            Ending::Killed {
+                action_id: "k".into()
+            }
+            .exit_code(),
+            0
+        );
         assert_eq!(Ending::Failed { error: "x".into() }.exit_code(), 1);
         let e = Ending::Signal {
             signal: libc::SIGTERM,

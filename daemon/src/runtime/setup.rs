@@ -19,6 +19,7 @@ use crate::engine::model::error::ModelError;
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::trainer::{compute_kind, device_name, Trainer};
 use crate::engine::train::{embedded, run_config, TrainError};
+use crate::runtime::topology::TopologySpec;
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const DATA_REPORT_FILE: &str = "data_report.json";
@@ -34,7 +35,10 @@ pub enum SetupError {
         detail: String,
     },
     #[error("loading the target model {path}: {source}")]
-    Target { path: PathBuf, source: ModelError },
+    Target {
+        path: PathBuf,
+        source: Box<ModelError>,
+    },
     #[error(transparent)]
     Data(#[from] DataError),
     #[error("data.train_file {path}: no usable sample ({summary})")]
@@ -61,6 +65,7 @@ pub struct SetupInputs<'a> {
 
 pub struct Prepared {
     pub trainer: Trainer,
+    /// Drafter rank 0's device (the only device when the topology runs inline).
     pub device: Device,
     /// The data file as the config names it ("embedded:…" for the built-in set).
     pub data_source: String,
@@ -155,14 +160,41 @@ pub fn resolve_path(
 /// Builds the trainer and resumes it from the newest checkpoint of the run dir, if any.
 pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let cfg = inputs.config;
-    let (chosen, topology_note) = training_device(inputs);
-    let device = tch_device(chosen)?;
+    // Without `--device` the whole configured topology runs (the target is loaded on the
+    // first target device and replicated onto the others); with it, everything runs on that
+    // one device and the note names the devices left idle.
+    let (chosen, override_note) = training_device(inputs);
+    let (topology, topology_note) = match inputs.device_override {
+        Some(_) => (TopologySpec::single(tch_device(chosen)?), override_note),
+        None => {
+            for &d in cfg
+                .topology
+                .target_devices
+                .iter()
+                .chain(&cfg.topology.drafter_devices)
+            {
+                tch_device(d)?;
+            }
+            (TopologySpec::from_config(cfg, None), None)
+        }
+    };
+    let device = topology.drafter_devices[0];
+    let target_device = topology.target_devices[0];
     let target = if cfg.target.is_embedded() {
-        embedded::tiny_target(Some(inputs.run_dir), device)?
+        embedded::tiny_target(Some(inputs.run_dir), target_device)?
     } else {
-        let dir = resolve_path("target.model", &cfg.target.model, inputs.config_path, inputs.run_dir)?;
-        TargetModel::load(&dir, device, Some(compute_kind(device)))
-            .map_err(|source| SetupError::Target { path: dir, source })?
+        let dir = resolve_path(
+            "target.model",
+            &cfg.target.model,
+            inputs.config_path,
+            inputs.run_dir,
+        )?;
+        TargetModel::load(&dir, target_device, Some(compute_kind(target_device))).map_err(
+            |source| SetupError::Target {
+                path: dir,
+                source: Box::new(source),
+            },
+        )?
     };
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
@@ -177,7 +209,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         })?;
     let train_cfg = run_config::train_config(cfg, samples.len());
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
-    let mut trainer = Trainer::new(target, drafter_cfg, samples, train_cfg, device)?;
+    let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
     let resumed_from = trainer.resume_latest(&inputs.run_dir.join(CHECKPOINTS_DIR))?;
     Ok(Prepared {
         trainer,
@@ -199,7 +231,12 @@ fn load_samples(
         let (samples, report) = embedded::tiny_samples(vocab as i64, max_len)?;
         return Ok((samples, report, embedded::TINY_DATASET_NAME.to_string()));
     }
-    let path = resolve_path("data.train_file", &cfg.data.train_file, inputs.config_path, inputs.run_dir)?;
+    let path = resolve_path(
+        "data.train_file",
+        &cfg.data.train_file,
+        inputs.config_path,
+        inputs.run_dir,
+    )?;
     let options = LoadOptions {
         max_length: max_len,
         vocab_size: Some(vocab),
@@ -253,7 +290,12 @@ fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
             let path = resolve_path("data.tokenizer", t, config_path, run_dir)?;
             let tokenizer = load_tokenizer(&path)?;
             let template = load_chat_template(&model_dir, template.as_deref())?;
-            Ok(ChatEncoder::new(tokenizer, path, template, ChatOptions::default())?)
+            Ok(ChatEncoder::new(
+                tokenizer,
+                path,
+                template,
+                ChatOptions::default(),
+            )?)
         }
     }
 }
@@ -283,7 +325,10 @@ mod tests {
             resolve_path("k", "{run_dir}/t", None, run).unwrap(),
             PathBuf::from("/runs/a/t")
         );
-        assert_eq!(resolve_path("k", "x", None, run).unwrap(), PathBuf::from("./x"));
+        assert_eq!(
+            resolve_path("k", "x", None, run).unwrap(),
+            PathBuf::from("./x")
+        );
         let err = resolve_path("data.train_file", "${DFLASH_SURELY_UNSET_VAR}/x", None, run)
             .unwrap_err()
             .to_string();
@@ -307,6 +352,9 @@ mod tests {
         let (chosen, note) = training_device(&inputs(&cfg));
         assert_eq!(chosen, config::Device::Cuda(2));
         let note = note.unwrap();
-        assert!(note.contains("3 device(s)") && note.contains("cuda:0, cuda:1"), "{note}");
+        assert!(
+            note.contains("3 device(s)") && note.contains("cuda:0, cuda:1"),
+            "{note}"
+        );
     }
 }

@@ -48,7 +48,10 @@ impl Daemon {
     pub fn spawn_in(root: &Path, run_dir: &Path, extra: &[&str]) -> Daemon {
         let socket = root.join("s").join("d.sock");
         let n = std::fs::read_dir(root).map_or(0, |d| d.count());
-        let (out, err) = (root.join(format!("out-{n}.txt")), root.join(format!("err-{n}.txt")));
+        let (out, err) = (
+            root.join(format!("out-{n}.txt")),
+            root.join(format!("err-{n}.txt")),
+        );
         let child = dflashd(root)
             .args(["start", "--threads", "1", "--log-every", "0", "--run-dir"])
             .arg(run_dir)
@@ -83,7 +86,10 @@ impl Daemon {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("dflashd exited ({status}) before serving:\n{}", self.stderr());
+                panic!(
+                    "dflashd exited ({status}) before serving:\n{}",
+                    self.stderr()
+                );
             }
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
                 let mut c = Client::connect(&self.socket);
@@ -115,7 +121,11 @@ impl Daemon {
             if now > step {
                 return now;
             }
-            assert!(Instant::now() < deadline, "stuck at step {now}:\n{}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "stuck at step {now}:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -131,7 +141,11 @@ impl Daemon {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "dflashd did not exit:\n{}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "dflashd did not exit:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

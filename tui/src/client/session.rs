@@ -179,10 +179,13 @@ impl Session {
     ) -> Result<Vec<Event>, ClientError> {
         let mut all = Vec::new();
         for _ in 0..max_pages {
-            let page = match self.request(&Request::Events {
+            let page = match self
+                .request(&Request::Events {
                     after_seq,
                     last: None,
-                }).await? {
+                })
+                .await?
+            {
                 Response::Events { events } => events,
                 other => {
                     return Err(ClientError::UnexpectedReply {

@@ -212,7 +212,7 @@ impl AdamW {
                 }
                 let mut g = grad.to_kind(Kind::Float);
                 if factor != 1.0 {
-                    g = g * factor;
+                    g *= factor;
                 }
                 let mut master = slot.master().shallow_clone();
                 if self.cfg.weight_decay != 0.0 {

@@ -342,9 +342,9 @@ impl Trainer {
     fn note_failure(&mut self, e: TrainError) -> TrainError {
         if self.failure.is_none() {
             let inline_failure = match &e {
-                TrainError::Worker { detail, .. } => Some(WorkerFailure {
+                TrainError::Worker(failed) => Some(WorkerFailure {
                     worker: self.rank0.id,
-                    detail: detail.clone(),
+                    detail: failed.detail.clone(),
                 }),
                 _ => None,
             };

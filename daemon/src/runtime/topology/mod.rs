@@ -40,7 +40,7 @@ pub use warmup::WarmupRecord;
 
 use self::allreduce::AbortGroup;
 use self::pipeline::{Dispatcher, ItemQueue};
-use crate::engine::train::error::TrainError;
+use crate::engine::train::error::{TrainError, WorkerFailed};
 use crate::engine::train::trainer::device_name;
 use crate::runtime::queue::QueueConfig;
 
@@ -190,11 +190,11 @@ pub struct WorkerFailure {
 
 impl WorkerFailure {
     pub fn to_error(&self) -> TrainError {
-        TrainError::Worker {
+        TrainError::Worker(Box::new(WorkerFailed {
             worker: self.worker.to_string(),
             device: device_name(self.worker.device),
             detail: self.detail.clone(),
-        }
+        }))
     }
 }
 
