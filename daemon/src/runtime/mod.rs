@@ -1,6 +1,7 @@
 //! The daemon runtime around the training engine: paths and the run-dir lock, the shared
-//! [`handle::RunHandle`], the frame bus, the hidden-state queue, logging and systemd readiness,
-//! and the daemon itself: [`launch`] assembles the process, [`run_loop`] drives training.
+//! [`handle::RunHandle`], the frame bus, the hidden-state queue, the multi-device
+//! [`topology`], logging and systemd readiness, and the daemon itself: [`launch`] assembles
+//! the process, [`run_loop`] drives training.
 pub mod bus;
 pub mod checkpoints;
 pub mod daemon;
@@ -20,3 +21,4 @@ pub mod run_loop;
 pub mod setup;
 pub mod signals;
 pub mod telemetry_specs;
+pub mod topology;

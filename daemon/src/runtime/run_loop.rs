@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{EventKind, Severity};
-use dflash_shared::metrics::{DeviceRole, StepMetrics};
+use dflash_shared::metrics::StepMetrics;
 use dflash_shared::status::{Alert, RunState};
 
 use super::checkpoints;
@@ -250,8 +250,11 @@ impl RunLoop {
         }
         if !self.warmed_up && summary.steps_run > 0 {
             self.warmed_up = true;
-            self.record_warmup(summary.last_metrics.as_ref());
+            self.record_warmup();
             self.handle.set_run_state(RunState::Training);
+        }
+        if let Some(queue) = self.trainer.queue_stats() {
+            self.handle.publish_queue(queue);
         }
         let step = self.trainer.step_count();
         let remaining = self.trainer.total_steps().saturating_sub(step);
@@ -275,35 +278,36 @@ impl RunLoop {
         }
     }
 
-    fn record_warmup(&self, m: Option<&StepMetrics>) {
-        let Some(m) = m else { return };
-        let duration_ms = m.times.total_ms;
-        self.handle.record_event_logged(
-            Severity::Info,
-            EventKind::WarmupDone {
-                device: self.cfg.device.clone(),
-                role: DeviceRole::Both,
-                duration_ms,
-            },
-        );
+    /// Journals each worker's serialized warmup (`WarmupDone` per device and role) and writes
+    /// them as the warmup record, under the current environment digest.
+    fn record_warmup(&self) {
+        let records = self.trainer.warmup_records();
+        for r in records {
+            self.handle.record_event_logged(
+                Severity::Info,
+                EventKind::WarmupDone {
+                    device: r.device.clone(),
+                    role: r.role,
+                    duration_ms: r.duration_ms,
+                },
+            );
+        }
         let env_digest = serde_json::from_value(self.handle.fingerprint())
             .ok()
             .map(|fp| hex::encode(digest(&fp)));
-        let run_dir = self.handle.run_dir();
-        let mut record = WarmupRecord::load(run_dir).unwrap_or_default();
-        if record.fingerprint_digest != env_digest {
-            record = WarmupRecord {
-                fingerprint_digest: env_digest,
-                devices: Vec::new(),
-            };
-        }
-        let entry = WarmupDevice {
-            device: self.cfg.device.clone(),
-            role: DeviceRole::Both,
-            duration_ms,
-            finished_ms: now_ms(),
+        let record = WarmupRecord {
+            fingerprint_digest: env_digest,
+            devices: records
+                .iter()
+                .map(|r| WarmupDevice {
+                    device: r.device.clone(),
+                    role: r.role,
+                    duration_ms: r.duration_ms,
+                    finished_ms: r.finished_ms,
+                })
+                .collect(),
         };
-        if let Err(e) = record.record_device(run_dir, entry) {
+        if let Err(e) = record.save(self.handle.run_dir()) {
             tracing::warn!(error = %e, "could not write the warmup record");
         }
     }

@@ -19,6 +19,7 @@ use crate::engine::model::error::ModelError;
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::trainer::{compute_kind, device_name, Trainer};
 use crate::engine::train::{embedded, run_config, TrainError};
+use crate::runtime::topology::TopologySpec;
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const DATA_REPORT_FILE: &str = "data_report.json";
@@ -64,6 +65,7 @@ pub struct SetupInputs<'a> {
 
 pub struct Prepared {
     pub trainer: Trainer,
+    /// Drafter rank 0's device (the only device when the topology runs inline).
     pub device: Device,
     /// The data file as the config names it ("embedded:…" for the built-in set).
     pub data_source: String,
@@ -158,10 +160,28 @@ pub fn resolve_path(
 /// Builds the trainer and resumes it from the newest checkpoint of the run dir, if any.
 pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let cfg = inputs.config;
-    let (chosen, topology_note) = training_device(inputs);
-    let device = tch_device(chosen)?;
+    // Without `--device` the whole configured topology runs (the target is loaded on the
+    // first target device and replicated onto the others); with it, everything runs on that
+    // one device and the note names the devices left idle.
+    let (chosen, override_note) = training_device(inputs);
+    let (topology, topology_note) = match inputs.device_override {
+        Some(_) => (TopologySpec::single(tch_device(chosen)?), override_note),
+        None => {
+            for &d in cfg
+                .topology
+                .target_devices
+                .iter()
+                .chain(&cfg.topology.drafter_devices)
+            {
+                tch_device(d)?;
+            }
+            (TopologySpec::from_config(cfg, None), None)
+        }
+    };
+    let device = topology.drafter_devices[0];
+    let target_device = topology.target_devices[0];
     let target = if cfg.target.is_embedded() {
-        embedded::tiny_target(Some(inputs.run_dir), device)?
+        embedded::tiny_target(Some(inputs.run_dir), target_device)?
     } else {
         let dir = resolve_path(
             "target.model",
@@ -169,12 +189,12 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
             inputs.config_path,
             inputs.run_dir,
         )?;
-        TargetModel::load(&dir, device, Some(compute_kind(device))).map_err(|e| {
-            SetupError::Target {
+        TargetModel::load(&dir, target_device, Some(compute_kind(target_device))).map_err(
+            |source| SetupError::Target {
                 path: dir,
-                source: Box::new(e),
-            }
-        })?
+                source: Box::new(source),
+            },
+        )?
     };
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
@@ -189,7 +209,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         })?;
     let train_cfg = run_config::train_config(cfg, samples.len());
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
-    let mut trainer = Trainer::new(target, drafter_cfg, samples, train_cfg, device)?;
+    let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
     let resumed_from = trainer.resume_latest(&inputs.run_dir.join(CHECKPOINTS_DIR))?;
     Ok(Prepared {
         trainer,
