@@ -8,6 +8,9 @@ VENV        := .venv
 UV          := python3 -m uv
 TORCH_STAMP := $(VENV)/.provisioned-torch-2.11.0
 RUN_DIR     ?= runs/default
+# Extra `dflashd start` flags for `make run`, e.g. DFLASHD_ARGS="--accept-drift 3fa9c2d1e0b47a65".
+DFLASHD_ARGS ?=
+BIN         := $(or $(CARGO_TARGET_DIR),target)/release
 
 # tch/torch-sys build against the wheel's libtorch (C++11 ABI), never a downloaded zip.
 LIBTORCH_DIR = $(shell $(VENV)/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
@@ -26,8 +29,20 @@ provision: $(TORCH_STAMP)
 build: provision
 	$(CARGO) build --release --workspace
 
+# Starts dflashd in the background on the embedded default (or reuses the one answering on the
+# default socket), then attaches the console. Quitting the console leaves the daemon training;
+# the console prints how to watch again and how to stop. Without a terminal (or under CI) it
+# prints the status instead of attaching, so it never hangs.
 run: build
-	./target/release/dflashd start --foreground --run-dir $(RUN_DIR)
+	@$(BIN)/dflashd start --detach --reuse-running --run-dir $(RUN_DIR) $(DFLASHD_ARGS)
+	@if [ -n "$$CI" ] || [ ! -t 0 ] || [ ! -t 1 ]; then \
+		echo "make run: no terminal (or CI is set): not attaching the console. dflashd keeps training."; \
+		$(BIN)/dflash-tui status; \
+		echo "  watch:  $(BIN)/dflash-tui attach   (headless: $(BIN)/dflash-tui tail --follow)"; \
+		echo "  stop:   $(BIN)/dflash-tui stop, then $(BIN)/dflash-tui confirm-stop"; \
+	else \
+		exec $(BIN)/dflash-tui attach; \
+	fi
 
 test: provision
 	$(CARGO) test --workspace --release
@@ -40,7 +55,7 @@ fmt:
 	cargo fmt --all
 
 doctor: build
-	./target/release/dflashd doctor
+	$(BIN)/dflashd doctor
 
 clean:
 	cargo clean

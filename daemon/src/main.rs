@@ -1,4 +1,5 @@
-use anyhow::Result;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use dflashd::cli;
 
@@ -14,8 +15,11 @@ struct Cli {
 enum Command {
     /// Print what this binary runs on: libtorch, CUDA, devices, NVML.
     Doctor,
-    /// Train (with no config: the embedded tiny default on the CPU).
+    /// Start the daemon: control socket, journal, telemetry, and training (with no config:
+    /// the embedded tiny default on the CPU).
     Start(cli::start::StartArgs),
+    /// Validate a run config, or print the effective one.
+    Config(cli::config::ConfigArgs),
     /// Offline evaluation of a drafter: τ, per-position acceptance, recall@k, loss.
     Eval(cli::eval::EvalArgs),
     /// Write a checkpoint's drafter in the Hugging Face layout.
@@ -26,14 +30,20 @@ enum Command {
     Bench(Box<cli::bench::BenchArgs>),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Doctor => cli::doctor::run(),
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
+    let result = match cli.command {
+        Command::Doctor => done(cli::doctor::run()),
         Command::Start(args) => cli::start::run(args),
-        Command::Eval(args) => cli::eval::run(args),
-        Command::Export(args) => cli::export::run(args),
-        Command::Features(args) => cli::features::run(args),
-        Command::Bench(args) => cli::bench::run(*args),
-    }
+        Command::Config(args) => cli::config::run(args),
+        Command::Eval(args) => done(cli::eval::run(args)),
+        Command::Export(args) => done(cli::export::run(args)),
+        Command::Features(args) => done(cli::features::run(args)),
+        Command::Bench(args) => done(cli::bench::run(*args)),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("dflashd: {e:#}");
+        ExitCode::FAILURE
+    })
 }

@@ -109,6 +109,9 @@ fn truncated_file_is_a_size_error() {
     let o = Command::new(env!("CARGO_BIN_EXE_dflashd"))
         .args(["start", "--threads", "1", "--max-steps", "1", "--run-dir"])
         .arg(dir.path())
+        // The daemon's socket and logs stay in the test's temp dir.
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .env("XDG_STATE_HOME", dir.path())
         .output()
         .unwrap();
     assert!(!o.status.success());

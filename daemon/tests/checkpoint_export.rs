@@ -13,6 +13,9 @@ fn export_round_trips_the_checkpoint_drafter() {
     let o = Command::new(bin)
         .args(["start", "--threads", "1", "--max-steps", "2", "--run-dir"])
         .arg(run.path())
+        // The daemon's socket and logs stay in the test's temp dir.
+        .env("XDG_RUNTIME_DIR", run.path())
+        .env("XDG_STATE_HOME", run.path())
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -83,6 +86,9 @@ fn loading_a_drafter_with_a_missing_or_misshapen_tensor_names_it() {
     let o = Command::new(bin)
         .args(["start", "--threads", "1", "--max-steps", "1", "--run-dir"])
         .arg(run.path())
+        // The daemon's socket and logs stay in the test's temp dir.
+        .env("XDG_RUNTIME_DIR", run.path())
+        .env("XDG_STATE_HOME", run.path())
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

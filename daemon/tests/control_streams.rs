@@ -92,7 +92,20 @@ fn journal_events_are_queryable_by_seq() {
             .unwrap();
     }
     let mut c = d.client();
-    match c.request(&Request::Events { after_seq: Some(3) }) {
+    match c.request(&Request::Events {
+        after_seq: Some(3),
+        last: None,
+    }) {
+        Response::Events { events } => {
+            assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5])
+        }
+        other => panic!("{other:?}"),
+    }
+    // "The last N events" without paging from the start.
+    match c.request(&Request::Events {
+        after_seq: None,
+        last: Some(2),
+    }) {
         Response::Events { events } => {
             assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5])
         }

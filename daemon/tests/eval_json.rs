@@ -11,6 +11,9 @@ fn eval_json_shape_and_bad_line_reporting() {
     let o = Command::new(bin)
         .args(["start", "--threads", "1", "--max-steps", "3", "--run-dir"])
         .arg(run.path())
+        // The daemon's socket and logs stay in the test's temp dir.
+        .env("XDG_RUNTIME_DIR", run.path())
+        .env("XDG_STATE_HOME", run.path())
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -90,6 +90,9 @@ fn start(run_dir: &Path, steps: u64, metrics: &Path) {
         .arg(run_dir)
         .arg("--metrics-jsonl")
         .arg(metrics)
+        // The daemon's socket and logs stay in the test's temp dir.
+        .env("XDG_RUNTIME_DIR", run_dir)
+        .env("XDG_STATE_HOME", run_dir)
         .output()
         .unwrap();
     assert!(

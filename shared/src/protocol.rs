@@ -55,9 +55,12 @@ pub enum Request {
     Fingerprint,
     Caches,
     Checkpoints,
-    /// Journal events with `seq > after_seq`.
+    /// Journal events with `seq > after_seq`, oldest first. With `last`, only the newest
+    /// `last` of those (a console catching up on "what happened lately" without paging).
     Events {
         after_seq: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last: Option<usize>,
     },
     /// Files a pending destructive action; never acts by itself.
     RequestAction {

@@ -271,9 +271,10 @@ async fn the_link_reconnects_after_a_daemon_restart_and_backfills_only_what_it_m
         }
         _ => unreachable!(),
     }
-    assert!(daemon
-        .requests()
-        .contains(&Request::Events { after_seq: Some(2) }));
+    assert!(daemon.requests().contains(&Request::Events {
+        after_seq: Some(2),
+        last: None
+    }));
     link.abort();
     daemon.stop();
 }

@@ -1,8 +1,80 @@
-//! `dflashd doctor`: what this binary runs on.
+//! `dflashd doctor`: what this binary runs on, read from libtorch and NVML, never assumed.
+//!
+//! Exit status 0 means the binary can train on the CPU; CUDA and NVML absences are reported
+//! with their reason but are not errors (a CPU machine is a supported place to run).
 use anyhow::Result;
 
+use crate::telemetry::{allocator, fingerprint, gpu::GpuSampler};
+
+fn or_unknown(value: Option<String>, why: &str) -> String {
+    value.unwrap_or_else(|| format!("unknown ({why})"))
+}
+
 pub fn run() -> Result<()> {
-    println!("cuda available: {}", tch::Cuda::is_available());
-    println!("cuda devices: {}", tch::Cuda::device_count());
+    let libtorch_dir = fingerprint::loaded_libtorch_dir();
+    println!(
+        "libtorch:        {}",
+        or_unknown(
+            fingerprint::loaded_libtorch_version(),
+            "no version file beside the loaded libtorch"
+        )
+    );
+    println!(
+        "libtorch dir:    {}",
+        libtorch_dir.as_ref().map_or_else(
+            || "not found in /proc/self/maps".to_string(),
+            |d| d.display().to_string()
+        )
+    );
+    println!("tch:             {}", env!("DFLASH_TCH_VERSION"));
+    println!(
+        "allocator shim:  {}",
+        match allocator::torch_header_version() {
+            Some(v) if allocator::cuda_query_compiled() =>
+                format!("built against torch {v} headers, CUDA query compiled"),
+            Some(v) =>
+                format!("built against torch {v} headers, CPU-only (wheel has no libc10_cuda)"),
+            None => "not built".to_string(),
+        }
+    );
+    let cuda = tch::Cuda::is_available();
+    println!("cuda available:  {cuda}");
+    if cuda {
+        println!("cuda devices:    {}", tch::Cuda::device_count());
+        println!(
+            "cuda runtime:    {}",
+            or_unknown(
+                fingerprint::cuda_runtime_version(),
+                "libtorch did not report it"
+            )
+        );
+    } else {
+        let linked = libtorch_dir
+            .as_deref()
+            .is_some_and(|d| d.join("libtorch_cuda.so").exists());
+        println!(
+            "cuda devices:    0 ({})",
+            if linked {
+                "libtorch_cuda is linked; no usable NVIDIA driver/GPU is visible to this process"
+            } else {
+                "this libtorch has no CUDA support"
+            }
+        );
+    }
+    let nvml = GpuSampler::new();
+    match nvml.unavailable_reason() {
+        None => {
+            println!("nvml:            available");
+            println!(
+                "driver:          {} (supports CUDA {})",
+                or_unknown(nvml.driver_version(), "NVML did not report it"),
+                or_unknown(nvml.cuda_driver_version(), "NVML did not report it")
+            );
+            for (i, model) in nvml.gpu_models().iter().enumerate() {
+                println!("gpu {i}:           {model}");
+            }
+        }
+        Some(reason) => println!("nvml:            {reason}"),
+    }
     Ok(())
 }

@@ -1,43 +1,67 @@
-//! `dflashd start --foreground`: trains in this process. With no config it uses the embedded
-//! default (tiny random target, small drafter, `assets/tiny` data) on the CPU.
+//! `dflashd start`: the daemon. It takes the run-dir lock, journals the start and the
+//! environment fingerprint, serves the control socket, and trains with the run config (the
+//! embedded tiny CPU default without `--config`) until the schedule ends, `--max-steps` is
+//! reached, a signal arrives (checkpoint, exit 0) or an operator stops it through the socket.
 //!
-//! The run directory holds the target (`target/`, HF layout), checkpoints (`checkpoints/`),
-//! `metrics.jsonl` (unless `--metrics-jsonl` points elsewhere) and `data_report.json`. If it
-//! already has a checkpoint, training resumes from the newest one, exactly.
+//! The run directory holds the target (`target/`, for the embedded default), checkpoints
+//! (`checkpoints/`, the last K plus `latest`), `metrics.jsonl` (unless `--metrics-jsonl`
+//! points elsewhere), `data_report.json`, the journal, the recording, the effective config
+//! and the fingerprint. A run dir with a checkpoint resumes from the newest one, exactly.
 //!
 //! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
 //! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the
 //! untrained drafter: its `loss` and `accuracy` are held-out figures and it has no throughput.
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
 
-use super::eval::load_report_json;
-use crate::engine::train::embedded;
-use crate::engine::train::trainer::{RunOptions, Trainer};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use dflash_shared::config::{Config, EMBEDDED_ORIGIN};
 use tch::Device;
+
+use super::config::load_config;
+use crate::runtime::detach::{self, Detached, Readiness};
+use crate::runtime::launch::{launch, LaunchSpec};
+use crate::runtime::paths::{resolve, PathInputs};
+use crate::runtime::probe::probe;
+use crate::runtime::setup::resolve_path;
 
 #[derive(Args, Debug)]
 pub struct StartArgs {
-    /// Train in this process (the default; accepted so service files can say so explicitly).
-    #[arg(long)]
+    /// Run config (TOML). Default: the embedded tiny CPU config (`dflashd config show`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Run directory: checkpoints, journal, metrics. Default: `run.run_dir` of the config,
+    /// else $XDG_DATA_HOME/dflash/runs/default.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Control socket. Default: `control.socket` of the config, else
+    /// $XDG_RUNTIME_DIR/dflash/dflashd.sock (a private /tmp/dflash-<uid>/ without it).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Run in this process (the default; for systemd and tmux).
+    #[arg(long, conflicts_with = "detach")]
     pub foreground: bool,
-    /// Run directory: target, checkpoints, metrics.
-    #[arg(long, default_value = "runs/default")]
-    pub run_dir: PathBuf,
+    /// Run in the background: returns once the socket accepts connections and training has
+    /// started, printing the pid and how to attach and stop.
+    #[arg(long)]
+    pub detach: bool,
+    /// With --detach: if a dflashd already answers on the socket, say so and exit 0.
+    #[arg(long, requires = "detach")]
+    pub reuse_running: bool,
     /// Stop after this many optimizer steps in this invocation (default: until 6 epochs are done).
     #[arg(long)]
     pub max_steps: Option<u64>,
     /// Append one JSON object per step here (default: <run-dir>/metrics.jsonl).
     #[arg(long)]
     pub metrics_jsonl: Option<PathBuf>,
-    /// `cpu` or `cuda:N`.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Accept the environment drift that held the run; the token is printed in the refusal.
+    #[arg(long, value_name = "TOKEN")]
+    pub accept_drift: Option<String>,
+    /// `cpu` or `cuda:N`, overriding the topology's device.
+    #[arg(long)]
+    pub device: Option<String>,
     /// CPU threads for libtorch's intra-op parallelism. The tiny default's tensors are too small
     /// to gain from more than one, and spinning threads collapse throughput on a shared machine.
     #[arg(long, default_value_t = 1)]
@@ -66,138 +90,94 @@ pub fn parse_device(name: &str) -> Result<Device> {
     Ok(device)
 }
 
-static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn request_stop(signal: libc::c_int) {
-    STOP_REQUESTED.store(true, Ordering::SeqCst);
-    // A second Ctrl-C kills at once, as users expect. `signal` is async-signal-safe.
-    // SAFETY: restoring the default disposition has no preconditions.
-    unsafe {
-        libc::signal(signal, libc::SIG_DFL);
-    }
+fn config_device(name: &str) -> Result<dflash_shared::config::Device> {
+    let name = if name == "cuda" { "cuda:0" } else { name };
+    name.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))
 }
 
-/// The first SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits 0.
-fn install_stop_handlers() {
-    let handler = request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))
 }
 
-pub fn run(args: StartArgs) -> Result<()> {
-    let device = parse_device(&args.device)?;
+pub fn run(args: StartArgs) -> Result<ExitCode> {
     if args.threads < 1 {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }
-    tch::set_num_threads(args.threads);
-    std::fs::create_dir_all(&args.run_dir)
-        .with_context(|| format!("cannot create run dir {}", args.run_dir.display()))?;
-    let cfg = embedded::tiny_train_config();
-    let target = embedded::tiny_target(Some(&args.run_dir), device)?;
-    let (samples, report) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
-    let report_path = args.run_dir.join("data_report.json");
-    let report_json = load_report_json(embedded::TINY_DATASET_NAME, &report);
-    std::fs::write(&report_path, serde_json::to_vec_pretty(&report_json)?)
-        .with_context(|| format!("cannot write {}", report_path.display()))?;
-    println!(
-        "data: {}: {}",
-        embedded::TINY_DATASET_NAME,
-        report.summary()
-    );
-
-    let drafter_cfg = embedded::tiny_drafter_config(target.config());
-    let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, device)?;
-    let checkpoints = args.run_dir.join("checkpoints");
-    if let Some(dir) = trainer.resume_latest(&checkpoints)? {
-        let pos = trainer.data_position();
-        println!(
-            "resumed from {} (step {}, epoch {}, sample {} of the epoch)",
-            dir.display(),
-            trainer.step_count(),
-            pos.epoch,
-            pos.index
-        );
+    let (config, config_path) = match &args.config {
+        Some(path) => (load_config(path)?, Some(absolute(path)?)),
+        None => (Config::embedded_default(), None),
+    };
+    for warning in config.warnings() {
+        let origin = config_path
+            .as_ref()
+            .map_or(EMBEDDED_ORIGIN.to_string(), |p| p.display().to_string());
+        eprintln!("dflashd: warning: {origin}: {warning}");
     }
-    println!(
-        "training on {} for {} steps in total ({} train / {} held-out samples); run dir {}",
-        args.device,
-        trainer.total_steps(),
-        trainer.split().train.len(),
-        trainer.split().eval.len(),
-        args.run_dir.display()
-    );
-
-    let metrics_path = args
-        .metrics_jsonl
-        .clone()
-        .unwrap_or_else(|| args.run_dir.join("metrics.jsonl"));
-    if let Some(parent) = metrics_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    let mut metrics = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot open metrics file {}", metrics_path.display()))?;
-
-    install_stop_handlers();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop_flag = Arc::clone(&stop);
-    let total = trainer.total_steps();
-    let log_every = args.log_every;
-    let mut write_error = None;
-    let mut sink = |m: &dflash_shared::metrics::StepMetrics| {
-        if STOP_REQUESTED.load(Ordering::SeqCst) {
-            stop_flag.store(true, Ordering::SeqCst);
-        }
-        let line = serde_json::to_string(m).map_err(std::io::Error::other);
-        if let Err(e) = line
-            .and_then(|l| writeln!(metrics, "{l}"))
-            .and_then(|_| metrics.flush())
-        {
-            write_error.get_or_insert(e);
-        }
-        let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
-        if show {
-            let tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+    let paths = resolve(&PathInputs::from_environment()?);
+    let run_dir = match (&args.run_dir, &config.run.run_dir) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(dir)) => resolve_path(
+            "run.run_dir",
+            dir,
+            config_path.as_deref(),
+            &paths.default_run_dir,
+        )?,
+        (None, None) => paths.default_run_dir.clone(),
+    };
+    let run_dir = absolute(&run_dir)?;
+    let socket = match (&args.socket, &config.control.socket) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => resolve_path("control.socket", s, config_path.as_deref(), &run_dir)?,
+        (None, None) => paths.socket.clone(),
+    };
+    let socket_is_default = args.socket.is_none() && config.control.socket.is_none();
+    let socket = absolute(&socket)?;
+    let device_override = args.device.as_deref().map(config_device).transpose()?;
+    if args.reuse_running {
+        if let Some(live) = probe(&socket, Duration::from_secs(3)) {
             println!(
-                "step {}/{} epoch {} loss {:.4} acc {:.3}{tau} lr {:.2e} grad_norm {:.3} tok/s {:.0}",
-                m.step, total, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm, m.tokens_per_s
+                "dflashd is already running on {} (pid {}, run '{}'); reusing it.",
+                socket.display(),
+                live.pid,
+                live.run_name
             );
+            return Ok(ExitCode::SUCCESS);
         }
-        Ok(())
+    }
+    let metrics_path = match &args.metrics_jsonl {
+        Some(p) => absolute(p)?,
+        None => run_dir.join("metrics.jsonl"),
     };
-    let opts = RunOptions {
+    let spec = LaunchSpec {
+        config,
+        config_path,
+        paths,
+        run_dir,
+        socket,
+        socket_is_default,
         max_steps: args.max_steps,
-        checkpoint_root: Some(checkpoints),
-        stop: Some(stop),
+        metrics_path,
+        log_every: args.log_every,
+        device_override,
+        accept_drift: args.accept_drift,
+        threads: args.threads,
     };
-    let summary = trainer.run(&opts, &mut sink)?;
-    if let Some(e) = write_error {
-        bail!("writing metrics to {} failed: {e}", metrics_path.display());
-    }
-    let saved = summary
-        .last_checkpoint
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "none (no step taken)".into());
-    let state = if summary.finished {
-        "training complete"
+    let ready = if args.detach {
+        let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);
+        match detach::detach(&stdio_log).context("detaching")? {
+            Detached::Starter(verdict) => {
+                if verdict.code == 0 {
+                    println!("{}", verdict.text);
+                    println!("  output:   {}", stdio_log.display());
+                } else {
+                    eprintln!("dflashd: {}", verdict.text);
+                }
+                return Ok(ExitCode::from(verdict.code));
+            }
+            Detached::Daemon(ready) => ready,
+        }
     } else {
-        "stopped"
+        Readiness::foreground()
     };
-    println!(
-        "{state} at step {}/{}; {} steps this run; checkpoint {saved}",
-        summary.final_step, total, summary.steps_run
-    );
-    if let Some(e) = summary.last_eval.as_ref() {
-        println!(
-            "held-out evaluation: tau {:.4}, loss {:.4}, top-1 accuracy {:.4}",
-            e.tau, e.loss, e.accuracy
-        );
-    }
-    Ok(())
+    Ok(ExitCode::from(launch(spec, ready)))
 }

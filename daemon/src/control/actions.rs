@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use super::dispatch::DispatchConfig;
 use super::pending::Approved;
 use crate::runtime::handle::{CommandOutcome, RunCommand, RunHandle};
+use crate::runtime::locked;
 use dflash_shared::format::{format_bytes, format_duration_ms};
 
 /// Runs `approved`; `Ok` is the outcome sentence, `Err` says why it could not be done.
@@ -26,12 +27,7 @@ pub async fn execute(
             Some(path) => delete_cache(handle, name, PathBuf::from(path)).await,
             None => Err(format!("no directory recorded for the {name} cache")),
         },
-        Action::UnlockKey { key } => {
-            handle.unlock_key(key);
-            Ok(format!(
-                "{key:?} is unlocked; a changed value is accepted on the next resume"
-            ))
-        }
+        Action::UnlockKey { key } => unlock_key(handle, key, &id),
     };
     let outcome = match &result {
         Ok(o) => o.clone(),
@@ -50,6 +46,27 @@ pub async fn execute(
         },
     );
     result
+}
+
+/// Unlocks `key` for this daemon and records it in the run dir, so the restart that brings
+/// the changed value accepts it (see `runtime::locked`).
+fn unlock_key(handle: &RunHandle, key: &str, id: &str) -> Result<String, String> {
+    handle.unlock_key(key);
+    let canonical = handle
+        .policy()
+        .canonical_locked_key(key)
+        .unwrap_or_else(|| key.to_string());
+    let unlock = locked::Unlock {
+        key: canonical.clone(),
+        action_id: id.to_string(),
+        unlocked_ms: crate::control::journal::now_ms(),
+    };
+    locked::record_unlock(handle.run_dir(), unlock).map_err(|e| {
+        format!("{canonical} is unlocked for this daemon only; recording the unlock failed: {e}")
+    })?;
+    Ok(format!(
+        "{canonical} is unlocked; a changed value is accepted on the next resume"
+    ))
 }
 
 async fn stop_run_loop(

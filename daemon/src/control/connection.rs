@@ -5,7 +5,14 @@
 //! an unknown request gets an error reply and the connection reads on. A wrong protocol
 //! version gets an error reply and the connection closes, since nothing after it would parse.
 //! A subscriber that cannot keep up gets a `Dropped` notice and is disconnected.
+//!
+//! A request is answered by an in-flight future polled alongside the subscription stream, so
+//! a slow request (a confirmed stop waits for the final checkpoint) never holds back pushed
+//! frames. The protocol has no request ids, so the next request is read only once the reply
+//! to the current one is written: replies stay in request order.
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +65,12 @@ impl Writer {
     }
 }
 
+/// The reply to the request being answered.
+type InFlight = Pin<Box<dyn Future<Output = Response> + Send>>;
+
+/// How long a shutting-down connection still waits for the reply it owes.
+const OWED_REPLY_GRACE: Duration = Duration::from_secs(10);
+
 pub async fn serve(
     stream: UnixStream,
     handle: RunHandle,
@@ -93,10 +106,23 @@ pub async fn serve(
         topics: HashSet::new(),
         sub: None,
     };
+    let mut in_flight: Option<InFlight> = None;
     loop {
         let ended = tokio::select! {
             biased;
+            reply = poll_in_flight(&mut in_flight) => {
+                in_flight = None;
+                writer.send(&reply).await.err()
+            }
             _ = shutdown.recv() => {
+                // The reply owed (a confirmed stop is answered just before shutdown), then
+                // what was already published (the stop's checkpoint events), then the notice.
+                if let Some(owed) = in_flight.take() {
+                    if let Ok(reply) = tokio::time::timeout(OWED_REPLY_GRACE, owed).await {
+                        let _ = writer.send(&reply).await;
+                    }
+                }
+                conn.flush_published(&mut writer).await;
                 let _ = writer.send(&Response::Dropped { reason: "the daemon is shutting down".into() }).await;
                 Some(Ended::Shutdown)
             }
@@ -115,9 +141,12 @@ pub async fn serve(
                     Err(RecvError::Closed) => { conn.sub = None; None }
                 }
             }
-            inbound = reader.next() => match inbound {
+            inbound = reader.next(), if in_flight.is_none() => match inbound {
                 Ok(None) => Some(Ended::ClientClosed),
-                Ok(Some(frame)) => conn.on_frame(frame, &handle, caller, &cfg, &mut writer).await.err(),
+                Ok(Some(frame)) => match conn.on_frame(frame, &handle, caller, &cfg, &mut writer).await {
+                    Ok(request) => { in_flight = request; None }
+                    Err(ended) => Some(ended),
+                },
                 Err(e) if is_disconnect(&e) => Some(Ended::ClientClosed),
                 Err(e) => Some(Ended::Io(e.to_string())),
             },
@@ -135,6 +164,8 @@ struct Conn {
 }
 
 impl Conn {
+    /// Handles one inbound frame. Connection-state requests (hello, subscribe) and bad
+    /// frames are answered here; any other request comes back as the future of its reply.
     async fn on_frame(
         &mut self,
         frame: Result<Vec<u8>, FrameError>,
@@ -142,22 +173,22 @@ impl Conn {
         caller: Caller,
         cfg: &ConnectionConfig,
         writer: &mut Writer,
-    ) -> Result<(), Ended> {
+    ) -> Result<Option<InFlight>, Ended> {
         let line = match frame {
-            Err(e) => return writer.send(&e.to_reply()).await,
-            Ok(line) if line.iter().all(u8::is_ascii_whitespace) => return Ok(()),
+            Err(e) => return writer.send(&e.to_reply()).await.map(|_| None),
+            Ok(line) if line.iter().all(u8::is_ascii_whitespace) => return Ok(None),
             Ok(line) => line,
         };
         let req = match dispatch::parse_request(&line) {
             Ok(r) => r,
-            Err(reply) => return writer.send(&reply).await,
+            Err(reply) => return writer.send(&reply).await.map(|_| None),
         };
         if !self.hello_done {
             let identity = ServerIdentity {
                 run_name: handle.run_name().to_string(),
                 daemon_pid: std::process::id(),
             };
-            return match negotiate(&req, &identity) {
+            let sent = match negotiate(&req, &identity) {
                 Ok(welcome) => {
                     self.hello_done = true;
                     if let Request::Hello { client, .. } = &req {
@@ -171,6 +202,7 @@ impl Conn {
                 }
                 Err(reply) => writer.send(&reply.into()).await,
             };
+            return sent.map(|_| None);
         }
         match req {
             Request::Subscribe { topics } => {
@@ -178,13 +210,34 @@ impl Conn {
                 if self.sub.is_none() {
                     self.sub = Some(handle.bus().subscribe());
                 }
-                writer.send(&Response::Ok).await
+                writer.send(&Response::Ok).await.map(|_| None)
             }
             other => {
-                let reply = dispatch::handle_request(handle, caller, &cfg.dispatch, other).await;
-                writer.send(&reply).await
+                let (handle, dispatch_cfg) = (handle.clone(), cfg.dispatch.clone());
+                Ok(Some(Box::pin(async move {
+                    dispatch::handle_request(&handle, caller, &dispatch_cfg, other).await
+                })))
             }
         }
+    }
+
+    /// Forwards the subscribed frames already published, without waiting for more.
+    async fn flush_published(&mut self, writer: &mut Writer) {
+        let Some(sub) = self.sub.as_mut() else {
+            return;
+        };
+        while let Ok(p) = sub.try_recv() {
+            if self.topics.contains(&p.topic) && writer.send(&p.frame).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn poll_in_flight(in_flight: &mut Option<InFlight>) -> Response {
+    match in_flight {
+        Some(f) => f.await,
+        None => std::future::pending().await,
     }
 }
 

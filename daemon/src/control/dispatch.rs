@@ -72,16 +72,15 @@ pub async fn handle_request(
         },
         Request::Caches => to_json(&handle.caches()),
         Request::Checkpoints => to_json(&handle.checkpoints()),
-        Request::Events { after_seq } => {
+        Request::Events { after_seq, last } => {
             let q = JournalQuery {
                 after_seq,
                 ..Default::default()
             };
             match handle.with_journal(|j| j.query(&q)) {
-                Ok(mut events) => {
-                    events.truncate(MAX_EVENTS_PER_REPLY);
-                    Response::Events { events }
-                }
+                Ok(events) => Response::Events {
+                    events: page_of_events(events, last),
+                },
                 Err(e) => error(ErrorCode::Internal, e.to_string()),
             }
         }
@@ -176,6 +175,20 @@ pub async fn handle_request(
     }
 }
 
+/// The reply page: the oldest [`MAX_EVENTS_PER_REPLY`] events, or with `last` the newest
+/// `last` (capped the same way), still oldest first.
+fn page_of_events(
+    mut events: Vec<dflash_shared::events::Event>,
+    last: Option<usize>,
+) -> Vec<dflash_shared::events::Event> {
+    if let Some(n) = last {
+        let keep = n.min(MAX_EVENTS_PER_REPLY);
+        events.drain(..events.len().saturating_sub(keep));
+    }
+    events.truncate(MAX_EVENTS_PER_REPLY);
+    events
+}
+
 fn to_json<T: serde::Serialize>(v: &T) -> Response {
     match serde_json::to_value(v) {
         Ok(value) => Response::Json { value },
@@ -186,6 +199,35 @@ fn to_json<T: serde::Serialize>(v: &T) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn note(seq: u64) -> dflash_shared::events::Event {
+        dflash_shared::events::Event {
+            seq,
+            ts_ms: 0,
+            severity: Severity::Info,
+            kind: EventKind::Note {
+                message: format!("n{seq}"),
+            },
+        }
+    }
+
+    #[test]
+    fn event_pages_are_the_oldest_or_with_last_the_newest() {
+        let seqs =
+            |v: Vec<dflash_shared::events::Event>| v.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let all: Vec<_> = (1..=MAX_EVENTS_PER_REPLY as u64 + 10).map(note).collect();
+        let page = seqs(page_of_events(all.clone(), None));
+        assert_eq!(page.len(), MAX_EVENTS_PER_REPLY);
+        assert_eq!(page[0], 1);
+        assert_eq!(
+            seqs(page_of_events(all.clone(), Some(3))),
+            vec![508, 509, 510]
+        );
+        let capped = seqs(page_of_events(all.clone(), Some(100_000)));
+        assert_eq!((capped.len(), capped[0]), (MAX_EVENTS_PER_REPLY, 11));
+        assert!(page_of_events(all, Some(0)).is_empty());
+        assert_eq!(seqs(page_of_events(vec![note(4)], Some(5))), vec![4]);
+    }
 
     #[test]
     fn garbage_unknown_and_malformed_frames_get_distinct_errors() {

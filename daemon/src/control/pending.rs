@@ -14,14 +14,9 @@ use thiserror::Error;
 
 use dflash_shared::format::{format_ago, format_bytes, format_duration_ms, format_tokens_per_s};
 
-/// Keys that cannot change on resume or at run time without a confirmed unlock.
-pub const LOCKED_KEYS: [&str; 5] = [
-    "precision",
-    "epochs",
-    "anchors",
-    "block_size",
-    "target_layer_ids",
-];
+/// Keys that cannot change on resume or at run time without a confirmed unlock: the config's
+/// dotted paths (`training.epochs`), which is what consoles send.
+pub use dflash_shared::config::LOCKED_KEYS;
 pub const DEFAULT_TTL_MS: i64 = 5 * 60_000;
 /// Ids of recently expired actions, kept to tell "expired" apart from "never existed".
 const EXPIRED_MEMORY: usize = 64;
@@ -43,6 +38,25 @@ impl ActionPolicy {
             ttl_ms: DEFAULT_TTL_MS,
             poweroff_command: None,
             locked_keys: LOCKED_KEYS.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+}
+
+impl ActionPolicy {
+    /// The dotted locked key `key` names: the key itself, its last segment (`epochs` for
+    /// `training.epochs`) or `anchors` for `training.num_anchors`. `None` if it names none.
+    pub fn canonical_locked_key(&self, key: &str) -> Option<String> {
+        if self.locked_keys.iter().any(|k| k == key) {
+            return Some(key.to_string());
+        }
+        let short = if key == "anchors" { "num_anchors" } else { key };
+        let mut matches = self
+            .locked_keys
+            .iter()
+            .filter(|k| k.rsplit('.').next() == Some(short));
+        match (matches.next(), matches.next()) {
+            (Some(only), None) => Some(only.clone()),
+            _ => None,
         }
     }
 }
@@ -283,13 +297,17 @@ fn check(
             Ok(Some(cache.path.clone()))
         }
         Action::UnlockKey { key } => {
-            if !policy.locked_keys.iter().any(|k| k == key) {
+            let Some(canonical) = policy.canonical_locked_key(key) else {
                 return refuse(format!(
                     "{key:?} is not a locked key; locked keys are {}",
                     policy.locked_keys.join(", ")
                 ));
-            }
-            if view.unlocked_keys.iter().any(|k| k == key) {
+            };
+            let already = view
+                .unlocked_keys
+                .iter()
+                .any(|k| policy.canonical_locked_key(k).as_deref() == Some(canonical.as_str()));
+            if already {
                 return refuse(format!("{key:?} is already unlocked"));
             }
             Ok(None)

@@ -266,9 +266,42 @@ fn only_locked_keys_can_be_unlocked_and_only_once() {
         &policy(),
     )
     .unwrap();
-    v.unlocked_keys.push("precision".into());
+    v.unlocked_keys.push("training.precision".into());
     let err = p.confirm("u", "qwen27b-run1", &v, &policy()).unwrap_err();
     assert!(err.to_string().contains("already unlocked"), "{err}");
+}
+
+#[test]
+fn locked_keys_are_named_by_their_config_path_or_short_name() {
+    let policy = policy();
+    for (typed, canonical) in [
+        ("training.epochs", Some("training.epochs")),
+        ("epochs", Some("training.epochs")),
+        ("anchors", Some("training.num_anchors")),
+        ("num_anchors", Some("training.num_anchors")),
+        ("block_size", Some("drafter.block_size")),
+        ("drafter.target_layer_ids", Some("drafter.target_layer_ids")),
+        ("training.lr", None),
+        ("lr", None),
+    ] {
+        assert_eq!(
+            policy.canonical_locked_key(typed).as_deref(),
+            canonical,
+            "{typed}"
+        );
+    }
+    // What consoles send (the dotted paths of the shared config) is accepted.
+    let mut p = PendingActions::default();
+    p.request(
+        "u".into(),
+        Action::UnlockKey {
+            key: "drafter.block_size".into(),
+        },
+        0,
+        &view(RunState::Training),
+        &policy,
+    )
+    .unwrap();
 }
 
 #[test]

@@ -47,6 +47,13 @@ pub struct DaemonOptions {
     pub config_path: Option<String>,
 }
 
+/// Control-plane settings with defaults, kept apart from [`DaemonOptions`].
+#[derive(Debug, Clone, Default)]
+pub struct ControlTuning {
+    /// Users besides the daemon's own that may use the socket (`control.allowed_uids`).
+    pub extra_allowed_uids: Vec<u32>,
+}
+
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -74,6 +81,14 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts everything but training. Must run inside a tokio runtime.
     pub async fn start(opts: DaemonOptions) -> Result<Self, StartError> {
+        Self::start_with(opts, ControlTuning::default()).await
+    }
+
+    /// [`ControlPlane::start`] with non-default control settings.
+    pub async fn start_with(
+        opts: DaemonOptions,
+        tuning: ControlTuning,
+    ) -> Result<Self, StartError> {
         let lock = RunDirLock::acquire(&opts.run_dir)?;
         let takeover = lock.takeover().notice(lock.path());
         let (journal, recovery) = Journal::open(&opts.run_dir)?;
@@ -135,6 +150,11 @@ impl ControlPlane {
 
         let mut server_cfg = ServerConfig::new(&opts.socket);
         server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+        for uid in tuning.extra_allowed_uids {
+            if !server_cfg.allowed_uids.contains(&uid) {
+                server_cfg.allowed_uids.push(uid);
+            }
+        }
         let server = ControlServer::bind(server_cfg, handle.clone())?;
         if server.removed_stale_socket() {
             handle.record_event_logged(

@@ -255,6 +255,15 @@ impl RunHandle {
         )
     }
 
+    /// Replaces the listed checkpoints without journaling: what is on disk at start, or the
+    /// list after old checkpoints were pruned.
+    pub fn set_checkpoints(&self, mut list: Vec<CheckpointInfo>) {
+        list.sort_by_key(|c| c.step);
+        let excess = list.len().saturating_sub(CHECKPOINTS_LISTED);
+        list.drain(..excess);
+        write(&self.inner.status).snapshot.checkpoints = list;
+    }
+
     /// Appends to the journal (durably) and streams the event to subscribers.
     pub fn record_event(&self, severity: Severity, kind: EventKind) -> Result<Event, JournalError> {
         let event = lock(&self.inner.journal).append(severity, kind)?;
@@ -297,6 +306,10 @@ impl RunHandle {
 
     pub fn fingerprint(&self) -> serde_json::Value {
         read(&self.inner.fingerprint).clone()
+    }
+
+    pub fn gpus(&self) -> GpuTelemetry {
+        read(&self.inner.status).snapshot.gpus.clone()
     }
 
     pub fn caches(&self) -> Vec<CacheState> {

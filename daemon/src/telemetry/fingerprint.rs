@@ -242,7 +242,7 @@ pub fn loaded_libtorch_version() -> Option<String> {
     libtorch_version_in(&lib_dir)
 }
 
-fn loaded_libtorch_dir() -> Option<PathBuf> {
+pub fn loaded_libtorch_dir() -> Option<PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))
@@ -272,7 +272,7 @@ pub fn libtorch_version_in(lib_dir: &Path) -> Option<String> {
 }
 
 /// CUDA runtime libtorch was built with (e.g. "13.0"), when it has CUDA at all.
-fn cuda_runtime_version() -> Option<String> {
+pub fn cuda_runtime_version() -> Option<String> {
     // tch panics on a libtorch error; a CPU-only libtorch may refuse the query.
     let v = std::panic::catch_unwind(|| tch::utils::has_cudart().then(tch::utils::version_cudart))
         .ok()??;

@@ -164,8 +164,16 @@ pub(super) fn all_requests() -> Vec<Request> {
         Request::Checkpoints,
         Request::Events {
             after_seq: Some(41),
+            last: None,
         },
-        Request::Events { after_seq: None },
+        Request::Events {
+            after_seq: None,
+            last: None,
+        },
+        Request::Events {
+            after_seq: None,
+            last: Some(20),
+        },
         Request::RequestAction {
             action: Action::StopRun,
         },

@@ -179,7 +179,13 @@ impl Session {
     ) -> Result<Vec<Event>, ClientError> {
         let mut all = Vec::new();
         for _ in 0..max_pages {
-            let page = match self.request(&Request::Events { after_seq }).await? {
+            let page = match self
+                .request(&Request::Events {
+                    after_seq,
+                    last: None,
+                })
+                .await?
+            {
                 Response::Events { events } => events,
                 other => {
                     return Err(ClientError::UnexpectedReply {

@@ -197,7 +197,7 @@ fn answer(script: &Arc<Mutex<Script>>, request: Request) -> (Response, Option<Ve
             status.pending_actions = s.pending.clone();
             Response::Status(Box::new(status))
         }
-        Request::Events { after_seq } => Response::Events {
+        Request::Events { after_seq, .. } => Response::Events {
             events: s
                 .events
                 .iter()

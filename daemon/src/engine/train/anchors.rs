@@ -6,7 +6,7 @@
 //! valid position, in order.
 use tch::{Device, Kind, Tensor};
 
-use super::rng::Rng;
+use super::rng::{streams, Rng};
 
 /// Anchors of one batch, row-major `[batch, width]`. Valid anchors of a row come first, sorted
 /// ascending; the remaining slots hold position 0 with `keep = false`.
@@ -74,8 +74,47 @@ pub fn valid_anchor_positions(loss_mask: &[u8]) -> Vec<i64> {
 }
 
 /// Spec §2.2: per row, a uniform sample without replacement of `min(num_anchors, count)` valid
-/// positions; the batch width is `min(num_anchors, max count over rows)`.
+/// positions; the batch width is `min(num_anchors, max count over rows)`. Every row draws from
+/// the one generator `rng`, in row order.
 pub fn sample_anchors(loss_masks: &[&[u8]], num_anchors: usize, rng: &mut Rng) -> AnchorBatch {
+    anchors_from(loss_masks, num_anchors, |_, valid, width| {
+        rng.sample(valid, width)
+    })
+}
+
+/// The anchor generator of one sample in one epoch: a pure function of `(seed, epoch, sample)`,
+/// so the anchors a sample gets never depend on which worker handles it, which batch it lands
+/// in or how many devices train. A new epoch draws new anchors (spec §2.2).
+pub fn sample_rng(seed: u64, epoch: u32, sample: usize) -> Rng {
+    // 40 bits of sample index (10^12 samples) and the epoch above them: distinct per pair.
+    let index = (u64::from(epoch) << 40) ^ (sample as u64 & ((1 << 40) - 1));
+    Rng::stream(seed, streams::ANCHORS, index)
+}
+
+/// As [`sample_anchors`], each row drawing from its own [`sample_rng`]: `samples[b]` is the
+/// dataset index of row `b`, `epoch` the pass it belongs to.
+pub fn sample_anchors_per_sample(
+    loss_masks: &[&[u8]],
+    num_anchors: usize,
+    seed: u64,
+    epoch: u32,
+    samples: &[usize],
+) -> AnchorBatch {
+    assert_eq!(
+        loss_masks.len(),
+        samples.len(),
+        "one dataset index per row is needed to seed its anchors"
+    );
+    anchors_from(loss_masks, num_anchors, |b, valid, width| {
+        sample_rng(seed, epoch, samples[b]).sample(valid, width)
+    })
+}
+
+fn anchors_from(
+    loss_masks: &[&[u8]],
+    num_anchors: usize,
+    mut pick: impl FnMut(usize, &[i64], usize) -> Vec<i64>,
+) -> AnchorBatch {
     let candidates: Vec<Vec<i64>> = loss_masks
         .iter()
         .map(|m| valid_anchor_positions(m))
@@ -88,8 +127,9 @@ pub fn sample_anchors(loss_masks: &[&[u8]], num_anchors: usize, rng: &mut Rng) -
         .min(num_anchors);
     let rows: Vec<Vec<i64>> = candidates
         .iter()
-        .map(|valid| {
-            let mut chosen = rng.sample(valid, width);
+        .enumerate()
+        .map(|(b, valid)| {
+            let mut chosen = pick(b, valid, width);
             chosen.sort_unstable();
             chosen
         })
@@ -188,6 +228,24 @@ mod tests {
         let first = sample_anchors(&[&mask], 8, &mut rng);
         let second = sample_anchors(&[&mask], 8, &mut rng);
         assert_ne!(first.positions, second.positions);
+    }
+
+    #[test]
+    fn per_sample_anchors_do_not_depend_on_the_batch_they_are_in() {
+        let a: Vec<u8> = vec![1; 40];
+        let b: Vec<u8> = vec![0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+        let together = sample_anchors_per_sample(&[&a, &b], 6, 9, 2, &[17, 4]);
+        let alone = sample_anchors_per_sample(&[&a], 6, 9, 2, &[17]);
+        let row = |batch: &AnchorBatch, r: usize| -> Vec<(i64, bool)> { batch.row(r).collect() };
+        assert_eq!(row(&together, 0), row(&alone, 0));
+        let swapped = sample_anchors_per_sample(&[&b, &a], 6, 9, 2, &[4, 17]);
+        assert_eq!(row(&together, 0), row(&swapped, 1));
+        assert_eq!(row(&together, 1), row(&swapped, 0));
+        // Another epoch or another seed draws other anchors for the same sample.
+        let next_epoch = sample_anchors_per_sample(&[&a], 6, 9, 3, &[17]);
+        let other_seed = sample_anchors_per_sample(&[&a], 6, 10, 2, &[17]);
+        assert_ne!(alone.positions, next_epoch.positions);
+        assert_ne!(alone.positions, other_seed.positions);
     }
 
     #[test]

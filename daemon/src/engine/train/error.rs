@@ -33,6 +33,23 @@ pub enum TrainError {
     },
     #[error("the target and the drafter do not fit together: {0}")]
     Mismatch(String),
+    /// A worker thread failed (an error or a panic, e.g. out of memory on its device). The run
+    /// does not continue on the remaining devices.
+    #[error("{0}")]
+    Worker(Box<WorkerFailed>),
+    #[error("topology: {0}")]
+    Topology(String),
+}
+
+/// Which worker failed, on which device, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{worker} failed: {detail}; training stopped (it never continues with fewer devices)")]
+pub struct WorkerFailed {
+    /// e.g. `target worker 1 on cuda:3`.
+    pub worker: String,
+    /// e.g. `cuda:3`.
+    pub device: String,
+    pub detail: String,
 }
 
 impl TrainError {

@@ -70,6 +70,21 @@ pub struct StepReport {
     pub clip_coef: f64,
 }
 
+/// Global L2 norm (fp32) over the defined tensors of `grads`; 0 when none is defined.
+fn global_norm(grads: &[Tensor]) -> f64 {
+    tch::no_grad(|| {
+        let norms: Vec<Tensor> = grads
+            .iter()
+            .filter(|g| g.defined())
+            .map(|g| g.to_kind(Kind::Float).norm())
+            .collect();
+        if norms.is_empty() {
+            return 0.0;
+        }
+        Tensor::stack(&norms, 0).norm().double_value(&[])
+    })
+}
+
 pub struct AdamW {
     cfg: AdamWConfig,
     slots: Vec<Slot>,
@@ -121,29 +136,61 @@ impl AdamW {
         self.slots.iter().map(|s| s.name.as_str())
     }
 
+    /// Element count of each parameter, in the optimizer's (name-sorted) order: the layout of
+    /// a flat gradient buffer for [`Self::step_with_grads`].
+    pub fn param_numels(&self) -> Vec<i64> {
+        self.slots.iter().map(|s| s.param.numel() as i64).collect()
+    }
+
+    /// Shape of each parameter, in slot order.
+    pub fn param_shapes(&self) -> Vec<Vec<i64>> {
+        self.slots.iter().map(|s| s.param.size()).collect()
+    }
+
+    /// Each parameter's current gradient (undefined where none was computed), in slot order.
+    pub fn param_grads(&self) -> Vec<Tensor> {
+        self.slots.iter().map(|s| s.param.grad()).collect()
+    }
+
     /// Global L2 norm of the current gradients (fp32), without modifying them.
     pub fn grad_norm(&self) -> f64 {
-        tch::no_grad(|| {
-            let norms: Vec<Tensor> = self
-                .slots
-                .iter()
-                .filter_map(|s| {
-                    let g = s.param.grad();
-                    g.defined().then(|| g.to_kind(Kind::Float).norm())
-                })
-                .collect();
-            if norms.is_empty() {
-                return 0.0;
-            }
-            Tensor::stack(&norms, 0).norm().double_value(&[])
-        })
+        global_norm(&self.param_grads())
     }
 
     /// Clips the gradients to the configured global norm and applies one AdamW update at `lr`.
     /// Parameters without a gradient are skipped, as torch does. A non-finite gradient norm
     /// leaves every weight and moment untouched and returns an error.
     pub fn step(&mut self, lr: f64) -> Result<StepReport, OptimError> {
-        let grad_norm = self.grad_norm();
+        self.step_scaled(lr, 1.0)
+    }
+
+    /// As [`Self::step`] on the parameters' gradients multiplied by `scale` (e.g. `1/Σw` when
+    /// the backward ran on the loss numerator): clipping and the reported norm see the scaled
+    /// gradient.
+    pub fn step_scaled(&mut self, lr: f64, scale: f64) -> Result<StepReport, OptimError> {
+        let grads = self.param_grads();
+        self.apply(lr, &grads, scale)
+    }
+
+    /// As [`Self::step_scaled`] with gradients given from outside (e.g. views of an
+    /// all-reduced flat buffer), one per parameter in slot order; an undefined tensor skips
+    /// its parameter.
+    pub fn step_with_grads(
+        &mut self,
+        lr: f64,
+        grads: &[Tensor],
+        scale: f64,
+    ) -> Result<StepReport, OptimError> {
+        assert_eq!(
+            grads.len(),
+            self.slots.len(),
+            "one gradient per optimizer parameter"
+        );
+        self.apply(lr, grads, scale)
+    }
+
+    fn apply(&mut self, lr: f64, grads: &[Tensor], scale: f64) -> Result<StepReport, OptimError> {
+        let grad_norm = global_norm(grads) * scale;
         if !grad_norm.is_finite() {
             return Err(OptimError::NonFiniteGradients { norm: grad_norm });
         }
@@ -151,6 +198,7 @@ impl AdamW {
             Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
             None => 1.0,
         };
+        let factor = clip_coef * scale;
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
@@ -158,14 +206,13 @@ impl AdamW {
         let bias_correction2_sqrt = (1.0 - b2.powi(t)).sqrt();
         let step_size = lr / bias_correction1;
         tch::no_grad(|| {
-            for slot in &mut self.slots {
-                let grad = slot.param.grad();
+            for (slot, grad) in self.slots.iter_mut().zip(grads) {
                 if !grad.defined() {
                     continue;
                 }
                 let mut g = grad.to_kind(Kind::Float);
-                if clip_coef < 1.0 {
-                    g *= clip_coef;
+                if factor != 1.0 {
+                    g *= factor;
                 }
                 let mut master = slot.master().shallow_clone();
                 if self.cfg.weight_decay != 0.0 {
@@ -356,6 +403,37 @@ mod tests {
             (m[0] - 0.06).abs() < 1e-6 && (m[1] - 0.08).abs() < 1e-6,
             "{m:?}"
         );
+    }
+
+    #[test]
+    fn a_scaled_step_equals_a_step_on_the_scaled_gradient() {
+        let run = |grad: [f32; 2], scale: f64, external: bool| {
+            let p = leaf(&[0.5, -1.0]);
+            (&p * Tensor::from_slice(&grad)).sum(Kind::Float).backward();
+            let mut opt = AdamW::new(
+                vec![("p".into(), p.shallow_clone())],
+                AdamWConfig::default(),
+            );
+            let report = if external {
+                let g = p.grad().copy();
+                opt.step_with_grads(0.1, &[g], scale).unwrap()
+            } else {
+                opt.step_scaled(0.1, scale).unwrap()
+            };
+            (Vec::<f32>::try_from(&p.detach()).unwrap(), report)
+        };
+        let (direct, direct_report) = run([0.3, 0.4], 1.0, false);
+        for external in [false, true] {
+            let (scaled, report) = run([3.0, 4.0], 0.1, external);
+            assert_eq!(report.clip_coef, direct_report.clip_coef);
+            assert!((report.grad_norm - 0.5).abs() < 1e-6, "{report:?}");
+            for (a, b) in scaled.iter().zip(&direct) {
+                assert!((a - b).abs() < 1e-6, "{scaled:?} vs {direct:?}");
+            }
+        }
+        // Clipping sees the scaled norm: 50 · 0.1 = 5 is clipped to 1.
+        let (_, clipped) = run([30.0, 40.0], 0.1, true);
+        assert!((clipped.grad_norm - 5.0).abs() < 1e-4 && (clipped.clip_coef - 0.2).abs() < 1e-6);
     }
 
     #[test]

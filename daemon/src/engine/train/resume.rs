@@ -15,7 +15,7 @@ use super::checkpoint::{self, CheckpointWriter};
 use super::config::TrainConfig;
 use super::error::TrainError;
 use super::loader::DataPosition;
-use super::rng::Rng;
+use super::replica::ReplicaState;
 use super::schedule::WarmupCosine;
 use super::trainer::Trainer;
 use crate::engine::model::drafter::DrafterConfig;
@@ -26,8 +26,11 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const STATE_FILE: &str = "trainer_state.json";
 
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when to evaluate or save and how to chunk work, not what is computed.
-const RUNTIME_KEYS: [&str; 7] = [
+/// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
+/// change with the number of drafter ranks as long as the global batch (micro-batches per
+/// step, checked separately) stays the same.
+const RUNTIME_KEYS: [&str; 8] = [
+    "grad_accum",
     "eval_every",
     "eval_max_samples",
     "checkpoint_every",
@@ -42,7 +45,14 @@ pub struct TrainerState {
     pub step: u64,
     pub optimizer_step: u64,
     pub position: DataPosition,
-    pub rng: [u64; 4],
+    /// Micro-batches per optimizer step over all drafter ranks (the global batch); absent in
+    /// checkpoints written before topologies, which trained `grad_accum` per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batches_per_step: Option<u64>,
+    /// The anchor generator's state in checkpoints written before anchors were drawn per
+    /// sample; ignored (anchors are now a pure function of seed, epoch and sample).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<[u64; 4]>,
     pub schedule: WarmupCosine,
     pub config: TrainConfig,
     pub data_fingerprint: String,
@@ -83,17 +93,22 @@ impl Trainer {
     pub fn save_checkpoint(&self, root: &Path) -> Result<PathBuf, TrainError> {
         let state = TrainerState {
             step: self.step,
-            optimizer_step: self.optimizer.step_count(),
-            position: self.loader.position(),
-            rng: self.rng.state(),
+            optimizer_step: self.rank0.replica.optimizer().step_count(),
+            position: self.data_position(),
+            micro_batches_per_step: Some(self.plan.micro_per_step()),
+            rng: None,
             schedule: self.schedule.clone(),
             config: self.cfg.clone(),
             data_fingerprint: self.data_fingerprint.clone(),
-            dtype: format!("{:?}", super::trainer::compute_kind(self.vs.device())),
+            dtype: format!(
+                "{:?}",
+                super::trainer::compute_kind(self.rank0.replica.device())
+            ),
         };
         let mut w = CheckpointWriter::begin(root, self.step)?;
-        w.write_tensors(DRAFTER_FILE, &self.optimizer.master_weights())?;
-        w.write_tensors(OPTIMIZER_FILE, &self.optimizer.moment_tensors())?;
+        let optimizer = self.rank0.replica.optimizer();
+        w.write_tensors(DRAFTER_FILE, &optimizer.master_weights())?;
+        w.write_tensors(OPTIMIZER_FILE, &optimizer.moment_tensors())?;
         w.write_json(CONFIG_FILE, &self.drafter_cfg.to_hf_json())?;
         w.write_json(STATE_FILE, &state)?;
         let dir = w.commit()?;
@@ -133,20 +148,44 @@ impl Trainer {
                 state.data_fingerprint, self.data_fingerprint
             )));
         }
+        let per_step = state
+            .micro_batches_per_step
+            .unwrap_or(state.config.grad_accum as u64);
+        if per_step != self.plan.micro_per_step() {
+            return Err(incompatible(format!(
+                "the global batch differs: the checkpoint trained {per_step} micro-batches per step, \
+                 this topology trains {} ({} drafter rank(s) × grad_accum {})",
+                self.plan.micro_per_step(),
+                self.plan.ranks,
+                self.plan.accum
+            )));
+        }
         if state.schedule != self.schedule {
             return Err(incompatible(format!(
                 "the schedule differs: checkpoint {:?}, now {:?}",
                 state.schedule, self.schedule
             )));
         }
+        let cursor = self
+            .source
+            .consumed_at(state.position)
+            .map_err(incompatible)?;
         let master = tensor_map(checkpoint::read_tensors(dir, DRAFTER_FILE)?);
         let moments = tensor_map(checkpoint::read_tensors(dir, OPTIMIZER_FILE)?);
-        self.optimizer
-            .restore(&master, &moments, state.optimizer_step)
+        self.rank0
+            .replica
+            .load_state(&ReplicaState {
+                master,
+                moments,
+                optimizer_step: state.optimizer_step,
+            })
             .map_err(|e| incompatible(e.to_string()))?;
         self.step = state.step;
-        self.loader.seek(state.position);
-        self.rng = Rng::from_state(state.rng);
+        self.cursor = cursor;
+        if let Some(cluster) = self.cluster.as_mut() {
+            cluster.sync_replicas(&self.rank0)?;
+            cluster.restart_at(cursor);
+        }
         Ok(())
     }
 

@@ -1,30 +1,37 @@
-//! The training loop on one device: target features → anchors and labels → drafter forward →
-//! chunked weighted CE backward → clipped AdamW step (spec §2.8b).
+//! The training loop: target features → anchors and labels → drafter forward → chunked
+//! weighted CE backward → global Σw normalisation → clipped AdamW step (spec §2.8b), on the
+//! configured topology ([`crate::runtime::topology`]): inline on one device, or target workers
+//! feeding data-parallel drafter ranks over hidden-state queues.
 //!
-//! Everything random is drawn from seeded streams whose state is checkpointed
-//! ([`super::resume`]), so a resumed run is bit-identical to an uninterrupted one on CPU.
+//! Everything random is a pure function of the seed and the data position (anchors come from
+//! per-sample generators), so a resumed run is bit-identical to an uninterrupted one on CPU and
+//! the number of workers never changes which anchors a sample gets.
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dflash_shared::metrics::{DeviceRole, StepMetrics, StepTimes, WorkerThroughput};
+use dflash_shared::metrics::{DeviceRole, QueueStats, StepMetrics, StepTimes};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
-use super::anchors::{sample_anchors, AnchorBatch};
 use super::config::TrainConfig;
-use super::drafter_io::named_parameters;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
-use super::labels::{block_input_ids, block_labels, BlockLabels};
-use super::loader::{fingerprint, split_held_out, Batch, DataPosition, Loader};
-use super::loss::{weighted_ce_backward, LossSums};
-use super::optim::AdamW;
-use super::rng::{streams, Rng};
+use super::loader::{fingerprint, split_held_out, DataPosition};
+use super::micro::{MicroSource, MicroSpec};
+use super::replica::DrafterReplica;
 use super::schedule::WarmupCosine;
 use crate::data::{HoldoutSplit, Sample};
 use crate::engine::model::drafter::{Drafter, DrafterConfig};
 use crate::engine::model::target::TargetModel;
+use crate::runtime::topology::pipeline::produce_item;
+use crate::runtime::topology::plan::{step_telemetry, StepPlan, WorkerNames};
+use crate::runtime::topology::rank::{RankReport, RankState};
+use crate::runtime::topology::warmup::write_warmup_file;
+use crate::runtime::topology::{
+    panic_text, Cluster, QueueMonitor, TopologySpec, WarmupRecord, WorkerFailure, WorkerId,
+};
 
 /// Token id used to pad rows (loss mask 0, after every real token, so causal features of real
 /// positions never see it).
@@ -43,25 +50,23 @@ pub struct Trainer {
     pub(super) cfg: TrainConfig,
     pub(super) target: TargetModel,
     pub(super) drafter_cfg: DrafterConfig,
-    pub(super) vs: VarStore,
-    pub(super) drafter: Drafter,
-    pub(super) optimizer: AdamW,
+    /// Drafter rank 0, trained on the calling thread (the only rank when inline).
+    pub(super) rank0: RankState,
     pub(super) schedule: WarmupCosine,
-    pub(super) samples: Vec<Sample>,
+    pub(super) samples: Arc<Vec<Sample>>,
     pub(super) split: HoldoutSplit,
-    pub(super) loader: Loader,
-    pub(super) rng: Rng,
+    pub(super) source: Arc<MicroSource>,
     pub(super) step: u64,
+    /// Global index of the next micro-batch to train (the data position).
+    pub(super) cursor: u64,
     pub(super) data_fingerprint: String,
-    embed: Tensor,
-    lm_head: Tensor,
-    device: Device,
-}
-
-struct Micro {
-    batch: Batch,
-    anchors: AnchorBatch,
-    labels: BlockLabels,
+    pub(super) plan: StepPlan,
+    topology: TopologySpec,
+    /// The worker threads; `None` when one device runs both roles inline.
+    pub(super) cluster: Option<Cluster>,
+    warmup: Option<Vec<WarmupRecord>>,
+    /// Set by the first worker failure: every later step returns it.
+    failure: Option<WorkerFailure>,
 }
 
 fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> {
@@ -98,8 +103,8 @@ fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> 
 }
 
 impl Trainer {
-    /// A fresh run. `target` should already be on `device` in [`compute_kind`]; samples must
-    /// have been validated against the target's vocabulary.
+    /// A fresh run on one device (both roles inline). `target` should already be on `device`
+    /// in [`compute_kind`]; samples must have been validated against the target's vocabulary.
     pub fn new(
         target: TargetModel,
         drafter_cfg: DrafterConfig,
@@ -107,45 +112,108 @@ impl Trainer {
         cfg: TrainConfig,
         device: Device,
     ) -> Result<Self, TrainError> {
+        Self::with_topology(
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            TopologySpec::single(device),
+        )
+    }
+
+    /// A fresh run on `topology`. `target` is replicated onto every target device (shared
+    /// when on the same device); drafter rank 0 lives on `drafter_devices[0]` and every other
+    /// rank starts as an exact copy of it. `cfg.batch_size` and `cfg.grad_accum` are per
+    /// drafter rank: one optimizer step trains `ranks × grad_accum` micro-batches.
+    pub fn with_topology(
+        target: TargetModel,
+        drafter_cfg: DrafterConfig,
+        samples: Vec<Sample>,
+        cfg: TrainConfig,
+        topology: TopologySpec,
+    ) -> Result<Self, TrainError> {
         cfg.validate()?;
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
+        topology.validate()?;
         let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
+        let device = topology.drafter_devices[0];
         // Drafter init draws from libtorch's global generator; seed it so runs are reproducible.
         tch::manual_seed(cfg.seed as i64);
-        let mut vs = VarStore::new(device);
-        let drafter = Drafter::new(&vs.root(), &drafter_cfg);
-        let kind = compute_kind(device);
-        if kind != Kind::Float {
-            vs.set_kind(kind);
-        }
-        let optimizer = AdamW::new(named_parameters(&vs), cfg.adamw.clone());
-        let loader = Loader::new(split.train.clone(), cfg.batch_size, cfg.seed, PAD_ID);
-        let epoch_steps =
-            ((cfg.epochs as usize * loader.batches_per_epoch()).div_ceil(cfg.grad_accum)) as u64;
+        let replica = DrafterReplica::new(
+            &drafter_cfg,
+            target.embed_tokens(),
+            target.lm_head(),
+            device,
+            cfg.adamw.clone(),
+        );
+        let inline = topology.is_inline();
+        let id = WorkerId {
+            role: if inline {
+                DeviceRole::Both
+            } else {
+                DeviceRole::Drafter
+            },
+            index: 0,
+            device,
+        };
+        let mut rank0 = RankState::new(id, replica, cfg.attention.into(), cfg.loss_chunk_positions);
+        let bs = drafter_cfg.block_size as usize;
+        let data_fingerprint = fingerprint(&samples);
+        let samples = Arc::new(samples);
+        let source = Arc::new(MicroSource::new(
+            Arc::clone(&samples),
+            split.train.clone(),
+            MicroSpec {
+                seed: cfg.seed,
+                batch_size: cfg.batch_size,
+                num_anchors: cfg.num_anchors,
+                block_size: bs,
+                gamma: cfg.gamma_for(bs),
+                rule: cfg.label_mask_rule,
+                pad_id: PAD_ID,
+            },
+        ));
+        let plan = StepPlan {
+            ranks: topology.drafter_devices.len(),
+            accum: cfg.grad_accum,
+        };
+        let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
+        let epoch_steps = epoch_micro.div_ceil(plan.micro_per_step());
         let total_steps = cfg
             .max_steps
             .map_or(epoch_steps, |cap| cap.min(epoch_steps));
         let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
-        let embed = target.embed_tokens().to_device(device).to_kind(kind);
-        let lm_head = target.lm_head().to_device(device).to_kind(kind);
+        let cluster = if inline {
+            None
+        } else {
+            Some(Cluster::start(
+                &topology,
+                cfg.grad_accum,
+                &target,
+                Arc::clone(&source),
+                drafter_cfg.target_layer_ids.clone(),
+                &mut rank0,
+                0,
+            )?)
+        };
         Ok(Self {
-            data_fingerprint: fingerprint(&samples),
-            rng: Rng::stream(cfg.seed, streams::ANCHORS, 0),
+            data_fingerprint,
             cfg,
             target,
             drafter_cfg,
-            vs,
-            drafter,
-            optimizer,
+            rank0,
             schedule,
             samples,
             split,
-            loader,
+            source,
             step: 0,
-            embed,
-            lm_head,
-            device,
+            cursor: 0,
+            plan,
+            topology,
+            cluster,
+            warmup: None,
+            failure: None,
         })
     }
 
@@ -155,14 +223,26 @@ impl Trainer {
     pub fn drafter_config(&self) -> &DrafterConfig {
         &self.drafter_cfg
     }
+    /// Drafter rank 0 (every rank holds the same weights).
     pub fn drafter(&self) -> &Drafter {
-        &self.drafter
+        self.rank0.replica.drafter()
     }
     pub fn target(&self) -> &TargetModel {
         &self.target
     }
     pub fn var_store(&self) -> &VarStore {
-        &self.vs
+        &self.rank0.replica.vs
+    }
+    pub fn topology(&self) -> &TopologySpec {
+        &self.topology
+    }
+    /// Drafter replicas (data-parallel ranks).
+    pub fn drafter_ranks(&self) -> usize {
+        self.plan.ranks
+    }
+    /// Micro-batches (of `batch_size` sequences) per optimizer step, over all ranks.
+    pub fn micro_batches_per_step(&self) -> u64 {
+        self.plan.micro_per_step()
     }
     /// Optimizer steps taken.
     pub fn step_count(&self) -> u64 {
@@ -175,132 +255,176 @@ impl Trainer {
         self.step >= self.schedule.total_steps
     }
     pub fn data_position(&self) -> DataPosition {
-        self.loader.position()
+        self.source.position_of(self.cursor)
     }
     pub fn split(&self) -> &HoldoutSplit {
         &self.split
     }
-    /// fp32 weights by HF key (what checkpoints and exports hold).
+    /// fp32 weights by HF key (what checkpoints and exports hold), of rank 0.
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
-        self.optimizer.master_weights()
+        self.rank0.replica.optimizer().master_weights()
     }
 
-    fn next_micro(&mut self) -> Micro {
-        let batch = self.loader.next_batch(&self.samples);
-        let anchors = sample_anchors(&batch.masks(), self.cfg.num_anchors, &mut self.rng);
-        let bs = self.drafter_cfg.block_size as usize;
-        let gamma = self.cfg.gamma_for(bs);
-        let labels = block_labels(
-            batch.rows(),
-            &anchors,
-            bs,
-            Some(gamma),
-            self.cfg.label_mask_rule,
-        );
-        Micro {
-            batch,
-            anchors,
-            labels,
-        }
-    }
-
-    fn micro_forward_backward(
-        &self,
-        m: &Micro,
-        denominator: f64,
-        times: &mut StepTimes,
-    ) -> Result<LossSums, TrainError> {
-        let t = Instant::now();
-        let (b, s) = (m.batch.batch as i64, m.batch.seq_len as i64);
-        let ids = Tensor::from_slice(&m.batch.input_ids).view([b, s]);
-        let features = self
-            .target
-            .features(&ids, &self.drafter_cfg.target_layer_ids)?
-            .to_device(self.device);
-        sync(self.device);
-        times.target_forward_ms += t.elapsed().as_secs_f64() * 1e3;
-
-        let t = Instant::now();
-        let bs = self.drafter_cfg.block_size as usize;
-        let block_ids = block_input_ids(
-            m.batch.rows(),
-            &m.anchors,
-            bs,
-            self.drafter_cfg.mask_token_id,
-        );
-        let block_ids = Tensor::from_slice(&block_ids).to_device(self.device);
-        let q = (m.anchors.width * bs) as i64;
-        let embeddings = tch::no_grad(|| self.embed.index_select(0, &block_ids).view([b, q, -1]));
-        let (anchors, keep) = m.anchors.to_tensors(self.device);
-        let out = self.drafter.forward(
-            &features,
-            &embeddings,
-            &anchors,
-            &keep,
-            self.cfg.attention.into(),
-        );
-        let targets = Tensor::from_slice(&m.labels.targets)
-            .view([b, q])
-            .to_device(self.device);
-        let weights = Tensor::from_slice(&m.labels.weights)
-            .view([b, q])
-            .to_device(self.device);
-        let sums = weighted_ce_backward(
-            &out,
-            &self.lm_head,
-            &targets,
-            &weights,
-            denominator,
-            self.cfg.loss_chunk_positions,
-        );
-        times.drafter_forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
-        Ok(sums)
-    }
-
-    /// One optimizer step over `grad_accum` micro-batches. Returns the step's metrics (no τ).
-    pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
-        let start = Instant::now();
-        let mut times = StepTimes::default();
-        let micros: Vec<Micro> = (0..self.cfg.grad_accum)
-            .map(|_| self.next_micro())
+    /// Copies of every rank's fp32 master weights, rank 0 first (they must be identical).
+    pub fn replica_weights(&mut self) -> Result<Vec<Vec<(String, Tensor)>>, TrainError> {
+        let own = self
+            .master_weights()
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(Device::Cpu).copy()))
             .collect();
-        times.data_wait_ms = start.elapsed().as_secs_f64() * 1e3;
-        // Σw over the whole optimizer batch: each micro-batch's numerator is divided by it, so
-        // the accumulated gradient is that of the global weighted mean (spec §2.7).
-        let denominator: f64 = micros.iter().map(|m| m.labels.weight_sum()).sum();
-        let mut sums = LossSums::default();
-        if denominator > 0.0 {
-            for m in &micros {
-                sums.add(&self.micro_forward_backward(m, denominator, &mut times)?);
+        let mut all = vec![own];
+        if let Some(c) = self.cluster.as_mut() {
+            all.extend(c.replica_weights()?);
+        }
+        Ok(all)
+    }
+
+    /// Hidden-state queue statistics (all drafter ranks' queues together); `None` when the
+    /// topology runs inline and has no queue.
+    pub fn queue_stats(&self) -> Option<QueueStats> {
+        self.queue_monitor().map(|m| m.stats())
+    }
+
+    /// A handle that reads queue statistics from another thread while training runs.
+    pub fn queue_monitor(&self) -> Option<QueueMonitor> {
+        self.cluster.as_ref().map(Cluster::queue_monitor)
+    }
+
+    /// Each worker's serialized warmup, once [`Self::warmup`] ran (the first step runs it).
+    pub fn warmup_records(&self) -> &[WarmupRecord] {
+        self.warmup.as_deref().unwrap_or(&[])
+    }
+
+    /// Runs the serialized warmup if it has not run: every worker's first forward (target) or
+    /// forward+backward (drafter), one device at a time, on the next micro-batch to train;
+    /// nothing is learned from it. Writes `<run_dir>/warmup.json` when the topology names a
+    /// run directory.
+    pub fn warmup(&mut self) -> Result<&[WarmupRecord], TrainError> {
+        if self.warmup.is_none() {
+            let records = self.run_warmup().map_err(|e| self.note_failure(e))?;
+            if let Some(dir) = &self.topology.run_dir {
+                write_warmup_file(dir, &records).map_err(TrainError::io(dir))?;
+            }
+            self.warmup = Some(records);
+        }
+        Ok(self.warmup_records())
+    }
+
+    fn run_warmup(&mut self) -> Result<Vec<WarmupRecord>, TrainError> {
+        if let Some(f) = &self.failure {
+            return Err(f.to_error());
+        }
+        let seq = self.cursor;
+        match self.cluster.as_mut() {
+            Some(c) => c.warmup(&mut self.rank0, seq),
+            None => {
+                let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
+                let layers = &self.drafter_cfg.target_layer_ids;
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    let item = produce_item(target, source, layers, seq, rank0.id.device, 0)?;
+                    let ms = rank0.warmup(&item.features, &item.micro);
+                    Ok::<_, String>(item.timing.data_ms + item.timing.target_ms + ms)
+                }))
+                .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+                match outcome {
+                    Ok(ms) => Ok(vec![WarmupRecord::new(rank0.id, ms)]),
+                    Err(detail) => Err(WorkerFailure {
+                        worker: rank0.id,
+                        detail,
+                    }
+                    .to_error()),
+                }
             }
         }
-        let t = Instant::now();
+    }
+
+    /// Remembers a worker failure so no later step runs on fewer devices.
+    fn note_failure(&mut self, e: TrainError) -> TrainError {
+        if self.failure.is_none() {
+            let inline_failure = match &e {
+                TrainError::Worker(failed) => Some(WorkerFailure {
+                    worker: self.rank0.id,
+                    detail: failed.detail.clone(),
+                }),
+                _ => None,
+            };
+            self.failure = self
+                .cluster
+                .as_ref()
+                .and_then(Cluster::failure)
+                .or(inline_failure);
+        }
+        e
+    }
+
+    /// The inline step: the calling thread builds each micro-batch, runs the target and then
+    /// the drafter on it; no thread, no queue, no copy.
+    fn inline_step(&mut self, base: u64, lr: f64) -> Result<Vec<RankReport>, TrainError> {
+        let seqs = self.plan.rank_seqs(base, 0);
+        let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
+        let layers = &self.drafter_cfg.target_layer_ids;
+        let id = rank0.id;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            rank0.step(&seqs, lr, &mut |seq| {
+                produce_item(target, source, layers, seq, id.device, 0).map(|item| (item, 0.0))
+            })
+        }))
+        .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+        outcome
+            .map(|r| vec![r])
+            .map_err(|detail| WorkerFailure { worker: id, detail }.to_error())
+    }
+
+    /// One optimizer step over `ranks × grad_accum` micro-batches. Returns the step's metrics
+    /// (no τ). A worker failure is returned now and by every later call.
+    pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
+        self.warmup()?;
+        if let Some(f) = &self.failure {
+            return Err(f.to_error());
+        }
+        let start = Instant::now();
+        let base = self.cursor;
+        let n = self.plan.micro_per_step();
         let lr = self.schedule.lr(self.step);
-        let report = self.optimizer.step(lr);
-        self.optimizer.zero_grad();
-        let report = report?;
-        sync(self.device);
-        times.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
+        let end = base + self.schedule.total_steps.saturating_sub(self.step) * n;
+        let result = match self.cluster.as_mut() {
+            Some(c) => c.step(&mut self.rank0, base, lr, end),
+            None => self.inline_step(base, lr),
+        };
+        let mut reports = result.map_err(|e| self.note_failure(e))?;
+        // The micro-batches are consumed even if the update is refused (non-finite gradients),
+        // as they were before topologies existed.
+        self.cursor = base + n;
+        let first = reports.remove(0);
+        let report = first.optim?;
         self.step += 1;
-        times.total_ms = start.elapsed().as_secs_f64() * 1e3;
-        let tokens: usize = micros.iter().map(|m| m.batch.tokens).sum();
-        let tokens_per_s = tokens as f64 / start.elapsed().as_secs_f64().max(1e-9);
-        let epoch = micros.last().map_or(0, |m| m.batch.epoch);
+        let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+        let mut timings = vec![first.timing];
+        let mut epoch = first.last_epoch;
+        for r in reports {
+            timings.push(r.timing);
+            epoch = epoch.max(r.last_epoch);
+        }
+        let names = match &self.cluster {
+            Some(c) => c.names().clone(),
+            None => WorkerNames {
+                targets: vec![device_name(self.rank0.id.device)],
+                drafters: vec![device_name(self.rank0.id.device)],
+                inline: true,
+            },
+        };
+        let (times, workers, tokens) = step_telemetry(&names, &timings, wall_ms);
         Ok(StepMetrics {
             ts_ms: chrono::Utc::now().timestamp_millis(),
             step: self.step,
             epoch,
-            loss: sums.loss(),
-            accuracy: sums.accuracy(),
+            loss: first.sums.loss(),
+            accuracy: first.sums.accuracy(),
             tau: None,
             lr,
             grad_norm: report.grad_norm,
-            tokens_per_s,
-            workers: vec![WorkerThroughput {
-                device: device_name(self.device),
-                role: DeviceRole::Both,
-                tokens_per_s,
-            }],
+            tokens_per_s: tokens as f64 / (wall_ms / 1e3).max(1e-9),
+            workers,
             times,
         })
     }
@@ -334,7 +458,7 @@ impl Trainer {
         if held.is_empty() {
             return Ok(None);
         }
-        evaluate(&self.target, &self.drafter, &held, &self.eval_options()).map(Some)
+        evaluate(&self.target, self.drafter(), &held, &self.eval_options()).map(Some)
     }
 
     /// Runs until the schedule ends, `max_steps` more steps were taken, or `stop` is set.
@@ -395,7 +519,7 @@ impl Trainer {
         StepMetrics {
             ts_ms: chrono::Utc::now().timestamp_millis(),
             step: self.step,
-            epoch: self.loader.position().epoch,
+            epoch: self.data_position().epoch,
             loss: report.loss,
             accuracy: report.accuracy,
             tau: Some(report.tau),
@@ -405,13 +529,6 @@ impl Trainer {
             workers: Vec::new(),
             times: StepTimes::default(),
         }
-    }
-}
-
-/// Waits for queued CUDA work, so per-phase wall times measure the phase and not its launch.
-fn sync(device: Device) {
-    if let Device::Cuda(index) = device {
-        tch::Cuda::synchronize(index as i64);
     }
 }
 

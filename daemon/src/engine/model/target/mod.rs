@@ -144,6 +144,35 @@ impl TargetModel {
         })
     }
 
+    /// The same model on `device` (one target replica per worker thread): weights shared
+    /// with this model when `device` is its device (they are read-only), copied otherwise.
+    pub fn replicate(&self, device: Device) -> Result<Self, ModelError> {
+        let layers = self.layers.len();
+        let specs = param_specs(&self.config, layers);
+        let tensors = self
+            .named
+            .iter()
+            .map(|(name, t)| {
+                let t = if device == self.device {
+                    t.shallow_clone()
+                } else {
+                    t.to_device(device)
+                };
+                (name.clone(), t)
+            })
+            .collect();
+        Self::assemble(
+            self.config.clone(),
+            self.layout,
+            self.raw_config.clone(),
+            Params::new(tensors),
+            &specs,
+            layers,
+            device,
+            self.kind,
+        )
+    }
+
     /// Writes `config.json` and `model.safetensors` in the HF layout (Qwen3.5 as
     /// `Qwen3_5ForConditionalGeneration` unless it was loaded from another layout).
     pub fn save_hf(&self, dir: &Path) -> Result<(), ModelError> {

@@ -1,0 +1,416 @@
+//! The daemon process from start to exit: logging, the control plane, the resume gates
+//! (environment drift, locked keys), the trainer, the run loop on its own thread, and the
+//! exit code.
+//!
+//! Exit codes: 0 when the run ended as asked (schedule done, `--max-steps`, a signal, an
+//! operator's stop or kill); 1 for a failure (setup, or a step that paused the run); 2 when a
+//! locked key changed; 3 when the environment drifted and `--accept-drift` was not given.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::status::RunState;
+
+use super::bus::FrameBus;
+use super::daemon::{ControlPlane, ControlTuning, DaemonOptions};
+use super::detach::Readiness;
+use super::locked::{self, Gate};
+use super::logging::{self, LoggingConfig, StderrFormat};
+use super::paths::DaemonPaths;
+use super::run_loop::{Ending, RunLoop, RunLoopConfig};
+use super::setup::{self, Prepared, SetupInputs, CHECKPOINTS_DIR};
+use super::{signals, telemetry_specs};
+use crate::runtime::handle::RunHandle;
+use crate::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
+
+pub const EXIT_FAILURE: u8 = 1;
+pub const EXIT_LOCKED_KEY: u8 = 2;
+pub const EXIT_DRIFT: u8 = 3;
+/// Bad data lines journaled one by one; the rest are counted in one note.
+const BAD_LINES_JOURNALED: usize = 100;
+
+/// Everything `dflashd start` resolved before the daemon starts.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub config: Config,
+    /// The config file; `None` for the embedded default.
+    pub config_path: Option<PathBuf>,
+    pub paths: DaemonPaths,
+    pub run_dir: PathBuf,
+    pub socket: PathBuf,
+    /// Whether `socket` is the default one (then `dflash-tui` needs no `--socket`).
+    pub socket_is_default: bool,
+    pub max_steps: Option<u64>,
+    pub metrics_path: PathBuf,
+    pub log_every: u64,
+    pub device_override: Option<dflash_shared::config::Device>,
+    pub accept_drift: Option<String>,
+    pub threads: i32,
+}
+
+/// Runs the daemon to the end; returns the process exit code.
+pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
+    signals::install();
+    tch::set_num_threads(spec.threads);
+    let bus = FrameBus::new(spec.config.control.client_buffer_frames);
+    let log_cfg = LoggingConfig {
+        log_dir: spec.paths.log_dir.clone(),
+        // A detached daemon's stderr is a file; the rolling logs already have every line.
+        stderr: if ready.is_detached() {
+            StderrFormat::Off
+        } else {
+            StderrFormat::Human
+        },
+        filter: "info".into(),
+        bus: Some(bus.clone()),
+    };
+    let _log_guards = match logging::init(&log_cfg) {
+        Ok(g) => g,
+        Err(e) => return fail(&mut ready, EXIT_FAILURE, &format!("logging: {e}")),
+    };
+    if let Some(notice) = spec
+        .paths
+        .socket_notice()
+        .filter(|_| spec.socket_is_default)
+    {
+        tracing::warn!("{notice}");
+        eprintln!("dflashd: {notice}");
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("dflash-control")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return fail(
+                &mut ready,
+                EXIT_FAILURE,
+                &format!("starting the async runtime: {e}"),
+            )
+        }
+    };
+    let cp = match rt.block_on(ControlPlane::start_with(
+        daemon_options(&spec, bus),
+        tuning(&spec),
+    )) {
+        Ok(cp) => cp,
+        Err(e) => return fail(&mut ready, EXIT_FAILURE, &e.to_string()),
+    };
+    let handle = cp.handle.clone();
+    let refused = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
+        handle.record_event_logged(
+            Severity::Crit,
+            EventKind::RunStopped {
+                reason: format!(
+                    "resume refused: {}",
+                    text.lines().next().unwrap_or_default()
+                ),
+                checkpoint: None,
+            },
+        );
+        handle.request_shutdown("resume refused");
+        rt.block_on(cp.wait());
+        fail(ready, code, &text)
+    };
+    if let ResumeDecision::Blocked {
+        drifts,
+        confirm_token,
+    } = &cp.resume
+    {
+        let text = drift_refusal(drifts, confirm_token, &spec);
+        return refused(EXIT_DRIFT, text, &mut ready, cp);
+    }
+    if let Err(text) = locked_gate(&spec, &handle) {
+        handle.set_run_state(RunState::Paused);
+        return refused(EXIT_LOCKED_KEY, text, &mut ready, cp);
+    }
+    let inputs = SetupInputs {
+        config: &spec.config,
+        config_path: spec.config_path.as_deref(),
+        run_dir: &spec.run_dir,
+        device_override: spec.device_override,
+    };
+    let prepared = match setup::prepare(&inputs) {
+        Ok(p) => p,
+        Err(e) => {
+            handle.set_run_state(RunState::Failed);
+            return refused(
+                EXIT_FAILURE,
+                format!("cannot start training: {e}"),
+                &mut ready,
+                cp,
+            );
+        }
+    };
+    if let Err(e) = locked::save_effective(&spec.run_dir, &spec.config) {
+        handle.set_run_state(RunState::Failed);
+        return refused(EXIT_FAILURE, e.to_string(), &mut ready, cp);
+    }
+    journal_start(&handle, &prepared, &spec);
+    let device = setup::describe_device(prepared.device);
+    let banner = banner(&spec, &prepared, &device);
+    let cfg = RunLoopConfig {
+        checkpoint_root: spec.run_dir.join(CHECKPOINTS_DIR),
+        max_steps: spec.max_steps,
+        metrics_path: spec.metrics_path.clone(),
+        log_every: spec.log_every,
+        device,
+        detectors: spec.config.detectors.clone(),
+    };
+    let commands = handle.attach_run_loop();
+    let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
+        Ok(l) => l,
+        Err(e) => {
+            let text = format!(
+                "opening the metrics file {}: {e}",
+                spec.metrics_path.display()
+            );
+            return refused(EXIT_FAILURE, text, &mut ready, cp);
+        }
+    };
+    println!("{banner}");
+    ready.ready(&banner);
+    let h = handle.clone();
+    let trainer_thread = std::thread::Builder::new()
+        .name("dflash-train".into())
+        .spawn(move || {
+            let ending = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_loop.run()))
+                .unwrap_or_else(|_| Ending::Failed {
+                    error: "the run loop panicked; see the log".into(),
+                });
+            h.request_shutdown(format!("run ended: {ending:?}"));
+            ending
+        });
+    let trainer_thread = match trainer_thread {
+        Ok(t) => t,
+        Err(e) => {
+            handle.request_shutdown("the training thread could not start");
+            rt.block_on(cp.wait());
+            eprintln!("dflashd: starting the training thread: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    rt.block_on(cp.wait());
+    let ending = trainer_thread.join().unwrap_or(Ending::Failed {
+        error: "the training thread died".into(),
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    println!("{}", farewell(&ending, &handle));
+    ending.exit_code()
+}
+
+fn fail(ready: &mut Readiness, code: u8, text: &str) -> u8 {
+    eprintln!("dflashd: {text}");
+    ready.failed(code, text);
+    code
+}
+
+fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
+    let cfg = &spec.config;
+    let config = match &spec.config_path {
+        Some(p) => ConfigSource::File(p.clone()),
+        None => ConfigSource::Embedded(EMBEDDED_DEFAULT_TOML.into()),
+    };
+    let data_files = match cfg.data.train_file.as_str() {
+        EMBEDDED_DATA => vec![],
+        file => setup::resolve_path(
+            "data.train_file",
+            file,
+            spec.config_path.as_deref(),
+            &spec.run_dir,
+        )
+        .map(|p| vec![p])
+        .unwrap_or_default(),
+    };
+    let python_env = cfg.telemetry.python.as_deref().and_then(|p| {
+        setup::resolve_path(
+            "telemetry.python",
+            p,
+            spec.config_path.as_deref(),
+            &spec.run_dir,
+        )
+        .ok()
+    });
+    let interval = Duration::from_millis(cfg.telemetry.sample_interval_ms.max(100));
+    DaemonOptions {
+        run_name: cfg.run.name.clone(),
+        run_dir: spec.run_dir.clone(),
+        socket: spec.socket.clone(),
+        bus,
+        poweroff_command: cfg.control.poweroff_command.clone(),
+        pending_ttl_ms: cfg.control.pending_action_expiry_s as i64 * 1000,
+        telemetry_interval: interval,
+        cache_interval: (interval * 15).max(Duration::from_secs(5)),
+        cache_specs: Some(telemetry_specs::cache_specs(cfg, &spec.run_dir)),
+        fingerprint: FingerprintInputs {
+            config,
+            data_files,
+            python_env,
+        },
+        accepted_drift_token: spec.accept_drift.clone(),
+        config_json: serde_json::to_value(cfg).unwrap_or_default(),
+        config_path: spec.config_path.as_ref().map(|p| p.display().to_string()),
+    }
+}
+
+fn tuning(spec: &LaunchSpec) -> ControlTuning {
+    ControlTuning {
+        extra_allowed_uids: spec.config.control.allowed_uids.clone(),
+    }
+}
+
+fn drift_refusal(
+    drifts: &[dflash_shared::health::EnvironmentDrift],
+    token: &str,
+    spec: &LaunchSpec,
+) -> String {
+    let mut text = format!(
+        "refusing to resume the run in {}: the environment changed since its last start:\n",
+        spec.run_dir.display()
+    );
+    for d in drifts.iter().filter(|d| d.blocks_resume) {
+        text.push_str(&format!("  - {}\n", d.sentence()));
+    }
+    text.push_str(&format!(
+        "A silently swapped library or driver can wreck a run's throughput and results. If the \
+         change is intended, start again with --accept-drift {token} (the token accepts exactly \
+         this environment)."
+    ));
+    text
+}
+
+/// Compares locked keys with the previous start; `Err` is the refusal.
+fn locked_gate(spec: &LaunchSpec, handle: &RunHandle) -> Result<(), String> {
+    let previous = locked::load_effective(&spec.run_dir).map_err(|e| e.to_string())?;
+    let unlocks = locked::load_unlocks(&spec.run_dir).map_err(|e| e.to_string())?;
+    match locked::judge(previous.as_ref(), &spec.config, &unlocks) {
+        Gate::NoPrevious | Gate::Unchanged => Ok(()),
+        Gate::Refused { changes, unlocked } => {
+            let text = locked::refusal_message(&changes, &unlocked, &spec.run_dir);
+            handle.record_event_logged(
+                Severity::Crit,
+                EventKind::RunPaused {
+                    reason: text.replace('\n', " "),
+                },
+            );
+            Err(text)
+        }
+        Gate::Accepted { changes, used } => {
+            for (c, u) in changes.iter().zip(&used) {
+                handle.record_event_logged(
+                    Severity::Warn,
+                    EventKind::Note {
+                        message: format!(
+                            "locked key {} changed {} → {}, accepted by unlock {}",
+                            c.key, c.before, c.after, u.action_id
+                        ),
+                    },
+                );
+            }
+            locked::consume_unlocks(&spec.run_dir, &used).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
+    let report = &p.report;
+    for bad in report.bad_lines.iter().take(BAD_LINES_JOURNALED) {
+        handle.record_event_logged(
+            Severity::Warn,
+            EventKind::BadDataLine {
+                file: bad.file.display().to_string(),
+                line: bad.line,
+                reason: bad.reason.clone(),
+            },
+        );
+    }
+    let summary = format!("data {}: {}", p.data_source, report.summary());
+    let extra = report.bad_lines.len().saturating_sub(BAD_LINES_JOURNALED);
+    let message = if extra > 0 {
+        format!(
+            "{summary}; {extra} more bad lines are listed in {}",
+            spec.run_dir.join(setup::DATA_REPORT_FILE).display()
+        )
+    } else {
+        summary
+    };
+    handle.record_event_logged(Severity::Info, EventKind::Note { message });
+    if let Some(note) = &p.topology_note {
+        handle.record_event_logged(
+            Severity::Warn,
+            EventKind::Note {
+                message: note.clone(),
+            },
+        );
+        tracing::warn!("{note}");
+    }
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::RunStarted {
+            run_name: spec.config.run.name.clone(),
+            resumed_from_step: p.resumed_from.as_ref().map(|_| p.trainer.step_count()),
+        },
+    );
+}
+
+fn banner(spec: &LaunchSpec, p: &Prepared, device: &str) -> String {
+    let t = &p.trainer;
+    let resumed = match &p.resumed_from {
+        Some(dir) => format!("resumed at step {} from {}", t.step_count(), dir.display()),
+        None => "a new run".into(),
+    };
+    let socket_arg = if spec.socket_is_default {
+        String::new()
+    } else {
+        format!(" --socket {}", spec.socket.display())
+    };
+    let mut text = format!(
+        "dflashd started (pid {}): run '{}' on {device}, {resumed}; {} steps in total ({} train / {} held-out samples)\n",
+        std::process::id(),
+        spec.config.run.name,
+        t.total_steps(),
+        t.split().train.len(),
+        t.split().eval.len(),
+    );
+    text.push_str(&format!(
+        "  data:     {}: {}\n",
+        p.data_source,
+        p.report.summary()
+    ));
+    text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
+    text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
+    text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));
+    text.push_str(&format!("  attach:   dflash-tui attach{socket_arg}\n"));
+    text.push_str(&format!(
+        "  headless: dflash-tui tail --follow{socket_arg}\n"
+    ));
+    text.push_str(&format!(
+        "  stop:     dflash-tui stop{socket_arg}, then dflash-tui confirm-stop{socket_arg}"
+    ));
+    text
+}
+
+fn farewell(ending: &Ending, handle: &RunHandle) -> String {
+    let s = handle.status_snapshot();
+    let tau = s
+        .last_tau
+        .map(|t| format!("; last held-out tau {t:.4}"))
+        .unwrap_or_default();
+    let what = match ending {
+        Ending::Finished { .. } => "training complete".to_string(),
+        Ending::Killed { action_id } => format!("killed by {action_id}"),
+        Ending::Failed { error } => format!("failed: {error}"),
+        Ending::StepLimit { .. } => "stopped (--max-steps reached)".into(),
+        Ending::Signal { signal, .. } => format!("stopped ({})", signals::name(*signal)),
+        Ending::Stopped { action_id, .. } => format!("stopped by {action_id}"),
+        Ending::Shutdown { .. } => "stopped (daemon shut down)".into(),
+    };
+    let checkpoint = ending.checkpoint().unwrap_or("none");
+    format!(
+        "{what} at step {}/{}; checkpoint {checkpoint}{tau}",
+        s.run.step, s.run.total_steps
+    )
+}

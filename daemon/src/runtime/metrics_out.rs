@@ -1,0 +1,104 @@
+//! `metrics.jsonl` (one `StepMetrics` object per line, flushed per step) and the progress
+//! lines on stdout. A write failure is reported once, journaled, and training goes on: the
+//! same metrics still reach the status, the subscribers and the run's recording.
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::metrics::StepMetrics;
+
+use super::handle::RunHandle;
+
+pub struct MetricsOut {
+    file: File,
+    path: PathBuf,
+    log_every: u64,
+    total_steps: u64,
+    failed: bool,
+}
+
+impl MetricsOut {
+    pub fn open(path: &Path, log_every: u64, total_steps: u64) -> std::io::Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(MetricsOut {
+            file,
+            path: path.to_path_buf(),
+            log_every,
+            total_steps,
+            failed: false,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn write(&mut self, m: &StepMetrics, handle: &RunHandle) {
+        let written = serde_json::to_string(m)
+            .map_err(std::io::Error::other)
+            .and_then(|line| writeln!(self.file, "{line}"))
+            .and_then(|_| self.file.flush());
+        if let Err(e) = written {
+            if !self.failed {
+                self.failed = true;
+                let message = format!(
+                    "writing metrics to {} failed ({e}); later lines are skipped, status and the recording still have them",
+                    self.path.display()
+                );
+                tracing::error!("{message}");
+                handle.record_event_logged(Severity::Warn, EventKind::Note { message });
+            }
+        }
+        if let Some(line) = progress_line(m, self.total_steps, self.log_every) {
+            println!("{line}");
+        }
+    }
+}
+
+/// The stdout line for a step: every `log_every` steps and on every evaluation.
+pub fn progress_line(m: &StepMetrics, total_steps: u64, log_every: u64) -> Option<String> {
+    let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
+    show.then(|| {
+        let tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+        format!(
+            "step {}/{} epoch {} loss {:.4} acc {:.3}{tau} lr {:.2e} grad_norm {:.3} tok/s {:.0}",
+            m.step, total_steps, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm, m.tokens_per_s
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_shared::metrics::StepTimes;
+
+    #[test]
+    fn progress_lines_on_schedule_and_on_evaluations() {
+        let mut m = StepMetrics {
+            ts_ms: 0,
+            step: 10,
+            epoch: 1,
+            loss: 2.0,
+            accuracy: 0.25,
+            tau: None,
+            lr: 1e-3,
+            grad_norm: 0.5,
+            tokens_per_s: 1500.0,
+            workers: vec![],
+            times: StepTimes::default(),
+        };
+        assert_eq!(
+            progress_line(&m, 600, 10).unwrap(),
+            "step 10/600 epoch 1 loss 2.0000 acc 0.250 lr 1.00e-3 grad_norm 0.500 tok/s 1500"
+        );
+        m.step = 11;
+        assert_eq!(progress_line(&m, 600, 10), None);
+        assert_eq!(progress_line(&m, 600, 0), None);
+        m.tau = Some(2.5);
+        assert!(progress_line(&m, 600, 0).unwrap().contains(" tau 2.500 "));
+    }
+}

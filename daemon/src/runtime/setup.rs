@@ -1,0 +1,360 @@
+//! From a validated run config to a ready [`Trainer`]: device, target, data, drafter, resume.
+//!
+//! `target.model = "embedded"` and `data.train_file = "embedded"` select the built-in tiny
+//! target (saved to `<run_dir>/target` on first use) and the dataset compiled into the binary;
+//! anything else is a path, `~` expanded, relative paths taken from the config file's
+//! directory. Every failure names the file or key and what was wrong.
+use std::path::{Path, PathBuf};
+
+use dflash_shared::config::{self, Config, DataFormat as CfgFormat, PathContext};
+use tch::Device;
+use thiserror::Error;
+
+use crate::cli::eval::load_report_json;
+use crate::data::{
+    load, load_chat_template, load_tokenizer, ChatEncoder, ChatOptions, DataError, DataFormat,
+    LoadOptions, LoadReport, Sample,
+};
+use crate::engine::model::error::ModelError;
+use crate::engine::model::target::TargetModel;
+use crate::engine::train::trainer::{compute_kind, device_name, Trainer};
+use crate::engine::train::{embedded, run_config, TrainError};
+use crate::runtime::topology::TopologySpec;
+
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
+pub const DATA_REPORT_FILE: &str = "data_report.json";
+
+#[derive(Debug, Error)]
+pub enum SetupError {
+    #[error("device {name}: {detail}")]
+    Device { name: String, detail: String },
+    #[error("{key} = {value:?}: {detail}")]
+    Path {
+        key: &'static str,
+        value: String,
+        detail: String,
+    },
+    #[error("loading the target model {path}: {source}")]
+    Target {
+        path: PathBuf,
+        source: Box<ModelError>,
+    },
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("data.train_file {path}: no usable sample ({summary})")]
+    NoSamples { path: String, summary: String },
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error("writing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What the daemon needs besides the config.
+#[derive(Debug, Clone)]
+pub struct SetupInputs<'a> {
+    pub config: &'a Config,
+    /// The config file, for relative paths; `None` for the embedded default.
+    pub config_path: Option<&'a Path>,
+    pub run_dir: &'a Path,
+    /// `--device`, overriding the topology's first drafter device.
+    pub device_override: Option<config::Device>,
+}
+
+pub struct Prepared {
+    pub trainer: Trainer,
+    /// Drafter rank 0's device (the only device when the topology runs inline).
+    pub device: Device,
+    /// The data file as the config names it ("embedded:…" for the built-in set).
+    pub data_source: String,
+    pub report: LoadReport,
+    /// The checkpoint the trainer resumed from.
+    pub resumed_from: Option<PathBuf>,
+    /// Devices of the topology this build does not drive (one sentence), if any.
+    pub topology_note: Option<String>,
+}
+
+/// A config device as a libtorch device, checked against what libtorch sees.
+pub fn tch_device(d: config::Device) -> Result<Device, SetupError> {
+    match d {
+        config::Device::Cpu => Ok(Device::Cpu),
+        config::Device::Cuda(i) => {
+            let count = tch::Cuda::device_count();
+            if i64::from(i) >= count {
+                return Err(SetupError::Device {
+                    name: d.to_string(),
+                    detail: format!(
+                        "this machine has {count} CUDA device(s) visible to libtorch (see `dflashd doctor`)"
+                    ),
+                });
+            }
+            Ok(Device::Cuda(i as usize))
+        }
+    }
+}
+
+/// The training device: `--device`, else the first drafter device of the topology.
+fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>) {
+    let topo = &inputs.config.topology;
+    let chosen = inputs
+        .device_override
+        .or_else(|| topo.drafter_devices.first().copied())
+        .unwrap_or(config::Device::Cpu);
+    let mut listed: Vec<config::Device> = topo
+        .target_devices
+        .iter()
+        .chain(&topo.drafter_devices)
+        .copied()
+        .collect();
+    listed.sort();
+    listed.dedup();
+    let unused: Vec<String> = listed
+        .iter()
+        .filter(|d| **d != chosen)
+        .map(|d| d.to_string())
+        .collect();
+    let note = (!unused.is_empty()).then(|| {
+        format!(
+            "the topology lists {} device(s); this trainer runs target and drafter on {chosen} only, {} stay(s) idle",
+            listed.len(),
+            unused.join(", ")
+        )
+    });
+    (chosen, note)
+}
+
+/// Resolves a config path: `~` and `${VAR}` expanded, relative to the config's directory.
+pub fn resolve_path(
+    key: &'static str,
+    value: &str,
+    config_path: Option<&Path>,
+    run_dir: &Path,
+) -> Result<PathBuf, SetupError> {
+    let home = std::env::var("HOME").ok();
+    let run_dir_text = run_dir.display().to_string();
+    let env = |k: &str| std::env::var(k).ok();
+    let ctx = PathContext {
+        home: home.as_deref(),
+        run_dir: Some(&run_dir_text),
+        env: &env,
+    };
+    let expanded = config::expand_path(value, &ctx).map_err(|e| SetupError::Path {
+        key,
+        value: value.into(),
+        detail: e.to_string(),
+    })?;
+    let path = PathBuf::from(expanded);
+    if path.is_absolute() {
+        return Ok(path);
+    }
+    let base = config_path
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    Ok(base.join(path))
+}
+
+/// Builds the trainer and resumes it from the newest checkpoint of the run dir, if any.
+pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
+    let cfg = inputs.config;
+    // Without `--device` the whole configured topology runs (the target is loaded on the
+    // first target device and replicated onto the others); with it, everything runs on that
+    // one device and the note names the devices left idle.
+    let (chosen, override_note) = training_device(inputs);
+    let (topology, topology_note) = match inputs.device_override {
+        Some(_) => (TopologySpec::single(tch_device(chosen)?), override_note),
+        None => {
+            for &d in cfg
+                .topology
+                .target_devices
+                .iter()
+                .chain(&cfg.topology.drafter_devices)
+            {
+                tch_device(d)?;
+            }
+            (TopologySpec::from_config(cfg, None), None)
+        }
+    };
+    let device = topology.drafter_devices[0];
+    let target_device = topology.target_devices[0];
+    let target = if cfg.target.is_embedded() {
+        embedded::tiny_target(Some(inputs.run_dir), target_device)?
+    } else {
+        let dir = resolve_path(
+            "target.model",
+            &cfg.target.model,
+            inputs.config_path,
+            inputs.run_dir,
+        )?;
+        TargetModel::load(&dir, target_device, Some(compute_kind(target_device))).map_err(
+            |source| SetupError::Target {
+                path: dir,
+                source: Box::new(source),
+            },
+        )?
+    };
+    let vocab = target.config().vocab_size();
+    let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
+    let report_path = inputs.run_dir.join(DATA_REPORT_FILE);
+    let report_json = load_report_json(&data_source, &report);
+    let bytes = serde_json::to_vec_pretty(&report_json).map_err(std::io::Error::other);
+    bytes
+        .and_then(|b| std::fs::write(&report_path, b))
+        .map_err(|source| SetupError::Io {
+            path: report_path,
+            source,
+        })?;
+    let train_cfg = run_config::train_config(cfg, samples.len());
+    let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
+    let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
+    let resumed_from = trainer.resume_latest(&inputs.run_dir.join(CHECKPOINTS_DIR))?;
+    Ok(Prepared {
+        trainer,
+        device,
+        data_source,
+        report,
+        resumed_from,
+        topology_note,
+    })
+}
+
+fn load_samples(
+    inputs: &SetupInputs<'_>,
+    vocab: usize,
+) -> Result<(Vec<Sample>, LoadReport, String), SetupError> {
+    let cfg = inputs.config;
+    let max_len = cfg.training.max_length;
+    if cfg.data.train_file == config::EMBEDDED_DATA {
+        let (samples, report) = embedded::tiny_samples(vocab as i64, max_len)?;
+        return Ok((samples, report, embedded::TINY_DATASET_NAME.to_string()));
+    }
+    let path = resolve_path(
+        "data.train_file",
+        &cfg.data.train_file,
+        inputs.config_path,
+        inputs.run_dir,
+    )?;
+    let options = LoadOptions {
+        max_length: max_len,
+        vocab_size: Some(vocab),
+        threads: 0,
+    };
+    let encoder = match cfg.data.format {
+        CfgFormat::Pretokenized => None,
+        CfgFormat::Chat => Some(chat_encoder(inputs)?),
+    };
+    let format = match &encoder {
+        Some(e) => DataFormat::Chat(e),
+        None => DataFormat::Pretokenized,
+    };
+    let (samples, report) = load(&path, format, &options)?;
+    let source = path.display().to_string();
+    if samples.is_empty() {
+        return Err(SetupError::NoSamples {
+            path: source,
+            summary: report.summary(),
+        });
+    }
+    Ok((samples, report, source))
+}
+
+fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
+    let cfg = inputs.config;
+    let (config_path, run_dir) = (inputs.config_path, inputs.run_dir);
+    if cfg.target.is_embedded() {
+        return Err(SetupError::Path {
+            key: "data.format",
+            value: "chat".into(),
+            detail: "chat data needs a tokenizer and chat template; the embedded target has none. \
+                     Use pre-tokenized data or a Hugging Face target"
+                .into(),
+        });
+    }
+    let model_dir = resolve_path("target.model", &cfg.target.model, config_path, run_dir)?;
+    let template = cfg
+        .data
+        .chat_template
+        .as_deref()
+        .map(|t| resolve_path("data.chat_template", t, config_path, run_dir))
+        .transpose()?;
+    match cfg.data.tokenizer.as_deref() {
+        None => Ok(ChatEncoder::from_model_dir(
+            &model_dir,
+            template.as_deref(),
+            ChatOptions::default(),
+        )?),
+        Some(t) => {
+            let path = resolve_path("data.tokenizer", t, config_path, run_dir)?;
+            let tokenizer = load_tokenizer(&path)?;
+            let template = load_chat_template(&model_dir, template.as_deref())?;
+            Ok(ChatEncoder::new(
+                tokenizer,
+                path,
+                template,
+                ChatOptions::default(),
+            )?)
+        }
+    }
+}
+
+/// "cpu", "cuda:3".
+pub fn describe_device(device: Device) -> String {
+    device_name(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_follow_the_config_file_and_templates_expand() {
+        let run = Path::new("/runs/a");
+        let cfg = Path::new("/etc/dflash/run.toml");
+        assert_eq!(
+            resolve_path("k", "data/train.jsonl", Some(cfg), run).unwrap(),
+            PathBuf::from("/etc/dflash/data/train.jsonl")
+        );
+        assert_eq!(
+            resolve_path("k", "/abs/x", Some(cfg), run).unwrap(),
+            PathBuf::from("/abs/x")
+        );
+        assert_eq!(
+            resolve_path("k", "{run_dir}/t", None, run).unwrap(),
+            PathBuf::from("/runs/a/t")
+        );
+        assert_eq!(
+            resolve_path("k", "x", None, run).unwrap(),
+            PathBuf::from("./x")
+        );
+        let err = resolve_path("data.train_file", "${DFLASH_SURELY_UNSET_VAR}/x", None, run)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("data.train_file = "), "{err}");
+    }
+
+    #[test]
+    fn unused_topology_devices_are_named() {
+        fn inputs(cfg: &Config) -> SetupInputs<'_> {
+            SetupInputs {
+                config: cfg,
+                config_path: None,
+                run_dir: Path::new("/r"),
+                device_override: None,
+            }
+        }
+        let mut cfg = Config::embedded_default();
+        assert_eq!(training_device(&inputs(&cfg)), (config::Device::Cpu, None));
+        cfg.topology.target_devices = vec![config::Device::Cuda(0), config::Device::Cuda(1)];
+        cfg.topology.drafter_devices = vec![config::Device::Cuda(2)];
+        let (chosen, note) = training_device(&inputs(&cfg));
+        assert_eq!(chosen, config::Device::Cuda(2));
+        let note = note.unwrap();
+        assert!(
+            note.contains("3 device(s)") && note.contains("cuda:0, cuda:1"),
+            "{note}"
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! A worker that fails stops the run with an error naming the worker and its device; nothing
+//! continues on the remaining devices, and nothing hangs.
+mod topology_common;
+
+use std::time::Duration;
+
+use dflashd::engine::train::loader::{split_held_out, Loader};
+use dflashd::engine::train::trainer::PAD_ID;
+use dflashd::engine::train::TrainError;
+use topology_common::{config, cpu_topology, tiny_samples, trainer_with, within};
+
+const BAD_TOKEN: i64 = 100_000;
+
+/// The tiny samples with one token of the sample at `position` of epoch 0's order made
+/// unreadable for the target (outside its vocabulary): a real error in the target forward.
+fn samples_with_bad(position: usize, batch_size: usize) -> Vec<dflashd::data::Sample> {
+    let mut samples = tiny_samples();
+    let cfg = config(batch_size, 1);
+    let split = split_held_out(samples.len(), cfg.held_out, cfg.seed).unwrap();
+    let order = Loader::new(split.train, batch_size, cfg.seed, PAD_ID).epoch_order(0);
+    samples[order[position]].input_ids[0] = BAD_TOKEN;
+    samples
+}
+
+fn worker_error(err: TrainError) -> (String, String, String) {
+    match err {
+        TrainError::Worker(f) => (f.worker, f.device, f.detail),
+        other => panic!("expected a worker failure, got: {other}"),
+    }
+}
+
+#[test]
+fn a_target_worker_failing_mid_run_stops_training_with_its_name() {
+    within(Duration::from_secs(60), || {
+        // Micro-batch 1 (rows 4..8 of epoch 0) holds the bad sample; micro-batch 0 (the warmup)
+        // is clean, so the failure happens while workers run concurrently.
+        let mut t = trainer_with(config(4, 1), samples_with_bad(5, 4), cpu_topology(2, 2));
+        let err = t.train_step().unwrap_err();
+        let text = err.to_string();
+        let (worker, device, detail) = worker_error(err);
+        assert!(worker.starts_with("target worker "), "{text}");
+        assert!(worker.ends_with(" on cpu"), "{text}");
+        assert_eq!(device, "cpu");
+        assert!(
+            detail.contains("micro-batch 1") && detail.contains(&BAD_TOKEN.to_string()),
+            "{text}"
+        );
+        assert!(
+            text.contains("never continues with fewer devices"),
+            "{text}"
+        );
+        assert_eq!(t.step_count(), 0);
+        // Sticky: the next step does not quietly continue on the healthy workers.
+        let again = t.train_step().unwrap_err().to_string();
+        assert_eq!(again, text);
+        assert_eq!(t.step_count(), 0);
+    });
+}
+
+#[test]
+fn a_failure_during_the_serialized_warmup_names_the_first_target_worker() {
+    within(Duration::from_secs(60), || {
+        let mut t = trainer_with(config(4, 1), samples_with_bad(0, 4), cpu_topology(2, 2));
+        let err = t.warmup().unwrap_err();
+        let (worker, device, detail) = worker_error(err);
+        assert_eq!(worker, "target worker 0 on cpu");
+        assert_eq!(device, "cpu");
+        assert!(detail.contains("micro-batch 0"), "{detail}");
+        assert!(t.warmup_records().is_empty());
+        assert!(t.train_step().is_err());
+    });
+}
+
+#[test]
+fn the_inline_topology_reports_its_failure_the_same_way() {
+    within(Duration::from_secs(60), || {
+        let mut t = trainer_with(config(4, 1), samples_with_bad(5, 4), cpu_topology(1, 1));
+        t.train_step().unwrap(); // micro-batch 0 is clean
+        let (worker, device, detail) = worker_error(t.train_step().unwrap_err());
+        assert_eq!(worker, "target+drafter worker 0 on cpu");
+        assert_eq!(device, "cpu");
+        assert!(detail.contains("micro-batch 1"), "{detail}");
+        assert!(t.train_step().is_err(), "a failed run stays failed");
+    });
+}
