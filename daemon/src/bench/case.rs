@@ -22,7 +22,7 @@ use super::presets::{FeatureSource, StepPreset, TokenSource};
 use crate::engine::model::drafter::{Drafter, DrafterConfig};
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::anchors::{sample_anchors, AnchorBatch};
-use crate::engine::train::data::Sample;
+use crate::data::Sample;
 use crate::engine::train::drafter_io::{named_parameters, write_hf};
 use crate::engine::train::embedded::tiny_samples;
 use crate::engine::train::labels::{block_input_ids, block_labels, default_gamma, LabelMaskRule};
@@ -64,11 +64,10 @@ pub struct StepMeta {
 fn random_rows(batch: usize, seq_len: usize, prompt_len: usize, vocab: i64, seed: u64) -> Vec<Sample> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..batch)
-        .map(|row| Sample {
+        .map(|_| Sample {
             // The mask token is the last row of the vocabulary; data never uses it.
             input_ids: (0..seq_len).map(|_| rng.random_range(0..vocab - 1)).collect(),
             loss_mask: (0..seq_len).map(|p| u8::from(p >= prompt_len)).collect(),
-            line: row + 1,
         })
         .collect()
 }
