@@ -81,7 +81,12 @@ impl RunLoop {
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
         Ok(RunLoop {
-            health: HealthFeed::new(handle.clone(), &cfg.detectors),
+            health: HealthFeed::new(
+                handle.clone(),
+                &cfg.detectors,
+                trainer.topology().target_devices.len(),
+                trainer.drafter_ranks(),
+            ),
             handle,
             trainer,
             commands,
@@ -179,6 +184,7 @@ impl RunLoop {
             self.handle.set_run_state(RunState::Training);
         }
         if let Some(queue) = self.trainer.queue_stats() {
+            self.health.observe_queue(&queue);
             self.handle.publish_queue(queue);
         }
         let step = self.trainer.step_count();
