@@ -195,8 +195,9 @@ impl QueueMonitor {
         self.queues.iter().map(|q| q.stats()).collect()
     }
 
-    /// All queues together: depths, bytes, caps, rates and waits summed (the configured
-    /// `[queue]` budget is split evenly over the ranks, so the caps add up to it).
+    /// All queues together: depths, bytes, caps, watermarks, rates and waits summed. The
+    /// configured `[queue]` budget is split evenly over the ranks (rounded down, at least one
+    /// item each), so the summed caps are that budget or a little under it.
     pub fn stats(&self) -> QueueStats {
         let parts = self.per_rank();
         let mut total = QueueStats {
