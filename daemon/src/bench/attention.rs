@@ -17,7 +17,9 @@ use super::error::BenchError;
 use super::presets::AttentionPreset;
 use super::step::StepRun;
 use super::timing::timed_loop;
-use crate::engine::model::attention::{block_attention, AttentionBackend, BlockAttentionInputs, LayerRule};
+use crate::engine::model::attention::{
+    block_attention, AttentionBackend, BlockAttentionInputs, LayerRule,
+};
 use crate::engine::train::anchors::sample_anchors;
 use crate::engine::train::rng::{streams, Rng};
 
@@ -44,13 +46,22 @@ pub fn backend_name(backend: AttentionBackend) -> &'static str {
     }
 }
 
-pub fn prepare_attention_case(p: &AttentionPreset, dir: &Path) -> Result<AttentionMeta, BenchError> {
+pub fn prepare_attention_case(
+    p: &AttentionPreset,
+    dir: &Path,
+) -> Result<AttentionMeta, BenchError> {
     fs::create_dir_all(dir).map_err(BenchError::io(dir))?;
     let mask = vec![1u8; p.context_len];
     let mut rng = Rng::stream(p.seed, streams::ANCHORS, 0);
     let anchors = sample_anchors(&[&mask], p.anchors, &mut rng);
     if anchors.width != p.anchors {
-        return Err(BenchError::case(dir, format!("context {} leaves only {} anchors, {} asked", p.context_len, anchors.width, p.anchors)));
+        return Err(BenchError::case(
+            dir,
+            format!(
+                "context {} leaves only {} anchors, {} asked",
+                p.context_len, anchors.width, p.anchors
+            ),
+        ));
     }
     let (anchor_t, keep_t) = anchors.to_tensors(Device::Cpu);
     tch::manual_seed(p.seed as i64);
@@ -58,10 +69,22 @@ pub fn prepare_attention_case(p: &AttentionPreset, dir: &Path) -> Result<Attenti
     let (q, s) = (p.queries(), p.context_len as i64);
     let tensors = [
         ("query", Tensor::randn([1, q, p.heads, p.head_dim], opts)),
-        ("context_key", Tensor::randn([1, s, p.kv_heads, p.head_dim], opts)),
-        ("context_value", Tensor::randn([1, s, p.kv_heads, p.head_dim], opts)),
-        ("block_key", Tensor::randn([1, q, p.kv_heads, p.head_dim], opts)),
-        ("block_value", Tensor::randn([1, q, p.kv_heads, p.head_dim], opts)),
+        (
+            "context_key",
+            Tensor::randn([1, s, p.kv_heads, p.head_dim], opts),
+        ),
+        (
+            "context_value",
+            Tensor::randn([1, s, p.kv_heads, p.head_dim], opts),
+        ),
+        (
+            "block_key",
+            Tensor::randn([1, q, p.kv_heads, p.head_dim], opts),
+        ),
+        (
+            "block_value",
+            Tensor::randn([1, q, p.kv_heads, p.head_dim], opts),
+        ),
         ("anchors", anchor_t),
         ("keep", keep_t.to_kind(Kind::Uint8)),
         ("probe", Tensor::randn([1, q, p.heads, p.head_dim], opts)),
@@ -78,7 +101,8 @@ pub fn prepare_attention_case(p: &AttentionPreset, dir: &Path) -> Result<Attenti
         dense_grid_elements: p.dense_grid_elements(),
     };
     let path = dir.join(ATTENTION_META);
-    let text = serde_json::to_string_pretty(&meta).map_err(|e| BenchError::case(&path, e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(&meta).map_err(|e| BenchError::case(&path, e.to_string()))?;
     fs::write(&path, text + "\n").map_err(BenchError::io(&path))?;
     Ok(meta)
 }
@@ -86,16 +110,29 @@ pub fn prepare_attention_case(p: &AttentionPreset, dir: &Path) -> Result<Attenti
 fn read_meta(dir: &Path) -> Result<AttentionMeta, BenchError> {
     let path = dir.join(ATTENTION_META);
     let text = fs::read_to_string(&path).map_err(BenchError::io(&path))?;
-    serde_json::from_str(&text).map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))
 }
 
-fn take(tensors: &mut Vec<(String, Tensor)>, name: &str, path: &Path) -> Result<Tensor, BenchError> {
-    let i = tensors.iter().position(|(n, _)| n == name).ok_or_else(|| BenchError::case(path, format!("tensor `{name}` is missing")))?;
+fn take(
+    tensors: &mut Vec<(String, Tensor)>,
+    name: &str,
+    path: &Path,
+) -> Result<Tensor, BenchError> {
+    let i = tensors
+        .iter()
+        .position(|(n, _)| n == name)
+        .ok_or_else(|| BenchError::case(path, format!("tensor `{name}` is missing")))?;
     Ok(tensors.swap_remove(i).1)
 }
 
 /// Times `backend` on the case in `dir` (forward + backward of `Σ out·probe` per step).
-pub fn run_engine_attention(dir: &Path, backend: AttentionBackend, warmup: usize, steps: usize) -> Result<StepRun, BenchError> {
+pub fn run_engine_attention(
+    dir: &Path,
+    backend: AttentionBackend,
+    warmup: usize,
+    steps: usize,
+) -> Result<StepRun, BenchError> {
     let meta = read_meta(dir)?;
     let path = dir.join(ATTENTION_FILE);
     let mut t = Tensor::read_safetensors(&path)?;
@@ -124,7 +161,13 @@ pub fn run_engine_attention(dir: &Path, backend: AttentionBackend, warmup: usize
         rule,
         scale: (meta.head_dim as f64).powf(-0.5),
     };
-    let leaves = [&query, &context_key, &context_value, &block_key, &block_value];
+    let leaves = [
+        &query,
+        &context_key,
+        &context_value,
+        &block_key,
+        &block_value,
+    ];
     let mut first_output = None;
     let timed = timed_loop(warmup, steps, Device::Cpu, |i| {
         let out = block_attention(&inputs, backend);
@@ -149,12 +192,17 @@ pub fn run_engine_attention(dir: &Path, backend: AttentionBackend, warmup: usize
     if let Some(out) = first_output {
         let reference = dir.join(BLOCK_SPARSE_OUT);
         match backend {
-            AttentionBackend::BlockSparse => Tensor::write_safetensors(&[("out", out)], &reference)?,
+            AttentionBackend::BlockSparse => {
+                Tensor::write_safetensors(&[("out", out)], &reference)?
+            }
             AttentionBackend::DenseMask => {
                 if let Ok(saved) = Tensor::read_safetensors(&reference) {
                     let theirs = &saved[0].1;
                     run.max_abs_diff = Some((&out - theirs).abs().max().double_value(&[]));
-                    run.rel_l2_diff = Some((&out - theirs).norm().double_value(&[]) / theirs.norm().double_value(&[]).max(1e-30));
+                    run.rel_l2_diff = Some(
+                        (&out - theirs).norm().double_value(&[])
+                            / theirs.norm().double_value(&[]).max(1e-30),
+                    );
                 }
             }
         }
@@ -169,21 +217,45 @@ mod tests {
     #[test]
     fn both_back_ends_agree_on_a_small_case_and_report_their_difference() {
         let dir = tempfile::tempdir().unwrap();
-        let preset = AttentionPreset { anchors: 8, block_size: 4, context_len: 64, heads: 2, kv_heads: 1, head_dim: 8, window: None, seed: 1 };
+        let preset = AttentionPreset {
+            anchors: 8,
+            block_size: 4,
+            context_len: 64,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            window: None,
+            seed: 1,
+        };
         prepare_attention_case(&preset, dir.path()).unwrap();
         let sparse = run_engine_attention(dir.path(), AttentionBackend::BlockSparse, 0, 2).unwrap();
         assert_eq!(sparse.step_ms.len(), 2);
         assert!(dir.path().join(BLOCK_SPARSE_OUT).is_file());
         let dense = run_engine_attention(dir.path(), AttentionBackend::DenseMask, 0, 1).unwrap();
-        assert!(dense.max_abs_diff.unwrap() < 1e-5, "{:?}", dense.max_abs_diff);
+        assert!(
+            dense.max_abs_diff.unwrap() < 1e-5,
+            "{:?}",
+            dense.max_abs_diff
+        );
         assert_eq!(dense.implementation, "engine-dense_mask");
     }
 
     #[test]
     fn too_many_anchors_for_the_context_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let preset = AttentionPreset { anchors: 100, block_size: 4, context_len: 16, heads: 1, kv_heads: 1, head_dim: 4, window: None, seed: 1 };
-        let err = prepare_attention_case(&preset, dir.path()).unwrap_err().to_string();
+        let preset = AttentionPreset {
+            anchors: 100,
+            block_size: 4,
+            context_len: 16,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            window: None,
+            seed: 1,
+        };
+        let err = prepare_attention_case(&preset, dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("leaves only 15 anchors, 100 asked"), "{err}");
     }
 }

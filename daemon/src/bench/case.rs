@@ -19,10 +19,10 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 use super::error::BenchError;
 use super::flops::{step_flops, StepWork};
 use super::presets::{FeatureSource, StepPreset, TokenSource};
+use crate::data::Sample;
 use crate::engine::model::drafter::{Drafter, DrafterConfig};
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::anchors::{sample_anchors, AnchorBatch};
-use crate::data::Sample;
 use crate::engine::train::drafter_io::{named_parameters, write_hf};
 use crate::engine::train::embedded::tiny_samples;
 use crate::engine::train::labels::{block_input_ids, block_labels, default_gamma, LabelMaskRule};
@@ -61,12 +61,20 @@ pub struct StepMeta {
     pub seed: u64,
 }
 
-fn random_rows(batch: usize, seq_len: usize, prompt_len: usize, vocab: i64, seed: u64) -> Vec<Sample> {
+fn random_rows(
+    batch: usize,
+    seq_len: usize,
+    prompt_len: usize,
+    vocab: i64,
+    seed: u64,
+) -> Vec<Sample> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..batch)
         .map(|_| Sample {
             // The mask token is the last row of the vocabulary; data never uses it.
-            input_ids: (0..seq_len).map(|_| rng.random_range(0..vocab - 1)).collect(),
+            input_ids: (0..seq_len)
+                .map(|_| rng.random_range(0..vocab - 1))
+                .collect(),
             loss_mask: (0..seq_len).map(|p| u8::from(p >= prompt_len)).collect(),
         })
         .collect()
@@ -74,21 +82,39 @@ fn random_rows(batch: usize, seq_len: usize, prompt_len: usize, vocab: i64, seed
 
 fn make_batch(preset: &StepPreset) -> Result<Batch, BenchError> {
     let samples = match preset.tokens {
-        TokenSource::TinyDataset => tiny_samples(preset.vocab_size(), preset.seq_len)?.0.into_iter().take(preset.batch).collect(),
-        TokenSource::Random { prompt_len } => random_rows(preset.batch, preset.seq_len, prompt_len, preset.vocab_size(), preset.seed),
+        TokenSource::TinyDataset => tiny_samples(preset.vocab_size(), preset.seq_len)?
+            .0
+            .into_iter()
+            .take(preset.batch)
+            .collect(),
+        TokenSource::Random { prompt_len } => random_rows(
+            preset.batch,
+            preset.seq_len,
+            prompt_len,
+            preset.vocab_size(),
+            preset.seed,
+        ),
     };
     let refs: Vec<&Sample> = samples.iter().collect();
     Ok(collate(&refs, PAD_ID, 0))
 }
 
 /// `(features [B,S,F], embed_tokens [V,H], lm_head [V,H])`, fp32 on the CPU.
-fn features_and_tables(preset: &StepPreset, ids: &Tensor) -> Result<(Tensor, Tensor, Tensor), BenchError> {
+fn features_and_tables(
+    preset: &StepPreset,
+    ids: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor), BenchError> {
     let d = &preset.drafter;
     match &preset.features {
         FeatureSource::Target(cfg) => {
-            let target = TargetModel::random(cfg.clone(), Device::Cpu, Kind::Float, preset.seed as i64);
+            let target =
+                TargetModel::random(cfg.clone(), Device::Cpu, Kind::Float, preset.seed as i64);
             let features = target.features(ids, &d.target_layer_ids)?;
-            Ok((features, target.embed_tokens().shallow_clone(), target.lm_head().shallow_clone()))
+            Ok((
+                features,
+                target.embed_tokens().shallow_clone(),
+                target.lm_head().shallow_clone(),
+            ))
         }
         FeatureSource::Random { vocab_size } => {
             tch::manual_seed(preset.seed as i64);
@@ -103,7 +129,8 @@ fn features_and_tables(preset: &StepPreset, ids: &Tensor) -> Result<(Tensor, Ten
 }
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), BenchError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| BenchError::case(path, format!("cannot serialise: {e}")))?;
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| BenchError::case(path, format!("cannot serialise: {e}")))?;
     fs::write(path, text + "\n").map_err(BenchError::io(path))
 }
 
@@ -120,31 +147,50 @@ pub fn prepare_step_case(preset: &StepPreset, dir: &Path) -> Result<StepMeta, Be
     let mut rng = Rng::stream(preset.seed, streams::ANCHORS, 0);
     let anchors: AnchorBatch = sample_anchors(&batch.masks(), preset.num_anchors, &mut rng);
     let gamma = default_gamma(bs);
-    let labels = block_labels(batch.rows(), &anchors, bs, Some(gamma), LabelMaskRule::Independent);
+    let labels = block_labels(
+        batch.rows(),
+        &anchors,
+        bs,
+        Some(gamma),
+        LabelMaskRule::Independent,
+    );
     let block_ids = block_input_ids(batch.rows(), &anchors, bs, d.mask_token_id);
     let q = (anchors.width * bs) as i64;
 
     tch::manual_seed(preset.seed as i64);
     let vs = VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), d);
-    let file_kind = if preset.bf16_files { Kind::BFloat16 } else { Kind::Float };
+    let file_kind = if preset.bf16_files {
+        Kind::BFloat16
+    } else {
+        Kind::Float
+    };
     write_hf(&dir.join(DRAFTER_DIR), d, &named_parameters(&vs), file_kind)?;
 
     let (anchor_t, keep_t) = anchors.to_tensors(Device::Cpu);
     let tensors: Vec<(&str, Tensor)> = vec![
         ("input_ids", ids),
-        ("loss_mask", Tensor::from_slice(&batch.loss_mask).view([b, s])),
+        (
+            "loss_mask",
+            Tensor::from_slice(&batch.loss_mask).view([b, s]),
+        ),
         ("anchors", anchor_t),
         ("keep", keep_t.to_kind(Kind::Uint8)),
         ("target_features", features.to_kind(file_kind)),
         ("embed_tokens", embed.to_kind(file_kind)),
         ("lm_head", lm_head.to_kind(file_kind)),
-        ("block_input_ids", Tensor::from_slice(&block_ids).view([b, q])),
+        (
+            "block_input_ids",
+            Tensor::from_slice(&block_ids).view([b, q]),
+        ),
         ("targets", Tensor::from_slice(&labels.targets).view([b, q])),
         ("weights", Tensor::from_slice(&labels.weights).view([b, q])),
     ];
     let batch_path = dir.join(BATCH_FILE);
-    let contiguous: Vec<(&str, Tensor)> = tensors.into_iter().map(|(n, t)| (n, t.contiguous())).collect();
+    let contiguous: Vec<(&str, Tensor)> = tensors
+        .into_iter()
+        .map(|(n, t)| (n, t.contiguous()))
+        .collect();
     Tensor::write_safetensors(&contiguous, &batch_path)?;
 
     let weighted_positions = labels.weights.iter().filter(|w| **w > 0.0).count() as i64;
@@ -183,7 +229,8 @@ pub fn prepare_step_case(preset: &StepPreset, dir: &Path) -> Result<StepMeta, Be
 pub fn read_meta(dir: &Path) -> Result<StepMeta, BenchError> {
     let path = dir.join(META_FILE);
     let text = fs::read_to_string(&path).map_err(BenchError::io(&path))?;
-    serde_json::from_str(&text).map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))
 }
 
 /// The batch tensors of a case, by name, on `device`; float tensors in `kind`.
@@ -198,7 +245,11 @@ impl CaseTensors {
         let tensors = Tensor::read_safetensors(&path)?
             .into_iter()
             .map(|(n, t)| {
-                let t = if t.is_floating_point() && n != "weights" { t.to_kind(kind) } else { t };
+                let t = if t.is_floating_point() && n != "weights" {
+                    t.to_kind(kind)
+                } else {
+                    t
+                };
                 (n, t.to_device(device))
             })
             .collect();
@@ -242,10 +293,23 @@ mod tests {
         assert!(meta.forward_flops > 0.0 && meta.backward_flops > meta.forward_flops);
         let t = CaseTensors::read(dir.path(), Device::Cpu, Kind::Float).unwrap();
         let f = t.get("target_features").unwrap().size();
-        assert_eq!(f, [meta.batch as i64, meta.seq_len as i64, preset.drafter.feature_size()]);
-        assert_eq!(t.get("weights").unwrap().size(), [meta.batch as i64, meta.positions / meta.batch as i64]);
+        assert_eq!(
+            f,
+            [
+                meta.batch as i64,
+                meta.seq_len as i64,
+                preset.drafter.feature_size()
+            ]
+        );
+        assert_eq!(
+            t.get("weights").unwrap().size(),
+            [meta.batch as i64, meta.positions / meta.batch as i64]
+        );
         let err = t.get("nope").err().unwrap().to_string();
-        assert!(err.contains("`nope` is missing") && err.contains(BATCH_FILE), "{err}");
+        assert!(
+            err.contains("`nope` is missing") && err.contains(BATCH_FILE),
+            "{err}"
+        );
         assert!(dir.path().join(DRAFTER_DIR).join("config.json").is_file());
     }
 }

@@ -55,11 +55,16 @@ pub fn check_losses(engine: &StepRun, reference: &StepRun, tolerance: f64) -> Lo
     } else if reference.block_ids_match == Some(false) || reference.targets_match == Some(false) {
         Some("the reference derives different block inputs or labels from the batch".into())
     } else if reference.weights_max_abs_diff.is_some_and(|d| d > 1e-6) {
-        Some(format!("the reference derives different loss weights (max diff {:.2e})", reference.weights_max_abs_diff.unwrap_or(0.0)))
+        Some(format!(
+            "the reference derives different loss weights (max diff {:.2e})",
+            reference.weights_max_abs_diff.unwrap_or(0.0)
+        ))
     } else {
         match rel {
             None => Some("a first-step loss is missing or not finite".into()),
-            Some(d) if d > tolerance => Some(format!("first-step losses differ by {d:.2e} (relative), more than {tolerance:.0e}")),
+            Some(d) if d > tolerance => Some(format!(
+                "first-step losses differ by {d:.2e} (relative), more than {tolerance:.0e}"
+            )),
             Some(_) => None,
         }
     };
@@ -103,9 +108,19 @@ fn per_s(count: f64, ms: Option<f64>) -> Option<f64> {
     ms.filter(|ms| *ms > 0.0).map(|ms| count / (ms * 1e-3))
 }
 
-pub fn compare_step(meta: StepMeta, engine: StepRun, reference: StepRun, peak: Option<&MatmulPeak>) -> StepComparison {
+pub fn compare_step(
+    meta: StepMeta,
+    engine: StepRun,
+    reference: StepRun,
+    peak: Option<&MatmulPeak>,
+) -> StepComparison {
     let check = check_losses(&engine, &reference, loss_tolerance(&engine.dtype));
-    let flops = meta.forward_flops + if engine.forward_only { 0.0 } else { meta.backward_flops };
+    let flops = meta.forward_flops
+        + if engine.forward_only {
+            0.0
+        } else {
+            meta.backward_flops
+        };
     let gflops = |run: &StepRun| per_s(flops, run.median_step_ms).map(|f| f / 1e9);
     let (eg, rg) = (gflops(&engine), gflops(&reference));
     let peak = peak.and_then(|p| p.gflops);
@@ -145,7 +160,10 @@ pub fn merge_rounds(runs: Vec<StepRun>) -> Option<StepRun> {
         ] {
             *slot = [*slot, v].into_iter().flatten().reduce(f64::max);
         }
-        merged.baseline_rss_mb = [merged.baseline_rss_mb, r.baseline_rss_mb].into_iter().flatten().reduce(f64::min);
+        merged.baseline_rss_mb = [merged.baseline_rss_mb, r.baseline_rss_mb]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
         if merged.error.is_none() {
             merged.error = r.error;
         }
@@ -171,7 +189,11 @@ mod tests {
 
     #[test]
     fn equal_first_losses_make_a_valid_comparison() {
-        let c = check_losses(&run(&[6.0, 5.0], &[1.0]), &run(&[6.0003, 5.1], &[1.0]), 1e-4);
+        let c = check_losses(
+            &run(&[6.0, 5.0], &[1.0]),
+            &run(&[6.0003, 5.1], &[1.0]),
+            1e-4,
+        );
         assert!(c.valid, "{c:?}");
         assert!(c.trajectory_max_rel_diff.unwrap() > 0.01);
     }
@@ -187,7 +209,10 @@ mod tests {
     fn failures_and_label_mismatches_void_the_comparison() {
         let mut r = run(&[6.0], &[1.0]);
         r.error = Some("ImportError: torch".into());
-        assert!(check_losses(&run(&[6.0], &[1.0]), &r, 1e-4).void_reason.unwrap().contains("ImportError"));
+        assert!(check_losses(&run(&[6.0], &[1.0]), &r, 1e-4)
+            .void_reason
+            .unwrap()
+            .contains("ImportError"));
         let mut r = run(&[6.0], &[1.0]);
         r.targets_match = Some(false);
         assert!(!check_losses(&run(&[6.0], &[1.0]), &r, 1e-4).valid);

@@ -24,17 +24,27 @@ pub enum BenchError {
     #[error("case {path}: {detail}")]
     Case { path: PathBuf, detail: String },
     #[error("unknown {what} `{found}`; expected one of: {expected}")]
-    Unknown { what: &'static str, found: String, expected: String },
+    Unknown {
+        what: &'static str,
+        found: String,
+        expected: String,
+    },
     #[error("{program}: {detail}")]
     Process { program: String, detail: String },
 }
 
 impl BenchError {
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
-        move |source| BenchError::Io { path: path.to_path_buf(), source }
+        move |source| BenchError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     pub(crate) fn case(path: &std::path::Path, detail: impl Into<String>) -> BenchError {
-        BenchError::Case { path: path.to_path_buf(), detail: detail.into() }
+        BenchError::Case {
+            path: path.to_path_buf(),
+            detail: detail.into(),
+        }
     }
 }

@@ -11,7 +11,13 @@ use crate::engine::model::drafter::{DrafterConfig, LayerType};
 
 /// Visible (query, key) pairs of one drafter layer over a batch of blocks: context keys plus
 /// own-block keys, exactly as the rule in `attention::visibility` counts them.
-pub fn visible_pairs(rule: LayerRule, anchors: &[i64], keep: &[bool], block_size: i64, context_len: i64) -> u64 {
+pub fn visible_pairs(
+    rule: LayerRule,
+    anchors: &[i64],
+    keep: &[bool],
+    block_size: i64,
+    context_len: i64,
+) -> u64 {
     let mut pairs = 0u64;
     for (&anchor, &kept) in anchors.iter().zip(keep) {
         for off in 0..block_size {
@@ -68,7 +74,11 @@ pub fn step_flops(w: &StepWork<'_>) -> StepFlops {
     let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
     let q = b * blocks * d.block_size as f64;
     let h = d.hidden_size as f64;
-    let (hq, hkv, hd) = (d.num_attention_heads as f64, d.num_key_value_heads as f64, d.head_dim as f64);
+    let (hq, hkv, hd) = (
+        d.num_attention_heads as f64,
+        d.num_key_value_heads as f64,
+        d.head_dim as f64,
+    );
     let inter = d.intermediate_size as f64;
 
     let fc = 2.0 * b * s * d.feature_size() as f64 * h;
@@ -82,7 +92,9 @@ pub fn step_flops(w: &StepWork<'_>) -> StepFlops {
         layers_fwd += projections;
         let rule = match t {
             LayerType::Full => LayerRule::Full,
-            LayerType::Sliding => LayerRule::Sliding { window: d.sliding_window.unwrap_or(i64::MAX / 4) },
+            LayerType::Sliding => LayerRule::Sliding {
+                window: d.sliding_window.unwrap_or(i64::MAX / 4),
+            },
         };
         let pairs = visible_pairs(rule, w.anchors, w.keep, d.block_size, w.seq_len) as f64;
         attention_fwd += 4.0 * hd * hq * pairs; // q·k and p·v
@@ -108,7 +120,9 @@ mod tests {
         let mut n = 0;
         for (&a, &k) in anchors.iter().zip(keep) {
             for off in 0..bs {
-                n += (0..s).filter(|&j| context_visible(rule, a, k, off, j)).count() as u64;
+                n += (0..s)
+                    .filter(|&j| context_visible(rule, a, k, off, j))
+                    .count() as u64;
                 n += (0..bs).filter(|&j| own_block_visible(rule, off, j)).count() as u64;
             }
         }
@@ -119,8 +133,16 @@ mod tests {
     fn visible_pairs_match_the_visibility_rule_key_by_key() {
         let anchors = [0, 1, 5, 9, 17, 30, 31];
         let keep = [true, true, false, true, true, true, true];
-        for rule in [LayerRule::Full, LayerRule::Sliding { window: 1 }, LayerRule::Sliding { window: 6 }] {
-            assert_eq!(visible_pairs(rule, &anchors, &keep, 4, 32), brute_force(rule, &anchors, &keep, 4, 32), "{rule:?}");
+        for rule in [
+            LayerRule::Full,
+            LayerRule::Sliding { window: 1 },
+            LayerRule::Sliding { window: 6 },
+        ] {
+            assert_eq!(
+                visible_pairs(rule, &anchors, &keep, 4, 32),
+                brute_force(rule, &anchors, &keep, 4, 32),
+                "{rule:?}"
+            );
         }
     }
 
@@ -147,9 +169,20 @@ mod tests {
             initializer_range: 0.02,
         };
         // One row of 6 tokens, blocks at anchors 2 and 4: Q = 4 queries.
-        let w = StepWork { drafter: &d, batch: 1, seq_len: 6, anchors: &[2, 4], keep: &[true, true], weighted_positions: 2, vocab_size: 10 };
+        let w = StepWork {
+            drafter: &d,
+            batch: 1,
+            seq_len: 6,
+            anchors: &[2, 4],
+            keep: &[true, true],
+            weighted_positions: 2,
+            vocab_size: 10,
+        };
         let fc = 2.0 * 6.0 * 8.0 * 4.0;
-        let proj = 2.0 * 4.0 * 4.0 * 4.0 + 4.0 * 10.0 * 4.0 * 2.0 + 2.0 * 4.0 * 4.0 * 4.0 + 6.0 * 4.0 * 4.0 * 8.0;
+        let proj = 2.0 * 4.0 * 4.0 * 4.0
+            + 4.0 * 10.0 * 4.0 * 2.0
+            + 2.0 * 4.0 * 4.0 * 4.0
+            + 6.0 * 4.0 * 4.0 * 8.0;
         let pairs = 2.0 * (2.0 + 2.0) + 2.0 * (4.0 + 2.0); // per query: context + own block
         let attn = 4.0 * 2.0 * 2.0 * pairs;
         let head = 2.0 * 2.0 * 4.0 * 10.0;

@@ -16,9 +16,9 @@ use super::error::BenchError;
 use super::matmul::MatmulPeak;
 use super::memory;
 use super::overhead::OverheadRun;
-use super::queue::QueueRun;
 use super::presets::AttentionPreset;
 use super::process::{engine_command, run_json, Python};
+use super::queue::QueueRun;
 use super::stats::{ratio, rel_diff};
 use super::step::StepRun;
 use super::target_pass::TargetMeta;
@@ -50,13 +50,23 @@ fn child_json<T: DeserializeOwned>(cmd: Command, timeout: Duration) -> Result<T,
     let program = format!("{:?}", cmd.get_args().take(3).collect::<Vec<_>>());
     let value: Value = run_json(cmd, timeout)?;
     if let Some(err) = value.get("error").and_then(Value::as_str) {
-        return Err(BenchError::Process { program, detail: err.to_string() });
+        return Err(BenchError::Process {
+            program,
+            detail: err.to_string(),
+        });
     }
-    serde_json::from_value(value).map_err(|e| BenchError::Process { program, detail: format!("unexpected JSON: {e}") })
+    serde_json::from_value(value).map_err(|e| BenchError::Process {
+        program,
+        detail: format!("unexpected JSON: {e}"),
+    })
 }
 
 fn failed_run(implementation: &str, error: String) -> StepRun {
-    StepRun { implementation: implementation.into(), error: Some(error), ..StepRun::default() }
+    StepRun {
+        implementation: implementation.into(),
+        error: Some(error),
+        ..StepRun::default()
+    }
 }
 
 impl Harness {
@@ -66,12 +76,23 @@ impl Harness {
 
     fn engine_threads(&self, task: &str, dir: &Path, threads: i32) -> Result<Command, BenchError> {
         let mut cmd = engine_command()?;
-        cmd.args(["--child", task, "--work-dir"]).arg(dir).args(["--threads", &threads.to_string()]);
+        cmd.args(["--child", task, "--work-dir"])
+            .arg(dir)
+            .args(["--threads", &threads.to_string()]);
         Ok(cmd)
     }
 
     fn timed_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
-        cmd.args(["--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string(), "--device", device, "--dtype", dtype]);
+        cmd.args([
+            "--warmup",
+            &self.warmup.to_string(),
+            "--steps",
+            &self.steps.to_string(),
+            "--device",
+            device,
+            "--dtype",
+            dtype,
+        ]);
     }
 
     /// Repetitions for cases whose single iteration takes seconds (attention, target pass).
@@ -81,7 +102,16 @@ impl Harness {
 
     fn heavy_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
         let (warmup, steps) = self.heavy();
-        cmd.args(["--warmup", &warmup.to_string(), "--steps", &steps.to_string(), "--device", device, "--dtype", dtype]);
+        cmd.args([
+            "--warmup",
+            &warmup.to_string(),
+            "--steps",
+            &steps.to_string(),
+            "--device",
+            device,
+            "--dtype",
+            dtype,
+        ]);
     }
 
     fn reference_script(&self, script: &str) -> Result<Command, String> {
@@ -114,13 +144,21 @@ impl Harness {
         run().unwrap_or_else(|e| failed_run("engine", e.to_string()))
     }
 
-    pub fn reference_step(&self, dir: &Path, device: &str, dtype: &str, forward_only: bool) -> StepRun {
+    pub fn reference_step(
+        &self,
+        dir: &Path,
+        device: &str,
+        dtype: &str,
+        forward_only: bool,
+    ) -> StepRun {
         let name = format!("reference-{}", self.reference.attention);
         let mut cmd = match self.reference_script("bench_step.py") {
             Ok(cmd) => cmd,
             Err(why) => return failed_run(&name, format!("reference not run: {why}")),
         };
-        cmd.arg("--case").arg(dir).args(["--attention", &self.reference.attention]);
+        cmd.arg("--case")
+            .arg(dir)
+            .args(["--attention", &self.reference.attention]);
         self.timed_args(&mut cmd, device, dtype);
         if self.reference.compile {
             cmd.arg("--compile");
@@ -133,7 +171,11 @@ impl Harness {
     }
 
     /// One drafter-step configuration: prepare, then `rounds` x (engine, reference).
-    pub fn step(&self, config: &str, peak: Option<&MatmulPeak>) -> Result<StepComparison, BenchError> {
+    pub fn step(
+        &self,
+        config: &str,
+        peak: Option<&MatmulPeak>,
+    ) -> Result<StepComparison, BenchError> {
         let (dir, meta) = self.prepare_step(config)?;
         let (mut engine, mut reference) = (Vec::new(), Vec::new());
         for _ in 0..self.rounds.max(1) {
@@ -154,7 +196,13 @@ impl Harness {
         let mut cmd = self.engine("prepare-attention", &dir)?;
         cmd.args(["--anchors", &anchors.to_string()]);
         let meta: AttentionMeta = child_json(cmd, self.timeout)?;
-        let mut result = AttentionResult { meta, runs: Vec::new(), skipped: Vec::new(), dense_over_sparse_peak: None, dense_over_sparse_time: None };
+        let mut result = AttentionResult {
+            meta,
+            runs: Vec::new(),
+            skipped: Vec::new(),
+            dense_over_sparse_peak: None,
+            dense_over_sparse_time: None,
+        };
         let need = preset.dense_bytes_estimate();
         let fits = || memory::available_bytes().map(|avail| need < avail / 10 * 6);
         for backend in [AttentionBackend::BlockSparse, AttentionBackend::DenseMask] {
@@ -166,13 +214,22 @@ impl Harness {
             let mut cmd = self.engine("run-attention", &dir)?;
             self.heavy_args(&mut cmd, "cpu", "f32");
             cmd.args(["--backend", backend_name(backend)]);
-            result.runs.push(child_json(cmd, self.timeout).unwrap_or_else(|e| failed_run(&name, e.to_string())));
+            result.runs.push(
+                child_json(cmd, self.timeout).unwrap_or_else(|e| failed_run(&name, e.to_string())),
+            );
         }
         for (attention, forward_only) in [("eager", false), ("flex", true)] {
-            let name = format!("reference-{attention}{}", if forward_only { "-forward" } else { "" });
+            let name = format!(
+                "reference-{attention}{}",
+                if forward_only { "-forward" } else { "" }
+            );
             // Uncompiled `create_block_mask` (CPU) evaluates the mask over the whole grid with
             // int64 intermediates: 10.7 bytes per grid element measured at 512 anchors.
-            let need = if attention == "flex" { need * 7 / 4 } else { need };
+            let need = if attention == "flex" {
+                need * 7 / 4
+            } else {
+                need
+            };
             if memory::available_bytes().is_some_and(|avail| need >= avail / 10 * 6) {
                 result.skip(&name, need);
                 continue;
@@ -180,19 +237,37 @@ impl Harness {
             let mut cmd = match self.reference_script("bench_attention.py") {
                 Ok(cmd) => cmd,
                 Err(why) => {
-                    result.runs.push(failed_run(&name, format!("reference not run: {why}")));
+                    result
+                        .runs
+                        .push(failed_run(&name, format!("reference not run: {why}")));
                     continue;
                 }
             };
             let (warmup, steps) = self.heavy();
-            cmd.arg("--case").arg(&dir).args(["--attention", attention, "--warmup", &warmup.to_string(), "--steps", &steps.to_string()]);
+            cmd.arg("--case").arg(&dir).args([
+                "--attention",
+                attention,
+                "--warmup",
+                &warmup.to_string(),
+                "--steps",
+                &steps.to_string(),
+            ]);
             if forward_only {
                 cmd.arg("--forward-only");
             }
-            result.runs.push(run_json(cmd, self.timeout).unwrap_or_else(|e: BenchError| failed_run(&name, e.to_string())));
+            result.runs.push(
+                run_json(cmd, self.timeout)
+                    .unwrap_or_else(|e: BenchError| failed_run(&name, e.to_string())),
+            );
         }
-        let get = |name: &str| result.runs.iter().find(|r| r.implementation == name && r.error.is_none());
-        if let (Some(sparse), Some(dense)) = (get("engine-block_sparse"), get("engine-dense_mask")) {
+        let get = |name: &str| {
+            result
+                .runs
+                .iter()
+                .find(|r| r.implementation == name && r.error.is_none())
+        };
+        if let (Some(sparse), Some(dense)) = (get("engine-block_sparse"), get("engine-dense_mask"))
+        {
             result.dense_over_sparse_peak = ratio(dense.step_growth_mb(), sparse.step_growth_mb());
             result.dense_over_sparse_time = ratio(dense.median_step_ms, sparse.median_step_ms);
         }
@@ -211,12 +286,21 @@ impl Harness {
         for _ in 0..self.rounds.max(1) {
             let mut cmd = self.engine("run-target", &dir)?;
             self.heavy_args(&mut cmd, "cpu", "f32");
-            engine.push(child_json(cmd, self.timeout).unwrap_or_else(|e| failed_run("engine", e.to_string())));
+            engine.push(
+                child_json(cmd, self.timeout)
+                    .unwrap_or_else(|e| failed_run("engine", e.to_string())),
+            );
             let run = match self.reference_script("bench_target.py") {
                 Ok(mut cmd) => {
                     let (warmup, steps) = self.heavy();
-                    cmd.arg("--case").arg(&dir).args(["--warmup", &warmup.to_string(), "--steps", &steps.to_string()]);
-                    run_json(cmd, self.timeout).unwrap_or_else(|e: BenchError| failed_run("transformers", e.to_string()))
+                    cmd.arg("--case").arg(&dir).args([
+                        "--warmup",
+                        &warmup.to_string(),
+                        "--steps",
+                        &steps.to_string(),
+                    ]);
+                    run_json(cmd, self.timeout)
+                        .unwrap_or_else(|e: BenchError| failed_run("transformers", e.to_string()))
                 }
                 Err(why) => failed_run("transformers", format!("reference not run: {why}")),
             };
@@ -245,12 +329,23 @@ impl Harness {
                 // One intra-op thread, as `dflashd start` trains the embedded default (its
                 // tensors gain nothing from more, and the last core serves the clients).
                 let mut cmd = self.engine_threads("overhead", &dir, 1)?;
-                cmd.args(["--clients", &n.to_string(), "--warmup", &self.warmup.to_string(), "--steps", &self.steps.to_string()]);
+                cmd.args([
+                    "--clients",
+                    &n.to_string(),
+                    "--warmup",
+                    &self.warmup.to_string(),
+                    "--steps",
+                    &self.steps.to_string(),
+                ]);
                 if sampler {
                     cmd.arg("--sampler");
                 }
-                let run = child_json(cmd, self.timeout)
-                    .unwrap_or_else(|e| OverheadRun { clients: n, sampler, error: Some(e.to_string()), ..OverheadRun::default() });
+                let run = child_json(cmd, self.timeout).unwrap_or_else(|e| OverheadRun {
+                    clients: n,
+                    sampler,
+                    error: Some(e.to_string()),
+                    ..OverheadRun::default()
+                });
                 runs[slot].push(run);
             }
         }
@@ -270,8 +365,14 @@ impl Harness {
             })
             .collect();
         let base = merged.first().and_then(|r| r.median_step_ms);
-        let over = |i: usize| ratio(merged.get(i).and_then(|r| r.median_step_ms), base).map(|r| r - 1.0);
-        Ok(OverheadResult { clients_overhead: over(1), sampler_overhead: over(2), both_overhead: over(3), runs: merged })
+        let over =
+            |i: usize| ratio(merged.get(i).and_then(|r| r.median_step_ms), base).map(|r| r - 1.0);
+        Ok(OverheadResult {
+            clients_overhead: over(1),
+            sampler_overhead: over(2),
+            both_overhead: over(3),
+            runs: merged,
+        })
     }
 
     /// Hidden-state queue throughput (one process, producer and consumer threads).
@@ -289,13 +390,26 @@ impl Harness {
         let cuda = self.engine_step(&dir, device, "f32");
         let engine_bf16 = self.engine_step(&dir, device, "bf16");
         let reference_bf16 = self.reference_step(&dir, device, "bf16", false);
-        let cuda_vs_cpu = super::compare::check_losses(&cuda, &cpu, super::compare::F32_LOSS_TOLERANCE);
-        let bf16_vs_reference = super::compare::check_losses(&engine_bf16, &reference_bf16, loss_tolerance("bf16"));
-        let norm_rel_diff = match (cuda.grad_norms.first().copied().flatten(), cpu.grad_norms.first().copied().flatten()) {
+        let cuda_vs_cpu =
+            super::compare::check_losses(&cuda, &cpu, super::compare::F32_LOSS_TOLERANCE);
+        let bf16_vs_reference =
+            super::compare::check_losses(&engine_bf16, &reference_bf16, loss_tolerance("bf16"));
+        let norm_rel_diff = match (
+            cuda.grad_norms.first().copied().flatten(),
+            cpu.grad_norms.first().copied().flatten(),
+        ) {
             (Some(a), Some(b)) => rel_diff(a, b),
             _ => None,
         };
-        Ok(ParityResult { cuda_vs_cpu, first_grad_norm_rel_diff: norm_rel_diff, bf16_vs_reference, cpu, cuda, engine_bf16, reference_bf16 })
+        Ok(ParityResult {
+            cuda_vs_cpu,
+            first_grad_norm_rel_diff: norm_rel_diff,
+            bf16_vs_reference,
+            cpu,
+            cuda,
+            engine_bf16,
+            reference_bf16,
+        })
     }
 }
 
@@ -315,7 +429,11 @@ impl AttentionResult {
         let avail = memory::available_bytes().unwrap_or(0);
         self.skipped.push((
             name.into(),
-            format!("not run: the dense [Q, S+Q] grid needs ~{:.1} GB (estimate), {:.1} GB available", need as f64 / 1e9, avail as f64 / 1e9),
+            format!(
+                "not run: the dense [Q, S+Q] grid needs ~{:.1} GB (estimate), {:.1} GB available",
+                need as f64 / 1e9,
+                avail as f64 / 1e9
+            ),
         ));
     }
 }

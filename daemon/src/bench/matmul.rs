@@ -24,7 +24,13 @@ pub struct MatmulPeak {
 }
 
 /// Times `[n, n] x [n, n]` matmuls (`warmup` untimed, then `reps`) and reports the median rate.
-pub fn measure(n: i64, device: Device, kind: Kind, warmup: usize, reps: usize) -> Result<MatmulPeak, BenchError> {
+pub fn measure(
+    n: i64,
+    device: Device,
+    kind: Kind,
+    warmup: usize,
+    reps: usize,
+) -> Result<MatmulPeak, BenchError> {
     tch::manual_seed(0);
     let a = Tensor::randn([n, n], (kind, device));
     let b = Tensor::randn([n, n], (kind, device));
@@ -36,7 +42,9 @@ pub fn measure(n: i64, device: Device, kind: Kind, warmup: usize, reps: usize) -
         })
     })?;
     std::hint::black_box(&out);
-    let gflops = timed.median_step_ms.map(|ms| square_matmul_flops(n) / (ms * 1e-3) / 1e9);
+    let gflops = timed
+        .median_step_ms
+        .map(|ms| square_matmul_flops(n) / (ms * 1e-3) / 1e9);
     Ok(MatmulPeak {
         n,
         device: device_name(device),

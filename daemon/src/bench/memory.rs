@@ -59,11 +59,17 @@ mod tests {
         let block = vec![1u8; 128 << 20];
         std::hint::black_box(&block);
         let during = peak_rss_mb().unwrap();
-        assert!(during >= before + 100.0, "peak {before} -> {during} MiB after touching 128 MiB");
+        assert!(
+            during >= before + 100.0,
+            "peak {before} -> {during} MiB after touching 128 MiB"
+        );
         drop(block);
         if reset_peak() {
             let after = peak_rss_mb().unwrap();
-            assert!(after < during, "reset peak {after} should drop below {during}");
+            assert!(
+                after < during,
+                "reset peak {after} should drop below {during}"
+            );
         }
     }
 }

@@ -23,13 +23,15 @@ use crate::control::journal::Journal;
 use crate::control::pending::ActionPolicy;
 use crate::control::recorder::Recorder;
 use crate::control::server::{ControlServer, ServerConfig};
+use crate::engine::train::embedded::{
+    tiny_drafter_config, tiny_samples, tiny_target, tiny_train_config,
+};
+use crate::engine::train::Trainer;
 use crate::runtime::bus::FrameBus;
 use crate::runtime::handle::{RunHandle, RunHandleParts};
 use crate::telemetry::caches::{default_cache_specs, CacheEnv, CacheMonitor};
 use crate::telemetry::sampler::{SamplerConfig, TelemetrySampler};
 use crate::telemetry::GpuSampler;
-use crate::engine::train::embedded::{tiny_drafter_config, tiny_samples, tiny_target, tiny_train_config};
-use crate::engine::train::Trainer;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -48,7 +50,10 @@ pub struct OverheadRun {
 }
 
 fn bench_error(detail: impl Into<String>) -> BenchError {
-    BenchError::Process { program: "daemon overhead".into(), detail: detail.into() }
+    BenchError::Process {
+        program: "daemon overhead".into(),
+        detail: detail.into(),
+    }
 }
 
 fn start_server(handle: &RunHandle, socket: &Path) -> Result<thread::JoinHandle<()>, BenchError> {
@@ -56,7 +61,10 @@ fn start_server(handle: &RunHandle, socket: &Path) -> Result<thread::JoinHandle<
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let h = handle.clone();
     let server = thread::spawn(move || {
-        let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        let rt = match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
             Ok(rt) => rt,
             Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
         };
@@ -70,19 +78,38 @@ fn start_server(handle: &RunHandle, socket: &Path) -> Result<thread::JoinHandle<
             }
         });
     });
-    ready_rx.recv_timeout(Duration::from_secs(30)).map_err(|_| bench_error("the control server did not start"))?.map_err(bench_error)?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| bench_error("the control server did not start"))?
+        .map_err(bench_error)?;
     Ok(server)
 }
 
 fn spawn_clients(socket: &Path, clients: usize) -> Result<Child, BenchError> {
     let mut cmd = engine_command()?;
-    cmd.args(["--child", "clients", "--clients", &clients.to_string(), "--socket"]).arg(socket);
-    cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().map_err(|e| bench_error(format!("cannot start the clients process: {e}")))
+    cmd.args([
+        "--child",
+        "clients",
+        "--clients",
+        &clients.to_string(),
+        "--socket",
+    ])
+    .arg(socket);
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| bench_error(format!("cannot start the clients process: {e}")))
 }
 
 /// The daemon side: trains `warmup + steps` steps of the embedded default with `clients`
 /// attached. `run_dir` is a scratch directory (journal, recorder, socket).
-pub fn run_overhead(run_dir: &Path, clients: usize, sampler: bool, warmup: usize, steps: usize) -> Result<OverheadRun, BenchError> {
+pub fn run_overhead(
+    run_dir: &Path,
+    clients: usize,
+    sampler: bool,
+    warmup: usize,
+    steps: usize,
+) -> Result<OverheadRun, BenchError> {
     std::fs::create_dir_all(run_dir).map_err(BenchError::io(run_dir))?;
     let target = tiny_target(None, Device::Cpu)?;
     let train = tiny_train_config();
@@ -103,20 +130,46 @@ pub fn run_overhead(run_dir: &Path, clients: usize, sampler: bool, warmup: usize
     let server = start_server(&handle, &socket)?;
     let sampler_thread = if sampler {
         let specs = default_cache_specs(&CacheEnv::from_environment(), run_dir);
-        let cfg = SamplerConfig { interval: Duration::from_millis(1000), cache_interval: Duration::from_secs(30), run_dir: run_dir.to_path_buf() };
-        Some(TelemetrySampler::new(handle.clone(), GpuSampler::new(), CacheMonitor::new(specs, &[], 0), cfg).spawn().map_err(|e| bench_error(e.to_string()))?)
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(1000),
+            cache_interval: Duration::from_secs(30),
+            run_dir: run_dir.to_path_buf(),
+        };
+        Some(
+            TelemetrySampler::new(
+                handle.clone(),
+                GpuSampler::new(),
+                CacheMonitor::new(specs, &[], 0),
+                cfg,
+            )
+            .spawn()
+            .map_err(|e| bench_error(e.to_string()))?,
+        )
     } else {
         None
     };
-    let mut client_process = if clients > 0 { Some(spawn_clients(&socket, clients)?) } else { None };
+    let mut client_process = if clients > 0 {
+        Some(spawn_clients(&socket, clients)?)
+    } else {
+        None
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while handle.bus().subscriber_count() < clients && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }
-    let mut run = OverheadRun { clients, sampler, subscribed: handle.bus().subscriber_count(), threads: tch::get_num_threads() as i64, ..OverheadRun::default() };
+    let mut run = OverheadRun {
+        clients,
+        sampler,
+        subscribed: handle.bus().subscriber_count(),
+        threads: tch::get_num_threads() as i64,
+        ..OverheadRun::default()
+    };
     let result = (|| -> Result<(), BenchError> {
         if run.subscribed < clients {
-            return Err(bench_error(format!("only {} of {clients} clients subscribed within 60 s", run.subscribed)));
+            return Err(bench_error(format!(
+                "only {} of {clients} clients subscribed within 60 s",
+                run.subscribed
+            )));
         }
         for i in 0..warmup + steps {
             let start = Instant::now();
@@ -151,8 +204,13 @@ fn client_loop(socket: PathBuf, id: usize) -> std::io::Result<u64> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     for request in [
-        Request::Hello { version: PROTOCOL_VERSION, client: format!("bench-{id}") },
-        Request::Subscribe { topics: vec![Topic::Metrics, Topic::Events, Topic::Logs] },
+        Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: format!("bench-{id}"),
+        },
+        Request::Subscribe {
+            topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],
+        },
     ] {
         let mut bytes = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
         bytes.push(b'\n');
@@ -173,10 +231,12 @@ fn client_loop(socket: PathBuf, id: usize) -> std::io::Result<u64> {
 /// The clients side: `clients` connections that say hello, subscribe to every topic and read
 /// frames until the daemon closes them.
 pub fn run_clients(socket: &Path, clients: usize) -> Result<(), BenchError> {
-    let threads: Vec<_> = (0..clients).map(|i| {
-        let socket = socket.to_path_buf();
-        thread::spawn(move || client_loop(socket, i))
-    }).collect();
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            let socket = socket.to_path_buf();
+            thread::spawn(move || client_loop(socket, i))
+        })
+        .collect();
     for t in threads {
         let _ = t.join();
     }

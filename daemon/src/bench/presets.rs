@@ -57,7 +57,14 @@ impl StepPreset {
 pub const STEP_PRESETS: &[&str] = &["tiny", "small", "medium", "gpu-large"];
 pub const CPU_STEP_PRESETS: &[&str] = &["tiny", "small", "medium"];
 
-fn qwen3_5_target(hidden: i64, layers: usize, vocab: i64, heads: i64, kv_heads: i64, head_dim: i64) -> TargetConfig {
+fn qwen3_5_target(
+    hidden: i64,
+    layers: usize,
+    vocab: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+) -> TargetConfig {
     TargetConfig::Qwen3_5(Qwen3_5TextConfig {
         vocab_size: vocab,
         hidden_size: hidden,
@@ -73,7 +80,13 @@ fn qwen3_5_target(hidden: i64, layers: usize, vocab: i64, heads: i64, kv_heads: 
         linear_num_value_heads: kv_heads * 4,
         // Qwen3.5's pattern: full attention every 4th layer, Gated DeltaNet elsewhere.
         layer_types: (0..layers)
-            .map(|i| if (i + 1) % 4 == 0 { Qwen3_5LayerKind::FullAttention } else { Qwen3_5LayerKind::LinearAttention })
+            .map(|i| {
+                if (i + 1) % 4 == 0 {
+                    Qwen3_5LayerKind::FullAttention
+                } else {
+                    Qwen3_5LayerKind::LinearAttention
+                }
+            })
             .collect(),
         rms_norm_eps: 1e-6,
         rope_theta: 10_000_000.0,
@@ -141,11 +154,26 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
         }
         "small" => {
             let (vocab, target_layers) = (4096, 8);
-            let shape = DrafterShape { hidden: 256, layers: vec![Sliding, Full], heads: 8, kv_heads: 2, head_dim: 32, block_size: 16, window: Some(256) };
+            let shape = DrafterShape {
+                hidden: 256,
+                layers: vec![Sliding, Full],
+                heads: 8,
+                kv_heads: 2,
+                head_dim: 32,
+                block_size: 16,
+                window: Some(256),
+            };
             StepPreset {
                 name: "small",
                 drafter: drafter(shape, target_layers, 2, vocab),
-                features: FeatureSource::Target(qwen3_5_target(256, target_layers, vocab, 4, 2, 64)),
+                features: FeatureSource::Target(qwen3_5_target(
+                    256,
+                    target_layers,
+                    vocab,
+                    4,
+                    2,
+                    64,
+                )),
                 tokens: TokenSource::Random { prompt_len: 64 },
                 batch: 2,
                 seq_len: 512,
@@ -158,11 +186,26 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
         }
         "medium" => {
             let (vocab, target_layers) = (16384, 8);
-            let shape = DrafterShape { hidden: 512, layers: vec![Sliding, Full, Full], heads: 8, kv_heads: 4, head_dim: 64, block_size: 16, window: Some(512) };
+            let shape = DrafterShape {
+                hidden: 512,
+                layers: vec![Sliding, Full, Full],
+                heads: 8,
+                kv_heads: 4,
+                head_dim: 64,
+                block_size: 16,
+                window: Some(512),
+            };
             StepPreset {
                 name: "medium",
                 drafter: drafter(shape, target_layers, 3, vocab),
-                features: FeatureSource::Target(qwen3_5_target(512, target_layers, vocab, 8, 2, 64)),
+                features: FeatureSource::Target(qwen3_5_target(
+                    512,
+                    target_layers,
+                    vocab,
+                    8,
+                    2,
+                    64,
+                )),
                 tokens: TokenSource::Random { prompt_len: 128 },
                 batch: 1,
                 seq_len: 1024,
@@ -179,7 +222,15 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
         // smaller share of the step than with a 152K-248K vocabulary.
         "gpu-large" => {
             let vocab = 65536;
-            let shape = DrafterShape { hidden: 4096, layers: vec![Full; 5], heads: 32, kv_heads: 8, head_dim: 128, block_size: 16, window: None };
+            let shape = DrafterShape {
+                hidden: 4096,
+                layers: vec![Full; 5],
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                block_size: 16,
+                window: None,
+            };
             StepPreset {
                 name: "gpu-large",
                 drafter: drafter(shape, 36, 5, vocab),
@@ -194,7 +245,13 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
                 bf16_files: true,
             }
         }
-        other => return Err(BenchError::Unknown { what: "step config", found: other.into(), expected: STEP_PRESETS.join(", ") }),
+        other => {
+            return Err(BenchError::Unknown {
+                what: "step config",
+                found: other.into(),
+                expected: STEP_PRESETS.join(", "),
+            })
+        }
     };
     Ok(preset)
 }
@@ -215,7 +272,16 @@ pub struct AttentionPreset {
 
 impl AttentionPreset {
     pub fn at(anchors: usize) -> Self {
-        Self { anchors, block_size: 32, context_len: 2048, heads: 1, kv_heads: 1, head_dim: 32, window: None, seed: 5 }
+        Self {
+            anchors,
+            block_size: 32,
+            context_len: 2048,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 32,
+            window: None,
+            seed: 5,
+        }
     }
 
     pub fn queries(&self) -> i64 {
@@ -275,7 +341,13 @@ mod tests {
             if let FeatureSource::Target(t) = &p.features {
                 t.validate().unwrap();
                 assert_eq!(t.hidden_size(), p.drafter.target_hidden_size, "{name}");
-                assert!(p.drafter.target_layer_ids.iter().all(|&l| l < t.num_layers()), "{name}");
+                assert!(
+                    p.drafter
+                        .target_layer_ids
+                        .iter()
+                        .all(|&l| l < t.num_layers()),
+                    "{name}"
+                );
             }
         }
     }
@@ -304,7 +376,9 @@ mod tests {
     fn target_preset_taps_both_layer_kinds() {
         let p = target_preset(false);
         p.target.validate().unwrap();
-        let TargetConfig::Qwen3_5(c) = &p.target else { panic!("a Qwen3.5 target") };
+        let TargetConfig::Qwen3_5(c) = &p.target else {
+            panic!("a Qwen3.5 target")
+        };
         let kinds: Vec<_> = p.layer_ids.iter().map(|&l| c.layer_types[l]).collect();
         assert!(kinds.contains(&Qwen3_5LayerKind::FullAttention));
         assert!(kinds.contains(&Qwen3_5LayerKind::LinearAttention));

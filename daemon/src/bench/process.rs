@@ -25,7 +25,11 @@ pub struct Python {
 }
 
 fn find_reference_dir(starts: &[PathBuf]) -> Option<PathBuf> {
-    starts.iter().flat_map(|s| s.ancestors()).map(|a| a.join(REFERENCE_SUBDIR)).find(|d| d.join(MARKER).is_file())
+    starts
+        .iter()
+        .flat_map(|s| s.ancestors())
+        .map(|a| a.join(REFERENCE_SUBDIR))
+        .find(|d| d.join(MARKER).is_file())
 }
 
 impl Python {
@@ -51,7 +55,10 @@ impl Python {
                 ),
             })?,
         };
-        let venv = scripts.ancestors().nth(2).map(|root| root.join(".venv/bin/python"));
+        let venv = scripts
+            .ancestors()
+            .nth(2)
+            .map(|root| root.join(".venv/bin/python"));
         let program = program
             .or_else(|| env::var_os("DFLASH_PYTHON").map(PathBuf::from))
             .or_else(|| venv.filter(|p| p.is_file()))
@@ -68,7 +75,10 @@ impl Python {
 
 /// This binary, to re-invoke on one case.
 pub fn engine_command() -> Result<Command, BenchError> {
-    let exe = env::current_exe().map_err(|e| BenchError::Process { program: "dflashd".into(), detail: format!("cannot locate this binary: {e}") })?;
+    let exe = env::current_exe().map_err(|e| BenchError::Process {
+        program: "dflashd".into(),
+        detail: format!("cannot locate this binary: {e}"),
+    })?;
     let mut cmd = Command::new(exe);
     cmd.arg("bench");
     Ok(cmd)
@@ -76,12 +86,21 @@ pub fn engine_command() -> Result<Command, BenchError> {
 
 /// The last non-empty line of `stdout`, parsed as `T`.
 pub fn parse_last_json<T: DeserializeOwned>(stdout: &str) -> Result<T, String> {
-    let line = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty()).ok_or("printed nothing on stdout")?;
-    serde_json::from_str(line).map_err(|e| format!("last stdout line is not the expected JSON ({e}): {line}"))
+    let line = stdout
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .ok_or("printed nothing on stdout")?;
+    serde_json::from_str(line)
+        .map_err(|e| format!("last stdout line is not the expected JSON ({e}): {line}"))
 }
 
 fn describe(cmd: &Command) -> String {
-    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let args: Vec<String> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
 }
 
@@ -89,9 +108,19 @@ fn describe(cmd: &Command) -> String {
 /// stdout line. A non-zero exit still parses: the scripts report their own errors in the JSON.
 pub fn run_json<T: DeserializeOwned>(mut cmd: Command, timeout: Duration) -> Result<T, BenchError> {
     let what = describe(&cmd);
-    let fail = |detail: String| BenchError::Process { program: what.clone(), detail };
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|e| fail(format!("cannot start: {e}")))?;
-    let mut pipe = child.stdout.take().ok_or_else(|| fail("no stdout pipe".into()))?;
+    let fail = |detail: String| BenchError::Process {
+        program: what.clone(),
+        detail,
+    };
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start: {e}")))?;
+    let mut pipe = child
+        .stdout
+        .take()
+        .ok_or_else(|| fail("no stdout pipe".into()))?;
     let reader = thread::spawn(move || {
         let mut out = String::new();
         let _ = pipe.read_to_string(&mut out);
@@ -104,7 +133,10 @@ pub fn run_json<T: DeserializeOwned>(mut cmd: Command, timeout: Duration) -> Res
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(fail(format!("killed after {} s without finishing", timeout.as_secs())));
+                return Err(fail(format!(
+                    "killed after {} s without finishing",
+                    timeout.as_secs()
+                )));
             }
             Ok(None) => thread::sleep(Duration::from_millis(50)),
             Err(e) => return Err(fail(format!("cannot wait for it: {e}"))),
@@ -134,21 +166,33 @@ mod tests {
 
     #[test]
     fn parses_the_last_non_empty_line_only() {
-        assert_eq!(parse_last_json::<Line>("progress\n{\"x\": 1}\n{\"x\": 2}\n\n").unwrap(), Line { x: 2 });
+        assert_eq!(
+            parse_last_json::<Line>("progress\n{\"x\": 1}\n{\"x\": 2}\n\n").unwrap(),
+            Line { x: 2 }
+        );
         assert!(parse_last_json::<Line>("").unwrap_err().contains("nothing"));
-        assert!(parse_last_json::<Line>("{\"x\": 1}\ndone\n").unwrap_err().contains("done"));
+        assert!(parse_last_json::<Line>("{\"x\": 1}\ndone\n")
+            .unwrap_err()
+            .contains("done"));
     }
 
     #[test]
     fn runs_a_process_and_kills_one_that_hangs() {
         let mut ok = Command::new("sh");
         ok.args(["-c", "echo noise; echo '{\"x\": 7}'"]);
-        assert_eq!(run_json::<Line>(ok, Duration::from_secs(10)).unwrap(), Line { x: 7 });
+        assert_eq!(
+            run_json::<Line>(ok, Duration::from_secs(10)).unwrap(),
+            Line { x: 7 }
+        );
         let mut hang = Command::new("sleep");
         hang.arg("30");
-        let err = run_json::<Line>(hang, Duration::from_millis(200)).unwrap_err().to_string();
+        let err = run_json::<Line>(hang, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("killed after"), "{err}");
-        let missing = run_json::<Line>(Command::new("/nonexistent/python"), Duration::from_secs(1)).unwrap_err().to_string();
+        let missing = run_json::<Line>(Command::new("/nonexistent/python"), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("cannot start"), "{missing}");
     }
 
@@ -157,7 +201,9 @@ mod tests {
         let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let found = find_reference_dir(&[here]).expect("benches/reference above the daemon crate");
         assert!(found.join(MARKER).is_file());
-        let err = Python::locate(None, Some(PathBuf::from("/tmp"))).unwrap_err().to_string();
+        let err = Python::locate(None, Some(PathBuf::from("/tmp")))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not the reference scripts directory"), "{err}");
     }
 }

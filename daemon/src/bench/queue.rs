@@ -34,7 +34,17 @@ impl QueueCase {
     /// 2048 tokens × 5 taps × hidden 1024 (40 MiB per item), 2 producers, 2 consumers, a queue
     /// of 8 with watermarks 6/2 and room for 4 items' bytes, so the byte cap binds.
     pub fn default_for(items: usize) -> Self {
-        Self { seq_len: 2048, features: 5 * 1024, items, producers: 2, consumers: 2, capacity: 8, high_watermark: 6, low_watermark: 2, byte_cap_items: 4 }
+        Self {
+            seq_len: 2048,
+            features: 5 * 1024,
+            items,
+            producers: 2,
+            consumers: 2,
+            capacity: 8,
+            high_watermark: 6,
+            low_watermark: 2,
+            byte_cap_items: 4,
+        }
     }
 }
 
@@ -54,7 +64,15 @@ pub struct QueueRun {
 }
 
 pub fn run_queue(case: QueueCase) -> Result<QueueRun, BenchError> {
-    let pool: Vec<Tensor> = (0..case.capacity + 2).map(|i| Tensor::full([1, case.seq_len, case.features], i as f64, (Kind::Float, Device::Cpu))).collect();
+    let pool: Vec<Tensor> = (0..case.capacity + 2)
+        .map(|i| {
+            Tensor::full(
+                [1, case.seq_len, case.features],
+                i as f64,
+                (Kind::Float, Device::Cpu),
+            )
+        })
+        .collect();
     let item_bytes = pool[0].byte_size();
     let cfg = QueueConfig {
         capacity: case.capacity,
@@ -62,7 +80,10 @@ pub fn run_queue(case: QueueCase) -> Result<QueueRun, BenchError> {
         low_watermark: case.low_watermark,
         byte_cap: item_bytes * case.byte_cap_items,
     };
-    let queue = Arc::new(HiddenStateQueue::new(cfg).map_err(|e| BenchError::Process { program: "queue".into(), detail: e.to_string() })?);
+    let queue = Arc::new(HiddenStateQueue::new(cfg).map_err(|e| BenchError::Process {
+        program: "queue".into(),
+        detail: e.to_string(),
+    })?);
     let start = Instant::now();
     let producers: Vec<_> = (0..case.producers)
         .map(|p| {
@@ -72,7 +93,9 @@ pub fn run_queue(case: QueueCase) -> Result<QueueRun, BenchError> {
             let share = case.items / case.producers + usize::from(p < case.items % case.producers);
             thread::spawn(move || -> Result<(), String> {
                 for i in 0..share {
-                    queue.push(pool[(p + i) % pool.len()].shallow_clone()).map_err(|e: PushError<Tensor>| e.to_string())?;
+                    queue
+                        .push(pool[(p + i) % pool.len()].shallow_clone())
+                        .map_err(|e: PushError<Tensor>| e.to_string())?;
                 }
                 Ok(())
             })
@@ -123,7 +146,12 @@ mod tests {
 
     #[test]
     fn every_item_crosses_the_queue_under_a_binding_byte_cap() {
-        let case = QueueCase { seq_len: 16, features: 8, items: 500, ..QueueCase::default_for(500) };
+        let case = QueueCase {
+            seq_len: 16,
+            features: 8,
+            items: 500,
+            ..QueueCase::default_for(500)
+        };
         let run = run_queue(case).unwrap();
         assert_eq!(run.error, None);
         assert_eq!(run.item_bytes, 16 * 8 * 4);

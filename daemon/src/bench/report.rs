@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use super::compare::StepComparison;
 use super::harness::{AttentionResult, OverheadResult, ParityResult, TargetResult};
-use super::queue::QueueRun;
 use super::matmul::MatmulPeak;
 use super::memory::parse_status_kb;
+use super::queue::QueueRun;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
@@ -24,7 +24,12 @@ pub struct Machine {
 }
 
 pub fn loadavg() -> Option<f64> {
-    fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+    fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 impl Machine {
@@ -32,7 +37,11 @@ impl Machine {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
-            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
             .unwrap_or_else(|| "unknown".into());
         let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Self {
@@ -64,7 +73,8 @@ pub struct BenchReport {
 }
 
 fn num(x: Option<f64>) -> Value {
-    x.filter(|v| v.is_finite()).map_or(Value::Null, |v| json!((v * 1000.0).round() / 1000.0))
+    x.filter(|v| v.is_finite())
+        .map_or(Value::Null, |v| json!((v * 1000.0).round() / 1000.0))
 }
 
 impl BenchReport {
@@ -84,20 +94,39 @@ impl BenchReport {
                 ("engine_peak_rss_mb", num(c.engine.peak_rss_mb)),
                 ("reference_peak_rss_mb", num(c.reference.peak_rss_mb)),
                 ("engine_step_growth_mb", num(c.engine.step_growth_mb())),
-                ("reference_step_growth_mb", num(c.reference.step_growth_mb())),
+                (
+                    "reference_step_growth_mb",
+                    num(c.reference.step_growth_mb()),
+                ),
                 ("engine_tokens_per_s", num(c.engine_tokens_per_s)),
                 ("reference_tokens_per_s", num(c.reference_tokens_per_s)),
                 ("engine_loss", num(c.check.engine_loss)),
                 ("reference_loss", num(c.check.reference_loss)),
-                ("loss_rel_diff", c.check.rel_diff.map_or(Value::Null, |d| json!(d))),
-                ("comparison", json!(if c.check.valid { "valid".to_string() } else { format!("void: {}", c.check.void_reason.clone().unwrap_or_default()) })),
+                (
+                    "loss_rel_diff",
+                    c.check.rel_diff.map_or(Value::Null, |d| json!(d)),
+                ),
+                (
+                    "comparison",
+                    json!(if c.check.valid {
+                        "valid".to_string()
+                    } else {
+                        format!("void: {}", c.check.void_reason.clone().unwrap_or_default())
+                    }),
+                ),
                 ("engine_gflops", num(c.engine_gflops)),
-                ("engine_fraction_of_matmul_peak", num(c.engine_fraction_of_matmul_peak)),
+                (
+                    "engine_fraction_of_matmul_peak",
+                    num(c.engine_fraction_of_matmul_peak),
+                ),
             ] {
                 obj.insert(k.into(), v);
             }
         }
-        obj.insert("matmul_peak_gflops".into(), num(self.matmul_peak.as_ref().and_then(|p| p.gflops)));
+        obj.insert(
+            "matmul_peak_gflops".into(),
+            num(self.matmul_peak.as_ref().and_then(|p| p.gflops)),
+        );
         obj.insert("errors".into(), json!(self.errors));
         s
     }
@@ -118,7 +147,15 @@ impl BenchReport {
             fmt(m.loadavg_end, 1)
         );
         if let Some(p) = &self.matmul_peak {
-            let _ = writeln!(md, "Matmul peak ({} {}×{} `mm`, median of {}): **{} GFLOP/s**.\n", p.dtype, p.n, p.n, p.step_ms.len(), fmt(p.gflops, 1));
+            let _ = writeln!(
+                md,
+                "Matmul peak ({} {}×{} `mm`, median of {}): **{} GFLOP/s**.\n",
+                p.dtype,
+                p.n,
+                p.n,
+                p.step_ms.len(),
+                fmt(p.gflops, 1)
+            );
         }
         if !self.steps.is_empty() {
             md.push_str(&step_table(&self.steps));
@@ -146,7 +183,8 @@ impl BenchReport {
 }
 
 pub fn fmt(x: Option<f64>, digits: usize) -> String {
-    x.filter(|v| v.is_finite()).map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
+    x.filter(|v| v.is_finite())
+        .map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
 }
 
 fn step_table(steps: &[StepComparison]) -> String {
@@ -157,7 +195,19 @@ fn step_table(steps: &[StepComparison]) -> String {
     );
     for c in steps {
         let m = &c.meta;
-        let check = if c.check.valid { format!("{} / {} ({:.1e})", fmt(c.check.engine_loss, 5), fmt(c.check.reference_loss, 5), c.check.rel_diff.unwrap_or(0.0)) } else { format!("**void**: {}", c.check.void_reason.clone().unwrap_or_default()) };
+        let check = if c.check.valid {
+            format!(
+                "{} / {} ({:.1e})",
+                fmt(c.check.engine_loss, 5),
+                fmt(c.check.reference_loss, 5),
+                c.check.rel_diff.unwrap_or(0.0)
+            )
+        } else {
+            format!(
+                "**void**: {}",
+                c.check.void_reason.clone().unwrap_or_default()
+            )
+        };
         let _ = writeln!(
             md,
             "| {} | {}×{}, {}×{} | {} | {} | **{}** | {} | {} | {} | {} / {} | {} / {} | {} ({}%) | {} |",
@@ -193,10 +243,17 @@ fn attention_table(results: &[AttentionResult]) -> String {
     );
     for r in results {
         let m = &r.meta;
-        let shape = format!("{}×{}, {} (heads {}/{}, dim {})", m.anchors, m.block_size, m.context_len, m.heads, m.kv_heads, m.head_dim);
+        let shape = format!(
+            "{}×{}, {} (heads {}/{}, dim {})",
+            m.anchors, m.block_size, m.context_len, m.heads, m.kv_heads, m.head_dim
+        );
         for run in &r.runs {
             let row = match &run.error {
-                Some(e) => format!("| {shape} | {} | failed: {} | | | |", run.implementation, e.replace('|', "/")),
+                Some(e) => format!(
+                    "| {shape} | {} | failed: {} | | | |",
+                    run.implementation,
+                    e.replace('|', "/")
+                ),
                 None => format!(
                     "| {shape} | {} | {} | {} | {} / {} | {} |",
                     run.implementation,
@@ -231,11 +288,18 @@ fn target_table(t: &TargetResult) -> String {
     for run in [&t.engine, &t.transformers] {
         match &run.error {
             Some(e) => {
-                let _ = writeln!(md, "| {} | failed: {} | | | | |", run.implementation, e.replace('|', "/"));
+                let _ = writeln!(
+                    md,
+                    "| {} | failed: {} | | | | |",
+                    run.implementation,
+                    e.replace('|', "/")
+                );
             }
             None => {
                 let tps = run.median_step_ms.map(|ms| tokens / (ms * 1e-3));
-                let diff = run.max_abs_diff.map_or("–".into(), |d| format!("{d:.1e} ({:.1e})", run.rel_l2_diff.unwrap_or(0.0)));
+                let diff = run.max_abs_diff.map_or("–".into(), |d| {
+                    format!("{d:.1e} ({:.1e})", run.rel_l2_diff.unwrap_or(0.0))
+                });
                 let _ = writeln!(
                     md,
                     "| {} | {} | {} | {} | {} / {} | {} |",
@@ -250,7 +314,12 @@ fn target_table(t: &TargetResult) -> String {
             }
         }
     }
-    let _ = writeln!(md, "\nengine / transformers: time ratio **{}**, peak RSS ratio {}.\n", fmt(t.ratio, 2), fmt(t.peak_rss_ratio, 2));
+    let _ = writeln!(
+        md,
+        "\nengine / transformers: time ratio **{}**, peak RSS ratio {}.\n",
+        fmt(t.ratio, 2),
+        fmt(t.peak_rss_ratio, 2)
+    );
     md
 }
 
@@ -263,9 +332,16 @@ fn overhead_table(o: &OverheadResult) -> String {
         "### Daemon overhead (embedded default step + metrics published to the bus)\n\n\
          | clients | telemetry sampler | median step ms | vs 0 clients, no sampler | median publish µs | steps |\n|---|---|---|---|---|---|\n",
     );
-    let overheads = [Some(0.0), o.clients_overhead, o.sampler_overhead, o.both_overhead];
+    let overheads = [
+        Some(0.0),
+        o.clients_overhead,
+        o.sampler_overhead,
+        o.both_overhead,
+    ];
     for (run, over) in o.runs.iter().zip(overheads) {
-        let note = run.error.as_ref().map_or(String::new(), |e| format!(" (failed: {})", e.replace('|', "/")));
+        let note = run.error.as_ref().map_or(String::new(), |e| {
+            format!(" (failed: {})", e.replace('|', "/"))
+        });
         let _ = writeln!(
             md,
             "| {} | {} | {}{} | {} | {} | {} |",
@@ -299,7 +375,9 @@ fn queue_table(q: &QueueRun) -> String {
         q.gib_per_s,
         q.producer_blocked_ms,
         q.consumer_starved_ms,
-        q.error.as_ref().map_or(String::new(), |e| format!(" error: {e}"))
+        q.error
+            .as_ref()
+            .map_or(String::new(), |e| format!(" error: {e}"))
     );
     md.push('\n');
     md
@@ -318,7 +396,10 @@ mod tests {
 
     #[test]
     fn an_empty_report_still_has_a_summary_and_says_what_was_not_done() {
-        let mut r = BenchReport { machine: Machine::probe(1), ..BenchReport::default() };
+        let mut r = BenchReport {
+            machine: Machine::probe(1),
+            ..BenchReport::default()
+        };
         r.not_done.push("queue: not on main".into());
         let s = r.summary();
         assert!(s.get("engine_step_ms").is_none());

@@ -9,7 +9,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
 }
 
 /// `|a - b| / |b|` (`b` is the reference); `None` when `b` is zero or either is not finite.
@@ -39,7 +43,10 @@ mod tests {
 
     #[test]
     fn rel_diff_and_ratio_guard_against_zero_and_nan() {
-        assert_eq!(rel_diff(1.1, 1.0).map(|x| (x * 1e6).round()), Some(100_000.0));
+        assert_eq!(
+            rel_diff(1.1, 1.0).map(|x| (x * 1e6).round()),
+            Some(100_000.0)
+        );
         assert_eq!(rel_diff(1.0, 0.0), None);
         assert_eq!(ratio(Some(2.0), Some(4.0)), Some(0.5));
         assert_eq!(ratio(Some(2.0), Some(0.0)), None);

@@ -118,7 +118,10 @@ struct Lap {
 
 impl Lap {
     fn new(device: Device) -> Self {
-        Self { device, last: std::time::Instant::now() }
+        Self {
+            device,
+            last: std::time::Instant::now(),
+        }
     }
 
     fn restart(&mut self) {
@@ -171,17 +174,40 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     let mut lap = Lap::new(opts.device);
     let timed = timed_loop(opts.warmup, opts.steps, opts.device, |i| {
         lap.restart();
-        let embeddings = tch::no_grad(|| embed.index_select(0, &block_ids.reshape([-1])).view([b, q, -1]));
+        let embeddings = tch::no_grad(|| {
+            embed
+                .index_select(0, &block_ids.reshape([-1]))
+                .view([b, q, -1])
+        });
         let (loss, norm) = if opts.forward_only {
             let sums = tch::no_grad(|| {
-                let out = drafter.forward(features, &embeddings, anchors, &keep, AttentionBackend::BlockSparse);
+                let out = drafter.forward(
+                    features,
+                    &embeddings,
+                    anchors,
+                    &keep,
+                    AttentionBackend::BlockSparse,
+                );
                 weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions)
             });
             (sums.loss(), None)
         } else {
-            let out = drafter.forward(features, &embeddings, anchors, &keep, AttentionBackend::BlockSparse);
+            let out = drafter.forward(
+                features,
+                &embeddings,
+                anchors,
+                &keep,
+                AttentionBackend::BlockSparse,
+            );
             let forward = lap.split();
-            let sums = weighted_ce_backward(&out, lm_head, targets, weights, denominator, meta.loss_chunk_positions);
+            let sums = weighted_ce_backward(
+                &out,
+                lm_head,
+                targets,
+                weights,
+                denominator,
+                meta.loss_chunk_positions,
+            );
             let backward = lap.split();
             let report = optimizer.step(meta.lr);
             optimizer.zero_grad();
@@ -215,7 +241,13 @@ mod tests {
         let mut preset = step_preset("tiny").unwrap();
         preset.batch = 2;
         prepare_step_case(&preset, dir.path()).unwrap();
-        let opts = StepOptions { warmup: 1, steps: 3, device: Device::Cpu, kind: Kind::Float, forward_only: false };
+        let opts = StepOptions {
+            warmup: 1,
+            steps: 3,
+            device: Device::Cpu,
+            kind: Kind::Float,
+            forward_only: false,
+        };
         let run = run_engine_step(dir.path(), &opts).unwrap();
         assert_eq!(run.losses.len(), 4);
         assert_eq!(run.step_ms.len(), 3);
@@ -226,9 +258,22 @@ mod tests {
         assert!(run.grad_norms.iter().all(|n| n.is_some_and(|n| n > 0.0)));
         assert!(run.peak_rss_mb.unwrap() >= run.baseline_rss_mb.unwrap());
 
-        let forward = run_engine_step(dir.path(), &StepOptions { forward_only: true, ..opts }).unwrap();
+        let forward = run_engine_step(
+            dir.path(),
+            &StepOptions {
+                forward_only: true,
+                ..opts
+            },
+        )
+        .unwrap();
         let (f0, t0) = (forward.first_loss().unwrap(), run.first_loss().unwrap());
-        assert!((f0 - t0).abs() < 1e-6 * t0, "forward-only loss {f0} vs training loss {t0} of the same weights");
-        assert!(forward.losses.iter().all(|l| *l == forward.first_loss()), "no update without gradients");
+        assert!(
+            (f0 - t0).abs() < 1e-6 * t0,
+            "forward-only loss {f0} vs training loss {t0} of the same weights"
+        );
+        assert!(
+            forward.losses.iter().all(|l| *l == forward.first_loss()),
+            "no update without gradients"
+        );
     }
 }

@@ -37,10 +37,18 @@ pub fn prepare_target_case(p: &TargetPreset, dir: &Path) -> Result<TargetMeta, B
     target.save_hf(&dir.join(TARGET_DIR))?;
     let vocab = p.target.vocab_size();
     let mut rng = rand::rngs::StdRng::seed_from_u64(p.seed);
-    let ids: Vec<i64> = (0..p.batch * p.seq_len).map(|_| rng.random_range(0..vocab)).collect();
+    let ids: Vec<i64> = (0..p.batch * p.seq_len)
+        .map(|_| rng.random_range(0..vocab))
+        .collect();
     let ids = Tensor::from_slice(&ids).view([p.batch as i64, p.seq_len as i64]);
     let layers: Vec<i64> = p.layer_ids.iter().map(|&l| l as i64).collect();
-    Tensor::write_safetensors(&[("input_ids", ids), ("layer_ids", Tensor::from_slice(&layers))], dir.join(IDS_FILE))?;
+    Tensor::write_safetensors(
+        &[
+            ("input_ids", ids),
+            ("layer_ids", Tensor::from_slice(&layers)),
+        ],
+        dir.join(IDS_FILE),
+    )?;
     let meta = TargetMeta {
         batch: p.batch,
         seq_len: p.seq_len,
@@ -50,7 +58,8 @@ pub fn prepare_target_case(p: &TargetPreset, dir: &Path) -> Result<TargetMeta, B
         vocab_size: vocab,
     };
     let path = dir.join(TARGET_META);
-    let text = serde_json::to_string_pretty(&meta).map_err(|e| BenchError::case(&path, e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(&meta).map_err(|e| BenchError::case(&path, e.to_string()))?;
     fs::write(&path, text + "\n").map_err(BenchError::io(&path))?;
     Ok(meta)
 }
@@ -59,7 +68,8 @@ pub fn prepare_target_case(p: &TargetPreset, dir: &Path) -> Result<TargetMeta, B
 pub fn run_engine_target(dir: &Path, warmup: usize, steps: usize) -> Result<StepRun, BenchError> {
     let path = dir.join(TARGET_META);
     let text = fs::read_to_string(&path).map_err(BenchError::io(&path))?;
-    let meta: TargetMeta = serde_json::from_str(&text).map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))?;
+    let meta: TargetMeta = serde_json::from_str(&text)
+        .map_err(|e| BenchError::case(&path, format!("invalid metadata: {e}")))?;
     let target = TargetModel::load(&dir.join(TARGET_DIR), Device::Cpu, Some(Kind::Float))?;
     let ids_path = dir.join(IDS_FILE);
     let ids = Tensor::read_safetensors(&ids_path)?

@@ -25,7 +25,10 @@ pub struct Timed {
 
 /// CPU time consumed by this process so far (all threads), ms.
 pub fn process_cpu_ms() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -47,7 +50,11 @@ pub fn timed_loop(
     device: Device,
     mut body: impl FnMut(usize) -> Result<(), BenchError>,
 ) -> Result<Timed, BenchError> {
-    let mut t = Timed { baseline_rss_mb: memory::rss_mb(), load_peak_rss_mb: memory::peak_rss_mb(), ..Timed::default() };
+    let mut t = Timed {
+        baseline_rss_mb: memory::rss_mb(),
+        load_peak_rss_mb: memory::peak_rss_mb(),
+        ..Timed::default()
+    };
     t.peak_reset = memory::reset_peak();
     for i in 0..warmup + steps {
         sync(device);
@@ -62,7 +69,10 @@ pub fn timed_loop(
     t.step_peak_rss_mb = memory::peak_rss_mb();
     t.median_step_ms = median(&t.step_ms);
     t.median_cpu_ms = median(&t.cpu_ms);
-    t.peak_rss_mb = [t.load_peak_rss_mb, t.step_peak_rss_mb].into_iter().flatten().reduce(f64::max);
+    t.peak_rss_mb = [t.load_peak_rss_mb, t.step_peak_rss_mb]
+        .into_iter()
+        .flatten()
+        .reduce(f64::max);
     Ok(t)
 }
 
@@ -98,7 +108,13 @@ mod tests {
 
     #[test]
     fn an_error_in_a_step_stops_the_loop() {
-        let err = timed_loop(0, 3, Device::Cpu, |i| if i == 1 { Err(BenchError::case(std::path::Path::new("x"), "boom")) } else { Ok(()) });
+        let err = timed_loop(0, 3, Device::Cpu, |i| {
+            if i == 1 {
+                Err(BenchError::case(std::path::Path::new("x"), "boom"))
+            } else {
+                Ok(())
+            }
+        });
         assert!(err.unwrap_err().to_string().contains("boom"));
     }
 }

@@ -17,13 +17,15 @@ use tch::Kind;
 use crate::bench::attention::{prepare_attention_case, run_engine_attention};
 use crate::bench::case::prepare_step_case;
 use crate::bench::harness::{Harness, ReferenceMode};
-use crate::bench::presets::{step_preset, target_preset, AttentionPreset, ATTENTION_LADDER, CPU_STEP_PRESETS};
+use crate::bench::overhead::{run_clients, run_overhead};
+use crate::bench::presets::{
+    step_preset, target_preset, AttentionPreset, ATTENTION_LADDER, CPU_STEP_PRESETS,
+};
 use crate::bench::process::Python;
+use crate::bench::queue::{run_queue, QueueCase};
 use crate::bench::report::{loadavg, BenchReport, Machine};
 use crate::bench::step::{run_engine_step, StepOptions};
 use crate::bench::target_pass::{prepare_target_case, run_engine_target};
-use crate::bench::overhead::{run_clients, run_overhead};
-use crate::bench::queue::{run_queue, QueueCase};
 use crate::bench::{matmul, BenchError};
 use crate::cli::start::parse_device;
 use crate::engine::model::drafter::AttentionBackend;
@@ -141,7 +143,9 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
     let dir = args.work_dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let warmup = args.warmup.unwrap_or(2);
     let steps = args.steps.unwrap_or(5);
-    let to_value = |v: serde_json::Result<Value>| v.map_err(|e| BenchError::case(&dir, format!("cannot serialise the result: {e}")));
+    let to_value = |v: serde_json::Result<Value>| {
+        v.map_err(|e| BenchError::case(&dir, format!("cannot serialise the result: {e}")))
+    };
     let usage = |what: &str| BenchError::case(&dir, format!("child task {task:?} needs {what}"));
     match task {
         ChildTask::PrepareStep => {
@@ -151,12 +155,21 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
         ChildTask::RunStep => {
             let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
             let kind = parse_kind(&args.dtype).map_err(|e| usage(&e.to_string()))?;
-            let opts = StepOptions { warmup, steps, device, kind, forward_only: args.forward_only };
+            let opts = StepOptions {
+                warmup,
+                steps,
+                device,
+                kind,
+                forward_only: args.forward_only,
+            };
             to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
         }
         ChildTask::PrepareAttention => {
             let anchors = *args.anchors.first().ok_or_else(|| usage("--anchors"))?;
-            to_value(serde_json::to_value(prepare_attention_case(&AttentionPreset::at(anchors), &dir)?))
+            to_value(serde_json::to_value(prepare_attention_case(
+                &AttentionPreset::at(anchors),
+                &dir,
+            )?))
         }
         ChildTask::RunAttention => {
             let backend = match args.backend.as_deref() {
@@ -164,22 +177,42 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 Some("dense_mask") => AttentionBackend::DenseMask,
                 _ => return Err(usage("--backend block_sparse|dense_mask")),
             };
-            to_value(serde_json::to_value(run_engine_attention(&dir, backend, warmup, steps)?))
+            to_value(serde_json::to_value(run_engine_attention(
+                &dir, backend, warmup, steps,
+            )?))
         }
-        ChildTask::PrepareTarget => to_value(serde_json::to_value(prepare_target_case(&target_preset(args.quick), &dir)?)),
-        ChildTask::RunTarget => to_value(serde_json::to_value(run_engine_target(&dir, warmup, steps)?)),
+        ChildTask::PrepareTarget => to_value(serde_json::to_value(prepare_target_case(
+            &target_preset(args.quick),
+            &dir,
+        )?)),
+        ChildTask::RunTarget => to_value(serde_json::to_value(run_engine_target(
+            &dir, warmup, steps,
+        )?)),
         ChildTask::Matmul => {
             let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
             let kind = parse_kind(&args.dtype).map_err(|e| usage(&e.to_string()))?;
             let n = args.matmul_n.unwrap_or(2048);
-            to_value(serde_json::to_value(matmul::measure(n, device, kind, warmup, steps)?))
+            to_value(serde_json::to_value(matmul::measure(
+                n, device, kind, warmup, steps,
+            )?))
         }
-        ChildTask::Overhead => to_value(serde_json::to_value(run_overhead(&dir, args.clients, args.sampler, warmup, steps)?)),
+        ChildTask::Overhead => to_value(serde_json::to_value(run_overhead(
+            &dir,
+            args.clients,
+            args.sampler,
+            warmup,
+            steps,
+        )?)),
         ChildTask::Clients => {
-            run_clients(args.socket.as_deref().ok_or_else(|| usage("--socket"))?, args.clients)?;
+            run_clients(
+                args.socket.as_deref().ok_or_else(|| usage("--socket"))?,
+                args.clients,
+            )?;
             Ok(json!({ "clients": args.clients }))
         }
-        ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(args.steps.unwrap_or(2000)))?)),
+        ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(
+            args.steps.unwrap_or(2000),
+        ))?)),
     }
 }
 
@@ -201,10 +234,34 @@ fn run_child(task: ChildTask, args: &BenchArgs) -> Result<()> {
 }
 
 fn defaults(args: &BenchArgs) -> (Vec<String>, Vec<String>, Vec<usize>) {
-    let or = |given: &[String], default: &[&str]| if given.is_empty() { default.iter().map(|s| s.to_string()).collect() } else { given.to_vec() };
-    let cases = or(&args.cases, if args.quick { &["step"] } else { &["step", "attention", "target", "overhead", "queue"] });
-    let configs = or(&args.configs, if args.quick { &["tiny"] } else { CPU_STEP_PRESETS });
-    let anchors = if args.anchors.is_empty() { ATTENTION_LADDER.to_vec() } else { args.anchors.clone() };
+    let or = |given: &[String], default: &[&str]| {
+        if given.is_empty() {
+            default.iter().map(|s| s.to_string()).collect()
+        } else {
+            given.to_vec()
+        }
+    };
+    let cases = or(
+        &args.cases,
+        if args.quick {
+            &["step"]
+        } else {
+            &["step", "attention", "target", "overhead", "queue"]
+        },
+    );
+    let configs = or(
+        &args.configs,
+        if args.quick {
+            &["tiny"]
+        } else {
+            CPU_STEP_PRESETS
+        },
+    );
+    let anchors = if args.anchors.is_empty() {
+        ATTENTION_LADDER.to_vec()
+    } else {
+        args.anchors.clone()
+    };
     (cases, configs, anchors)
 }
 
@@ -214,7 +271,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let (cases, configs, anchors) = defaults(&args);
     if let Some(bad) = cases.iter().find(|c| !CASES.contains(&c.as_str())) {
-        bail!("--cases: unknown case `{bad}`; expected some of {}", CASES.join(", "));
+        bail!(
+            "--cases: unknown case `{bad}`; expected some of {}",
+            CASES.join(", ")
+        );
     }
     for c in &configs {
         step_preset(c)?;
@@ -222,39 +282,75 @@ pub fn run(args: BenchArgs) -> Result<()> {
     parse_device(&args.device)?;
     parse_kind(&args.dtype)?;
     if !["eager", "flex"].contains(&args.reference_attention.as_str()) {
-        bail!("--reference-attention: expected `eager` or `flex`, found `{}`", args.reference_attention);
+        bail!(
+            "--reference-attention: expected `eager` or `flex`, found `{}`",
+            args.reference_attention
+        );
     }
     let threads = args.threads.unwrap_or(1);
-    fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
-    let out_dir = args.out_dir.canonicalize().with_context(|| format!("resolving {}", args.out_dir.display()))?;
+    fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let out_dir = args
+        .out_dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", args.out_dir.display()))?;
     let cuda = args.device != "cpu";
     let harness = Harness {
         out_dir: out_dir.clone(),
         warmup: args.warmup.unwrap_or(if cuda { 3 } else { 2 }),
         steps: args.steps.unwrap_or(if cuda { 10 } else { 5 }),
-        rounds: args.rounds.unwrap_or(if args.quick || cuda { 1 } else { 2 }),
+        rounds: args
+            .rounds
+            .unwrap_or(if args.quick || cuda { 1 } else { 2 }),
         threads,
         device: args.device.clone(),
         dtype: args.dtype.clone(),
-        python: Python::locate(args.python.clone(), args.reference_dir.clone()).map_err(|e| e.to_string()),
-        reference: ReferenceMode { attention: args.reference_attention.clone(), compile: args.reference_compile },
+        python: Python::locate(args.python.clone(), args.reference_dir.clone())
+            .map_err(|e| e.to_string()),
+        reference: ReferenceMode {
+            attention: args.reference_attention.clone(),
+            compile: args.reference_compile,
+        },
         timeout: Duration::from_secs(args.timeout_s),
     };
-    let mut report = BenchReport { command: std::env::args().collect::<Vec<_>>().join(" "), machine: Machine::probe(threads), ..BenchReport::default() };
-    let progress = |what: &str| eprintln!("[bench] {what} (load average {:.1})", loadavg().unwrap_or(f64::NAN));
+    let mut report = BenchReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: Machine::probe(threads),
+        ..BenchReport::default()
+    };
+    let progress = |what: &str| {
+        eprintln!(
+            "[bench] {what} (load average {:.1})",
+            loadavg().unwrap_or(f64::NAN)
+        )
+    };
 
-    let (mm_dtype, mm_n) = if cuda { (args.dtype.as_str(), args.matmul_n.unwrap_or(8192)) } else { ("f32", args.matmul_n.unwrap_or(2048)) };
-    progress(&format!("matmul peak: {mm_dtype} {mm_n}x{mm_n} on {}", args.device));
+    let (mm_dtype, mm_n) = if cuda {
+        (args.dtype.as_str(), args.matmul_n.unwrap_or(8192))
+    } else {
+        ("f32", args.matmul_n.unwrap_or(2048))
+    };
+    progress(&format!(
+        "matmul peak: {mm_dtype} {mm_n}x{mm_n} on {}",
+        args.device
+    ));
     match harness.matmul(mm_n, &args.device, mm_dtype) {
         Ok(p) => report.matmul_peak = Some(p),
         Err(e) => report.errors.push(format!("matmul peak: {e}")),
     }
     if cases.iter().any(|c| c == "step") {
         for config in &configs {
-            progress(&format!("drafter step `{config}`: engine vs reference-{}", args.reference_attention));
+            progress(&format!(
+                "drafter step `{config}`: engine vs reference-{}",
+                args.reference_attention
+            ));
             match harness.step(config, report.matmul_peak.as_ref()) {
                 Ok(c) => {
-                    eprintln!("[bench]   ratio {:?}, check {}", c.ratio, c.check.void_reason.as_deref().unwrap_or("valid"));
+                    eprintln!(
+                        "[bench]   ratio {:?}, check {}",
+                        c.ratio,
+                        c.check.void_reason.as_deref().unwrap_or("valid")
+                    );
                     report.steps.push(c);
                 }
                 Err(e) => report.errors.push(format!("step {config}: {e}")),
@@ -278,7 +374,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     if cases.iter().any(|c| c == "overhead") {
-        progress(&format!("daemon overhead: 0 vs {} clients, telemetry sampler off/on", args.clients));
+        progress(&format!(
+            "daemon overhead: 0 vs {} clients, telemetry sampler off/on",
+            args.clients
+        ));
         match harness.overhead(args.clients) {
             Ok(o) => report.overhead = Some(o),
             Err(e) => report.errors.push(format!("overhead: {e}")),
@@ -313,14 +412,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
         summary["reference_tokens_per_s"] = json!(c.reference_tokens_per_s);
     }
     if let Some(p) = &report.parity {
-        summary["parity_cuda_vs_cpu"] = json!(p.cuda_vs_cpu.void_reason.clone().unwrap_or_else(|| "ok".into()));
-        summary["parity_bf16_vs_reference"] = json!(p.bf16_vs_reference.void_reason.clone().unwrap_or_else(|| "ok".into()));
+        summary["parity_cuda_vs_cpu"] = json!(p
+            .cuda_vs_cpu
+            .void_reason
+            .clone()
+            .unwrap_or_else(|| "ok".into()));
+        summary["parity_bf16_vs_reference"] = json!(p
+            .bf16_vs_reference
+            .void_reason
+            .clone()
+            .unwrap_or_else(|| "ok".into()));
     }
     let json_path = out_dir.join("results.json");
-    fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", json_path.display()))?;
+    fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
     let md_path = out_dir.join("results.md");
-    fs::write(&md_path, report.markdown()).with_context(|| format!("writing {}", md_path.display()))?;
-    eprintln!("[bench] results: {} and {}", json_path.display(), md_path.display());
+    fs::write(&md_path, report.markdown())
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    eprintln!(
+        "[bench] results: {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
     println!("{summary}");
     Ok(())
 }

@@ -80,15 +80,28 @@ pub(crate) fn fused_attention_with_lse(
     let (out, lse_value) = if q.device() == Device::Cpu {
         // The CPU flash kernel returns the log-sum-exp with the output: no second pass over
         // the scores and no score-sized fp32 temporary.
-        let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, Some(&bias), scale);
+        let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
+            q,
+            k,
+            v,
+            0.0,
+            false,
+            Some(&bias),
+            scale,
+        );
         (out, lse.detach())
     } else {
         let lse = tch::no_grad(|| {
-            let mut scores = (q * scale).matmul(&k.transpose(-2, -1)).to_kind(Kind::Float);
+            let mut scores = (q * scale)
+                .matmul(&k.transpose(-2, -1))
+                .to_kind(Kind::Float);
             let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
             scores.logsumexp([-1], false)
         });
-        (Tensor::scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, scale, false), lse)
+        (
+            Tensor::scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, scale, false),
+            lse,
+        )
     };
     let key_mean = Tensor::scaled_dot_product_attention(
         &q.detach(),
