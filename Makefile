@@ -34,7 +34,9 @@ build: provision
 # the console prints how to watch again and how to stop. Without a terminal (or under CI) it
 # prints the status instead of attaching, so it never hangs.
 run: build
-	@$(BIN)/dflashd start --detach --reuse-running --run-dir $(RUN_DIR) $(DFLASHD_ARGS)
+	@$(BIN)/dflashd start --detach --reuse-running --run-dir $(RUN_DIR) $(DFLASHD_ARGS); rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "make run: to accept it: make run DFLASHD_ARGS='--accept-drift TOKEN'"; fi; \
+	exit $$rc
 	@if [ -n "$$CI" ] || [ ! -t 0 ] || [ ! -t 1 ]; then \
 		echo "make run: no terminal (or CI is set): not attaching the console. dflashd keeps training."; \
 		$(BIN)/dflash-tui status; \

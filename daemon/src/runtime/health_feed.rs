@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::{FixedOffset, Offset};
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::health::{HealthMonitor, Level, Transition};
-use dflash_shared::metrics::{GpuTelemetry, StepMetrics};
+use dflash_shared::metrics::{GpuTelemetry, QueueStats, StepMetrics};
 use dflash_shared::status::Alert;
 
 use crate::control::journal::now_ms;
@@ -30,10 +30,16 @@ pub struct HealthFeed {
 }
 
 impl HealthFeed {
-    /// One target worker and one drafter worker: the single-device trainer.
-    pub fn new(handle: RunHandle, cfg: &DetectorsSection) -> Self {
+    /// `target_workers` and `drafter_workers` of the topology the trainer runs (1 and 1 for
+    /// the single-device trainer): the queue diagnosis weighs its waits by them.
+    pub fn new(
+        handle: RunHandle,
+        cfg: &DetectorsSection,
+        target_workers: usize,
+        drafter_workers: usize,
+    ) -> Self {
         HealthFeed {
-            monitor: HealthMonitor::new(cfg, 1, 1),
+            monitor: HealthMonitor::new(cfg, target_workers, drafter_workers),
             handle,
             lookback_ms: cfg.explain_lookback_s as i64 * 1000,
             last_gpu_ts: i64::MIN,
@@ -53,6 +59,15 @@ impl HealthFeed {
         self.handle
             .set_throughput_judgement(t.baseline_tokens_per_s, stable_since);
         self.poll(!transitions.is_empty());
+    }
+
+    /// A hidden-state queue reading (threaded topologies): target- or drafter-bound.
+    pub fn observe_queue(&mut self, stats: &QueueStats) {
+        let transitions = self.monitor.observe_queue(stats);
+        self.journal(&transitions);
+        if !transitions.is_empty() {
+            self.refresh_alerts();
+        }
     }
 
     /// GPU memory and caches as last sampled; alerts refreshed when due or when `force`d.

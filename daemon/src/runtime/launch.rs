@@ -15,10 +15,12 @@ use dflash_shared::status::RunState;
 use super::bus::FrameBus;
 use super::daemon::{ControlPlane, ControlTuning, DaemonOptions};
 use super::detach::Readiness;
+use super::ending::Ending;
 use super::locked::{self, Gate};
 use super::logging::{self, LoggingConfig, StderrFormat};
+use super::metrics_out::say;
 use super::paths::DaemonPaths;
-use super::run_loop::{Ending, RunLoop, RunLoopConfig};
+use super::run_loop::{RunLoop, RunLoopConfig};
 use super::setup::{self, Prepared, SetupInputs, CHECKPOINTS_DIR};
 use super::{signals, telemetry_specs};
 use crate::runtime::handle::RunHandle;
@@ -100,18 +102,15 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &e.to_string()),
     };
     let handle = cp.handle.clone();
-    let refused = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
+    let not_started = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
         handle.record_event_logged(
             Severity::Crit,
             EventKind::RunStopped {
-                reason: format!(
-                    "resume refused: {}",
-                    text.lines().next().unwrap_or_default()
-                ),
+                reason: text.lines().next().unwrap_or_default().to_string(),
                 checkpoint: None,
             },
         );
-        handle.request_shutdown("resume refused");
+        handle.request_shutdown("the run did not start");
         rt.block_on(cp.wait());
         fail(ready, code, &text)
     };
@@ -121,11 +120,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     } = &cp.resume
     {
         let text = drift_refusal(drifts, confirm_token, &spec);
-        return refused(EXIT_DRIFT, text, &mut ready, cp);
+        return not_started(EXIT_DRIFT, text, &mut ready, cp);
     }
     if let Err(text) = locked_gate(&spec, &handle) {
         handle.set_run_state(RunState::Paused);
-        return refused(EXIT_LOCKED_KEY, text, &mut ready, cp);
+        return not_started(EXIT_LOCKED_KEY, text, &mut ready, cp);
     }
     let inputs = SetupInputs {
         config: &spec.config,
@@ -137,7 +136,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Ok(p) => p,
         Err(e) => {
             handle.set_run_state(RunState::Failed);
-            return refused(
+            return not_started(
                 EXIT_FAILURE,
                 format!("cannot start training: {e}"),
                 &mut ready,
@@ -147,7 +146,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     };
     if let Err(e) = locked::save_effective(&spec.run_dir, &spec.config) {
         handle.set_run_state(RunState::Failed);
-        return refused(EXIT_FAILURE, e.to_string(), &mut ready, cp);
+        return not_started(EXIT_FAILURE, e.to_string(), &mut ready, cp);
     }
     journal_start(&handle, &prepared, &spec);
     let device = setup::describe_device(prepared.device);
@@ -168,10 +167,10 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
                 "opening the metrics file {}: {e}",
                 spec.metrics_path.display()
             );
-            return refused(EXIT_FAILURE, text, &mut ready, cp);
+            return not_started(EXIT_FAILURE, text, &mut ready, cp);
         }
     };
-    println!("{banner}");
+    say(&banner);
     ready.ready(&banner);
     let h = handle.clone();
     let trainer_thread = std::thread::Builder::new()
@@ -198,7 +197,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         error: "the training thread died".into(),
     });
     rt.shutdown_timeout(Duration::from_secs(2));
-    println!("{}", farewell(&ending, &handle));
+    say(&farewell(&ending, &handle));
     ending.exit_code()
 }
 

@@ -54,9 +54,15 @@ impl MetricsOut {
             }
         }
         if let Some(line) = progress_line(m, self.total_steps, self.log_every) {
-            println!("{line}");
+            say(&line);
         }
     }
+}
+
+/// Prints a line on stdout. A stdout nobody reads any more (`dflashd start | head`) is not a
+/// reason to stop training, so a failed write is ignored rather than a panic.
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 /// The stdout line for a step: every `log_every` steps and on every evaluation.

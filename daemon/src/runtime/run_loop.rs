@@ -22,9 +22,11 @@ use dflash_shared::metrics::StepMetrics;
 use dflash_shared::status::{Alert, RunState};
 
 use super::checkpoints;
+use super::ending::Ending;
 use super::handle::{CommandOutcome, RunCommand, RunHandle};
 use super::health_feed::HealthFeed;
 use super::metrics_out::MetricsOut;
+use super::pace::Pace;
 use super::{notify, signals};
 use crate::control::journal::now_ms;
 use crate::engine::train::trainer::{RunOptions, Trainer};
@@ -42,83 +44,6 @@ pub struct RunLoopConfig {
     /// "cpu", "cuda:3".
     pub device: String,
     pub detectors: DetectorsSection,
-}
-
-/// Why the loop returned.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ending {
-    /// The schedule is done (every epoch).
-    Finished { checkpoint: Option<String> },
-    /// `--max-steps` steps were taken.
-    StepLimit { checkpoint: Option<String> },
-    Signal {
-        signal: i32,
-        checkpoint: Option<String>,
-    },
-    /// A confirmed stop (or power-off) through the control plane.
-    Stopped {
-        action_id: String,
-        checkpoint: Option<String>,
-    },
-    /// A confirmed kill: no checkpoint.
-    Killed { action_id: String },
-    /// The control plane shut down without a command (it had to).
-    Shutdown { checkpoint: Option<String> },
-    /// A step or checkpoint failed; the run was paused until stopped.
-    Failed { error: String },
-}
-
-impl Ending {
-    /// Operators stopping a run (signal, stop, kill) is success; a failure is not.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Ending::Failed { .. } => 1,
-            _ => 0,
-        }
-    }
-
-    pub fn checkpoint(&self) -> Option<&str> {
-        match self {
-            Ending::Finished { checkpoint }
-            | Ending::StepLimit { checkpoint }
-            | Ending::Signal { checkpoint, .. }
-            | Ending::Stopped { checkpoint, .. }
-            | Ending::Shutdown { checkpoint } => checkpoint.as_deref(),
-            Ending::Killed { .. } | Ending::Failed { .. } => None,
-        }
-    }
-}
-
-/// Wall time per step, smoothed, for the ETA. The first step (warmup) is not counted.
-#[derive(Debug, Default, Clone)]
-pub struct Pace {
-    last: Option<Instant>,
-    ms_per_step: Option<f64>,
-}
-
-impl Pace {
-    const ALPHA: f64 = 0.1;
-
-    /// A step finished `elapsed_ms` after the previous one.
-    pub fn observe_ms(&mut self, elapsed_ms: f64) {
-        self.ms_per_step = Some(match self.ms_per_step {
-            Some(avg) => avg + Self::ALPHA * (elapsed_ms - avg),
-            None => elapsed_ms,
-        });
-    }
-
-    fn step_done(&mut self) {
-        let now = Instant::now();
-        if let Some(last) = self.last.replace(now) {
-            self.observe_ms((now - last).as_secs_f64() * 1e3);
-        }
-    }
-
-    /// When `remaining` more steps will be done, from `now_ms`.
-    pub fn eta_ms(&self, now_ms: i64, remaining: u64) -> Option<i64> {
-        self.ms_per_step
-            .map(|ms| now_ms + (ms * remaining as f64).round() as i64)
-    }
 }
 
 enum Reason {
@@ -156,7 +81,12 @@ impl RunLoop {
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
         Ok(RunLoop {
-            health: HealthFeed::new(handle.clone(), &cfg.detectors),
+            health: HealthFeed::new(
+                handle.clone(),
+                &cfg.detectors,
+                trainer.topology().target_devices.len(),
+                trainer.drafter_ranks(),
+            ),
             handle,
             trainer,
             commands,
@@ -254,6 +184,7 @@ impl RunLoop {
             self.handle.set_run_state(RunState::Training);
         }
         if let Some(queue) = self.trainer.queue_stats() {
+            self.health.observe_queue(&queue);
             self.handle.publish_queue(queue);
         }
         let step = self.trainer.step_count();
@@ -556,21 +487,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pace_smooths_step_times_into_an_eta() {
-        let mut p = Pace::default();
-        assert_eq!(p.eta_ms(0, 10), None, "no ETA before a step is measured");
-        p.observe_ms(100.0);
-        assert_eq!(p.eta_ms(1_000, 10), Some(2_000));
-        p.observe_ms(200.0);
-        assert_eq!(
-            p.eta_ms(0, 100),
-            Some(11_000),
-            "moves 10% towards the new time"
-        );
-        assert_eq!(p.eta_ms(5, 0), Some(5));
-    }
-
-    #[test]
     fn panic_messages_keep_their_first_line() {
         let p: Box<dyn std::any::Any + Send> = Box::new(
             "CUDA out of memory. Tried to allocate 2.00 GiB\nException raised from malloc"
@@ -585,22 +501,5 @@ mod tests {
             panic_text(p.as_ref()),
             "libtorch error: a panic without a message"
         );
-    }
-
-    #[test]
-    fn only_failures_exit_non_zero() {
-        assert_eq!(
-            Ending::Killed {
-                action_id: "k".into()
-            }
-            .exit_code(),
-            0
-        );
-        assert_eq!(Ending::Failed { error: "x".into() }.exit_code(), 1);
-        let e = Ending::Signal {
-            signal: libc::SIGTERM,
-            checkpoint: Some("/c".into()),
-        };
-        assert_eq!((e.exit_code(), e.checkpoint()), (0, Some("/c")));
     }
 }

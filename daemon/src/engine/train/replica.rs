@@ -3,6 +3,7 @@
 //! and statistics) and [`DrafterReplica::apply`] (normalised, clipped AdamW update). Between
 //! them the caller sums gradients and Σw across replicas (spec §2.8b).
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -21,6 +22,9 @@ pub struct ReplicaState {
     pub optimizer_step: u64,
 }
 
+/// Serialises use of libtorch's process-wide random generator by drafter initialisation.
+static GLOBAL_GENERATOR: Mutex<()> = Mutex::new(());
+
 pub struct DrafterReplica {
     pub(crate) vs: VarStore,
     pub(crate) drafter: Drafter,
@@ -32,9 +36,26 @@ pub struct DrafterReplica {
 }
 
 impl DrafterReplica {
-    /// A freshly initialised drafter on `device` (from libtorch's global generator: seed it
-    /// first), parameters in [`compute_kind`]. `embed` / `lm_head` are the target's tables.
-    pub fn new(
+    /// A freshly initialised drafter on `device`, drawn from libtorch's global generator
+    /// seeded with `seed`, parameters in [`compute_kind`]. `embed` / `lm_head` are the
+    /// target's tables. The generator is process-wide: the seeding and the draws happen under
+    /// one lock, so trainers built concurrently (tests, replicas) cannot interleave draws.
+    pub fn seeded(
+        cfg: &DrafterConfig,
+        embed: &Tensor,
+        lm_head: &Tensor,
+        device: Device,
+        adamw: AdamWConfig,
+        seed: u64,
+    ) -> Self {
+        let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+        tch::manual_seed(seed as i64);
+        Self::build(cfg, embed, lm_head, device, adamw)
+    }
+
+    /// Builds a drafter; its random init draws from the global generator (callers hold
+    /// [`GLOBAL_GENERATOR`]).
+    fn build(
         cfg: &DrafterConfig,
         embed: &Tensor,
         lm_head: &Tensor,
@@ -61,13 +82,16 @@ impl DrafterReplica {
     /// A replica on `device` with exactly this replica's parameters and optimizer state.
     pub fn replicate(&self, device: Device) -> Result<Self, OptimError> {
         let cfg = self.drafter.config().clone();
-        let mut copy = Self::new(
-            &cfg,
-            &self.embed,
-            &self.lm_head,
-            device,
-            self.optimizer.config().clone(),
-        );
+        let mut copy = {
+            let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+            Self::build(
+                &cfg,
+                &self.embed,
+                &self.lm_head,
+                device,
+                self.optimizer.config().clone(),
+            )
+        };
         copy.load_state(&self.state())?;
         Ok(copy)
     }
@@ -213,15 +237,15 @@ mod tests {
 
     #[test]
     fn a_replica_has_the_same_weights_and_moments() {
-        tch::manual_seed(1);
         let target = TargetModel::random(TargetConfig::tiny_default(), Device::Cpu, Kind::Float, 1);
         let cfg = embedded::tiny_drafter_config(target.config());
-        let a = DrafterReplica::new(
+        let a = DrafterReplica::seeded(
             &cfg,
             target.embed_tokens(),
             target.lm_head(),
             Device::Cpu,
             AdamWConfig::default(),
+            1,
         );
         let b = a.replicate(Device::Cpu).unwrap();
         let (wa, wb) = (a.optimizer.master_weights(), b.optimizer.master_weights());

@@ -138,14 +138,13 @@ impl Trainer {
         topology.validate()?;
         let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
         let device = topology.drafter_devices[0];
-        // Drafter init draws from libtorch's global generator; seed it so runs are reproducible.
-        tch::manual_seed(cfg.seed as i64);
-        let replica = DrafterReplica::new(
+        let replica = DrafterReplica::seeded(
             &drafter_cfg,
             target.embed_tokens(),
             target.lm_head(),
             device,
             cfg.adamw.clone(),
+            cfg.seed,
         );
         let inline = topology.is_inline();
         let id = WorkerId {

@@ -34,7 +34,6 @@ pub struct Cluster {
     tripwire: Arc<Tripwire>,
     /// How far (in micro-batches) target workers may run ahead of the current step's end.
     window: u64,
-    producing: bool,
 }
 
 fn topology_error(what: impl std::fmt::Display) -> TrainError {
@@ -131,7 +130,6 @@ impl Cluster {
             queues,
             dispatcher,
             tripwire,
-            producing: false,
         };
         for (rank, &device) in spec.drafter_devices.iter().enumerate().skip(1) {
             let id = WorkerId {
@@ -173,10 +171,6 @@ impl Cluster {
             cluster.targets.push(worker);
         }
         Ok(cluster)
-    }
-
-    pub fn plan(&self) -> StepPlan {
-        self.plan
     }
 
     pub fn names(&self) -> &WorkerNames {
@@ -249,7 +243,6 @@ impl Cluster {
                 let _ = c.send(TargetCommand::Run);
             }
         }
-        self.producing = true;
         Ok(records)
     }
 
@@ -342,10 +335,6 @@ impl Cluster {
             }
         }
         Ok(out)
-    }
-
-    pub fn is_producing(&self) -> bool {
-        self.producing
     }
 }
 

@@ -57,8 +57,9 @@ pub fn produce_item(
         .features(&ids, layer_ids)
         .map_err(|e| format!("target forward of micro-batch {seq}: {e}"))?;
     let features = features.to_device(dest);
+    // Waits for this device only: syncing `dest` would stall the target worker behind the
+    // drafter's queued kernels. The copy is stream-ordered before the drafter's use of it.
     sync(target.device());
-    sync(dest);
     let target_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(HiddenItem {
         timing: ItemTiming {
@@ -194,8 +195,9 @@ impl QueueMonitor {
         self.queues.iter().map(|q| q.stats()).collect()
     }
 
-    /// All queues together: depths, bytes, caps, rates and waits summed (the configured
-    /// `[queue]` budget is split evenly over the ranks, so the caps add up to it).
+    /// All queues together: depths, bytes, caps, watermarks, rates and waits summed. The
+    /// configured `[queue]` budget is split evenly over the ranks (rounded down, at least one
+    /// item each), so the summed caps are that budget or a little under it.
     pub fn stats(&self) -> QueueStats {
         let parts = self.per_rank();
         let mut total = QueueStats {
