@@ -7,6 +7,7 @@ pub mod config;
 pub mod events;
 pub mod format;
 pub mod health;
+pub mod invocation;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;

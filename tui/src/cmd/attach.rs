@@ -52,9 +52,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     ticker.abort();
     link.abort();
     result?;
+    let tui = super::own_spelling();
+    let on = args.socket.flag();
     println!("Left the console; dflashd keeps training.");
-    println!("  watch again:  dflash-tui attach");
-    println!("  headless:     dflash-tui tail --follow   or   dflash-tui status");
-    println!("  stop the run: dflash-tui stop, then dflash-tui confirm-stop");
+    println!("  watch again:  {tui} attach{on}");
+    println!("  headless:     {tui} tail --follow{on}   or   {tui} status{on}");
+    println!("  stop the run: {tui} stop{on}, then {tui} confirm-stop{on}");
     Ok(ExitCode::SUCCESS)
 }

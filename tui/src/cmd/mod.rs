@@ -46,6 +46,14 @@ pub struct SocketArg {
 }
 
 impl SocketArg {
+    /// ` --socket PATH` when one was given, so a printed hint reaches the same daemon.
+    pub fn flag(&self) -> String {
+        match &self.socket {
+            Some(path) => dflash_shared::invocation::socket_flag(path, false),
+            None => String::new(),
+        }
+    }
+
     pub fn path(&self) -> PathBuf {
         self.socket
             .clone()
@@ -62,4 +70,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::run(args).await,
         Command::Replay(args) => replay::run(args).await,
     }
+}
+
+/// This binary as the operator can type it: `dflash-tui` when `PATH` finds this very file,
+/// else its path (`make run` starts it from `target/release/`).
+pub fn own_spelling() -> String {
+    let exe = std::env::current_exe().ok();
+    let exe_dir = exe.as_deref().and_then(std::path::Path::parent);
+    let (Some(exe_dir), Ok(cwd)) = (exe_dir, std::env::current_dir()) else {
+        return "dflash-tui".into();
+    };
+    let path_dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    dflash_shared::invocation::spell_command("dflash-tui", exe_dir, &cwd, path_dirs, |a, b| match (
+        std::fs::canonicalize(a),
+        std::fs::canonicalize(b),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    })
 }

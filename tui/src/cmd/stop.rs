@@ -34,6 +34,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         describe_filed(
             &pending,
             &welcome.run_name,
+            &format!("{}{}", super::own_spelling(), args.socket.flag()),
             fmt::now_ms(),
             DisplayClock::Local
         )
@@ -42,9 +43,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// What `stop` prints: the request, its consequences, and the two ways to confirm it.
+/// `console` is how the operator types this console (its path and `--socket`, when needed).
 pub fn describe_filed(
     pending: &PendingAction,
     run_name: &str,
+    console: &str,
     now_ms: i64,
     clock: DisplayClock,
 ) -> String {
@@ -65,9 +68,11 @@ pub fn describe_filed(
         clock.hm(pending.expires_ms),
         fmt::duration_ms(pending.expires_ms - now_ms)
     ));
-    out.push_str("  confirm interactively:  dflash-tui confirm-stop\n");
     out.push_str(&format!(
-        "  confirm from a script:  dflash-tui confirm-stop --token {} --yes-i-know   (audited)\n",
+        "  confirm interactively:  {console} confirm-stop\n"
+    ));
+    out.push_str(&format!(
+        "  confirm from a script:  {console} confirm-stop --token {} --yes-i-know   (audited)\n",
         pending.id
     ));
     out
@@ -90,12 +95,20 @@ mod tests {
                 "stable at 12.8K tok/s for 3 h".into(),
             ],
         };
-        let text = describe_filed(&pending, "qwen36-drafter", 0, DisplayClock::utc());
+        let text = describe_filed(
+            &pending,
+            "qwen36-drafter",
+            "./target/release/dflash-tui --socket /tmp/d.sock",
+            0,
+            DisplayClock::utc(),
+        );
         assert!(text.starts_with(
             "Filed pending request act-3 for run qwen36-drafter: Stop the run and power off the machine."
         ));
         assert!(text.contains("  - stable at 12.8K tok/s for 3 h\n"));
         assert!(text.contains("expires at 00:05 (in 5 min)"));
-        assert!(text.contains("--token act-3 --yes-i-know"));
+        assert!(text.contains(
+            "./target/release/dflash-tui --socket /tmp/d.sock confirm-stop --token act-3 --yes-i-know"
+        ));
     }
 }
