@@ -236,6 +236,8 @@ fn attach_draws_the_console_survives_a_resize_and_q_restores_the_terminal() {
     pty.type_text("q");
     assert!(pty.wait_exit().success());
     pty.wait_for("dflashd keeps training");
+    // The test binary is not on PATH: the hint must name it by path, with the same socket.
+    pty.wait_for("/dflash-tui attach --socket ");
     assert_restored(&pty);
     daemon.stop();
 }
