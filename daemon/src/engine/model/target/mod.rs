@@ -4,7 +4,6 @@ mod attention;
 mod config;
 mod decoder;
 pub mod delta_rule;
-mod gated_attention;
 mod gated_deltanet;
 mod hf_config;
 mod hf_io;
@@ -12,6 +11,7 @@ mod mlp;
 mod params;
 mod qwen3;
 mod qwen3_5;
+mod self_attention;
 
 use std::path::Path;
 

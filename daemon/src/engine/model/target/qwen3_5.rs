@@ -1,39 +1,31 @@
 //! Qwen3.5 / Qwen3.6 text stack: parameter list and layer construction. Layer `i` is a Gated
 //! DeltaNet layer or a gated full-attention layer per `layer_types[i]`; all norms zero-centred.
 use super::config::{Qwen3_5LayerKind, Qwen3_5TextConfig};
-use super::decoder::{DecoderLayer, Mixer};
-use super::gated_attention::GatedAttention;
+use super::decoder::{self, DecoderLayer, LayerShape, Mixer, NormStyle};
 use super::gated_deltanet::GatedDeltaNet;
-use super::mlp::SwiGluMlp;
-use super::params::{Init, ParamSpec, Params};
+use super::params::{ParamSpec, Params};
+use super::self_attention::{AttentionSpec, SelfAttention};
 use crate::engine::model::error::ModelError;
 
-pub fn layer_specs(c: &Qwen3_5TextConfig, layer: usize, specs: &mut Vec<ParamSpec>) {
-    let p = format!("layers.{layer}");
-    specs.push(ParamSpec::new(
-        format!("{p}.input_layernorm.weight"),
-        &[c.hidden_size],
-        Init::ZeroCenteredNorm,
-    ));
-    specs.push(ParamSpec::new(
-        format!("{p}.post_attention_layernorm.weight"),
-        &[c.hidden_size],
-        Init::ZeroCenteredNorm,
-    ));
-    match c.layer_types[layer] {
-        Qwen3_5LayerKind::LinearAttention => {
-            GatedDeltaNet::specs(c, &format!("{p}.linear_attn"), specs)
-        }
-        Qwen3_5LayerKind::FullAttention => {
-            GatedAttention::specs(c, &format!("{p}.self_attn"), specs)
-        }
+fn shape(c: &Qwen3_5TextConfig) -> LayerShape {
+    LayerShape {
+        hidden_size: c.hidden_size,
+        intermediate_size: c.intermediate_size,
+        norm: NormStyle::ZeroCentered,
     }
-    SwiGluMlp::specs(
-        &format!("{p}.mlp"),
-        c.hidden_size,
-        c.intermediate_size,
-        specs,
-    );
+}
+
+pub fn layer_specs(c: &Qwen3_5TextConfig, layer: usize, specs: &mut Vec<ParamSpec>) {
+    decoder::layer_specs(shape(c), layer, specs, |p, specs| {
+        match c.layer_types[layer] {
+            Qwen3_5LayerKind::LinearAttention => {
+                GatedDeltaNet::specs(c, &format!("{p}.linear_attn"), specs)
+            }
+            Qwen3_5LayerKind::FullAttention => {
+                SelfAttention::specs(&AttentionSpec::qwen3_5(c), &format!("{p}.self_attn"), specs)
+            }
+        }
+    });
 }
 
 pub fn build_layer(
@@ -41,19 +33,16 @@ pub fn build_layer(
     layer: usize,
     params: &mut Params,
 ) -> Result<DecoderLayer, ModelError> {
-    let p = format!("layers.{layer}");
-    let mixer = match c.layer_types[layer] {
-        Qwen3_5LayerKind::LinearAttention => {
-            Mixer::DeltaNet(GatedDeltaNet::take(c, &format!("{p}.linear_attn"), params)?)
-        }
-        Qwen3_5LayerKind::FullAttention => {
-            Mixer::GatedAttention(GatedAttention::take(c, &format!("{p}.self_attn"), params)?)
-        }
-    };
-    Ok(DecoderLayer {
-        input_norm: params.take(&format!("{p}.input_layernorm.weight"))?,
-        post_attention_norm: params.take(&format!("{p}.post_attention_layernorm.weight"))?,
-        mixer,
-        mlp: SwiGluMlp::take(&format!("{p}.mlp"), params)?,
+    decoder::build_layer(layer, params, |p, params| {
+        Ok(match c.layer_types[layer] {
+            Qwen3_5LayerKind::LinearAttention => {
+                Mixer::DeltaNet(GatedDeltaNet::take(c, &format!("{p}.linear_attn"), params)?)
+            }
+            Qwen3_5LayerKind::FullAttention => Mixer::Attention(SelfAttention::take(
+                &AttentionSpec::qwen3_5(c),
+                &format!("{p}.self_attn"),
+                params,
+            )?),
+        })
     })
 }
