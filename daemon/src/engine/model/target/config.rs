@@ -163,15 +163,32 @@ impl TargetConfig {
                 Err(format!("{a} ({x}) must be a multiple of {b} ({y})"))
             }
         };
+        // Both families share the embedding, MLP and attention-head sizes and the GQA rule.
+        let attention_dims = |dims: [i64; 6]| {
+            let names = [
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+            ];
+            for (n, v) in names.into_iter().zip(dims) {
+                positive(n, v)?;
+            }
+            divides(names[3], dims[3], names[4], dims[4])
+        };
         match self {
             Self::Qwen3_5(c) => {
+                attention_dims([
+                    c.vocab_size,
+                    c.hidden_size,
+                    c.intermediate_size,
+                    c.num_attention_heads,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                ])?;
                 for (n, v) in [
-                    ("vocab_size", c.vocab_size),
-                    ("hidden_size", c.hidden_size),
-                    ("intermediate_size", c.intermediate_size),
-                    ("num_attention_heads", c.num_attention_heads),
-                    ("num_key_value_heads", c.num_key_value_heads),
-                    ("head_dim", c.head_dim),
                     ("linear_conv_kernel_dim", c.linear_conv_kernel_dim),
                     ("linear_key_head_dim", c.linear_key_head_dim),
                     ("linear_value_head_dim", c.linear_value_head_dim),
@@ -188,12 +205,6 @@ impl TargetConfig {
                     ));
                 }
                 divides(
-                    "num_attention_heads",
-                    c.num_attention_heads,
-                    "num_key_value_heads",
-                    c.num_key_value_heads,
-                )?;
-                divides(
                     "linear_num_value_heads",
                     c.linear_num_value_heads,
                     "linear_num_key_heads",
@@ -208,22 +219,14 @@ impl TargetConfig {
                 }
             }
             Self::Qwen3(c) => {
-                for (n, v) in [
-                    ("vocab_size", c.vocab_size),
-                    ("hidden_size", c.hidden_size),
-                    ("intermediate_size", c.intermediate_size),
-                    ("num_attention_heads", c.num_attention_heads),
-                    ("num_key_value_heads", c.num_key_value_heads),
-                    ("head_dim", c.head_dim),
-                ] {
-                    positive(n, v)?;
-                }
-                divides(
-                    "num_attention_heads",
+                attention_dims([
+                    c.vocab_size,
+                    c.hidden_size,
+                    c.intermediate_size,
                     c.num_attention_heads,
-                    "num_key_value_heads",
                     c.num_key_value_heads,
-                )?;
+                    c.head_dim,
+                ])?;
                 if c.head_dim % 2 != 0 {
                     return Err(format!("head_dim {} must be even", c.head_dim));
                 }

@@ -207,3 +207,39 @@ fn dtype_names_parse() {
         .to_string()
         .contains("int8"));
 }
+
+#[test]
+fn hand_built_configs_are_validated_per_family() {
+    assert_eq!(small_qwen3(false).validate(), Ok(()));
+    assert_eq!(small_qwen3_5().validate(), Ok(()));
+
+    let TargetConfig::Qwen3(mut c) = small_qwen3(false) else {
+        unreachable!()
+    };
+    c.num_key_value_heads = 3;
+    assert_eq!(
+        TargetConfig::Qwen3(c.clone()).validate(),
+        Err("num_attention_heads (4) must be a multiple of num_key_value_heads (3)".into())
+    );
+    c.num_key_value_heads = 2;
+    c.head_dim = 7;
+    assert_eq!(
+        TargetConfig::Qwen3(c).validate(),
+        Err("head_dim 7 must be even".into())
+    );
+
+    let TargetConfig::Qwen3_5(mut c) = small_qwen3_5() else {
+        unreachable!()
+    };
+    c.vocab_size = 0;
+    assert_eq!(
+        TargetConfig::Qwen3_5(c.clone()).validate(),
+        Err("vocab_size must be > 0, is 0".into())
+    );
+    c.vocab_size = 64;
+    c.linear_num_key_heads = 0;
+    assert_eq!(
+        TargetConfig::Qwen3_5(c).validate(),
+        Err("linear_num_key_heads must be > 0, is 0".into())
+    );
+}
