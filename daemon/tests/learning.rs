@@ -16,6 +16,7 @@ fn embedded_default_loss_falls_and_tau_rises() {
 
     let before = trainer.evaluate_held_out().unwrap().unwrap();
     let mut losses = Vec::new();
+    let mut epochs = Vec::new();
     let summary = trainer
         .run(
             &RunOptions {
@@ -29,11 +30,15 @@ fn embedded_default_loss_falls_and_tau_rises() {
                     m.step
                 );
                 losses.push(m.loss);
+                epochs.push(m.epoch);
                 Ok(())
             },
         )
         .unwrap();
     assert_eq!(summary.steps_run, 100);
+    // 100 steps stay inside the first of 6 epochs (107 steps each); epochs count from 1.
+    assert!(epochs.iter().all(|&e| e == 1), "{epochs:?}");
+    assert_eq!(trainer.epoch_in_progress(), 1);
     let after = trainer.evaluate_held_out().unwrap().unwrap();
     eprintln!(
         "held-out before: loss {:.4} tau {:.4} acc {:.4}; after 100 steps: loss {:.4} tau {:.4} acc {:.4}",

@@ -34,6 +34,7 @@ pub struct WorkerThroughput {
 pub struct StepMetrics {
     pub ts_ms: TimestampMs,
     pub step: u64,
+    /// The epoch this step trained on, counted from 1 (`epoch 3 / 6`).
     pub epoch: u32,
     #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub loss: f64,

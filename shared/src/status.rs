@@ -25,6 +25,7 @@ pub struct RunInfo {
     pub state: RunState,
     pub step: u64,
     pub total_steps: u64,
+    /// The epoch in progress, counted from 1 (0 before the run has a trainer).
     pub epoch: u32,
     pub epochs: u32,
     pub started_ms: TimestampMs,

@@ -103,10 +103,7 @@ impl RunLoop {
     /// Trains until something ends the run; returns why.
     pub fn run(mut self) -> Ending {
         let (total, epochs) = (self.trainer.total_steps(), self.trainer.config().epochs);
-        let (step, epoch) = (
-            self.trainer.step_count(),
-            self.trainer.data_position().epoch,
-        );
+        let (step, epoch) = (self.trainer.step_count(), self.trainer.epoch_in_progress());
         self.handle.update_run(|r| {
             r.total_steps = total;
             r.epochs = epochs;

@@ -256,6 +256,13 @@ impl Trainer {
     pub fn data_position(&self) -> DataPosition {
         self.source.position_of(self.cursor)
     }
+
+    /// The epoch the next step trains on, counted from 1 as operators do; the last epoch once
+    /// the run is complete.
+    pub fn epoch_in_progress(&self) -> u32 {
+        (self.data_position().epoch + 1).min(self.config().epochs)
+    }
+
     pub fn split(&self) -> &HoldoutSplit {
         &self.split
     }
@@ -416,7 +423,8 @@ impl Trainer {
         Ok(StepMetrics {
             ts_ms: chrono::Utc::now().timestamp_millis(),
             step: self.step,
-            epoch,
+            // Operators count epochs from 1 ("epoch 3 / 6"); the data position counts from 0.
+            epoch: epoch + 1,
             loss: first.sums.loss(),
             accuracy: first.sums.accuracy(),
             tau: None,
@@ -518,7 +526,7 @@ impl Trainer {
         StepMetrics {
             ts_ms: chrono::Utc::now().timestamp_millis(),
             step: self.step,
-            epoch: self.data_position().epoch,
+            epoch: self.epoch_in_progress(),
             loss: report.loss,
             accuracy: report.accuracy,
             tau: Some(report.tau),
