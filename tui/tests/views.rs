@@ -134,6 +134,25 @@ fn nvml_unavailable_says_so_instead_of_zeros() {
 }
 
 #[test]
+fn a_one_device_run_has_no_queue_and_says_so() {
+    let mut app = live(false);
+    let mut stats = app
+        .telemetry
+        .queue
+        .clone()
+        .expect("the incident has a queue");
+    stats.capacity = 0;
+    stats.high_watermark = 0;
+    stats.low_watermark = 0;
+    stats.depth = 0;
+    stats.ts_ms += 1_000;
+    app.handle(AppEvent::Link(LinkEvent::Frame(Response::Queue(stats))));
+    app.handle(key('3'));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(text.contains("no hidden-state queue"), "{text}");
+}
+
+#[test]
 fn help_lists_every_view_and_marks_actions() {
     let mut app = live(false);
     app.handle(key('?'));

@@ -285,11 +285,15 @@ fn queue_section(snapshot: Option<&StatusSnapshot>) -> Queue {
             high_watermark: Some(q.high_watermark),
             bytes_resident: Some(q.bytes_resident),
             bound_by: match snapshot.and_then(|s| {
+                if q.capacity == 0 {
+                    return Some(crate::fmt::INLINE_QUEUE_NOTE.to_string());
+                }
                 s.alerts
                     .iter()
                     .find(|a| a.detector == health::queue::DETECTOR)
+                    .map(|a| a.message.clone())
             }) {
-                Some(alert) => alert.message.clone(),
+                Some(message) => message,
                 None => "no queue alert; which side bounds the run needs a time window \
                          (`dflash-tui attach`, view 3)"
                     .into(),

@@ -16,6 +16,13 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         frame.render_widget(Paragraph::new(text).block(Block::bordered()), area);
         return;
     };
+    if queue.capacity == 0 {
+        // A one-device run computes target features and trains the drafter inline, step by
+        // step: there is no queue, so an empty gauge would only look like a stall.
+        let text = Span::styled(fmt::INLINE_QUEUE_NOTE, theme.dim());
+        frame.render_widget(Paragraph::new(text).block(Block::bordered()), area);
+        return;
+    }
     let [facts, history] =
         Layout::vertical([Constraint::Length(9), Constraint::Min(0)]).areas(area);
 
