@@ -82,16 +82,11 @@ def main():
         result.update(step_ms=times, median_step_ms=bu.median(times), cpu_ms=cpu, median_cpu_ms=bu.median(cpu), positions=q_len)
         engine_out = args.case / "out-engine-block_sparse.safetensors"
         if engine_out.is_file() and "out" in first:
-            theirs = load_file(str(engine_out))["out"]
-            diff = first["out"] - theirs
-            result["max_abs_diff"] = float(diff.abs().max())
-            result["rel_l2_diff"] = float(diff.norm() / theirs.norm().clamp(min=1e-30))
+            bu.compare_to(result, first["out"], load_file(str(engine_out))["out"])
     except Exception as e:  # reported in the JSON: the harness records why this run is missing
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
-    result["peak_rss_mb"] = max(x for x in (result.get("load_peak_rss_mb"), bu.peak_rss_mb(), 0.0) if x is not None)
-    bu.emit(result)
-    return 0 if "error" not in result else 1
+    return bu.finish(result)
 
 
 if __name__ == "__main__":

@@ -153,10 +153,7 @@ def main():
     except Exception as e:  # reported, not raised: the harness records why the reference is void
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
-    # VmHWM was reset before the timed steps: the process peak is the larger of the two phases.
-    result["peak_rss_mb"] = max(x for x in (result.get("load_peak_rss_mb"), bu.peak_rss_mb(), 0.0) if x is not None)
-    bu.emit(result)
-    return 0 if "error" not in result else 1
+    return bu.finish(result)
 
 
 if __name__ == "__main__":

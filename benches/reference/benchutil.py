@@ -83,6 +83,22 @@ def set_threads(n: int | None) -> int:
     return torch.get_num_threads()
 
 
+def compare_to(result: dict, ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """Records how far our output is from the engine's (``max_abs_diff``, ``rel_l2_diff``)."""
+    diff = ours - theirs
+    result["max_abs_diff"] = float(diff.abs().max())
+    result["rel_l2_diff"] = float(diff.norm() / theirs.norm().clamp(min=1e-30))
+
+
+def finish(result: dict) -> int:
+    """Emits the result and returns the exit code; the process peak is the larger of the load
+    and the timed phases (VmHWM was reset between them)."""
+    peaks = (result.get("load_peak_rss_mb"), peak_rss_mb(), 0.0)
+    result["peak_rss_mb"] = max(x for x in peaks if x is not None)
+    emit(result)
+    return 0 if "error" not in result else 1
+
+
 def emit(obj: dict) -> None:
     """The result is the LAST line of stdout, one JSON object (the Rust harness reads it)."""
     sys.stdout.flush()
