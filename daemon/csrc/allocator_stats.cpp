@@ -49,56 +49,70 @@ static void copy_message(const char* msg, char* err, size_t err_len) {
   err[err_len - 1] = '\0';
 }
 
-int dflash_cuda_allocator_stats(int device, DflashAllocatorStats* out, char* err, size_t err_len) {
 #ifdef DFLASH_HAVE_C10_CUDA
+// Runs `query` with every C++ exception turned into DFLASH_ALLOC_ERROR and its message, since
+// none may cross the C ABI.
+extern "C++" {
+template <typename Query>
+static int guarded(Query query, char* err, size_t err_len) {
   try {
-    auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
-    if (!allocator->initialized()) {
-      copy_message("the CUDA caching allocator is not initialized yet", err, err_len);
-      return DFLASH_ALLOC_ERROR;
-    }
-    const auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(device));
-    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    out->allocated_current = stats.allocated_bytes[agg].current;
-    out->allocated_peak = stats.allocated_bytes[agg].peak;
-    out->reserved_current = stats.reserved_bytes[agg].current;
-    out->reserved_peak = stats.reserved_bytes[agg].peak;
-    out->active_peak = stats.active_bytes[agg].peak;
-    out->num_alloc_retries = stats.num_alloc_retries;
-    out->num_ooms = stats.num_ooms;
-    return DFLASH_ALLOC_OK;
+    return query();
   } catch (const std::exception& e) {
     copy_message(e.what(), err, err_len);
-    return DFLASH_ALLOC_ERROR;
   } catch (...) {
     copy_message("unknown C++ exception from the CUDA caching allocator", err, err_len);
-    return DFLASH_ALLOC_ERROR;
   }
+  return DFLASH_ALLOC_ERROR;
+}
+}
+#else
+static int not_compiled(char* err, size_t err_len) {
+  copy_message("this dflashd was built against a torch without libc10_cuda.so", err, err_len);
+  return DFLASH_ALLOC_NOT_COMPILED;
+}
+#endif
+
+int dflash_cuda_allocator_stats(int device, DflashAllocatorStats* out, char* err, size_t err_len) {
+#ifdef DFLASH_HAVE_C10_CUDA
+  return guarded(
+      [&] {
+        auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+        if (!allocator->initialized()) {
+          copy_message("the CUDA caching allocator is not initialized yet", err, err_len);
+          return static_cast<int>(DFLASH_ALLOC_ERROR);
+        }
+        const auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+        const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+        out->allocated_current = stats.allocated_bytes[agg].current;
+        out->allocated_peak = stats.allocated_bytes[agg].peak;
+        out->reserved_current = stats.reserved_bytes[agg].current;
+        out->reserved_peak = stats.reserved_bytes[agg].peak;
+        out->active_peak = stats.active_bytes[agg].peak;
+        out->num_alloc_retries = stats.num_alloc_retries;
+        out->num_ooms = stats.num_ooms;
+        return static_cast<int>(DFLASH_ALLOC_OK);
+      },
+      err, err_len);
 #else
   (void)device;
   (void)out;
-  copy_message("this dflashd was built against a torch without libc10_cuda.so", err, err_len);
-  return DFLASH_ALLOC_NOT_COMPILED;
+  return not_compiled(err, err_len);
 #endif
 }
 
 // Resets the peak counters so each telemetry window reports its own peak (torchtitan style).
 int dflash_cuda_allocator_reset_peak(int device, char* err, size_t err_len) {
 #ifdef DFLASH_HAVE_C10_CUDA
-  try {
-    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
-    return DFLASH_ALLOC_OK;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), err, err_len);
-    return DFLASH_ALLOC_ERROR;
-  } catch (...) {
-    copy_message("unknown C++ exception from the CUDA caching allocator", err, err_len);
-    return DFLASH_ALLOC_ERROR;
-  }
+  return guarded(
+      [&] {
+        c10::getDeviceAllocator(c10::DeviceType::CUDA)
+            ->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+        return static_cast<int>(DFLASH_ALLOC_OK);
+      },
+      err, err_len);
 #else
   (void)device;
-  copy_message("this dflashd was built against a torch without libc10_cuda.so", err, err_len);
-  return DFLASH_ALLOC_NOT_COMPILED;
+  return not_compiled(err, err_len);
 #endif
 }
 

@@ -228,20 +228,26 @@ impl Drop for CheckpointWriter {
     }
 }
 
+/// The entries of a checkpoint root; `None` when it does not exist yet (a run before its first
+/// checkpoint).
+fn entries_if_present(root: &Path) -> Result<Option<fs::ReadDir>, CheckpointError> {
+    match fs::read_dir(root) {
+        Ok(entries) => Ok(Some(entries)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CheckpointError::Io {
+            path: root.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
 /// Cleans up after a writer that died (one writer per run directory is assumed): partial
 /// `.tmp-*` directories are deleted; a `.old-<name>-*` directory, left when a crash hit between
 /// moving an old checkpoint aside and publishing its replacement, is put back if `<name>` is
 /// missing and deleted otherwise.
 pub fn recover(root: &Path) -> Result<(), CheckpointError> {
-    let entries = match fs::read_dir(root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => {
-            return Err(CheckpointError::Io {
-                path: root.to_path_buf(),
-                source: e,
-            })
-        }
+    let Some(entries) = entries_if_present(root)? else {
+        return Ok(());
     };
     for entry in entries {
         let entry = entry.map_err(io_err(root))?;
@@ -348,15 +354,8 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(
 /// oldest first. Temporary directories of interrupted writes are never listed.
 pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     let mut out = Vec::new();
-    let entries = match fs::read_dir(root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => {
-            return Err(CheckpointError::Io {
-                path: root.to_path_buf(),
-                source: e,
-            })
-        }
+    let Some(entries) = entries_if_present(root)? else {
+        return Ok(out);
     };
     for entry in entries {
         let entry = entry.map_err(io_err(root))?;
