@@ -4,6 +4,7 @@
 //! with their reason but are not errors (a CPU machine is a supported place to run).
 use anyhow::Result;
 
+use crate::runtime::topology::nccl;
 use crate::telemetry::{allocator, fingerprint, gpu::GpuSampler};
 
 fn or_unknown(value: Option<String>, why: &str) -> String {
@@ -60,6 +61,11 @@ pub fn run() -> Result<()> {
                 "this libtorch has no CUDA support"
             }
         );
+    }
+    // Only a multi-GPU drafter group needs NCCL; a CPU machine reports it and moves on.
+    match nccl::nccl_status(libtorch_dir.as_deref()) {
+        Ok(version) => println!("nccl:            {version} (loadable)"),
+        Err(why) => println!("nccl:            {why}"),
     }
     let nvml = GpuSampler::new();
     match nvml.unavailable_reason() {

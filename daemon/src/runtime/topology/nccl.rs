@@ -10,6 +10,7 @@
 //! NOT TESTED ON A GPU: the machines this was written on have none. The CPU all-reduce
 //! ([`super::allreduce::CpuAllReduce`]) is what the tests exercise.
 use std::ffi::CStr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use cudarc::nccl::{result, sys};
@@ -17,10 +18,48 @@ use tch::{Device, Kind, Tensor};
 
 use super::allreduce::{AbortGroup, AllReduce, AllReduceError};
 
-/// The NCCL shared library cudarc looks for; the torch wheel ships only `libnccl.so.2`.
-const LIBRARY_HINT: &str = "cudarc loads NCCL as `libnccl.so` from the library search path; \
-the torch wheel ships it as <site-packages>/nvidia/nccl/lib/libnccl.so.2 — put a `libnccl.so` \
-symlink to it in a directory on LD_LIBRARY_PATH (or install the system NCCL package)";
+/// Where the torch wheel keeps NCCL, from its `torch/lib` directory:
+/// `<site-packages>/nvidia/nccl/lib/libnccl.so.2`.
+pub fn wheel_nccl(torch_lib: &Path) -> PathBuf {
+    torch_lib.join("../../nvidia/nccl/lib/libnccl.so.2")
+}
+
+/// What to do when cudarc cannot open NCCL: it looks for `libnccl.so` (and a few versioned
+/// names, not `.so.2`) on the library search path, while the torch wheel ships only
+/// `libnccl.so.2`. `wheel` is the wheel's copy when it exists.
+pub fn missing_nccl_hint(wheel: Option<&Path>) -> String {
+    match wheel {
+        Some(lib) => format!(
+            "NCCL is not loadable as `libnccl.so`; the torch wheel has it as {lib}. Link it and \
+             restart dflashd: `mkdir -p ~/.local/lib/dflash-nccl && ln -sf {lib} \
+             ~/.local/lib/dflash-nccl/libnccl.so && export \
+             LD_LIBRARY_PATH=~/.local/lib/dflash-nccl:$LD_LIBRARY_PATH`",
+            lib = lib.display()
+        ),
+        None => "NCCL is not loadable as `libnccl.so` and the torch wheel's copy was not found \
+                 beside the loaded libtorch; install NCCL (e.g. the system `libnccl2` package) \
+                 or put a `libnccl.so` on LD_LIBRARY_PATH"
+            .into(),
+    }
+}
+
+/// The NCCL version cudarc can load, or what to do to make it loadable.
+pub fn nccl_status(torch_lib: Option<&Path>) -> Result<String, String> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        let wheel = torch_lib.map(wheel_nccl).filter(|p| p.exists());
+        return Err(missing_nccl_hint(
+            wheel.and_then(|p| p.canonicalize().ok()).as_deref(),
+        ));
+    }
+    let version = result::get_nccl_version().map_err(|e| describe(&e))?;
+    Ok(format!(
+        "NCCL {}.{}.{}",
+        version / 10_000,
+        (version / 100) % 100,
+        version % 100
+    ))
+}
 
 fn describe(err: &result::NcclError) -> String {
     // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any result code.
@@ -79,10 +118,8 @@ impl AbortGroup for NcclGroup {
 
 /// Creates one communicator per device in `devices` (CUDA indices, one rank each, in order).
 pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduce>), String> {
-    // SAFETY: only probes whether the shared library can be opened.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(format!("NCCL is not available: {LIBRARY_HINT}"));
-    }
+    let torch_lib = crate::telemetry::fingerprint::loaded_libtorch_dir();
+    nccl_status(torch_lib.as_deref())?;
     let version = result::get_nccl_version().map_err(|e| describe(&e))?;
     let n = devices.len();
     let ordinals: Vec<i32> = devices.iter().map(|&d| d as i32).collect();
@@ -234,6 +271,22 @@ mod tests {
         assert!(
             err.contains("NCCL") || err.contains("ncclCommInitAll"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_hint_names_the_wheel_copy_and_the_exact_commands() {
+        let lib = Path::new("/opt/py/site-packages/nvidia/nccl/lib/libnccl.so.2");
+        let hint = missing_nccl_hint(Some(lib));
+        assert!(
+            hint.contains("ln -sf /opt/py/site-packages/nvidia/nccl/lib/libnccl.so.2 ")
+                && hint.contains("LD_LIBRARY_PATH=~/.local/lib/dflash-nccl"),
+            "{hint}"
+        );
+        assert!(missing_nccl_hint(None).contains("install NCCL"));
+        assert_eq!(
+            wheel_nccl(Path::new("/opt/py/site-packages/torch/lib")),
+            Path::new("/opt/py/site-packages/torch/lib/../../nvidia/nccl/lib/libnccl.so.2")
         );
     }
 }
