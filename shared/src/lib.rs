@@ -10,6 +10,7 @@ pub mod health;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
+pub mod socket_path;
 pub mod status;
 
 mod serde_util;

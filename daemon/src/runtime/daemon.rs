@@ -129,7 +129,16 @@ impl ControlPlane {
         })
         .await
         .expect("fingerprint task does not panic");
-        let current = current?;
+        let current = current.inspect_err(|e| {
+            // The journal is open: a start refused this early stays in the run's history.
+            handle.record_event_logged(
+                Severity::Crit,
+                EventKind::RunStopped {
+                    reason: format!("the run did not start: {e}"),
+                    checkpoint: None,
+                },
+            );
+        })?;
         let previous = fingerprint::load(&opts.run_dir)?;
         let resume = fingerprint::resume_decision(
             previous.as_ref(),
@@ -263,7 +272,12 @@ fn journal_resume_decision(
             confirm_token,
         } => {
             for d in drifts {
-                handle.record_event(Severity::Crit, d.to_event_kind())?;
+                let severity = if d.blocks_resume {
+                    Severity::Crit
+                } else {
+                    Severity::Info
+                };
+                handle.record_event(severity, d.to_event_kind())?;
             }
             let changes: Vec<String> = drifts
                 .iter()

@@ -19,7 +19,7 @@ pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
 
 #[derive(Debug, Error)]
 pub enum FingerprintError {
-    #[error("hashing {what} {path}: {source}")]
+    #[error("cannot read the {what} {path}: {source}{}", hash_remedy(what))]
     Hash {
         what: &'static str,
         path: PathBuf,
@@ -36,6 +36,17 @@ pub enum FingerprintError {
         path: PathBuf,
         source: serde_json::Error,
     },
+}
+
+fn hash_remedy(what: &str) -> &'static str {
+    match what {
+        "data file" => {
+            ". Point data.train_file in the config at an existing chat or pre-tokenized JSONL \
+             file, or set it to \"embedded\" for the built-in set"
+        }
+        "config" => ". Check the --config path",
+        _ => "",
+    }
 }
 
 /// Where the run's config came from.
