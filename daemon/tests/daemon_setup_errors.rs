@@ -108,5 +108,9 @@ fn setup_errors_reach_the_callers_terminal_and_the_journal() {
             reason.contains(needles[0].as_str()) && reason.contains(needles[1].as_str()),
             "the journal keeps it: {reason}"
         );
+        assert!(
+            !root.join("run/fingerprint.json").exists(),
+            "a start that trained nothing records no environment to compare the next one with"
+        );
     }
 }

@@ -103,6 +103,9 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     };
     let handle = cp.handle.clone();
     let not_started = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
+        if let Err(e) = cp.forget_fingerprint() {
+            tracing::warn!(error = %e, "could not restore the previous environment fingerprint");
+        }
         handle.record_event_logged(
             Severity::Crit,
             EventKind::RunStopped {

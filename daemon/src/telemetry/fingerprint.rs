@@ -209,6 +209,19 @@ pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
     })
 }
 
+/// Removes the recorded environment (a run that never trained has none).
+pub fn remove(run_dir: &Path) -> Result<(), FingerprintError> {
+    let path = run_dir.join(FINGERPRINT_FILE_NAME);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FingerprintError::Io {
+            action: "removing",
+            path,
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// One digest over all data files: each file's name and content hash, in order.
 pub fn hash_data_files(files: &[PathBuf]) -> Result<String, FingerprintError> {
     let mut all = Sha256::new();
