@@ -171,3 +171,123 @@ fn an_environment_drift_holds_the_resume_until_its_token_is_given() {
         accepted.stdout()
     );
 }
+
+#[test]
+fn a_new_code_commit_resumes_on_its_own_and_is_journaled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut d = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    // What the previous start recorded when it was built at another commit and version.
+    let path = d.run_dir.join("fingerprint.json");
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let old_commit = "0123456789abcdef0123456789abcdef01234567";
+    fp["code_git_commit"] = old_commit.into();
+    fp["dflashd_version"] = "0.0.1".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+
+    let mut rebuilt = Daemon::spawn(root, &["--max-steps", "2"]);
+    assert!(rebuilt.wait_exit().success(), "{}", rebuilt.stderr());
+    let out = rebuilt.stdout();
+    assert!(
+        out.contains("resumed at step 1") && out.contains("changed:  dflashd 0.0.1 → "),
+        "{out}"
+    );
+    assert!(out.contains("code commit 0123456789ab → "), "{out}");
+    let events = journal(&d.run_dir);
+    let changed = events.iter().any(|e| {
+        matches!(&e.kind, EventKind::EnvironmentChanged { field, before, .. }
+            if field == "code_git_commit" && before == old_commit)
+    });
+    assert!(
+        changed,
+        "the commit change is journaled with before → after"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::EnvironmentDrift { .. })),
+        "a commit change is not a drift"
+    );
+
+    // The same rebuild next to a swapped torch is still held.
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    fp["code_git_commit"] = old_commit.into();
+    fp["libtorch_version"] = "2.9.1+cu130".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+    let mut held = Daemon::spawn(root, &["--max-steps", "3"]);
+    assert_eq!(held.wait_exit().code(), Some(3), "{}", held.stderr());
+    let err = held.stderr();
+    assert!(err.contains("libtorch 2.9.1+cu130 → "), "{err}");
+    assert!(
+        err.contains("Also changed (informational, does not hold the run): code commit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unlocked_epochs_change_resumes_the_checkpoint_and_a_tap_count_change_never_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (old, longer, wider) = (
+        root.join("old.toml"),
+        root.join("longer.toml"),
+        root.join("wider.toml"),
+    );
+    write_config(&old, |_| {});
+    write_config(&longer, |c| c.training.epochs = 8);
+    write_config(&wider, |c| c.drafter.target_layer_ids = vec![0, 1, 3]);
+    let cfg = |p: &Path| p.display().to_string();
+
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old), "--max-steps", "2"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    let six_epochs = total_steps(&d.stdout());
+
+    // A different number of tap layers cannot carry the weights: refused, no unlock offered.
+    let mut refused = Daemon::spawn(root, &["--config", &cfg(&wider), "--max-steps", "1"]);
+    assert_eq!(refused.wait_exit().code(), Some(2), "{}", refused.stderr());
+    let err = refused.stderr();
+    assert!(
+        err.contains("drafter.target_layer_ids") && err.contains("fc input"),
+        "{err}"
+    );
+    assert!(!err.contains("press U"), "an unlock would not help: {err}");
+
+    // The operator unlocks epochs on the socket while the run is up under its old config.
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old)]);
+    let mut c = d.client();
+    let id = confirm(
+        &mut c,
+        Action::UnlockKey {
+            key: "training.epochs".into(),
+        },
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+
+    // The checkpoint resumes under 8 epochs: its weights and data position carry over and
+    // the schedule is recomputed from the new total.
+    let mut resumed = Daemon::spawn(root, &["--config", &cfg(&longer), "--max-steps", "1"]);
+    assert!(resumed.wait_exit().success(), "{}", resumed.stderr());
+    let out = resumed.stdout();
+    assert!(out.contains("resumed at step"), "{out}");
+    assert_eq!(total_steps(&out), six_epochs / 6 * 8, "{out}");
+    let noted = journal(&d.run_dir).into_iter().any(|e| {
+        matches!(&e.kind, EventKind::Note { message }
+            if message.contains("training.epochs changed 6 → 8") && message.contains(&id))
+    });
+    assert!(noted, "the accepted change is journaled with its unlock");
+    // Later starts under the new value need no further unlock.
+    let mut again = Daemon::spawn(root, &["--config", &cfg(&longer), "--max-steps", "1"]);
+    assert!(again.wait_exit().success(), "{}", again.stderr());
+}
+
+/// "... N steps in total ..." from the start banner.
+fn total_steps(banner: &str) -> u64 {
+    banner
+        .split(" steps in total")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no total in: {banner}"))
+}

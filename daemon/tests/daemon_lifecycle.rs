@@ -161,3 +161,29 @@ fn detach_returns_once_serving_and_reuse_running_finds_it() {
         std::fs::read_to_string(root.join("xdg-state/dflash/logs/dflashd-stdio.out")).unwrap();
     assert!(out.contains("stopped (SIGTERM)"), "{out}");
 }
+
+#[test]
+fn a_multi_worker_start_names_every_worker_by_role_and_publishes_its_queue() {
+    use dflash_shared::config::Device;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let config = root.join("two-by-two.toml");
+    daemon_support::write_config(&config, |c| {
+        c.topology.target_devices = vec![Device::Cpu, Device::Cpu];
+        c.topology.drafter_devices = vec![Device::Cpu, Device::Cpu];
+    });
+    let mut d = Daemon::spawn(root, &["--config", &config.display().to_string()]);
+    d.wait_step_above(1);
+    let queue = d.status().queue;
+    assert!(
+        queue.capacity > 0 && queue.byte_cap > 0,
+        "the queue is published: {queue:?}"
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    let out = d.stdout();
+    assert!(
+        out.contains("on 2 target workers (cpu, cpu) + 2 drafter workers (cpu, cpu)"),
+        "the banner names the topology, not drafter rank 0's device:\n{out}"
+    );
+}

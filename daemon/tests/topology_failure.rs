@@ -4,6 +4,7 @@ mod topology_common;
 
 use std::time::Duration;
 
+use dflash_shared::metrics::DeviceRole;
 use dflashd::engine::train::loader::{split_held_out, Loader};
 use dflashd::engine::train::trainer::PAD_ID;
 use dflashd::engine::train::TrainError;
@@ -22,9 +23,23 @@ fn samples_with_bad(position: usize, batch_size: usize) -> Vec<dflashd::data::Sa
     samples
 }
 
+/// (worker, device, detail), after checking that the role and rank agree with the worker's name.
 fn worker_error(err: TrainError) -> (String, String, String) {
     match err {
-        TrainError::Worker(f) => (f.worker, f.device, f.detail),
+        TrainError::Worker(f) => {
+            let role = match f.role {
+                DeviceRole::Target => "target",
+                DeviceRole::Drafter => "drafter",
+                DeviceRole::Both => "target+drafter",
+                DeviceRole::Idle => "idle",
+            };
+            assert_eq!(
+                f.worker,
+                format!("{role} worker {} on {}", f.rank, f.device),
+                "role, rank and device name the failing worker"
+            );
+            (f.worker, f.device, f.detail)
+        }
         other => panic!("expected a worker failure, got: {other}"),
     }
 }

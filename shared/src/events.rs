@@ -37,8 +37,16 @@ pub enum EventKind {
     Fingerprint {
         summary: String,
     },
-    /// A fingerprint field differs from the one recorded at the previous start.
+    /// A fingerprint field that holds resume differs from the one recorded at the previous
+    /// start (torch, CUDA, driver, GPUs, data, …).
     EnvironmentDrift {
+        field: String,
+        before: String,
+        after: String,
+    },
+    /// An informational fingerprint field changed (code commit, dflashd version, config
+    /// revision): recorded and shown, never holds resume.
+    EnvironmentChanged {
         field: String,
         before: String,
         after: String,
@@ -76,9 +84,15 @@ pub enum EventKind {
         action_id: String,
         outcome: String,
     },
+    /// A worker failed; `role` and `rank` name which one (absent in journals written before
+    /// they were recorded, and for failures outside a worker such as a checkpoint write).
     WorkerFailed {
         device: String,
         error: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        role: Option<crate::metrics::DeviceRole>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rank: Option<usize>,
     },
     RunPaused {
         reason: String,
@@ -95,4 +109,52 @@ pub enum EventKind {
     Note {
         message: String,
     },
+}
+
+/// "target worker 1 on cuda:3", or "worker on cuda:3" when the role or rank is unknown.
+pub fn worker_subject(
+    device: &str,
+    role: Option<crate::metrics::DeviceRole>,
+    rank: Option<usize>,
+) -> String {
+    use crate::metrics::DeviceRole;
+    match (role, rank) {
+        (Some(role), Some(rank)) => {
+            let word = match role {
+                DeviceRole::Target => "target",
+                DeviceRole::Drafter => "drafter",
+                DeviceRole::Both => "target+drafter",
+                DeviceRole::Idle => "idle",
+            };
+            format!("{word} worker {rank} on {device}")
+        }
+        _ => format!("worker on {device}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::DeviceRole;
+
+    #[test]
+    fn a_worker_failure_names_its_role_and_rank_and_older_lines_still_load() {
+        assert_eq!(
+            worker_subject("cuda:3", Some(DeviceRole::Target), Some(1)),
+            "target worker 1 on cuda:3"
+        );
+        assert_eq!(worker_subject("cpu", None, None), "worker on cpu");
+        let old: EventKind =
+            serde_json::from_str(r#"{"kind":"worker_failed","device":"cuda:3","error":"oom"}"#)
+                .unwrap();
+        assert_eq!(
+            old,
+            EventKind::WorkerFailed {
+                device: "cuda:3".into(),
+                error: "oom".into(),
+                role: None,
+                rank: None
+            }
+        );
+    }
 }

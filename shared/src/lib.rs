@@ -11,6 +11,7 @@ pub mod invocation;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
+pub mod socket_path;
 pub mod status;
 
 mod serde_util;

@@ -1,20 +1,21 @@
-//! Where `dflashd` puts its socket and its files, by default. The daemon resolves the same
-//! rule (its `runtime::paths`); this copy is small on purpose so the two can be compared line
-//! by line.
+//! Where `dflashd` puts its socket and its files, by default.
 //!
-//! - Socket: `$RUNTIME_DIRECTORY/dflashd.sock` under systemd, else
+//! - Socket: the rule the daemon listens by ([`dflash_shared::socket_path`]):
+//!   `$RUNTIME_DIRECTORY/dflashd.sock` under systemd, else
 //!   `$XDG_RUNTIME_DIR/dflash/dflashd.sock`, else the private 0700 directory
-//!   `<tmp>/dflash-<uid>/` (servers reached over SSH often have no `XDG_RUNTIME_DIR`).
+//!   `<tmp>/dflash-<uid>/` (servers reached over SSH often have no `XDG_RUNTIME_DIR`). This
+//!   module reads the environment and checks the fallback directory before trusting it.
 //! - State: `$XDG_STATE_HOME/dflash` (else `~/.local/state/dflash`), holding `logs/`.
 //! - Run dir: `$XDG_DATA_HOME/dflash/runs/default` unless the daemon was given `--run-dir`;
 //!   it holds `journal.jsonl` (one event per line) and `recording.jsonl`.
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, SocketEnv};
 use thiserror::Error;
 
-pub const APP_DIR: &str = "dflash";
-pub const SOCKET_FILE: &str = "dflashd.sock";
+pub const APP_DIR: &str = dflash_shared::socket_path::APP_DIR;
+pub const SOCKET_FILE: &str = dflash_shared::socket_path::SOCKET_FILE_NAME;
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 pub const RECORDING_FILE: &str = "recording.jsonl";
 pub const LOGS_DIR: &str = "logs";
@@ -37,45 +38,19 @@ pub enum PathError {
     },
 }
 
-/// What the socket location depends on, read from the environment by [`default_socket_path`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SocketInputs<'a> {
-    /// `$RUNTIME_DIRECTORY` (systemd `RuntimeDirectory=`), first entry.
-    pub systemd_runtime_dir: Option<&'a Path>,
-    /// `$XDG_RUNTIME_DIR`.
-    pub xdg_runtime_dir: Option<&'a Path>,
-    pub temp_dir: &'a Path,
-    pub uid: u32,
-}
-
-/// The socket path from its inputs; pure so the rule is testable without touching the env.
-pub fn socket_path_from(inputs: &SocketInputs) -> PathBuf {
-    let absolute = |p: Option<&Path>| p.filter(|p| p.is_absolute()).map(Path::to_path_buf);
-    let dir = absolute(inputs.systemd_runtime_dir)
-        .or_else(|| absolute(inputs.xdg_runtime_dir).map(|d| d.join(APP_DIR)))
-        .unwrap_or_else(|| private_fallback_dir(inputs.temp_dir, inputs.uid));
-    dir.join(SOCKET_FILE)
-}
-
-/// `<tmp>/dflash-<uid>`: the per-user directory used when there is no runtime dir.
-pub fn private_fallback_dir(temp_dir: &Path, uid: u32) -> PathBuf {
-    temp_dir.join(format!("{APP_DIR}-{uid}"))
-}
-
 /// The socket the daemon listens on unless told otherwise.
 pub fn default_socket_path() -> PathBuf {
-    let systemd = std::env::var_os("RUNTIME_DIRECTORY").and_then(|v| {
-        v.to_str()
-            .and_then(|s| s.split(':').next())
-            .map(PathBuf::from)
-    });
-    let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
-    socket_path_from(&SocketInputs {
-        systemd_runtime_dir: systemd.as_deref(),
+    let (systemd, xdg) = (
+        std::env::var_os("RUNTIME_DIRECTORY"),
+        std::env::var_os("XDG_RUNTIME_DIR"),
+    );
+    resolve_socket(&SocketEnv {
+        runtime_directory: systemd.as_deref(),
         xdg_runtime_dir: xdg.as_deref(),
         temp_dir: &std::env::temp_dir(),
         uid: current_uid(),
     })
+    .socket
 }
 
 /// The daemon's files that the console reads when the daemon is down.
@@ -153,35 +128,6 @@ pub fn check_private_dir(dir: &Path, uid: u32) -> Result<(), PathError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn inputs<'a>(systemd: Option<&'a Path>, xdg: Option<&'a Path>) -> SocketInputs<'a> {
-        SocketInputs {
-            systemd_runtime_dir: systemd,
-            xdg_runtime_dir: xdg,
-            temp_dir: Path::new("/tmp"),
-            uid: 1234,
-        }
-    }
-
-    #[test]
-    fn systemd_then_xdg_then_a_private_temp_dir() {
-        let run = Path::new("/run/dflash");
-        let xdg = Path::new("/run/user/1234");
-        assert_eq!(
-            socket_path_from(&inputs(Some(run), Some(xdg))),
-            PathBuf::from("/run/dflash/dflashd.sock")
-        );
-        assert_eq!(
-            socket_path_from(&inputs(None, Some(xdg))),
-            PathBuf::from("/run/user/1234/dflash/dflashd.sock")
-        );
-        let fallback = PathBuf::from("/tmp/dflash-1234/dflashd.sock");
-        assert_eq!(socket_path_from(&inputs(None, None)), fallback);
-        assert_eq!(
-            socket_path_from(&inputs(None, Some(Path::new("rel")))),
-            fallback
-        );
-    }
 
     #[test]
     fn the_journal_lives_in_the_run_dir_and_logs_in_the_state_dir() {

@@ -25,6 +25,7 @@ use crate::runtime::detach::{self, Detached, Readiness};
 use crate::runtime::launch::{launch, LaunchSpec};
 use crate::runtime::paths::{resolve, PathInputs};
 use crate::runtime::probe::probe;
+use crate::runtime::refused;
 use crate::runtime::setup::resolve_path;
 
 #[derive(Args, Debug)]
@@ -104,7 +105,22 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }
     let (config, config_path) = match &args.config {
-        Some(path) => (load_config(path)?, Some(absolute(path)?)),
+        Some(path) => match load_config(path) {
+            Ok(config) => (config, Some(absolute(path)?)),
+            Err(e) => {
+                let text = format!(
+                    "{e:#}\nFix the config (check it with `dflashd config validate {}`) and start \
+                     again.",
+                    path.display()
+                );
+                // The run dir is only known here when given: the config that names it failed.
+                if let Some(dir) = &args.run_dir {
+                    let reason = format!("the run did not start: {}", text.replace('\n', " "));
+                    refused::journal_refused_start(&absolute(dir)?, &reason);
+                }
+                bail!(text);
+            }
+        },
         None => (Config::embedded_default(), None),
     };
     for warning in config.warnings() {

@@ -383,6 +383,20 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
             out.push(format!(
                 "{key:?} may then change on resume; the change is journaled"
             ));
+            // What an unlock cannot admit, said before the operator confirms it.
+            match policy.canonical_locked_key(key).as_deref() {
+                Some("training.precision") => out.push(
+                    "BF16 stays the only training precision: FP8 is never allowed, so a resume \
+                     with another precision is still refused"
+                        .into(),
+                ),
+                Some("drafter.target_layer_ids") => out.push(
+                    "tap layers may move, but their number may not: it sets the drafter's fc \
+                     input width, and a resume with another count is still refused"
+                        .into(),
+                ),
+                _ => {}
+            }
             out.push(
                 "a run resumed with a different value is no longer comparable to its history"
                     .into(),

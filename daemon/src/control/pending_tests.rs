@@ -327,3 +327,17 @@ fn ids_name_the_action_kind() {
         "delcache-000001"
     );
 }
+
+#[test]
+fn unlock_consequences_say_what_an_unlock_still_cannot_admit() {
+    let v = view(RunState::Training);
+    let text =
+        |key: &str| consequences(&Action::UnlockKey { key: key.into() }, &v, &policy()).join("\n");
+    assert!(text("precision").contains("FP8 is never allowed"));
+    assert!(text("drafter.target_layer_ids").contains("fc input width"));
+    let epochs = text("epochs");
+    assert!(
+        epochs.contains("may then change on resume") && !epochs.contains("still refused"),
+        "{epochs}"
+    );
+}

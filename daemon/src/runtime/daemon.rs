@@ -73,6 +73,10 @@ pub struct ControlPlane {
     pub handle: RunHandle,
     pub resume: ResumeDecision,
     pub socket: PathBuf,
+    run_dir: PathBuf,
+    /// What the previous start recorded, and whether this start replaced it.
+    previous_fingerprint: Option<dflash_shared::health::Fingerprint>,
+    saved_fingerprint: bool,
     server: tokio::task::JoinHandle<()>,
     sampler: JoinHandle<()>,
     _lock: RunDirLock,
@@ -129,7 +133,16 @@ impl ControlPlane {
         })
         .await
         .expect("fingerprint task does not panic");
-        let current = current?;
+        let current = current.inspect_err(|e| {
+            // The journal is open: a start refused this early stays in the run's history.
+            handle.record_event_logged(
+                Severity::Crit,
+                EventKind::RunStopped {
+                    reason: format!("the run did not start: {e}"),
+                    checkpoint: None,
+                },
+            );
+        })?;
         let previous = fingerprint::load(&opts.run_dir)?;
         let resume = fingerprint::resume_decision(
             previous.as_ref(),
@@ -144,7 +157,8 @@ impl ControlPlane {
             },
         )?;
         journal_resume_decision(&handle, &resume)?;
-        if !matches!(resume, ResumeDecision::Blocked { .. }) {
+        let saved_fingerprint = !matches!(resume, ResumeDecision::Blocked { .. });
+        if saved_fingerprint {
             fingerprint::save(&opts.run_dir, &current)?;
         }
 
@@ -202,6 +216,9 @@ impl ControlPlane {
             handle,
             resume,
             socket: opts.socket,
+            run_dir: opts.run_dir,
+            previous_fingerprint: previous,
+            saved_fingerprint,
             server,
             sampler,
             _lock: lock,
@@ -211,6 +228,19 @@ impl ControlPlane {
     /// Whether the run loop may start: the environment matches, or its drift was accepted.
     pub fn resume_allowed(&self) -> bool {
         !matches!(self.resume, ResumeDecision::Blocked { .. })
+    }
+
+    /// Puts back the environment the previous start recorded. For a start that trained nothing
+    /// (setup failed, a locked key was refused): the next start must still be compared with the
+    /// environment the run last ran in, not with this failed attempt's.
+    pub fn forget_fingerprint(&self) -> Result<(), FingerprintError> {
+        if !self.saved_fingerprint {
+            return Ok(());
+        }
+        match &self.previous_fingerprint {
+            Some(previous) => fingerprint::save(&self.run_dir, previous),
+            None => fingerprint::remove(&self.run_dir),
+        }
     }
 
     /// Waits until shutdown is requested on the handle and every part has stopped.
@@ -263,7 +293,12 @@ fn journal_resume_decision(
             confirm_token,
         } => {
             for d in drifts {
-                handle.record_event(Severity::Crit, d.to_event_kind())?;
+                let severity = if d.blocks_resume {
+                    Severity::Crit
+                } else {
+                    Severity::Info
+                };
+                handle.record_event(severity, d.to_event_kind())?;
             }
             let changes: Vec<String> = drifts
                 .iter()

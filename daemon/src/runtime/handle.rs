@@ -19,6 +19,7 @@ use crate::control::journal::{now_ms, Journal, JournalError};
 use crate::control::pending::{ActionPolicy, PendingActions, StateView};
 use crate::control::recorder::Recorder;
 use crate::runtime::bus::FrameBus;
+use crate::runtime::topology::QueueMonitor;
 
 /// Checkpoints listed in status; older ones are still on disk, just not in the snapshot.
 const CHECKPOINTS_LISTED: usize = 32;
@@ -52,6 +53,8 @@ struct Shared {
     pending: Mutex<PendingActions>,
     policy: ActionPolicy,
     unlocked_keys: Mutex<Vec<String>>,
+    /// The run's hidden-state queues, read by the telemetry timer between steps.
+    queue_monitor: Mutex<Option<QueueMonitor>>,
     bus: FrameBus,
     recorder: Option<Mutex<Recorder>>,
     commands: Mutex<Option<mpsc::Sender<RunCommand>>>,
@@ -139,6 +142,7 @@ impl RunHandle {
                 pending: Mutex::new(PendingActions::default()),
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
+                queue_monitor: Mutex::new(None),
                 bus,
                 recorder: recorder.map(Mutex::new),
                 commands: Mutex::new(None),
@@ -209,6 +213,20 @@ impl RunHandle {
     pub fn publish_queue(&self, q: QueueStats) {
         write(&self.inner.status).snapshot.queue = q.clone();
         self.publish(Topic::Metrics, Response::Queue(q));
+    }
+
+    /// Hands the run's queues to the telemetry timer (`None`: the topology has no queue).
+    pub fn set_queue_monitor(&self, monitor: Option<QueueMonitor>) {
+        *lock(&self.inner.queue_monitor) = monitor;
+    }
+
+    /// Publishes a fresh reading of the hidden-state queue, if the run has one. The telemetry
+    /// timer calls it, so a stalled producer or consumer still shows its depth, bytes and
+    /// blocked/starved time while no step completes.
+    pub fn publish_queue_reading(&self) -> Option<QueueStats> {
+        let stats = lock(&self.inner.queue_monitor).as_ref()?.stats();
+        self.publish_queue(stats.clone());
+        Some(stats)
     }
 
     pub fn publish_gpus(&self, telemetry: GpuTelemetry) {

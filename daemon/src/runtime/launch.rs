@@ -103,6 +103,9 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     };
     let handle = cp.handle.clone();
     let not_started = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
+        if let Err(e) = cp.forget_fingerprint() {
+            tracing::warn!(error = %e, "could not restore the previous environment fingerprint");
+        }
         handle.record_event_logged(
             Severity::Crit,
             EventKind::RunStopped {
@@ -122,15 +125,19 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         let text = drift_refusal(drifts, confirm_token, &spec);
         return not_started(EXIT_DRIFT, text, &mut ready, cp);
     }
-    if let Err(text) = locked_gate(&spec, &handle) {
-        handle.set_run_state(RunState::Paused);
-        return not_started(EXIT_LOCKED_KEY, text, &mut ready, cp);
-    }
+    let unlocked = match locked_gate(&spec, &handle) {
+        Ok(u) => u,
+        Err(text) => {
+            handle.set_run_state(RunState::Paused);
+            return not_started(EXIT_LOCKED_KEY, text, &mut ready, cp);
+        }
+    };
     let inputs = SetupInputs {
         config: &spec.config,
         config_path: spec.config_path.as_deref(),
         run_dir: &spec.run_dir,
         device_override: spec.device_override,
+        unlocked_keys: unlocked.carried.clone(),
     };
     let prepared = match setup::prepare(&inputs) {
         Ok(p) => p,
@@ -144,13 +151,22 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
             );
         }
     };
+    // Only now, with the checkpoint accepted, do the unlocks count as used.
+    if let Err(text) = apply_unlocks(&spec, &handle, &unlocked) {
+        handle.set_run_state(RunState::Failed);
+        return not_started(EXIT_FAILURE, text, &mut ready, cp);
+    }
     if let Err(e) = locked::save_effective(&spec.run_dir, &spec.config) {
         handle.set_run_state(RunState::Failed);
         return not_started(EXIT_FAILURE, e.to_string(), &mut ready, cp);
     }
     journal_start(&handle, &prepared, &spec);
     let device = setup::describe_device(prepared.device);
-    let banner = banner(&spec, &prepared, &device);
+    let where_ = setup::describe_topology(prepared.trainer.topology());
+    let mut banner = banner(&spec, &prepared, &where_);
+    if let Some(line) = environment_changes_line(&cp.resume) {
+        banner.push_str(&line);
+    }
     let cfg = RunLoopConfig {
         checkpoint_root: spec.run_dir.join(CHECKPOINTS_DIR),
         max_steps: spec.max_steps,
@@ -273,6 +289,17 @@ fn drift_refusal(
     for d in drifts.iter().filter(|d| d.blocks_resume) {
         text.push_str(&format!("  - {}\n", d.sentence()));
     }
+    let informational: Vec<String> = drifts
+        .iter()
+        .filter(|d| !d.blocks_resume)
+        .map(|d| d.sentence())
+        .collect();
+    if !informational.is_empty() {
+        text.push_str(&format!(
+            "Also changed (informational, does not hold the run): {}.\n",
+            informational.join("; ")
+        ));
+    }
     text.push_str(&format!(
         "A silently swapped library or driver can wreck a run's throughput and results. If the \
          change is intended, start again with --accept-drift {token} (the token accepts exactly \
@@ -281,37 +308,88 @@ fn drift_refusal(
     text
 }
 
+/// The banner line listing what changed since the last start and did not hold the resume
+/// (a rebuild at a new commit, or a drift the operator accepted).
+fn environment_changes_line(resume: &ResumeDecision) -> Option<String> {
+    let ResumeDecision::Proceed { drifts, accepted } = resume else {
+        return None;
+    };
+    let changes: Vec<String> = drifts
+        .iter()
+        .map(|d| {
+            if d.blocks_resume && *accepted {
+                format!("{} (accepted drift)", d.sentence())
+            } else {
+                d.sentence()
+            }
+        })
+        .collect();
+    Some(format!("\n  changed:  {}", changes.join("; ")))
+}
+
+/// What the locked-key gate let through.
+#[derive(Debug, Default)]
+struct Unlocked {
+    /// Changes accepted at this start, with the unlock that covers each.
+    accepted: Vec<(dflash_shared::config::LockedKeyChange, locked::Unlock)>,
+    /// Locked keys the checkpoint check may let differ (this start's and earlier unlocks).
+    carried: Vec<String>,
+}
+
 /// Compares locked keys with the previous start; `Err` is the refusal.
-fn locked_gate(spec: &LaunchSpec, handle: &RunHandle) -> Result<(), String> {
+fn locked_gate(spec: &LaunchSpec, handle: &RunHandle) -> Result<Unlocked, String> {
     let previous = locked::load_effective(&spec.run_dir).map_err(|e| e.to_string())?;
     let unlocks = locked::load_unlocks(&spec.run_dir).map_err(|e| e.to_string())?;
+    let refuse = |text: String| {
+        handle.record_event_logged(
+            Severity::Crit,
+            EventKind::RunPaused {
+                reason: text.replace('\n', " "),
+            },
+        );
+        Err(text)
+    };
+    let carried = |used: &[locked::Unlock]| {
+        locked::carried_keys(&spec.run_dir, used).map_err(|e| e.to_string())
+    };
     match locked::judge(previous.as_ref(), &spec.config, &unlocks) {
-        Gate::NoPrevious | Gate::Unchanged => Ok(()),
+        // Without a recorded config nothing was approved: the checkpoint must match exactly.
+        Gate::NoPrevious => Ok(Unlocked::default()),
+        Gate::Unchanged => Ok(Unlocked {
+            accepted: Vec::new(),
+            carried: carried(&[])?,
+        }),
+        Gate::CannotCarry { refusals } => {
+            refuse(locked::cannot_carry_message(&refusals, &spec.run_dir))
+        }
         Gate::Refused { changes, unlocked } => {
-            let text = locked::refusal_message(&changes, &unlocked, &spec.run_dir);
-            handle.record_event_logged(
-                Severity::Crit,
-                EventKind::RunPaused {
-                    reason: text.replace('\n', " "),
-                },
-            );
-            Err(text)
+            refuse(locked::refusal_message(&changes, &unlocked, &spec.run_dir))
         }
-        Gate::Accepted { changes, used } => {
-            for (c, u) in changes.iter().zip(&used) {
-                handle.record_event_logged(
-                    Severity::Warn,
-                    EventKind::Note {
-                        message: format!(
-                            "locked key {} changed {} → {}, accepted by unlock {}",
-                            c.key, c.before, c.after, u.action_id
-                        ),
-                    },
-                );
-            }
-            locked::consume_unlocks(&spec.run_dir, &used).map_err(|e| e.to_string())
-        }
+        Gate::Accepted { changes, used } => Ok(Unlocked {
+            carried: carried(&used)?,
+            accepted: changes.into_iter().zip(used).collect(),
+        }),
     }
+}
+
+/// Journals each accepted locked-key change and marks its unlock used.
+fn apply_unlocks(spec: &LaunchSpec, handle: &RunHandle, unlocked: &Unlocked) -> Result<(), String> {
+    if unlocked.accepted.is_empty() {
+        return Ok(());
+    }
+    for (c, u) in &unlocked.accepted {
+        handle.record_event_logged(
+            Severity::Warn,
+            EventKind::Note {
+                message: format!(
+                    "locked key {} changed {} → {}, accepted by unlock {}",
+                    c.key, c.before, c.after, u.action_id
+                ),
+            },
+        );
+    }
+    let used: Vec<locked::Unlock> = unlocked.accepted.iter().map(|(_, u)| u.clone()).collect();
+    locked::consume_unlocks(&spec.run_dir, &used).map_err(|e| e.to_string())
 }
 
 fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
@@ -355,7 +433,8 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
     );
 }
 
-fn banner(spec: &LaunchSpec, p: &Prepared, device: &str) -> String {
+/// `placement`: where the run trains, every worker by role (see `setup::describe_topology`).
+fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
     let t = &p.trainer;
     let resumed = match &p.resumed_from {
         Some(dir) => format!("resumed at step {} from {}", t.step_count(), dir.display()),
@@ -367,7 +446,7 @@ fn banner(spec: &LaunchSpec, p: &Prepared, device: &str) -> String {
         format!(" --socket {}", spec.socket.display())
     };
     let mut text = format!(
-        "dflashd started (pid {}): run '{}' on {device}, {resumed}; {} steps in total ({} train / {} held-out samples)\n",
+        "dflashd started (pid {}): run '{}' on {placement}, {resumed}; {} steps in total ({} train / {} held-out samples)\n",
         std::process::id(),
         spec.config.run.name,
         t.total_steps(),

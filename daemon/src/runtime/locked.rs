@@ -5,10 +5,15 @@
 //! locked key (precision, epochs, early stopping, anchors, block size, tap layers) refuses the
 //! resume, unless an operator unlocked that key through a confirmed, journaled action. Unlocks
 //! are recorded in `<run_dir>/unlocked-keys.json`, so an unlock confirmed while the old run was
-//! still training covers the restart with the new value; an accepted change consumes it.
+//! still training covers the restart with the new value; an accepted change consumes it and is
+//! kept in `<run_dir>/applied-unlocks.json`, so the checkpoint check of later starts knows the
+//! run's locked values moved on purpose (the checkpoint may predate the change).
+//!
+//! Some changes never apply, unlocked or not (FP8, a different number of tap layers): the gate
+//! refuses them naming the key and the reason, and does not suggest an unlock.
 use std::path::{Path, PathBuf};
 
-use dflash_shared::config::{locked_key_changes, Config, LockedKeyChange};
+use dflash_shared::config::{locked_key_changes, unlock_refusal, Config, LockedKeyChange};
 use dflash_shared::metrics::TimestampMs;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -17,6 +22,7 @@ use crate::telemetry::write_atomic;
 
 pub const EFFECTIVE_CONFIG_FILE: &str = "config.effective.toml";
 pub const UNLOCKS_FILE: &str = "unlocked-keys.json";
+pub const APPLIED_UNLOCKS_FILE: &str = "applied-unlocks.json";
 
 #[derive(Debug, Error)]
 pub enum LockedError {
@@ -55,6 +61,10 @@ pub enum Gate {
         changes: Vec<LockedKeyChange>,
         used: Vec<Unlock>,
     },
+    /// Changes no unlock can make acceptable: `(change, why)`. The run must not resume.
+    CannotCarry {
+        refusals: Vec<(LockedKeyChange, String)>,
+    },
     /// Changed locked keys without an unlock; the run must not resume.
     Refused {
         changes: Vec<LockedKeyChange>,
@@ -72,6 +82,13 @@ pub fn judge(previous: Option<&Config>, new: &Config, unlocks: &[Unlock]) -> Gat
     let changes = locked_key_changes(previous, new);
     if changes.is_empty() {
         return Gate::Unchanged;
+    }
+    let refusals: Vec<(LockedKeyChange, String)> = changes
+        .iter()
+        .filter_map(|c| unlock_refusal(previous, new, &c.key).map(|why| (c.clone(), why)))
+        .collect();
+    if !refusals.is_empty() {
+        return Gate::CannotCarry { refusals };
     }
     let covering = |c: &LockedKeyChange| unlocks.iter().find(|u| u.key == c.key).cloned();
     if changes.iter().all(|c| covering(c).is_some()) {
@@ -113,6 +130,40 @@ pub fn refusal_message(changes: &[LockedKeyChange], unlocked: &[String], run_dir
     out
 }
 
+/// The refusal of changes no unlock can admit.
+pub fn cannot_carry_message(refusals: &[(LockedKeyChange, String)], run_dir: &Path) -> String {
+    let mut out = format!(
+        "refusing to resume the run in {}: locked config keys changed in a way the run cannot \
+         carry, even unlocked:\n",
+        run_dir.display()
+    );
+    for (c, why) in refusals {
+        out.push_str(&format!(
+            "  - {}: {} → {}: {why}\n",
+            c.key, c.before, c.after
+        ));
+    }
+    out.push_str(&format!(
+        "Start with the previous values (recorded in {}).",
+        run_dir.join(EFFECTIVE_CONFIG_FILE).display()
+    ));
+    out
+}
+
+/// The locked keys the checkpoint check may let differ: those an unlock covers at this start
+/// (`used`) and those an earlier start already applied. Only meaningful when the gate compared
+/// against a previous effective config.
+pub fn carried_keys(run_dir: &Path, used: &[Unlock]) -> Result<Vec<String>, LockedError> {
+    let mut keys: Vec<String> = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE)?
+        .into_iter()
+        .chain(used.iter().cloned())
+        .map(|u| u.key)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
+}
+
 /// The effective config recorded by the last start that trained, if any.
 pub fn load_effective(run_dir: &Path) -> Result<Option<Config>, LockedError> {
     let path = run_dir.join(EFFECTIVE_CONFIG_FILE);
@@ -151,7 +202,11 @@ pub fn save_effective(run_dir: &Path, config: &Config) -> Result<(), LockedError
 }
 
 pub fn load_unlocks(run_dir: &Path) -> Result<Vec<Unlock>, LockedError> {
-    let path = run_dir.join(UNLOCKS_FILE);
+    load_unlock_list(run_dir, UNLOCKS_FILE)
+}
+
+fn load_unlock_list(run_dir: &Path, file: &str) -> Result<Vec<Unlock>, LockedError> {
+    let path = run_dir.join(file);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| LockedError::BadUnlocks {
             path,
@@ -167,7 +222,11 @@ pub fn load_unlocks(run_dir: &Path) -> Result<Vec<Unlock>, LockedError> {
 }
 
 fn save_unlocks(run_dir: &Path, unlocks: &[Unlock]) -> Result<(), LockedError> {
-    let path = run_dir.join(UNLOCKS_FILE);
+    save_unlock_list(run_dir, UNLOCKS_FILE, unlocks)
+}
+
+fn save_unlock_list(run_dir: &Path, file: &str, unlocks: &[Unlock]) -> Result<(), LockedError> {
+    let path = run_dir.join(file);
     let result = if unlocks.is_empty() {
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -192,8 +251,11 @@ pub fn record_unlock(run_dir: &Path, unlock: Unlock) -> Result<(), LockedError> 
     save_unlocks(run_dir, &all)
 }
 
-/// Removes the unlocks a resume used.
+/// Moves the unlocks a resume used from the pending list to the applied one.
 pub fn consume_unlocks(run_dir: &Path, used: &[Unlock]) -> Result<(), LockedError> {
+    let mut applied = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE)?;
+    applied.extend(used.iter().cloned());
+    save_unlock_list(run_dir, APPLIED_UNLOCKS_FILE, &applied)?;
     let mut all = load_unlocks(run_dir)?;
     all.retain(|u| !used.iter().any(|x| x.key == u.key));
     save_unlocks(run_dir, &all)
@@ -244,6 +306,35 @@ mod tests {
     }
 
     #[test]
+    fn a_tap_count_change_is_refused_even_unlocked() {
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.drafter.target_layer_ids.push(0);
+        new.training.epochs = 3;
+        let unlocks = [
+            unlock("drafter.target_layer_ids"),
+            unlock("training.epochs"),
+        ];
+        let Gate::CannotCarry { refusals } = judge(Some(&old), &new, &unlocks) else {
+            panic!("a different number of tap layers cannot carry the weights");
+        };
+        assert_eq!(refusals.len(), 1);
+        let text = cannot_carry_message(&refusals, Path::new("/runs/a"));
+        assert!(
+            text.contains("drafter.target_layer_ids: [") && text.contains("fc input"),
+            "{text}"
+        );
+        assert!(!text.contains("press U"), "no unlock can help: {text}");
+
+        let mut moved = old.clone();
+        moved.drafter.target_layer_ids = (0..old.drafter.target_layer_ids.len()).collect();
+        assert!(matches!(
+            judge(Some(&old), &moved, &[unlock("drafter.target_layer_ids")]),
+            Gate::Accepted { .. }
+        ));
+    }
+
+    #[test]
     fn effective_config_and_unlocks_round_trip_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(load_effective(dir.path()).unwrap(), None);
@@ -262,6 +353,15 @@ mod tests {
         );
         consume_unlocks(dir.path(), &[unlock("drafter.block_size")]).unwrap();
         assert!(!dir.path().join(UNLOCKS_FILE).exists());
+        assert_eq!(
+            carried_keys(dir.path(), &[unlock("training.num_anchors")]).unwrap(),
+            [
+                "drafter.block_size",
+                "training.epochs",
+                "training.num_anchors"
+            ],
+            "applied unlocks stay known to later starts"
+        );
 
         std::fs::write(dir.path().join(EFFECTIVE_CONFIG_FILE), "[run]\nname = 3\n").unwrap();
         let err = load_effective(dir.path()).unwrap_err().to_string();

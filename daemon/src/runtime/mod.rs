@@ -19,6 +19,7 @@ pub mod pace;
 pub mod paths;
 pub mod probe;
 pub mod queue;
+pub mod refused;
 pub mod run_loop;
 pub mod setup;
 pub mod signals;

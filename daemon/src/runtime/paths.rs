@@ -4,20 +4,21 @@
 //! the `directories` crate, which follows XDG on Linux), and [`resolve`] is a pure function of
 //! those inputs, so every precedence rule is unit-tested without touching the process env.
 //!
-//! Socket directory precedence:
-//! 1. `$RUNTIME_DIRECTORY` (set by systemd for a unit with `RuntimeDirectory=dflash`);
-//! 2. `$XDG_RUNTIME_DIR/dflash`;
-//! 3. `/tmp/dflash-<uid>`: servers reached over SSH often have no `XDG_RUNTIME_DIR`. The
-//!    fallback is verified (owned by us, not a symlink, mode 0700) before use, because `/tmp` is
-//!    shared with every other user of the machine.
+//! The socket directory follows the rule shared with `dflash-tui`
+//! ([`dflash_shared::socket_path`]): `$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/dflash`, else
+//! `/tmp/dflash-<uid>`. The fallback is verified (owned by us, not a symlink, mode 0700) before
+//! use, because `/tmp` is shared with every other user of the machine.
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use dflash_shared::socket_path::{resolve_socket, SocketEnv};
 use thiserror::Error;
 
-pub const APP_NAME: &str = "dflash";
-pub const SOCKET_FILE_NAME: &str = "dflashd.sock";
+pub use dflash_shared::socket_path::SocketDirSource;
+pub const APP_NAME: &str = dflash_shared::socket_path::APP_DIR;
+pub const SOCKET_FILE_NAME: &str = dflash_shared::socket_path::SOCKET_FILE_NAME;
 /// `sockaddr_un.sun_path` holds 108 bytes on Linux, including the terminating NUL.
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
 
@@ -46,10 +47,10 @@ pub enum PathError {
 /// Raw inputs to path resolution, as read from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathInputs {
-    /// `$RUNTIME_DIRECTORY` from systemd, if any.
-    pub systemd_runtime_dir: Option<PathBuf>,
-    /// `$XDG_RUNTIME_DIR/dflash`, if `XDG_RUNTIME_DIR` is set.
-    pub xdg_runtime_dir: Option<PathBuf>,
+    /// `$RUNTIME_DIRECTORY` from systemd, raw.
+    pub runtime_directory: Option<OsString>,
+    /// `$XDG_RUNTIME_DIR`, raw.
+    pub xdg_runtime_dir: Option<OsString>,
     /// `$XDG_STATE_HOME/dflash` or `~/.local/state/dflash`.
     pub state_dir: PathBuf,
     /// `$XDG_DATA_HOME/dflash` or `~/.local/share/dflash`.
@@ -61,18 +62,9 @@ pub struct PathInputs {
 impl PathInputs {
     pub fn from_environment() -> Result<Self, PathError> {
         let dirs = directories::ProjectDirs::from("", "", APP_NAME).ok_or(PathError::NoHome)?;
-        let systemd_runtime_dir = std::env::var_os("RUNTIME_DIRECTORY")
-            .map(PathBuf::from)
-            // systemd may list several directories separated by ':'; ours is the first.
-            .and_then(|p| {
-                p.to_str()
-                    .and_then(|s| s.split(':').next())
-                    .map(PathBuf::from)
-            })
-            .filter(|p| p.is_absolute());
         Ok(PathInputs {
-            systemd_runtime_dir,
-            xdg_runtime_dir: dirs.runtime_dir().map(Path::to_path_buf),
+            runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
+            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
             state_dir: dirs
                 .state_dir()
                 .map(Path::to_path_buf)
@@ -82,15 +74,6 @@ impl PathInputs {
             tmp_dir: std::env::temp_dir(),
         })
     }
-}
-
-/// Where the socket directory came from; printed so operators know where to look.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SocketDirSource {
-    Systemd,
-    XdgRuntimeDir,
-    /// `XDG_RUNTIME_DIR` was unset; we use a private directory under the temp dir.
-    PrivateFallback,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,20 +103,16 @@ impl DaemonPaths {
 
 /// Pure resolution of the daemon's paths from its inputs.
 pub fn resolve(inputs: &PathInputs) -> DaemonPaths {
-    let (socket_dir, socket_dir_source) = if let Some(dir) = &inputs.systemd_runtime_dir {
-        (dir.clone(), SocketDirSource::Systemd)
-    } else if let Some(dir) = &inputs.xdg_runtime_dir {
-        (dir.clone(), SocketDirSource::XdgRuntimeDir)
-    } else {
-        (
-            inputs.tmp_dir.join(format!("{APP_NAME}-{}", inputs.uid)),
-            SocketDirSource::PrivateFallback,
-        )
-    };
+    let location = resolve_socket(&SocketEnv {
+        runtime_directory: inputs.runtime_directory.as_deref(),
+        xdg_runtime_dir: inputs.xdg_runtime_dir.as_deref(),
+        temp_dir: &inputs.tmp_dir,
+        uid: inputs.uid,
+    });
     DaemonPaths {
-        socket: socket_dir.join(SOCKET_FILE_NAME),
-        socket_dir,
-        socket_dir_source,
+        socket: location.socket,
+        socket_dir: location.dir,
+        socket_dir_source: location.source,
         log_dir: inputs.state_dir.join("logs"),
         default_run_dir: inputs.data_dir.join("runs").join("default"),
         state_dir: inputs.state_dir.clone(),
@@ -232,8 +211,8 @@ mod tests {
 
     fn inputs() -> PathInputs {
         PathInputs {
-            systemd_runtime_dir: None,
-            xdg_runtime_dir: Some("/run/user/1000/dflash".into()),
+            runtime_directory: None,
+            xdg_runtime_dir: Some("/run/user/1000".into()),
             state_dir: "/home/a/.local/state/dflash".into(),
             data_dir: "/home/a/.local/share/dflash".into(),
             uid: 1000,
@@ -260,7 +239,7 @@ mod tests {
     #[test]
     fn systemd_runtime_directory_wins() {
         let mut i = inputs();
-        i.systemd_runtime_dir = Some("/run/dflash".into());
+        i.runtime_directory = Some("/run/dflash".into());
         let p = resolve(&i);
         assert_eq!(p.socket, PathBuf::from("/run/dflash/dflashd.sock"));
         assert_eq!(p.socket_dir_source, SocketDirSource::Systemd);

@@ -30,6 +30,7 @@ use super::pace::Pace;
 use super::{notify, signals};
 use crate::control::journal::now_ms;
 use crate::engine::train::trainer::{RunOptions, Trainer};
+use crate::engine::train::TrainError;
 use crate::telemetry::fingerprint::digest;
 use crate::telemetry::warmup::{WarmupDevice, WarmupRecord};
 
@@ -44,6 +45,45 @@ pub struct RunLoopConfig {
     /// "cpu", "cuda:3".
     pub device: String,
     pub detectors: DetectorsSection,
+}
+
+/// Which part of the run failed a step, and why.
+#[derive(Debug, Clone)]
+struct StepFailure {
+    /// "target worker 1 on cuda:3", "the trainer on cuda:5".
+    subject: String,
+    device: String,
+    role: Option<dflash_shared::metrics::DeviceRole>,
+    rank: Option<usize>,
+    error: String,
+}
+
+impl StepFailure {
+    /// Names the worker a step error came from; errors outside the workers are the trainer's.
+    fn of(e: &TrainError, trainer_device: &str) -> Self {
+        match e {
+            TrainError::Worker(w) => StepFailure {
+                subject: w.worker.clone(),
+                device: w.device.clone(),
+                role: Some(w.role),
+                rank: Some(w.rank),
+                error: e.to_string(),
+            },
+            other => Self::trainer(other.to_string(), trainer_device),
+        }
+    }
+
+    /// A failure of the training thread itself (a checkpoint write, a panic outside a worker),
+    /// which runs beside drafter rank 0 on `trainer_device`.
+    fn trainer(error: String, trainer_device: &str) -> Self {
+        StepFailure {
+            subject: format!("the trainer on {trainer_device}"),
+            device: trainer_device.to_string(),
+            role: None,
+            rank: None,
+            error,
+        }
+    }
 }
 
 enum Reason {
@@ -111,12 +151,13 @@ impl RunLoop {
             r.epoch = epoch;
         });
         self.handle.set_run_state(RunState::WarmingUp);
+        self.handle.set_queue_monitor(self.trainer.queue_monitor());
         loop {
             if let Some(ending) = self.between_steps() {
                 return ending;
             }
-            if let Err(error) = self.one_step() {
-                return self.pause(error);
+            if let Err(failure) = self.one_step() {
+                return self.pause(failure);
             }
         }
     }
@@ -151,7 +192,7 @@ impl RunLoop {
         None
     }
 
-    fn one_step(&mut self) -> Result<(), String> {
+    fn one_step(&mut self) -> Result<(), StepFailure> {
         let mut lines: Vec<StepMetrics> = Vec::with_capacity(2);
         let opts = RunOptions {
             max_steps: Some(1),
@@ -167,8 +208,8 @@ impl RunLoop {
         }));
         let summary = match result {
             Ok(Ok(summary)) => summary,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(panic) => return Err(panic_text(panic.as_ref())),
+            Ok(Err(e)) => return Err(self.failure_of(&e)),
+            Err(panic) => return Err(self.trainer_failure(panic_text(panic.as_ref()))),
         };
         self.steps_run += summary.steps_run;
         self.pace.step_done();
@@ -190,7 +231,7 @@ impl RunLoop {
         self.handle.update_run(|r| r.eta_ms = eta);
         let every = self.trainer.config().checkpoint_every;
         if every > 0 && step % every == 0 && self.last_saved_step != Some(step) {
-            self.checkpoint()?;
+            self.checkpoint().map_err(|e| self.trainer_failure(e))?;
         }
         self.notify_progress();
         Ok(())
@@ -270,7 +311,7 @@ impl RunLoop {
             match self.checkpoint() {
                 Ok(path) => Some(path),
                 Err(error) => {
-                    self.journal_failure(&error);
+                    self.journal_failure(&self.trainer_failure(error.clone()));
                     let stopped = format!("stopping without a final checkpoint: {error}");
                     self.journal_stop(&stopped, None);
                     self.handle.set_run_state(RunState::Failed);
@@ -375,19 +416,29 @@ impl RunLoop {
         );
     }
 
-    fn journal_failure(&self, error: &str) {
-        tracing::error!("{} failed: {error}", self.cfg.device);
+    fn failure_of(&self, e: &TrainError) -> StepFailure {
+        StepFailure::of(e, &self.cfg.device)
+    }
+
+    fn trainer_failure(&self, error: String) -> StepFailure {
+        StepFailure::trainer(error, &self.cfg.device)
+    }
+
+    fn journal_failure(&self, failure: &StepFailure) {
+        tracing::error!("{} failed: {}", failure.subject, failure.error);
         self.handle.record_event_logged(
             Severity::Crit,
             EventKind::WorkerFailed {
-                device: self.cfg.device.clone(),
-                error: error.to_string(),
+                device: failure.device.clone(),
+                error: failure.error.clone(),
+                role: failure.role,
+                rank: failure.rank,
             },
         );
     }
 
     /// Holds the run after a failure: never trains on, keeps status up, waits for a stop.
-    fn pause(mut self, error: String) -> Ending {
+    fn pause(mut self, failure: StepFailure) -> Ending {
         let step = self.trainer.step_count();
         let last = self.handle.checkpoints().last().cloned();
         let kept = match &last {
@@ -398,13 +449,15 @@ impl RunLoop {
             None => "there is no checkpoint yet".to_string(),
         };
         let reason = format!(
-            "step {} on {} failed: {error}. Training is paused and will not continue by itself; \
+            "step {} failed in {}: {}. Training is paused and will not continue by itself; \
              {kept}. Restart dflashd to resume from it (stop this one with `dflash-tui stop` and \
              `dflash-tui confirm-stop`, or SIGTERM)",
             step + 1,
-            self.cfg.device
+            failure.subject,
+            failure.error
         );
-        self.journal_failure(&error);
+        self.journal_failure(&failure);
+        let error = failure.error;
         self.handle.set_run_state(RunState::Paused);
         self.handle.record_event_logged(
             Severity::Crit,
@@ -482,6 +535,36 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::train::error::WorkerFailed;
+    use dflash_shared::metrics::DeviceRole;
+
+    #[test]
+    fn a_step_failure_names_the_failing_worker_not_drafter_rank_0() {
+        let e = TrainError::Worker(Box::new(WorkerFailed {
+            worker: "target worker 1 on cuda:3".into(),
+            device: "cuda:3".into(),
+            role: DeviceRole::Target,
+            rank: 1,
+            detail: "CUDA out of memory".into(),
+        }));
+        let f = StepFailure::of(&e, "cuda:5");
+        assert_eq!(
+            (f.subject.as_str(), f.device.as_str(), f.role, f.rank),
+            (
+                "target worker 1 on cuda:3",
+                "cuda:3",
+                Some(DeviceRole::Target),
+                Some(1)
+            )
+        );
+        assert!(f.error.contains("CUDA out of memory"), "{}", f.error);
+
+        let other = StepFailure::of(&TrainError::Topology("the queue closed".into()), "cuda:5");
+        assert_eq!(
+            (other.subject.as_str(), other.device.as_str(), other.role),
+            ("the trainer on cuda:5", "cuda:5", None)
+        );
+    }
 
     #[test]
     fn panic_messages_keep_their_first_line() {

@@ -18,6 +18,7 @@ use crate::data::{
 use crate::engine::model::error::ModelError;
 use crate::engine::model::target::TargetModel;
 use crate::engine::train::trainer::{compute_kind, device_name, Trainer};
+use crate::engine::train::unlocked::UnlockedKeys;
 use crate::engine::train::{embedded, run_config, TrainError};
 use crate::runtime::topology::TopologySpec;
 
@@ -34,7 +35,11 @@ pub enum SetupError {
         value: String,
         detail: String,
     },
-    #[error("loading the target model {path}: {source}")]
+    #[error(
+        "loading the target model {path} (target.model): {source}. target.model must name a \
+         Hugging Face model directory (config.json, tokenizer.json, *.safetensors), or \
+         \"embedded\" for the built-in tiny model"
+    )]
     Target {
         path: PathBuf,
         source: Box<ModelError>,
@@ -61,6 +66,8 @@ pub struct SetupInputs<'a> {
     pub run_dir: &'a Path,
     /// `--device`, overriding the topology's first drafter device.
     pub device_override: Option<config::Device>,
+    /// Locked keys (dotted paths) an operator's unlock lets differ from the checkpoint.
+    pub unlocked_keys: Vec<String>,
 }
 
 pub struct Prepared {
@@ -210,7 +217,9 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let train_cfg = run_config::train_config(cfg, samples.len());
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
-    let resumed_from = trainer.resume_latest(&inputs.run_dir.join(CHECKPOINTS_DIR))?;
+    let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
+    let resumed_from =
+        trainer.resume_latest_unlocked(&inputs.run_dir.join(CHECKPOINTS_DIR), &unlocked)?;
     Ok(Prepared {
         trainer,
         device,
@@ -305,6 +314,28 @@ pub fn describe_device(device: Device) -> String {
     device_name(device)
 }
 
+/// Where the run trains, by role: "cpu" when one device runs both roles inline, else
+/// "2 target workers (cuda:0, cuda:1) + 1 drafter worker (cuda:2)".
+pub fn describe_topology(topology: &TopologySpec) -> String {
+    if topology.is_inline() {
+        return device_name(topology.drafter_devices[0]);
+    }
+    let role = |word: &str, devices: &[Device]| {
+        let names: Vec<String> = devices.iter().map(|&d| device_name(d)).collect();
+        let plural = if devices.len() == 1 { "" } else { "s" };
+        format!(
+            "{} {word} worker{plural} ({})",
+            devices.len(),
+            names.join(", ")
+        )
+    };
+    format!(
+        "{} + {}",
+        role("target", &topology.target_devices),
+        role("drafter", &topology.drafter_devices)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +367,18 @@ mod tests {
     }
 
     #[test]
+    fn the_topology_is_described_by_role() {
+        assert_eq!(describe_topology(&TopologySpec::single(Device::Cpu)), "cpu");
+        let mut spec = TopologySpec::single(Device::Cpu);
+        spec.target_devices = vec![Device::Cuda(0), Device::Cuda(1)];
+        spec.drafter_devices = vec![Device::Cuda(2)];
+        assert_eq!(
+            describe_topology(&spec),
+            "2 target workers (cuda:0, cuda:1) + 1 drafter worker (cuda:2)"
+        );
+    }
+
+    #[test]
     fn unused_topology_devices_are_named() {
         fn inputs(cfg: &Config) -> SetupInputs<'_> {
             SetupInputs {
@@ -343,6 +386,7 @@ mod tests {
                 config_path: None,
                 run_dir: Path::new("/r"),
                 device_override: None,
+                unlocked_keys: Vec::new(),
             }
         }
         let mut cfg = Config::embedded_default();

@@ -19,7 +19,7 @@ pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
 
 #[derive(Debug, Error)]
 pub enum FingerprintError {
-    #[error("hashing {what} {path}: {source}")]
+    #[error("cannot read the {what} {path}: {source}{}", hash_remedy(what))]
     Hash {
         what: &'static str,
         path: PathBuf,
@@ -36,6 +36,17 @@ pub enum FingerprintError {
         path: PathBuf,
         source: serde_json::Error,
     },
+}
+
+fn hash_remedy(what: &str) -> &'static str {
+    match what {
+        "data file" => {
+            ". Point data.train_file in the config at an existing chat or pre-tokenized JSONL \
+             file, or set it to \"embedded\" for the built-in set"
+        }
+        "config" => ". Check the --config path",
+        _ => "",
+    }
 }
 
 /// Where the run's config came from.
@@ -196,6 +207,19 @@ pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
         path,
         source,
     })
+}
+
+/// Removes the recorded environment (a run that never trained has none).
+pub fn remove(run_dir: &Path) -> Result<(), FingerprintError> {
+    let path = run_dir.join(FINGERPRINT_FILE_NAME);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FingerprintError::Io {
+            action: "removing",
+            path,
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// One digest over all data files: each file's name and content hash, in order.

@@ -83,6 +83,44 @@ fn a_config_hash_change_alone_does_not_block() {
 }
 
 #[test]
+fn a_rebuild_at_a_new_commit_resumes_but_a_torch_change_still_blocks() {
+    let mut previous = fp();
+    previous.code_git_commit = Some("0123456789abcdef0123456789abcdef01234567".into());
+    previous.dflashd_version = Some("0.1.0".into());
+    let mut rebuilt = previous.clone();
+    rebuilt.code_git_commit = Some("fedcba9876543210fedcba9876543210fedcba98".into());
+    rebuilt.dflashd_version = Some("0.1.1".into());
+    let ResumeDecision::Proceed { drifts, accepted } =
+        resume_decision(Some(&previous), &rebuilt, None)
+    else {
+        panic!("a code-only change must not hold the resume");
+    };
+    assert!(!accepted, "nothing needed accepting");
+    let fields: Vec<&str> = drifts.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(fields, ["dflashd", "code_git_commit"]);
+    assert!(matches!(
+        drifts[1].to_event_kind(),
+        dflash_shared::events::EventKind::EnvironmentChanged { .. }
+    ));
+
+    let mut rebuilt_and_swapped = rebuilt.clone();
+    rebuilt_and_swapped
+        .python_packages
+        .insert("torch".into(), "2.9.1+cu130".into());
+    let ResumeDecision::Blocked { drifts, .. } =
+        resume_decision(Some(&previous), &rebuilt_and_swapped, None)
+    else {
+        panic!("a torch change still blocks next to a commit change");
+    };
+    let blocking: Vec<&str> = drifts
+        .iter()
+        .filter(|d| d.blocks_resume)
+        .map(|d| d.field.as_str())
+        .collect();
+    assert_eq!(blocking, ["python.torch"]);
+}
+
+#[test]
 fn token_ignores_capture_time() {
     let mut later = fp();
     later.captured_ms = 12345;

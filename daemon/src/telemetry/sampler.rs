@@ -1,5 +1,5 @@
-//! The telemetry loop: samples GPUs and the host every interval and the caches every cache
-//! interval, updates the [`RunHandle`], streams GPU frames to metrics subscribers and
+//! The telemetry loop: samples GPUs, the host and the hidden-state queue every interval and
+//! the caches every cache interval, updates the [`RunHandle`], streams GPU frames to metrics subscribers and
 //! journals cache changes. Runs on its own std thread, so a slow NVML call or a large cache
 //! walk never delays a training step or a control reply.
 use std::path::PathBuf;
@@ -54,6 +54,8 @@ impl TelemetrySampler {
         let now = now_ms();
         self.handle.publish_gpus(self.gpu.sample(now));
         self.handle.set_host(self.host.sample(now));
+        // Steps publish the queue too, but a stalled side means no step completes.
+        self.handle.publish_queue_reading();
         let due = self
             .last_cache_scan
             .is_none_or(|t| t.elapsed() >= self.cfg.cache_interval);

@@ -3,7 +3,8 @@
 //! Changing any of these mid-run would make the result a different experiment (and usually
 //! breaks the checkpoint: block size and tap layers shape the drafter's `fc`). On resume the
 //! daemon compares the checkpoint's config with the new one and refuses on any change unless
-//! an operator confirmed an unlock of that key.
+//! an operator confirmed an unlock of that key. Even unlocked, some changes can never apply to
+//! a running experiment: [`unlock_refusal`] says which and why.
 use serde::{Deserialize, Serialize};
 
 use super::Config;
@@ -55,6 +56,39 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
         .collect()
 }
 
+/// Why a change of the locked `key` from `old` to `new` cannot carry a run across a resume,
+/// unlocked or not; `None` when an unlock makes it acceptable.
+///
+/// - `training.precision`: BF16 is the only training precision, and FP8 is never allowed, so
+///   there is no other value an unlock could admit.
+/// - `drafter.target_layer_ids`: the drafter's `fc` takes one target hidden state per tap
+///   layer; a different number of tap layers changes its input width and the checkpoint's
+///   weights no longer fit. Moving taps while keeping their number is fine.
+pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
+    match key {
+        "training.precision" if old.training.precision != new.training.precision => Some(
+            "BF16 is the only training precision and FP8 is never allowed: DFlash drafters \
+             train in BF16 on FP32 master weights"
+                .into(),
+        ),
+        "drafter.target_layer_ids" => {
+            let (before, after) = (
+                old.drafter.target_layer_ids.len(),
+                new.drafter.target_layer_ids.len(),
+            );
+            (before != after).then(|| {
+                format!(
+                    "the number of tap layers changes ({before} → {after}): the drafter's fc \
+                     input is one target hidden state per tap layer, so the checkpoint's weights \
+                     cannot carry over. Keep {before} tap layers, or start a new run in another \
+                     run dir"
+                )
+            })
+        }
+        _ => None,
+    }
+}
+
 fn value_at(config: &Config, key: &str) -> String {
     let Ok(mut value) = toml::Value::try_from(config) else {
         return "?".into();
@@ -66,4 +100,29 @@ fn value_at(config: &Config, key: &str) -> String {
         }
     }
     value.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_tap_count_change_cannot_carry_over() {
+        let old = Config::embedded_default();
+        let mut moved = old.clone();
+        let n = old.drafter.target_layer_ids.len();
+        moved.drafter.target_layer_ids = (0..n).collect();
+        moved.training.epochs = 2;
+        moved.drafter.block_size = old.drafter.block_size * 2;
+        for key in LOCKED_KEYS {
+            assert_eq!(unlock_refusal(&old, &moved, key), None, "{key}");
+        }
+        let mut more = old.clone();
+        more.drafter.target_layer_ids.push(0);
+        let why = unlock_refusal(&old, &more, "drafter.target_layer_ids").unwrap();
+        assert!(
+            why.contains(&format!("{n} → {}", n + 1)) && why.contains("fc input"),
+            "{why}"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
-pub use locked::{is_locked_key, locked_key_changes, LockedKeyChange, LOCKED_KEYS};
+pub use locked::{is_locked_key, locked_key_changes, unlock_refusal, LockedKeyChange, LOCKED_KEYS};
 pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use runtime::{
     CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,

@@ -1,6 +1,7 @@
 //! "What changed just before": the journal events that preceded an alert, worded for people.
 //!
-//! `explain_alert` picks the events of kinds that change how a run behaves (environment drift,
+//! `explain_alert` picks the events of kinds that change how a run behaves (environment drift
+//! and informational changes such as a new code commit,
 //! cache changes, restarts, worker failures, executed actions, earlier regressions) from the
 //! `window_ms` before the alert began, oldest first. Rendering adds wall-clock times in the
 //! caller's UTC offset: "torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52; TorchInductor compile cache
@@ -65,7 +66,13 @@ pub fn explain_alert(
 
 fn precursor_text(event: &Event) -> Option<String> {
     Some(match &event.kind {
+        // A new build preceding a regression is as telling as a swapped library.
         EventKind::EnvironmentDrift {
+            field,
+            before,
+            after,
+        }
+        | EventKind::EnvironmentChanged {
             field,
             before,
             after,
@@ -85,7 +92,15 @@ fn precursor_text(event: &Event) -> Option<String> {
             resumed_from_step: None,
             ..
         } => "run started".into(),
-        EventKind::WorkerFailed { device, error } => format!("worker on {device} failed: {error}"),
+        EventKind::WorkerFailed {
+            device,
+            error,
+            role,
+            rank,
+        } => format!(
+            "{} failed: {error}",
+            crate::events::worker_subject(device, *role, *rank)
+        ),
         EventKind::RunPaused { reason } => format!("run paused: {reason}"),
         EventKind::ActionExecuted { outcome, .. } => format!("operator action: {outcome}"),
         // Cache detectors repeat what their `CacheChanged` event already says.

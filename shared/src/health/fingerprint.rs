@@ -2,6 +2,13 @@
 //!
 //! Every field is optional on the wire (`#[serde(default)]`) so a fingerprint written by an
 //! older dflashd still loads; a field one side lacks shows up as a drift from/to "(absent)".
+//!
+//! Not every difference is a drift. What the run computes with (libtorch and the Python
+//! packages, CUDA, the driver, the GPUs, `tch`, the interpreter, the host, the training data)
+//! blocks resume until an operator confirms it. What only names the build or the config
+//! revision (the code commit, the dflashd version, the config's commit and text) is
+//! informational: it is journaled with before → after and shown, but a rebuild at a new commit
+//! resumes on its own. Locked config keys are guarded separately, key by key.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +40,31 @@ pub struct Fingerprint {
     pub python_packages: BTreeMap<String, String>,
 }
 
+/// Whether a differing fingerprint field holds the resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftImpact {
+    /// The numbers the run produces may change: resume waits for an operator's confirmation.
+    Blocking,
+    /// Only the identity of the build or of the config revision changed: journaled and shown.
+    Informational,
+}
+
+/// The policy, by field name (as [`diff_fingerprints`] writes it).
+///
+/// The config's git commit is the HEAD of whatever repository the config file lives in, often
+/// the code's own, so it moves with every rebuild exactly like the code commit; the config's
+/// text may change freely outside the locked keys, which are checked key by key on resume.
+/// Unknown fields block: a new fact is treated as load-bearing until classified.
+pub fn drift_impact(field: &str) -> DriftImpact {
+    match field {
+        "code_git_commit" | "dflashd" | "config_git_commit" | "config_hash" => {
+            DriftImpact::Informational
+        }
+        _ => DriftImpact::Blocking,
+    }
+}
+
 /// One field that differs between two fingerprints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvironmentDrift {
@@ -40,19 +72,49 @@ pub struct EnvironmentDrift {
     pub field: String,
     pub before: Option<String>,
     pub after: Option<String>,
-    /// Whether resuming across this drift needs an operator's confirmation. Only the config
-    /// hash does not: locked config keys are checked separately, the rest may change freely.
+    /// Whether resuming across this drift needs an operator's confirmation
+    /// (`drift_impact(field) == Blocking`).
     pub blocks_resume: bool,
 }
 
 const ABSENT: &str = "(absent)";
 
 impl EnvironmentDrift {
+    fn new(field: String, before: Option<String>, after: Option<String>) -> Self {
+        let blocks_resume = drift_impact(&field) == DriftImpact::Blocking;
+        Self {
+            field,
+            before,
+            after,
+            blocks_resume,
+        }
+    }
+
+    pub fn impact(&self) -> DriftImpact {
+        if self.blocks_resume {
+            DriftImpact::Blocking
+        } else {
+            DriftImpact::Informational
+        }
+    }
+
+    /// The journal event: `EnvironmentDrift` for a blocking difference, `EnvironmentChanged`
+    /// for an informational one (so consoles do not tell the operator to "restore" a commit).
     pub fn to_event_kind(&self) -> EventKind {
-        EventKind::EnvironmentDrift {
-            field: self.field.clone(),
-            before: self.before.clone().unwrap_or_else(|| ABSENT.into()),
-            after: self.after.clone().unwrap_or_else(|| ABSENT.into()),
+        let field = self.field.clone();
+        let before = self.before.clone().unwrap_or_else(|| ABSENT.into());
+        let after = self.after.clone().unwrap_or_else(|| ABSENT.into());
+        match self.impact() {
+            DriftImpact::Blocking => EventKind::EnvironmentDrift {
+                field,
+                before,
+                after,
+            },
+            DriftImpact::Informational => EventKind::EnvironmentChanged {
+                field,
+                before,
+                after,
+            },
         }
     }
 
@@ -164,12 +226,7 @@ pub fn diff_fingerprints(before: &Fingerprint, after: &Fingerprint) -> Vec<Envir
         .into_iter()
         .zip(scalar(after))
         .filter(|((_, b), (_, a))| b != a)
-        .map(|((field, b), (_, a))| EnvironmentDrift {
-            field: field.into(),
-            before: b,
-            after: a,
-            blocks_resume: field != "config_hash",
-        })
+        .map(|((field, b), (_, a))| EnvironmentDrift::new(field.into(), b, a))
         .collect();
     let names: std::collections::BTreeSet<&String> = before
         .python_packages
@@ -182,12 +239,11 @@ pub fn diff_fingerprints(before: &Fingerprint, after: &Fingerprint) -> Vec<Envir
             after.python_packages.get(name),
         );
         if b != a {
-            drifts.push(EnvironmentDrift {
-                field: format!("python.{name}"),
-                before: b.cloned(),
-                after: a.cloned(),
-                blocks_resume: true,
-            });
+            drifts.push(EnvironmentDrift::new(
+                format!("python.{name}"),
+                b.cloned(),
+                a.cloned(),
+            ));
         }
     }
     drifts
@@ -285,6 +341,60 @@ mod tests {
         );
         let cpu = Fingerprint::default();
         assert_eq!(cpu.summary(), "no CUDA, no GPUs");
+    }
+
+    #[test]
+    fn build_and_config_identity_is_informational_the_environment_blocks() {
+        for field in [
+            "code_git_commit",
+            "dflashd",
+            "config_git_commit",
+            "config_hash",
+        ] {
+            assert_eq!(drift_impact(field), DriftImpact::Informational, "{field}");
+        }
+        for field in [
+            "libtorch",
+            "tch",
+            "cuda_runtime",
+            "cuda_driver",
+            "gpu_models",
+            "data_hash",
+            "hostname",
+            "python_executable",
+            "python.torch",
+            "python.triton",
+            "a_field_added_later",
+        ] {
+            assert_eq!(drift_impact(field), DriftImpact::Blocking, "{field}");
+        }
+
+        let before = seed_fingerprint();
+        let mut rebuilt = before.clone();
+        rebuilt.code_git_commit = Some("fedcba9876543210fedcba9876543210fedcba98".into());
+        rebuilt.dflashd_version = Some("0.2.0".into());
+        let drifts = diff_fingerprints(&before, &rebuilt);
+        assert!(drifts.iter().all(|d| !d.blocks_resume), "{drifts:?}");
+        assert_eq!(
+            drifts.iter().map(|d| d.sentence()).collect::<Vec<_>>(),
+            [
+                "dflashd 0.1.0 → 0.2.0",
+                "code commit 0123456789ab → fedcba987654"
+            ]
+        );
+        assert_eq!(
+            drifts[1].to_event_kind(),
+            EventKind::EnvironmentChanged {
+                field: "code_git_commit".into(),
+                before: "0123456789abcdef0123456789abcdef01234567".into(),
+                after: "fedcba9876543210fedcba9876543210fedcba98".into(),
+            }
+        );
+        rebuilt.data_hash = Some("cc".into());
+        let data = diff_fingerprints(&before, &rebuilt);
+        assert!(data
+            .iter()
+            .any(|d| d.field == "data_hash" && d.blocks_resume));
     }
 
     #[test]

@@ -19,7 +19,9 @@ use crate::metrics::TimestampMs;
 
 pub use cache::{CacheChange, CacheChangeKind, CacheWatcher};
 pub use explain::{explain_alert, render_precursors, throughput_headline, Precursor};
-pub use fingerprint::{diff_fingerprints, EnvironmentDrift, Fingerprint};
+pub use fingerprint::{
+    diff_fingerprints, drift_impact, DriftImpact, EnvironmentDrift, Fingerprint,
+};
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
 pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueConfig, QueueDiagnoser, QueueDiagnosis};

@@ -259,6 +259,8 @@ pub(super) fn all_responses() -> Vec<Response> {
         EventKind::WorkerFailed {
             device: "cuda:3".into(),
             error: "CUDA out of memory".into(),
+            role: Some(crate::metrics::DeviceRole::Drafter),
+            rank: Some(0),
         },
         EventKind::RunPaused {
             reason: "worker failed".into(),

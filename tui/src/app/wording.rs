@@ -20,6 +20,7 @@ pub fn kind_tag(kind: &EventKind) -> &'static str {
         EventKind::WarmupDone { .. } => "warmup",
         EventKind::Fingerprint { .. } => "fingerprint",
         EventKind::EnvironmentDrift { .. } => "env-drift",
+        EventKind::EnvironmentChanged { .. } => "env-change",
         EventKind::CacheChanged { .. } => "cache",
         EventKind::CheckpointWritten { .. } => "checkpoint",
         EventKind::RegressionStarted { .. } => "regression",
@@ -60,6 +61,14 @@ pub fn describe(kind: &EventKind) -> String {
             before,
             after,
         } => dflash_shared::health::fingerprint::drift_sentence(field, before, after),
+        EventKind::EnvironmentChanged {
+            field,
+            before,
+            after,
+        } => format!(
+            "{} (informational; resume not held)",
+            dflash_shared::health::fingerprint::drift_sentence(field, before, after)
+        ),
         EventKind::CacheChanged { name, path, change } => {
             format!("{} {change} ({path})", cache_label(name))
         }
@@ -88,7 +97,15 @@ pub fn describe(kind: &EventKind) -> String {
             format!("uid {uid} confirmed {action_id} via {via}")
         }
         EventKind::ActionExecuted { action_id, outcome } => format!("{action_id}: {outcome}"),
-        EventKind::WorkerFailed { device, error } => format!("worker on {device} failed: {error}"),
+        EventKind::WorkerFailed {
+            device,
+            error,
+            role,
+            rank,
+        } => format!(
+            "{} failed: {error}",
+            dflash_shared::events::worker_subject(device, *role, *rank)
+        ),
         EventKind::RunPaused { reason } => format!("run paused: {reason}"),
         EventKind::RunStopped { reason, checkpoint } => match checkpoint {
             Some(path) => format!("run stopped ({reason}); checkpoint {path}"),

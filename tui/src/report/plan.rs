@@ -164,9 +164,12 @@ pub fn next_steps(report: &StatusReport, events: &[Event]) -> Vec<String> {
                     wording::cache_label(name)
                 ))
             }
-            EventKind::WorkerFailed { device, .. } => steps.push(format!(
-                "Read the failure on {device} in the journal, fix it, then resume from the last \
-                 checkpoint."
+            EventKind::WorkerFailed {
+                device, role, rank, ..
+            } => steps.push(format!(
+                "Read the failure of the {} in the journal, fix it, then resume from the last \
+                 checkpoint.",
+                dflash_shared::events::worker_subject(device, *role, *rank)
             )),
             _ => {}
         }

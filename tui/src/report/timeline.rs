@@ -47,7 +47,9 @@ pub struct Entry {
 /// The category of a change worth a line in the timeline; routine events have none.
 pub fn category(kind: &EventKind) -> Option<Category> {
     Some(match kind {
-        EventKind::Fingerprint { .. } | EventKind::EnvironmentDrift { .. } => Category::Environment,
+        EventKind::Fingerprint { .. }
+        | EventKind::EnvironmentDrift { .. }
+        | EventKind::EnvironmentChanged { .. } => Category::Environment,
         EventKind::CacheChanged { .. } => Category::Caches,
         EventKind::RunStarted { .. }
         | EventKind::RunStopped { .. }

@@ -49,6 +49,9 @@ pub struct WorkerFailed {
     pub worker: String,
     /// e.g. `cuda:3`.
     pub device: String,
+    pub role: dflash_shared::metrics::DeviceRole,
+    /// Its index among the workers of its role.
+    pub rank: usize,
     pub detail: String,
 }
 

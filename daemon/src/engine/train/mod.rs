@@ -18,6 +18,7 @@ pub mod rng;
 pub mod run_config;
 pub mod schedule;
 pub mod trainer;
+pub mod unlocked;
 
 pub use config::TrainConfig;
 pub use error::TrainError;

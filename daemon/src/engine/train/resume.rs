@@ -18,6 +18,7 @@ use super::loader::DataPosition;
 use super::replica::ReplicaState;
 use super::schedule::WarmupCosine;
 use super::trainer::Trainer;
+use super::unlocked::{self, UnlockedKeys};
 use crate::engine::model::drafter::DrafterConfig;
 
 pub const DRAFTER_FILE: &str = "drafter.safetensors";
@@ -59,13 +60,14 @@ pub struct TrainerState {
     pub dtype: String,
 }
 
-/// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`.
-fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<String> {
+/// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`:
+/// `(key, "`key`: checkpoint X vs now Y")`.
+fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<(String, String)> {
     let (Value::Object(a), Value::Object(b)) = (saved, now) else {
         return if saved == now {
             vec![]
         } else {
-            vec!["<whole config>".into()]
+            vec![("<whole config>".into(), "the whole config differs".into())]
         };
     };
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
@@ -75,13 +77,22 @@ fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<String> {
         .filter(|k| !allowed.contains(&k.as_str()) && a.get(*k) != b.get(*k))
         .map(|k| {
             let show = |v: Option<&Value>| v.map_or("absent".to_string(), Value::to_string);
-            format!(
+            let text = format!(
                 "`{k}`: checkpoint {} vs now {}",
                 show(a.get(k)),
                 show(b.get(k))
-            )
+            );
+            (k.clone(), text)
         })
         .collect()
+}
+
+/// "`epochs`: checkpoint 6 vs now 3; `training.epochs` is locked: … unlock …".
+fn describe_changes(changes: &[(String, String)]) -> String {
+    let listed: Vec<&str> = changes.iter().map(|(_, text)| text.as_str()).collect();
+    let mut remedies: Vec<String> = changes.iter().map(|(k, _)| unlocked::remedy(k)).collect();
+    remedies.dedup();
+    format!("{}. {}", listed.join("; "), remedies.join(". "))
 }
 
 fn tensor_map(list: Vec<(String, Tensor)>) -> HashMap<String, Tensor> {
@@ -120,6 +131,16 @@ impl Trainer {
     /// its checksums, and that the drafter, the locked training keys and the data are the ones
     /// this trainer was built with.
     pub fn restore_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
+        self.restore_checkpoint_unlocked(dir, &UnlockedKeys::default())
+    }
+
+    /// [`Trainer::restore_checkpoint`], letting the `unlocked` locked keys differ from the
+    /// checkpoint where its weights, optimizer state and data position still carry over.
+    pub fn restore_checkpoint_unlocked(
+        &mut self,
+        dir: &Path,
+        unlocked: &UnlockedKeys,
+    ) -> Result<(), TrainError> {
         checkpoint::verify(dir)?;
         let incompatible = |detail: String| TrainError::Incompatible {
             checkpoint: dir.to_path_buf(),
@@ -127,19 +148,25 @@ impl Trainer {
         };
         let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
         let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
-        let drafter_diff = changed_keys(&saved_drafter, &self.drafter_cfg.to_hf_json(), &[]);
+        let mut saved_drafter = unlocked::flatten_drafter(&saved_drafter);
+        let drafter_now = unlocked::flatten_drafter(&self.drafter_cfg.to_hf_json());
+        unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)
+            .map_err(incompatible)?;
+        let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &[]);
         if !drafter_diff.is_empty() {
             return Err(incompatible(format!(
                 "the drafter config differs: {}",
-                drafter_diff.join("; ")
+                describe_changes(&drafter_diff)
             )));
         }
         let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
-        let config_diff = changed_keys(&as_json(&state.config), &as_json(&self.cfg), &RUNTIME_KEYS);
+        let mut saved_config = as_json(&state.config);
+        unlocked::reconcile_train(&mut saved_config, &self.cfg, unlocked);
+        let config_diff = changed_keys(&saved_config, &as_json(&self.cfg), &RUNTIME_KEYS);
         if !config_diff.is_empty() {
             return Err(incompatible(format!(
                 "locked training keys differ: {}",
-                config_diff.join("; ")
+                describe_changes(&config_diff)
             )));
         }
         if state.data_fingerprint != self.data_fingerprint {
@@ -160,12 +187,10 @@ impl Trainer {
                 self.plan.accum
             )));
         }
-        if state.schedule != self.schedule {
-            return Err(incompatible(format!(
-                "the schedule differs: checkpoint {:?}, now {:?}",
-                state.schedule, self.schedule
-            )));
-        }
+        // With epochs unlocked the trainer's schedule (built from the new total) replaces the
+        // checkpoint's; the data position below is kept either way.
+        unlocked::check_schedule(&state.schedule, &self.schedule, state.step, unlocked)
+            .map_err(incompatible)?;
         let cursor = self
             .source
             .consumed_at(state.position)
@@ -191,10 +216,20 @@ impl Trainer {
 
     /// Resumes from the newest checkpoint under `root`, if any. Returns its directory.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<PathBuf>, TrainError> {
+        self.resume_latest_unlocked(root, &UnlockedKeys::default())
+    }
+
+    /// [`Trainer::resume_latest`] with the operator's unlocked keys (see
+    /// [`Trainer::restore_checkpoint_unlocked`]).
+    pub fn resume_latest_unlocked(
+        &mut self,
+        root: &Path,
+        unlocked: &UnlockedKeys,
+    ) -> Result<Option<PathBuf>, TrainError> {
         checkpoint::recover(root)?;
         match checkpoint::latest(root)? {
             Some(dir) => {
-                self.restore_checkpoint(&dir)?;
+                self.restore_checkpoint_unlocked(&dir, unlocked)?;
                 Ok(Some(dir))
             }
             None => Ok(None),
@@ -241,7 +276,23 @@ mod tests {
         let a = json!({"lr": 1.0, "eval_every": 5, "epochs": 6});
         let b = json!({"lr": 2.0, "eval_every": 7, "epochs": 6});
         let diff = changed_keys(&a, &b, &["eval_every"]);
-        assert_eq!(diff, vec!["`lr`: checkpoint 1.0 vs now 2.0".to_string()]);
+        assert_eq!(
+            diff,
+            vec![(
+                "lr".to_string(),
+                "`lr`: checkpoint 1.0 vs now 2.0".to_string()
+            )]
+        );
+        let text = describe_changes(&changed_keys(
+            &a,
+            &json!({"epochs": 3}),
+            &["lr", "eval_every"],
+        ));
+        assert!(
+            text.starts_with("`epochs`: checkpoint 6 vs now 3. `training.epochs` is locked"),
+            "{text}"
+        );
+        assert!(text.contains("dflash-tui attach"), "{text}");
     }
 
     #[test]

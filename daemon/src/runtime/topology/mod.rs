@@ -193,6 +193,8 @@ impl WorkerFailure {
         TrainError::Worker(Box::new(WorkerFailed {
             worker: self.worker.to_string(),
             device: device_name(self.worker.device),
+            role: self.worker.role,
+            rank: self.worker.index,
             detail: self.detail.clone(),
         }))
     }

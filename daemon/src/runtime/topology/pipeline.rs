@@ -184,6 +184,14 @@ pub struct QueueMonitor {
     queues: Vec<Arc<ItemQueue>>,
 }
 
+impl std::fmt::Debug for QueueMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueMonitor")
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
 impl QueueMonitor {
     pub fn new(queues: Vec<Arc<ItemQueue>>) -> Self {
         Self { queues }
@@ -289,6 +297,78 @@ mod tests {
         assert_eq!(q.depth(), 0, "the duplicate 2 was consumed and dropped");
         q.shutdown();
         assert!(inbox.take(8).is_none());
+    }
+
+    #[test]
+    fn the_telemetry_timer_publishes_a_stalled_queue_while_no_step_completes() {
+        use crate::control::journal::Journal;
+        use crate::control::pending::ActionPolicy;
+        use crate::runtime::bus::FrameBus;
+        use crate::runtime::handle::{RunHandle, RunHandleParts};
+        use crate::telemetry::caches::CacheMonitor;
+        use crate::telemetry::sampler::{SamplerConfig, TelemetrySampler};
+        use crate::telemetry::GpuSampler;
+
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path()).unwrap();
+        let handle = RunHandle::new(RunHandleParts {
+            policy: ActionPolicy::new("r"),
+            run_dir: dir.path().to_path_buf(),
+            journal,
+            bus: FrameBus::new(16),
+            recorder: None,
+            config_path: None,
+        });
+        let mut sampler = TelemetrySampler::new(
+            handle.clone(),
+            GpuSampler::new(),
+            CacheMonitor::new(vec![], &[], 0),
+            SamplerConfig {
+                interval: Duration::from_millis(10),
+                cache_interval: Duration::from_secs(3600),
+                run_dir: dir.path().to_path_buf(),
+            },
+        );
+        sampler.tick();
+        assert_eq!(handle.status_snapshot().queue.capacity, 0, "no queue yet");
+
+        // A producer stalls on a full queue nobody consumes: no step can complete.
+        let q = Arc::new(
+            ItemQueue::new(QueueConfig {
+                capacity: 2,
+                high_watermark: 2,
+                low_watermark: 1,
+                byte_cap: 1 << 20,
+            })
+            .unwrap(),
+        );
+        handle.set_queue_monitor(Some(QueueMonitor::new(vec![Arc::clone(&q)])));
+        q.push(item(0)).unwrap();
+        q.push(item(1)).unwrap();
+        let producer = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || q.push(item(2)).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(60));
+        sampler.tick();
+        let first = handle.status_snapshot().queue;
+        assert_eq!((first.depth, first.capacity), (2, 2), "{first:?}");
+        let one = crate::runtime::queue::ByteSized::byte_size(&item(9));
+        assert!(one > 0);
+        assert_eq!(first.bytes_resident, 2 * one, "{first:?}");
+        assert!(first.producer_blocked_ms >= 40.0, "{first:?}");
+        std::thread::sleep(Duration::from_millis(60));
+        sampler.tick();
+        let second = handle.status_snapshot().queue;
+        assert!(
+            second.producer_blocked_ms >= first.producer_blocked_ms + 40.0,
+            "the blocked time keeps growing between readings: {first:?} then {second:?}"
+        );
+        q.shutdown();
+        assert!(
+            producer.join().unwrap(),
+            "the blocked push returns at shutdown"
+        );
     }
 
     #[test]
