@@ -29,6 +29,30 @@ pub fn spell_command(
     }
 }
 
+/// How to spell `name`, a binary installed beside the running one (`dflashd` and `dflash-tui`
+/// are built and installed together). Reads the process's executable path, working directory
+/// and `PATH` (the one edge in this crate). Falls back to the bare name when there is no such
+/// sibling (the console installed elsewhere).
+pub fn spell_sibling(name: &str) -> String {
+    let exe = std::env::current_exe().ok();
+    let exe_dir = exe.as_deref().and_then(Path::parent);
+    let (Some(exe_dir), Ok(cwd)) = (exe_dir, std::env::current_dir()) else {
+        return name.to_string();
+    };
+    if !exe_dir.join(name).is_file() {
+        return name.to_string();
+    }
+    let path_dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    spell_command(name, exe_dir, &cwd, path_dirs, |a, b| {
+        match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    })
+}
+
 /// ` --socket PATH` when the socket is not the default one, so a pasted hint reaches the same
 /// daemon; empty otherwise.
 pub fn socket_flag(socket: &Path, is_default: bool) -> String {

@@ -1,13 +1,16 @@
 //! Types and pure logic shared by `dflashd` and `dflash-tui`.
 //!
 //! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
-//! this crate says what the bytes mean and judges the numbers.
+//! this crate says what the bytes mean and judges the numbers. (One exception, tiny:
+//! [`invocation::spell_sibling`] looks up the running executable and `PATH` to print hints the
+//! operator can paste.)
 pub mod actions;
 pub mod config;
 pub mod events;
 pub mod format;
 pub mod health;
 pub mod invocation;
+pub mod last_run;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;

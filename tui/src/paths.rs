@@ -11,6 +11,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
 use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, SocketEnv};
 use thiserror::Error;
 
@@ -72,7 +73,8 @@ impl DaemonFiles {
         }
     }
 
-    /// From `--state-dir` / `--run-dir` when given, else the XDG defaults.
+    /// From `--state-dir` / `--run-dir` when given; else the run the daemon last started
+    /// (recorded in the state dir), else the XDG defaults.
     pub fn resolve(state_dir: Option<&Path>, run_dir: Option<&Path>) -> Result<Self, PathError> {
         let dirs = || directories::ProjectDirs::from("", "", APP_DIR).ok_or(PathError::NoHome);
         let state_dir = match state_dir {
@@ -86,10 +88,19 @@ impl DaemonFiles {
         };
         let run_dir = match run_dir {
             Some(dir) => dir.to_path_buf(),
-            None => dirs()?.data_dir().join("runs").join("default"),
+            None => match last_run(&state_dir) {
+                Some(record) => PathBuf::from(record.run_dir),
+                None => dirs()?.data_dir().join("runs").join("default"),
+            },
         };
         Ok(Self::new(&state_dir, &run_dir))
     }
+}
+
+/// The daemon's record of the run it last started, if there is a readable one.
+pub fn last_run(state_dir: &Path) -> Option<LastRun> {
+    let text = std::fs::read_to_string(state_dir.join(LAST_RUN_FILE)).ok()?;
+    LastRun::parse(&text)
 }
 
 pub fn current_uid() -> u32 {
@@ -136,6 +147,32 @@ mod tests {
         assert_eq!(files.logs_dir, PathBuf::from("/state/logs"));
         let given = DaemonFiles::resolve(Some(Path::new("/s")), Some(Path::new("/r"))).unwrap();
         assert_eq!(given, DaemonFiles::new(Path::new("/s"), Path::new("/r")));
+    }
+
+    #[test]
+    fn without_run_dir_the_daemons_last_run_is_used() {
+        let state = tempfile::tempdir().unwrap();
+        let record = LastRun {
+            run_name: "tiny-cpu".into(),
+            run_dir: "/work/repo/runs/default".into(),
+            socket: "/tmp/dflash-0/dflashd.sock".into(),
+            pid: 7,
+            started_ms: 0,
+        };
+        std::fs::write(
+            state.path().join(LAST_RUN_FILE),
+            serde_json::to_string(&record).unwrap(),
+        )
+        .unwrap();
+        let files = DaemonFiles::resolve(Some(state.path()), None).unwrap();
+        assert_eq!(files.run_dir, PathBuf::from("/work/repo/runs/default"));
+        // --run-dir still wins; a garbled record falls back to the default.
+        let given = DaemonFiles::resolve(Some(state.path()), Some(Path::new("/r"))).unwrap();
+        assert_eq!(given.run_dir, PathBuf::from("/r"));
+        std::fs::write(state.path().join(LAST_RUN_FILE), "{").unwrap();
+        let files = DaemonFiles::resolve(Some(state.path()), None).unwrap();
+        assert!(files.run_dir.ends_with("runs/default"), "{files:?}");
+        assert_ne!(files.run_dir, PathBuf::from("/work/repo/runs/default"));
     }
 
     #[test]

@@ -395,4 +395,22 @@ fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_on
         journal.contains(&format!("\"action_id\":\"{id}\",\"via\":\"token\"")),
         "the scripted confirmation is audited"
     );
+
+    // With the daemon gone and no --run-dir, `status` finds the run through the daemon's
+    // last-run record in the state dir (the run dir here is not the XDG default).
+    let report = Command::new(TUI)
+        .args(["status", "--format", "json", "--socket", &socket])
+        .env("XDG_STATE_HOME", root.join("state"))
+        .env("XDG_DATA_HOME", root.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dflash-tui status");
+    let json: serde_json::Value = serde_json::from_slice(&report.stdout).expect("status JSON");
+    assert_eq!(json["daemon"]["reachable"], false, "{json}");
+    assert_eq!(
+        json["files"]["run_dir"].as_str(),
+        Some(daemon.run_dir.display().to_string().as_str()),
+        "{json}"
+    );
+    assert_eq!(json["run"]["name"], "tiny-cpu", "{json}");
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::invocation;
+use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
 use dflash_shared::status::RunState;
 
 use super::bus::FrameBus;
@@ -161,6 +163,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         return not_started(EXIT_FAILURE, e.to_string(), &mut ready, cp);
     }
     journal_start(&handle, &prepared, &spec);
+    record_last_run(&spec);
     let device = setup::describe_device(prepared.device);
     let where_ = setup::describe_topology(prepared.trainer.topology());
     let mut banner = banner(&spec, &prepared, &where_);
@@ -434,17 +437,35 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
 }
 
 /// `placement`: where the run trains, every worker by role (see `setup::describe_topology`).
+/// Tells the console where this run lives for when the daemon is down (`--run-dir` may be
+/// anywhere). Losing it only costs that convenience, so a failure is a warning.
+fn record_last_run(spec: &LaunchSpec) {
+    let record = LastRun {
+        run_name: spec.config.run.name.clone(),
+        run_dir: spec.run_dir.display().to_string(),
+        socket: spec.socket.display().to_string(),
+        pid: std::process::id(),
+        started_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let path = spec.paths.state_dir.join(LAST_RUN_FILE);
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let written = serde_json::to_vec_pretty(&record)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "could not record the last run");
+    }
+}
+
 fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
     let t = &p.trainer;
     let resumed = match &p.resumed_from {
         Some(dir) => format!("resumed at step {} from {}", t.step_count(), dir.display()),
         None => "a new run".into(),
     };
-    let socket_arg = if spec.socket_is_default {
-        String::new()
-    } else {
-        format!(" --socket {}", spec.socket.display())
-    };
+    let on = invocation::socket_flag(&spec.socket, spec.socket_is_default);
+    let tui = invocation::spell_sibling("dflash-tui");
     let mut text = format!(
         "dflashd started (pid {}): run '{}' on {placement}, {resumed}; {} steps in total ({} train / {} held-out samples)\n",
         std::process::id(),
@@ -461,12 +482,10 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
     text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
     text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
     text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));
-    text.push_str(&format!("  attach:   dflash-tui attach{socket_arg}\n"));
+    text.push_str(&format!("  attach:   {tui} attach{on}\n"));
+    text.push_str(&format!("  headless: {tui} tail --follow{on}\n"));
     text.push_str(&format!(
-        "  headless: dflash-tui tail --follow{socket_arg}\n"
-    ));
-    text.push_str(&format!(
-        "  stop:     dflash-tui stop{socket_arg}, then dflash-tui confirm-stop{socket_arg}"
+        "  stop:     {tui} stop{on}, then {tui} confirm-stop{on}"
     ));
     text
 }

@@ -75,19 +75,5 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// This binary as the operator can type it: `dflash-tui` when `PATH` finds this very file,
 /// else its path (`make run` starts it from `target/release/`).
 pub fn own_spelling() -> String {
-    let exe = std::env::current_exe().ok();
-    let exe_dir = exe.as_deref().and_then(std::path::Path::parent);
-    let (Some(exe_dir), Ok(cwd)) = (exe_dir, std::env::current_dir()) else {
-        return "dflash-tui".into();
-    };
-    let path_dirs = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    dflash_shared::invocation::spell_command("dflash-tui", exe_dir, &cwd, path_dirs, |a, b| match (
-        std::fs::canonicalize(a),
-        std::fs::canonicalize(b),
-    ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    })
+    dflash_shared::invocation::spell_sibling("dflash-tui")
 }

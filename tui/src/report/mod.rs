@@ -314,7 +314,10 @@ fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
     let run = input.snapshot.map(|s| &s.run);
     Files {
         config: run.and_then(|r| r.config_path.clone()),
-        run_dir: run.map(|r| r.run_dir.clone()),
+        run_dir: Some(match run {
+            Some(r) => r.run_dir.clone(),
+            None => input.files.run_dir.display().to_string(),
+        }),
         latest_checkpoint: checkpoints.last().map(|c| c.path.clone()),
         checkpoints: checkpoints.iter().map(|c| c.path.clone()).collect(),
         journal: match run {
