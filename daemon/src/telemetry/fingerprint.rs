@@ -155,7 +155,7 @@ pub fn resume_decision(
             accepted: false,
         };
     }
-    let confirm_token = confirm_token(current);
+    let confirm_token = confirm_token(&drifts);
     if accepted_token == Some(confirm_token.as_str()) {
         ResumeDecision::Proceed {
             drifts,
@@ -169,9 +169,23 @@ pub fn resume_decision(
     }
 }
 
-/// A short digest of everything in the fingerprint except when it was taken.
-pub fn confirm_token(fp: &Fingerprint) -> String {
-    hex::encode(&digest(fp)[..8])
+/// A short digest of the blocking drifts (field, before, after): an acceptance covers exactly
+/// the changes the operator was shown, and a rebuild in between (an informational change)
+/// does not void it.
+pub fn confirm_token(drifts: &[EnvironmentDrift]) -> String {
+    let mut h = Sha256::new();
+    for d in drifts.iter().filter(|d| d.blocks_resume) {
+        for part in [
+            Some(d.field.as_str()),
+            d.before.as_deref(),
+            d.after.as_deref(),
+        ] {
+            h.update(part.unwrap_or("\u{0}absent").as_bytes());
+            h.update([0x1f]);
+        }
+        h.update([b'\n']);
+    }
+    hex::encode(&h.finalize()[..8])
 }
 
 /// Full digest of the environment (ignores `captured_ms`); the warmup record stores it.

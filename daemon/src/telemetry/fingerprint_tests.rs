@@ -60,7 +60,13 @@ fn an_acceptance_is_bound_to_the_environment_it_was_given_for() {
     first
         .python_packages
         .insert("torch".into(), "2.9.1+cu130".into());
-    let token = confirm_token(&first);
+    let ResumeDecision::Blocked {
+        confirm_token: token,
+        ..
+    } = resume_decision(Some(&fp()), &first, None)
+    else {
+        panic!("a torch swap must block");
+    };
     let mut second = first.clone();
     second.cuda_driver = Some("580.82".into());
     assert!(matches!(
@@ -121,10 +127,28 @@ fn a_rebuild_at_a_new_commit_resumes_but_a_torch_change_still_blocks() {
 }
 
 #[test]
-fn token_ignores_capture_time() {
-    let mut later = fp();
-    later.captured_ms = 12345;
-    assert_eq!(confirm_token(&fp()), confirm_token(&later));
+fn a_token_survives_a_rebuild_but_not_another_blocking_change() {
+    let token = |current: &Fingerprint| match resume_decision(Some(&fp()), current, None) {
+        ResumeDecision::Blocked { confirm_token, .. } => confirm_token,
+        other => panic!("expected a block, got {other:?}"),
+    };
+    let mut swapped = fp();
+    swapped
+        .python_packages
+        .insert("torch".into(), "2.9.1+cu130".into());
+    let mut rebuilt = swapped.clone();
+    rebuilt.captured_ms = 12345;
+    rebuilt.code_git_commit = Some("0123abcd".into());
+    assert_eq!(token(&swapped), token(&rebuilt));
+    assert!(matches!(
+        resume_decision(Some(&fp()), &rebuilt, Some(&token(&swapped))),
+        ResumeDecision::Proceed { accepted: true, .. }
+    ));
+    let mut other = swapped.clone();
+    other
+        .python_packages
+        .insert("torch".into(), "2.10.0+cu130".into());
+    assert_ne!(token(&swapped), token(&other));
 }
 
 #[test]
