@@ -236,7 +236,8 @@ fn warnings_say_when_the_recipe_is_left() {
         c.warnings(),
         [
             "training.epochs = 2: the DFlash recipe trains 6 full epochs",
-            "training.early_stopping = true: the run may end before every epoch was trained",
+            "training.early_stopping = true has no effect: dflash has no early-stopping rule and \
+             trains every epoch",
             "cuda:0 is in both topology.target_devices and topology.drafter_devices: two workers share its memory",
         ]
     );

@@ -537,7 +537,9 @@ pub(crate) fn warnings(c: &Config) -> Vec<String> {
     }
     if c.training.early_stopping {
         w.push(
-            "training.early_stopping = true: the run may end before every epoch was trained".into(),
+            "training.early_stopping = true has no effect: dflash has no early-stopping rule and \
+             trains every epoch"
+                .into(),
         );
     }
     if let Some(steps) = c.training.max_steps {
