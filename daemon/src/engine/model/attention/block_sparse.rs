@@ -1,36 +1,42 @@
 //! Block-sparse DFlash attention, exactly equal to the dense rule.
 //!
 //! A query of block `blk` sees (i) a prefix-like range of the context and (ii) its own block.
-//! The two key sets are disjoint, so softmax over their union is the LSE-weighted merge of
-//! the two partial attentions:
-//! 1. Blocks are sorted by anchor (a permutation restores the order at the end), so
-//!    consecutive blocks need similar context ranges.
-//! 2. Context part: sorted blocks are grouped into chunks whose `[B, heads, C·bs, L]` score
-//!    grid stays under a budget; `L` is only the key range the chunk can see (up to its
-//!    largest anchor; on sliding layers also from its smallest window start). The mask is
-//!    built per chunk from the visibility rule, and the chunk runs through the fused SDPA
-//!    kernel with a differentiable LSE ([`fused_attention_with_lse`]).
-//! 3. Own-block part: one batched `[B·N, heads, bs, bs]` attention.
-//! 4. Merge by log-sum-exp, restore block order.
+//! The blocks are grouped into chunks; each chunk is ONE fused attention call whose keys are
+//! the context range its blocks can see followed by the chunk's own block keys:
+//! `[context lo..hi | block_start .. block_end]`. Its additive mask hides what the rule hides
+//! (including the other blocks of the chunk), so each query's softmax runs over exactly its
+//! visible keys: no partial attentions, no log-sum-exp merge, and every row sees at least the
+//! first key of its own block (never an empty row).
 //!
-//! Memory kept for backward: per chunk its additive mask (`B·C·bs·L`, shared by all heads)
-//! and O(Q) tensors; the own-block probabilities `B·Hq·Q·bs`. No `[Q, S+Q]` grid and no
-//! per-head context probabilities exist at any time; the largest transient is one chunk's
-//! fp32 scores (for the LSE value).
+//! 1. If all blocks fit one chunk (the common training shape on small configs), they are used
+//!    in their given order. Otherwise they are sorted by anchor (a permutation restores the
+//!    order at the end), so consecutive blocks need similar context ranges.
+//! 2. Chunks grow while their `[B, heads, C·bs, L + C·bs]` score grid stays under a budget,
+//!    and, once past a small size where call overhead dominates, only while the chunk's block
+//!    keys (of which each query sees only its own `bs`) do not outnumber its context keys.
+//! 3. The plan (order, chunks, additive masks) depends only on the anchors, the layer rule and
+//!    the shapes, so the drafter builds it once per forward and rule and every layer shares it
+//!    ([`BlockSparsePlan`]); the masks autograd keeps are then shared by the layers too.
+//!
+//! Memory kept for backward: per chunk its additive mask (`B·C·bs·(L + C·bs)`, shared by all
+//! heads and layers), the chunk's key/value copy and O(Q) tensors. No `[Q, S+Q]` grid and no
+//! per-head probabilities exist at any time: the fused kernel works in tiles.
 use tch::{Device, Kind, Tensor};
 
-use super::softmax::{attention_with_lse, fused_attention_with_lse, merge_by_lse, HIDDEN_SCORE};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
-/// Default cap on one chunk's score grid (`B·Hq·C·bs·L` elements; 8 Mi fp32 = 32 MiB, of
-/// which about three exist at once, only while the chunk runs). Large enough that per-chunk
-/// kernel launches are few, small enough that the transients stay well below what the whole
-/// attention keeps for backward.
+/// Default cap on one chunk's score grid (`B·Hq·C·bs·(L + C·bs)` elements). The fused kernel
+/// never materialises it; what scales with it is the chunk's mask (`1/Hq` of it) and key/value
+/// copies, kept for backward.
 pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 
-/// A run of sorted blocks `start..end` attending to context keys `keys.0..keys.1`
-/// (`None`: none of them sees any context).
+/// Below this grid size a chunk keeps growing even when its block keys outnumber its context
+/// keys: small calls are dominated by per-call overhead, not by the wasted (masked) keys.
+pub(crate) const SMALL_CHUNK_SCORE_ELEMENTS: i64 = 1 << 20;
+
+/// A run of (sorted) blocks `start..end` attending to context keys `keys.0..keys.1`
+/// (`None`: none of them sees any context) and to their own blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ContextChunk {
     pub start: usize,
@@ -61,7 +67,7 @@ fn key_range<'a>(
     (hi > lo).then_some((lo, hi))
 }
 
-/// Anchors and validity of the blocks after sorting, row-major `[batch, blocks]`.
+/// Anchors and validity of the blocks (in chunking order), row-major `[batch, blocks]`.
 pub(crate) struct SortedBlocks<'a> {
     pub anchors: &'a [i64],
     pub keep: &'a [bool],
@@ -69,15 +75,24 @@ pub(crate) struct SortedBlocks<'a> {
     pub blocks: usize,
 }
 
-/// Greedy chunking of sorted blocks. `cost_per_key` is the score elements one block adds per
-/// visible key (`batch·heads·bs`). A chunk grows while its score grid stays within `budget`
-/// (a single block is always allowed, whatever its cost).
+/// Sizes the chunk planner needs besides the blocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkCosts {
+    pub block_size: i64,
+    /// Score elements one query row adds per key (`batch·heads`).
+    pub per_row_key: i64,
+    /// Cap on one chunk's score grid; a single block is always allowed, whatever its cost.
+    pub budget: i64,
+    /// Below this grid size block keys may outnumber context keys.
+    pub small: i64,
+}
+
+/// Greedy chunking of blocks in the given order (see the module doc for the rule).
 pub(crate) fn plan_context_chunks(
     rule: LayerRule,
     sorted: &SortedBlocks<'_>,
     context_len: i64,
-    cost_per_key: i64,
-    budget: i64,
+    costs: ChunkCosts,
 ) -> Vec<ContextChunk> {
     let SortedBlocks {
         anchors,
@@ -95,10 +110,10 @@ pub(crate) fn plan_context_chunks(
             column(start, end).map(|i| (&anchors[i], &keep[i])),
         )
     };
+    let context_keys = |keys: Option<(i64, i64)>| keys.map_or(0, |(lo, hi)| hi - lo);
+    let block_keys = |start: usize, end: usize| (end - start) as i64 * costs.block_size;
     let cost = |start: usize, end: usize, keys: Option<(i64, i64)>| {
-        keys.map_or(0, |(lo, hi)| {
-            (end - start) as i64 * cost_per_key * (hi - lo)
-        })
+        block_keys(start, end) * costs.per_row_key * (context_keys(keys) + block_keys(start, end))
     };
     let mut chunks = Vec::new();
     let mut start = 0;
@@ -107,7 +122,10 @@ pub(crate) fn plan_context_chunks(
         let mut keys = range_of(start, end);
         while end < blocks {
             let wider = range_of(start, end + 1);
-            if cost(start, end + 1, wider) > budget {
+            let within_budget = cost(start, end + 1, wider) <= costs.budget;
+            let worth_it = cost(start, end, keys) < costs.small
+                || block_keys(start, end + 1) <= context_keys(wider);
+            if !(within_budget && worth_it) {
                 break;
             }
             end += 1;
@@ -124,144 +142,329 @@ fn host_i64(t: &Tensor) -> Vec<i64> {
         .expect("an int64 CPU tensor converts to Vec<i64>")
 }
 
-/// Block-sparse attention; `chunk_score_elements` caps one context chunk's score tensor.
-/// Returns `[B, Q, Hq, D]` in the query dtype.
+/// Per batch row, the stable order of the blocks by effective anchor (invalid blocks see no
+/// context and count as anchor 0, which puts them first, out of the way). Row-major `[B, N]`.
+fn sort_order(anchors: &[i64], keep: &[bool], batch: usize, blocks: usize) -> Vec<i64> {
+    let mut order = Vec::with_capacity(batch * blocks);
+    for b in 0..batch {
+        let row = b * blocks;
+        let mut idx: Vec<usize> = (0..blocks).collect();
+        idx.sort_by_key(|&i| if keep[row + i] { anchors[row + i] } else { 0 });
+        order.extend(idx.into_iter().map(|i| i as i64));
+    }
+    order
+}
+
+/// One chunk of a plan, ready to run: its blocks and the additive mask of its keys.
+struct PlannedChunk {
+    start: i64,
+    count: i64,
+    keys: Option<(i64, i64)>,
+    /// `[B, 1, count·bs, L + count·bs]` in the activation dtype: 0 visible, `-inf` hidden.
+    bias: Tensor,
+}
+
+/// Everything of a block-sparse attention call that depends only on the anchors, the layer
+/// rule and the shapes: build it once per forward and rule, run it for every layer.
+pub struct BlockSparsePlan {
+    rule: LayerRule,
+    block_size: i64,
+    context_len: i64,
+    batch: i64,
+    blocks: i64,
+    /// `[B, N]` sorting permutation and its inverse; `None` when blocks keep their order.
+    order: Option<(Tensor, Tensor)>,
+    chunks: Vec<PlannedChunk>,
+}
+
+/// Visibility of the keys `[context lo..hi | own blocks of the chunk]` for the chunk's blocks
+/// `anchors`/`keep` `[B, C]`: `[B, C·bs, (hi-lo) + C·bs]` bool.
+fn chunk_visibility(
+    rule: LayerRule,
+    anchors: &Tensor,
+    keep: &Tensor,
+    block_size: i64,
+    keys: Option<(i64, i64)>,
+) -> Tensor {
+    let size = anchors.size();
+    let (batch, count) = (size[0], size[1]);
+    let device = anchors.device();
+    let rows = count * block_size;
+    let same_block = Tensor::eye(count, (Kind::Bool, device)).view([count, 1, count, 1]);
+    let own = own_block_mask(rule, block_size, device).view([1, block_size, 1, block_size]);
+    let blocks = same_block
+        .logical_and(&own)
+        .reshape([1, rows, rows])
+        .expand([batch, rows, rows], false);
+    match keys {
+        Some((lo, hi)) => Tensor::cat(
+            &[
+                context_mask(rule, anchors, keep, block_size, lo, hi),
+                blocks,
+            ],
+            -1,
+        ),
+        None => blocks,
+    }
+}
+
+impl BlockSparsePlan {
+    /// `anchors` `[B, N]` int64, `keep` `[B, N]` bool (any device; read to the host once);
+    /// `heads` query heads (for the chunk cost); masks are built in `kind` on `device`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rule: LayerRule,
+        anchors: &Tensor,
+        keep: &Tensor,
+        block_size: i64,
+        context_len: i64,
+        heads: i64,
+        chunk_score_elements: i64,
+        (kind, device): (Kind, Device),
+    ) -> Self {
+        let size = anchors.size();
+        assert!(
+            size.len() == 2 && keep.size() == size && block_size > 0,
+            "BlockSparsePlan: anchors and keep must be [B, N] (got {size:?} and {:?}), block size > 0 (got {block_size})",
+            keep.size()
+        );
+        let (batch, blocks) = (size[0], size[1]);
+        let host_anchors = host_i64(anchors);
+        let host_keep: Vec<bool> = host_i64(keep).into_iter().map(|k| k != 0).collect();
+        let costs = ChunkCosts {
+            block_size,
+            per_row_key: batch * heads,
+            budget: chunk_score_elements,
+            small: SMALL_CHUNK_SCORE_ELEMENTS,
+        };
+        let plan_of = |anchors: &[i64], keep: &[bool]| {
+            let blocks_view = SortedBlocks {
+                anchors,
+                keep,
+                batch: batch as usize,
+                blocks: blocks as usize,
+            };
+            plan_context_chunks(rule, &blocks_view, context_len, costs)
+        };
+        let mut chunks = plan_of(&host_anchors, &host_keep);
+        let mut order = None;
+        let (mut chunk_anchors, mut chunk_keep) = (anchors.shallow_clone(), keep.shallow_clone());
+        if chunks.len() > 1 {
+            let host_order = sort_order(&host_anchors, &host_keep, batch as usize, blocks as usize);
+            let row = |b: usize, i: i64| b * blocks as usize + i as usize;
+            let sorted_index = |b: usize, j: usize| row(b, host_order[row(b, j as i64)]);
+            let all =
+                || (0..batch as usize).flat_map(|b| (0..blocks as usize).map(move |j| (b, j)));
+            let sorted_anchors: Vec<i64> = all()
+                .map(|(b, j)| host_anchors[sorted_index(b, j)])
+                .collect();
+            let sorted_keep: Vec<bool> =
+                all().map(|(b, j)| host_keep[sorted_index(b, j)]).collect();
+            chunks = plan_of(&sorted_anchors, &sorted_keep);
+            let order_t = Tensor::from_slice(&host_order)
+                .view([batch, blocks])
+                .to_device(device);
+            let inverse = order_t.argsort_stable(true, 1, false);
+            chunk_anchors = Tensor::from_slice(&sorted_anchors)
+                .view([batch, blocks])
+                .to_device(device);
+            chunk_keep = Tensor::from_slice(&sorted_keep)
+                .view([batch, blocks])
+                .to_device(device);
+            order = Some((order_t, inverse));
+        } else {
+            chunk_anchors = chunk_anchors.to_device(device).to_kind(Kind::Int64);
+            chunk_keep = chunk_keep.to_device(device).to_kind(Kind::Bool);
+        }
+        let chunks = chunks
+            .into_iter()
+            .map(|chunk| {
+                let (start, count) = (chunk.start as i64, (chunk.end - chunk.start) as i64);
+                let visible = chunk_visibility(
+                    rule,
+                    &chunk_anchors.narrow(1, start, count),
+                    &chunk_keep.narrow(1, start, count),
+                    block_size,
+                    chunk.keys,
+                );
+                let keys = visible.size()[2];
+                let bias = Tensor::zeros(visible.size(), (kind, device))
+                    .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
+                    .view([batch, 1, count * block_size, keys]);
+                PlannedChunk {
+                    start,
+                    count,
+                    keys: chunk.keys,
+                    bias,
+                }
+            })
+            .collect();
+        Self {
+            rule,
+            block_size,
+            context_len,
+            batch,
+            blocks,
+            order,
+            chunks,
+        }
+    }
+
+    /// Number of fused attention calls per use (for diagnostics and tests).
+    pub fn num_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub fn rule(&self) -> LayerRule {
+        self.rule
+    }
+}
+
+/// `[B, T, Hkv, D]` keys or values as the `[B, H, T, D]` the kernel reads. On CPU the fused
+/// kernel handles grouped heads itself (`enable_gqa`); elsewhere kv head `j` is repeated for
+/// query heads `j·g .. j·g+g-1` (HF `repeat_kv`), as not every fused CUDA kernel takes GQA.
+fn kernel_heads(t: &Tensor, group: i64, native_gqa: bool) -> Tensor {
+    let t = t.transpose(1, 2);
+    if group == 1 || native_gqa {
+        t
+    } else {
+        t.repeat_interleave_self_int(group, 1, None)
+    }
+}
+
+/// Block-sparse attention; `chunk_score_elements` caps one chunk's score grid. Builds a plan
+/// for this one call; the drafter shares one plan between its layers instead
+/// ([`block_sparse_attention_planned`]). Returns `[B, Q, Hq, D]` in the query dtype.
 pub fn block_sparse_attention(
     inputs: &BlockAttentionInputs<'_>,
     chunk_score_elements: i64,
 ) -> Tensor {
     let d = inputs.dims();
-    let (b, n, bs, hkv, g, dh) = (
-        d.batch,
-        d.num_blocks,
+    let plan = BlockSparsePlan::new(
+        inputs.rule,
+        inputs.anchors,
+        inputs.keep,
         d.block_size,
-        d.kv_heads,
-        d.group,
-        d.head_dim,
+        d.context_len,
+        d.kv_heads * d.group,
+        chunk_score_elements,
+        (inputs.query.kind(), inputs.query.device()),
     );
-    let heads = hkv * g;
-    let kind = inputs.query.kind();
+    block_sparse_attention_planned(inputs, &plan)
+}
+
+/// Block-sparse attention with a prepared plan. The plan must have been built for the same
+/// anchors, keep, rule and shapes (checked for the shapes and the rule).
+pub fn block_sparse_attention_planned(
+    inputs: &BlockAttentionInputs<'_>,
+    plan: &BlockSparsePlan,
+) -> Tensor {
+    let d = inputs.dims();
+    let (b, n, bs, g) = (d.batch, d.num_blocks, d.block_size, d.group);
+    assert!(
+        plan.rule == inputs.rule
+            && plan.batch == b
+            && plan.blocks == n
+            && plan.block_size == bs
+            && plan.context_len == d.context_len,
+        "block-sparse plan for {:?}, batch {}, {} blocks of {}, context {} used for {:?}, batch {b}, {n} blocks of {bs}, context {}",
+        plan.rule,
+        plan.batch,
+        plan.blocks,
+        plan.block_size,
+        plan.context_len,
+        inputs.rule,
+        d.context_len
+    );
+    let heads = d.kv_heads * g;
     let device = inputs.query.device();
     if n == 0 || b == 0 {
-        return Tensor::zeros([b, n * bs, heads, dh], (kind, device));
+        return Tensor::zeros(
+            [b, n * bs, heads, d.head_dim],
+            (inputs.query.kind(), device),
+        );
     }
-
-    // Invalid blocks see no context; sorting them as anchor 0 puts them first, out of the way.
-    let effective = inputs
-        .anchors
-        .where_self(inputs.keep, &inputs.anchors.zeros_like());
-    let order = effective.argsort_stable(true, 1, false);
-    let inverse = order.argsort_stable(true, 1, false);
-    let anchors = inputs.anchors.gather(1, &order, false);
-    let keep = inputs.keep.gather(1, &order, false);
-    let sort_blocks = |t: &Tensor, per_block: i64| {
-        t.reshape([b, n, per_block]).gather(
-            1,
-            &order.unsqueeze(-1).expand([b, n, per_block], false),
-            false,
-        )
+    let sort_blocks = |t: &Tensor| match &plan.order {
+        None => t.shallow_clone(),
+        Some((order, _)) => {
+            let per_block = t.numel() as i64 / (b * n);
+            let size = t.size();
+            t.reshape([b, n, per_block])
+                .gather(
+                    1,
+                    &order.unsqueeze(-1).expand([b, n, per_block], false),
+                    false,
+                )
+                .view(size.as_slice())
+        }
     };
-    let q = sort_blocks(inputs.query, bs * heads * dh).view([b, n, bs, hkv, g, dh]);
-    let block_key = sort_blocks(inputs.block_key, bs * hkv * dh).view([b, n, bs, hkv, dh]);
-    let block_value = sort_blocks(inputs.block_value, bs * hkv * dh).view([b, n, bs, hkv, dh]);
-
-    // Own block: [B, N, Hkv, g, bs, D] against [B, N, Hkv, 1, bs, D].
-    let (inner_out, inner_lse) = attention_with_lse(
-        &q.permute([0, 1, 3, 4, 2, 5]),
-        &block_key.permute([0, 1, 3, 2, 4]).unsqueeze(3),
-        &block_value.permute([0, 1, 3, 2, 4]).unsqueeze(3),
-        &own_block_mask(inputs.rule, bs, device),
-        inputs.scale,
+    let (q, block_key, block_value) = (
+        sort_blocks(inputs.query),
+        sort_blocks(inputs.block_key),
+        sort_blocks(inputs.block_value),
     );
-
-    // Context, chunk by chunk of sorted blocks.
-    let host_keep: Vec<bool> = host_i64(&keep).into_iter().map(|k| k != 0).collect();
-    let host_anchors = host_i64(&anchors);
-    let sorted = SortedBlocks {
-        anchors: &host_anchors,
-        keep: &host_keep,
-        batch: b as usize,
-        blocks: n as usize,
-    };
-    let plan = plan_context_chunks(
-        inputs.rule,
-        &sorted,
-        d.context_len,
-        b * heads * bs,
-        chunk_score_elements,
-    );
-    // [B, Hq, S, D]: kv heads repeated to the query heads (HF `repeat_kv`), as the fused
-    // kernel wants equal head counts.
-    let context_key = inputs
-        .context_key
-        .transpose(1, 2)
-        .repeat_interleave_self_int(g, 1, None);
-    let context_value = inputs
-        .context_value
-        .transpose(1, 2)
-        .repeat_interleave_self_int(g, 1, None);
-    let mut outs = Vec::with_capacity(plan.len());
-    let mut lses = Vec::with_capacity(plan.len());
-    for chunk in &plan {
-        let (start, count) = (chunk.start as i64, (chunk.end - chunk.start) as i64);
-        let Some((lo, hi)) = chunk.keys else {
-            // No context for any of these blocks: an empty part with weight exactly 0.
-            outs.push(Tensor::zeros([b, count, hkv, g, bs, dh], (kind, device)));
-            lses.push(Tensor::full(
-                [b, count, hkv, g, bs],
-                HIDDEN_SCORE,
-                (Kind::Float, device),
-            ));
-            continue;
+    let native_gqa = device == Device::Cpu;
+    let keys_of = |context: &Tensor, block: &Tensor, chunk: &PlannedChunk| {
+        let own = block.narrow(1, chunk.start * bs, chunk.count * bs);
+        let all = match chunk.keys {
+            Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), &own], 1),
+            None => own,
         };
-        let len = hi - lo;
-        let q_chunk = q
-            .narrow(1, start, count)
-            .permute([0, 3, 4, 1, 2, 5])
-            .reshape([b, heads, count * bs, dh]);
-        let visible = context_mask(
-            inputs.rule,
-            &anchors.narrow(1, start, count),
-            &keep.narrow(1, start, count),
-            bs,
-            lo,
-            hi,
-        )
-        .view([b, 1, count * bs, len]);
-        let (out, lse) = fused_attention_with_lse(
-            &q_chunk,
-            &context_key.narrow(2, lo, len),
-            &context_value.narrow(2, lo, len),
-            &visible,
-            inputs.scale,
-        );
-        outs.push(
-            out.view([b, hkv, g, count, bs, dh])
-                .permute([0, 3, 1, 2, 4, 5]),
-        );
-        lses.push(lse.view([b, hkv, g, count, bs]).permute([0, 3, 1, 2, 4]));
+        kernel_heads(&all, g, native_gqa)
+    };
+    let mut outs: Vec<Tensor> = plan
+        .chunks
+        .iter()
+        .map(|chunk| {
+            let q_chunk = q
+                .narrow(1, chunk.start * bs, chunk.count * bs)
+                .transpose(1, 2);
+            let out = Tensor::scaled_dot_product_attention(
+                &q_chunk,
+                &keys_of(inputs.context_key, &block_key, chunk),
+                &keys_of(inputs.context_value, &block_value, chunk),
+                Some(&chunk.bias),
+                0.0,
+                false,
+                inputs.scale,
+                native_gqa && g > 1,
+            );
+            out.transpose(1, 2) // [B, C·bs, Hq, D]
+        })
+        .collect();
+    let out = if outs.len() == 1 {
+        outs.pop().expect("one chunk")
+    } else {
+        Tensor::cat(&outs, 1)
+    };
+    match &plan.order {
+        None => out,
+        Some((_, inverse)) => {
+            let per_block = bs * heads * d.head_dim;
+            out.reshape([b, n, per_block])
+                .gather(
+                    1,
+                    &inverse.unsqueeze(-1).expand([b, n, per_block], false),
+                    false,
+                )
+                .view([b, n * bs, heads, d.head_dim])
+        }
     }
-    let context_out = Tensor::cat(&outs, 1);
-    let context_lse = Tensor::cat(&lses, 1);
-
-    let merged = merge_by_lse(&context_out, &context_lse, &inner_out, &inner_lse); // [B, N, Hkv, g, bs, D]
-    let per_block = bs * heads * dh;
-    let merged = merged
-        .permute([0, 1, 4, 2, 3, 5])
-        .reshape([b, n, per_block]);
-    merged
-        .gather(
-            1,
-            &inverse.unsqueeze(-1).expand([b, n, per_block], false),
-            false,
-        )
-        .view([b, n * bs, heads, dh])
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::visibility::context_visible;
     use super::*;
+
+    fn costs(batch: usize, bs: i64, budget: i64, small: i64) -> ChunkCosts {
+        ChunkCosts {
+            block_size: bs,
+            per_row_key: batch as i64,
+            budget,
+            small,
+        }
+    }
 
     fn check_plan(
         rule: LayerRule,
@@ -279,7 +482,7 @@ mod tests {
             batch,
             blocks,
         };
-        let plan = plan_context_chunks(rule, &sorted, s, batch as i64 * bs, budget);
+        let plan = plan_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 0));
         let mut next = 0;
         for chunk in &plan {
             assert_eq!(
@@ -289,9 +492,14 @@ mod tests {
             assert!(chunk.end > chunk.start);
             next = chunk.end;
             let (lo, hi) = chunk.keys.unwrap_or((0, 0));
-            if chunk.end - chunk.start > 1 {
-                let cost = (chunk.end - chunk.start) as i64 * batch as i64 * bs * (hi - lo);
+            let count = (chunk.end - chunk.start) as i64;
+            if count > 1 {
+                let cost = count * bs * batch as i64 * ((hi - lo) + count * bs);
                 assert!(cost <= budget, "chunk {chunk:?} costs {cost} > {budget}");
+                assert!(
+                    count * bs <= hi - lo,
+                    "{chunk:?}: more block keys than context keys"
+                );
             }
             for b in 0..batch {
                 for i in chunk.start..chunk.end {
@@ -324,9 +532,32 @@ mod tests {
             LayerRule::Sliding { window: 1 },
             LayerRule::Sliding { window: 4 },
         ] {
-            for budget in [0, 20, 64, 200, i64::MAX] {
+            for budget in [0, 20, 64, 200, 1000, i64::MAX] {
                 check_plan(rule, &anchors, &keep, 2, 18, 2, budget);
             }
+        }
+    }
+
+    #[test]
+    fn small_problems_stay_in_one_chunk_and_large_ones_stop_at_the_context_size() {
+        // 16 blocks of 8 at anchors up to 75: 128 block keys against 75 context keys.
+        let anchors: Vec<i64> = (0..16).map(|i| 5 * i).collect();
+        let keep = vec![true; 16];
+        let sorted = SortedBlocks {
+            anchors: &anchors,
+            keep: &keep,
+            batch: 1,
+            blocks: 16,
+        };
+        let one = plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, 1 << 20));
+        assert_eq!(one.len(), 1, "{one:?}");
+        // With no small-size allowance, block keys may not outnumber context keys.
+        let split = plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, 0));
+        assert!(split.len() > 1, "{split:?}");
+        for chunk in &split {
+            let count = (chunk.end - chunk.start) as i64;
+            let context = chunk.keys.map_or(0, |(lo, hi)| hi - lo);
+            assert!(count == 1 || count * 8 <= context, "{chunk:?}");
         }
     }
 
@@ -338,8 +569,8 @@ mod tests {
             batch: 1,
             blocks: 3,
         };
-        let plan = plan_context_chunks(LayerRule::Full, &sorted, 10, 1, 0);
-        // The two context-free blocks cost nothing and share a chunk; the third would not fit.
+        let plan = plan_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, i64::MAX));
+        // The two context-free blocks cost 1 and 2 (their own keys); the third would not fit.
         assert_eq!(
             plan,
             [
@@ -361,7 +592,19 @@ mod tests {
             batch: 1,
             blocks: 1,
         };
-        let window_one = plan_context_chunks(LayerRule::Sliding { window: 1 }, &one, 10, 1, 0);
+        let window_one = plan_context_chunks(
+            LayerRule::Sliding { window: 1 },
+            &one,
+            10,
+            costs(1, 1, 0, 0),
+        );
         assert_eq!(window_one[0].keys, None);
+    }
+
+    #[test]
+    fn sort_order_is_stable_per_row_and_puts_invalid_blocks_first() {
+        let anchors = [7, 3, 3, 9, 2, 8, 1, 5];
+        let keep = [true, true, true, false, true, true, true, true];
+        assert_eq!(sort_order(&anchors, &keep, 2, 4), [3, 1, 2, 0, 2, 0, 3, 1]);
     }
 }
