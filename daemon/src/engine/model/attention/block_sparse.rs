@@ -31,9 +31,10 @@ use super::BlockAttentionInputs;
 /// copies, kept for backward.
 pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 
-/// Below this grid size a chunk keeps growing even when its block keys outnumber its context
-/// keys: small calls are dominated by per-call overhead, not by the wasted (masked) keys.
-pub(crate) const SMALL_CHUNK_SCORE_ELEMENTS: i64 = 1 << 20;
+/// Modelled fixed cost of one more fused call, in score elements of the same time (measured
+/// on CPU: one call with its key copies and mask slice costs about as much as this many
+/// elements of the fused kernel's forward and backward).
+pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 18;
 
 /// A run of (sorted) blocks `start..end` attending to context keys `keys.0..keys.1`
 /// (`None`: none of them sees any context) and to their own blocks.
@@ -75,7 +76,7 @@ pub(crate) struct SortedBlocks<'a> {
     pub blocks: usize,
 }
 
-/// Sizes the chunk planner needs besides the blocks.
+/// Sizes and costs the chunk planner weighs, in score elements (`B·Hq·rows·keys`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkCosts {
     pub block_size: i64,
@@ -83,58 +84,70 @@ pub(crate) struct ChunkCosts {
     pub per_row_key: i64,
     /// Cap on one chunk's score grid; a single block is always allowed, whatever its cost.
     pub budget: i64,
-    /// Below this grid size block keys may outnumber context keys.
-    pub small: i64,
+    /// Fixed cost of one more fused call (and its key copies, mask slice, output), expressed
+    /// as the score elements that take as long.
+    pub overhead: i64,
 }
 
-/// Greedy chunking of blocks in the given order (see the module doc for the rule).
+/// Chunking of blocks in the given order that minimises the modelled cost
+/// `Σ_chunks (overhead + grid)` with every multi-block grid within the budget (dynamic
+/// programming over chunk ends; a chunk only ever extends while its grid fits, so the work
+/// is `O(blocks · blocks-per-chunk · batch)`). Returns the chunks and their total cost.
 pub(crate) fn plan_context_chunks(
     rule: LayerRule,
     sorted: &SortedBlocks<'_>,
     context_len: i64,
     costs: ChunkCosts,
-) -> Vec<ContextChunk> {
+) -> (Vec<ContextChunk>, i64) {
     let SortedBlocks {
         anchors,
         keep,
         batch,
         blocks,
     } = *sorted;
-    let column = move |start: usize, end: usize| {
-        (0..batch).flat_map(move |b| (start..end).map(move |i| b * blocks + i))
-    };
-    let range_of = |start: usize, end: usize| {
-        key_range(
+    let column = |i: usize| (0..batch).map(move |b| b * blocks + i);
+    // best[j]: cheapest cost of blocks 0..j; from[j]: start of the last chunk there.
+    let mut best = vec![i64::MAX; blocks + 1];
+    let mut from = vec![0usize; blocks + 1];
+    best[0] = 0;
+    for end in 1..=blocks {
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        for start in (0..end).rev() {
+            if let Some((l, h)) = key_range(
+                rule,
+                context_len,
+                column(start).map(|i| (&anchors[i], &keep[i])),
+            ) {
+                lo = lo.min(l);
+                hi = hi.max(h);
+            }
+            let rows = (end - start) as i64 * costs.block_size;
+            let context = if hi > lo { hi - lo } else { 0 };
+            let grid = rows * costs.per_row_key * (context + rows);
+            if end - start > 1 && grid > costs.budget {
+                break; // wider chunks only cost more
+            }
+            let total = best[start].saturating_add(costs.overhead + grid);
+            if total < best[end] {
+                best[end] = total;
+                from[end] = start;
+            }
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut end = blocks;
+    while end > 0 {
+        let start = from[end];
+        let keys = key_range(
             rule,
             context_len,
-            column(start, end).map(|i| (&anchors[i], &keep[i])),
-        )
-    };
-    let context_keys = |keys: Option<(i64, i64)>| keys.map_or(0, |(lo, hi)| hi - lo);
-    let block_keys = |start: usize, end: usize| (end - start) as i64 * costs.block_size;
-    let cost = |start: usize, end: usize, keys: Option<(i64, i64)>| {
-        block_keys(start, end) * costs.per_row_key * (context_keys(keys) + block_keys(start, end))
-    };
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    while start < blocks {
-        let mut end = start + 1;
-        let mut keys = range_of(start, end);
-        while end < blocks {
-            let wider = range_of(start, end + 1);
-            let within_budget = cost(start, end + 1, wider) <= costs.budget;
-            let worth_it = cost(start, end, keys) < costs.small
-                || block_keys(start, end + 1) <= context_keys(wider);
-            if !(within_budget && worth_it) {
-                break;
-            }
-            end += 1;
-            keys = wider;
-        }
+            (start..end).flat_map(|i| column(i).map(|k| (&anchors[k], &keep[k]))),
+        );
         chunks.push(ContextChunk { start, end, keys });
-        start = end;
+        end = start;
     }
-    chunks
+    chunks.reverse();
+    (chunks, best[blocks])
 }
 
 fn host_i64(t: &Tensor) -> Vec<i64> {
@@ -235,47 +248,64 @@ impl BlockSparsePlan {
             block_size,
             per_row_key: batch * heads,
             budget: chunk_score_elements,
-            small: SMALL_CHUNK_SCORE_ELEMENTS,
+            overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
         };
         let plan_of = |anchors: &[i64], keep: &[bool]| {
-            let blocks_view = SortedBlocks {
+            let view = SortedBlocks {
                 anchors,
                 keep,
                 batch: batch as usize,
                 blocks: blocks as usize,
             };
-            plan_context_chunks(rule, &blocks_view, context_len, costs)
+            plan_context_chunks(rule, &view, context_len, costs)
         };
-        let mut chunks = plan_of(&host_anchors, &host_keep);
-        let mut order = None;
-        let (mut chunk_anchors, mut chunk_keep) = (anchors.shallow_clone(), keep.shallow_clone());
-        if chunks.len() > 1 {
-            let host_order = sort_order(&host_anchors, &host_keep, batch as usize, blocks as usize);
-            let row = |b: usize, i: i64| b * blocks as usize + i as usize;
-            let sorted_index = |b: usize, j: usize| row(b, host_order[row(b, j as i64)]);
-            let all =
-                || (0..batch as usize).flat_map(|b| (0..blocks as usize).map(move |j| (b, j)));
-            let sorted_anchors: Vec<i64> = all()
-                .map(|(b, j)| host_anchors[sorted_index(b, j)])
-                .collect();
-            let sorted_keep: Vec<bool> =
-                all().map(|(b, j)| host_keep[sorted_index(b, j)]).collect();
-            chunks = plan_of(&sorted_anchors, &sorted_keep);
-            let order_t = Tensor::from_slice(&host_order)
-                .view([batch, blocks])
-                .to_device(device);
-            let inverse = order_t.argsort_stable(true, 1, false);
-            chunk_anchors = Tensor::from_slice(&sorted_anchors)
-                .view([batch, blocks])
-                .to_device(device);
-            chunk_keep = Tensor::from_slice(&sorted_keep)
-                .view([batch, blocks])
-                .to_device(device);
-            order = Some((order_t, inverse));
-        } else {
-            chunk_anchors = chunk_anchors.to_device(device).to_kind(Kind::Int64);
-            chunk_keep = chunk_keep.to_device(device).to_kind(Kind::Bool);
-        }
+        // All blocks as one chunk, if that fits the budget: (chunk, cost).
+        let plan_of_whole = |anchors: &[i64], keep: &[bool]| {
+            let keys = key_range(rule, context_len, anchors.iter().zip(keep));
+            let rows = blocks * block_size;
+            let grid = rows * costs.per_row_key * (keys.map_or(0, |(lo, hi)| hi - lo) + rows);
+            (blocks <= 1 || grid <= costs.budget).then(|| {
+                (
+                    ContextChunk {
+                        start: 0,
+                        end: blocks as usize,
+                        keys,
+                    },
+                    grid + costs.overhead,
+                )
+            })
+        };
+        // Plan on the anchor-sorted blocks; if one chunk of all blocks is as cheap (it needs no
+        // sorting gathers, worth one more call), keep the given order instead.
+        let host_order = sort_order(&host_anchors, &host_keep, batch as usize, blocks as usize);
+        let row = |b: usize, i: i64| b * blocks as usize + i as usize;
+        let sorted_index = |b: usize, j: usize| row(b, host_order[row(b, j as i64)]);
+        let all = || (0..batch as usize).flat_map(|b| (0..blocks as usize).map(move |j| (b, j)));
+        let sorted_anchors: Vec<i64> = all()
+            .map(|(b, j)| host_anchors[sorted_index(b, j)])
+            .collect();
+        let sorted_keep: Vec<bool> = all().map(|(b, j)| host_keep[sorted_index(b, j)]).collect();
+        let (sorted_chunks, sorted_cost) = plan_of(&sorted_anchors, &sorted_keep);
+        let whole = plan_of_whole(&host_anchors, &host_keep);
+        let (chunks, order, chunk_anchors, chunk_keep) = match whole {
+            Some((one, cost)) if cost <= sorted_cost + costs.overhead => (
+                vec![one],
+                None,
+                anchors.to_device(device).to_kind(Kind::Int64),
+                keep.to_device(device).to_kind(Kind::Bool),
+            ),
+            _ => {
+                let to_device = |t: Tensor| t.view([batch, blocks]).to_device(device);
+                let order_t = to_device(Tensor::from_slice(&host_order));
+                let inverse = order_t.argsort_stable(true, 1, false);
+                (
+                    sorted_chunks,
+                    Some((order_t, inverse)),
+                    to_device(Tensor::from_slice(&sorted_anchors)),
+                    to_device(Tensor::from_slice(&sorted_keep)),
+                )
+            }
+        };
         let chunks = chunks
             .into_iter()
             .map(|chunk| {
@@ -457,12 +487,12 @@ mod tests {
     use super::super::visibility::context_visible;
     use super::*;
 
-    fn costs(batch: usize, bs: i64, budget: i64, small: i64) -> ChunkCosts {
+    fn costs(batch: usize, bs: i64, budget: i64, overhead: i64) -> ChunkCosts {
         ChunkCosts {
             block_size: bs,
             per_row_key: batch as i64,
             budget,
-            small,
+            overhead,
         }
     }
 
@@ -482,7 +512,7 @@ mod tests {
             batch,
             blocks,
         };
-        let plan = plan_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 0));
+        let (plan, _) = plan_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 50));
         let mut next = 0;
         for chunk in &plan {
             assert_eq!(
@@ -532,15 +562,15 @@ mod tests {
             LayerRule::Sliding { window: 1 },
             LayerRule::Sliding { window: 4 },
         ] {
-            for budget in [0, 20, 64, 200, 1000, i64::MAX] {
+            for budget in [0, 20, 64, 200, 1000, 1 << 40] {
                 check_plan(rule, &anchors, &keep, 2, 18, 2, budget);
             }
         }
     }
 
     #[test]
-    fn small_problems_stay_in_one_chunk_and_large_ones_stop_at_the_context_size() {
-        // 16 blocks of 8 at anchors up to 75: 128 block keys against 75 context keys.
+    fn the_plan_trades_call_overhead_against_masked_keys() {
+        // 16 blocks of 8 at anchors up to 75: one chunk wastes 120 block keys per query.
         let anchors: Vec<i64> = (0..16).map(|i| 5 * i).collect();
         let keep = vec![true; 16];
         let sorted = SortedBlocks {
@@ -549,16 +579,23 @@ mod tests {
             batch: 1,
             blocks: 16,
         };
-        let one = plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, 1 << 20));
+        let whole = 128 * (75 + 128);
+        let plan = |overhead| {
+            plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, overhead))
+        };
+        // Calls that cost more than the whole grid: one chunk.
+        let (one, cost) = plan(1 << 20);
         assert_eq!(one.len(), 1, "{one:?}");
-        // With no small-size allowance, block keys may not outnumber context keys.
-        let split = plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, 0));
-        assert!(split.len() > 1, "{split:?}");
-        for chunk in &split {
-            let count = (chunk.end - chunk.start) as i64;
-            let context = chunk.keys.map_or(0, |(lo, hi)| hi - lo);
-            assert!(count == 1 || count * 8 <= context, "{chunk:?}");
-        }
+        assert_eq!(cost, whole + (1 << 20));
+        // Free calls: one chunk per block (each sees only its own context and block).
+        let (many, cost) = plan(0);
+        assert_eq!(many.len(), 16, "{many:?}");
+        let per_block: i64 = anchors.iter().map(|a| 8 * (a + 8)).sum();
+        assert_eq!(cost, per_block);
+        // In between: several chunks, cheaper than either extreme under that overhead.
+        let (some, cost) = plan(2000);
+        assert!(some.len() > 1 && some.len() < 16, "{some:?}");
+        assert!(cost < whole + 2000 && cost < per_block + 16 * 2000);
     }
 
     #[test]
@@ -569,7 +606,7 @@ mod tests {
             batch: 1,
             blocks: 3,
         };
-        let plan = plan_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, i64::MAX));
+        let (plan, _) = plan_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, 1 << 40));
         // The two context-free blocks cost 1 and 2 (their own keys); the third would not fit.
         assert_eq!(
             plan,
