@@ -12,6 +12,7 @@
 //!
 //! The visibility rule itself lives in [`visibility`] as pure functions.
 mod block_sparse;
+mod chunk_plan;
 mod dense;
 pub mod visibility;
 
