@@ -10,7 +10,7 @@ use drafter_support::{max_abs_diff, random_anchors, relative_error, seeded};
 use tch::{Device, Kind, Tensor};
 
 /// f32 tolerance of the oracle comparison: both sides are exact reformulations; what is left
-/// is summation order (chunked matmuls, LSE merge), a few ulps of O(1) values.
+/// is summation order (chunked matmuls, the fused kernel's tiling), a few ulps of O(1) values.
 const F32_TOL: f64 = 1e-5;
 
 struct Problem {

@@ -1,23 +1,27 @@
 //! DFlash drafter attention: block queries over injected context keys plus their own block.
 //!
 //! Two back-ends compute the same function of the same inputs:
-//! - [`AttentionBackend::BlockSparse`] (training and evaluation): sorts the blocks by anchor,
-//!   attends to the context prefix chunk by chunk, attends inside each block as a batched
-//!   `[B·N, heads, bs, bs]` problem and merges the two parts exactly by log-sum-exp. Memory is
-//!   bounded by the chunk budget instead of the `[N·bs, S+N·bs]` grid.
+//! - [`AttentionBackend::BlockSparse`] (training and evaluation): groups the blocks into
+//!   chunks (sorted by anchor when there is more than one) and runs one fused attention per
+//!   chunk over the context range the chunk can see plus the chunk's own block keys, masked by
+//!   the rule. Memory is bounded by the chunk budget instead of the `[N·bs, S+N·bs]` grid;
+//!   the plan (order, chunks, masks) is shared by all layers of one rule ([`BlockSparsePlan`]).
 //! - [`AttentionBackend::DenseMask`]: the full mask built from the visibility rule and one
 //!   softmax over all keys. Only for tests (the oracle) and single-block inference, where the
 //!   grid is `[bs, anchor+bs]`.
 //!
 //! The visibility rule itself lives in [`visibility`] as pure functions.
 mod block_sparse;
+mod chunk_plan;
 mod dense;
-mod softmax;
 pub mod visibility;
 
 use tch::Tensor;
 
-pub use block_sparse::{block_sparse_attention, DEFAULT_CHUNK_SCORE_ELEMENTS};
+pub use block_sparse::{
+    block_sparse_attention, block_sparse_attention_planned, BlockSparsePlan,
+    DEFAULT_CHUNK_SCORE_ELEMENTS,
+};
 pub use dense::dense_mask_attention;
 pub use visibility::LayerRule;
 

@@ -3,7 +3,8 @@ use tch::{nn, Tensor};
 
 use super::config::{DrafterConfig, LayerType};
 use crate::engine::model::attention::{
-    block_attention, AttentionBackend, BlockAttentionInputs, LayerRule,
+    block_attention, block_sparse_attention_planned, AttentionBackend, BlockAttentionInputs,
+    BlockSparsePlan, LayerRule,
 };
 use crate::engine::model::layers::{apply_rotary, rms_norm};
 
@@ -64,6 +65,9 @@ pub(crate) struct LayerContext<'a> {
     pub keep: &'a Tensor,
     pub block_size: i64,
     pub backend: AttentionBackend,
+    /// Block-sparse plans of this forward, one per distinct layer rule (empty for the dense
+    /// back-end): the sort, chunking and masks depend only on the anchors and the rule.
+    pub plans: &'a [BlockSparsePlan],
 }
 
 pub(crate) struct DecoderLayer {
@@ -86,6 +90,10 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     /// `vs` is `layers.{i}`.
+    pub fn rule(&self) -> LayerRule {
+        self.rule
+    }
+
     pub fn new(vs: &nn::Path, cfg: &DrafterConfig, layer_type: LayerType) -> Self {
         let (h, hd, std) = (cfg.hidden_size, cfg.head_dim, cfg.initializer_range);
         let heads = cfg.num_attention_heads;
@@ -156,21 +164,25 @@ impl DecoderLayer {
         let block_key = apply_rotary(&block_key, &rope.block_cos, &rope.block_sin);
         let block_value = self.v_proj.forward(&x).view([b, q_len, self.kv_heads, hd]);
 
-        let attended = block_attention(
-            &BlockAttentionInputs {
-                query: &q,
-                context_key: &context_key,
-                context_value: &context_value,
-                block_key: &block_key,
-                block_value: &block_value,
-                anchors: ctx.anchors,
-                keep: ctx.keep,
-                block_size: ctx.block_size,
-                rule: self.rule,
-                scale: (hd as f64).powf(-0.5),
-            },
-            ctx.backend,
-        );
+        let inputs = BlockAttentionInputs {
+            query: &q,
+            context_key: &context_key,
+            context_value: &context_value,
+            block_key: &block_key,
+            block_value: &block_value,
+            anchors: ctx.anchors,
+            keep: ctx.keep,
+            block_size: ctx.block_size,
+            rule: self.rule,
+            scale: (hd as f64).powf(-0.5),
+        };
+        let plan = ctx.plans.iter().find(|p| p.rule() == self.rule);
+        let attended = match (ctx.backend, plan) {
+            (AttentionBackend::BlockSparse, Some(plan)) => {
+                block_sparse_attention_planned(&inputs, plan)
+            }
+            _ => block_attention(&inputs, ctx.backend),
+        };
         let hidden = hidden
             + self
                 .o_proj

@@ -5,7 +5,9 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::config::DrafterConfig;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
-use crate::engine::model::attention::AttentionBackend;
+use crate::engine::model::attention::{
+    AttentionBackend, BlockSparsePlan, DEFAULT_CHUNK_SCORE_ELEMENTS,
+};
 use crate::engine::model::layers::Rotary;
 
 pub struct Drafter {
@@ -109,7 +111,25 @@ impl Drafter {
             block_cos,
             block_sin,
         };
+        let mut plans: Vec<BlockSparsePlan> = Vec::new();
+        if backend == AttentionBackend::BlockSparse {
+            for layer in &self.layers {
+                if plans.iter().all(|p| p.rule() != layer.rule()) {
+                    plans.push(BlockSparsePlan::new(
+                        layer.rule(),
+                        &anchors,
+                        &keep,
+                        bs,
+                        f[1],
+                        cfg.num_attention_heads,
+                        DEFAULT_CHUNK_SCORE_ELEMENTS,
+                        (dtype, device),
+                    ));
+                }
+            }
+        }
         let layer_context = LayerContext {
+            plans: &plans,
             context: &context,
             rope: &rope,
             anchors: &anchors,

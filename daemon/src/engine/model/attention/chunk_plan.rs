@@ -1,0 +1,298 @@
+//! The chunking of block-sparse attention (see [`super::block_sparse`]): which blocks share one
+//! fused call and which context keys that call needs. Pure functions of the anchors, the
+//! validity flags, the layer rule and the sizes.
+use super::visibility::LayerRule;
+
+/// A run of (sorted) blocks `start..end` attending to context keys `keys.0..keys.1`
+/// (`None`: none of them sees any context) and to their own blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ContextChunk {
+    pub start: usize,
+    pub end: usize,
+    pub keys: Option<(i64, i64)>,
+}
+
+/// The key range `[lo, hi)` that covers every context key visible to the given blocks: the
+/// union of each block's own range (a block that sees no context adds nothing).
+pub(crate) fn key_range<'a>(
+    rule: LayerRule,
+    context_len: i64,
+    blocks: impl Iterator<Item = (&'a i64, &'a bool)>,
+) -> Option<(i64, i64)> {
+    blocks
+        .filter_map(|(&anchor, &keep)| block_key_range(rule, context_len, anchor, keep))
+        .reduce(|(lo, hi), (l, h)| (lo.min(l), hi.max(h)))
+}
+
+/// The context keys one block sees, `[lo, hi)`, or `None`.
+fn block_key_range(
+    rule: LayerRule,
+    context_len: i64,
+    anchor: i64,
+    keep: bool,
+) -> Option<(i64, i64)> {
+    if !keep {
+        return None; // invalid blocks see no context
+    }
+    let hi = anchor.min(context_len);
+    let lo = match rule {
+        LayerRule::Full => 0,
+        // Query offset 0 has the earliest window start.
+        LayerRule::Sliding { window } => anchor - (window - 1),
+    }
+    .max(0);
+    (hi > lo).then_some((lo, hi))
+}
+
+/// Anchors and validity of the blocks (in chunking order), row-major `[batch, blocks]`.
+pub(crate) struct SortedBlocks<'a> {
+    pub anchors: &'a [i64],
+    pub keep: &'a [bool],
+    pub batch: usize,
+    pub blocks: usize,
+}
+
+/// Sizes and costs the chunk planner weighs, in score elements (`B·Hq·rows·keys`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkCosts {
+    pub block_size: i64,
+    /// Score elements one query row adds per key (`batch·heads`).
+    pub per_row_key: i64,
+    /// Cap on one chunk's score grid; a single block is always allowed, whatever its cost.
+    pub budget: i64,
+    /// Fixed cost of one more fused call (and its key copies, mask slice, output), expressed
+    /// as the score elements that take as long.
+    pub overhead: i64,
+}
+
+/// Chunking of blocks in the given order that minimises the modelled cost
+/// `Σ_chunks (overhead + grid)` with every multi-block grid within the budget (dynamic
+/// programming over chunk ends; a chunk only ever extends while its grid fits, so the work
+/// is `O(blocks · blocks-per-chunk · batch)`). Returns the chunks and their total cost.
+pub(crate) fn plan_context_chunks(
+    rule: LayerRule,
+    sorted: &SortedBlocks<'_>,
+    context_len: i64,
+    costs: ChunkCosts,
+) -> (Vec<ContextChunk>, i64) {
+    let SortedBlocks {
+        anchors,
+        keep,
+        batch,
+        blocks,
+    } = *sorted;
+    let column = |i: usize| (0..batch).map(move |b| b * blocks + i);
+    // best[j]: cheapest cost of blocks 0..j; from[j]: start of the last chunk there.
+    let mut best = vec![i64::MAX; blocks + 1];
+    let mut from = vec![0usize; blocks + 1];
+    best[0] = 0;
+    for end in 1..=blocks {
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        for start in (0..end).rev() {
+            for i in column(start) {
+                if let Some((l, h)) = block_key_range(rule, context_len, anchors[i], keep[i]) {
+                    lo = lo.min(l);
+                    hi = hi.max(h);
+                }
+            }
+            let rows = (end - start) as i64 * costs.block_size;
+            let context = if hi > lo { hi - lo } else { 0 };
+            let grid = rows * costs.per_row_key * (context + rows);
+            if end - start > 1 && grid > costs.budget {
+                break; // wider chunks only cost more
+            }
+            let total = best[start].saturating_add(costs.overhead + grid);
+            if total < best[end] {
+                best[end] = total;
+                from[end] = start;
+            }
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut end = blocks;
+    while end > 0 {
+        let start = from[end];
+        let keys = key_range(
+            rule,
+            context_len,
+            (start..end).flat_map(|i| column(i).map(|k| (&anchors[k], &keep[k]))),
+        );
+        chunks.push(ContextChunk { start, end, keys });
+        end = start;
+    }
+    chunks.reverse();
+    (chunks, best[blocks])
+}
+
+/// Per batch row, the stable order of the blocks by effective anchor (invalid blocks see no
+/// context and count as anchor 0, which puts them first, out of the way). Row-major `[B, N]`.
+pub(crate) fn sort_order(anchors: &[i64], keep: &[bool], batch: usize, blocks: usize) -> Vec<i64> {
+    let mut order = Vec::with_capacity(batch * blocks);
+    for b in 0..batch {
+        let row = b * blocks;
+        let mut idx: Vec<usize> = (0..blocks).collect();
+        idx.sort_by_key(|&i| if keep[row + i] { anchors[row + i] } else { 0 });
+        order.extend(idx.into_iter().map(|i| i as i64));
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::visibility::context_visible;
+    use super::*;
+
+    fn costs(batch: usize, bs: i64, budget: i64, overhead: i64) -> ChunkCosts {
+        ChunkCosts {
+            block_size: bs,
+            per_row_key: batch as i64,
+            budget,
+            overhead,
+        }
+    }
+
+    fn check_plan(
+        rule: LayerRule,
+        anchors: &[i64],
+        keep: &[bool],
+        batch: usize,
+        s: i64,
+        bs: i64,
+        budget: i64,
+    ) {
+        let blocks = anchors.len() / batch;
+        let sorted = SortedBlocks {
+            anchors,
+            keep,
+            batch,
+            blocks,
+        };
+        let (plan, _) = plan_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 50));
+        let mut next = 0;
+        for chunk in &plan {
+            assert_eq!(
+                chunk.start, next,
+                "chunks must tile the blocks in order: {plan:?}"
+            );
+            assert!(chunk.end > chunk.start);
+            next = chunk.end;
+            let (lo, hi) = chunk.keys.unwrap_or((0, 0));
+            let count = (chunk.end - chunk.start) as i64;
+            if count > 1 {
+                let cost = count * bs * batch as i64 * ((hi - lo) + count * bs);
+                assert!(cost <= budget, "chunk {chunk:?} costs {cost} > {budget}");
+            }
+            for b in 0..batch {
+                for i in chunk.start..chunk.end {
+                    let (a, k) = (anchors[b * blocks + i], keep[b * blocks + i]);
+                    for off in 0..bs {
+                        for j in 0..s {
+                            if context_visible(rule, a, k, off, j) {
+                                assert!(
+                                    lo <= j && j < hi,
+                                    "{rule:?}: key {j} of block {i} outside {chunk:?}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(next, blocks);
+    }
+
+    #[test]
+    fn chunks_tile_the_blocks_cover_every_visible_key_and_respect_the_budget() {
+        let anchors = [0, 0, 2, 3, 3, 9, 14, 15, 1, 4, 4, 5, 8, 8, 12, 17];
+        let keep = [
+            false, true, true, true, true, true, true, false, true, true, true, true, false, true,
+            true, true,
+        ];
+        for rule in [
+            LayerRule::Full,
+            LayerRule::Sliding { window: 1 },
+            LayerRule::Sliding { window: 4 },
+        ] {
+            for budget in [0, 20, 64, 200, 1000, 1 << 40] {
+                check_plan(rule, &anchors, &keep, 2, 18, 2, budget);
+            }
+        }
+    }
+
+    #[test]
+    fn the_plan_trades_call_overhead_against_masked_keys() {
+        // 16 blocks of 8 at anchors up to 75: one chunk wastes 120 block keys per query.
+        let anchors: Vec<i64> = (0..16).map(|i| 5 * i).collect();
+        let keep = vec![true; 16];
+        let sorted = SortedBlocks {
+            anchors: &anchors,
+            keep: &keep,
+            batch: 1,
+            blocks: 16,
+        };
+        let whole = 128 * (75 + 128);
+        let plan = |overhead| {
+            plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, overhead))
+        };
+        // Calls that cost more than the whole grid: one chunk.
+        let (one, cost) = plan(1 << 20);
+        assert_eq!(one.len(), 1, "{one:?}");
+        assert_eq!(cost, whole + (1 << 20));
+        // Free calls: one chunk per block (each sees only its own context and block).
+        let (many, cost) = plan(0);
+        assert_eq!(many.len(), 16, "{many:?}");
+        let per_block: i64 = anchors.iter().map(|a| 8 * (a + 8)).sum();
+        assert_eq!(cost, per_block);
+        // In between: several chunks, cheaper than either extreme under that overhead.
+        let (some, cost) = plan(2000);
+        assert!(some.len() > 1 && some.len() < 16, "{some:?}");
+        assert!(cost < whole + 2000 && cost < per_block + 16 * 2000);
+    }
+
+    #[test]
+    fn blocks_without_context_get_no_key_range() {
+        let sorted = SortedBlocks {
+            anchors: &[0, 0, 5],
+            keep: &[true, false, true],
+            batch: 1,
+            blocks: 3,
+        };
+        let (plan, _) = plan_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, 1 << 40));
+        // The two context-free blocks cost 1 and 2 (their own keys); the third would not fit.
+        assert_eq!(
+            plan,
+            [
+                ContextChunk {
+                    start: 0,
+                    end: 2,
+                    keys: None
+                },
+                ContextChunk {
+                    start: 2,
+                    end: 3,
+                    keys: Some((0, 5))
+                }
+            ]
+        );
+        let one = SortedBlocks {
+            anchors: &[5],
+            keep: &[true],
+            batch: 1,
+            blocks: 1,
+        };
+        let (window_one, _) = plan_context_chunks(
+            LayerRule::Sliding { window: 1 },
+            &one,
+            10,
+            costs(1, 1, 0, 0),
+        );
+        assert_eq!(window_one[0].keys, None);
+    }
+
+    #[test]
+    fn sort_order_is_stable_per_row_and_puts_invalid_blocks_first() {
+        let anchors = [7, 3, 3, 9, 2, 8, 1, 5];
+        let keep = [true, true, true, false, true, true, true, true];
+        assert_eq!(sort_order(&anchors, &keep, 2, 4), [3, 1, 2, 0, 2, 0, 3, 1]);
+    }
+}
