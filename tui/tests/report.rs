@@ -147,3 +147,52 @@ fn without_the_daemon_the_report_rests_on_the_journal() {
     assert!(markdown.contains("## Critical Context"));
     assert!(markdown.contains("GPUs: daemon unreachable."));
 }
+
+#[test]
+fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
+    use dflash_shared::events::{EventKind, Severity};
+    let (_, mut events) = incident_data();
+    let last = events.last().unwrap().clone();
+    events.push(Event {
+        seq: last.seq + 1,
+        ts_ms: last.ts_ms + 1_000,
+        severity: Severity::Info,
+        kind: EventKind::RunStopped {
+            reason: "training complete: 6 epochs, 642 steps".into(),
+            checkpoint: Some("/runs/r/checkpoints/step-0000000642".into()),
+        },
+    });
+    let files = files();
+    let report = report::build(&ReportInput {
+        snapshot: None,
+        events: &events,
+        config: None,
+        files: &files,
+        daemon_error: Some("no dflashd is listening".into()),
+        now_ms: incident::end_ms() + 2_000,
+        clock: DisplayClock::utc(),
+    });
+    assert_eq!(report.run.state, "finished");
+    assert!(report
+        .progress
+        .done
+        .iter()
+        .any(|d| d == "Run finished: training complete: 6 epochs, 642 steps."));
+    assert!(
+        !report
+            .progress
+            .blocked
+            .iter()
+            .any(|b| b.starts_with("The daemon is unreachable")),
+        "{:?}",
+        report.progress.blocked
+    );
+    assert!(report
+        .next_steps
+        .iter()
+        .any(|s| s.contains("dflashd export")));
+    assert!(!report
+        .next_steps
+        .iter()
+        .any(|s| s.contains("dflashd start")));
+}

@@ -192,7 +192,7 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
             });
             Run {
                 name,
-                state: "unknown (daemon unreachable)".into(),
+                state: offline_state(events),
                 step,
                 epoch: None,
                 epochs: None,
@@ -200,6 +200,21 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
                 eta: None,
             }
         }
+    }
+}
+
+/// What the journal says of a run whose daemon does not answer: its last lifecycle event.
+/// A run that trained to the end is `finished`, not something to restart.
+fn offline_state(events: &[Event]) -> String {
+    let last = events.iter().rev().find_map(|e| match &e.kind {
+        EventKind::RunStopped { reason, .. } => Some(Some(reason.as_str())),
+        EventKind::RunStarted { .. } => Some(None),
+        _ => None,
+    });
+    match last {
+        Some(Some(reason)) if reason.starts_with("training complete") => "finished".into(),
+        Some(Some(reason)) => format!("stopped ({reason})"),
+        _ => "unknown (daemon unreachable)".into(),
     }
 }
 

@@ -116,7 +116,18 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
         }
         p.in_progress.push(format!("{line}."));
     }
-    if !report.daemon.reachable {
+    let finished = run.state == "finished";
+    if finished {
+        let how = events.iter().rev().find_map(|e| match &e.kind {
+            EventKind::RunStopped { reason, .. } => Some(reason.as_str()),
+            _ => None,
+        });
+        p.done.push(match how {
+            Some(reason) => format!("Run finished: {reason}."),
+            None => "Run finished.".into(),
+        });
+    }
+    if !report.daemon.reachable && !finished {
         p.blocked.push(format!(
             "The daemon is unreachable: {}.",
             report.daemon.error.as_deref().unwrap_or("no answer")
@@ -187,13 +198,17 @@ pub fn next_steps(report: &StatusReport, events: &[Event]) -> Vec<String> {
             pending.action.title()
         ));
     }
-    if !report.daemon.reachable {
+    if report.run.state == "finished" {
+        steps.push(
+            "Evaluate τ on held-out data (`dflashd eval`) and export the drafter \
+             (`dflashd export --checkpoint RUN_DIR --out DIR`)."
+                .into(),
+        );
+    } else if !report.daemon.reachable {
         steps.push(
             "Start the daemon again (`dflashd start`); it resumes from the latest checkpoint."
                 .into(),
         );
-    } else if report.run.state == "finished" {
-        steps.push("Evaluate τ on the held-out split and export the drafter.".into());
     } else if steps.is_empty() {
         steps.push(format!(
             "Keep training to the end of epoch {}; watch with `dflash-tui attach`.",
