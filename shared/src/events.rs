@@ -111,6 +111,10 @@ pub enum EventKind {
     },
 }
 
+/// How a `RunStopped` reason begins when the run trained every epoch; the console reads a run
+/// whose daemon is gone as finished by it.
+pub const TRAINING_COMPLETE: &str = "training complete";
+
 /// "target worker 1 on cuda:3", or "worker on cuda:3" when the role or rank is unknown.
 pub fn worker_subject(
     device: &str,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
-use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
 use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
 use dflash_shared::status::RunState;
@@ -497,7 +497,7 @@ fn farewell(ending: &Ending, handle: &RunHandle) -> String {
         .map(|t| format!("; last held-out tau {t:.4}"))
         .unwrap_or_default();
     let what = match ending {
-        Ending::Finished { .. } => "training complete".to_string(),
+        Ending::Finished { .. } => TRAINING_COMPLETE.to_string(),
         Ending::Killed { action_id } => format!("killed by {action_id}"),
         Ending::Failed { error } => format!("failed: {error}"),
         Ending::StepLimit { .. } => "stopped (--max-steps reached)".into(),

@@ -17,7 +17,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use dflash_shared::config::DetectorsSection;
-use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::metrics::StepMetrics;
 use dflash_shared::status::{Alert, RunState};
 
@@ -329,7 +329,7 @@ impl RunLoop {
         let (text, ending) = match reason {
             Reason::Complete => (
                 format!(
-                    "training complete: {} epochs, {step} steps",
+                    "{TRAINING_COMPLETE}: {} epochs, {step} steps",
                     self.trainer.config().epochs
                 ),
                 Ending::Finished {

@@ -212,7 +212,9 @@ fn offline_state(events: &[Event]) -> String {
         _ => None,
     });
     match last {
-        Some(Some(reason)) if reason.starts_with("training complete") => "finished".into(),
+        Some(Some(reason)) if reason.starts_with(dflash_shared::events::TRAINING_COMPLETE) => {
+            "finished".into()
+        }
         Some(Some(reason)) => format!("stopped ({reason})"),
         _ => "unknown (daemon unreachable)".into(),
     }
