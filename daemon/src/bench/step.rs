@@ -185,26 +185,23 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
                 .index_select(0, &block_ids.reshape([-1]))
                 .view([b, q, -1])
         });
-        let (loss, norm) = if opts.forward_only {
-            let sums = tch::no_grad(|| {
-                let out = drafter.forward(
-                    features,
-                    &embeddings,
-                    anchors,
-                    &keep,
-                    AttentionBackend::BlockSparse,
-                );
-                weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions)
-            });
-            (sums.loss(), None)
-        } else {
-            let out = drafter.forward(
+        let forward_pass = || {
+            drafter.forward(
                 features,
                 &embeddings,
                 anchors,
                 &keep,
                 AttentionBackend::BlockSparse,
-            );
+            )
+        };
+        let (loss, norm) = if opts.forward_only {
+            let sums = tch::no_grad(|| {
+                let out = forward_pass();
+                weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions)
+            });
+            (sums.loss(), None)
+        } else {
+            let out = forward_pass();
             let forward = lap.split();
             let sums = weighted_ce_backward(
                 &out,
