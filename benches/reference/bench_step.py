@@ -40,6 +40,12 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
     ap.add_argument("--forward-only", action="store_true", help="time forward + loss without gradients")
+    ap.add_argument(
+        "--memory-steps",
+        type=int,
+        default=0,
+        help="a memory pass (CPU): RSS follows live allocations from the start, and this many steps after the others measure a step's live memory; its times are not a timing result",
+    )
     return ap.parse_args()
 
 
@@ -73,6 +79,9 @@ def main():
     threads = bu.set_threads(args.threads)
     impl = f"reference-{args.attention}" + ("-compile" if args.compile else "")
     result = {"impl": impl, "device": str(device), "dtype": args.dtype, "threads": threads, "torch": torch.__version__}
+    memory_pass = args.memory_steps > 0 and device.type == "cpu"
+    if memory_pass:
+        bu.follow_live_allocations()
     try:
         meta, b = load_case(args.case, device, dtype)
         model = load_drafter(args.case / "drafter", dtype, device)
@@ -150,6 +159,8 @@ def main():
             weighted_positions=int((weights > 0).sum()),
         )
         result.update(bu.cuda_memory(device))
+        if memory_pass:
+            result["live_step_mb"] = bu.live_step_mb(step, args.memory_steps)
     except Exception as e:  # reported, not raised: the harness records why the reference is void
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)

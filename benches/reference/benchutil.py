@@ -7,6 +7,7 @@ measure the peak of the timed steps alone, separately from the peak of loading.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
 import sys
@@ -45,6 +46,40 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+# glibc's mallopt parameter and the threshold the engine pins too (daemon/src/bench/memory.rs).
+_M_MMAP_THRESHOLD = -3
+_LIVE_MMAP_THRESHOLD = 64 * 1024
+
+
+def follow_live_allocations() -> bool:
+    """Makes the resident set follow live allocations from here on, exactly as the engine does:
+    glibc's mmap threshold pinned low, free heap pages handed back. Lasts for the rest of the
+    process and slows large allocations, so it is for the last, untimed phase. False where the C
+    library is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        pinned = libc.mallopt(_M_MMAP_THRESHOLD, _LIVE_MMAP_THRESHOLD) == 1
+        libc.malloc_trim(0)
+        return pinned
+    except (OSError, AttributeError):
+        return False
+
+
+def live_step_mb(step, steps: int) -> float | None:
+    """Peak live memory of ``steps`` more calls of ``step()``, MiB: the peak resident set above
+    the resident set right before them, once it follows live allocations. Counts neither what
+    the allocator kept from earlier steps nor one-time initialisation (done in warmup)."""
+    if steps <= 0 or not follow_live_allocations():
+        return None
+    start = rss_mb()
+    if start is None or not reset_peak_rss():
+        return None
+    for _ in range(steps):
+        step()
+    peak = peak_rss_mb()
+    return None if peak is None else max(peak - start, 0.0)
 
 
 def sync(device: torch.device) -> None:
@@ -93,7 +128,7 @@ def compare_to(result: dict, ours: torch.Tensor, theirs: torch.Tensor) -> None:
 def finish(result: dict) -> int:
     """Emits the result and returns the exit code; the process peak is the larger of the load
     and the timed phases (VmHWM was reset between them)."""
-    peaks = (result.get("load_peak_rss_mb"), peak_rss_mb(), 0.0)
+    peaks = (result.get("load_peak_rss_mb"), result.get("step_peak_rss_mb"), peak_rss_mb(), 0.0)
     result["peak_rss_mb"] = max(x for x in peaks if x is not None)
     emit(result)
     return 0 if "error" not in result else 1

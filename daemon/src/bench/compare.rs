@@ -91,9 +91,12 @@ pub struct StepComparison {
     pub ratio: Option<f64>,
     /// engine / reference median process CPU time per step (less sensitive to other load).
     pub cpu_ratio: Option<f64>,
-    /// engine / reference whole-process peak RSS, and the same for the growth during steps.
+    /// engine / reference whole-process peak RSS, the growth during warmup and timed steps
+    /// (includes one-time library initialisation and what the allocator keeps), and a step's
+    /// live memory (the like-for-like measure of what a step needs).
     pub peak_rss_ratio: Option<f64>,
     pub step_growth_ratio: Option<f64>,
+    pub live_step_ratio: Option<f64>,
     pub engine_tokens_per_s: Option<f64>,
     pub reference_tokens_per_s: Option<f64>,
     /// Analytic step FLOPs / median engine step time.
@@ -130,6 +133,7 @@ pub fn compare_step(
         cpu_ratio: ratio(engine.median_cpu_ms, reference.median_cpu_ms),
         peak_rss_ratio: ratio(engine.peak_rss_mb, reference.peak_rss_mb),
         step_growth_ratio: ratio(engine.step_growth_mb(), reference.step_growth_mb()),
+        live_step_ratio: ratio(engine.live_step_mb, reference.live_step_mb),
         engine_tokens_per_s: per_s(meta.tokens as f64, engine.median_step_ms),
         reference_tokens_per_s: per_s(meta.tokens as f64, reference.median_step_ms),
         engine_gflops: eg,

@@ -35,6 +35,8 @@ pub struct Harness {
     pub out_dir: PathBuf,
     pub warmup: usize,
     pub steps: usize,
+    /// Steps of the memory pass of each step case on CPU (0: no memory pass).
+    pub memory_steps: usize,
     pub rounds: usize,
     pub threads: i32,
     pub device: String,
@@ -144,6 +146,38 @@ impl Harness {
         run().unwrap_or_else(|e| failed_run("engine", e.to_string()))
     }
 
+    /// Arguments of a memory pass: one warmup step (one-time initialisation), no timed steps,
+    /// then the live-memory steps.
+    fn memory_pass_args(&self, cmd: &mut Command) {
+        cmd.args(["--warmup", "1", "--steps", "0", "--device", "cpu"])
+            .args(["--dtype", &self.dtype])
+            .args(["--memory-steps", &self.memory_steps.to_string()]);
+    }
+
+    /// A step's live memory, engine and reference, each from a memory pass of its own.
+    fn live_memory(&self, dir: &Path) -> (StepRun, StepRun) {
+        let engine = self
+            .engine("run-step", dir)
+            .and_then(|mut cmd| {
+                self.memory_pass_args(&mut cmd);
+                child_json(cmd, self.timeout)
+            })
+            .unwrap_or_else(|e| failed_run("engine", e.to_string()));
+        let name = format!("reference-{}", self.reference.attention);
+        let reference = match self.reference_script("bench_step.py") {
+            Ok(mut cmd) => {
+                cmd.arg("--case")
+                    .arg(dir)
+                    .args(["--attention", &self.reference.attention]);
+                self.memory_pass_args(&mut cmd);
+                run_json(cmd, self.timeout)
+                    .unwrap_or_else(|e: BenchError| failed_run(&name, e.to_string()))
+            }
+            Err(why) => failed_run(&name, format!("reference not run: {why}")),
+        };
+        (engine, reference)
+    }
+
     pub fn reference_step(
         &self,
         dir: &Path,
@@ -182,8 +216,20 @@ impl Harness {
             engine.push(self.engine_step(&dir, &self.device, &self.dtype));
             reference.push(self.reference_step(&dir, &self.device, &self.dtype, false));
         }
-        let engine = merge_rounds(engine).unwrap_or_default();
-        let reference = merge_rounds(reference).unwrap_or_default();
+        let mut engine = merge_rounds(engine).unwrap_or_default();
+        let mut reference = merge_rounds(reference).unwrap_or_default();
+        if self.device == "cpu" && self.memory_steps > 0 {
+            let (engine_memory, reference_memory) = self.live_memory(&dir);
+            for (run, pass) in [
+                (&mut engine, engine_memory),
+                (&mut reference, reference_memory),
+            ] {
+                run.live_step_mb = pass.live_step_mb;
+                if let (None, Some(error)) = (&run.error, pass.error) {
+                    run.error = Some(format!("memory pass: {error}"));
+                }
+            }
+        }
         Ok(compare_step(meta, engine, reference, peak))
     }
 

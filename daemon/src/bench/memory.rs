@@ -34,6 +34,33 @@ pub fn reset_peak() -> bool {
     fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// glibc's mmap threshold while live memory is measured: every allocation of this size or more
+/// gets its own mapping, which goes back to the kernel the moment it is freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const LIVE_MMAP_THRESHOLD: libc::c_int = 64 * 1024;
+
+/// Makes the resident set follow live allocations from here on: pins glibc's mmap threshold
+/// low (which also stops it from growing with the sizes freed so far) and hands free heap
+/// pages back to the kernel. Without this the resident set keeps whatever the allocator
+/// cached in earlier steps, and two processes that cached differently cannot be compared.
+/// It lasts for the rest of the process and slows every large allocation (fresh pages fault
+/// in), so it belongs to a last, untimed phase. `false` where the C library is not glibc.
+pub fn follow_live_allocations() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: plain glibc tuning calls with valid arguments; no pointers involved.
+        unsafe {
+            let pinned = libc::mallopt(libc::M_MMAP_THRESHOLD, LIVE_MMAP_THRESHOLD) == 1;
+            libc::malloc_trim(0);
+            pinned
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 /// Bytes the kernel says can be allocated without swapping (`MemAvailable`).
 pub fn available_bytes() -> Option<u64> {
     let meminfo = fs::read_to_string("/proc/meminfo").ok()?;

@@ -98,6 +98,9 @@ impl BenchReport {
                     "reference_step_growth_mb",
                     num(c.reference.step_growth_mb()),
                 ),
+                ("engine_live_step_mb", num(c.engine.live_step_mb)),
+                ("reference_live_step_mb", num(c.reference.live_step_mb)),
+                ("live_step_ratio", num(c.live_step_ratio)),
                 ("engine_tokens_per_s", num(c.engine_tokens_per_s)),
                 ("reference_tokens_per_s", num(c.reference_tokens_per_s)),
                 ("engine_loss", num(c.check.engine_loss)),
@@ -190,8 +193,8 @@ pub fn fmt(x: Option<f64>, digits: usize) -> String {
 fn step_table(steps: &[StepComparison]) -> String {
     let mut md = String::from(
         "### Drafter training step (forward, backward, AdamW)\n\n\
-         | config | B×S, anchors×bs | engine ms | reference ms | ratio | CPU-time ratio | engine tok/s | reference tok/s | engine peak / step growth MiB | reference peak / step growth MiB | engine GFLOP/s (of peak) | loss engine / reference (rel diff) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | config | B×S, anchors×bs | engine ms | reference ms | ratio | CPU-time ratio | engine tok/s | reference tok/s | engine peak / step growth MiB | reference peak / step growth MiB | live step MiB engine / reference (ratio) | engine GFLOP/s (of peak) | loss engine / reference (rel diff) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in steps {
         let m = &c.meta;
@@ -210,7 +213,7 @@ fn step_table(steps: &[StepComparison]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {}×{}, {}×{} | {} | {} | **{}** | {} | {} | {} | {} / {} | {} / {} | {} ({}%) | {} |",
+            "| {} | {}×{}, {}×{} | {} | {} | **{}** | {} | {} | {} | {} / {} | {} / {} | {} / {} (**{}**) | {} ({}%) | {} |",
             c.config,
             m.batch,
             m.seq_len,
@@ -226,6 +229,9 @@ fn step_table(steps: &[StepComparison]) -> String {
             fmt(c.engine.step_growth_mb(), 0),
             fmt(c.reference.peak_rss_mb, 0),
             fmt(c.reference.step_growth_mb(), 0),
+            fmt(c.engine.live_step_mb, 1),
+            fmt(c.reference.live_step_mb, 1),
+            fmt(c.live_step_ratio, 2),
             fmt(c.engine_gflops, 1),
             fmt(c.engine_fraction_of_matmul_peak.map(|f| f * 100.0), 1),
             check

@@ -13,8 +13,9 @@ use tch::{Device, Kind};
 
 use super::case::{read_meta, CaseTensors, DRAFTER_DIR};
 use super::error::BenchError;
+use super::memory;
 use super::stats::median;
-use super::timing::{sync, timed_loop, Timed};
+use super::timing::{live_step_memory, sync, timed_loop, Timed};
 use crate::engine::model::drafter::{AttentionBackend, Drafter};
 use crate::engine::train::drafter_io::{load_hf, named_parameters};
 use crate::engine::train::loss::{weighted_ce, weighted_ce_backward};
@@ -47,6 +48,9 @@ pub struct StepRun {
     pub peak_rss_mb: Option<f64>,
     pub peak_reset: bool,
     pub cuda_max_allocated_mb: Option<f64>,
+    /// Peak live memory of one step on CPU, MiB, from a memory pass
+    /// ([`StepOptions::memory_steps`], [`super::timing::live_step_memory`]).
+    pub live_step_mb: Option<f64>,
     pub forward_only: bool,
     pub tokens: Option<usize>,
     pub positions: Option<i64>,
@@ -100,6 +104,11 @@ pub struct StepOptions {
     pub kind: Kind,
     /// Forward + loss only, without gradients (what the CPU flex reference can do).
     pub forward_only: bool,
+    /// Non-zero makes this a memory pass (CPU only): the resident set follows live allocations
+    /// from the start ([`memory::follow_live_allocations`]), which slows steps, so its times
+    /// are not a timing result; after the warmup and timed steps, this many more steps
+    /// measure a step's live memory ([`live_step_memory`]).
+    pub memory_steps: usize,
     /// The engine's attention back-end (training uses block-sparse; dense-mask is the oracle,
     /// here for diagnosis).
     pub backend: AttentionBackend,
@@ -143,6 +152,10 @@ impl Lap {
 
 /// Runs the engine's step on the case in `dir`.
 pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchError> {
+    let memory_pass = opts.memory_steps > 0 && opts.device == Device::Cpu;
+    if memory_pass {
+        memory::follow_live_allocations();
+    }
     let meta = read_meta(dir)?;
     let loaded = load_hf(&dir.join(DRAFTER_DIR), opts.device, opts.kind)?;
     let mut vs = loaded.vs;
@@ -178,22 +191,15 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     let mut norms = Vec::new();
     let mut phases: [Vec<f64>; 3] = Default::default();
     let mut lap = Lap::new(opts.device);
-    let timed = timed_loop(opts.warmup, opts.steps, opts.device, |i| {
+    let timed_steps = opts.warmup + opts.steps;
+    let mut step = |i: usize| {
         lap.restart();
         let embeddings = tch::no_grad(|| {
             embed
                 .index_select(0, &block_ids.reshape([-1]))
                 .view([b, q, -1])
         });
-        let forward_pass = || {
-            drafter.forward(
-                features,
-                &embeddings,
-                anchors,
-                &keep,
-                AttentionBackend::BlockSparse,
-            )
-        };
+        let forward_pass = || drafter.forward(features, &embeddings, anchors, &keep, opts.backend);
         let (loss, norm) = if opts.forward_only {
             let sums = tch::no_grad(|| {
                 let out = forward_pass();
@@ -214,17 +220,23 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
             let backward = lap.split();
             let report = optimizer.step(meta.lr);
             optimizer.zero_grad();
-            if i >= opts.warmup {
+            if (opts.warmup..timed_steps).contains(&i) {
                 for (phase, ms) in phases.iter_mut().zip([forward, backward, lap.split()]) {
                     phase.push(ms);
                 }
             }
             (sums.loss(), Some(report?.grad_norm))
         };
-        losses.push(loss.is_finite().then_some(loss));
-        norms.push(norm.filter(|n| n.is_finite()));
+        if i < timed_steps {
+            losses.push(loss.is_finite().then_some(loss));
+            norms.push(norm.filter(|n| n.is_finite()));
+        }
         Ok(())
-    })?;
+    };
+    let timed = timed_loop(opts.warmup, opts.steps, opts.device, &mut step)?;
+    if memory_pass {
+        run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
+    }
     run.losses = losses;
     run.grad_norms = norms;
     [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
@@ -250,6 +262,9 @@ mod tests {
             device: Device::Cpu,
             kind: Kind::Float,
             forward_only: false,
+            // The live-memory phase changes process-wide allocator settings; it is tested
+            // in its own test binary (tests/bench_live_memory.rs).
+            memory_steps: 0,
             backend: AttentionBackend::BlockSparse,
         };
         let run = run_engine_step(dir.path(), &opts).unwrap();

@@ -76,6 +76,32 @@ pub fn timed_loop(
     Ok(t)
 }
 
+/// Peak live memory of `steps` more calls of `body` (indices from `first_index`), MiB: the peak
+/// resident set above the resident set right before them, once the resident set follows live
+/// allocations ([`memory::follow_live_allocations`]). Unlike the growth over the timed loop it
+/// counts neither what the allocator kept from earlier steps nor one-time library
+/// initialisation (done in warmup), so the engine and the Python reference compare on what one
+/// step holds at once. Run it last and untimed; `None` where the peak cannot be separated.
+pub fn live_step_memory(
+    first_index: usize,
+    steps: usize,
+    mut body: impl FnMut(usize) -> Result<(), BenchError>,
+) -> Result<Option<f64>, BenchError> {
+    if steps == 0 || !memory::follow_live_allocations() {
+        return Ok(None);
+    }
+    let start = memory::rss_mb();
+    if !memory::reset_peak() {
+        return Ok(None);
+    }
+    for i in first_index..first_index + steps {
+        body(i)?;
+    }
+    Ok(start
+        .zip(memory::peak_rss_mb())
+        .map(|(start, peak)| (peak - start).max(0.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// Timed steps per process (medians are over these).
     #[arg(long)]
     pub steps: Option<usize>,
+    /// Steps of the memory pass that measures a step's live memory on CPU: one more process
+    /// per implementation and config, after the timed rounds (0 skips it).
+    #[arg(long, default_value_t = 2)]
+    pub memory_steps: usize,
     /// Rounds of (engine, reference), alternated so the machine's noise falls on both.
     #[arg(long)]
     pub rounds: Option<usize>,
@@ -166,6 +170,7 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 device,
                 kind,
                 forward_only: args.forward_only,
+                memory_steps: args.memory_steps,
                 backend,
             };
             to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
@@ -305,6 +310,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         out_dir: out_dir.clone(),
         warmup: args.warmup.unwrap_or(if cuda { 3 } else { 2 }),
         steps: args.steps.unwrap_or(if cuda { 10 } else { 5 }),
+        memory_steps: args.memory_steps,
         rounds: args
             .rounds
             .unwrap_or(if args.quick || cuda { 1 } else { 2 }),

@@ -85,10 +85,32 @@ fn global_norm(grads: &[Tensor]) -> f64 {
     })
 }
 
+/// Drops gradients the way `torch.optim.Optimizer.zero_grad()` does by default (`set_to_none`),
+/// so they hold no memory between steps and the next backward writes them afresh instead of
+/// adding into zeros. tch 0.24 has no `grad = None`; libtorch's own optimizer does exactly
+/// this in its `zero_grad`, so one holds the parameters for that call alone and never steps.
+struct GradReleaser(tch::COptimizer);
+
+impl GradReleaser {
+    fn new(params: &[Tensor]) -> Option<Self> {
+        let mut holder = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).ok()?;
+        for p in params {
+            holder.add_parameters(p, 0).ok()?;
+        }
+        Some(Self(holder))
+    }
+
+    fn release(&self) -> bool {
+        self.0.zero_grad().is_ok()
+    }
+}
+
 pub struct AdamW {
     cfg: AdamWConfig,
     slots: Vec<Slot>,
     step: u64,
+    /// `None` only if libtorch refused to build the holder; gradients are then zeroed in place.
+    grad_releaser: Option<GradReleaser>,
 }
 
 pub const EXP_AVG_PREFIX: &str = "exp_avg.";
@@ -114,10 +136,12 @@ impl AdamW {
                         master,
                     }
                 })
-                .collect()
+                .collect::<Vec<Slot>>()
         });
+        let params: Vec<Tensor> = slots.iter().map(|s| s.param.shallow_clone()).collect();
         Self {
             cfg,
+            grad_releaser: GradReleaser::new(&params),
             slots,
             step: 0,
         }
@@ -241,7 +265,15 @@ impl AdamW {
         })
     }
 
+    /// Clears the gradients: released (undefined until the next backward), as torch does.
     pub fn zero_grad(&mut self) {
+        if self
+            .grad_releaser
+            .as_ref()
+            .is_some_and(GradReleaser::release)
+        {
+            return;
+        }
         for slot in &mut self.slots {
             slot.param.zero_grad();
         }
@@ -434,6 +466,26 @@ mod tests {
         // Clipping sees the scaled norm: 50 · 0.1 = 5 is clipped to 1.
         let (_, clipped) = run([30.0, 40.0], 0.1, true);
         assert!((clipped.grad_norm - 5.0).abs() < 1e-4 && (clipped.clip_coef - 0.2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn zero_grad_releases_gradients_and_the_next_backward_writes_them_afresh() {
+        let p = leaf(&[1.0, 2.0]);
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        );
+        (&p * 3.0).sum(Kind::Float).backward();
+        opt.step(0.1).unwrap();
+        opt.zero_grad();
+        assert!(
+            !p.grad().defined(),
+            "released like torch's zero_grad(set_to_none=True), not kept as zeros"
+        );
+        // The next backward's gradient is its own, not added to a stale one.
+        (&p * 5.0).sum(Kind::Float).backward();
+        assert_eq!(Vec::<f32>::try_from(p.grad()).unwrap(), [5.0, 5.0]);
+        assert!(opt.grad_norm() > 7.0);
     }
 
     #[test]
