@@ -141,6 +141,8 @@ impl Harness {
         let run = || -> Result<StepRun, BenchError> {
             let mut cmd = self.engine("run-step", dir)?;
             self.timed_args(&mut cmd, device, dtype);
+            // A timing pass: the allocator left as a run has it (the memory pass is separate).
+            cmd.args(["--memory-steps", "0"]);
             child_json(cmd, self.timeout)
         };
         run().unwrap_or_else(|e| failed_run("engine", e.to_string()))

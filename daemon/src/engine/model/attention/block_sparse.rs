@@ -10,7 +10,9 @@
 //!
 //! 1. If all blocks fit one chunk (the common training shape on small configs), they are used
 //!    in their given order. Otherwise they are sorted by anchor (a permutation restores the
-//!    order at the end), so consecutive blocks need similar context ranges.
+//!    order at the end), so consecutive blocks need similar context ranges. The drafter sorts
+//!    its blocks once per forward ([`BlockOrder`]), so its plans find them sorted and gather
+//!    nothing per layer.
 //! 2. Chunks grow while their `[B, heads, C·bs, L + C·bs]` score grid stays under a budget,
 //!    and, once past a small size where call overhead dominates, only while the chunk's block
 //!    keys (of which each query sees only its own `bs`) do not outnumber its context keys.
@@ -47,6 +49,80 @@ fn host_i64(t: &Tensor) -> Vec<i64> {
         .expect("an int64 CPU tensor converts to Vec<i64>")
 }
 
+/// A permutation of the blocks of each batch row, and its inverse, as `[B, N]` index tensors.
+/// Gathers whole blocks of any per-block tensor `[B, N·k, ...]` (`[B, N]` included).
+pub struct BlockOrder {
+    order: Tensor,
+    inverse: Tensor,
+}
+
+impl BlockOrder {
+    /// The order that sorts each row's blocks by anchor (invalid blocks first), from the host
+    /// copies of `anchors`/`keep` (row-major `[batch, blocks]`); `None` when the blocks are
+    /// already in that order, so nothing needs gathering.
+    fn sorting(
+        host_anchors: &[i64],
+        host_keep: &[bool],
+        (batch, blocks): (i64, i64),
+        device: Device,
+    ) -> Option<Self> {
+        let order = sort_order(host_anchors, host_keep, batch as usize, blocks as usize);
+        let identity = order
+            .iter()
+            .enumerate()
+            .all(|(k, &i)| i == k as i64 % blocks);
+        (!identity).then(|| {
+            let order = Tensor::from_slice(&order)
+                .view([batch, blocks])
+                .to_device(device);
+            let inverse = order.argsort_stable(true, 1, false);
+            Self { order, inverse }
+        })
+    }
+
+    /// The order that sorts the blocks of `anchors`/`keep` (`[B, N]`) by anchor, or `None`
+    /// when they are sorted already. Reads both to the host once.
+    pub fn by_anchor(anchors: &Tensor, keep: &Tensor) -> Option<Self> {
+        let size = anchors.size();
+        assert!(
+            size.len() == 2 && keep.size() == size,
+            "BlockOrder::by_anchor: anchors and keep must be [B, N], got {size:?} and {:?}",
+            keep.size()
+        );
+        let host_keep: Vec<bool> = host_i64(keep).into_iter().map(|k| k != 0).collect();
+        Self::sorting(
+            &host_i64(anchors),
+            &host_keep,
+            (size[0], size[1]),
+            anchors.device(),
+        )
+    }
+
+    /// `t` with its blocks in this order.
+    pub fn permute(&self, t: &Tensor) -> Tensor {
+        gather_blocks(t, &self.order)
+    }
+
+    /// Undoes [`Self::permute`].
+    pub fn restore(&self, t: &Tensor) -> Tensor {
+        gather_blocks(t, &self.inverse)
+    }
+}
+
+/// `t` `[B, N·k, ...]` with block `j` of row `b` taken from block `index[b, j]`.
+fn gather_blocks(t: &Tensor, index: &Tensor) -> Tensor {
+    let (b, n) = (index.size()[0], index.size()[1]);
+    let size = t.size();
+    let per_block = t.numel() as i64 / (b * n);
+    t.reshape([b, n, per_block])
+        .gather(
+            1,
+            &index.unsqueeze(-1).expand([b, n, per_block], false),
+            false,
+        )
+        .view(size.as_slice())
+}
+
 /// One chunk of a plan, ready to run: its blocks and the additive mask of its keys.
 struct PlannedChunk {
     start: i64,
@@ -64,8 +140,8 @@ pub struct BlockSparsePlan {
     context_len: i64,
     batch: i64,
     blocks: i64,
-    /// `[B, N]` sorting permutation and its inverse; `None` when blocks keep their order.
-    order: Option<(Tensor, Tensor)>,
+    /// `None` when the blocks keep their given order (one chunk, or already sorted).
+    order: Option<BlockOrder>,
     chunks: Vec<PlannedChunk>,
 }
 
@@ -175,11 +251,9 @@ impl BlockSparsePlan {
             ),
             _ => {
                 let to_device = |t: Tensor| t.view([batch, blocks]).to_device(device);
-                let order_t = to_device(Tensor::from_slice(&host_order));
-                let inverse = order_t.argsort_stable(true, 1, false);
                 (
                     sorted_chunks,
-                    Some((order_t, inverse)),
+                    BlockOrder::sorting(&host_anchors, &host_keep, (batch, blocks), device),
                     to_device(Tensor::from_slice(&sorted_anchors)),
                     to_device(Tensor::from_slice(&sorted_keep)),
                 )
@@ -295,17 +369,7 @@ pub fn block_sparse_attention_planned(
     }
     let sort_blocks = |t: &Tensor| match &plan.order {
         None => t.shallow_clone(),
-        Some((order, _)) => {
-            let per_block = t.numel() as i64 / (b * n);
-            let size = t.size();
-            t.reshape([b, n, per_block])
-                .gather(
-                    1,
-                    &order.unsqueeze(-1).expand([b, n, per_block], false),
-                    false,
-                )
-                .view(size.as_slice())
-        }
+        Some(order) => order.permute(t),
     };
     let (q, block_key, block_value) = (
         sort_blocks(inputs.query),
@@ -348,15 +412,48 @@ pub fn block_sparse_attention_planned(
     };
     match &plan.order {
         None => out,
-        Some((_, inverse)) => {
-            let per_block = bs * heads * d.head_dim;
-            out.reshape([b, n, per_block])
-                .gather(
-                    1,
-                    &inverse.unsqueeze(-1).expand([b, n, per_block], false),
-                    false,
-                )
-                .view([b, n * bs, heads, d.head_dim])
-        }
+        Some(order) => order.restore(&out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(t: &Tensor) -> Vec<i64> {
+        host_i64(t)
+    }
+
+    #[test]
+    fn block_order_sorts_whole_blocks_by_anchor_and_restores_them() {
+        let anchors = Tensor::from_slice(&[9i64, 2, 5, 0, 1, 4]).view([2, 3]);
+        // Row 1's first block is invalid: it sorts first whatever its stale anchor.
+        let keep = Tensor::from_slice(&[true, true, true, false, true, true]).view([2, 3]);
+        let order = BlockOrder::by_anchor(&anchors, &keep).expect("rows are not sorted");
+        assert_eq!(ints(&order.permute(&anchors)), [2, 5, 9, 0, 1, 4]);
+        // Blocks of 2 positions with 3 features each move as units.
+        let per_position = Tensor::arange(2 * 6 * 3, (Kind::Int64, Device::Cpu)).view([2, 6, 3]);
+        let sorted = order.permute(&per_position);
+        assert_eq!(
+            ints(&sorted.get(0).narrow(0, 0, 2)),
+            ints(&per_position.get(0).narrow(0, 2, 2)),
+            "row 0's first sorted block is its block 1 (anchor 2)"
+        );
+        assert!(order.restore(&sorted).equal(&per_position));
+        assert!(
+            order
+                .permute(&keep)
+                .to_kind(Kind::Int64)
+                .sum(Kind::Int64)
+                .int64_value(&[])
+                == 5
+        );
+    }
+
+    #[test]
+    fn sorted_blocks_need_no_order() {
+        let anchors = Tensor::from_slice(&[1i64, 3, 3, 0, 2, 7]).view([2, 3]);
+        let keep = Tensor::from_slice(&[true; 6]).view([2, 3]);
+        assert!(BlockOrder::by_anchor(&anchors, &keep).is_none());
     }
 }

@@ -19,7 +19,7 @@ pub mod visibility;
 use tch::Tensor;
 
 pub use block_sparse::{
-    block_sparse_attention, block_sparse_attention_planned, BlockSparsePlan,
+    block_sparse_attention, block_sparse_attention_planned, BlockOrder, BlockSparsePlan,
     DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
 pub use dense::dense_mask_attention;

@@ -6,7 +6,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::config::DrafterConfig;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
 use crate::engine::model::attention::{
-    AttentionBackend, BlockSparsePlan, DEFAULT_CHUNK_SCORE_ELEMENTS,
+    AttentionBackend, BlockOrder, BlockSparsePlan, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
 use crate::engine::model::layers::Rotary;
 
@@ -94,6 +94,19 @@ impl Drafter {
         let (dtype, device) = (self.dtype(), self.device());
         let anchors = anchors.to_device(device).to_kind(Kind::Int64);
         let keep = keep.to_device(device).to_kind(Kind::Bool);
+        // Attention is the only op that mixes blocks, and it does not depend on their order.
+        // Sorting the blocks by anchor once here (and back at the end) lets every layer's plan
+        // chunk them without gathering its queries, keys and values into order, and without
+        // autograd keeping those sorted copies per layer.
+        let order = match backend {
+            AttentionBackend::BlockSparse => BlockOrder::by_anchor(&anchors, &keep),
+            AttentionBackend::DenseMask => None,
+        };
+        let in_order = |t: Tensor| match &order {
+            Some(order) => order.permute(&t),
+            None => t,
+        };
+        let (anchors, keep) = (in_order(anchors), in_order(keep));
         let context = self.hidden_norm.forward(
             &self
                 .fc
@@ -138,11 +151,15 @@ impl Drafter {
             backend,
         };
 
-        let mut hidden = block_embeddings.to_device(device).to_kind(dtype);
+        let mut hidden = in_order(block_embeddings.to_device(device).to_kind(dtype));
         for layer in &self.layers {
             hidden = layer.forward(&hidden, &layer_context);
         }
-        self.norm.forward(&hidden)
+        let out = self.norm.forward(&hidden);
+        match &order {
+            Some(order) => order.restore(&out),
+            None => out,
+        }
     }
 
     /// Inference forward of ONE block at `anchor`, given the context features of positions
