@@ -11,6 +11,13 @@ fn normalized_fp32(x: &Tensor, eps: f64) -> Tensor {
 /// Qwen3 RMSNorm: `w * x̂` (the drafter's norms; weights initialised to 1).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let dtype = x.kind();
+    if dtype == Kind::Float && weight.kind() == Kind::Float {
+        // In fp32 there is no cast to order: libtorch's fused kernel computes the same
+        // `x · rsqrt(mean(x²) + eps) · w` in one pass forward and one backward, instead of
+        // five elementwise kernels each way (the small drafter's steps are bound by them).
+        let last = *x.size().last().expect("rms_norm needs a last dimension");
+        return x.rms_norm([last], Some(weight), eps);
+    }
     // Qwen3 casts x̂ back before the multiply; keep that order for bit-level parity in bf16.
     normalized_fp32(x, eps).to_kind(dtype) * weight
 }
@@ -40,6 +47,25 @@ mod tests {
         let y = rms_norm(&x, &Tensor::ones([4], (Kind::Float, tch::Device::Cpu)), 0.0);
         let rms = y.square().mean(Kind::Float).sqrt().double_value(&[]);
         assert!((rms - 1.0).abs() < 1e-6, "rms {rms}");
+    }
+
+    #[test]
+    fn fused_fp32_path_equals_the_written_out_formula_in_value_and_gradients() {
+        let x = Tensor::randn([3, 5, 16], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let w = Tensor::randn([16], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let probe = Tensor::randn([3, 5, 16], (Kind::Float, tch::Device::Cpu));
+        let grads = |y: Tensor| {
+            let g =
+                Tensor::run_backward(&[(&y * &probe).sum(Kind::Float)], &[&x, &w], false, false);
+            (y, g)
+        };
+        let (fused, fused_grads) = grads(rms_norm(&x, &w, 1e-6));
+        let (written, written_grads) = grads(normalized_fp32(&x, 1e-6) * &w);
+        let diff = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+        assert!(diff(&fused, &written) < 1e-6);
+        for (a, b) in fused_grads.iter().zip(&written_grads) {
+            assert!(diff(a, b) < 1e-5, "gradient differs by {}", diff(a, b));
+        }
     }
 
     #[test]
