@@ -1,8 +1,11 @@
 //! The live-memory phase of the benchmarks measures what a step holds at once. It changes
 //! process-wide allocator settings and reads the process peak, so it runs alone in this test
 //! binary rather than beside the library's parallel unit tests.
+use dflashd::bench::case::prepare_step_case;
+use dflashd::bench::presets::step_preset;
+use dflashd::bench::step::{run_engine_step, StepOptions};
 use dflashd::bench::timing::live_step_memory;
-
+use dflashd::engine::model::attention::AttentionBackend;
 use std::sync::Mutex;
 
 /// Both tests reset and read the process-wide peak; they must not overlap.
@@ -67,11 +70,6 @@ fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
     let _alone = PROCESS_PEAK
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    use dflashd::bench::case::prepare_step_case;
-    use dflashd::bench::presets::step_preset;
-    use dflashd::bench::step::{run_engine_step, StepOptions};
-    use dflashd::engine::model::attention::AttentionBackend;
-
     let dir = tempfile::tempdir().unwrap();
     let mut preset = step_preset("tiny").unwrap();
     preset.batch = 2;
