@@ -200,7 +200,8 @@ mod tests {
 
         let reference = dense_loss(&x.matmul(&proj), &head, &targets, &weights);
         reference.backward();
-        assert!((sums.loss() - reference.double_value(&[])).abs() < 1e-5);
+        let reference = reference.double_value(&[]);
+        assert!((sums.loss() - reference).abs() < 1e-5 * reference.abs().max(1.0));
         assert!(chunked_grad.allclose(&x.grad(), 1e-5, 1e-6, false));
         assert_eq!(sums.counted, 6);
         assert!((sums.weight - denom).abs() < 1e-6);
@@ -214,9 +215,16 @@ mod tests {
         let chunked_grad = x.grad().copy();
         let _ = x.grad().zero_();
         let one = weighted_ce_backward(&x.matmul(&proj), &head, &targets, &weights, denom, 1000);
-        assert!((many.loss() - one.loss()).abs() < 1e-6);
+        // Relative: the inputs come from the global generator, which tests running in
+        // parallel also draw from, so the loss's size (and its f32 rounding) varies run to run.
+        assert!(
+            (many.loss() - one.loss()).abs() < 1e-6 * one.loss().abs().max(1.0),
+            "{} vs {}",
+            many.loss(),
+            one.loss()
+        );
         assert_eq!((many.correct, many.counted), (one.correct, one.counted));
-        assert!(chunked_grad.allclose(&x.grad(), 1e-6, 1e-7, false));
+        assert!(chunked_grad.allclose(&x.grad(), 1e-5, 1e-6, false));
         assert!(x.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0);
     }
 

@@ -10,9 +10,9 @@
 //!
 //! 1. If all blocks fit one chunk (the common training shape on small configs), they are used
 //!    in their given order. Otherwise they are sorted by anchor (a permutation restores the
-//!    order at the end), so consecutive blocks need similar context ranges. The drafter sorts
-//!    its blocks once per forward ([`BlockOrder`]), so its plans find them sorted and gather
-//!    nothing per layer.
+//!    order at the end), so consecutive blocks need similar context ranges. When a plan needs
+//!    that order, the drafter sorts its blocks once per forward ([`BlockOrder`]) and rebuilds
+//!    its plans, which then find them sorted and gather nothing per layer.
 //! 2. Chunks grow while their `[B, heads, C·bs, L + C·bs]` score grid stays under a budget,
 //!    and, once past a small size where call overhead dominates, only while the chunk's block
 //!    keys (of which each query sees only its own `bs`) do not outnumber its context keys.
@@ -300,6 +300,12 @@ impl BlockSparsePlan {
 
     pub fn rule(&self) -> LayerRule {
         self.rule
+    }
+
+    /// Whether the plan runs the blocks in the order it was given (one chunk of all blocks,
+    /// or blocks already sorted by anchor), so it gathers nothing.
+    pub fn keeps_given_order(&self) -> bool {
+        self.order.is_none()
     }
 }
 

@@ -94,19 +94,45 @@ impl Drafter {
         let (dtype, device) = (self.dtype(), self.device());
         let anchors = anchors.to_device(device).to_kind(Kind::Int64);
         let keep = keep.to_device(device).to_kind(Kind::Bool);
-        // Attention is the only op that mixes blocks, and it does not depend on their order.
-        // Sorting the blocks by anchor once here (and back at the end) lets every layer's plan
-        // chunk them without gathering its queries, keys and values into order, and without
-        // autograd keeping those sorted copies per layer.
-        let order = match backend {
-            AttentionBackend::BlockSparse => BlockOrder::by_anchor(&anchors, &keep),
-            AttentionBackend::DenseMask => None,
+        let plans_for = |anchors: &Tensor, keep: &Tensor| -> Vec<BlockSparsePlan> {
+            let mut plans: Vec<BlockSparsePlan> = Vec::new();
+            if backend == AttentionBackend::BlockSparse {
+                for layer in &self.layers {
+                    if plans.iter().all(|p| p.rule() != layer.rule()) {
+                        plans.push(BlockSparsePlan::new(
+                            layer.rule(),
+                            anchors,
+                            keep,
+                            bs,
+                            f[1],
+                            cfg.num_attention_heads,
+                            DEFAULT_CHUNK_SCORE_ELEMENTS,
+                            (dtype, device),
+                        ));
+                    }
+                }
+            }
+            plans
         };
+        let mut plans = plans_for(&anchors, &keep);
+        // Attention is the only op that mixes blocks, and it does not depend on their order.
+        // When a plan chunks the blocks in anchor order, sorting them once here (and back at
+        // the end) lets every layer run without gathering its queries, keys and values into
+        // that order, and without autograd keeping those sorted copies per layer. The plans
+        // are rebuilt on the sorted blocks, where they find nothing left to sort.
+        let order = plans
+            .iter()
+            .any(|p| !p.keeps_given_order())
+            .then(|| BlockOrder::by_anchor(&anchors, &keep))
+            .flatten();
         let in_order = |t: Tensor| match &order {
             Some(order) => order.permute(&t),
             None => t,
         };
         let (anchors, keep) = (in_order(anchors), in_order(keep));
+        if order.is_some() {
+            plans = plans_for(&anchors, &keep);
+        }
         let context = self.hidden_norm.forward(
             &self
                 .fc
@@ -124,23 +150,6 @@ impl Drafter {
             block_cos,
             block_sin,
         };
-        let mut plans: Vec<BlockSparsePlan> = Vec::new();
-        if backend == AttentionBackend::BlockSparse {
-            for layer in &self.layers {
-                if plans.iter().all(|p| p.rule() != layer.rule()) {
-                    plans.push(BlockSparsePlan::new(
-                        layer.rule(),
-                        &anchors,
-                        &keep,
-                        bs,
-                        f[1],
-                        cfg.num_attention_heads,
-                        DEFAULT_CHUNK_SCORE_ELEMENTS,
-                        (dtype, device),
-                    ));
-                }
-            }
-        }
         let layer_context = LayerContext {
             plans: &plans,
             context: &context,
