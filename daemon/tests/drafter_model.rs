@@ -5,6 +5,7 @@ mod drafter_support;
 
 use std::collections::BTreeMap;
 
+use dflashd::engine::model::attention::{BlockSparsePlan, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use dflashd::engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
 use drafter_support::{
     max_abs_diff, random_anchors, randomize, relative_error, seeded, tiny_config,
@@ -123,19 +124,13 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
     }
 }
 
-#[test]
-fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
-    let _rng = seeded(0);
-    let cfg = tiny_config(both_types());
-    let (vs, drafter) = build(&cfg, 2);
-    tch::manual_seed(3);
-    let b = batch(&cfg, 2, 7, 22, true);
+/// Block-sparse and dense drafters give the same output and the same gradients with respect to
+/// every parameter and both inputs, on shuffled anchors with invalid blocks.
+fn assert_backends_agree(b: &Batch, cfg: &DrafterConfig) {
+    let (vs, drafter) = build(cfg, 2);
     let features = b.features.set_requires_grad(true);
     let embeddings = b.embeddings.set_requires_grad(true);
-    let probe = Tensor::randn(
-        [2, 7 * cfg.block_size, cfg.hidden_size],
-        (Kind::Float, Device::Cpu),
-    );
+    let probe = Tensor::randn(embeddings.size(), (Kind::Float, Device::Cpu));
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut leaves: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
     leaves.push(&features);
@@ -163,6 +158,48 @@ fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
             "d/d{name} differs by {diff} (scale {scale})"
         );
     }
+}
+
+#[test]
+fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
+    let _rng = seeded(0);
+    let cfg = tiny_config(both_types());
+    tch::manual_seed(3);
+    assert_backends_agree(&batch(&cfg, 2, 7, 22, true), &cfg);
+}
+
+#[test]
+fn a_drafter_whose_plans_chunk_sorts_its_blocks_once_and_still_agrees_with_dense() {
+    let _rng = seeded(0);
+    let cfg = tiny_config(both_types());
+    tch::manual_seed(4);
+    // Enough blocks that no rule's plan fits one chunk: the blocks are chunked in anchor
+    // order, so the drafter sorts them once and restores the order of its output.
+    let (blocks, context) = (400, 200);
+    let b = batch(&cfg, 1, blocks, context, true);
+    for rule in [
+        LayerRule::Full,
+        LayerRule::Sliding {
+            window: cfg.sliding_window.unwrap(),
+        },
+    ] {
+        let plan = BlockSparsePlan::new(
+            rule,
+            &b.anchors,
+            &b.keep,
+            cfg.block_size,
+            context,
+            cfg.num_attention_heads,
+            DEFAULT_CHUNK_SCORE_ELEMENTS,
+            (Kind::Float, Device::Cpu),
+        );
+        assert!(
+            plan.num_chunks() > 1 && !plan.keeps_given_order(),
+            "{rule:?}: {} chunks; the test needs a sorted multi-chunk plan",
+            plan.num_chunks()
+        );
+    }
+    assert_backends_agree(&b, &cfg);
 }
 
 #[test]
