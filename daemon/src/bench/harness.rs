@@ -405,20 +405,26 @@ impl Harness {
                 for r in it {
                     m.step_ms.extend(r.step_ms);
                     m.publish_us.extend(r.publish_us);
+                    m.thread_cpu_ms.extend(r.thread_cpu_ms);
                     m.error = m.error.or(r.error);
                 }
                 m.median_step_ms = super::stats::median(&m.step_ms);
                 m.median_publish_us = super::stats::median(&m.publish_us);
+                m.median_thread_cpu_ms = super::stats::median(&m.thread_cpu_ms);
                 Some(m)
             })
             .collect();
-        let base = merged.first().and_then(|r| r.median_step_ms);
-        let over =
-            |i: usize| ratio(merged.get(i).and_then(|r| r.median_step_ms), base).map(|r| r - 1.0);
+        let over_base = |of: fn(&OverheadRun) -> Option<f64>, i: usize| {
+            let base = merged.first().and_then(of);
+            ratio(merged.get(i).and_then(of), base).map(|r| r - 1.0)
+        };
+        let wall = |r: &OverheadRun| r.median_step_ms;
+        let cpu = |r: &OverheadRun| r.median_thread_cpu_ms;
         Ok(OverheadResult {
-            clients_overhead: over(1),
-            sampler_overhead: over(2),
-            both_overhead: over(3),
+            clients_overhead: over_base(wall, 1),
+            sampler_overhead: over_base(wall, 2),
+            both_overhead: over_base(wall, 3),
+            thread_cpu_overheads: [1, 2, 3].map(|i| over_base(cpu, i)),
             runs: merged,
         })
     }
@@ -494,6 +500,9 @@ pub struct OverheadResult {
     pub clients_overhead: Option<f64>,
     pub sampler_overhead: Option<f64>,
     pub both_overhead: Option<f64>,
+    /// The same for the training thread's CPU time per step: (clients, sampler, both).
+    #[serde(default)]
+    pub thread_cpu_overheads: [Option<f64>; 3],
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -19,6 +19,7 @@ use tch::Device;
 use super::error::BenchError;
 use super::process::engine_command;
 use super::stats::median;
+use super::timing::thread_cpu_ms;
 use crate::control::journal::Journal;
 use crate::control::pending::ActionPolicy;
 use crate::control::recorder::Recorder;
@@ -45,6 +46,10 @@ pub struct OverheadRun {
     /// Time the training thread spent publishing each step's metrics, µs.
     pub publish_us: Vec<f64>,
     pub median_publish_us: Option<f64>,
+    /// CPU time of the training thread per step (training + publishing), ms: what the daemon
+    /// costs the step itself, without the contention for cores that the wall time also shows.
+    pub thread_cpu_ms: Vec<f64>,
+    pub median_thread_cpu_ms: Option<f64>,
     pub threads: i64,
     pub error: Option<String>,
 }
@@ -172,13 +177,14 @@ pub fn run_overhead(
             )));
         }
         for i in 0..warmup + steps {
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), thread_cpu_ms());
             let metrics = trainer.train_step()?;
             let published = Instant::now();
             handle.publish_metrics(metrics);
             if i >= warmup {
                 run.publish_us.push(published.elapsed().as_secs_f64() * 1e6);
                 run.step_ms.push(start.elapsed().as_secs_f64() * 1e3);
+                run.thread_cpu_ms.push(thread_cpu_ms() - cpu);
             }
         }
         Ok(())
@@ -194,6 +200,7 @@ pub fn run_overhead(
     }
     run.median_step_ms = median(&run.step_ms);
     run.median_publish_us = median(&run.publish_us);
+    run.median_thread_cpu_ms = median(&run.thread_cpu_ms);
     run.error = result.err().map(|e| e.to_string());
     Ok(run)
 }

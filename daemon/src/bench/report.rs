@@ -336,7 +336,7 @@ fn pct(x: Option<f64>) -> String {
 fn overhead_table(o: &OverheadResult) -> String {
     let mut md = String::from(
         "### Daemon overhead (embedded default step + metrics published to the bus)\n\n\
-         | clients | telemetry sampler | median step ms | vs 0 clients, no sampler | median publish µs | steps |\n|---|---|---|---|---|---|\n",
+         | clients | telemetry sampler | median step ms | vs 0 clients, no sampler | median training-thread CPU ms | vs 0 clients, no sampler (CPU) | median publish µs | steps |\n|---|---|---|---|---|---|---|---|\n",
     );
     let overheads = [
         Some(0.0),
@@ -344,18 +344,22 @@ fn overhead_table(o: &OverheadResult) -> String {
         o.sampler_overhead,
         o.both_overhead,
     ];
-    for (run, over) in o.runs.iter().zip(overheads) {
+    let [clients_cpu, sampler_cpu, both_cpu] = o.thread_cpu_overheads;
+    let cpu_overheads = [Some(0.0), clients_cpu, sampler_cpu, both_cpu];
+    for ((run, over), cpu_over) in o.runs.iter().zip(overheads).zip(cpu_overheads) {
         let note = run.error.as_ref().map_or(String::new(), |e| {
             format!(" (failed: {})", e.replace('|', "/"))
         });
         let _ = writeln!(
             md,
-            "| {} | {} | {}{} | {} | {} | {} |",
+            "| {} | {} | {}{} | {} | {} | {} | {} | {} |",
             run.clients,
             if run.sampler { "on" } else { "off" },
             fmt(run.median_step_ms, 1),
             note,
             pct(over),
+            fmt(run.median_thread_cpu_ms, 1),
+            pct(cpu_over),
             fmt(run.median_publish_us, 1),
             run.step_ms.len()
         );

@@ -23,18 +23,28 @@ pub struct Timed {
     pub peak_reset: bool,
 }
 
-/// CPU time consumed by this process so far (all threads), ms.
-pub fn process_cpu_ms() -> f64 {
+fn cpu_clock_ms(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    // SAFETY: `ts` is a valid out-pointer; both CPU-time clocks exist on Linux.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     if rc != 0 {
         return f64::NAN;
     }
     ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
+/// CPU time consumed by this process so far (all threads), ms.
+pub fn process_cpu_ms() -> f64 {
+    cpu_clock_ms(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// CPU time consumed by the calling thread so far, ms: the work one thread did, whatever the
+/// other threads (or processes) competing for the cores were doing.
+pub fn thread_cpu_ms() -> f64 {
+    cpu_clock_ms(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 pub fn sync(device: Device) {
@@ -130,6 +140,30 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(process_cpu_ms() > before);
+    }
+
+    #[test]
+    fn thread_cpu_time_counts_this_thread_and_not_another() {
+        let spin = |ms: u64| {
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+            let mut x = 0u64;
+            while std::time::Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        };
+        let before = thread_cpu_ms();
+        std::thread::spawn(move || spin(200)).join().unwrap();
+        let while_another_worked = thread_cpu_ms() - before;
+        assert!(
+            while_another_worked < 50.0,
+            "another thread's 200 ms counted as {while_another_worked} ms of this one"
+        );
+        let before = thread_cpu_ms();
+        spin(100);
+        assert!(
+            thread_cpu_ms() - before > 10.0,
+            "this thread's own work must count"
+        );
     }
 
     #[test]
