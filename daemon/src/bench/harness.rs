@@ -47,6 +47,16 @@ pub struct Harness {
     pub timeout: Duration,
 }
 
+/// What one drafter-step child process measures.
+#[derive(Clone, Copy, Debug)]
+pub enum StepPass<'a> {
+    /// Timed steps on `device` in `dtype`, with the allocator as a run has it.
+    Timing { device: &'a str, dtype: &'a str },
+    /// A step's live memory on CPU: one warmup step, no timed steps, then the harness's
+    /// memory steps with the resident set following live allocations. Never timed.
+    Memory,
+}
+
 /// Parses a child's JSON: an object with a string `error` is that child's failure.
 fn child_json<T: DeserializeOwned>(cmd: Command, timeout: Duration) -> Result<T, BenchError> {
     let program = format!("{:?}", cmd.get_args().take(3).collect::<Vec<_>>());
@@ -84,26 +94,13 @@ impl Harness {
         Ok(cmd)
     }
 
-    fn timed_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
-        cmd.args([
-            "--warmup",
-            &self.warmup.to_string(),
-            "--steps",
-            &self.steps.to_string(),
-            "--device",
-            device,
-            "--dtype",
-            dtype,
-        ]);
-    }
-
-    /// Repetitions for cases whose single iteration takes seconds (attention, target pass).
-    fn heavy(&self) -> (usize, usize) {
-        (self.warmup.min(1), self.steps.min(3))
-    }
-
-    fn heavy_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
-        let (warmup, steps) = self.heavy();
+    /// `warmup` untimed and `steps` timed iterations of a child on `device` in `dtype`.
+    fn repetition_args(
+        cmd: &mut Command,
+        (warmup, steps): (usize, usize),
+        device: &str,
+        dtype: &str,
+    ) {
         cmd.args([
             "--warmup",
             &warmup.to_string(),
@@ -114,6 +111,19 @@ impl Harness {
             "--dtype",
             dtype,
         ]);
+    }
+
+    fn timed_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
+        Self::repetition_args(cmd, (self.warmup, self.steps), device, dtype);
+    }
+
+    /// Repetitions for cases whose single iteration takes seconds (attention, target pass).
+    fn heavy(&self) -> (usize, usize) {
+        (self.warmup.min(1), self.steps.min(3))
+    }
+
+    fn heavy_args(&self, cmd: &mut Command, device: &str, dtype: &str) {
+        Self::repetition_args(cmd, self.heavy(), device, dtype);
     }
 
     fn reference_script(&self, script: &str) -> Result<Command, String> {
@@ -137,56 +147,32 @@ impl Harness {
         Ok((dir.clone(), child_json(cmd, self.timeout)?))
     }
 
-    pub fn engine_step(&self, dir: &Path, device: &str, dtype: &str) -> StepRun {
+    /// The arguments that make a step child do `pass`.
+    fn step_pass_args(&self, cmd: &mut Command, pass: StepPass<'_>) {
+        match pass {
+            StepPass::Timing { device, dtype } => {
+                self.timed_args(cmd, device, dtype);
+                // The allocator left as a run has it: the memory pass is a process of its own.
+                cmd.args(["--memory-steps", "0"]);
+            }
+            // One warmup step (one-time initialisation), no timed steps, the memory steps.
+            StepPass::Memory => {
+                Self::repetition_args(cmd, (1, 0), "cpu", &self.dtype);
+                cmd.args(["--memory-steps", &self.memory_steps.to_string()]);
+            }
+        }
+    }
+
+    pub fn engine_step(&self, dir: &Path, pass: StepPass<'_>) -> StepRun {
         let run = || -> Result<StepRun, BenchError> {
             let mut cmd = self.engine("run-step", dir)?;
-            self.timed_args(&mut cmd, device, dtype);
-            // A timing pass: the allocator left as a run has it (the memory pass is separate).
-            cmd.args(["--memory-steps", "0"]);
+            self.step_pass_args(&mut cmd, pass);
             child_json(cmd, self.timeout)
         };
         run().unwrap_or_else(|e| failed_run("engine", e.to_string()))
     }
 
-    /// Arguments of a memory pass: one warmup step (one-time initialisation), no timed steps,
-    /// then the live-memory steps.
-    fn memory_pass_args(&self, cmd: &mut Command) {
-        cmd.args(["--warmup", "1", "--steps", "0", "--device", "cpu"])
-            .args(["--dtype", &self.dtype])
-            .args(["--memory-steps", &self.memory_steps.to_string()]);
-    }
-
-    /// A step's live memory, engine and reference, each from a memory pass of its own.
-    fn live_memory(&self, dir: &Path) -> (StepRun, StepRun) {
-        let engine = self
-            .engine("run-step", dir)
-            .and_then(|mut cmd| {
-                self.memory_pass_args(&mut cmd);
-                child_json(cmd, self.timeout)
-            })
-            .unwrap_or_else(|e| failed_run("engine", e.to_string()));
-        let name = format!("reference-{}", self.reference.attention);
-        let reference = match self.reference_script("bench_step.py") {
-            Ok(mut cmd) => {
-                cmd.arg("--case")
-                    .arg(dir)
-                    .args(["--attention", &self.reference.attention]);
-                self.memory_pass_args(&mut cmd);
-                run_json(cmd, self.timeout)
-                    .unwrap_or_else(|e: BenchError| failed_run(&name, e.to_string()))
-            }
-            Err(why) => failed_run(&name, format!("reference not run: {why}")),
-        };
-        (engine, reference)
-    }
-
-    pub fn reference_step(
-        &self,
-        dir: &Path,
-        device: &str,
-        dtype: &str,
-        forward_only: bool,
-    ) -> StepRun {
+    pub fn reference_step(&self, dir: &Path, pass: StepPass<'_>, forward_only: bool) -> StepRun {
         let name = format!("reference-{}", self.reference.attention);
         let mut cmd = match self.reference_script("bench_step.py") {
             Ok(cmd) => cmd,
@@ -195,7 +181,7 @@ impl Harness {
         cmd.arg("--case")
             .arg(dir)
             .args(["--attention", &self.reference.attention]);
-        self.timed_args(&mut cmd, device, dtype);
+        self.step_pass_args(&mut cmd, pass);
         if self.reference.compile {
             cmd.arg("--compile");
         }
@@ -206,6 +192,12 @@ impl Harness {
         run_json(cmd, self.timeout).unwrap_or_else(|e: BenchError| failed_run(&name, e.to_string()))
     }
 
+    /// Whether the step cases end with a memory pass: on CPU, unless `--memory-steps 0`. On
+    /// CUDA the device allocator's own peak (`cuda_max_allocated_mb`) says what a step holds.
+    pub fn measures_live_memory(&self) -> bool {
+        self.device == "cpu" && self.memory_steps > 0
+    }
+
     /// One drafter-step configuration: prepare, then `rounds` x (engine, reference).
     pub fn step(
         &self,
@@ -214,14 +206,19 @@ impl Harness {
     ) -> Result<StepComparison, BenchError> {
         let (dir, meta) = self.prepare_step(config)?;
         let (mut engine, mut reference) = (Vec::new(), Vec::new());
+        let timing = StepPass::Timing {
+            device: &self.device,
+            dtype: &self.dtype,
+        };
         for _ in 0..self.rounds.max(1) {
-            engine.push(self.engine_step(&dir, &self.device, &self.dtype));
-            reference.push(self.reference_step(&dir, &self.device, &self.dtype, false));
+            engine.push(self.engine_step(&dir, timing));
+            reference.push(self.reference_step(&dir, timing, false));
         }
         let mut engine = merge_rounds(engine).unwrap_or_default();
         let mut reference = merge_rounds(reference).unwrap_or_default();
-        if self.device == "cpu" && self.memory_steps > 0 {
-            let (engine_memory, reference_memory) = self.live_memory(&dir);
+        if self.measures_live_memory() {
+            let engine_memory = self.engine_step(&dir, StepPass::Memory);
+            let reference_memory = self.reference_step(&dir, StepPass::Memory, false);
             for (run, pass) in [
                 (&mut engine, engine_memory),
                 (&mut reference, reference_memory),
@@ -424,7 +421,9 @@ impl Harness {
             clients_overhead: over_base(wall, 1),
             sampler_overhead: over_base(wall, 2),
             both_overhead: over_base(wall, 3),
-            thread_cpu_overheads: [1, 2, 3].map(|i| over_base(cpu, i)),
+            clients_cpu_overhead: over_base(cpu, 1),
+            sampler_cpu_overhead: over_base(cpu, 2),
+            both_cpu_overhead: over_base(cpu, 3),
             runs: merged,
         })
     }
@@ -440,10 +439,11 @@ impl Harness {
     /// CUDA bf16 engine vs the reference in bf16.
     pub fn parity(&self, device: &str) -> Result<ParityResult, BenchError> {
         let (dir, _) = self.prepare_step("tiny")?;
-        let cpu = self.engine_step(&dir, "cpu", "f32");
-        let cuda = self.engine_step(&dir, device, "f32");
-        let engine_bf16 = self.engine_step(&dir, device, "bf16");
-        let reference_bf16 = self.reference_step(&dir, device, "bf16", false);
+        let pass = |device, dtype| StepPass::Timing { device, dtype };
+        let cpu = self.engine_step(&dir, pass("cpu", "f32"));
+        let cuda = self.engine_step(&dir, pass(device, "f32"));
+        let engine_bf16 = self.engine_step(&dir, pass(device, "bf16"));
+        let reference_bf16 = self.reference_step(&dir, pass(device, "bf16"), false);
         let cuda_vs_cpu =
             super::compare::check_losses(&cuda, &cpu, super::compare::F32_LOSS_TOLERANCE);
         let bf16_vs_reference =
@@ -500,9 +500,10 @@ pub struct OverheadResult {
     pub clients_overhead: Option<f64>,
     pub sampler_overhead: Option<f64>,
     pub both_overhead: Option<f64>,
-    /// The same for the training thread's CPU time per step: (clients, sampler, both).
-    #[serde(default)]
-    pub thread_cpu_overheads: [Option<f64>; 3],
+    /// The same for the training thread's CPU time per step.
+    pub clients_cpu_overhead: Option<f64>,
+    pub sampler_cpu_overhead: Option<f64>,
+    pub both_cpu_overhead: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

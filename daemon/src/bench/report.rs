@@ -344,8 +344,12 @@ fn overhead_table(o: &OverheadResult) -> String {
         o.sampler_overhead,
         o.both_overhead,
     ];
-    let [clients_cpu, sampler_cpu, both_cpu] = o.thread_cpu_overheads;
-    let cpu_overheads = [Some(0.0), clients_cpu, sampler_cpu, both_cpu];
+    let cpu_overheads = [
+        Some(0.0),
+        o.clients_cpu_overhead,
+        o.sampler_cpu_overhead,
+        o.both_cpu_overhead,
+    ];
     for ((run, over), cpu_over) in o.runs.iter().zip(overheads).zip(cpu_overheads) {
         let note = run.error.as_ref().map_or(String::new(), |e| {
             format!(" (failed: {})", e.replace('|', "/"))

@@ -351,6 +351,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Err(e) => report.errors.push(format!("matmul peak: {e}")),
     }
     if cases.iter().any(|c| c == "step") {
+        if !harness.measures_live_memory() && args.memory_steps > 0 {
+            report.not_done.push(format!(
+                "live step memory: the memory pass runs on CPU only; on {} the step tables' \
+                 `cuda_max_allocated_mb` (results.json) is the device's own peak",
+                args.device
+            ));
+        }
         for config in &configs {
             progress(&format!(
                 "drafter step `{config}`: engine vs reference-{}",
