@@ -57,22 +57,15 @@ pub struct BlockOrder {
 }
 
 impl BlockOrder {
-    /// The order that sorts each row's blocks by anchor (invalid blocks first), from the host
-    /// copies of `anchors`/`keep` (row-major `[batch, blocks]`); `None` when the blocks are
-    /// already in that order, so nothing needs gathering.
-    fn sorting(
-        host_anchors: &[i64],
-        host_keep: &[bool],
-        (batch, blocks): (i64, i64),
-        device: Device,
-    ) -> Option<Self> {
-        let order = sort_order(host_anchors, host_keep, batch as usize, blocks as usize);
+    /// `order` (row-major `[batch, blocks]`, from [`sort_order`]) on `device`, or `None` when
+    /// it is the identity, so nothing needs gathering.
+    fn from_host(order: &[i64], (batch, blocks): (i64, i64), device: Device) -> Option<Self> {
         let identity = order
             .iter()
             .enumerate()
             .all(|(k, &i)| i == k as i64 % blocks);
         (!identity).then(|| {
-            let order = Tensor::from_slice(&order)
+            let order = Tensor::from_slice(order)
                 .view([batch, blocks])
                 .to_device(device);
             let inverse = order.argsort_stable(true, 1, false);
@@ -90,12 +83,14 @@ impl BlockOrder {
             keep.size()
         );
         let host_keep: Vec<bool> = host_i64(keep).into_iter().map(|k| k != 0).collect();
-        Self::sorting(
+        let (batch, blocks) = (size[0], size[1]);
+        let order = sort_order(
             &host_i64(anchors),
             &host_keep,
-            (size[0], size[1]),
-            anchors.device(),
-        )
+            batch as usize,
+            blocks as usize,
+        );
+        Self::from_host(&order, (batch, blocks), anchors.device())
     }
 
     /// `t` with its blocks in this order.
@@ -253,7 +248,7 @@ impl BlockSparsePlan {
                 let to_device = |t: Tensor| t.view([batch, blocks]).to_device(device);
                 (
                     sorted_chunks,
-                    BlockOrder::sorting(&host_anchors, &host_keep, (batch, blocks), device),
+                    BlockOrder::from_host(&host_order, (batch, blocks), device),
                     to_device(Tensor::from_slice(&sorted_anchors)),
                     to_device(Tensor::from_slice(&sorted_keep)),
                 )
