@@ -92,7 +92,7 @@ fn global_norm(grads: &[Tensor]) -> f64 {
 struct GradReleaser(tch::COptimizer);
 
 impl GradReleaser {
-    fn new(params: &[Tensor]) -> Option<Self> {
+    fn new<'a>(params: impl IntoIterator<Item = &'a Tensor>) -> Option<Self> {
         let mut holder = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).ok()?;
         for p in params {
             holder.add_parameters(p, 0).ok()?;
@@ -138,10 +138,9 @@ impl AdamW {
                 })
                 .collect::<Vec<Slot>>()
         });
-        let params: Vec<Tensor> = slots.iter().map(|s| s.param.shallow_clone()).collect();
         Self {
             cfg,
-            grad_releaser: GradReleaser::new(&params),
+            grad_releaser: GradReleaser::new(slots.iter().map(|s| &s.param)),
             slots,
             step: 0,
         }
