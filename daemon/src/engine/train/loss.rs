@@ -200,8 +200,7 @@ mod tests {
 
         let reference = dense_loss(&x.matmul(&proj), &head, &targets, &weights);
         reference.backward();
-        let reference = reference.double_value(&[]);
-        assert!((sums.loss() - reference).abs() < 1e-5 * reference.abs().max(1.0));
+        assert!((sums.loss() - reference.double_value(&[])).abs() < 1e-5);
         assert!(chunked_grad.allclose(&x.grad(), 1e-5, 1e-6, false));
         assert_eq!(sums.counted, 6);
         assert!((sums.weight - denom).abs() < 1e-6);
@@ -224,7 +223,7 @@ mod tests {
             one.loss()
         );
         assert_eq!((many.correct, many.counted), (one.correct, one.counted));
-        assert!(chunked_grad.allclose(&x.grad(), 1e-5, 1e-6, false));
+        assert!(chunked_grad.allclose(&x.grad(), 1e-6, 1e-7, false));
         assert!(x.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0);
     }
 
