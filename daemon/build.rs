@@ -1,15 +1,9 @@
-//! Link-time fixes that torch-sys cannot express for its dependents.
+//! The daemon's link and build steps (binaries and tests link libtorch):
 //!
-//! 1. rpath: torch-sys only passes `-rpath` to its own C++ shim, so our binaries would need
-//!    `LD_LIBRARY_PATH`. We embed the libtorch lib dir (a RUNPATH, so an explicit
-//!    `LD_LIBRARY_PATH`, e.g. a GPU node's own torch, still wins).
-//! 2. libtorch_cuda: nothing in our code references a symbol of it, so the default
-//!    `--as-needed` drops it and CUDA silently looks absent. We link it inside a
-//!    `--no-as-needed` bracket whenever the wheel ships it (the `-as-needed` link modifier
-//!    is still nightly-only).
-//! 3. The allocator-stats C++ shim (`csrc/allocator_stats.cpp`), compiled against the headers
+//! 1. rpath and libtorch_cuda: see `dflash-build-support`.
+//! 2. The allocator-stats C++ shim (`csrc/allocator_stats.cpp`), compiled against the headers
 //!    of the same torch wheel; its CUDA query only when the wheel ships `libc10_cuda.so`.
-//! 4. Provenance for the environment fingerprint: the `tch` version from Cargo.lock and the
+//! 3. Provenance for the environment fingerprint: the `tch` version from Cargo.lock and the
 //!    git commit the daemon was built from.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,28 +12,13 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rustc-check-cfg=cfg(dflash_allocator_shim)");
     emit_provenance();
-    let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
-        println!("cargo:warning=torch-sys did not report its libtorch lib dir; binaries will need LD_LIBRARY_PATH");
+    let Some(lib_dir) = dflash_build_support::link_libtorch() else {
         return;
     };
-    let lib_dir = PathBuf::from(lib_dir);
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     println!(
         "cargo:rustc-env=DFLASH_BUILD_LIBTORCH_LIB={}",
         lib_dir.display()
     );
-    let cuda_libs: Vec<String> = ["torch_cuda", "c10_cuda"]
-        .iter()
-        .filter(|name| lib_dir.join(format!("lib{name}.so")).exists())
-        .map(|name| format!("-l{name}"))
-        .collect();
-    if !cuda_libs.is_empty() {
-        println!(
-            "cargo:rustc-link-arg=-Wl,-L{},--no-as-needed,{},--as-needed",
-            lib_dir.display(),
-            cuda_libs.join(",")
-        );
-    }
     compile_allocator_shim(&lib_dir);
 }
 

@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use dflashd::engine::train::embedded;
-use dflashd::engine::train::trainer::Trainer;
-use dflashd::runtime::topology::TopologySpec;
+use dflash_engine::train::embedded;
+use dflash_engine::train::topology::TopologySpec;
+use dflash_engine::train::trainer::Trainer;
 use tch::Device;
 
 fn median(mut v: Vec<f64>) -> f64 {

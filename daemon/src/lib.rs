@@ -1,16 +1,16 @@
-//! dflashd: DFlash drafter training on libtorch, plus the runtime that guards a week-long run.
+//! dflashd: the daemon that runs and guards a week-long DFlash training run. The math is
+//! [`dflash_engine`]'s; this crate is the process around it.
 //!
-//! Layout:
-//! - [`engine`]: the math. `model/` (target models, drafter, attention) and `train/`
-//!   (anchors, loss, optimizer, checkpoints, evaluation).
-//! - [`data`]: chat / pre-tokenized JSONL → samples with loss masks, shuffle, eval split.
-//! - [`runtime`]: workers, the hidden-state queue, the run lifecycle.
-//! - [`telemetry`]: NVML/sysinfo samplers, cache inventory, environment fingerprint.
-//! - [`control`]: the Unix-socket control plane, journal and pending actions.
-pub mod bench;
+//! Floors, top to bottom (each imports only from below it):
+//! - [`cli`]: one file per subcommand; nothing imports it.
+//! - [`runtime`]: the daemon process: launch, guard rails, the driver of the training loop,
+//!   the telemetry sampler thread, logging, signals, systemd.
+//! - [`control`]: the Unix-socket server and its requests.
+//! - [`run`]: the run's shared state ([`run::handle::RunHandle`]) and run-dir records.
+//! - [`telemetry`]: pure measurement (NVML, allocator, host, caches, fingerprint); returns data.
+//! - then `dflash_engine` and `dflash_shared`.
 pub mod cli;
 pub mod control;
-pub mod data;
-pub mod engine;
+pub mod run;
 pub mod runtime;
 pub mod telemetry;

@@ -26,8 +26,6 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// Target hidden states at tap layers for a token sequence, written as safetensors.
     Features(cli::features::FeaturesArgs),
-    /// Measure the engine side by side with the PyTorch reference (see docs/BENCHMARKS.md).
-    Bench(Box<cli::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -40,7 +38,6 @@ fn main() -> ExitCode {
         Command::Eval(args) => done(cli::eval::run(args)),
         Command::Export(args) => done(cli::export::run(args)),
         Command::Features(args) => done(cli::features::run(args)),
-        Command::Bench(args) => done(cli::bench::run(*args)),
     };
     result.unwrap_or_else(|e| {
         eprintln!("dflashd: {e:#}");

@@ -4,15 +4,15 @@
 //! with their reason but are not errors (a CPU machine is a supported place to run).
 use anyhow::Result;
 
-use crate::runtime::topology::nccl;
 use crate::telemetry::{allocator, fingerprint, gpu::GpuSampler};
+use dflash_engine::train::topology::nccl;
 
 fn or_unknown(value: Option<String>, why: &str) -> String {
     value.unwrap_or_else(|| format!("unknown ({why})"))
 }
 
 pub fn run() -> Result<()> {
-    let libtorch_dir = fingerprint::loaded_libtorch_dir();
+    let libtorch_dir = dflash_engine::device::loaded_libtorch_dir();
     println!(
         "libtorch:        {}",
         or_unknown(

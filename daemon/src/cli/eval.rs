@@ -4,19 +4,18 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use crate::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, LoadReport, Sample};
-use crate::engine::model::target::TargetModel;
-use crate::engine::train::config::Attention;
-use crate::engine::train::drafter_io::load_hf;
-use crate::engine::train::eval::{evaluate, EvalOptions};
-use crate::engine::train::labels::{default_gamma, LabelMaskRule};
-use crate::engine::train::trainer::compute_kind;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use serde_json::json;
+use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, Sample};
+use dflash_engine::device::compute_kind;
+use dflash_engine::model::target::TargetModel;
+use dflash_engine::train::config::Attention;
+use dflash_engine::train::drafter_io::load_hf;
+use dflash_engine::train::eval::{evaluate, EvalOptions};
+use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use tch::Kind;
 
-use super::start::parse_device;
+use super::parse_device;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -149,7 +148,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         if let Some(map) = value.as_object_mut() {
             map.insert(
                 "data".into(),
-                load_report_json(&args.data.display().to_string(), &report),
+                report.to_json(&args.data.display().to_string()),
             );
         }
         println!("{}", serde_json::to_string(&value)?);
@@ -196,17 +195,4 @@ fn looks_like_chat(path: &Path) -> Result<bool> {
         return Ok(value.get("conversations").is_some());
     }
     Ok(false)
-}
-
-/// A data load's accounting as JSON (for `--json` output and `data_report.json`).
-pub fn load_report_json(source: &str, report: &LoadReport) -> serde_json::Value {
-    json!({
-        "source": source,
-        "lines": report.lines,
-        "blank_lines": report.blank_lines,
-        "samples": report.samples,
-        "truncated": report.truncated,
-        "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "reason": b.reason})).collect::<Vec<_>>(),
-        "skipped_too_short": report.skipped_too_short,
-    })
 }

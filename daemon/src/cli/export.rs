@@ -2,10 +2,10 @@
 //! published Hugging Face layout (`config.json` + `model.safetensors`, spec §1.3 keys).
 use std::path::PathBuf;
 
-use crate::engine::train::drafter_io::write_hf;
-use crate::engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
 use anyhow::{bail, Result};
 use clap::Args;
+use dflash_engine::train::drafter_io::write_hf;
+use dflash_engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
 use tch::Kind;
 
 #[derive(Args, Debug)]

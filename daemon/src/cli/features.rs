@@ -1,5 +1,6 @@
 //! `dflashd features`: target hidden states at tap layers for one token sequence, written as a
 //! safetensors file with a tensor `hidden_states` of shape `[T, len(layers)*hidden]`.
+use super::parse_device;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -7,8 +8,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use crate::engine::model::target::{parse_dtype, LoadOptions, TargetModel};
-use crate::engine::model::weights::write_safetensors_atomic;
+use dflash_engine::model::target::{parse_dtype, LoadOptions, TargetModel};
+use dflash_engine::model::weights::write_safetensors_atomic;
 
 #[derive(Debug, clap::Args)]
 pub struct FeaturesArgs {
@@ -131,29 +132,6 @@ pub fn parse_token_ids(text: &str) -> Result<Vec<i64>> {
     Ok(ids)
 }
 
-/// `cpu`, `cuda` (= `cuda:0`) or `cuda:N`, checked against the devices present.
-pub fn parse_device(name: &str) -> Result<Device> {
-    let index = match name {
-        "cpu" => return Ok(Device::Cpu),
-        "cuda" => 0,
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => n,
-            _ => bail!("--device {other:?}: expected cpu, cuda or cuda:N"),
-        },
-    };
-    if !tch::Cuda::is_available() {
-        bail!("--device {name}: CUDA is not available here (see `dflashd doctor`)");
-    }
-    let count = tch::Cuda::device_count() as usize;
-    if index >= count {
-        bail!(
-            "--device {name}: only {count} CUDA device(s) present (cuda:0..cuda:{})",
-            count.saturating_sub(1)
-        );
-    }
-    Ok(Device::Cuda(index))
-}
-
 /// Reads the `hidden_states` tensor back (for tests and tooling).
 pub fn read_hidden_states(path: &Path) -> Result<Tensor> {
     Tensor::read_safetensors(path)?
@@ -185,20 +163,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no token ids"));
-    }
-
-    #[test]
-    fn devices_parse_or_explain() {
-        assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
-        assert!(parse_device("tpu")
-            .unwrap_err()
-            .to_string()
-            .contains("cpu, cuda or cuda:N"));
-        if !tch::Cuda::is_available() {
-            assert!(parse_device("cuda:0")
-                .unwrap_err()
-                .to_string()
-                .contains("not available"));
-        }
     }
 }

@@ -1,8 +1,13 @@
-//! One module per subcommand; `main.rs` only parses and dispatches.
-pub mod bench;
+//! The top floor: one module per subcommand; `main.rs` only parses and dispatches. Nothing
+//! imports this module.
 pub mod config;
 pub mod doctor;
 pub mod eval;
 pub mod export;
 pub mod features;
 pub mod start;
+
+/// `--device`: `cpu`, `cuda` or `cuda:N`, checked against the devices libtorch sees.
+fn parse_device(name: &str) -> anyhow::Result<tch::Device> {
+    dflash_engine::device::parse(name).map_err(|e| anyhow::anyhow!("--device: {e}"))
+}

@@ -18,15 +18,14 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dflash_shared::config::{Config, EMBEDDED_ORIGIN};
-use tch::Device;
 
 use super::config::load_config;
+use crate::run::paths::resolve_path;
+use crate::run::paths::{resolve, PathInputs};
 use crate::runtime::detach::{self, Detached, Readiness};
 use crate::runtime::launch::{launch, LaunchSpec};
-use crate::runtime::paths::{resolve, PathInputs};
 use crate::runtime::probe::probe;
 use crate::runtime::refused;
-use crate::runtime::setup::resolve_path;
 
 #[derive(Args, Debug)]
 pub struct StartArgs {
@@ -70,30 +69,6 @@ pub struct StartArgs {
     /// Print a progress line every this many steps (0: only evaluations).
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
-}
-
-/// `cpu`, `cuda` (device 0) or `cuda:N`.
-pub fn parse_device(name: &str) -> Result<Device> {
-    let device = match name {
-        "cpu" => Device::Cpu,
-        "cuda" => Device::Cuda(0),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(i)) => Device::Cuda(i),
-            _ => bail!("--device: expected `cpu`, `cuda` or `cuda:N`, found `{other}`"),
-        },
-    };
-    if let Device::Cuda(i) = device {
-        let count = tch::Cuda::device_count() as usize;
-        if i >= count {
-            bail!("--device {name}: this machine has {count} CUDA device(s) visible to libtorch (see `dflashd doctor`)");
-        }
-    }
-    Ok(device)
-}
-
-fn config_device(name: &str) -> Result<dflash_shared::config::Device> {
-    let name = if name == "cuda" { "cuda:0" } else { name };
-    name.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -148,7 +123,14 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     };
     let socket_is_default = args.socket.is_none() && config.control.socket.is_none();
     let socket = absolute(&socket)?;
-    let device_override = args.device.as_deref().map(config_device).transpose()?;
+    let device_override = args
+        .device
+        .as_deref()
+        .map(|d| {
+            dflash_engine::device::parse_config_device(d)
+                .map_err(|e| anyhow::anyhow!("--device: {e}"))
+        })
+        .transpose()?;
     if args.reuse_running {
         if let Some(live) = probe(&socket, Duration::from_secs(3)) {
             println!(

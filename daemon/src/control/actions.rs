@@ -7,9 +7,9 @@ use dflash_shared::events::{EventKind, Severity};
 use tokio::sync::oneshot;
 
 use super::dispatch::DispatchConfig;
-use super::pending::Approved;
-use crate::runtime::handle::{CommandOutcome, RunCommand, RunHandle};
-use crate::runtime::locked;
+use crate::run::handle::{CommandOutcome, RunCommand, RunHandle};
+use crate::run::locked_keys as locked;
+use crate::run::pending::Approved;
 use dflash_shared::format::{format_bytes, format_duration_ms};
 
 /// Runs `approved`; `Ok` is the outcome sentence, `Err` says why it could not be done.
@@ -59,7 +59,7 @@ fn unlock_key(handle: &RunHandle, key: &str, id: &str) -> Result<String, String>
     let unlock = locked::Unlock {
         key: canonical.clone(),
         action_id: id.to_string(),
-        unlocked_ms: crate::control::journal::now_ms(),
+        unlocked_ms: dflash_shared::clock::now_ms(),
     };
     locked::record_unlock(handle.run_dir(), unlock).map_err(|e| {
         format!("{canonical} is unlocked for this daemon only; recording the unlock failed: {e}")

@@ -26,8 +26,8 @@ use tokio::sync::broadcast::{self, error::RecvError};
 
 use super::dispatch::{self, error, Caller, DispatchConfig};
 use super::framing::{write_frame, FrameReader};
-use crate::runtime::bus::Published;
-use crate::runtime::handle::{RunHandle, Shutdown};
+use crate::run::bus::Published;
+use crate::run::handle::{RunHandle, Shutdown};
 
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {

@@ -6,9 +6,9 @@ use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::{decode_request, ErrorCode, Request, Response};
 
 use super::actions;
-use super::journal::JournalQuery;
-use super::pending::action_id;
-use crate::runtime::handle::RunHandle;
+use crate::run::handle::RunHandle;
+use crate::run::journal::JournalQuery;
+use crate::run::pending::action_id;
 
 /// Events per `events` reply; a client pages with the last seq it got.
 pub const MAX_EVENTS_PER_REPLY: usize = 500;
@@ -154,7 +154,7 @@ pub async fn handle_request(
         }
         Request::Cancel { action_id } => {
             let result =
-                handle.with_pending(|p| p.cancel(&action_id, crate::control::journal::now_ms()));
+                handle.with_pending(|p| p.cancel(&action_id, dflash_shared::clock::now_ms()));
             let outcome = match &result {
                 Ok(_) => "cancelled".to_string(),
                 Err(e) => format!("refused: {e}"),

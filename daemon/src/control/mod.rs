@@ -1,15 +1,13 @@
-//! The control plane: Unix-socket server, request dispatch, pending destructive actions and
-//! the run journal.
+//! The control socket: bind safely, accept with a connection cap, one task per client, shut
+//! down by broadcast (mini-redis's shape).
 //!
 //! - [`server`] binds the socket and accepts; [`connection`] runs one client; [`framing`] cuts
 //!   newline-delimited frames with a size limit; [`dispatch`] answers requests.
-//! - [`pending`] is the pure logic of destructive actions; [`actions`] carries them out.
-//! - [`journal`] is the durable event history; [`recorder`] the telemetry recording.
+//! - [`actions`] carries out confirmed destructive actions.
+//!
+//! The state it serves is [`crate::run`]'s; it knows nothing of the daemon process.
 pub mod actions;
 pub mod connection;
 pub mod dispatch;
 pub mod framing;
-pub mod journal;
-pub mod pending;
-pub mod recorder;
 pub mod server;

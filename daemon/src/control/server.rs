@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, Semaphore};
 use super::connection::{self, ConnectionConfig, Ended};
 use super::dispatch::{error, DispatchConfig};
 use super::framing::write_frame;
-use crate::runtime::handle::RunHandle;
-use crate::runtime::paths::{check_socket_path_len, current_uid, ensure_private_dir, PathError};
+use crate::run::handle::RunHandle;
+use crate::run::paths::{check_socket_path_len, current_uid, ensure_private_dir, PathError};
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 
@@ -179,7 +179,7 @@ impl ControlServer {
 }
 
 fn expire_pending(handle: &RunHandle) {
-    let expired = handle.with_pending(|p| p.expire(crate::control::journal::now_ms()));
+    let expired = handle.with_pending(|p| p.expire(dflash_shared::clock::now_ms()));
     for a in expired {
         handle.record_event_logged(
             Severity::Info,

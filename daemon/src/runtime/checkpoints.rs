@@ -4,7 +4,7 @@ use std::path::Path;
 
 use dflash_shared::status::CheckpointInfo;
 
-use crate::engine::train::checkpoint::{self, Manifest, MANIFEST};
+use dflash_engine::train::checkpoint::{self, Manifest, MANIFEST};
 
 /// One published checkpoint directory, or `None` if its manifest cannot be read.
 pub fn describe(dir: &Path) -> Option<CheckpointInfo> {

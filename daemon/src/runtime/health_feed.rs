@@ -13,8 +13,8 @@ use dflash_shared::health::{HealthMonitor, Level, Transition};
 use dflash_shared::metrics::{GpuTelemetry, QueueStats, StepMetrics};
 use dflash_shared::status::Alert;
 
-use crate::control::journal::now_ms;
-use crate::runtime::handle::RunHandle;
+use crate::run::handle::RunHandle;
+use dflash_shared::clock::now_ms;
 
 /// Alerts are recomputed at least this often ("since" texts, journal context).
 const REFRESH: Duration = Duration::from_secs(2);

@@ -14,18 +14,18 @@ use dflash_shared::invocation;
 use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
 use dflash_shared::status::RunState;
 
-use super::bus::FrameBus;
-use super::daemon::{ControlPlane, ControlTuning, DaemonOptions};
 use super::detach::Readiness;
 use super::ending::Ending;
-use super::locked::{self, Gate};
+use super::guard_rails::{ControlPlane, ControlTuning, DaemonOptions};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
-use super::paths::DaemonPaths;
 use super::run_loop::{RunLoop, RunLoopConfig};
 use super::setup::{self, Prepared, SetupInputs, CHECKPOINTS_DIR};
 use super::{signals, telemetry_specs};
-use crate::runtime::handle::RunHandle;
+use crate::run::bus::FrameBus;
+use crate::run::handle::RunHandle;
+use crate::run::locked_keys::{self as locked, Gate};
+use crate::run::paths::DaemonPaths;
 use crate::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
 
 pub const EXIT_FAILURE: u8 = 1;
@@ -164,7 +164,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     }
     journal_start(&handle, &prepared, &spec);
     record_last_run(&spec);
-    let device = setup::describe_device(prepared.device);
+    let device = dflash_engine::device::name(prepared.device);
     let where_ = setup::describe_topology(prepared.trainer.topology());
     let mut banner = banner(&spec, &prepared, &where_);
     if let Some(line) = environment_changes_line(&cp.resume) {
@@ -234,7 +234,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
     };
     let data_files = match cfg.data.train_file.as_str() {
         EMBEDDED_DATA => vec![],
-        file => setup::resolve_path(
+        file => crate::run::paths::resolve_path(
             "data.train_file",
             file,
             spec.config_path.as_deref(),
@@ -244,7 +244,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
         .unwrap_or_default(),
     };
     let python_env = cfg.telemetry.python.as_deref().and_then(|p| {
-        setup::resolve_path(
+        crate::run::paths::resolve_path(
             "telemetry.python",
             p,
             spec.config_path.as_deref(),
@@ -445,14 +445,12 @@ fn record_last_run(spec: &LaunchSpec) {
         run_dir: spec.run_dir.display().to_string(),
         socket: spec.socket.display().to_string(),
         pid: std::process::id(),
-        started_ms: chrono::Utc::now().timestamp_millis(),
+        started_ms: dflash_shared::clock::now_ms(),
     };
     let path = spec.paths.state_dir.join(LAST_RUN_FILE);
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let written = serde_json::to_vec_pretty(&record)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| std::fs::write(&tmp, bytes))
-        .and_then(|()| std::fs::rename(&tmp, &path));
+        .and_then(|bytes| dflash_engine::atomic_write::write_atomic(&path, &bytes));
     if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "could not record the last run");
     }

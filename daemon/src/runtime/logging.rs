@@ -15,7 +15,7 @@ use tracing_appender::rolling::{RollingFileAppender, Rotation};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
-use crate::runtime::bus::FrameBus;
+use crate::run::bus::FrameBus;
 
 pub const HUMAN_LOG_PREFIX: &str = "dflashd";
 pub const HUMAN_LOG_SUFFIX: &str = "log";

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::metrics::StepMetrics;
 
-use super::handle::RunHandle;
+use crate::run::handle::RunHandle;
 
 pub struct MetricsOut {
     file: File,

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use dflash_shared::events::{EventKind, Severity};
 
-use crate::control::journal::{Journal, JOURNAL_FILE_NAME};
-use crate::runtime::lock::RunDirLock;
+use crate::run::journal::{Journal, JOURNAL_FILE_NAME};
+use crate::runtime::run_dir_lock::RunDirLock;
 
 /// Appends `RunStopped { reason }` to the journal of `run_dir`, if it is an existing run that
 /// no live daemon holds (a live daemon's journal is its own to write). Returns whether the

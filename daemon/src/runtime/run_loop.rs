@@ -1,18 +1,18 @@
-//! The daemon's training loop: drives the [`Trainer`] one optimizer step at a time and, between
-//! steps, does what the control plane and the operator ask.
+//! The daemon's side of the engine's one training loop ([`Trainer::run`]): this file is the
+//! [`RunHooks`] the loop is driven through, plus what happens when the loop ends.
 //!
-//! Each step's metrics go to the bus (`metrics` subscribers), the status snapshot, the
-//! `metrics.jsonl` file and the health detectors. Checkpoints are written every
-//! `training.checkpoint_every` steps and whenever the loop ends with steps to save. Between
-//! steps the loop answers, in this order: a stop signal (SIGTERM/SIGINT: checkpoint, exit 0),
-//! a confirmed command (stop: checkpoint, then reply with where it went; kill: no
-//! checkpoint), a shutdown of the control plane, the end of the schedule, `--max-steps`.
+//! Each line the loop reports goes to the bus (`metrics` subscribers), the status snapshot,
+//! the `metrics.jsonl` file and, for steps, the health detectors. Before each step the hooks
+//! answer, in this order: a stop signal (SIGTERM/SIGINT: checkpoint, exit 0), a confirmed
+//! command (stop: checkpoint, then reply with where it went; kill: no checkpoint), a shutdown
+//! of the control plane. The loop itself ends at the end of the schedule and at `--max-steps`,
+//! and owns the evaluation and checkpoint cadence.
 //!
 //! A step or checkpoint that fails (an error, or a libtorch panic such as an OOM) pauses the
 //! run: the failure is journaled, the state is Paused with an alert saying why, the last
-//! checkpoint is left as it is, and the loop only waits for a stop. It never trains on.
+//! checkpoint is left as it is, and the daemon only waits for a stop. It never trains on.
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -23,16 +23,18 @@ use dflash_shared::status::{Alert, RunState};
 
 use super::checkpoints;
 use super::ending::Ending;
-use super::handle::{CommandOutcome, RunCommand, RunHandle};
 use super::health_feed::HealthFeed;
 use super::metrics_out::MetricsOut;
 use super::pace::Pace;
 use super::{notify, signals};
-use crate::control::journal::now_ms;
-use crate::engine::train::trainer::{RunOptions, Trainer};
-use crate::engine::train::TrainError;
+use crate::run::handle::{CommandOutcome, RunCommand, RunHandle};
 use crate::telemetry::fingerprint::digest;
 use crate::telemetry::warmup::{WarmupDevice, WarmupRecord};
+use dflash_engine::train::topology::panic_text;
+use dflash_engine::train::{
+    EvalLine, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, RunSummary, TrainError, Trainer,
+};
+use dflash_shared::clock::now_ms;
 
 #[derive(Debug, Clone)]
 pub struct RunLoopConfig {
@@ -86,26 +88,40 @@ impl StepFailure {
     }
 }
 
+/// Why the hooks stopped the loop.
 enum Reason {
-    Complete,
-    StepLimit(u64),
     Signal(i32),
     Operator(String),
     Shutdown(String),
 }
 
+/// A stop the hooks asked for, with the operator's reply channel when a command asked.
+struct StopRequest {
+    reason: Reason,
+    reply: Option<tokio::sync::oneshot::Sender<CommandOutcome>>,
+}
+
 pub struct RunLoop {
-    handle: RunHandle,
     trainer: Trainer,
+    hooks: DaemonHooks,
+}
+
+/// What the daemon does at each point of the loop ([`RunHooks`]).
+struct DaemonHooks {
+    handle: RunHandle,
     commands: Receiver<RunCommand>,
     health: HealthFeed,
     cfg: RunLoopConfig,
     metrics: MetricsOut,
     pace: Pace,
-    steps_run: u64,
     last_saved_step: Option<u64>,
     warmed_up: bool,
     last_notify: Option<Instant>,
+    /// Set when `next` stopped the loop (a kill is a stop without a checkpoint).
+    stop: Option<StopRequest>,
+    killed: Option<(String, tokio::sync::oneshot::Sender<CommandOutcome>)>,
+    /// The run state a checkpoint interrupted, restored when it is written.
+    state_before_checkpoint: Option<RunState>,
 }
 
 impl RunLoop {
@@ -120,7 +136,7 @@ impl RunLoop {
         let step = trainer.step_count();
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
-        Ok(RunLoop {
+        let hooks = DaemonHooks {
             health: HealthFeed::new(
                 handle.clone(),
                 &cfg.detectors,
@@ -128,129 +144,132 @@ impl RunLoop {
                 trainer.drafter_ranks(),
             ),
             handle,
-            trainer,
             commands,
             cfg,
             metrics,
             pace: Pace::default(),
-            steps_run: 0,
             last_saved_step,
             warmed_up: false,
             last_notify: None,
-        })
+            stop: None,
+            killed: None,
+            state_before_checkpoint: None,
+        };
+        Ok(RunLoop { trainer, hooks })
     }
 
     /// Trains until something ends the run; returns why.
-    pub fn run(mut self) -> Ending {
-        let (total, epochs) = (self.trainer.total_steps(), self.trainer.config().epochs);
-        let (step, epoch) = (self.trainer.step_count(), self.trainer.epoch_in_progress());
-        self.handle.update_run(|r| {
+    pub fn run(self) -> Ending {
+        let RunLoop {
+            mut trainer,
+            mut hooks,
+        } = self;
+        let (total, epochs) = (trainer.total_steps(), trainer.config().epochs);
+        let (step, epoch) = (trainer.step_count(), trainer.epoch_in_progress());
+        hooks.handle.update_run(|r| {
             r.total_steps = total;
             r.epochs = epochs;
             r.step = step;
             r.epoch = epoch;
         });
-        self.handle.set_run_state(RunState::WarmingUp);
-        self.handle.set_queue_monitor(self.trainer.queue_monitor());
-        loop {
-            if let Some(ending) = self.between_steps() {
-                return ending;
-            }
-            if let Err(failure) = self.one_step() {
-                return self.pause(failure);
-            }
-        }
-    }
-
-    fn between_steps(&mut self) -> Option<Ending> {
-        if let Some(signal) = signals::received() {
-            return Some(self.finish(Reason::Signal(signal)).0);
-        }
-        match self.commands.try_recv() {
-            Ok(RunCommand::Stop { action_id, reply }) => {
-                let (ending, outcome) = self.finish(Reason::Operator(action_id));
-                let _ = reply.send(outcome);
-                return Some(ending);
-            }
-            Ok(RunCommand::Kill { action_id, reply }) => {
-                let (ending, outcome) = self.kill(action_id);
-                let _ = reply.send(outcome);
-                return Some(ending);
-            }
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
-        }
-        if self.handle.is_shutdown_requested() {
-            let why = self.handle.shutdown_reason().unwrap_or_default();
-            return Some(self.finish(Reason::Shutdown(why)).0);
-        }
-        if self.trainer.is_finished() {
-            return Some(self.finish(Reason::Complete).0);
-        }
-        if let Some(limit) = self.cfg.max_steps.filter(|m| self.steps_run >= *m) {
-            return Some(self.finish(Reason::StepLimit(limit)).0);
-        }
-        None
-    }
-
-    fn one_step(&mut self) -> Result<(), StepFailure> {
-        let mut lines: Vec<StepMetrics> = Vec::with_capacity(2);
+        hooks.handle.set_run_state(RunState::WarmingUp);
+        hooks.handle.set_queue_monitor(trainer.queue_monitor());
         let opts = RunOptions {
-            max_steps: Some(1),
-            checkpoint_root: None,
-            stop: None,
+            max_steps: hooks.cfg.max_steps,
+            checkpoint_root: Some(hooks.cfg.checkpoint_root.clone()),
         };
-        let trainer = &mut self.trainer;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            trainer.run(&opts, &mut |m| {
-                lines.push(m.clone());
-                Ok(())
-            })
-        }));
-        let summary = match result {
-            Ok(Ok(summary)) => summary,
-            Ok(Err(e)) => return Err(self.failure_of(&e)),
-            Err(panic) => return Err(self.trainer_failure(panic_text(panic.as_ref()))),
-        };
-        self.steps_run += summary.steps_run;
-        self.pace.step_done();
-        for m in lines {
-            self.publish(m);
+        let outcome = catch_unwind(AssertUnwindSafe(|| trainer.run(&opts, &mut hooks)));
+        match outcome {
+            Ok(Ok(summary)) => hooks.finish(&trainer, summary),
+            Ok(Err(e)) => {
+                let failure = hooks.failure_of(&e);
+                hooks.pause(&trainer, failure)
+            }
+            Err(panic) => {
+                let failure = hooks.trainer_failure(panic_text(panic.as_ref()));
+                hooks.pause(&trainer, failure)
+            }
         }
-        if !self.warmed_up && summary.steps_run > 0 {
+    }
+}
+
+impl RunHooks for DaemonHooks {
+    fn next(&mut self, _trainer: &Trainer) -> Next {
+        let reason = if let Some(signal) = signals::received() {
+            Some((Reason::Signal(signal), None))
+        } else {
+            match self.commands.try_recv() {
+                Ok(RunCommand::Stop { action_id, reply }) => {
+                    Some((Reason::Operator(action_id), Some(reply)))
+                }
+                Ok(RunCommand::Kill { action_id, reply }) => {
+                    self.killed = Some((action_id, reply));
+                    return Next::Stop { checkpoint: false };
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
+            }
+        };
+        let reason = reason.or_else(|| {
+            self.handle.is_shutdown_requested().then(|| {
+                let why = self.handle.shutdown_reason().unwrap_or_default();
+                (Reason::Shutdown(why), None)
+            })
+        });
+        match reason {
+            Some((reason, reply)) => {
+                self.handle.set_run_state(RunState::Stopping);
+                self.stop = Some(StopRequest { reason, reply });
+                Next::Stop { checkpoint: true }
+            }
+            None => Next::Train,
+        }
+    }
+
+    fn on_event(&mut self, trainer: &Trainer, event: LoopEvent<'_>) {
+        match event {
+            LoopEvent::Evaluated(line) => self.publish_eval(line),
+            LoopEvent::Stepped(m) => self.after_step(trainer, m),
+            LoopEvent::CheckpointStarted { .. } => {
+                self.state_before_checkpoint = Some(self.handle.status_snapshot().run.state);
+                self.handle.set_run_state(RunState::Checkpointing);
+            }
+            LoopEvent::CheckpointSaved { step, dir } => self.checkpoint_saved(step, dir),
+        }
+    }
+}
+
+impl DaemonHooks {
+    fn publish_eval(&mut self, line: &EvalLine) {
+        let m = line.metrics_line();
+        self.metrics.write(&m, &self.handle);
+        self.handle.publish_metrics(m);
+    }
+
+    fn after_step(&mut self, trainer: &Trainer, m: &StepMetrics) {
+        self.pace.step_done();
+        self.metrics.write(m, &self.handle);
+        self.handle.publish_metrics(m.clone());
+        self.health.observe_step(m);
+        if !self.warmed_up {
             self.warmed_up = true;
-            self.record_warmup();
+            self.record_warmup(trainer);
             self.handle.set_run_state(RunState::Training);
         }
-        if let Some(queue) = self.trainer.queue_stats() {
+        if let Some(queue) = trainer.queue_stats() {
             self.health.observe_queue(&queue);
             self.handle.publish_queue(queue);
         }
-        let step = self.trainer.step_count();
-        let remaining = self.trainer.total_steps().saturating_sub(step);
+        let remaining = trainer.total_steps().saturating_sub(trainer.step_count());
         let eta = self.pace.eta_ms(now_ms(), remaining);
         self.handle.update_run(|r| r.eta_ms = eta);
-        let every = self.trainer.config().checkpoint_every;
-        if every > 0 && step % every == 0 && self.last_saved_step != Some(step) {
-            self.checkpoint().map_err(|e| self.trainer_failure(e))?;
-        }
         self.notify_progress();
-        Ok(())
-    }
-
-    fn publish(&mut self, m: StepMetrics) {
-        self.metrics.write(&m, &self.handle);
-        // The line before the first step of a fresh run is an evaluation, not a step.
-        let trained = m.step > 0 && m.tokens_per_s > 0.0;
-        self.handle.publish_metrics(m.clone());
-        if trained {
-            self.health.observe_step(&m);
-        }
     }
 
     /// Journals each worker's serialized warmup (`WarmupDone` per device and role) and writes
-    /// them as the warmup record, under the current environment digest.
-    fn record_warmup(&self) {
-        let records = self.trainer.warmup_records();
+    /// them as the run's warmup record, under the current environment digest. This is the one
+    /// writer of `warmup.json`.
+    fn record_warmup(&self, trainer: &Trainer) {
+        let records = trainer.warmup_records();
         for r in records {
             self.handle.record_event_logged(
                 Severity::Info,
@@ -281,17 +300,13 @@ impl RunLoop {
         }
     }
 
-    /// Writes a checkpoint of the current step, lists it in status and journals it.
-    fn checkpoint(&mut self) -> Result<String, String> {
-        let step = self.trainer.step_count();
-        let before = self.handle.status_snapshot().run.state;
-        self.handle.set_run_state(RunState::Checkpointing);
-        let saved = self.trainer.save_checkpoint(&self.cfg.checkpoint_root);
-        self.handle.set_run_state(before);
-        let dir =
-            saved.map_err(|e| format!("writing the checkpoint of step {step} failed: {e}"))?;
+    /// Lists a written checkpoint in status and journals it.
+    fn checkpoint_saved(&mut self, step: u64, dir: &Path) {
+        if let Some(before) = self.state_before_checkpoint.take() {
+            self.handle.set_run_state(before);
+        }
         let path = dir.display().to_string();
-        if let Some(info) = checkpoints::describe(&dir) {
+        if let Some(info) = checkpoints::describe(dir) {
             if let Err(e) = self.handle.add_checkpoint(info) {
                 tracing::error!(error = %e, "journaling checkpoint {path} failed");
             }
@@ -299,65 +314,75 @@ impl RunLoop {
         self.handle
             .set_checkpoints(checkpoints::on_disk(&self.cfg.checkpoint_root));
         self.last_saved_step = Some(step);
-        Ok(path)
     }
 
-    /// Saves what is unsaved, journals why the run stops, and returns the ending with the
-    /// sentence for an operator's stop command.
-    fn finish(&mut self, reason: Reason) -> (Ending, CommandOutcome) {
-        let step = self.trainer.step_count();
-        self.handle.set_run_state(RunState::Stopping);
-        let checkpoint = if step > 0 && self.last_saved_step != Some(step) {
-            match self.checkpoint() {
-                Ok(path) => Some(path),
-                Err(error) => {
-                    self.journal_failure(&self.trainer_failure(error.clone()));
-                    let stopped = format!("stopping without a final checkpoint: {error}");
-                    self.journal_stop(&stopped, None);
-                    self.handle.set_run_state(RunState::Failed);
-                    return (
-                        Ending::Failed {
-                            error: error.clone(),
-                        },
-                        Err(error),
-                    );
-                }
-            }
-        } else {
-            self.handle.checkpoints().last().map(|c| c.path.clone())
+    /// The loop has ended (after its final checkpoint, when one was due): journals why, and
+    /// answers the operator's stop command with where the checkpoint went.
+    fn finish(mut self, trainer: &Trainer, summary: RunSummary) -> Ending {
+        if let Some((action_id, reply)) = self.killed.take() {
+            let (ending, outcome) = self.kill(trainer, action_id);
+            let _ = reply.send(outcome);
+            return ending;
+        }
+        let step = trainer.step_count();
+        let (reason, reply) = match (summary.end, self.stop.take()) {
+            (LoopEnd::Stopped, Some(StopRequest { reason, reply })) => (Some(reason), reply),
+            _ => (None, None),
         };
-        let (text, ending) = match reason {
-            Reason::Complete => (
+        self.handle.set_run_state(RunState::Stopping);
+        let checkpoint = match summary.final_checkpoint {
+            Some(Ok(dir)) => Some(dir.display().to_string()),
+            Some(Err(e)) => {
+                let error = format!("writing the checkpoint of step {step} failed: {e}");
+                self.journal_failure(&self.trainer_failure(error.clone()));
+                let stopped = format!("stopping without a final checkpoint: {error}");
+                self.journal_stop(&stopped, None);
+                self.handle.set_run_state(RunState::Failed);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(error.clone()));
+                }
+                return Ending::Failed { error };
+            }
+            None => self.handle.checkpoints().last().map(|c| c.path.clone()),
+        };
+        let (text, ending) = match (summary.end, reason) {
+            (LoopEnd::Complete, _) => (
                 format!(
                     "{TRAINING_COMPLETE}: {} epochs, {step} steps",
-                    self.trainer.config().epochs
+                    trainer.config().epochs
                 ),
                 Ending::Finished {
                     checkpoint: checkpoint.clone(),
                 },
             ),
-            Reason::StepLimit(n) => (
+            (LoopEnd::StepLimit(n), _) => (
                 format!("--max-steps {n} reached at step {step}"),
                 Ending::StepLimit {
                     checkpoint: checkpoint.clone(),
                 },
             ),
-            Reason::Signal(s) => (
+            (LoopEnd::Stopped, Some(Reason::Signal(s))) => (
                 format!("{} received at step {step}", signals::name(s)),
                 Ending::Signal {
                     signal: s,
                     checkpoint: checkpoint.clone(),
                 },
             ),
-            Reason::Operator(id) => (
+            (LoopEnd::Stopped, Some(Reason::Operator(id))) => (
                 format!("stopped by operator ({id}) at step {step}"),
                 Ending::Stopped {
                     action_id: id,
                     checkpoint: checkpoint.clone(),
                 },
             ),
-            Reason::Shutdown(why) => (
+            (LoopEnd::Stopped, Some(Reason::Shutdown(why))) => (
                 format!("the daemon shut down ({why}) at step {step}"),
+                Ending::Shutdown {
+                    checkpoint: checkpoint.clone(),
+                },
+            ),
+            (LoopEnd::Stopped, None) => (
+                format!("the loop stopped at step {step}"),
                 Ending::Shutdown {
                     checkpoint: checkpoint.clone(),
                 },
@@ -370,22 +395,25 @@ impl RunLoop {
         } else {
             RunState::Stopping
         });
-        let outcome = match &checkpoint {
-            Some(path) if self.last_saved_step == Some(step) => Ok(format!(
-                "checkpoint of step {step} at {path}; the daemon exits"
-            )),
-            Some(path) => Ok(format!(
-                "nothing to save since the checkpoint at {path}; the daemon exits"
-            )),
-            None => {
-                Ok("no step was taken, so there is nothing to checkpoint; the daemon exits".into())
-            }
-        };
-        (ending, outcome)
+        if let Some(reply) = reply {
+            let outcome = match &checkpoint {
+                Some(path) if self.last_saved_step == Some(step) => Ok(format!(
+                    "checkpoint of step {step} at {path}; the daemon exits"
+                )),
+                Some(path) => Ok(format!(
+                    "nothing to save since the checkpoint at {path}; the daemon exits"
+                )),
+                None => Ok(
+                    "no step was taken, so there is nothing to checkpoint; the daemon exits".into(),
+                ),
+            };
+            let _ = reply.send(outcome);
+        }
+        ending
     }
 
-    fn kill(&mut self, action_id: String) -> (Ending, CommandOutcome) {
-        let step = self.trainer.step_count();
+    fn kill(&mut self, trainer: &Trainer, action_id: String) -> (Ending, CommandOutcome) {
+        let step = trainer.step_count();
         let lost = match self.handle.checkpoints().last() {
             Some(c) if c.step == step => {
                 format!("nothing is lost (checkpoint {} is current)", c.path)
@@ -438,8 +466,8 @@ impl RunLoop {
     }
 
     /// Holds the run after a failure: never trains on, keeps status up, waits for a stop.
-    fn pause(mut self, failure: StepFailure) -> Ending {
-        let step = self.trainer.step_count();
+    fn pause(mut self, trainer: &Trainer, failure: StepFailure) -> Ending {
+        let step = trainer.step_count();
         let last = self.handle.checkpoints().last().cloned();
         let kept = match &last {
             Some(c) => format!(
@@ -521,21 +549,10 @@ impl RunLoop {
     }
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a panic without a message".into());
-    // libtorch errors carry a long C++ backtrace after the first line.
-    let first = text.lines().next().unwrap_or_default().trim();
-    format!("libtorch error: {first}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::train::error::WorkerFailed;
+    use dflash_engine::train::error::WorkerFailed;
     use dflash_shared::metrics::DeviceRole;
 
     #[test]
@@ -563,23 +580,6 @@ mod tests {
         assert_eq!(
             (other.subject.as_str(), other.device.as_str(), other.role),
             ("the trainer on cuda:5", "cuda:5", None)
-        );
-    }
-
-    #[test]
-    fn panic_messages_keep_their_first_line() {
-        let p: Box<dyn std::any::Any + Send> = Box::new(
-            "CUDA out of memory. Tried to allocate 2.00 GiB\nException raised from malloc"
-                .to_string(),
-        );
-        assert_eq!(
-            panic_text(p.as_ref()),
-            "libtorch error: CUDA out of memory. Tried to allocate 2.00 GiB"
-        );
-        let p: Box<dyn std::any::Any + Send> = Box::new(3u8);
-        assert_eq!(
-            panic_text(p.as_ref()),
-            "libtorch error: a panic without a message"
         );
     }
 }

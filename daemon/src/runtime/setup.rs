@@ -6,21 +6,22 @@
 //! directory. Every failure names the file or key and what was wrong.
 use std::path::{Path, PathBuf};
 
-use dflash_shared::config::{self, Config, DataFormat as CfgFormat, PathContext};
+use dflash_shared::config::{self, Config, DataFormat as CfgFormat};
 use tch::Device;
 use thiserror::Error;
 
-use crate::cli::eval::load_report_json;
-use crate::data::{
+use crate::run::paths::{resolve_path, ConfigPathError};
+use dflash_engine::data::{
     load, load_chat_template, load_tokenizer, ChatEncoder, ChatOptions, DataError, DataFormat,
     LoadOptions, LoadReport, Sample,
 };
-use crate::engine::model::error::ModelError;
-use crate::engine::model::target::TargetModel;
-use crate::engine::train::trainer::{compute_kind, device_name, Trainer};
-use crate::engine::train::unlocked::UnlockedKeys;
-use crate::engine::train::{embedded, run_config, TrainError};
-use crate::runtime::topology::TopologySpec;
+use dflash_engine::device::{self, compute_kind};
+use dflash_engine::model::error::ModelError;
+use dflash_engine::model::target::TargetModel;
+use dflash_engine::train::topology::TopologySpec;
+use dflash_engine::train::unlocked::UnlockedKeys;
+use dflash_engine::train::Trainer;
+use dflash_engine::train::{embedded, run_config, TrainError};
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const DATA_REPORT_FILE: &str = "data_report.json";
@@ -35,6 +36,8 @@ pub enum SetupError {
         value: String,
         detail: String,
     },
+    #[error(transparent)]
+    ConfigPath(#[from] ConfigPathError),
     #[error(
         "loading the target model {path} (target.model): {source}. target.model must name a \
          Hugging Face model directory (config.json, tokenizer.json, *.safetensors), or \
@@ -84,22 +87,13 @@ pub struct Prepared {
 }
 
 /// A config device as a libtorch device, checked against what libtorch sees.
-pub fn tch_device(d: config::Device) -> Result<Device, SetupError> {
-    match d {
-        config::Device::Cpu => Ok(Device::Cpu),
-        config::Device::Cuda(i) => {
-            let count = tch::Cuda::device_count();
-            if i64::from(i) >= count {
-                return Err(SetupError::Device {
-                    name: d.to_string(),
-                    detail: format!(
-                        "this machine has {count} CUDA device(s) visible to libtorch (see `dflashd doctor`)"
-                    ),
-                });
-            }
-            Ok(Device::Cuda(i as usize))
-        }
-    }
+fn tch_device(d: config::Device) -> Result<Device, SetupError> {
+    let device = device::from_config(d);
+    device::check(device).map_err(|e| SetupError::Device {
+        name: d.to_string(),
+        detail: e.to_string(),
+    })?;
+    Ok(device)
 }
 
 /// The training device: `--device`, else the first drafter device of the topology.
@@ -132,38 +126,6 @@ fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>)
     (chosen, note)
 }
 
-/// Resolves a config path: `~` and `${VAR}` expanded, relative to the config's directory.
-pub fn resolve_path(
-    key: &'static str,
-    value: &str,
-    config_path: Option<&Path>,
-    run_dir: &Path,
-) -> Result<PathBuf, SetupError> {
-    let home = std::env::var("HOME").ok();
-    let run_dir_text = run_dir.display().to_string();
-    let env = |k: &str| std::env::var(k).ok();
-    let ctx = PathContext {
-        home: home.as_deref(),
-        run_dir: Some(&run_dir_text),
-        env: &env,
-    };
-    let expanded = config::expand_path(value, &ctx).map_err(|e| SetupError::Path {
-        key,
-        value: value.into(),
-        detail: e.to_string(),
-    })?;
-    let path = PathBuf::from(expanded);
-    if path.is_absolute() {
-        return Ok(path);
-    }
-    let base = config_path
-        .and_then(Path::parent)
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    Ok(base.join(path))
-}
-
 /// Builds the trainer and resumes it from the newest checkpoint of the run dir, if any.
 pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let cfg = inputs.config;
@@ -182,7 +144,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
             {
                 tch_device(d)?;
             }
-            (TopologySpec::from_config(cfg, None), None)
+            (TopologySpec::from_config(cfg), None)
         }
     };
     let device = topology.drafter_devices[0];
@@ -206,10 +168,10 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
     let report_path = inputs.run_dir.join(DATA_REPORT_FILE);
-    let report_json = load_report_json(&data_source, &report);
-    let bytes = serde_json::to_vec_pretty(&report_json).map_err(std::io::Error::other);
+    let bytes = serde_json::to_vec_pretty(&report.to_json(&data_source));
     bytes
-        .and_then(|b| std::fs::write(&report_path, b))
+        .map_err(std::io::Error::other)
+        .and_then(|b| dflash_engine::atomic_write::write_atomic(&report_path, &b))
         .map_err(|source| SetupError::Io {
             path: report_path,
             source,
@@ -309,19 +271,14 @@ fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
     }
 }
 
-/// "cpu", "cuda:3".
-pub fn describe_device(device: Device) -> String {
-    device_name(device)
-}
-
 /// Where the run trains, by role: "cpu" when one device runs both roles inline, else
 /// "2 target workers (cuda:0, cuda:1) + 1 drafter worker (cuda:2)".
 pub fn describe_topology(topology: &TopologySpec) -> String {
     if topology.is_inline() {
-        return device_name(topology.drafter_devices[0]);
+        return device::name(topology.drafter_devices[0]);
     }
     let role = |word: &str, devices: &[Device]| {
-        let names: Vec<String> = devices.iter().map(|&d| device_name(d)).collect();
+        let names: Vec<String> = devices.iter().map(|&d| device::name(d)).collect();
         let plural = if devices.len() == 1 { "" } else { "s" };
         format!(
             "{} {word} worker{plural} ({})",

@@ -216,10 +216,12 @@ pub fn load(run_dir: &Path) -> Result<Option<Fingerprint>, FingerprintError> {
 pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
     let path = run_dir.join(FINGERPRINT_FILE_NAME);
     let bytes = serde_json::to_vec_pretty(fp).expect("a fingerprint always serializes");
-    super::write_atomic(&path, &bytes).map_err(|source| FingerprintError::Io {
-        action: "writing",
-        path,
-        source,
+    dflash_engine::atomic_write::write_atomic(&path, &bytes).map_err(|source| {
+        FingerprintError::Io {
+            action: "writing",
+            path,
+            source,
+        }
     })
 }
 
@@ -275,17 +277,9 @@ fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintErr
 /// `/proc/self/maps` and read the wheel's `version.py` (or a libtorch zip's `build-version`)
 /// next to it. A torch swapped under the same path shows up here.
 pub fn loaded_libtorch_version() -> Option<String> {
-    let lib_dir = loaded_libtorch_dir()
+    let lib_dir = dflash_engine::device::loaded_libtorch_dir()
         .or_else(|| option_env!("DFLASH_BUILD_LIBTORCH_LIB").map(PathBuf::from))?;
     libtorch_version_in(&lib_dir)
-}
-
-pub fn loaded_libtorch_dir() -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.ends_with("/libtorch_cpu.so"))
-        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
 }
 
 /// Reads the version recorded beside a libtorch lib dir.

@@ -1,0 +1,470 @@
+//! `dflash-bench`: the engine measured side by side with the PyTorch reference
+//! (`benches/reference/`) on the same weights and batches. See `docs/BENCHMARKS.md`.
+//!
+//! The parent prepares each case and runs every implementation in its own child process
+//! (`dflash-bench --child TASK ...` for the engine, the reference's Python scripts), so peak
+//! memory is measured per process. The last stdout line is one JSON summary; the full results
+//! go to `<out-dir>/results.json` and `<out-dir>/results.md`.
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use serde_json::{json, Value};
+use tch::Kind;
+
+use dflash_bench::attention::{prepare_attention_case, run_engine_attention};
+use dflash_bench::case::prepare_step_case;
+use dflash_bench::harness::{Harness, ReferenceMode};
+use dflash_bench::overhead::{run_clients, run_overhead};
+use dflash_bench::presets::{
+    step_preset, target_preset, AttentionPreset, ATTENTION_LADDER, CPU_STEP_PRESETS,
+};
+use dflash_bench::process::Python;
+use dflash_bench::queue::{run_queue, QueueCase};
+use dflash_bench::report::{loadavg, BenchReport, Machine};
+use dflash_bench::step::{run_engine_step, StepOptions};
+use dflash_bench::target_pass::{prepare_target_case, run_engine_target};
+use dflash_bench::{matmul, BenchError};
+use dflash_engine::device::parse as parse_device;
+use dflash_engine::model::drafter::AttentionBackend;
+
+const CASES: &[&str] = &["step", "attention", "target", "overhead", "queue", "parity"];
+
+/// dflash-bench — the engine side by side with the PyTorch reference (docs/BENCHMARKS.md).
+#[derive(Parser, Debug)]
+#[command(name = "dflash-bench", version, about)]
+pub struct BenchArgs {
+    /// The short run: the tiny drafter step, engine vs reference, and the matmul peak
+    /// (under 3 minutes on 2 cores).
+    #[arg(long)]
+    pub quick: bool,
+    /// Cases: step, attention, target, overhead (daemon: clients, telemetry), queue, parity
+    /// (CUDA vs CPU and bf16 vs the reference; needs --device cuda).
+    /// Default: step,attention,target,overhead,queue (--quick: step).
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<String>,
+    /// Drafter-step configs: tiny, small, medium, gpu-large. Default: tiny,small,medium
+    /// (--quick: tiny).
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Vec<String>,
+    /// Anchors of the attention case (block 32, context 2048). Default: 128,256,512,1024.
+    #[arg(long, value_delimiter = ',')]
+    pub anchors: Vec<usize>,
+    /// Untimed steps before the timed ones, per process.
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Timed steps per process (medians are over these).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Steps of the memory pass that measures a step's live memory on CPU: one more process
+    /// per implementation and config, after the timed rounds (0 skips it).
+    #[arg(long, default_value_t = 2)]
+    pub memory_steps: usize,
+    /// Rounds of (engine, reference), alternated so the machine's noise falls on both.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Intra-op threads of every process, engine and reference alike. The default is 1: on a
+    /// shared machine more threads than idle cores make OpenMP barriers spin and step times
+    /// swing by several times (see docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Device of the step cases: `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Compute dtype of the step cases: `f32` or `bf16`.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Reference attention back-end for the step cases: `eager` (dense mask, SDPA) or `flex`.
+    #[arg(long, default_value = "eager")]
+    pub reference_attention: String,
+    /// `torch.compile` the reference's decoder layers.
+    #[arg(long)]
+    pub reference_compile: bool,
+    /// Python for the reference (default: $DFLASH_PYTHON, then <repo>/.venv/bin/python, then python3).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Directory of the reference scripts (default: benches/reference above the working directory).
+    #[arg(long)]
+    pub reference_dir: Option<PathBuf>,
+    /// Where cases and results are written.
+    #[arg(long, default_value = "runs/bench")]
+    pub out_dir: PathBuf,
+    /// A child that runs longer than this is killed and reported.
+    #[arg(long, default_value_t = 1800)]
+    pub timeout_s: u64,
+    /// Size of the square matmul that measures the machine's peak.
+    #[arg(long)]
+    pub matmul_n: Option<i64>,
+    /// A datasheet peak (TFLOP/s) to report MFU against, e.g. 989 for H200 dense bf16.
+    #[arg(long)]
+    pub datasheet_peak_tflops: Option<f64>,
+    /// Internal: run one task of one case in this process and print its JSON.
+    #[arg(long, hide = true, value_enum)]
+    pub child: Option<ChildTask>,
+    #[arg(long, hide = true)]
+    pub work_dir: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub config: Option<String>,
+    #[arg(long, hide = true)]
+    pub backend: Option<String>,
+    #[arg(long, hide = true)]
+    pub forward_only: bool,
+    /// Items pushed through the queue in the queue case.
+    #[arg(long, default_value_t = 2000)]
+    pub queue_items: usize,
+    /// Clients attached in the overhead case.
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    #[arg(long, hide = true)]
+    pub socket: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub sampler: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ChildTask {
+    PrepareStep,
+    RunStep,
+    PrepareAttention,
+    RunAttention,
+    PrepareTarget,
+    RunTarget,
+    Matmul,
+    Overhead,
+    Clients,
+    Queue,
+}
+
+fn parse_kind(name: &str) -> Result<Kind> {
+    match name {
+        "f32" | "float32" => Ok(Kind::Float),
+        "bf16" | "bfloat16" => Ok(Kind::BFloat16),
+        other => bail!("--dtype: expected `f32` or `bf16`, found `{other}`"),
+    }
+}
+
+fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
+    let dir = args.work_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let warmup = args.warmup.unwrap_or(2);
+    let steps = args.steps.unwrap_or(5);
+    let to_value = |v: serde_json::Result<Value>| {
+        v.map_err(|e| BenchError::case(&dir, format!("cannot serialise the result: {e}")))
+    };
+    let usage = |what: &str| BenchError::case(&dir, format!("child task {task:?} needs {what}"));
+    match task {
+        ChildTask::PrepareStep => {
+            let preset = step_preset(args.config.as_deref().ok_or_else(|| usage("--config"))?)?;
+            to_value(serde_json::to_value(prepare_step_case(&preset, &dir)?))
+        }
+        ChildTask::RunStep => {
+            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
+            let kind = parse_kind(&args.dtype).map_err(|e| usage(&e.to_string()))?;
+            let backend = match args.backend.as_deref() {
+                None | Some("block_sparse") => AttentionBackend::BlockSparse,
+                Some("dense_mask") => AttentionBackend::DenseMask,
+                Some(_) => return Err(usage("--backend block_sparse|dense_mask")),
+            };
+            let opts = StepOptions {
+                warmup,
+                steps,
+                device,
+                kind,
+                forward_only: args.forward_only,
+                memory_steps: args.memory_steps,
+                backend,
+            };
+            to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
+        }
+        ChildTask::PrepareAttention => {
+            let anchors = *args.anchors.first().ok_or_else(|| usage("--anchors"))?;
+            to_value(serde_json::to_value(prepare_attention_case(
+                &AttentionPreset::at(anchors),
+                &dir,
+            )?))
+        }
+        ChildTask::RunAttention => {
+            let backend = match args.backend.as_deref() {
+                Some("block_sparse") => AttentionBackend::BlockSparse,
+                Some("dense_mask") => AttentionBackend::DenseMask,
+                _ => return Err(usage("--backend block_sparse|dense_mask")),
+            };
+            to_value(serde_json::to_value(run_engine_attention(
+                &dir, backend, warmup, steps,
+            )?))
+        }
+        ChildTask::PrepareTarget => to_value(serde_json::to_value(prepare_target_case(
+            &target_preset(args.quick),
+            &dir,
+        )?)),
+        ChildTask::RunTarget => to_value(serde_json::to_value(run_engine_target(
+            &dir, warmup, steps,
+        )?)),
+        ChildTask::Matmul => {
+            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
+            let kind = parse_kind(&args.dtype).map_err(|e| usage(&e.to_string()))?;
+            let n = args.matmul_n.unwrap_or(2048);
+            to_value(serde_json::to_value(matmul::measure(
+                n, device, kind, warmup, steps,
+            )?))
+        }
+        ChildTask::Overhead => to_value(serde_json::to_value(run_overhead(
+            &dir,
+            args.clients,
+            args.sampler,
+            warmup,
+            steps,
+        )?)),
+        ChildTask::Clients => {
+            run_clients(
+                args.socket.as_deref().ok_or_else(|| usage("--socket"))?,
+                args.clients,
+            )?;
+            Ok(json!({ "clients": args.clients }))
+        }
+        ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(
+            args.steps.unwrap_or(2000),
+        ))?)),
+    }
+}
+
+fn run_child(task: ChildTask, args: &BenchArgs) -> Result<()> {
+    if let Some(t) = args.threads {
+        tch::set_num_threads(t);
+    }
+    match child_value(task, args) {
+        Ok(value) => {
+            println!("{value}");
+            Ok(())
+        }
+        Err(e) => {
+            // The parent reads the error from the JSON; the exit status says it too.
+            println!("{}", json!({ "error": e.to_string() }));
+            std::process::exit(1);
+        }
+    }
+}
+
+fn defaults(args: &BenchArgs) -> (Vec<String>, Vec<String>, Vec<usize>) {
+    let or = |given: &[String], default: &[&str]| {
+        if given.is_empty() {
+            default.iter().map(|s| s.to_string()).collect()
+        } else {
+            given.to_vec()
+        }
+    };
+    let cases = or(
+        &args.cases,
+        if args.quick {
+            &["step"]
+        } else {
+            &["step", "attention", "target", "overhead", "queue"]
+        },
+    );
+    let configs = or(
+        &args.configs,
+        if args.quick {
+            &["tiny"]
+        } else {
+            CPU_STEP_PRESETS
+        },
+    );
+    let anchors = if args.anchors.is_empty() {
+        ATTENTION_LADDER.to_vec()
+    } else {
+        args.anchors.clone()
+    };
+    (cases, configs, anchors)
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(task) = args.child {
+        return run_child(task, &args);
+    }
+    let (cases, configs, anchors) = defaults(&args);
+    if let Some(bad) = cases.iter().find(|c| !CASES.contains(&c.as_str())) {
+        bail!(
+            "--cases: unknown case `{bad}`; expected some of {}",
+            CASES.join(", ")
+        );
+    }
+    for c in &configs {
+        step_preset(c)?;
+    }
+    parse_device(&args.device)?;
+    parse_kind(&args.dtype)?;
+    if !["eager", "flex"].contains(&args.reference_attention.as_str()) {
+        bail!(
+            "--reference-attention: expected `eager` or `flex`, found `{}`",
+            args.reference_attention
+        );
+    }
+    let threads = args.threads.unwrap_or(1);
+    fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let out_dir = args
+        .out_dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", args.out_dir.display()))?;
+    let cuda = args.device != "cpu";
+    let harness = Harness {
+        out_dir: out_dir.clone(),
+        warmup: args.warmup.unwrap_or(if cuda { 3 } else { 2 }),
+        steps: args.steps.unwrap_or(if cuda { 10 } else { 5 }),
+        memory_steps: args.memory_steps,
+        rounds: args
+            .rounds
+            .unwrap_or(if args.quick || cuda { 1 } else { 2 }),
+        threads,
+        device: args.device.clone(),
+        dtype: args.dtype.clone(),
+        python: Python::locate(args.python.clone(), args.reference_dir.clone())
+            .map_err(|e| e.to_string()),
+        reference: ReferenceMode {
+            attention: args.reference_attention.clone(),
+            compile: args.reference_compile,
+        },
+        timeout: Duration::from_secs(args.timeout_s),
+    };
+    let mut report = BenchReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: Machine::probe(threads),
+        ..BenchReport::default()
+    };
+    let progress = |what: &str| {
+        eprintln!(
+            "[bench] {what} (load average {:.1})",
+            loadavg().unwrap_or(f64::NAN)
+        )
+    };
+
+    let (mm_dtype, mm_n) = if cuda {
+        (args.dtype.as_str(), args.matmul_n.unwrap_or(8192))
+    } else {
+        ("f32", args.matmul_n.unwrap_or(2048))
+    };
+    progress(&format!(
+        "matmul peak: {mm_dtype} {mm_n}x{mm_n} on {}",
+        args.device
+    ));
+    match harness.matmul(mm_n, &args.device, mm_dtype) {
+        Ok(p) => report.matmul_peak = Some(p),
+        Err(e) => report.errors.push(format!("matmul peak: {e}")),
+    }
+    if cases.iter().any(|c| c == "step") {
+        if !harness.measures_live_memory() && args.memory_steps > 0 {
+            report.not_done.push(format!(
+                "live step memory: the memory pass runs on CPU only; on {} the step tables' \
+                 `cuda_max_allocated_mb` (results.json) is the device's own peak",
+                args.device
+            ));
+        }
+        for config in &configs {
+            progress(&format!(
+                "drafter step `{config}`: engine vs reference-{}",
+                args.reference_attention
+            ));
+            match harness.step(config, report.matmul_peak.as_ref()) {
+                Ok(c) => {
+                    eprintln!(
+                        "[bench]   ratio {:?}, check {}",
+                        c.ratio,
+                        c.check.void_reason.as_deref().unwrap_or("valid")
+                    );
+                    report.steps.push(c);
+                }
+                Err(e) => report.errors.push(format!("step {config}: {e}")),
+            }
+        }
+    }
+    if cases.iter().any(|c| c == "attention") {
+        for &n in &anchors {
+            progress(&format!("attention at {n} anchors"));
+            match harness.attention(n) {
+                Ok(r) => report.attention.push(r),
+                Err(e) => report.errors.push(format!("attention {n}: {e}")),
+            }
+        }
+    }
+    if cases.iter().any(|c| c == "target") {
+        progress("target feature pass: engine vs transformers");
+        match harness.target(args.quick) {
+            Ok(t) => report.target = Some(t),
+            Err(e) => report.errors.push(format!("target: {e}")),
+        }
+    }
+    if cases.iter().any(|c| c == "overhead") {
+        progress(&format!(
+            "daemon overhead: 0 vs {} clients, telemetry sampler off/on",
+            args.clients
+        ));
+        match harness.overhead(args.clients) {
+            Ok(o) => report.overhead = Some(o),
+            Err(e) => report.errors.push(format!("overhead: {e}")),
+        }
+    }
+    if cases.iter().any(|c| c == "queue") {
+        progress("hidden-state queue throughput");
+        match harness.queue(args.queue_items) {
+            Ok(q) => report.queue = Some(q),
+            Err(e) => report.errors.push(format!("queue: {e}")),
+        }
+    }
+    if cases.iter().any(|c| c == "parity") {
+        if !cuda {
+            report.errors.push("parity: needs --device cuda".into());
+        } else {
+            progress("parity: CUDA vs CPU (tiny, f32) and CUDA bf16 vs the reference");
+            match harness.parity(&args.device) {
+                Ok(p) => report.parity = Some(p),
+                Err(e) => report.errors.push(format!("parity: {e}")),
+            }
+        }
+    }
+    report.machine.loadavg_end = loadavg();
+
+    let mut summary = report.summary();
+    if let (Some(peak), Some(c)) = (args.datasheet_peak_tflops, report.steps.first()) {
+        let mfu = |g: Option<f64>| g.map(|g| g / (peak * 1e3));
+        summary["datasheet_peak_tflops"] = json!(peak);
+        summary["engine_mfu_datasheet"] = json!(mfu(c.engine_gflops));
+        summary["reference_mfu_datasheet"] = json!(mfu(c.reference_gflops));
+        summary["reference_tokens_per_s"] = json!(c.reference_tokens_per_s);
+    }
+    if let Some(p) = &report.parity {
+        summary["parity_cuda_vs_cpu"] = json!(p
+            .cuda_vs_cpu
+            .void_reason
+            .clone()
+            .unwrap_or_else(|| "ok".into()));
+        summary["parity_bf16_vs_reference"] = json!(p
+            .bf16_vs_reference
+            .void_reason
+            .clone()
+            .unwrap_or_else(|| "ok".into()));
+    }
+    let json_path = out_dir.join("results.json");
+    fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = out_dir.join("results.md");
+    fs::write(&md_path, report.markdown())
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    eprintln!(
+        "[bench] results: {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
+    println!("{summary}");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match run(BenchArgs::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dflash-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The engine side of the drafter-step case: loads a case, takes warmup + timed training steps
+//! on one batch, and reports times, losses and memory in the same JSON shape as the reference
+//! (`benches/reference/bench_step.py`).
+//!
+//! One step is what [`dflash_engine::train::Trainer`] does for a micro-batch after the target
+//! forward, with the same engine calls: frozen embedding lookup, [`Drafter::forward`] with the
+//! block-sparse attention, [`weighted_ce_backward`] (chunked LM head), clipped
+//! [`AdamW::step`] and `zero_grad`.
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind};
+
+use super::case::{read_meta, CaseTensors, DRAFTER_DIR};
+use super::error::BenchError;
+use super::memory;
+use super::stats::median;
+use super::timing::{live_step_memory, sync, timed_loop, Timed};
+use dflash_engine::device;
+use dflash_engine::model::drafter::{AttentionBackend, Drafter};
+use dflash_engine::train::drafter_io::{load_hf, named_parameters};
+use dflash_engine::train::loss::{weighted_ce, weighted_ce_backward};
+use dflash_engine::train::optim::AdamW;
+
+/// One implementation's run of a step case: the engine and the reference print this shape.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepRun {
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    pub device: String,
+    pub dtype: String,
+    pub threads: i64,
+    /// Times of the timed steps (after warmup), ms.
+    pub step_ms: Vec<f64>,
+    pub median_step_ms: Option<f64>,
+    /// Process CPU time of the timed steps (all threads), ms.
+    pub cpu_ms: Vec<f64>,
+    pub median_cpu_ms: Option<f64>,
+    /// Loss of every step, warmup included (step 0 is before any update).
+    pub losses: Vec<Option<f64>>,
+    pub grad_norms: Vec<Option<f64>>,
+    /// RSS before the first step, the peak while loading, the peak over the steps (VmHWM reset
+    /// in between) and the whole-process peak, MiB.
+    pub baseline_rss_mb: Option<f64>,
+    pub load_peak_rss_mb: Option<f64>,
+    pub step_peak_rss_mb: Option<f64>,
+    pub peak_rss_mb: Option<f64>,
+    pub peak_reset: bool,
+    pub cuda_max_allocated_mb: Option<f64>,
+    /// Peak live memory of one step on CPU, MiB, from a memory pass
+    /// ([`StepOptions::memory_steps`], [`super::timing::live_step_memory`]).
+    pub live_step_mb: Option<f64>,
+    pub forward_only: bool,
+    pub tokens: Option<usize>,
+    pub positions: Option<i64>,
+    pub weighted_positions: Option<i64>,
+    /// Reference only: its own block inputs / labels / weights against the engine's.
+    pub block_ids_match: Option<bool>,
+    pub targets_match: Option<bool>,
+    pub weights_max_abs_diff: Option<f64>,
+    /// Medians over the timed steps of the step's phases, ms: drafter forward, chunked loss +
+    /// backward, clip + optimizer update (device synchronised between phases).
+    pub forward_ms: Option<f64>,
+    pub backward_ms: Option<f64>,
+    pub optimizer_ms: Option<f64>,
+    /// Largest absolute difference of this run's output from the engine's output of the same
+    /// case (attention and target cases), and the relative L2 difference.
+    pub max_abs_diff: Option<f64>,
+    pub rel_l2_diff: Option<f64>,
+    pub torch: Option<String>,
+    pub error: Option<String>,
+}
+
+impl StepRun {
+    /// Growth of the resident set during the timed steps, MiB.
+    pub fn step_growth_mb(&self) -> Option<f64> {
+        Some(self.step_peak_rss_mb? - self.baseline_rss_mb?)
+    }
+
+    /// Takes the times and memory of a timed loop.
+    pub fn absorb(&mut self, t: Timed) {
+        self.step_ms = t.step_ms;
+        self.median_step_ms = t.median_step_ms;
+        self.cpu_ms = t.cpu_ms;
+        self.median_cpu_ms = t.median_cpu_ms;
+        self.baseline_rss_mb = t.baseline_rss_mb;
+        self.load_peak_rss_mb = t.load_peak_rss_mb;
+        self.step_peak_rss_mb = t.step_peak_rss_mb;
+        self.peak_rss_mb = t.peak_rss_mb;
+        self.peak_reset = t.peak_reset;
+    }
+
+    pub fn first_loss(&self) -> Option<f64> {
+        self.losses.first().copied().flatten()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct StepOptions {
+    pub warmup: usize,
+    pub steps: usize,
+    pub device: Device,
+    pub kind: Kind,
+    /// Forward + loss only, without gradients (what the CPU flex reference can do).
+    pub forward_only: bool,
+    /// Non-zero makes this a memory pass (CPU only): the resident set follows live allocations
+    /// from the start ([`memory::follow_live_allocations`]), which slows steps, so its times
+    /// are not a timing result; after the warmup and timed steps, this many more steps
+    /// measure a step's live memory ([`live_step_memory`]).
+    pub memory_steps: usize,
+    /// The engine's attention back-end (training uses block-sparse; dense-mask is the oracle,
+    /// here for diagnosis).
+    pub backend: AttentionBackend,
+}
+
+pub fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bf16",
+        Kind::Half => "f16",
+        _ => "f32",
+    }
+}
+
+/// Split times within a step, the device synchronised at each split.
+struct Lap {
+    device: Device,
+    last: std::time::Instant,
+}
+
+impl Lap {
+    fn new(device: Device) -> Self {
+        Self {
+            device,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn restart(&mut self) {
+        self.last = std::time::Instant::now();
+    }
+
+    /// Milliseconds since the last split.
+    fn split(&mut self) -> f64 {
+        sync(self.device);
+        let now = std::time::Instant::now();
+        let ms = (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+        ms
+    }
+}
+
+/// Runs the engine's step on the case in `dir`.
+pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchError> {
+    let memory_pass = opts.memory_steps > 0 && opts.device == Device::Cpu;
+    if memory_pass {
+        memory::follow_live_allocations();
+    }
+    let meta = read_meta(dir)?;
+    let loaded = load_hf(&dir.join(DRAFTER_DIR), opts.device, opts.kind)?;
+    let mut vs = loaded.vs;
+    vs.unfreeze();
+    let drafter: Drafter = loaded.drafter;
+    let mut optimizer = AdamW::new(named_parameters(&vs), meta.adamw.clone());
+    let t = CaseTensors::read(dir, opts.device, opts.kind)?;
+    let features = t.get("target_features")?;
+    let (embed, lm_head) = (t.get("embed_tokens")?, t.get("lm_head")?);
+    let anchors = t.get("anchors")?;
+    let keep = t.get("keep")?.to_kind(Kind::Bool);
+    let block_ids = t.get("block_input_ids")?;
+    let targets = t.get("targets")?;
+    let weights = t.get("weights")?;
+    let denominator = weights.sum(Kind::Double).double_value(&[]);
+    let (b, q) = (block_ids.size()[0], block_ids.size()[1]);
+
+    let mut run = StepRun {
+        implementation: match opts.backend {
+            AttentionBackend::BlockSparse => "engine".into(),
+            AttentionBackend::DenseMask => "engine-dense_mask".into(),
+        },
+        device: device::name(opts.device),
+        dtype: kind_name(opts.kind).into(),
+        threads: tch::get_num_threads() as i64,
+        forward_only: opts.forward_only,
+        tokens: Some(meta.tokens),
+        positions: Some(meta.positions),
+        weighted_positions: Some(meta.weighted_positions),
+        ..StepRun::default()
+    };
+    let mut losses = Vec::new();
+    let mut norms = Vec::new();
+    let mut phases: [Vec<f64>; 3] = Default::default();
+    let mut lap = Lap::new(opts.device);
+    let timed_steps = opts.warmup + opts.steps;
+    let mut step = |i: usize| {
+        lap.restart();
+        let embeddings = tch::no_grad(|| {
+            embed
+                .index_select(0, &block_ids.reshape([-1]))
+                .view([b, q, -1])
+        });
+        let forward_pass = || drafter.forward(features, &embeddings, anchors, &keep, opts.backend);
+        let (loss, norm) = if opts.forward_only {
+            let sums = tch::no_grad(|| {
+                let out = forward_pass();
+                weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions)
+            });
+            (sums.loss(), None)
+        } else {
+            let out = forward_pass();
+            let forward = lap.split();
+            let sums = weighted_ce_backward(
+                &out,
+                lm_head,
+                targets,
+                weights,
+                denominator,
+                meta.loss_chunk_positions,
+            );
+            let backward = lap.split();
+            let report = optimizer.step(meta.lr);
+            optimizer.zero_grad();
+            if (opts.warmup..timed_steps).contains(&i) {
+                for (phase, ms) in phases.iter_mut().zip([forward, backward, lap.split()]) {
+                    phase.push(ms);
+                }
+            }
+            (sums.loss(), Some(report?.grad_norm))
+        };
+        if i < timed_steps {
+            losses.push(loss.is_finite().then_some(loss));
+            norms.push(norm.filter(|n| n.is_finite()));
+        }
+        Ok(())
+    };
+    let timed = timed_loop(opts.warmup, opts.steps, opts.device, &mut step)?;
+    if memory_pass {
+        run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
+    }
+    run.losses = losses;
+    run.grad_norms = norms;
+    [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
+    run.absorb(timed);
+    Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::prepare_step_case;
+    use crate::presets::step_preset;
+
+    #[test]
+    fn the_engine_step_runs_the_tiny_case_and_learns_on_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut preset = step_preset("tiny").unwrap();
+        preset.batch = 2;
+        prepare_step_case(&preset, dir.path()).unwrap();
+        let opts = StepOptions {
+            warmup: 1,
+            steps: 3,
+            device: Device::Cpu,
+            kind: Kind::Float,
+            forward_only: false,
+            // The live-memory phase changes process-wide allocator settings; it is tested
+            // in its own test binary (tests/bench_live_memory.rs).
+            memory_steps: 0,
+            backend: AttentionBackend::BlockSparse,
+        };
+        let run = run_engine_step(dir.path(), &opts).unwrap();
+        assert_eq!(run.losses.len(), 4);
+        assert_eq!(run.step_ms.len(), 3);
+        let losses: Vec<f64> = run.losses.iter().map(|l| l.unwrap()).collect();
+        // Near ln(vocab) at init; repeated steps on one batch must lower it.
+        assert!((losses[0] - (512f64).ln()).abs() < 1.0, "{losses:?}");
+        assert!(losses[3] < losses[0], "{losses:?}");
+        assert!(run.grad_norms.iter().all(|n| n.is_some_and(|n| n > 0.0)));
+        assert!(run.peak_rss_mb.unwrap() >= run.baseline_rss_mb.unwrap());
+
+        let forward = run_engine_step(
+            dir.path(),
+            &StepOptions {
+                forward_only: true,
+                ..opts
+            },
+        )
+        .unwrap();
+        let (f0, t0) = (forward.first_loss().unwrap(), run.first_loss().unwrap());
+        assert!(
+            (f0 - t0).abs() < 1e-6 * t0,
+            "forward-only loss {f0} vs training loss {t0} of the same weights"
+        );
+        assert!(
+            forward.losses.iter().all(|l| *l == forward.first_loss()),
+            "no update without gradients"
+        );
+    }
+}

@@ -1,0 +1,40 @@
+//! Link-time fixes that torch-sys cannot express for its dependents, for the build scripts of
+//! every crate whose binaries or tests link libtorch (engine, daemon, bench).
+//!
+//! `cargo:rustc-link-arg` only reaches the targets of the package whose build script prints it,
+//! so each such crate calls [`link_libtorch`] from its own `build.rs` (and depends on `torch-sys`
+//! directly, which is what hands its build script `DEP_TCH_LIBTORCH_LIB`).
+//!
+//! 1. rpath: torch-sys only passes `-rpath` to its own C++ shim, so our binaries would need
+//!    `LD_LIBRARY_PATH`. We embed the libtorch lib dir (a RUNPATH, so an explicit
+//!    `LD_LIBRARY_PATH`, e.g. a GPU node's own torch, still wins).
+//! 2. libtorch_cuda: nothing in our code references a symbol of it, so the default
+//!    `--as-needed` drops it and CUDA silently looks absent. We link it inside a
+//!    `--no-as-needed` bracket whenever the wheel ships it (the `-as-needed` link modifier
+//!    is still nightly-only).
+use std::path::PathBuf;
+
+/// Emits the rpath and CUDA link arguments; returns the libtorch lib dir torch-sys built
+/// against (`None`, with a cargo warning, when torch-sys did not say).
+pub fn link_libtorch() -> Option<PathBuf> {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        println!("cargo:warning=torch-sys did not report its libtorch lib dir; binaries will need LD_LIBRARY_PATH");
+        return None;
+    };
+    let lib_dir = PathBuf::from(lib_dir);
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    let cuda_libs: Vec<String> = ["torch_cuda", "c10_cuda"]
+        .iter()
+        .filter(|name| lib_dir.join(format!("lib{name}.so")).exists())
+        .map(|name| format!("-l{name}"))
+        .collect();
+    if !cuda_libs.is_empty() {
+        println!(
+            "cargo:rustc-link-arg=-Wl,-L{},--no-as-needed,{},--as-needed",
+            lib_dir.display(),
+            cuda_libs.join(",")
+        );
+    }
+    Some(lib_dir)
+}

@@ -1,0 +1,453 @@
+//! [`RunHandle`]: the one shared object between the run loop and the control plane.
+//!
+//! The run loop (std threads) writes: state, step metrics, queue/GPU/host/cache telemetry,
+//! checkpoints, journal events. The control plane (tokio tasks) reads snapshots, files and
+//! confirms pending actions, and hands confirmed stop/kill commands to the run loop through a
+//! channel the run loop attached. Every method is cheap and non-blocking except
+//! [`RunHandle::record_event`], which `fsync`s one journal line.
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
+
+use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
+use dflash_shared::protocol::{Response, Topic};
+use dflash_shared::status::{Alert, CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::run::bus::FrameBus;
+use crate::run::journal::{Journal, JournalError};
+use crate::run::pending::{ActionPolicy, PendingActions, StateView};
+use crate::run::recorder::Recorder;
+use dflash_engine::train::topology::QueueMonitor;
+use dflash_shared::clock::now_ms;
+
+/// Checkpoints listed in status; older ones are still on disk, just not in the snapshot.
+const CHECKPOINTS_LISTED: usize = 32;
+
+/// What the run loop reports back for a command: a sentence for the operator.
+pub type CommandOutcome = Result<String, String>;
+
+/// A confirmed command the run loop must carry out between steps.
+#[derive(Debug)]
+pub enum RunCommand {
+    /// Write a checkpoint, then return from the run loop. Reply with where it went.
+    Stop {
+        action_id: String,
+        reply: oneshot::Sender<CommandOutcome>,
+    },
+    /// Return from the run loop now, without a checkpoint.
+    Kill {
+        action_id: String,
+        reply: oneshot::Sender<CommandOutcome>,
+    },
+}
+
+#[derive(Debug)]
+struct Shared {
+    run_name: String,
+    run_dir: PathBuf,
+    status: RwLock<Status>,
+    config: RwLock<serde_json::Value>,
+    fingerprint: RwLock<serde_json::Value>,
+    journal: Mutex<Journal>,
+    pending: Mutex<PendingActions>,
+    policy: ActionPolicy,
+    unlocked_keys: Mutex<Vec<String>>,
+    /// The run's hidden-state queues, read by the telemetry timer between steps.
+    queue_monitor: Mutex<Option<QueueMonitor>>,
+    bus: FrameBus,
+    recorder: Option<Mutex<Recorder>>,
+    commands: Mutex<Option<mpsc::Sender<RunCommand>>>,
+    shutdown_tx: broadcast::Sender<()>,
+    shutdown_requested: AtomicBool,
+    shutdown_reason: Mutex<Option<String>>,
+}
+
+#[derive(Debug)]
+struct Status {
+    snapshot: StatusSnapshot,
+    have_metrics: bool,
+}
+
+/// Cheap to clone; every clone is the same run.
+#[derive(Debug, Clone)]
+pub struct RunHandle {
+    inner: Arc<Shared>,
+}
+
+/// Everything needed to build a [`RunHandle`].
+#[derive(Debug)]
+pub struct RunHandleParts {
+    pub policy: ActionPolicy,
+    pub run_dir: PathBuf,
+    pub journal: Journal,
+    pub bus: FrameBus,
+    /// `None` disables the telemetry recording (tests that do not need it).
+    pub recorder: Option<Recorder>,
+    pub config_path: Option<String>,
+}
+
+impl RunHandle {
+    pub fn new(parts: RunHandleParts) -> Self {
+        let RunHandleParts {
+            policy,
+            run_dir,
+            journal,
+            bus,
+            recorder,
+            config_path,
+        } = parts;
+        let snapshot = StatusSnapshot {
+            run: RunInfo {
+                name: policy.run_name.clone(),
+                state: RunState::Starting,
+                step: 0,
+                total_steps: 0,
+                epoch: 0,
+                epochs: 0,
+                started_ms: now_ms(),
+                eta_ms: None,
+                run_dir: run_dir.display().to_string(),
+                config_path,
+            },
+            throughput: Throughput {
+                tokens_per_s: 0.0,
+                baseline_tokens_per_s: None,
+                stable_since_ms: None,
+            },
+            gpus: GpuTelemetry::Unavailable {
+                reason: "GPU telemetry not sampled yet".into(),
+            },
+            host: None,
+            queue: QueueStats::default(),
+            caches: Vec::new(),
+            alerts: Vec::new(),
+            pending_actions: Vec::new(),
+            checkpoints: Vec::new(),
+            last_loss: None,
+            last_tau: None,
+        };
+        let (shutdown_tx, _) = broadcast::channel(1);
+        RunHandle {
+            inner: Arc::new(Shared {
+                run_name: policy.run_name.clone(),
+                run_dir,
+                status: RwLock::new(Status {
+                    snapshot,
+                    have_metrics: false,
+                }),
+                config: RwLock::new(serde_json::Value::Null),
+                fingerprint: RwLock::new(serde_json::Value::Null),
+                journal: Mutex::new(journal),
+                pending: Mutex::new(PendingActions::default()),
+                policy,
+                unlocked_keys: Mutex::new(Vec::new()),
+                queue_monitor: Mutex::new(None),
+                bus,
+                recorder: recorder.map(Mutex::new),
+                commands: Mutex::new(None),
+                shutdown_tx,
+                shutdown_requested: AtomicBool::new(false),
+                shutdown_reason: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub fn run_name(&self) -> &str {
+        &self.inner.run_name
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.inner.run_dir
+    }
+
+    pub fn policy(&self) -> &ActionPolicy {
+        &self.inner.policy
+    }
+
+    pub fn bus(&self) -> &FrameBus {
+        &self.inner.bus
+    }
+
+    // ----- run loop side -------------------------------------------------------------------
+
+    /// The run loop calls this once and polls the receiver between steps.
+    pub fn attach_run_loop(&self) -> mpsc::Receiver<RunCommand> {
+        let (tx, rx) = mpsc::channel();
+        *lock(&self.inner.commands) = Some(tx);
+        rx
+    }
+
+    pub fn set_run_state(&self, state: RunState) {
+        write(&self.inner.status).snapshot.run.state = state;
+    }
+
+    pub fn update_run(&self, f: impl FnOnce(&mut RunInfo)) {
+        f(&mut write(&self.inner.status).snapshot.run);
+    }
+
+    /// Records one optimizer step and streams it to metrics subscribers.
+    pub fn publish_metrics(&self, m: StepMetrics) {
+        {
+            let mut st = write(&self.inner.status);
+            st.have_metrics = true;
+            let s = &mut st.snapshot;
+            s.run.step = m.step;
+            s.run.epoch = m.epoch;
+            s.throughput.tokens_per_s = m.tokens_per_s;
+            s.last_loss = Some(m.loss);
+            if m.tau.is_some() {
+                s.last_tau = m.tau;
+            }
+        }
+        self.publish(Topic::Metrics, Response::Metrics(Box::new(m)));
+    }
+
+    /// Baseline and stability come from the throughput detector, not from a single step.
+    pub fn set_throughput_judgement(&self, baseline: Option<f64>, stable_since_ms: Option<i64>) {
+        let mut st = write(&self.inner.status);
+        st.snapshot.throughput.baseline_tokens_per_s = baseline;
+        st.snapshot.throughput.stable_since_ms = stable_since_ms;
+    }
+
+    pub fn publish_queue(&self, q: QueueStats) {
+        write(&self.inner.status).snapshot.queue = q.clone();
+        self.publish(Topic::Metrics, Response::Queue(q));
+    }
+
+    /// Hands the run's queues to the telemetry timer (`None`: the topology has no queue).
+    pub fn set_queue_monitor(&self, monitor: Option<QueueMonitor>) {
+        *lock(&self.inner.queue_monitor) = monitor;
+    }
+
+    /// Publishes a fresh reading of the hidden-state queue, if the run has one. The telemetry
+    /// timer calls it, so a stalled producer or consumer still shows its depth, bytes and
+    /// blocked/starved time while no step completes.
+    pub fn publish_queue_reading(&self) -> Option<QueueStats> {
+        let stats = lock(&self.inner.queue_monitor).as_ref()?.stats();
+        self.publish_queue(stats.clone());
+        Some(stats)
+    }
+
+    pub fn publish_gpus(&self, telemetry: GpuTelemetry) {
+        write(&self.inner.status).snapshot.gpus = telemetry.clone();
+        self.publish(Topic::Metrics, Response::Gpus { telemetry });
+    }
+
+    pub fn set_host(&self, host: HostSample) {
+        write(&self.inner.status).snapshot.host = Some(host);
+    }
+
+    pub fn set_caches(&self, caches: Vec<CacheState>) {
+        write(&self.inner.status).snapshot.caches = caches;
+    }
+
+    pub fn set_alerts(&self, alerts: Vec<Alert>) {
+        write(&self.inner.status).snapshot.alerts = alerts;
+    }
+
+    pub fn set_config(&self, config: serde_json::Value) {
+        *write(&self.inner.config) = config;
+    }
+
+    pub fn set_fingerprint(&self, fingerprint: serde_json::Value) {
+        *write(&self.inner.fingerprint) = fingerprint;
+    }
+
+    /// Lists a checkpoint in status and journals it.
+    pub fn add_checkpoint(&self, c: CheckpointInfo) -> Result<Event, JournalError> {
+        {
+            let mut st = write(&self.inner.status);
+            let list = &mut st.snapshot.checkpoints;
+            list.push(c.clone());
+            let excess = list.len().saturating_sub(CHECKPOINTS_LISTED);
+            list.drain(..excess);
+        }
+        self.record_event(
+            Severity::Info,
+            EventKind::CheckpointWritten {
+                step: c.step,
+                path: c.path,
+                bytes: c.bytes,
+            },
+        )
+    }
+
+    /// Replaces the listed checkpoints without journaling: what is on disk at start, or the
+    /// list after old checkpoints were pruned.
+    pub fn set_checkpoints(&self, mut list: Vec<CheckpointInfo>) {
+        list.sort_by_key(|c| c.step);
+        let excess = list.len().saturating_sub(CHECKPOINTS_LISTED);
+        list.drain(..excess);
+        write(&self.inner.status).snapshot.checkpoints = list;
+    }
+
+    /// Appends to the journal (durably) and streams the event to subscribers.
+    pub fn record_event(&self, severity: Severity, kind: EventKind) -> Result<Event, JournalError> {
+        let event = lock(&self.inner.journal).append(severity, kind)?;
+        self.publish(Topic::Events, Response::Event(Box::new(event.clone())));
+        Ok(event)
+    }
+
+    /// Journals an event; a journal failure is logged rather than propagated. For callers
+    /// (connection handlers, samplers) that must go on regardless.
+    pub fn record_event_logged(&self, severity: Severity, kind: EventKind) -> Option<Event> {
+        match self.record_event(severity, kind) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::error!(error = %e, "journal append failed");
+                None
+            }
+        }
+    }
+
+    pub fn publish(&self, topic: Topic, frame: Response) {
+        if let Some(rec) = &self.inner.recorder {
+            if Recorder::records(&frame) {
+                lock(rec).record(now_ms(), &frame);
+            }
+        }
+        self.inner.bus.publish(topic, frame);
+    }
+
+    // ----- control plane side --------------------------------------------------------------
+
+    pub fn status_snapshot(&self) -> StatusSnapshot {
+        let mut s = read(&self.inner.status).snapshot.clone();
+        s.pending_actions = lock(&self.inner.pending).list();
+        s
+    }
+
+    pub fn config(&self) -> serde_json::Value {
+        read(&self.inner.config).clone()
+    }
+
+    pub fn fingerprint(&self) -> serde_json::Value {
+        read(&self.inner.fingerprint).clone()
+    }
+
+    pub fn gpus(&self) -> GpuTelemetry {
+        read(&self.inner.status).snapshot.gpus.clone()
+    }
+
+    pub fn caches(&self) -> Vec<CacheState> {
+        read(&self.inner.status).snapshot.caches.clone()
+    }
+
+    pub fn checkpoints(&self) -> Vec<CheckpointInfo> {
+        read(&self.inner.status).snapshot.checkpoints.clone()
+    }
+
+    pub fn state_view(&self) -> StateView {
+        let st = read(&self.inner.status);
+        let s = &st.snapshot;
+        StateView {
+            now_ms: now_ms(),
+            run_state: s.run.state,
+            step: s.run.step,
+            last_checkpoint: s.checkpoints.last().cloned(),
+            tokens_per_s: st.have_metrics.then_some(s.throughput.tokens_per_s),
+            stable_since_ms: s.throughput.stable_since_ms,
+            caches: s.caches.clone(),
+            unlocked_keys: lock(&self.inner.unlocked_keys).clone(),
+        }
+    }
+
+    pub fn with_journal<T>(&self, f: impl FnOnce(&mut Journal) -> T) -> T {
+        f(&mut lock(&self.inner.journal))
+    }
+
+    pub fn with_pending<T>(&self, f: impl FnOnce(&mut PendingActions) -> T) -> T {
+        f(&mut lock(&self.inner.pending))
+    }
+
+    pub fn unlock_key(&self, key: &str) {
+        let mut keys = lock(&self.inner.unlocked_keys);
+        if !keys.iter().any(|k| k == key) {
+            keys.push(key.to_string());
+        }
+    }
+
+    /// Keys an operator unlocked in this daemon's lifetime; resume logic consults this.
+    pub fn unlocked_keys(&self) -> Vec<String> {
+        lock(&self.inner.unlocked_keys).clone()
+    }
+
+    /// Hands a command to the run loop; `Err` returns it when no run loop is attached.
+    pub fn send_command(&self, cmd: RunCommand) -> Result<(), RunCommand> {
+        let guard = lock(&self.inner.commands);
+        match guard.as_ref() {
+            Some(tx) => tx.send(cmd).map_err(|e| e.0),
+            None => Err(cmd),
+        }
+    }
+
+    // ----- shutdown ------------------------------------------------------------------------
+
+    /// Tells every part of the daemon to wind down. Idempotent; the first reason is kept.
+    pub fn request_shutdown(&self, reason: impl Into<String>) {
+        let mut r = lock(&self.inner.shutdown_reason);
+        if r.is_none() {
+            *r = Some(reason.into());
+        }
+        self.inner.shutdown_requested.store(true, Ordering::SeqCst);
+        let _ = self.inner.shutdown_tx.send(());
+    }
+
+    pub fn is_shutdown_requested(&self) -> bool {
+        self.inner.shutdown_requested.load(Ordering::SeqCst)
+    }
+
+    pub fn shutdown_reason(&self) -> Option<String> {
+        lock(&self.inner.shutdown_reason).clone()
+    }
+
+    /// A [`Shutdown`] listener; it also fires if shutdown was requested before subscribing.
+    pub fn shutdown_listener(&self) -> Shutdown {
+        Shutdown {
+            rx: self.inner.shutdown_tx.subscribe(),
+            handle: self.clone(),
+        }
+    }
+}
+
+/// Waits for the shutdown broadcast (mini-redis style).
+#[derive(Debug)]
+pub struct Shutdown {
+    rx: broadcast::Receiver<()>,
+    handle: RunHandle,
+}
+
+impl Shutdown {
+    pub fn is_shutdown(&self) -> bool {
+        self.handle.is_shutdown_requested()
+    }
+
+    /// Resolves once shutdown is requested (immediately if it already was).
+    pub async fn recv(&mut self) {
+        if self.is_shutdown() {
+            return;
+        }
+        // Lagged or Closed both mean a shutdown was sent or the daemon is gone.
+        let _ = self.rx.recv().await;
+    }
+}
+
+// Poisoning only means another thread panicked mid-update; the data is plain telemetry and
+// still usable, and refusing to serve status after a worker panic would hide the failure.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+#[path = "handle_tests.rs"]
+mod tests;

@@ -1,0 +1,152 @@
+use super::*;
+use dflash_shared::metrics::StepTimes;
+use dflash_shared::recording::RecordedFrame;
+
+fn handle(dir: &Path, recorder: bool) -> RunHandle {
+    let (journal, _) = Journal::open(dir).unwrap();
+    RunHandle::new(RunHandleParts {
+        policy: ActionPolicy::new("r"),
+        run_dir: dir.to_path_buf(),
+        journal,
+        bus: FrameBus::new(16),
+        recorder: recorder.then(|| Recorder::open(dir).unwrap()),
+        config_path: None,
+    })
+}
+
+fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
+    StepMetrics {
+        ts_ms: 0,
+        step,
+        epoch: 2,
+        loss: 1.5,
+        accuracy: 0.5,
+        tau,
+        lr: 1e-4,
+        grad_norm: 1.0,
+        tokens_per_s: 12_800.0,
+        workers: vec![],
+        times: StepTimes::default(),
+    }
+}
+
+#[test]
+fn status_and_state_view_follow_what_the_run_loop_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    assert_eq!(
+        h.state_view().tokens_per_s,
+        None,
+        "no throughput is claimed before the first step"
+    );
+    h.set_run_state(RunState::Training);
+    h.publish_metrics(metrics(10, Some(3.2)));
+    h.publish_metrics(metrics(11, None));
+    h.set_throughput_judgement(Some(12_900.0), Some(5));
+    let s = h.status_snapshot();
+    assert_eq!(
+        (s.run.step, s.run.epoch, s.last_tau, s.last_loss),
+        (11, 2, Some(3.2), Some(1.5))
+    );
+    assert_eq!(s.throughput.baseline_tokens_per_s, Some(12_900.0));
+    let v = h.state_view();
+    assert_eq!(
+        (v.tokens_per_s, v.stable_since_ms, v.run_state),
+        (Some(12_800.0), Some(5), RunState::Training)
+    );
+}
+
+#[test]
+fn checkpoints_are_listed_journaled_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    for step in 0..40 {
+        h.add_checkpoint(CheckpointInfo {
+            step,
+            path: format!("ckpt-{step}"),
+            written_ms: step as i64,
+            bytes: 1,
+        })
+        .unwrap();
+    }
+    let listed = h.checkpoints();
+    assert_eq!(listed.len(), CHECKPOINTS_LISTED);
+    assert_eq!(listed.last().unwrap().step, 39);
+    assert_eq!(h.state_view().last_checkpoint.unwrap().step, 39);
+    assert_eq!(h.with_journal(|j| j.next_seq()), 41);
+}
+
+#[test]
+fn the_recording_holds_telemetry_and_events_but_not_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), true);
+    h.publish_metrics(metrics(1, None));
+    h.record_event(
+        Severity::Info,
+        EventKind::Note {
+            message: "n".into(),
+        },
+    )
+    .unwrap();
+    h.publish(
+        Topic::Logs,
+        Response::Log {
+            level: "INFO".into(),
+            line: "x".into(),
+        },
+    );
+    let text = std::fs::read_to_string(dir.path().join(crate::run::recorder::RECORDING_FILE_NAME))
+        .unwrap();
+    let frames: Vec<RecordedFrame> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(frames.len(), 2, "{text}");
+    assert!(matches!(frames[0].frame, Response::Metrics(_)));
+    assert!(matches!(frames[1].frame, Response::Event(_)));
+}
+
+#[test]
+fn commands_reach_an_attached_run_loop_and_come_back_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let (tx, _rx) = oneshot::channel();
+    assert!(h
+        .send_command(RunCommand::Kill {
+            action_id: "k".into(),
+            reply: tx
+        })
+        .is_err());
+    let commands = h.attach_run_loop();
+    let (tx, _rx) = oneshot::channel();
+    h.send_command(RunCommand::Stop {
+        action_id: "s".into(),
+        reply: tx,
+    })
+    .unwrap();
+    assert!(
+        matches!(commands.try_recv().unwrap(), RunCommand::Stop { action_id, .. } if action_id == "s")
+    );
+}
+
+#[test]
+fn shutdown_is_sticky_and_keeps_the_first_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let listener_before = h.shutdown_listener();
+    h.request_shutdown("first");
+    h.request_shutdown("second");
+    assert_eq!(h.shutdown_reason().as_deref(), Some("first"));
+    assert!(listener_before.is_shutdown());
+    // A listener created after the request still fires.
+    let mut late = h.shutdown_listener();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(1), late.recv())
+            .await
+            .unwrap()
+    });
+}

@@ -1,0 +1,17 @@
+//! The run's shared state and its run-dir records, below both the socket server
+//! ([`crate::control`]) and the daemon process ([`crate::runtime`]), which both use it and never
+//! each other through it.
+//!
+//! - [`handle`]: [`handle::RunHandle`], the hub: status store, journal, pending actions,
+//!   unlocked keys, queue monitor, frame bus, recorder, command channel and shutdown.
+//! - [`bus`]: live frames to subscribers; [`journal`]: the durable event history;
+//!   [`recorder`]: the telemetry recording; [`pending`]: the pure logic of destructive actions;
+//!   [`locked_keys`]: confirmed unlocks of locked config keys; [`paths`]: where the daemon's
+//!   files and socket live.
+pub mod bus;
+pub mod handle;
+pub mod journal;
+pub mod locked_keys;
+pub mod paths;
+pub mod pending;
+pub mod recorder;

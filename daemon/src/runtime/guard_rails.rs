@@ -1,0 +1,319 @@
+//! Assembles the daemon's guard rails around a run: run-dir lock, journal, environment
+//! fingerprint and resume decision, control socket, telemetry sampler and systemd
+//! readiness. The `start` command builds a [`ControlPlane`], then hands its
+//! [`RunHandle`] to the run loop (which attaches to the command channel) when
+//! [`ControlPlane::resume_allowed`] says so.
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::status::RunState;
+use thiserror::Error;
+
+use crate::control::server::{ControlServer, ServerConfig, ServerError};
+use crate::run::bus::FrameBus;
+use crate::run::handle::{RunHandle, RunHandleParts};
+use crate::run::journal::{Journal, JournalError};
+use crate::run::pending::ActionPolicy;
+use crate::run::recorder::Recorder;
+use crate::runtime::notify;
+use crate::runtime::run_dir_lock::{LockError, RunDirLock};
+use crate::runtime::sampler::{SamplerConfig, TelemetrySampler};
+use crate::telemetry::caches::{
+    default_cache_specs, load_inventory, CacheEnv, CacheMonitor, CacheSpec,
+};
+use crate::telemetry::fingerprint::{self, FingerprintError, FingerprintInputs, ResumeDecision};
+use crate::telemetry::GpuSampler;
+use dflash_shared::clock::now_ms;
+
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub run_name: String,
+    pub run_dir: PathBuf,
+    pub socket: PathBuf,
+    /// The live-frame bus; created before logging so log lines reach `logs` subscribers.
+    pub bus: FrameBus,
+    pub poweroff_command: Option<Vec<String>>,
+    pub pending_ttl_ms: i64,
+    pub telemetry_interval: Duration,
+    pub cache_interval: Duration,
+    /// `None`: the default TorchInductor, Triton, CUDA and warmup-record caches.
+    pub cache_specs: Option<Vec<CacheSpec>>,
+    pub fingerprint: FingerprintInputs,
+    /// The token an operator gave to accept an environment drift (`--accept-drift`).
+    pub accepted_drift_token: Option<String>,
+    /// The effective config, served by the `config` query.
+    pub config_json: serde_json::Value,
+    pub config_path: Option<String>,
+}
+
+/// Control-plane settings with defaults, kept apart from [`DaemonOptions`].
+#[derive(Debug, Clone, Default)]
+pub struct ControlTuning {
+    /// Users besides the daemon's own that may use the socket (`control.allowed_uids`).
+    pub extra_allowed_uids: Vec<u32>,
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("starting the telemetry thread: {0}")]
+    Thread(std::io::Error),
+}
+
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub handle: RunHandle,
+    pub resume: ResumeDecision,
+    pub socket: PathBuf,
+    run_dir: PathBuf,
+    /// What the previous start recorded, and whether this start replaced it.
+    previous_fingerprint: Option<dflash_shared::health::Fingerprint>,
+    saved_fingerprint: bool,
+    server: tokio::task::JoinHandle<()>,
+    sampler: JoinHandle<()>,
+    _lock: RunDirLock,
+}
+
+impl ControlPlane {
+    /// Starts everything but training. Must run inside a tokio runtime.
+    pub async fn start(opts: DaemonOptions) -> Result<Self, StartError> {
+        Self::start_with(opts, ControlTuning::default()).await
+    }
+
+    /// [`ControlPlane::start`] with non-default control settings.
+    pub async fn start_with(
+        opts: DaemonOptions,
+        tuning: ControlTuning,
+    ) -> Result<Self, StartError> {
+        let lock = RunDirLock::acquire(&opts.run_dir)?;
+        let takeover = lock.takeover().notice(lock.path());
+        let (journal, recovery) = Journal::open(&opts.run_dir)?;
+        let recorder = Recorder::open(&opts.run_dir)
+            .inspect_err(|e| tracing::warn!(error = %e, "telemetry recording disabled"))
+            .ok();
+        let mut policy = ActionPolicy::new(opts.run_name.clone());
+        policy.poweroff_command = opts.poweroff_command.clone();
+        policy.ttl_ms = opts.pending_ttl_ms;
+        let handle = RunHandle::new(RunHandleParts {
+            policy,
+            run_dir: opts.run_dir.clone(),
+            journal,
+            bus: opts.bus.clone(),
+            recorder,
+            config_path: opts.config_path.clone(),
+        });
+        handle.set_config(opts.config_json.clone());
+        if let Some(notice) = takeover {
+            tracing::warn!("{notice}");
+            handle.record_event_logged(Severity::Warn, EventKind::Note { message: notice });
+        }
+        if !recovery.is_clean() {
+            let message = format!(
+                "journal recovered: dropped a torn last line of {} bytes, skipped unreadable lines {:?}",
+                recovery.torn_tail_bytes, recovery.unreadable_lines
+            );
+            tracing::warn!("{message}");
+            handle.record_event_logged(Severity::Warn, EventKind::Note { message });
+        }
+
+        // Fingerprinting hashes data files: keep it off the async workers.
+        let inputs = opts.fingerprint.clone();
+        let (gpus, current) = tokio::task::spawn_blocking(move || {
+            let gpus = GpuSampler::new();
+            let fp = fingerprint::collect(&inputs, &gpus, now_ms());
+            (gpus, fp)
+        })
+        .await
+        .expect("fingerprint task does not panic");
+        let current = current.inspect_err(|e| {
+            // The journal is open: a start refused this early stays in the run's history.
+            handle.record_event_logged(
+                Severity::Crit,
+                EventKind::RunStopped {
+                    reason: format!("the run did not start: {e}"),
+                    checkpoint: None,
+                },
+            );
+        })?;
+        let previous = fingerprint::load(&opts.run_dir)?;
+        let resume = fingerprint::resume_decision(
+            previous.as_ref(),
+            &current,
+            opts.accepted_drift_token.as_deref(),
+        );
+        handle.set_fingerprint(serde_json::to_value(&current).unwrap_or_default());
+        handle.record_event(
+            Severity::Info,
+            EventKind::Fingerprint {
+                summary: current.summary(),
+            },
+        )?;
+        journal_resume_decision(&handle, &resume)?;
+        let saved_fingerprint = !matches!(resume, ResumeDecision::Blocked { .. });
+        if saved_fingerprint {
+            fingerprint::save(&opts.run_dir, &current)?;
+        }
+
+        let mut server_cfg = ServerConfig::new(&opts.socket);
+        server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+        for uid in tuning.extra_allowed_uids {
+            if !server_cfg.allowed_uids.contains(&uid) {
+                server_cfg.allowed_uids.push(uid);
+            }
+        }
+        let server = ControlServer::bind(server_cfg, handle.clone())?;
+        if server.removed_stale_socket() {
+            handle.record_event_logged(
+                Severity::Info,
+                EventKind::Note {
+                    message: format!(
+                        "replaced a stale control socket at {}",
+                        opts.socket.display()
+                    ),
+                },
+            );
+        }
+        let server = tokio::spawn(server.run());
+
+        let specs = opts
+            .cache_specs
+            .clone()
+            .unwrap_or_else(|| default_cache_specs(&CacheEnv::from_environment(), &opts.run_dir));
+        let (previous_caches, saved_ms) = load_inventory(&opts.run_dir);
+        let sampler = TelemetrySampler::new(
+            handle.clone(),
+            gpus,
+            CacheMonitor::new(specs, &previous_caches, saved_ms),
+            SamplerConfig {
+                interval: opts.telemetry_interval,
+                cache_interval: opts.cache_interval,
+                run_dir: opts.run_dir.clone(),
+            },
+        )
+        .spawn()
+        .map_err(|e| {
+            handle.request_shutdown("the telemetry thread could not start");
+            StartError::Thread(e)
+        })?;
+
+        let status = match &resume {
+            ResumeDecision::Blocked { .. } => {
+                "waiting for an operator to accept an environment drift"
+            }
+            _ => "control socket up",
+        };
+        notify::ready(status);
+        tracing::info!(socket = %opts.socket.display(), run_dir = %opts.run_dir.display(), "dflashd control plane up");
+        Ok(ControlPlane {
+            handle,
+            resume,
+            socket: opts.socket,
+            run_dir: opts.run_dir,
+            previous_fingerprint: previous,
+            saved_fingerprint,
+            server,
+            sampler,
+            _lock: lock,
+        })
+    }
+
+    /// Whether the run loop may start: the environment matches, or its drift was accepted.
+    pub fn resume_allowed(&self) -> bool {
+        !matches!(self.resume, ResumeDecision::Blocked { .. })
+    }
+
+    /// Puts back the environment the previous start recorded. For a start that trained nothing
+    /// (setup failed, a locked key was refused): the next start must still be compared with the
+    /// environment the run last ran in, not with this failed attempt's.
+    pub fn forget_fingerprint(&self) -> Result<(), FingerprintError> {
+        if !self.saved_fingerprint {
+            return Ok(());
+        }
+        match &self.previous_fingerprint {
+            Some(previous) => fingerprint::save(&self.run_dir, previous),
+            None => fingerprint::remove(&self.run_dir),
+        }
+    }
+
+    /// Waits until shutdown is requested on the handle and every part has stopped.
+    pub async fn wait(self) {
+        let ControlPlane {
+            handle,
+            server,
+            sampler,
+            _lock,
+            ..
+        } = self;
+        let _ = server.await;
+        notify::stopping(
+            &handle
+                .shutdown_reason()
+                .unwrap_or_else(|| "stopping".into()),
+        );
+        let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
+        // `_lock` is released last, once nothing of this daemon touches the run dir.
+    }
+}
+
+fn journal_resume_decision(
+    handle: &RunHandle,
+    resume: &ResumeDecision,
+) -> Result<(), JournalError> {
+    match resume {
+        ResumeDecision::FirstStart | ResumeDecision::Unchanged => {}
+        ResumeDecision::Proceed { drifts, accepted } => {
+            for d in drifts {
+                let severity = if d.blocks_resume {
+                    Severity::Warn
+                } else {
+                    Severity::Info
+                };
+                handle.record_event(severity, d.to_event_kind())?;
+            }
+            if *accepted {
+                handle.record_event(
+                    Severity::Warn,
+                    EventKind::Note {
+                        message: "environment drift accepted by the operator's token; resuming"
+                            .into(),
+                    },
+                )?;
+            }
+        }
+        ResumeDecision::Blocked {
+            drifts,
+            confirm_token,
+        } => {
+            for d in drifts {
+                let severity = if d.blocks_resume {
+                    Severity::Crit
+                } else {
+                    Severity::Info
+                };
+                handle.record_event(severity, d.to_event_kind())?;
+            }
+            let changes: Vec<String> = drifts
+                .iter()
+                .filter(|d| d.blocks_resume)
+                .map(|d| d.sentence())
+                .collect();
+            let reason = format!(
+                "environment drift since the last start ({}); resume is held. Accept it with --accept-drift {confirm_token}",
+                changes.join("; ")
+            );
+            tracing::error!("{reason}");
+            handle.set_run_state(RunState::Paused);
+            handle.record_event(Severity::Crit, EventKind::RunPaused { reason })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! The telemetry loop: samples GPUs, the host and the hidden-state queue every interval and
+//! the caches every cache interval, updates the [`RunHandle`], streams GPU frames to metrics subscribers and
+//! journals cache changes. Runs on its own std thread, so a slow NVML call or a large cache
+//! walk never delays a training step or a control reply.
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dflash_shared::events::Severity;
+
+use crate::run::handle::RunHandle;
+use crate::telemetry::caches::{save_inventory, CacheMonitor};
+use crate::telemetry::{GpuSampler, HostSampler};
+use dflash_shared::clock::now_ms;
+
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    pub interval: Duration,
+    /// Cache walks touch many files; they run less often.
+    pub cache_interval: Duration,
+    /// Where the cache inventory is saved for the next daemon.
+    pub run_dir: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct TelemetrySampler {
+    gpu: GpuSampler,
+    host: HostSampler,
+    caches: CacheMonitor,
+    handle: RunHandle,
+    cfg: SamplerConfig,
+    last_cache_scan: Option<Instant>,
+}
+
+impl TelemetrySampler {
+    pub fn new(
+        handle: RunHandle,
+        gpu: GpuSampler,
+        caches: CacheMonitor,
+        cfg: SamplerConfig,
+    ) -> Self {
+        TelemetrySampler {
+            gpu,
+            host: HostSampler::new(),
+            caches,
+            handle,
+            cfg,
+            last_cache_scan: None,
+        }
+    }
+
+    /// One round of sampling.
+    pub fn tick(&mut self) {
+        let now = now_ms();
+        self.handle.publish_gpus(self.gpu.sample(now));
+        self.handle.set_host(self.host.sample(now));
+        // Steps publish the queue too, but a stalled side means no step completes.
+        self.handle.publish_queue_reading();
+        let due = self
+            .last_cache_scan
+            .is_none_or(|t| t.elapsed() >= self.cfg.cache_interval);
+        if due {
+            self.scan_caches(now);
+            self.last_cache_scan = Some(Instant::now());
+        }
+    }
+
+    fn scan_caches(&mut self, now: i64) {
+        let scan = self.caches.scan_all(now);
+        for change in &scan.changes {
+            let severity = match change.kind {
+                dflash_shared::health::CacheChangeKind::Deleted
+                | dflash_shared::health::CacheChangeKind::WentCold => Severity::Warn,
+                _ => Severity::Info,
+            };
+            self.handle
+                .record_event_logged(severity, change.to_event_kind());
+        }
+        for t in &scan.transitions {
+            self.handle
+                .record_event_logged(t.severity(), t.to_event_kind());
+        }
+        if let Err(e) = save_inventory(&self.cfg.run_dir, &scan.states) {
+            tracing::warn!(error = %e, "could not save the cache inventory; a deletion while the daemon is down will go unnoticed");
+        }
+        self.handle.set_caches(scan.states);
+    }
+
+    /// Runs `tick` every interval on a named thread until shutdown is requested.
+    pub fn spawn(mut self) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("dflash-telemetry".into())
+            .spawn(move || {
+                while !self.handle.is_shutdown_requested() {
+                    let started = Instant::now();
+                    self.tick();
+                    // Sleep in short slices so shutdown is not delayed by a whole interval.
+                    while started.elapsed() < self.cfg.interval
+                        && !self.handle.is_shutdown_requested()
+                    {
+                        std::thread::sleep(Duration::from_millis(50).min(self.cfg.interval));
+                    }
+                }
+            })
+    }
+}

@@ -1,0 +1,291 @@
+//! `dflashd config validate/show`, and locked keys across restarts of a real daemon: a change
+//! is refused naming the key, unless an unlock was confirmed (and journaled) on the socket.
+
+use std::path::Path;
+
+use crate::support::binary::{journal, request_and_confirm, run, write_config, Daemon};
+use crate::support::in_process::Client;
+use dflash_shared::actions::Action;
+use dflash_shared::config::{Config, EMBEDDED_DEFAULT_TOML};
+use dflash_shared::events::EventKind;
+use dflash_shared::protocol::Response;
+
+#[test]
+fn validate_names_the_bad_key_and_show_prints_every_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let bad = root.join("bad.toml");
+    let text = EMBEDDED_DEFAULT_TOML.replace("num_anchors = 16", "num_anchors = \"many\"");
+    std::fs::write(&bad, text).unwrap();
+    let (code, stdout, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
+    assert_eq!(code, 1, "{stdout}");
+    for needle in ["bad.toml", "training.num_anchors", "(line ", "\"many\""] {
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
+    }
+    std::fs::write(
+        &bad,
+        EMBEDDED_DEFAULT_TOML.replace("eval_every = 50", "eval_evry = 50"),
+    )
+    .unwrap();
+    let (code, _, stderr) = run(root, &["config", "validate", &bad.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("training.eval_evry") && stderr.contains("did you mean `eval_every`"),
+        "{stderr}"
+    );
+
+    let (code, shown, stderr) = run(root, &["config", "show"]);
+    assert_eq!(code, 0, "{stderr}");
+    let parsed = Config::from_toml_str(&shown, "shown").unwrap();
+    assert_eq!(parsed, Config::embedded_default());
+    assert!(
+        shown.contains("[detectors.throughput]"),
+        "defaults are filled in:\n{shown}"
+    );
+    let good = root.join("good.toml");
+    std::fs::write(&good, &shown).unwrap();
+    let (code, stdout, _) = run(root, &["config", "validate", &good.display().to_string()]);
+    assert_eq!((code, stdout.contains("valid")), (0, true), "{stdout}");
+    let (code, again, _) = run(root, &["config", "show", &good.display().to_string()]);
+    assert_eq!(code, 0);
+    assert_eq!(Config::from_toml_str(&again, "again").unwrap(), parsed);
+}
+
+fn confirm(c: &mut Client, action: Action) -> String {
+    match request_and_confirm(c, action) {
+        (id, Response::Executed { outcome, .. }) => {
+            assert!(outcome.contains("unlocked"), "{outcome}");
+            id
+        }
+        (_, other) => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (old, new, epochs) = (
+        root.join("old.toml"),
+        root.join("new.toml"),
+        root.join("epochs.toml"),
+    );
+    write_config(&old, |_| {});
+    write_config(&new, |c| c.training.early_stopping = true);
+    write_config(&epochs, |c| c.training.epochs = 3);
+    let cfg = |p: &Path| p.display().to_string();
+
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old), "--max-steps", "2"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+
+    // Changed locked keys: refused with exit 2, the key and both values named.
+    for (file, needle) in [
+        (&epochs, "training.epochs: 6 → 3"),
+        (&new, "training.early_stopping: false → true"),
+    ] {
+        let mut d = Daemon::spawn(root, &["--config", &cfg(file), "--max-steps", "1"]);
+        let status = d.wait_exit();
+        assert_eq!(status.code(), Some(2), "{}", d.stderr());
+        assert!(
+            d.stderr().contains(needle),
+            "{needle:?} missing:\n{}",
+            d.stderr()
+        );
+        assert!(d.stderr().contains("unlock"), "{}", d.stderr());
+    }
+    let paused = journal(&d.run_dir).into_iter().any(
+        |e| matches!(e.kind, EventKind::RunPaused { reason } if reason.contains("training.epochs")),
+    );
+    assert!(paused, "the refusal is journaled");
+
+    // While the run is up under its old config, an operator unlocks the key on the socket.
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old)]);
+    let mut c = d.client();
+    let id = confirm(
+        &mut c,
+        Action::UnlockKey {
+            key: "training.early_stopping".into(),
+        },
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success());
+
+    // The restart with the new value is accepted, once, and the acceptance is journaled.
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&new), "--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    let accepted = journal(&d.run_dir).into_iter().any(|e| {
+        matches!(&e.kind, EventKind::Note { message } if message.contains("training.early_stopping changed false → true") && message.contains(&id))
+    });
+    assert!(accepted, "the accepted change names the unlock");
+    // The unlocked epochs key was not part of it: still refused.
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&epochs), "--max-steps", "1"]);
+    assert_eq!(d.wait_exit().code(), Some(2));
+}
+
+#[test]
+fn an_environment_drift_holds_the_resume_until_its_token_is_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut d = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    // What a swapped libtorch looks like to the next start: the recorded environment differs.
+    let path = d.run_dir.join("fingerprint.json");
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let now = fp["libtorch_version"]
+        .as_str()
+        .unwrap_or("(absent)")
+        .to_string();
+    fp["libtorch_version"] = "2.9.1+cu130".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+
+    let mut held = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert_eq!(held.wait_exit().code(), Some(3), "{}", held.stderr());
+    let err = held.stderr();
+    assert!(
+        err.contains(&format!("libtorch 2.9.1+cu130 → {now}")),
+        "{err}"
+    );
+    let token = err
+        .split("--accept-drift ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no token in: {err}"))
+        .to_string();
+    let drift = journal(&d.run_dir).into_iter().any(
+        |e| matches!(e.kind, EventKind::EnvironmentDrift { ref field, .. } if field == "libtorch"),
+    );
+    assert!(drift, "the drift is journaled");
+    let mut wrong = Daemon::spawn(root, &["--max-steps", "1", "--accept-drift", "0000"]);
+    assert_eq!(wrong.wait_exit().code(), Some(3));
+
+    let mut accepted = Daemon::spawn(root, &["--max-steps", "1", "--accept-drift", &token]);
+    assert!(accepted.wait_exit().success(), "{}", accepted.stderr());
+    assert!(
+        accepted.stdout().contains("resumed at step 1"),
+        "{}",
+        accepted.stdout()
+    );
+}
+
+#[test]
+fn a_new_code_commit_resumes_on_its_own_and_is_journaled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut d = Daemon::spawn(root, &["--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    // What the previous start recorded when it was built at another commit and version.
+    let path = d.run_dir.join("fingerprint.json");
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let old_commit = "0123456789abcdef0123456789abcdef01234567";
+    fp["code_git_commit"] = old_commit.into();
+    fp["dflashd_version"] = "0.0.1".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+
+    let mut rebuilt = Daemon::spawn(root, &["--max-steps", "2"]);
+    assert!(rebuilt.wait_exit().success(), "{}", rebuilt.stderr());
+    let out = rebuilt.stdout();
+    assert!(
+        out.contains("resumed at step 1") && out.contains("changed:  dflashd 0.0.1 → "),
+        "{out}"
+    );
+    assert!(out.contains("code commit 0123456789ab → "), "{out}");
+    let events = journal(&d.run_dir);
+    let changed = events.iter().any(|e| {
+        matches!(&e.kind, EventKind::EnvironmentChanged { field, before, .. }
+            if field == "code_git_commit" && before == old_commit)
+    });
+    assert!(
+        changed,
+        "the commit change is journaled with before → after"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::EnvironmentDrift { .. })),
+        "a commit change is not a drift"
+    );
+
+    // The same rebuild next to a swapped torch is still held.
+    let mut fp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    fp["code_git_commit"] = old_commit.into();
+    fp["libtorch_version"] = "2.9.1+cu130".into();
+    std::fs::write(&path, serde_json::to_vec(&fp).unwrap()).unwrap();
+    let mut held = Daemon::spawn(root, &["--max-steps", "3"]);
+    assert_eq!(held.wait_exit().code(), Some(3), "{}", held.stderr());
+    let err = held.stderr();
+    assert!(err.contains("libtorch 2.9.1+cu130 → "), "{err}");
+    assert!(
+        err.contains("Also changed (informational, does not hold the run): code commit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unlocked_epochs_change_resumes_the_checkpoint_and_a_tap_count_change_never_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (old, longer, wider) = (
+        root.join("old.toml"),
+        root.join("longer.toml"),
+        root.join("wider.toml"),
+    );
+    write_config(&old, |_| {});
+    write_config(&longer, |c| c.training.epochs = 8);
+    write_config(&wider, |c| c.drafter.target_layer_ids = vec![0, 1, 3]);
+    let cfg = |p: &Path| p.display().to_string();
+
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old), "--max-steps", "2"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+    let six_epochs = total_steps(&d.stdout());
+
+    // A different number of tap layers cannot carry the weights: refused, no unlock offered.
+    let mut refused = Daemon::spawn(root, &["--config", &cfg(&wider), "--max-steps", "1"]);
+    assert_eq!(refused.wait_exit().code(), Some(2), "{}", refused.stderr());
+    let err = refused.stderr();
+    assert!(
+        err.contains("drafter.target_layer_ids") && err.contains("fc input"),
+        "{err}"
+    );
+    assert!(!err.contains("press U"), "an unlock would not help: {err}");
+
+    // The operator unlocks epochs on the socket while the run is up under its old config.
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&old)]);
+    let mut c = d.client();
+    let id = confirm(
+        &mut c,
+        Action::UnlockKey {
+            key: "training.epochs".into(),
+        },
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+
+    // The checkpoint resumes under 8 epochs: its weights and data position carry over and
+    // the schedule is recomputed from the new total.
+    let mut resumed = Daemon::spawn(root, &["--config", &cfg(&longer), "--max-steps", "1"]);
+    assert!(resumed.wait_exit().success(), "{}", resumed.stderr());
+    let out = resumed.stdout();
+    assert!(out.contains("resumed at step"), "{out}");
+    assert_eq!(total_steps(&out), six_epochs / 6 * 8, "{out}");
+    let noted = journal(&d.run_dir).into_iter().any(|e| {
+        matches!(&e.kind, EventKind::Note { message }
+            if message.contains("training.epochs changed 6 → 8") && message.contains(&id))
+    });
+    assert!(noted, "the accepted change is journaled with its unlock");
+    // Later starts under the new value need no further unlock.
+    let mut again = Daemon::spawn(root, &["--config", &cfg(&longer), "--max-steps", "1"]);
+    assert!(again.wait_exit().success(), "{}", again.stderr());
+}
+
+/// "... N steps in total ..." from the start banner.
+fn total_steps(banner: &str) -> u64 {
+    banner
+        .split(" steps in total")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no total in: {banner}"))
+}

@@ -1,0 +1,114 @@
+//! `dflashd start --detach` with a missing model, a missing data file or a config that does not
+//! load: the caller's terminal gets the daemon's error (the file, the key and what to do), the
+//! command exits non-zero, and the run's journal keeps the refusal.
+
+use std::path::Path;
+
+use crate::support::binary::{journal, run, write_config};
+use dflash_shared::events::EventKind;
+
+fn start_detached(root: &Path, config: &Path) -> (i32, String, String) {
+    let (run_dir, socket, config) = (
+        root.join("run").display().to_string(),
+        root.join("s/d.sock").display().to_string(),
+        config.display().to_string(),
+    );
+    run(
+        root,
+        &[
+            "start",
+            "--detach",
+            "--threads",
+            "1",
+            "--max-steps",
+            "1",
+            "--config",
+            &config,
+            "--run-dir",
+            &run_dir,
+            "--socket",
+            &socket,
+        ],
+    )
+}
+
+fn last_stop_reason(root: &Path) -> String {
+    journal(&root.join("run"))
+        .into_iter()
+        .rev()
+        .find_map(|e| match e.kind {
+            EventKind::RunStopped { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no RunStopped in the journal"))
+}
+
+#[test]
+fn setup_errors_reach_the_callers_terminal_and_the_journal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let missing_model = root.join("no-such-model");
+    let missing_data = root.join("no-such-data.jsonl");
+    let (model_cfg, data_cfg, bad_cfg) = (
+        root.join("model.toml"),
+        root.join("data.toml"),
+        root.join("bad.toml"),
+    );
+    write_config(&model_cfg, |c| {
+        c.target.model = missing_model.display().to_string();
+    });
+    write_config(&data_cfg, |c| {
+        c.data.train_file = missing_data.display().to_string();
+    });
+    let text = std::fs::read_to_string(&model_cfg)
+        .unwrap()
+        .replace("num_anchors = 16", "num_anchors = \"many\"");
+    assert!(text.contains("\"many\""), "the edit applies");
+    std::fs::write(&bad_cfg, text).unwrap();
+
+    let cases = [
+        (
+            &model_cfg,
+            vec![
+                missing_model.display().to_string(),
+                "target.model".into(),
+                "Hugging Face model directory".into(),
+            ],
+        ),
+        (
+            &data_cfg,
+            vec![
+                missing_data.display().to_string(),
+                "data.train_file".into(),
+                "JSONL".into(),
+            ],
+        ),
+        (
+            &bad_cfg,
+            vec![
+                "bad.toml".into(),
+                "training.num_anchors".into(),
+                "dflashd config validate".into(),
+            ],
+        ),
+    ];
+    for (config, needles) in cases {
+        let (code, stdout, stderr) = start_detached(root, config);
+        assert_ne!(code, 0, "{}: {stdout}\n{stderr}", config.display());
+        for needle in &needles {
+            assert!(
+                stderr.contains(needle.as_str()),
+                "{needle:?} missing from the terminal:\n{stderr}"
+            );
+        }
+        let reason = last_stop_reason(root);
+        assert!(
+            reason.contains(needles[0].as_str()) && reason.contains(needles[1].as_str()),
+            "the journal keeps it: {reason}"
+        );
+        assert!(
+            !root.join("run/fingerprint.json").exists(),
+            "a start that trained nothing records no environment to compare the next one with"
+        );
+    }
+}

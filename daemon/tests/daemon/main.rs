@@ -1,0 +1,26 @@
+//! The daemon's integration tests: one binary, so libtorch is linked once.
+//!
+//! - `control_*`: the control plane in-process on a real Unix socket
+//!   ([`support::in_process`]).
+//! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `target_parity`,
+//!   `trained_artifacts`: the real `dflashd` binary as a child process in a temp dir
+//!   ([`support::binary`]).
+//!
+//! systemd readiness is tested in `tests/notify.rs`, a binary of its own, because it sets
+//! `NOTIFY_SOCKET` for the whole process.
+#[path = "../support/mod.rs"]
+mod support;
+
+mod checkpoint_corrupt;
+mod control_actions;
+mod control_daemon;
+mod control_socket;
+mod control_streams;
+mod daemon_config;
+mod daemon_control;
+mod daemon_lifecycle;
+mod daemon_setup_errors;
+mod doctor;
+mod resume;
+mod target_parity;
+mod trained_artifacts;

@@ -1,0 +1,6 @@
+//! The engine's own tests and examples link libtorch: give them the rpath and CUDA link
+//! arguments (see `dflash-build-support`).
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    dflash_build_support::link_libtorch();
+}

@@ -1,0 +1,17 @@
+//! dflash-engine: the DFlash math and its parallel execution, free of any daemon concern.
+//!
+//! - [`model`]: the frozen targets (Qwen3, Qwen3.5/3.6 hybrids), the drafter, attention and
+//!   layers, weights by Hugging Face name.
+//! - [`train`]: the training step and the one training loop ([`train::Trainer`]), anchors,
+//!   labels, loss, optimizer, schedule and cadences, checkpoints, resume, evaluation, and
+//!   [`train::topology`], the multi-device execution with its hidden-state queue.
+//! - [`data`]: chat / pre-tokenized JSONL → samples with loss masks, shuffle, eval split.
+//! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write.
+//!
+//! The engine writes no run-dir files and depends on no process, socket or telemetry code: the
+//! daemon drives [`train::Trainer::run`] through [`train::RunHooks`].
+pub mod atomic_write;
+pub mod data;
+pub mod device;
+pub mod model;
+pub mod train;

@@ -1,0 +1,196 @@
+//! One Qwen3-style drafter layer with KV injection (spec §1.5).
+use tch::{nn, Tensor};
+
+use super::config::{DrafterConfig, LayerType};
+use crate::model::attention::{
+    block_attention, block_sparse_attention_planned, AttentionBackend, BlockAttentionInputs,
+    BlockSparsePlan, LayerRule,
+};
+use crate::model::layers::{apply_rotary, rms_norm};
+
+/// Bias-free linear layer, weight `[out, in]` named `<path>.weight`, HF init `N(0, σ)`.
+pub(crate) struct Linear {
+    pub weight: Tensor,
+}
+
+impl Linear {
+    pub fn new(vs: &nn::Path, out_features: i64, in_features: i64, stdev: f64) -> Self {
+        let weight = vs.var(
+            "weight",
+            &[out_features, in_features],
+            nn::Init::Randn { mean: 0.0, stdev },
+        );
+        Self { weight }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear::<Tensor>(&self.weight, None)
+    }
+}
+
+/// Qwen3 RMSNorm `w · x̂`, weight named `<path>.weight`, initialised to 1.
+pub(crate) struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(vs: &nn::Path, size: i64, eps: f64) -> Self {
+        Self {
+            weight: vs.ones("weight", &[size]),
+            eps,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+/// RoPE tables of one forward, shared by all layers: context positions `0..S-1` and block
+/// slot `k` of block `j` at `anchor_j + k`. `cos`/`sin` are `[B or 1, T, head_dim]` fp32.
+pub(crate) struct RopeTables {
+    pub context_cos: Tensor,
+    pub context_sin: Tensor,
+    pub block_cos: Tensor,
+    pub block_sin: Tensor,
+}
+
+/// What a layer needs besides its own input.
+pub(crate) struct LayerContext<'a> {
+    /// `hidden_norm(fc(features))`, `[B, S, H]`: the same tensor for every layer.
+    pub context: &'a Tensor,
+    pub rope: &'a RopeTables,
+    pub anchors: &'a Tensor,
+    pub keep: &'a Tensor,
+    pub block_size: i64,
+    pub backend: AttentionBackend,
+    /// Block-sparse plans of this forward, one per distinct layer rule (empty for the dense
+    /// back-end): the sort, chunking and masks depend only on the anchors and the rule.
+    pub plans: &'a [BlockSparsePlan],
+}
+
+pub(crate) struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    rule: LayerRule,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl DecoderLayer {
+    /// `vs` is `layers.{i}`.
+    pub fn rule(&self) -> LayerRule {
+        self.rule
+    }
+
+    pub fn new(vs: &nn::Path, cfg: &DrafterConfig, layer_type: LayerType) -> Self {
+        let (h, hd, std) = (cfg.hidden_size, cfg.head_dim, cfg.initializer_range);
+        let heads = cfg.num_attention_heads;
+        let kv_heads = cfg.num_key_value_heads;
+        let attn = vs / "self_attn";
+        let mlp = vs / "mlp";
+        let rule = match layer_type {
+            LayerType::Full => LayerRule::Full,
+            LayerType::Sliding => LayerRule::Sliding {
+                window: cfg
+                    .sliding_window
+                    .expect("a validated config has a window for sliding layers"),
+            },
+        };
+        Self {
+            input_layernorm: RmsNorm::new(&(vs / "input_layernorm"), h, cfg.rms_norm_eps),
+            q_proj: Linear::new(&(&attn / "q_proj"), heads * hd, h, std),
+            k_proj: Linear::new(&(&attn / "k_proj"), kv_heads * hd, h, std),
+            v_proj: Linear::new(&(&attn / "v_proj"), kv_heads * hd, h, std),
+            o_proj: Linear::new(&(&attn / "o_proj"), h, heads * hd, std),
+            q_norm: RmsNorm::new(&(&attn / "q_norm"), hd, cfg.rms_norm_eps),
+            k_norm: RmsNorm::new(&(&attn / "k_norm"), hd, cfg.rms_norm_eps),
+            post_attention_layernorm: RmsNorm::new(
+                &(vs / "post_attention_layernorm"),
+                h,
+                cfg.rms_norm_eps,
+            ),
+            gate_proj: Linear::new(&(&mlp / "gate_proj"), cfg.intermediate_size, h, std),
+            up_proj: Linear::new(&(&mlp / "up_proj"), cfg.intermediate_size, h, std),
+            down_proj: Linear::new(&(&mlp / "down_proj"), h, cfg.intermediate_size, std),
+            rule,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        }
+    }
+
+    /// `hidden` `[B, Q, H]` (block tokens) -> `[B, Q, H]`.
+    pub fn forward(&self, hidden: &Tensor, ctx: &LayerContext<'_>) -> Tensor {
+        let size = hidden.size();
+        let (b, q_len) = (size[0], size[1]);
+        let s = ctx.context.size()[1];
+        let hd = self.head_dim;
+        let x = self.input_layernorm.forward(hidden);
+        let rope = ctx.rope;
+
+        let q = self
+            .q_norm
+            .forward(&self.q_proj.forward(&x).view([b, q_len, self.heads, hd]));
+        let q = apply_rotary(&q, &rope.block_cos, &rope.block_sin);
+        // Context keys/values come from this layer's own projections of the shared context;
+        // k_norm applies to both, RoPE at their own absolute positions.
+        let context_key =
+            self.k_norm.forward(
+                &self
+                    .k_proj
+                    .forward(ctx.context)
+                    .view([b, s, self.kv_heads, hd]),
+            );
+        let context_key = apply_rotary(&context_key, &rope.context_cos, &rope.context_sin);
+        let context_value = self
+            .v_proj
+            .forward(ctx.context)
+            .view([b, s, self.kv_heads, hd]);
+        let block_key =
+            self.k_norm
+                .forward(&self.k_proj.forward(&x).view([b, q_len, self.kv_heads, hd]));
+        let block_key = apply_rotary(&block_key, &rope.block_cos, &rope.block_sin);
+        let block_value = self.v_proj.forward(&x).view([b, q_len, self.kv_heads, hd]);
+
+        let inputs = BlockAttentionInputs {
+            query: &q,
+            context_key: &context_key,
+            context_value: &context_value,
+            block_key: &block_key,
+            block_value: &block_value,
+            anchors: ctx.anchors,
+            keep: ctx.keep,
+            block_size: ctx.block_size,
+            rule: self.rule,
+            scale: (hd as f64).powf(-0.5),
+        };
+        let plan = ctx.plans.iter().find(|p| p.rule() == self.rule);
+        let attended = match (ctx.backend, plan) {
+            (AttentionBackend::BlockSparse, Some(plan)) => {
+                block_sparse_attention_planned(&inputs, plan)
+            }
+            _ => block_attention(&inputs, ctx.backend),
+        };
+        let hidden = hidden
+            + self
+                .o_proj
+                .forward(&attended.reshape([b, q_len, self.heads * hd]));
+        let y = self.post_attention_layernorm.forward(&hidden);
+        let mlp = self
+            .down_proj
+            .forward(&(self.gate_proj.forward(&y).silu() * self.up_proj.forward(&y)));
+        hidden + mlp
+    }
+}

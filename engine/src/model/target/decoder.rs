@@ -1,0 +1,116 @@
+//! One pre-norm decoder layer: `h += mixer(norm₁(h)); h += mlp(norm₂(h))`.
+use tch::Tensor;
+
+use super::gated_deltanet::GatedDeltaNet;
+use super::mlp::SwiGluMlp;
+use super::params::{Init, ParamSpec, Params};
+use super::self_attention::SelfAttention;
+use crate::model::error::ModelError;
+use crate::model::layers::{rms_norm, rms_norm_zero_centered};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormStyle {
+    /// Qwen3.5: `x̂·(1+w)`.
+    ZeroCentered,
+    /// Qwen3: `w·x̂`.
+    Plain,
+}
+
+impl NormStyle {
+    pub fn apply(self, x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+        match self {
+            Self::ZeroCentered => rms_norm_zero_centered(x, weight, eps),
+            Self::Plain => rms_norm(x, weight, eps),
+        }
+    }
+
+    /// How a fresh (non-loaded) weight of this norm starts: near the identity.
+    pub fn init(self) -> Init {
+        match self {
+            Self::ZeroCentered => Init::ZeroCenteredNorm,
+            Self::Plain => Init::UnitNorm,
+        }
+    }
+}
+
+pub enum Mixer {
+    DeltaNet(GatedDeltaNet),
+    Attention(SelfAttention),
+}
+
+pub struct DecoderLayer {
+    pub input_norm: Tensor,
+    pub post_attention_norm: Tensor,
+    pub mixer: Mixer,
+    pub mlp: SwiGluMlp,
+}
+
+/// What every layer of one forward shares: norm convention, eps and the RoPE table.
+pub struct LayerContext<'a> {
+    pub norm: NormStyle,
+    pub eps: f64,
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+}
+
+/// The sizes a layer's norms and MLP need, whatever its mixer.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerShape {
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub norm: NormStyle,
+}
+
+/// Parameters of layer `layer` in checkpoint order: the two norms, the mixer's (written by
+/// `mixer_specs` under `layers.{layer}`), then the MLP.
+pub fn layer_specs(
+    shape: LayerShape,
+    layer: usize,
+    specs: &mut Vec<ParamSpec>,
+    mixer_specs: impl FnOnce(&str, &mut Vec<ParamSpec>),
+) {
+    let p = format!("layers.{layer}");
+    for norm in ["input_layernorm", "post_attention_layernorm"] {
+        specs.push(ParamSpec::new(
+            format!("{p}.{norm}.weight"),
+            &[shape.hidden_size],
+            shape.norm.init(),
+        ));
+    }
+    mixer_specs(&p, specs);
+    SwiGluMlp::specs(
+        &format!("{p}.mlp"),
+        shape.hidden_size,
+        shape.intermediate_size,
+        specs,
+    );
+}
+
+/// Takes layer `layer`'s tensors out of `params`; `take_mixer` takes the mixer's under
+/// `layers.{layer}`.
+pub fn build_layer(
+    layer: usize,
+    params: &mut Params,
+    take_mixer: impl FnOnce(&str, &mut Params) -> Result<Mixer, ModelError>,
+) -> Result<DecoderLayer, ModelError> {
+    let p = format!("layers.{layer}");
+    Ok(DecoderLayer {
+        input_norm: params.take(&format!("{p}.input_layernorm.weight"))?,
+        post_attention_norm: params.take(&format!("{p}.post_attention_layernorm.weight"))?,
+        mixer: take_mixer(&p, params)?,
+        mlp: SwiGluMlp::take(&format!("{p}.mlp"), params)?,
+    })
+}
+
+impl DecoderLayer {
+    pub fn forward(&self, h: &Tensor, ctx: &LayerContext<'_>) -> Tensor {
+        let x = ctx.norm.apply(h, &self.input_norm, ctx.eps);
+        let mixed = match &self.mixer {
+            Mixer::DeltaNet(m) => m.forward(&x),
+            Mixer::Attention(m) => m.forward(&x, ctx.cos, ctx.sin),
+        };
+        let h = h + mixed;
+        let x = ctx.norm.apply(&h, &self.post_attention_norm, ctx.eps);
+        &h + self.mlp.forward(&x)
+    }
+}

@@ -1,0 +1,349 @@
+//! The frozen target models (Qwen3.5 / Qwen3.6 hybrid, Qwen3 dense): HF checkpoint loading and
+//! feature extraction (the residual stream after chosen decoder layers, HF `hidden_states[L+1]`).
+mod attention;
+mod config;
+mod decoder;
+pub mod delta_rule;
+mod gated_deltanet;
+mod hf_config;
+mod hf_io;
+mod mlp;
+mod params;
+mod qwen3;
+mod qwen3_5;
+mod self_attention;
+
+use std::path::Path;
+
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+pub use config::{
+    CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig,
+};
+pub use hf_io::{LoadOptions, DEFAULT_MAX_SHARD_BYTES};
+
+use self::decoder::{DecoderLayer, LayerContext, NormStyle};
+use self::hf_io::{param_specs, SaveRequest, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
+use self::params::Params;
+use crate::model::error::ModelError;
+use crate::model::layers::Rotary;
+
+pub struct TargetModel {
+    config: TargetConfig,
+    layout: CheckpointLayout,
+    raw_config: Option<Value>,
+    embed_tokens: Tensor,
+    final_norm: Tensor,
+    lm_head: Tensor,
+    layers: Vec<DecoderLayer>,
+    rotary: Rotary,
+    norm_style: NormStyle,
+    /// Relative name → tensor (shallow clones of the module tensors), for `save_hf`.
+    named: Vec<(String, Tensor)>,
+    device: Device,
+    kind: Kind,
+}
+
+impl TargetModel {
+    /// Loads a HF checkpoint directory on `device`, in the checkpoint's dtype or `dtype`.
+    pub fn load(dir: &Path, device: Device, dtype: Option<Kind>) -> Result<Self, ModelError> {
+        Self::load_with(
+            dir,
+            LoadOptions {
+                device,
+                dtype,
+                max_layers: None,
+            },
+        )
+    }
+
+    pub fn load_with(dir: &Path, options: LoadOptions) -> Result<Self, ModelError> {
+        if let Some(kind) = options.dtype {
+            check_float_kind(kind)?;
+        }
+        let loaded = hf_io::load(dir, options)?;
+        Self::assemble(
+            loaded.config,
+            loaded.layout,
+            Some(loaded.raw_config),
+            loaded.params,
+            &loaded.specs,
+            loaded.layers,
+            options.device,
+            loaded.kind,
+        )
+    }
+
+    /// A freshly initialised model (HF-like init; norms slightly perturbed), deterministic in `seed`.
+    /// Panics on an inconsistent hand-built config (configs read from files are validated on parse).
+    pub fn random(cfg: TargetConfig, device: Device, dtype: Kind, seed: i64) -> Self {
+        if let Err(what) = cfg.validate() {
+            panic!("TargetModel::random: invalid hand-built config: {what}");
+        }
+        let layers = cfg.num_layers();
+        let specs = param_specs(&cfg, layers);
+        let params = Params::random(&specs, device, dtype, seed);
+        let layout = CheckpointLayout::default_for(&cfg);
+        // Every spec was just generated, so assembling cannot miss a tensor.
+        Self::assemble(cfg, layout, None, params, &specs, layers, device, dtype)
+            .unwrap_or_else(|e| unreachable!("random parameters cover every spec: {e}"))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        config: TargetConfig,
+        layout: CheckpointLayout,
+        raw_config: Option<Value>,
+        mut params: Params,
+        specs: &[params::ParamSpec],
+        layers: usize,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self, ModelError> {
+        let named = specs
+            .iter()
+            .map(|spec| Ok((spec.name.clone(), params.get(&spec.name)?.shallow_clone())))
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let embed_tokens = params.take(EMBED_TOKENS)?;
+        let final_norm = params.take(FINAL_NORM)?;
+        let lm_head = match params.take_opt(LM_HEAD) {
+            Some(head) => head,
+            None => embed_tokens.shallow_clone(),
+        };
+        let mut built = Vec::with_capacity(layers);
+        for layer in 0..layers {
+            built.push(match &config {
+                TargetConfig::Qwen3_5(c) => qwen3_5::build_layer(c, layer, &mut params)?,
+                TargetConfig::Qwen3(c) => qwen3::build_layer(c, layer, &mut params)?,
+            });
+        }
+        let (rotary, norm_style) = match &config {
+            TargetConfig::Qwen3_5(c) => (
+                Rotary::new(c.rotary_dim(), c.rope_theta, device),
+                NormStyle::ZeroCentered,
+            ),
+            TargetConfig::Qwen3(c) => (
+                Rotary::new(c.head_dim, c.rope_theta, device),
+                NormStyle::Plain,
+            ),
+        };
+        Ok(Self {
+            config,
+            layout,
+            raw_config,
+            embed_tokens,
+            final_norm,
+            lm_head,
+            layers: built,
+            rotary,
+            norm_style,
+            named,
+            device,
+            kind,
+        })
+    }
+
+    /// The same model on `device` (one target replica per worker thread): weights shared
+    /// with this model when `device` is its device (they are read-only), copied otherwise.
+    pub fn replicate(&self, device: Device) -> Result<Self, ModelError> {
+        let layers = self.layers.len();
+        let specs = param_specs(&self.config, layers);
+        let tensors = self
+            .named
+            .iter()
+            .map(|(name, t)| {
+                let t = if device == self.device {
+                    t.shallow_clone()
+                } else {
+                    t.to_device(device)
+                };
+                (name.clone(), t)
+            })
+            .collect();
+        Self::assemble(
+            self.config.clone(),
+            self.layout,
+            self.raw_config.clone(),
+            Params::new(tensors),
+            &specs,
+            layers,
+            device,
+            self.kind,
+        )
+    }
+
+    /// Writes `config.json` and `model.safetensors` in the HF layout (Qwen3.5 as
+    /// `Qwen3_5ForConditionalGeneration` unless it was loaded from another layout).
+    pub fn save_hf(&self, dir: &Path) -> Result<(), ModelError> {
+        self.save_hf_sharded(dir, DEFAULT_MAX_SHARD_BYTES)
+    }
+
+    /// As [`Self::save_hf`], splitting the weights into shards of at most `max_shard_bytes`.
+    pub fn save_hf_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<(), ModelError> {
+        if self.layers.len() != self.config.num_layers() {
+            return Err(ModelError::UnsupportedConfig {
+                path: dir.to_path_buf(),
+                what: format!(
+                    "saving a model loaded with only {} of its {} layers",
+                    self.layers.len(),
+                    self.config.num_layers()
+                ),
+            });
+        }
+        hf_io::save(
+            dir,
+            &SaveRequest {
+                config: &self.config,
+                layout: self.layout,
+                raw_config: self.raw_config.as_ref(),
+                kind: self.kind,
+                named: &self.named,
+                max_shard_bytes,
+            },
+        )
+    }
+
+    pub fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+
+    pub fn layout(&self) -> CheckpointLayout {
+        self.layout
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Decoder layers held (fewer than the config's when loaded with `max_layers`).
+    pub fn loaded_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// `[V,H]`, frozen.
+    pub fn embed_tokens(&self) -> &Tensor {
+        &self.embed_tokens
+    }
+
+    /// `[V,H]`, frozen (the embedding table itself when `tie_word_embeddings`).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// Final RMSNorm weight (applied before `lm_head`; not part of the features).
+    pub fn final_norm(&self) -> &Tensor {
+        &self.final_norm
+    }
+
+    /// input_ids `[B,S]` int64 → `[B,S,len(layer_ids)*hidden]`; no grad; layer id L = residual
+    /// stream after decoder layer L (HF `hidden_states[L+1]`), concatenated in the given order.
+    /// Layers past `max(layer_ids)` are not run. Exactly as HF, the id of the LAST decoder layer
+    /// yields the final-normed state (HF's `hidden_states[-1]` is `last_hidden_state`); DFlash's
+    /// default taps never include it. There is no attention mask: rows are unpadded sequences
+    /// starting at position 0 (right padding is harmless, everything is causal; left padding is not).
+    pub fn features(&self, input_ids: &Tensor, layer_ids: &[usize]) -> Result<Tensor, ModelError> {
+        let Some(&last) = layer_ids.iter().max() else {
+            return Err(ModelError::BadInput {
+                what: "no layer ids requested".into(),
+            });
+        };
+        if last >= self.layers.len() {
+            return Err(ModelError::LayerOutOfRange {
+                layer: last,
+                available: self.layers.len(),
+            });
+        }
+        let ids = self.validate_ids(input_ids)?;
+        Ok(tch::no_grad(|| {
+            let seq = ids.size()[1];
+            let (cos, sin) = attention::prefill_cos_sin(&self.rotary, seq, self.device);
+            let ctx = LayerContext {
+                norm: self.norm_style,
+                eps: self.config.rms_norm_eps(),
+                cos: &cos,
+                sin: &sin,
+            };
+            let mut taps: Vec<Option<Tensor>> = layer_ids.iter().map(|_| None).collect();
+            let final_layer = self.config.num_layers() - 1;
+            let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+            for (index, layer) in self.layers[..=last].iter().enumerate() {
+                h = layer.forward(&h, &ctx);
+                // transformers replaces hidden_states[-1] by the final-normed last_hidden_state
+                // (`capture_outputs(tie_last_hidden_states=True)`); DFlash taps follow HF.
+                let tap = if index == final_layer {
+                    self.norm_style.apply(&h, &self.final_norm, ctx.eps)
+                } else {
+                    h.shallow_clone()
+                };
+                for (slot, _) in layer_ids.iter().enumerate().filter(|(_, &l)| l == index) {
+                    taps[slot] = Some(tap.shallow_clone());
+                }
+            }
+            let taps: Vec<Tensor> = taps.into_iter().flatten().collect();
+            Tensor::cat(&taps, -1)
+        }))
+    }
+
+    /// Checks `[B,S]`, integer, every id in `0..vocab_size`; returns int64 ids on the model device.
+    fn validate_ids(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
+        let size = input_ids.size();
+        if size.len() != 2 || size[0] == 0 || size[1] == 0 {
+            return Err(ModelError::BadInput {
+                what: format!("expected shape [batch, seq] with both > 0, found {size:?}"),
+            });
+        }
+        let kind = input_ids.kind();
+        if !matches!(
+            kind,
+            Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8
+        ) {
+            return Err(ModelError::BadInput {
+                what: format!("expected integer token ids (int64), found {kind:?}"),
+            });
+        }
+        let ids = input_ids.to_kind(Kind::Int64);
+        let vocab = self.config.vocab_size();
+        let bad = ids.lt(0).logical_or(&ids.ge(vocab));
+        if bad.any().int64_value(&[]) != 0 {
+            let first = bad.nonzero().get(0);
+            let position: Vec<i64> = Vec::<i64>::try_from(&first).map_err(ModelError::Torch)?;
+            let token = ids.int64_value(&position);
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                position,
+                vocab_size: vocab,
+            });
+        }
+        Ok(ids.to_device(self.device))
+    }
+}
+
+/// Float dtypes a target can run in.
+pub fn check_float_kind(kind: Kind) -> Result<(), ModelError> {
+    match kind {
+        Kind::Float | Kind::BFloat16 | Kind::Half => Ok(()),
+        other => Err(ModelError::UnsupportedDtype {
+            found: format!("{other:?}"),
+        }),
+    }
+}
+
+/// `f32` / `bf16` / `f16` (and the torch spellings) → `Kind`.
+pub fn parse_dtype(name: &str) -> Result<Kind, ModelError> {
+    match name.to_ascii_lowercase().as_str() {
+        "f32" | "fp32" | "float32" | "float" => Ok(Kind::Float),
+        "bf16" | "bfloat16" => Ok(Kind::BFloat16),
+        "f16" | "fp16" | "float16" | "half" => Ok(Kind::Half),
+        _ => Err(ModelError::UnsupportedDtype {
+            found: name.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! Training hyper-parameters (spec §2.8 defaults) and the attention backend choice.
+use serde::{Deserialize, Serialize};
+
+use super::error::TrainError;
+use super::labels::{default_gamma, LabelMaskRule};
+use super::optim::AdamWConfig;
+use crate::model::drafter::AttentionBackend;
+
+/// Serializable mirror of [`AttentionBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    #[default]
+    BlockSparse,
+    DenseMask,
+}
+
+impl From<Attention> for AttentionBackend {
+    fn from(a: Attention) -> Self {
+        match a {
+            Attention::BlockSparse => AttentionBackend::BlockSparse,
+            Attention::DenseMask => AttentionBackend::DenseMask,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Seeds drafter init, anchor sampling, the shuffle and the held-out split.
+    pub seed: u64,
+    /// Full passes over the training split (no early stopping).
+    pub epochs: u32,
+    /// Caps the schedule's length (SpecForge caps its Qwen3.6-27B recipe at 10000 steps).
+    pub max_steps: Option<u64>,
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Anchors (draft blocks) sampled per sequence.
+    pub num_anchors: usize,
+    /// Loss decay γ; `None` takes the paper default for the block size.
+    pub gamma: Option<f64>,
+    pub label_mask_rule: LabelMaskRule,
+    /// Peak learning rate.
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub adamw: AdamWConfig,
+    /// Longer sequences are truncated.
+    pub max_len: usize,
+    /// Samples held out for evaluation.
+    pub held_out: usize,
+    /// Evaluate τ every this many steps (0: never).
+    pub eval_every: u64,
+    /// Evaluate only the first this many held-out samples (0: all).
+    pub eval_max_samples: usize,
+    /// Checkpoint every this many steps (0: only at the end of a run).
+    pub checkpoint_every: u64,
+    pub keep_checkpoints: usize,
+    /// Weighted positions per LM-head chunk.
+    pub loss_chunk_positions: i64,
+    /// Anchors per row in one evaluation forward.
+    pub eval_anchors_per_forward: usize,
+    pub attention: Attention,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            epochs: 6,
+            max_steps: None,
+            batch_size: 1,
+            grad_accum: 1,
+            num_anchors: 512,
+            gamma: None,
+            label_mask_rule: LabelMaskRule::Independent,
+            lr: 6e-4,
+            warmup_ratio: 0.04,
+            adamw: AdamWConfig::default(),
+            max_len: 4096,
+            held_out: 64,
+            eval_every: 500,
+            eval_max_samples: 0,
+            checkpoint_every: 1000,
+            keep_checkpoints: 3,
+            loss_chunk_positions: 2048,
+            eval_anchors_per_forward: 256,
+            attention: Attention::BlockSparse,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn gamma_for(&self, block_size: usize) -> f64 {
+        self.gamma.unwrap_or_else(|| default_gamma(block_size))
+    }
+
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |key: &str, detail: String| {
+            Err(TrainError::Config {
+                key: key.into(),
+                detail,
+            })
+        };
+        if self.max_steps == Some(0) {
+            return bad("max_steps", "must be at least 1 when set, found 0".into());
+        }
+        if self.epochs == 0 {
+            return bad("epochs", "must be at least 1, found 0".into());
+        }
+        for (key, v) in [
+            ("batch_size", self.batch_size),
+            ("grad_accum", self.grad_accum),
+            ("num_anchors", self.num_anchors),
+            ("max_len", self.max_len),
+            ("eval_anchors_per_forward", self.eval_anchors_per_forward),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1, found 0".into());
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(
+                "lr",
+                format!("must be a positive number, found {}", self.lr),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return bad(
+                "warmup_ratio",
+                format!("must be in [0, 1], found {}", self.warmup_ratio),
+            );
+        }
+        if let Some(g) = self.gamma {
+            if !(g.is_finite() && g > 0.0) {
+                return bad("gamma", format!("must be a positive number, found {g}"));
+            }
+        }
+        if self.loss_chunk_positions < 1 {
+            return bad(
+                "loss_chunk_positions",
+                format!("must be at least 1, found {}", self.loss_chunk_positions),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_paper_values_and_valid() {
+        let c = TrainConfig::default();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.epochs, c.num_anchors, c.lr, c.warmup_ratio),
+            (6, 512, 6e-4, 0.04)
+        );
+        assert_eq!(c.adamw.weight_decay, 0.0);
+        assert_eq!(c.adamw.max_grad_norm, Some(1.0));
+        assert_eq!(c.gamma_for(16), 7.0);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let c = TrainConfig {
+            batch_size: 0,
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`batch_size`"));
+        let c = TrainConfig {
+            lr: -1.0,
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("`lr`"));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_and_missing_keys_default() {
+        let c: TrainConfig = serde_json::from_str(r#"{"epochs": 2}"#).unwrap();
+        assert_eq!(c.epochs, 2);
+        assert_eq!(c.num_anchors, 512);
+        assert!(serde_json::from_str::<TrainConfig>(r#"{"epoch": 2}"#).is_err());
+    }
+}

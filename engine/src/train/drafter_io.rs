@@ -1,0 +1,198 @@
+//! The drafter in the layout published for DFlash drafters: `config.json` (Qwen3 fields plus
+//! `block_size`, `layer_types`, `dflash_config`) and `model.safetensors` with the spec §1.3 keys.
+//! `dflashd export` writes it; `dflashd eval --drafter` and serving engines read it.
+use crate::atomic_write::{write_atomic, write_atomic_with};
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tch::{nn::VarStore, Device, Kind, Tensor};
+
+use super::error::TrainError;
+use crate::model::drafter::{Drafter, DrafterConfig};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
+
+fn dtype_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    }
+}
+
+/// Writes `config.json` and `model.safetensors` into `dir` (created if needed), weights cast
+/// to `dtype`. Each file is written under a temporary name and renamed into place.
+pub fn write_hf(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &[(String, Tensor)],
+    dtype: Kind,
+) -> Result<(), TrainError> {
+    fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
+    let mut config = cfg.to_hf_json();
+    if let Value::Object(map) = &mut config {
+        map.insert(
+            "torch_dtype".into(),
+            Value::String(dtype_name(dtype).into()),
+        );
+        map.insert("dtype".into(), Value::String(dtype_name(dtype).into()));
+    }
+    let weights_path = dir.join(WEIGHTS_FILE);
+    let tensors: Vec<(String, Tensor)> = weights
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.detach()
+                    .to_device(Device::Cpu)
+                    .to_kind(dtype)
+                    .contiguous(),
+            )
+        })
+        .collect();
+    write_atomic_with(
+        &weights_path,
+        |tmp| {
+            Tensor::write_safetensors(&tensors, tmp).map_err(|e| TrainError::DrafterWeights {
+                path: tmp.to_path_buf(),
+                detail: e.to_string(),
+            })
+        },
+        |path, e| TrainError::io(path)(e),
+    )?;
+    let config_path = dir.join(CONFIG_FILE);
+    let text = serde_json::to_string_pretty(&config).map_err(|e| TrainError::DrafterWeights {
+        path: config_path.clone(),
+        detail: format!("cannot serialize config: {e}"),
+    })?;
+    write_atomic(&config_path, (text + "\n").as_bytes()).map_err(TrainError::io(&config_path))
+}
+
+/// All tensors of a drafter checkpoint directory: `model.safetensors`, or the shards listed by
+/// `model.safetensors.index.json`. Returns each tensor with the file it came from.
+fn read_weights(dir: &Path) -> Result<HashMap<String, (Tensor, PathBuf)>, TrainError> {
+    let single = dir.join(WEIGHTS_FILE);
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    let files: Vec<PathBuf> = if single.is_file() {
+        vec![single]
+    } else if index.is_file() {
+        let text = fs::read_to_string(&index).map_err(TrainError::io(&index))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| TrainError::DrafterWeights {
+            path: index.clone(),
+            detail: format!("invalid JSON: {e}"),
+        })?;
+        let Some(map) = json.get("weight_map").and_then(Value::as_object) else {
+            return Err(TrainError::DrafterWeights {
+                path: index,
+                detail: "missing object `weight_map`".into(),
+            });
+        };
+        let mut shards: Vec<PathBuf> = map
+            .values()
+            .filter_map(Value::as_str)
+            .map(|s| dir.join(s))
+            .collect();
+        shards.sort();
+        shards.dedup();
+        shards
+    } else {
+        return Err(TrainError::DrafterWeights {
+            path: dir.to_path_buf(),
+            detail: format!("no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE} in the drafter directory"),
+        });
+    };
+    let mut out = HashMap::new();
+    for file in files {
+        let tensors = Tensor::read_safetensors(&file).map_err(|e| TrainError::DrafterWeights {
+            path: file.clone(),
+            detail: e.to_string(),
+        })?;
+        for (name, t) in tensors {
+            out.insert(name, (t, file.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// Copies named weights into a drafter's VarStore: every parameter must be present with its
+/// exact shape. Tensors that are not parameters (e.g. a stored `rotary_emb.inv_freq`) are ignored.
+pub fn assign_weights(
+    vs: &VarStore,
+    weights: &HashMap<String, (Tensor, PathBuf)>,
+    source: &Path,
+) -> Result<(), TrainError> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, var) in &vars {
+        let Some((t, file)) = weights.get(name) else {
+            return Err(TrainError::DrafterWeights {
+                path: source.to_path_buf(),
+                detail: format!("tensor `{name}` is missing"),
+            });
+        };
+        if t.size() != var.size() {
+            return Err(TrainError::DrafterWeights {
+                path: file.clone(),
+                detail: format!(
+                    "tensor `{name}` has shape {:?}, expected {:?}",
+                    t.size(),
+                    var.size()
+                ),
+            });
+        }
+        if !matches!(
+            t.kind(),
+            Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+        ) {
+            return Err(TrainError::DrafterWeights {
+                path: file.clone(),
+                detail: format!(
+                    "tensor `{name}` has dtype {:?}, expected a float type",
+                    t.kind()
+                ),
+            });
+        }
+    }
+    tch::no_grad(|| {
+        for (name, var) in &vars {
+            let mut var = var.shallow_clone();
+            var.copy_(&weights[name].0.to_device(var.device()).to_kind(var.kind()));
+        }
+    });
+    Ok(())
+}
+
+pub struct LoadedDrafter {
+    pub config: DrafterConfig,
+    pub vs: VarStore,
+    pub drafter: Drafter,
+}
+
+/// Loads a drafter for inference (parameters frozen) on `device` in `kind`.
+pub fn load_hf(dir: &Path, device: Device, kind: Kind) -> Result<LoadedDrafter, TrainError> {
+    let config = DrafterConfig::from_hf_json(&dir.join(CONFIG_FILE))?;
+    let mut vs = VarStore::new(device);
+    let drafter = Drafter::new(&vs.root(), &config);
+    let weights = read_weights(dir)?;
+    assign_weights(&vs, &weights, dir)?;
+    if kind != Kind::Float {
+        vs.set_kind(kind);
+    }
+    vs.freeze();
+    Ok(LoadedDrafter {
+        config,
+        vs,
+        drafter,
+    })
+}
+
+/// The parameters of a VarStore, sorted by name (the HF keys).
+pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}

@@ -1,0 +1,335 @@
+//! Offline evaluation (spec §5): deterministic anchors at every valid position, acceptance
+//! length τ, per-position acceptance, recall@k per position, and the weighted loss.
+//!
+//! Per block: `correct_k = (argmax_k == label_k) | !valid_k`; `accepted = Σ_k cumprod(correct)_k ·
+//! valid_k` over `k = 1..bs-1`; `τ_block = accepted + 1` (the target's bonus token); τ is the
+//! mean over blocks. `per_position_acceptance[k-1]` is the fraction of blocks with a valid label
+//! at `k` whose drafts `1..=k` are all accepted. `recall_at_k[K][k-1]` is how often the label at
+//! slot `k` is among the drafter's top-K tokens there (what a tree verifier such as DDTree can
+//! use), regardless of earlier slots.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use super::anchors::{all_anchors_chunked, AnchorBatch};
+use super::error::TrainError;
+use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
+use super::loader::collate;
+use crate::data::Sample;
+use crate::model::drafter::{AttentionBackend, Drafter};
+use crate::model::target::TargetModel;
+
+pub const RECALL_KS: [usize; 4] = [1, 2, 4, 8];
+
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub anchors_per_forward: usize,
+    pub rows_per_forward: usize,
+    pub gamma: f64,
+    pub rule: LabelMaskRule,
+    pub chunk_positions: i64,
+    pub backend: AttentionBackend,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub tau: f64,
+    /// Σ w·CE / Σ w with the training weights (decay included).
+    pub loss: f64,
+    /// Top-1 accuracy over all valid draft positions (unweighted).
+    pub accuracy: f64,
+    /// Index `k-1` for draft slot `k = 1..bs-1`.
+    pub per_position_acceptance: Vec<f64>,
+    /// `"K"` → per-slot recall@K, index `k-1`.
+    pub recall_at_k: BTreeMap<String, Vec<f64>>,
+    pub block_size: usize,
+    pub samples: usize,
+    pub blocks: u64,
+    pub positions: u64,
+}
+
+#[derive(Default)]
+struct Totals {
+    blocks: u64,
+    accepted_plus_one: f64,
+    valid_at: Vec<u64>,
+    accepted_at: Vec<u64>,
+    hits_at: Vec<Vec<u64>>,
+    weighted_ce: f64,
+    weight: f64,
+    top1: u64,
+    positions: u64,
+}
+
+impl Totals {
+    fn new(block_size: usize, ks: usize) -> Self {
+        Self {
+            valid_at: vec![0; block_size],
+            accepted_at: vec![0; block_size],
+            hits_at: vec![vec![0; block_size]; ks],
+            ..Default::default()
+        }
+    }
+}
+
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+/// Per valid position: CE and whether the label is within each top-K of [`RECALL_KS`].
+struct PositionScores {
+    ce: Vec<f32>,
+    /// `[n, RECALL_KS.len()]` row-major.
+    in_top: Vec<bool>,
+}
+
+fn score_positions(
+    out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    idx: &Tensor,
+    chunk: i64,
+    max_k: i64,
+) -> PositionScores {
+    let hidden = out.size()[2];
+    let flat = out.reshape([-1, hidden]);
+    let tgt = targets.reshape([-1]).index_select(0, idx);
+    let n = idx.size()[0];
+    let mut ce = Vec::with_capacity(n as usize);
+    let mut in_top = Vec::with_capacity(n as usize * RECALL_KS.len());
+    let mut start = 0;
+    while start < n {
+        let len = chunk.min(n - start);
+        let logits = flat
+            .index_select(0, &idx.narrow(0, start, len))
+            .matmul(&lm_head.tr())
+            .to_kind(Kind::Float);
+        let t = tgt.narrow(0, start, len);
+        let nll = -logits
+            .log_softmax(-1, Kind::Float)
+            .gather(1, &t.unsqueeze(1), false)
+            .squeeze_dim(1);
+        let (_, top) = logits.topk(max_k, -1, true, true);
+        let hit = top
+            .eq_tensor(&t.unsqueeze(1))
+            .to_kind(Kind::Int64)
+            .cumsum(1, Kind::Int64)
+            .gt(0);
+        let cols: Vec<i64> = RECALL_KS
+            .iter()
+            .map(|&k| (k as i64).min(max_k) - 1)
+            .collect();
+        let picked = hit.index_select(1, &Tensor::from_slice(&cols).to_device(hit.device()));
+        ce.extend(Vec::<f32>::try_from(&nll.to_device(tch::Device::Cpu)).unwrap_or_default());
+        in_top.extend(
+            Vec::<bool>::try_from(&picked.reshape([-1]).to_device(tch::Device::Cpu))
+                .unwrap_or_default(),
+        );
+        start += len;
+    }
+    PositionScores { ce, in_top }
+}
+
+fn accumulate(
+    totals: &mut Totals,
+    anchors: &AnchorBatch,
+    labels: &BlockLabels,
+    block_size: usize,
+    valid_flat: &[usize],
+    scores: &PositionScores,
+) {
+    let n_blocks = anchors.batch * anchors.width;
+    // correct[block][k]: true where the label is invalid (spec §5) or the argmax hits.
+    let mut correct = vec![true; n_blocks * block_size];
+    for (i, &f) in valid_flat.iter().enumerate() {
+        let k = f % block_size;
+        let in_top = &scores.in_top[i * RECALL_KS.len()..(i + 1) * RECALL_KS.len()];
+        correct[f] = in_top[0];
+        for (ki, &hit) in in_top.iter().enumerate() {
+            totals.hits_at[ki][k] += u64::from(hit);
+        }
+        totals.top1 += u64::from(in_top[0]);
+        totals.positions += 1;
+        let w = labels.weights[f] as f64;
+        totals.weighted_ce += w * scores.ce[i] as f64;
+        totals.weight += w;
+    }
+    for blk in 0..n_blocks {
+        if !anchors.keep[blk] {
+            continue;
+        }
+        totals.blocks += 1;
+        let base = blk * block_size;
+        let mut alive = true;
+        let mut accepted = 0u64;
+        for k in 1..block_size {
+            alive &= correct[base + k];
+            if labels.valid[base + k] {
+                totals.valid_at[k] += 1;
+                if alive {
+                    accepted += 1;
+                    totals.accepted_at[k] += 1;
+                }
+            }
+        }
+        totals.accepted_plus_one += (accepted + 1) as f64;
+    }
+}
+
+/// Evaluates `drafter` on `samples` with the target's features, embedding and LM head.
+pub fn evaluate(
+    target: &TargetModel,
+    drafter: &Drafter,
+    samples: &[&Sample],
+    opts: &EvalOptions,
+) -> Result<EvalReport, TrainError> {
+    let cfg = drafter.config();
+    let bs = cfg.block_size as usize;
+    let vocab = target.config().vocab_size();
+    let max_k = (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab);
+    let device = target.device();
+    let mut totals = Totals::new(bs, RECALL_KS.len());
+    tch::no_grad(|| -> Result<(), TrainError> {
+        for group in samples.chunks(opts.rows_per_forward.max(1)) {
+            let batch = collate(group, 0, 0);
+            let rows: Rows = batch.rows();
+            let ids = Tensor::from_slice(&batch.input_ids)
+                .view([batch.batch as i64, batch.seq_len as i64]);
+            let features = target.features(&ids, &cfg.target_layer_ids)?;
+            for anchors in all_anchors_chunked(&batch.masks(), opts.anchors_per_forward) {
+                if anchors.width == 0 {
+                    continue;
+                }
+                let block_ids = block_input_ids(rows, &anchors, bs, cfg.mask_token_id);
+                let block_ids = Tensor::from_slice(&block_ids).to_device(device);
+                let q = (anchors.width * bs) as i64;
+                let embeddings = target.embed_tokens().index_select(0, &block_ids).view([
+                    batch.batch as i64,
+                    q,
+                    -1,
+                ]);
+                let (anchor_t, keep_t) = anchors.to_tensors(device);
+                let out = drafter.forward(&features, &embeddings, &anchor_t, &keep_t, opts.backend);
+                let labels = block_labels(rows, &anchors, bs, Some(opts.gamma), opts.rule);
+                let valid_flat: Vec<usize> = (0..labels.valid.len())
+                    .filter(|&f| labels.valid[f])
+                    .collect();
+                if valid_flat.is_empty() {
+                    accumulate(
+                        &mut totals,
+                        &anchors,
+                        &labels,
+                        bs,
+                        &[],
+                        &PositionScores {
+                            ce: vec![],
+                            in_top: vec![],
+                        },
+                    );
+                    continue;
+                }
+                let idx =
+                    Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
+                        .to_device(out.device());
+                let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
+                let lm_head = target.lm_head().to_device(out.device());
+                let scores = score_positions(
+                    &out,
+                    &lm_head,
+                    &targets,
+                    &idx,
+                    opts.chunk_positions.max(1),
+                    max_k,
+                );
+                accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
+            }
+        }
+        Ok(())
+    })?;
+    let per_slot =
+        |num: &[u64]| -> Vec<f64> { (1..bs).map(|k| ratio(num[k], totals.valid_at[k])).collect() };
+    let recall_at_k = RECALL_KS
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.to_string(), per_slot(&totals.hits_at[i])))
+        .collect();
+    Ok(EvalReport {
+        tau: if totals.blocks > 0 {
+            totals.accepted_plus_one / totals.blocks as f64
+        } else {
+            0.0
+        },
+        loss: if totals.weight > 0.0 {
+            totals.weighted_ce / totals.weight
+        } else {
+            0.0
+        },
+        accuracy: ratio(totals.top1, totals.positions),
+        per_position_acceptance: per_slot(&totals.accepted_at),
+        recall_at_k,
+        block_size: bs,
+        samples: samples.len(),
+        blocks: totals.blocks,
+        positions: totals.positions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_block(valid: Vec<bool>, hits: &[bool]) -> (Totals, usize) {
+        let bs = valid.len();
+        let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
+        let labels = BlockLabels {
+            targets: vec![0; bs],
+            weights: valid.iter().map(|v| f32::from(u8::from(*v))).collect(),
+            valid,
+        };
+        let valid_flat: Vec<usize> = (0..bs).filter(|&f| labels.valid[f]).collect();
+        assert_eq!(valid_flat.len(), hits.len());
+        let in_top: Vec<bool> = hits.iter().flat_map(|&h| [h, true, true, true]).collect();
+        let scores = PositionScores {
+            ce: vec![1.0; hits.len()],
+            in_top,
+        };
+        let mut totals = Totals::new(bs, RECALL_KS.len());
+        accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
+        (totals, bs)
+    }
+
+    #[test]
+    fn acceptance_stops_at_the_first_miss() {
+        // slots 1..4 valid; hits: yes, yes, no, yes -> accepted 2, τ 3.
+        let (t, _) = one_block(
+            vec![false, true, true, true, true],
+            &[true, true, false, true],
+        );
+        assert_eq!(t.blocks, 1);
+        assert_eq!(t.accepted_plus_one, 3.0);
+        assert_eq!(t.accepted_at, vec![0, 1, 1, 0, 0]);
+        assert_eq!(t.valid_at, vec![0, 1, 1, 1, 1]);
+        assert_eq!(t.hits_at[0], vec![0, 1, 1, 0, 1]);
+        assert_eq!(t.top1, 3);
+    }
+
+    #[test]
+    fn invalid_slots_neither_count_nor_break_the_chain() {
+        // slot 2 is unsupervised (e.g. a user token inside the block): treated as correct.
+        let (t, _) = one_block(vec![false, true, false, true], &[true, true]);
+        assert_eq!(t.accepted_plus_one, 3.0);
+        assert_eq!(t.valid_at, vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_first_miss_gives_tau_one() {
+        let (t, _) = one_block(vec![false, true, true], &[false, true]);
+        assert_eq!(t.accepted_plus_one, 1.0);
+        assert_eq!(t.hits_at[0], vec![0, 0, 1]);
+    }
+}

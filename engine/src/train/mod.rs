@@ -1,0 +1,30 @@
+//! The DFlash training step and everything around it: anchors, labels, loss, optimizer,
+//! schedule and cadences, checkpoints, resume, evaluation, the multi-device [`topology`] and
+//! the [`trainer`] (the step and the one training loop).
+pub mod anchors;
+pub mod cadence;
+pub mod checkpoint;
+pub mod config;
+pub mod drafter_io;
+pub mod embedded;
+pub mod error;
+pub mod eval;
+pub mod labels;
+pub mod loader;
+pub mod loss;
+pub mod micro;
+pub mod optim;
+pub mod replica;
+pub mod resume;
+pub mod rng;
+pub mod run_config;
+pub mod schedule;
+pub mod topology;
+pub mod trainer;
+pub mod unlocked;
+
+pub use config::TrainConfig;
+pub use error::TrainError;
+pub use trainer::{
+    CollectLines, EvalLine, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, RunSummary, Trainer,
+};

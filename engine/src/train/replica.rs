@@ -1,0 +1,260 @@
+//! One drafter replica on one device, and the two halves of a training step on it:
+//! [`DrafterReplica::forward_backward`] (one micro-batch → gradient of its loss numerator, Σw
+//! and statistics) and [`DrafterReplica::apply`] (normalised, clipped AdamW update). Between
+//! them the caller sums gradients and Σw across replicas (spec §2.8b).
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tch::{nn::VarStore, Device, Kind, Tensor};
+
+use super::drafter_io::named_parameters;
+use super::labels::block_input_ids;
+use super::loss::{weighted_ce_backward, LossSums};
+use super::micro::PreparedMicro;
+use super::optim::{AdamW, AdamWConfig, OptimError, StepReport};
+use crate::device::compute_kind;
+use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig};
+
+/// Weights, moments and step counter of a replica (deep copies, on the CPU).
+pub struct ReplicaState {
+    pub master: HashMap<String, Tensor>,
+    pub moments: HashMap<String, Tensor>,
+    pub optimizer_step: u64,
+}
+
+/// Serialises use of libtorch's process-wide random generator by drafter initialisation.
+static GLOBAL_GENERATOR: Mutex<()> = Mutex::new(());
+
+pub struct DrafterReplica {
+    pub(crate) vs: VarStore,
+    pub(crate) drafter: Drafter,
+    pub(crate) optimizer: AdamW,
+    /// The target's frozen embedding and LM head, on this replica's device.
+    embed: Tensor,
+    lm_head: Tensor,
+    device: Device,
+}
+
+impl DrafterReplica {
+    /// A freshly initialised drafter on `device`, drawn from libtorch's global generator
+    /// seeded with `seed`, parameters in [`compute_kind`]. `embed` / `lm_head` are the
+    /// target's tables. The generator is process-wide: the seeding and the draws happen under
+    /// one lock, so trainers built concurrently (tests, replicas) cannot interleave draws.
+    pub fn seeded(
+        cfg: &DrafterConfig,
+        embed: &Tensor,
+        lm_head: &Tensor,
+        device: Device,
+        adamw: AdamWConfig,
+        seed: u64,
+    ) -> Self {
+        let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+        tch::manual_seed(seed as i64);
+        Self::build(cfg, embed, lm_head, device, adamw)
+    }
+
+    /// Builds a drafter; its random init draws from the global generator (callers hold
+    /// [`GLOBAL_GENERATOR`]).
+    fn build(
+        cfg: &DrafterConfig,
+        embed: &Tensor,
+        lm_head: &Tensor,
+        device: Device,
+        adamw: AdamWConfig,
+    ) -> Self {
+        let mut vs = VarStore::new(device);
+        let drafter = Drafter::new(&vs.root(), cfg);
+        let kind = compute_kind(device);
+        if kind != Kind::Float {
+            vs.set_kind(kind);
+        }
+        let optimizer = AdamW::new(named_parameters(&vs), adamw);
+        Self {
+            embed: embed.to_device(device).to_kind(kind),
+            lm_head: lm_head.to_device(device).to_kind(kind),
+            vs,
+            drafter,
+            optimizer,
+            device,
+        }
+    }
+
+    /// A replica on `device` with exactly this replica's parameters and optimizer state.
+    pub fn replicate(&self, device: Device) -> Result<Self, OptimError> {
+        let cfg = self.drafter.config().clone();
+        let mut copy = {
+            let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+            Self::build(
+                &cfg,
+                &self.embed,
+                &self.lm_head,
+                device,
+                self.optimizer.config().clone(),
+            )
+        };
+        copy.load_state(&self.state())?;
+        Ok(copy)
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn drafter(&self) -> &Drafter {
+        &self.drafter
+    }
+
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// Forward and backward of one micro-batch: accumulates the gradient of `Σ w·CE` (the
+    /// numerator, not yet divided by any Σw) into the parameters' gradients. `features` are
+    /// the target's tap-layer states of the micro-batch's rows, on any device.
+    pub fn forward_backward(
+        &self,
+        features: &Tensor,
+        micro: &PreparedMicro,
+        backend: AttentionBackend,
+        chunk_positions: i64,
+    ) -> LossSums {
+        let cfg = self.drafter.config();
+        let bs = cfg.block_size as usize;
+        let b = micro.batch.batch as i64;
+        let block_ids = block_input_ids(micro.batch.rows(), &micro.anchors, bs, cfg.mask_token_id);
+        let block_ids = Tensor::from_slice(&block_ids).to_device(self.device);
+        let q = (micro.anchors.width * bs) as i64;
+        let embeddings = tch::no_grad(|| self.embed.index_select(0, &block_ids).view([b, q, -1]));
+        let (anchors, keep) = micro.anchors.to_tensors(self.device);
+        let out = self
+            .drafter
+            .forward(features, &embeddings, &anchors, &keep, backend);
+        let targets = Tensor::from_slice(&micro.labels.targets)
+            .view([b, q])
+            .to_device(self.device);
+        let weights = Tensor::from_slice(&micro.labels.weights)
+            .view([b, q])
+            .to_device(self.device);
+        weighted_ce_backward(
+            &out,
+            &self.lm_head,
+            &targets,
+            &weights,
+            1.0,
+            chunk_positions,
+        )
+    }
+
+    /// Elements of all parameters: the length of a flat gradient buffer.
+    pub fn flat_len(&self) -> i64 {
+        self.optimizer.param_numels().iter().sum()
+    }
+
+    /// Writes the current gradients into `flat` (fp32, [`Self::flat_len`] elements, this
+    /// replica's device) in the optimizer's parameter order; zeros where a parameter has none.
+    pub fn gather_grads(&self, flat: &mut Tensor) {
+        tch::no_grad(|| {
+            let mut offset = 0;
+            for (grad, n) in self
+                .optimizer
+                .param_grads()
+                .iter()
+                .zip(self.optimizer.param_numels())
+            {
+                let mut dst = flat.narrow(0, offset, n);
+                if grad.defined() {
+                    dst.copy_(&grad.reshape([-1]));
+                } else {
+                    let _ = dst.zero_();
+                }
+                offset += n;
+            }
+        });
+    }
+
+    /// The AdamW update at `lr` on `scale ×` the gradients: the parameters' own gradients, or
+    /// (`flat`) a flat buffer laid out as [`Self::gather_grads`] writes it. Gradients are
+    /// cleared afterwards, whatever the outcome.
+    pub fn apply(
+        &mut self,
+        lr: f64,
+        flat: Option<&Tensor>,
+        scale: f64,
+    ) -> Result<StepReport, OptimError> {
+        let report = match flat {
+            None => self.optimizer.step_scaled(lr, scale),
+            Some(flat) => {
+                let mut offset = 0;
+                let grads: Vec<Tensor> = self
+                    .optimizer
+                    .param_shapes()
+                    .into_iter()
+                    .zip(self.optimizer.param_numels())
+                    .map(|(shape, n)| {
+                        let view = flat.narrow(0, offset, n).view(shape.as_slice());
+                        offset += n;
+                        view
+                    })
+                    .collect();
+                self.optimizer.step_with_grads(lr, &grads, scale)
+            }
+        };
+        self.optimizer.zero_grad();
+        report
+    }
+
+    /// Clears gradients (after a warmup pass, which must not train).
+    pub fn zero_grad(&mut self) {
+        self.optimizer.zero_grad();
+    }
+
+    /// Deep copies of the fp32 master weights, the moments and the step counter, on the CPU.
+    pub fn state(&self) -> ReplicaState {
+        let copy = |list: Vec<(String, Tensor)>| -> HashMap<String, Tensor> {
+            list.into_iter()
+                .map(|(n, t)| (n, t.to_device(Device::Cpu).copy()))
+                .collect()
+        };
+        ReplicaState {
+            master: copy(self.optimizer.master_weights()),
+            moments: copy(self.optimizer.moment_tensors()),
+            optimizer_step: self.optimizer.step_count(),
+        }
+    }
+
+    /// Takes over weights, moments and step counter (every tensor must be present).
+    pub fn load_state(&mut self, state: &ReplicaState) -> Result<(), OptimError> {
+        self.optimizer
+            .restore(&state.master, &state.moments, state.optimizer_step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::target::{TargetConfig, TargetModel};
+    use crate::train::embedded;
+
+    #[test]
+    fn a_replica_has_the_same_weights_and_moments() {
+        let target = TargetModel::random(TargetConfig::tiny_default(), Device::Cpu, Kind::Float, 1);
+        let cfg = embedded::tiny_drafter_config(target.config());
+        let a = DrafterReplica::seeded(
+            &cfg,
+            target.embed_tokens(),
+            target.lm_head(),
+            Device::Cpu,
+            AdamWConfig::default(),
+            1,
+        );
+        let b = a.replicate(Device::Cpu).unwrap();
+        let (wa, wb) = (a.optimizer.master_weights(), b.optimizer.master_weights());
+        assert_eq!(wa.len(), wb.len());
+        for ((na, ta), (nb, tb)) in wa.iter().zip(&wb) {
+            assert_eq!(na, nb);
+            assert!(ta.equal(tb), "{na}");
+            assert_ne!(ta.data_ptr(), tb.data_ptr(), "{na} must not share storage");
+        }
+        assert_eq!(a.flat_len(), b.flat_len());
+    }
+}

@@ -1,0 +1,305 @@
+//! Trainer checkpoints: what exact resume needs, and the checks that refuse an unsafe resume.
+//!
+//! A checkpoint directory holds `drafter.safetensors` (fp32 master weights, HF keys),
+//! `optimizer.safetensors` (AdamW moments), `config.json` (the drafter in the HF layout) and
+//! `trainer_state.json` (step, schedule, RNG state, data position, the training config and a
+//! fingerprint of the data), all covered by the manifest's checksums.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tch::Tensor;
+
+use super::checkpoint::{self, CheckpointWriter};
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::loader::DataPosition;
+use super::replica::ReplicaState;
+use super::schedule::WarmupCosine;
+use super::trainer::Trainer;
+use super::unlocked::{self, UnlockedKeys};
+use crate::model::drafter::DrafterConfig;
+
+pub const DRAFTER_FILE: &str = "drafter.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+pub const STATE_FILE: &str = "trainer_state.json";
+
+/// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
+/// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
+/// change with the number of drafter ranks as long as the global batch (micro-batches per
+/// step, checked separately) stays the same.
+const RUNTIME_KEYS: [&str; 8] = [
+    "grad_accum",
+    "eval_every",
+    "eval_max_samples",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_anchors_per_forward",
+    "loss_chunk_positions",
+    "attention",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub step: u64,
+    pub optimizer_step: u64,
+    pub position: DataPosition,
+    /// Micro-batches per optimizer step over all drafter ranks (the global batch); absent in
+    /// checkpoints written before topologies, which trained `grad_accum` per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batches_per_step: Option<u64>,
+    /// The anchor generator's state in checkpoints written before anchors were drawn per
+    /// sample; ignored (anchors are now a pure function of seed, epoch and sample).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<[u64; 4]>,
+    pub schedule: WarmupCosine,
+    pub config: TrainConfig,
+    pub data_fingerprint: String,
+    pub dtype: String,
+}
+
+/// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`:
+/// `(key, "`key`: checkpoint X vs now Y")`.
+fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<(String, String)> {
+    let (Value::Object(a), Value::Object(b)) = (saved, now) else {
+        return if saved == now {
+            vec![]
+        } else {
+            vec![("<whole config>".into(), "the whole config differs".into())]
+        };
+    };
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| !allowed.contains(&k.as_str()) && a.get(*k) != b.get(*k))
+        .map(|k| {
+            let show = |v: Option<&Value>| v.map_or("absent".to_string(), Value::to_string);
+            let text = format!(
+                "`{k}`: checkpoint {} vs now {}",
+                show(a.get(k)),
+                show(b.get(k))
+            );
+            (k.clone(), text)
+        })
+        .collect()
+}
+
+/// "`epochs`: checkpoint 6 vs now 3; `training.epochs` is locked: … unlock …".
+fn describe_changes(changes: &[(String, String)]) -> String {
+    let listed: Vec<&str> = changes.iter().map(|(_, text)| text.as_str()).collect();
+    let mut remedies: Vec<String> = changes.iter().map(|(k, _)| unlocked::remedy(k)).collect();
+    remedies.dedup();
+    format!("{}. {}", listed.join("; "), remedies.join(". "))
+}
+
+fn tensor_map(list: Vec<(String, Tensor)>) -> HashMap<String, Tensor> {
+    list.into_iter().collect()
+}
+
+impl Trainer {
+    /// Writes a checkpoint of the current step under `root` and prunes old ones.
+    pub fn save_checkpoint(&self, root: &Path) -> Result<PathBuf, TrainError> {
+        let state = TrainerState {
+            step: self.step,
+            optimizer_step: self.rank0.replica.optimizer().step_count(),
+            position: self.data_position(),
+            micro_batches_per_step: Some(self.plan.micro_per_step()),
+            rng: None,
+            schedule: self.schedule.clone(),
+            config: self.cfg.clone(),
+            data_fingerprint: self.data_fingerprint.clone(),
+            dtype: format!(
+                "{:?}",
+                crate::device::compute_kind(self.rank0.replica.device())
+            ),
+        };
+        let mut w = CheckpointWriter::begin(root, self.step)?;
+        let optimizer = self.rank0.replica.optimizer();
+        w.write_tensors(DRAFTER_FILE, &optimizer.master_weights())?;
+        w.write_tensors(OPTIMIZER_FILE, &optimizer.moment_tensors())?;
+        w.write_json(CONFIG_FILE, &self.drafter_cfg.to_hf_json())?;
+        w.write_json(STATE_FILE, &state)?;
+        let dir = w.commit()?;
+        checkpoint::prune(root, self.cfg.keep_checkpoints)?;
+        Ok(dir)
+    }
+
+    /// Restores weights, optimizer, schedule, RNG and data position from `dir` after checking
+    /// its checksums, and that the drafter, the locked training keys and the data are the ones
+    /// this trainer was built with.
+    pub fn restore_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
+        self.restore_checkpoint_unlocked(dir, &UnlockedKeys::default())
+    }
+
+    /// [`Trainer::restore_checkpoint`], letting the `unlocked` locked keys differ from the
+    /// checkpoint where its weights, optimizer state and data position still carry over.
+    pub fn restore_checkpoint_unlocked(
+        &mut self,
+        dir: &Path,
+        unlocked: &UnlockedKeys,
+    ) -> Result<(), TrainError> {
+        checkpoint::verify(dir)?;
+        let incompatible = |detail: String| TrainError::Incompatible {
+            checkpoint: dir.to_path_buf(),
+            detail,
+        };
+        let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
+        let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
+        let mut saved_drafter = unlocked::flatten_drafter(&saved_drafter);
+        let drafter_now = unlocked::flatten_drafter(&self.drafter_cfg.to_hf_json());
+        unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)
+            .map_err(incompatible)?;
+        let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &[]);
+        if !drafter_diff.is_empty() {
+            return Err(incompatible(format!(
+                "the drafter config differs: {}",
+                describe_changes(&drafter_diff)
+            )));
+        }
+        let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
+        let mut saved_config = as_json(&state.config);
+        unlocked::reconcile_train(&mut saved_config, &self.cfg, unlocked);
+        let config_diff = changed_keys(&saved_config, &as_json(&self.cfg), &RUNTIME_KEYS);
+        if !config_diff.is_empty() {
+            return Err(incompatible(format!(
+                "locked training keys differ: {}",
+                describe_changes(&config_diff)
+            )));
+        }
+        if state.data_fingerprint != self.data_fingerprint {
+            return Err(incompatible(format!(
+                "the training data changed (fingerprint {} in the checkpoint, {} now); its data position would be meaningless",
+                state.data_fingerprint, self.data_fingerprint
+            )));
+        }
+        let per_step = state
+            .micro_batches_per_step
+            .unwrap_or(state.config.grad_accum as u64);
+        if per_step != self.plan.micro_per_step() {
+            return Err(incompatible(format!(
+                "the global batch differs: the checkpoint trained {per_step} micro-batches per step, \
+                 this topology trains {} ({} drafter rank(s) × grad_accum {})",
+                self.plan.micro_per_step(),
+                self.plan.ranks,
+                self.plan.accum
+            )));
+        }
+        // With epochs unlocked the trainer's schedule (built from the new total) replaces the
+        // checkpoint's; the data position below is kept either way.
+        unlocked::check_schedule(&state.schedule, &self.schedule, state.step, unlocked)
+            .map_err(incompatible)?;
+        let cursor = self
+            .source
+            .consumed_at(state.position)
+            .map_err(incompatible)?;
+        let master = tensor_map(checkpoint::read_tensors(dir, DRAFTER_FILE)?);
+        let moments = tensor_map(checkpoint::read_tensors(dir, OPTIMIZER_FILE)?);
+        self.rank0
+            .replica
+            .load_state(&ReplicaState {
+                master,
+                moments,
+                optimizer_step: state.optimizer_step,
+            })
+            .map_err(|e| incompatible(e.to_string()))?;
+        self.step = state.step;
+        self.cursor = cursor;
+        if let Some(cluster) = self.cluster.as_mut() {
+            cluster.sync_replicas(&self.rank0)?;
+            cluster.restart_at(cursor);
+        }
+        Ok(())
+    }
+
+    /// Resumes from the newest checkpoint under `root`, if any. Returns its directory.
+    pub fn resume_latest(&mut self, root: &Path) -> Result<Option<PathBuf>, TrainError> {
+        self.resume_latest_unlocked(root, &UnlockedKeys::default())
+    }
+
+    /// [`Trainer::resume_latest`] with the operator's unlocked keys (see
+    /// [`Trainer::restore_checkpoint_unlocked`]).
+    pub fn resume_latest_unlocked(
+        &mut self,
+        root: &Path,
+        unlocked: &UnlockedKeys,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        checkpoint::recover(root)?;
+        match checkpoint::latest(root)? {
+            Some(dir) => {
+                self.restore_checkpoint_unlocked(&dir, unlocked)?;
+                Ok(Some(dir))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// The drafter config and fp32 weights of a checkpoint (verified), for export.
+pub fn read_checkpoint_drafter(
+    dir: &Path,
+) -> Result<(DrafterConfig, Vec<(String, Tensor)>), TrainError> {
+    checkpoint::verify(dir)?;
+    let config_value: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
+    let config =
+        DrafterConfig::from_hf_value(&config_value, &dir.join(CONFIG_FILE).display().to_string())?;
+    let mut weights = checkpoint::read_tensors(dir, DRAFTER_FILE)?;
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((config, weights))
+}
+
+/// A checkpoint directory, or the newest checkpoint of a run's checkpoint root.
+pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, TrainError> {
+    if path.join(checkpoint::MANIFEST).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    for root in [path.join("checkpoints"), path.to_path_buf()] {
+        if let Some(dir) = checkpoint::latest(&root)? {
+            return Ok(dir);
+        }
+    }
+    Err(checkpoint::CheckpointError::NoManifest {
+        dir: path.to_path_buf(),
+    }
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn changed_keys_lists_only_locked_differences() {
+        let a = json!({"lr": 1.0, "eval_every": 5, "epochs": 6});
+        let b = json!({"lr": 2.0, "eval_every": 7, "epochs": 6});
+        let diff = changed_keys(&a, &b, &["eval_every"]);
+        assert_eq!(
+            diff,
+            vec![(
+                "lr".to_string(),
+                "`lr`: checkpoint 1.0 vs now 2.0".to_string()
+            )]
+        );
+        let text = describe_changes(&changed_keys(
+            &a,
+            &json!({"epochs": 3}),
+            &["lr", "eval_every"],
+        ));
+        assert!(
+            text.starts_with("`epochs`: checkpoint 6 vs now 3. `training.epochs` is locked"),
+            "{text}"
+        );
+        assert!(text.contains("dflash-tui attach"), "{text}");
+    }
+
+    #[test]
+    fn runtime_keys_exist_in_the_config() {
+        let keys = serde_json::to_value(TrainConfig::default()).unwrap();
+        for k in RUNTIME_KEYS {
+            assert!(keys.get(k).is_some(), "{k}");
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The engine's reading of a validated run config (`dflash_shared::config::Config`): the
+//! training hyper-parameters and the drafter architecture. The embedded default is the same
+//! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
+use dflash_shared::config::{
+    AttentionImpl, Config, DrafterSection, LabelMask, LayerType as CfgLayerType,
+};
+
+use super::config::{Attention, TrainConfig};
+use super::labels::LabelMaskRule;
+use super::optim::AdamWConfig;
+use crate::model::drafter::{DrafterConfig, LayerType};
+use crate::model::target::TargetConfig;
+
+/// `[training]`, `[run].seed` and the held-out count of `[data]` for `n_samples` samples.
+pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
+    let t = &cfg.training;
+    TrainConfig {
+        seed: cfg.run.seed,
+        epochs: t.epochs,
+        max_steps: t.max_steps,
+        batch_size: t.batch_size,
+        grad_accum: t.grad_accum,
+        num_anchors: t.num_anchors,
+        gamma: Some(cfg.loss_decay_gamma()),
+        label_mask_rule: match t.label_mask {
+            LabelMask::Independent => LabelMaskRule::Independent,
+            LabelMask::Cumulative => LabelMaskRule::Cumulative,
+        },
+        lr: t.lr,
+        warmup_ratio: t.warmup_ratio,
+        adamw: AdamWConfig {
+            beta1: t.adam_beta1,
+            beta2: t.adam_beta2,
+            eps: t.adam_eps,
+            weight_decay: t.weight_decay,
+            max_grad_norm: (t.grad_clip > 0.0).then_some(t.grad_clip),
+        },
+        max_len: t.max_length,
+        held_out: cfg.data.held_out_count(n_samples),
+        eval_every: t.eval_every,
+        eval_max_samples: t.eval_max_samples,
+        checkpoint_every: t.checkpoint_every,
+        keep_checkpoints: t.keep_checkpoints,
+        loss_chunk_positions: t.loss_chunk_positions as i64,
+        eval_anchors_per_forward: t.eval_anchors_per_forward,
+        attention: match t.attention {
+            AttentionImpl::BlockSparse => Attention::BlockSparse,
+            AttentionImpl::DenseMask => Attention::DenseMask,
+        },
+    }
+}
+
+/// `[drafter]` completed with what the target decides (feature width, vocabulary, depth).
+pub fn drafter_config(d: &DrafterSection, target: &TargetConfig) -> DrafterConfig {
+    DrafterConfig {
+        hidden_size: d.hidden_size as i64,
+        intermediate_size: d.intermediate_size as i64,
+        num_hidden_layers: d.num_layers,
+        num_attention_heads: d.num_attention_heads as i64,
+        num_key_value_heads: d.num_key_value_heads as i64,
+        head_dim: d.head_dim as i64,
+        rms_norm_eps: d.rms_norm_eps,
+        rope_theta: d.rope_theta,
+        layer_types: d
+            .layer_types
+            .iter()
+            .map(|t| match t {
+                CfgLayerType::FullAttention => LayerType::Full,
+                CfgLayerType::SlidingAttention => LayerType::Sliding,
+            })
+            .collect(),
+        sliding_window: d.sliding_window.map(|w| w as i64),
+        block_size: d.block_size as i64,
+        mask_token_id: i64::from(d.mask_token_id),
+        target_layer_ids: d.target_layer_ids.clone(),
+        target_hidden_size: target.hidden_size(),
+        vocab_size: target.vocab_size(),
+        max_position_embeddings: 262_144,
+        num_target_layers: Some(target.num_layers()),
+        initializer_range: 0.02,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_config_maps_onto_valid_engine_configs() {
+        let cfg = Config::embedded_default();
+        let train = train_config(&cfg, 900);
+        train.validate().unwrap();
+        assert_eq!(train.held_out, 48);
+        assert_eq!(train.gamma, Some(4.0));
+        assert_eq!(train.adamw.max_grad_norm, Some(1.0));
+        let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
+        drafter.validate("embedded").unwrap();
+        assert_eq!(
+            drafter.layer_types,
+            vec![LayerType::Sliding, LayerType::Full]
+        );
+        assert_eq!(drafter.feature_size(), 2 * 128);
+    }
+
+    #[test]
+    fn paper_defaults_carry_over() {
+        let mut cfg = Config::embedded_default();
+        cfg.training = Default::default();
+        cfg.drafter.block_size = 16;
+        cfg.training.loss_decay_gamma = None;
+        let train = train_config(&cfg, 100);
+        assert_eq!(
+            (
+                train.lr,
+                train.warmup_ratio,
+                train.epochs,
+                train.num_anchors
+            ),
+            (6e-4, 0.04, 6, 512)
+        );
+        assert_eq!(train.gamma, Some(7.0));
+        assert_eq!(train.adamw, AdamWConfig::default());
+    }
+}

@@ -1,0 +1,332 @@
+//! From micro-batch indices to hidden states on the drafter's device: the dispatcher the
+//! target workers share, the item they queue, and the per-rank inbox that puts items back in
+//! index order.
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use dflash_shared::metrics::QueueStats;
+use tch::{Device, Tensor};
+
+use super::plan::ItemTiming;
+use crate::model::target::TargetModel;
+use crate::train::micro::{MicroSource, PreparedMicro};
+use crate::train::topology::queue::{ByteSized, HiddenStateQueue};
+
+/// One micro-batch with the target's tap-layer features, ready for its drafter rank.
+#[derive(Debug)]
+pub struct HiddenItem {
+    pub micro: PreparedMicro,
+    /// `[B, S, n·H]` on the drafter rank's device.
+    pub features: Tensor,
+    pub timing: ItemTiming,
+}
+
+impl ByteSized for HiddenItem {
+    fn byte_size(&self) -> u64 {
+        self.features.byte_size() + self.micro.host_bytes()
+    }
+}
+
+pub type ItemQueue = HiddenStateQueue<HiddenItem>;
+
+/// Waits for queued CUDA work, so wall times measure the work and not its launch.
+pub fn sync(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// Builds micro-batch `seq`, runs the target on it (no grad) and moves the features to
+/// `dest`. `producer` is the target worker's index (for telemetry).
+pub fn produce_item(
+    target: &TargetModel,
+    source: &MicroSource,
+    layer_ids: &[usize],
+    seq: u64,
+    dest: Device,
+    producer: usize,
+) -> Result<HiddenItem, String> {
+    let t = Instant::now();
+    let micro = source.prepare(seq);
+    let data_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let (b, s) = (micro.batch.batch as i64, micro.batch.seq_len as i64);
+    let ids = Tensor::from_slice(&micro.batch.input_ids).view([b, s]);
+    let features = target
+        .features(&ids, layer_ids)
+        .map_err(|e| format!("target forward of micro-batch {seq}: {e}"))?;
+    let features = features.to_device(dest);
+    // Waits for this device only: syncing `dest` would stall the target worker behind the
+    // drafter's queued kernels. The copy is stream-ordered before the drafter's use of it.
+    sync(target.device());
+    let target_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(HiddenItem {
+        timing: ItemTiming {
+            producer,
+            tokens: micro.batch.tokens as u64,
+            data_ms,
+            target_ms,
+        },
+        micro,
+        features,
+    })
+}
+
+struct DispatchState {
+    next: u64,
+    /// Indices below this may be handed out.
+    limit: u64,
+    stopped: bool,
+}
+
+/// Hands out micro-batch indices in increasing order to whichever target worker asks, up to
+/// a limit the trainer moves forward each step (so target workers run a bounded distance
+/// ahead of the drafters, and stop at the end of the schedule).
+pub struct Dispatcher {
+    state: Mutex<DispatchState>,
+    cv: Condvar,
+}
+
+impl Dispatcher {
+    pub fn new(next: u64) -> Self {
+        Self {
+            state: Mutex::new(DispatchState {
+                next,
+                limit: next,
+                stopped: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DispatchState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next index, waiting while none may be handed out; `None` once stopped.
+    pub fn next(&self) -> Option<u64> {
+        let mut st = self.lock();
+        loop {
+            if st.stopped {
+                return None;
+            }
+            if st.next < st.limit {
+                st.next += 1;
+                return Some(st.next - 1);
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Indices below `base` are no longer needed; indices below `limit` may be handed out.
+    pub fn advance(&self, base: u64, limit: u64) {
+        let mut st = self.lock();
+        st.next = st.next.max(base);
+        st.limit = limit;
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Starts over at `next` (after a checkpoint restore), which may lie behind.
+    pub fn reset(&self, next: u64, limit: u64) {
+        let mut st = self.lock();
+        st.next = next;
+        st.limit = limit;
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    pub fn stop(&self) {
+        self.lock().stopped = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A drafter rank's view of its queue: items in index order. Target workers finish out of
+/// order; an item that arrives early waits here until its turn, an item older than the one
+/// wanted (a duplicate after a restore) is dropped.
+pub struct Inbox {
+    queue: Arc<ItemQueue>,
+    early: BTreeMap<u64, HiddenItem>,
+}
+
+impl Inbox {
+    pub fn new(queue: Arc<ItemQueue>) -> Self {
+        Self {
+            queue,
+            early: BTreeMap::new(),
+        }
+    }
+
+    /// Micro-batch `seq`, waiting for it if needed; `None` when the queue was shut down.
+    pub fn take(&mut self, seq: u64) -> Option<HiddenItem> {
+        self.early.retain(|&s, _| s >= seq);
+        if let Some(item) = self.early.remove(&seq) {
+            return Some(item);
+        }
+        loop {
+            let item = self.queue.pop()?;
+            let s = item.micro.seq;
+            if s == seq {
+                return Some(item);
+            }
+            if s > seq {
+                self.early.entry(s).or_insert(item);
+            }
+        }
+    }
+}
+
+/// Queue statistics for telemetry, readable from any thread while training runs.
+#[derive(Clone)]
+pub struct QueueMonitor {
+    queues: Vec<Arc<ItemQueue>>,
+}
+
+impl std::fmt::Debug for QueueMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueMonitor")
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+impl QueueMonitor {
+    pub fn new(queues: Vec<Arc<ItemQueue>>) -> Self {
+        Self { queues }
+    }
+
+    /// One reading per drafter rank's queue. Rates cover the time since the previous reading
+    /// of that queue (by this or [`Self::stats`]).
+    pub fn per_rank(&self) -> Vec<QueueStats> {
+        self.queues.iter().map(|q| q.stats()).collect()
+    }
+
+    /// All queues together: depths, bytes, caps, watermarks, rates and waits summed. The
+    /// configured `[queue]` budget is split evenly over the ranks (rounded down, at least one
+    /// item each), so the summed caps are that budget or a little under it.
+    pub fn stats(&self) -> QueueStats {
+        let parts = self.per_rank();
+        let mut total = QueueStats {
+            ts_ms: dflash_shared::clock::now_ms(),
+            depth: 0,
+            capacity: 0,
+            high_watermark: 0,
+            low_watermark: 0,
+            bytes_resident: 0,
+            byte_cap: 0,
+            producer_rate: 0.0,
+            consumer_rate: 0.0,
+            producer_blocked_ms: 0.0,
+            consumer_starved_ms: 0.0,
+        };
+        for p in parts {
+            total.depth += p.depth;
+            total.capacity += p.capacity;
+            total.high_watermark += p.high_watermark;
+            total.low_watermark += p.low_watermark;
+            total.bytes_resident += p.bytes_resident;
+            total.byte_cap += p.byte_cap;
+            total.producer_rate += p.producer_rate;
+            total.consumer_rate += p.consumer_rate;
+            total.producer_blocked_ms += p.producer_blocked_ms;
+            total.consumer_starved_ms += p.consumer_starved_ms;
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::anchors::AnchorBatch;
+    use crate::train::labels::BlockLabels;
+    use crate::train::loader::collate;
+    use crate::train::topology::queue::QueueConfig;
+    use std::time::Duration;
+    use tch::Kind;
+
+    fn item(seq: u64) -> HiddenItem {
+        HiddenItem {
+            micro: PreparedMicro {
+                seq,
+                samples: vec![],
+                batch: collate(&[], 0, 0),
+                anchors: AnchorBatch::from_rows(&[], 0),
+                labels: BlockLabels {
+                    targets: vec![],
+                    weights: vec![],
+                    valid: vec![],
+                },
+            },
+            features: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            timing: ItemTiming {
+                producer: 0,
+                tokens: 0,
+                data_ms: 0.0,
+                target_ms: 0.0,
+            },
+        }
+    }
+
+    fn queue() -> Arc<ItemQueue> {
+        Arc::new(
+            ItemQueue::new(QueueConfig {
+                capacity: 16,
+                high_watermark: 16,
+                low_watermark: 1,
+                byte_cap: 1 << 20,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_inbox_restores_index_order_and_drops_stale_items() {
+        let q = queue();
+        for s in [4u64, 2, 0, 2, 6] {
+            q.push(item(s)).unwrap();
+        }
+        let mut inbox = Inbox::new(Arc::clone(&q));
+        let got: Vec<u64> = [0u64, 2, 4, 6]
+            .iter()
+            .map(|&s| inbox.take(s).unwrap().micro.seq)
+            .collect();
+        assert_eq!(got, vec![0, 2, 4, 6]);
+        assert_eq!(q.depth(), 0, "the duplicate 2 was consumed and dropped");
+        q.shutdown();
+        assert!(inbox.take(8).is_none());
+    }
+
+    #[test]
+    fn the_dispatcher_hands_out_each_index_once_up_to_its_limit() {
+        let d = Arc::new(Dispatcher::new(10));
+        d.advance(10, 14);
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let d = Arc::clone(&d);
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    while let Some(s) = d.next() {
+                        got.push(s);
+                    }
+                    got
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(30));
+        d.advance(12, 17);
+        std::thread::sleep(Duration::from_millis(30));
+        d.stop();
+        let mut all: Vec<u64> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (10..17).collect::<Vec<_>>());
+        let r = Dispatcher::new(5);
+        r.reset(2, 4);
+        assert_eq!((r.next(), r.next()), (Some(2), Some(3)));
+    }
+}

@@ -1,0 +1,255 @@
+//! Which micro-batches an optimizer step takes, which drafter rank trains each, and how the
+//! per-worker timings of a step add up to its telemetry. Pure functions.
+use dflash_shared::config::QueueSection;
+use dflash_shared::metrics::{DeviceRole, StepTimes, WorkerThroughput};
+
+use crate::train::topology::queue::QueueConfig;
+
+/// `ranks` drafter replicas, each training `accum` micro-batches per optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepPlan {
+    pub ranks: usize,
+    pub accum: usize,
+}
+
+impl StepPlan {
+    /// Micro-batches in one optimizer step (the global batch, in micro-batches).
+    pub fn micro_per_step(&self) -> u64 {
+        (self.ranks * self.accum) as u64
+    }
+
+    /// The drafter rank that trains micro-batch `seq` (round-robin, like SpecForge's
+    /// per-rank inboxes); fixed, so arrival order never decides who trains what.
+    pub fn rank_of(&self, seq: u64) -> usize {
+        (seq % self.ranks as u64) as usize
+    }
+
+    /// The micro-batches rank `rank` trains in the step that starts at micro-batch `base`,
+    /// ascending (the order its gradients accumulate in).
+    pub fn rank_seqs(&self, base: u64, rank: usize) -> Vec<u64> {
+        (base..base + self.micro_per_step())
+            .filter(|&s| self.rank_of(s) == rank)
+            .collect()
+    }
+}
+
+/// Splits the configured queue (`[queue]`: one budget for all hidden states in flight) over
+/// `ranks` per-rank queues, keeping `low < high <= capacity` and a byte cap on each.
+pub fn per_rank_queue(total: QueueConfig, ranks: usize) -> QueueConfig {
+    let ranks = ranks.max(1);
+    let high = (total.high_watermark / ranks).max(1);
+    QueueConfig {
+        capacity: (total.capacity / ranks).max(high),
+        high_watermark: high,
+        low_watermark: (total.low_watermark / ranks).min(high - 1),
+        byte_cap: (total.byte_cap / ranks as u64).max(1),
+    }
+}
+
+pub fn queue_config(section: &QueueSection) -> QueueConfig {
+    QueueConfig {
+        capacity: section.capacity,
+        high_watermark: section.high_watermark,
+        low_watermark: section.low_watermark,
+        byte_cap: section.byte_cap.bytes(),
+    }
+}
+
+/// One micro-batch as its drafter rank saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ItemTiming {
+    /// Target worker that produced it.
+    pub producer: usize,
+    pub tokens: u64,
+    pub data_ms: f64,
+    pub target_ms: f64,
+}
+
+/// One drafter rank's share of a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankTiming {
+    pub items: Vec<ItemTiming>,
+    pub queue_wait_ms: f64,
+    pub forward_backward_ms: f64,
+    pub all_reduce_ms: f64,
+    pub optimizer_ms: f64,
+}
+
+/// Names of the workers, for telemetry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerNames {
+    pub targets: Vec<String>,
+    pub drafters: Vec<String>,
+    /// One device runs both roles inline.
+    pub inline: bool,
+}
+
+/// A step's time breakdown and per-worker throughput from its ranks' reports.
+///
+/// Target-side phases (data, target forward) are the mean over target workers of the time
+/// spent on this step's micro-batches (that work may have overlapped earlier steps); drafter
+/// phases are the mean over drafter ranks. Throughput counts the tokens of this step's
+/// sequences each worker handled, over the step's wall time.
+pub fn step_telemetry(
+    names: &WorkerNames,
+    ranks: &[RankTiming],
+    wall_ms: f64,
+) -> (StepTimes, Vec<WorkerThroughput>, u64) {
+    let secs = (wall_ms / 1e3).max(1e-9);
+    let items = || ranks.iter().flat_map(|r| r.items.iter());
+    let tokens: u64 = items().map(|i| i.tokens).sum();
+    let n_targets = names.targets.len().max(1) as f64;
+    let n_ranks = ranks.len().max(1) as f64;
+    let mean = |f: fn(&RankTiming) -> f64| ranks.iter().map(f).sum::<f64>() / n_ranks;
+    let times = StepTimes {
+        data_wait_ms: items().map(|i| i.data_ms).sum::<f64>() / n_targets,
+        target_forward_ms: items().map(|i| i.target_ms).sum::<f64>() / n_targets,
+        queue_wait_ms: mean(|r| r.queue_wait_ms),
+        drafter_forward_backward_ms: mean(|r| r.forward_backward_ms),
+        all_reduce_ms: mean(|r| r.all_reduce_ms),
+        optimizer_ms: mean(|r| r.optimizer_ms),
+        total_ms: wall_ms,
+    };
+    let workers = if names.inline {
+        vec![WorkerThroughput {
+            device: names.drafters.first().cloned().unwrap_or_default(),
+            role: DeviceRole::Both,
+            tokens_per_s: tokens as f64 / secs,
+        }]
+    } else {
+        let produced =
+            |w: usize| -> u64 { items().filter(|i| i.producer == w).map(|i| i.tokens).sum() };
+        let targets = names
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(w, device)| WorkerThroughput {
+                device: device.clone(),
+                role: DeviceRole::Target,
+                tokens_per_s: produced(w) as f64 / secs,
+            });
+        let drafters = names
+            .drafters
+            .iter()
+            .zip(ranks)
+            .map(|(device, r)| WorkerThroughput {
+                device: device.clone(),
+                role: DeviceRole::Drafter,
+                tokens_per_s: r.items.iter().map(|i| i.tokens).sum::<u64>() as f64 / secs,
+            });
+        targets.chain(drafters).collect()
+    };
+    (times, workers, tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_micro_batch_of_a_step_goes_to_exactly_one_rank() {
+        let plan = StepPlan { ranks: 3, accum: 2 };
+        for base in [0u64, 6, 12, 7] {
+            let mut all: Vec<u64> = (0..3).flat_map(|r| plan.rank_seqs(base, r)).collect();
+            for r in 0..3 {
+                let seqs = plan.rank_seqs(base, r);
+                assert_eq!(seqs.len(), 2);
+                assert!(seqs.iter().all(|&s| plan.rank_of(s) == r));
+                assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+            }
+            all.sort_unstable();
+            assert_eq!(all, (base..base + 6).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            StepPlan { ranks: 1, accum: 4 }.rank_seqs(8, 0),
+            vec![8, 9, 10, 11]
+        );
+    }
+
+    #[test]
+    fn per_rank_queues_share_the_budget_and_stay_valid() {
+        let total = QueueConfig {
+            capacity: 16,
+            high_watermark: 12,
+            low_watermark: 4,
+            byte_cap: 8 << 30,
+        };
+        assert_eq!(per_rank_queue(total, 1), total);
+        let three = per_rank_queue(total, 3);
+        assert_eq!(
+            (three.capacity, three.high_watermark, three.low_watermark),
+            (5, 4, 1)
+        );
+        assert_eq!(three.byte_cap, (8 << 30) / 3);
+        for ranks in 1..=20 {
+            per_rank_queue(total, ranks).validate().unwrap();
+            let tiny = QueueConfig {
+                capacity: 2,
+                high_watermark: 2,
+                low_watermark: 1,
+                byte_cap: 10,
+            };
+            per_rank_queue(tiny, ranks).validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn telemetry_splits_tokens_by_worker_and_averages_phases() {
+        let names = WorkerNames {
+            targets: vec!["cuda:0".into(), "cuda:1".into()],
+            drafters: vec!["cuda:2".into(), "cuda:3".into()],
+            inline: false,
+        };
+        let item = |producer, tokens| ItemTiming {
+            producer,
+            tokens,
+            data_ms: 1.0,
+            target_ms: 10.0,
+        };
+        let ranks = vec![
+            RankTiming {
+                items: vec![item(0, 100), item(1, 300)],
+                queue_wait_ms: 4.0,
+                forward_backward_ms: 20.0,
+                all_reduce_ms: 2.0,
+                optimizer_ms: 1.0,
+            },
+            RankTiming {
+                items: vec![item(0, 100)],
+                queue_wait_ms: 0.0,
+                forward_backward_ms: 30.0,
+                all_reduce_ms: 4.0,
+                optimizer_ms: 1.0,
+            },
+        ];
+        let (times, workers, tokens) = step_telemetry(&names, &ranks, 500.0);
+        assert_eq!(tokens, 500);
+        assert_eq!(times.target_forward_ms, 15.0);
+        assert_eq!(times.data_wait_ms, 1.5);
+        assert_eq!(times.queue_wait_ms, 2.0);
+        assert_eq!(times.drafter_forward_backward_ms, 25.0);
+        assert_eq!(times.all_reduce_ms, 3.0);
+        let tps: Vec<(DeviceRole, f64)> =
+            workers.iter().map(|w| (w.role, w.tokens_per_s)).collect();
+        assert_eq!(
+            tps,
+            vec![
+                (DeviceRole::Target, 400.0),
+                (DeviceRole::Target, 600.0),
+                (DeviceRole::Drafter, 800.0),
+                (DeviceRole::Drafter, 200.0)
+            ]
+        );
+        let inline = WorkerNames {
+            targets: vec!["cpu".into()],
+            drafters: vec!["cpu".into()],
+            inline: true,
+        };
+        let (_, workers, _) = step_telemetry(&inline, &ranks[..1], 1000.0);
+        assert_eq!(workers.len(), 1);
+        assert_eq!(
+            (workers[0].role, workers[0].tokens_per_s),
+            (DeviceRole::Both, 400.0)
+        );
+    }
+}

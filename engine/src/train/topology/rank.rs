@@ -1,0 +1,147 @@
+//! One drafter rank's half of an optimizer step (spec §2.8b): forward/backward of its
+//! micro-batches in index order, then the sum of gradients and Σw over all ranks, the
+//! normalisation by the global Σw, clipping and the AdamW update.
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
+
+use super::allreduce::AllReduce;
+use super::pipeline::{sync, HiddenItem};
+use super::plan::RankTiming;
+use super::WorkerId;
+use crate::model::drafter::AttentionBackend;
+use crate::train::loss::LossSums;
+use crate::train::micro::PreparedMicro;
+use crate::train::optim::{OptimError, StepReport};
+use crate::train::replica::DrafterReplica;
+
+/// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
+/// every rank); the timing is this rank's.
+pub struct RankReport {
+    pub sums: LossSums,
+    pub optim: Result<StepReport, OptimError>,
+    pub timing: RankTiming,
+    /// Epoch of the newest micro-batch this rank trained.
+    pub last_epoch: u32,
+}
+
+/// A drafter replica with what it needs to take part in steps.
+pub struct RankState {
+    pub id: WorkerId,
+    pub replica: DrafterReplica,
+    /// `None` when this is the only rank.
+    pub allreduce: Option<Box<dyn AllReduce>>,
+    /// Flat fp32 gradient buffer for the all-reduce, allocated once.
+    flat: Option<Tensor>,
+    pub backend: AttentionBackend,
+    pub chunk_positions: i64,
+}
+
+impl RankState {
+    pub fn new(
+        id: WorkerId,
+        replica: DrafterReplica,
+        backend: AttentionBackend,
+        chunk_positions: i64,
+    ) -> Self {
+        Self {
+            id,
+            replica,
+            allreduce: None,
+            flat: None,
+            backend,
+            chunk_positions,
+        }
+    }
+
+    /// The serialized warmup: one forward/backward alone, gradients discarded. Returns its
+    /// wall time in ms.
+    pub fn warmup(&mut self, features: &Tensor, micro: &PreparedMicro) -> f64 {
+        let t = Instant::now();
+        let _ = self
+            .replica
+            .forward_backward(features, micro, self.backend, self.chunk_positions);
+        sync(self.replica.device());
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        self.replica.zero_grad();
+        ms
+    }
+
+    /// Trains micro-batches `seqs` (ascending), fetched by `fetch` (which returns the item and
+    /// how long it waited for it), then reduces and applies the update at `lr`. An `Err` is a
+    /// failure of this worker (or of its queue or group, after another worker failed).
+    pub fn step(
+        &mut self,
+        seqs: &[u64],
+        lr: f64,
+        fetch: &mut dyn FnMut(u64) -> Result<(HiddenItem, f64), String>,
+    ) -> Result<RankReport, String> {
+        let mut sums = LossSums::default();
+        let mut timing = RankTiming::default();
+        let mut last_epoch = 0;
+        let device = self.replica.device();
+        for &seq in seqs {
+            let (item, waited_ms) = fetch(seq)?;
+            timing.queue_wait_ms += waited_ms;
+            let t = Instant::now();
+            sums.add(&self.replica.forward_backward(
+                &item.features,
+                &item.micro,
+                self.backend,
+                self.chunk_positions,
+            ));
+            sync(device);
+            timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
+            timing.items.push(item.timing);
+            last_epoch = last_epoch.max(item.micro.batch.epoch);
+        }
+
+        let t = Instant::now();
+        let mut totals = [
+            sums.weighted_ce,
+            sums.weight,
+            sums.correct as f64,
+            sums.counted as f64,
+        ];
+        if let Some(group) = self.allreduce.as_mut() {
+            let n = self.replica.flat_len();
+            let flat = self
+                .flat
+                .get_or_insert_with(|| Tensor::zeros([n], (Kind::Float, device)));
+            self.replica.gather_grads(flat);
+            group.sum_tensor(flat).map_err(|e| e.to_string())?;
+            group.sum_f64(&mut totals).map_err(|e| e.to_string())?;
+        }
+        sync(device);
+        timing.all_reduce_ms = t.elapsed().as_secs_f64() * 1e3;
+        let global = LossSums {
+            weighted_ce: totals[0],
+            weight: totals[1],
+            correct: totals[2] as u64,
+            counted: totals[3] as u64,
+        };
+
+        let t = Instant::now();
+        // The gradient of Σw·CE / Σw over the whole optimizer batch (spec §2.7): the backward
+        // ran on numerators, so one division by the global Σw normalises it.
+        let scale = if global.weight > 0.0 {
+            1.0 / global.weight
+        } else {
+            1.0
+        };
+        let flat = if self.allreduce.is_some() {
+            self.flat.as_ref()
+        } else {
+            None
+        };
+        let optim = self.replica.apply(lr, flat, scale);
+        sync(device);
+        timing.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(RankReport {
+            sums: global,
+            optim,
+            timing,
+            last_epoch,
+        })
+    }
+}

@@ -1,0 +1,278 @@
+//! The worker threads: target workers (produce hidden states) and drafter ranks 1.. (train).
+//! Both wait for commands first, so the warmup can run them one at a time; a target worker
+//! then produces until stopped, a drafter rank serves one step per command. Any error or
+//! panic trips the [`Tripwire`] with the worker's identity and ends the thread.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tch::{Device, Tensor};
+
+use super::pipeline::{produce_item, Dispatcher, Inbox, ItemQueue};
+use super::plan::StepPlan;
+use super::rank::{RankReport, RankState};
+use super::{panic_text, Tripwire, WorkerFailure, WorkerId};
+use crate::model::target::TargetModel;
+use crate::train::micro::{MicroSource, PreparedMicro};
+use crate::train::replica::ReplicaState;
+
+/// Runs `body`, turning a panic into an error text.
+pub(crate) fn guarded<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(payload) => Err(panic_text(payload.as_ref())),
+    }
+}
+
+/// What every target worker shares.
+pub(crate) struct ProducerShared {
+    pub source: Arc<MicroSource>,
+    pub layer_ids: Vec<usize>,
+    pub dispatcher: Arc<Dispatcher>,
+    /// One queue per drafter rank.
+    pub queues: Vec<Arc<ItemQueue>>,
+    pub plan: StepPlan,
+    pub drafter_devices: Vec<Device>,
+    pub tripwire: Arc<Tripwire>,
+}
+
+/// The warmup's output: the micro-batch and its features on the worker's device.
+pub(crate) type WarmupOutput = Result<(PreparedMicro, Tensor, f64), String>;
+
+pub(crate) enum TargetCommand {
+    /// Run the target once on micro-batch `seq`, alone; reply with the features.
+    Warmup {
+        seq: u64,
+        reply: Sender<WarmupOutput>,
+    },
+    /// Produce until the dispatcher stops.
+    Run,
+}
+
+pub(crate) struct TargetWorker {
+    pub id: WorkerId,
+    pub commands: Option<Sender<TargetCommand>>,
+    pub handle: Option<JoinHandle<()>>,
+}
+
+/// libtorch's intra-op thread count is per thread (OpenMP): a new thread would use every
+/// core. Workers take the count of the thread that created them, so `--threads` (and a test's
+/// `set_num_threads(1)`) holds on every worker and results do not depend on which thread ran.
+fn inherit_threads(count: i32) {
+    if count > 0 {
+        tch::set_num_threads(count);
+    }
+}
+
+pub(crate) fn spawn_target(
+    id: WorkerId,
+    target: TargetModel,
+    shared: Arc<ProducerShared>,
+) -> std::io::Result<TargetWorker> {
+    let (tx, rx) = channel();
+    let threads = tch::get_num_threads();
+    let handle = std::thread::Builder::new()
+        .name(format!("dflash-target-{}", id.index))
+        .spawn(move || {
+            inherit_threads(threads);
+            target_main(id, target, shared, rx)
+        })?;
+    Ok(TargetWorker {
+        id,
+        commands: Some(tx),
+        handle: Some(handle),
+    })
+}
+
+fn target_main(
+    id: WorkerId,
+    target: TargetModel,
+    shared: Arc<ProducerShared>,
+    commands: Receiver<TargetCommand>,
+) {
+    let fail = |detail: String| {
+        shared.tripwire.trip(WorkerFailure { worker: id, detail });
+    };
+    while let Ok(command) = commands.recv() {
+        match command {
+            TargetCommand::Warmup { seq, reply } => {
+                let outcome = guarded(|| {
+                    let t = Instant::now();
+                    let item = produce_item(
+                        &target,
+                        &shared.source,
+                        &shared.layer_ids,
+                        seq,
+                        id.device,
+                        id.index,
+                    )?;
+                    Ok((item.micro, item.features, t.elapsed().as_secs_f64() * 1e3))
+                });
+                if let Err(e) = &outcome {
+                    fail(e.clone());
+                }
+                let failed = outcome.is_err();
+                let _ = reply.send(outcome);
+                if failed {
+                    return;
+                }
+            }
+            TargetCommand::Run => {
+                while let Some(seq) = shared.dispatcher.next() {
+                    let rank = shared.plan.rank_of(seq);
+                    let dest = shared.drafter_devices[rank];
+                    let item = guarded(|| {
+                        produce_item(
+                            &target,
+                            &shared.source,
+                            &shared.layer_ids,
+                            seq,
+                            dest,
+                            id.index,
+                        )
+                    });
+                    match item {
+                        Ok(item) => {
+                            if shared.queues[rank].push(item).is_err() {
+                                return; // shut down: another worker failed or training ended
+                            }
+                        }
+                        Err(e) => return fail(e),
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+pub(crate) enum DrafterCommand {
+    Warmup {
+        features: Tensor,
+        micro: PreparedMicro,
+        reply: Sender<Result<f64, String>>,
+    },
+    Step {
+        base: u64,
+        lr: f64,
+        reply: Sender<Result<RankReport, String>>,
+    },
+    Load {
+        state: ReplicaState,
+        reply: Sender<Result<(), String>>,
+    },
+    Snapshot {
+        reply: Sender<Vec<(String, Tensor)>>,
+    },
+}
+
+pub(crate) struct DrafterWorker {
+    pub id: WorkerId,
+    pub commands: Option<Sender<DrafterCommand>>,
+    pub handle: Option<JoinHandle<()>>,
+}
+
+pub(crate) fn spawn_drafter(
+    state: RankState,
+    inbox: Inbox,
+    plan: StepPlan,
+    rank: usize,
+    tripwire: Arc<Tripwire>,
+) -> std::io::Result<DrafterWorker> {
+    let id = state.id;
+    let (tx, rx) = channel();
+    let threads = tch::get_num_threads();
+    let handle = std::thread::Builder::new()
+        .name(format!("dflash-drafter-{rank}"))
+        .spawn(move || {
+            inherit_threads(threads);
+            drafter_main(state, inbox, plan, rank, tripwire, rx)
+        })?;
+    Ok(DrafterWorker {
+        id,
+        commands: Some(tx),
+        handle: Some(handle),
+    })
+}
+
+/// Fetches from an inbox, timing the wait; a shut-down queue is an error.
+pub(crate) fn fetch_from(
+    inbox: &mut Inbox,
+    seq: u64,
+) -> Result<(super::pipeline::HiddenItem, f64), String> {
+    let t = Instant::now();
+    match inbox.take(seq) {
+        Some(item) => Ok((item, t.elapsed().as_secs_f64() * 1e3)),
+        None => Err(format!(
+            "the hidden-state queue was shut down while waiting for micro-batch {seq}"
+        )),
+    }
+}
+
+/// Records a failure (first) and only then answers, so whoever reads the answer finds the
+/// tripwire already set. Returns whether the thread must end.
+fn answer<T>(
+    tripwire: &Tripwire,
+    id: WorkerId,
+    outcome: Result<T, String>,
+    reply: &Sender<Result<T, String>>,
+) -> bool {
+    let failed = outcome.is_err();
+    if let Err(detail) = &outcome {
+        tripwire.trip(WorkerFailure {
+            worker: id,
+            detail: detail.clone(),
+        });
+    }
+    let _ = reply.send(outcome);
+    failed
+}
+
+fn drafter_main(
+    mut state: RankState,
+    mut inbox: Inbox,
+    plan: StepPlan,
+    rank: usize,
+    tripwire: Arc<Tripwire>,
+    commands: Receiver<DrafterCommand>,
+) {
+    let id = state.id;
+    while let Ok(command) = commands.recv() {
+        let end = match command {
+            DrafterCommand::Warmup {
+                features,
+                micro,
+                reply,
+            } => {
+                let outcome = guarded(|| Ok(state.warmup(&features, &micro)));
+                answer(&tripwire, id, outcome, &reply)
+            }
+            DrafterCommand::Step { base, lr, reply } => {
+                let seqs = plan.rank_seqs(base, rank);
+                let outcome =
+                    guarded(|| state.step(&seqs, lr, &mut |seq| fetch_from(&mut inbox, seq)));
+                answer(&tripwire, id, outcome, &reply)
+            }
+            DrafterCommand::Load { state: s, reply } => {
+                let outcome = guarded(|| state.replica.load_state(&s).map_err(|e| e.to_string()));
+                answer(&tripwire, id, outcome, &reply)
+            }
+            DrafterCommand::Snapshot { reply } => {
+                let weights = state
+                    .replica
+                    .optimizer()
+                    .master_weights()
+                    .into_iter()
+                    .map(|(n, t)| (n, t.to_device(Device::Cpu).copy()))
+                    .collect();
+                let _ = reply.send(weights);
+                false
+            }
+        };
+        if end {
+            return;
+        }
+    }
+}

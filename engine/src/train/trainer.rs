@@ -1,0 +1,695 @@
+//! The trainer: one optimizer step ([`Trainer::train_step`]) and THE training loop
+//! ([`Trainer::run`]), the one `dflashd start` runs and the tests drive.
+//!
+//! One step (spec §2.8b): target features → anchors and labels → drafter forward → chunked
+//! weighted CE backward → all-reduce of gradients and Σw → division by the global Σw → clipped
+//! AdamW, on the configured [`topology`](crate::train::topology): inline on this thread when one
+//! device runs both roles, else target workers feeding data-parallel drafter ranks over
+//! hidden-state queues. Each drafter rank's half of the step, where that arithmetic is written
+//! out, is [`RankState::step`](crate::train::topology::rank::RankState::step); `train_step`
+//! hands it the micro-batches and assembles the step's metrics.
+//!
+//! The loop asks [`Cadence`] when to evaluate and checkpoint, and its driver ([`RunHooks`])
+//! whether to go on; it reports every line through the same hooks.
+//!
+//! Everything random is a pure function of the seed and the data position (anchors come from
+//! per-sample generators), so a resumed run is bit-identical to an uninterrupted one on CPU and
+//! the number of workers never changes which anchors a sample gets.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dflash_shared::metrics::{DeviceRole, QueueStats, StepMetrics, StepTimes};
+use tch::{nn::VarStore, Device, Tensor};
+
+use super::cadence::Cadence;
+use super::checkpoint;
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::eval::{evaluate, EvalOptions, EvalReport};
+use super::loader::{fingerprint, split_held_out, DataPosition};
+use super::micro::{MicroSource, MicroSpec};
+use super::replica::DrafterReplica;
+use super::schedule::WarmupCosine;
+use crate::data::{HoldoutSplit, Sample};
+use crate::device;
+use crate::model::drafter::{Drafter, DrafterConfig};
+use crate::model::target::TargetModel;
+use crate::train::topology::pipeline::produce_item;
+use crate::train::topology::plan::{step_telemetry, StepPlan, WorkerNames};
+use crate::train::topology::rank::{RankReport, RankState};
+use crate::train::topology::{
+    panic_text, Cluster, QueueMonitor, TopologySpec, WorkerFailure, WorkerId, WorkerWarmup,
+};
+
+/// Token id used to pad rows (loss mask 0, after every real token, so causal features of real
+/// positions never see it).
+pub const PAD_ID: i64 = 0;
+
+pub struct Trainer {
+    pub(super) cfg: TrainConfig,
+    pub(super) target: TargetModel,
+    pub(super) drafter_cfg: DrafterConfig,
+    /// Drafter rank 0, trained on the calling thread (the only rank when inline).
+    pub(super) rank0: RankState,
+    pub(super) schedule: WarmupCosine,
+    pub(super) samples: Arc<Vec<Sample>>,
+    pub(super) split: HoldoutSplit,
+    pub(super) source: Arc<MicroSource>,
+    pub(super) step: u64,
+    /// Global index of the next micro-batch to train (the data position).
+    pub(super) cursor: u64,
+    pub(super) data_fingerprint: String,
+    pub(super) plan: StepPlan,
+    topology: TopologySpec,
+    /// The worker threads; `None` when one device runs both roles inline.
+    pub(super) cluster: Option<Cluster>,
+    warmup: Option<Vec<WorkerWarmup>>,
+    /// Set by the first worker failure: every later step returns it.
+    failure: Option<WorkerFailure>,
+}
+
+fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> {
+    let t = target.config();
+    let mismatch = |s: String| Err(TrainError::Mismatch(s));
+    if d.target_hidden_size != t.hidden_size() {
+        return mismatch(format!(
+            "drafter target_hidden_size {} but the target's hidden_size is {}",
+            d.target_hidden_size,
+            t.hidden_size()
+        ));
+    }
+    if d.hidden_size != t.hidden_size() {
+        return mismatch(format!(
+            "drafter hidden_size {} must equal the target's hidden_size {} (the drafter reuses the target's embedding and LM head)",
+            d.hidden_size,
+            t.hidden_size()
+        ));
+    }
+    if d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size() {
+        return mismatch(format!(
+            "mask_token_id {} is not a row of the target's embedding (vocab {})",
+            d.mask_token_id,
+            t.vocab_size()
+        ));
+    }
+    if let Some(&l) = d.target_layer_ids.iter().find(|&&l| l >= t.num_layers()) {
+        return mismatch(format!(
+            "target_layer_ids contains {l}, but the target has {} layers",
+            t.num_layers()
+        ));
+    }
+    Ok(())
+}
+
+impl Trainer {
+    /// A fresh run on one device (both roles inline). `target` should already be on `device`
+    /// in [`compute_kind`]; samples must have been validated against the target's vocabulary.
+    pub fn new(
+        target: TargetModel,
+        drafter_cfg: DrafterConfig,
+        samples: Vec<Sample>,
+        cfg: TrainConfig,
+        device: Device,
+    ) -> Result<Self, TrainError> {
+        Self::with_topology(
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            TopologySpec::single(device),
+        )
+    }
+
+    /// A fresh run on `topology`. `target` is replicated onto every target device (shared
+    /// when on the same device); drafter rank 0 lives on `drafter_devices[0]` and every other
+    /// rank starts as an exact copy of it. `cfg.batch_size` and `cfg.grad_accum` are per
+    /// drafter rank: one optimizer step trains `ranks × grad_accum` micro-batches.
+    pub fn with_topology(
+        target: TargetModel,
+        drafter_cfg: DrafterConfig,
+        samples: Vec<Sample>,
+        cfg: TrainConfig,
+        topology: TopologySpec,
+    ) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        drafter_cfg.validate("drafter config")?;
+        check_fit(&target, &drafter_cfg)?;
+        topology.validate()?;
+        let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
+        let device = topology.drafter_devices[0];
+        let replica = DrafterReplica::seeded(
+            &drafter_cfg,
+            target.embed_tokens(),
+            target.lm_head(),
+            device,
+            cfg.adamw.clone(),
+            cfg.seed,
+        );
+        let inline = topology.is_inline();
+        let id = WorkerId {
+            role: if inline {
+                DeviceRole::Both
+            } else {
+                DeviceRole::Drafter
+            },
+            index: 0,
+            device,
+        };
+        let mut rank0 = RankState::new(id, replica, cfg.attention.into(), cfg.loss_chunk_positions);
+        let bs = drafter_cfg.block_size as usize;
+        let data_fingerprint = fingerprint(&samples);
+        let samples = Arc::new(samples);
+        let source = Arc::new(MicroSource::new(
+            Arc::clone(&samples),
+            split.train.clone(),
+            MicroSpec {
+                seed: cfg.seed,
+                batch_size: cfg.batch_size,
+                num_anchors: cfg.num_anchors,
+                block_size: bs,
+                gamma: cfg.gamma_for(bs),
+                rule: cfg.label_mask_rule,
+                pad_id: PAD_ID,
+            },
+        ));
+        let plan = StepPlan {
+            ranks: topology.drafter_devices.len(),
+            accum: cfg.grad_accum,
+        };
+        let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
+        let epoch_steps = epoch_micro.div_ceil(plan.micro_per_step());
+        let total_steps = cfg
+            .max_steps
+            .map_or(epoch_steps, |cap| cap.min(epoch_steps));
+        let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
+        let cluster = if inline {
+            None
+        } else {
+            Some(Cluster::start(
+                &topology,
+                cfg.grad_accum,
+                &target,
+                Arc::clone(&source),
+                drafter_cfg.target_layer_ids.clone(),
+                &mut rank0,
+                0,
+            )?)
+        };
+        Ok(Self {
+            data_fingerprint,
+            cfg,
+            target,
+            drafter_cfg,
+            rank0,
+            schedule,
+            samples,
+            split,
+            source,
+            step: 0,
+            cursor: 0,
+            plan,
+            topology,
+            cluster,
+            warmup: None,
+            failure: None,
+        })
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+    pub fn drafter_config(&self) -> &DrafterConfig {
+        &self.drafter_cfg
+    }
+    /// Drafter rank 0 (every rank holds the same weights).
+    pub fn drafter(&self) -> &Drafter {
+        self.rank0.replica.drafter()
+    }
+    pub fn target(&self) -> &TargetModel {
+        &self.target
+    }
+    pub fn var_store(&self) -> &VarStore {
+        &self.rank0.replica.vs
+    }
+    pub fn topology(&self) -> &TopologySpec {
+        &self.topology
+    }
+    /// Drafter replicas (data-parallel ranks).
+    pub fn drafter_ranks(&self) -> usize {
+        self.plan.ranks
+    }
+    /// Micro-batches (of `batch_size` sequences) per optimizer step, over all ranks.
+    pub fn micro_batches_per_step(&self) -> u64 {
+        self.plan.micro_per_step()
+    }
+    /// Optimizer steps taken.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+    pub fn total_steps(&self) -> u64 {
+        self.schedule.total_steps
+    }
+    pub fn is_finished(&self) -> bool {
+        self.step >= self.schedule.total_steps
+    }
+    pub fn data_position(&self) -> DataPosition {
+        self.source.position_of(self.cursor)
+    }
+
+    /// The epoch the next step trains on, counted from 1 as operators do; the last epoch once
+    /// the run is complete.
+    pub fn epoch_in_progress(&self) -> u32 {
+        (self.data_position().epoch + 1).min(self.config().epochs)
+    }
+
+    pub fn split(&self) -> &HoldoutSplit {
+        &self.split
+    }
+    /// fp32 weights by HF key (what checkpoints and exports hold), of rank 0.
+    pub fn master_weights(&self) -> Vec<(String, Tensor)> {
+        self.rank0.replica.optimizer().master_weights()
+    }
+
+    /// Copies of every rank's fp32 master weights, rank 0 first (they must be identical).
+    pub fn replica_weights(&mut self) -> Result<Vec<Vec<(String, Tensor)>>, TrainError> {
+        let own = self
+            .master_weights()
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(Device::Cpu).copy()))
+            .collect();
+        let mut all = vec![own];
+        if let Some(c) = self.cluster.as_mut() {
+            all.extend(c.replica_weights()?);
+        }
+        Ok(all)
+    }
+
+    /// Hidden-state queue statistics (all drafter ranks' queues together); `None` when the
+    /// topology runs inline and has no queue.
+    pub fn queue_stats(&self) -> Option<QueueStats> {
+        self.queue_monitor().map(|m| m.stats())
+    }
+
+    /// A handle that reads queue statistics from another thread while training runs.
+    pub fn queue_monitor(&self) -> Option<QueueMonitor> {
+        self.cluster.as_ref().map(Cluster::queue_monitor)
+    }
+
+    /// Each worker's serialized warmup, once [`Self::warmup`] ran (the first step runs it).
+    pub fn warmup_records(&self) -> &[WorkerWarmup] {
+        self.warmup.as_deref().unwrap_or(&[])
+    }
+
+    /// Runs the serialized warmup if it has not run: every worker's first forward (target) or
+    /// forward+backward (drafter), one device at a time, on the next micro-batch to train;
+    /// nothing is learned from it.
+    pub fn warmup(&mut self) -> Result<&[WorkerWarmup], TrainError> {
+        if self.warmup.is_none() {
+            let records = self.run_warmup().map_err(|e| self.note_failure(e))?;
+            self.warmup = Some(records);
+        }
+        Ok(self.warmup_records())
+    }
+
+    fn run_warmup(&mut self) -> Result<Vec<WorkerWarmup>, TrainError> {
+        if let Some(f) = &self.failure {
+            return Err(f.to_error());
+        }
+        let seq = self.cursor;
+        match self.cluster.as_mut() {
+            Some(c) => c.warmup(&mut self.rank0, seq),
+            None => {
+                let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
+                let layers = &self.drafter_cfg.target_layer_ids;
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    let item = produce_item(target, source, layers, seq, rank0.id.device, 0)?;
+                    let ms = rank0.warmup(&item.features, &item.micro);
+                    Ok::<_, String>(item.timing.data_ms + item.timing.target_ms + ms)
+                }))
+                .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+                match outcome {
+                    Ok(ms) => Ok(vec![WorkerWarmup::new(rank0.id, ms)]),
+                    Err(detail) => Err(WorkerFailure {
+                        worker: rank0.id,
+                        detail,
+                    }
+                    .to_error()),
+                }
+            }
+        }
+    }
+
+    /// Remembers a worker failure so no later step runs on fewer devices.
+    fn note_failure(&mut self, e: TrainError) -> TrainError {
+        if self.failure.is_none() {
+            let inline_failure = match &e {
+                TrainError::Worker(failed) => Some(WorkerFailure {
+                    worker: self.rank0.id,
+                    detail: failed.detail.clone(),
+                }),
+                _ => None,
+            };
+            self.failure = self
+                .cluster
+                .as_ref()
+                .and_then(Cluster::failure)
+                .or(inline_failure);
+        }
+        e
+    }
+
+    /// The inline step: the calling thread builds each micro-batch, runs the target and then
+    /// the drafter on it; no thread, no queue, no copy.
+    fn inline_step(&mut self, base: u64, lr: f64) -> Result<Vec<RankReport>, TrainError> {
+        let seqs = self.plan.rank_seqs(base, 0);
+        let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
+        let layers = &self.drafter_cfg.target_layer_ids;
+        let id = rank0.id;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            rank0.step(&seqs, lr, &mut |seq| {
+                produce_item(target, source, layers, seq, id.device, 0).map(|item| (item, 0.0))
+            })
+        }))
+        .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+        outcome
+            .map(|r| vec![r])
+            .map_err(|detail| WorkerFailure { worker: id, detail }.to_error())
+    }
+
+    /// One optimizer step over `ranks × grad_accum` micro-batches. Returns the step's metrics
+    /// (no τ). A worker failure is returned now and by every later call.
+    pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
+        self.warmup()?;
+        if let Some(f) = &self.failure {
+            return Err(f.to_error());
+        }
+        let start = Instant::now();
+        let base = self.cursor;
+        let n = self.plan.micro_per_step();
+        let lr = self.schedule.lr(self.step);
+        let end = base + self.schedule.total_steps.saturating_sub(self.step) * n;
+        let result = match self.cluster.as_mut() {
+            Some(c) => c.step(&mut self.rank0, base, lr, end),
+            None => self.inline_step(base, lr),
+        };
+        let mut reports = result.map_err(|e| self.note_failure(e))?;
+        // The micro-batches are consumed even if the update is refused (non-finite gradients),
+        // as they were before topologies existed.
+        self.cursor = base + n;
+        let first = reports.remove(0);
+        let report = first.optim?;
+        self.step += 1;
+        let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+        let mut timings = vec![first.timing];
+        let mut epoch = first.last_epoch;
+        for r in reports {
+            timings.push(r.timing);
+            epoch = epoch.max(r.last_epoch);
+        }
+        let names = match &self.cluster {
+            Some(c) => c.names().clone(),
+            None => WorkerNames {
+                targets: vec![device::name(self.rank0.id.device)],
+                drafters: vec![device::name(self.rank0.id.device)],
+                inline: true,
+            },
+        };
+        let (times, workers, tokens) = step_telemetry(&names, &timings, wall_ms);
+        Ok(StepMetrics {
+            ts_ms: dflash_shared::clock::now_ms(),
+            step: self.step,
+            // Operators count epochs from 1 ("epoch 3 / 6"); the data position counts from 0.
+            epoch: epoch + 1,
+            loss: first.sums.loss(),
+            accuracy: first.sums.accuracy(),
+            tau: None,
+            lr,
+            grad_norm: report.grad_norm,
+            tokens_per_s: tokens as f64 / (wall_ms / 1e3).max(1e-9),
+            workers,
+            times,
+        })
+    }
+
+    pub fn eval_options(&self) -> EvalOptions {
+        let bs = self.drafter_cfg.block_size as usize;
+        EvalOptions {
+            anchors_per_forward: self.cfg.eval_anchors_per_forward,
+            rows_per_forward: self.cfg.batch_size,
+            gamma: self.cfg.gamma_for(bs),
+            rule: self.cfg.label_mask_rule,
+            chunk_positions: self.cfg.loss_chunk_positions,
+            backend: self.cfg.attention.into(),
+        }
+    }
+
+    /// Evaluates on the held-out split (`None` when nothing is held out).
+    pub fn evaluate_held_out(&self) -> Result<Option<EvalReport>, TrainError> {
+        let limit = if self.cfg.eval_max_samples == 0 {
+            usize::MAX
+        } else {
+            self.cfg.eval_max_samples
+        };
+        let held: Vec<&Sample> = self
+            .split
+            .eval
+            .iter()
+            .take(limit)
+            .map(|&i| &self.samples[i])
+            .collect();
+        if held.is_empty() {
+            return Ok(None);
+        }
+        evaluate(&self.target, self.drafter(), &held, &self.eval_options()).map(Some)
+    }
+
+    /// THE training loop, the one production runs and the tests drive. Before the first step
+    /// of a fresh run it evaluates; then, until the schedule ends, `opts.max_steps` more steps
+    /// were taken or `hooks` says stop: one optimizer step ([`Self::train_step`]), an
+    /// evaluation when [`Cadence::eval_due`], a checkpoint when [`Cadence::checkpoint_due`].
+    /// When it ends it saves what is unsaved (unless the stop said not to).
+    ///
+    /// An `Err` is a failed step or cadence checkpoint: the run must not continue. A failed
+    /// final checkpoint is not an `Err`: it is [`RunSummary::final_checkpoint`].
+    pub fn run(
+        &mut self,
+        opts: &RunOptions,
+        hooks: &mut dyn RunHooks,
+    ) -> Result<RunSummary, TrainError> {
+        let cadence = Cadence::of(&self.cfg);
+        let mut summary = RunSummary::default();
+        let mut last_saved = match &opts.checkpoint_root {
+            Some(root) => checkpoint::list(root)?
+                .iter()
+                .any(|(s, _)| *s == self.step)
+                .then_some(self.step),
+            None => None,
+        };
+        if cadence.eval_before_start(self.step) {
+            if let Some(report) = self.evaluate_held_out()? {
+                let line = self.eval_line(report);
+                hooks.on_event(self, LoopEvent::Evaluated(&line));
+                summary.first_eval = Some(line.report);
+            }
+        }
+        let (end, save_at_end) = loop {
+            if let Next::Stop { checkpoint } = hooks.next(self) {
+                break (LoopEnd::Stopped, checkpoint);
+            }
+            if self.is_finished() {
+                break (LoopEnd::Complete, true);
+            }
+            if let Some(limit) = opts.max_steps.filter(|&m| summary.steps_run >= m) {
+                break (LoopEnd::StepLimit(limit), true);
+            }
+            let mut metrics = self.train_step()?;
+            summary.steps_run += 1;
+            if cadence.eval_due(self.step, self.is_finished()) {
+                if let Some(report) = self.evaluate_held_out()? {
+                    metrics.tau = Some(report.tau);
+                    summary.last_eval = Some(report);
+                }
+            }
+            hooks.on_event(self, LoopEvent::Stepped(&metrics));
+            summary.last_metrics = Some(metrics);
+            if let Some(root) = &opts.checkpoint_root {
+                if cadence.checkpoint_due(self.step, last_saved) {
+                    let dir = self.checkpoint_with(root, hooks).map_err(|e| {
+                        TrainError::CheckpointWrite {
+                            step: self.step,
+                            source: Box::new(e),
+                        }
+                    })?;
+                    summary.last_checkpoint = Some(dir);
+                    last_saved = Some(self.step);
+                }
+            }
+        };
+        summary.end = end;
+        if let Some(root) = &opts.checkpoint_root {
+            if save_at_end && cadence.final_checkpoint_due(self.step, last_saved) {
+                let saved = self.checkpoint_with(root, hooks);
+                if let Ok(dir) = &saved {
+                    summary.last_checkpoint = Some(dir.clone());
+                }
+                summary.final_checkpoint = Some(saved);
+            }
+        }
+        summary.final_step = self.step;
+        summary.finished = self.is_finished();
+        Ok(summary)
+    }
+
+    /// Writes a checkpoint of the current step, telling `hooks` before and after.
+    fn checkpoint_with(
+        &mut self,
+        root: &Path,
+        hooks: &mut dyn RunHooks,
+    ) -> Result<PathBuf, TrainError> {
+        hooks.on_event(self, LoopEvent::CheckpointStarted { step: self.step });
+        let dir = self.save_checkpoint(root)?;
+        hooks.on_event(
+            self,
+            LoopEvent::CheckpointSaved {
+                step: self.step,
+                dir: &dir,
+            },
+        );
+        Ok(dir)
+    }
+
+    /// An evaluation outside a training step (before the first step).
+    fn eval_line(&self, report: EvalReport) -> EvalLine {
+        EvalLine {
+            ts_ms: dflash_shared::clock::now_ms(),
+            step: self.step,
+            epoch: self.epoch_in_progress(),
+            lr: self.schedule.lr(self.step),
+            report,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Optimizer steps to take in this call at most.
+    pub max_steps: Option<u64>,
+    /// Where checkpoints go (`None`: no checkpoints).
+    pub checkpoint_root: Option<PathBuf>,
+}
+
+/// What the loop asks its driver before every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Train,
+    /// End the loop now; `checkpoint: false` leaves the unsaved steps unsaved (a kill).
+    Stop {
+        checkpoint: bool,
+    },
+}
+
+/// What the loop tells its driver, in the order it happens.
+#[derive(Debug)]
+pub enum LoopEvent<'a> {
+    /// An evaluation that is not part of a step (before the first step of a fresh run).
+    Evaluated(&'a EvalLine),
+    /// An optimizer step; `tau` is set when the cadence evaluated after it.
+    Stepped(&'a StepMetrics),
+    CheckpointStarted {
+        step: u64,
+    },
+    CheckpointSaved {
+        step: u64,
+        dir: &'a Path,
+    },
+}
+
+/// The narrow interface between the loop and whoever runs it: the daemon (which publishes,
+/// journals and answers operators) or a test.
+pub trait RunHooks {
+    /// Asked before every step; the loop's own ends (schedule done, `max_steps`) come after.
+    fn next(&mut self, _trainer: &Trainer) -> Next {
+        Next::Train
+    }
+    fn on_event(&mut self, trainer: &Trainer, event: LoopEvent<'_>);
+}
+
+/// Hooks that only collect what the loop reports: every metrics line, evaluations first
+/// (for tests, examples and tools that run the loop without a daemon).
+#[derive(Debug, Default)]
+pub struct CollectLines {
+    pub evals: Vec<EvalLine>,
+    pub steps: Vec<StepMetrics>,
+    pub checkpoints: Vec<PathBuf>,
+}
+
+impl RunHooks for CollectLines {
+    fn on_event(&mut self, _trainer: &Trainer, event: LoopEvent<'_>) {
+        match event {
+            LoopEvent::Evaluated(line) => self.evals.push(line.clone()),
+            LoopEvent::Stepped(m) => self.steps.push(m.clone()),
+            LoopEvent::CheckpointStarted { .. } => {}
+            LoopEvent::CheckpointSaved { dir, .. } => self.checkpoints.push(dir.to_path_buf()),
+        }
+    }
+}
+
+/// The evaluation line: held-out loss, accuracy and τ at a step, outside any training step.
+#[derive(Debug, Clone)]
+pub struct EvalLine {
+    pub ts_ms: i64,
+    pub step: u64,
+    /// Counted from 1.
+    pub epoch: u32,
+    /// The learning rate the next step will use.
+    pub lr: f64,
+    pub report: EvalReport,
+}
+
+impl EvalLine {
+    /// As a `metrics.jsonl` / bus line: no throughput, no gradient, `tau` set.
+    pub fn metrics_line(&self) -> StepMetrics {
+        StepMetrics {
+            ts_ms: self.ts_ms,
+            step: self.step,
+            epoch: self.epoch,
+            loss: self.report.loss,
+            accuracy: self.report.accuracy,
+            tau: Some(self.report.tau),
+            lr: self.lr,
+            grad_norm: 0.0,
+            tokens_per_s: 0.0,
+            workers: Vec::new(),
+            times: StepTimes::default(),
+        }
+    }
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoopEnd {
+    /// The schedule's last step is done.
+    #[default]
+    Complete,
+    /// `max_steps` steps were taken in this call.
+    StepLimit(u64),
+    /// The hooks said stop.
+    Stopped,
+}
+
+#[derive(Debug, Default)]
+pub struct RunSummary {
+    pub end: LoopEnd,
+    pub steps_run: u64,
+    pub final_step: u64,
+    pub finished: bool,
+    pub first_eval: Option<EvalReport>,
+    pub last_eval: Option<EvalReport>,
+    pub last_metrics: Option<StepMetrics>,
+    /// The newest checkpoint this call wrote.
+    pub last_checkpoint: Option<PathBuf>,
+    /// The save at the end of the loop, when one was due: where it went, or why it failed.
+    pub final_checkpoint: Option<Result<PathBuf, TrainError>>,
+}

@@ -1,0 +1,19 @@
+//! The engine's integration tests: one binary, so libtorch is linked once. Each module is one
+//! subject; `support` holds the fixtures they share (`drafter`: tiny drafter configs and random
+//! inputs; `topology`: trainers on the embedded tiny target, on chosen CPU topologies).
+mod support;
+
+mod data_chat;
+mod data_fixture_tokenizer;
+mod data_pretokenized;
+mod drafter_attention;
+mod drafter_config;
+mod drafter_model;
+mod drafter_reference;
+mod learning;
+mod resume_unlocked;
+mod topology_equivalence;
+mod topology_failure;
+mod topology_queue;
+mod topology_resume;
+mod training_loop;

@@ -1,0 +1,93 @@
+//! Shared fixtures of the drafter tests: a tiny config, random weights, random anchors.
+use dflash_engine::model::drafter::{DrafterConfig, LayerType};
+use tch::{nn, Device, Kind, Tensor};
+
+/// Small but complete: GQA (4 query heads on 2 kv heads), both layer types, a window (5)
+/// shorter than the contexts used, a target hidden size different from the drafter's.
+pub fn tiny_config(layer_types: Vec<LayerType>) -> DrafterConfig {
+    DrafterConfig {
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: layer_types.len(),
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        layer_types,
+        sliding_window: Some(5),
+        block_size: 4,
+        mask_token_id: 3,
+        target_layer_ids: vec![1, 3],
+        target_hidden_size: 24,
+        vocab_size: 64,
+        max_position_embeddings: 256,
+        num_target_layers: Some(6),
+        initializer_range: 0.02,
+    }
+}
+
+/// Replaces every parameter by `N(0, scale)` (norm weights by `1 + N(0, scale)`), so that
+/// attention patterns are far from uniform and norms are non-trivial.
+pub fn randomize(vs: &nn::VarStore, scale: f64) {
+    tch::no_grad(|| {
+        for (name, mut var) in vs.variables() {
+            let noise = Tensor::randn(var.size(), (Kind::Float, var.device())) * scale;
+            let value = if name.ends_with("norm.weight") {
+                noise + 1.0
+            } else {
+                noise
+            };
+            var.copy_(&value.to_kind(var.kind()));
+        }
+    });
+}
+
+/// `rows` rows of `blocks` anchors in `0..=context-2`, sorted like §2.2 (but the attention
+/// must not rely on that: `shuffle` permutes them), with duplicates and near neighbours so
+/// blocks overlap, and some invalid slots (`keep = false`, anchor 0 as §2.2 sets it, or a
+/// stale non-zero anchor).
+pub fn random_anchors(rows: i64, blocks: i64, context: i64, shuffle: bool) -> (Tensor, Tensor) {
+    let anchors = Tensor::randint(context - 1, [rows, blocks], (Kind::Int64, Device::Cpu));
+    // Force overlaps: every third anchor copies or nudges its neighbour.
+    anchors.narrow(1, 1, 1).copy_(&anchors.narrow(1, 0, 1));
+    if blocks > 3 {
+        let near = (anchors.narrow(1, 2, 1) + 1).clamp_max(context - 2);
+        anchors.narrow(1, 3, 1).copy_(&near);
+    }
+    let keep = Tensor::rand([rows, blocks], (Kind::Float, Device::Cpu)).gt(0.25);
+    let _ = keep.narrow(1, 0, 1).fill_(1);
+    let anchors = if shuffle {
+        anchors
+    } else {
+        anchors.sort(1, false).0
+    };
+    // Half the invalid slots get anchor 0 as §2.2 writes them; the others keep a stale value.
+    let zero_them = Tensor::rand([rows, blocks], (Kind::Float, Device::Cpu))
+        .gt(0.5)
+        .logical_and(&keep.logical_not());
+    let anchors = anchors.masked_fill(&zero_them, 0);
+    (anchors, keep)
+}
+
+/// `‖a − b‖ / ‖b‖` (Frobenius), in f64.
+pub fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(f64::MIN_POSITIVE)
+}
+
+/// libtorch's RNG is process-global and tests run on parallel threads: every test that draws
+/// random numbers holds this guard so its data depend only on its own seed.
+pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::manual_seed(seed);
+    guard
+}
+
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}

@@ -1,0 +1,4 @@
+//! Fixtures shared by the engine's integration tests.
+#![allow(dead_code)] // Each test uses a different subset.
+pub mod drafter;
+pub mod topology;

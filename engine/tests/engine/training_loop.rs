@@ -1,0 +1,200 @@
+//! THE training loop ([`Trainer::run`], the one `dflashd start` drives through its hooks):
+//! evaluation and checkpoint cadence, the final save, stops asked by the hooks with and
+//! without a checkpoint, typed evaluation lines, and a run that stops and resumes through the
+//! loop landing bit for bit where a straight run lands.
+use std::path::Path;
+
+use dflash_engine::train::checkpoint;
+use dflash_engine::train::{
+    CollectLines, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, TrainConfig, Trainer,
+};
+
+use crate::support::topology::{config, cpu_topology, trainer};
+
+fn one_device(cfg: TrainConfig) -> Trainer {
+    trainer(cfg, cpu_topology(1, 1))
+}
+
+fn steps_on_disk(root: &Path) -> Vec<u64> {
+    checkpoint::list(root)
+        .unwrap()
+        .iter()
+        .map(|(s, _)| *s)
+        .collect()
+}
+
+/// Hooks that stop the loop before step `at + 1`, with or without the final checkpoint, and
+/// record every event in order.
+struct StopAt {
+    at: u64,
+    checkpoint: bool,
+    events: Vec<String>,
+}
+
+impl RunHooks for StopAt {
+    fn next(&mut self, trainer: &Trainer) -> Next {
+        if trainer.step_count() >= self.at {
+            Next::Stop {
+                checkpoint: self.checkpoint,
+            }
+        } else {
+            Next::Train
+        }
+    }
+
+    fn on_event(&mut self, _trainer: &Trainer, event: LoopEvent<'_>) {
+        self.events.push(match event {
+            LoopEvent::Evaluated(line) => format!("eval@{}", line.step),
+            LoopEvent::Stepped(m) => match m.tau {
+                Some(_) => format!("step{}+tau", m.step),
+                None => format!("step{}", m.step),
+            },
+            LoopEvent::CheckpointStarted { step } => format!("saving{step}"),
+            LoopEvent::CheckpointSaved { step, .. } => format!("saved{step}"),
+        });
+    }
+}
+
+#[test]
+fn the_loop_evaluates_and_checkpoints_on_its_cadence_and_saves_the_rest_when_stopped() {
+    let mut cfg = config(4, 1);
+    cfg.eval_every = 3;
+    cfg.checkpoint_every = 2;
+    cfg.eval_max_samples = 4;
+    let mut t = one_device(cfg);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    let opts = RunOptions {
+        max_steps: None,
+        checkpoint_root: Some(root.clone()),
+    };
+    let mut hooks = StopAt {
+        at: 5,
+        checkpoint: true,
+        events: Vec::new(),
+    };
+    let summary = t.run(&opts, &mut hooks).unwrap();
+    assert_eq!(
+        hooks.events,
+        [
+            "eval@0",
+            "step1",
+            "step2",
+            "saving2",
+            "saved2",
+            "step3+tau",
+            "step4",
+            "saving4",
+            "saved4",
+            "step5",
+            "saving5",
+            "saved5"
+        ]
+    );
+    assert_eq!((summary.end, summary.steps_run), (LoopEnd::Stopped, 5));
+    assert!(matches!(&summary.final_checkpoint, Some(Ok(dir)) if dir.ends_with("step-0000000005")));
+    assert_eq!(steps_on_disk(&root), [2, 4, 5]);
+    assert!(summary.first_eval.is_some() && summary.last_eval.is_some());
+}
+
+#[test]
+fn a_stop_without_checkpoint_leaves_the_unsaved_steps_unsaved() {
+    let mut cfg = config(4, 1);
+    cfg.checkpoint_every = 2;
+    let mut t = one_device(cfg);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = RunOptions {
+        max_steps: None,
+        checkpoint_root: Some(dir.path().to_path_buf()),
+    };
+    let mut kill = StopAt {
+        at: 3,
+        checkpoint: false,
+        events: Vec::new(),
+    };
+    let summary = t.run(&opts, &mut kill).unwrap();
+    assert_eq!(summary.end, LoopEnd::Stopped);
+    assert!(summary.final_checkpoint.is_none(), "a kill writes nothing");
+    assert_eq!(steps_on_disk(dir.path()), [2]);
+    assert_eq!(t.step_count(), 3);
+}
+
+#[test]
+fn the_evaluation_line_is_its_own_type_and_reads_as_an_evaluation_on_the_wire() {
+    let mut cfg = config(4, 1);
+    cfg.eval_every = 100;
+    cfg.eval_max_samples = 4;
+    let mut t = one_device(cfg);
+    let mut lines = CollectLines::default();
+    let opts = RunOptions {
+        max_steps: Some(1),
+        checkpoint_root: None,
+    };
+    let summary = t.run(&opts, &mut lines).unwrap();
+    assert_eq!(summary.end, LoopEnd::StepLimit(1));
+    let [eval] = lines.evals.as_slice() else {
+        panic!("one evaluation before the first step: {:?}", lines.evals)
+    };
+    assert_eq!((eval.step, eval.epoch), (0, 1));
+    let wire = eval.metrics_line();
+    assert_eq!(wire.tau, Some(eval.report.tau));
+    assert_eq!((wire.tokens_per_s, wire.grad_norm), (0.0, 0.0));
+    assert_eq!(lines.steps.len(), 1);
+    assert!(lines.steps[0].tokens_per_s > 0.0 && lines.steps[0].tau.is_none());
+}
+
+#[test]
+fn stopping_and_resuming_through_the_loop_lands_where_a_straight_run_lands() {
+    const N: u64 = 6;
+    let mut cfg = config(4, 1);
+    cfg.checkpoint_every = 4;
+    let mut straight = one_device(cfg.clone());
+    let s = straight
+        .run(
+            &RunOptions {
+                max_steps: Some(N),
+                checkpoint_root: None,
+            },
+            &mut CollectLines::default(),
+        )
+        .unwrap();
+    assert_eq!(s.end, LoopEnd::StepLimit(N));
+
+    let dir = tempfile::tempdir().unwrap();
+    let opts = RunOptions {
+        max_steps: None,
+        checkpoint_root: Some(dir.path().to_path_buf()),
+    };
+    let mut first = one_device(cfg.clone());
+    let mut stop = StopAt {
+        at: 3,
+        checkpoint: true,
+        events: Vec::new(),
+    };
+    first.run(&opts, &mut stop).unwrap();
+    drop(first);
+    assert_eq!(steps_on_disk(dir.path()), [3]);
+
+    let mut resumed = one_device(cfg);
+    resumed.resume_latest(dir.path()).unwrap().unwrap();
+    let mut rest = StopAt {
+        at: N,
+        checkpoint: true,
+        events: Vec::new(),
+    };
+    let summary = resumed.run(&opts, &mut rest).unwrap();
+    assert_eq!(
+        rest.events,
+        ["step4", "saving4", "saved4", "step5", "step6", "saving6", "saved6"],
+        "the resumed step-3 checkpoint is not rewritten; the cadence continues at 4"
+    );
+    assert_eq!(summary.steps_run, N - 3);
+    for ((name, a), (_, b)) in straight
+        .master_weights()
+        .iter()
+        .zip(resumed.master_weights())
+    {
+        assert!(a.equal(&b), "{name} differs from the straight run");
+    }
+    assert_eq!(straight.data_position(), resumed.data_position());
+}
