@@ -14,6 +14,7 @@ pub mod last_run;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
+pub mod run_dir;
 pub mod socket_path;
 pub mod status;
 
