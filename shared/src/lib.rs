@@ -1,10 +1,12 @@
 //! Types and pure logic shared by `dflashd` and `dflash-tui`.
 //!
 //! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
-//! this crate says what the bytes mean and judges the numbers. (One exception, tiny:
+//! this crate says what the bytes mean and judges the numbers. (Two exceptions, tiny:
+//! [`clock::now_ms`] reads the wall clock, the one clock read both programs share; and
 //! [`invocation::spell_sibling`] looks up the running executable and `PATH` to print hints the
 //! operator can paste.)
 pub mod actions;
+pub mod clock;
 pub mod config;
 pub mod events;
 pub mod format;

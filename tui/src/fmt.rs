@@ -94,10 +94,6 @@ pub fn rfc3339(ts_ms: TimestampMs) -> String {
         .unwrap_or_else(|| ts_ms.to_string())
 }
 
-pub fn now_ms() -> TimestampMs {
-    Utc::now().timestamp_millis()
-}
-
 /// What the queue view and the status report say when the run has no hidden-state queue.
 pub const INLINE_QUEUE_NOTE: &str = "no hidden-state queue: one device runs the target and \
                                      trains the drafter inline, so neither side waits on the other";
