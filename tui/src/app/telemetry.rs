@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use dflash_shared::health::{
-    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueConfig, QueueDiagnoser, QueueDiagnosis,
+    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueDiagnoser, QueueDiagnosis, QueueThresholds,
 };
 use dflash_shared::metrics::{DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics};
 
@@ -77,7 +77,7 @@ impl Default for Telemetry {
             memory: MemoryFlatness::new(console_memory_config()),
             queue: None,
             queue_depth: series(),
-            queue_diagnoser: QueueDiagnoser::new(QueueConfig::default(), 1, 1),
+            queue_diagnoser: QueueDiagnoser::new(QueueThresholds::default(), 1, 1),
             queue_workers: (1, 1),
         }
     }
@@ -157,7 +157,7 @@ impl Telemetry {
         if workers != self.queue_workers {
             self.queue_workers = workers;
             self.queue_diagnoser =
-                QueueDiagnoser::new(QueueConfig::default(), workers.0, workers.1);
+                QueueDiagnoser::new(QueueThresholds::default(), workers.0, workers.1);
         }
         let _ = self.queue_diagnoser.observe(stats);
         self.queue_depth.push(stats.ts_ms, stats.depth as f64);
