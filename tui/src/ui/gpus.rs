@@ -10,7 +10,7 @@ use super::chart::{self, TimeChart};
 use super::theme::Theme;
 use dflash_shared::health::MemoryVerdict;
 
-use crate::app::telemetry::{console_memory_config, GpuHistory};
+use crate::app::telemetry::{GpuHistory, Judged, AWAITING_THRESHOLDS};
 use crate::app::App;
 use crate::fmt;
 
@@ -70,7 +70,12 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
     );
 }
 
-fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
+/// The verdict in a table cell (16 columns); the summary line above says what "no
+/// thresholds" waits for.
+fn verdict_cell(verdict: &Judged<MemoryVerdict>, theme: &Theme) -> (String, Style) {
+    let Judged::Verdict(verdict) = verdict else {
+        return ("no thresholds".into(), theme.dim());
+    };
     match verdict {
         MemoryVerdict::Collecting { samples } => (format!("judging ({samples})"), theme.dim()),
         MemoryVerdict::Unavailable => ("no reading".into(), theme.dim()),
@@ -92,8 +97,13 @@ fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
 }
 
 fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(thresholds) = app.telemetry.thresholds() else {
+        let text = format!(" memory not judged yet: {AWAITING_THRESHOLDS}");
+        frame.render_widget(Paragraph::new(Span::styled(text, theme.dim())), area);
+        return;
+    };
     let volatile = app.telemetry.volatile_gpus();
-    let window = fmt::duration_ms((console_memory_config().window_s * 1000.0) as i64);
+    let window = fmt::duration_ms((thresholds.memory.window_s * 1000.0) as i64);
     let line = if volatile.is_empty() {
         Span::styled(
             format!(" memory flat on every judged GPU (last {window})"),
@@ -183,7 +193,10 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
 fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, theme: &Theme) {
     let verdict_now = app.telemetry.memory_verdict(gpu.latest.index);
-    let (verdict, style) = verdict_cell(&verdict_now, theme);
+    let (verdict, style) = match verdict_now {
+        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
+        judged => verdict_cell(&judged, theme),
+    };
     let title = Line::from(vec![
         Span::styled(
             format!(" GPU {} memory over time: ", gpu.latest.index),

@@ -7,6 +7,7 @@ use ratatui::Frame;
 
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
+use crate::app::telemetry::{Judged, AWAITING_THRESHOLDS};
 use crate::app::App;
 use crate::fmt;
 
@@ -35,8 +36,9 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         bar_width,
     );
     let (verdict, style) = match app.telemetry.queue_diagnosis() {
-        None => ("needs two samples".to_string(), theme.dim()),
-        Some(d) => {
+        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
+        Judged::Verdict(None) => ("needs two samples".to_string(), theme.dim()),
+        Judged::Verdict(Some(d)) => {
             let side = match d.bound {
                 QueueBound::Balanced => {
                     "balanced: neither side waits much on the other".to_string()
