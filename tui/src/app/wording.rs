@@ -1,5 +1,6 @@
 //! Journal events in words, for the events view, alerts and the status report.
 use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::format::format_bytes;
 
 use crate::fmt;
 
@@ -76,7 +77,7 @@ pub fn describe(kind: &EventKind) -> String {
             format!(
                 "checkpoint at step {}, {} ({path})",
                 fmt::thousands(*step),
-                fmt::bytes(*bytes)
+                format_bytes(*bytes)
             )
         }
         EventKind::RegressionStarted { message, .. } => message.clone(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dflash_shared::actions::{Action, PendingAction};
 use dflash_shared::clock::now_ms;
 use dflash_shared::events::EventKind;
+use dflash_shared::format::format_bytes;
 use dflash_shared::protocol::{Request, Response, Topic};
 use tokio::sync::mpsc;
 
@@ -218,7 +219,7 @@ async fn report_checkpoint(
             push = pushes.recv() => match push {
                 Some(Push::Frame(Response::Event(event))) => match event.kind {
                     EventKind::CheckpointWritten { step, path, bytes } => {
-                        println!("Checkpoint written: {path} (step {step}, {})", fmt::bytes(bytes));
+                        println!("Checkpoint written: {path} (step {step}, {})", format_bytes(bytes));
                         last_checkpoint = Some(path);
                     }
                     EventKind::RunStopped { reason, checkpoint } => {

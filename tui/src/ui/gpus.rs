@@ -1,5 +1,6 @@
 //! GPUs: role, memory over time with a flat/volatile verdict, allocator reserved vs
 //! allocated, utilization, power, temperature. Missing readings say so; they are never zeros.
+use dflash_shared::format::format_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
@@ -55,9 +56,9 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
         Some(host) => {
             lines.push(Line::from(format!(
                 "daemon process RSS {} · host memory {} / {} · daemon CPU {:.0}%",
-                fmt::bytes(host.process_rss_bytes),
-                fmt::bytes(host.host_memory_used_bytes),
-                fmt::bytes(host.host_memory_total_bytes),
+                format_bytes(host.process_rss_bytes),
+                format_bytes(host.host_memory_used_bytes),
+                format_bytes(host.host_memory_total_bytes),
                 host.process_cpu_pct
             )));
         }
@@ -82,14 +83,14 @@ fn verdict_cell(verdict: &Judged<MemoryVerdict>, theme: &Theme) -> (String, Styl
         MemoryVerdict::Flat { stats } => (
             format!(
                 "flat ±{}",
-                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+                format_bytes((stats.max_bytes - stats.min_bytes) / 2)
             ),
             theme.ok(),
         ),
         MemoryVerdict::Volatile { stats, .. } => (
             format!(
                 "VOLATILE ±{}",
-                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+                format_bytes((stats.max_bytes - stats.min_bytes) / 2)
             ),
             theme.crit(),
         ),
@@ -143,17 +144,17 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         let s = &gpu.latest;
         let memory = match (s.memory_used_bytes, s.memory_total_bytes) {
             (Some(used), Some(total)) => {
-                Cell::from(format!("{} / {}", fmt::bytes(used), fmt::bytes(total)))
+                Cell::from(format!("{} / {}", format_bytes(used), format_bytes(total)))
             }
-            (Some(used), None) => Cell::from(fmt::bytes(used)),
+            (Some(used), None) => Cell::from(format_bytes(used)),
             _ => na(theme),
         };
         let (verdict, style) = verdict_cell(&app.telemetry.memory_verdict(s.index), theme);
         let allocator = match &s.allocator {
             Some(a) => Cell::from(format!(
                 "{} / {}",
-                fmt::bytes(a.reserved_bytes),
-                fmt::bytes(a.allocated_bytes)
+                format_bytes(a.reserved_bytes),
+                format_bytes(a.allocated_bytes)
             )),
             None => na(theme),
         };
@@ -227,7 +228,7 @@ fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, them
         levels: vec![],
         now_ms: app.now_ms,
         from_zero: false,
-        format_value: |v| fmt::bytes(v.max(0.0) as u64),
+        format_value: |v| format_bytes(v.max(0.0) as u64),
     }
     .draw(frame, area, theme);
 }

@@ -1,4 +1,5 @@
 //! Queue: depth against the watermarks, producer and consumer rates, and which side bounds the run.
+use dflash_shared::format::format_bytes;
 use dflash_shared::health::QueueBound;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
@@ -67,8 +68,8 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             label("resident  "),
             Span::raw(format!(
                 "{} of {} cap",
-                fmt::bytes(queue.bytes_resident),
-                fmt::bytes(queue.byte_cap)
+                format_bytes(queue.bytes_resident),
+                format_bytes(queue.byte_cap)
             )),
         ]),
         Line::from(vec![
