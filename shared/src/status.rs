@@ -134,7 +134,10 @@ mod tests {
         detectors.queue.starved_frac = 0.3;
         tuned.detectors = Some(detectors);
         let text = serde_json::to_string(&tuned).unwrap();
-        assert_eq!(serde_json::from_str::<StatusSnapshot>(&text).unwrap(), tuned);
+        assert_eq!(
+            serde_json::from_str::<StatusSnapshot>(&text).unwrap(),
+            tuned
+        );
 
         // An older daemon's snapshot has no `detectors` key; this one writes none either.
         let old = serde_json::to_value(snapshot()).unwrap();
