@@ -136,10 +136,44 @@ pub fn worker_subject(
     }
 }
 
+/// "drafter worker 1 on cuda:6 failed: CUDA out of memory": a `WorkerFailed` event, worded the
+/// same in the events view, `tail` and an alert's "before it".
+pub fn worker_failed_sentence(
+    device: &str,
+    role: Option<crate::metrics::DeviceRole>,
+    rank: Option<usize>,
+    error: &str,
+) -> String {
+    format!("{} failed: {error}", worker_subject(device, role, rank))
+}
+
+/// "run paused: …": a `RunPaused` event, worded the same wherever it is shown.
+pub fn run_paused_sentence(reason: &str) -> String {
+    format!("run paused: {reason}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::DeviceRole;
+
+    #[test]
+    fn failures_and_pauses_read_as_one_sentence() {
+        assert_eq!(
+            worker_failed_sentence(
+                "cuda:6",
+                Some(DeviceRole::Drafter),
+                Some(1),
+                "CUDA out of memory"
+            ),
+            "drafter worker 1 on cuda:6 failed: CUDA out of memory"
+        );
+        assert_eq!(
+            worker_failed_sentence("cpu", None, None, "panicked"),
+            "worker on cpu failed: panicked"
+        );
+        assert_eq!(run_paused_sentence("disk full"), "run paused: disk full");
+    }
 
     #[test]
     fn a_worker_failure_names_its_role_and_rank_and_older_lines_still_load() {

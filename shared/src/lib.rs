@@ -1,8 +1,8 @@
 //! Types and pure logic shared by `dflashd` and `dflash-tui`.
 //!
 //! Nothing here touches libtorch, sockets or files: the daemon and the console do the I/O,
-//! this crate says what the bytes mean and judges the numbers. (Exceptions, tiny: [`clock`]
-//! reads the wall clock, and
+//! this crate says what the bytes mean and judges the numbers. (Two exceptions, tiny:
+//! [`clock::now_ms`] reads the wall clock, the one clock read both programs share; and
 //! [`invocation::spell_sibling`] looks up the running executable and `PATH` to print hints the
 //! operator can paste.)
 pub mod actions;
@@ -16,6 +16,7 @@ pub mod last_run;
 pub mod metrics;
 pub mod protocol;
 pub mod recording;
+pub mod run_dir;
 pub mod socket_path;
 pub mod status;
 

@@ -122,6 +122,31 @@ pub enum Response {
     },
 }
 
+impl Response {
+    /// Whether the daemon pushes this frame to subscribers (metrics, GPUs, queue, events, logs,
+    /// a drop notice) rather than sends it as the reply to a request. The protocol has no
+    /// request ids, so this is how a client tells the two apart.
+    pub fn is_pushed(&self) -> bool {
+        // Exhaustive on purpose: a new frame type must be placed on one side.
+        match self {
+            Response::Metrics(_)
+            | Response::Gpus { .. }
+            | Response::Queue(_)
+            | Response::Event(_)
+            | Response::Log { .. }
+            | Response::Dropped { .. } => true,
+            Response::Welcome { .. }
+            | Response::Ok
+            | Response::Status(_)
+            | Response::Json { .. }
+            | Response::Events { .. }
+            | Response::Pending { .. }
+            | Response::Executed { .. }
+            | Response::Error { .. } => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {

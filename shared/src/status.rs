@@ -2,6 +2,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::actions::PendingAction;
+use crate::config::DetectorsSection;
 use crate::events::Severity;
 use crate::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, TimestampMs};
 
@@ -74,4 +75,85 @@ pub struct StatusSnapshot {
     pub checkpoints: Vec<CheckpointInfo>,
     pub last_loss: Option<f64>,
     pub last_tau: Option<f64>,
+    /// The thresholds the daemon's health detectors judge this run by: the run's effective
+    /// `[detectors]` section. A console judges memory flatness and the queue with these, never
+    /// with defaults of its own. `None` until the daemon's detectors run, and from a daemon
+    /// that does not send them (or sends them in a shape this build cannot read).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub detectors: Option<DetectorsSection>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::QueueStats;
+
+    fn snapshot() -> StatusSnapshot {
+        StatusSnapshot {
+            run: RunInfo {
+                name: "r".into(),
+                state: RunState::Training,
+                step: 1,
+                total_steps: 2,
+                epoch: 1,
+                epochs: 6,
+                started_ms: 0,
+                eta_ms: None,
+                run_dir: "/runs/r".into(),
+                config_path: None,
+            },
+            throughput: Throughput {
+                tokens_per_s: 1.0,
+                baseline_tokens_per_s: None,
+                stable_since_ms: None,
+            },
+            gpus: GpuTelemetry::Unavailable {
+                reason: "no NVML".into(),
+            },
+            host: None,
+            queue: QueueStats::default(),
+            caches: Vec::new(),
+            alerts: Vec::new(),
+            pending_actions: Vec::new(),
+            checkpoints: Vec::new(),
+            last_loss: None,
+            last_tau: None,
+            detectors: None,
+        }
+    }
+
+    #[test]
+    fn the_detector_thresholds_travel_and_a_frame_without_them_still_reads() {
+        let mut tuned = snapshot();
+        let mut detectors = DetectorsSection::default();
+        detectors.memory.max_range_frac = 0.07;
+        detectors.queue.starved_frac = 0.3;
+        tuned.detectors = Some(detectors);
+        let text = serde_json::to_string(&tuned).unwrap();
+        assert_eq!(
+            serde_json::from_str::<StatusSnapshot>(&text).unwrap(),
+            tuned
+        );
+
+        // An older daemon's snapshot has no `detectors` key; this one writes none either.
+        let old = serde_json::to_value(snapshot()).unwrap();
+        assert!(old.get("detectors").is_none(), "{old}");
+        let read: StatusSnapshot = serde_json::from_value(old).unwrap();
+        assert_eq!(read.detectors, None);
+    }
+
+    #[test]
+    fn thresholds_in_a_shape_this_build_does_not_know_read_as_none_not_as_a_lost_frame() {
+        let mut value = serde_json::to_value(snapshot()).unwrap();
+        let mut detectors = serde_json::to_value(DetectorsSection::default()).unwrap();
+        detectors["memory"]["max_range_frac_per_role"] = serde_json::json!(0.01);
+        value["detectors"] = detectors;
+        let read: StatusSnapshot = serde_json::from_value(value).unwrap();
+        assert_eq!(read.detectors, None);
+        assert_eq!(read.run.name, "r");
+    }
 }

@@ -5,8 +5,8 @@ use chrono::FixedOffset;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::health::{
     diff_fingerprints, explain_alert, render_precursors, throughput_headline, CacheWatcher,
-    Fingerprint, Level, MemoryConfig, MemoryFlatness, MemoryVerdict, QueueBound, QueueConfig,
-    QueueDiagnoser, ThroughputConfig, ThroughputDetector, Transition,
+    Fingerprint, Level, MemoryConfig, MemoryFlatness, MemoryVerdict, QueueBound, QueueDiagnoser,
+    QueueThresholds, ThroughputConfig, ThroughputDetector, Transition,
 };
 use dflash_shared::metrics::{AllocatorStats, CacheState, DeviceRole, GpuSample, QueueStats};
 use rand::rngs::StdRng;
@@ -327,7 +327,7 @@ fn queue_diagnosis_tells_which_side_bounds_the_run() {
         (queue_trace(3, 300, 8.0, 0.02, 0.02), QueueBound::Balanced),
     ];
     for (trace, expected) in cases {
-        let mut q = QueueDiagnoser::new(QueueConfig::default(), 5, 3);
+        let mut q = QueueDiagnoser::new(QueueThresholds::default(), 5, 3);
         let transitions: Vec<_> = trace.iter().filter_map(|s| q.observe(s)).collect();
         let diagnosis = q.diagnosis().unwrap();
         assert_eq!(diagnosis.bound, expected, "{}", diagnosis.explanation);
@@ -337,7 +337,7 @@ fn queue_diagnosis_tells_which_side_bounds_the_run() {
         );
     }
     let d = {
-        let mut q = QueueDiagnoser::new(QueueConfig::default(), 5, 3);
+        let mut q = QueueDiagnoser::new(QueueThresholds::default(), 5, 3);
         queue_trace(1, 300, 0.5, 0.40, 0.0).iter().for_each(|s| {
             q.observe(s);
         });
@@ -363,7 +363,7 @@ fn queue_diagnosis_tells_which_side_bounds_the_run() {
 
 #[test]
 fn starved_drafters_most_of_the_time_is_a_warning_that_clears() {
-    let mut q = QueueDiagnoser::new(QueueConfig::default(), 5, 3);
+    let mut q = QueueDiagnoser::new(QueueThresholds::default(), 5, 3);
     let mut trace = queue_trace(4, 600, 0.2, 0.7, 0.0);
     // Then the target side catches up: balanced from t = 600 s on.
     let last = trace.last().unwrap().clone();

@@ -1,6 +1,7 @@
 //! `tail` lines: events, logs and metrics as one line each, human or JSON, with level and time
 //! filters. Pure; the command does the I/O.
 use dflash_shared::events::{Event, Severity};
+use dflash_shared::format::format_si;
 use dflash_shared::metrics::{StepMetrics, TimestampMs};
 use serde_json::json;
 
@@ -143,7 +144,7 @@ pub fn human(item: &Item) -> String {
                  lr={:.2e} grad_norm={:.3}",
                 m.step,
                 m.epoch,
-                fmt::si(m.tokens_per_s),
+                format_si(m.tokens_per_s),
                 m.loss,
                 m.accuracy,
                 m.lr,

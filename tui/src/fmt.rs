@@ -4,11 +4,6 @@ use chrono::{DateTime, FixedOffset, Local, Offset, TimeZone, Utc};
 use dflash_shared::format;
 use dflash_shared::metrics::TimestampMs;
 
-/// "21.5K", "4.3K", "950", "1.2M": the same wording the daemon uses (`dflash_shared::format`).
-pub fn si(value: f64) -> String {
-    format::format_si(value)
-}
-
 /// "1,234,567"
 pub fn thousands(value: u64) -> String {
     let digits = value.to_string();
@@ -20,11 +15,6 @@ pub fn thousands(value: u64) -> String {
         out.push(c);
     }
     out
-}
-
-/// Decimal units, as the daemon's consequence sentences print them: "2.1 GB".
-pub fn bytes(value: u64) -> String {
-    format::format_bytes(value)
 }
 
 /// "45 s", "14 min", "3 h 10 min", "2 d 3 h". Negative spans (clock skew, an expired
@@ -94,10 +84,6 @@ pub fn rfc3339(ts_ms: TimestampMs) -> String {
         .unwrap_or_else(|| ts_ms.to_string())
 }
 
-pub fn now_ms() -> TimestampMs {
-    Utc::now().timestamp_millis()
-}
-
 /// What the queue view and the status report say when the run has no hidden-state queue.
 pub const INLINE_QUEUE_NOTE: &str = "no hidden-state queue: one device runs the target and \
                                      trains the drafter inline, so neither side waits on the other";
@@ -107,27 +93,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn throughput_reads_like_the_incident_report() {
-        assert_eq!(si(21_500.0), "21.5K");
-        assert_eq!(si(4_300.0), "4.3K");
-        assert_eq!(si(12_849.0), "12.8K");
-        assert_eq!(si(950.4), "950");
-        assert_eq!(si(250_000.0), "250K");
-        assert_eq!(si(1_200_000.0), "1.2M");
-    }
-
-    #[test]
     fn thousands_are_grouped() {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1_234_567), "1,234,567");
-    }
-
-    #[test]
-    fn sizes_use_decimal_units() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(2_100_000_000), "2.1 GB");
-        assert_eq!(bytes(141_000_000_000), "141 GB");
     }
 
     #[test]

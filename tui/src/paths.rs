@@ -5,21 +5,17 @@
 //!   `$XDG_RUNTIME_DIR/dflash/dflashd.sock`, else the private 0700 directory
 //!   `<tmp>/dflash-<uid>/` (servers reached over SSH often have no `XDG_RUNTIME_DIR`). This
 //!   module reads the environment and checks the fallback directory before trusting it.
-//! - State: `$XDG_STATE_HOME/dflash` (else `~/.local/state/dflash`), holding `logs/`.
-//! - Run dir: `$XDG_DATA_HOME/dflash/runs/default` unless the daemon was given `--run-dir`;
-//!   it holds `journal.jsonl` (one event per line) and `recording.jsonl`.
+//! - State dir, run dir and the files in them: the contract in [`dflash_shared::run_dir`]
+//!   (`$XDG_STATE_HOME/dflash` holding `logs/` and the last-run record;
+//!   `$XDG_DATA_HOME/dflash/runs/default` unless the daemon was given `--run-dir`, holding
+//!   `journal.jsonl` and `recording.jsonl`). This module reads the environment for it.
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
+use dflash_shared::last_run::LastRun;
+use dflash_shared::run_dir::{self, resolve_state_dirs, StateDirs, XdgEnv};
 use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, SocketEnv};
 use thiserror::Error;
-
-pub const APP_DIR: &str = dflash_shared::socket_path::APP_DIR;
-pub const SOCKET_FILE: &str = dflash_shared::socket_path::SOCKET_FILE_NAME;
-pub const JOURNAL_FILE: &str = "journal.jsonl";
-pub const RECORDING_FILE: &str = "recording.jsonl";
-pub const LOGS_DIR: &str = "logs";
 
 #[derive(Debug, Error)]
 pub enum PathError {
@@ -67,39 +63,51 @@ impl DaemonFiles {
     pub fn new(state_dir: &Path, run_dir: &Path) -> Self {
         Self {
             state_dir: state_dir.to_path_buf(),
-            logs_dir: state_dir.join(LOGS_DIR),
+            logs_dir: run_dir::logs_dir(state_dir),
             run_dir: run_dir.to_path_buf(),
-            journal: run_dir.join(JOURNAL_FILE),
+            journal: run_dir::journal_path(run_dir),
         }
     }
 
     /// From `--state-dir` / `--run-dir` when given; else the run the daemon last started
-    /// (recorded in the state dir), else the XDG defaults.
+    /// (recorded in the state dir), else the XDG defaults. The environment is read only for
+    /// what was not given.
     pub fn resolve(state_dir: Option<&Path>, run_dir: Option<&Path>) -> Result<Self, PathError> {
-        let dirs = || directories::ProjectDirs::from("", "", APP_DIR).ok_or(PathError::NoHome);
         let state_dir = match state_dir {
             Some(dir) => dir.to_path_buf(),
-            None => {
-                let dirs = dirs()?;
-                dirs.state_dir()
-                    .map(Path::to_path_buf)
-                    .unwrap_or_else(|| dirs.data_local_dir().join("state"))
-            }
+            None => default_dirs()?.state_dir,
         };
         let run_dir = match run_dir {
             Some(dir) => dir.to_path_buf(),
             None => match last_run(&state_dir) {
                 Some(record) => PathBuf::from(record.run_dir),
-                None => dirs()?.data_dir().join("runs").join("default"),
+                None => default_dirs()?.default_run_dir,
             },
         };
         Ok(Self::new(&state_dir, &run_dir))
     }
 }
 
+/// The daemon's default directories for this process's environment
+/// ([`dflash_shared::run_dir::resolve_state_dirs`]).
+pub fn default_dirs() -> Result<StateDirs, PathError> {
+    // The home directory exactly as the daemon finds it: `$HOME`, else the password database.
+    let home = directories::BaseDirs::new().map(|dirs| dirs.home_dir().to_path_buf());
+    let (state, data) = (
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("XDG_DATA_HOME"),
+    );
+    resolve_state_dirs(&XdgEnv {
+        home: home.as_deref(),
+        xdg_state_home: state.as_deref(),
+        xdg_data_home: data.as_deref(),
+    })
+    .ok_or(PathError::NoHome)
+}
+
 /// The daemon's record of the run it last started, if there is a readable one.
 pub fn last_run(state_dir: &Path) -> Option<LastRun> {
-    let text = std::fs::read_to_string(state_dir.join(LAST_RUN_FILE)).ok()?;
+    let text = std::fs::read_to_string(run_dir::last_run_path(state_dir)).ok()?;
     LastRun::parse(&text)
 }
 
@@ -150,6 +158,26 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_rule_gives_what_the_directories_crate_gives_in_this_environment() {
+        // What `dflashd` (`PathInputs::from_environment`) and this console computed before the
+        // rule moved to `dflash_shared::run_dir`.
+        let dirs = directories::ProjectDirs::from("", "", dflash_shared::socket_path::APP_DIR)
+            .expect("tests run with a home directory");
+        let state_dir = dirs
+            .state_dir()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| dirs.data_local_dir().join("state"));
+        let shared = default_dirs().unwrap();
+        assert_eq!(shared.state_dir, state_dir);
+        assert_eq!(shared.logs_dir, state_dir.join("logs"));
+        assert_eq!(shared.data_dir, dirs.data_dir());
+        assert_eq!(
+            shared.default_run_dir,
+            dirs.data_dir().join("runs").join("default")
+        );
+    }
+
+    #[test]
     fn without_run_dir_the_daemons_last_run_is_used() {
         let state = tempfile::tempdir().unwrap();
         let record = LastRun {
@@ -160,7 +188,7 @@ mod tests {
             started_ms: 0,
         };
         std::fs::write(
-            state.path().join(LAST_RUN_FILE),
+            run_dir::last_run_path(state.path()),
             serde_json::to_string(&record).unwrap(),
         )
         .unwrap();
@@ -169,7 +197,7 @@ mod tests {
         // --run-dir still wins; a garbled record falls back to the default.
         let given = DaemonFiles::resolve(Some(state.path()), Some(Path::new("/r"))).unwrap();
         assert_eq!(given.run_dir, PathBuf::from("/r"));
-        std::fs::write(state.path().join(LAST_RUN_FILE), "{").unwrap();
+        std::fs::write(run_dir::last_run_path(state.path()), "{").unwrap();
         let files = DaemonFiles::resolve(Some(state.path()), None).unwrap();
         assert!(files.run_dir.ends_with("runs/default"), "{files:?}");
         assert_ne!(files.run_dir, PathBuf::from("/work/repo/runs/default"));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyEventKind};
+use dflash_shared::clock::now_ms;
 use ratatui::DefaultTerminal;
 use tokio::sync::mpsc;
 
@@ -83,11 +84,7 @@ pub fn spawn_ticker(events: mpsc::Sender<AppEvent>) -> tokio::task::JoinHandle<(
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            if events
-                .send(AppEvent::Tick(crate::fmt::now_ms()))
-                .await
-                .is_err()
-            {
+            if events.send(AppEvent::Tick(now_ms())).await.is_err() {
                 return;
             }
         }

@@ -399,6 +399,55 @@ async fn tail_reads_the_daemons_files_when_it_is_down() {
     );
 }
 
+/// Writes a journal into `run_dir` and a JSON log line into `state_dir/logs`, the way the daemon
+/// does.
+fn write_daemon_files(state_dir: &Path, run_dir: &Path) {
+    std::fs::create_dir_all(run_dir).unwrap();
+    std::fs::create_dir_all(state_dir.join("logs")).unwrap();
+    let journal: String = incident_events()
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap() + "\n")
+        .collect();
+    std::fs::write(run_dir.join("journal.jsonl"), journal).unwrap();
+    std::fs::write(
+        state_dir.join("logs/dflashd.2026-03-14.jsonl"),
+        r#"{"timestamp":"2026-03-14T20:52:30.000Z","level":"WARN","fields":{"message":"fingerprint changed: python.torch"},"target":"dflashd::telemetry"}"#.to_string() + "\n",
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_dirs_tail_reads_where_the_daemon_writes_by_default() {
+    let home = tempfile::tempdir().unwrap();
+    let socket = home.path().join("absent.sock").display().to_string();
+    let args = ["tail", "--socket", &socket, "--level", "warn"];
+    let read_both = |out: &Output| {
+        assert!(out.status.success(), "{}", stderr(out));
+        let text = stdout(out);
+        assert!(text.contains("env-drift"), "journal line: {text}");
+        assert!(text.contains("fingerprint changed"), "log line: {text}");
+    };
+
+    // $XDG_STATE_HOME/dflash and $XDG_DATA_HOME/dflash/runs/default.
+    write_daemon_files(
+        &home.path().join("state/dflash"),
+        &home.path().join("data/dflash/runs/default"),
+    );
+    read_both(&run(home.path(), &args).await);
+
+    // A relative XDG value is ignored and an unset one falls back: under ~/.local.
+    let home = tempfile::tempdir().unwrap();
+    write_daemon_files(
+        &home.path().join(".local/state/dflash"),
+        &home.path().join(".local/share/dflash/runs/default"),
+    );
+    let mut cmd = command(home.path(), &args);
+    cmd.env("XDG_STATE_HOME", "state")
+        .env_remove("XDG_DATA_HOME");
+    let out = timeout(WAIT, cmd.output()).await.unwrap().unwrap();
+    read_both(&out);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_follow_streams_each_line_as_it_happens_through_a_pipe() {
     let dir = tempfile::tempdir().unwrap();

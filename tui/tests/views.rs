@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use dflash_shared::actions::{Action, PendingAction};
+use dflash_shared::config::DetectorsSection;
 use dflash_shared::metrics::{GpuTelemetry, HostSample};
 use dflash_shared::protocol::{Request, Response};
+use dflash_shared::recording::RecordedFrame;
 use dflash_tui::app::{App, AppEvent, Effect, Source, View};
 use dflash_tui::client::supervisor::LinkEvent;
 use dflash_tui::client::Welcome;
@@ -26,7 +28,11 @@ fn code(code: KeyCode) -> AppEvent {
 }
 
 fn live(read_only: bool) -> App {
-    let frames = incident::generate(incident::SEED);
+    live_from(incident::generate(incident::SEED), read_only)
+}
+
+/// A console attached over the socket that has received `frames`.
+fn live_from(frames: Vec<RecordedFrame>, read_only: bool) -> App {
     let mut app = App::new(
         Source::Live {
             socket: SOCKET.into(),
@@ -150,6 +156,64 @@ fn a_one_device_run_has_no_queue_and_says_so() {
     app.handle(key('3'));
     let text = screen::text(&render(&app, WIDTH, HEIGHT));
     assert!(text.contains("no hidden-state queue"), "{text}");
+}
+
+/// The incident as a daemon would stream it whose status snapshots carry `detectors`.
+fn incident_with_thresholds(detectors: Option<DetectorsSection>) -> Vec<RecordedFrame> {
+    let mut frames = incident::generate(incident::SEED);
+    for frame in &mut frames {
+        if let Response::Status(status) = &mut frame.frame {
+            status.detectors = detectors.clone();
+        }
+    }
+    frames
+}
+
+#[test]
+fn without_the_daemons_thresholds_the_console_gives_no_verdict_of_its_own() {
+    let mut app = live_from(incident_with_thresholds(None), false);
+    app.view = View::Gpus;
+    let gpus = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        gpus.contains("memory not judged yet: waiting for the daemon's thresholds"),
+        "{gpus}"
+    );
+    assert!(
+        !gpus.contains("VOLATILE") && !gpus.contains("flat"),
+        "{gpus}"
+    );
+    snapshot("gpus_waiting_for_thresholds", &app);
+    app.view = View::Queue;
+    let queue = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        queue.contains("waiting for the daemon's thresholds"),
+        "{queue}"
+    );
+    assert!(!queue.contains("bounds the run"), "{queue}");
+}
+
+#[test]
+fn the_console_judges_memory_and_the_queue_by_the_runs_tuned_thresholds() {
+    // The target GPUs' memory moves by a few tens of MB on 151 GB: flat by the defaults, volatile
+    // for a run that tolerates 0.005% of range. A queue full at 90% blocked time is drafter-bound
+    // unless blocking must reach 95% to count.
+    let mut tuned = DetectorsSection::default();
+    tuned.memory.max_range_frac = 0.000_05;
+    tuned.queue.blocked_frac = 0.95;
+    let mut app = live_from(incident_with_thresholds(Some(tuned)), false);
+    app.view = View::Gpus;
+    let gpus = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        gpus.contains("memory VOLATILE on GPU 0, 1, 2, 3, 4, 5, 6, 7"),
+        "{gpus}"
+    );
+    app.view = View::Queue;
+    let queue = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(queue.contains("balanced"), "{queue}");
+    assert!(
+        !queue.contains("the DRAFTER side bounds the run"),
+        "{queue}"
+    );
 }
 
 #[test]

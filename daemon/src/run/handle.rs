@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 
+use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
@@ -127,6 +128,7 @@ impl RunHandle {
             checkpoints: Vec::new(),
             last_loss: None,
             last_tau: None,
+            detectors: None,
         };
         let (shutdown_tx, _) = broadcast::channel(1);
         RunHandle {
@@ -245,6 +247,17 @@ impl RunHandle {
 
     pub fn set_alerts(&self, alerts: Vec<Alert>) {
         write(&self.inner.status).snapshot.alerts = alerts;
+    }
+
+    /// The thresholds the daemon's detectors judge with, served in status so the console
+    /// judges memory and the queue with the same ones. The recording gets a status frame
+    /// carrying them, so a replay judges as the daemon did.
+    pub fn set_detectors(&self, detectors: DetectorsSection) {
+        write(&self.inner.status).snapshot.detectors = Some(detectors);
+        if let Some(rec) = &self.inner.recorder {
+            let frame = Response::Status(Box::new(self.status_snapshot()));
+            lock(rec).record(now_ms(), &frame);
+        }
     }
 
     pub fn set_config(&self, config: serde_json::Value) {

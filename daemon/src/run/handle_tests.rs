@@ -95,8 +95,7 @@ fn the_recording_holds_telemetry_and_events_but_not_log_lines() {
             line: "x".into(),
         },
     );
-    let text = std::fs::read_to_string(dir.path().join(crate::run::recorder::RECORDING_FILE_NAME))
-        .unwrap();
+    let text = std::fs::read_to_string(dflash_shared::run_dir::recording_path(dir.path())).unwrap();
     let frames: Vec<RecordedFrame> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

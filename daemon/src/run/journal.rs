@@ -14,7 +14,6 @@ use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::metrics::TimestampMs;
 use thiserror::Error;
 
-pub const JOURNAL_FILE_NAME: &str = "journal.jsonl";
 /// Events kept in memory for queries; older ones are read back from the file.
 const MEMORY_TAIL: usize = 4096;
 
@@ -76,7 +75,7 @@ pub struct Journal {
 impl Journal {
     /// Opens (creating if needed) the journal of `run_dir`.
     pub fn open(run_dir: &Path) -> Result<(Self, RecoveryReport), JournalError> {
-        Self::open_file(&run_dir.join(JOURNAL_FILE_NAME))
+        Self::open_file(&dflash_shared::run_dir::journal_path(run_dir))
     }
 
     pub fn open_file(path: &Path) -> Result<(Self, RecoveryReport), JournalError> {
@@ -282,7 +281,7 @@ mod tests {
             let (mut j, _) = Journal::open(dir.path()).unwrap();
             j.append(Severity::Info, note("kept")).unwrap();
         }
-        let path = dir.path().join(JOURNAL_FILE_NAME);
+        let path = dflash_shared::run_dir::journal_path(dir.path());
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(br#"{"seq":2,"ts_ms":5,"severity":"info","kind":"no"#)
             .unwrap();
@@ -301,7 +300,7 @@ mod tests {
     #[test]
     fn corrupt_middle_line_is_reported_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(JOURNAL_FILE_NAME);
+        let path = dflash_shared::run_dir::journal_path(dir.path());
         {
             let (mut j, _) = Journal::open(dir.path()).unwrap();
             j.append(Severity::Info, note("one")).unwrap();

@@ -13,11 +13,11 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use dflash_shared::run_dir;
 use dflash_shared::socket_path::{resolve_socket, SocketEnv};
 use thiserror::Error;
 
 pub use dflash_shared::socket_path::SocketDirSource;
-pub const APP_NAME: &str = dflash_shared::socket_path::APP_DIR;
 pub const SOCKET_FILE_NAME: &str = dflash_shared::socket_path::SOCKET_FILE_NAME;
 /// `sockaddr_un.sun_path` holds 108 bytes on Linux, including the terminating NUL.
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
@@ -61,15 +61,24 @@ pub struct PathInputs {
 
 impl PathInputs {
     pub fn from_environment() -> Result<Self, PathError> {
-        let dirs = directories::ProjectDirs::from("", "", APP_NAME).ok_or(PathError::NoHome)?;
+        // The home directory as `directories` finds it ($HOME, else the password database); the
+        // XDG rule itself is the one the console applies too (`dflash_shared::run_dir`).
+        let home = directories::BaseDirs::new().map(|d| d.home_dir().to_path_buf());
+        let (state, data) = (
+            std::env::var_os("XDG_STATE_HOME"),
+            std::env::var_os("XDG_DATA_HOME"),
+        );
+        let dirs = run_dir::resolve_state_dirs(&run_dir::XdgEnv {
+            home: home.as_deref(),
+            xdg_state_home: state.as_deref(),
+            xdg_data_home: data.as_deref(),
+        })
+        .ok_or(PathError::NoHome)?;
         Ok(PathInputs {
             runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
-            state_dir: dirs
-                .state_dir()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| dirs.data_local_dir().join("state")),
-            data_dir: dirs.data_dir().to_path_buf(),
+            state_dir: dirs.state_dir,
+            data_dir: dirs.data_dir,
             uid: current_uid(),
             tmp_dir: std::env::temp_dir(),
         })
@@ -113,8 +122,8 @@ pub fn resolve(inputs: &PathInputs) -> DaemonPaths {
         socket: location.socket,
         socket_dir: location.dir,
         socket_dir_source: location.source,
-        log_dir: inputs.state_dir.join("logs"),
-        default_run_dir: inputs.data_dir.join("runs").join("default"),
+        log_dir: run_dir::logs_dir(&inputs.state_dir),
+        default_run_dir: run_dir::default_run_dir(&inputs.data_dir),
         state_dir: inputs.state_dir.clone(),
         data_dir: inputs.data_dir.clone(),
     }

@@ -12,8 +12,6 @@ use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::Response;
 use dflash_shared::recording::RecordedFrame;
 
-pub const RECORDING_FILE_NAME: &str = "recording.jsonl";
-
 #[derive(Debug)]
 pub struct Recorder {
     path: PathBuf,
@@ -22,7 +20,7 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn open(run_dir: &Path) -> io::Result<Self> {
-        let path = run_dir.join(RECORDING_FILE_NAME);
+        let path = dflash_shared::run_dir::recording_path(run_dir);
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
         Ok(Recorder {
             path,
@@ -38,16 +36,14 @@ impl Recorder {
         self.out.is_some()
     }
 
-    /// Whether a frame belongs in a recording: telemetry and events, not log lines or replies.
+    /// Whether a frame belongs in a recording: the pushed telemetry and events (not log lines
+    /// or drop notices), and status snapshots, which a replay reads the run's thresholds from.
     pub fn records(frame: &Response) -> bool {
-        matches!(
-            frame,
-            Response::Metrics(_)
-                | Response::Gpus { .. }
-                | Response::Queue(_)
-                | Response::Event(_)
-                | Response::Status(_)
-        )
+        match frame {
+            Response::Status(_) => true,
+            Response::Log { .. } | Response::Dropped { .. } => false,
+            other => other.is_pushed(),
+        }
     }
 
     pub fn record(&mut self, ts_ms: TimestampMs, frame: &Response) {

@@ -38,6 +38,7 @@ impl HealthFeed {
         target_workers: usize,
         drafter_workers: usize,
     ) -> Self {
+        handle.set_detectors(cfg.clone());
         HealthFeed {
             monitor: HealthMonitor::new(cfg, target_workers, drafter_workers),
             handle,

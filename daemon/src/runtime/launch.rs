@@ -11,7 +11,7 @@ use std::time::Duration;
 use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
-use dflash_shared::last_run::{LastRun, LAST_RUN_FILE};
+use dflash_shared::last_run::LastRun;
 use dflash_shared::status::RunState;
 
 use super::detach::Readiness;
@@ -447,7 +447,7 @@ fn record_last_run(spec: &LaunchSpec) {
         pid: std::process::id(),
         started_ms: dflash_shared::clock::now_ms(),
     };
-    let path = spec.paths.state_dir.join(LAST_RUN_FILE);
+    let path = dflash_shared::run_dir::last_run_path(&spec.paths.state_dir);
     let written = serde_json::to_vec_pretty(&record)
         .map_err(std::io::Error::other)
         .and_then(|bytes| dflash_engine::atomic_write::write_atomic(&path, &bytes));

@@ -17,9 +17,10 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::run::bus::FrameBus;
 
-pub const HUMAN_LOG_PREFIX: &str = "dflashd";
-pub const HUMAN_LOG_SUFFIX: &str = "log";
-pub const JSON_LOG_SUFFIX: &str = "jsonl";
+// The file names are the run-dir contract the console reads (`dflash_shared::run_dir`).
+use dflash_shared::run_dir::{
+    HUMAN_LOG_EXTENSION as HUMAN_LOG_SUFFIX, JSON_LOG_EXTENSION as JSON_LOG_SUFFIX, LOG_FILE_PREFIX,
+};
 /// Days of rolled files kept per format.
 pub const KEPT_LOG_FILES: usize = 14;
 
@@ -114,7 +115,7 @@ pub fn init(cfg: &LoggingConfig) -> Result<LogGuards, LoggingError> {
 fn appender(dir: &Path, suffix: &str) -> Result<RollingFileAppender, LoggingError> {
     RollingFileAppender::builder()
         .rotation(Rotation::DAILY)
-        .filename_prefix(HUMAN_LOG_PREFIX)
+        .filename_prefix(LOG_FILE_PREFIX)
         .filename_suffix(suffix)
         .max_log_files(KEPT_LOG_FILES)
         .build(dir)
@@ -199,7 +200,7 @@ pub fn newest_log_file(log_dir: &Path, suffix: &str) -> Option<PathBuf> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            name.starts_with(HUMAN_LOG_PREFIX) && name.ends_with(&format!(".{suffix}"))
+            name.starts_with(LOG_FILE_PREFIX) && name.ends_with(&format!(".{suffix}"))
         })
         .collect();
     // Daily names (`dflashd.2026-11-30.log`) sort chronologically.

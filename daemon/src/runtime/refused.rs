@@ -5,14 +5,14 @@ use std::path::Path;
 
 use dflash_shared::events::{EventKind, Severity};
 
-use crate::run::journal::{Journal, JOURNAL_FILE_NAME};
+use crate::run::journal::Journal;
 use crate::runtime::run_dir_lock::RunDirLock;
 
 /// Appends `RunStopped { reason }` to the journal of `run_dir`, if it is an existing run that
 /// no live daemon holds (a live daemon's journal is its own to write). Returns whether the
 /// event was written; failing to journal never hides the original error.
 pub fn journal_refused_start(run_dir: &Path, reason: &str) -> bool {
-    if !run_dir.join(JOURNAL_FILE_NAME).is_file() {
+    if !dflash_shared::run_dir::journal_path(run_dir).is_file() {
         return false;
     }
     let Ok(_lock) = RunDirLock::acquire(run_dir) else {

@@ -104,3 +104,111 @@ impl TelemetrySampler {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use dflash_engine::train::anchors::AnchorBatch;
+    use dflash_engine::train::labels::BlockLabels;
+    use dflash_engine::train::loader::collate;
+    use dflash_engine::train::micro::PreparedMicro;
+    use dflash_engine::train::topology::pipeline::{HiddenItem, ItemQueue};
+    use dflash_engine::train::topology::plan::ItemTiming;
+    use dflash_engine::train::topology::queue::{ByteSized, QueueConfig};
+    use dflash_engine::train::topology::QueueMonitor;
+    use tch::{Device, Kind, Tensor};
+
+    use super::*;
+    use crate::run::bus::FrameBus;
+    use crate::run::handle::RunHandleParts;
+    use crate::run::journal::Journal;
+    use crate::run::pending::ActionPolicy;
+
+    fn item(seq: u64) -> HiddenItem {
+        HiddenItem {
+            micro: PreparedMicro {
+                seq,
+                samples: vec![],
+                batch: collate(&[], 0, 0),
+                anchors: AnchorBatch::from_rows(&[], 0),
+                labels: BlockLabels {
+                    targets: vec![],
+                    weights: vec![],
+                    valid: vec![],
+                },
+            },
+            features: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            timing: ItemTiming {
+                producer: 0,
+                tokens: 0,
+                data_ms: 0.0,
+                target_ms: 0.0,
+            },
+        }
+    }
+
+    #[test]
+    fn the_telemetry_timer_publishes_a_stalled_queue_while_no_step_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path()).unwrap();
+        let handle = RunHandle::new(RunHandleParts {
+            policy: ActionPolicy::new("r"),
+            run_dir: dir.path().to_path_buf(),
+            journal,
+            bus: FrameBus::new(16),
+            recorder: None,
+            config_path: None,
+        });
+        let mut sampler = TelemetrySampler::new(
+            handle.clone(),
+            GpuSampler::new(),
+            CacheMonitor::new(vec![], &[], 0),
+            SamplerConfig {
+                interval: Duration::from_millis(10),
+                cache_interval: Duration::from_secs(3600),
+                run_dir: dir.path().to_path_buf(),
+            },
+        );
+        sampler.tick();
+        assert_eq!(handle.status_snapshot().queue.capacity, 0, "no queue yet");
+
+        // A producer stalls on a full queue nobody consumes: no step can complete.
+        let q = Arc::new(
+            ItemQueue::new(QueueConfig {
+                capacity: 2,
+                high_watermark: 2,
+                low_watermark: 1,
+                byte_cap: 1 << 20,
+            })
+            .unwrap(),
+        );
+        handle.set_queue_monitor(Some(QueueMonitor::new(vec![Arc::clone(&q)])));
+        q.push(item(0)).unwrap();
+        q.push(item(1)).unwrap();
+        let producer = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || q.push(item(2)).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(60));
+        sampler.tick();
+        let first = handle.status_snapshot().queue;
+        assert_eq!((first.depth, first.capacity), (2, 2), "{first:?}");
+        let one = ByteSized::byte_size(&item(9));
+        assert!(one > 0);
+        assert_eq!(first.bytes_resident, 2 * one, "{first:?}");
+        assert!(first.producer_blocked_ms >= 40.0, "{first:?}");
+        std::thread::sleep(Duration::from_millis(60));
+        sampler.tick();
+        let second = handle.status_snapshot().queue;
+        assert!(
+            second.producer_blocked_ms >= first.producer_blocked_ms + 40.0,
+            "the blocked time keeps growing between readings: {first:?} then {second:?}"
+        );
+        q.shutdown();
+        assert!(
+            producer.join().unwrap(),
+            "the blocked push returns at shutdown"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
-use crate::health::{MemoryConfig, QueueConfig, ThroughputConfig};
+use crate::health::{MemoryConfig, QueueThresholds, ThroughputConfig};
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
 ///
@@ -125,7 +125,7 @@ pub struct DetectorsSection {
     pub explain_lookback_s: u64,
     pub throughput: ThroughputConfig,
     pub memory: MemoryConfig,
-    pub queue: QueueConfig,
+    pub queue: QueueThresholds,
 }
 
 impl Default for DetectorsSection {
@@ -134,7 +134,7 @@ impl Default for DetectorsSection {
             explain_lookback_s: 3600,
             throughput: ThroughputConfig::default(),
             memory: MemoryConfig::default(),
-            queue: QueueConfig::default(),
+            queue: QueueThresholds::default(),
         }
     }
 }

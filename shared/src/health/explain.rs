@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::cache::cache_label;
 use super::fingerprint::drift_sentence;
 use super::Level;
-use crate::events::{Event, EventKind, Severity};
+use crate::events::{run_paused_sentence, worker_failed_sentence, Event, EventKind, Severity};
 use crate::format::{format_clock, format_tokens_per_s};
 use crate::metrics::TimestampMs;
 
@@ -97,11 +97,8 @@ fn precursor_text(event: &Event) -> Option<String> {
             error,
             role,
             rank,
-        } => format!(
-            "{} failed: {error}",
-            crate::events::worker_subject(device, *role, *rank)
-        ),
-        EventKind::RunPaused { reason } => format!("run paused: {reason}"),
+        } => worker_failed_sentence(device, *role, *rank, error),
+        EventKind::RunPaused { reason } => run_paused_sentence(reason),
         EventKind::ActionExecuted { outcome, .. } => format!("operator action: {outcome}"),
         // Cache detectors repeat what their `CacheChanged` event already says.
         EventKind::RegressionStarted { detector, .. } if detector.starts_with("cache:") => {

@@ -24,7 +24,7 @@ pub use fingerprint::{
 };
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
 pub use monitor::HealthMonitor;
-pub use queue::{QueueBound, QueueConfig, QueueDiagnoser, QueueDiagnosis};
+pub use queue::{QueueBound, QueueDiagnoser, QueueDiagnosis, QueueThresholds};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 
 /// How healthy one signal is. Ordered: `Ok < Warn < Crit`.

@@ -22,9 +22,11 @@ use crate::metrics::QueueStats;
 
 pub const DETECTOR: &str = "queue";
 
+/// When the diagnosis calls a side bound and when that is worth a warning: `[detectors.queue]`.
+/// (Not the queue's own capacity and watermarks, which are `[queue]`.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct QueueConfig {
+pub struct QueueThresholds {
     pub window_s: f64,
     pub starved_frac: f64,
     pub blocked_frac: f64,
@@ -32,7 +34,7 @@ pub struct QueueConfig {
     pub min_duration_s: f64,
 }
 
-impl Default for QueueConfig {
+impl Default for QueueThresholds {
     fn default() -> Self {
         Self {
             window_s: 120.0,
@@ -80,7 +82,7 @@ pub struct QueueDiagnosis {
 
 #[derive(Debug, Clone)]
 pub struct QueueDiagnoser {
-    cfg: QueueConfig,
+    cfg: QueueThresholds,
     producers: usize,
     consumers: usize,
     samples: VecDeque<QueueStats>,
@@ -91,7 +93,7 @@ pub struct QueueDiagnoser {
 
 impl QueueDiagnoser {
     /// `producers` = target workers, `consumers` = drafter workers.
-    pub fn new(cfg: QueueConfig, producers: usize, consumers: usize) -> Self {
+    pub fn new(cfg: QueueThresholds, producers: usize, consumers: usize) -> Self {
         Self {
             cfg,
             producers: producers.max(1),

@@ -148,6 +148,7 @@ pub(super) fn status() -> StatusSnapshot {
         }],
         last_loss: Some(3.5),
         last_tau: None,
+        detectors: Some(crate::config::DetectorsSection::default()),
     }
 }
 

@@ -55,6 +55,15 @@ fn tag_tables_have_no_entries_without_a_variant() {
 }
 
 #[test]
+fn subscription_frames_are_pushed_and_everything_else_is_a_reply() {
+    const PUSHED: [&str; 6] = ["metrics", "gpus", "queue", "event", "log", "dropped"];
+    for response in all_responses() {
+        let tag = response_type(&response);
+        assert_eq!(response.is_pushed(), PUSHED.contains(&tag), "{tag}");
+    }
+}
+
+#[test]
 fn nan_loss_survives_the_wire() {
     let mut metrics = step_metrics();
     metrics.loss = f64::NAN;

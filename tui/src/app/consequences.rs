@@ -1,6 +1,7 @@
 //! What the console itself can say about an action before the daemon answers: the last
 //! checkpoint, the current throughput and how long it held, and what a deletion removes.
 use dflash_shared::actions::Action;
+use dflash_shared::format::{format_bytes, format_si};
 
 use super::App;
 use crate::fmt;
@@ -24,7 +25,7 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
                 .and_then(|s| s.throughput.stable_since_ms)
                 .map(|since| format!(", stable for {}", fmt::duration_ms(app.now_ms - since)))
                 .unwrap_or_else(|| ", not stable".into());
-            lines.push(format!("now {} tok/s{held}", fmt::si(tokens)));
+            lines.push(format!("now {} tok/s{held}", format_si(tokens)));
         }
     }
     match action {
@@ -49,7 +50,7 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
                     lines.push(format!(
                         "deletes {}: {}, {} entries ({})",
                         cache.path,
-                        fmt::bytes(cache.size_bytes),
+                        format_bytes(cache.size_bytes),
                         fmt::thousands(cache.entries),
                         if cache.warm { "warm" } else { "cold" }
                     ));

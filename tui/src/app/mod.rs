@@ -284,6 +284,8 @@ impl App {
         match frame {
             Response::Status(snapshot) => {
                 self.alerts.replace_all(&snapshot.alerts);
+                self.telemetry
+                    .apply_thresholds(snapshot.detectors.as_ref(), snapshot.run.started_ms);
                 self.telemetry.apply_gpus(&snapshot.gpus);
                 self.telemetry.apply_queue(&snapshot.queue);
                 self.status = Some(*snapshot);

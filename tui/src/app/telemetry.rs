@@ -1,11 +1,16 @@
 //! Telemetry history: throughput, loss and τ curves, per-GPU memory, queue depth. The memory
-//! and queue verdicts come from the shared detectors the daemon also runs.
+//! and queue verdicts come from the shared detectors the daemon also runs, with the thresholds
+//! the daemon judges this run by (its status snapshot carries them); until those have arrived
+//! the console gives no verdict rather than one of its own.
 use std::collections::BTreeMap;
 
+use dflash_shared::config::DetectorsSection;
 use dflash_shared::health::{
-    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueConfig, QueueDiagnoser, QueueDiagnosis,
+    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueDiagnoser, QueueDiagnosis,
 };
-use dflash_shared::metrics::{DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics};
+use dflash_shared::metrics::{
+    DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs,
+};
 
 use super::history::Series;
 
@@ -17,12 +22,52 @@ fn series() -> Series {
     Series::new(CAPACITY, RETENTION_MS)
 }
 
-/// The console judges memory over the detector's window from the first sample it sees; the
-/// daemon already skips the run's own warmup before it streams, so no second warmup here.
-pub fn console_memory_config() -> MemoryConfig {
-    MemoryConfig {
-        warmup_s: 0.0,
-        ..MemoryConfig::default()
+/// What the console can say about a signal it judges with the daemon's thresholds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judged<T> {
+    /// No status snapshot with the run's `[detectors]` thresholds yet (the daemon's detectors
+    /// have not started, or the daemon does not send them): no verdict.
+    AwaitingThresholds,
+    Verdict(T),
+}
+
+/// What the views say where a verdict would be while [`Judged::AwaitingThresholds`].
+pub const AWAITING_THRESHOLDS: &str = "waiting for the daemon's thresholds";
+
+/// The detectors the console judges with, built from the daemon's thresholds.
+#[derive(Debug, Clone)]
+struct Judges {
+    thresholds: DetectorsSection,
+    run_started_ms: TimestampMs,
+    /// The daemon does not judge memory during the run's warmup (`detectors.memory.warmup_s`);
+    /// the console, which may attach at any time, counts that warmup from the run's start and
+    /// feeds its detector only the samples after it.
+    memory_from_ms: TimestampMs,
+    memory: MemoryFlatness,
+    queue: QueueDiagnoser,
+    /// (target workers, drafter workers) the diagnoser was built for.
+    queue_workers: (usize, usize),
+}
+
+impl Judges {
+    fn new(
+        thresholds: &DetectorsSection,
+        run_started_ms: TimestampMs,
+        workers: (usize, usize),
+    ) -> Self {
+        let memory = MemoryConfig {
+            warmup_s: 0.0,
+            ..thresholds.memory.clone()
+        };
+        Self {
+            thresholds: thresholds.clone(),
+            run_started_ms,
+            memory_from_ms: run_started_ms
+                .saturating_add((thresholds.memory.warmup_s * 1000.0).round() as i64),
+            memory: MemoryFlatness::new(memory),
+            queue: QueueDiagnoser::new(thresholds.queue.clone(), workers.0, workers.1),
+            queue_workers: workers,
+        }
     }
 }
 
@@ -56,12 +101,10 @@ pub struct Telemetry {
     /// Set when the daemon reports no GPU telemetry, with its reason.
     pub gpu_unavailable: Option<String>,
     pub gpus: BTreeMap<u32, GpuHistory>,
-    memory: MemoryFlatness,
     pub queue: Option<QueueStats>,
     pub queue_depth: Series,
-    queue_diagnoser: QueueDiagnoser,
-    /// (target workers, drafter workers) the diagnoser was built for.
-    queue_workers: (usize, usize),
+    /// `None` until the daemon's thresholds arrive.
+    judges: Option<Judges>,
 }
 
 impl Default for Telemetry {
@@ -74,16 +117,44 @@ impl Default for Telemetry {
             tau: series(),
             gpu_unavailable: None,
             gpus: BTreeMap::new(),
-            memory: MemoryFlatness::new(console_memory_config()),
             queue: None,
             queue_depth: series(),
-            queue_diagnoser: QueueDiagnoser::new(QueueConfig::default(), 1, 1),
-            queue_workers: (1, 1),
+            judges: None,
         }
     }
 }
 
 impl Telemetry {
+    /// The thresholds of a status snapshot (`StatusSnapshot::detectors`) for the run that
+    /// started at `run_started_ms`. New thresholds, or another run, start the judgement afresh;
+    /// none (an older daemon, or one whose detectors have not started) withdraw it.
+    pub fn apply_thresholds(
+        &mut self,
+        thresholds: Option<&DetectorsSection>,
+        run_started_ms: TimestampMs,
+    ) {
+        let Some(thresholds) = thresholds else {
+            self.judges = None;
+            return;
+        };
+        let unchanged = self
+            .judges
+            .as_ref()
+            .is_some_and(|j| j.thresholds == *thresholds && j.run_started_ms == run_started_ms);
+        if !unchanged {
+            self.judges = Some(Judges::new(
+                thresholds,
+                run_started_ms,
+                self.worker_counts(),
+            ));
+        }
+    }
+
+    /// The thresholds the verdicts are judged by, once the daemon has sent them.
+    pub fn thresholds(&self) -> Option<&DetectorsSection> {
+        self.judges.as_ref().map(|j| &j.thresholds)
+    }
+
     pub fn apply_metrics(&mut self, metrics: &StepMetrics) {
         self.tokens_per_s.push(metrics.ts_ms, metrics.tokens_per_s);
         self.steps.push(metrics.ts_ms, metrics.step as f64);
@@ -133,19 +204,31 @@ impl Telemetry {
         }
         history.latest = sample.clone();
         // The console shows the verdict; the daemon journals the transitions.
-        let _ = self.memory.observe(sample);
+        if let Some(judges) = &mut self.judges {
+            if sample.ts_ms >= judges.memory_from_ms {
+                let _ = judges.memory.observe(sample);
+            }
+        }
     }
 
-    pub fn memory_verdict(&self, gpu_index: u32) -> MemoryVerdict {
-        self.memory.verdict(gpu_index)
+    pub fn memory_verdict(&self, gpu_index: u32) -> Judged<MemoryVerdict> {
+        match &self.judges {
+            None => Judged::AwaitingThresholds,
+            Some(judges) => Judged::Verdict(judges.memory.verdict(gpu_index)),
+        }
     }
 
-    /// GPUs whose memory is volatile now.
+    /// GPUs whose memory is volatile now (none before the daemon's thresholds arrive).
     pub fn volatile_gpus(&self) -> Vec<u32> {
         self.gpus
             .keys()
             .copied()
-            .filter(|i| matches!(self.memory.verdict(*i), MemoryVerdict::Volatile { .. }))
+            .filter(|i| {
+                matches!(
+                    self.memory_verdict(*i),
+                    Judged::Verdict(MemoryVerdict::Volatile { .. })
+                )
+            })
             .collect()
     }
 
@@ -154,19 +237,24 @@ impl Telemetry {
             return;
         }
         let workers = self.worker_counts();
-        if workers != self.queue_workers {
-            self.queue_workers = workers;
-            self.queue_diagnoser =
-                QueueDiagnoser::new(QueueConfig::default(), workers.0, workers.1);
+        if let Some(judges) = &mut self.judges {
+            if workers != judges.queue_workers {
+                judges.queue_workers = workers;
+                judges.queue =
+                    QueueDiagnoser::new(judges.thresholds.queue.clone(), workers.0, workers.1);
+            }
+            let _ = judges.queue.observe(stats);
         }
-        let _ = self.queue_diagnoser.observe(stats);
         self.queue_depth.push(stats.ts_ms, stats.depth as f64);
         self.queue = Some(stats.clone());
     }
 
-    /// `None` until two queue samples span some time.
-    pub fn queue_diagnosis(&self) -> Option<QueueDiagnosis> {
-        self.queue_diagnoser.diagnosis()
+    /// The diagnosis is `None` until two queue samples span some time.
+    pub fn queue_diagnosis(&self) -> Judged<Option<QueueDiagnosis>> {
+        match &self.judges {
+            None => Judged::AwaitingThresholds,
+            Some(judges) => Judged::Verdict(judges.queue.diagnosis()),
+        }
     }
 
     /// (target workers, drafter workers), from the per-worker throughput or the GPU roles.
@@ -204,6 +292,7 @@ impl Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dflash_shared::health::{HealthMonitor, QueueBound};
 
     const GB: u64 = 1_000_000_000;
 
@@ -222,27 +311,155 @@ mod tests {
         }
     }
 
+    /// The run started an hour before the samples: its warmup is long over.
+    const STARTED_MS: TimestampMs = -3_600_000;
+
+    fn judged_with(thresholds: &DetectorsSection) -> Telemetry {
+        let mut telemetry = Telemetry::default();
+        telemetry.apply_thresholds(Some(thresholds), STARTED_MS);
+        telemetry
+    }
+
+    fn feed_gpu(telemetry: &mut Telemetry, from: i64, to: i64, used_gb: impl Fn(i64) -> u64) {
+        for i in from..to {
+            telemetry.apply_gpus(&GpuTelemetry::Available {
+                gpus: vec![gpu(i * 15, used_gb(i) * GB)],
+            });
+        }
+    }
+
+    fn queue(ts_s: i64, starved_ms: f64) -> QueueStats {
+        QueueStats {
+            ts_ms: ts_s * 1000,
+            depth: 2,
+            capacity: 64,
+            high_watermark: 48,
+            low_watermark: 8,
+            consumer_starved_ms: starved_ms,
+            ..QueueStats::default()
+        }
+    }
+
+    fn is_volatile(verdict: Judged<MemoryVerdict>) -> bool {
+        match verdict {
+            Judged::Verdict(MemoryVerdict::Volatile { .. }) => true,
+            Judged::Verdict(MemoryVerdict::Flat { .. }) => false,
+            other => panic!("no verdict: {other:?}"),
+        }
+    }
+
     #[test]
     fn flat_then_volatile_memory_is_judged_per_gpu_and_charted() {
-        let mut telemetry = Telemetry::default();
-        for i in 0..30 {
-            telemetry.apply_gpus(&GpuTelemetry::Available {
-                gpus: vec![gpu(i * 15, 70 * GB)],
-            });
-        }
-        assert!(matches!(
-            telemetry.memory_verdict(2),
-            MemoryVerdict::Flat { .. }
-        ));
+        let mut telemetry = judged_with(&DetectorsSection::default());
+        feed_gpu(&mut telemetry, 0, 30, |_| 70);
+        assert!(!is_volatile(telemetry.memory_verdict(2)));
         assert!(telemetry.volatile_gpus().is_empty());
-        for i in 30..60 {
-            let swing = if i % 2 == 0 { 58 } else { 79 };
-            telemetry.apply_gpus(&GpuTelemetry::Available {
-                gpus: vec![gpu(i * 15, swing * GB)],
-            });
-        }
+        feed_gpu(&mut telemetry, 30, 60, |i| if i % 2 == 0 { 58 } else { 79 });
         assert_eq!(telemetry.volatile_gpus(), vec![2]);
         assert_eq!(telemetry.gpus[&2].memory_used.len(), 60);
+    }
+
+    #[test]
+    fn without_the_daemons_thresholds_nothing_is_judged_only_charted() {
+        let mut telemetry = Telemetry::default();
+        feed_gpu(&mut telemetry, 0, 60, |i| if i % 2 == 0 { 58 } else { 79 });
+        for i in 0..20 {
+            telemetry.apply_queue(&queue(i * 10, i as f64 * 9_000.0));
+        }
+        assert_eq!(telemetry.memory_verdict(2), Judged::AwaitingThresholds);
+        assert!(telemetry.volatile_gpus().is_empty());
+        assert_eq!(telemetry.queue_diagnosis(), Judged::AwaitingThresholds);
+        assert_eq!(telemetry.gpus[&2].memory_used.len(), 60);
+        assert_eq!(telemetry.queue_depth.len(), 20);
+
+        // Thresholds arrive: judged from then on; a snapshot without them withdraws the verdict.
+        telemetry.apply_thresholds(Some(&DetectorsSection::default()), STARTED_MS);
+        assert_eq!(
+            telemetry.memory_verdict(2),
+            Judged::Verdict(MemoryVerdict::Collecting { samples: 0 })
+        );
+        feed_gpu(&mut telemetry, 60, 90, |i| if i % 2 == 0 { 58 } else { 79 });
+        assert_eq!(telemetry.volatile_gpus(), vec![2]);
+        telemetry.apply_thresholds(None, STARTED_MS);
+        assert_eq!(telemetry.memory_verdict(2), Judged::AwaitingThresholds);
+    }
+
+    #[test]
+    fn a_tuned_threshold_changes_the_consoles_verdict_as_it_changes_the_daemons() {
+        // 70 and 73 GB in turn on 141 GB: a 2.1% range, above the default 2% limit.
+        let swing = |i: i64| if i % 2 == 0 { 70 } else { 73 };
+        let default = DetectorsSection::default();
+        let mut tuned = DetectorsSection::default();
+        tuned.memory.max_range_frac = 0.05;
+        tuned.memory.max_stddev_frac = 0.02;
+        // Drafters starved 20% of the time at a low depth: target-bound by default (10%).
+        tuned.queue.starved_frac = 0.3;
+
+        let mut verdicts = Vec::new();
+        for thresholds in [&default, &tuned] {
+            let mut telemetry = judged_with(thresholds);
+            // The daemon's judge of the same samples, built from the same section.
+            let mut daemon = HealthMonitor::new(thresholds, 1, 1);
+            for i in 0..40 {
+                let gpus = GpuTelemetry::Available {
+                    gpus: vec![gpu(i * 15, swing(i) * GB)],
+                };
+                telemetry.apply_gpus(&gpus);
+                daemon.observe_gpus(&gpus);
+            }
+            for i in 0..13 {
+                telemetry.apply_queue(&queue(i * 10, i as f64 * 2_000.0));
+                daemon.observe_queue(&queue(i * 10, i as f64 * 2_000.0));
+            }
+            let Judged::Verdict(Some(diagnosis)) = telemetry.queue_diagnosis() else {
+                panic!("no queue diagnosis");
+            };
+            let console = (is_volatile(telemetry.memory_verdict(2)), diagnosis.bound);
+            let daemon = (
+                is_volatile(Judged::Verdict(daemon.memory().verdict(2))),
+                daemon.queue().expect("the daemon's diagnosis").bound,
+            );
+            assert_eq!(console, daemon, "{thresholds:?}");
+            verdicts.push(console);
+        }
+        assert_eq!(
+            verdicts,
+            vec![
+                (true, QueueBound::TargetBound),
+                (false, QueueBound::Balanced)
+            ]
+        );
+
+        // New thresholds mid-run start the judgement afresh with them.
+        let mut telemetry = judged_with(&default);
+        feed_gpu(&mut telemetry, 0, 40, swing);
+        assert!(is_volatile(telemetry.memory_verdict(2)));
+        telemetry.apply_thresholds(Some(&tuned), STARTED_MS);
+        feed_gpu(&mut telemetry, 40, 80, swing);
+        assert!(!is_volatile(telemetry.memory_verdict(2)));
+    }
+
+    #[test]
+    fn the_runs_memory_warmup_counts_from_its_start_not_from_when_the_console_attached() {
+        let thresholds = DetectorsSection::default();
+        assert_eq!(thresholds.memory.warmup_s, 300.0);
+        // Attached at the run's start: nothing before 300 s is judged.
+        let mut telemetry = Telemetry::default();
+        telemetry.apply_thresholds(Some(&thresholds), 0);
+        feed_gpu(&mut telemetry, 0, 20, |_| 70);
+        assert_eq!(
+            telemetry.memory_verdict(2),
+            Judged::Verdict(MemoryVerdict::Collecting { samples: 0 })
+        );
+        feed_gpu(&mut telemetry, 20, 30, |_| 70);
+        assert_eq!(
+            telemetry.memory_verdict(2),
+            Judged::Verdict(MemoryVerdict::Collecting { samples: 10 })
+        );
+        // Attached an hour in: judged from the first samples.
+        let mut late = judged_with(&thresholds);
+        feed_gpu(&mut late, 0, 20, |_| 70);
+        assert!(!is_volatile(late.memory_verdict(2)));
     }
 
     #[test]

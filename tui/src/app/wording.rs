@@ -1,5 +1,6 @@
 //! Journal events in words, for the events view, alerts and the status report.
-use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::events::{run_paused_sentence, worker_failed_sentence, EventKind, Severity};
+use dflash_shared::format::format_bytes;
 
 use crate::fmt;
 
@@ -76,7 +77,7 @@ pub fn describe(kind: &EventKind) -> String {
             format!(
                 "checkpoint at step {}, {} ({path})",
                 fmt::thousands(*step),
-                fmt::bytes(*bytes)
+                format_bytes(*bytes)
             )
         }
         EventKind::RegressionStarted { message, .. } => message.clone(),
@@ -102,11 +103,8 @@ pub fn describe(kind: &EventKind) -> String {
             error,
             role,
             rank,
-        } => format!(
-            "{} failed: {error}",
-            dflash_shared::events::worker_subject(device, *role, *rank)
-        ),
-        EventKind::RunPaused { reason } => format!("run paused: {reason}"),
+        } => worker_failed_sentence(device, *role, *rank, error),
+        EventKind::RunPaused { reason } => run_paused_sentence(reason),
         EventKind::RunStopped { reason, checkpoint } => match checkpoint {
             Some(path) => format!("run stopped ({reason}); checkpoint {path}"),
             None => format!("run stopped ({reason}); no checkpoint"),

@@ -45,19 +45,6 @@ pub enum Push {
     Closed(String),
 }
 
-/// Frames the daemon pushes to subscribers rather than sends as replies.
-pub fn is_pushed(frame: &Response) -> bool {
-    matches!(
-        frame,
-        Response::Metrics(_)
-            | Response::Gpus { .. }
-            | Response::Queue(_)
-            | Response::Event(_)
-            | Response::Log { .. }
-            | Response::Dropped { .. }
-    )
-}
-
 type ReplySender = oneshot::Sender<Result<Response, ClientError>>;
 
 #[derive(Default)]
@@ -241,7 +228,7 @@ async fn read_frames(
             Some(Err(e)) => {
                 let _ = pushes.send(Push::Garbled(e)).await;
             }
-            Some(Ok(frame)) if is_pushed(&frame) => {
+            Some(Ok(frame)) if frame.is_pushed() => {
                 let _ = pushes.send(Push::Frame(frame)).await;
             }
             Some(Ok(reply)) => {

@@ -1,13 +1,14 @@
 //! `dflash-tui attach [--socket PATH] [--read-only]`
 use std::process::ExitCode;
 
+use dflash_shared::clock::now_ms;
 use tokio::sync::mpsc;
 
 use super::SocketArg;
 use crate::app::{App, Source};
 use crate::client::supervisor::{run_link, LinkConfig};
 use crate::console::{self, LiveSink};
-use crate::fmt::{self, DisplayClock};
+use crate::fmt::DisplayClock;
 use crate::terminal::{self, InputThread};
 use crate::ui::theme::Theme;
 
@@ -37,7 +38,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let source = Source::Live {
         socket: socket.display().to_string(),
     };
-    let mut app = App::new(source, args.read_only, fmt::now_ms(), DisplayClock::Local);
+    let mut app = App::new(source, args.read_only, now_ms(), DisplayClock::Local);
     let result = console::run(
         &mut terminal,
         &mut app,

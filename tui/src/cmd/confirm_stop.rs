@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use dflash_shared::actions::{Action, PendingAction};
+use dflash_shared::clock::now_ms;
 use dflash_shared::events::EventKind;
+use dflash_shared::format::format_bytes;
 use dflash_shared::protocol::{Request, Response, Topic};
 use tokio::sync::mpsc;
 
@@ -131,7 +133,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         other => anyhow::bail!("expected the daemon's status, got {other:?}"),
     };
     let pending = &status.pending_actions;
-    let now = fmt::now_ms();
+    let now = now_ms();
     print!("{}", describe_pending(pending, now, DisplayClock::Local));
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let run_name = status.run.name.clone();
@@ -217,7 +219,7 @@ async fn report_checkpoint(
             push = pushes.recv() => match push {
                 Some(Push::Frame(Response::Event(event))) => match event.kind {
                     EventKind::CheckpointWritten { step, path, bytes } => {
-                        println!("Checkpoint written: {path} (step {step}, {})", fmt::bytes(bytes));
+                        println!("Checkpoint written: {path} (step {step}, {})", format_bytes(bytes));
                         last_checkpoint = Some(path);
                     }
                     EventKind::RunStopped { reason, checkpoint } => {

@@ -3,13 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use dflash_shared::clock::now_ms;
 use dflash_shared::events::Event;
 use dflash_shared::protocol::{Request, Response};
 
 use super::SocketArg;
 use crate::client::session::MAX_EVENT_PAGES;
 use crate::client::{ClientError, Session};
-use crate::fmt::{self, DisplayClock};
+use crate::fmt::DisplayClock;
 use crate::paths::DaemonFiles;
 use crate::report::{self, ReportInput};
 
@@ -63,7 +64,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         config: config.as_ref(),
         files: &files,
         daemon_error,
-        now_ms: fmt::now_ms(),
+        now_ms: now_ms(),
         clock: DisplayClock::Local,
     };
     let report = report::build(&input);

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use dflash_shared::actions::{Action, PendingAction};
+use dflash_shared::clock::now_ms;
 use dflash_shared::protocol::{Request, Response};
 
 use super::SocketArg;
@@ -35,7 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &pending,
             &welcome.run_name,
             &format!("{}{}", super::own_spelling(), args.socket.flag()),
-            fmt::now_ms(),
+            now_ms(),
             DisplayClock::Local
         )
     );

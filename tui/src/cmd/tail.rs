@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use dflash_shared::clock::now_ms;
 use dflash_shared::protocol::{Response, Topic};
 use tokio::sync::mpsc;
 
@@ -104,7 +105,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let since_ms = args
         .since
         .as_deref()
-        .map(|t| feed::parse_since(t, fmt::now_ms()))
+        .map(|t| feed::parse_since(t, now_ms()))
         .transpose()
         .map_err(anyhow::Error::msg)?;
     let mut out = Out {
@@ -197,7 +198,7 @@ async fn follow_live(socket: PathBuf, out: &mut Out, lines: usize) -> Result<(),
             LinkEvent::Frame(Response::Event(event)) => out.emit(&Item::Event(*event)),
             LinkEvent::Frame(Response::Metrics(metrics)) => out.emit(&Item::Metrics(*metrics)),
             LinkEvent::Frame(Response::Log { level, line }) => out.emit(&Item::Log {
-                ts_ms: fmt::now_ms(),
+                ts_ms: now_ms(),
                 level: Level::parse(&level).unwrap_or(Level::Info),
                 line,
             }),

@@ -1,9 +1,10 @@
 //! The status report as markdown, with the sections a hand-over needs.
 use std::fmt::Write;
 
+use dflash_shared::format::{format_bytes, format_si};
+
 use super::StatusReport;
 use crate::app::wording;
-use crate::fmt;
 
 fn list(out: &mut String, items: &[String], empty: &str) {
     if items.is_empty() {
@@ -48,11 +49,11 @@ pub fn render(report: &StatusReport) -> String {
     let throughput = match (t.tokens_per_s, t.baseline_tokens_per_s) {
         (Some(now), Some(base)) => format!(
             "Throughput {} tok/s against a baseline of {} ({:.0}%).",
-            fmt::si(now),
-            fmt::si(base),
+            format_si(now),
+            format_si(base),
             100.0 * now / base.max(f64::MIN_POSITIVE)
         ),
-        (Some(now), None) => format!("Throughput {} tok/s; no baseline yet.", fmt::si(now)),
+        (Some(now), None) => format!("Throughput {} tok/s; no baseline yet.", format_si(now)),
         _ => "Throughput unknown (no status from the daemon).".into(),
     };
     let _ = writeln!(out, "- {throughput}");
@@ -93,7 +94,7 @@ pub fn render(report: &StatusReport) -> String {
             "- {}: {}, {}, {}.",
             wording::cache_label(&cache.name),
             if cache.present { "present" } else { "missing" },
-            fmt::bytes(cache.size_bytes),
+            format_bytes(cache.size_bytes),
             if cache.warm { "warm" } else { "cold" }
         );
     }

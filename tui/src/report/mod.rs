@@ -338,8 +338,7 @@ fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
         latest_checkpoint: checkpoints.last().map(|c| c.path.clone()),
         checkpoints: checkpoints.iter().map(|c| c.path.clone()).collect(),
         journal: match run {
-            Some(r) => std::path::Path::new(&r.run_dir)
-                .join(crate::paths::JOURNAL_FILE)
+            Some(r) => dflash_shared::run_dir::journal_path(std::path::Path::new(&r.run_dir))
                 .display()
                 .to_string(),
             None => input.files.journal.display().to_string(),

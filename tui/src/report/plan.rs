@@ -1,5 +1,6 @@
 //! The prose sections of the status report: goal, constraints, progress, next steps.
 use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::format::{format_bytes, format_si};
 
 use super::StatusReport;
 use crate::actions::LOCKED_KEYS;
@@ -79,7 +80,7 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
             report.checkpoints.len(),
             fmt::thousands(last.step),
             clock.date_hm(last.written_ms),
-            fmt::bytes(last.bytes)
+            format_bytes(last.bytes)
         ));
     }
     let warmups = events
@@ -106,7 +107,7 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
             ));
         }
         if let Some(tokens) = report.throughput.tokens_per_s {
-            line.push_str(&format!(" at {} tok/s", fmt::si(tokens)));
+            line.push_str(&format!(" at {} tok/s", format_si(tokens)));
         }
         if let Some(eta) = &run.eta {
             line.push_str(&format!(

@@ -1,4 +1,5 @@
 //! Caches: each compile/kernel cache's state, size, warm/cold and last change.
+use dflash_shared::format::format_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, TableState};
@@ -45,7 +46,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Row::new([
             Cell::from(wording::cache_label(&c.name)),
             state,
-            Cell::from(fmt::bytes(c.size_bytes)),
+            Cell::from(format_bytes(c.size_bytes)),
             Cell::from(fmt::thousands(c.entries)),
             warm,
             Cell::from(changed),

@@ -1,4 +1,5 @@
 //! Checkpoints: what is on disk and how old it is.
+use dflash_shared::format::format_bytes;
 use ratatui::layout::{Constraint, Rect};
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, TableState};
@@ -29,7 +30,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 "{} ago",
                 fmt::duration_ms(app.now_ms - c.written_ms)
             )),
-            Cell::from(fmt::bytes(c.bytes)),
+            Cell::from(format_bytes(c.bytes)),
             Cell::from(c.path.clone()),
         ])
     });

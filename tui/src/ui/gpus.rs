@@ -1,5 +1,6 @@
 //! GPUs: role, memory over time with a flat/volatile verdict, allocator reserved vs
 //! allocated, utilization, power, temperature. Missing readings say so; they are never zeros.
+use dflash_shared::format::format_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
@@ -10,7 +11,7 @@ use super::chart::{self, TimeChart};
 use super::theme::Theme;
 use dflash_shared::health::MemoryVerdict;
 
-use crate::app::telemetry::{console_memory_config, GpuHistory};
+use crate::app::telemetry::{GpuHistory, Judged, AWAITING_THRESHOLDS};
 use crate::app::App;
 use crate::fmt;
 
@@ -55,9 +56,9 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
         Some(host) => {
             lines.push(Line::from(format!(
                 "daemon process RSS {} · host memory {} / {} · daemon CPU {:.0}%",
-                fmt::bytes(host.process_rss_bytes),
-                fmt::bytes(host.host_memory_used_bytes),
-                fmt::bytes(host.host_memory_total_bytes),
+                format_bytes(host.process_rss_bytes),
+                format_bytes(host.host_memory_used_bytes),
+                format_bytes(host.host_memory_total_bytes),
                 host.process_cpu_pct
             )));
         }
@@ -70,21 +71,26 @@ fn draw_unavailable(frame: &mut Frame, area: Rect, app: &App, reason: &str, them
     );
 }
 
-fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
+/// The verdict in a table cell (16 columns); the summary line above says what "no
+/// thresholds" waits for.
+fn verdict_cell(verdict: &Judged<MemoryVerdict>, theme: &Theme) -> (String, Style) {
+    let Judged::Verdict(verdict) = verdict else {
+        return ("no thresholds".into(), theme.dim());
+    };
     match verdict {
         MemoryVerdict::Collecting { samples } => (format!("judging ({samples})"), theme.dim()),
         MemoryVerdict::Unavailable => ("no reading".into(), theme.dim()),
         MemoryVerdict::Flat { stats } => (
             format!(
                 "flat ±{}",
-                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+                format_bytes((stats.max_bytes - stats.min_bytes) / 2)
             ),
             theme.ok(),
         ),
         MemoryVerdict::Volatile { stats, .. } => (
             format!(
                 "VOLATILE ±{}",
-                fmt::bytes((stats.max_bytes - stats.min_bytes) / 2)
+                format_bytes((stats.max_bytes - stats.min_bytes) / 2)
             ),
             theme.crit(),
         ),
@@ -92,8 +98,13 @@ fn verdict_cell(verdict: &MemoryVerdict, theme: &Theme) -> (String, Style) {
 }
 
 fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(thresholds) = app.telemetry.thresholds() else {
+        let text = format!(" memory not judged yet: {AWAITING_THRESHOLDS}");
+        frame.render_widget(Paragraph::new(Span::styled(text, theme.dim())), area);
+        return;
+    };
     let volatile = app.telemetry.volatile_gpus();
-    let window = fmt::duration_ms((console_memory_config().window_s * 1000.0) as i64);
+    let window = fmt::duration_ms((thresholds.memory.window_s * 1000.0) as i64);
     let line = if volatile.is_empty() {
         Span::styled(
             format!(" memory flat on every judged GPU (last {window})"),
@@ -133,17 +144,17 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         let s = &gpu.latest;
         let memory = match (s.memory_used_bytes, s.memory_total_bytes) {
             (Some(used), Some(total)) => {
-                Cell::from(format!("{} / {}", fmt::bytes(used), fmt::bytes(total)))
+                Cell::from(format!("{} / {}", format_bytes(used), format_bytes(total)))
             }
-            (Some(used), None) => Cell::from(fmt::bytes(used)),
+            (Some(used), None) => Cell::from(format_bytes(used)),
             _ => na(theme),
         };
         let (verdict, style) = verdict_cell(&app.telemetry.memory_verdict(s.index), theme);
         let allocator = match &s.allocator {
             Some(a) => Cell::from(format!(
                 "{} / {}",
-                fmt::bytes(a.reserved_bytes),
-                fmt::bytes(a.allocated_bytes)
+                format_bytes(a.reserved_bytes),
+                format_bytes(a.allocated_bytes)
             )),
             None => na(theme),
         };
@@ -183,7 +194,10 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
 fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, theme: &Theme) {
     let verdict_now = app.telemetry.memory_verdict(gpu.latest.index);
-    let (verdict, style) = verdict_cell(&verdict_now, theme);
+    let (verdict, style) = match verdict_now {
+        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
+        judged => verdict_cell(&judged, theme),
+    };
     let title = Line::from(vec![
         Span::styled(
             format!(" GPU {} memory over time: ", gpu.latest.index),
@@ -214,7 +228,7 @@ fn draw_history(frame: &mut Frame, area: Rect, app: &App, gpu: &GpuHistory, them
         levels: vec![],
         now_ms: app.now_ms,
         from_zero: false,
-        format_value: |v| fmt::bytes(v.max(0.0) as u64),
+        format_value: |v| format_bytes(v.max(0.0) as u64),
     }
     .draw(frame, area, theme);
 }

@@ -1,4 +1,5 @@
 //! Overview: is the run healthy at a glance? Alerts first, then throughput, progress, curves.
+use dflash_shared::format::format_si;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Wrap};
@@ -127,7 +128,7 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     .areas(inner);
 
     let tokens = app.tokens_per_s();
-    let headline = tokens.map_or_else(|| "—".to_string(), fmt::si);
+    let headline = tokens.map_or_else(|| "—".to_string(), format_si);
     let style = match app.alerts.worst() {
         Some(level) => theme.severity(level),
         None => theme.ok(),
@@ -144,13 +145,13 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let mut spans = Vec::new();
     match (tokens, app.baseline_tokens_per_s()) {
         (Some(now), Some(base)) if base > 0.0 => {
-            spans.push(Span::raw(format!(" baseline {} · ", fmt::si(base))));
+            spans.push(Span::raw(format!(" baseline {} · ", format_si(base))));
             spans.push(Span::styled(
                 format!("{:.0}% of baseline", 100.0 * now / base),
                 style,
             ));
         }
-        (_, Some(base)) => spans.push(Span::raw(format!(" baseline {}", fmt::si(base)))),
+        (_, Some(base)) => spans.push(Span::raw(format!(" baseline {}", format_si(base)))),
         (_, None) => spans.push(Span::styled(" baseline: not yet established", theme.dim())),
     }
     if let Some(since) = app
@@ -183,7 +184,7 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             .collect(),
         now_ms: app.now_ms,
         from_zero: true,
-        format_value: fmt::si,
+        format_value: format_si,
     }
     .draw(frame, history, theme);
 }

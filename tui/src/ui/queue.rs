@@ -1,4 +1,5 @@
 //! Queue: depth against the watermarks, producer and consumer rates, and which side bounds the run.
+use dflash_shared::format::format_bytes;
 use dflash_shared::health::QueueBound;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
@@ -7,6 +8,7 @@ use ratatui::Frame;
 
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
+use crate::app::telemetry::{Judged, AWAITING_THRESHOLDS};
 use crate::app::App;
 use crate::fmt;
 
@@ -35,8 +37,9 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         bar_width,
     );
     let (verdict, style) = match app.telemetry.queue_diagnosis() {
-        None => ("needs two samples".to_string(), theme.dim()),
-        Some(d) => {
+        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
+        Judged::Verdict(None) => ("needs two samples".to_string(), theme.dim()),
+        Judged::Verdict(Some(d)) => {
             let side = match d.bound {
                 QueueBound::Balanced => {
                     "balanced: neither side waits much on the other".to_string()
@@ -65,8 +68,8 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             label("resident  "),
             Span::raw(format!(
                 "{} of {} cap",
-                fmt::bytes(queue.bytes_resident),
-                fmt::bytes(queue.byte_cap)
+                format_bytes(queue.bytes_resident),
+                format_bytes(queue.byte_cap)
             )),
         ]),
         Line::from(vec![

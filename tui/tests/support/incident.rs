@@ -99,6 +99,8 @@ struct Sim {
     events: Vec<Event>,
     next_seq: u64,
     step_f: f64,
+    /// The run's `[detectors]` thresholds, which its status snapshots carry.
+    detectors: DetectorsSection,
     /// The daemon's detectors, fed what the daemon would feed them.
     health: HealthMonitor,
     checkpoints: Vec<CheckpointInfo>,
@@ -402,6 +404,7 @@ impl Sim {
             checkpoints: self.checkpoints.clone(),
             last_loss: Some(metrics.loss),
             last_tau: self.last_tau,
+            detectors: Some(self.detectors.clone()),
         };
         self.frame(ts, Response::Status(Box::new(snapshot)));
     }
@@ -409,13 +412,15 @@ impl Sim {
 
 /// The whole recording, deterministic for a given seed.
 pub fn generate(seed: u64) -> Vec<RecordedFrame> {
+    let detectors = DetectorsSection::default();
     let mut sim = Sim {
         rng: Rng(seed),
         frames: Vec::new(),
         events: Vec::new(),
         next_seq: 4_812,
         step_f: 31_000.0,
-        health: HealthMonitor::new(&DetectorsSection::default(), TARGETS as usize, 3),
+        health: HealthMonitor::new(&detectors, TARGETS as usize, 3),
+        detectors,
         checkpoints: vec![
             CheckpointInfo {
                 step: 30_112,

@@ -1,7 +1,9 @@
 //! TEST HARNESS, not the daemon: a small task that speaks the control-plane protocol (shared
 //! framing and handshake) over a real Unix socket, serving a scripted state and recording every
 //! request it receives. It lets the client, the console loop and the CLI commands be tested
-//! against a real socket until the end-to-end test against `dflashd` lands.
+//! against a real socket with exact, scripted states (an incident's snapshot and journal,
+//! pending actions, what follows a confirmed stop) and without building `dflashd`;
+//! `tests/e2e_console.rs` runs the console against the real daemon.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 

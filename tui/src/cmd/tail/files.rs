@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dflash_shared::events::Event;
+use dflash_shared::run_dir::JSON_LOG_EXTENSION;
 
 use super::{Gone, Out};
 use crate::feed::{self, Item};
@@ -65,7 +66,7 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
         })
         .unwrap_or_default();
     files.sort();
-    let is_json = |p: &PathBuf| p.extension().is_some_and(|e| e == "jsonl");
+    let is_json = |p: &PathBuf| p.extension().is_some_and(|e| e == JSON_LOG_EXTENSION);
     if files.iter().any(is_json) {
         files.retain(is_json);
     }
