@@ -1,28 +1,29 @@
 //! Carries out a confirmed, re-checked action. Stop and kill go to the run loop, which knows
 //! how to checkpoint; the rest the control plane does itself. Every outcome is journaled.
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use dflash_shared::actions::Action;
 use dflash_shared::events::{EventKind, Severity};
 use tokio::sync::oneshot;
 
-use super::dispatch::DispatchConfig;
 use crate::run::handle::{CommandOutcome, RunCommand, RunHandle};
 use crate::run::locked_keys as locked;
 use crate::run::pending::Approved;
 use dflash_shared::format::{format_bytes, format_duration_ms};
 
 /// Runs `approved`; `Ok` is the outcome sentence, `Err` says why it could not be done.
+/// `command_timeout`: how long a stop or kill may take in the run loop before the reply says so.
 pub async fn execute(
     handle: &RunHandle,
     approved: Approved,
-    cfg: &DispatchConfig,
+    command_timeout: Duration,
 ) -> Result<String, String> {
     let id = approved.pending.id.clone();
     let result = match &approved.pending.action {
-        Action::StopRun => stop_run_loop(handle, &id, false, cfg).await,
-        Action::Kill => stop_run_loop(handle, &id, true, cfg).await,
-        Action::PowerOff => power_off(handle, &id, cfg).await,
+        Action::StopRun => stop_run_loop(handle, &id, false, command_timeout).await,
+        Action::Kill => stop_run_loop(handle, &id, true, command_timeout).await,
+        Action::PowerOff => power_off(handle, &id, command_timeout).await,
         Action::DeleteCache { name } => match &approved.cache_path {
             Some(path) => delete_cache(handle, name, PathBuf::from(path)).await,
             None => Err(format!("no directory recorded for the {name} cache")),
@@ -73,7 +74,7 @@ async fn stop_run_loop(
     handle: &RunHandle,
     id: &str,
     kill: bool,
-    cfg: &DispatchConfig,
+    command_timeout: Duration,
 ) -> Result<String, String> {
     let (reply, rx) = oneshot::channel::<CommandOutcome>();
     let cmd = if kill {
@@ -100,7 +101,7 @@ async fn stop_run_loop(
             );
             outcome
         }
-        Ok(()) => match tokio::time::timeout(cfg.command_timeout, rx).await {
+        Ok(()) => match tokio::time::timeout(command_timeout, rx).await {
             Ok(Ok(Ok(outcome))) => outcome,
             Ok(Ok(Err(e))) => {
                 return Err(format!(
@@ -114,7 +115,7 @@ async fn stop_run_loop(
             Err(_) => {
                 return Err(format!(
                     "the run loop did not answer within {}; it may still be checkpointing",
-                    format_duration_ms(cfg.command_timeout.as_millis() as i64)
+                    format_duration_ms(command_timeout.as_millis() as i64)
                 ))
             }
         },
@@ -123,11 +124,15 @@ async fn stop_run_loop(
     Ok(outcome)
 }
 
-async fn power_off(handle: &RunHandle, id: &str, cfg: &DispatchConfig) -> Result<String, String> {
+async fn power_off(
+    handle: &RunHandle,
+    id: &str,
+    command_timeout: Duration,
+) -> Result<String, String> {
     let Some(argv) = handle.policy().poweroff_command.clone() else {
         return Err("power-off is disabled".into());
     };
-    let stopped = stop_run_loop(handle, id, false, cfg).await?;
+    let stopped = stop_run_loop(handle, id, false, command_timeout).await?;
     let Some((program, args)) = argv.split_first() else {
         return Err(format!("{stopped}; the power-off command is empty"));
     };

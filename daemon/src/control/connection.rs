@@ -24,7 +24,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use super::dispatch::{self, error, Caller, DispatchConfig};
+use super::cmd::{self, error, Caller, DispatchConfig};
 use super::framing::{write_frame, FrameReader};
 use crate::run::bus::Published;
 use crate::run::handle::{RunHandle, Shutdown};
@@ -179,7 +179,7 @@ impl Conn {
             Ok(line) if line.iter().all(u8::is_ascii_whitespace) => return Ok(None),
             Ok(line) => line,
         };
-        let req = match dispatch::parse_request(&line) {
+        let req = match cmd::parse_request(&line) {
             Ok(r) => r,
             Err(reply) => return writer.send(&reply).await.map(|_| None),
         };
@@ -215,7 +215,7 @@ impl Conn {
             other => {
                 let (handle, dispatch_cfg) = (handle.clone(), cfg.dispatch.clone());
                 Ok(Some(Box::pin(async move {
-                    dispatch::handle_request(&handle, caller, &dispatch_cfg, other).await
+                    cmd::handle_request(&handle, caller, &dispatch_cfg, other).await
                 })))
             }
         }

@@ -2,12 +2,12 @@
 //! down by broadcast (mini-redis's shape).
 //!
 //! - [`server`] binds the socket and accepts; [`connection`] runs one client; [`framing`] cuts
-//!   newline-delimited frames with a size limit; [`dispatch`] answers requests.
+//!   newline-delimited frames with a size limit; [`cmd`] answers requests, one file per kind.
 //! - [`actions`] carries out confirmed destructive actions.
 //!
 //! The state it serves is [`crate::run`]'s; it knows nothing of the daemon process.
 pub mod actions;
+pub mod cmd;
 pub mod connection;
-pub mod dispatch;
 pub mod framing;
 pub mod server;

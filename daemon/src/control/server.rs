@@ -17,8 +17,8 @@ use thiserror::Error;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, Semaphore};
 
+use super::cmd::{error, DispatchConfig};
 use super::connection::{self, ConnectionConfig, Ended};
-use super::dispatch::{error, DispatchConfig};
 use super::framing::write_frame;
 use crate::run::handle::RunHandle;
 use crate::run::paths::{check_socket_path_len, current_uid, ensure_private_dir, PathError};

@@ -1,0 +1,26 @@
+//! `cancel`: withdraws a pending action, journaled with the caller's uid.
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::protocol::Response;
+
+use super::{error, Caller};
+use crate::run::handle::RunHandle;
+
+pub(super) fn cancel(handle: &RunHandle, caller: Caller, action_id: String) -> Response {
+    let result = handle.with_pending(|p| p.cancel(&action_id, dflash_shared::clock::now_ms()));
+    let outcome = match &result {
+        Ok(_) => "cancelled".to_string(),
+        Err(e) => format!("refused: {e}"),
+    };
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::OperatorRequest {
+            uid: caller.uid,
+            request: format!("cancel {action_id} ({outcome})"),
+            action_id: Some(action_id),
+        },
+    );
+    match result {
+        Ok(_) => Response::Ok,
+        Err(e) => error(e.code(), e.to_string()),
+    }
+}

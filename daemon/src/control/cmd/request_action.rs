@@ -1,0 +1,43 @@
+//! `request_action`: files a destructive action as pending, with its consequences. It never
+//! acts by itself; only a typed confirmation does ([`super::confirm`]). Every request, granted
+//! or refused, is journaled with the caller's uid.
+use dflash_shared::actions::Action;
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::protocol::Response;
+
+use super::{error, Caller};
+use crate::run::handle::RunHandle;
+use crate::run::pending::action_id;
+
+pub(super) fn file(handle: &RunHandle, caller: Caller, action: Action) -> Response {
+    let id = action_id(&action, rand::random());
+    let view = handle.state_view();
+    let result = handle.with_pending(|p| {
+        p.request(
+            id.clone(),
+            action.clone(),
+            caller.uid,
+            &view,
+            handle.policy(),
+        )
+    });
+    let (request, action_id) = match &result {
+        Ok(_) => (
+            format!("{} (filed, awaiting confirmation)", action.title()),
+            Some(id),
+        ),
+        Err(e) => (format!("{} (refused: {e})", action.title()), None),
+    };
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::OperatorRequest {
+            uid: caller.uid,
+            request,
+            action_id,
+        },
+    );
+    match result {
+        Ok(action) => Response::Pending { action },
+        Err(e) => error(e.code(), e.to_string()),
+    }
+}
