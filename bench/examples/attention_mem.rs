@@ -6,7 +6,7 @@
 //! JSON line.
 //!
 //! ```text
-//! cargo run --release -p dflashd --example attention_mem -- \
+//! cargo run --release -p dflash-bench --example attention_mem -- \
 //!     --anchors 1024 --block 32 --context 2048 --heads 4 --kv-heads 4 --head-dim 32 --reps 3
 //! ```
 //! Options: `--batch N`, `--rule full|sliding:W`, `--warmup N`, `--backend block-sparse|dense`,

@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, Sample};
 use dflash_engine::device::compute_kind;
+use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::config::Attention;
 use dflash_engine::train::drafter_io::load_hf;
 use dflash_engine::train::eval::{evaluate, EvalOptions};
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
@@ -24,10 +24,15 @@ pub enum FormatArg {
     Chat,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum AttentionArg {
-    BlockSparse,
-    DenseMask,
+/// `--attention`: `block-sparse` or `dense-mask`.
+fn attention_backend(name: &str) -> Result<AttentionBackend, String> {
+    match name {
+        "block-sparse" => Ok(AttentionBackend::BlockSparse),
+        "dense-mask" => Ok(AttentionBackend::DenseMask),
+        other => Err(format!(
+            "expected block-sparse or dense-mask, found {other:?}"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -72,8 +77,8 @@ pub struct EvalArgs {
     /// Sequences per forward pass.
     #[arg(long, default_value_t = 4)]
     pub rows_per_forward: usize,
-    #[arg(long, value_enum, default_value = "block-sparse")]
-    pub attention: AttentionArg,
+    #[arg(long, default_value = "block-sparse", value_parser = attention_backend)]
+    pub attention: AttentionBackend,
     /// CPU threads for libtorch (default: libtorch's choice).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -136,11 +141,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         gamma: args.gamma.unwrap_or_else(|| default_gamma(bs)),
         rule: LabelMaskRule::Independent,
         chunk_positions: 2048,
-        backend: match args.attention {
-            AttentionArg::BlockSparse => Attention::BlockSparse,
-            AttentionArg::DenseMask => Attention::DenseMask,
-        }
-        .into(),
+        backend: args.attention,
     };
     let result = evaluate(&target, &drafter.drafter, &chosen, &eval_opts)?;
     if args.json {

@@ -1,8 +1,8 @@
 //! Assembles the daemon's guard rails around a run: run-dir lock, journal, environment
 //! fingerprint and resume decision, control socket, telemetry sampler and systemd
-//! readiness. The `start` command builds a [`ControlPlane`], then hands its
+//! readiness. The `start` command builds a [`GuardRails`], then hands its
 //! [`RunHandle`] to the run loop (which attaches to the command channel) when
-//! [`ControlPlane::resume_allowed`] says so.
+//! [`GuardRails::resume_allowed`] says so.
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -70,7 +70,7 @@ pub enum StartError {
 }
 
 #[derive(Debug)]
-pub struct ControlPlane {
+pub struct GuardRails {
     pub handle: RunHandle,
     pub resume: ResumeDecision,
     pub socket: PathBuf,
@@ -83,13 +83,13 @@ pub struct ControlPlane {
     _lock: RunDirLock,
 }
 
-impl ControlPlane {
+impl GuardRails {
     /// Starts everything but training. Must run inside a tokio runtime.
     pub async fn start(opts: DaemonOptions) -> Result<Self, StartError> {
         Self::start_with(opts, ControlTuning::default()).await
     }
 
-    /// [`ControlPlane::start`] with non-default control settings.
+    /// [`GuardRails::start`] with non-default control settings.
     pub async fn start_with(
         opts: DaemonOptions,
         tuning: ControlTuning,
@@ -213,7 +213,7 @@ impl ControlPlane {
         };
         notify::ready(status);
         tracing::info!(socket = %opts.socket.display(), run_dir = %opts.run_dir.display(), "dflashd control plane up");
-        Ok(ControlPlane {
+        Ok(GuardRails {
             handle,
             resume,
             socket: opts.socket,
@@ -246,7 +246,7 @@ impl ControlPlane {
 
     /// Waits until shutdown is requested on the handle and every part has stopped.
     pub async fn wait(self) {
-        let ControlPlane {
+        let GuardRails {
             handle,
             server,
             sampler,

@@ -16,7 +16,7 @@ use dflash_shared::status::RunState;
 
 use super::detach::Readiness;
 use super::ending::Ending;
-use super::guard_rails::{ControlPlane, ControlTuning, DaemonOptions};
+use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
@@ -96,7 +96,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
             )
         }
     };
-    let cp = match rt.block_on(ControlPlane::start_with(
+    let cp = match rt.block_on(GuardRails::start_with(
         daemon_options(&spec, bus),
         tuning(&spec),
     )) {
@@ -104,7 +104,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &e.to_string()),
     };
     let handle = cp.handle.clone();
-    let not_started = |code: u8, text: String, ready: &mut Readiness, cp: ControlPlane| {
+    let not_started = |code: u8, text: String, ready: &mut Readiness, cp: GuardRails| {
         if let Err(e) = cp.forget_fingerprint() {
             tracing::warn!(error = %e, "could not restore the previous environment fingerprint");
         }

@@ -9,7 +9,7 @@ use dflash_shared::protocol::{Request, Response, PROTOCOL_VERSION};
 use dflash_shared::status::RunState;
 use dflashd::run::bus::FrameBus;
 use dflashd::run::journal::JournalQuery;
-use dflashd::runtime::guard_rails::{ControlPlane, DaemonOptions, StartError};
+use dflashd::runtime::guard_rails::{DaemonOptions, GuardRails, StartError};
 use dflashd::telemetry::caches::CacheSpec;
 use dflashd::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
 
@@ -65,7 +65,7 @@ fn client(socket: &Path) -> Client {
     c
 }
 
-fn kinds(cp: &ControlPlane) -> Vec<EventKind> {
+fn kinds(cp: &GuardRails) -> Vec<EventKind> {
     cp.handle
         .with_journal(|j| j.query(&JournalQuery::default()))
         .unwrap()
@@ -88,11 +88,11 @@ fn lock_fingerprint_drift_caches_and_shutdown() {
         .unwrap();
     rt.block_on(async {
         // First start: a new run.
-        let cp = ControlPlane::start(options(root, None)).await.unwrap();
+        let cp = GuardRails::start(options(root, None)).await.unwrap();
         assert_eq!(cp.resume, ResumeDecision::FirstStart);
         assert!(cp.resume_allowed());
         // A second daemon on the same run dir is refused, naming the live pid.
-        let err = ControlPlane::start(options(root, None)).await.unwrap_err();
+        let err = GuardRails::start(options(root, None)).await.unwrap_err();
         assert!(matches!(err, StartError::Lock(_)), "{err}");
         assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
 
@@ -127,7 +127,7 @@ fn lock_fingerprint_drift_caches_and_shutdown() {
         // While the daemon is down: torch is swapped and the compile cache deleted.
         venv_with_torch(root, "2.9.1+cu130");
         std::fs::remove_dir_all(root.join("inductor")).unwrap();
-        let cp = ControlPlane::start(options(root, None)).await.unwrap();
+        let cp = GuardRails::start(options(root, None)).await.unwrap();
         let token = match &cp.resume {
             ResumeDecision::Blocked { drifts, confirm_token } => {
                 assert_eq!(drifts[0].sentence(), "torch 2.11.0+cu128 → 2.9.1+cu130");
@@ -150,11 +150,11 @@ fn lock_fingerprint_drift_caches_and_shutdown() {
         cp.wait().await;
 
         // Accepted by its token: resume proceeds and the new environment becomes the reference.
-        let cp = ControlPlane::start(options(root, Some(token))).await.unwrap();
+        let cp = GuardRails::start(options(root, Some(token))).await.unwrap();
         assert!(matches!(cp.resume, ResumeDecision::Proceed { accepted: true, .. }), "{:?}", cp.resume);
         cp.handle.request_shutdown("done");
         cp.wait().await;
-        let cp = ControlPlane::start(options(root, None)).await.unwrap();
+        let cp = GuardRails::start(options(root, None)).await.unwrap();
         assert_eq!(cp.resume, ResumeDecision::Unchanged);
         cp.handle.request_shutdown("done");
         cp.wait().await;

@@ -6,24 +6,6 @@ use super::labels::{default_gamma, LabelMaskRule};
 use super::optim::AdamWConfig;
 use crate::model::drafter::AttentionBackend;
 
-/// Serializable mirror of [`AttentionBackend`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Attention {
-    #[default]
-    BlockSparse,
-    DenseMask,
-}
-
-impl From<Attention> for AttentionBackend {
-    fn from(a: Attention) -> Self {
-        match a {
-            Attention::BlockSparse => AttentionBackend::BlockSparse,
-            Attention::DenseMask => AttentionBackend::DenseMask,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -61,7 +43,7 @@ pub struct TrainConfig {
     pub loss_chunk_positions: i64,
     /// Anchors per row in one evaluation forward.
     pub eval_anchors_per_forward: usize,
-    pub attention: Attention,
+    pub attention: AttentionBackend,
 }
 
 impl Default for TrainConfig {
@@ -86,7 +68,7 @@ impl Default for TrainConfig {
             keep_checkpoints: 3,
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
-            attention: Attention::BlockSparse,
+            attention: AttentionBackend::BlockSparse,
         }
     }
 }

@@ -30,7 +30,7 @@ pub const STATE_FILE: &str = "trainer_state.json";
 /// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
 /// step, checked separately) stays the same.
-const RUNTIME_KEYS: [&str; 8] = [
+const RESUMABLE_KEYS: [&str; 8] = [
     "grad_accum",
     "eval_every",
     "eval_max_samples",
@@ -162,7 +162,7 @@ impl Trainer {
         let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
         let mut saved_config = as_json(&state.config);
         unlocked::reconcile_train(&mut saved_config, &self.cfg, unlocked);
-        let config_diff = changed_keys(&saved_config, &as_json(&self.cfg), &RUNTIME_KEYS);
+        let config_diff = changed_keys(&saved_config, &as_json(&self.cfg), &RESUMABLE_KEYS);
         if !config_diff.is_empty() {
             return Err(incompatible(format!(
                 "locked training keys differ: {}",
@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn runtime_keys_exist_in_the_config() {
         let keys = serde_json::to_value(TrainConfig::default()).unwrap();
-        for k in RUNTIME_KEYS {
+        for k in RESUMABLE_KEYS {
             assert!(keys.get(k).is_some(), "{k}");
         }
     }

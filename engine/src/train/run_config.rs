@@ -1,11 +1,9 @@
 //! The engine's reading of a validated run config (`dflash_shared::config::Config`): the
 //! training hyper-parameters and the drafter architecture. The embedded default is the same
 //! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
-use dflash_shared::config::{
-    AttentionImpl, Config, DrafterSection, LabelMask, LayerType as CfgLayerType,
-};
+use dflash_shared::config::{Config, DrafterSection, LabelMask, LayerType as CfgLayerType};
 
-use super::config::{Attention, TrainConfig};
+use super::config::TrainConfig;
 use super::labels::LabelMaskRule;
 use super::optim::AdamWConfig;
 use crate::model::drafter::{DrafterConfig, LayerType};
@@ -43,10 +41,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         keep_checkpoints: t.keep_checkpoints,
         loss_chunk_positions: t.loss_chunk_positions as i64,
         eval_anchors_per_forward: t.eval_anchors_per_forward,
-        attention: match t.attention {
-            AttentionImpl::BlockSparse => Attention::BlockSparse,
-            AttentionImpl::DenseMask => Attention::DenseMask,
-        },
+        attention: t.attention,
     }
 }
 

@@ -157,7 +157,7 @@ impl Trainer {
             index: 0,
             device,
         };
-        let mut rank0 = RankState::new(id, replica, cfg.attention.into(), cfg.loss_chunk_positions);
+        let mut rank0 = RankState::new(id, replica, cfg.attention, cfg.loss_chunk_positions);
         let bs = drafter_cfg.block_size as usize;
         let data_fingerprint = fingerprint(&samples);
         let samples = Arc::new(samples);
@@ -441,7 +441,7 @@ impl Trainer {
             gamma: self.cfg.gamma_for(bs),
             rule: self.cfg.label_mask_rule,
             chunk_positions: self.cfg.loss_chunk_positions,
-            backend: self.cfg.attention.into(),
+            backend: self.cfg.attention,
         }
     }
 

@@ -11,10 +11,8 @@ use super::config::TrainConfig;
 use super::schedule::WarmupCosine;
 
 /// Dotted config paths of the keys the engine can carry across a resume when unlocked.
-pub const EPOCHS: &str = "training.epochs";
-pub const NUM_ANCHORS: &str = "training.num_anchors";
-pub const BLOCK_SIZE: &str = "drafter.block_size";
-pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
+// The key names are the config's (`dflash_shared::config::locked`), named once there.
+pub use dflash_shared::config::locked::{BLOCK_SIZE, EPOCHS, NUM_ANCHORS, TARGET_LAYER_IDS};
 
 /// Which locked keys may differ between a checkpoint and the trainer that resumes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -4,27 +4,27 @@
 //! the key path and line, what was expected and what was found, and suggests the right key for
 //! an unknown one. [`Config::to_toml_string`] prints the effective config (`config show`).
 pub mod bytesize;
+pub mod daemon_sections;
 pub mod device;
 mod error;
 mod locate;
 pub mod locked;
 pub mod paths;
-pub mod runtime;
 pub mod sections;
 mod validate;
 
 use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
+pub use daemon_sections::{
+    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+};
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
 pub use locked::{is_locked_key, locked_key_changes, unlock_refusal, LockedKeyChange, LOCKED_KEYS};
 pub use paths::{expand_path, PathContext, PathTemplateError};
-pub use runtime::{
-    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
-};
 pub use sections::{
-    paper_loss_decay_gamma, AttentionImpl, DataFormat, DataSection, DrafterSection, Dtype,
+    paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterSection, Dtype,
     LabelMask, LayerType, Precision, RunSection, TargetSection, TopologySection, TrainingSection,
     EMBEDDED, EMBEDDED_DATA,
 };

@@ -85,7 +85,7 @@ fn matching_brace(s: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::runtime::default_caches;
+    use crate::config::daemon_sections::default_caches;
 
     fn ctx<'a>(env: &'a dyn Fn(&str) -> Option<String>) -> PathContext<'a> {
         PathContext {

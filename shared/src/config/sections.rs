@@ -175,7 +175,7 @@ pub struct TrainingSection {
     /// Anchors per row in one evaluation forward.
     pub eval_anchors_per_forward: usize,
     /// Drafter attention implementation; `dense_mask` exists as a test oracle.
-    pub attention: AttentionImpl,
+    pub attention: AttentionBackend,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -188,9 +188,11 @@ pub enum LabelMask {
     Cumulative,
 }
 
+/// How the drafter's block attention is computed: the one enum for it, from the config
+/// (`training.attention`) through the engine's kernels to `dflashd eval --attention`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum AttentionImpl {
+pub enum AttentionBackend {
     #[default]
     BlockSparse,
     DenseMask,
@@ -222,7 +224,7 @@ impl Default for TrainingSection {
             eval_max_samples: 0,
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
-            attention: AttentionImpl::BlockSparse,
+            attention: AttentionBackend::BlockSparse,
         }
     }
 }

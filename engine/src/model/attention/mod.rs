@@ -25,12 +25,7 @@ pub use block_sparse::{
 pub use dense::dense_mask_attention;
 pub use visibility::LayerRule;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AttentionBackend {
-    #[default]
-    BlockSparse,
-    DenseMask,
-}
+pub use dflash_shared::config::AttentionBackend;
 
 /// Inputs of one attention call of one drafter layer. All tensors are post-projection,
 /// post-`k_norm`/`q_norm` and post-RoPE, in the activation dtype.

@@ -2,7 +2,7 @@
 //! ranks (`1 1` runs inline on the calling thread), one intra-op thread per worker.
 //!
 //! ```text
-//! cargo run --release -p dflashd --example topology_steps -- 2 2 30
+//! cargo run --release -p dflash-engine --example topology_steps -- 2 2 30
 //! ```
 //! Arguments: target workers, drafter ranks, steps (default `1 1 30`). The global batch is 8
 //! sequences per step whatever the topology: micro-batches of 4, `2 / D` of them per rank.
