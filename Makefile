@@ -69,12 +69,12 @@ BENCH_ARGS ?=
 .PHONY: gpu-bundle
 bench: build
 	@$(UV) sync --frozen --inexact --group fixtures >/dev/null 2>&1 || echo "note: could not add transformers (uv sync --group fixtures); the target case will report it missing"
-	$(BIN)/dflashd bench --out-dir runs/bench $(BENCH_ARGS)
+	$(BIN)/dflash-bench --out-dir runs/bench $(BENCH_ARGS)
 
-# What scripts/gpu-check.sh needs on a CUDA node without network or Rust: the release binary,
+# What scripts/gpu-check.sh needs on a CUDA node without network or Rust: the release binaries,
 # the script and the reference scripts, in one directory.
 gpu-bundle: build
 	rm -rf runs/gpu-bundle && mkdir -p runs/gpu-bundle/benches/reference
-	cp $(BIN)/dflashd scripts/gpu-check.sh runs/gpu-bundle/
+	cp $(BIN)/dflashd $(BIN)/dflash-bench scripts/gpu-check.sh runs/gpu-bundle/
 	cp benches/reference/*.py runs/gpu-bundle/benches/reference/
 	@du -sh runs/gpu-bundle

@@ -2,14 +2,14 @@
 # GPU check for dflash on a CUDA node without network access and without Rust.
 #
 # What it needs next to it (`make gpu-bundle` puts them in runs/gpu-bundle/, under 60 MB):
-#   dflashd                      the release binary (built against libtorch 2.11.0)
+#   dflashd, dflash-bench        the release binaries (built against libtorch 2.11.0)
 #   benches/reference/*.py       the PyTorch reference scripts
 # and, on the node: a Python with torch 2.11.0 (CUDA 13 build) and its usual companions
 # (triton for flex_attention / torch.compile; transformers is not needed here).
 #
 # What it does, in under 8 minutes (each step has its own timeout inside that budget):
 #   1. finds libtorch through the node's Python and points LD_LIBRARY_PATH at it;
-#   2. checks the binary runs and sees CUDA (`dflashd doctor`);
+#   2. checks the binaries run and see CUDA (`dflashd doctor`, a bf16 matmul by dflash-bench);
 #   3. reference self-check on CUDA: eager (dense mask) vs flex_attention, forward and backward;
 #   4. correctness parity on the tiny config: engine CUDA vs CPU (fp32, same weights and batch),
 #      and engine CUDA bf16 vs the reference in bf16;
@@ -18,8 +18,9 @@
 #      torch.compile; tok/s and MFU against the H200 datasheet figure (989 TFLOP/s dense bf16,
 #      NVIDIA's spec sheet; no sparsity) and against a bf16 matmul measured in the same run.
 #
-# Environment: PYTHON (default python3), DFLASHD (default ./dflashd next to this script, else
-# target/release/dflashd of the repository), OUT (default ./gpu-check-results), BUDGET_S (480).
+# Environment: PYTHON (default python3), DFLASHD and DFLASH_BENCH (default ./dflashd and
+# ./dflash-bench next to this script, else target/release/ of the repository), OUT (default
+# ./gpu-check-results), BUDGET_S (480).
 # DEVICE=cpu is a plumbing self-test for machines without a GPU: the same steps on the CPU with
 # the tiny config in fp32 (no parity, no flex/compile in the benchmark); its figures mean nothing.
 #
@@ -123,14 +124,26 @@ if [ -z "$DFLASHD" ] || [ ! -x "$DFLASHD" ]; then
     missing "dflashd: no executable at \$DFLASHD, $HERE/dflashd or $HERE/../target/release/dflashd (copy the release binary next to this script)"
     finish
 fi
+DFLASH_BENCH=${DFLASH_BENCH:-}
+if [ -z "$DFLASH_BENCH" ]; then
+    for c in "$HERE/dflash-bench" "$HERE/../target/release/dflash-bench"; do
+        [ -x "$c" ] && DFLASH_BENCH=$c && break
+    done
+fi
+if [ -z "$DFLASH_BENCH" ] || [ ! -x "$DFLASH_BENCH" ]; then
+    missing "dflash-bench: no executable at \$DFLASH_BENCH, $HERE/dflash-bench or $HERE/../target/release/dflash-bench (copy the release binary next to this script)"
+    finish
+fi
 REF=""
 for c in "$HERE/benches/reference" "$HERE/../benches/reference"; do
     [ -f "$c/bench_step.py" ] && REF=$(cd "$c" && pwd) && break
 done
 [ -n "$REF" ] || missing "reference scripts: no benches/reference/bench_step.py next to this script or in its repository"
 if command -v ldd >/dev/null; then
-    UNRESOLVED=$(ldd "$DFLASHD" 2>/dev/null | grep 'not found')
-    [ -n "$UNRESOLVED" ] && { missing "shared libraries for $DFLASHD: $(echo "$UNRESOLVED" | tr '\n' ' ')"; finish; }
+    for BIN in "$DFLASHD" "$DFLASH_BENCH"; do
+        UNRESOLVED=$(ldd "$BIN" 2>/dev/null | grep 'not found')
+        [ -n "$UNRESOLVED" ] && { missing "shared libraries for $BIN: $(echo "$UNRESOLVED" | tr '\n' ' ')"; finish; }
+    done
 fi
 if run_step 60 doctor "$DFLASHD" doctor; then
     ok "dflashd doctor runs against $TORCH_DIR/lib: $(tr '\n' ' ' <"$OUT/doctor.out")"
@@ -139,7 +152,7 @@ else
     finish
 fi
 # The proof that the engine drives the GPU: a bf16 matmul through libtorch_cuda.
-if run_step 60 cuda-matmul "$DFLASHD" bench --child matmul --device "$DEVICE" --dtype bf16 --matmul-n 4096 --warmup 1 --steps 3 --work-dir "$OUT"; then
+if run_step 60 cuda-matmul "$DFLASH_BENCH" --child matmul --device "$DEVICE" --dtype bf16 --matmul-n 4096 --warmup 1 --steps 3 --work-dir "$OUT"; then
     ok "engine on $DEVICE: $(grep -o '"gflops":[0-9.]*' "$OUT/cuda-matmul.out") (bf16 4096^3 matmul)"
 else
     failed "the engine cannot run on CUDA (libtorch_cuda not linked or not loadable?): $(tail -n 3 "$OUT/cuda-matmul.out" "$OUT/cuda-matmul.err" | tr '\n' ' ')"
@@ -160,7 +173,7 @@ fi
 COMMON=(--python "$PY" --reference-dir "$REF" --device "$DEVICE")
 if [ "$DEVICE" = cpu ]; then
     skipped "parity: needs CUDA"
-elif run_step 180 parity "$DFLASHD" bench --cases parity "${COMMON[@]}" --reference-attention eager --out-dir "$OUT/parity" --timeout-s 170; then
+elif run_step 180 parity "$DFLASH_BENCH" --cases parity "${COMMON[@]}" --reference-attention eager --out-dir "$OUT/parity" --timeout-s 170; then
     P=$(last_json "$OUT/parity.out")
     CUDA_CPU=$(echo "$P" | "$PY" -c 'import json,sys; print(json.load(sys.stdin).get("parity_cuda_vs_cpu"))' 2>/dev/null)
     BF16_REF=$(echo "$P" | "$PY" -c 'import json,sys; print(json.load(sys.stdin).get("parity_bf16_vs_reference"))' 2>/dev/null)
@@ -176,7 +189,7 @@ if [ "$DEVICE" = cpu ]; then
 else
     BENCH=(--configs gpu-large --dtype bf16 --reference-attention flex --reference-compile --warmup 3 --steps 10)
 fi
-if run_step 420 gpu-large "$DFLASHD" bench --cases step "${COMMON[@]}" "${BENCH[@]}" --datasheet-peak-tflops 989 \
+if run_step 420 gpu-large "$DFLASH_BENCH" --cases step "${COMMON[@]}" "${BENCH[@]}" --datasheet-peak-tflops 989 \
     --out-dir "$OUT/gpu-large" --timeout-s 400; then
     B=$(last_json "$OUT/gpu-large.out")
     echo "$B" | "$PY" -c '

@@ -1,4 +1,4 @@
-"""Times the reference's drafter attention on an attention case prepared by `dflashd bench`.
+"""Times the reference's drafter attention on an attention case prepared by `dflash-bench`.
 
 ``--attention eager``: the dense additive mask over ``[Q, S+Q]`` with SDPA, forward + backward of
 ``Σ out·probe`` (what the engine's attention case runs). ``--attention flex``: flex_attention with a

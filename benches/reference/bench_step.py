@@ -1,4 +1,4 @@
-"""Times the reference drafter training step on a case prepared by `dflashd bench`.
+"""Times the reference drafter training step on a case prepared by `dflash-bench`.
 
 The case directory holds ``drafter/`` (HF layout, written by the engine's export code),
 ``batch.safetensors`` (input_ids, loss_mask, anchors, keep, target features, the frozen

@@ -1,4 +1,4 @@
-"""Times the Qwen3.5 target feature pass in `transformers` on a case prepared by `dflashd bench`.
+"""Times the Qwen3.5 target feature pass in `transformers` on a case prepared by `dflash-bench`.
 
 The case holds ``target/`` (a Qwen3_5ForConditionalGeneration checkpoint written by the engine)
 and ``input_ids.safetensors`` (``input_ids``, ``layer_ids``). The text model is built from
