@@ -184,4 +184,55 @@ fn a_multi_worker_start_names_every_worker_by_role_and_publishes_its_queue() {
         out.contains("on 2 target workers (cpu, cpu) + 2 drafter workers (cpu, cpu)"),
         "the banner names the topology, not drafter rank 0's device:\n{out}"
     );
+    // The daemon, the one writer of the warmup record, lists every worker's serialized
+    // warmup under the environment it ran in.
+    let warmup: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.run_dir.join("warmup.json")).unwrap()).unwrap();
+    let roles: Vec<&str> = warmup["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["target", "target", "drafter", "drafter"],
+        "{warmup}"
+    );
+    assert!(warmup["fingerprint_digest"].is_string(), "{warmup}");
+}
+
+/// The production loop's checkpoint cadence, through the real daemon: every
+/// `checkpoint_every` steps and at the end, each journaled once; a restart resumes from the
+/// last one, does not rewrite it, and keeps the cadence on the global step count.
+#[test]
+fn the_daemon_checkpoints_on_its_cadence_and_a_restart_continues_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let config = root.join("cadence.toml");
+    crate::support::binary::write_config(&config, |c| {
+        c.training.checkpoint_every = 3;
+        c.training.keep_checkpoints = 10;
+    });
+    let config = config.display().to_string();
+    let mut first = Daemon::spawn(root, &["--config", &config, "--max-steps", "7"]);
+    assert!(first.wait_exit().success(), "{}", first.stderr());
+    assert_eq!(checkpoint_steps(&first.run_dir), [3, 6, 7]);
+
+    let mut again = Daemon::spawn(root, &["--config", &config, "--max-steps", "3"]);
+    assert!(again.wait_exit().success(), "{}", again.stderr());
+    assert!(
+        again.stdout().contains("resumed at step 7"),
+        "{}",
+        again.stdout()
+    );
+    assert_eq!(checkpoint_steps(&again.run_dir), [3, 6, 7, 9, 10]);
+    let written: Vec<u64> = journal(&again.run_dir)
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::CheckpointWritten { step, .. } => Some(step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(written, [3, 6, 7, 9, 10], "each checkpoint journaled once");
 }
