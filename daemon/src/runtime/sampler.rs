@@ -109,12 +109,7 @@ impl TelemetrySampler {
 mod tests {
     use std::sync::Arc;
 
-    use dflash_engine::train::anchors::AnchorBatch;
-    use dflash_engine::train::labels::BlockLabels;
-    use dflash_engine::train::loader::collate;
-    use dflash_engine::train::micro::PreparedMicro;
     use dflash_engine::train::topology::pipeline::{HiddenItem, ItemQueue};
-    use dflash_engine::train::topology::plan::ItemTiming;
     use dflash_engine::train::topology::queue::{ByteSized, QueueConfig};
     use dflash_engine::train::topology::QueueMonitor;
     use tch::{Device, Kind, Tensor};
@@ -126,26 +121,7 @@ mod tests {
     use crate::run::pending::ActionPolicy;
 
     fn item(seq: u64) -> HiddenItem {
-        HiddenItem {
-            micro: PreparedMicro {
-                seq,
-                samples: vec![],
-                batch: collate(&[], 0, 0),
-                anchors: AnchorBatch::from_rows(&[], 0),
-                labels: BlockLabels {
-                    targets: vec![],
-                    weights: vec![],
-                    valid: vec![],
-                },
-            },
-            features: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
-            timing: ItemTiming {
-                producer: 0,
-                tokens: 0,
-                data_ms: 0.0,
-                target_ms: 0.0,
-            },
-        }
+        HiddenItem::features_only(seq, Tensor::zeros([4], (Kind::Float, Device::Cpu)))
     }
 
     #[test]

@@ -10,6 +10,9 @@ use tch::{Device, Tensor};
 
 use super::plan::ItemTiming;
 use crate::model::target::TargetModel;
+use crate::train::anchors::AnchorBatch;
+use crate::train::labels::BlockLabels;
+use crate::train::loader::collate;
 use crate::train::micro::{MicroSource, PreparedMicro};
 use crate::train::topology::queue::{ByteSized, HiddenStateQueue};
 
@@ -20,6 +23,33 @@ pub struct HiddenItem {
     /// `[B, S, n·H]` on the drafter rank's device.
     pub features: Tensor,
     pub timing: ItemTiming,
+}
+
+impl HiddenItem {
+    /// An item of micro-batch `seq` with no samples, carrying only `features`: what a queue
+    /// holds when it is exercised on its own (the daemon's sampler tests, this module's).
+    pub fn features_only(seq: u64, features: Tensor) -> Self {
+        HiddenItem {
+            micro: PreparedMicro {
+                seq,
+                samples: vec![],
+                batch: collate(&[], 0, 0),
+                anchors: AnchorBatch::from_rows(&[], 0),
+                labels: BlockLabels {
+                    targets: vec![],
+                    weights: vec![],
+                    valid: vec![],
+                },
+            },
+            features,
+            timing: ItemTiming {
+                producer: 0,
+                tokens: 0,
+                data_ms: 0.0,
+                target_ms: 0.0,
+            },
+        }
+    }
 }
 
 impl ByteSized for HiddenItem {
@@ -240,34 +270,12 @@ impl QueueMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::anchors::AnchorBatch;
-    use crate::train::labels::BlockLabels;
-    use crate::train::loader::collate;
     use crate::train::topology::queue::QueueConfig;
     use std::time::Duration;
     use tch::Kind;
 
     fn item(seq: u64) -> HiddenItem {
-        HiddenItem {
-            micro: PreparedMicro {
-                seq,
-                samples: vec![],
-                batch: collate(&[], 0, 0),
-                anchors: AnchorBatch::from_rows(&[], 0),
-                labels: BlockLabels {
-                    targets: vec![],
-                    weights: vec![],
-                    valid: vec![],
-                },
-            },
-            features: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
-            timing: ItemTiming {
-                producer: 0,
-                tokens: 0,
-                data_ms: 0.0,
-                target_ms: 0.0,
-            },
-        }
+        HiddenItem::features_only(seq, Tensor::zeros([4], (Kind::Float, Device::Cpu)))
     }
 
     fn queue() -> Arc<ItemQueue> {
