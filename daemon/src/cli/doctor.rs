@@ -62,10 +62,11 @@ pub fn run() -> Result<()> {
             }
         );
     }
-    // Only a multi-GPU drafter group needs NCCL; a CPU machine reports it and moves on.
-    match nccl::nccl_status(libtorch_dir.as_deref()) {
-        Ok(version) => println!("nccl:            {version} (loadable)"),
-        Err(why) => println!("nccl:            {why}"),
+    // Only a multi-GPU drafter group needs NCCL; a CPU machine reports it and moves on. The
+    // line names the file opened: the torch wheel's own copy, the one libtorch_cuda maps.
+    match nccl::nccl_status() {
+        Ok(loaded) => println!("nccl:            {loaded}"),
+        Err(why) => println!("nccl:            not loadable: {why}"),
     }
     let nvml = GpuSampler::new();
     match nvml.unavailable_reason() {
@@ -78,6 +79,10 @@ pub fn run() -> Result<()> {
             );
             for (i, model) in nvml.gpu_models().iter().enumerate() {
                 println!("gpu {i}:           {model}");
+            }
+            // CUDA numbers devices its own way (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES).
+            for line in nvml.cuda_devices() {
+                println!("cuda device:     {line}");
             }
         }
         Some(reason) => println!("nvml:            {reason}"),

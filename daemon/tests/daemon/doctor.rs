@@ -1,46 +1,45 @@
-//! `dflashd doctor` reads what the binary runs on; NCCL (which cudarc opens as `libnccl.so`,
-//! while the torch wheel ships `libnccl.so.2`) becomes loadable by following its own hint.
+//! `dflashd doctor` reads what the binary runs on; NCCL is the torch wheel's own
+//! `nvidia/nccl/lib/libnccl.so.2`, opened by dflashd itself with no step by the user.
 use std::process::Command;
 
-fn doctor(ld_library_path: Option<&std::path::Path>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dflashd"));
-    cmd.arg("doctor");
-    if let Some(dir) = ld_library_path {
-        cmd.env("LD_LIBRARY_PATH", dir);
-    }
-    let o = cmd.output().unwrap();
+fn doctor() -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_dflashd"))
+        .arg("doctor")
+        // Nothing on the search path may help: the wheel's copy is found from libtorch's place.
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn nccl_line(report: &str) -> &str {
+fn line<'a>(report: &'a str, key: &str) -> &'a str {
     report
         .lines()
-        .find(|l| l.starts_with("nccl:"))
-        .unwrap_or_else(|| panic!("no nccl line in:\n{report}"))
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} line in:\n{report}"))
 }
 
 #[test]
-fn doctor_reports_libtorch_and_makes_nccl_loadable_through_its_hint() {
-    let report = doctor(None);
+fn doctor_reports_libtorch_and_the_wheel_nccl_it_loaded_with_no_manual_step() {
+    let report = doctor();
     assert!(report.contains("libtorch:        2.11.0"), "{report}");
-    let line = nccl_line(&report).to_string();
-    if line.contains("(loadable)") {
-        return; // this machine has a system NCCL: nothing to link
-    }
-    // The hint names the wheel's copy; a `libnccl.so` link to it on LD_LIBRARY_PATH must do.
-    let wheel = line
-        .split("ln -sf ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no `ln -sf PATH` in {line}"));
-    assert!(wheel.ends_with("nvidia/nccl/lib/libnccl.so.2"), "{line}");
-    let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(wheel, dir.path().join("libnccl.so")).unwrap();
-    let report = doctor(Some(dir.path()));
-    let line = nccl_line(&report);
+    let dir = line(&report, "libtorch dir:")
+        .trim_start_matches("libtorch dir:")
+        .trim()
+        .to_string();
+    let wheel = std::path::Path::new(&dir).join("../../nvidia/nccl/lib/libnccl.so.2");
+    let nccl = line(&report, "nccl:");
+    assert_eq!(
+        nccl,
+        format!(
+            "nccl:            NCCL 2.28.9 from {}",
+            wheel.canonicalize().unwrap().display()
+        ),
+        "the project's torch==2.11.0 wheel ships NCCL 2.28.9"
+    );
     assert!(
-        line.starts_with("nccl:            NCCL 2.") && line.ends_with("(loadable)"),
-        "{line}"
+        !report.contains("ln -sf") && !report.contains("export "),
+        "doctor gives no manual recipe:\n{report}"
     );
 }

@@ -20,6 +20,7 @@
 pub mod allreduce;
 mod cluster;
 pub mod nccl;
+pub mod nccl_lib;
 pub mod pipeline;
 pub mod plan;
 pub mod queue;

@@ -1,82 +1,82 @@
-//! The CUDA all-reduce: NCCL through `cudarc`'s bindings (loaded at run time, so nothing here
-//! needs CUDA to build or to run on a CPU machine).
+//! The CUDA all-reduce: NCCL opened at run time from the torch wheel's own copy
+//! ([`super::nccl_lib`]), so nothing here needs CUDA to build or to run on a CPU machine.
 //!
 //! One communicator per drafter GPU, created together with `ncclCommInitAll` in this process;
-//! each drafter worker thread then drives its own communicator. Collectives are enqueued on the
-//! device's legacy default stream, the stream libtorch computes on by default, so they are
-//! ordered after the backward that produced the gradients and before the optimizer that reads
-//! them, without a host synchronisation.
+//! each drafter worker thread then drives its own communicator. Collectives are enqueued on
+//! libtorch's *current* stream for the device on the calling thread (read through the C++ shim
+//! `csrc/cuda_stream.cpp`), the stream the backward that produced the gradients ran on and the
+//! optimizer that reads them will run on: ordered without a host synchronisation, and still
+//! right if a caller ever computes on a side stream (which a hard-coded legacy NULL stream is
+//! not, and which CUDA graph capture needs).
 //!
-//! NOT TESTED ON A GPU: the machines this was written on have none. The CPU all-reduce
-//! ([`super::allreduce::CpuAllReduce`]) is what the tests exercise.
-use std::ffi::CStr;
-use std::path::{Path, PathBuf};
+//! NOT TESTED ON A GPU: the machines this was written on have none. Opening NCCL and reading
+//! its version are tested here; the collectives and the stream lookup only run on CUDA. The
+//! CPU all-reduce ([`super::allreduce::CpuAllReduce`]) is what the tests exercise.
 use std::sync::{Arc, Mutex};
 
-use cudarc::nccl::{result, sys};
 use tch::{Device, Kind, Tensor};
 
 use super::allreduce::{AbortGroup, AllReduce, AllReduceError};
+use super::nccl_lib::{self, NcclLib, NcclResult, RawComm, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM};
 
-/// Where the torch wheel keeps NCCL, from its `torch/lib` directory:
-/// `<site-packages>/nvidia/nccl/lib/libnccl.so.2`.
-pub fn wheel_nccl(torch_lib: &Path) -> PathBuf {
-    torch_lib.join("../../nvidia/nccl/lib/libnccl.so.2")
-}
+pub use super::nccl_lib::wheel_nccl;
 
-/// What to do when cudarc cannot open NCCL: it looks for `libnccl.so` (and a few versioned
-/// names, not `.so.2`) on the library search path, while the torch wheel ships only
-/// `libnccl.so.2`. `wheel` is the wheel's copy when it exists.
-pub fn missing_nccl_hint(wheel: Option<&Path>) -> String {
-    match wheel {
-        Some(lib) => format!(
-            "NCCL is not loadable as `libnccl.so`; the torch wheel has it as {lib}. Link it and \
-             restart dflashd: `mkdir -p ~/.local/lib/dflash-nccl && ln -sf {lib} \
-             ~/.local/lib/dflash-nccl/libnccl.so && export \
-             LD_LIBRARY_PATH=~/.local/lib/dflash-nccl:$LD_LIBRARY_PATH`",
-            lib = lib.display()
-        ),
-        None => "NCCL is not loadable as `libnccl.so` and the torch wheel's copy was not found \
-                 beside the loaded libtorch; install NCCL (e.g. the system `libnccl2` package) \
-                 or put a `libnccl.so` on LD_LIBRARY_PATH"
-            .into(),
-    }
-}
-
-/// The NCCL version cudarc can load, or what to do to make it loadable.
-pub fn nccl_status(torch_lib: Option<&Path>) -> Result<String, String> {
-    // SAFETY: only probes whether the shared library can be opened.
-    if !unsafe { sys::is_culib_present() } {
-        let wheel = torch_lib.map(wheel_nccl).filter(|p| p.exists());
-        return Err(missing_nccl_hint(
-            wheel.and_then(|p| p.canonicalize().ok()).as_deref(),
-        ));
-    }
-    let version = result::get_nccl_version().map_err(|e| describe(&e))?;
+/// The NCCL this process uses, as `dflashd doctor` prints it: `NCCL 2.28.9 from PATH`, or why
+/// it cannot be opened (which names every path tried and what to do).
+pub fn nccl_status() -> Result<String, String> {
+    let lib = nccl_lib::nccl()?;
     Ok(format!(
-        "NCCL {}.{}.{}",
-        version / 10_000,
-        (version / 100) % 100,
-        version % 100
+        "NCCL {} from {}",
+        lib.version(),
+        lib.path.display()
     ))
 }
 
-fn describe(err: &result::NcclError) -> String {
-    // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any result code.
-    let text = unsafe {
-        let ptr = sys::ncclGetErrorString(err.0);
-        if ptr.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(ptr).to_string_lossy().into_owned()
-        }
-    };
-    format!("{:?} ({text})", err.0)
+/// libtorch's current CUDA stream for `device` on this thread (`cudaStream_t`; null is the
+/// legacy default stream).
+pub fn current_cuda_stream(device: usize) -> Result<*mut std::ffi::c_void, String> {
+    current_stream_impl(device)
+}
+
+#[cfg(dflash_cuda_stream_shim)]
+fn current_stream_impl(device: usize) -> Result<*mut std::ffi::c_void, String> {
+    unsafe extern "C" {
+        fn dflash_current_cuda_stream(
+            device: std::ffi::c_int,
+            out: *mut *mut std::ffi::c_void,
+            err: *mut std::ffi::c_char,
+            err_len: usize,
+        ) -> std::ffi::c_int;
+    }
+    let mut stream = std::ptr::null_mut();
+    let mut err = [0 as std::ffi::c_char; 512];
+    let index = i32::try_from(device).map_err(|_| format!("cuda:{device} is out of range"))?;
+    // SAFETY: `stream` and `err` are valid for writes of the sizes passed; the shim catches
+    // every C++ exception.
+    let rc = unsafe { dflash_current_cuda_stream(index, &mut stream, err.as_mut_ptr(), err.len()) };
+    if rc == 0 {
+        return Ok(stream);
+    }
+    // SAFETY: the shim NUL-terminates the message within `err`.
+    let text = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+    Err(format!(
+        "libtorch's current CUDA stream for cuda:{device}: {}",
+        text.to_string_lossy()
+    ))
+}
+
+#[cfg(not(dflash_cuda_stream_shim))]
+fn current_stream_impl(device: usize) -> Result<*mut std::ffi::c_void, String> {
+    Err(format!(
+        "libtorch's current CUDA stream for cuda:{device}: this build has no CUDA stream shim \
+         (built against a libtorch without libc10_cuda.so or the wheel's CUDA headers); \
+         rebuild against the torch==2.11.0 CUDA wheel"
+    ))
 }
 
 /// A communicator shared by its rank's endpoint and the group's abort handle.
 struct Comm {
-    raw: sys::ncclComm_t,
+    raw: RawComm,
     /// Set once the communicator was aborted or destroyed; it must not be used after.
     gone: bool,
 }
@@ -96,11 +96,13 @@ pub struct NcclAllReduce {
     rank: usize,
     world: usize,
     device: usize,
+    lib: &'static NcclLib,
 }
 
 /// Aborts every communicator of a group.
 pub struct NcclGroup {
     comms: Vec<SharedComm>,
+    lib: &'static NcclLib,
 }
 
 impl AbortGroup for NcclGroup {
@@ -110,7 +112,7 @@ impl AbortGroup for NcclGroup {
             if !c.gone {
                 c.gone = true;
                 // SAFETY: the communicator is live (not yet aborted or destroyed).
-                let _ = unsafe { result::comm_abort(c.raw) };
+                let _ = unsafe { (self.lib.comm_abort)(c.raw) };
             }
         }
     }
@@ -118,21 +120,20 @@ impl AbortGroup for NcclGroup {
 
 /// Creates one communicator per device in `devices` (CUDA indices, one rank each, in order).
 pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduce>), String> {
-    let torch_lib = crate::device::loaded_libtorch_dir();
-    nccl_status(torch_lib.as_deref())?;
-    let version = result::get_nccl_version().map_err(|e| describe(&e))?;
+    let lib = nccl_lib::nccl()?;
     let n = devices.len();
     let ordinals: Vec<i32> = devices.iter().map(|&d| d as i32).collect();
-    let mut raw = vec![std::ptr::null_mut(); n];
+    let mut raw: Vec<RawComm> = vec![std::ptr::null_mut(); n];
     // SAFETY: `raw` has room for `n` communicators and `ordinals` names `n` devices.
-    unsafe { result::comm_init_all(raw.as_mut_ptr(), n as i32, ordinals.as_ptr()) }.map_err(
-        |e| {
-            format!(
-                "ncclCommInitAll over cuda devices {devices:?} (NCCL {version}) failed: {}",
-                describe(&e)
-            )
-        },
-    )?;
+    let rc = unsafe { (lib.comm_init_all)(raw.as_mut_ptr(), n as i32, ordinals.as_ptr()) };
+    if rc != 0 {
+        return Err(format!(
+            "ncclCommInitAll over cuda devices {devices:?} (NCCL {} from {}) failed: {}",
+            lib.version(),
+            lib.path.display(),
+            lib.error_string(rc)
+        ));
+    }
     let comms: Vec<SharedComm> = raw
         .iter()
         .map(|&raw| Arc::new(Mutex::new(Comm { raw, gone: false })))
@@ -147,9 +148,10 @@ pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduc
             rank,
             world: n,
             device: devices[rank],
+            lib,
         })
         .collect();
-    Ok((Arc::new(NcclGroup { comms }), endpoints))
+    Ok((Arc::new(NcclGroup { comms, lib }), endpoints))
 }
 
 impl NcclAllReduce {
@@ -160,38 +162,39 @@ impl NcclAllReduce {
         Ok(())
     }
 
-    /// In-place sum of `count` elements of `dtype` at `ptr` (device memory of this rank).
+    /// In-place sum of `count` elements of `dtype` at `ptr` (device memory of this rank),
+    /// enqueued on libtorch's current stream for this rank's device.
     fn all_reduce(
         &self,
         ptr: *mut std::ffi::c_void,
         count: usize,
-        dtype: sys::ncclDataType_t,
+        dtype: std::ffi::c_int,
     ) -> Result<(), AllReduceError> {
         self.check_live()?;
-        let stream: sys::cudaStream_t = std::ptr::null_mut();
+        let stream = current_cuda_stream(self.device).map_err(AllReduceError::Nccl)?;
         // SAFETY: `ptr` points at `count` contiguous elements of `dtype` on this rank's device
-        // (checked by the callers), the communicator is live, and the legacy default stream
-        // (null) exists on every device.
-        let outcome = unsafe {
-            result::all_reduce(
+        // (checked by the callers), the communicator is live, and `stream` is a live stream of
+        // this device (libtorch's own).
+        let rc: NcclResult = unsafe {
+            (self.lib.all_reduce)(
                 ptr,
                 ptr,
                 count,
                 dtype,
-                sys::ncclRedOp_t::ncclSum,
-                self.raw as sys::ncclComm_t,
+                NCCL_SUM,
+                self.raw as RawComm,
                 stream,
             )
         };
-        match outcome {
-            Ok(_) => Ok(()),
-            Err(_) if self.check_live().is_err() => Err(AllReduceError::Aborted),
-            Err(e) => Err(AllReduceError::Nccl(format!(
+        match rc {
+            0 => Ok(()),
+            _ if self.check_live().is_err() => Err(AllReduceError::Aborted),
+            code => Err(AllReduceError::Nccl(format!(
                 "ncclAllReduce on cuda:{} (rank {} of {}) failed: {}",
                 self.device,
                 self.rank,
                 self.world,
-                describe(&e)
+                self.lib.error_string(code)
             ))),
         }
     }
@@ -219,21 +222,13 @@ impl AllReduce for NcclAllReduce {
                 buffer.is_contiguous()
             )));
         }
-        self.all_reduce(
-            buffer.data_ptr(),
-            buffer.numel(),
-            sys::ncclDataType_t::ncclFloat32,
-        )
+        self.all_reduce(buffer.data_ptr(), buffer.numel(), NCCL_FLOAT32)
     }
 
     fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), AllReduceError> {
         let on_device = Tensor::from_slice(values).to_device(Device::Cuda(self.device));
-        self.all_reduce(
-            on_device.data_ptr(),
-            values.len(),
-            sys::ncclDataType_t::ncclFloat64,
-        )?;
-        // The copy back waits for the collective (same stream).
+        self.all_reduce(on_device.data_ptr(), values.len(), NCCL_FLOAT64)?;
+        // The copy back waits for the collective: both are on libtorch's current stream.
         let back = Vec::<f64>::try_from(&on_device.to_device(Device::Cpu))
             .map_err(|e| AllReduceError::Nccl(format!("reading the summed statistics: {e}")))?;
         values.copy_from_slice(&back);
@@ -248,7 +243,7 @@ impl Drop for NcclAllReduce {
             c.gone = true;
             // SAFETY: the communicator is live and no collective of this rank is in flight
             // (the endpoint is being dropped by the thread that drove it).
-            let _ = unsafe { result::comm_destroy(c.raw) };
+            let _ = unsafe { (self.lib.comm_destroy)(c.raw) };
         }
     }
 }
@@ -275,18 +270,23 @@ mod tests {
     }
 
     #[test]
-    fn the_hint_names_the_wheel_copy_and_the_exact_commands() {
-        let lib = Path::new("/opt/py/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        let hint = missing_nccl_hint(Some(lib));
-        assert!(
-            hint.contains("ln -sf /opt/py/site-packages/nvidia/nccl/lib/libnccl.so.2 ")
-                && hint.contains("LD_LIBRARY_PATH=~/.local/lib/dflash-nccl"),
-            "{hint}"
-        );
-        assert!(missing_nccl_hint(None).contains("install NCCL"));
-        assert_eq!(
-            wheel_nccl(Path::new("/opt/py/site-packages/torch/lib")),
-            Path::new("/opt/py/site-packages/torch/lib/../../nvidia/nccl/lib/libnccl.so.2")
-        );
+    fn doctor_s_line_names_the_version_and_the_file_or_what_is_missing() {
+        match nccl_status() {
+            Ok(line) => assert!(
+                line.starts_with("NCCL 2.") && line.contains(" from /") && line.contains("libnccl"),
+                "{line}"
+            ),
+            Err(why) => assert!(
+                why.contains("tried") && why.contains("make provision"),
+                "{why}"
+            ),
+        }
+    }
+
+    #[test]
+    fn the_current_stream_of_a_missing_gpu_is_an_error_not_a_crash() {
+        let missing = tch::Cuda::device_count() as usize;
+        let err = current_cuda_stream(missing).unwrap_err();
+        assert!(err.contains(&format!("cuda:{missing}")), "{err}");
     }
 }
