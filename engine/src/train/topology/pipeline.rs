@@ -86,9 +86,9 @@ pub fn produce_item(
     let features = target
         .features(&ids, layer_ids)
         .map_err(|e| format!("target forward of micro-batch {seq}: {e}"))?;
-    let features = features.to_device(dest);
-    // Waits for this device only: syncing `dest` would stall the target worker behind the
-    // drafter's queued kernels. The copy is stream-ordered before the drafter's use of it.
+    let features = hand_over(&features, target.device(), dest);
+    // Waits for the target's own device only (its forward, for the timing); the copy onto
+    // `dest` is merely enqueued there (see `hand_over`).
     sync(target.device());
     let target_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(HiddenItem {
@@ -101,6 +101,70 @@ pub fn produce_item(
         micro,
         features,
     })
+}
+
+/// How features go from the target's device to the drafter rank's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Same device: the tensor itself.
+    InPlace,
+    /// Between two different devices, at least one a GPU: through pinned host memory.
+    PinnedStaging,
+}
+
+/// The route for features made on `src` and trained on `dest`. Pure.
+pub fn handover(src: Device, dest: Device) -> Handover {
+    if src == dest {
+        Handover::InPlace
+    } else {
+        Handover::PinnedStaging
+    }
+}
+
+/// `features` (made on `src`) on `dest`, without the target side ever waiting on `dest`'s
+/// queued work.
+///
+/// Why pinned staging and not `to_device(dest)`: libtorch's device-to-device copy orders
+/// itself on both devices' current streams. The copy waits for everything already queued on
+/// the drafter's stream, the drafter's stream then waits for the target's whole forward, and
+/// the target thread (which syncs its device afterwards) sits behind the drafter's queue.
+/// Here instead:
+///
+/// 1. device → pinned host: a copy on the target's own stream, which the target thread waits
+///    for (it would wait for its forward anyway, to time it). It waits on nothing of the
+///    drafter's.
+/// 2. pinned host → `dest`: `non_blocking`, so the target thread only enqueues it on the
+///    drafter device's current stream and returns. It runs after the drafter's already queued
+///    kernels and before anything the drafter queues later, which is the order the drafter
+///    needs; libtorch's caching host allocator keeps the pinned block alive until that copy
+///    has finished (it records an event on the stream), so dropping `host` here is safe.
+///
+/// The cost is one more pass over the features through host memory (210 MB per item at the
+/// real shape, a few ms over PCIe) instead of a peer copy; a peer copy on a dedicated stream
+/// with events would avoid it but needs a stream and event API tch does not have.
+///
+/// NOT TESTED ON A GPU: on the CPU build machines every route is [`Handover::InPlace`].
+pub fn hand_over(features: &Tensor, src: Device, dest: Device) -> Tensor {
+    match handover(src, dest) {
+        Handover::InPlace => features.shallow_clone(),
+        Handover::PinnedStaging => {
+            // Pinning needs CUDA; from the CPU the features already are host memory.
+            let host = if src.is_cuda() {
+                let mut pinned =
+                    Tensor::empty(features.size(), (features.kind(), Device::Cpu)).pin_memory(src);
+                // Blocking device → host copy: waits for the target's stream only.
+                pinned.copy_(features);
+                pinned
+            } else {
+                features.contiguous().pin_memory(dest)
+            };
+            if dest.is_cuda() {
+                host.to_device_(dest, host.kind(), true, false)
+            } else {
+                host
+            }
+        }
+    }
 }
 
 struct DispatchState {
@@ -288,6 +352,27 @@ mod tests {
             })
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn features_stay_in_place_on_one_device_and_go_through_pinned_memory_between_two() {
+        assert_eq!(handover(Device::Cpu, Device::Cpu), Handover::InPlace);
+        assert_eq!(
+            handover(Device::Cuda(2), Device::Cuda(2)),
+            Handover::InPlace
+        );
+        assert_eq!(
+            handover(Device::Cuda(0), Device::Cuda(5)),
+            Handover::PinnedStaging
+        );
+        assert_eq!(
+            handover(Device::Cpu, Device::Cuda(1)),
+            Handover::PinnedStaging
+        );
+        // In place really is the same storage, not a copy.
+        let f = Tensor::ones([2, 3], (Kind::Float, Device::Cpu));
+        let same = hand_over(&f, Device::Cpu, Device::Cpu);
+        assert_eq!(same.data_ptr(), f.data_ptr());
     }
 
     #[test]
