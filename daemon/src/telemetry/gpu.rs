@@ -14,12 +14,15 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
 
 use super::allocator;
+use super::cuda_order::{map_cuda_devices, CudaGpu, CudaOrder, NvmlGpu};
 
 pub struct GpuSampler {
     nvml: Result<Nvml, String>,
     roles: BTreeMap<u32, DeviceRole>,
     /// NVML index of each CUDA device index this process sees (CUDA_VISIBLE_DEVICES order).
     cuda_to_nvml: Vec<Option<u32>>,
+    /// The same mapping in full (UUID, PCI bus id, MIG entries), for `dflashd doctor`.
+    cuda_devices: Vec<String>,
     names: BTreeMap<u32, String>,
     /// Reset allocator peaks after each reading so peaks are per window.
     reset_allocator_peaks: bool,
@@ -43,10 +46,13 @@ impl GpuSampler {
             nvml,
             roles: BTreeMap::new(),
             cuda_to_nvml: Vec::new(),
+            cuda_devices: Vec::new(),
             names: BTreeMap::new(),
             reset_allocator_peaks: true,
         };
-        sampler.cuda_to_nvml = sampler.compute_cuda_mapping();
+        let (table, mapped) = sampler.compute_cuda_mapping();
+        sampler.cuda_to_nvml = mapped.iter().map(CudaGpu::nvml_index).collect();
+        sampler.cuda_devices = mapped.iter().map(|g| g.describe(&table)).collect();
         sampler
     }
 
@@ -75,6 +81,12 @@ impl GpuSampler {
                     .map(|n| (n, role))
             })
             .collect();
+    }
+
+    /// One line per CUDA device of this process: the NVML device it is (UUID, PCI bus id), a
+    /// MIG instance, or why it cannot be told.
+    pub fn cuda_devices(&self) -> &[String] {
+        &self.cuda_devices
     }
 
     pub fn driver_version(&self) -> Option<String> {
@@ -185,20 +197,36 @@ impl GpuSampler {
         }
     }
 
-    fn compute_cuda_mapping(&self) -> Vec<Option<u32>> {
+    /// NVML's table and each CUDA device's place in it (see `cuda_order`).
+    fn compute_cuda_mapping(&self) -> (Vec<NvmlGpu>, Vec<CudaGpu>) {
         let Ok(nvml) = &self.nvml else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let count = nvml.device_count().unwrap_or(0);
-        let uuids: Vec<String> = (0..count)
+        let table: Vec<NvmlGpu> = (0..count)
             .map(|i| {
-                nvml.device_by_index(i)
-                    .and_then(|d| d.uuid())
-                    .unwrap_or_default()
+                let device = nvml.device_by_index(i).ok();
+                NvmlGpu {
+                    uuid: device
+                        .as_ref()
+                        .and_then(|d| d.uuid().ok())
+                        .unwrap_or_default(),
+                    pci_bus_id: device
+                        .as_ref()
+                        .and_then(|d| d.pci_info().ok())
+                        .map(|p| p.bus_id)
+                        .unwrap_or_default(),
+                    name: device
+                        .as_ref()
+                        .and_then(|d| d.name().ok())
+                        .unwrap_or_default(),
+                }
             })
             .collect();
+        let order = CudaOrder::from_env(std::env::var("CUDA_DEVICE_ORDER").ok().as_deref());
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        cuda_to_nvml_indices(visible.as_deref(), &uuids)
+        let mapped = map_cuda_devices(order, visible.as_deref(), &table);
+        (table, mapped)
     }
 }
 
@@ -223,73 +251,9 @@ fn empty_sample(ts_ms: TimestampMs, index: u32, name: String, role: DeviceRole) 
     }
 }
 
-/// Maps CUDA device indices to NVML indices from `CUDA_VISIBLE_DEVICES`.
-///
-/// Unset: CUDA index i is NVML index i (both enumerate by PCI bus id on uniform boxes).
-/// Entries are integers or GPU UUID prefixes; CUDA stops at the first invalid entry, and so
-/// do we. MIG instances have no NVML device index here and map to `None`.
-pub fn cuda_to_nvml_indices(visible: Option<&str>, nvml_uuids: &[String]) -> Vec<Option<u32>> {
-    let Some(visible) = visible else {
-        return (0..nvml_uuids.len() as u32).map(Some).collect();
-    };
-    let mut out = Vec::new();
-    for entry in visible.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        if let Ok(i) = entry.parse::<u32>() {
-            if (i as usize) >= nvml_uuids.len() {
-                break;
-            }
-            out.push(Some(i));
-        } else if entry.starts_with("GPU-") {
-            match nvml_uuids
-                .iter()
-                .position(|u| !u.is_empty() && u.starts_with(entry))
-            {
-                Some(p) => out.push(Some(p as u32)),
-                None => break,
-            }
-        } else if entry.starts_with("MIG-") {
-            out.push(None);
-        } else {
-            break;
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn uuids() -> Vec<String> {
-        vec![
-            "GPU-aaaa-1".into(),
-            "GPU-bbbb-2".into(),
-            "GPU-cccc-3".into(),
-        ]
-    }
-
-    #[test]
-    fn visible_devices_map_cuda_to_nvml_indices() {
-        assert_eq!(
-            cuda_to_nvml_indices(None, &uuids()),
-            vec![Some(0), Some(1), Some(2)]
-        );
-        assert_eq!(
-            cuda_to_nvml_indices(Some("2,0"), &uuids()),
-            vec![Some(2), Some(0)]
-        );
-        assert_eq!(
-            cuda_to_nvml_indices(Some("GPU-bbbb"), &uuids()),
-            vec![Some(1)]
-        );
-        // CUDA ignores everything from the first invalid entry on.
-        assert_eq!(cuda_to_nvml_indices(Some("1,7,0"), &uuids()), vec![Some(1)]);
-        assert_eq!(
-            cuda_to_nvml_indices(Some(""), &uuids()),
-            Vec::<Option<u32>>::new()
-        );
-        assert_eq!(cuda_to_nvml_indices(Some("MIG-x"), &uuids()), vec![None]);
-    }
 
     #[test]
     fn without_nvml_the_sampler_says_why_and_invents_nothing() {

@@ -5,6 +5,7 @@
 //! ever filled in by guess.
 pub mod allocator;
 pub mod caches;
+pub mod cuda_order;
 pub mod fingerprint;
 mod git;
 pub mod gpu;
