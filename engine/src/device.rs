@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use dflash_shared::config::Device as ConfigDevice;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -74,6 +74,24 @@ pub fn compute_kind(device: Device) -> Kind {
     } else {
         Kind::Float
     }
+}
+
+thread_local! {
+    static PLACEMENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// `t` on `device` in `kind`: a copy when it is elsewhere or in another dtype, `t` itself
+/// otherwise. Each call is counted per thread ([`placements_on_this_thread`]), so a test can
+/// show that a large tensor (the evaluation's LM head, 2.4 GiB at the real size) is placed once
+/// per evaluation rather than once per anchor chunk, also on the CPU where no byte moves.
+pub fn place(t: &Tensor, device: Device, kind: Kind) -> Tensor {
+    PLACEMENTS.with(|n| n.set(n.get() + 1));
+    t.to_device(device).to_kind(kind)
+}
+
+/// How many [`place`] calls this thread has made.
+pub fn placements_on_this_thread() -> u64 {
+    PLACEMENTS.with(|n| n.get())
 }
 
 /// The directory of the `libtorch_cpu.so` this process has mapped (the libtorch it really

@@ -194,13 +194,23 @@ pub fn evaluate(
     let max_k = (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab);
     let device = target.device();
     let mut totals = Totals::new(bs, RECALL_KS.len());
+    // The drafter's device and dtype, where its output and therefore the scoring live. The LM
+    // head (vocab × hidden: 2.4 GiB at the real size) goes there once per evaluation and each
+    // forward group's features once per group, not once per anchor chunk: the chunks of a
+    // group share them, and the drafter finds them already in place.
+    let (eval_device, eval_kind) = (drafter.device(), drafter.dtype());
+    let lm_head = crate::device::place(target.lm_head(), eval_device, eval_kind);
     tch::no_grad(|| -> Result<(), TrainError> {
         for group in samples.chunks(opts.rows_per_forward.max(1)) {
             let batch = collate(group, 0, 0);
             let rows: Rows = batch.rows();
             let ids = Tensor::from_slice(&batch.input_ids)
                 .view([batch.batch as i64, batch.seq_len as i64]);
-            let features = target.features(&ids, &cfg.target_layer_ids)?;
+            let features = crate::device::place(
+                &target.features(&ids, &cfg.target_layer_ids)?,
+                eval_device,
+                eval_kind,
+            );
             for anchors in all_anchors_chunked(&batch.masks(), opts.anchors_per_forward) {
                 if anchors.width == 0 {
                     continue;
@@ -237,7 +247,6 @@ pub fn evaluate(
                     Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
                         .to_device(out.device());
                 let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
-                let lm_head = target.lm_head().to_device(out.device());
                 let scores = score_positions(
                     &out,
                     &lm_head,

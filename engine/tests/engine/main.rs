@@ -10,6 +10,7 @@ mod drafter_attention;
 mod drafter_config;
 mod drafter_model;
 mod drafter_reference;
+mod eval_placement;
 mod learning;
 mod resume_unlocked;
 mod topology_equivalence;

@@ -51,11 +51,13 @@ impl Drafter {
         &self.config
     }
 
-    fn device(&self) -> Device {
+    /// Where the drafter's weights (and so its output) live.
+    pub fn device(&self) -> Device {
         self.fc.weight.device()
     }
 
-    fn dtype(&self) -> Kind {
+    /// The drafter's parameter dtype, which its activations follow.
+    pub fn dtype(&self) -> Kind {
         self.fc.weight.kind()
     }
 
@@ -136,6 +138,9 @@ impl Drafter {
         let context = self.hidden_norm.forward(
             &self
                 .fc
+                // No copy when the caller passes the features already on this device in this
+                // dtype, as training and evaluation do (evaluation places each group's features
+                // once for all its anchor chunks).
                 .forward(&target_features.to_device(device).to_kind(dtype)),
         );
 
