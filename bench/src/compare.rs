@@ -161,9 +161,14 @@ pub fn merge_rounds(runs: Vec<StepRun>) -> Option<StepRun> {
             (&mut merged.step_peak_rss_mb, r.step_peak_rss_mb),
             (&mut merged.load_peak_rss_mb, r.load_peak_rss_mb),
             (&mut merged.cuda_max_allocated_mb, r.cuda_max_allocated_mb),
+            (&mut merged.cuda_reserved_mb, r.cuda_reserved_mb),
         ] {
             *slot = [*slot, v].into_iter().flatten().reduce(f64::max);
         }
+        merged.cuda_alloc_retries = [merged.cuda_alloc_retries, r.cuda_alloc_retries]
+            .into_iter()
+            .flatten()
+            .reduce(u64::max);
         merged.baseline_rss_mb = [merged.baseline_rss_mb, r.baseline_rss_mb]
             .into_iter()
             .flatten()

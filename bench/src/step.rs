@@ -21,6 +21,8 @@ use dflash_engine::model::drafter::{AttentionBackend, Drafter};
 use dflash_engine::train::drafter_io::{load_hf, named_parameters};
 use dflash_engine::train::loss::{weighted_ce, weighted_ce_backward};
 use dflash_engine::train::optim::AdamW;
+use dflash_shared::metrics::AllocatorStats;
+use dflashd::telemetry::allocator;
 
 /// One implementation's run of a step case: the engine and the reference print this shape.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -47,7 +49,13 @@ pub struct StepRun {
     pub step_peak_rss_mb: Option<f64>,
     pub peak_rss_mb: Option<f64>,
     pub peak_reset: bool,
+    /// CUDA only: libtorch's caching allocator over the steps (warmup included), MiB: its own
+    /// peak of allocated bytes (what the reference reads as `torch.cuda.max_memory_allocated`),
+    /// the reserved bytes at the end, and how often a cudaMalloc failed and was retried after
+    /// freeing the cache (fragmentation near capacity).
     pub cuda_max_allocated_mb: Option<f64>,
+    pub cuda_reserved_mb: Option<f64>,
+    pub cuda_alloc_retries: Option<u64>,
     /// Peak live memory of one step on CPU, MiB, from a memory pass
     /// ([`StepOptions::memory_steps`], [`super::timing::live_step_memory`]).
     pub live_step_mb: Option<f64>,
@@ -233,7 +241,14 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
         }
         Ok(())
     };
+    if let Device::Cuda(index) = opts.device {
+        // The peak must be this run's steps', not the loading's.
+        if let Err(e) = allocator::reset_peak(index) {
+            eprintln!("cuda:{index}: allocator peak not reset ({e}); the peak includes loading");
+        }
+    }
     let timed = timed_loop(opts.warmup, opts.steps, opts.device, &mut step)?;
+    fill_device_memory(&mut run, opts.device, allocator::cuda_stats);
     if memory_pass {
         run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
     }
@@ -244,10 +259,67 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     Ok(run)
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// On CUDA, the allocator's readings into `run` (`read` is `allocator::cuda_stats`; a reading
+/// that fails is reported and leaves the fields empty, never filled in). Nothing on the CPU,
+/// whose memory is the RSS fields'.
+pub fn fill_device_memory<E: std::fmt::Display>(
+    run: &mut StepRun,
+    device: Device,
+    read: impl Fn(usize) -> Result<AllocatorStats, E>,
+) {
+    let Device::Cuda(index) = device else {
+        return;
+    };
+    match read(index) {
+        Ok(stats) => {
+            run.cuda_max_allocated_mb = Some(stats.peak_allocated_bytes as f64 / MIB);
+            run.cuda_reserved_mb = Some(stats.reserved_bytes as f64 / MIB);
+            run.cuda_alloc_retries = Some(stats.alloc_retries);
+        }
+        Err(e) => eprintln!("cuda:{index}: no allocator statistics ({e})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::case::prepare_step_case;
+
+    #[test]
+    fn cuda_runs_report_the_allocator_and_cpu_runs_leave_it_empty() {
+        let stats = AllocatorStats {
+            allocated_bytes: 1 << 20,
+            reserved_bytes: 6 << 20,
+            peak_allocated_bytes: 5 << 20,
+            alloc_retries: 2,
+            ooms: 0,
+        };
+        let asked = std::cell::Cell::new(None);
+        let read = |i: usize| -> Result<AllocatorStats, String> {
+            asked.set(Some(i));
+            Ok(stats.clone())
+        };
+        let mut run = StepRun::default();
+        fill_device_memory(&mut run, Device::Cuda(3), read);
+        assert_eq!(asked.get(), Some(3));
+        assert_eq!(run.cuda_max_allocated_mb, Some(5.0));
+        assert_eq!(run.cuda_reserved_mb, Some(6.0));
+        assert_eq!(run.cuda_alloc_retries, Some(2));
+
+        let mut cpu = StepRun::default();
+        asked.set(None);
+        fill_device_memory(&mut cpu, Device::Cpu, read);
+        assert_eq!((asked.get(), cpu.cuda_max_allocated_mb), (None, None));
+
+        // A failed reading leaves the fields empty.
+        let mut failed = StepRun::default();
+        fill_device_memory(&mut failed, Device::Cuda(0), |_| {
+            Err::<AllocatorStats, _>("not initialized")
+        });
+        assert_eq!(failed.cuda_max_allocated_mb, None);
+    }
     use crate::presets::step_preset;
 
     #[test]
