@@ -56,6 +56,9 @@ pub struct StepRun {
     pub cuda_max_allocated_mb: Option<f64>,
     pub cuda_reserved_mb: Option<f64>,
     pub cuda_alloc_retries: Option<u64>,
+    /// Engine only: the SDPA kernel libtorch picks for the drafter's biased attention call at
+    /// this case's head shapes (one block over the whole context) on this device.
+    pub sdpa_backend: Option<String>,
     /// Peak live memory of one step on CPU, MiB, from a memory pass
     /// ([`StepOptions::memory_steps`], [`super::timing::live_step_memory`]).
     pub live_step_mb: Option<f64>,
@@ -195,6 +198,24 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
         weighted_positions: Some(meta.weighted_positions),
         ..StepRun::default()
     };
+    let dc = drafter.config();
+    let site = dflash_engine::sdpa::CallSite {
+        name: "drafter block-sparse (bias)",
+        q_heads: dc.num_attention_heads,
+        kv_heads: dc.num_key_value_heads,
+        head_dim: dc.head_dim,
+        rows: dc.block_size,
+        keys: features.size()[1] + dc.block_size,
+        bias: true,
+        causal: false,
+        gqa: false,
+    };
+    dflash_engine::sdpa::choose_backends();
+    run.sdpa_backend = Some(
+        dflash_engine::sdpa::backend_for(&site, opts.device, opts.kind)
+            .name()
+            .into(),
+    );
     let mut losses = Vec::new();
     let mut norms = Vec::new();
     let mut phases: [Vec<f64>; 3] = Default::default();

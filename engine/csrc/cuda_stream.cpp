@@ -50,3 +50,8 @@ int dflash_current_cuda_stream(int device, void** out, char* err, size_t err_len
 }
 
 }  // extern "C"
+
+// The engine's SDPA choice (engine/src/sdpa.rs): no cuDNN attention. Biased attention with a
+// new (rows, keys) shape per chunk would build a cuDNN plan per shape.
+#include <ATen/Context.h>
+extern "C" void dflash_disable_cudnn_sdpa() { at::globalContext().setSDPUseCuDNN(false); }

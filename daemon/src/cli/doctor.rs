@@ -68,6 +68,7 @@ pub fn run() -> Result<()> {
         Ok(loaded) => println!("nccl:            {loaded}"),
         Err(why) => println!("nccl:            not loadable: {why}"),
     }
+    print_sdpa_backends(cuda);
     let nvml = GpuSampler::new();
     match nvml.unavailable_reason() {
         None => {
@@ -88,4 +89,47 @@ pub fn run() -> Result<()> {
         Some(reason) => println!("nvml:            {reason}"),
     }
     Ok(())
+}
+
+/// Which SDPA kernel each attention call site gets here, read from libtorch at the real
+/// Qwen3.6-27B / drafter head shapes (a block-sparse chunk: 128 rows, 2048 + 128 keys).
+fn print_sdpa_backends(cuda: bool) {
+    use dflash_engine::sdpa::{backend_for, choose_backends, CallSite};
+    let choice = choose_backends();
+    let (device, kind) = if cuda {
+        (tch::Device::Cuda(0), tch::Kind::BFloat16)
+    } else {
+        (tch::Device::Cpu, tch::Kind::Float)
+    };
+    println!("sdpa choice:     {choice}");
+    let drafter = CallSite {
+        name: "drafter block-sparse (bias)",
+        q_heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        rows: 128,
+        keys: 2176,
+        bias: true,
+        causal: false,
+        gqa: false,
+    };
+    let target = CallSite {
+        name: "target causal GQA",
+        q_heads: 24,
+        kv_heads: 4,
+        head_dim: 256,
+        rows: 256,
+        keys: 256,
+        bias: false,
+        causal: true,
+        gqa: true,
+    };
+    for site in [drafter, target] {
+        println!(
+            "sdpa:            {} on {}: {}",
+            site.name,
+            dflash_engine::device::name(device),
+            backend_for(&site, device, kind).name()
+        );
+    }
 }

@@ -137,6 +137,8 @@ impl Trainer {
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
         topology.validate()?;
+        // The deliberate SDPA kernel choice, before any attention runs (see `crate::sdpa`).
+        crate::sdpa::choose_backends();
         let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
         let device = topology.drafter_devices[0];
         let replica = DrafterReplica::seeded(
