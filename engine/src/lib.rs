@@ -14,4 +14,5 @@ pub mod atomic_write;
 pub mod data;
 pub mod device;
 pub mod model;
+pub mod plan;
 pub mod train;
