@@ -299,3 +299,40 @@ fn largest_param(d: &DrafterConfig) -> f64 {
         .into_iter()
         .fold(0.0, f64::max)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::BlockSparsePlan;
+    use crate::plan::run::tests::real_drafter;
+    use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn the_model_plans_the_chunks_the_engine_runs() {
+        let d = real_drafter();
+        for (seq, anchors) in [(3072, 1024), (1024, 64), (300, 200)] {
+            let s = StepShape::typical(&d, 2, seq, anchors, 0.85, 2048);
+            let (b, n) = (s.batch, s.width());
+            let a = Tensor::from_slice(&s.anchors).view([b, n]);
+            let k = Tensor::from_slice(&s.keep).view([b, n]);
+            for t in [LayerType::Sliding, LayerType::Full] {
+                let rule = layer_rule(&d, t);
+                let engine = BlockSparsePlan::new(
+                    rule,
+                    &a,
+                    &k,
+                    d.block_size,
+                    seq,
+                    d.num_attention_heads,
+                    DEFAULT_CHUNK_SCORE_ELEMENTS,
+                    (Kind::Float, Device::Cpu),
+                );
+                assert_eq!(
+                    chunk_plan(&d, &s, rule).len(),
+                    engine.num_chunks(),
+                    "S {seq}, {anchors} anchors, {rule:?}"
+                );
+            }
+        }
+    }
+}

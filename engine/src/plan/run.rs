@@ -306,4 +306,4 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
 
 #[cfg(test)]
 #[path = "run_tests.rs"]
-mod tests;
+pub(crate) mod tests;
