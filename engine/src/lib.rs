@@ -14,5 +14,6 @@ pub mod atomic_write;
 pub mod data;
 pub mod device;
 pub mod model;
+pub mod plan;
 pub mod sdpa;
 pub mod train;

@@ -25,9 +25,7 @@
 //! per-head probabilities exist at any time: the fused kernel works in tiles.
 use tch::{Device, Kind, Tensor};
 
-use super::chunk_plan::{
-    key_range, plan_context_chunks, sort_order, ChunkCosts, ContextChunk, SortedBlocks,
-};
+use super::chunk_plan::{choose_chunks, sort_order, ChunkCosts};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
@@ -200,57 +198,28 @@ impl BlockSparsePlan {
             budget: chunk_score_elements,
             overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
         };
-        let plan_of = |anchors: &[i64], keep: &[bool]| {
-            let view = SortedBlocks {
-                anchors,
-                keep,
-                batch: batch as usize,
-                blocks: blocks as usize,
-            };
-            plan_context_chunks(rule, &view, context_len, costs)
-        };
-        // All blocks as one chunk, if that fits the budget: (chunk, cost).
-        let plan_of_whole = |anchors: &[i64], keep: &[bool]| {
-            let keys = key_range(rule, context_len, anchors.iter().zip(keep));
-            let rows = blocks * block_size;
-            let grid = rows * costs.per_row_key * (keys.map_or(0, |(lo, hi)| hi - lo) + rows);
-            (blocks <= 1 || grid <= costs.budget).then(|| {
-                (
-                    ContextChunk {
-                        start: 0,
-                        end: blocks as usize,
-                        keys,
-                    },
-                    grid + costs.overhead,
-                )
-            })
-        };
-        // Plan on the anchor-sorted blocks; if one chunk of all blocks is as cheap (it needs no
-        // sorting gathers, worth one more call), keep the given order instead.
-        let host_order = sort_order(&host_anchors, &host_keep, batch as usize, blocks as usize);
-        let row = |b: usize, i: i64| b * blocks as usize + i as usize;
-        let sorted_index = |b: usize, j: usize| row(b, host_order[row(b, j as i64)]);
-        let all = || (0..batch as usize).flat_map(|b| (0..blocks as usize).map(move |j| (b, j)));
-        let sorted_anchors: Vec<i64> = all()
-            .map(|(b, j)| host_anchors[sorted_index(b, j)])
-            .collect();
-        let sorted_keep: Vec<bool> = all().map(|(b, j)| host_keep[sorted_index(b, j)]).collect();
-        let (sorted_chunks, sorted_cost) = plan_of(&sorted_anchors, &sorted_keep);
-        let whole = plan_of_whole(&host_anchors, &host_keep);
-        let (chunks, order, chunk_anchors, chunk_keep) = match whole {
-            Some((one, cost)) if cost <= sorted_cost + costs.overhead => (
-                vec![one],
+        let choice = choose_chunks(
+            rule,
+            &host_anchors,
+            &host_keep,
+            (batch as usize, blocks as usize),
+            context_len,
+            costs,
+        );
+        let (chunks, order, chunk_anchors, chunk_keep) = match choice.sorted {
+            None => (
+                choice.chunks,
                 None,
                 anchors.to_device(device).to_kind(Kind::Int64),
                 keep.to_device(device).to_kind(Kind::Bool),
             ),
-            _ => {
+            Some(sorted) => {
                 let to_device = |t: Tensor| t.view([batch, blocks]).to_device(device);
                 (
-                    sorted_chunks,
-                    BlockOrder::from_host(&host_order, (batch, blocks), device),
-                    to_device(Tensor::from_slice(&sorted_anchors)),
-                    to_device(Tensor::from_slice(&sorted_keep)),
+                    choice.chunks,
+                    BlockOrder::from_host(&sorted.order, (batch, blocks), device),
+                    to_device(Tensor::from_slice(&sorted.anchors)),
+                    to_device(Tensor::from_slice(&sorted.keep)),
                 )
             }
         };

@@ -124,6 +124,74 @@ pub(crate) fn plan_context_chunks(
     (chunks, best[blocks])
 }
 
+/// The blocks sorted by anchor, as a plan that chunks them in that order runs them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SortedLayout {
+    /// Row-major `[batch, blocks]` permutation ([`sort_order`]).
+    pub order: Vec<i64>,
+    pub anchors: Vec<i64>,
+    pub keep: Vec<bool>,
+}
+
+/// The chunks of one block-sparse call, and the order they run the blocks in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkChoice {
+    pub chunks: Vec<ContextChunk>,
+    /// `None`: the blocks keep their given order (one chunk of all of them).
+    pub sorted: Option<SortedLayout>,
+}
+
+/// What [`super::block_sparse::BlockSparsePlan::new`] runs: the cheapest chunking of the
+/// anchor-sorted blocks, unless one chunk of all blocks in their given order is as cheap (it
+/// needs no sorting gathers, worth one more call). `anchors`/`keep` row-major `[batch,
+/// blocks]`. Pure, so the memory model (`crate::plan`) plans exactly what the engine runs.
+pub(crate) fn choose_chunks(
+    rule: LayerRule,
+    anchors: &[i64],
+    keep: &[bool],
+    (batch, blocks): (usize, usize),
+    context_len: i64,
+    costs: ChunkCosts,
+) -> ChunkChoice {
+    let order = sort_order(anchors, keep, batch, blocks);
+    let sorted_index = |k: usize| (k / blocks.max(1)) * blocks + order[k] as usize;
+    let sorted_anchors: Vec<i64> = (0..batch * blocks)
+        .map(|k| anchors[sorted_index(k)])
+        .collect();
+    let sorted_keep: Vec<bool> = (0..batch * blocks).map(|k| keep[sorted_index(k)]).collect();
+    let view = SortedBlocks {
+        anchors: &sorted_anchors,
+        keep: &sorted_keep,
+        batch,
+        blocks,
+    };
+    let (sorted_chunks, sorted_cost) = plan_context_chunks(rule, &view, context_len, costs);
+    // All blocks as one chunk, if that fits the budget.
+    let keys = key_range(rule, context_len, anchors.iter().zip(keep));
+    let rows = blocks as i64 * costs.block_size;
+    let grid = rows * costs.per_row_key * (keys.map_or(0, |(lo, hi)| hi - lo) + rows);
+    if (blocks <= 1 || grid <= costs.budget)
+        && grid + costs.overhead <= sorted_cost + costs.overhead
+    {
+        return ChunkChoice {
+            chunks: vec![ContextChunk {
+                start: 0,
+                end: blocks,
+                keys,
+            }],
+            sorted: None,
+        };
+    }
+    ChunkChoice {
+        chunks: sorted_chunks,
+        sorted: Some(SortedLayout {
+            order,
+            anchors: sorted_anchors,
+            keep: sorted_keep,
+        }),
+    }
+}
+
 /// Per batch row, the stable order of the blocks by effective anchor (invalid blocks see no
 /// context and count as anchor 0, which puts them first, out of the way). Row-major `[B, N]`.
 pub(crate) fn sort_order(anchors: &[i64], keep: &[bool], batch: usize, blocks: usize) -> Vec<i64> {

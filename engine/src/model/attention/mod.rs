@@ -12,12 +12,13 @@
 //!
 //! The visibility rule itself lives in [`visibility`] as pure functions.
 mod block_sparse;
-mod chunk_plan;
+pub(crate) mod chunk_plan;
 mod dense;
 pub mod visibility;
 
 use tch::Tensor;
 
+pub(crate) use block_sparse::CHUNK_OVERHEAD_SCORE_ELEMENTS;
 pub use block_sparse::{
     block_sparse_attention, block_sparse_attention_planned, BlockOrder, BlockSparsePlan,
     DEFAULT_CHUNK_SCORE_ELEMENTS,

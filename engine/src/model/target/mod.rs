@@ -21,10 +21,11 @@ use tch::{Device, Kind, Tensor};
 pub use config::{
     CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig,
 };
-pub use hf_io::{LoadOptions, DEFAULT_MAX_SHARD_BYTES};
+pub use hf_io::{param_specs, LoadOptions, DEFAULT_MAX_SHARD_BYTES};
+pub use params::ParamSpec;
 
 use self::decoder::{DecoderLayer, LayerContext, NormStyle};
-use self::hf_io::{param_specs, SaveRequest, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
+use self::hf_io::{SaveRequest, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
 use self::params::Params;
 use crate::model::error::ModelError;
 use crate::model::layers::Rotary;

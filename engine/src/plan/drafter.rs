@@ -1,0 +1,338 @@
+//! One drafter rank's memory, term by term as today's code allocates it.
+//!
+//! File:line references are to the code at the commit that wrote this module. Sizes are in
+//! bytes; `e` is the activation (and parameter) element size of the device
+//! ([`ActivationPrecision`]), `Q = B·N·bs` the draft positions, `S` the context length, `H`
+//! the hidden size, `A = Hq·D`, `K = Hkv·D`, `I` the intermediate size, `V` the vocabulary.
+use super::shape::{ActivationPrecision, StepShape};
+use super::Consumer;
+use crate::model::attention::chunk_plan::{choose_chunks, ChunkCosts, ContextChunk};
+use crate::model::attention::{
+    LayerRule, CHUNK_OVERHEAD_SCORE_ELEMENTS, DEFAULT_CHUNK_SCORE_ELEMENTS,
+};
+use crate::model::drafter::{DrafterConfig, LayerType};
+
+/// What a drafter rank holds: `resident` exists between steps (parameters, optimizer state,
+/// tables, buffers, queued items), `step` is what one step allocates at its peak (what the
+/// benchmark's memory pass measures as live step memory on CPU).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DrafterMemory {
+    pub resident: Vec<Consumer>,
+    /// The consumers alive at the step's peak.
+    pub step: Vec<Consumer>,
+    /// Which phase of the step peaks: `"loss"`, `"backward"` or `"optimizer"`.
+    pub peak_phase: &'static str,
+    /// Fused attention calls per layer, per layer (the chunk plan of its rule).
+    pub chunks_per_layer: Vec<usize>,
+}
+
+impl DrafterMemory {
+    pub fn resident_bytes(&self) -> f64 {
+        self.resident.iter().map(|c| c.bytes).sum()
+    }
+
+    pub fn step_bytes(&self) -> f64 {
+        self.step.iter().map(|c| c.bytes).sum()
+    }
+
+    pub fn peak_bytes(&self) -> f64 {
+        self.resident_bytes() + self.step_bytes()
+    }
+}
+
+/// Where the rank runs and what surrounds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankContext {
+    pub precision: ActivationPrecision,
+    /// Drafter ranks in the group (> 1: a flat fp32 all-reduce buffer exists).
+    pub ranks: usize,
+    /// The frozen embedding and LM head are the target's own tensors (one device for both
+    /// roles, same dtype): the replica's `to_device().to_kind()` copies nothing.
+    pub tables_shared_with_target: bool,
+    /// Hidden-state items that can wait in this rank's queue, and the bytes of one.
+    pub queued_items: usize,
+    pub item_bytes: f64,
+}
+
+/// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`).
+pub fn drafter_params(d: &DrafterConfig) -> f64 {
+    let (h, a, k, i) = dims(d);
+    let per_layer = h * a + 2.0 * h * k + a * h + 3.0 * h * i + 2.0 * h + 2.0 * d.head_dim as f64;
+    d.feature_size() as f64 * h + 2.0 * h + d.layer_types.len() as f64 * per_layer
+}
+
+fn layer_params(d: &DrafterConfig) -> f64 {
+    let (h, a, k, i) = dims(d);
+    h * a + 2.0 * h * k + a * h + 3.0 * h * i + 2.0 * h + 2.0 * d.head_dim as f64
+}
+
+fn dims(d: &DrafterConfig) -> (f64, f64, f64, f64) {
+    (
+        d.hidden_size as f64,
+        (d.num_attention_heads * d.head_dim) as f64,
+        (d.num_key_value_heads * d.head_dim) as f64,
+        d.intermediate_size as f64,
+    )
+}
+
+pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
+    match t {
+        LayerType::Full => LayerRule::Full,
+        LayerType::Sliding => LayerRule::Sliding {
+            window: d.sliding_window.unwrap_or(i64::MAX / 4),
+        },
+    }
+}
+
+/// The chunks `attention/block_sparse.rs::BlockSparsePlan::new` plans for `rule` (the default
+/// budget, `drafter/model.rs:98-106`).
+pub(crate) fn chunk_plan(d: &DrafterConfig, s: &StepShape, rule: LayerRule) -> Vec<ContextChunk> {
+    let costs = ChunkCosts {
+        block_size: d.block_size,
+        per_row_key: s.batch * d.num_attention_heads,
+        budget: DEFAULT_CHUNK_SCORE_ELEMENTS,
+        overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
+    };
+    choose_chunks(
+        rule,
+        &s.anchors,
+        &s.keep,
+        (s.batch as usize, s.width() as usize),
+        s.seq_len,
+        costs,
+    )
+    .chunks
+}
+
+/// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs:12-23`): fp32 runs
+/// libtorch's fused `rms_norm`, which keeps its input and one fp32 rstd per row; bf16 writes
+/// the norm out in fp32 and keeps the fp32 copy of its input, the rstd and the bf16 x̂ (its
+/// input is then not kept by the norm).
+fn norm_saved(p: ActivationPrecision, rows: f64, width: f64) -> f64 {
+    match p {
+        ActivationPrecision::Fp32Cpu => rows * width * 4.0 + rows * 4.0,
+        ActivationPrecision::Bf16Cuda => rows * width * (4.0 + 2.0) + rows * 4.0,
+    }
+}
+
+/// One drafter rank's memory at step shape `s`.
+pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> DrafterMemory {
+    let p = rank.precision;
+    let e = p.bytes();
+    let (h, a, k, i) = dims(d);
+    let (b, seq) = (s.batch as f64, s.seq_len as f64);
+    let q = s.draft_positions(d.block_size) as f64;
+    let bs = d.block_size as f64;
+    let group = (d.num_attention_heads / d.num_key_value_heads.max(1)) as f64;
+    let vocab = d.vocab_size as f64;
+    let params = drafter_params(d);
+
+    let mut resident = vec![Consumer::new("parameters", params * e)];
+    if !p.params_are_masters() {
+        resident.push(Consumer::new("fp32 master weights", params * 4.0));
+    }
+    resident.push(Consumer::new("Adam moments (fp32)", 2.0 * params * 4.0));
+    if !rank.tables_shared_with_target {
+        // train/replica.rs:73-74: the target's embedding and LM head on this device.
+        let table = vocab * d.target_hidden_size as f64 * e;
+        resident.push(Consumer::new("frozen embedding copy", table));
+        resident.push(Consumer::new("frozen LM head copy", table));
+    }
+    if rank.ranks > 1 {
+        // topology/rank.rs:107-110: one fp32 flat gradient buffer for the all-reduce.
+        resident.push(Consumer::new("all-reduce buffer (fp32 flat)", params * 4.0));
+    }
+    if rank.queued_items > 0 {
+        resident.push(Consumer::new(
+            format!("queued hidden-state items ({})", rank.queued_items),
+            rank.queued_items as f64 * rank.item_bytes,
+        ));
+    }
+
+    // Attention per rule: the chunk plan, its masks (shared by the layers of a rule,
+    // block_sparse.rs:259-272) and the K/V copies each layer's calls save
+    // (block_sparse.rs:381-386, repeated per query head off CPU, :310-317).
+    let rules: Vec<LayerRule> = d.layer_types.iter().map(|&t| layer_rule(d, t)).collect();
+    let mut distinct: Vec<LayerRule> = Vec::new();
+    for r in &rules {
+        if !distinct.contains(r) {
+            distinct.push(*r);
+        }
+    }
+    let plans: Vec<(LayerRule, Vec<ContextChunk>)> =
+        distinct.iter().map(|&r| (r, chunk_plan(d, s, r))).collect();
+    let plan_of = |r: LayerRule| &plans.iter().find(|(x, _)| *x == r).expect("planned").1;
+    let chunk_keys = |c: &ContextChunk| {
+        let rows = (c.end - c.start) as f64 * bs;
+        (rows, c.keys.map_or(0.0, |(lo, hi)| (hi - lo) as f64) + rows)
+    };
+    let masks: f64 = plans
+        .iter()
+        .flat_map(|(_, chunks)| chunks.iter())
+        .map(|c| {
+            let (rows, keys) = chunk_keys(c);
+            b * rows * keys * e
+        })
+        .sum();
+
+    // Shared by all layers (drafter/model.rs:136-160, train/replica.rs:127-137).
+    let mut step = vec![
+        Consumer::new("block embeddings", q * h * e),
+        Consumer::new(
+            "fc output and context (hidden_norm)",
+            norm_saved(p, b * seq, h) + b * seq * h * e,
+        ),
+        Consumer::new(
+            "RoPE tables (fp32)",
+            2.0 * (seq + q) * d.head_dim as f64 * 4.0 + q * 8.0,
+        ),
+        Consumer::new("attention masks", masks),
+        Consumer::new("labels, weights, ids", q * (8.0 + 4.0 + 8.0)),
+    ];
+
+    // Saved for backward, per layer (drafter/layer.rs:134-195).
+    let mut saved_layers = 0.0;
+    let mut kv_copies = 0.0;
+    let mut per_layer = Vec::new();
+    for (n, &rule) in rules.iter().enumerate() {
+        let chunks = plan_of(rule);
+        let keys: f64 = chunks.iter().map(|c| chunk_keys(c).1).sum();
+        let repeat = if p.native_gqa() { 1.0 } else { group };
+        let kv = 2.0 * b * keys * k * e * repeat;
+        // input_layernorm keeps its input: the block embeddings for layer 0 in fp32 (already
+        // counted), the previous layer's output otherwise.
+        let input_norm = match (p, n) {
+            (ActivationPrecision::Fp32Cpu, 0) => q * 4.0,
+            _ => norm_saved(p, q, h),
+        };
+        let concatenated = if chunks.len() > 1 { q * a * e } else { 0.0 };
+        let bf16_rope_casts = match p {
+            ActivationPrecision::Fp32Cpu => 0.0,
+            // layers/rope.rs:47-48: cos and sin cast to bf16 per call (q, block k, context k).
+            ActivationPrecision::Bf16Cuda => 2.0 * (2.0 * q + seq) * d.head_dim as f64 * 2.0,
+        };
+        let layer = input_norm
+            + q * h * e // x, kept by q/k/v_proj
+            + norm_saved(p, q, a) // q_proj output, kept by q_norm
+            + q * a * e // roped q, kept by attention
+            + norm_saved(p, b * seq, k) // context k_proj output, kept by k_norm
+            + norm_saved(p, q, k) // block k_proj output
+            + q * a * e + b * d.num_attention_heads as f64 * q * 4.0 // attention out + lse
+            + concatenated // the chunks' outputs joined, kept by o_proj
+            + norm_saved(p, q, h) // residual, kept by post_attention_layernorm
+            + q * h * e // normed MLP input, kept by gate/up_proj
+            + 4.0 * q * i * e // gate, silu(gate), up, silu·up
+            + bf16_rope_casts;
+        saved_layers += layer;
+        kv_copies += kv;
+        per_layer.push(chunks.len());
+    }
+    step.push(Consumer::new(
+        "activations saved for backward (all layers, without K/V copies)",
+        saved_layers,
+    ));
+    step.push(Consumer::new(
+        "attention K/V copies saved for backward",
+        kv_copies,
+    ));
+    step.push(Consumer::new(
+        "final norm and drafter output",
+        norm_saved(p, q, h) + q * h * e,
+    ));
+
+    // Loss (train/loss.rs:74-118): chunks of `c` weighted positions through the head.
+    let weighted = s.weighted_positions as f64;
+    let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
+    let detached = weighted > s.loss_chunk_positions as f64;
+    // logits (e), their fp32 copy off fp32, log-softmax (saved), the nll gradient and the
+    // log-softmax gradient, all [c, V]; h and its gradient [c, H]; indices and weights.
+    let fp32_copy = if e == 4.0 { 0.0 } else { 4.0 };
+    let loss_chunk = c * vocab * (e + fp32_copy + 12.0) + 2.0 * c * h * e + weighted * 20.0;
+    let out_grad = if detached { q * h * e } else { 0.0 };
+    let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
+    // Backward of the last layer's MLP (layer.rs:191-194): the gradient flowing in and out
+    // [Q, H] twice, the gradients of silu·up and of up [Q, I], and that layer's parameter
+    // gradients. With one loss chunk the head's logits are still alive then.
+    let backward_phase = out_grad
+        + 2.0 * q * h * e
+        + 2.0 * q * i * e
+        + layer_params(d) * e
+        + if detached { 0.0 } else { c * vocab * e };
+    let mut step_peak_extra =
+        Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);
+    let mut peak_phase = "loss";
+    if backward_phase > loss_phase {
+        step_peak_extra = Consumer::new(
+            "backward of the last layer (gradients in flight)",
+            backward_phase,
+        );
+        peak_phase = "backward";
+    }
+    let forward_saved: f64 = step.iter().map(|c| c.bytes).sum();
+    // Optimizer (train/optim.rs:216-258): every gradient, plus per parameter a fp32 copy off
+    // fp32, `g·(1-β2)` and the denominator.
+    let largest = largest_param(d);
+    let optimizer_phase = params * e + largest * 4.0 * if e == 4.0 { 2.0 } else { 3.0 };
+    if optimizer_phase > forward_saved + step_peak_extra.bytes {
+        return DrafterMemory {
+            resident,
+            step: vec![
+                Consumer::new("gradients", params * e),
+                Consumer::new("optimizer temporaries", optimizer_phase - params * e),
+            ],
+            peak_phase: "optimizer",
+            chunks_per_layer: per_layer,
+        };
+    }
+    step.push(step_peak_extra);
+    DrafterMemory {
+        resident,
+        step,
+        peak_phase,
+        chunks_per_layer: per_layer,
+    }
+}
+
+fn largest_param(d: &DrafterConfig) -> f64 {
+    let (h, a, _, i) = dims(d);
+    [d.feature_size() as f64 * h, h * a, h * i]
+        .into_iter()
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::BlockSparsePlan;
+    use crate::plan::run::tests::real_drafter;
+    use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn the_model_plans_the_chunks_the_engine_runs() {
+        let d = real_drafter();
+        for (seq, anchors) in [(3072, 1024), (1024, 64), (300, 200)] {
+            let s = StepShape::typical(&d, 2, seq, anchors, 0.85, 2048);
+            let (b, n) = (s.batch, s.width());
+            let a = Tensor::from_slice(&s.anchors).view([b, n]);
+            let k = Tensor::from_slice(&s.keep).view([b, n]);
+            for t in [LayerType::Sliding, LayerType::Full] {
+                let rule = layer_rule(&d, t);
+                let engine = BlockSparsePlan::new(
+                    rule,
+                    &a,
+                    &k,
+                    d.block_size,
+                    seq,
+                    d.num_attention_heads,
+                    DEFAULT_CHUNK_SCORE_ELEMENTS,
+                    (Kind::Float, Device::Cpu),
+                );
+                assert_eq!(
+                    chunk_plan(&d, &s, rule).len(),
+                    engine.num_chunks(),
+                    "S {seq}, {anchors} anchors, {rule:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The whole topology: each device's predicted peak and whether it fits, the FLOPs per token
+//! of both sides, tokens/s at an MFU, which side bounds the run and the best integer split.
+use super::drafter::{drafter_memory, RankContext};
+use super::flops::{drafter_step_flops, target_forward_flops, StepWork};
+use super::shape::{ActivationPrecision, StepShape};
+use super::target::target_memory;
+use super::{top_consumers, Consumer, GIB};
+use crate::model::drafter::DrafterConfig;
+use crate::model::target::TargetConfig;
+
+/// What a run is, for the model.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub drafter: DrafterConfig,
+    pub target: TargetConfig,
+    pub step: StepShape,
+    /// Device names; empty `target_devices` means one device runs both roles (inline).
+    pub target_devices: Vec<String>,
+    pub drafter_devices: Vec<String>,
+    pub precision: ActivationPrecision,
+    /// Items that can wait in each drafter rank's queue (`topology/plan.rs::per_rank`).
+    pub queued_items_per_rank: usize,
+    /// Memory of each device, bytes (NVML, `--gpu-memory-gib`, or host memory on CPU).
+    pub device_memory_bytes: Option<f64>,
+    /// Memory the device's runtime takes before any tensor (CUDA context, library
+    /// workspaces); an allowance the caller states, not something this model knows.
+    pub runtime_reserve_bytes: f64,
+    /// Dense peak FLOP/s of one device, when known, and the MFU to assume.
+    pub peak_flops: Option<f64>,
+    pub mfu: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Target,
+    Drafter,
+    /// One device for both (the CPU default).
+    TargetAndDrafter,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DevicePlan {
+    pub device: String,
+    pub role: Role,
+    pub predicted_peak_gib: f64,
+    pub capacity_gib: Option<f64>,
+    pub fits: Option<bool>,
+    pub top_consumers: Vec<ConsumerGib>,
+    /// Every consumer, for `--json` readers who want the whole breakdown.
+    pub consumers: Vec<ConsumerGib>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ConsumerGib {
+    pub name: String,
+    pub gib: f64,
+}
+
+impl From<&Consumer> for ConsumerGib {
+    fn from(c: &Consumer) -> Self {
+        Self {
+            name: c.name.clone(),
+            gib: c.gib(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SideFlops {
+    pub target: f64,
+    pub drafter: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Split {
+    pub target_devices: usize,
+    pub drafter_devices: usize,
+    /// Sequences per second of the split relative to the configured one (same MFU).
+    pub speedup_over_configured: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Throughput {
+    pub mfu: f64,
+    pub peak_flops_per_device: Option<f64>,
+    /// Training-sequence tokens per second one device of each side sustains at `mfu`.
+    pub target_per_device: Option<f64>,
+    pub drafter_per_device: Option<f64>,
+    /// The configured topology's tokens/s: the slower side's total.
+    pub run: Option<f64>,
+    /// Why there is no figure, when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RunPlan {
+    pub seq_len: i64,
+    pub draft_positions_per_sequence: i64,
+    pub devices: Vec<DevicePlan>,
+    /// `None` when no device memory is known.
+    pub fits: Option<bool>,
+    pub bound_by: Role,
+    pub flops_per_token: SideFlops,
+    pub flops_per_sequence: SideFlops,
+    pub tokens_per_s_at_mfu: Throughput,
+    pub recommended_split: Option<Split>,
+    pub drafter_peak_phase: &'static str,
+    pub chunks_per_layer: Vec<usize>,
+}
+
+impl RunPlan {
+    /// Devices predicted not to fit.
+    pub fn over_capacity(&self) -> impl Iterator<Item = &DevicePlan> {
+        self.devices.iter().filter(|d| d.fits == Some(false))
+    }
+}
+
+/// The best integer split of `total` devices: the target count maximising
+/// `min(T / target_cost, D / drafter_cost)` (both sides at the same MFU), ties to fewer
+/// target devices. `None` with fewer than two devices.
+pub fn best_split(total: usize, target_cost: f64, drafter_cost: f64) -> Option<(usize, usize)> {
+    (1..total)
+        .map(|t| {
+            let rate = (t as f64 / target_cost).min((total - t) as f64 / drafter_cost);
+            (t, rate)
+        })
+        .fold(None, |best: Option<(usize, f64)>, (t, r)| match best {
+            Some((_, br)) if br >= r => best,
+            _ => Some((t, r)),
+        })
+        .map(|(t, _)| (t, total - t))
+}
+
+pub fn plan_run(spec: &RunSpec) -> RunPlan {
+    let d = &spec.drafter;
+    let s = &spec.step;
+    let taps = &d.target_layer_ids;
+    let inline = spec.target_devices.is_empty();
+    let ranks = spec.drafter_devices.len().max(1);
+    let item_bytes = (s.batch * s.seq_len * d.feature_size()) as f64 * spec.precision.bytes();
+    let rank = RankContext {
+        precision: spec.precision,
+        ranks: if inline { 1 } else { ranks },
+        tables_shared_with_target: inline,
+        queued_items: if inline {
+            0
+        } else {
+            spec.queued_items_per_rank
+        },
+        item_bytes,
+    };
+    let drafter = drafter_memory(d, s, rank);
+    let target = target_memory(&spec.target, taps, s.batch, s.seq_len, spec.precision);
+    let reserve = (spec.runtime_reserve_bytes > 0.0).then(|| {
+        Consumer::new(
+            "runtime context and workspaces (allowance)",
+            spec.runtime_reserve_bytes,
+        )
+    });
+    let device = |name: &str, role: Role, consumers: Vec<Consumer>| {
+        let mut consumers = consumers;
+        consumers.extend(reserve.clone());
+        let peak: f64 = consumers.iter().map(|c| c.bytes).sum();
+        DevicePlan {
+            device: name.to_string(),
+            role,
+            predicted_peak_gib: peak / GIB,
+            capacity_gib: spec.device_memory_bytes.map(|b| b / GIB),
+            fits: spec.device_memory_bytes.map(|b| peak <= b),
+            top_consumers: top_consumers(&consumers, 3)
+                .iter()
+                .map(Into::into)
+                .collect(),
+            consumers: consumers.iter().map(Into::into).collect(),
+        }
+    };
+    let drafter_consumers = || {
+        let mut c = drafter.resident.clone();
+        c.extend(drafter.step.iter().cloned());
+        c
+    };
+    let devices: Vec<DevicePlan> = if inline {
+        let mut c = target.clone();
+        c.extend(drafter_consumers());
+        let name = spec.drafter_devices.first().map_or("cpu", String::as_str);
+        vec![device(name, Role::TargetAndDrafter, c)]
+    } else {
+        spec.target_devices
+            .iter()
+            .map(|n| device(n, Role::Target, target.clone()))
+            .chain(
+                spec.drafter_devices
+                    .iter()
+                    .map(|n| device(n, Role::Drafter, drafter_consumers())),
+            )
+            .collect()
+    };
+    let fits = spec
+        .device_memory_bytes
+        .map(|_| devices.iter().all(|d| d.fits == Some(true)));
+
+    let tokens = (s.batch * s.seq_len) as f64;
+    let work = StepWork {
+        drafter: d,
+        batch: s.batch,
+        seq_len: s.seq_len,
+        anchors: &s.anchors,
+        keep: &s.keep,
+        weighted_positions: s.weighted_positions,
+        vocab_size: d.vocab_size,
+    };
+    let per_sequence = |total: f64| total / s.batch.max(1) as f64;
+    let drafter_step = drafter_step_flops(&work).total();
+    let target_fwd = target_forward_flops(&spec.target, taps, s.batch, s.seq_len);
+    let flops_per_token = SideFlops {
+        target: target_fwd / tokens,
+        drafter: drafter_step / tokens,
+    };
+    let (t_count, d_count) = if inline {
+        (1, 1)
+    } else {
+        (spec.target_devices.len(), spec.drafter_devices.len())
+    };
+    let target_rate = t_count as f64 / flops_per_token.target;
+    let drafter_rate = d_count as f64 / flops_per_token.drafter;
+    let bound_by = if inline {
+        Role::TargetAndDrafter
+    } else if drafter_rate <= target_rate {
+        Role::Drafter
+    } else {
+        Role::Target
+    };
+    let tokens_per_s_at_mfu = match spec.peak_flops {
+        Some(peak) => {
+            let useful = peak * spec.mfu;
+            let (t, dr) = (
+                useful / flops_per_token.target,
+                useful / flops_per_token.drafter,
+            );
+            let run = if inline {
+                // One device does both in turn.
+                useful / (flops_per_token.target + flops_per_token.drafter)
+            } else {
+                (t * t_count as f64).min(dr * d_count as f64)
+            };
+            Throughput {
+                mfu: spec.mfu,
+                peak_flops_per_device: Some(peak),
+                target_per_device: Some(t),
+                drafter_per_device: Some(dr),
+                run: Some(run),
+                missing: None,
+            }
+        }
+        None => Throughput {
+            mfu: spec.mfu,
+            peak_flops_per_device: None,
+            target_per_device: None,
+            drafter_per_device: None,
+            run: None,
+            missing: Some(
+                "no peak FLOP/s for this device: pass --peak-tflops (the device's dense \
+                 bf16 figure from its datasheet)"
+                    .into(),
+            ),
+        },
+    };
+    let recommended_split = (!inline)
+        .then(|| {
+            best_split(
+                t_count + d_count,
+                flops_per_token.target,
+                flops_per_token.drafter,
+            )
+        })
+        .flatten()
+        .map(|(t, dr)| {
+            let rate =
+                |t: f64, dr: f64| (t / flops_per_token.target).min(dr / flops_per_token.drafter);
+            Split {
+                target_devices: t,
+                drafter_devices: dr,
+                speedup_over_configured: rate(t as f64, dr as f64)
+                    / rate(t_count as f64, d_count as f64),
+            }
+        });
+    RunPlan {
+        seq_len: s.seq_len,
+        draft_positions_per_sequence: s.width() * d.block_size,
+        devices,
+        fits,
+        bound_by,
+        flops_per_token,
+        flops_per_sequence: SideFlops {
+            target: per_sequence(target_fwd),
+            drafter: per_sequence(drafter_step),
+        },
+        tokens_per_s_at_mfu,
+        recommended_split,
+        drafter_peak_phase: drafter.peak_phase,
+        chunks_per_layer: drafter.chunks_per_layer,
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+pub(crate) mod tests;

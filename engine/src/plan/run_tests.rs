@@ -1,0 +1,126 @@
+use super::*;
+use crate::model::drafter::LayerType;
+use crate::model::target::{Qwen3_5LayerKind, Qwen3_5TextConfig};
+
+#[test]
+fn the_best_split_balances_the_two_sides() {
+    // The drafter costs 3× the target per token: of 8 devices, 2 target + 6 drafter.
+    assert_eq!(best_split(8, 1.0, 3.0), Some((2, 6)));
+    assert_eq!(best_split(8, 1.0, 1.0), Some((4, 4)));
+    assert_eq!(best_split(1, 1.0, 1.0), None);
+}
+
+/// Qwen3.6-27B's text config as `gpu-readiness-review.md` §1a reads it from the checkpoint
+/// (hidden 5120, 64 layers, intermediate 17408, 24/4 heads of 256, linear attention 16 k /
+/// 48 v heads of 128, vocabulary 248,320, full attention every 4th layer).
+pub(crate) fn qwen36_27b() -> TargetConfig {
+    TargetConfig::Qwen3_5(Qwen3_5TextConfig {
+        vocab_size: 248_320,
+        hidden_size: 5120,
+        intermediate_size: 17408,
+        num_hidden_layers: 64,
+        num_attention_heads: 24,
+        num_key_value_heads: 4,
+        head_dim: 256,
+        linear_conv_kernel_dim: 4,
+        linear_key_head_dim: 128,
+        linear_value_head_dim: 128,
+        linear_num_key_heads: 16,
+        linear_num_value_heads: 48,
+        layer_types: (0..64)
+            .map(|i| {
+                if (i + 1) % 4 == 0 {
+                    Qwen3_5LayerKind::FullAttention
+                } else {
+                    Qwen3_5LayerKind::LinearAttention
+                }
+            })
+            .collect(),
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000_000.0,
+        partial_rotary_factor: 0.25,
+        attention_bias: false,
+        tie_word_embeddings: false,
+        max_position_embeddings: 262_144,
+    })
+}
+
+pub(crate) fn real_drafter() -> DrafterConfig {
+    use LayerType::{Full, Sliding};
+    DrafterConfig {
+        hidden_size: 5120,
+        intermediate_size: 17408,
+        num_hidden_layers: 5,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e7,
+        layer_types: vec![Sliding, Sliding, Sliding, Sliding, Full],
+        sliding_window: Some(2048),
+        block_size: 32,
+        mask_token_id: 248_070,
+        target_layer_ids: vec![1, 16, 31, 46, 61],
+        target_hidden_size: 5120,
+        vocab_size: 248_320,
+        max_position_embeddings: 262_144,
+        num_target_layers: Some(64),
+        initializer_range: 0.02,
+    }
+}
+
+fn real_spec(seq_len: i64, memory_gib: f64) -> RunSpec {
+    let drafter = real_drafter();
+    let step = StepShape::typical(&drafter, 1, seq_len, 1024, 0.85, 2048);
+    RunSpec {
+        target: qwen36_27b(),
+        step,
+        drafter,
+        target_devices: (0..5).map(|i| format!("cuda:{i}")).collect(),
+        drafter_devices: (5..8).map(|i| format!("cuda:{i}")).collect(),
+        precision: ActivationPrecision::Bf16Cuda,
+        queued_items_per_rank: 5,
+        device_memory_bytes: Some(memory_gib * GIB),
+        runtime_reserve_bytes: 0.0,
+        peak_flops: None,
+        mfu: 0.4,
+    }
+}
+
+#[test]
+fn at_the_real_shape_todays_drafter_does_not_fit_a_96_gb_card_and_the_target_does() {
+    let plan = plan_run(&real_spec(4096, 96.0));
+    assert_eq!(plan.fits, Some(false));
+    assert_eq!(plan.draft_positions_per_sequence, 32_768);
+    let drafter = plan
+        .devices
+        .iter()
+        .find(|d| d.role == Role::Drafter)
+        .unwrap();
+    let target = plan
+        .devices
+        .iter()
+        .find(|d| d.role == Role::Target)
+        .unwrap();
+    assert_eq!(drafter.fits, Some(false), "{drafter:#?}");
+    assert_eq!(target.fits, Some(true), "{target:#?}");
+    // The target's weights are the whole bf16 checkpoint text part: 26-27 B parameters.
+    let weights = target
+        .consumers
+        .iter()
+        .find(|c| c.name == "target weights")
+        .unwrap();
+    assert!(weights.gib > 48.0 && weights.gib < 52.0, "{weights:?}");
+    // The 5 + 3 split is drafter-bound, and a drafter-heavier split is recommended.
+    assert_eq!(plan.bound_by, Role::Drafter);
+    let split = plan.recommended_split.unwrap();
+    assert!(
+        split.drafter_devices > 3 && split.speedup_over_configured > 1.0,
+        "{split:?}"
+    );
+    // Per token, the drafter step costs more than the target forward (review §1: ~121 against
+    // ~48 GFLOP at S = 4096).
+    let f = plan.flops_per_token;
+    assert!(f.target > 45e9 && f.target < 52e9, "{f:?}");
+    assert!(f.drafter > 100e9 && f.drafter < 140e9, "{f:?}");
+}

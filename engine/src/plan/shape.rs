@@ -1,0 +1,136 @@
+//! What one drafter step processes, and how the device computes it.
+use crate::model::drafter::DrafterConfig;
+
+/// The precision and kernel choices the engine makes per device (`device.rs::compute_kind`,
+/// `attention/block_sparse.rs::kernel_heads`, `layers/norm.rs::rms_norm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationPrecision {
+    /// CPU: fp32 parameters are their own masters, the flash kernel takes grouped K/V heads,
+    /// RMSNorm is libtorch's fused `rms_norm`.
+    Fp32Cpu,
+    /// CUDA: bf16 parameters with fp32 masters, K/V repeated per query head, RMSNorm written
+    /// out in fp32 (Qwen3's cast order).
+    Bf16Cuda,
+}
+
+impl ActivationPrecision {
+    /// Bytes of one activation (and parameter) element.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::Fp32Cpu => 4.0,
+            Self::Bf16Cuda => 2.0,
+        }
+    }
+
+    /// Whether the attention kernel reads grouped K/V heads itself (no repeat).
+    pub fn native_gqa(self) -> bool {
+        self == Self::Fp32Cpu
+    }
+
+    /// Whether parameters are fp32, so no separate fp32 master copy exists.
+    pub fn params_are_masters(self) -> bool {
+        self == Self::Fp32Cpu
+    }
+}
+
+/// One micro-batch of one drafter rank: `batch` rows of `seq_len` tokens and their anchors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepShape {
+    pub batch: i64,
+    pub seq_len: i64,
+    /// Row-major `[batch, width]` anchor positions and validity, as `train/anchors.rs` packs
+    /// them (valid anchors first, ascending; padding slots at 0 with keep = false).
+    pub anchors: Vec<i64>,
+    pub keep: Vec<bool>,
+    /// Positions with a positive loss weight (the ones the LM head projects).
+    pub weighted_positions: i64,
+    /// `training.loss_chunk_positions`.
+    pub loss_chunk_positions: i64,
+}
+
+impl StepShape {
+    /// Anchor slots per row.
+    pub fn width(&self) -> i64 {
+        self.anchors.len() as i64 / self.batch.max(1)
+    }
+
+    /// Draft positions of the micro-batch, `B · N · bs`.
+    pub fn draft_positions(&self, block_size: i64) -> i64 {
+        self.batch * self.width() * block_size
+    }
+
+    /// The typical step of a training run: every row `seq_len` long, the last
+    /// `supervised_fraction` of it supervised (the assistant turns), `num_anchors` anchors
+    /// drawn from the valid positions (`train/anchors.rs`: `p` and `p + 1` supervised). A
+    /// uniform draw without replacement has its order statistics evenly spread on average,
+    /// so the anchors are placed at those expected positions. Loss weights are positive on
+    /// the block slots after the anchor whose label lies inside the row
+    /// (`train/labels.rs`).
+    pub fn typical(
+        drafter: &DrafterConfig,
+        batch: i64,
+        seq_len: i64,
+        num_anchors: i64,
+        supervised_fraction: f64,
+        loss_chunk_positions: i64,
+    ) -> Self {
+        let bs = drafter.block_size;
+        let supervised = ((seq_len as f64) * supervised_fraction.clamp(0.0, 1.0)).round() as i64;
+        let first = seq_len - supervised;
+        // Valid anchors: first ..= seq_len - 2 (the last position has no supervised successor).
+        let valid = (seq_len - 1 - first).max(0);
+        let count = num_anchors.min(valid);
+        let row: Vec<i64> = (0..count)
+            .map(|i| first + ((i as f64 + 0.5) * valid as f64 / count as f64) as i64)
+            .collect();
+        // `train/anchors.rs::anchors_from`: the width is min(num_anchors, the most valid
+        // positions of any row); every row here has the same count, so nothing is padded.
+        let width = count;
+        let mut anchors = Vec::with_capacity((batch * width) as usize);
+        let mut keep = Vec::with_capacity(anchors.capacity());
+        for _ in 0..batch {
+            anchors.extend(&row);
+            keep.extend(std::iter::repeat_n(true, row.len()));
+            anchors.extend(std::iter::repeat_n(0, (width - count) as usize));
+            keep.extend(std::iter::repeat_n(false, (width - count) as usize));
+        }
+        let weighted: i64 = row.iter().map(|&a| (bs - 1).min(seq_len - 1 - a)).sum();
+        Self {
+            batch,
+            seq_len,
+            anchors,
+            keep,
+            weighted_positions: batch * weighted,
+            loss_chunk_positions,
+        }
+    }
+
+    /// Anchors that train (keep = true) over the whole micro-batch.
+    pub fn kept(&self) -> usize {
+        self.keep.iter().filter(|k| **k).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::embedded;
+
+    #[test]
+    fn typical_anchors_are_valid_sorted_and_spread_over_the_supervised_span() {
+        let target = crate::model::target::TargetConfig::tiny_default();
+        let d = embedded::tiny_drafter_config(&target);
+        let s = StepShape::typical(&d, 2, 1000, 100, 0.85, 2048);
+        assert_eq!(s.width(), 100);
+        assert_eq!(s.kept(), 200);
+        let row = &s.anchors[..100];
+        assert!(row.windows(2).all(|w| w[0] < w[1]), "{row:?}");
+        assert!(row[0] >= 150 && row[0] < 160, "{}", row[0]);
+        assert!(*row.last().unwrap() <= 998);
+        // Fewer valid positions than anchors: every valid one, and the width shrinks to them.
+        let short = StepShape::typical(&d, 1, 10, 64, 0.5, 2048);
+        assert_eq!(short.kept(), 4);
+        assert_eq!(short.width(), 4);
+    }
+}
