@@ -14,6 +14,7 @@ mod support;
 mod checkpoint_corrupt;
 mod control_actions;
 mod control_daemon;
+mod control_limits;
 mod control_socket;
 mod control_streams;
 mod daemon_config;
