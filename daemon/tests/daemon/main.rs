@@ -20,6 +20,7 @@ mod control_streams;
 mod daemon_config;
 mod daemon_control;
 mod daemon_lifecycle;
+mod daemon_privacy;
 mod daemon_setup_errors;
 mod doctor;
 mod resume;
