@@ -243,3 +243,29 @@ fn warnings_say_when_the_recipe_is_left() {
     );
     c.validate().unwrap();
 }
+
+#[test]
+fn batch_size_and_held_out_are_judged_against_the_dataset_naming_the_toml_key() {
+    // Issue 15, defect 4: `batch_size = 100000` trained at 6 steps in all, and
+    // `held_out_samples = 5000` was reported as "`held_out` is 5000".
+    let mut c = Config::embedded_default();
+    c.data.held_out_samples = None;
+    c.data.held_out_fraction = 0.01;
+    c.training.batch_size = 100_000;
+    let err = c.check_against_dataset(1000).unwrap_err().to_string();
+    assert!(err.contains("training.batch_size"), "{err}");
+    assert!(err.contains("at most the 990 training samples"), "{err}");
+    c.training.batch_size = 8;
+    c.data.held_out_samples = Some(5000);
+    let err = c.check_against_dataset(1000).unwrap_err().to_string();
+    assert!(
+        err.contains("data.held_out_samples") && err.contains("5000 held out"),
+        "{err}"
+    );
+    c.data.held_out_samples = None;
+    c.data.held_out_fraction = 1.0;
+    let err = c.check_against_dataset(1000).unwrap_err().to_string();
+    assert!(err.contains("data.held_out_fraction"), "{err}");
+    c.data.held_out_fraction = 0.01;
+    c.check_against_dataset(1000).unwrap();
+}

@@ -148,6 +148,37 @@ async fn raw_server(path: &std::path::Path, replies: Vec<String>) -> tokio::task
 }
 
 #[tokio::test]
+async fn a_daemon_that_refuses_and_closes_at_once_is_reported_with_its_reason() {
+    // What a daemon at its connection limit did: write the refusal and close without reading,
+    // so the console's hello met a closed socket ("Broken pipe").
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let server = std::thread::spawn(move || {
+        for _ in 0..20 {
+            let (mut stream, _) = listener.accept().unwrap();
+            std::io::Write::write_all(
+                &mut stream,
+                b"{\"type\":\"error\",\"code\":\"refused\",\"message\":\"connection limit (64) reached\"}\n",
+            )
+            .unwrap();
+            stream.shutdown(std::net::Shutdown::Both).unwrap();
+        }
+    });
+    for _ in 0..20 {
+        // The race between our hello and the daemon's close goes both ways; each must say why.
+        let err = Session::connect(&path).await.err().expect("refused");
+        match &err {
+            ClientError::Daemon { message, .. } => {
+                assert!(message.contains("connection limit (64)"), "{err}")
+            }
+            other => panic!("expected the daemon's reason, got: {other}"),
+        }
+    }
+    server.join().unwrap();
+}
+
+#[tokio::test]
 async fn a_newer_daemon_is_refused_with_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.sock");

@@ -76,6 +76,8 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn run(args: StartArgs) -> Result<ExitCode> {
+    // Before anything of the run is written: other users may not read it.
+    crate::runtime::private_files::restrict_umask();
     if args.threads < 1 {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }

@@ -4,7 +4,9 @@
 //! Bad input never ends the daemon and rarely the connection: garbage, an oversize frame or
 //! an unknown request gets an error reply and the connection reads on. A wrong protocol
 //! version gets an error reply and the connection closes, since nothing after it would parse.
-//! A subscriber that cannot keep up gets a `Dropped` notice and is disconnected.
+//! A subscriber that cannot keep up gets a `Dropped` notice and is disconnected. A connection
+//! that says no hello by the hello deadline, or sits idle past the idle timeout, or gives way
+//! to a newer connection at the cap, is told why and closed.
 //!
 //! A request is answered by an in-flight future polled alongside the subscription stream, so
 //! a slow request (a confirmed stop waits for the final checkpoint) never holds back pushed
@@ -13,7 +15,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dflash_shared::protocol::{
@@ -23,7 +25,10 @@ use tokio::io::BufWriter;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use super::admission::{Admission, Phase};
 use super::cmd::{self, error, Caller, DispatchConfig};
 use super::framing::{write_frame, FrameReader};
 use crate::run::bus::Published;
@@ -31,6 +36,8 @@ use crate::run::handle::{RunHandle, Shutdown};
 
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
+    pub hello_timeout: Duration,
+    pub idle_timeout: Duration,
     /// A write that takes longer means the client stopped reading; it is disconnected.
     pub write_timeout: Duration,
     pub allowed_uids: Vec<u32>,
@@ -46,7 +53,48 @@ pub enum Ended {
     SlowSubscriber,
     WriteTimeout,
     Shutdown,
+    NoHello,
+    IdleTimeout,
+    Evicted,
     Io(String),
+}
+
+/// This connection's place in the server's [`Admission`]; released when the task ends.
+pub struct Slot {
+    id: u64,
+    admission: Arc<Mutex<Admission<Arc<Notify>>>>,
+    evict: Arc<Notify>,
+    phase: Phase,
+}
+
+impl Slot {
+    pub fn new(id: u64, admission: Arc<Mutex<Admission<Arc<Notify>>>>, evict: Arc<Notify>) -> Self {
+        Slot {
+            id,
+            admission,
+            evict,
+            phase: Phase::AwaitingHello,
+        }
+    }
+
+    fn admission(&self) -> std::sync::MutexGuard<'_, Admission<Arc<Notify>>> {
+        self.admission.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        if phase != self.phase {
+            self.phase = phase;
+            self.admission()
+                .set_phase(self.id, phase, std::time::Instant::now());
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.admission().release(id);
+    }
 }
 
 struct Writer {
@@ -76,6 +124,7 @@ pub async fn serve(
     handle: RunHandle,
     cfg: Arc<ConnectionConfig>,
     mut shutdown: Shutdown,
+    mut slot: Slot,
 ) -> Ended {
     let cred = stream.peer_cred();
     let (read_half, write_half) = stream.into_split();
@@ -87,6 +136,7 @@ pub async fn serve(
         Ok(c) => Caller {
             uid: c.uid(),
             pid: c.pid(),
+            connection: slot.id,
         },
         Err(e) => return Ended::Io(format!("reading peer credentials: {e}")),
     };
@@ -107,12 +157,58 @@ pub async fn serve(
         sub: None,
     };
     let mut in_flight: Option<InFlight> = None;
+    // Until the hello: the hello deadline from accept. After it: the idle timeout from the
+    // last frame, counted only while the connection neither waits on a reply nor subscribes.
+    let quiet_deadline = tokio::time::sleep(cfg.hello_timeout);
+    tokio::pin!(quiet_deadline);
+    let evict = slot.evict.clone();
     loop {
+        slot.set_phase(if !conn.hello_done {
+            Phase::AwaitingHello
+        } else if conn.sub.is_some() {
+            Phase::Subscribed
+        } else if in_flight.is_some() {
+            Phase::Working
+        } else {
+            Phase::Idle
+        });
+        let quiet = conn.sub.is_none() && in_flight.is_none();
         let ended = tokio::select! {
             biased;
             reply = poll_in_flight(&mut in_flight) => {
                 in_flight = None;
+                quiet_deadline.as_mut().reset(Instant::now() + cfg.idle_timeout);
                 writer.send(&reply).await.err()
+            }
+            _ = evict.notified() => {
+                let reason = if conn.hello_done {
+                    "the daemon's connection limit was reached and this connection was the one \
+                    idle the longest; reconnect to go on"
+                } else {
+                    "the daemon's connection limit was reached and this connection had not said \
+                    hello; reconnect and send the hello first"
+                };
+                let _ = writer.send(&error(ErrorCode::Refused, reason)).await;
+                Some(Ended::Evicted)
+            }
+            _ = &mut quiet_deadline, if quiet => {
+                if conn.hello_done {
+                    let reason = format!(
+                        "no request for {} s and no subscription: the daemon closes idle \
+                    connections; reconnect to go on",
+                        cfg.idle_timeout.as_secs()
+                    );
+                    let _ = writer.send(&Response::Dropped { reason }).await;
+                    Some(Ended::IdleTimeout)
+                } else {
+                    let reason = format!(
+                        "no hello within {} ms of connecting; the daemon closes connections that \
+                    do not start with a hello",
+                        cfg.hello_timeout.as_millis()
+                    );
+                    let _ = writer.send(&error(ErrorCode::HelloRequired, reason)).await;
+                    Some(Ended::NoHello)
+                }
             }
             _ = shutdown.recv() => {
                 // The reply owed (a confirmed stop is answered just before shutdown), then
@@ -143,10 +239,17 @@ pub async fn serve(
             }
             inbound = reader.next(), if in_flight.is_none() => match inbound {
                 Ok(None) => Some(Ended::ClientClosed),
-                Ok(Some(frame)) => match conn.on_frame(frame, &handle, caller, &cfg, &mut writer).await {
-                    Ok(request) => { in_flight = request; None }
-                    Err(ended) => Some(ended),
-                },
+                Ok(Some(frame)) => {
+                    let had_hello = conn.hello_done;
+                    let answer = conn.on_frame(frame, &handle, caller, &cfg, &mut writer, &slot).await;
+                    if had_hello || conn.hello_done {
+                        quiet_deadline.as_mut().reset(Instant::now() + cfg.idle_timeout);
+                    }
+                    match answer {
+                        Ok(request) => { in_flight = request; None }
+                        Err(ended) => Some(ended),
+                    }
+                }
                 Err(e) if is_disconnect(&e) => Some(Ended::ClientClosed),
                 Err(e) => Some(Ended::Io(e.to_string())),
             },
@@ -173,6 +276,7 @@ impl Conn {
         caller: Caller,
         cfg: &ConnectionConfig,
         writer: &mut Writer,
+        slot: &Slot,
     ) -> Result<Option<InFlight>, Ended> {
         let line = match frame {
             Err(e) => return writer.send(&e.to_reply()).await.map(|_| None),
@@ -206,6 +310,15 @@ impl Conn {
         }
         match req {
             Request::Subscribe { topics } => {
+                if self.sub.is_none() {
+                    let room = slot.admission().may_subscribe(slot.id);
+                    if let Err(why) = room {
+                        return writer
+                            .send(&error(ErrorCode::Refused, why))
+                            .await
+                            .map(|_| None);
+                    }
+                }
                 self.topics.extend(topics);
                 if self.sub.is_none() {
                     self.sub = Some(handle.bus().subscribe());

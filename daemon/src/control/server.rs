@@ -1,5 +1,9 @@
 //! The control socket: bind safely, accept with a connection cap, shut down by broadcast.
 //!
+//! Admission: at the connection cap a connection that has not said hello, or one idle past
+//! a grace, gives way to the newcomer ([`super::admission`]); connections that never say hello
+//! are closed at the hello deadline and idle ones after `idle_timeout`.
+//!
 //! Binding: the socket lives in a private 0700 directory (the directory is the guard, so
 //! there is no window between bind and chmod); an existing socket is removed only after a
 //! connect probe shows nobody listens on it. Shutdown: [`RunHandle::request_shutdown`]
@@ -15,20 +19,30 @@ use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::ErrorCode;
 use thiserror::Error;
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify};
 
+use super::admission::{Admission, Limits};
 use super::cmd::{error, DispatchConfig};
-use super::connection::{self, ConnectionConfig, Ended};
+use super::connection::{self, ConnectionConfig, Ended, Slot};
 use super::framing::write_frame;
 use crate::run::handle::RunHandle;
 use crate::run::paths::{check_socket_path_len, current_uid, ensure_private_dir, PathError};
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Connections subscribers may never take, so a request (a stop, its confirmation) gets in.
+pub const DEFAULT_RESERVED_FOR_REQUESTS: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub socket_path: PathBuf,
     pub max_connections: usize,
+    pub reserved_for_requests: usize,
+    /// A connection that has not said hello by then is closed.
+    pub hello_timeout: Duration,
+    /// A connection with no subscription and no request for this long is closed.
+    pub idle_timeout: Duration,
+    /// At the cap, an idle connection gives way to a new one once idle this long.
+    pub evict_idle_after: Duration,
     pub write_timeout: Duration,
     /// Peers allowed to connect; by default only our own effective uid.
     pub allowed_uids: Vec<u32>,
@@ -42,6 +56,10 @@ impl ServerConfig {
         ServerConfig {
             socket_path: socket_path.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            reserved_for_requests: DEFAULT_RESERVED_FOR_REQUESTS,
+            hello_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10 * 60),
+            evict_idle_after: Duration::from_secs(2),
             write_timeout: Duration::from_secs(5),
             allowed_uids: vec![current_uid()],
             dispatch: DispatchConfig::default(),
@@ -123,8 +141,16 @@ impl ControlServer {
             identity,
             ..
         } = self;
-        let limit = Arc::new(Semaphore::new(config.max_connections));
+        let admission = Arc::new(std::sync::Mutex::new(Admission::new(Limits {
+            max_connections: config.max_connections,
+            reserved: config
+                .reserved_for_requests
+                .min(config.max_connections.saturating_sub(1)),
+            min_idle: config.evict_idle_after,
+        })));
         let conn_cfg = Arc::new(ConnectionConfig {
+            hello_timeout: config.hello_timeout,
+            idle_timeout: config.idle_timeout,
             write_timeout: config.write_timeout,
             allowed_uids: config.allowed_uids.clone(),
             dispatch: config.dispatch.clone(),
@@ -142,23 +168,37 @@ impl ControlServer {
                 accepted = listener.accept() => match accepted {
                     Ok((mut stream, _)) => {
                         accept_backoff = Duration::from_millis(50);
-                        let Ok(permit) = limit.clone().try_acquire_owned() else {
-                            let msg = format!("connection limit ({}) reached; try again later", config.max_connections);
-                            tracing::warn!("{msg}");
-                            // Answer off the accept loop so a client that never reads cannot stall it.
-                            tokio::spawn(async move {
-                                let _ = tokio::time::timeout(
-                                    Duration::from_secs(1),
-                                    write_frame(&mut stream, &error(ErrorCode::Refused, msg)),
-                                ).await;
-                            });
-                            continue;
+                        let evict = Arc::new(Notify::new());
+                        let admitted = admission.lock().unwrap_or_else(|e| e.into_inner())
+                            .admit(std::time::Instant::now(), evict.clone());
+                        let id = match admitted {
+                            Ok((id, evicted)) => {
+                                if let Some(e) = evicted {
+                                    tracing::info!(connection = e.id, phase = ?e.phase, "a control connection gave way to a new one at the connection limit");
+                                    e.payload.notify_one();
+                                }
+                                id
+                            }
+                            Err(msg) => {
+                                tracing::warn!("{msg}");
+                                // Off the accept loop, so a client that never reads cannot
+                                // stall it; the client's hello is read first, so its write
+                                // does not meet a closed socket and it reads this reason.
+                                tokio::spawn(async move {
+                                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                                        write_frame(&mut stream, &error(ErrorCode::Refused, msg)).await?;
+                                        let mut sink = [0u8; 4096];
+                                        tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await
+                                    }).await;
+                                });
+                                continue;
+                            }
                         };
+                        let slot = Slot::new(id, admission.clone(), evict);
                         let (h, c, s, done) = (handle.clone(), conn_cfg.clone(), handle.shutdown_listener(), done_tx.clone());
                         tokio::spawn(async move {
-                            let ended = connection::serve(stream, h, c, s).await;
+                            let ended = connection::serve(stream, h, c, s, slot).await;
                             log_end(&ended);
-                            drop(permit);
                             drop(done);
                         });
                     }

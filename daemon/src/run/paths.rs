@@ -10,7 +10,7 @@
 //! use, because `/tmp` is shared with every other user of the machine.
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use dflash_shared::run_dir;
@@ -148,8 +148,8 @@ pub fn check_socket_path_len(path: &Path) -> Result<(), PathError> {
 
 /// Creates `dir` (and missing parents) and makes sure it is a private directory of ours:
 /// a real directory (not a symlink), owned by the effective uid, with no group/other access.
-/// A directory of ours with looser permissions is tightened to 0700; one owned by someone else
-/// is refused, since they could swap our socket.
+/// An existing directory with group or other access, or owned by someone else, is refused
+/// (they could swap our socket), never chmodded.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).map_err(|source| PathError::Io {
@@ -194,13 +194,20 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
         });
     }
     if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| PathError::Io {
-                action: "setting mode 0700 on",
-                path: dir.to_path_buf(),
-                source,
-            },
-        )?;
+        // Never chmod a directory someone else chose (`--socket /tmp/x.sock` would make /tmp
+        // 0700): say what to do instead.
+        return Err(PathError::UnsafeDirectory {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "has mode {:04o}, so other users could reach or replace the control socket in \
+                 it, and dflashd never changes the mode of a directory it did not create. Put \
+                 the socket in a directory of its own (a missing one is created 0700), e.g. \
+                 --socket {}, or `chmod 700 {}` if the directory is yours to tighten",
+                meta.mode() & 0o7777,
+                dir.join("dflashd").join("dflashd.sock").display(),
+                dir.display()
+            ),
+        });
     }
     Ok(())
 }
@@ -259,6 +266,7 @@ pub fn resolve_path(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn inputs() -> PathInputs {
         PathInputs {
@@ -307,15 +315,28 @@ mod tests {
     }
 
     #[test]
-    fn private_dir_is_created_0700_and_loose_modes_are_tightened() {
+    fn private_dir_is_created_0700_and_a_loose_existing_one_is_refused_untouched() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("sock");
         ensure_private_dir(&dir).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         ensure_private_dir(&dir).unwrap();
-        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = ensure_private_dir(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("has mode 1777") && err.contains("never changes"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("--socket {}/dflashd/dflashd.sock", dir.display())),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().mode() & 0o7777,
+            0o1777,
+            "left as it was"
+        );
     }
 
     #[test]

@@ -20,6 +20,12 @@ pub use dflash_shared::config::LOCKED_KEYS;
 pub const DEFAULT_TTL_MS: i64 = 5 * 60_000;
 /// Ids of recently expired actions, kept to tell "expired" apart from "never existed".
 const EXPIRED_MEMORY: usize = 64;
+/// Unconfirmed actions one control connection may hold at once. A console files one at a
+/// time; more from one connection is a script gone wrong, and each one grows every status.
+pub const DEFAULT_MAX_PENDING_PER_CLIENT: usize = 4;
+/// Unconfirmed actions in all. Bounds the status reply (every pending action is listed in it)
+/// far below the frame limit, whatever the clients do.
+pub const DEFAULT_MAX_PENDING_TOTAL: usize = 32;
 
 /// What the operator configured about destructive actions.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +35,8 @@ pub struct ActionPolicy {
     /// argv of the power-off command; `None` disables power-off (the default).
     pub poweroff_command: Option<Vec<String>>,
     pub locked_keys: Vec<String>,
+    pub max_pending_per_client: usize,
+    pub max_pending_total: usize,
 }
 
 impl ActionPolicy {
@@ -38,6 +46,8 @@ impl ActionPolicy {
             ttl_ms: DEFAULT_TTL_MS,
             poweroff_command: None,
             locked_keys: LOCKED_KEYS.iter().map(|k| k.to_string()).collect(),
+            max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
+            max_pending_total: DEFAULT_MAX_PENDING_TOTAL,
         }
     }
 }
@@ -85,6 +95,14 @@ impl StateView {
     }
 }
 
+/// Who files a request: the peer's uid (SO_PEERCRED) and the control connection it came over.
+/// Every peer the daemon admits shares one uid, so "per client" counts by connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requester {
+    pub uid: u32,
+    pub connection: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ActionError {
     #[error("no pending action {0}")]
@@ -97,6 +115,16 @@ pub enum ActionError {
     WrongRunName { typed: String, expected: String },
     #[error("refused: {0}")]
     Refused(String),
+    #[error(
+        "{held} unconfirmed actions are already pending ({scope} limit {limit}); confirm one \
+         (`dflash-tui confirm-stop`), cancel one, or wait until the oldest expires in {expires_in}"
+    )]
+    TooManyPending {
+        held: usize,
+        limit: usize,
+        scope: &'static str,
+        expires_in: String,
+    },
 }
 
 impl ActionError {
@@ -104,7 +132,7 @@ impl ActionError {
         match self {
             ActionError::NoSuchAction(_) | ActionError::Expired { .. } => ErrorCode::NoSuchAction,
             ActionError::WrongRunName { .. } => ErrorCode::WrongRunName,
-            ActionError::Refused(_) => ErrorCode::Refused,
+            ActionError::Refused(_) | ActionError::TooManyPending { .. } => ErrorCode::Refused,
         }
     }
 }
@@ -121,6 +149,7 @@ pub struct Approved {
 struct Entry {
     pending: PendingAction,
     cache_path: Option<String>,
+    connection: u64,
 }
 
 #[derive(Debug, Default)]
@@ -147,11 +176,12 @@ impl PendingActions {
         &mut self,
         id: String,
         action: Action,
-        uid: u32,
+        by: Requester,
         view: &StateView,
         policy: &ActionPolicy,
     ) -> Result<PendingAction, ActionError> {
         self.expire(view.now_ms);
+        self.check_room(by, view.now_ms, policy)?;
         let cache_path = check(&action, view, policy)?;
         if self.entries.contains_key(&id) {
             return Err(ActionError::Refused(format!(
@@ -162,7 +192,7 @@ impl PendingActions {
             id: id.clone(),
             consequences: consequences(&action, view, policy),
             action,
-            requested_by_uid: uid,
+            requested_by_uid: by.uid,
             created_ms: view.now_ms,
             expires_ms: view.now_ms + policy.ttl_ms,
         };
@@ -171,9 +201,46 @@ impl PendingActions {
             Entry {
                 pending: pending.clone(),
                 cache_path,
+                connection: by.connection,
             },
         );
         Ok(pending)
+    }
+
+    /// Refuses a new request when its connection, or the daemon as a whole, holds the most
+    /// unconfirmed actions it may. The refusal says when room frees up by itself.
+    fn check_room(
+        &self,
+        by: Requester,
+        now_ms: TimestampMs,
+        policy: &ActionPolicy,
+    ) -> Result<(), ActionError> {
+        let mine: Vec<&Entry> = self
+            .entries
+            .values()
+            .filter(|e| e.connection == by.connection)
+            .collect();
+        let full = |held: Vec<&Entry>, limit: usize, scope: &'static str| {
+            let oldest = held
+                .iter()
+                .map(|e| e.pending.expires_ms)
+                .min()
+                .unwrap_or(now_ms);
+            ActionError::TooManyPending {
+                held: held.len(),
+                limit,
+                scope,
+                expires_in: format_duration_ms((oldest - now_ms).max(0)),
+            }
+        };
+        if mine.len() >= policy.max_pending_per_client {
+            return Err(full(mine, policy.max_pending_per_client, "per-connection"));
+        }
+        if self.entries.len() >= policy.max_pending_total {
+            let all = self.entries.values().collect();
+            return Err(full(all, policy.max_pending_total, "daemon-wide"));
+        }
+        Ok(())
     }
 
     /// Confirms `id`. The run name must be typed exactly; the state is checked again.

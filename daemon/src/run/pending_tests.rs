@@ -41,6 +41,73 @@ fn policy() -> ActionPolicy {
     ActionPolicy::new("qwen27b-run1")
 }
 
+fn by(uid: u32) -> Requester {
+    Requester { uid, connection: 1 }
+}
+
+#[test]
+fn pending_requests_are_bounded_per_connection_and_in_all() {
+    let mut p = PendingActions::default();
+    let v = view(RunState::Training);
+    let pol = policy();
+    let file = |p: &mut PendingActions, id: String, connection: u64| {
+        p.request(
+            id,
+            Action::StopRun,
+            Requester {
+                uid: 1000,
+                connection,
+            },
+            &v,
+            &pol,
+        )
+    };
+    for i in 0..pol.max_pending_per_client {
+        file(&mut p, format!("a{i}"), 1).unwrap();
+    }
+    let refused = file(&mut p, "a-extra".into(), 1).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ActionError::TooManyPending {
+                scope: "per-connection",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let text = refused.to_string();
+    assert!(
+        text.contains("confirm-stop") && text.contains("expires in 5 min"),
+        "{text}"
+    );
+    // Other connections still file, up to the daemon-wide bound.
+    let mut connection = 2;
+    while p.list().len() < pol.max_pending_total {
+        let id = format!("b{connection}");
+        file(&mut p, id, connection).unwrap();
+        connection += 1;
+    }
+    let refused = file(&mut p, "fresh".into(), 999).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ActionError::TooManyPending {
+                scope: "daemon-wide",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.code(), ErrorCode::Refused);
+    // Expiry frees room by itself.
+    let mut later = v.clone();
+    later.now_ms += DEFAULT_TTL_MS;
+    p.request("after".into(), Action::StopRun, by(1000), &later, &pol)
+        .unwrap();
+    assert_eq!(p.list().len(), 1);
+}
+
 #[test]
 fn stop_request_states_its_consequences_like_the_issue() {
     let mut p = PendingActions::default();
@@ -48,7 +115,7 @@ fn stop_request_states_its_consequences_like_the_issue() {
         .request(
             "stop-1".into(),
             Action::StopRun,
-            1000,
+            by(1000),
             &view(RunState::Training),
             &policy(),
         )
@@ -64,7 +131,7 @@ fn stop_request_states_its_consequences_like_the_issue() {
 fn confirmation_needs_the_exact_run_name_and_a_typo_keeps_it_pending() {
     let mut p = PendingActions::default();
     let v = view(RunState::Training);
-    p.request("stop-1".into(), Action::StopRun, 1000, &v, &policy())
+    p.request("stop-1".into(), Action::StopRun, by(1000), &v, &policy())
         .unwrap();
     let err = p
         .confirm("stop-1", "qwen27b-run", &v, &policy())
@@ -86,7 +153,7 @@ fn confirmation_needs_the_exact_run_name_and_a_typo_keeps_it_pending() {
 fn pending_actions_expire_and_say_so() {
     let mut p = PendingActions::default();
     let mut v = view(RunState::Training);
-    p.request("kill-1".into(), Action::Kill, 1000, &v, &policy())
+    p.request("kill-1".into(), Action::Kill, by(1000), &v, &policy())
         .unwrap();
     v.now_ms += DEFAULT_TTL_MS;
     let err = p
@@ -115,14 +182,20 @@ fn cache_deletion_is_refused_while_workers_run() {
         .request(
             "d1".into(),
             del.clone(),
-            1000,
+            by(1000),
             &view(RunState::Training),
             &policy(),
         )
         .unwrap_err();
     assert!(err.to_string().contains("workers are running"), "{err}");
     let a = p
-        .request("d2".into(), del, 1000, &view(RunState::Paused), &policy())
+        .request(
+            "d2".into(),
+            del,
+            by(1000),
+            &view(RunState::Paused),
+            &policy(),
+        )
         .unwrap();
     assert!(
         a.consequences[0].starts_with("2.1 GB cache, 3412 entries at /tmp/torchinductor"),
@@ -137,8 +210,14 @@ fn cache_deletion_is_rechecked_at_confirmation() {
     let del = Action::DeleteCache {
         name: "torchinductor".into(),
     };
-    p.request("d1".into(), del, 1000, &view(RunState::Paused), &policy())
-        .unwrap();
+    p.request(
+        "d1".into(),
+        del,
+        by(1000),
+        &view(RunState::Paused),
+        &policy(),
+    )
+    .unwrap();
     // The run was resumed between request and confirmation.
     let err = p
         .confirm("d1", "qwen27b-run1", &view(RunState::Training), &policy())
@@ -156,8 +235,14 @@ fn cache_path_change_between_request_and_confirmation_is_refused() {
     let del = Action::DeleteCache {
         name: "torchinductor".into(),
     };
-    p.request("d1".into(), del, 1000, &view(RunState::Paused), &policy())
-        .unwrap();
+    p.request(
+        "d1".into(),
+        del,
+        by(1000),
+        &view(RunState::Paused),
+        &policy(),
+    )
+    .unwrap();
     let mut moved = view(RunState::Paused);
     moved.caches[0].path = "/elsewhere".into();
     let err = p
@@ -179,7 +264,7 @@ fn unknown_or_absent_caches_are_refused_with_the_known_names() {
             Action::DeleteCache {
                 name: "nope".into(),
             },
-            0,
+            by(0),
             &v,
             &policy(),
         )
@@ -191,7 +276,7 @@ fn unknown_or_absent_caches_are_refused_with_the_known_names() {
             Action::DeleteCache {
                 name: "triton".into(),
             },
-            0,
+            by(0),
             &v,
             &policy(),
         )
@@ -204,13 +289,13 @@ fn poweroff_is_disabled_by_default_and_names_the_command_when_enabled() {
     let mut p = PendingActions::default();
     let v = view(RunState::Training);
     let err = p
-        .request("p".into(), Action::PowerOff, 0, &v, &policy())
+        .request("p".into(), Action::PowerOff, by(0), &v, &policy())
         .unwrap_err();
     assert!(err.to_string().contains("power-off is disabled"), "{err}");
     let mut pol = policy();
     pol.poweroff_command = Some(vec!["systemctl".into(), "poweroff".into()]);
     let a = p
-        .request("p".into(), Action::PowerOff, 0, &v, &pol)
+        .request("p".into(), Action::PowerOff, by(0), &v, &pol)
         .unwrap();
     assert!(
         a.consequences
@@ -228,7 +313,7 @@ fn kill_says_which_steps_are_lost() {
         .request(
             "k".into(),
             Action::Kill,
-            0,
+            by(0),
             &view(RunState::Training),
             &policy(),
         )
@@ -250,7 +335,7 @@ fn only_locked_keys_can_be_unlocked_and_only_once() {
         .request(
             "u".into(),
             Action::UnlockKey { key: "lr".into() },
-            0,
+            by(0),
             &v,
             &policy(),
         )
@@ -261,7 +346,7 @@ fn only_locked_keys_can_be_unlocked_and_only_once() {
         Action::UnlockKey {
             key: "precision".into(),
         },
-        0,
+        by(0),
         &v,
         &policy(),
     )
@@ -297,7 +382,7 @@ fn locked_keys_are_named_by_their_config_path_or_short_name() {
         Action::UnlockKey {
             key: "drafter.block_size".into(),
         },
-        0,
+        by(0),
         &view(RunState::Training),
         &policy,
     )
@@ -311,7 +396,7 @@ fn stopping_twice_is_refused() {
         .request(
             "s".into(),
             Action::StopRun,
-            0,
+            by(0),
             &view(RunState::Stopping),
             &policy(),
         )

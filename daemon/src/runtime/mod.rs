@@ -12,6 +12,7 @@ pub mod logging;
 pub mod metrics_out;
 pub mod notify;
 pub mod pace;
+pub mod private_files;
 pub mod probe;
 pub mod refused;
 pub mod run_dir_lock;

@@ -49,6 +49,8 @@ pub enum SetupError {
     },
     #[error(transparent)]
     Data(#[from] DataError),
+    #[error("{0}. Fix the config and start again (nothing was trained)")]
+    AgainstData(#[from] dflash_shared::config::ConfigError),
     #[error("data.train_file {path}: no usable sample ({summary})")]
     NoSamples { path: String, summary: String },
     #[error(transparent)]
@@ -167,6 +169,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     };
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
+    cfg.check_against_dataset(samples.len())?;
     let report_path = inputs.run_dir.join(DATA_REPORT_FILE);
     let bytes = serde_json::to_vec_pretty(&report.to_json(&data_source));
     bytes

@@ -156,7 +156,12 @@ fn peers_of_another_uid_are_refused() {
 #[test]
 fn the_connection_cap_refuses_extra_clients_with_a_reason() {
     let d = TestDaemon::start_with(Options {
-        tweak: Box::new(|c| c.max_connections = 2),
+        // Idle connections would give way to a newcomer (control_limits.rs); here none
+        // has been idle long enough, so the newcomer is the one refused.
+        tweak: Box::new(|c| {
+            c.max_connections = 2;
+            c.evict_idle_after = Duration::from_secs(3600);
+        }),
         ..Default::default()
     });
     let a = d.client();

@@ -112,3 +112,19 @@ fn setup_errors_reach_the_callers_terminal_and_the_journal() {
         );
     }
 }
+
+#[test]
+fn a_batch_larger_than_the_data_is_refused_naming_the_toml_key() {
+    // Issue 15, defect 4: this trained at a handful of steps, each over the whole dataset.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let config = root.join("big-batch.toml");
+    write_config(&config, |c| c.training.batch_size = 100_000);
+    let (code, out, err) = start_detached(root, &config);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("training.batch_size"), "{err}");
+    assert!(err.contains("training samples"), "{err}");
+    assert!(!crate::support::binary::checkpoint_steps(&root.join("run"))
+        .iter()
+        .any(|_| true));
+}

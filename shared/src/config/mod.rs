@@ -114,6 +114,20 @@ impl Config {
         }
     }
 
+    /// Checks the held-out count and the batch size against a dataset of `n_samples`
+    /// ([`validate::against_dataset`]); the error names the TOML key.
+    pub fn check_against_dataset(&self, n_samples: usize) -> Result<(), ConfigError> {
+        let issues = validate::against_dataset(self, n_samples);
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                origin: "<config>".into(),
+                issues,
+            })
+        }
+    }
+
     /// Non-fatal remarks for the start log and `config validate`.
     pub fn warnings(&self) -> Vec<String> {
         validate::warnings(self)

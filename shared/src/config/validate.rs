@@ -21,6 +21,47 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     v
 }
 
+/// What can only be judged once the data's sample count is known: the held-out count and the
+/// batch size against it. `start` checks this after loading the data; `config validate` with
+/// an upper bound of the count (the file's lines), so what it refuses `start` refuses too.
+pub(crate) fn against_dataset(c: &Config, n_samples: usize) -> Vec<ConfigIssue> {
+    let mut v = Vec::new();
+    let d = &c.data;
+    let held_out = d.held_out_count(n_samples);
+    let held_out_key = if d.held_out_samples.is_some() {
+        "data.held_out_samples"
+    } else {
+        "data.held_out_fraction"
+    };
+    if held_out >= n_samples {
+        v.push(
+            ConfigIssue::invalid(
+                held_out_key,
+                format!("fewer held-out samples than the {n_samples} samples of the data"),
+                format!("{} held out", d.held_out_samples.unwrap_or(held_out)),
+            )
+            .with_hint("that leaves no sample to train on; hold out fewer"),
+        );
+        return v;
+    }
+    let train = n_samples - held_out;
+    let batch = c.training.batch_size;
+    if batch > train {
+        v.push(
+            ConfigIssue::invalid(
+                "training.batch_size",
+                format!("at most the {train} training samples ({n_samples} in the data, {held_out} held out)"),
+                batch,
+            )
+            .with_hint(
+                "every step would take the whole dataset, a handful of steps in all; pick a \
+                 batch size well below the training sample count",
+            ),
+        );
+    }
+    v
+}
+
 fn positive(v: &mut Vec<ConfigIssue>, key: &str, value: usize) {
     if value == 0 {
         v.push(ConfigIssue::invalid(key, "a positive integer", value));

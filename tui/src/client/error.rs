@@ -17,6 +17,11 @@ pub enum ClientError {
     UnsafeSocket(#[from] crate::paths::PathError),
     #[error("the daemon at {path} did not answer the hello within {timeout_ms} ms")]
     HelloTimeout { path: PathBuf, timeout_ms: u64 },
+    #[error(
+        "the daemon at {path} closed the connection before our hello ({reason}) and sent no \
+         reason; see its log (`dflash-tui tail`) and try again"
+    )]
+    ClosedBeforeHello { path: PathBuf, reason: String },
     #[error("protocol version mismatch: this console speaks v{ours}, the daemon {theirs}")]
     VersionMismatch { ours: u32, theirs: String },
     #[error("unexpected first frame from the daemon: expected a welcome, got {got}")]

@@ -88,7 +88,10 @@ impl Session {
         let (read, mut write) = stream.into_split();
         let mut frames = FrameReader::new(read);
 
-        write_frame(&mut write, &codec::encode(&protocol::hello(client_name()))?).await?;
+        let hello = codec::encode(&protocol::hello(client_name()))?;
+        if let Err(sent) = write_frame(&mut write, &hello).await {
+            return Err(refusal_behind(&mut frames, socket, sent).await);
+        }
         let first = tokio::time::timeout(HELLO_TIMEOUT, frames.next())
             .await
             .map_err(|_| ClientError::HelloTimeout {
@@ -189,6 +192,23 @@ impl Session {
             }
         }
         Ok(all)
+    }
+}
+
+/// Why the daemon closed a connection our hello could not be written to. A daemon at its
+/// connection limit answers with the reason and closes; that reply is still in our receive
+/// buffer, and it is what the operator needs to read, not the broken pipe it caused.
+async fn refusal_behind(
+    frames: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
+    socket: &Path,
+    sent: ClientError,
+) -> ClientError {
+    match tokio::time::timeout(Duration::from_secs(1), frames.next()).await {
+        Ok(Some(Ok(Response::Error { code, message }))) => ClientError::Daemon { code, message },
+        _ => ClientError::ClosedBeforeHello {
+            path: socket.to_path_buf(),
+            reason: sent.to_string(),
+        },
     }
 }
 

@@ -19,11 +19,12 @@ use dflash_shared::protocol::{decode_request, ErrorCode, Request, Response};
 
 use crate::run::handle::RunHandle;
 
-/// Who sent a request, from SO_PEERCRED.
+/// Who sent a request: uid and pid from SO_PEERCRED, and the server's id of the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub pid: Option<i32>,
+    pub connection: u64,
 }
 
 #[derive(Debug, Clone)]

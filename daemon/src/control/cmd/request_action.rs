@@ -7,7 +7,7 @@ use dflash_shared::protocol::Response;
 
 use super::{error, Caller};
 use crate::run::handle::RunHandle;
-use crate::run::pending::action_id;
+use crate::run::pending::{action_id, Requester};
 
 pub(super) fn file(handle: &RunHandle, caller: Caller, action: Action) -> Response {
     let id = action_id(&action, rand::random());
@@ -16,7 +16,10 @@ pub(super) fn file(handle: &RunHandle, caller: Caller, action: Action) -> Respon
         p.request(
             id.clone(),
             action.clone(),
-            caller.uid,
+            Requester {
+                uid: caller.uid,
+                connection: caller.connection,
+            },
             &view,
             handle.policy(),
         )
