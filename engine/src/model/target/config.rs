@@ -256,6 +256,13 @@ impl TargetConfig {
         }
     }
 
+    pub fn max_position_embeddings(&self) -> i64 {
+        match self {
+            Self::Qwen3_5(c) => c.max_position_embeddings,
+            Self::Qwen3(c) => c.max_position_embeddings,
+        }
+    }
+
     pub fn intermediate_size(&self) -> i64 {
         match self {
             Self::Qwen3_5(c) => c.intermediate_size,
