@@ -23,6 +23,7 @@ mod daemon_lifecycle;
 mod daemon_privacy;
 mod daemon_setup_errors;
 mod doctor;
+mod memory_plan;
 mod resume;
 mod target_parity;
 mod trained_artifacts;
