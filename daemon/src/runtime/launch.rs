@@ -147,6 +147,15 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Ok(p) => p,
         Err(e) => {
             handle.set_run_state(RunState::Failed);
+            if let setup::SetupError::MemoryPlan(refusal) = &e {
+                // The stop reason keeps the first line; the journal keeps every device's need.
+                handle.record_event_logged(
+                    Severity::Crit,
+                    EventKind::Note {
+                        message: refusal.replace('\n', " "),
+                    },
+                );
+            }
             return not_started(
                 EXIT_FAILURE,
                 format!("cannot start training: {e}"),

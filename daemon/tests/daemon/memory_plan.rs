@@ -135,6 +135,11 @@ fn start_refuses_a_run_over_the_stated_memory_and_journals_the_override() {
             if reason.contains("memory plan predicts this run does not fit"))
     });
     assert!(stopped, "{:?}", journal(&run_dir));
+    let detailed = journal(&run_dir).into_iter().any(|e| {
+        matches!(e.kind, EventKind::Note { ref message }
+            if message.contains("cpu (target_and_drafter): needs") && message.contains("largest: "))
+    });
+    assert!(detailed, "{:?}", journal(&run_dir));
     assert!(!run_dir.join("checkpoints").join("latest").exists());
 
     let tmp = tempfile::tempdir().unwrap();
