@@ -15,7 +15,7 @@ use dflash_shared::config::Config;
 use serde::Serialize;
 
 use super::config::load_config;
-use crate::run::paths::resolve_path;
+use crate::run::paths::{resolve, resolve_path, PathInputs};
 use crate::runtime::memory_plan::{
     self, DataShape, DeviceMemory, Devices, PlanInputs, ASSUMED_SUPERVISED_FRACTION,
 };
@@ -97,7 +97,18 @@ pub fn run(args: PlanArgs) -> Result<()> {
         ),
         None => (Config::embedded_default(), None, "embedded default".into()),
     };
-    let run_dir = std::env::temp_dir();
+    // The run dir `start` would use without --run-dir, for `{run_dir}` in the config's paths;
+    // nothing is written there.
+    let paths = resolve(&PathInputs::from_environment()?);
+    let run_dir = match &config.run.run_dir {
+        Some(dir) => resolve_path(
+            "run.run_dir",
+            dir,
+            config_path.as_deref(),
+            &paths.default_run_dir,
+        )?,
+        None => paths.default_run_dir.clone(),
+    };
     let (target, target_origin) = target_config(&args, &config, config_path.as_deref(), &run_dir)?;
     let shape = match args.seq_len {
         Some(n) if n < 2 => bail!("--seq-len: expected at least 2 tokens, found {n}"),
