@@ -24,6 +24,7 @@ mod daemon_privacy;
 mod daemon_setup_errors;
 mod doctor;
 mod export_contract;
+mod memory_plan;
 mod resume;
 mod target_parity;
 mod trained_artifacts;
