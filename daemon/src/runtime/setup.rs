@@ -219,6 +219,7 @@ fn load_samples(
         max_length: max_len,
         vocab_size: Some(vocab),
         threads: 0,
+        max_line_bytes: cfg.data.max_line_bytes.bytes(),
     };
     let encoder = match cfg.data.format {
         CfgFormat::Pretokenized => None,
