@@ -61,6 +61,13 @@ pub enum EventKind {
         path: String,
         bytes: u64,
     },
+    /// The operator chose (`dflashd start --resume-from`) to resume from `to_step`, an older
+    /// checkpoint than the newest the run had (`from_step`), because the newer ones were
+    /// damaged or missing; the steps after `to_step` are trained again.
+    CheckpointFallback {
+        from_step: u64,
+        to_step: u64,
+    },
     RegressionStarted {
         detector: String,
         level: Severity,

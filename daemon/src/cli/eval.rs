@@ -104,6 +104,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         max_length: args.max_len,
         vocab_size: Some(target.config().vocab_size() as usize),
         threads: 0,
+        max_line_bytes: dflash_shared::config::sections::DEFAULT_MAX_LINE_BYTES.bytes(),
     };
     let format = match args.format {
         FormatArg::Auto if looks_like_chat(&args.data)? => FormatArg::Chat,

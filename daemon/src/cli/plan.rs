@@ -204,6 +204,8 @@ fn data_shape(
         run_dir,
         device_override: None,
         unlocked_keys: Vec::new(),
+        // Only the data is read here: no trainer is built, nothing resumes.
+        resume: None,
         memory_plan: MemoryPlanPolicy::default(),
     };
     let (samples, _, source) =

@@ -60,6 +60,12 @@ pub struct StartArgs {
     /// Accept the environment drift that held the run; the token is printed in the refusal.
     #[arg(long, value_name = "TOKEN")]
     pub accept_drift: Option<String>,
+    /// Resume from this checkpoint (`step-N`, as named under <run-dir>/checkpoints/) when the
+    /// newest one is damaged or missing: only the newest intact step is accepted, `step-0`
+    /// when none is left. The start's refusal names it and the steps it re-trains; the damaged
+    /// directories are moved to `checkpoints/corrupt-step-…` and the choice is journaled.
+    #[arg(long, value_name = "STEP")]
+    pub resume_from: Option<String>,
     /// `cpu` or `cuda:N`, overriding the topology's device.
     #[arg(long)]
     pub device: Option<String>,
@@ -147,6 +153,12 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--device: {e}"))
         })
         .transpose()?;
+    let resume_from = args
+        .resume_from
+        .as_deref()
+        .map(crate::runtime::checkpoint_gate::parse_resume_from)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     if args.reuse_running {
         if let Some(live) = probe(&socket, Duration::from_secs(3)) {
             println!(
@@ -179,6 +191,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
             stated_gib: args.gpu_memory_gib,
             ignore: args.ignore_memory_plan,
         },
+        resume_from,
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

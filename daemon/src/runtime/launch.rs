@@ -21,7 +21,7 @@ use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
 use super::setup::{self, MemoryPlanPolicy, Prepared, SetupInputs, CHECKPOINTS_DIR};
-use super::{signals, telemetry_specs};
+use super::{checkpoint_gate, signals, telemetry_specs};
 use crate::run::bus::FrameBus;
 use crate::run::handle::RunHandle;
 use crate::run::locked_keys::{self as locked, Gate};
@@ -52,6 +52,8 @@ pub struct LaunchSpec {
     pub accept_drift: Option<String>,
     pub threads: i32,
     pub memory_plan: MemoryPlanPolicy,
+    /// `--resume-from`: the operator's explicit choice of checkpoint step.
+    pub resume_from: Option<u64>,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -135,6 +137,15 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
             return not_started(EXIT_LOCKED_KEY, text, &mut ready, cp);
         }
     };
+    let checkpoint_root = spec.run_dir.join(CHECKPOINTS_DIR);
+    let resume =
+        match checkpoint_gate::pass(&checkpoint_root, &spec.run_dir, &handle, spec.resume_from) {
+            Ok(dir) => dir,
+            Err(text) => {
+                handle.set_run_state(RunState::Failed);
+                return not_started(EXIT_FAILURE, text, &mut ready, cp);
+            }
+        };
     let inputs = SetupInputs {
         config: &spec.config,
         config_path: spec.config_path.as_deref(),
@@ -142,6 +153,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         device_override: spec.device_override,
         unlocked_keys: unlocked.carried.clone(),
         memory_plan: spec.memory_plan,
+        resume,
     };
     let prepared = match setup::prepare(&inputs) {
         Ok(p) => p,
@@ -182,7 +194,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         banner.push_str(&line);
     }
     let cfg = RunLoopConfig {
-        checkpoint_root: spec.run_dir.join(CHECKPOINTS_DIR),
+        checkpoint_root,
         max_steps: spec.max_steps,
         metrics_path: spec.metrics_path.clone(),
         log_every: spec.log_every,

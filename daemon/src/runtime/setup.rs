@@ -77,6 +77,8 @@ pub struct SetupInputs<'a> {
     pub device_override: Option<config::Device>,
     /// Locked keys (dotted paths) an operator's unlock lets differ from the checkpoint.
     pub unlocked_keys: Vec<String>,
+    /// The checkpoint to resume from, as the start's checkpoint gate chose it.
+    pub resume: Option<PathBuf>,
     pub memory_plan: MemoryPlanPolicy,
 }
 
@@ -144,7 +146,7 @@ fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>)
     (chosen, note)
 }
 
-/// Builds the trainer and resumes it from the newest checkpoint of the run dir, if any.
+/// Builds the trainer and resumes it from the checkpoint the gate chose, if any.
 pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let cfg = inputs.config;
     // Without `--device` the whole configured topology runs (the target is loaded on the
@@ -200,8 +202,10 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
     let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
-    let resumed_from =
-        trainer.resume_latest_unlocked(&inputs.run_dir.join(CHECKPOINTS_DIR), &unlocked)?;
+    if let Some(dir) = &inputs.resume {
+        trainer.restore_checkpoint_unlocked(dir, &unlocked)?;
+    }
+    let resumed_from = inputs.resume.clone();
     Ok(Prepared {
         trainer,
         device,
@@ -276,6 +280,7 @@ pub(crate) fn load_samples(
         max_length: max_len,
         vocab_size: Some(vocab),
         threads: 0,
+        max_line_bytes: cfg.data.max_line_bytes.bytes(),
     };
     let encoder = match cfg.data.format {
         CfgFormat::Pretokenized => None,
@@ -409,6 +414,7 @@ mod tests {
                 device_override: None,
                 unlocked_keys: Vec::new(),
                 memory_plan: MemoryPlanPolicy::default(),
+                resume: None,
             }
         }
         let mut cfg = Config::embedded_default();

@@ -128,3 +128,55 @@ fn a_batch_larger_than_the_data_is_refused_naming_the_toml_key() {
         .iter()
         .any(|_| true));
 }
+
+#[test]
+fn a_data_line_over_max_line_bytes_is_journaled_with_its_line_and_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let data = root.join("train.jsonl");
+    let row = |i: usize| {
+        let ids: Vec<String> = (0..24)
+            .map(|t| ((i * 7 + t) % 40 + 1).to_string())
+            .collect();
+        let mask: Vec<&str> = (0..24).map(|t| if t < 4 { "0" } else { "1" }).collect();
+        format!(
+            r#"{{"input_ids":[{}],"loss_mask":[{}]}}"#,
+            ids.join(","),
+            mask.join(",")
+        )
+    };
+    let long = format!(
+        r#"{{"input_ids":[{}],"loss_mask":[{}]}}"#,
+        vec!["5"; 2000].join(","),
+        vec!["1"; 2000].join(",")
+    );
+    let mut text = String::new();
+    for i in 0..200 {
+        text.push_str(&if i == 2 { long.clone() } else { row(i) });
+        text.push('\n');
+    }
+    std::fs::write(&data, text).unwrap();
+    let config = root.join("long-line.toml");
+    write_config(&config, |c| {
+        c.data.train_file = data.display().to_string();
+        c.data.format = dflash_shared::config::DataFormat::Pretokenized;
+        c.data.max_line_bytes = dflash_shared::config::ByteSize(1024);
+    });
+    assert!(long.len() > 1024);
+    let (code, stdout, stderr) = start_detached(root, &config);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let bad: Vec<(u64, String)> = journal(&root.join("run"))
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::BadDataLine { line, reason, .. } => Some((line, reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, 3);
+    assert!(
+        bad[0].1.contains("over data.max_line_bytes = 1024"),
+        "{}",
+        bad[0].1
+    );
+}

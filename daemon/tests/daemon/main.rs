@@ -2,7 +2,7 @@
 //!
 //! - `control_*`: the control plane in-process on a real Unix socket
 //!   ([`support::in_process`]).
-//! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `target_parity`,
+//! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
 //!   `trained_artifacts`: the real `dflashd` binary as a child process in a temp dir
 //!   ([`support::binary`]).
 //!
@@ -12,6 +12,7 @@
 mod support;
 
 mod checkpoint_corrupt;
+mod checkpoint_recovery;
 mod control_actions;
 mod control_daemon;
 mod control_limits;

@@ -3,8 +3,13 @@
 //! A bad line never stops the load: it is recorded in [`LoadReport::bad_lines`] with its line
 //! number and reason, and skipped. Only file-level problems (missing file, unreadable file, no
 //! usable line at all) are errors.
+//!
+//! Memory follows the longest line, not the file: a line over [`LoadOptions::max_line_bytes`]
+//! is consumed without being kept and becomes a bad line naming `data.max_line_bytes`, and the
+//! lines handed to the workers at a time are bounded in bytes as well as in count, so a few
+//! huge rows are never parsed (and tokenized, which takes many times a line's size) together.
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
 use super::encoder::ChatEncoder;
@@ -14,6 +19,9 @@ use super::sample::{has_consecutive_supervised, BadLine, LoadReport, Sample};
 
 /// Lines handed to the worker threads at a time; bounds memory on multi-GB files.
 const BATCH_LINES: usize = 4096;
+/// Bytes of lines handed to the worker threads at a time; a batch ends after the line that
+/// reaches it, so one line longer than this is processed alone.
+const BATCH_BYTES: u64 = 8 << 20;
 
 /// What the lines of a file are.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +40,63 @@ pub struct LoadOptions {
     pub vocab_size: Option<usize>,
     /// Worker threads for tokenization; 0 uses every available core.
     pub threads: usize,
+    /// A line longer than this many bytes (its line end not counted) is a bad line, skipped
+    /// without being read into memory (the config's `data.max_line_bytes`).
+    pub max_line_bytes: u64,
+}
+
+/// One line as read from the file.
+enum RawLine {
+    Line(Vec<u8>),
+    /// Longer than the limit: only its length was kept.
+    TooLong {
+        bytes: u64,
+    },
+}
+
+impl RawLine {
+    fn bytes(&self) -> u64 {
+        match self {
+            RawLine::Line(l) => l.len() as u64,
+            RawLine::TooLong { bytes } => *bytes,
+        }
+    }
+}
+
+/// Reads one line (keeping its `\n`) if it has at most `limit` bytes before the line end;
+/// a longer one is read to its end and dropped, so memory never exceeds `limit` plus the
+/// reader's buffer. `None` at the end of the input.
+fn read_line_bounded<R: BufRead>(reader: &mut R, limit: u64) -> io::Result<Option<RawLine>> {
+    let mut line = Vec::new();
+    let (mut content, mut any, mut too_long) = (0u64, false, false);
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        any = true;
+        let (take, ends) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        content += (take - usize::from(ends)) as u64;
+        if !too_long && content > limit {
+            too_long = true;
+            line = Vec::new();
+        }
+        if !too_long {
+            line.extend_from_slice(&buf[..take]);
+        }
+        reader.consume(take);
+        if ends {
+            break;
+        }
+    }
+    Ok(match (any, too_long) {
+        (false, _) => None,
+        (true, true) => Some(RawLine::TooLong { bytes: content }),
+        (true, false) => Some(RawLine::Line(line)),
+    })
 }
 
 enum Outcome {
@@ -54,6 +119,13 @@ pub fn load(
             found: options.max_length.to_string(),
         });
     }
+    if options.max_line_bytes == 0 {
+        return Err(DataError::BadOption {
+            key: "data.max_line_bytes",
+            expected: "at least 1 byte (e.g. \"16 MiB\")",
+            found: "0".to_string(),
+        });
+    }
     if !path.is_file() {
         return Err(DataError::MissingFile {
             what: "data file",
@@ -72,14 +144,17 @@ pub fn load(
     };
     let mut samples = Vec::new();
     let mut report = LoadReport::default();
-    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(BATCH_LINES);
+    let mut batch: Vec<RawLine> = Vec::with_capacity(BATCH_LINES);
     loop {
         batch.clear();
-        while batch.len() < BATCH_LINES {
-            let mut line = Vec::new();
-            if reader.read_until(b'\n', &mut line).map_err(io_error)? == 0 {
+        let mut batch_bytes = 0u64;
+        while batch.len() < BATCH_LINES && batch_bytes < BATCH_BYTES {
+            let Some(line) =
+                read_line_bounded(&mut reader, options.max_line_bytes).map_err(io_error)?
+            else {
                 break;
-            }
+            };
+            batch_bytes += line.bytes();
             batch.push(line);
         }
         if batch.is_empty() {
@@ -126,7 +201,7 @@ pub fn load(
 
 /// Processes lines on up to `threads` scoped threads, keeping their order.
 fn process_batch(
-    lines: &[Vec<u8>],
+    lines: &[RawLine],
     format: DataFormat<'_>,
     options: &LoadOptions,
     threads: usize,
@@ -161,7 +236,18 @@ fn process_batch(
     })
 }
 
-fn process_line(raw: &[u8], format: DataFormat<'_>, options: &LoadOptions) -> Outcome {
+fn process_line(raw: &RawLine, format: DataFormat<'_>, options: &LoadOptions) -> Outcome {
+    let raw = match raw {
+        RawLine::Line(raw) => raw,
+        RawLine::TooLong { bytes } => {
+            return Outcome::Bad(format!(
+                "the line is {bytes} bytes, over data.max_line_bytes = {}; it was skipped \
+                 without being read. Raise data.max_line_bytes if rows this long are intended \
+                 (a chat row takes many times its size in memory while it is tokenized)",
+                options.max_line_bytes
+            ))
+        }
+    };
     let Ok(text) = std::str::from_utf8(raw) else {
         return Outcome::Bad("not valid UTF-8".to_string());
     };
@@ -242,8 +328,13 @@ mod tests {
             max_length,
             vocab_size: Some(100),
             threads: 1,
+            max_line_bytes: 1 << 20,
         };
-        process_line(line.as_bytes(), DataFormat::Pretokenized, &options)
+        process_line(
+            &RawLine::Line(line.as_bytes().to_vec()),
+            DataFormat::Pretokenized,
+            &options,
+        )
     }
 
     #[test]
@@ -258,7 +349,7 @@ mod tests {
         ));
         assert!(matches!(outcome(" \t\r\n", 8), Outcome::Blank));
         assert!(matches!(
-            process_line(&[0xff, b'\n'], DataFormat::Pretokenized, &LoadOptions { max_length: 8, vocab_size: None, threads: 1 }),
+            process_line(&RawLine::Line(vec![0xff, b'\n']), DataFormat::Pretokenized, &LoadOptions { max_length: 8, vocab_size: None, threads: 1, max_line_bytes: 8 }),
             Outcome::Bad(reason) if reason.contains("UTF-8")
         ));
     }
@@ -285,5 +376,23 @@ mod tests {
             }
             _ => panic!("expected a truncated sample"),
         }
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_consumed_without_being_kept() {
+        let text = format!("ab\n{}\r\ncd", "x".repeat(100));
+        let mut reader = io::BufReader::with_capacity(8, text.as_bytes());
+        let mut read = || read_line_bounded(&mut reader, 10).unwrap();
+        assert!(matches!(read(), Some(RawLine::Line(l)) if l == b"ab\n"));
+        // 100 x and the \r (the \n is the line end): never more than 10 bytes kept.
+        assert!(matches!(read(), Some(RawLine::TooLong { bytes: 101 })));
+        assert!(matches!(read(), Some(RawLine::Line(l)) if l == b"cd"));
+        assert!(read().is_none());
+        // Exactly at the limit is a line.
+        let mut exact = io::BufReader::with_capacity(4, &b"0123456789\n"[..]);
+        assert!(matches!(
+            read_line_bounded(&mut exact, 10).unwrap(),
+            Some(RawLine::Line(l)) if l.len() == 11
+        ));
     }
 }

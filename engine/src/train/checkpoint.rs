@@ -18,6 +18,9 @@ pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT: &str = "dflash-checkpoint/1";
 const PREFIX: &str = "step-";
 const LATEST: &str = "latest";
+/// A checkpoint being pruned is renamed to this prefix first, so a kill during its deletion
+/// never leaves a half-deleted `step-…` directory.
+const PRUNING: &str = ".prune-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -242,7 +245,8 @@ fn entries_if_present(root: &Path) -> Result<Option<fs::ReadDir>, CheckpointErro
 }
 
 /// Cleans up after a writer that died (one writer per run directory is assumed): partial
-/// `.tmp-*` directories are deleted; a `.old-<name>-*` directory, left when a crash hit between
+/// `.tmp-*` directories and `.prune-*` directories (a prune killed mid-deletion) are
+/// deleted; a `.old-<name>-*` directory, left when a crash hit between
 /// moving an old checkpoint aside and publishing its replacement, is put back if `<name>` is
 /// missing and deleted otherwise.
 pub fn recover(root: &Path) -> Result<(), CheckpointError> {
@@ -253,7 +257,7 @@ pub fn recover(root: &Path) -> Result<(), CheckpointError> {
         let entry = entry.map_err(io_err(root))?;
         let name = entry.file_name().to_string_lossy().to_string();
         let path = entry.path();
-        if name.starts_with(".tmp-") && path.is_dir() {
+        if (name.starts_with(".tmp-") || name.starts_with(PRUNING)) && path.is_dir() {
             fs::remove_dir_all(&path).map_err(io_err(&path))?;
         } else if let Some(rest) = name.strip_prefix(".old-") {
             let Some((original, _pid)) = rest.rsplit_once('-') else {
@@ -270,7 +274,7 @@ pub fn recover(root: &Path) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-fn point_latest(root: &Path, target: &str) -> Result<(), CheckpointError> {
+pub(crate) fn point_latest(root: &Path, target: &str) -> Result<(), CheckpointError> {
     let link = root.join(LATEST);
     let tmp = root.join(format!(".{LATEST}-{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
@@ -382,8 +386,14 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
 pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
     let all = list(root)?;
     let excess = all.len().saturating_sub(keep.max(1));
-    for (_, dir) in all.into_iter().take(excess) {
-        fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    for (step, dir) in all.into_iter().take(excess) {
+        let doomed = root.join(format!(
+            "{PRUNING}{}-{}",
+            checkpoint_dir_name(step),
+            std::process::id()
+        ));
+        fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
+        fs::remove_dir_all(&doomed).map_err(io_err(&doomed))?;
     }
     Ok(())
 }
@@ -504,5 +514,23 @@ mod tests {
         let steps: Vec<u64> = list(root.path()).unwrap().iter().map(|(s, _)| *s).collect();
         assert_eq!(steps, vec![2, 3]);
         verify(&root.path().join("step-0000000003")).unwrap();
+        assert_eq!(
+            fs::read_dir(root.path()).unwrap().count(),
+            3,
+            "step 2, step 3, latest"
+        );
+    }
+
+    #[test]
+    fn a_prune_killed_mid_deletion_leaves_no_step_directory() {
+        let root = tempfile::tempdir().unwrap();
+        write_one(root.path(), 1);
+        // What a kill inside prune's deletion leaves: the renamed directory, part-deleted.
+        let doomed = root.path().join(".prune-step-0000000001-99999");
+        fs::rename(root.path().join("step-0000000001"), &doomed).unwrap();
+        fs::remove_file(doomed.join(MANIFEST)).unwrap();
+        recover(root.path()).unwrap();
+        assert!(!doomed.exists());
+        assert!(list(root.path()).unwrap().is_empty());
     }
 }

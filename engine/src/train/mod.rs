@@ -14,6 +14,7 @@ pub mod loader;
 pub mod loss;
 pub mod micro;
 pub mod optim;
+pub mod recovery;
 pub mod replica;
 pub mod resume;
 pub mod rng;

@@ -25,6 +25,7 @@ fn options(max_length: usize) -> LoadOptions {
         max_length,
         vocab_size: None,
         threads: 2,
+        max_line_bytes: 1 << 20,
     }
 }
 

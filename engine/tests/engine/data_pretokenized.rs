@@ -14,6 +14,7 @@ fn options(max_length: usize) -> LoadOptions {
         // The fixture tokenizer's size: ids 0..470.
         vocab_size: Some(470),
         threads: 1,
+        max_line_bytes: 1 << 20,
     }
 }
 
@@ -88,4 +89,53 @@ fn split_and_epoch_order_over_loaded_samples_are_disjoint_and_reproducible() {
         assert_eq!(order, epoch_order(split.train.len(), 1234, epoch));
     }
     assert_ne!(epoch_order(950, 1234, 0), epoch_order(950, 1234, 1));
+}
+
+#[test]
+fn a_line_over_max_line_bytes_is_a_bad_line_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.jsonl");
+    let row = r#"{"input_ids":[1,2,3,4],"loss_mask":[0,1,1,1]}"#;
+    let long = format!(
+        r#"{{"input_ids":[{}],"loss_mask":[{}]}}"#,
+        vec!["7"; 600].join(","),
+        vec!["1"; 600].join(",")
+    );
+    std::fs::write(&path, format!("{row}\n{long}\n{row}\n")).unwrap();
+    let limit = 1000;
+    assert!(long.len() > limit && row.len() < limit);
+    let (samples, report) = load(
+        &path,
+        DataFormat::Pretokenized,
+        &LoadOptions {
+            max_line_bytes: limit as u64,
+            ..options(4096)
+        },
+    )
+    .unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(report.bad_lines.len(), 1);
+    let bad = &report.bad_lines[0];
+    assert_eq!(bad.line, 2);
+    assert!(
+        bad.reason.contains("data.max_line_bytes = 1000")
+            && bad.reason.contains(&format!("{} bytes", long.len())),
+        "{}",
+        bad.reason
+    );
+    // The same line under the default limit is a sample: the limit is what refused it.
+    let (samples, _) = load(&path, DataFormat::Pretokenized, &options(4096)).unwrap();
+    assert_eq!(samples.len(), 3);
+    // A zero limit is a bad option, named by its key.
+    let err = load(
+        &path,
+        DataFormat::Pretokenized,
+        &LoadOptions {
+            max_line_bytes: 0,
+            ..options(4096)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("data.max_line_bytes"), "{err}");
 }

@@ -271,7 +271,16 @@ pub struct DataSection {
     /// An exact number of held-out samples; when set it replaces `held_out_fraction`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out_samples: Option<usize>,
+    /// The longest data line accepted (`"16 MiB"` or bytes): a longer one is a bad line,
+    /// skipped without being read into memory. Bounds the loader's memory, which for a chat
+    /// row is many times the row's size while it is tokenized.
+    #[serde(default = "default_max_line_bytes")]
+    pub max_line_bytes: super::bytesize::ByteSize,
 }
+
+/// `data.max_line_bytes` when unset: well above real chat rows, low enough that tokenizing
+/// one stays within a few GB.
+pub const DEFAULT_MAX_LINE_BYTES: super::bytesize::ByteSize = super::bytesize::ByteSize(16 << 20);
 
 impl DataSection {
     /// How many of `total` samples are held out.
@@ -284,6 +293,10 @@ impl DataSection {
 
 fn default_data_format() -> DataFormat {
     DataFormat::Chat
+}
+
+fn default_max_line_bytes() -> super::bytesize::ByteSize {
+    DEFAULT_MAX_LINE_BYTES
 }
 
 fn default_held_out_fraction() -> f64 {

@@ -270,6 +270,10 @@ pub(super) fn all_responses() -> Vec<Response> {
             reason: "operator".into(),
             checkpoint: Some("/r/c".into()),
         },
+        EventKind::CheckpointFallback {
+            from_step: 6,
+            to_step: 2,
+        },
         EventKind::BadDataLine {
             file: "train.jsonl".into(),
             line: 12,

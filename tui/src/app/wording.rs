@@ -24,6 +24,7 @@ pub fn kind_tag(kind: &EventKind) -> &'static str {
         EventKind::EnvironmentChanged { .. } => "env-change",
         EventKind::CacheChanged { .. } => "cache",
         EventKind::CheckpointWritten { .. } => "checkpoint",
+        EventKind::CheckpointFallback { .. } => "fallback",
         EventKind::RegressionStarted { .. } => "regression",
         EventKind::RegressionEnded { .. } => "recovered",
         EventKind::OperatorRequest { .. } => "request",
@@ -112,6 +113,12 @@ pub fn describe(kind: &EventKind) -> String {
         EventKind::BadDataLine { file, line, reason } => {
             format!("skipped bad data line {file}:{line}: {reason}")
         }
+        EventKind::CheckpointFallback { from_step, to_step } => format!(
+            "resumed from step {} instead of step {} (--resume-from); the steps after it are \
+             trained again",
+            fmt::thousands(*to_step),
+            fmt::thousands(*from_step)
+        ),
         EventKind::Note { message } => message.clone(),
     }
 }

@@ -53,7 +53,8 @@ pub fn category(kind: &EventKind) -> Option<Category> {
         EventKind::CacheChanged { .. } => Category::Caches,
         EventKind::RunStarted { .. }
         | EventKind::RunStopped { .. }
-        | EventKind::RunPaused { .. } => Category::Restarts,
+        | EventKind::RunPaused { .. }
+        | EventKind::CheckpointFallback { .. } => Category::Restarts,
         EventKind::RegressionStarted { detector, .. }
         | EventKind::RegressionEnded { detector, .. } => detector_category(detector),
         EventKind::WorkerFailed { .. } => Category::Failures,
