@@ -191,8 +191,19 @@ fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
         .next_steps
         .iter()
         .any(|s| s.contains("dflashd export")));
-    assert!(!report
+    // Not told to restart this run; told how to start the next one, in a new run dir.
+    assert!(
+        !report.next_steps.iter().any(|s| s.contains("resume")),
+        "{:?}",
+        report.next_steps
+    );
+    assert!(report
         .next_steps
         .iter()
-        .any(|s| s.contains("dflashd start")));
+        .filter(|s| s.contains("dflashd start"))
+        .all(|s| s.contains("NEW_DIR")));
+    assert!(report
+        .next_steps
+        .iter()
+        .any(|s| s.contains("Start the next run")));
 }
