@@ -8,6 +8,8 @@
 //! - [`flops`], [`stats`], [`compare`]: pure arithmetic over the results.
 //! - [`process`], [`harness`]: child processes (one per implementation and case, so peak memory
 //!   is per process) and the side-by-side orchestration.
+//! - [`real_step`], [`target_layers`]: the GPU check's drafter step at the real structure (fresh
+//!   shapes every step) and the target's layer kinds at the real dimensions.
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 pub mod attention;
@@ -22,9 +24,11 @@ pub mod overhead;
 pub mod presets;
 pub mod process;
 pub mod queue;
+pub mod real_step;
 pub mod report;
 pub mod stats;
 pub mod step;
+pub mod target_layers;
 pub mod target_pass;
 pub mod timing;
 
