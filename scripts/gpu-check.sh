@@ -20,8 +20,10 @@
 #                     readings and the memory model's prediction
 #   4. target_layers  Qwen3.6-27B layers (random weights), Gated DeltaNet and gated attention,
 #                     forward at S = 4096 in bf16: tokens/s and MFU per layer kind
-#   5. multi_gpu      with 2+ GPUs visible: NCCL all-reduce bandwidth and a 2-rank step.
-#                     NOT BUILT YET: recorded as not done (see docs/BENCHMARKS.md)
+#   5. multi_gpu      with 2+ GPUs visible: the NCCL all-reduce of the drafter's gradient size
+#                     (bus bandwidth) on cuda:0,cuda:1 and a 2-rank step of the tiny default
+#                     against the 1-rank step (losses within the dtype's tolerance); skipped
+#                     on one GPU; on the CPU self-test, two CPU ranks
 #
 # Results: OUT/gpu-check.json (one JSON document, rewritten after every step, so a kill keeps
 # every finished step) and OUT/summary.md (regenerated with it); each step's own output in
@@ -40,7 +42,7 @@ set -u
 BUDGET_S=${BUDGET_S:-540}
 STARTUP_S=30
 STEP_NAMES=(doctor parity drafter_step target_layers multi_gpu)
-declare -A LIMIT=([doctor]=30 [parity]=150 [drafter_step]=220 [target_layers]=80 [multi_gpu]=30)
+declare -A LIMIT=([doctor]=30 [parity]=150 [drafter_step]=200 [target_layers]=70 [multi_gpu]=60)
 
 budget_sum() {
     local sum=$STARTUP_S s
@@ -141,6 +143,15 @@ if isinstance(t, dict):
         lines.append("| %s | %s | %s | %s | %s | %s |" % (k["kind"], k["layers"], k["seq_len"],
                      fmt(k.get("median_ms_per_layer"), digits=2), fmt(k.get("tokens_per_s_per_layer"), digits=0),
                      fmt(k.get("mfu"), 100)))
+m = steps.get("multi_gpu", {}).get("result")
+if isinstance(m, dict):
+    a, p = m.get("all_reduce", {}), m.get("two_rank_step", {})
+    lines += ["", "## Multi-device (%s)" % ",".join(a.get("devices", [])), "",
+              "all-reduce of %s fp32 elements (%s MiB): median %s ms, algorithm %s GB/s, bus %s GB/s" % (
+                  a.get("elements"), fmt(a.get("bytes"), 1 / 1048576, 0), fmt(a.get("median_ms"), digits=2),
+                  fmt(a.get("algo_gb_per_s"), digits=1), fmt(a.get("bus_gb_per_s"), digits=1)),
+              "2-rank step vs 1-rank step: largest relative loss difference %s (tolerance %s): %s" % (
+                  p.get("max_rel_diff"), p.get("tolerance"), "equal" if p.get("ok") else "DIFFERENT")]
 with open(md + ".tmp", "w") as f:
     f.write("\n".join(lines) + "\n")
 os.replace(md + ".tmp", md)
@@ -291,11 +302,23 @@ last_json "$OUT/target_layers.out" "$OUT/target_layers.json"
 finish_step target_layers $rc $t0 "$OUT/target_layers.json"
 
 # --- 5. multi-GPU ------------------------------------------------------------------------------
-if [ "$GPUS" -gt 1 ] && [ "$DEVICE" != cpu ]; then
-    record multi_gpu not_done 0 "" "$GPUS GPUs visible, but the NCCL all-reduce bandwidth and 2-rank step checks are not built yet"
-    say "[not done] multi_gpu: the all-reduce and 2-rank checks are not built yet"
+t0=$SECONDS
+if [ "$DEVICE" = cpu ]; then
+    PAIR=cpu,cpu  # the self-test: the engine's CPU group, two CPU ranks
+elif [ "$GPUS" -gt 1 ]; then
+    PAIR=cuda:0,cuda:1
 else
-    record multi_gpu skipped 0 "" "one GPU or none visible ($GPUS); needs 2+"
+    PAIR=""
+fi
+if [ -n "$PAIR" ]; then
+    run_step multi_gpu "$DFLASH_BENCH" --child multi-gpu "${REDUCED[@]}" --devices "$PAIR" \
+        --warmup 2 --steps 5 --work-dir "$OUT"
+    rc=$?
+    last_json "$OUT/multi_gpu.out" "$OUT/multi_gpu.json"
+    [ $rc -eq 0 ] && ! grep -q '"ok":true' "$OUT/multi_gpu.json" && rc=3
+    finish_step multi_gpu $rc $t0 "$OUT/multi_gpu.json"
+else
+    record multi_gpu skipped 0 "" "$GPUS GPU visible; the all-reduce and the 2-rank step need 2"
     say "[skipped] multi_gpu: $GPUS GPU(s) visible"
 fi
 

@@ -9,7 +9,8 @@
 //! - [`process`], [`harness`]: child processes (one per implementation and case, so peak memory
 //!   is per process) and the side-by-side orchestration.
 //! - [`real_step`], [`target_layers`]: the GPU check's drafter step at the real structure (fresh
-//!   shapes every step) and the target's layer kinds at the real dimensions.
+//!   shapes every step) and the target's layer kinds at the real dimensions; [`multi_gpu`]: the
+//!   all-reduce bandwidth and the 2-rank step against 1 rank.
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 pub mod attention;
@@ -20,6 +21,7 @@ pub mod flops;
 pub mod harness;
 pub mod matmul;
 pub mod memory;
+pub mod multi_gpu;
 pub mod overhead;
 pub mod presets;
 pub mod process;

@@ -26,7 +26,7 @@ use dflash_bench::queue::{run_queue, QueueCase};
 use dflash_bench::report::{loadavg, BenchReport, Machine};
 use dflash_bench::step::{run_engine_step, StepOptions};
 use dflash_bench::target_pass::{prepare_target_case, run_engine_target};
-use dflash_bench::{matmul, real_step, target_layers, BenchError};
+use dflash_bench::{matmul, multi_gpu, real_step, target_layers, BenchError};
 use dflash_engine::device::parse as parse_device;
 use dflash_engine::model::drafter::AttentionBackend;
 
@@ -125,6 +125,9 @@ pub struct BenchArgs {
     /// real-step / target-layers children: the reduced shapes of the CPU self-test.
     #[arg(long, hide = true)]
     pub reduced: bool,
+    /// multi-gpu child: the two devices (`cuda:0,cuda:1`; `cpu,cpu` in the self-test).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub devices: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -143,6 +146,9 @@ pub enum ChildTask {
     RealStep,
     /// The GPU check's target layers at the real dimensions (`--reduced`: small ones).
     TargetLayers,
+    /// The GPU check's multi-device step on `--devices` (2): all-reduce of the drafter's
+    /// gradient size (`--reduced`: the reduced drafter's) and a 2-rank step against 1 rank.
+    MultiGpu,
 }
 
 fn parse_kind(name: &str) -> Result<Kind> {
@@ -265,6 +271,26 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
             to_value(serde_json::to_value(target_layers::run_target_layers(
                 &opts,
             )?))
+        }
+        ChildTask::MultiGpu => {
+            let devices = args
+                .devices
+                .iter()
+                .map(|d| parse_device(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| usage(&e.to_string()))?;
+            let [a, b] = devices[..] else {
+                return Err(usage("--devices with two devices (cuda:0,cuda:1)"));
+            };
+            let shape = if args.reduced {
+                real_step::reduced_structure()
+            } else {
+                real_step::real_structure()
+            };
+            let elements = dflash_engine::plan::drafter::drafter_params(&shape.drafter) as i64;
+            let all_reduce = multi_gpu::measure_all_reduce(&[a, b], elements, warmup, steps)?;
+            let parity = multi_gpu::two_rank_parity([a, b], 3)?;
+            Ok(json!({ "all_reduce": all_reduce, "two_rank_step": parity, "ok": parity.ok }))
         }
         ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(
             args.steps.unwrap_or(2000),

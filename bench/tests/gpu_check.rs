@@ -70,7 +70,7 @@ fn the_cpu_self_test_passes_within_its_budget_and_records_every_step() {
         ("parity", "ok"),
         ("drafter_step", "ok"),
         ("target_layers", "ok"),
-        ("multi_gpu", "skipped"),
+        ("multi_gpu", "ok"),
     ] {
         assert_eq!(steps[step]["status"], status, "{step}: {:#}", steps[step]);
     }
@@ -120,6 +120,12 @@ fn the_cpu_self_test_passes_within_its_budget_and_records_every_step() {
         .map(|k| k["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["gated_deltanet", "gated_attention"]);
+    let multi = &steps["multi_gpu"]["result"];
+    assert!(
+        multi["all_reduce"]["bus_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{multi:#}"
+    );
+    assert_eq!(multi["two_rank_step"]["ok"], true, "{multi:#}");
     let summary = std::fs::read_to_string(out.path().join("summary.md")).unwrap();
     assert!(summary.contains("## Drafter step") && summary.contains("## Target layers"));
 }
