@@ -78,3 +78,4 @@ gpu-bundle: build
 	cp $(BIN)/dflashd $(BIN)/dflash-bench scripts/gpu-check.sh runs/gpu-bundle/
 	cp benches/reference/*.py runs/gpu-bundle/benches/reference/
 	@du -sh runs/gpu-bundle
+	@test $$(du -sm runs/gpu-bundle | cut -f1) -le 64 || { echo "runs/gpu-bundle is over 64 MiB, what a device run can carry"; exit 1; }

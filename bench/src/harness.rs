@@ -437,8 +437,10 @@ impl Harness {
 
     /// GPU correctness: the tiny case on CUDA vs the CPU (fp32, same weights and batch), and
     /// CUDA bf16 engine vs the reference in bf16.
-    pub fn parity(&self, device: &str) -> Result<ParityResult, BenchError> {
-        let (dir, _) = self.prepare_step("tiny")?;
+    /// CUDA f32 against CPU f32 and engine bf16 against the reference bf16 on `config`'s
+    /// case. On `cpu` it is the GPU check's self-test: CPU against CPU, plumbing only.
+    pub fn parity(&self, device: &str, config: &str) -> Result<ParityResult, BenchError> {
+        let (dir, _) = self.prepare_step(config)?;
         let pass = |device, dtype| StepPass::Timing { device, dtype };
         let cpu = self.engine_step(&dir, pass("cpu", "f32"));
         let cuda = self.engine_step(&dir, pass(device, "f32"));

@@ -8,6 +8,9 @@
 //! - [`flops`], [`stats`], [`compare`]: pure arithmetic over the results.
 //! - [`process`], [`harness`]: child processes (one per implementation and case, so peak memory
 //!   is per process) and the side-by-side orchestration.
+//! - [`real_step`], [`target_layers`]: the GPU check's drafter step at the real structure (fresh
+//!   shapes every step) and the target's layer kinds at the real dimensions; [`multi_gpu`]: the
+//!   all-reduce bandwidth and the 2-rank step against 1 rank.
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
 //! - [`plan_check`]: the memory model of a run (`dflash_engine::plan`) against the memory pass.
 //! - [`report`]: the machine, the summary line and the Markdown tables.
@@ -19,14 +22,17 @@ pub mod flops;
 pub mod harness;
 pub mod matmul;
 pub mod memory;
+pub mod multi_gpu;
 pub mod overhead;
 pub mod plan_check;
 pub mod presets;
 pub mod process;
 pub mod queue;
+pub mod real_step;
 pub mod report;
 pub mod stats;
 pub mod step;
+pub mod target_layers;
 pub mod target_pass;
 pub mod timing;
 

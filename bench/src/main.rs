@@ -27,7 +27,7 @@ use dflash_bench::queue::{run_queue, QueueCase};
 use dflash_bench::report::{loadavg, BenchReport, Machine};
 use dflash_bench::step::{run_engine_step, StepOptions};
 use dflash_bench::target_pass::{prepare_target_case, run_engine_target};
-use dflash_bench::{matmul, BenchError};
+use dflash_bench::{matmul, multi_gpu, real_step, target_layers, BenchError};
 use dflash_engine::device::parse as parse_device;
 use dflash_engine::model::drafter::AttentionBackend;
 
@@ -50,7 +50,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Cases: step, attention, target, overhead (daemon: clients, telemetry), queue, parity
-    /// (CUDA vs CPU and bf16 vs the reference; needs --device cuda).
+    /// (--device vs CPU and bf16 vs the reference on the first of --configs; on cpu a
+    /// plumbing self-test).
     /// Default: step,attention,target,overhead,queue (--quick: step).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -130,6 +131,12 @@ pub struct BenchArgs {
     pub socket: Option<PathBuf>,
     #[arg(long, hide = true)]
     pub sampler: bool,
+    /// real-step / target-layers children: the reduced shapes of the CPU self-test.
+    #[arg(long, hide = true)]
+    pub reduced: bool,
+    /// multi-gpu child: the two devices (`cuda:0,cuda:1`; `cpu,cpu` in the self-test).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub devices: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -144,6 +151,13 @@ pub enum ChildTask {
     Overhead,
     Clients,
     Queue,
+    /// The GPU check's drafter step at the real structure (`--reduced`: the CPU self-test's).
+    RealStep,
+    /// The GPU check's target layers at the real dimensions (`--reduced`: small ones).
+    TargetLayers,
+    /// The GPU check's multi-device step on `--devices` (2): all-reduce of the drafter's
+    /// gradient size (`--reduced`: the reduced drafter's) and a 2-rank step against 1 rank.
+    MultiGpu,
 }
 
 fn parse_kind(name: &str) -> Result<Kind> {
@@ -231,6 +245,61 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 args.clients,
             )?;
             Ok(json!({ "clients": args.clients }))
+        }
+        ChildTask::RealStep => {
+            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
+            let shape = if args.reduced {
+                real_step::reduced_structure()
+            } else {
+                real_step::real_structure()
+            };
+            let (shape, note) = real_step::fit_vocab(shape, device);
+            let opts = real_step::RealStepOptions {
+                shape,
+                device,
+                warmup,
+                steps,
+                peak_flops: args.datasheet_peak_tflops.map(|t| t * 1e12),
+                seed: 1,
+            };
+            let mut summary = real_step::run_real_step(&dir, &opts)?;
+            summary.vocab_note = note;
+            to_value(serde_json::to_value(summary))
+        }
+        ChildTask::TargetLayers => {
+            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
+            let opts = target_layers::TargetLayersOptions {
+                device,
+                reduced: args.reduced,
+                layers_per_kind: if args.reduced { 2 } else { 3 },
+                seq_len: if args.reduced { 128 } else { 4096 },
+                warmup,
+                steps,
+                peak_flops: args.datasheet_peak_tflops.map(|t| t * 1e12),
+            };
+            to_value(serde_json::to_value(target_layers::run_target_layers(
+                &opts,
+            )?))
+        }
+        ChildTask::MultiGpu => {
+            let devices = args
+                .devices
+                .iter()
+                .map(|d| parse_device(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| usage(&e.to_string()))?;
+            let [a, b] = devices[..] else {
+                return Err(usage("--devices with two devices (cuda:0,cuda:1)"));
+            };
+            let shape = if args.reduced {
+                real_step::reduced_structure()
+            } else {
+                real_step::real_structure()
+            };
+            let elements = dflash_engine::plan::drafter::drafter_params(&shape.drafter) as i64;
+            let all_reduce = multi_gpu::measure_all_reduce(&[a, b], elements, warmup, steps)?;
+            let parity = multi_gpu::two_rank_parity([a, b], 3)?;
+            Ok(json!({ "all_reduce": all_reduce, "two_rank_step": parity, "ok": parity.ok }))
         }
         ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(
             args.steps.unwrap_or(2000),
@@ -421,14 +490,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     if cases.iter().any(|c| c == "parity") {
-        if !cuda {
-            report.errors.push("parity: needs --device cuda".into());
-        } else {
-            progress("parity: CUDA vs CPU (tiny, f32) and CUDA bf16 vs the reference");
-            match harness.parity(&args.device) {
-                Ok(p) => report.parity = Some(p),
-                Err(e) => report.errors.push(format!("parity: {e}")),
-            }
+        // The first config given (`--configs tiny` or `small`, the multi-chunk shape); on
+        // the CPU this is the GPU check's self-test (CPU against CPU).
+        let config = configs.first().map_or("tiny", |c| c.as_str());
+        progress(&format!(
+            "parity ({config}): {} vs CPU (f32) and {} bf16 vs the reference",
+            args.device, args.device
+        ));
+        match harness.parity(&args.device, config) {
+            Ok(p) => report.parity = Some(p),
+            Err(e) => report.errors.push(format!("parity: {e}")),
         }
     }
     if cases.iter().any(|c| c == "plan") {

@@ -130,6 +130,10 @@ fn drafter(shape: DrafterShape, target_layers: usize, taps: usize, vocab: i64) -
     }
 }
 
+/// The GPU check's second parity shape: a preset whose sliding layer runs several attention
+/// chunks (the tiny one runs one).
+pub const PARITY_MULTI_CHUNK: &str = "small";
+
 /// The drafter-step preset called `name`.
 pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
     use LayerType::{Full, Sliding};
@@ -360,6 +364,44 @@ pub fn target_preset(quick: bool) -> TargetPreset {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Attention calls per layer the engine makes at a preset's typical step (the plan's
+    /// chunk planner, the one `BlockSparsePlan` runs).
+    fn chunks_per_layer(name: &str) -> Vec<usize> {
+        use dflash_engine::plan::drafter::{drafter_memory, RankContext};
+        use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+        let p = step_preset(name).unwrap();
+        let shape = StepShape::typical(
+            &p.drafter,
+            p.batch as i64,
+            p.seq_len as i64,
+            p.num_anchors as i64,
+            0.85,
+            p.loss_chunk_positions,
+        );
+        let rank = RankContext {
+            precision: ActivationPrecision::Bf16Cuda,
+            ranks: 1,
+            tables_shared_with_target: false,
+            queued_items: 0,
+            item_bytes: 0.0,
+        };
+        drafter_memory(&p.drafter, &shape, rank).chunks_per_layer
+    }
+
+    #[test]
+    fn the_gpu_check_parities_cover_one_chunk_and_several() {
+        assert!(
+            chunks_per_layer("tiny").iter().all(|&c| c == 1),
+            "{:?}",
+            chunks_per_layer("tiny")
+        );
+        assert!(
+            chunks_per_layer(PARITY_MULTI_CHUNK).iter().any(|&c| c > 1),
+            "{:?}",
+            chunks_per_layer(PARITY_MULTI_CHUNK)
+        );
+    }
 
     #[test]
     fn every_step_preset_is_a_valid_drafter_over_its_target() {

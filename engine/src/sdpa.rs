@@ -17,7 +17,11 @@
 //!
 //! NOT TESTED ON A GPU: the choice is only made and probed on the CPU here (where SDPA has its
 //! math and flash CPU kernels and cuDNN does not exist).
+use dflash_shared::metrics::DeviceRole;
 use tch::{Device, Kind, Tensor};
+
+use crate::model::drafter::DrafterConfig;
+use crate::model::target::TargetConfig;
 
 /// libtorch's `at::SDPBackend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +105,88 @@ pub fn backend_for(site: &CallSite, device: Device, kind: Kind) -> SdpaBackend {
     SdpaBackend::from_code(code)
 }
 
+/// The drafter's block-sparse call at `cfg`'s heads on `device`: one block of queries against
+/// a full window of context keys plus the block (the widest chunk a sliding layer runs; the
+/// kernel choice depends on dtype, head dim, bias and alignment, not on the exact count). On
+/// CUDA the kv heads are repeated before the call (`block_sparse.rs`), on the CPU they are not.
+pub fn drafter_site(cfg: &DrafterConfig, device: Device) -> CallSite {
+    CallSite {
+        name: "drafter block-sparse (bias)",
+        q_heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        rows: cfg.block_size,
+        keys: cfg.sliding_window.unwrap_or(2048) + cfg.block_size,
+        bias: true,
+        causal: false,
+        gqa: device == Device::Cpu && cfg.num_attention_heads != cfg.num_key_value_heads,
+    }
+}
+
+/// The target's causal GQA prefill (`model/target/attention.rs`) at `cfg`'s heads, `rows`
+/// tokens.
+pub fn target_site(cfg: &TargetConfig, rows: i64) -> CallSite {
+    let (q_heads, kv_heads, head_dim) = match cfg {
+        TargetConfig::Qwen3_5(c) => (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        TargetConfig::Qwen3(c) => (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+    };
+    CallSite {
+        name: "target causal GQA",
+        q_heads,
+        kv_heads,
+        head_dim,
+        rows,
+        keys: rows,
+        bias: false,
+        causal: true,
+        gqa: true,
+    }
+}
+
+/// What one worker's attention call site gets on its device, for the run's journal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSdpa {
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    pub role: DeviceRole,
+    pub call_site: &'static str,
+    pub backend: SdpaBackend,
+}
+
+/// Rows of the target probe: the real training length (4096 tokens); the kernel choice for
+/// the causal call does not depend on it, but the probe should not be a toy shape.
+pub const TARGET_PROBE_ROWS: i64 = 4096;
+
+/// Probes, on each worker's device in its compute dtype, the call sites its role runs (a
+/// target worker the target's causal call, a drafter worker the block-sparse call, an inline
+/// worker both).
+pub fn worker_backends(
+    workers: &[(Device, DeviceRole)],
+    drafter: &DrafterConfig,
+    target: &TargetConfig,
+) -> Vec<WorkerSdpa> {
+    let mut out = Vec::new();
+    for &(device, role) in workers {
+        let kind = crate::device::compute_kind(device);
+        let mut sites = Vec::new();
+        if matches!(role, DeviceRole::Target | DeviceRole::Both) {
+            sites.push(target_site(target, TARGET_PROBE_ROWS));
+        }
+        if matches!(role, DeviceRole::Drafter | DeviceRole::Both) {
+            sites.push(drafter_site(drafter, device));
+        }
+        for site in sites {
+            out.push(WorkerSdpa {
+                device: crate::device::name(device),
+                role,
+                call_site: site.name,
+                backend: backend_for(&site, device, kind),
+            });
+        }
+    }
+    out
+}
+
 /// Makes the choice above for this process (idempotent). Returns what was done, for the
 /// record; on a build without the CUDA shim there is nothing to choose.
 pub fn choose_backends() -> &'static str {
@@ -137,6 +223,36 @@ mod tests {
             bias: true,
             causal: false,
             gqa: false,
+        }
+    }
+
+    #[test]
+    fn each_role_is_probed_at_its_own_call_sites_on_its_device() {
+        let target = TargetConfig::tiny_default();
+        let drafter = crate::train::embedded::tiny_drafter_config(&target);
+        let got = worker_backends(
+            &[
+                (Device::Cpu, DeviceRole::Both),
+                (Device::Cpu, DeviceRole::Drafter),
+            ],
+            &drafter,
+            &target,
+        );
+        let sites: Vec<_> = got.iter().map(|w| (w.role, w.call_site)).collect();
+        assert_eq!(
+            sites,
+            [
+                (DeviceRole::Both, "target causal GQA"),
+                (DeviceRole::Both, "drafter block-sparse (bias)"),
+                (DeviceRole::Drafter, "drafter block-sparse (bias)"),
+            ]
+        );
+        for w in &got {
+            assert_eq!(w.device, "cpu");
+            assert!(
+                matches!(w.backend, SdpaBackend::Math | SdpaBackend::Flash),
+                "{w:?}"
+            );
         }
     }
 

@@ -34,6 +34,15 @@ pub enum EventKind {
         role: crate::metrics::DeviceRole,
         duration_ms: f64,
     },
+    /// The `scaled_dot_product_attention` kernel libtorch gives one attention call site on a
+    /// worker's device (`memory-efficient`, `flash`, `math`, `cudnn`, …), journaled once at
+    /// warmup.
+    AttentionKernel {
+        device: String,
+        role: crate::metrics::DeviceRole,
+        call_site: String,
+        backend: String,
+    },
     Fingerprint {
         summary: String,
     },

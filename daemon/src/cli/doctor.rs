@@ -49,6 +49,7 @@ pub fn run() -> Result<()> {
                 "libtorch did not report it"
             )
         );
+        print_allocator_readings();
     } else {
         let linked = libtorch_dir
             .as_deref()
@@ -89,6 +90,22 @@ pub fn run() -> Result<()> {
         Some(reason) => println!("nvml:            {reason}"),
     }
     Ok(())
+}
+
+/// The allocator shim reading each device's own statistics: a 1 MiB tensor is placed first,
+/// so a shim that reads nothing (or the wrong device) shows as 0 allocated.
+fn print_allocator_readings() {
+    for index in 0..tch::Cuda::device_count().max(0) as usize {
+        let probe = tch::Tensor::zeros([256 * 1024], (tch::Kind::Float, tch::Device::Cuda(index)));
+        match allocator::cuda_stats(index) {
+            Ok(s) => println!(
+                "allocator:       cuda:{index}: {} B allocated, {} B reserved, {} alloc retries (after a 1 MiB probe)",
+                s.allocated_bytes, s.reserved_bytes, s.alloc_retries
+            ),
+            Err(e) => println!("allocator:       cuda:{index}: no reading ({e})"),
+        }
+        drop(probe);
+    }
 }
 
 /// Which SDPA kernel each attention call site gets here, read from libtorch at the real

@@ -280,6 +280,19 @@ impl DaemonHooks {
                 },
             );
         }
+        // Once, on the devices the workers really run on: which SDPA kernel each attention
+        // call site gets (issue 12, defect 7; cuDNN is turned off on CUDA, `dflash_engine::sdpa`).
+        for w in trainer.sdpa_backends() {
+            self.handle.record_event_logged(
+                Severity::Info,
+                EventKind::AttentionKernel {
+                    device: w.device,
+                    role: w.role,
+                    call_site: w.call_site.into(),
+                    backend: w.backend.name().into(),
+                },
+            );
+        }
         let env_digest = serde_json::from_value(self.handle.fingerprint())
             .ok()
             .map(|fp| hex::encode(digest(&fp)));

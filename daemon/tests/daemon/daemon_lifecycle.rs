@@ -200,6 +200,39 @@ fn a_multi_worker_start_names_every_worker_by_role_and_publishes_its_queue() {
         "{warmup}"
     );
     assert!(warmup["fingerprint_digest"].is_string(), "{warmup}");
+    // Once at warmup, every worker's attention call sites and the SDPA kernel each gets on
+    // its device (issue 12, defect 7).
+    let journal =
+        std::fs::read_to_string(dflash_shared::run_dir::journal_path(&d.run_dir)).unwrap();
+    let kernels: Vec<(String, String, String)> = journal
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["kind"] == "attention_kernel")
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().unwrap().to_string();
+            (field("role"), field("call_site"), field("backend"))
+        })
+        .collect();
+    let sites: Vec<(&str, &str)> = kernels
+        .iter()
+        .map(|(role, site, _)| (role.as_str(), site.as_str()))
+        .collect();
+    assert_eq!(
+        sites,
+        [
+            ("target", "target causal GQA"),
+            ("target", "target causal GQA"),
+            ("drafter", "drafter block-sparse (bias)"),
+            ("drafter", "drafter block-sparse (bias)"),
+        ],
+        "{journal}"
+    );
+    assert!(
+        kernels
+            .iter()
+            .all(|(_, _, backend)| backend == "math" || backend == "flash"),
+        "a CPU kernel on every CPU worker: {kernels:?}"
+    );
 }
 
 /// The production loop's checkpoint cadence, through the real daemon: every

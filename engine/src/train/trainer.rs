@@ -304,6 +304,18 @@ impl Trainer {
         self.warmup.as_deref().unwrap_or(&[])
     }
 
+    /// Which SDPA kernel each attention call site gets on each warmed-up worker's device (read
+    /// from libtorch at the sites' shapes in the device's compute dtype; `crate::sdpa`). Empty
+    /// before the warmup ran.
+    pub fn sdpa_backends(&self) -> Vec<crate::sdpa::WorkerSdpa> {
+        let workers: Vec<_> = self
+            .warmup_records()
+            .iter()
+            .filter_map(|r| device::parse(&r.device).ok().map(|d| (d, r.role)))
+            .collect();
+        crate::sdpa::worker_backends(&workers, self.drafter_config(), self.target().config())
+    }
+
     /// Runs the serialized warmup if it has not run: every worker's first forward (target) or
     /// forward+backward (drafter), one device at a time, on the next micro-batch to train;
     /// nothing is learned from it.

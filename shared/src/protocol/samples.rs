@@ -216,6 +216,12 @@ pub(super) fn all_responses() -> Vec<Response> {
             role: DeviceRole::Target,
             duration_ms: 5_300.5,
         },
+        EventKind::AttentionKernel {
+            device: "cuda:0".into(),
+            role: DeviceRole::Drafter,
+            call_site: "drafter block-sparse (bias)".into(),
+            backend: "memory-efficient".into(),
+        },
         EventKind::Fingerprint {
             summary: "torch 2.11.0".into(),
         },

@@ -19,6 +19,7 @@ pub fn kind_tag(kind: &EventKind) -> &'static str {
     match kind {
         EventKind::RunStarted { .. } => "start",
         EventKind::WarmupDone { .. } => "warmup",
+        EventKind::AttentionKernel { .. } => "attention",
         EventKind::Fingerprint { .. } => "fingerprint",
         EventKind::EnvironmentDrift { .. } => "env-drift",
         EventKind::EnvironmentChanged { .. } => "env-change",
@@ -57,6 +58,12 @@ pub fn describe(kind: &EventKind) -> String {
             "warmup done on {device} ({role:?}) in {}",
             fmt::duration_ms(*duration_ms as i64)
         ),
+        EventKind::AttentionKernel {
+            device,
+            role,
+            call_site,
+            backend,
+        } => format!("attention on {device} ({role:?}): {call_site} runs {backend}"),
         EventKind::Fingerprint { summary } => format!("environment: {summary}"),
         EventKind::EnvironmentDrift {
             field,

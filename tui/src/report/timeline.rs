@@ -62,6 +62,7 @@ pub fn category(kind: &EventKind) -> Option<Category> {
         | EventKind::OperatorConfirmed { .. }
         | EventKind::ActionExecuted { .. } => Category::Operator,
         EventKind::WarmupDone { .. }
+        | EventKind::AttentionKernel { .. }
         | EventKind::CheckpointWritten { .. }
         | EventKind::BadDataLine { .. }
         | EventKind::Note { .. } => return None,
