@@ -2,6 +2,7 @@
 use std::process::ExitCode;
 
 use dflash_shared::clock::now_ms;
+use dflash_shared::protocol::Access;
 use tokio::sync::mpsc;
 
 use super::SocketArg;
@@ -16,7 +17,8 @@ use crate::ui::theme::Theme;
 pub struct Args {
     #[command(flatten)]
     socket: SocketArg,
-    /// Watch only: every destructive action is disabled.
+    /// Watch only: every destructive action is disabled, in the console and by the daemon (the
+    /// connection says hello as read-only).
     #[arg(long)]
     read_only: bool,
 }
@@ -26,11 +28,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut terminal = terminal::enter()?;
     let (events_tx, mut events) = mpsc::channel(4096);
     let (commands_tx, commands) = mpsc::channel(64);
-    let link = tokio::spawn(run_link(
-        LinkConfig::new(socket.clone()),
-        events_tx.clone(),
-        commands,
-    ));
+    let link_config = LinkConfig {
+        access: if args.read_only {
+            Access::ReadOnly
+        } else {
+            Access::Full
+        },
+        ..LinkConfig::new(socket.clone())
+    };
+    let link = tokio::spawn(run_link(link_config, events_tx.clone(), commands));
     let ticker = terminal::spawn_ticker(events_tx.clone());
     let signals = terminal::spawn_signal_watcher(events_tx.clone());
     let input = InputThread::spawn(events_tx);
