@@ -23,20 +23,29 @@ pub struct Args {
     read_only: bool,
 }
 
+/// The console's link: `--read-only` goes into the hello, so the daemon holds the connection
+/// to it, not only this console.
+fn link_config(socket: std::path::PathBuf, read_only: bool) -> LinkConfig {
+    LinkConfig {
+        access: if read_only {
+            Access::ReadOnly
+        } else {
+            Access::Full
+        },
+        ..LinkConfig::new(socket)
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let socket = args.socket.path();
     let mut terminal = terminal::enter()?;
     let (events_tx, mut events) = mpsc::channel(4096);
     let (commands_tx, commands) = mpsc::channel(64);
-    let link_config = LinkConfig {
-        access: if args.read_only {
-            Access::ReadOnly
-        } else {
-            Access::Full
-        },
-        ..LinkConfig::new(socket.clone())
-    };
-    let link = tokio::spawn(run_link(link_config, events_tx.clone(), commands));
+    let link = tokio::spawn(run_link(
+        link_config(socket.clone(), args.read_only),
+        events_tx.clone(),
+        commands,
+    ));
     let ticker = terminal::spawn_ticker(events_tx.clone());
     let signals = terminal::spawn_signal_watcher(events_tx.clone());
     let input = InputThread::spawn(events_tx);
@@ -66,4 +75,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("  headless:     {tui} tail --follow{on}   or   {tui} status{on}");
     println!("  stop the run: {tui} stop{on}, then {tui} confirm-stop{on}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_only_goes_into_the_hello() {
+        let access = |ro| link_config("s".into(), ro).access;
+        assert_eq!(
+            (access(true), access(false)),
+            (Access::ReadOnly, Access::Full)
+        );
+    }
 }
