@@ -9,6 +9,7 @@
 //! - [`process`], [`harness`]: child processes (one per implementation and case, so peak memory
 //!   is per process) and the side-by-side orchestration.
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
+//! - [`plan_check`]: the memory model of a run (`dflash_engine::plan`) against the memory pass.
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 pub mod attention;
 pub mod case;
@@ -19,6 +20,7 @@ pub mod harness;
 pub mod matmul;
 pub mod memory;
 pub mod overhead;
+pub mod plan_check;
 pub mod presets;
 pub mod process;
 pub mod queue;

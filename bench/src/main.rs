@@ -18,6 +18,7 @@ use dflash_bench::attention::{prepare_attention_case, run_engine_attention};
 use dflash_bench::case::prepare_step_case;
 use dflash_bench::harness::{Harness, ReferenceMode};
 use dflash_bench::overhead::{run_clients, run_overhead};
+use dflash_bench::plan_check;
 use dflash_bench::presets::{
     step_preset, target_preset, AttentionPreset, ATTENTION_LADDER, CPU_STEP_PRESETS,
 };
@@ -30,7 +31,15 @@ use dflash_bench::{matmul, BenchError};
 use dflash_engine::device::parse as parse_device;
 use dflash_engine::model::drafter::AttentionBackend;
 
-const CASES: &[&str] = &["step", "attention", "target", "overhead", "queue", "parity"];
+const CASES: &[&str] = &[
+    "step",
+    "attention",
+    "target",
+    "overhead",
+    "queue",
+    "parity",
+    "plan",
+];
 
 /// dflash-bench — the engine side by side with the PyTorch reference (docs/BENCHMARKS.md).
 #[derive(Parser, Debug)]
@@ -45,8 +54,8 @@ pub struct BenchArgs {
     /// Default: step,attention,target,overhead,queue (--quick: step).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
-    /// Drafter-step configs: tiny, small, medium, gpu-large. Default: tiny,small,medium
-    /// (--quick: tiny).
+    /// Drafter-step configs: tiny, small, medium, gpu-large, real-structure. Default:
+    /// tiny,small,medium (--quick: tiny; the plan case: tiny,small,medium,real-structure).
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Anchors of the attention case (block 32, context 2048). Default: 128,256,512,1024.
@@ -420,6 +429,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Ok(p) => report.parity = Some(p),
                 Err(e) => report.errors.push(format!("parity: {e}")),
             }
+        }
+    }
+    if cases.iter().any(|c| c == "plan") {
+        if cuda {
+            report
+                .errors
+                .push("plan: the memory pass runs on CPU only".into());
+        } else {
+            progress("memory plan: predicted vs measured live step memory");
+            let plan_configs: Vec<String> = if args.configs.is_empty() {
+                plan_check::PLAN_CONFIGS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect()
+            } else {
+                args.configs.clone()
+            };
+            let plan = plan_check::run(&harness, &plan_configs);
+            fs::write(out_dir.join("plan.md"), plan.markdown())
+                .with_context(|| format!("writing {}", out_dir.join("plan.md").display()))?;
+            report.plan = Some(plan);
         }
     }
     report.machine.loadavg_end = loadavg();

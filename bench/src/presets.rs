@@ -54,7 +54,7 @@ impl StepPreset {
     }
 }
 
-pub const STEP_PRESETS: &[&str] = &["tiny", "small", "medium", "gpu-large"];
+pub const STEP_PRESETS: &[&str] = &["tiny", "small", "medium", "gpu-large", "real-structure"];
 pub const CPU_STEP_PRESETS: &[&str] = &["tiny", "small", "medium"];
 
 fn qwen3_5_target(
@@ -243,6 +243,35 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
                 lr: 6e-4,
                 seed: 4,
                 bf16_files: true,
+            }
+        }
+        // The real drafter's structure (configs/qwen3.6-27b-8gpu.toml: 1024 anchors of 32 over
+        // 3072 tokens, 4 sliding layers of window 2048 + 1 full, GQA 4:1, head_dim 128) with
+        // hidden 256, 4/1 heads and a 8K vocabulary, so a CPU step fits a few GB and minutes
+        // (the `plan` case's memory check at the real anchor layout).
+        "real-structure" => {
+            let vocab = 8192;
+            let shape = DrafterShape {
+                hidden: 256,
+                layers: vec![Sliding, Sliding, Sliding, Sliding, Full],
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 128,
+                block_size: 32,
+                window: Some(2048),
+            };
+            StepPreset {
+                name: "real-structure",
+                drafter: drafter(shape, 8, 5, vocab),
+                features: FeatureSource::Random { vocab_size: vocab },
+                tokens: TokenSource::Random { prompt_len: 460 },
+                batch: 1,
+                seq_len: 3072,
+                num_anchors: 1024,
+                loss_chunk_positions: 2048,
+                lr: 6e-4,
+                seed: 5,
+                bf16_files: false,
             }
         }
         other => {

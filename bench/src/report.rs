@@ -66,6 +66,7 @@ pub struct BenchReport {
     pub parity: Option<ParityResult>,
     pub overhead: Option<OverheadResult>,
     pub queue: Option<QueueRun>,
+    pub plan: Option<crate::plan_check::PlanCheck>,
     /// Cases that failed outright, with the error.
     pub errors: Vec<String>,
     /// Cases the harness does not run, and why.

@@ -26,6 +26,8 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// Target hidden states at tap layers for a token sequence, written as safetensors.
     Features(cli::features::FeaturesArgs),
+    /// Predict each device's memory, the FLOPs, tokens/s and the best split of a run config.
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => done(cli::eval::run(args)),
         Command::Export(args) => done(cli::export::run(args)),
         Command::Features(args) => done(cli::features::run(args)),
+        Command::Plan(args) => done(cli::plan::run(args)),
     };
     result.unwrap_or_else(|e| {
         eprintln!("dflashd: {e:#}");

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod recording;
 pub mod run_dir;
+pub mod run_end;
 pub mod socket_path;
 pub mod status;
 

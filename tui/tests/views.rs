@@ -433,3 +433,76 @@ fn small_and_resized_terminals() {
     }
     redacted().bind(|| insta::assert_snapshot!("overview_80x24", render(&app, 80, 24)));
 }
+
+/// The daemon journals how the run ended, then exits: the console says so instead of showing an
+/// outage, drops the ETA and offers what comes next. One snapshot per ending.
+#[test]
+fn a_run_that_ended_reads_as_finished_stopped_or_failed_not_as_an_outage() {
+    use dflash_shared::events::{Event, EventKind, Severity};
+    let endings = [
+        (
+            "ended_finished",
+            None,
+            "training complete: 6 epochs, 642 steps",
+            "finished",
+        ),
+        (
+            "ended_stopped",
+            None,
+            "stopped by operator (act-7) at step 31682",
+            "stopped",
+        ),
+        (
+            "ended_failed",
+            Some(EventKind::RunPaused {
+                reason: "step 31683 failed in drafter worker 0 on cuda:5: CUDA out of memory"
+                    .into(),
+            }),
+            "SIGTERM received while paused after a failed step; no new checkpoint",
+            "failed",
+        ),
+    ];
+    for (name, before, reason, word) in endings {
+        let mut app = live(false);
+        let mut seq = 1_000_000;
+        let mut push = |app: &mut App, kind: EventKind| {
+            seq += 1;
+            let event = Event {
+                seq,
+                ts_ms: app.now_ms,
+                severity: Severity::Info,
+                kind,
+            };
+            app.handle(AppEvent::Link(LinkEvent::Frame(Response::Event(Box::new(
+                event,
+            )))));
+        };
+        if let Some(kind) = before {
+            push(&mut app, kind);
+        }
+        push(
+            &mut app,
+            EventKind::RunStopped {
+                reason: reason.into(),
+                checkpoint: Some("/runs/qwen27b-run1/checkpoints/step-0000031682".into()),
+            },
+        );
+        app.handle(AppEvent::Link(LinkEvent::Lost {
+            reason: format!("no dflashd is listening at {SOCKET} (Connection refused)"),
+            retry_in: Duration::from_secs(2),
+        }));
+        let text = screen::text(&render(&app, WIDTH, HEIGHT));
+        assert!(
+            text.contains(&format!("run {word}; dflashd has exited")),
+            "{text}"
+        );
+        assert!(!text.contains("daemon unreachable"), "{text}");
+        assert!(
+            !text.contains("ends in"),
+            "no ETA once the run ended: {text}"
+        );
+        assert!(text.contains(&format!("Run {word}: {reason}")), "{text}");
+        assert!(text.contains("next: "), "{text}");
+        snapshot(name, &app);
+    }
+}

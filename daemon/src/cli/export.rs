@@ -1,9 +1,12 @@
 //! `dflashd export --checkpoint DIR --out DIR`: the drafter of a training checkpoint in the
-//! published Hugging Face layout (`config.json` + `model.safetensors`, spec §1.3 keys).
-use std::path::PathBuf;
+//! published Hugging Face layout (`config.json` + `model.safetensors`, spec §1.3 keys), in the
+//! form SGLang, vLLM and the DFlash authors' loader take unchanged, followed by what each engine
+//! needs to be told to serve it.
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
+use dflash_engine::model::drafter::{DrafterConfig, LayerType};
 use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
 use tch::Kind;
@@ -17,25 +20,104 @@ pub struct ExportArgs {
     /// Output directory (created; existing files of the same names are replaced).
     #[arg(long)]
     pub out: PathBuf,
-    /// Weight dtype: `f32` (lossless, the default) or `bf16` (what published drafters ship).
-    #[arg(long, default_value = "f32")]
+    /// Weight dtype: `bf16` (the default: what published drafters ship and what the bf16
+    /// target runs in; SGLang's `--dtype auto` would run an f32 export in fp16) or `f32`
+    /// (lossless, the training masters).
+    #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// The target's number of layers, for a drafter whose config does not record it (every
+    /// drafter trained by dflashd does).
+    #[arg(long)]
+    pub num_target_layers: Option<usize>,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let dtype = match args.dtype.as_str() {
         "f32" | "float32" => Kind::Float,
         "bf16" | "bfloat16" => Kind::BFloat16,
-        other => bail!("--dtype: expected `f32` or `bf16`, found `{other}`"),
+        other => bail!("--dtype: expected `bf16` or `f32`, found `{other}`"),
     };
     let dir = resolve_checkpoint(&args.checkpoint)?;
-    let (config, weights) = read_checkpoint_drafter(&dir)?;
+    let (mut config, weights) = read_checkpoint_drafter(&dir)?;
+    if let Some(n) = args.num_target_layers {
+        if let Some(recorded) = config.num_target_layers.filter(|&r| r != n) {
+            bail!("--num-target-layers {n}: the checkpoint records {recorded}; leave the flag out");
+        }
+        config.num_target_layers = Some(n);
+    }
     write_hf(&args.out, &config, &weights, dtype)?;
     println!(
-        "exported {} ({} tensors) to {}",
+        "exported {} ({} tensors, {}) to {}",
         dir.display(),
         weights.len(),
+        if dtype == Kind::BFloat16 {
+            "bf16"
+        } else {
+            "f32"
+        },
         args.out.display()
     );
+    print!("{}", serving_hints(&config, &args.out));
     Ok(())
+}
+
+/// What each serving engine must be told to serve this drafter: the draft width it takes as a
+/// flag, how vLLM recognises the method, and the runner vLLM needs for mixed layer types.
+pub fn serving_hints(cfg: &DrafterConfig, out: &Path) -> String {
+    let block = cfg.block_size;
+    let mixed =
+        cfg.layer_types.contains(&LayerType::Sliding) && cfg.layer_types.contains(&LayerType::Full);
+    let named_dflash = out
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().to_lowercase().contains("dflash"));
+    let mut text = format!(
+        "serve it:\n  SGLang: --speculative-algorithm DFLASH --speculative-draft-model-path {dir} \
+         --speculative-num-draft-tokens {block}\n  vLLM:   --speculative-config \
+         '{{\"method\": \"dflash\", \"model\": \"{dir}\", \"num_speculative_tokens\": {draft}}}'\n",
+        dir = out.display(),
+        draft = block - 1,
+    );
+    if !named_dflash {
+        text.push_str(
+            "          (keep \"method\": \"dflash\": vLLM only infers it from a path that contains \"dflash\")\n",
+        );
+    }
+    if mixed {
+        text.push_str(
+            "          the drafter mixes sliding and full attention layers: vLLM needs its V2 model \
+             runner (VLLM_USE_V2_MODEL_RUNNER=1)\n",
+        );
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_engine::train::embedded;
+    use tch::Device;
+
+    #[test]
+    fn hints_give_each_engine_its_draft_width_and_the_v2_runner_for_mixed_layers() {
+        let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+        let mut cfg = embedded::tiny_drafter_config(target.config());
+        cfg.layer_types = vec![LayerType::Sliding, LayerType::Full];
+        let text = serving_hints(&cfg, Path::new("/x/tiny-dflash"));
+        let block = cfg.block_size;
+        assert!(
+            text.contains(&format!("--speculative-num-draft-tokens {block}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("\"num_speculative_tokens\": {}", block - 1)),
+            "{text}"
+        );
+        assert!(text.contains("VLLM_USE_V2_MODEL_RUNNER=1"), "{text}");
+        assert!(!text.contains("only infers it"), "{text}");
+
+        cfg.layer_types = vec![LayerType::Full, LayerType::Full];
+        let text = serving_hints(&cfg, Path::new("/x/export"));
+        assert!(!text.contains("V2 model runner"), "{text}");
+        assert!(text.contains("only infers it"), "{text}");
+    }
 }

@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod eval;
 pub mod export;
 pub mod features;
+pub mod plan;
 pub mod start;
 
 /// `--device`: `cpu`, `cuda` or `cuda:N`, checked against the devices libtorch sees.

@@ -26,6 +26,7 @@ use crate::runtime::detach::{self, Detached, Readiness};
 use crate::runtime::launch::{launch, LaunchSpec};
 use crate::runtime::probe::probe;
 use crate::runtime::refused;
+use crate::runtime::setup::MemoryPlanPolicy;
 
 #[derive(Args, Debug)]
 pub struct StartArgs {
@@ -69,6 +70,14 @@ pub struct StartArgs {
     /// Print a progress line every this many steps (0: only evaluations).
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
+    /// Memory of each device for the memory plan, GiB, instead of NVML's figure (or, on a
+    /// CPU topology, the host's memory).
+    #[arg(long, value_name = "GIB")]
+    pub gpu_memory_gib: Option<f64>,
+    /// Start even when the memory plan predicts a device over capacity; the override is
+    /// journaled.
+    #[arg(long)]
+    pub ignore_memory_plan: bool,
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -80,6 +89,11 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     crate::runtime::private_files::restrict_umask();
     if args.threads < 1 {
         bail!("--threads: expected at least 1, found {}", args.threads);
+    }
+    if let Some(gib) = args.gpu_memory_gib {
+        if !(gib.is_finite() && gib > 0.0) {
+            bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
+        }
     }
     let (config, config_path) = match &args.config {
         Some(path) => match load_config(path) {
@@ -161,6 +175,10 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         device_override,
         accept_drift: args.accept_drift,
         threads: args.threads,
+        memory_plan: MemoryPlanPolicy {
+            stated_gib: args.gpu_memory_gib,
+            ignore: args.ignore_memory_plan,
+        },
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

@@ -20,7 +20,7 @@ use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
-use super::setup::{self, Prepared, SetupInputs, CHECKPOINTS_DIR};
+use super::setup::{self, MemoryPlanPolicy, Prepared, SetupInputs, CHECKPOINTS_DIR};
 use super::{signals, telemetry_specs};
 use crate::run::bus::FrameBus;
 use crate::run::handle::RunHandle;
@@ -51,6 +51,7 @@ pub struct LaunchSpec {
     pub device_override: Option<dflash_shared::config::Device>,
     pub accept_drift: Option<String>,
     pub threads: i32,
+    pub memory_plan: MemoryPlanPolicy,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -140,11 +141,21 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         run_dir: &spec.run_dir,
         device_override: spec.device_override,
         unlocked_keys: unlocked.carried.clone(),
+        memory_plan: spec.memory_plan,
     };
     let prepared = match setup::prepare(&inputs) {
         Ok(p) => p,
         Err(e) => {
             handle.set_run_state(RunState::Failed);
+            if let setup::SetupError::MemoryPlan(refusal) = &e {
+                // The stop reason keeps the first line; the journal keeps every device's need.
+                handle.record_event_logged(
+                    Severity::Crit,
+                    EventKind::Note {
+                        message: refusal.replace('\n', " "),
+                    },
+                );
+            }
             return not_started(
                 EXIT_FAILURE,
                 format!("cannot start training: {e}"),
@@ -418,6 +429,15 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
         summary
     };
     handle.record_event_logged(Severity::Info, EventKind::Note { message });
+    if let Some(note) = &p.memory_plan_note {
+        handle.record_event_logged(
+            Severity::Warn,
+            EventKind::Note {
+                message: note.clone(),
+            },
+        );
+        tracing::warn!("{note}");
+    }
     if let Some(note) = &p.topology_note {
         handle.record_event_logged(
             Severity::Warn,

@@ -9,6 +9,7 @@ pub mod guard_rails;
 pub mod health_feed;
 pub mod launch;
 pub mod logging;
+pub mod memory_plan;
 pub mod metrics_out;
 pub mod notify;
 pub mod pace;

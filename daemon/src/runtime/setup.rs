@@ -10,6 +10,7 @@ use dflash_shared::config::{self, Config, DataFormat as CfgFormat};
 use tch::Device;
 use thiserror::Error;
 
+use super::memory_plan::{self, Devices, PlanInputs};
 use crate::run::paths::{resolve_path, ConfigPathError};
 use dflash_engine::data::{
     load, load_chat_template, load_tokenizer, ChatEncoder, ChatOptions, DataError, DataFormat,
@@ -55,6 +56,9 @@ pub enum SetupError {
     NoSamples { path: String, summary: String },
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// The memory plan predicts a device over capacity (the text is the whole refusal).
+    #[error("{0}")]
+    MemoryPlan(String),
     #[error("writing {path}: {source}")]
     Io {
         path: PathBuf,
@@ -73,6 +77,16 @@ pub struct SetupInputs<'a> {
     pub device_override: Option<config::Device>,
     /// Locked keys (dotted paths) an operator's unlock lets differ from the checkpoint.
     pub unlocked_keys: Vec<String>,
+    pub memory_plan: MemoryPlanPolicy,
+}
+
+/// How `start` treats the memory plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemoryPlanPolicy {
+    /// `--gpu-memory-gib`: each device's memory, instead of NVML or the host's.
+    pub stated_gib: Option<f64>,
+    /// `--ignore-memory-plan`: start even when predicted not to fit (journaled).
+    pub ignore: bool,
 }
 
 pub struct Prepared {
@@ -86,6 +100,8 @@ pub struct Prepared {
     pub resumed_from: Option<PathBuf>,
     /// Devices of the topology this build does not drive (one sentence), if any.
     pub topology_note: Option<String>,
+    /// What the memory plan said, when it is worth a journal line (an override, no figure).
+    pub memory_plan_note: Option<String>,
 }
 
 /// A config device as a libtorch device, checked against what libtorch sees.
@@ -179,6 +195,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
             path: report_path,
             source,
         })?;
+    let memory_plan_note = check_memory_plan(inputs, target.config(), &samples, &data_source)?;
     let train_cfg = run_config::train_config(cfg, samples.len());
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
@@ -192,10 +209,54 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         report,
         resumed_from,
         topology_note,
+        memory_plan_note,
     })
 }
 
-fn load_samples(
+/// The memory plan of this run at the data's p95 row length, before the drafter is built:
+/// `Err` with the refusal when a device is predicted over capacity (unless ignored), `Ok`
+/// with a note to journal for an override or when no device memory is known.
+fn check_memory_plan(
+    inputs: &SetupInputs<'_>,
+    target: &dflash_engine::model::target::TargetConfig,
+    samples: &[Sample],
+    data_source: &str,
+) -> Result<Option<String>, SetupError> {
+    let cfg = inputs.config;
+    let Some(shape) = memory_plan::data_shape(samples, data_source) else {
+        return Ok(None);
+    };
+    let devices = Devices::of(cfg, inputs.device_override);
+    let memory = memory_plan::device_memory(&devices, inputs.memory_plan.stated_gib);
+    let plan_inputs = PlanInputs {
+        config: cfg,
+        target,
+        devices,
+        shape,
+        memory: memory.as_ref().ok().cloned(),
+        peak_flops: None,
+        mfu: memory_plan::DEFAULT_MFU,
+    };
+    let plan = dflash_engine::plan::plan_run(&memory_plan::run_spec(&plan_inputs));
+    match (plan.fits, memory) {
+        (Some(false), _) => {
+            let refusal = memory_plan::refusal(&plan, &plan_inputs);
+            if inputs.memory_plan.ignore {
+                Ok(Some(format!(
+                    "--ignore-memory-plan: starting against the memory plan, which says {}",
+                    refusal.replace('\n', " ")
+                )))
+            } else {
+                Err(SetupError::MemoryPlan(refusal))
+            }
+        }
+        (_, Err(why)) => Ok(Some(format!("memory plan not checked: {why}"))),
+        _ => Ok(None),
+    }
+}
+
+/// The samples of the config's data (`data.train_file`), as training reads them.
+pub(crate) fn load_samples(
     inputs: &SetupInputs<'_>,
     vocab: usize,
 ) -> Result<(Vec<Sample>, LoadReport, String), SetupError> {
@@ -347,6 +408,7 @@ mod tests {
                 run_dir: Path::new("/r"),
                 device_override: None,
                 unlocked_keys: Vec::new(),
+                memory_plan: MemoryPlanPolicy::default(),
             }
         }
         let mut cfg = Config::embedded_default();

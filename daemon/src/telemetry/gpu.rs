@@ -89,6 +89,15 @@ impl GpuSampler {
         &self.cuda_devices
     }
 
+    /// Total memory of CUDA device `cuda_index` (this process's numbering), from NVML; `None`
+    /// without NVML or when the device cannot be told (a MIG instance, an unmapped index).
+    pub fn memory_total_bytes(&self, cuda_index: usize) -> Option<u64> {
+        let nvml = self.nvml.as_ref().ok()?;
+        let index = self.cuda_to_nvml.get(cuda_index).copied().flatten()?;
+        let device = nvml.device_by_index(index).ok()?;
+        device.memory_info().ok().map(|m| m.total)
+    }
+
     pub fn driver_version(&self) -> Option<String> {
         self.nvml.as_ref().ok()?.sys_driver_version().ok()
     }

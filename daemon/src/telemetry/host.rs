@@ -50,6 +50,13 @@ impl HostSampler {
     }
 }
 
+/// Total memory of this host, bytes (what a CPU run's tensors share).
+pub fn host_memory_total_bytes() -> u64 {
+    let mut system = System::new();
+    system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+    system.total_memory()
+}
+
 impl Default for HostSampler {
     fn default() -> Self {
         Self::new()

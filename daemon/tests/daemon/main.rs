@@ -24,6 +24,8 @@ mod daemon_lifecycle;
 mod daemon_privacy;
 mod daemon_setup_errors;
 mod doctor;
+mod export_contract;
+mod memory_plan;
 mod resume;
 mod target_parity;
 mod trained_artifacts;

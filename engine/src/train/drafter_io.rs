@@ -1,7 +1,8 @@
 //! The drafter in the layout published for DFlash drafters: `config.json` (Qwen3 fields plus
 //! `block_size`, `layer_types`, `dflash_config`) and `model.safetensors` with the spec §1.3 keys.
 //! `dflashd export` writes it; `dflashd eval --drafter` and serving engines read it.
-use crate::atomic_write::{write_atomic, write_atomic_with};
+use crate::atomic_write::write_atomic;
+use crate::model::weights::write_safetensors_atomic;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -25,13 +26,24 @@ fn dtype_name(kind: Kind) -> &'static str {
 }
 
 /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), weights cast
-/// to `dtype`. Each file is written under a temporary name and renamed into place.
+/// to `dtype`. Each file is written under a temporary name and renamed into place. The
+/// safetensors header carries `{"format": "pt"}`, which older transformers require; the config
+/// always names `num_target_layers`, which SGLang range-checks the tap layers against.
 pub fn write_hf(
     dir: &Path,
     cfg: &DrafterConfig,
     weights: &[(String, Tensor)],
     dtype: Kind,
 ) -> Result<(), TrainError> {
+    if cfg.num_target_layers.is_none() {
+        return Err(TrainError::Config {
+            key: "num_target_layers".into(),
+            detail: "is not known for this drafter; serving engines need it (SGLang checks the \
+                     target layer ids against it). Give it with `dflashd export \
+                     --num-target-layers N` (the target's number of layers)"
+                .into(),
+        });
+    }
     fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
     let mut config = cfg.to_hf_json();
     if let Value::Object(map) = &mut config {
@@ -54,16 +66,9 @@ pub fn write_hf(
             )
         })
         .collect();
-    write_atomic_with(
-        &weights_path,
-        |tmp| {
-            Tensor::write_safetensors(&tensors, tmp).map_err(|e| TrainError::DrafterWeights {
-                path: tmp.to_path_buf(),
-                detail: e.to_string(),
-            })
-        },
-        |path, e| TrainError::io(path)(e),
-    )?;
+    let views: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors_atomic(&weights_path, &views, metadata)?;
     let config_path = dir.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(&config).map_err(|e| TrainError::DrafterWeights {
         path: config_path.clone(),

@@ -26,6 +26,11 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const CONFIG_FILE: &str = "config.json";
 pub const STATE_FILE: &str = "trainer_state.json";
 
+/// Keys of a checkpoint's drafter `config.json` that describe how it is served, not what its
+/// weights compute: a checkpoint written before they changed (`auto_map` was dropped, the
+/// position limit now follows the target) still resumes.
+const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
+
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
 /// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
@@ -152,7 +157,7 @@ impl Trainer {
         let drafter_now = unlocked::flatten_drafter(&self.drafter_cfg.to_hf_json());
         unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)
             .map_err(incompatible)?;
-        let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &[]);
+        let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &DESCRIPTIVE_DRAFTER_KEYS);
         if !drafter_diff.is_empty() {
             return Err(incompatible(format!(
                 "the drafter config differs: {}",
@@ -270,6 +275,24 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, TrainError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_checkpoint_written_with_auto_map_and_the_old_position_limit_still_matches() {
+        let target = crate::train::embedded::tiny_target(None, tch::Device::Cpu).unwrap();
+        let now = crate::train::embedded::tiny_drafter_config(target.config()).to_hf_json();
+        let mut before = now.clone();
+        before["auto_map"] = json!({"AutoModel": "dflash.DFlashDraftModel"});
+        before["max_position_embeddings"] = json!(262_144);
+        let (a, b) = (
+            unlocked::flatten_drafter(&before),
+            unlocked::flatten_drafter(&now),
+        );
+        assert!(changed_keys(&a, &b, &DESCRIPTIVE_DRAFTER_KEYS).is_empty());
+        assert_eq!(changed_keys(&a, &b, &[]).len(), 2, "the keys did change");
+        before["hidden_size"] = json!(7);
+        let a = unlocked::flatten_drafter(&before);
+        assert_eq!(changed_keys(&a, &b, &DESCRIPTIVE_DRAFTER_KEYS).len(), 1);
+    }
 
     #[test]
     fn changed_keys_lists_only_locked_differences() {

@@ -70,7 +70,8 @@ pub fn drafter_config(d: &DrafterSection, target: &TargetConfig) -> DrafterConfi
         target_layer_ids: d.target_layer_ids.clone(),
         target_hidden_size: target.hidden_size(),
         vocab_size: target.vocab_size(),
-        max_position_embeddings: 262_144,
+        // The drafter serves beside the target: it never sees positions the target cannot.
+        max_position_embeddings: target.max_position_embeddings(),
         num_target_layers: Some(target.num_layers()),
         initializer_range: 0.02,
     }

@@ -97,7 +97,10 @@ fn round_trip_through_the_hf_layout_is_lossless() {
         let json = cfg.to_hf_json();
         assert_eq!(json["architectures"], json!(["DFlashDraftModel"]));
         assert_eq!(json["model_type"], "qwen3");
-        assert_eq!(json["auto_map"]["AutoModel"], "dflash.DFlashDraftModel");
+        assert!(
+            json.get("auto_map").is_none(),
+            "no auto_map without a dflash.py beside it"
+        );
         assert_eq!(
             json["dflash_config"]["mask_token_id"],
             json!(cfg.mask_token_id)

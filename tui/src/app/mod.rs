@@ -11,6 +11,7 @@ pub mod wording;
 use crossterm::event::KeyEvent;
 use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::{Request, Response};
+use dflash_shared::run_end::{run_ending, RunEnding};
 use dflash_shared::status::StatusSnapshot;
 
 use crate::actions::ActionFlow;
@@ -383,7 +384,16 @@ impl App {
 
     /// When the run reaches the end of its last epoch: the daemon's estimate, else the step
     /// rate over the last minutes of metrics.
+    /// How the run ended, once the daemon journaled its stop (the console keeps the events
+    /// it was sent, so this survives the daemon exiting). `None` while it runs.
+    pub fn ended(&self) -> Option<RunEnding> {
+        run_ending(self.journal.events())
+    }
+
     pub fn eta_ms(&self) -> Option<TimestampMs> {
+        if self.ended().is_some() {
+            return None;
+        }
         let status = self.status.as_ref()?;
         if let Some(eta) = status.run.eta_ms {
             return Some(eta);

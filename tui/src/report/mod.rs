@@ -203,20 +203,15 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
     }
 }
 
-/// What the journal says of a run whose daemon does not answer: its last lifecycle event.
-/// A run that trained to the end is `finished`, not something to restart.
+/// What the journal says of a run whose daemon does not answer: how it ended (the rule the
+/// console shares, `dflash_shared::run_end`). A run that trained to the end is `finished`, not
+/// something to restart.
 fn offline_state(events: &[Event]) -> String {
-    let last = events.iter().rev().find_map(|e| match &e.kind {
-        EventKind::RunStopped { reason, .. } => Some(Some(reason.as_str())),
-        EventKind::RunStarted { .. } => Some(None),
-        _ => None,
-    });
-    match last {
-        Some(Some(reason)) if reason.starts_with(dflash_shared::events::TRAINING_COMPLETE) => {
-            "finished".into()
-        }
-        Some(Some(reason)) => format!("stopped ({reason})"),
-        _ => "unknown (daemon unreachable)".into(),
+    use dflash_shared::run_end::{run_ending, EndKind};
+    match run_ending(events) {
+        Some(e) if e.kind == EndKind::Finished => "finished".into(),
+        Some(e) => format!("{} ({})", e.kind.word(), e.reason),
+        None => "unknown (daemon unreachable)".into(),
     }
 }
 

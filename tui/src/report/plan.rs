@@ -199,12 +199,12 @@ pub fn next_steps(report: &StatusReport, events: &[Event]) -> Vec<String> {
             pending.action.title()
         ));
     }
-    if report.run.state == "finished" {
-        steps.push(
-            "Evaluate τ on held-out data (`dflashd eval`) and export the drafter \
-             (`dflashd export --checkpoint RUN_DIR --out DIR`)."
-                .into(),
-        );
+    let ending = dflash_shared::run_end::run_ending(events).filter(|_| !report.daemon.reachable);
+    if let Some(ending) = ending {
+        let run_dir = report.files.run_dir.as_deref().unwrap_or("RUN_DIR");
+        for step in dflash_shared::run_end::next_steps(&ending, run_dir) {
+            steps.push(format!("{}{}.", step[..1].to_uppercase(), &step[1..]));
+        }
     } else if !report.daemon.reachable {
         steps.push(
             "Start the daemon again (`dflashd start`); it resumes from the latest checkpoint."

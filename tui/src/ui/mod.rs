@@ -66,11 +66,14 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     if let Some(name) = app.run_name() {
         spans.push(Span::styled(name.to_string(), theme.text()));
     }
-    if let Some(status) = &app.status {
-        spans.push(Span::styled(
-            format!(" · {:?}", status.run.state),
-            theme.accent(),
-        ));
+    // The last status the daemon sent says Training; once it journaled the end, say that.
+    let state = match (app.ended(), &app.status) {
+        (Some(ending), _) => Some(ending.kind.word().to_string()),
+        (None, Some(status)) => Some(format!("{:?}", status.run.state)),
+        (None, None) => None,
+    };
+    if let Some(state) = state {
+        spans.push(Span::styled(format!(" · {state}"), theme.accent()));
     }
     spans.push(Span::raw("  "));
     spans.extend(source_spans(app, theme));
@@ -118,19 +121,29 @@ fn source_spans<'a>(app: &'a App, theme: &Theme) -> Vec<Span<'a>> {
                 theme.accent(),
             )]
         }
-        Source::Live { socket } => match &app.link {
-            LinkState::Connected { welcome, .. } => vec![Span::styled(
+        Source::Live { socket } => match (&app.link, app.ended()) {
+            // The run ended and the daemon exited with it: that is not an outage.
+            (LinkState::Lost { .. } | LinkState::Connecting { .. }, Some(ending)) => {
+                vec![Span::styled(
+                    format!("■ run {}; dflashd has exited", ending.kind.word()),
+                    theme.dim(),
+                )]
+            }
+            (LinkState::Connected { welcome, .. }, _) => vec![Span::styled(
                 format!("● connected (dflashd pid {})", welcome.daemon_pid),
                 theme.ok(),
             )],
-            LinkState::Connecting { attempt } => vec![Span::styled(
+            (LinkState::Connecting { attempt }, None) => vec![Span::styled(
                 format!("◌ connecting to {socket} (attempt {attempt})"),
                 theme.warn(),
             )],
-            LinkState::Lost {
-                reason,
-                retry_at_ms,
-            } => vec![Span::styled(
+            (
+                LinkState::Lost {
+                    reason,
+                    retry_at_ms,
+                },
+                None,
+            ) => vec![Span::styled(
                 format!(
                     "✕ daemon unreachable: {reason}; retrying in {}",
                     fmt::duration_ms(retry_at_ms - app.now_ms)

@@ -11,10 +11,15 @@ use super::theme::Theme;
 use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
+use dflash_shared::run_end::{next_steps, EndKind, RunEnding};
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let inner_width = area.width.saturating_sub(2) as usize;
-    let mut lines = alert_lines(&app.explained_alerts(), inner_width, theme);
+    let ending = app.ended();
+    let mut lines = match &ending {
+        Some(ending) => ending_lines(app, ending, inner_width, theme),
+        None => alert_lines(&app.explained_alerts(), inner_width, theme),
+    };
     let max_rows = ((area.height as usize * 2) / 5).max(3);
     if lines.len() > max_rows {
         let hidden = lines.len() - max_rows + 1;
@@ -30,7 +35,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Min(0),
     ])
     .areas(area);
-    let block = Block::bordered().title(Span::styled(" Alerts ", theme.title()));
+    let title = match &ending {
+        Some(ending) => format!(" Run {} ", ending.kind.word()),
+        None => " Alerts ".into(),
+    };
+    let block = Block::bordered().title(Span::styled(title, theme.title()));
     frame.render_widget(Paragraph::new(lines).block(block), alerts_area);
     let [throughput, run] =
         Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(top);
@@ -64,6 +73,51 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         format_value: |v| format!("{v:.2}"),
     }
     .draw(frame, tau, theme);
+}
+
+/// The run has ended: how, where it left its last checkpoint, the figures it ended on, and the
+/// commands for what comes next.
+fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> Vec<Line<'static>> {
+    let style = match ending.kind {
+        EndKind::Finished => theme.ok(),
+        EndKind::Stopped => theme.warn(),
+        EndKind::Failed => theme.crit(),
+    };
+    let mut lines = vec![Line::from(Span::styled(
+        fit(
+            &format!(
+                "Run {}: {} ({})",
+                ending.kind.word(),
+                ending.reason,
+                app.clock.month_day_hm(ending.at_ms)
+            ),
+            width,
+        ),
+        style,
+    ))];
+    let status = app.status.as_ref();
+    let figures = match status {
+        Some(s) => format!(
+            "final: step {}, loss {}, τ {}; checkpoint {}",
+            fmt::thousands(app.step_epoch().map_or(s.run.step, |(step, _)| step)),
+            s.last_loss.map_or("—".into(), |l| format!("{l:.3}")),
+            s.last_tau.map_or("—".into(), |t| format!("{t:.2}")),
+            ending.checkpoint.as_deref().unwrap_or("none")
+        ),
+        None => format!(
+            "final checkpoint {}",
+            ending.checkpoint.as_deref().unwrap_or("none")
+        ),
+    };
+    lines.push(Line::from(fit(&figures, width)));
+    let run_dir = status.map_or("RUN_DIR".to_string(), |s| s.run.run_dir.clone());
+    for step in next_steps(ending, &run_dir) {
+        lines.push(Line::from(Span::styled(
+            fit(&format!("next: {step}"), width),
+            theme.dim(),
+        )));
+    }
+    lines
 }
 
 /// One line per alert, most severe first; the worst alert also lists what changed before it.
@@ -196,10 +250,11 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     match &app.status {
         Some(status) => {
             let run = &status.run;
-            lines.push(Line::from(vec![
-                label("state   "),
-                Span::raw(format!("{:?}", run.state)),
-            ]));
+            let state = match app.ended() {
+                Some(ending) => format!("{} (dflashd has exited)", ending.kind.word()),
+                None => format!("{:?}", run.state),
+            };
+            lines.push(Line::from(vec![label("state   "), Span::raw(state)]));
             let (step, epoch) = app.step_epoch().unwrap_or((run.step, run.epoch));
             let pct = if run.total_steps > 0 {
                 format!(" ({:.1}%)", 100.0 * step as f64 / run.total_steps as f64)
@@ -225,6 +280,7 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     fmt::duration_ms(eta - app.now_ms),
                     app.clock.month_day_hm(eta)
                 ),
+                None if app.ended().is_some() => "— (the run has ended)".into(),
                 None => "unknown until steps are measured".into(),
             };
             lines.push(Line::from(vec![label("ETA     "), Span::raw(eta)]));

@@ -399,14 +399,15 @@ impl DrafterConfig {
     }
 
     /// The published DFlash layout (architectures `DFlashDraftModel`, model_type `qwen3`,
-    /// `auto_map`, `dflash_config`, ...). RoPE is written both as `rope_theta` and as
+    /// `dflash_config`, ...). No `auto_map`: it would point transformers'
+    /// `trust_remote_code` path at a `dflash.py` that is not shipped beside the weights
+    /// (SGLang and vLLM select the model by `architectures` and never read it). RoPE is written both as `rope_theta` and as
     /// transformers 5 `rope_parameters`. `dtype` is left to the exporter, which knows the
     /// dtype of the safetensors it writes.
     pub fn to_hf_json(&self) -> Value {
         let has_sliding = self.layer_types.contains(&LayerType::Sliding);
         let mut out = json!({
             "architectures": ["DFlashDraftModel"],
-            "auto_map": { "AutoModel": "dflash.DFlashDraftModel" },
             "model_type": "qwen3",
             "attention_bias": false,
             "attention_dropout": 0.0,

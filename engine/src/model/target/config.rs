@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::hf_config::read_hf_config;
+use super::hf_config::{read_hf_config, read_hf_config_file};
 use crate::model::error::ModelError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,6 +109,11 @@ impl CheckpointLayout {
 impl TargetConfig {
     pub fn from_hf_dir(dir: &Path) -> Result<Self, ModelError> {
         Ok(read_hf_config(dir)?.0)
+    }
+
+    /// A `config.json` file by its own path (the checkpoint's directory need not exist).
+    pub fn from_hf_config_file(path: &Path) -> Result<Self, ModelError> {
+        Ok(read_hf_config_file(path)?.0)
     }
 
     /// Embedded tiny default: a Qwen3.5-style hybrid with both layer kinds (6 layers, full
@@ -253,6 +258,13 @@ impl TargetConfig {
         match self {
             Self::Qwen3_5(c) => c.vocab_size,
             Self::Qwen3(c) => c.vocab_size,
+        }
+    }
+
+    pub fn max_position_embeddings(&self) -> i64 {
+        match self {
+            Self::Qwen3_5(c) => c.max_position_embeddings,
+            Self::Qwen3(c) => c.max_position_embeddings,
         }
     }
 

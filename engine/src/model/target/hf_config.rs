@@ -17,7 +17,14 @@ const SUPPORTED: &str =
 /// Reads `dir/config.json`: the config, the checkpoint layout, and the raw JSON (kept so that a
 /// loaded model is saved back with its original config).
 pub fn read_hf_config(dir: &Path) -> Result<(TargetConfig, CheckpointLayout, Value), ModelError> {
-    let path = dir.join("config.json");
+    read_hf_config_file(&dir.join("config.json"))
+}
+
+/// Reads one `config.json` file wherever it lies (`dflashd plan --target-config`).
+pub fn read_hf_config_file(
+    path: &Path,
+) -> Result<(TargetConfig, CheckpointLayout, Value), ModelError> {
+    let path = path.to_path_buf();
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
     let json: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
         path: path.clone(),

@@ -1,0 +1,273 @@
+//! `dflashd plan --config F`: what the run would hold on each device, whether it fits, which
+//! side bounds it, its FLOPs per token, its tokens/s at an MFU and the best target/drafter
+//! split, from the shapes alone (`dflash_engine::plan`); nothing is loaded onto a device.
+//!
+//! The target's shapes come from `target.model`'s `config.json` or `--target-config`; the row
+//! length is `--seq-len` or the data's p95 (the data is then read as training reads it).
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dflash_engine::model::target::TargetConfig;
+use dflash_engine::plan::{plan_run, RunPlan};
+use dflash_engine::train::embedded;
+use dflash_shared::config::Config;
+use serde::Serialize;
+
+use super::config::load_config;
+use crate::run::paths::{resolve, resolve_path, PathInputs};
+use crate::runtime::memory_plan::{
+    self, DataShape, DeviceMemory, Devices, PlanInputs, ASSUMED_SUPERVISED_FRACTION,
+};
+use crate::runtime::setup::{load_samples, MemoryPlanPolicy, SetupInputs};
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Run config (TOML). Default: the embedded tiny CPU config.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Row length to plan for. Default: the 95th percentile of the data's rows.
+    #[arg(long, value_name = "N")]
+    pub seq_len: Option<i64>,
+    /// Share of each row supervised (its last part), with --seq-len (read from the data
+    /// otherwise).
+    #[arg(long, value_name = "F", default_value_t = ASSUMED_SUPERVISED_FRACTION)]
+    pub supervised_fraction: f64,
+    /// Memory of each device, GiB. Default: NVML's figure for the topology's GPUs, the host's
+    /// memory on a CPU topology.
+    #[arg(long, value_name = "GIB")]
+    pub gpu_memory_gib: Option<f64>,
+    /// The target's Hugging Face config.json, when `target.model` is not on this machine.
+    #[arg(long, value_name = "FILE")]
+    pub target_config: Option<PathBuf>,
+    /// Dense bf16 peak of one device, TFLOP/s (its datasheet figure), for tokens/s.
+    #[arg(long, value_name = "X")]
+    pub peak_tflops: Option<f64>,
+    /// Model FLOP utilisation assumed for tokens/s.
+    #[arg(long, default_value_t = memory_plan::DEFAULT_MFU)]
+    pub mfu: f64,
+    /// `cpu` or `cuda:N`: plan the whole run on this one device, as `start --device` runs it.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `--json` prints: the plan, and what it was computed from.
+#[derive(Serialize)]
+struct PlanOutput<'a> {
+    config: String,
+    target_config: String,
+    shape: &'a DataShape,
+    device_memory: Option<&'a DeviceMemory>,
+    /// Why there is no device memory, when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_memory_missing: Option<&'a str>,
+    #[serde(flatten)]
+    plan: &'a RunPlan,
+}
+
+fn positive(flag: &str, v: Option<f64>) -> Result<()> {
+    match v {
+        Some(x) if !(x.is_finite() && x > 0.0) => {
+            bail!("{flag}: expected a positive number, found {x}")
+        }
+        _ => Ok(()),
+    }
+}
+
+pub fn run(args: PlanArgs) -> Result<()> {
+    positive("--gpu-memory-gib", args.gpu_memory_gib)?;
+    positive("--peak-tflops", args.peak_tflops)?;
+    if !(args.mfu > 0.0 && args.mfu <= 1.0) {
+        bail!("--mfu: expected a fraction in (0, 1], found {}", args.mfu);
+    }
+    if !(0.0..=1.0).contains(&args.supervised_fraction) {
+        bail!(
+            "--supervised-fraction: expected a fraction in [0, 1], found {}",
+            args.supervised_fraction
+        );
+    }
+    let (config, config_path, origin) = match &args.config {
+        Some(p) => (
+            load_config(p)?,
+            Some(std::path::absolute(p)?),
+            p.display().to_string(),
+        ),
+        None => (Config::embedded_default(), None, "embedded default".into()),
+    };
+    // The run dir `start` would use without --run-dir, for `{run_dir}` in the config's paths;
+    // nothing is written there.
+    let paths = resolve(&PathInputs::from_environment()?);
+    let run_dir = match &config.run.run_dir {
+        Some(dir) => resolve_path(
+            "run.run_dir",
+            dir,
+            config_path.as_deref(),
+            &paths.default_run_dir,
+        )?,
+        None => paths.default_run_dir.clone(),
+    };
+    let (target, target_origin) = target_config(&args, &config, config_path.as_deref(), &run_dir)?;
+    let shape = match args.seq_len {
+        Some(n) if n < 2 => bail!("--seq-len: expected at least 2 tokens, found {n}"),
+        Some(n) => DataShape {
+            seq_len: n,
+            supervised_fraction: args.supervised_fraction,
+            source: format!(
+                "--seq-len, the last {:.0} % of each row supervised (--supervised-fraction)",
+                args.supervised_fraction * 100.0
+            ),
+        },
+        None => data_shape(&config, config_path.as_deref(), &run_dir, &target)?,
+    };
+    let device_override = args
+        .device
+        .as_deref()
+        .map(|d| {
+            dflash_engine::device::parse_config_device(d)
+                .map_err(|e| anyhow::anyhow!("--device: {e}"))
+        })
+        .transpose()?;
+    let devices = Devices::of(&config, device_override);
+    let memory = memory_plan::device_memory(&devices, args.gpu_memory_gib);
+    let inputs = PlanInputs {
+        config: &config,
+        target: &target,
+        devices,
+        shape,
+        memory: memory.as_ref().ok().cloned(),
+        peak_flops: args.peak_tflops.map(|t| t * 1e12),
+        mfu: args.mfu,
+    };
+    let plan = plan_run(&memory_plan::run_spec(&inputs));
+    if args.json {
+        let out = PlanOutput {
+            config: origin,
+            target_config: target_origin,
+            shape: &inputs.shape,
+            device_memory: inputs.memory.as_ref(),
+            device_memory_missing: memory.as_ref().err().map(String::as_str),
+            plan: &plan,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    print!("{}", human(&plan, &inputs, &origin, &target_origin));
+    if let Err(why) = &memory {
+        println!("device memory unknown: {why}");
+    }
+    if plan.fits == Some(false) {
+        println!("{}", memory_plan::refusal(&plan, &inputs));
+    }
+    Ok(())
+}
+
+fn target_config(
+    args: &PlanArgs,
+    config: &Config,
+    config_path: Option<&std::path::Path>,
+    run_dir: &std::path::Path,
+) -> Result<(TargetConfig, String)> {
+    if let Some(file) = &args.target_config {
+        let t = TargetConfig::from_hf_config_file(file)
+            .with_context(|| format!("--target-config {}", file.display()))?;
+        return Ok((t, file.display().to_string()));
+    }
+    if config.target.is_embedded() {
+        return Ok((
+            embedded::tiny_target_config(),
+            "the embedded tiny target".into(),
+        ));
+    }
+    let dir = resolve_path("target.model", &config.target.model, config_path, run_dir)?;
+    let t = TargetConfig::from_hf_dir(&dir).with_context(|| {
+        format!(
+            "target.model {}: no readable config.json; pass --target-config FILE with the \
+             target's config.json (configs/targets/ has some)",
+            dir.display()
+        )
+    })?;
+    Ok((t, dir.join("config.json").display().to_string()))
+}
+
+fn data_shape(
+    config: &Config,
+    config_path: Option<&std::path::Path>,
+    run_dir: &std::path::Path,
+    target: &TargetConfig,
+) -> Result<DataShape> {
+    let inputs = SetupInputs {
+        config,
+        config_path,
+        run_dir,
+        device_override: None,
+        unlocked_keys: Vec::new(),
+        memory_plan: MemoryPlanPolicy::default(),
+    };
+    let (samples, _, source) =
+        load_samples(&inputs, target.vocab_size() as usize).with_context(|| {
+            "reading the data for its p95 row length; pass --seq-len N to plan without it"
+        })?;
+    memory_plan::data_shape(&samples, &source).context("the data has no rows; pass --seq-len N")
+}
+
+fn human(plan: &RunPlan, inputs: &PlanInputs<'_>, origin: &str, target: &str) -> String {
+    let mut out = format!(
+        "memory plan of {origin} (target shapes: {target})\n  rows of {} tokens ({}), {} draft \
+         positions per row\n",
+        inputs.shape.seq_len, inputs.shape.source, plan.draft_positions_per_sequence
+    );
+    if let Some(m) = &inputs.memory {
+        out.push_str(&format!(
+            "  device memory {} ({})\n",
+            memory_plan::size(m.bytes / dflash_engine::plan::GIB),
+            m.source
+        ));
+    }
+    for d in &plan.devices {
+        let verdict = match d.fits {
+            Some(true) => "fits",
+            Some(false) => "DOES NOT FIT",
+            None => "capacity unknown",
+        };
+        out.push_str(&format!(
+            "  {:<8} {:<18} {:>11}  {verdict}; largest: {}\n",
+            d.device,
+            format!("{:?}", d.role),
+            memory_plan::size(d.predicted_peak_gib),
+            d.top_consumers
+                .iter()
+                .map(|c| format!("{} {}", c.name, memory_plan::size(c.gib)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let f = plan.flops_per_token;
+    out.push_str(&format!(
+        "  FLOPs per training token: target {:.1} G, drafter {:.1} G; bound by: {:?}\n",
+        f.target / 1e9,
+        f.drafter / 1e9,
+        plan.bound_by
+    ));
+    let t = &plan.tokens_per_s_at_mfu;
+    match t.run {
+        Some(run) => out.push_str(&format!(
+            "  at {:.0} % MFU of {:.0} TFLOP/s per device: {run:.0} tokens/s (a prediction)\n",
+            t.mfu * 100.0,
+            t.peak_flops_per_device.unwrap_or(0.0) / 1e12
+        )),
+        None => out.push_str(&format!(
+            "  tokens/s: {}\n",
+            t.missing.as_deref().unwrap_or("")
+        )),
+    }
+    if let Some(s) = plan.recommended_split {
+        out.push_str(&format!(
+            "  best split of these devices: {} target + {} drafter ({:.2}x the configured one)\n",
+            s.target_devices, s.drafter_devices, s.speedup_over_configured
+        ));
+    }
+    out
+}

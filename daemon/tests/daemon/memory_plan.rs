@@ -1,0 +1,156 @@
+//! `dflashd plan` and the memory plan `dflashd start` checks first, with the real binary.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::binary::{journal, run};
+use dflash_shared::events::EventKind;
+use serde_json::Value;
+
+fn repo_file(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn plan_json(root: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["plan", "--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = run(root, &all);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn the_27b_plan_runs_here_and_says_its_drafter_does_not_fit_96_gib() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, target) = (
+        repo_file("configs/qwen3.6-27b-8gpu.toml"),
+        repo_file("configs/targets/qwen3.6-27b.config.json"),
+    );
+    let plan = plan_json(
+        tmp.path(),
+        &[
+            "--config",
+            &config,
+            "--target-config",
+            &target,
+            "--gpu-memory-gib",
+            "96",
+            "--seq-len",
+            "4096",
+            "--peak-tflops",
+            "989",
+        ],
+    );
+    let devices = plan["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 8, "{plan:#}");
+    for d in devices {
+        let role = d["role"].as_str().unwrap();
+        let fits = d["fits"].as_bool().unwrap();
+        assert_eq!(fits, role == "target", "{d:#}");
+        assert!(d["device"].as_str().unwrap().starts_with("cuda:"));
+        assert!(d["predicted_peak_gib"].as_f64().unwrap() > 50.0, "{d:#}");
+        assert_eq!(d["top_consumers"].as_array().unwrap().len(), 3, "{d:#}");
+    }
+    assert_eq!(plan["fits"], Value::Bool(false));
+    assert_eq!(plan["bound_by"], "drafter");
+    let f = &plan["flops_per_token"];
+    assert!(f["target"].as_f64().unwrap() > 45e9, "{f}");
+    assert!(f["drafter"].as_f64().unwrap() > 100e9, "{f}");
+    assert!(plan["tokens_per_s_at_mfu"]["run"].as_f64().unwrap() > 0.0);
+    let split = &plan["recommended_split"];
+    assert!(split["drafter_devices"].as_u64().unwrap() > 3, "{split}");
+    assert_eq!(plan["device_memory"]["source"], "--gpu-memory-gib");
+}
+
+#[test]
+fn the_default_plan_reads_the_data_and_the_hosts_memory_and_fits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = plan_json(tmp.path(), &[]);
+    let source = plan["shape"]["source"].as_str().unwrap();
+    assert!(source.starts_with("p95 row length of "), "{source}");
+    assert!(
+        plan["device_memory"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("host memory"),
+        "{plan:#}"
+    );
+    assert_eq!(plan["fits"], Value::Bool(true), "{plan:#}");
+    assert_eq!(plan["devices"][0]["role"], "target_and_drafter");
+}
+
+#[test]
+fn a_plan_without_the_targets_config_says_what_to_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = repo_file("configs/qwen3.6-27b-8gpu.toml");
+    let (code, _, err) = run(
+        tmp.path(),
+        &["plan", "--config", &config, "--seq-len", "4096"],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("--target-config"), "{err}");
+}
+
+fn start(root: &Path, extra: &[&str]) -> (i32, String, String, PathBuf) {
+    let run_dir = root.join("run");
+    let (r, s) = (
+        run_dir.display().to_string(),
+        root.join("s/d.sock").display().to_string(),
+    );
+    let mut args = vec![
+        "start",
+        "--threads",
+        "1",
+        "--log-every",
+        "0",
+        "--max-steps",
+        "1",
+        "--run-dir",
+        &r,
+        "--socket",
+        &s,
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = run(root, &args);
+    (code, out, err, run_dir)
+}
+
+#[test]
+fn start_refuses_a_run_over_the_stated_memory_and_journals_the_override() {
+    // The embedded CPU run needs a few MiB: 0.001 GiB (1 MiB) per device cannot hold it.
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, out, err, run_dir) = start(tmp.path(), &["--gpu-memory-gib", "0.001"]);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("cpu (target_and_drafter): needs") && err.contains("has 1.0 MiB"),
+        "{err}"
+    );
+    assert!(err.contains("devices of at least "), "{err}");
+    assert!(err.contains("--ignore-memory-plan"), "{err}");
+    let stopped = journal(&run_dir).into_iter().any(|e| {
+        matches!(e.kind, EventKind::RunStopped { ref reason, .. }
+            if reason.contains("memory plan predicts this run does not fit"))
+    });
+    assert!(stopped, "{:?}", journal(&run_dir));
+    let detailed = journal(&run_dir).into_iter().any(|e| {
+        matches!(e.kind, EventKind::Note { ref message }
+            if message.contains("cpu (target_and_drafter): needs") && message.contains("largest: "))
+    });
+    assert!(detailed, "{:?}", journal(&run_dir));
+    assert!(!run_dir.join("checkpoints").join("latest").exists());
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, out, err, run_dir) = start(
+        tmp.path(),
+        &["--gpu-memory-gib", "0.001", "--ignore-memory-plan"],
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let journaled = journal(&run_dir).into_iter().any(|e| {
+        matches!(e.kind, EventKind::Note { ref message }
+            if message.starts_with("--ignore-memory-plan: starting against the memory plan"))
+    });
+    assert!(journaled, "{:?}", journal(&run_dir));
+}
