@@ -214,6 +214,7 @@ fn client_loop(socket: PathBuf, id: usize) -> std::io::Result<u64> {
         Request::Hello {
             version: PROTOCOL_VERSION,
             client: format!("bench-{id}"),
+            access: Default::default(),
         },
         Request::Subscribe {
             topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],

@@ -94,7 +94,14 @@ pub enum EventKind {
     OperatorConfirmed {
         uid: u32,
         action_id: String,
+        /// How the confirmation reached the daemon, as the daemon established it: the run name
+        /// matched, on a full (not read-only) connection, from this pid. Journals written before
+        /// this field was the daemon's hold the client's word here.
         via: String,
+        /// How the client says the operator confirmed (`tty`, `token`, `tui`): its word, not
+        /// checked, since a run name typed and one a script copied look the same to the daemon.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_says: Option<String>,
     },
     ActionExecuted {
         action_id: String,

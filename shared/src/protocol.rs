@@ -13,8 +13,8 @@ pub use framing::{
     RESPONSE_TYPES,
 };
 pub use handshake::{
-    accept_welcome, hello, negotiate, request_type, response_type, ErrorReply, ServerIdentity,
-    Welcome,
+    accept_welcome, hello, hello_with, negotiate, request_type, response_type, ErrorReply,
+    ServerIdentity, Welcome,
 };
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,25 @@ pub enum Topic {
     Logs,
 }
 
+/// What a connection may do: declared in its hello, held by the daemon for the life of the
+/// connection (a read-only connection cannot change it later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Query, watch, request, confirm and cancel. The default: a hello without `access` (every
+    /// client before this field) is a full one.
+    #[default]
+    Full,
+    /// Query and watch only: requests, confirmations and cancels are refused.
+    ReadOnly,
+}
+
+impl Access {
+    pub fn is_full(&self) -> bool {
+        *self == Access::Full
+    }
+}
+
 /// Client → daemon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -46,6 +65,9 @@ pub enum Request {
     Hello {
         version: u32,
         client: String,
+        /// Absent on the wire for a full connection, so a full hello reads as it always did.
+        #[serde(default, skip_serializing_if = "Access::is_full")]
+        access: Access,
     },
     Subscribe {
         topics: Vec<Topic>,

@@ -398,3 +398,29 @@ fn daemon_pusher(daemon: &TestDaemon) -> impl Fn(Response) + Send + 'static {
         let _ = sender.send(frame);
     }
 }
+
+#[tokio::test]
+async fn a_read_only_link_says_so_in_its_hello() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ro.sock");
+    let daemon = TestDaemon::start(&socket, Script::new(incident_status())).await;
+    let (events_tx, mut events) = mpsc::channel(256);
+    let (_commands_tx, commands) = mpsc::channel(8);
+    let config = LinkConfig {
+        access: dflash_shared::protocol::Access::ReadOnly,
+        ..LinkConfig::new(socket.clone())
+    };
+    let link = tokio::spawn(run_link(config, events_tx, commands));
+    next_matching(&mut events, "connected", |e| {
+        matches!(e, LinkEvent::Connected(_))
+    })
+    .await;
+    match &daemon.requests()[0] {
+        Request::Hello { access, .. } => {
+            assert_eq!(*access, dflash_shared::protocol::Access::ReadOnly)
+        }
+        other => panic!("the first frame was {other:?}"),
+    }
+    link.abort();
+    daemon.stop();
+}

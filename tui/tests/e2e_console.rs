@@ -392,8 +392,11 @@ fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_on
     assert!(status.success(), "{}", daemon.log());
     let journal = std::fs::read_to_string(daemon.run_dir.join("journal.jsonl")).unwrap();
     assert!(
-        journal.contains(&format!("\"action_id\":\"{id}\",\"via\":\"token\"")),
-        "the scripted confirmation is audited"
+        journal.contains(&format!(
+            "\"action_id\":\"{id}\",\"via\":\"run name matched on full connection"
+        )) && journal.contains("\"client_says\":\"token\""),
+        "the scripted confirmation is audited: how dflashd saw it arrive, and the client's word \
+         apart"
     );
 
     // With the daemon gone and no --run-dir, `status` finds the run through the daemon's

@@ -2,6 +2,10 @@
 //!
 //! `validate` exits 0 for a valid file (printing any non-fatal remarks) and 1 with every
 //! problem listed, each naming the key path, its line, what was expected and what was found.
+//! Beyond the file itself it checks what `start` would refuse that can be known without
+//! loading weights ([`read_facts`]): the data's size against the held-out count and the batch
+//! size, `telemetry.python`, and the tap layers and mask token against the target's
+//! `config.json`.
 //! `show` prints the effective config, every default filled in; it parses back to the same
 //! config, so it is a complete starting point for a new run.
 use std::path::{Path, PathBuf};
@@ -9,7 +13,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dflash_shared::config::{Config, EMBEDDED_ORIGIN};
+use dflash_engine::model::target::TargetConfig;
+use dflash_shared::config::{Config, ConfigFacts, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN};
+
+use crate::run::paths::{resolve, resolve_path, PathInputs};
 
 #[derive(Args, Debug)]
 pub struct ConfigArgs {
@@ -32,6 +39,81 @@ pub fn load_config(path: &Path) -> Result<Config> {
     Ok(Config::from_toml_str(&text, &path.display().to_string())?)
 }
 
+/// Reads what `start` would check after loading: the train file's non-blank lines (an upper
+/// bound of its samples), whether `telemetry.python` exists, and the target's depth and
+/// vocabulary from its `config.json` (the embedded target's own shape). What cannot be read is
+/// left to `start`, and a note says so (a path `start` cannot resolve is refused there too).
+fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>) {
+    let mut notes = Vec::new();
+    let default_run_dir = PathInputs::from_environment()
+        .map(|inputs| resolve(&inputs).default_run_dir)
+        .unwrap_or_else(|_| PathBuf::from("."));
+    let run_dir = config
+        .run
+        .run_dir
+        .as_deref()
+        .and_then(|d| resolve_path("run.run_dir", d, Some(config_path), &default_run_dir).ok())
+        .unwrap_or(default_run_dir);
+    let resolve_key =
+        |key: &'static str, value: &str| resolve_path(key, value, Some(config_path), &run_dir);
+    let mut facts = ConfigFacts::default();
+    if config.data.train_file != EMBEDDED_DATA {
+        match resolve_key("data.train_file", &config.data.train_file)
+            .map_err(|e| e.to_string())
+            .and_then(|p| count_non_blank_lines(&p).map_err(|e| format!("{}: {e}", p.display())))
+        {
+            Ok(n) => facts.train_lines = Some(n),
+            Err(e) => notes.push(format!(
+                "data.train_file not read ({e}); its size is checked at start"
+            )),
+        }
+    }
+    if let Some(python) = &config.telemetry.python {
+        match resolve_key("telemetry.python", python) {
+            Ok(p) if !p.is_file() => facts.missing_python = Some(p.display().to_string()),
+            Ok(_) => {}
+            Err(e) => facts.missing_python = Some(e.to_string()),
+        }
+    }
+    let target = if config.target.is_embedded() {
+        Ok(TargetConfig::tiny_default())
+    } else {
+        resolve_key("target.model", &config.target.model)
+            .map_err(|e| e.to_string())
+            .and_then(|dir| TargetConfig::from_hf_dir(&dir).map_err(|e| e.to_string()))
+    };
+    match target {
+        Ok(t) => {
+            facts.target = Some(TargetShape {
+                num_layers: t.num_layers(),
+                vocab_size: u64::try_from(t.vocab_size()).unwrap_or(0),
+                hidden_size: u64::try_from(t.hidden_size()).unwrap_or(0),
+            })
+        }
+        Err(e) => notes.push(format!(
+            "the target's config.json was not read ({e}); drafter.target_layer_ids and \
+             drafter.mask_token_id are checked against it at start"
+        )),
+    }
+    (facts, notes)
+}
+
+/// Non-blank lines of a file, read a line at a time (memory stays one line long).
+fn count_non_blank_lines(path: &Path) -> std::io::Result<usize> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path)?);
+    let (mut line, mut n) = (Vec::new(), 0);
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(n);
+        }
+        if !line.iter().all(u8::is_ascii_whitespace) {
+            n += 1;
+        }
+    }
+}
+
 pub fn run(args: ConfigArgs) -> Result<ExitCode> {
     match args.command {
         ConfigCommand::Validate { file } => {
@@ -42,8 +124,17 @@ pub fn run(args: ConfigArgs) -> Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             };
+            let (facts, notes) = read_facts(&config, &file);
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            if let Err(e) = config.check_facts(&facts, &text, &file.display().to_string()) {
+                eprintln!("dflashd: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
             for warning in config.warnings() {
                 println!("warning: {warning}");
+            }
+            for note in notes {
+                println!("note: {note}");
             }
             println!(
                 "{}: valid (run '{}', {} epochs, block size {}, target layers {:?})",

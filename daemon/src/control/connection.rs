@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dflash_shared::protocol::{
-    negotiate, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic,
+    negotiate, Access, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic,
 };
 use tokio::io::BufWriter;
 use tokio::net::unix::OwnedWriteHalf;
@@ -137,6 +137,8 @@ pub async fn serve(
             uid: c.uid(),
             pid: c.pid(),
             connection: slot.id,
+            // Until the hello says otherwise; only the hello sets it.
+            access: Access::Full,
         },
         Err(e) => return Ended::Io(format!("reading peer credentials: {e}")),
     };
@@ -153,6 +155,7 @@ pub async fn serve(
     let mut reader = FrameReader::new(read_half);
     let mut conn = Conn {
         hello_done: false,
+        access: Access::Full,
         topics: HashSet::new(),
         sub: None,
     };
@@ -262,6 +265,8 @@ pub async fn serve(
 
 struct Conn {
     hello_done: bool,
+    /// What the hello declared; fixed from then on (a second hello is refused).
+    access: Access,
     topics: HashSet<Topic>,
     sub: Option<broadcast::Receiver<Arc<Published>>>,
 }
@@ -295,8 +300,9 @@ impl Conn {
             let sent = match negotiate(&req, &identity) {
                 Ok(welcome) => {
                     self.hello_done = true;
-                    if let Request::Hello { client, .. } = &req {
-                        tracing::debug!(uid = caller.uid, pid = ?caller.pid, %client, "control client connected");
+                    if let Request::Hello { client, access, .. } = &req {
+                        self.access = *access;
+                        tracing::debug!(uid = caller.uid, pid = ?caller.pid, %client, ?access, "control client connected");
                     }
                     writer.send(&welcome.into()).await
                 }
@@ -326,6 +332,10 @@ impl Conn {
                 writer.send(&Response::Ok).await.map(|_| None)
             }
             other => {
+                let caller = Caller {
+                    access: self.access,
+                    ..caller
+                };
                 let (handle, dispatch_cfg) = (handle.clone(), cfg.dispatch.clone());
                 Ok(Some(Box::pin(async move {
                     cmd::handle_request(&handle, caller, &dispatch_cfg, other).await

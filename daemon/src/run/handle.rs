@@ -20,6 +20,7 @@ use crate::run::bus::FrameBus;
 use crate::run::journal::{Journal, JournalError};
 use crate::run::pending::{ActionPolicy, PendingActions, StateView};
 use crate::run::recorder::Recorder;
+use crate::run::refusal_throttle::{self, RefusalThrottle, Verdict, REFUSALS_JOURNALED_PER_WINDOW};
 use dflash_engine::train::topology::QueueMonitor;
 use dflash_shared::clock::now_ms;
 
@@ -53,6 +54,7 @@ struct Shared {
     fingerprint: RwLock<serde_json::Value>,
     journal: Mutex<Journal>,
     pending: Mutex<PendingActions>,
+    refusals: Mutex<RefusalThrottle>,
     policy: ActionPolicy,
     unlocked_keys: Mutex<Vec<String>>,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
@@ -143,6 +145,7 @@ impl RunHandle {
                 fingerprint: RwLock::new(serde_json::Value::Null),
                 journal: Mutex::new(journal),
                 pending: Mutex::new(PendingActions::default()),
+                refusals: Mutex::new(RefusalThrottle::default()),
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
                 queue_monitor: Mutex::new(None),
@@ -315,6 +318,51 @@ impl RunHandle {
         }
     }
 
+    /// Journals an operator request the daemon refused (a request, confirmation or cancel),
+    /// through the per-uid [`RefusalThrottle`]: a flood of refusals becomes its first lines and
+    /// one summary, not one fsynced line each.
+    pub fn record_refused_request(&self, uid: u32, request: String, action_id: Option<String>) {
+        let now = now_ms();
+        let (summaries, verdict) = {
+            let mut throttle = lock(&self.inner.refusals);
+            (
+                throttle.take_summaries(now, false),
+                throttle.admit(uid, now, &request),
+            )
+        };
+        self.journal_refusal_summaries(summaries);
+        let request = match verdict {
+            Verdict::Journal => request,
+            Verdict::JournalAndThrottle { window_ends_ms } => format!(
+                "{request}; uid {uid} has had {REFUSALS_JOURNALED_PER_WINDOW} refusals \
+                 journaled in this minute: until {window_ends_ms} ms further ones are counted, \
+                 and one line will say how many"
+            ),
+            Verdict::Count => return,
+        };
+        self.record_event_logged(
+            Severity::Info,
+            EventKind::OperatorRequest {
+                uid,
+                request,
+                action_id,
+            },
+        );
+    }
+
+    fn journal_refusal_summaries(&self, summaries: Vec<refusal_throttle::Summary>) {
+        for s in summaries {
+            self.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: s.uid,
+                    request: s.text(),
+                    action_id: None,
+                },
+            );
+        }
+    }
+
     pub fn publish(&self, topic: Topic, frame: Response) {
         if let Some(rec) = &self.inner.recorder {
             if Recorder::records(&frame) {
@@ -400,6 +448,9 @@ impl RunHandle {
 
     /// Tells every part of the daemon to wind down. Idempotent; the first reason is kept.
     pub fn request_shutdown(&self, reason: impl Into<String>) {
+        // Refusals still being counted get their summary line before the daemon goes.
+        let summaries = lock(&self.inner.refusals).take_summaries(now_ms(), true);
+        self.journal_refusal_summaries(summaries);
         let mut r = lock(&self.inner.shutdown_reason);
         if r.is_none() {
             *r = Some(reason.into());

@@ -6,6 +6,7 @@
 //!   unlocked keys, queue monitor, frame bus, recorder, command channel and shutdown.
 //! - [`bus`]: live frames to subscribers; [`journal`]: the durable event history;
 //!   [`recorder`]: the telemetry recording; [`pending`]: the pure logic of destructive actions;
+//!   [`refusal_throttle`]: which refused operator requests get a journal line of their own;
 //!   [`locked_keys`]: confirmed unlocks of locked config keys; [`paths`]: where the daemon's
 //!   files and socket live.
 pub mod bus;
@@ -15,3 +16,4 @@ pub mod locked_keys;
 pub mod paths;
 pub mod pending;
 pub mod recorder;
+pub mod refusal_throttle;

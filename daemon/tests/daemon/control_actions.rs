@@ -114,7 +114,7 @@ fn stop_runs_only_after_a_typed_confirmation_and_the_run_loop_checkpoints() {
     let kinds = journal_kinds(&d);
     assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorRequest { uid: u, action_id: Some(id), .. } if *u == uid() && *id == pending.id)));
     assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorRequest { request, .. } if request.contains("refused"))), "failed confirmations are audited");
-    assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorConfirmed { uid: u, via, .. } if *u == uid() && via == "test")));
+    assert!(kinds.iter().any(|k| matches!(k, EventKind::OperatorConfirmed { uid: u, via, client_says: Some(says), .. } if *u == uid() && via.starts_with("run name matched on full connection") && says == "test")));
     assert!(kinds.iter().any(
         |k| matches!(k, EventKind::ActionExecuted { outcome, .. } if outcome.contains("ckpt-900"))
     ));

@@ -58,7 +58,8 @@ fn client(socket: &Path) -> Client {
     assert!(matches!(
         c.request(&Request::Hello {
             version: PROTOCOL_VERSION,
-            client: "t".into()
+            client: "t".into(),
+            access: Default::default(),
         }),
         Response::Welcome { .. }
     ));

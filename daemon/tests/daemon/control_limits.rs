@@ -203,6 +203,7 @@ fn a_refused_connection_can_still_read_the_reason_after_sending_its_hello() {
     late.send(&Request::Hello {
         version: dflash_shared::protocol::PROTOCOL_VERSION,
         client: "late".into(),
+        access: Default::default(),
     });
     match late.recv() {
         Some(Response::Error { code, message }) => {

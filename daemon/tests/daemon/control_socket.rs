@@ -22,6 +22,7 @@ fn hello_then_queries() {
     match c.request(&Request::Hello {
         version: PROTOCOL_VERSION,
         client: "t".into(),
+        access: Default::default(),
     }) {
         Response::Welcome {
             version,
@@ -62,7 +63,8 @@ fn a_request_before_hello_is_answered_with_hello_required() {
     assert!(matches!(
         c.request(&Request::Hello {
             version: PROTOCOL_VERSION,
-            client: "t".into()
+            client: "t".into(),
+            access: Default::default(),
         }),
         Response::Welcome { .. }
     ));
@@ -118,6 +120,7 @@ fn a_wrong_protocol_version_is_refused_and_the_daemon_goes_on() {
     let reply = c.request(&Request::Hello {
         version: PROTOCOL_VERSION + 1,
         client: "future".into(),
+        access: Default::default(),
     });
     assert_eq!(error_code(&reply), ErrorCode::VersionMismatch);
     assert!(
@@ -182,6 +185,7 @@ fn the_connection_cap_refuses_extra_clients_with_a_reason() {
         match c.request(&Request::Hello {
             version: PROTOCOL_VERSION,
             client: "t".into(),
+            access: Default::default(),
         }) {
             Response::Welcome { .. } => break,
             _ => assert!(std::time::Instant::now() < deadline, "slot never freed"),
@@ -202,7 +206,8 @@ fn many_clients_at_once() {
                 assert!(matches!(
                     c.request(&Request::Hello {
                         version: PROTOCOL_VERSION,
-                        client: "t".into()
+                        client: "t".into(),
+                        access: Default::default(),
                     }),
                     Response::Welcome { .. }
                 ));

@@ -289,3 +289,141 @@ fn total_steps(banner: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no total in: {banner}"))
 }
+
+/// The 1-based line of the first line of `text` that starts with `prefix`.
+fn line_of(text: &str, prefix: &str) -> usize {
+    text.lines().position(|l| l.starts_with(prefix)).unwrap() + 1
+}
+
+/// `config validate` on `text`: its exit code and stderr.
+fn validate(root: &Path, name: &str, text: &str) -> (i32, String) {
+    let path = root.join(name);
+    std::fs::write(&path, text).unwrap();
+    let (code, stdout, stderr) = run(root, &["config", "validate", &path.display().to_string()]);
+    (code, format!("{stderr}{stdout}"))
+}
+
+fn assert_has(out: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn validate_refuses_what_start_would_refuse_without_loading_weights_naming_the_toml_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    // 10 samples (and blank lines, which are not samples).
+    let data = root.join("train.jsonl");
+    let line =
+        "{\"input_ids\":[1,2,3,4,5,6,7,8,9,10,11,12],\"loss_mask\":[1,1,1,1,1,1,1,1,1,1,1,1]}\n";
+    std::fs::write(&data, format!("{}\n\n", line.repeat(10))).unwrap();
+    let on_file = EMBEDDED_DEFAULT_TOML
+        .replace(
+            "train_file = \"embedded\"",
+            &format!("train_file = \"{}\"", data.display()),
+        )
+        .replace("held_out_samples = 48", "held_out_samples = 2");
+
+    // The batch size against the data (the 100,000), and a missing telemetry.python.
+    let text = on_file.replace("batch_size = 8", "batch_size = 100000")
+        + "\n[telemetry]\npython = \"/nonexistent/python3\"\n";
+    let (code, out) = validate(root, "batch.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(
+        &out,
+        &[
+            &format!(
+                "training.batch_size (line {})",
+                line_of(&text, "batch_size")
+            ),
+            "at most the 8 training samples (10 in the data, 2 held out)",
+            &format!("telemetry.python (line {})", line_of(&text, "python =")),
+            "/nonexistent/python3 (no such file)",
+        ],
+    );
+    // The held-out count, named by the key that set it.
+    let text = on_file.replace("held_out_samples = 2", "held_out_samples = 5000");
+    let (code, out) = validate(root, "held_out.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &["data.held_out_samples (line ", "5000 held out"]);
+
+    // Chat data on the embedded target is refused with data.tokenizer set too.
+    let tokenizer = root.join("tokenizer.json");
+    std::fs::write(&tokenizer, "{}").unwrap();
+    let text = on_file
+        .replace("format = \"pretokenized\"", "format = \"chat\"")
+        .replace(
+            "[topology]",
+            &format!("tokenizer = \"{}\"\n\n[topology]", tokenizer.display()),
+        );
+    let (code, out) = validate(root, "chat.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(
+        &out,
+        &[&format!(
+            "data.format (line {})",
+            line_of(&text, "format =")
+        )],
+    );
+
+    // A broken array is reported on its own line.
+    let text =
+        EMBEDDED_DEFAULT_TOML.replace("target_layer_ids = [1, 3]", "target_layer_ids = [1, 3");
+    let (code, out) = validate(root, "array.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(
+        &out,
+        &[&format!("line {}", line_of(&text, "target_layer_ids"))],
+    );
+    assert!(
+        !out.contains(&format!(
+            "syntax error at line {}",
+            line_of(&text, "target_layer_ids") + 1
+        )),
+        "{out}"
+    );
+
+    // Tap layers and the mask token against the embedded target (6 layers, vocab 512)...
+    let text = EMBEDDED_DEFAULT_TOML
+        .replace("target_layer_ids = [1, 3]", "target_layer_ids = [1, 9]")
+        .replace("mask_token_id = 511", "mask_token_id = 600");
+    let (code, out) = validate(root, "embedded_shape.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(
+        &out,
+        &[
+            &format!(
+                "drafter.target_layer_ids[1] (line {})",
+                line_of(&text, "target_layer_ids")
+            ),
+            "9 (the target has 6 layers)",
+            &format!(
+                "drafter.mask_token_id (line {})",
+                line_of(&text, "mask_token_id")
+            ),
+            "600 (the target's vocabulary has 512)",
+        ],
+    );
+    // ... and against a Hugging Face target's config.json (3 layers, vocab 160), no weights read.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/target/qwen3");
+    let text = EMBEDDED_DEFAULT_TOML.replace(
+        "model = \"embedded\"",
+        &format!("model = \"{}\"", fixture.display()),
+    );
+    let (code, out) = validate(root, "hf_shape.toml", &text);
+    assert_eq!(code, 1, "{out}");
+    assert_has(
+        &out,
+        &[
+            "drafter.target_layer_ids[1] (line ",
+            "3 (the target has 3 layers)",
+            "511 (the target's vocabulary has 160)",
+            "drafter.hidden_size (line ",
+        ],
+    );
+    assert!(
+        !out.contains("num_hidden_layers") && !out.contains("vocab_size"),
+        "{out}"
+    );
+}

@@ -125,8 +125,8 @@ fn a_confirmed_stop_checkpoints_answers_with_it_and_exits_zero() {
     assert_eq!(checkpoint_steps(&d.run_dir).last(), Some(&step));
     let kinds: Vec<EventKind> = journal(&d.run_dir).into_iter().map(|e| e.kind).collect();
     assert!(kinds.iter().any(
-        |k| matches!(k, EventKind::OperatorConfirmed { action_id, via, .. } if *action_id == pending.id && via == "test")
-    ));
+        |k| matches!(k, EventKind::OperatorConfirmed { action_id, via, client_says: Some(says), .. } if *action_id == pending.id && says == "test" && via.contains("full connection") && via.ends_with(&format!("from pid {}", std::process::id())))
+    ), "the journal's via is what dflashd established (this test's pid over a full connection), the client's word apart");
 }
 
 /// The step of the newest journaled checkpoint.

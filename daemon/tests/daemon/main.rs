@@ -14,6 +14,7 @@ mod support;
 mod checkpoint_corrupt;
 mod checkpoint_recovery;
 mod control_actions;
+mod control_audit;
 mod control_daemon;
 mod control_limits;
 mod control_socket;

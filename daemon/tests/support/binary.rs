@@ -95,6 +95,7 @@ impl Daemon {
                 match c.request(&Request::Hello {
                     version: PROTOCOL_VERSION,
                     client: "daemon-test".into(),
+                    access: Default::default(),
                 }) {
                     Response::Welcome { .. } => return c,
                     other => panic!("expected a welcome, got {other:?}"),

@@ -96,6 +96,7 @@ impl TestDaemon {
         match c.request(&Request::Hello {
             version: PROTOCOL_VERSION,
             client: "test".into(),
+            access: Default::default(),
         }) {
             Response::Welcome { .. } => c,
             other => panic!("expected welcome, got {other:?}"),

@@ -122,3 +122,73 @@ fn split_path(path: &str) -> Vec<(&str, Option<usize>)> {
         })
         .collect()
 }
+
+/// The byte offset of the `[` of the array still open at `offset`, if any (strings and
+/// comments skipped). A missing `,` or `]` is noticed by the parser only at the next line's
+/// first token, so a syntax error inside an array is reported where the array opens.
+pub(crate) fn unclosed_array_at(text: &str, offset: usize) -> Option<usize> {
+    let bytes = &text.as_bytes()[..offset.min(text.len())];
+    let mut open: Vec<usize> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &bytes[i..];
+        match bytes[i] {
+            b'#' => {
+                // A comment runs to the end of the line.
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'"' | b'\'' => {
+                let quote = bytes[i];
+                let multi = rest.len() >= 3 && rest[1] == quote && rest[2] == quote;
+                i += if multi { 3 } else { 1 };
+                while i < bytes.len() {
+                    if quote == b'"' && bytes[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if !multi && bytes[i] == b'\n' {
+                        break;
+                    }
+                    let closes = bytes[i] == quote
+                        && (!multi || bytes[i..].starts_with(&[quote, quote, quote]));
+                    if closes {
+                        i += if multi { 2 } else { 0 };
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'[' => open.push(i),
+            b']' => {
+                open.pop();
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    open.last().copied()
+}
+
+#[cfg(test)]
+mod unclosed_array_tests {
+    use super::unclosed_array_at;
+
+    #[test]
+    fn the_open_bracket_of_an_unclosed_array_is_found_past_strings_and_comments() {
+        let text = "[a]\nx = [\"]\", '[', # ]\n  1,\ny = 2\n";
+        let at = text.find("y =").unwrap();
+        assert_eq!(
+            unclosed_array_at(text, at),
+            Some(text.find("= [").unwrap() + 2)
+        );
+        let closed = "[a]\nx = [1, \"]\"]\ny = 2\n";
+        assert_eq!(unclosed_array_at(closed, closed.find("y =").unwrap()), None);
+        let multi = "x = \"\"\"a]\n[\"\"\"\ny = [1\nz = 1";
+        assert_eq!(
+            unclosed_array_at(multi, multi.find("z =").unwrap()),
+            Some(multi.find("[1").unwrap())
+        );
+    }
+}

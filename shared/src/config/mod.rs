@@ -13,6 +13,8 @@ pub mod paths;
 pub mod sections;
 mod validate;
 
+pub use validate::{ConfigFacts, TargetShape};
+
 use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
@@ -128,6 +130,29 @@ impl Config {
         }
     }
 
+    /// `config validate`'s checks against what it read from disk ([`ConfigFacts`]), with the
+    /// lines of `text` (the file this config was parsed from) on each issue.
+    pub fn check_facts(
+        &self,
+        facts: &ConfigFacts,
+        text: &str,
+        origin: &str,
+    ) -> Result<(), ConfigError> {
+        let mut issues = validate::against_facts(self, facts);
+        if issues.is_empty() {
+            return Ok(());
+        }
+        if let Ok(map) = SourceMap::parse(text) {
+            for issue in &mut issues {
+                issue.line = map.line_of_path(&issue.key);
+            }
+        }
+        Err(ConfigError {
+            origin: origin.into(),
+            issues,
+        })
+    }
+
     /// Non-fatal remarks for the start log and `config validate`.
     pub fn warnings(&self) -> Vec<String> {
         validate::warnings(self)
@@ -186,16 +211,29 @@ fn syntax_error(text: &str, e: &toml::de::Error, origin: &str) -> ConfigError {
         let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
         (line, text[line_start..offset].chars().count() + 1)
     };
-    let (line, column) = e.span().map_or((1, 1), |s| map_offsets(s.start));
+    let (mut line, mut column) = e.span().map_or((1, 1), |s| map_offsets(s.start));
+    let mut message = e.message().trim().replace('\n', "; ");
+    // An array left open (a missing `]` or `,`) is noticed only at the next line's first
+    // token: name the line where the array opens, and say where the parser stopped.
+    if let Some(open) = e
+        .span()
+        .and_then(|s| locate::unclosed_array_at(text, s.start))
+    {
+        let (open_line, open_column) = map_offsets(open);
+        if open_line < line {
+            message = format!(
+                "{message} (in the array opened here, read up to line {line}, column \
+                 {column}: a `,` or the closing `]` is missing)"
+            );
+            (line, column) = (open_line, open_column);
+        }
+    }
     ConfigError {
         origin: origin.into(),
         issues: vec![ConfigIssue {
             key: String::new(),
             line: Some(line),
-            problem: Problem::Syntax {
-                column,
-                message: e.message().trim().replace('\n', "; "),
-            },
+            problem: Problem::Syntax { column, message },
         }],
     }
 }

@@ -335,13 +335,103 @@ fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
         0.5,
         "a fraction in [0, 0.5]",
     );
-    let needs_tokenizer = d.format == DataFormat::Chat && d.train_file != EMBEDDED_DATA;
-    if needs_tokenizer && d.tokenizer.is_none() && c.target.is_embedded() {
+    // `start` refuses chat data on the embedded target whatever `data.tokenizer` says: the
+    // embedded target has no chat template, and its random weights know no tokenizer's ids.
+    let chat_file = d.format == DataFormat::Chat && d.train_file != EMBEDDED_DATA;
+    if chat_file && c.target.is_embedded() {
         v.push(
-            ConfigIssue::invalid("data.tokenizer", "a tokenizer.json path for chat data", "nothing")
-                .with_hint("the embedded target ships no tokenizer; set data.tokenizer or use format = \"pretokenized\""),
+            ConfigIssue::invalid(
+                "data.format",
+                "\"pretokenized\" with the embedded target",
+                "\"chat\"",
+            )
+            .with_hint(
+                "the embedded target has no chat template, and data.tokenizer does not give it \
+                 one; use pre-tokenized data or a Hugging Face target (target.model)",
+            ),
         );
     }
+}
+
+/// What `config validate` can learn from disk without loading weights; `None` where it could
+/// not be learnt (the check is then left to `start`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigFacts {
+    /// Non-blank lines of `data.train_file`: an upper bound of its sample count.
+    pub train_lines: Option<usize>,
+    /// `telemetry.python` as resolved, when it names no file.
+    pub missing_python: Option<String>,
+    /// The target's depth and vocabulary, from its `config.json` (or the embedded target).
+    pub target: Option<TargetShape>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetShape {
+    pub num_layers: usize,
+    pub vocab_size: u64,
+    pub hidden_size: u64,
+}
+
+/// The checks of [`ConfigFacts`]: each is one `start` makes with the loaded target and data,
+/// named here by the TOML key. A sample count is at most the line count, and the dataset rules
+/// only get stricter as it shrinks, so what is refused on the lines `start` refuses too.
+pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
+    let mut v = Vec::new();
+    if let Some(lines) = f.train_lines {
+        v.extend(against_dataset(c, lines));
+    }
+    if let Some(path) = &f.missing_python {
+        v.push(
+            ConfigIssue::invalid(
+                "telemetry.python",
+                "the path of an existing Python interpreter",
+                format!("{path} (no such file)"),
+            )
+            .with_hint("fix the path, or remove the key to record no Python environment"),
+        );
+    }
+    if let Some(t) = f.target {
+        let d = &c.drafter;
+        for (i, &id) in d.target_layer_ids.iter().enumerate() {
+            if id >= t.num_layers {
+                v.push(ConfigIssue::invalid(
+                    format!("drafter.target_layer_ids[{i}]"),
+                    format!(
+                        "a layer of the target: 0..={}",
+                        t.num_layers.saturating_sub(1)
+                    ),
+                    format!("{id} (the target has {} layers)", t.num_layers),
+                ));
+            }
+        }
+        if d.hidden_size as u64 != t.hidden_size {
+            v.push(
+                ConfigIssue::invalid(
+                    "drafter.hidden_size",
+                    format!("the target's hidden size, {}", t.hidden_size),
+                    d.hidden_size,
+                )
+                .with_hint("the drafter reuses the target's embedding and LM head"),
+            );
+        }
+        if u64::from(d.mask_token_id) >= t.vocab_size {
+            v.push(
+                ConfigIssue::invalid(
+                    "drafter.mask_token_id",
+                    format!(
+                        "a token id of the target: 0..={}",
+                        t.vocab_size.saturating_sub(1)
+                    ),
+                    format!(
+                        "{} (the target's vocabulary has {})",
+                        d.mask_token_id, t.vocab_size
+                    ),
+                )
+                .with_hint("the mask token must be a row of the target's embedding"),
+            );
+        }
+    }
+    v
 }
 
 fn topology(c: &Config, v: &mut Vec<ConfigIssue>) {

@@ -1,12 +1,12 @@
 //! The versioned hello: the first frame on every connection.
 //!
-//! The client sends `Request::Hello { version, client }`; the daemon answers with
+//! The client sends `Request::Hello { version, client, access }`; the daemon answers with
 //! `Response::Welcome` when it speaks that version, or with a `version_mismatch` error that says
 //! both versions, and closes. The hello and welcome shapes never change between versions, so a
 //! mismatched pair can always tell each other why they cannot talk.
 use serde::{Deserialize, Serialize};
 
-use super::{ErrorCode, Request, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+use super::{Access, ErrorCode, Request, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 /// What the daemon says about itself in its welcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,7 +61,10 @@ impl From<ErrorReply> for Response {
 
 /// Daemon side: answers the first frame of a connection.
 pub fn negotiate(hello: &Request, server: &ServerIdentity) -> Result<Welcome, ErrorReply> {
-    let Request::Hello { version, client } = hello else {
+    let Request::Hello {
+        version, client, ..
+    } = hello
+    else {
         return Err(ErrorReply::new(
             ErrorCode::HelloRequired,
             format!(
@@ -119,11 +122,17 @@ pub fn accept_welcome(reply: &Response) -> Result<Welcome, ErrorReply> {
     }
 }
 
-/// The hello this build of the client sends.
+/// The hello this build of the client sends, for a full connection.
 pub fn hello(client: impl Into<String>) -> Request {
+    hello_with(client, Access::Full)
+}
+
+/// The hello this build of the client sends, for a connection of the given access.
+pub fn hello_with(client: impl Into<String>, access: Access) -> Request {
     Request::Hello {
         version: PROTOCOL_VERSION,
         client: client.into(),
+        access,
     }
 }
 

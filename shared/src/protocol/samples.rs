@@ -257,7 +257,8 @@ pub(super) fn all_responses() -> Vec<Response> {
         EventKind::OperatorConfirmed {
             uid: 1000,
             action_id: "a".into(),
-            via: "tui".into(),
+            via: "run name matched on full connection 3 from pid 4242".into(),
+            client_says: Some("tui".into()),
         },
         EventKind::ActionExecuted {
             action_id: "a".into(),

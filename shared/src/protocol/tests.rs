@@ -271,6 +271,7 @@ fn negotiate_refuses_a_wrong_version_and_says_both() {
     let newer = Request::Hello {
         version: PROTOCOL_VERSION + 1,
         client: "dflash-tui 9".into(),
+        access: Default::default(),
     };
     let err = negotiate(&newer, &identity()).unwrap_err();
     assert_eq!(err.code, ErrorCode::VersionMismatch);
@@ -285,6 +286,7 @@ fn negotiate_refuses_a_wrong_version_and_says_both() {
     let older = Request::Hello {
         version: 0,
         client: "x".into(),
+        access: Default::default(),
     };
     assert!(negotiate(&older, &identity())
         .unwrap_err()
@@ -317,4 +319,21 @@ fn client_rejects_a_welcome_it_cannot_speak_or_a_non_welcome() {
         accept_welcome(&Response::Ok).unwrap_err().code,
         ErrorCode::BadFrame
     );
+}
+
+#[test]
+fn a_read_only_hello_says_so_on_the_wire_and_a_full_one_reads_as_before() {
+    let full = String::from_utf8(encode_frame(&hello("t")).unwrap()).unwrap();
+    assert_eq!(
+        full,
+        "{\"type\":\"hello\",\"version\":1,\"client\":\"t\"}\n"
+    );
+    let ro = encode_frame(&hello_with("t", Access::ReadOnly)).unwrap();
+    assert!(String::from_utf8_lossy(&ro).contains("\"access\":\"read_only\""));
+    assert_eq!(
+        decode_request(&ro).unwrap(),
+        hello_with("t", Access::ReadOnly)
+    );
+    // An old client's hello (no `access`) is a full one.
+    assert_eq!(decode_request(full.trim().as_bytes()).unwrap(), hello("t"));
 }

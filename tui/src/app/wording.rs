@@ -102,9 +102,13 @@ pub fn describe(kind: &EventKind) -> String {
             uid,
             action_id,
             via,
-        } => {
-            format!("uid {uid} confirmed {action_id} via {via}")
-        }
+            client_says,
+        } => match client_says {
+            Some(says) => {
+                format!("uid {uid} confirmed {action_id} via {via} (the client says {says})")
+            }
+            None => format!("uid {uid} confirmed {action_id} via {via}"),
+        },
         EventKind::ActionExecuted { action_id, outcome } => format!("{action_id}: {outcome}"),
         EventKind::WorkerFailed {
             device,

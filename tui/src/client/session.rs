@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::codec::FrameReader;
 use super::{client_name, codec, ClientError};
 use dflash_shared::events::Event;
-use dflash_shared::protocol::{self, ErrorCode, Request, Response, PROTOCOL_VERSION};
+use dflash_shared::protocol::{self, Access, ErrorCode, Request, Response, PROTOCOL_VERSION};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -71,6 +71,15 @@ impl Session {
     pub async fn connect(
         socket: &Path,
     ) -> Result<(Session, Welcome, mpsc::Receiver<Push>), ClientError> {
+        Self::connect_with(socket, Access::Full).await
+    }
+
+    /// [`Session::connect`] with the access the hello declares: a read-only connection is held
+    /// to it by the daemon, which refuses its requests, confirmations and cancels.
+    pub async fn connect_with(
+        socket: &Path,
+        access: Access,
+    ) -> Result<(Session, Welcome, mpsc::Receiver<Push>), ClientError> {
         crate::paths::check_fallback_socket_dir(socket)?;
         let stream = UnixStream::connect(socket).await.map_err(|source| {
             use std::io::ErrorKind::{ConnectionRefused, NotFound};
@@ -88,7 +97,7 @@ impl Session {
         let (read, mut write) = stream.into_split();
         let mut frames = FrameReader::new(read);
 
-        let hello = codec::encode(&protocol::hello(client_name()))?;
+        let hello = codec::encode(&protocol::hello_with(client_name(), access))?;
         if let Err(sent) = write_frame(&mut write, &hello).await {
             return Err(refusal_behind(&mut frames, socket, sent).await);
         }

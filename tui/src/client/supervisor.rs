@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dflash_shared::protocol::{Request, Response, Topic};
+use dflash_shared::protocol::{Access, Request, Response, Topic};
 use tokio::sync::mpsc;
 
 use super::backoff::Backoff;
@@ -44,6 +44,8 @@ pub struct LinkConfig {
     pub topics: Vec<Topic>,
     pub status_every: Duration,
     pub backoff: Backoff,
+    /// The hello's access: `attach --read-only` says read-only, and the daemon holds it to that.
+    pub access: Access,
 }
 
 impl LinkConfig {
@@ -53,6 +55,7 @@ impl LinkConfig {
             topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],
             status_every: Duration::from_secs(1),
             backoff: Backoff::default(),
+            access: Access::Full,
         }
     }
 }
@@ -82,7 +85,7 @@ pub async fn run_link<E>(
         {
             return;
         }
-        let reason = match Session::connect(&config.socket).await {
+        let reason = match Session::connect_with(&config.socket, config.access).await {
             Ok((session, welcome, mut pushes)) => {
                 config.backoff.reset();
                 attempt = 0;

@@ -2,6 +2,7 @@
 use std::process::ExitCode;
 
 use dflash_shared::clock::now_ms;
+use dflash_shared::protocol::Access;
 use tokio::sync::mpsc;
 
 use super::SocketArg;
@@ -16,9 +17,23 @@ use crate::ui::theme::Theme;
 pub struct Args {
     #[command(flatten)]
     socket: SocketArg,
-    /// Watch only: every destructive action is disabled.
+    /// Watch only: every destructive action is disabled, in the console and by the daemon (the
+    /// connection says hello as read-only).
     #[arg(long)]
     read_only: bool,
+}
+
+/// The console's link: `--read-only` goes into the hello, so the daemon holds the connection
+/// to it, not only this console.
+fn link_config(socket: std::path::PathBuf, read_only: bool) -> LinkConfig {
+    LinkConfig {
+        access: if read_only {
+            Access::ReadOnly
+        } else {
+            Access::Full
+        },
+        ..LinkConfig::new(socket)
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -27,7 +42,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (events_tx, mut events) = mpsc::channel(4096);
     let (commands_tx, commands) = mpsc::channel(64);
     let link = tokio::spawn(run_link(
-        LinkConfig::new(socket.clone()),
+        link_config(socket.clone(), args.read_only),
         events_tx.clone(),
         commands,
     ));
@@ -60,4 +75,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("  headless:     {tui} tail --follow{on}   or   {tui} status{on}");
     println!("  stop the run: {tui} stop{on}, then {tui} confirm-stop{on}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_only_goes_into_the_hello() {
+        let access = |ro| link_config("s".into(), ro).access;
+        assert_eq!(
+            (access(true), access(false)),
+            (Access::ReadOnly, Access::Full)
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use dflash_shared::clock::now_ms;
 use dflash_shared::events::Event;
-use dflash_shared::protocol::{Request, Response};
+use dflash_shared::protocol::{Access, Request, Response};
 
 use super::SocketArg;
 use crate::client::session::MAX_EVENT_PAGES;
@@ -37,27 +37,27 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let files = DaemonFiles::resolve(args.state_dir.as_deref(), args.run_dir.as_deref())?;
-    let (snapshot, events, config, daemon_error) = match Session::connect(&args.socket.path()).await
-    {
-        Ok((session, ..)) => {
-            let snapshot = match session.request(&Request::Status).await? {
-                Response::Status(s) => s,
-                other => anyhow::bail!("expected the daemon's status, got {other:?}"),
-            };
-            let events = session.events_after(None, MAX_EVENT_PAGES).await?;
-            // The config is context, not essential: a daemon that cannot send it still gets a report.
-            let config = match session.request(&Request::Config).await {
-                Ok(Response::Json { value }) => Some(value),
-                _ => None,
-            };
-            (Some(snapshot), events, config, None)
-        }
-        Err(e @ (ClientError::NoDaemon { .. } | ClientError::Connect { .. })) => {
-            let events = read_journal(&files);
-            (None, events, None, Some(e.to_string()))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let (snapshot, events, config, daemon_error) =
+        match Session::connect_with(&args.socket.path(), Access::ReadOnly).await {
+            Ok((session, ..)) => {
+                let snapshot = match session.request(&Request::Status).await? {
+                    Response::Status(s) => s,
+                    other => anyhow::bail!("expected the daemon's status, got {other:?}"),
+                };
+                let events = session.events_after(None, MAX_EVENT_PAGES).await?;
+                // The config is context, not essential: a daemon that cannot send it still gets a report.
+                let config = match session.request(&Request::Config).await {
+                    Ok(Response::Json { value }) => Some(value),
+                    _ => None,
+                };
+                (Some(snapshot), events, config, None)
+            }
+            Err(e @ (ClientError::NoDaemon { .. } | ClientError::Connect { .. })) => {
+                let events = read_journal(&files);
+                (None, events, None, Some(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        };
     let input = ReportInput {
         snapshot: snapshot.as_deref(),
         events: &events,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use dflash_shared::clock::now_ms;
-use dflash_shared::protocol::{Response, Topic};
+use dflash_shared::protocol::{Access, Response, Topic};
 use tokio::sync::mpsc;
 
 use super::SocketArg;
@@ -117,7 +117,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         printed_seqs: BTreeSet::new(),
     };
     let socket = args.socket.path();
-    let outcome = match Session::connect(&socket).await {
+    let outcome = match Session::connect_with(&socket, Access::ReadOnly).await {
         Ok((session, _welcome, _pushes)) if !args.follow => {
             history_once(&session, &mut out, args.lines).await
         }
@@ -161,6 +161,8 @@ async fn follow_live(socket: PathBuf, out: &mut Out, lines: usize) -> Result<(),
         topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],
         // tail shows the stream; it never needs the status snapshot.
         status_every: Duration::from_secs(24 * 3600),
+        // tail only watches; the daemon holds it to that.
+        access: Access::ReadOnly,
         ..LinkConfig::new(socket)
     };
     let link = tokio::spawn(run_link(config, events_tx, commands));

@@ -155,6 +155,7 @@ mod tests {
                     uid: 1000,
                     action_id: "act-1".into(),
                     via: "token".into(),
+                    client_says: None,
                 },
             ),
         ];

@@ -1,4 +1,5 @@
-//! `cancel`: withdraws a pending action, journaled with the caller's uid.
+//! `cancel`: withdraws a pending action, journaled with the caller's uid
+//! (a refused cancel through the per-uid throttle, [`crate::run::refusal_throttle`]).
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::Response;
 
@@ -7,18 +8,23 @@ use crate::run::handle::RunHandle;
 
 pub(super) fn cancel(handle: &RunHandle, caller: Caller, action_id: String) -> Response {
     let result = handle.with_pending(|p| p.cancel(&action_id, dflash_shared::clock::now_ms()));
-    let outcome = match &result {
-        Ok(_) => "cancelled".to_string(),
-        Err(e) => format!("refused: {e}"),
-    };
-    handle.record_event_logged(
-        Severity::Info,
-        EventKind::OperatorRequest {
-            uid: caller.uid,
-            request: format!("cancel {action_id} ({outcome})"),
-            action_id: Some(action_id),
-        },
-    );
+    match &result {
+        Ok(_) => {
+            handle.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: caller.uid,
+                    request: format!("cancel {action_id} (cancelled)"),
+                    action_id: Some(action_id),
+                },
+            );
+        }
+        Err(e) => handle.record_refused_request(
+            caller.uid,
+            format!("cancel {action_id} (refused: {e})"),
+            Some(action_id),
+        ),
+    }
     match result {
         Ok(_) => Response::Ok,
         Err(e) => error(e.code(), e.to_string()),

@@ -1,6 +1,8 @@
 //! `confirm`: the typed confirmation of a pending action. The run name must match and the
 //! action is re-checked against the current state; only then is it carried out
-//! ([`crate::control::actions`]). Granted and refused confirmations are both journaled.
+//! ([`crate::control::actions`]). Granted confirmations are journaled with how the daemon saw
+//! them arrive ([`established_via`]); refused ones through the per-uid throttle
+//! ([`crate::run::refusal_throttle`]).
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::{ErrorCode, Response};
 
@@ -25,7 +27,8 @@ pub(super) async fn confirm(
                 EventKind::OperatorConfirmed {
                     uid: caller.uid,
                     action_id: action_id.clone(),
-                    via,
+                    via: established_via(&caller),
+                    client_says: Some(client_word(&via)),
                 },
             );
             match actions::execute(handle, approved, cfg.command_timeout).await {
@@ -34,15 +37,38 @@ pub(super) async fn confirm(
             }
         }
         Err(e) => {
-            handle.record_event_logged(
-                Severity::Info,
-                EventKind::OperatorRequest {
-                    uid: caller.uid,
-                    request: format!("confirm {action_id} via {via} (refused: {e})"),
-                    action_id: Some(action_id),
-                },
+            handle.record_refused_request(
+                caller.uid,
+                format!(
+                    "confirm {action_id} (the client says via {}; refused: {e})",
+                    client_word(&via)
+                ),
+                Some(action_id),
             );
             error(e.code(), e.to_string())
         }
     }
+}
+
+/// What the daemon itself knows of how a granted confirmation arrived: the run name matched
+/// (checked), on a connection whose hello was a full one (read-only connections are refused
+/// before they get here), from this peer pid (SO_PEERCRED). Whether a person typed the name
+/// is beyond it: that is the client's word, journaled apart as `client_says`.
+pub(super) fn established_via(caller: &Caller) -> String {
+    let pid = caller
+        .pid
+        .map_or_else(|| "an unknown pid".to_string(), |p| format!("pid {p}"));
+    format!(
+        "run name matched on {} connection {} from {pid}",
+        match caller.access {
+            dflash_shared::protocol::Access::Full => "full",
+            dflash_shared::protocol::Access::ReadOnly => "read-only",
+        },
+        caller.connection
+    )
+}
+
+/// The client's own account of the confirmation, cut short: it is free text from the peer.
+fn client_word(via: &str) -> String {
+    via.chars().take(32).collect()
 }

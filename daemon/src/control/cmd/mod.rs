@@ -15,16 +15,18 @@ mod request_action;
 pub use events::MAX_EVENTS_PER_REPLY;
 use std::time::Duration;
 
-use dflash_shared::protocol::{decode_request, ErrorCode, Request, Response};
+use dflash_shared::protocol::{decode_request, request_type, Access, ErrorCode, Request, Response};
 
 use crate::run::handle::RunHandle;
 
-/// Who sent a request: uid and pid from SO_PEERCRED, and the server's id of the connection.
+/// Who sent a request: uid and pid from SO_PEERCRED, the server's id of the connection, and
+/// the access its hello declared (held by the daemon for the connection's life).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub pid: Option<i32>,
     pub connection: u64,
+    pub access: Access,
 }
 
 #[derive(Debug, Clone)]
@@ -77,6 +79,11 @@ pub async fn handle_request(
         | Request::Caches
         | Request::Checkpoints => query::answer(handle, &req),
         Request::Events { after_seq, last } => events::answer(handle, after_seq, last),
+        Request::RequestAction { .. } | Request::Confirm { .. } | Request::Cancel { .. }
+            if caller.access == Access::ReadOnly =>
+        {
+            refuse_read_only(handle, caller, &req)
+        }
         Request::RequestAction { action } => request_action::file(handle, caller, action),
         Request::Confirm {
             action_id,
@@ -85,6 +92,33 @@ pub async fn handle_request(
         } => confirm::confirm(handle, caller, cfg, action_id, run_name, via).await,
         Request::Cancel { action_id } => cancel::cancel(handle, caller, action_id),
     }
+}
+
+/// A request, confirmation or cancel on a connection whose hello was read-only. Refused and
+/// journaled (through the throttle): a client that declared itself a watcher tried to act.
+fn refuse_read_only(handle: &RunHandle, caller: Caller, req: &Request) -> Response {
+    let kind = request_type(req);
+    let action_id = match req {
+        Request::Confirm { action_id, .. } | Request::Cancel { action_id } => {
+            Some(action_id.clone())
+        }
+        _ => None,
+    };
+    handle.record_refused_request(
+        caller.uid,
+        format!(
+            "{kind} on read-only connection {} (refused)",
+            caller.connection
+        ),
+        action_id,
+    );
+    error(
+        ErrorCode::NotPermitted,
+        format!(
+            "this connection said hello as read-only: it may query and watch, but a {kind} \
+             is refused. Reconnect without --read-only (a full hello) to act"
+        ),
+    )
 }
 
 pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Response {

@@ -1,6 +1,7 @@
 //! `request_action`: files a destructive action as pending, with its consequences. It never
-//! acts by itself; only a typed confirmation does ([`super::confirm`]). Every request, granted
-//! or refused, is journaled with the caller's uid.
+//! acts by itself; only a typed confirmation does ([`super::confirm`]). Every request is journaled
+//! with the caller's uid; refused ones through the per-uid throttle
+//! ([`crate::run::refusal_throttle`]).
 use dflash_shared::actions::Action;
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::Response;
@@ -24,21 +25,23 @@ pub(super) fn file(handle: &RunHandle, caller: Caller, action: Action) -> Respon
             handle.policy(),
         )
     });
-    let (request, action_id) = match &result {
-        Ok(_) => (
-            format!("{} (filed, awaiting confirmation)", action.title()),
-            Some(id),
+    match &result {
+        Ok(_) => {
+            handle.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: caller.uid,
+                    request: format!("{} (filed, awaiting confirmation)", action.title()),
+                    action_id: Some(id),
+                },
+            );
+        }
+        Err(e) => handle.record_refused_request(
+            caller.uid,
+            format!("{} (refused: {e})", action.title()),
+            None,
         ),
-        Err(e) => (format!("{} (refused: {e})", action.title()), None),
-    };
-    handle.record_event_logged(
-        Severity::Info,
-        EventKind::OperatorRequest {
-            uid: caller.uid,
-            request,
-            action_id,
-        },
-    );
+    }
     match result {
         Ok(action) => Response::Pending { action },
         Err(e) => error(e.code(), e.to_string()),
