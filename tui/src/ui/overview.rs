@@ -96,19 +96,18 @@ fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> V
         style,
     ))];
     let status = app.status.as_ref();
-    let figures = match status {
-        Some(s) => format!(
-            "final: step {}, loss {}, τ {}; checkpoint {}",
-            fmt::thousands(app.step_epoch().map_or(s.run.step, |(step, _)| step)),
-            s.last_loss.map_or("—".into(), |l| format!("{l:.3}")),
-            s.last_tau.map_or("—".into(), |t| format!("{t:.2}")),
-            ending.checkpoint.as_deref().unwrap_or("none")
-        ),
-        None => format!(
-            "final checkpoint {}",
-            ending.checkpoint.as_deref().unwrap_or("none")
-        ),
-    };
+    // The last metrics line is the run's last word; the last status may predate it.
+    let last = app.telemetry.last_metrics.as_ref();
+    let step = last.map(|m| m.step).or(status.map(|s| s.run.step));
+    let loss = last.map(|m| m.loss).or(status.and_then(|s| s.last_loss));
+    let tau = last.and_then(|m| m.tau).or(status.and_then(|s| s.last_tau));
+    let figures = format!(
+        "final: step {}, loss {}, τ {}; checkpoint {}",
+        step.map_or("—".into(), fmt::thousands),
+        loss.map_or("—".into(), |l| format!("{l:.3}")),
+        tau.map_or("—".into(), |t| format!("{t:.2}")),
+        ending.checkpoint.as_deref().unwrap_or("none")
+    );
     lines.push(Line::from(fit(&figures, width)));
     let run_dir = status.map_or("RUN_DIR".to_string(), |s| s.run.run_dir.clone());
     for step in next_steps(ending, &run_dir) {
