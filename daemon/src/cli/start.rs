@@ -138,6 +138,21 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         (None, None) => paths.default_run_dir.clone(),
     };
     let run_dir = absolute(&run_dir)?;
+    // `config validate` refuses a `telemetry.python` that names no file; so does `start`, before
+    // it records a fingerprint without the Python environment the operator asked for.
+    if let Some(python) = &config.telemetry.python {
+        let resolved = resolve_path("telemetry.python", python, config_path.as_deref(), &run_dir)?;
+        if !resolved.is_file() {
+            let text = format!(
+                "telemetry.python = {python:?}: expected the path of an existing Python \
+                 interpreter, found {} (no such file). Fix the path, or remove the key to record \
+                 no Python environment, and start again.",
+                resolved.display()
+            );
+            refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
+            bail!(text);
+        }
+    }
     let socket = match (&args.socket, &config.control.socket) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => resolve_path("control.socket", s, config_path.as_deref(), &run_dir)?,

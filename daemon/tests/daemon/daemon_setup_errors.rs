@@ -130,6 +130,27 @@ fn a_batch_larger_than_the_data_is_refused_naming_the_toml_key() {
 }
 
 #[test]
+fn a_telemetry_python_that_names_no_file_is_refused_as_validate_refuses_it() {
+    // Issue 15, defect 4: `start` used to drop it silently and fingerprint without it.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let config = root.join("no-python.toml");
+    write_config(&config, |c| {
+        c.telemetry.python = Some("/nonexistent/python3".into())
+    });
+    let (code, out, err) = start_detached(root, &config);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("telemetry.python") && err.contains("/nonexistent/python3"),
+        "{err}"
+    );
+    assert!(
+        crate::support::binary::checkpoint_steps(&root.join("run")).is_empty(),
+        "nothing trained"
+    );
+}
+
+#[test]
 fn a_data_line_over_max_line_bytes_is_journaled_with_its_line_and_the_key() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
