@@ -178,6 +178,16 @@ fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
         .done
         .iter()
         .any(|d| d == "Run finished: training complete: 6 epochs, 642 steps."));
+    // With the daemon down the journal only says what was written, not what is still kept.
+    assert!(
+        report
+            .progress
+            .done
+            .iter()
+            .all(|d| !d.contains("checkpoint(s) kept")),
+        "{:?}",
+        report.progress.done
+    );
     assert!(
         !report
             .progress

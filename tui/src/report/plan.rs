@@ -75,8 +75,15 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
         p.done.push(format!("Epochs 1–{} complete.", epoch - 1));
     }
     if let Some(last) = report.checkpoints.last() {
+        // With the daemon up the list is what is on disk; with it down it is every checkpoint
+        // the journal says was written, of which only the newest `keep_checkpoints` are kept.
+        let how = if report.daemon.reachable {
+            "kept"
+        } else {
+            "written"
+        };
         p.done.push(format!(
-            "{} checkpoint(s) kept; latest at step {} ({}, {}).",
+            "{} checkpoint(s) {how}; latest at step {} ({}, {}).",
             report.checkpoints.len(),
             fmt::thousands(last.step),
             clock.date_hm(last.written_ms),
