@@ -184,7 +184,7 @@ fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
             .progress
             .done
             .iter()
-            .all(|d| !d.contains("checkpoint(s) kept")),
+            .any(|d| d.contains("checkpoint(s) written; latest at step")),
         "{:?}",
         report.progress.done
     );
