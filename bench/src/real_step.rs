@@ -48,27 +48,10 @@ pub struct RealStepShape {
 /// The real structure (issue 12): hidden 5120, 5 layers (4 sliding + 1 full, window 2048),
 /// 32/8 heads × 128, block 32, 1024 anchors, S = 3072, vocabulary 248,320.
 pub fn real_structure() -> RealStepShape {
-    use LayerType::{Full, Sliding};
     RealStepShape {
         drafter: DrafterConfig {
-            hidden_size: 5120,
-            intermediate_size: 17408,
-            num_hidden_layers: 5,
-            num_attention_heads: 32,
-            num_key_value_heads: 8,
-            head_dim: 128,
-            rms_norm_eps: 1e-6,
-            rope_theta: 1e7,
-            layer_types: vec![Sliding, Sliding, Sliding, Sliding, Full],
-            sliding_window: Some(2048),
-            block_size: 32,
-            mask_token_id: 248_070,
-            target_layer_ids: vec![1, 16, 31, 46, 61],
-            target_hidden_size: 5120,
             vocab_size: REAL_VOCAB,
-            max_position_embeddings: 262_144,
-            num_target_layers: Some(64),
-            initializer_range: 0.02,
+            ..dflash_engine::plan::reference::qwen36_27b_drafter()
         },
         max_seq_len: 3072,
         num_anchors: 1024,

@@ -16,29 +16,13 @@ use dflash_engine::model::target::{
 };
 use dflash_engine::plan::flops::target_forward_flops;
 
-/// Qwen3.6-27B's text config (hidden 5120, intermediate 17408, 24/4 heads of 256, linear
-/// attention 16 k / 48 v heads of 128, vocabulary 248,320) with `layers` layers of one kind.
+/// Qwen3.6-27B's text config (`dflash_engine::plan::reference`) with `layers` layers of one
+/// kind.
 pub fn qwen36_27b_layers(kind: Qwen3_5LayerKind, layers: usize) -> Qwen3_5TextConfig {
     Qwen3_5TextConfig {
-        vocab_size: 248_320,
-        hidden_size: 5120,
-        intermediate_size: 17408,
         num_hidden_layers: layers,
-        num_attention_heads: 24,
-        num_key_value_heads: 4,
-        head_dim: 256,
-        linear_conv_kernel_dim: 4,
-        linear_key_head_dim: 128,
-        linear_value_head_dim: 128,
-        linear_num_key_heads: 16,
-        linear_num_value_heads: 48,
         layer_types: vec![kind; layers],
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000_000.0,
-        partial_rotary_factor: 0.25,
-        attention_bias: false,
-        tie_word_embeddings: false,
-        max_position_embeddings: 262_144,
+        ..dflash_engine::plan::reference::qwen36_27b_text()
     }
 }
 

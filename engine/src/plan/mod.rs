@@ -17,9 +17,11 @@
 //! - [`drafter`]: one drafter rank's memory;
 //! - [`target`]: one target replica's memory;
 //! - [`flops`]: FLOPs per sequence for both sides;
-//! - [`run`]: the whole topology: devices, fit, bound, throughput, split.
+//! - [`run`]: the whole topology: devices, fit, bound, throughput, split;
+//! - [`reference`]: the product's reference shape (Qwen3.6-27B and its drafter), written once.
 pub mod drafter;
 pub mod flops;
+pub mod reference;
 pub mod run;
 pub mod shape;
 pub mod target;

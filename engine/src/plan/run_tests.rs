@@ -1,6 +1,4 @@
 use super::*;
-use crate::model::drafter::LayerType;
-use crate::model::target::{Qwen3_5LayerKind, Qwen3_5TextConfig};
 
 #[test]
 fn the_best_split_balances_the_two_sides() {
@@ -10,63 +8,12 @@ fn the_best_split_balances_the_two_sides() {
     assert_eq!(best_split(1, 1.0, 1.0), None);
 }
 
-/// Qwen3.6-27B's text config as `gpu-readiness-review.md` §1a reads it from the checkpoint
-/// (hidden 5120, 64 layers, intermediate 17408, 24/4 heads of 256, linear attention 16 k /
-/// 48 v heads of 128, vocabulary 248,320, full attention every 4th layer).
 pub(crate) fn qwen36_27b() -> TargetConfig {
-    TargetConfig::Qwen3_5(Qwen3_5TextConfig {
-        vocab_size: 248_320,
-        hidden_size: 5120,
-        intermediate_size: 17408,
-        num_hidden_layers: 64,
-        num_attention_heads: 24,
-        num_key_value_heads: 4,
-        head_dim: 256,
-        linear_conv_kernel_dim: 4,
-        linear_key_head_dim: 128,
-        linear_value_head_dim: 128,
-        linear_num_key_heads: 16,
-        linear_num_value_heads: 48,
-        layer_types: (0..64)
-            .map(|i| {
-                if (i + 1) % 4 == 0 {
-                    Qwen3_5LayerKind::FullAttention
-                } else {
-                    Qwen3_5LayerKind::LinearAttention
-                }
-            })
-            .collect(),
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000_000.0,
-        partial_rotary_factor: 0.25,
-        attention_bias: false,
-        tie_word_embeddings: false,
-        max_position_embeddings: 262_144,
-    })
+    TargetConfig::Qwen3_5(crate::plan::reference::qwen36_27b_text())
 }
 
 pub(crate) fn real_drafter() -> DrafterConfig {
-    use LayerType::{Full, Sliding};
-    DrafterConfig {
-        hidden_size: 5120,
-        intermediate_size: 17408,
-        num_hidden_layers: 5,
-        num_attention_heads: 32,
-        num_key_value_heads: 8,
-        head_dim: 128,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1e7,
-        layer_types: vec![Sliding, Sliding, Sliding, Sliding, Full],
-        sliding_window: Some(2048),
-        block_size: 32,
-        mask_token_id: 248_070,
-        target_layer_ids: vec![1, 16, 31, 46, 61],
-        target_hidden_size: 5120,
-        vocab_size: 248_320,
-        max_position_embeddings: 262_144,
-        num_target_layers: Some(64),
-        initializer_range: 0.02,
-    }
+    crate::plan::reference::qwen36_27b_drafter()
 }
 
 fn real_spec(seq_len: i64, memory_gib: f64) -> RunSpec {
