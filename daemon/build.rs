@@ -23,31 +23,16 @@ fn main() {
 }
 
 fn compile_allocator_shim(lib_dir: &Path) {
-    println!("cargo:rerun-if-changed=csrc/allocator_stats.cpp");
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = lib_dir.join("../include");
-    let api_include = include.join("torch/csrc/api/include");
     if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
+        println!("cargo:rerun-if-changed=csrc/allocator_stats.cpp");
         println!(
             "cargo:warning=torch headers not found under {}; allocator statistics will be reported as not built",
             include.display()
         );
         return;
     }
-    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI")
-        .map(|v| v != "0")
-        .unwrap_or(true);
-    let mut build = cc::Build::new();
-    build
-        .cpp(true)
-        .file("csrc/allocator_stats.cpp")
-        .flag("-std=c++17")
-        // -isystem: warnings inside torch's headers are not ours to fix; ours stay on.
-        .flag("-isystem")
-        .flag(include.to_str().expect("utf-8 include path"))
-        .flag("-isystem")
-        .flag(api_include.to_str().expect("utf-8 include path"))
-        .define("_GLIBCXX_USE_CXX11_ABI", if cxx11_abi { "1" } else { "0" });
+    let mut build = dflash_build_support::torch_cpp_build(lib_dir, "csrc/allocator_stats.cpp");
     if lib_dir.join("libc10_cuda.so").exists() {
         build.define("DFLASH_HAVE_C10_CUDA", None);
     }

@@ -15,36 +15,20 @@ fn main() {
 }
 
 fn compile_stream_shim(lib_dir: &Path) {
-    println!("cargo:rerun-if-changed=csrc/cuda_stream.cpp");
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = lib_dir.join("../include");
     let needed = [
         include.join("c10/core/impl/DeviceGuardImplInterface.h"),
         lib_dir.join("libc10_cuda.so"),
     ];
     if let Some(missing) = needed.iter().find(|p| !p.exists()) {
+        println!("cargo:rerun-if-changed=csrc/cuda_stream.cpp");
         println!(
             "cargo:warning=no CUDA stream shim ({} not found): NCCL collectives will refuse to run",
             missing.display()
         );
         return;
     }
-    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI")
-        .map(|v| v != "0")
-        .unwrap_or(true);
-    let mut build = cc::Build::new();
-    build
-        .cpp(true)
-        .file("csrc/cuda_stream.cpp")
-        .flag("-std=c++17");
-    // -isystem: warnings inside torch's headers are not ours to fix.
-    for dir in [&include, &include.join("torch/csrc/api/include")] {
-        build
-            .flag("-isystem")
-            .flag(dir.to_str().expect("utf-8 include path"));
-    }
-    build
-        .define("_GLIBCXX_USE_CXX11_ABI", if cxx11_abi { "1" } else { "0" })
+    dflash_build_support::torch_cpp_build(lib_dir, "csrc/cuda_stream.cpp")
         .compile("dflash_cuda_stream");
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-cfg=dflash_cuda_stream_shim");

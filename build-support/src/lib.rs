@@ -12,7 +12,9 @@
 //!    `--as-needed` drops it and CUDA silently looks absent. We link it inside a
 //!    `--no-as-needed` bracket whenever the wheel ships it (the `-as-needed` link modifier
 //!    is still nightly-only).
-use std::path::PathBuf;
+//! 3. [`torch_cpp_build`]: a C++ shim compiled against the headers of the same torch wheel, as
+//!    the engine's CUDA-stream shim and the daemon's allocator-stats shim are.
+use std::path::{Path, PathBuf};
 
 /// Emits the rpath and CUDA link arguments; returns the libtorch lib dir torch-sys built
 /// against (`None`, with a cargo warning, when torch-sys did not say).
@@ -37,4 +39,26 @@ pub fn link_libtorch() -> Option<PathBuf> {
         );
     }
     Some(lib_dir)
+}
+
+/// A `cc` build of the C++ file `source` against the headers of the libtorch in `lib_dir`
+/// (`<lib_dir>/../include` and its C++ API headers, as system headers so torch's own warnings
+/// are not ours), C++17, with the C++11 ABI `LIBTORCH_CXX11_ABI` names (on by default, as the
+/// wheel is built). The caller adds its defines and compiles.
+pub fn torch_cpp_build(lib_dir: &Path, source: &str) -> cc::Build {
+    println!("cargo:rerun-if-changed={source}");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let include = lib_dir.join("../include");
+    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI")
+        .map(|v| v != "0")
+        .unwrap_or(true);
+    let mut build = cc::Build::new();
+    build.cpp(true).file(source).flag("-std=c++17");
+    for dir in [&include, &include.join("torch/csrc/api/include")] {
+        build
+            .flag("-isystem")
+            .flag(dir.to_str().expect("utf-8 include path"));
+    }
+    build.define("_GLIBCXX_USE_CXX11_ABI", if cxx11_abi { "1" } else { "0" });
+    build
 }
