@@ -14,6 +14,7 @@ pub mod atomic_write;
 pub mod data;
 pub mod device;
 pub mod model;
+pub mod peak;
 pub mod plan;
 pub mod sdpa;
 pub mod train;

@@ -116,6 +116,8 @@ impl RunHandle {
             },
             throughput: Throughput {
                 tokens_per_s: 0.0,
+                draft_positions_per_s: 0.0,
+                mfu: None,
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
             },
@@ -201,6 +203,8 @@ impl RunHandle {
             s.run.step = m.step;
             s.run.epoch = m.epoch;
             s.throughput.tokens_per_s = m.tokens_per_s;
+            s.throughput.draft_positions_per_s = m.draft_positions_per_s;
+            s.throughput.mfu = m.mfu;
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {
                 s.last_tau = m.tau;

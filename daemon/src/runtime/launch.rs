@@ -450,6 +450,14 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
         );
         tracing::warn!("{note}");
     }
+    for note in &p.peak_notes {
+        handle.record_event_logged(
+            Severity::Info,
+            EventKind::Note {
+                message: note.clone(),
+            },
+        );
+    }
     if let Some(note) = &p.topology_note {
         handle.record_event_logged(
             Severity::Warn,

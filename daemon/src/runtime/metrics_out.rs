@@ -70,9 +70,21 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, log_every: u64) -> Optio
     let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
     show.then(|| {
         let tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+        let mfu = m
+            .mfu
+            .map(|u| format!(" mfu {:.1}%", 100.0 * u))
+            .unwrap_or_default();
         format!(
-            "step {}/{} epoch {} loss {:.4} acc {:.3}{tau} lr {:.2e} grad_norm {:.3} tok/s {:.0}",
-            m.step, total_steps, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm, m.tokens_per_s
+            "step {}/{} epoch {} loss {:.4} acc {:.3}{tau} lr {:.2e} grad_norm {:.3} tok/s {:.0} draft_pos/s {:.0}{mfu}",
+            m.step,
+            total_steps,
+            m.epoch,
+            m.loss,
+            m.accuracy,
+            m.lr,
+            m.grad_norm,
+            m.tokens_per_s,
+            m.draft_positions_per_s
         )
     })
 }
@@ -94,13 +106,18 @@ mod tests {
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 1500.0,
+            draft_positions_per_s: 24_000.0,
+            mfu: None,
             workers: vec![],
             times: StepTimes::default(),
         };
         assert_eq!(
             progress_line(&m, 600, 10).unwrap(),
-            "step 10/600 epoch 1 loss 2.0000 acc 0.250 lr 1.00e-3 grad_norm 0.500 tok/s 1500"
+            "step 10/600 epoch 1 loss 2.0000 acc 0.250 lr 1.00e-3 grad_norm 0.500 tok/s 1500 draft_pos/s 24000"
         );
+        m.mfu = Some(0.123);
+        assert!(progress_line(&m, 600, 10).unwrap().ends_with(" mfu 12.3%"));
+        m.mfu = None;
         m.step = 11;
         assert_eq!(progress_line(&m, 600, 10), None);
         assert_eq!(progress_line(&m, 600, 0), None);

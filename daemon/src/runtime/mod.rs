@@ -5,6 +5,7 @@
 pub mod checkpoint_gate;
 pub mod checkpoints;
 pub mod detach;
+pub mod device_peaks;
 pub mod ending;
 pub mod guard_rails;
 pub mod health_feed;

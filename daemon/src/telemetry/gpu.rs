@@ -98,6 +98,14 @@ impl GpuSampler {
         device.memory_info().ok().map(|m| m.total)
     }
 
+    /// NVML's model name of CUDA device `cuda_index` ("NVIDIA H200"); `None` as for
+    /// [`Self::memory_total_bytes`].
+    pub fn model_name(&self, cuda_index: usize) -> Option<String> {
+        let nvml = self.nvml.as_ref().ok()?;
+        let index = self.cuda_to_nvml.get(cuda_index).copied().flatten()?;
+        nvml.device_by_index(index).ok()?.name().ok()
+    }
+
     pub fn driver_version(&self) -> Option<String> {
         self.nvml.as_ref().ok()?.sys_driver_version().ok()
     }

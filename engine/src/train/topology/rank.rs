@@ -14,6 +14,7 @@ use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
 use crate::train::replica::DrafterReplica;
+use crate::train::throughput::drafter_flops;
 
 /// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
 /// every rank); the timing is this rank's.
@@ -92,6 +93,7 @@ impl RankState {
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
+            timing.drafter_flops += drafter_flops(self.replica.drafter().config(), &item.micro);
             timing.items.push(item.timing);
             last_epoch = last_epoch.max(item.micro.batch.epoch);
         }
