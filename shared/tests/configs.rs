@@ -168,6 +168,7 @@ fn defaults_fill_a_minimal_config() {
         "num_anchors = 512",
         "pending_action_expiry_s = 300",
         "[detectors.throughput]",
+        "[tensorboard]",
     ] {
         assert!(shown.contains(key), "config show lacks {key}:\n{shown}");
     }

@@ -5,8 +5,9 @@
 //!
 //! The run directory holds the target (`target/`, for the embedded default), checkpoints
 //! (`checkpoints/`, the last K plus `latest`), `metrics.jsonl` (unless `--metrics-jsonl`
-//! points elsewhere), `data_report.json`, the journal, the recording, the effective config
-//! and the fingerprint. A run dir with a checkpoint resumes from the newest one, exactly.
+//! points elsewhere), `tensorboard/` (the same lines as TensorBoard events, unless
+//! `[tensorboard]` says otherwise), `data_report.json`, the journal, the recording, the
+//! effective config and the fingerprint. A run dir with a checkpoint resumes from the newest one, exactly.
 //!
 //! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
 //! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the

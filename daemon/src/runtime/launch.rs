@@ -12,6 +12,7 @@ use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
 use dflash_shared::last_run::LastRun;
+use dflash_shared::run_dir;
 use dflash_shared::status::RunState;
 
 use super::detach::Readiness;
@@ -197,6 +198,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         checkpoint_root,
         max_steps: spec.max_steps,
         metrics_path: spec.metrics_path.clone(),
+        tensorboard_dir: spec
+            .config
+            .tensorboard
+            .enabled
+            .then(|| run_dir::tensorboard_dir(&spec.run_dir, &spec.config.tensorboard.dir)),
         log_every: spec.log_every,
         device,
         detectors: spec.config.detectors.clone(),
@@ -204,13 +210,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     let commands = handle.attach_run_loop();
     let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
         Ok(l) => l,
-        Err(e) => {
-            let text = format!(
-                "opening the metrics file {}: {e}",
-                spec.metrics_path.display()
-            );
-            return not_started(EXIT_FAILURE, text, &mut ready, cp);
-        }
+        Err(text) => return not_started(EXIT_FAILURE, text, &mut ready, cp),
     };
     say(&banner);
     ready.ready(&banner);

@@ -1,6 +1,7 @@
-//! `metrics.jsonl` (one `StepMetrics` object per line, flushed per step) and the progress
-//! lines on stdout. A write failure is reported once, journaled, and training goes on: the
-//! same metrics still reach the status, the subscribers and the run's recording.
+//! `metrics.jsonl` (one `StepMetrics` object per line, flushed per step), the same line as a
+//! TensorBoard event when `[tensorboard]` is on, and the progress lines on stdout. A write
+//! failure is reported once, journaled, and training goes on: the same metrics still reach the
+//! status, the subscribers and the run's recording.
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,11 +9,13 @@ use std::path::{Path, PathBuf};
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::metrics::StepMetrics;
 
+use super::tensorboard::TensorBoardOut;
 use crate::run::handle::RunHandle;
 
 pub struct MetricsOut {
     file: File,
     path: PathBuf,
+    tensorboard: Option<TensorBoardOut>,
     log_every: u64,
     total_steps: u64,
     failed: bool,
@@ -27,6 +30,7 @@ impl MetricsOut {
         Ok(MetricsOut {
             file,
             path: path.to_path_buf(),
+            tensorboard: None,
             log_every,
             total_steps,
             failed: false,
@@ -37,8 +41,19 @@ impl MetricsOut {
         &self.path
     }
 
+    /// Also writes every line to `tensorboard`'s event file.
+    pub fn with_tensorboard(mut self, tensorboard: TensorBoardOut) -> Self {
+        self.tensorboard = Some(tensorboard);
+        self
+    }
+
     pub fn write(&mut self, m: &StepMetrics, handle: &RunHandle) {
-        let written = serde_json::to_string(m)
+        // Serialized once: the event file's scalars are the numbers of this very line.
+        let value = serde_json::to_value(m);
+        if let (Some(tb), Ok(value)) = (&mut self.tensorboard, &value) {
+            tb.write(value, handle);
+        }
+        let written = value
             .map_err(std::io::Error::other)
             .and_then(|line| writeln!(self.file, "{line}"))
             .and_then(|_| self.file.flush());

@@ -24,3 +24,4 @@ pub mod sampler;
 pub mod setup;
 pub mod signals;
 pub mod telemetry_specs;
+pub mod tensorboard;

@@ -311,7 +311,8 @@ pub fn cuda_runtime_version() -> Option<String> {
     (v > 0).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 
-fn hostname() -> Option<String> {
+/// This machine's host name, as `gethostname(2)` gives it.
+pub(crate) fn hostname() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: buf is valid for writes of its length.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

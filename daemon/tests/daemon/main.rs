@@ -3,8 +3,8 @@
 //! - `control_*`: the control plane in-process on a real Unix socket
 //!   ([`support::in_process`]).
 //! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
-//!   `trained_artifacts`: the real `dflashd` binary as a child process in a temp dir
-//!   ([`support::binary`]).
+//!   `tensorboard_events`, `trained_artifacts`: the real `dflashd` binary as a child process in a
+//!   temp dir ([`support::binary`]).
 //!
 //! systemd readiness is tested in `tests/notify.rs`, a binary of its own, because it sets
 //! `NOTIFY_SOCKET` for the whole process.
@@ -29,4 +29,5 @@ mod export_contract;
 mod memory_plan;
 mod resume;
 mod target_parity;
+mod tensorboard_events;
 mod trained_artifacts;

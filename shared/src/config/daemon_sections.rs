@@ -1,8 +1,9 @@
-//! The daemon-side sections: queue, telemetry, control plane and detectors.
+//! The daemon-side sections: queue, telemetry, control plane, detectors and TensorBoard output.
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
 use crate::health::{MemoryConfig, QueueThresholds, ThroughputConfig};
+use crate::run_dir::TENSORBOARD_DIR_NAME;
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
 ///
@@ -135,6 +136,26 @@ impl Default for DetectorsSection {
             throughput: ThroughputConfig::default(),
             memory: MemoryConfig::default(),
             queue: QueueThresholds::default(),
+        }
+    }
+}
+
+/// `[tensorboard]`: TensorBoard event files with a scalar for every number of each
+/// `metrics.jsonl` line, written as training goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TensorboardSection {
+    pub enabled: bool,
+    /// Relative to the run dir, or absolute. Taken as written: `~` and `${VAR}` are not
+    /// expanded here (validation refuses them rather than make a directory named `~`).
+    pub dir: String,
+}
+
+impl Default for TensorboardSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: TENSORBOARD_DIR_NAME.into(),
         }
     }
 }

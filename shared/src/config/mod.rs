@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
     CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+    TensorboardSection,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
@@ -57,6 +58,8 @@ pub struct Config {
     pub control: ControlSection,
     #[serde(default)]
     pub detectors: DetectorsSection,
+    #[serde(default)]
+    pub tensorboard: TensorboardSection,
 }
 
 /// Keys that may be absent from a printed config (unset options), for "did you mean".

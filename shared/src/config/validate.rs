@@ -18,6 +18,7 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     topology(c, &mut v);
     runtime(c, &mut v);
     detectors(c, &mut v);
+    tensorboard(c, &mut v);
     v
 }
 
@@ -543,6 +544,34 @@ fn runtime(c: &Config, v: &mut Vec<ConfigIssue>) {
                 .with_hint("leave the key out to keep power-off disabled"),
             );
         }
+    }
+}
+
+fn tensorboard(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let dir = &c.tensorboard.dir;
+    if !c.tensorboard.enabled {
+        return;
+    }
+    if dir.trim().is_empty() {
+        v.push(
+            ConfigIssue::invalid(
+                "tensorboard.dir",
+                "a directory, relative to the run dir or absolute",
+                "an empty string",
+            )
+            .with_hint(
+                "leave the key out for <run dir>/tensorboard, or set tensorboard.enabled = false",
+            ),
+        );
+    } else if dir.starts_with('~') || dir.contains("${") {
+        v.push(
+            ConfigIssue::invalid(
+                "tensorboard.dir",
+                "a plain path, relative to the run dir or absolute",
+                format!("\"{dir}\""),
+            )
+            .with_hint("`~` and `${VAR}` are not expanded here; write the absolute path"),
+        );
     }
 }
 
