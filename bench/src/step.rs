@@ -125,13 +125,7 @@ pub struct StepOptions {
     pub backend: AttentionBackend,
 }
 
-pub fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::BFloat16 => "bf16",
-        Kind::Half => "f16",
-        _ => "f32",
-    }
-}
+pub use dflash_engine::device::kind_name;
 
 /// Split times within a step, the device synchronised at each split.
 struct Lap {

@@ -52,11 +52,11 @@ pub fn for_devices(
                     Some(p) => {
                         peaks.insert(name.clone(), p.flops_per_s);
                         notes.push(format!(
-                            "MFU peak of {name}: {:.1} GFLOP/s, measured now ({}x{} {:?} matmul, median of {CPU_MATMUL_REPS}, {} threads)",
+                            "MFU peak of {name}: {:.1} GFLOP/s, measured now ({}x{} {} matmul, median of {CPU_MATMUL_REPS}, {} threads)",
                             p.flops_per_s / 1e9,
                             p.n,
                             p.n,
-                            p.kind,
+                            device::kind_name(p.kind),
                             p.threads
                         ));
                     }

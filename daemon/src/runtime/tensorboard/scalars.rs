@@ -130,16 +130,20 @@ mod tests {
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 1500.0,
+            draft_positions_per_s: 24_000.0,
+            mfu: Some(0.4),
             workers: vec![
                 WorkerThroughput {
                     device: "cuda:0".into(),
                     role: DeviceRole::Target,
                     tokens_per_s: 900.0,
+                    mfu: None,
                 },
                 WorkerThroughput {
                     device: "cuda:1".into(),
                     role: DeviceRole::Drafter,
                     tokens_per_s: 600.0,
+                    mfu: Some(0.5),
                 },
             ],
             times: StepTimes {
@@ -160,13 +164,17 @@ mod tests {
             ("tokens_per_s", 1500.0),
             ("workers/0.cuda:0.target/tokens_per_s", 900.0),
             ("workers/1.cuda:1.drafter/tokens_per_s", 600.0),
+            ("workers/1.cuda:1.drafter/mfu", 0.5),
+            ("draft_positions_per_s", 24_000.0),
+            ("mfu", 0.4),
             ("times/total_ms", 40.0),
             ("times/data_wait_ms", 0.0),
         ] {
             assert!(got.contains(&want), "{want:?} missing from {got:?}");
         }
-        // 7 top-level figures, 2 workers, 7 times; no `step` or `ts_ms` scalar.
-        assert_eq!(got.len(), 7 + 2 + 7, "{got:?}");
+        // 9 top-level figures, 2 workers' tokens/s and one MFU (the other is unknown, so
+        // absent), 7 times; no `step` or `ts_ms` scalar.
+        assert_eq!(got.len(), 9 + 3 + 7, "{got:?}");
     }
 
     #[test]
