@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
-    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+    parse_metrics_listen, CacheDirConfig, ControlSection, DetectorsSection, MetricsSection,
+    QueueSection, TelemetrySection, METRICS_LISTEN_EXPECTED,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
@@ -57,6 +58,8 @@ pub struct Config {
     pub control: ControlSection,
     #[serde(default)]
     pub detectors: DetectorsSection,
+    #[serde(default)]
+    pub metrics: MetricsSection,
 }
 
 /// Keys that may be absent from a printed config (unset options), for "did you mean".
@@ -72,6 +75,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "control.socket",
     "control.poweroff_command",
     "detectors.throughput.pinned_baseline_tokens_per_s",
+    "metrics.listen",
 ];
 
 impl Config {
