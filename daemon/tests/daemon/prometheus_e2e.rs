@@ -184,3 +184,42 @@ fn a_bad_address_is_refused_by_the_flag_and_by_config_validate_naming_them() {
         "{err}"
     );
 }
+
+#[test]
+fn the_config_key_serves_the_flag_overrides_it_and_a_taken_address_refuses_the_start() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metrics.toml");
+    write_config(&config, |c| c.metrics.listen = Some(taken_addr.to_string()));
+    let config = config.to_str().unwrap();
+
+    // The key names an address in use: the start is refused, saying so, before any training.
+    let mut refused = Daemon::spawn(dir.path(), &["--config", config]);
+    let status = refused.wait_exit();
+    assert_eq!(status.code(), Some(1), "{}", refused.stderr());
+    let said = format!("cannot serve Prometheus metrics on {taken_addr}");
+    assert!(refused.stderr().contains(&said), "{}", refused.stderr());
+    let stopped = journal(&refused.run_dir)
+        .into_iter()
+        .any(|e| matches!(&e.kind, EventKind::RunStopped { reason, .. } if reason.contains(&said)));
+    assert!(
+        stopped,
+        "the refusal is the journaled reason the run did not start"
+    );
+    assert!(!refused.run_dir.join("checkpoints").exists());
+    drop(refused);
+
+    // The flag wins over the key.
+    let mut d = Daemon::spawn(
+        dir.path(),
+        &["--config", config, "--metrics-listen", "127.0.0.1:0"],
+    );
+    let addr = url_addr(&metrics_url(&mut d));
+    assert_ne!(addr, taken_addr);
+    let scrape = get(addr, "/metrics").unwrap();
+    assert_eq!(scrape.status, 200);
+    assert!(scrape.body.contains("dflash_run_state{"), "{}", scrape.body);
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+}
