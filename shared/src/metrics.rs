@@ -96,6 +96,10 @@ pub struct GpuSample {
     pub ts_ms: TimestampMs,
     pub index: u32,
     pub name: String,
+    /// NVML's UUID (`GPU-…`, or `MIG-…` for a MIG instance), the key DCGM labels its series
+    /// with; `None` when NVML could not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     pub role: DeviceRole,
     pub memory_used_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dflash_shared::config::{Config, EMBEDDED_ORIGIN};
+use dflash_shared::config::{
+    parse_metrics_listen, Config, EMBEDDED_ORIGIN, METRICS_LISTEN_EXPECTED,
+};
 
 use super::config::load_config;
 use crate::run::paths::resolve_path;
@@ -85,6 +87,11 @@ pub struct StartArgs {
     /// journaled.
     #[arg(long)]
     pub ignore_memory_plan: bool,
+    /// Serve Prometheus `/metrics` here, overriding `metrics.listen`: `IP:PORT`, or a bare
+    /// port for 127.0.0.1 (port 0: any free port; the journal and the banner say which). An
+    /// address beyond loopback serves the run's figures to anyone who can reach it.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -169,6 +176,17 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--device: {e}"))
         })
         .transpose()?;
+    // `config validate` checked `metrics.listen` already; the flag is read by the same rule.
+    let metrics_listen = match (&args.metrics_listen, &config.metrics.listen) {
+        (Some(text), _) => Some(parse_metrics_listen(text).map_err(|found| {
+            anyhow::anyhow!("--metrics-listen: expected {METRICS_LISTEN_EXPECTED}, found {found}")
+        })?),
+        (None, Some(text)) => Some(
+            parse_metrics_listen(text)
+                .map_err(|found| anyhow::anyhow!("metrics.listen: found {found}"))?,
+        ),
+        (None, None) => None,
+    };
     let resume_from = args
         .resume_from
         .as_deref()
@@ -208,6 +226,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
             ignore: args.ignore_memory_plan,
         },
         resume_from,
+        metrics_listen,
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

@@ -70,7 +70,9 @@ struct Shared {
 #[derive(Debug)]
 struct Status {
     snapshot: StatusSnapshot,
-    have_metrics: bool,
+    /// The last line the run loop published (a step, or the evaluation before the first step):
+    /// what `/metrics` serves of loss, accuracy, lr, grad norm and step times. `None` before it.
+    last_metrics: Option<StepMetrics>,
 }
 
 /// Cheap to clone; every clone is the same run.
@@ -141,7 +143,7 @@ impl RunHandle {
                 run_dir,
                 status: RwLock::new(Status {
                     snapshot,
-                    have_metrics: false,
+                    last_metrics: None,
                 }),
                 config: RwLock::new(serde_json::Value::Null),
                 fingerprint: RwLock::new(serde_json::Value::Null),
@@ -198,7 +200,6 @@ impl RunHandle {
     pub fn publish_metrics(&self, m: StepMetrics) {
         {
             let mut st = write(&self.inner.status);
-            st.have_metrics = true;
             let s = &mut st.snapshot;
             s.run.step = m.step;
             s.run.epoch = m.epoch;
@@ -209,6 +210,7 @@ impl RunHandle {
             if m.tau.is_some() {
                 s.last_tau = m.tau;
             }
+            st.last_metrics = Some(m.clone());
         }
         self.publish(Topic::Metrics, Response::Metrics(Box::new(m)));
     }
@@ -384,6 +386,17 @@ impl RunHandle {
         s
     }
 
+    /// The status snapshot and the last published metrics line, read together so a scrape
+    /// never pairs one step's loss with another step's status.
+    pub fn status_and_last_metrics(&self) -> (StatusSnapshot, Option<StepMetrics>) {
+        let (mut s, m) = {
+            let st = read(&self.inner.status);
+            (st.snapshot.clone(), st.last_metrics.clone())
+        };
+        s.pending_actions = lock(&self.inner.pending).list();
+        (s, m)
+    }
+
     pub fn config(&self) -> serde_json::Value {
         read(&self.inner.config).clone()
     }
@@ -412,7 +425,10 @@ impl RunHandle {
             run_state: s.run.state,
             step: s.run.step,
             last_checkpoint: s.checkpoints.last().cloned(),
-            tokens_per_s: st.have_metrics.then_some(s.throughput.tokens_per_s),
+            tokens_per_s: st
+                .last_metrics
+                .is_some()
+                .then_some(s.throughput.tokens_per_s),
             stable_since_ms: s.throughput.stable_since_ms,
             caches: s.caches.clone(),
             unlocked_keys: lock(&self.inner.unlocked_keys).clone(),

@@ -5,6 +5,7 @@
 //! Exit codes: 0 when the run ended as asked (schedule done, `--max-steps`, a signal, an
 //! operator's stop or kill); 1 for a failure (setup, or a step that paused the run); 2 when a
 //! locked key changed; 3 when the environment drifted and `--accept-drift` was not given.
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ pub struct LaunchSpec {
     pub memory_plan: MemoryPlanPolicy,
     /// `--resume-from`: the operator's explicit choice of checkpoint step.
     pub resume_from: Option<u64>,
+    /// Where to serve Prometheus `/metrics` (`--metrics-listen`, else `metrics.listen`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -190,7 +193,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     record_last_run(&spec);
     let device = dflash_engine::device::name(prepared.device);
     let where_ = setup::describe_topology(prepared.trainer.topology());
-    let mut banner = banner(&spec, &prepared, &where_);
+    let mut banner = banner(&spec, &prepared, &where_, cp.metrics_url.as_deref());
     if let Some(line) = environment_changes_line(&cp.resume) {
         banner.push_str(&line);
     }
@@ -300,6 +303,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
 fn tuning(spec: &LaunchSpec) -> ControlTuning {
     ControlTuning {
         extra_allowed_uids: spec.config.control.allowed_uids.clone(),
+        metrics_listen: spec.metrics_listen,
     }
 }
 
@@ -496,7 +500,7 @@ fn record_last_run(spec: &LaunchSpec) {
     }
 }
 
-fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
+fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<&str>) -> String {
     let t = &p.trainer;
     let resumed = match &p.resumed_from {
         Some(dir) => format!("resumed at step {} from {}", t.step_count(), dir.display()),
@@ -520,6 +524,9 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
     text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
     text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
     text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));
+    if let Some(url) = metrics_url {
+        text.push_str(&format!("  metrics:  {url}\n"));
+    }
     text.push_str(&format!("  attach:   {tui} attach{on}\n"));
     text.push_str(&format!("  headless: {tui} tail --follow{on}\n"));
     text.push_str(&format!(

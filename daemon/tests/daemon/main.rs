@@ -2,6 +2,9 @@
 //!
 //! - `control_*`: the control plane in-process on a real Unix socket
 //!   ([`support::in_process`]).
+//! - `metrics_endpoint`: the Prometheus `/metrics` server in-process on loopback;
+//!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
+//!   ([`support::prometheus`]).
 //! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
 //!   `tensorboard_events`, `trained_artifacts`: the real `dflashd` binary as a child process in a
 //!   temp dir ([`support::binary`]).
@@ -27,6 +30,8 @@ mod daemon_setup_errors;
 mod doctor;
 mod export_contract;
 mod memory_plan;
+mod metrics_endpoint;
+mod prometheus_e2e;
 mod resume;
 mod target_parity;
 mod tensorboard_events;

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
-    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
-    TensorboardSection,
+    parse_metrics_listen, CacheDirConfig, ControlSection, DetectorsSection, MetricsSection,
+    QueueSection, TelemetrySection, TensorboardSection, METRICS_LISTEN_EXPECTED,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
@@ -59,6 +59,8 @@ pub struct Config {
     #[serde(default)]
     pub detectors: DetectorsSection,
     #[serde(default)]
+    pub metrics: MetricsSection,
+    #[serde(default)]
     pub tensorboard: TensorboardSection,
 }
 
@@ -75,6 +77,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "control.socket",
     "control.poweroff_command",
     "detectors.throughput.pinned_baseline_tokens_per_s",
+    "metrics.listen",
 ];
 
 impl Config {

@@ -2,6 +2,7 @@
 //! was found; all failures are collected so one run of `config validate` shows them all.
 use std::collections::BTreeSet;
 
+use super::daemon_sections::{parse_metrics_listen, METRICS_LISTEN_EXPECTED};
 use super::device::Device;
 use super::error::ConfigIssue;
 use super::sections::{paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA};
@@ -19,6 +20,7 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     runtime(c, &mut v);
     detectors(c, &mut v);
     tensorboard(c, &mut v);
+    metrics(c, &mut v);
     v
 }
 
@@ -572,6 +574,17 @@ fn tensorboard(c: &Config, v: &mut Vec<ConfigIssue>) {
             )
             .with_hint("`~` and `${VAR}` are not expanded here; write the absolute path"),
         );
+    }
+}
+
+fn metrics(c: &Config, v: &mut Vec<ConfigIssue>) {
+    if let Some(listen) = &c.metrics.listen {
+        if let Err(found) = parse_metrics_listen(listen) {
+            v.push(
+                ConfigIssue::invalid("metrics.listen", METRICS_LISTEN_EXPECTED, found)
+                    .with_hint("leave the key out to serve no /metrics endpoint"),
+            );
+        }
     }
 }
 

@@ -42,6 +42,7 @@ pub(super) fn gpu_sample() -> GpuSample {
         ts_ms: 1_767_000_000_000,
         index: 0,
         name: "NVIDIA H200".into(),
+        uuid: None,
         role: DeviceRole::Target,
         memory_used_bytes: Some(96_000_000_000),
         memory_total_bytes: Some(150_754_820_096),

@@ -217,6 +217,7 @@ impl Sim {
                 ts_ms: ts,
                 index,
                 name: "NVIDIA H200".into(),
+                uuid: None,
                 role: if target {
                     DeviceRole::Target
                 } else {
