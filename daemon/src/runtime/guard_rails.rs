@@ -53,6 +53,8 @@ pub struct DaemonOptions {
 pub struct ControlTuning {
     /// Users besides the daemon's own that may use the socket (`control.allowed_uids`).
     pub extra_allowed_uids: Vec<u32>,
+    /// Connections held at once (`control.max_connections`); `None`: the server's default.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Error)]
@@ -165,6 +167,9 @@ impl GuardRails {
 
         let mut server_cfg = ServerConfig::new(&opts.socket);
         server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+        if let Some(n) = tuning.max_connections {
+            server_cfg.max_connections = n;
+        }
         for uid in tuning.extra_allowed_uids {
             if !server_cfg.allowed_uids.contains(&uid) {
                 server_cfg.allowed_uids.push(uid);

@@ -300,6 +300,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
 fn tuning(spec: &LaunchSpec) -> ControlTuning {
     ControlTuning {
         extra_allowed_uids: spec.config.control.allowed_uids.clone(),
+        max_connections: Some(spec.config.control.max_connections),
     }
 }
 

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
     CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+    DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_RANGE,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
