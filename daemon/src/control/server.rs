@@ -222,6 +222,9 @@ impl ControlServer {
 fn expire_pending(handle: &RunHandle) {
     let expired = handle.with_pending(|p| p.expire(dflash_shared::clock::now_ms()));
     for a in expired {
+        if !handle.withdrawal_gets_a_line(&a.id, "expired") {
+            continue;
+        }
         handle.record_event_logged(
             Severity::Info,
             EventKind::Note {

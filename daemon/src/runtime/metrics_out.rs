@@ -136,7 +136,7 @@ mod tests {
         let path = dir.path().join("metrics.jsonl");
         let open = |p: &Path| OpenOptions::new().read(true).append(true).open(p).unwrap();
         std::fs::write(&path, "{\"step\":1}\n{\"step\":2}\n{\"st").unwrap();
-        assert_eq!(cut_torn_tail(&open(&path)).unwrap(), 5);
+        assert_eq!(cut_torn_tail(&open(&path)).unwrap(), 4);
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "{\"step\":1}\n{\"step\":2}\n"
