@@ -95,6 +95,7 @@ impl Tally {
 
 #[test]
 fn no_destructive_action_without_a_correct_confirmation() {
+    let _one = crate::support::campaign::one_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let marker = root.join("powered-off");

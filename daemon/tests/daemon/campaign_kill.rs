@@ -137,6 +137,7 @@ fn straight_run(root: &Path, config: &Path, steps: u64) -> PathBuf {
 
 #[test]
 fn kill_9_rounds_resume_bit_exact_against_a_straight_run() {
+    let _one = crate::support::campaign::one_at_a_time();
     let rounds = kill_rounds();
     let aimed_wanted = rounds * 2 / 5;
     // Each round publishes at least one checkpoint before its kill, and a plain round kills

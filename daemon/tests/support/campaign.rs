@@ -11,6 +11,14 @@ use dflash_shared::metrics::StepMetrics;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+/// Held by each campaign test for its whole run: they are the heaviest tests of the binary
+/// (kill rounds restart the daemon again and again; the crowd test measures throughput), and
+/// one running beside another would turn the other's load into the crowd test's noise.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn full() -> bool {
     std::env::var("DFLASH_CAMPAIGN").is_ok_and(|v| v == "full")
 }
