@@ -21,6 +21,7 @@ use crate::run::journal::{Journal, JournalError};
 use crate::run::pending::{ActionPolicy, PendingActions, StateView};
 use crate::run::recorder::Recorder;
 use crate::run::refusal_throttle::{self, RefusalThrottle, Verdict, REFUSALS_JOURNALED_PER_WINDOW};
+use crate::run::withdrawn_requests::{Filing, WithdrawnRequests};
 use dflash_engine::train::topology::QueueMonitor;
 use dflash_shared::clock::now_ms;
 
@@ -45,6 +46,9 @@ pub enum RunCommand {
     },
 }
 
+/// What the summary of kept-back filings counts.
+const WITHDRAWN: &str = "requests filed and withdrawn (cancelled or expired) unconfirmed";
+
 #[derive(Debug)]
 struct Shared {
     run_name: String,
@@ -55,6 +59,7 @@ struct Shared {
     journal: Mutex<Journal>,
     pending: Mutex<PendingActions>,
     refusals: Mutex<RefusalThrottle>,
+    withdrawn: Mutex<WithdrawnRequests>,
     policy: ActionPolicy,
     unlocked_keys: Mutex<Vec<String>>,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
@@ -150,6 +155,7 @@ impl RunHandle {
                 journal: Mutex::new(journal),
                 pending: Mutex::new(PendingActions::default()),
                 refusals: Mutex::new(RefusalThrottle::default()),
+                withdrawn: Mutex::new(WithdrawnRequests::default()),
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
                 queue_monitor: Mutex::new(None),
@@ -357,13 +363,71 @@ impl RunHandle {
     }
 
     fn journal_refusal_summaries(&self, summaries: Vec<refusal_throttle::Summary>) {
+        self.journal_summaries(summaries, "refused requests");
+    }
+
+    fn journal_summaries(&self, summaries: Vec<refusal_throttle::Summary>, what: &str) {
         for s in summaries {
             self.record_event_logged(
                 Severity::Info,
                 EventKind::OperatorRequest {
                     uid: s.uid,
-                    request: s.text(),
+                    request: s.text_of(what),
                     action_id: None,
+                },
+            );
+        }
+    }
+
+    /// Journals a granted filing of `action_id`, or keeps its line back until it is confirmed
+    /// when `uid` has filed many within the minute ([`WithdrawnRequests`]: request/cancel
+    /// cycles must not grow the journal without bound).
+    pub fn record_filed_request(&self, uid: u32, request: String, action_id: String) {
+        let now = now_ms();
+        let pending: Vec<String> = lock(&self.inner.pending)
+            .list()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let (summaries, filing) = {
+            let mut w = lock(&self.inner.withdrawn);
+            (
+                w.take_summaries(now, false),
+                w.filed(uid, now, &action_id, &request, |id| {
+                    pending.iter().any(|p| p == id)
+                }),
+            )
+        };
+        self.journal_summaries(summaries, WITHDRAWN);
+        if let Filing::Journal(request) = filing {
+            self.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid,
+                    request,
+                    action_id: Some(action_id),
+                },
+            );
+        }
+    }
+
+    /// `action_id` was cancelled or expired unconfirmed (`how` says which): whether its line
+    /// is to be journaled (its filing was) or it is only counted (its filing was kept back).
+    pub fn withdrawal_gets_a_line(&self, action_id: &str, how: &str) -> bool {
+        lock(&self.inner.withdrawn).withdrawn(now_ms(), action_id, how)
+    }
+
+    /// Before a granted confirmation of `action_id` is journaled: its filing, if that was
+    /// kept back, so every confirmed action has both lines.
+    pub fn journal_filing_before_confirmation(&self, action_id: &str) {
+        let deferred = lock(&self.inner.withdrawn).confirmed(action_id);
+        if let Some(d) = deferred {
+            self.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: d.uid,
+                    request: d.text(),
+                    action_id: Some(action_id.to_string()),
                 },
             );
         }
@@ -471,6 +535,8 @@ impl RunHandle {
         // Refusals still being counted get their summary line before the daemon goes.
         let summaries = lock(&self.inner.refusals).take_summaries(now_ms(), true);
         self.journal_refusal_summaries(summaries);
+        let summaries = lock(&self.inner.withdrawn).take_summaries(now_ms(), true);
+        self.journal_summaries(summaries, WITHDRAWN);
         let mut r = lock(&self.inner.shutdown_reason);
         if r.is_none() {
             *r = Some(reason.into());

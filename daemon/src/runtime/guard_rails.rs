@@ -58,6 +58,8 @@ pub struct ControlTuning {
     /// Where to serve Prometheus `/metrics` (`metrics.listen`, `--metrics-listen`); `None`:
     /// nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Connections held at once (`control.max_connections`); `None`: the server's default.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Error)]
@@ -182,6 +184,9 @@ impl GuardRails {
 
         let mut server_cfg = ServerConfig::new(&opts.socket);
         server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+        if let Some(n) = tuning.max_connections {
+            server_cfg.max_connections = n;
+        }
         for uid in tuning.extra_allowed_uids {
             if !server_cfg.allowed_uids.contains(&uid) {
                 server_cfg.allowed_uids.push(uid);

@@ -304,6 +304,7 @@ fn tuning(spec: &LaunchSpec) -> ControlTuning {
     ControlTuning {
         extra_allowed_uids: spec.config.control.allowed_uids.clone(),
         metrics_listen: spec.metrics_listen,
+        max_connections: Some(spec.config.control.max_connections),
     }
 }
 

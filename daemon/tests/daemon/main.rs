@@ -8,12 +8,19 @@
 //! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
 //!   `tensorboard_events`, `trained_artifacts`: the real `dflashd` binary as a child process in a
 //!   temp dir ([`support::binary`]).
+//! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
+//!   a fuzzed socket, confirmation bypass attempts, many clients); sized by
+//!   [`support::campaign`] (`DFLASH_CAMPAIGN=full` for the issue's full size).
 //!
 //! systemd readiness is tested in `tests/notify.rs`, a binary of its own, because it sets
 //! `NOTIFY_SOCKET` for the whole process.
 #[path = "../support/mod.rs"]
 mod support;
 
+mod campaign_clients;
+mod campaign_confirm;
+mod campaign_fuzz;
+mod campaign_kill;
 mod checkpoint_corrupt;
 mod checkpoint_recovery;
 mod control_actions;

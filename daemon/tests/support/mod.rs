@@ -3,7 +3,9 @@
 //!   line client.
 //! - [`binary`]: the real `dflashd` binary as a child process, isolated in a temp dir.
 //! - [`prometheus`]: a real Prometheus server and `promtool`, and an HTTP client.
+//! - [`campaign`]: the reliability campaign's sizes, seeded random source and readers.
 #![allow(dead_code)] // Each test uses a different subset.
 pub mod binary;
+pub mod campaign;
 pub mod in_process;
 pub mod prometheus;

@@ -107,7 +107,16 @@ pub struct ControlSection {
     pub allowed_uids: Vec<u32>,
     /// Frames buffered per subscriber; a subscriber that falls this far behind is dropped.
     pub client_buffer_frames: usize,
+    /// Control connections held at once (the last 4 are kept from subscribers, for requests
+    /// such as a stop and its confirmation). Raise it for more dashboards than that.
+    pub max_connections: usize,
 }
+
+/// `control.max_connections` when unset.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// The bounds `control.max_connections` is held to: room for the slots kept for requests
+/// below, and far below a process's default file-descriptor limit above.
+pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<usize> = 8..=512;
 
 impl Default for ControlSection {
     fn default() -> Self {
@@ -117,6 +126,7 @@ impl Default for ControlSection {
             poweroff_command: None,
             allowed_uids: Vec::new(),
             client_buffer_frames: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
     parse_metrics_listen, CacheDirConfig, ControlSection, DetectorsSection, MetricsSection,
-    QueueSection, TelemetrySection, TensorboardSection, METRICS_LISTEN_EXPECTED,
+    QueueSection, TelemetrySection, TensorboardSection, DEFAULT_MAX_CONNECTIONS,
+    MAX_CONNECTIONS_RANGE, METRICS_LISTEN_EXPECTED,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};

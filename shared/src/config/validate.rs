@@ -535,6 +535,14 @@ fn runtime(c: &Config, v: &mut Vec<ConfigIssue>) {
         ));
     }
     positive(v, "control.client_buffer_frames", ctl.client_buffer_frames);
+    let range = super::daemon_sections::MAX_CONNECTIONS_RANGE;
+    if !range.contains(&ctl.max_connections) {
+        v.push(ConfigIssue::invalid(
+            "control.max_connections",
+            format!("{} to {} connections", range.start(), range.end()),
+            ctl.max_connections,
+        ));
+    }
     if let Some(cmd) = &ctl.poweroff_command {
         if cmd.first().is_none_or(|p| p.trim().is_empty()) {
             v.push(
