@@ -43,6 +43,8 @@ pub struct RealStepShape {
     pub num_anchors: usize,
     /// `training.loss_chunk_positions`.
     pub loss_chunk_positions: i64,
+    /// `training.activation_checkpointing`: on, as `configs/qwen3.6-27b-8gpu.toml` has it.
+    pub activation_checkpointing: bool,
 }
 
 /// The real structure (issue 12): hidden 5120, 5 layers (4 sliding + 1 full, window 2048),
@@ -56,6 +58,7 @@ pub fn real_structure() -> RealStepShape {
         max_seq_len: 3072,
         num_anchors: 1024,
         loss_chunk_positions: 2048,
+        activation_checkpointing: true,
     }
 }
 
@@ -360,6 +363,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             &micro,
             AttentionBackend::BlockSparse,
             shape.loss_chunk_positions,
+            shape.activation_checkpointing,
         );
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica
