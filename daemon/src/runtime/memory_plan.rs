@@ -197,6 +197,7 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
         },
         drafter_devices: names(&inputs.devices.drafter),
         precision,
+        activation_checkpointing: cfg.training.activation_checkpointing,
         queued_items_per_rank: queue.capacity.min(by_bytes.max(1)),
         device_memory_bytes: inputs.memory.as_ref().map(|m| m.bytes),
         runtime_reserve_bytes: if inputs.devices.on_cuda() {
@@ -209,12 +210,26 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
     }
 }
 
-/// What would make a plan that does not fit fit, each predicted by the same model: the
-/// longest `training.max_length` and the most `training.num_anchors` that fit (the other kept).
+/// What would make a plan that does not fit fit, each predicted by the same model: turning
+/// `training.activation_checkpointing` on (when that alone fits), the longest
+/// `training.max_length` and the most `training.num_anchors` that fit (the other kept).
 pub fn remedies(inputs: &PlanInputs<'_>) -> Vec<String> {
     let fits = |seq: i64, anchors: usize| plan_run(&run_spec_at(inputs, seq, anchors)).fits;
     let (seq, anchors) = (inputs.shape.seq_len, inputs.config.training.num_anchors);
     let mut out = Vec::new();
+    if !inputs.config.training.activation_checkpointing {
+        let recomputed = RunSpec {
+            activation_checkpointing: true,
+            ..run_spec(inputs)
+        };
+        if plan_run(&recomputed).fits == Some(true) {
+            out.push(
+                "training.activation_checkpointing = true (the drafter recomputes its layers in \
+                 the backward and keeps about one layer's activations; now false)"
+                    .to_string(),
+            );
+        }
+    }
     if let Some(s) = largest_fitting(1, seq, |s| fits(s, anchors) == Some(true)) {
         out.push(format!(
             "training.max_length = {s} (rows at most {s} tokens; now {seq})"
