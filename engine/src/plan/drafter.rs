@@ -107,14 +107,14 @@ pub(crate) fn chunk_plan(d: &DrafterConfig, s: &StepShape, rule: LayerRule) -> V
     .chunks
 }
 
-/// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs:12-23`): fp32 runs
-/// libtorch's fused `rms_norm`, which keeps its input and one fp32 rstd per row; bf16 writes
-/// the norm out in fp32 and keeps the fp32 copy of its input, the rstd and the bf16 x̂ (its
-/// input is then not kept by the norm).
+/// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs::rms_norm`): fp32
+/// runs libtorch's `rms_norm`, which keeps its input and one fp32 rstd per row; bf16 runs
+/// `lean_normalized_fp32`, which keeps its bf16 input (not an fp32 copy of it), the rstd and
+/// the bf16 x̂.
 fn norm_saved(p: ActivationPrecision, rows: f64, width: f64) -> f64 {
     match p {
         ActivationPrecision::Fp32Cpu => rows * width * 4.0 + rows * 4.0,
-        ActivationPrecision::Bf16Cuda => rows * width * (4.0 + 2.0) + rows * 4.0,
+        ActivationPrecision::Bf16Cuda => rows * width * (2.0 + 2.0) + rows * 4.0,
     }
 }
 
