@@ -395,4 +395,30 @@ mod tests {
         shorter.shape.seq_len = proposed;
         assert_eq!(plan_run(&run_spec(&shorter)).fits, Some(true));
     }
+
+    #[test]
+    fn the_refusal_offers_activation_checkpointing_when_it_alone_fits() {
+        let mut cfg = embedded::tiny_run_config();
+        let target = embedded::tiny_target_config();
+        let peak = |cfg: &Config| {
+            plan_run(&run_spec(&tiny_inputs(cfg, &target, 64.0))).devices[0].predicted_peak_gib
+        };
+        let plain = peak(&cfg);
+        cfg.training.activation_checkpointing = true;
+        let recomputed = peak(&cfg);
+        assert!(recomputed < plain, "{recomputed} vs {plain}");
+        cfg.training.activation_checkpointing = false;
+        // Between the two peaks: only checkpointing makes it fit, and the refusal says so.
+        let between = tiny_inputs(&cfg, &target, (plain + recomputed) / 2.0);
+        let text = refusal(&plan_run(&run_spec(&between)), &between);
+        assert!(
+            text.contains("training.activation_checkpointing = true"),
+            "{text}"
+        );
+        // Already on: not offered again.
+        cfg.training.activation_checkpointing = true;
+        let tight = tiny_inputs(&cfg, &target, recomputed * 0.9);
+        let text = refusal(&plan_run(&run_spec(&tight)), &tight);
+        assert!(!text.contains("activation_checkpointing"), "{text}");
+    }
 }
