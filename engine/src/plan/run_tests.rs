@@ -88,10 +88,11 @@ fn activation_checkpointing_keeps_the_activations_of_one_layer_at_the_real_shape
         ..real_spec(4096, 96.0)
     });
     assert!(!plain.activation_checkpointing && recomputed.activation_checkpointing);
-    // Four of the five layers' saved activations (about 8.5 GiB each in bf16 at 32,768 draft
-    // positions) and K/V copies (about 10 GiB each) go; their inputs (0.3 GiB each) stay.
+    // Four of the five layers' saved activations (about 7.5 GiB each in bf16 at 32,768 draft
+    // positions) and K/V copies (about 9 GiB each for the sliding layers) go; their inputs
+    // (0.3 GiB each) stay.
     let saved = drafter_peak(&plain) - drafter_peak(&recomputed);
-    assert!(saved > 65.0 && saved < 80.0, "{saved} GiB saved");
+    assert!(saved > 60.0 && saved < 75.0, "{saved} GiB saved");
     // The loss chunk still peaks after the last layer's forward.
     assert_eq!(recomputed.drafter_peak_phase, "loss");
 }
