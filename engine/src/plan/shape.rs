@@ -10,7 +10,7 @@ pub enum ActivationPrecision {
     /// RMSNorm is libtorch's fused `rms_norm`.
     Fp32Cpu,
     /// CUDA: bf16 parameters with fp32 masters, K/V repeated per query head, RMSNorm written
-    /// out in fp32 (Qwen3's cast order).
+    /// out in fp32 (Qwen3's cast order) keeping its bf16 input for backward.
     Bf16Cuda,
 }
 

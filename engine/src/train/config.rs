@@ -44,6 +44,8 @@ pub struct TrainConfig {
     /// Anchors per row in one evaluation forward.
     pub eval_anchors_per_forward: usize,
     pub attention: AttentionBackend,
+    /// Recompute every drafter layer but the last in the backward (`training.activation_checkpointing`).
+    pub activation_checkpointing: bool,
 }
 
 impl Default for TrainConfig {
@@ -69,6 +71,7 @@ impl Default for TrainConfig {
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,
+            activation_checkpointing: false,
         }
     }
 }

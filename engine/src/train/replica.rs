@@ -110,13 +110,16 @@ impl DrafterReplica {
 
     /// Forward and backward of one micro-batch: accumulates the gradient of `Σ w·CE` (the
     /// numerator, not yet divided by any Σw) into the parameters' gradients. `features` are
-    /// the target's tap-layer states of the micro-batch's rows, on any device.
+    /// the target's tap-layer states of the micro-batch's rows, on any device. With
+    /// `activation_checkpointing` the drafter recomputes its layers in the backward
+    /// ([`Drafter::forward_backward`]).
     pub fn forward_backward(
         &self,
         features: &Tensor,
         micro: &PreparedMicro,
         backend: AttentionBackend,
         chunk_positions: i64,
+        activation_checkpointing: bool,
     ) -> LossSums {
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
@@ -126,22 +129,22 @@ impl DrafterReplica {
         let q = (micro.anchors.width * bs) as i64;
         let embeddings = tch::no_grad(|| self.embed.index_select(0, &block_ids).view([b, q, -1]));
         let (anchors, keep) = micro.anchors.to_tensors(self.device);
-        let out = self
-            .drafter
-            .forward(features, &embeddings, &anchors, &keep, backend);
         let targets = Tensor::from_slice(&micro.labels.targets)
             .view([b, q])
             .to_device(self.device);
         let weights = Tensor::from_slice(&micro.labels.weights)
             .view([b, q])
             .to_device(self.device);
-        weighted_ce_backward(
-            &out,
-            &self.lm_head,
-            &targets,
-            &weights,
-            1.0,
-            chunk_positions,
+        self.drafter.forward_backward(
+            features,
+            &embeddings,
+            &anchors,
+            &keep,
+            backend,
+            activation_checkpointing,
+            |out| {
+                weighted_ce_backward(out, &self.lm_head, &targets, &weights, 1.0, chunk_positions)
+            },
         )
     }
 

@@ -42,6 +42,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         loss_chunk_positions: t.loss_chunk_positions as i64,
         eval_anchors_per_forward: t.eval_anchors_per_forward,
         attention: t.attention,
+        activation_checkpointing: t.activation_checkpointing,
     }
 }
 

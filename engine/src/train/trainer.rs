@@ -162,7 +162,13 @@ impl Trainer {
             index: 0,
             device,
         };
-        let mut rank0 = RankState::new(id, replica, cfg.attention, cfg.loss_chunk_positions);
+        let mut rank0 = RankState::new(
+            id,
+            replica,
+            cfg.attention,
+            cfg.loss_chunk_positions,
+            cfg.activation_checkpointing,
+        );
         let bs = drafter_cfg.block_size as usize;
         let data_fingerprint = fingerprint(&samples);
         let samples = Arc::new(samples);

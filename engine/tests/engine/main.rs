@@ -7,6 +7,7 @@ mod data_chat;
 mod data_fixture_tokenizer;
 mod data_pretokenized;
 mod drafter_attention;
+mod drafter_checkpointing;
 mod drafter_config;
 mod drafter_model;
 mod drafter_reference;

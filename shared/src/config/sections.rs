@@ -176,6 +176,13 @@ pub struct TrainingSection {
     pub eval_anchors_per_forward: usize,
     /// Drafter attention implementation; `dense_mask` exists as a test oracle.
     pub attention: AttentionBackend,
+    /// Recompute each drafter layer but the last in the backward instead of keeping its
+    /// activations from the forward: the activations saved for backward shrink from every
+    /// layer's to about one layer's (plus each layer's input), for one more forward of the
+    /// layers before the last. Gradients are unchanged (float rounding aside in `fc` and
+    /// `hidden_norm`). Off by default: the embedded tiny drafter needs no memory saving and
+    /// would pay the recompute; real-shape configs turn it on.
+    pub activation_checkpointing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -225,6 +232,7 @@ impl Default for TrainingSection {
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,
+            activation_checkpointing: false,
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct RankState {
     flat: Option<Tensor>,
     pub backend: AttentionBackend,
     pub chunk_positions: i64,
+    /// `training.activation_checkpointing`.
+    pub activation_checkpointing: bool,
 }
 
 impl RankState {
@@ -44,6 +46,7 @@ impl RankState {
         replica: DrafterReplica,
         backend: AttentionBackend,
         chunk_positions: i64,
+        activation_checkpointing: bool,
     ) -> Self {
         Self {
             id,
@@ -52,6 +55,7 @@ impl RankState {
             flat: None,
             backend,
             chunk_positions,
+            activation_checkpointing,
         }
     }
 
@@ -59,9 +63,13 @@ impl RankState {
     /// wall time in ms.
     pub fn warmup(&mut self, features: &Tensor, micro: &PreparedMicro) -> f64 {
         let t = Instant::now();
-        let _ = self
-            .replica
-            .forward_backward(features, micro, self.backend, self.chunk_positions);
+        let _ = self.replica.forward_backward(
+            features,
+            micro,
+            self.backend,
+            self.chunk_positions,
+            self.activation_checkpointing,
+        );
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
         self.replica.zero_grad();
@@ -90,6 +98,7 @@ impl RankState {
                 &item.micro,
                 self.backend,
                 self.chunk_positions,
+                self.activation_checkpointing,
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
