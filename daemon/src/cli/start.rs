@@ -91,6 +91,9 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn run(args: StartArgs) -> Result<ExitCode> {
+    // First, while this process has one thread and before any tch call: libtorch reads the
+    // variable when it initialises its CUDA allocator.
+    let alloc_conf = crate::runtime::alloc_conf::apply();
     // Before anything of the run is written: other users may not read it.
     crate::runtime::private_files::restrict_umask();
     if args.threads < 1 {
@@ -207,6 +210,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
             ignore: args.ignore_memory_plan,
         },
         resume_from,
+        alloc_conf,
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

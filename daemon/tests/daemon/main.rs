@@ -11,6 +11,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alloc_conf;
 mod checkpoint_corrupt;
 mod checkpoint_recovery;
 mod control_actions;
