@@ -309,6 +309,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         gamma: default_gamma(d.block_size as usize),
         rule: LabelMaskRule::default(),
         pad_id: 0,
+        // The synthetic rows already come in `seq_buckets` lengths.
+        seq_len_multiple: 1,
     };
     let source = MicroSource::new(samples.clone(), (0..samples.len()).collect(), spec);
     let opts_t = (kind, opts.device);

@@ -99,6 +99,9 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn run(args: StartArgs) -> Result<ExitCode> {
+    // First, while this process has one thread and before any tch call: libtorch reads the
+    // variable when it initialises its CUDA allocator.
+    let alloc_conf = crate::runtime::alloc_conf::apply();
     // Before anything of the run is written: other users may not read it.
     crate::runtime::private_files::restrict_umask();
     if args.threads < 1 {
@@ -227,6 +230,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         },
         resume_from,
         metrics_listen,
+        alloc_conf,
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

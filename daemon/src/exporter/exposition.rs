@@ -478,6 +478,7 @@ fn environment(e: &mut Exposition, s: &Scrape<'_>) {
         ("cuda_runtime", or_empty(&f.cuda_runtime)),
         ("cuda_driver", or_empty(&f.cuda_driver)),
         ("gpu_models", f.gpu_models.join(",")),
+        ("cuda_alloc_conf", or_empty(&f.cuda_alloc_conf)),
         (
             "python_torch",
             f.python_packages.get("torch").cloned().unwrap_or_default(),

@@ -180,6 +180,7 @@ fn fingerprint() -> Fingerprint {
         cuda_runtime: Some("13.0".into()),
         cuda_driver: Some("580.65".into()),
         gpu_models: vec!["NVIDIA H200".into(), "NVIDIA H200".into()],
+        cuda_alloc_conf: Some("expandable_segments:True".into()),
         python_executable: None,
         python_packages: BTreeMap::from([("torch".to_string(), "2.11.0".to_string())]),
     }

@@ -16,6 +16,7 @@ use dflash_shared::last_run::LastRun;
 use dflash_shared::run_dir;
 use dflash_shared::status::RunState;
 
+use super::alloc_conf::{self, AllocConf};
 use super::detach::Readiness;
 use super::ending::Ending;
 use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
@@ -58,6 +59,8 @@ pub struct LaunchSpec {
     pub resume_from: Option<u64>,
     /// Where to serve Prometheus `/metrics` (`--metrics-listen`, else `metrics.listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// Whether dflashd set `PYTORCH_CUDA_ALLOC_CONF` or the user did (journaled).
+    pub alloc_conf: AllocConf,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -293,6 +296,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
             config,
             data_files,
             python_env,
+            cuda_alloc_conf: alloc_conf::in_effect(),
         },
         accepted_drift_token: spec.accept_drift.clone(),
         config_json: serde_json::to_value(cfg).unwrap_or_default(),
@@ -446,6 +450,12 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
         summary
     };
     handle.record_event_logged(Severity::Info, EventKind::Note { message });
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::Note {
+            message: spec.alloc_conf.journal_line(),
+        },
+    );
     if let Some(note) = &p.memory_plan_note {
         handle.record_event_logged(
             Severity::Warn,

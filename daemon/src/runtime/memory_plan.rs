@@ -7,6 +7,7 @@
 use dflash_engine::data::Sample;
 use dflash_engine::model::target::TargetConfig;
 use dflash_engine::plan::{plan_run, ActivationPrecision, RunPlan, RunSpec, StepShape, GIB};
+use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
 use dflash_engine::train::topology::plan::{per_rank_queue, queue_config};
 use dflash_shared::config::{Config, Device};
@@ -171,6 +172,8 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
         ActivationPrecision::Fp32Cpu
     };
     let batch = cfg.training.batch_size as i64;
+    // Training pads rows to a multiple of `training.seq_len_multiple` (`train/micro.rs`).
+    let seq_len = bucketed_len(seq_len.max(0) as usize, cfg.training.seq_len_multiple) as i64;
     let step = StepShape::typical(
         &drafter,
         batch,

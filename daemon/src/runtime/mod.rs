@@ -2,6 +2,7 @@
 //! training thread), [`guard_rails`] holds the run-dir lock, journal, environment fingerprint and
 //! resume decision, the control socket and the [`sampler`] thread, and [`run_loop`] drives the
 //! engine's one training loop (publishing each line, answering operators, pausing on failure).
+pub mod alloc_conf;
 pub mod checkpoint_gate;
 pub mod checkpoints;
 pub mod detach;

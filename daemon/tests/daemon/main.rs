@@ -17,6 +17,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alloc_conf;
 mod campaign_clients;
 mod campaign_confirm;
 mod campaign_fuzz;

@@ -44,7 +44,7 @@ impl DrafterMemory {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RankContext {
     pub precision: ActivationPrecision,
-    /// Drafter ranks in the group (> 1: a flat fp32 all-reduce buffer exists).
+    /// Drafter ranks in the group (> 1: an fp32 all-reduce bucket exists).
     pub ranks: usize,
     /// The frozen embedding and LM head are the target's own tensors (one device for both
     /// roles, same dtype): the replica's `to_device().to_kind()` copies nothing.
@@ -56,6 +56,10 @@ pub struct RankContext {
     /// and are recomputed in the backward (`drafter/model.rs::Drafter::forward_backward`).
     pub activation_checkpointing: bool,
 }
+
+/// Elements of the all-reduce bucket (`train/topology/allreduce.rs::BUCKET_ELEMENTS`, held
+/// equal by a test; the plan uses no `train/` code).
+pub const ALLREDUCE_BUCKET_ELEMENTS: f64 = (25 * (1 << 20) / 4) as f64;
 
 /// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`).
 pub fn drafter_params(d: &DrafterConfig) -> f64 {
@@ -142,8 +146,12 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         resident.push(Consumer::new("frozen LM head copy", table));
     }
     if rank.ranks > 1 {
-        // topology/rank.rs:107-110: one fp32 flat gradient buffer for the all-reduce.
-        resident.push(Consumer::new("all-reduce buffer (fp32 flat)", params * 4.0));
+        // topology/rank.rs::step, allreduce.rs::sum_in_buckets: one fp32 bucket, the sums
+        // written back into the gradients.
+        resident.push(Consumer::new(
+            "all-reduce bucket (fp32)",
+            params.min(ALLREDUCE_BUCKET_ELEMENTS) * 4.0,
+        ));
     }
     if rank.queued_items > 0 {
         resident.push(Consumer::new(
@@ -400,6 +408,12 @@ mod tests {
     use crate::model::attention::BlockSparsePlan;
     use crate::plan::run::tests::real_drafter;
     use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn the_all_reduce_bucket_is_the_one_the_rank_allocates() {
+        use crate::train::topology::allreduce::BUCKET_ELEMENTS;
+        assert_eq!(ALLREDUCE_BUCKET_ELEMENTS, BUCKET_ELEMENTS as f64);
+    }
 
     #[test]
     fn the_model_plans_the_chunks_the_engine_runs() {

@@ -30,6 +30,8 @@ pub struct TrainConfig {
     pub adamw: AdamWConfig,
     /// Longer sequences are truncated.
     pub max_len: usize,
+    /// Training rows are right-padded to a multiple of this many tokens (1: not padded).
+    pub seq_len_multiple: usize,
     /// Samples held out for evaluation.
     pub held_out: usize,
     /// Evaluate τ every this many steps (0: never).
@@ -63,6 +65,7 @@ impl Default for TrainConfig {
             warmup_ratio: 0.04,
             adamw: AdamWConfig::default(),
             max_len: 4096,
+            seq_len_multiple: 64,
             held_out: 64,
             eval_every: 500,
             eval_max_samples: 0,
@@ -121,6 +124,12 @@ impl TrainConfig {
             if !(g.is_finite() && g > 0.0) {
                 return bad("gamma", format!("must be a positive number, found {g}"));
             }
+        }
+        if self.seq_len_multiple < 1 {
+            return bad(
+                "seq_len_multiple",
+                format!("must be at least 1, found {}", self.seq_len_multiple),
+            );
         }
         if self.loss_chunk_positions < 1 {
             return bad(

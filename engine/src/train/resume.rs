@@ -32,12 +32,13 @@ pub const STATE_FILE: &str = "trainer_state.json";
 const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
 
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when to evaluate or save and how to chunk work or trade memory for recomputation, not what
+/// when to evaluate or save and how to chunk or pad work or trade memory for recomputation, not what
 /// is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
 /// step, checked separately) stays the same.
-const RESUMABLE_KEYS: [&str; 9] = [
+const RESUMABLE_KEYS: [&str; 10] = [
     "grad_accum",
+    "seq_len_multiple",
     "eval_every",
     "eval_max_samples",
     "checkpoint_every",

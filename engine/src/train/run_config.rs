@@ -34,6 +34,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
             max_grad_norm: (t.grad_clip > 0.0).then_some(t.grad_clip),
         },
         max_len: t.max_length,
+        seq_len_multiple: t.seq_len_multiple,
         held_out: cfg.data.held_out_count(n_samples),
         eval_every: t.eval_every,
         eval_max_samples: t.eval_max_samples,

@@ -183,6 +183,7 @@ impl Trainer {
                 gamma: cfg.gamma_for(bs),
                 rule: cfg.label_mask_rule,
                 pad_id: PAD_ID,
+                seq_len_multiple: cfg.seq_len_multiple,
             },
         ));
         let plan = StepPlan {

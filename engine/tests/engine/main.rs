@@ -12,6 +12,7 @@ mod drafter_config;
 mod drafter_model;
 mod drafter_reference;
 mod eval_placement;
+mod fixed_shapes;
 mod learning;
 mod resume_unlocked;
 mod throughput;

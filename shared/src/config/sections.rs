@@ -159,6 +159,10 @@ pub struct TrainingSection {
     pub batch_size: usize,
     /// Sequences are truncated to this many tokens.
     pub max_length: usize,
+    /// Training rows are right-padded to a multiple of this many tokens (masked, harmless):
+    /// at most `max_length / seq_len_multiple` distinct lengths, so device memory stays flat
+    /// and kernel plans are reused. 1 pads each batch to its longest row only.
+    pub seq_len_multiple: usize,
     /// Evaluate τ on the held-out split every this many optimizer steps.
     pub eval_every: u64,
     pub checkpoint_every: u64,
@@ -223,6 +227,7 @@ impl Default for TrainingSection {
             loss_decay_gamma: None,
             batch_size: 1,
             max_length: 3072,
+            seq_len_multiple: 64,
             eval_every: 500,
             checkpoint_every: 500,
             keep_checkpoints: 3,

@@ -208,6 +208,7 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
     positive(v, "training.keep_checkpoints", t.keep_checkpoints);
     positive(v, "training.grad_accum", t.grad_accum);
     positive(v, "training.loss_chunk_positions", t.loss_chunk_positions);
+    positive(v, "training.seq_len_multiple", t.seq_len_multiple);
     positive(
         v,
         "training.eval_anchors_per_forward",

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use super::allreduce::AllReduce;
+use super::allreduce::{sum_in_buckets, AllReduce, BUCKET_ELEMENTS};
 use super::pipeline::{sync, HiddenItem};
 use super::plan::RankTiming;
 use super::WorkerId;
@@ -32,8 +32,9 @@ pub struct RankState {
     pub replica: DrafterReplica,
     /// `None` when this is the only rank.
     pub allreduce: Option<Box<dyn AllReduce>>,
-    /// Flat fp32 gradient buffer for the all-reduce, allocated once.
-    flat: Option<Tensor>,
+    /// The fp32 all-reduce bucket ([`BUCKET_ELEMENTS`], or fewer when the drafter is
+    /// smaller), allocated once.
+    bucket: Option<Tensor>,
     pub backend: AttentionBackend,
     pub chunk_positions: i64,
     /// `training.activation_checkpointing`.
@@ -52,7 +53,7 @@ impl RankState {
             id,
             replica,
             allreduce: None,
-            flat: None,
+            bucket: None,
             backend,
             chunk_positions,
             activation_checkpointing,
@@ -114,14 +115,16 @@ impl RankState {
             sums.correct as f64,
             sums.counted as f64,
         ];
+        let mut reduced = None;
         if let Some(group) = self.allreduce.as_mut() {
-            let n = self.replica.flat_len();
-            let flat = self
-                .flat
+            let n = self.replica.param_elements().clamp(1, BUCKET_ELEMENTS);
+            let bucket = self
+                .bucket
                 .get_or_insert_with(|| Tensor::zeros([n], (Kind::Float, device)));
-            self.replica.gather_grads(flat);
-            group.sum_tensor(flat).map_err(|e| e.to_string())?;
+            let mut grads = self.replica.grads_for_reduce();
+            sum_in_buckets(group.as_mut(), &mut grads, bucket).map_err(|e| e.to_string())?;
             group.sum_f64(&mut totals).map_err(|e| e.to_string())?;
+            reduced = Some(grads);
         }
         sync(device);
         timing.all_reduce_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -140,12 +143,7 @@ impl RankState {
         } else {
             1.0
         };
-        let flat = if self.allreduce.is_some() {
-            self.flat.as_ref()
-        } else {
-            None
-        };
-        let optim = self.replica.apply(lr, flat, scale);
+        let optim = self.replica.apply(lr, reduced.as_deref(), scale);
         sync(device);
         timing.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(RankReport {
