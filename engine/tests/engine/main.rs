@@ -13,6 +13,7 @@ mod drafter_reference;
 mod eval_placement;
 mod learning;
 mod resume_unlocked;
+mod target_decode_parity;
 mod topology_equivalence;
 mod topology_failure;
 mod topology_queue;
