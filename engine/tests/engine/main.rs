@@ -6,6 +6,7 @@ mod support;
 mod data_chat;
 mod data_fixture_tokenizer;
 mod data_pretokenized;
+mod decode_chain;
 mod drafter_attention;
 mod drafter_config;
 mod drafter_model;

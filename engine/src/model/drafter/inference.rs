@@ -112,7 +112,10 @@ impl Drafter {
             };
             let empty_kv = || {
                 let shape = [batch, 0, cfg.num_key_value_heads, cfg.head_dim];
-                (Tensor::zeros(shape, (dtype, device)), Tensor::zeros(shape, (dtype, device)))
+                (
+                    Tensor::zeros(shape, (dtype, device)),
+                    Tensor::zeros(shape, (dtype, device)),
+                )
             };
             let mut hidden = block_embeddings.to_device(device).to_kind(dtype);
             for (index, layer) in self.layers.iter().enumerate() {

@@ -142,12 +142,17 @@ impl DecoderLayer {
     /// This layer's keys `[B, S, Hkv, D]` (k_norm, RoPE at the context's own positions given
     /// by `cos`/`sin`) and values of the shared `context` `[B, S, H]`. They depend on nothing
     /// but the context, which is what lets decoding cache them.
-    pub fn context_key_value(&self, context: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor) {
+    pub fn context_key_value(
+        &self,
+        context: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor) {
         let size = context.size();
         let (b, s, hd) = (size[0], size[1], self.head_dim);
-        let key = self
-            .k_norm
-            .forward(&self.k_proj.forward(context).view([b, s, self.kv_heads, hd]));
+        let key =
+            self.k_norm
+                .forward(&self.k_proj.forward(context).view([b, s, self.kv_heads, hd]));
         let key = apply_rotary(&key, cos, sin);
         let value = self.v_proj.forward(context).view([b, s, self.kv_heads, hd]);
         (key, value)
