@@ -90,8 +90,14 @@ pub fn generate_target_only(
     let mut logits = step.logits.get(0).get(prompt.len() as i64 - 1);
     let mut out = Vec::new();
     let mut rounds = Vec::new();
+    if settings.max_new_tokens == 0 {
+        return Ok(Generation {
+            output_ids: out,
+            acceptance_lengths: rounds,
+        });
+    }
     let mut first = true;
-    while settings.max_new_tokens > 0 {
+    loop {
         let token = choose(&logits, settings.sampling, &mut rng);
         let (_, done) = push_tokens(&mut out, &[token], settings);
         if !first {
