@@ -12,6 +12,7 @@
 //! daemon drives [`train::Trainer::run`] through [`train::RunHooks`].
 pub mod atomic_write;
 pub mod data;
+pub mod decode;
 pub mod device;
 pub mod model;
 pub mod peak;

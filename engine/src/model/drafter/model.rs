@@ -11,12 +11,12 @@ use crate::model::attention::{
 use crate::model::layers::Rotary;
 
 pub struct Drafter {
-    config: DrafterConfig,
-    fc: Linear,
-    hidden_norm: RmsNorm,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    rotary: Rotary,
+    pub(super) config: DrafterConfig,
+    pub(super) fc: Linear,
+    pub(super) hidden_norm: RmsNorm,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: RmsNorm,
+    pub(super) rotary: Rotary,
 }
 
 impl Drafter {
