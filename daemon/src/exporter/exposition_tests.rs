@@ -328,7 +328,7 @@ fn gpus_queue_alerts_caches_checkpoints_and_the_environment_are_series() {
             "dflash_environment_info{{{run},hostname=\"node-7\",dflashd_version=\"0.1.0\",\
              code_git_commit=\"1ad01c3\",libtorch_version=\"2.11.0\",tch_version=\"0.24.0\",\
              cuda_runtime=\"13.0\",cuda_driver=\"580.65\",gpu_models=\"NVIDIA H200,NVIDIA H200\",\
-             python_torch=\"2.11.0\",config_hash=\"cafe\",data_hash=\"beef\"}} 1"
+             cuda_alloc_conf=\"expandable_segments:True\",python_torch=\"2.11.0\",config_hash=\"cafe\",data_hash=\"beef\"}} 1"
         ),
     ]
     .into();
