@@ -362,10 +362,15 @@ pub fn block_sparse_attention_planned(
             let q_chunk = q
                 .narrow(1, chunk.start * bs, chunk.count * bs)
                 .transpose(1, 2);
+            let (k, v) = (
+                keys_of(inputs.context_key, &block_key, chunk),
+                keys_of(inputs.context_value, &block_value, chunk),
+            );
+            super::shape_log::record(&q_chunk, &k);
             let out = Tensor::scaled_dot_product_attention(
                 &q_chunk,
-                &keys_of(inputs.context_key, &block_key, chunk),
-                &keys_of(inputs.context_value, &block_value, chunk),
+                &k,
+                &v,
                 Some(&chunk.bias),
                 0.0,
                 false,

@@ -14,6 +14,7 @@
 mod block_sparse;
 pub(crate) mod chunk_plan;
 mod dense;
+pub mod shape_log;
 pub mod visibility;
 
 use tch::Tensor;
