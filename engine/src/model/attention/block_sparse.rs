@@ -118,7 +118,6 @@ fn gather_blocks(t: &Tensor, index: &Tensor) -> Tensor {
 
 /// One chunk of a plan, ready to run: its blocks and the additive mask of its keys.
 struct PlannedChunk {
-    start: i64,
     count: i64,
     keys: Option<(i64, i64)>,
     /// `[B, 1, count·bs, L + count·bs]` in the activation dtype: 0 visible, `-inf` hidden.
@@ -239,7 +238,6 @@ impl BlockSparsePlan {
                     .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
                     .view([batch, 1, count * block_size, keys]);
                 PlannedChunk {
-                    start,
                     count,
                     keys: chunk.keys,
                     bias,
@@ -347,24 +345,34 @@ pub fn block_sparse_attention_planned(
         sort_blocks(inputs.block_value),
     );
     let native_gqa = device == Device::Cpu;
-    let keys_of = |context: &Tensor, block: &Tensor, chunk: &PlannedChunk| {
-        let own = block.narrow(1, chunk.start * bs, chunk.count * bs);
+    // One split per tensor (not a `narrow` per chunk): the chunks tile the rows in order, so
+    // backward joins the chunks' gradients with one concatenation instead of zero-filling a
+    // full-size gradient and accumulating into it once per chunk.
+    let rows: Vec<i64> = plan.chunks.iter().map(|c| c.count * bs).collect();
+    let split = |t: &Tensor| {
+        if rows.len() == 1 {
+            vec![t.shallow_clone()]
+        } else {
+            t.split_with_sizes(&rows, 1)
+        }
+    };
+    let (q_chunks, key_chunks, value_chunks) = (split(&q), split(&block_key), split(&block_value));
+    let keys_of = |context: &Tensor, own: &Tensor, chunk: &PlannedChunk| {
         let all = match chunk.keys {
-            Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), &own], 1),
-            None => own,
+            Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), own], 1),
+            None => own.shallow_clone(),
         };
         kernel_heads(&all, g, native_gqa)
     };
     let mut outs: Vec<Tensor> = plan
         .chunks
         .iter()
-        .map(|chunk| {
-            let q_chunk = q
-                .narrow(1, chunk.start * bs, chunk.count * bs)
-                .transpose(1, 2);
+        .enumerate()
+        .map(|(c, chunk)| {
+            let q_chunk = q_chunks[c].transpose(1, 2);
             let (k, v) = (
-                keys_of(inputs.context_key, &block_key, chunk),
-                keys_of(inputs.context_value, &block_value, chunk),
+                keys_of(inputs.context_key, &key_chunks[c], chunk),
+                keys_of(inputs.context_value, &value_chunks[c], chunk),
             );
             super::shape_log::record(&q_chunk, &k);
             let out = Tensor::scaled_dot_product_attention(
