@@ -147,7 +147,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         ));
     }
 
-    // Attention per rule: the chunk plan, its
+    // Attention per rule: the chunk plan (context key ranges widened to the key quantum), its
     // masks (shared by the layers of a rule, `BlockSparsePlan::new`; off CPU their rows are
     // repeated per query head of a group, `GroupedHeads::Folded`, replacing the unrepeated
     // ones) and the K/V copies each layer's calls save (the per-chunk `cat` of the context

@@ -19,7 +19,11 @@
 //! 3. The plan (order, chunks, additive masks) depends only on the anchors, the layer rule and
 //!    the shapes, so the drafter builds it once per forward and rule and every layer shares it
 //!    ([`BlockSparsePlan`]); the masks autograd keeps are then shared by the layers too.
-//! 4. q and the block keys/values are split into the chunks' rows once per call (one
+//! 4. The shapes of the calls come from a small set: a chunk holds `2^k` or `3·2^k` blocks and
+//!    its context range is widened (masked) to a multiple of [`context_key_quantum`] keys, so
+//!    a step's distinct (rows, keys) stay within `chunk_plan::max_distinct_chunk_shapes`
+//!    whatever the anchors ([`super::shape_log`] observes them).
+//! 5. q and the block keys/values are split into the chunks' rows once per call (one
 //!    `split_with_sizes`, whose backward is one concatenation), and grouped query heads reach
 //!    the kernel without repeating K/V ([`GroupedHeads`]).
 //!
@@ -46,6 +50,16 @@ pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 /// the medium step.
 pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
 
+/// Context key ranges of a chunk are widened to a multiple of this many keys (masked), so a
+/// step's fused calls come from a small set of key counts (piece 4 of issue 11: every new shape
+/// is a new kernel plan and allocation size on CUDA). `8·bs`: at block 32 that is 256 keys,
+/// about 6 % more keys on the real structure's ~2K-key sliding chunks, and with `bs` a multiple
+/// of 16 every call's key count is too (the memory-efficient CUDA kernel pads its bias to that
+/// alignment otherwise, and keeps the padded copy for backward).
+pub fn context_key_quantum(block_size: i64) -> i64 {
+    8 * block_size.max(1)
+}
+
 /// What the chunk planner weighs, for a plan of `batch` rows and `heads` query heads: one
 /// home for the engine (`BlockSparsePlan::new`) and the memory model (`crate::plan`).
 pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) -> ChunkCosts {
@@ -54,6 +68,7 @@ pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) 
         per_row_key: batch * heads,
         budget,
         overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
+        key_quantum: context_key_quantum(block_size),
     }
 }
 
