@@ -16,7 +16,7 @@ BIN         := $(or $(CARGO_TARGET_DIR),target)/release
 LIBTORCH_DIR = $(shell $(VENV)/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
 CARGO = LIBTORCH="$(LIBTORCH_DIR)" LIBTORCH_CXX11_ABI=1 cargo
 
-.PHONY: build run test lint fmt bench doctor clean provision
+.PHONY: build run test test-deps lint fmt bench doctor clean provision
 
 $(TORCH_STAMP): pyproject.toml uv.lock
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -46,8 +46,24 @@ run: build
 		exec $(BIN)/dflash-tui attach; \
 	fi
 
-test: provision
-	$(CARGO) test --workspace --release
+# The Prometheus end-to-end test scrapes dflashd with a real Prometheus server: Debian's
+# `prometheus` package (prometheus + promtool), installed here when absent (as root, as CI runs;
+# recommends such as node-exporter left out). Its service is never used: the test starts its
+# own server on a free loopback port; where systemd started the packaged one, it is stopped.
+test-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make test: the Prometheus end-to-end test needs Debian's prometheus package: sudo apt-get install --no-install-recommends prometheus"; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+		if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
+	fi
+
+# DFLASH_REQUIRE_PROMETHEUS: under `make test` the Prometheus tests fail instead of skipping
+# when the server is missing.
+test: provision test-deps
+	DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release
 
 lint: provision
 	cargo fmt --all -- --check

@@ -20,6 +20,19 @@ Norm weights get random values (the defaults 0/1 would hide a wrong norm convent
 use a larger init range than HF's 0.02 so that every layer moves the residual stream visibly,
 and S = 100 > 64 so the chunked delta rule runs over two chunks with padding.
 
+Each directory also gets `decode.safetensors`, the reference for incremental decoding (KV cache,
+Gated DeltaNet conv and recurrent state, rollback), all from transformers' cached paths, batch 1:
+`decode_prompt` [P] (P = 70 > 64: the prefill's delta rule spans two chunks);
+`greedy_ids` [N] and `greedy_logits` [N,V] from `generate(do_sample=False, use_cache=True)`;
+`round_blocks` [R,K], `round_logits` [R,K,V] and `round_accepted` [R]: verification rounds of a
+K-token block `[known token, drafts…]` whose first `round_accepted[r]` drafts are the greedy
+continuation and the next one is wrong, each block's logits computed by a forward over the block
+with a cache prefilled on the committed tokens. After round r the committed sequence grows by
+`round_accepted[r] + 1` tokens (a decoder must roll its caches back over the rejected rest), and
+the next block starts with the target's greedy token after the last accepted one.
+`--decode-only` writes just `decode.safetensors` from the checkpoints already in `--out`, leaving
+every other fixture file as it is.
+
 Run: `uv run --group fixtures python scripts/make_fixtures.py` (or any Python with torch 2.11 and
 transformers>=5). Output is deterministic for a given torch/transformers version.
 """
@@ -36,6 +49,12 @@ from safetensors.torch import save_file
 
 SEQ_LEN = 100
 BATCH = 2
+DECODE_PROMPT_LEN = 70
+DECODE_NEW_TOKENS = 24
+DECODE_BLOCK = 5
+# Leading drafts that agree with the greedy continuation, per round (0 = the first draft is wrong,
+# K-1 = the whole block is accepted).
+DECODE_ACCEPTS = [2, 0, 4, 1, 3, 0, 2]
 
 
 def randomize_norms_and_gates(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -78,6 +97,70 @@ def write_parity(out_dir: Path, model, input_ids: torch.Tensor, layer_ids: list[
     )
     # the same first row as a token file, for `dflashd features --input-ids`
     (out_dir / "input_ids.txt").write_text(", ".join(str(t) for t in input_ids[0].tolist()) + "\n")
+
+
+def cached_block_logits(model, committed: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Logits of `block` [1,K] after `committed` [1,L], through transformers' own cache."""
+    with torch.no_grad():
+        prefill = model(input_ids=committed, use_cache=True)
+        out = model(input_ids=block, cache=prefill.past_key_values, use_cache=True)
+        full = model(input_ids=torch.cat([committed, block], dim=1), use_cache=False)
+    cached = out.logits[0].float()
+    # the cached path must agree with the plain forward, or the fixture would test transformers
+    assert torch.allclose(cached, full.logits[0, -block.shape[1]:].float(), atol=1e-4), "cache != full"
+    return cached
+
+
+def write_decode_parity(out_dir: Path, model, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed + 2)
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.randint(0, vocab, (1, DECODE_PROMPT_LEN), generator=gen)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=DECODE_NEW_TOKENS,
+            min_new_tokens=DECODE_NEW_TOKENS,
+            do_sample=False,
+            use_cache=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    greedy = out.sequences[0, DECODE_PROMPT_LEN:].clone()
+    greedy_logits = torch.stack([step[0].float() for step in out.logits])
+
+    committed, done = prompt, 0  # `done`: greedy tokens committed so far
+    blocks, logits, accepted = [], [], []
+    for accept in DECODE_ACCEPTS:
+        drafts = greedy[done + 1 : done + 1 + accept]
+        wrong = ((greedy[done + 1 + accept] + 1) % vocab).view(1)
+        filler = torch.randint(0, vocab, (max(0, DECODE_BLOCK - 2 - accept),), generator=gen)
+        block = torch.cat([greedy[done : done + 1], drafts, wrong, filler])[:DECODE_BLOCK]
+        block_logits = cached_block_logits(model, committed, block.view(1, -1))
+        argmax = block_logits.argmax(-1)
+        got = 0
+        while got < DECODE_BLOCK - 1 and argmax[got] == block[got + 1]:
+            got += 1
+        assert got == accept, f"round accepted {got}, planned {accept}"
+        assert argmax[got] == greedy[done + got + 1], "bonus token is not the greedy continuation"
+        blocks.append(block)
+        logits.append(block_logits)
+        accepted.append(got)
+        committed = torch.cat([committed, block[: got + 1].view(1, -1)], dim=1)
+        done += got + 1
+    save_file(
+        {
+            "decode_prompt": prompt[0].contiguous(),
+            "greedy_ids": greedy.contiguous(),
+            "greedy_logits": greedy_logits.contiguous(),
+            "round_blocks": torch.stack(blocks).contiguous(),
+            "round_logits": torch.stack(logits).contiguous(),
+            "round_accepted": torch.tensor(accepted, dtype=torch.int64),
+        },
+        str(out_dir / "decode.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def make_qwen3_5(out_dir: Path, seed: int) -> None:
@@ -134,6 +217,7 @@ def make_qwen3_5(out_dir: Path, seed: int) -> None:
     input_ids = torch.randint(0, text_config["vocab_size"], (BATCH, SEQ_LEN), generator=gen)
     layer_ids = [0, 2, 3]
     write_parity(out_dir, model, input_ids, layer_ids)
+    write_decode_parity(out_dir, model, seed)
 
 
 def append_mtp_tensor(path: Path) -> None:
@@ -175,6 +259,7 @@ def make_qwen3(out_dir: Path, seed: int) -> None:
     input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ_LEN), generator=gen)
     layer_ids = [2, 0]  # deliberately out of order: features concatenate in the requested order
     write_parity(out_dir, model, input_ids, layer_ids)
+    write_decode_parity(out_dir, model, seed)
 
 
 def clean(out_dir: Path) -> None:
@@ -189,8 +274,23 @@ def main() -> None:
     repo = Path(__file__).resolve().parent.parent
     ap.add_argument("--out", type=Path, default=repo / "tests" / "fixtures" / "target")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only (re)write decode.safetensors from the checkpoints already in --out",
+    )
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+    if args.decode_only:
+        from transformers import Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
+
+        for name, cls in (("qwen3_5", Qwen3_5ForConditionalGeneration), ("qwen3", Qwen3ForCausalLM)):
+            out_dir = args.out / name
+            model = cls.from_pretrained(str(out_dir), dtype=torch.float32).eval()
+            write_decode_parity(out_dir, model, args.seed)
+            print(f"{out_dir / 'decode.safetensors'}: {(out_dir / 'decode.safetensors').stat().st_size / 1024:.1f} KiB")
+        return
 
     for name, build in (("qwen3_5", make_qwen3_5), ("qwen3", make_qwen3)):
         out_dir = args.out / name

@@ -37,6 +37,8 @@ pub struct Harness {
     pub steps: usize,
     /// Steps of the memory pass of each step case on CPU (0: no memory pass).
     pub memory_steps: usize,
+    /// The engine's steps recompute their layers in the backward (`--activation-checkpointing`).
+    pub activation_checkpointing: bool,
     pub rounds: usize,
     pub threads: i32,
     pub device: String,
@@ -167,6 +169,9 @@ impl Harness {
         let run = || -> Result<StepRun, BenchError> {
             let mut cmd = self.engine("run-step", dir)?;
             self.step_pass_args(&mut cmd, pass);
+            if self.activation_checkpointing {
+                cmd.arg("--activation-checkpointing");
+            }
             child_json(cmd, self.timeout)
         };
         run().unwrap_or_else(|e| failed_run("engine", e.to_string()))

@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// Device of the step cases: `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The engine's drafter steps recompute their layers in the backward
+    /// (`training.activation_checkpointing`); the reference keeps every activation either way.
+    /// Applies to the step and plan cases (the plan's prediction follows it).
+    #[arg(long)]
+    pub activation_checkpointing: bool,
     /// Compute dtype of the step cases: `f32` or `bf16`.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -197,6 +202,7 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 forward_only: args.forward_only,
                 memory_steps: args.memory_steps,
                 backend,
+                activation_checkpointing: args.activation_checkpointing,
             };
             to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
         }
@@ -391,6 +397,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         warmup: args.warmup.unwrap_or(if cuda { 3 } else { 2 }),
         steps: args.steps.unwrap_or(if cuda { 10 } else { 5 }),
         memory_steps: args.memory_steps,
+        activation_checkpointing: args.activation_checkpointing,
         rounds: args
             .rounds
             .unwrap_or(if args.quick || cuda { 1 } else { 2 }),

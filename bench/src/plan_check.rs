@@ -28,6 +28,8 @@ pub struct PlanRow {
     pub seq_len: usize,
     pub anchors_per_row: usize,
     pub block_size: i64,
+    /// Whether the step recomputed its layers in the backward (`--activation-checkpointing`).
+    pub activation_checkpointing: bool,
     /// The model's live step memory (the step's consumers at its peak phase), MiB.
     pub predicted_step_mb: f64,
     pub predicted_peak_phase: String,
@@ -51,8 +53,13 @@ pub struct PlanCheck {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// The model's prediction for the case in `dir` of `config`, without the measurement.
-pub fn predict(config: &str, dir: &std::path::Path) -> Result<PlanRow, BenchError> {
+/// The model's prediction for the case in `dir` of `config`, without the measurement, for a
+/// step that recomputes its layers or not (`activation_checkpointing`).
+pub fn predict(
+    config: &str,
+    dir: &std::path::Path,
+    activation_checkpointing: bool,
+) -> Result<PlanRow, BenchError> {
     let preset = step_preset(config)?;
     let meta = super::case::read_meta(dir)?;
     let t = CaseTensors::read(dir, Device::Cpu, Kind::Float)?;
@@ -74,6 +81,7 @@ pub fn predict(config: &str, dir: &std::path::Path) -> Result<PlanRow, BenchErro
         tables_shared_with_target: true,
         queued_items: 0,
         item_bytes: 0.0,
+        activation_checkpointing,
     };
     let memory = drafter_memory(&preset.drafter, &shape, rank);
     let mut consumers: Vec<(String, f64)> = memory
@@ -88,6 +96,7 @@ pub fn predict(config: &str, dir: &std::path::Path) -> Result<PlanRow, BenchErro
         seq_len: meta.seq_len,
         anchors_per_row: meta.num_blocks,
         block_size: meta.block_size,
+        activation_checkpointing,
         predicted_step_mb: memory.step_bytes() / MIB,
         predicted_peak_phase: memory.peak_phase.into(),
         measured_step_mb: None,
@@ -119,7 +128,7 @@ pub fn run(harness: &Harness, configs: &[String]) -> PlanCheck {
         let row = (|| -> Result<PlanRow, BenchError> {
             let (dir, _) = harness.prepare_step(config)?;
             let measured = harness.engine_step(&dir, StepPass::Memory);
-            let mut row = predict(config, &dir)?;
+            let mut row = predict(config, &dir, harness.activation_checkpointing)?;
             row.measured_step_mb = measured.live_step_mb;
             row.rel_error = measured
                 .live_step_mb

@@ -385,6 +385,7 @@ mod tests {
             tables_shared_with_target: false,
             queued_items: 0,
             item_bytes: 0.0,
+            activation_checkpointing: false,
         };
         drafter_memory(&p.drafter, &shape, rank).chunks_per_layer
     }

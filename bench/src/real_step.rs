@@ -43,6 +43,8 @@ pub struct RealStepShape {
     pub num_anchors: usize,
     /// `training.loss_chunk_positions`.
     pub loss_chunk_positions: i64,
+    /// `training.activation_checkpointing`: on, as `configs/qwen3.6-27b-8gpu.toml` has it.
+    pub activation_checkpointing: bool,
 }
 
 /// The real structure (issue 12): hidden 5120, 5 layers (4 sliding + 1 full, window 2048),
@@ -56,6 +58,7 @@ pub fn real_structure() -> RealStepShape {
         max_seq_len: 3072,
         num_anchors: 1024,
         loss_chunk_positions: 2048,
+        activation_checkpointing: true,
     }
 }
 
@@ -92,8 +95,13 @@ pub fn seq_buckets(max: i64, step: i64) -> Vec<i64> {
 
 /// The memory model's peak for one rank at `shape` (bf16 on CUDA, fp32 on the CPU; one rank;
 /// the embedding and LM head are this process's own tables, counted as the copies a replica
-/// holds).
-pub fn predicted_peak_bytes(d: &DrafterConfig, shape: &StepShape, device: Device) -> f64 {
+/// holds), recomputing the layers in the backward or not (`activation_checkpointing`).
+pub fn predicted_peak_bytes(
+    d: &DrafterConfig,
+    shape: &StepShape,
+    device: Device,
+    activation_checkpointing: bool,
+) -> f64 {
     let precision = if device == Device::Cpu {
         ActivationPrecision::Fp32Cpu
     } else {
@@ -105,6 +113,7 @@ pub fn predicted_peak_bytes(d: &DrafterConfig, shape: &StepShape, device: Device
         tables_shared_with_target: false,
         queued_items: 0,
         item_bytes: 0.0,
+        activation_checkpointing,
     };
     drafter_memory(d, shape, rank).peak_bytes()
 }
@@ -129,7 +138,8 @@ pub fn largest_vocab_that_fits(
             0.85,
             shape.loss_chunk_positions,
         );
-        predicted_peak_bytes(&d, &step, device) + reserve <= capacity
+        predicted_peak_bytes(&d, &step, device, shape.activation_checkpointing) + reserve
+            <= capacity
     };
     let top = shape.drafter.vocab_size;
     if fits(top) {
@@ -299,6 +309,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         gamma: default_gamma(d.block_size as usize),
         rule: LabelMaskRule::default(),
         pad_id: 0,
+        // The synthetic rows already come in `seq_buckets` lengths.
+        seq_len_multiple: 1,
     };
     let source = MicroSource::new(samples.clone(), (0..samples.len()).collect(), spec);
     let opts_t = (kind, opts.device);
@@ -360,6 +372,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             &micro,
             AttentionBackend::BlockSparse,
             shape.loss_chunk_positions,
+            shape.activation_checkpointing,
         );
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica
@@ -375,7 +388,12 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             wall_ms: started.elapsed().as_secs_f64() * 1e3,
             flops,
             loss: Some(sums.weighted_ce / weight).filter(|l| l.is_finite()),
-            model_predicted_peak_mb: predicted_peak_bytes(d, &step_shape, opts.device) / MIB,
+            model_predicted_peak_mb: predicted_peak_bytes(
+                d,
+                &step_shape,
+                opts.device,
+                shape.activation_checkpointing,
+            ) / MIB,
             ..StepRecord::default()
         };
         r.rates(step_shape.batch * seq_len, opts.peak_flops);
@@ -497,7 +515,7 @@ mod tests {
         );
         let need = {
             let step = StepShape::typical(&s.drafter, 1, 3072, 1024, 0.85, 2048);
-            predicted_peak_bytes(&s.drafter, &step, gpu)
+            predicted_peak_bytes(&s.drafter, &step, gpu, s.activation_checkpointing)
         };
         let smaller = largest_vocab_that_fits(&s, gpu, need - 1e9, 0.0).unwrap();
         assert!(smaller < REAL_VOCAB && smaller % 1024 == 0, "{smaller}");

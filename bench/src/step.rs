@@ -123,15 +123,11 @@ pub struct StepOptions {
     /// The engine's attention back-end (training uses block-sparse; dense-mask is the oracle,
     /// here for diagnosis).
     pub backend: AttentionBackend,
+    /// Recompute the drafter's layers in the backward (`training.activation_checkpointing`).
+    pub activation_checkpointing: bool,
 }
 
-pub fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::BFloat16 => "bf16",
-        Kind::Half => "f16",
-        _ => "f32",
-    }
-}
+pub use dflash_engine::device::kind_name;
 
 /// Split times within a step, the device synchronised at each split.
 struct Lap {
@@ -236,15 +232,27 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
             });
             (sums.loss(), None)
         } else {
-            let out = forward_pass();
-            let forward = lap.split();
-            let sums = weighted_ce_backward(
-                &out,
-                lm_head,
-                targets,
-                weights,
-                denominator,
-                meta.loss_chunk_positions,
+            // The forward split is taken when the output exists; the backward one includes
+            // the layers' recomputation under checkpointing.
+            let (forward, sums) = drafter.forward_backward(
+                features,
+                &embeddings,
+                anchors,
+                &keep,
+                opts.backend,
+                opts.activation_checkpointing,
+                |out| {
+                    let forward = lap.split();
+                    let sums = weighted_ce_backward(
+                        out,
+                        lm_head,
+                        targets,
+                        weights,
+                        denominator,
+                        meta.loss_chunk_positions,
+                    );
+                    (forward, sums)
+                },
             );
             let backward = lap.split();
             let report = optimizer.step(meta.lr);
@@ -359,6 +367,7 @@ mod tests {
             // in its own test binary (tests/bench_live_memory.rs).
             memory_steps: 0,
             backend: AttentionBackend::BlockSparse,
+            activation_checkpointing: false,
         };
         let run = run_engine_step(dir.path(), &opts).unwrap();
         assert_eq!(run.losses.len(), 4);

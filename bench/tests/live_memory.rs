@@ -82,6 +82,7 @@ fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
         forward_only: false,
         memory_steps: 2,
         backend: AttentionBackend::BlockSparse,
+        activation_checkpointing: false,
     };
     let run = run_engine_step(dir.path(), &opts).unwrap();
     assert_eq!(run.losses.len(), 3, "memory steps are not timed steps");

@@ -5,12 +5,14 @@
 //! - [`cli`]: one file per subcommand; nothing imports it.
 //! - [`runtime`]: the daemon process: launch, guard rails, the driver of the training loop,
 //!   the telemetry sampler thread, logging, signals, systemd.
-//! - [`control`]: the Unix-socket server and its requests.
+//! - [`control`]: the Unix-socket server and its requests; beside it [`exporter`], the
+//!   Prometheus `/metrics` endpoint. Neither imports the other.
 //! - [`run`]: the run's shared state ([`run::handle::RunHandle`]) and run-dir records.
 //! - [`telemetry`]: pure measurement (NVML, allocator, host, caches, fingerprint); returns data.
 //! - then `dflash_engine` and `dflash_shared`.
 pub mod cli;
 pub mod control;
+pub mod exporter;
 pub mod run;
 pub mod runtime;
 pub mod telemetry;

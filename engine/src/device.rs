@@ -68,6 +68,15 @@ pub fn name(device: Device) -> String {
 }
 
 /// Compute dtype: BF16 on GPU, fp32 on CPU (spec §2.8).
+/// The short name of a compute dtype, as logs and reports print it: "bf16", "f16", "f32".
+pub fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bf16",
+        Kind::Half => "f16",
+        _ => "f32",
+    }
+}
+
 pub fn compute_kind(device: Device) -> Kind {
     if device.is_cuda() {
         Kind::BFloat16

@@ -12,8 +12,10 @@
 //! daemon drives [`train::Trainer::run`] through [`train::RunHooks`].
 pub mod atomic_write;
 pub mod data;
+pub mod decode;
 pub mod device;
 pub mod model;
+pub mod peak;
 pub mod plan;
 pub mod sdpa;
 pub mod train;

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod events;
 pub mod format;
+pub mod gpu_peaks;
 pub mod health;
 pub mod invocation;
 pub mod last_run;

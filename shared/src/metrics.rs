@@ -27,6 +27,11 @@ pub struct WorkerThroughput {
     pub role: DeviceRole,
     /// Training-sequence tokens this worker consumed per second.
     pub tokens_per_s: f64,
+    /// Model FLOPs utilisation: this worker's analytic FLOPs per second over its device's
+    /// dense peak (measured on CPU, from a datasheet on CUDA). `None` for a device whose peak
+    /// is not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
 }
 
 /// One optimizer step. This is also the schema of a `--metrics-jsonl` line.
@@ -51,6 +56,14 @@ pub struct StepMetrics {
     /// Tokens of training sequences consumed per second, all workers together.
     #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub tokens_per_s: f64,
+    /// Draft positions trained per second (kept anchors × block size), all ranks together:
+    /// the figure that compares across anchor counts and block sizes.
+    #[serde(default)]
+    pub draft_positions_per_s: f64,
+    /// All workers' analytic FLOPs per second over the sum of their devices' peaks; `None`
+    /// unless every device's peak is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
     #[serde(default)]
     pub workers: Vec<WorkerThroughput>,
     #[serde(default)]
@@ -83,6 +96,10 @@ pub struct GpuSample {
     pub ts_ms: TimestampMs,
     pub index: u32,
     pub name: String,
+    /// NVML's UUID (`GPU-…`, or `MIG-…` for a MIG instance), the key DCGM labels its series
+    /// with; `None` when NVML could not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     pub role: DeviceRole,
     pub memory_used_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,

@@ -4,7 +4,8 @@
 //!
 //! - **Run dir** (`--run-dir`, else `run.run_dir`, else [`StateDirs::default_run_dir`]):
 //!   [`JOURNAL_FILE_NAME`] (one event per line) and [`RECORDING_FILE_NAME`] (one recorded frame
-//!   per line, for `dflash-tui replay`).
+//!   per line, for `dflash-tui replay`), and [`TENSORBOARD_DIR_NAME`]`/` with the TensorBoard
+//!   event files ([`tensorboard_event_file_name`]) unless `[tensorboard] dir` puts them elsewhere.
 //! - **State dir**: [`LOGS_DIR_NAME`]`/` with the daily-rolling logs
 //!   (`dflashd.2026-03-14.log` and `dflashd.2026-03-14.jsonl`, see [`LOG_FILE_PREFIX`]) and the
 //!   last-run record ([`crate::last_run::LAST_RUN_FILE`]).
@@ -44,6 +45,12 @@ pub const RUNS_DIR_NAME: &str = "runs";
 /// The default run dir's name under [`RUNS_DIR_NAME`].
 pub const DEFAULT_RUN_NAME: &str = "default";
 
+/// The TensorBoard event files' directory in the run dir, when `[tensorboard] dir` is not set.
+pub const TENSORBOARD_DIR_NAME: &str = "tensorboard";
+/// Every event file's name starts with this; TensorBoard reads only files whose name contains
+/// `tfevents`.
+pub const TENSORBOARD_EVENT_FILE_PREFIX: &str = "events.out.tfevents";
+
 /// `<run dir>/journal.jsonl`.
 pub fn journal_path(run_dir: &Path) -> PathBuf {
     run_dir.join(JOURNAL_FILE_NAME)
@@ -52,6 +59,20 @@ pub fn journal_path(run_dir: &Path) -> PathBuf {
 /// `<run dir>/recording.jsonl`.
 pub fn recording_path(run_dir: &Path) -> PathBuf {
     run_dir.join(RECORDING_FILE_NAME)
+}
+
+/// Where the event files go: `configured` (`[tensorboard] dir`) under the run dir when it is
+/// relative, as it is when absolute.
+pub fn tensorboard_dir(run_dir: &Path, configured: &str) -> PathBuf {
+    run_dir.join(configured)
+}
+
+/// `events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n>`: the name TensorFlow's and
+/// PyTorch's writers give their files. TensorBoard reads every file of a directory in name
+/// order, so a resumed run (a later start time) appends a new file after the earlier ones; `n`
+/// tells apart the files one process opens in the same second.
+pub fn tensorboard_event_file_name(unix_s: u64, hostname: &str, pid: u32, n: u32) -> String {
+    format!("{TENSORBOARD_EVENT_FILE_PREFIX}.{unix_s}.{hostname}.{pid}.{n}")
 }
 
 /// `<state dir>/logs`.
@@ -124,6 +145,21 @@ mod tests {
             xdg_state_home: state.map(OsStr::new),
             xdg_data_home: data.map(OsStr::new),
         }
+    }
+
+    #[test]
+    fn tensorboard_files_go_under_the_run_dir_unless_the_dir_is_absolute() {
+        let run = Path::new("/runs/a");
+        assert_eq!(
+            tensorboard_dir(run, TENSORBOARD_DIR_NAME),
+            PathBuf::from("/runs/a/tensorboard")
+        );
+        assert_eq!(tensorboard_dir(run, "tb/x"), PathBuf::from("/runs/a/tb/x"));
+        assert_eq!(tensorboard_dir(run, "/srv/tb"), PathBuf::from("/srv/tb"));
+        assert_eq!(
+            tensorboard_event_file_name(1_764_600_000, "gpu-node-7", 4242, 0),
+            "events.out.tfevents.1764600000.gpu-node-7.4242.0"
+        );
     }
 
     #[test]

@@ -38,6 +38,12 @@ pub struct RunInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
     pub tokens_per_s: f64,
+    /// Draft positions (kept anchors × block size) per second, the latest step's.
+    #[serde(default)]
+    pub draft_positions_per_s: f64,
+    /// The latest step's model FLOPs utilisation, where every device's peak is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
     pub baseline_tokens_per_s: Option<f64>,
     /// Since when the current level has held, if stable.
     pub stable_since_ms: Option<TimestampMs>,
@@ -108,6 +114,8 @@ mod tests {
             },
             throughput: Throughput {
                 tokens_per_s: 1.0,
+                draft_positions_per_s: 0.0,
+                mfu: None,
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
             },

@@ -231,6 +231,7 @@ fn gpu(ts_ms: i64, used: u64, retries: u64) -> GpuSample {
         ts_ms,
         index: 0,
         name: "NVIDIA H200".into(),
+        uuid: None,
         role: DeviceRole::Drafter,
         memory_used_bytes: Some(used),
         memory_total_bytes: Some(150_754_820_096),

@@ -139,16 +139,18 @@ pub fn human(item: &Item) -> String {
         ),
         Item::Metrics(m) => {
             let tau = m.tau.map_or("-".into(), |t| format!("{t:.2}"));
+            let mfu = m.mfu.map_or("-".into(), |u| format!("{:.1}%", 100.0 * u));
             format!(
                 "{at} {level:<5} metric step={} epoch={} tok/s={} loss={:.4} acc={:.3} tau={tau} \
-                 lr={:.2e} grad_norm={:.3}",
+                 lr={:.2e} grad_norm={:.3} draft_pos/s={} mfu={mfu}",
                 m.step,
                 m.epoch,
                 format_si(m.tokens_per_s),
                 m.loss,
                 m.accuracy,
                 m.lr,
-                m.grad_norm
+                m.grad_norm,
+                format_si(m.draft_positions_per_s),
             )
         }
         Item::Log { line, .. } => format!("{at} {level:<5} log    {line}"),

@@ -50,6 +50,8 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         lr: 1.6e-4,
         grad_norm: 0.9,
         tokens_per_s,
+        draft_positions_per_s: 0.0,
+        mfu: None,
         workers: Vec::new(),
         times: Default::default(),
     }))

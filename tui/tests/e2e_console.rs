@@ -310,6 +310,15 @@ fn the_console_on_a_real_daemon_shows_live_throughput_quits_cleanly_and_stops_on
         "1",
         "attached in the alternate screen"
     );
+    // Throughput that compares across configs: draft positions/s, and MFU against the CPU
+    // peak the daemon measured at start.
+    let rates = tmux.wait_for("draft positions/s and MFU", |s| {
+        s.contains(" draft pos/s") && s.contains(" MFU ") && s.contains('%')
+    });
+    assert!(
+        !rates.contains("MFU —"),
+        "the CPU's peak is known:\n{rates}"
+    );
 
     tmux.keys("q");
     let after = tmux.wait_for("the console's exit", |s| s.contains("E2E_DONE"));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use dflash_engine::model::target::{parse_dtype, LoadOptions, TargetModel};
 use dflash_engine::model::weights::write_safetensors_atomic;
@@ -99,13 +99,7 @@ fn join(layers: &[usize]) -> String {
         .join(",")
 }
 
-fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::BFloat16 => "bf16",
-        Kind::Half => "f16",
-        _ => "f32",
-    }
-}
+use dflash_engine::device::kind_name;
 
 /// Token ids separated by commas and/or whitespace (an optional `[ ]` around them is allowed, so a
 /// JSON list works too).

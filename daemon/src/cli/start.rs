@@ -5,8 +5,9 @@
 //!
 //! The run directory holds the target (`target/`, for the embedded default), checkpoints
 //! (`checkpoints/`, the last K plus `latest`), `metrics.jsonl` (unless `--metrics-jsonl`
-//! points elsewhere), `data_report.json`, the journal, the recording, the effective config
-//! and the fingerprint. A run dir with a checkpoint resumes from the newest one, exactly.
+//! points elsewhere), `tensorboard/` (the same lines as TensorBoard events, unless
+//! `[tensorboard]` says otherwise), `data_report.json`, the journal, the recording, the
+//! effective config and the fingerprint. A run dir with a checkpoint resumes from the newest one, exactly.
 //!
 //! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
 //! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the
@@ -17,7 +18,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dflash_shared::config::{Config, EMBEDDED_ORIGIN};
+use dflash_shared::config::{
+    parse_metrics_listen, Config, EMBEDDED_ORIGIN, METRICS_LISTEN_EXPECTED,
+};
 
 use super::config::load_config;
 use crate::run::paths::resolve_path;
@@ -84,6 +87,11 @@ pub struct StartArgs {
     /// journaled.
     #[arg(long)]
     pub ignore_memory_plan: bool,
+    /// Serve Prometheus `/metrics` here, overriding `metrics.listen`: `IP:PORT`, or a bare
+    /// port for 127.0.0.1 (port 0: any free port; the journal and the banner say which). An
+    /// address beyond loopback serves the run's figures to anyone who can reach it.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -91,6 +99,9 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn run(args: StartArgs) -> Result<ExitCode> {
+    // First, while this process has one thread and before any tch call: libtorch reads the
+    // variable when it initialises its CUDA allocator.
+    let alloc_conf = crate::runtime::alloc_conf::apply();
     // Before anything of the run is written: other users may not read it.
     crate::runtime::private_files::restrict_umask();
     if args.threads < 1 {
@@ -168,6 +179,17 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--device: {e}"))
         })
         .transpose()?;
+    // `config validate` checked `metrics.listen` already; the flag is read by the same rule.
+    let metrics_listen = match (&args.metrics_listen, &config.metrics.listen) {
+        (Some(text), _) => Some(parse_metrics_listen(text).map_err(|found| {
+            anyhow::anyhow!("--metrics-listen: expected {METRICS_LISTEN_EXPECTED}, found {found}")
+        })?),
+        (None, Some(text)) => Some(
+            parse_metrics_listen(text)
+                .map_err(|found| anyhow::anyhow!("metrics.listen: found {found}"))?,
+        ),
+        (None, None) => None,
+    };
     let resume_from = args
         .resume_from
         .as_deref()
@@ -207,6 +229,8 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
             ignore: args.ignore_memory_plan,
         },
         resume_from,
+        metrics_listen,
+        alloc_conf,
     };
     let ready = if args.detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);

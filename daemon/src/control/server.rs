@@ -28,7 +28,8 @@ use super::framing::write_frame;
 use crate::run::handle::RunHandle;
 use crate::run::paths::{check_socket_path_len, current_uid, ensure_private_dir, PathError};
 
-pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// `control.max_connections` when the config leaves it out (its one home is the config schema).
+pub use dflash_shared::config::DEFAULT_MAX_CONNECTIONS;
 /// Connections subscribers may never take, so a request (a stop, its confirmation) gets in.
 pub const DEFAULT_RESERVED_FOR_REQUESTS: usize = 4;
 
@@ -221,6 +222,9 @@ impl ControlServer {
 fn expire_pending(handle: &RunHandle) {
     let expired = handle.with_pending(|p| p.expire(dflash_shared::clock::now_ms()));
     for a in expired {
+        if !handle.withdrawal_gets_a_line(&a.id, "expired") {
+            continue;
+        }
         handle.record_event_logged(
             Severity::Info,
             EventKind::Note {

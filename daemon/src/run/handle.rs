@@ -21,6 +21,7 @@ use crate::run::journal::{Journal, JournalError};
 use crate::run::pending::{ActionPolicy, PendingActions, StateView};
 use crate::run::recorder::Recorder;
 use crate::run::refusal_throttle::{self, RefusalThrottle, Verdict, REFUSALS_JOURNALED_PER_WINDOW};
+use crate::run::withdrawn_requests::{Filing, WithdrawnRequests};
 use dflash_engine::train::topology::QueueMonitor;
 use dflash_shared::clock::now_ms;
 
@@ -45,6 +46,9 @@ pub enum RunCommand {
     },
 }
 
+/// What the summary of kept-back filings counts.
+const WITHDRAWN: &str = "requests filed and withdrawn (cancelled or expired) unconfirmed";
+
 #[derive(Debug)]
 struct Shared {
     run_name: String,
@@ -55,6 +59,7 @@ struct Shared {
     journal: Mutex<Journal>,
     pending: Mutex<PendingActions>,
     refusals: Mutex<RefusalThrottle>,
+    withdrawn: Mutex<WithdrawnRequests>,
     policy: ActionPolicy,
     unlocked_keys: Mutex<Vec<String>>,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
@@ -70,7 +75,9 @@ struct Shared {
 #[derive(Debug)]
 struct Status {
     snapshot: StatusSnapshot,
-    have_metrics: bool,
+    /// The last line the run loop published (a step, or the evaluation before the first step):
+    /// what `/metrics` serves of loss, accuracy, lr, grad norm and step times. `None` before it.
+    last_metrics: Option<StepMetrics>,
 }
 
 /// Cheap to clone; every clone is the same run.
@@ -116,6 +123,8 @@ impl RunHandle {
             },
             throughput: Throughput {
                 tokens_per_s: 0.0,
+                draft_positions_per_s: 0.0,
+                mfu: None,
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
             },
@@ -139,13 +148,14 @@ impl RunHandle {
                 run_dir,
                 status: RwLock::new(Status {
                     snapshot,
-                    have_metrics: false,
+                    last_metrics: None,
                 }),
                 config: RwLock::new(serde_json::Value::Null),
                 fingerprint: RwLock::new(serde_json::Value::Null),
                 journal: Mutex::new(journal),
                 pending: Mutex::new(PendingActions::default()),
                 refusals: Mutex::new(RefusalThrottle::default()),
+                withdrawn: Mutex::new(WithdrawnRequests::default()),
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
                 queue_monitor: Mutex::new(None),
@@ -196,15 +206,17 @@ impl RunHandle {
     pub fn publish_metrics(&self, m: StepMetrics) {
         {
             let mut st = write(&self.inner.status);
-            st.have_metrics = true;
             let s = &mut st.snapshot;
             s.run.step = m.step;
             s.run.epoch = m.epoch;
             s.throughput.tokens_per_s = m.tokens_per_s;
+            s.throughput.draft_positions_per_s = m.draft_positions_per_s;
+            s.throughput.mfu = m.mfu;
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {
                 s.last_tau = m.tau;
             }
+            st.last_metrics = Some(m.clone());
         }
         self.publish(Topic::Metrics, Response::Metrics(Box::new(m)));
     }
@@ -351,13 +363,71 @@ impl RunHandle {
     }
 
     fn journal_refusal_summaries(&self, summaries: Vec<refusal_throttle::Summary>) {
+        self.journal_summaries(summaries, "refused requests");
+    }
+
+    fn journal_summaries(&self, summaries: Vec<refusal_throttle::Summary>, what: &str) {
         for s in summaries {
             self.record_event_logged(
                 Severity::Info,
                 EventKind::OperatorRequest {
                     uid: s.uid,
-                    request: s.text(),
+                    request: s.text_of(what),
                     action_id: None,
+                },
+            );
+        }
+    }
+
+    /// Journals a granted filing of `action_id`, or keeps its line back until it is confirmed
+    /// when `uid` has filed many within the minute ([`WithdrawnRequests`]: request/cancel
+    /// cycles must not grow the journal without bound).
+    pub fn record_filed_request(&self, uid: u32, request: String, action_id: String) {
+        let now = now_ms();
+        let pending: Vec<String> = lock(&self.inner.pending)
+            .list()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let (summaries, filing) = {
+            let mut w = lock(&self.inner.withdrawn);
+            (
+                w.take_summaries(now, false),
+                w.filed(uid, now, &action_id, &request, |id| {
+                    pending.iter().any(|p| p == id)
+                }),
+            )
+        };
+        self.journal_summaries(summaries, WITHDRAWN);
+        if let Filing::Journal(request) = filing {
+            self.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid,
+                    request,
+                    action_id: Some(action_id),
+                },
+            );
+        }
+    }
+
+    /// `action_id` was cancelled or expired unconfirmed (`how` says which): whether its line
+    /// is to be journaled (its filing was) or it is only counted (its filing was kept back).
+    pub fn withdrawal_gets_a_line(&self, action_id: &str, how: &str) -> bool {
+        lock(&self.inner.withdrawn).withdrawn(now_ms(), action_id, how)
+    }
+
+    /// Before a granted confirmation of `action_id` is journaled: its filing, if that was
+    /// kept back, so every confirmed action has both lines.
+    pub fn journal_filing_before_confirmation(&self, action_id: &str) {
+        let deferred = lock(&self.inner.withdrawn).confirmed(action_id);
+        if let Some(d) = deferred {
+            self.record_event_logged(
+                Severity::Info,
+                EventKind::OperatorRequest {
+                    uid: d.uid,
+                    request: d.text(),
+                    action_id: Some(action_id.to_string()),
                 },
             );
         }
@@ -378,6 +448,17 @@ impl RunHandle {
         let mut s = read(&self.inner.status).snapshot.clone();
         s.pending_actions = lock(&self.inner.pending).list();
         s
+    }
+
+    /// The status snapshot and the last published metrics line, read together so a scrape
+    /// never pairs one step's loss with another step's status.
+    pub fn status_and_last_metrics(&self) -> (StatusSnapshot, Option<StepMetrics>) {
+        let (mut s, m) = {
+            let st = read(&self.inner.status);
+            (st.snapshot.clone(), st.last_metrics.clone())
+        };
+        s.pending_actions = lock(&self.inner.pending).list();
+        (s, m)
     }
 
     pub fn config(&self) -> serde_json::Value {
@@ -408,7 +489,10 @@ impl RunHandle {
             run_state: s.run.state,
             step: s.run.step,
             last_checkpoint: s.checkpoints.last().cloned(),
-            tokens_per_s: st.have_metrics.then_some(s.throughput.tokens_per_s),
+            tokens_per_s: st
+                .last_metrics
+                .is_some()
+                .then_some(s.throughput.tokens_per_s),
             stable_since_ms: s.throughput.stable_since_ms,
             caches: s.caches.clone(),
             unlocked_keys: lock(&self.inner.unlocked_keys).clone(),
@@ -451,6 +535,8 @@ impl RunHandle {
         // Refusals still being counted get their summary line before the daemon goes.
         let summaries = lock(&self.inner.refusals).take_summaries(now_ms(), true);
         self.journal_refusal_summaries(summaries);
+        let summaries = lock(&self.inner.withdrawn).take_summaries(now_ms(), true);
+        self.journal_summaries(summaries, WITHDRAWN);
         let mut r = lock(&self.inner.shutdown_reason);
         if r.is_none() {
             *r = Some(reason.into());

@@ -25,6 +25,8 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         lr: 1e-4,
         grad_norm: 1.0,
         tokens_per_s: 12_800.0,
+        draft_positions_per_s: 0.0,
+        mfu: None,
         workers: vec![],
         times: StepTimes::default(),
     }

@@ -7,6 +7,8 @@
 //! - [`bus`]: live frames to subscribers; [`journal`]: the durable event history;
 //!   [`recorder`]: the telemetry recording; [`pending`]: the pure logic of destructive actions;
 //!   [`refusal_throttle`]: which refused operator requests get a journal line of their own;
+//!   [`withdrawn_requests`]: which granted filings are journaled when filed, and which only
+//!   once confirmed (request/cancel cycles);
 //!   [`locked_keys`]: confirmed unlocks of locked config keys; [`paths`]: where the daemon's
 //!   files and socket live.
 pub mod bus;
@@ -17,3 +19,4 @@ pub mod paths;
 pub mod pending;
 pub mod recorder;
 pub mod refusal_throttle;
+pub mod withdrawn_requests;

@@ -44,8 +44,13 @@ pub struct Summary {
 
 impl Summary {
     pub fn text(&self) -> String {
+        self.text_of("refused requests")
+    }
+
+    /// The summary line, for what the throttle counted (`what`: "refused requests").
+    pub fn text_of(&self, what: &str) -> String {
         format!(
-            "{} more refused requests from uid {} were counted, not journaled one by one, in \
+            "{} more {what} from uid {} were counted, not journaled one by one, in \
              the {} s after {} ms (the last: {})",
             self.left_out,
             self.uid,
@@ -72,6 +77,16 @@ pub struct RefusalThrottle {
 impl RefusalThrottle {
     /// Decides for one refusal of `uid` at `now_ms`. `text` is what its line would say.
     pub fn admit(&mut self, uid: u32, now_ms: TimestampMs, text: &str) -> Verdict {
+        let verdict = self.judge(uid, now_ms);
+        if verdict == Verdict::Count {
+            self.count(uid, now_ms, text);
+        }
+        verdict
+    }
+
+    /// [`Self::admit`] without counting: a `Count` verdict leaves the counting to the caller
+    /// ([`Self::count`]), for occurrences that may still turn out to need their line.
+    pub fn judge(&mut self, uid: u32, now_ms: TimestampMs) -> Verdict {
         let w = self.windows.entry(uid).or_insert_with(|| Window {
             started_ms: now_ms,
             journaled: 0,
@@ -87,10 +102,21 @@ impl RefusalThrottle {
                 window_ends_ms: w.started_ms + REFUSAL_WINDOW_MS,
             }
         } else {
-            w.left_out += 1;
-            w.last = text.to_string();
             Verdict::Count
         }
+    }
+
+    /// Counts one occurrence that gets no line of its own, in `uid`'s current window (opened
+    /// at `now_ms` if there is none), so the window's summary includes it.
+    pub fn count(&mut self, uid: u32, now_ms: TimestampMs, text: &str) {
+        let w = self.windows.entry(uid).or_insert_with(|| Window {
+            started_ms: now_ms,
+            journaled: 0,
+            left_out: 0,
+            last: String::new(),
+        });
+        w.left_out += 1;
+        w.last = text.to_string();
     }
 
     /// Closes the windows that are over at `now_ms` (all of them with `all`, at shutdown) and

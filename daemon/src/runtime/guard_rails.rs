@@ -3,6 +3,7 @@
 //! readiness. The `start` command builds a [`GuardRails`], then hands its
 //! [`RunHandle`] to the run loop (which attaches to the command channel) when
 //! [`GuardRails::resume_allowed`] says so.
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use dflash_shared::status::RunState;
 use thiserror::Error;
 
 use crate::control::server::{ControlServer, ServerConfig, ServerError};
+use crate::exporter::{ExporterError, MetricsServer};
 use crate::run::bus::FrameBus;
 use crate::run::handle::{RunHandle, RunHandleParts};
 use crate::run::journal::{Journal, JournalError};
@@ -53,6 +55,11 @@ pub struct DaemonOptions {
 pub struct ControlTuning {
     /// Users besides the daemon's own that may use the socket (`control.allowed_uids`).
     pub extra_allowed_uids: Vec<u32>,
+    /// Where to serve Prometheus `/metrics` (`metrics.listen`, `--metrics-listen`); `None`:
+    /// nowhere.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Connections held at once (`control.max_connections`); `None`: the server's default.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Error)]
@@ -65,6 +72,8 @@ pub enum StartError {
     Fingerprint(#[from] FingerprintError),
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error(transparent)]
+    Exporter(#[from] ExporterError),
     #[error("starting the telemetry thread: {0}")]
     Thread(std::io::Error),
 }
@@ -79,6 +88,10 @@ pub struct GuardRails {
     previous_fingerprint: Option<dflash_shared::health::Fingerprint>,
     saved_fingerprint: bool,
     server: tokio::task::JoinHandle<()>,
+    /// The `/metrics` server, when one was asked for.
+    exporter: Option<tokio::task::JoinHandle<()>>,
+    /// Its scrape URL (`http://ADDR/metrics`, with the port actually bound).
+    pub metrics_url: Option<String>,
     sampler: JoinHandle<()>,
     _lock: RunDirLock,
 }
@@ -124,6 +137,12 @@ impl GuardRails {
             tracing::warn!("{message}");
             handle.record_event_logged(Severity::Warn, EventKind::Note { message });
         }
+        // Bound before anything of this start is recorded as the run's (the fingerprint): an
+        // address in use refuses the start with nothing to undo.
+        let metrics = match tuning.metrics_listen {
+            Some(addr) => Some(bind_metrics(addr, &handle)?),
+            None => None,
+        };
 
         // Fingerprinting hashes data files: keep it off the async workers.
         let inputs = opts.fingerprint.clone();
@@ -165,6 +184,9 @@ impl GuardRails {
 
         let mut server_cfg = ServerConfig::new(&opts.socket);
         server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+        if let Some(n) = tuning.max_connections {
+            server_cfg.max_connections = n;
+        }
         for uid in tuning.extra_allowed_uids {
             if !server_cfg.allowed_uids.contains(&uid) {
                 server_cfg.allowed_uids.push(uid);
@@ -183,6 +205,8 @@ impl GuardRails {
             );
         }
         let server = tokio::spawn(server.run());
+        let metrics_url = metrics.as_ref().map(MetricsServer::url);
+        let exporter = metrics.map(|m| tokio::spawn(m.run()));
 
         let specs = opts
             .cache_specs
@@ -221,6 +245,8 @@ impl GuardRails {
             previous_fingerprint: previous,
             saved_fingerprint,
             server,
+            exporter,
+            metrics_url,
             sampler,
             _lock: lock,
         })
@@ -249,11 +275,15 @@ impl GuardRails {
         let GuardRails {
             handle,
             server,
+            exporter,
             sampler,
             _lock,
             ..
         } = self;
         let _ = server.await;
+        if let Some(exporter) = exporter {
+            let _ = exporter.await;
+        }
         notify::stopping(
             &handle
                 .shutdown_reason()
@@ -262,6 +292,28 @@ impl GuardRails {
         let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
         // `_lock` is released last, once nothing of this daemon touches the run dir.
     }
+}
+
+/// Binds the `/metrics` listener and journals where it is, with a warning when other machines
+/// can reach it; a failure is journaled as the reason the run did not start.
+fn bind_metrics(addr: SocketAddr, handle: &RunHandle) -> Result<MetricsServer, StartError> {
+    let server = MetricsServer::bind(addr, handle.clone()).inspect_err(|e| {
+        handle.record_event_logged(
+            Severity::Crit,
+            EventKind::RunStopped {
+                reason: format!("the run did not start: {e}"),
+                checkpoint: None,
+            },
+        );
+    })?;
+    let (severity, message) = crate::exporter::listening_note(server.local_addr());
+    if severity == Severity::Warn {
+        tracing::warn!("{message}");
+    } else {
+        tracing::info!("{message}");
+    }
+    handle.record_event_logged(severity, EventKind::Note { message });
+    Ok(server)
 }
 
 fn journal_resume_decision(

@@ -5,6 +5,7 @@
 //! Exit codes: 0 when the run ended as asked (schedule done, `--max-steps`, a signal, an
 //! operator's stop or kill); 1 for a failure (setup, or a step that paused the run); 2 when a
 //! locked key changed; 3 when the environment drifted and `--accept-drift` was not given.
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,8 +13,10 @@ use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
 use dflash_shared::last_run::LastRun;
+use dflash_shared::run_dir;
 use dflash_shared::status::RunState;
 
+use super::alloc_conf::{self, AllocConf};
 use super::detach::Readiness;
 use super::ending::Ending;
 use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
@@ -54,6 +57,10 @@ pub struct LaunchSpec {
     pub memory_plan: MemoryPlanPolicy,
     /// `--resume-from`: the operator's explicit choice of checkpoint step.
     pub resume_from: Option<u64>,
+    /// Where to serve Prometheus `/metrics` (`--metrics-listen`, else `metrics.listen`).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Whether dflashd set `PYTORCH_CUDA_ALLOC_CONF` or the user did (journaled).
+    pub alloc_conf: AllocConf,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -189,7 +196,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     record_last_run(&spec);
     let device = dflash_engine::device::name(prepared.device);
     let where_ = setup::describe_topology(prepared.trainer.topology());
-    let mut banner = banner(&spec, &prepared, &where_);
+    let mut banner = banner(&spec, &prepared, &where_, cp.metrics_url.as_deref());
     if let Some(line) = environment_changes_line(&cp.resume) {
         banner.push_str(&line);
     }
@@ -197,6 +204,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         checkpoint_root,
         max_steps: spec.max_steps,
         metrics_path: spec.metrics_path.clone(),
+        tensorboard_dir: spec
+            .config
+            .tensorboard
+            .enabled
+            .then(|| run_dir::tensorboard_dir(&spec.run_dir, &spec.config.tensorboard.dir)),
         log_every: spec.log_every,
         device,
         detectors: spec.config.detectors.clone(),
@@ -204,13 +216,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     let commands = handle.attach_run_loop();
     let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
         Ok(l) => l,
-        Err(e) => {
-            let text = format!(
-                "opening the metrics file {}: {e}",
-                spec.metrics_path.display()
-            );
-            return not_started(EXIT_FAILURE, text, &mut ready, cp);
-        }
+        Err(text) => return not_started(EXIT_FAILURE, text, &mut ready, cp),
     };
     say(&banner);
     ready.ready(&banner);
@@ -290,6 +296,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
             config,
             data_files,
             python_env,
+            cuda_alloc_conf: alloc_conf::in_effect(),
         },
         accepted_drift_token: spec.accept_drift.clone(),
         config_json: serde_json::to_value(cfg).unwrap_or_default(),
@@ -300,6 +307,8 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
 fn tuning(spec: &LaunchSpec) -> ControlTuning {
     ControlTuning {
         extra_allowed_uids: spec.config.control.allowed_uids.clone(),
+        metrics_listen: spec.metrics_listen,
+        max_connections: Some(spec.config.control.max_connections),
     }
 }
 
@@ -441,6 +450,12 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
         summary
     };
     handle.record_event_logged(Severity::Info, EventKind::Note { message });
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::Note {
+            message: spec.alloc_conf.journal_line(),
+        },
+    );
     if let Some(note) = &p.memory_plan_note {
         handle.record_event_logged(
             Severity::Warn,
@@ -449,6 +464,14 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
             },
         );
         tracing::warn!("{note}");
+    }
+    for note in &p.peak_notes {
+        handle.record_event_logged(
+            Severity::Info,
+            EventKind::Note {
+                message: note.clone(),
+            },
+        );
     }
     if let Some(note) = &p.topology_note {
         handle.record_event_logged(
@@ -488,7 +511,7 @@ fn record_last_run(spec: &LaunchSpec) {
     }
 }
 
-fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
+fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<&str>) -> String {
     let t = &p.trainer;
     let resumed = match &p.resumed_from {
         Some(dir) => format!("resumed at step {} from {}", t.step_count(), dir.display()),
@@ -512,6 +535,9 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str) -> String {
     text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
     text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
     text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));
+    if let Some(url) = metrics_url {
+        text.push_str(&format!("  metrics:  {url}\n"));
+    }
     text.push_str(&format!("  attach:   {tui} attach{on}\n"));
     text.push_str(&format!("  headless: {tui} tail --follow{on}\n"));
     text.push_str(&format!(

@@ -7,6 +7,7 @@
 use dflash_engine::data::Sample;
 use dflash_engine::model::target::TargetConfig;
 use dflash_engine::plan::{plan_run, ActivationPrecision, RunPlan, RunSpec, StepShape, GIB};
+use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
 use dflash_engine::train::topology::plan::{per_rank_queue, queue_config};
 use dflash_shared::config::{Config, Device};
@@ -171,6 +172,8 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
         ActivationPrecision::Fp32Cpu
     };
     let batch = cfg.training.batch_size as i64;
+    // Training pads rows to a multiple of `training.seq_len_multiple` (`train/micro.rs`).
+    let seq_len = bucketed_len(seq_len.max(0) as usize, cfg.training.seq_len_multiple) as i64;
     let step = StepShape::typical(
         &drafter,
         batch,
@@ -197,6 +200,7 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
         },
         drafter_devices: names(&inputs.devices.drafter),
         precision,
+        activation_checkpointing: cfg.training.activation_checkpointing,
         queued_items_per_rank: queue.capacity.min(by_bytes.max(1)),
         device_memory_bytes: inputs.memory.as_ref().map(|m| m.bytes),
         runtime_reserve_bytes: if inputs.devices.on_cuda() {
@@ -209,12 +213,26 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
     }
 }
 
-/// What would make a plan that does not fit fit, each predicted by the same model: the
-/// longest `training.max_length` and the most `training.num_anchors` that fit (the other kept).
+/// What would make a plan that does not fit fit, each predicted by the same model: turning
+/// `training.activation_checkpointing` on (when that alone fits), the longest
+/// `training.max_length` and the most `training.num_anchors` that fit (the other kept).
 pub fn remedies(inputs: &PlanInputs<'_>) -> Vec<String> {
     let fits = |seq: i64, anchors: usize| plan_run(&run_spec_at(inputs, seq, anchors)).fits;
     let (seq, anchors) = (inputs.shape.seq_len, inputs.config.training.num_anchors);
     let mut out = Vec::new();
+    if !inputs.config.training.activation_checkpointing {
+        let recomputed = RunSpec {
+            activation_checkpointing: true,
+            ..run_spec(inputs)
+        };
+        if plan_run(&recomputed).fits == Some(true) {
+            out.push(
+                "training.activation_checkpointing = true (the drafter recomputes its layers in \
+                 the backward and keeps about one layer's activations; now false)"
+                    .to_string(),
+            );
+        }
+    }
     if let Some(s) = largest_fitting(1, seq, |s| fits(s, anchors) == Some(true)) {
         out.push(format!(
             "training.max_length = {s} (rows at most {s} tokens; now {seq})"
@@ -379,5 +397,31 @@ mod tests {
         let mut shorter = tight.clone();
         shorter.shape.seq_len = proposed;
         assert_eq!(plan_run(&run_spec(&shorter)).fits, Some(true));
+    }
+
+    #[test]
+    fn the_refusal_offers_activation_checkpointing_when_it_alone_fits() {
+        let mut cfg = embedded::tiny_run_config();
+        let target = embedded::tiny_target_config();
+        let peak = |cfg: &Config| {
+            plan_run(&run_spec(&tiny_inputs(cfg, &target, 64.0))).devices[0].predicted_peak_gib
+        };
+        let plain = peak(&cfg);
+        cfg.training.activation_checkpointing = true;
+        let recomputed = peak(&cfg);
+        assert!(recomputed < plain, "{recomputed} vs {plain}");
+        cfg.training.activation_checkpointing = false;
+        // Between the two peaks: only checkpointing makes it fit, and the refusal says so.
+        let between = tiny_inputs(&cfg, &target, (plain + recomputed) / 2.0);
+        let text = refusal(&plan_run(&run_spec(&between)), &between);
+        assert!(
+            text.contains("training.activation_checkpointing = true"),
+            "{text}"
+        );
+        // Already on: not offered again.
+        cfg.training.activation_checkpointing = true;
+        let tight = tiny_inputs(&cfg, &target, recomputed * 0.9);
+        let text = refusal(&plan_run(&run_spec(&tight)), &tight);
+        assert!(!text.contains("activation_checkpointing"), "{text}");
     }
 }

@@ -2,9 +2,11 @@
 //! training thread), [`guard_rails`] holds the run-dir lock, journal, environment fingerprint and
 //! resume decision, the control socket and the [`sampler`] thread, and [`run_loop`] drives the
 //! engine's one training loop (publishing each line, answering operators, pausing on failure).
+pub mod alloc_conf;
 pub mod checkpoint_gate;
 pub mod checkpoints;
 pub mod detach;
+pub mod device_peaks;
 pub mod ending;
 pub mod guard_rails;
 pub mod health_feed;
@@ -23,3 +25,4 @@ pub mod sampler;
 pub mod setup;
 pub mod signals;
 pub mod telemetry_specs;
+pub mod tensorboard;

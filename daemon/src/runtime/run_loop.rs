@@ -26,6 +26,7 @@ use super::ending::Ending;
 use super::health_feed::HealthFeed;
 use super::metrics_out::MetricsOut;
 use super::pace::Pace;
+use super::tensorboard::TensorBoardOut;
 use super::{notify, signals};
 use crate::run::handle::{CommandOutcome, RunCommand, RunHandle};
 use crate::telemetry::fingerprint::digest;
@@ -42,6 +43,8 @@ pub struct RunLoopConfig {
     /// Optimizer steps this process takes at most (`--max-steps`).
     pub max_steps: Option<u64>,
     pub metrics_path: PathBuf,
+    /// Where the TensorBoard event files go; `None` when `[tensorboard]` is off.
+    pub tensorboard_dir: Option<PathBuf>,
     /// Print a progress line every this many steps (0: only evaluations).
     pub log_every: u64,
     /// "cpu", "cuda:3".
@@ -130,8 +133,24 @@ impl RunLoop {
         trainer: Trainer,
         commands: Receiver<RunCommand>,
         cfg: RunLoopConfig,
-    ) -> std::io::Result<Self> {
-        let metrics = MetricsOut::open(&cfg.metrics_path, cfg.log_every, trainer.total_steps())?;
+    ) -> Result<Self, String> {
+        let mut metrics = MetricsOut::open(&cfg.metrics_path, cfg.log_every, trainer.total_steps())
+            .map_err(|e| {
+                format!(
+                    "opening the metrics file {}: {e}",
+                    cfg.metrics_path.display()
+                )
+            })?;
+        if let Some(dir) = &cfg.tensorboard_dir {
+            let tensorboard = TensorBoardOut::open(dir, now_ms()).map_err(|e| {
+                format!(
+                    "opening a TensorBoard event file in {}: {e}; make it writable, set \
+                     tensorboard.dir to another directory, or tensorboard.enabled = false",
+                    dir.display()
+                )
+            })?;
+            metrics = metrics.with_tensorboard(tensorboard);
+        }
         let on_disk = checkpoints::on_disk(&cfg.checkpoint_root);
         let step = trainer.step_count();
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);

@@ -104,6 +104,8 @@ pub struct Prepared {
     pub topology_note: Option<String>,
     /// What the memory plan said, when it is worth a journal line (an override, no figure).
     pub memory_plan_note: Option<String>,
+    /// Where each device's MFU peak comes from (measured, a datasheet, or none).
+    pub peak_notes: Vec<String>,
 }
 
 /// A config device as a libtorch device, checked against what libtorch sees.
@@ -201,6 +203,9 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let train_cfg = run_config::train_config(cfg, samples.len());
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
+    let (peaks, peak_notes) =
+        crate::runtime::device_peaks::for_devices(&trainer.devices(), device::compute_kind);
+    trainer.set_device_peaks(peaks);
     let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
     if let Some(dir) = &inputs.resume {
         trainer.restore_checkpoint_unlocked(dir, &unlocked)?;
@@ -214,6 +219,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         resumed_from,
         topology_note,
         memory_plan_note,
+        peak_notes,
     })
 }
 

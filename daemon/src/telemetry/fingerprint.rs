@@ -64,6 +64,8 @@ pub struct FingerprintInputs {
     pub data_files: Vec<PathBuf>,
     /// The Python environment in use, if known (else `$VIRTUAL_ENV`, else `./.venv`).
     pub python_env: Option<PathBuf>,
+    /// The CUDA allocator configuration in effect (`runtime/alloc_conf.rs::in_effect`).
+    pub cuda_alloc_conf: Option<String>,
 }
 
 /// Gathers the fingerprint. Hashes every data file in full (streamed), so it can take
@@ -113,6 +115,7 @@ pub fn collect(
         },
         gpu_models: gpus.gpu_models(),
         python_executable: env.map(|e| e.join("bin/python").display().to_string()),
+        cuda_alloc_conf: inputs.cuda_alloc_conf.clone(),
         python_packages,
     })
 }
@@ -311,7 +314,8 @@ pub fn cuda_runtime_version() -> Option<String> {
     (v > 0).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 
-fn hostname() -> Option<String> {
+/// This machine's host name, as `gethostname(2)` gives it.
+pub(crate) fn hostname() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: buf is valid for writes of its length.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

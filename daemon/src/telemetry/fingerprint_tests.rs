@@ -215,6 +215,7 @@ fn collect_fills_what_this_machine_has_and_leaves_the_rest_empty() {
         config: ConfigSource::File(cfg),
         data_files: vec![],
         python_env: Some(venv),
+        cuda_alloc_conf: Some("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into()),
     };
     let gpus = GpuSampler::new();
     let f = collect(&inputs, &gpus, 5).unwrap();
@@ -225,6 +226,10 @@ fn collect_fills_what_this_machine_has_and_leaves_the_rest_empty() {
     assert_eq!(f.config_hash.as_ref().map(String::len), Some(64));
     assert_eq!(f.tch_version.as_deref(), Some("0.24.0"));
     assert!(f.libtorch_version.is_some());
+    assert_eq!(
+        f.cuda_alloc_conf.as_deref(),
+        Some("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    );
     if !gpus.is_available() {
         assert!(
             f.gpu_models.is_empty() && f.cuda_driver.is_none(),

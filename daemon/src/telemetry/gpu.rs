@@ -24,6 +24,8 @@ pub struct GpuSampler {
     /// The same mapping in full (UUID, PCI bus id, MIG entries), for `dflashd doctor`.
     cuda_devices: Vec<String>,
     names: BTreeMap<u32, String>,
+    /// UUIDs by NVML index, read once (they label the Prometheus series, to join with DCGM).
+    uuids: BTreeMap<u32, Option<String>>,
     /// Reset allocator peaks after each reading so peaks are per window.
     reset_allocator_peaks: bool,
 }
@@ -48,6 +50,7 @@ impl GpuSampler {
             cuda_to_nvml: Vec::new(),
             cuda_devices: Vec::new(),
             names: BTreeMap::new(),
+            uuids: BTreeMap::new(),
             reset_allocator_peaks: true,
         };
         let (table, mapped) = sampler.compute_cuda_mapping();
@@ -96,6 +99,14 @@ impl GpuSampler {
         let index = self.cuda_to_nvml.get(cuda_index).copied().flatten()?;
         let device = nvml.device_by_index(index).ok()?;
         device.memory_info().ok().map(|m| m.total)
+    }
+
+    /// NVML's model name of CUDA device `cuda_index` ("NVIDIA H200"); `None` as for
+    /// [`Self::memory_total_bytes`].
+    pub fn model_name(&self, cuda_index: usize) -> Option<String> {
+        let nvml = self.nvml.as_ref().ok()?;
+        let index = self.cuda_to_nvml.get(cuda_index).copied().flatten()?;
+        nvml.device_by_index(index).ok()?.name().ok()
     }
 
     pub fn driver_version(&self) -> Option<String> {
@@ -163,11 +174,17 @@ impl GpuSampler {
                     n
                 }
             };
+            let uuid = self
+                .uuids
+                .entry(index)
+                .or_insert_with(|| device.uuid().ok())
+                .clone();
             let memory = device.memory_info().ok();
             gpus.push(GpuSample {
                 ts_ms,
                 index,
                 name,
+                uuid,
                 role: self.role(index),
                 memory_used_bytes: memory.as_ref().map(|m| m.used),
                 memory_total_bytes: memory.as_ref().map(|m| m.total),
@@ -250,6 +267,7 @@ fn empty_sample(ts_ms: TimestampMs, index: u32, name: String, role: DeviceRole) 
         ts_ms,
         index,
         name,
+        uuid: None,
         role,
         memory_used_bytes: None,
         memory_total_bytes: None,

@@ -162,3 +162,84 @@ fn a_read_only_connection_may_watch_but_never_request_confirm_or_cancel() {
     let mut old = raw_hello(&d, "");
     assert!(matches!(old.request(&STOP), Response::Pending { .. }));
 }
+
+#[test]
+fn request_cancel_cycles_do_not_grow_the_journal_and_a_confirmed_one_keeps_both_lines() {
+    let mut d = TestDaemon::start();
+    d.handle.set_run_state(RunState::Training);
+    let mut c = d.client();
+    let lines = |d: &TestDaemon| {
+        d.handle
+            .with_journal(|j| j.query(&JournalQuery::default()))
+            .unwrap()
+            .len()
+    };
+    let before = lines(&d);
+    // Granted every time, so neither the pending caps nor the refusal throttle bounds it.
+    const CYCLES: usize = 1000;
+    for _ in 0..CYCLES {
+        let id = match c.request(&STOP) {
+            Response::Pending { action } => action.id,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(c.request(&Request::Cancel { action_id: id }), Response::Ok);
+    }
+    let n = REFUSALS_JOURNALED_PER_WINDOW as usize;
+    let grown = lines(&d) - before;
+    assert!(
+        grown <= 2 * (n + 1),
+        "{CYCLES} request/cancel cycles added {grown} journal lines"
+    );
+
+    // Past the first filings of the minute, a confirmed request still has its filing line,
+    // then its confirmation.
+    let unlock = match c.request(&Request::RequestAction {
+        action: Action::UnlockKey {
+            key: "block_size".into(),
+        },
+    }) {
+        Response::Pending { action } => action.id,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        c.request(&Request::Confirm {
+            action_id: unlock.clone(),
+            run_name: RUN_NAME.into(),
+            via: "t".into()
+        }),
+        Response::Executed { .. }
+    ));
+    let events = d
+        .handle
+        .with_journal(|j| j.query(&JournalQuery::default()))
+        .unwrap();
+    let mine: Vec<&EventKind> = events
+        .iter()
+        .map(|e| &e.kind)
+        .filter(|k| match k {
+            EventKind::OperatorRequest { action_id, .. } => {
+                action_id.as_deref() == Some(unlock.as_str())
+            }
+            EventKind::OperatorConfirmed { action_id, .. } => action_id == &unlock,
+            _ => false,
+        })
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(
+        matches!(mine[0], EventKind::OperatorRequest { request, .. } if request.contains("journaled with its confirmation")),
+        "{mine:?}"
+    );
+    assert!(matches!(mine[1], EventKind::OperatorConfirmed { .. }));
+
+    // At shutdown one line counts the cycles left out.
+    d.handle.request_shutdown("test over");
+    d.join();
+    let left_out = CYCLES - n - 1;
+    let requests = operator_requests(&d);
+    assert!(
+        requests.iter().any(|r| r.starts_with(&format!(
+            "{left_out} more requests filed and withdrawn (cancelled or expired) unconfirmed from uid"
+        ))),
+        "{requests:#?}"
+    );
+}

@@ -46,6 +46,7 @@ fn options(root: &Path, accepted: Option<String>) -> DaemonOptions {
             config: ConfigSource::Embedded("[training]\nepochs = 6\n".into()),
             data_files: vec![],
             python_env: Some(root.join("venv")),
+            cuda_alloc_conf: None,
         },
         accepted_drift_token: accepted,
         config_json: serde_json::json!({"training": {"epochs": 6}}),

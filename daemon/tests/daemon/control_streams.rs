@@ -19,6 +19,8 @@ fn metrics(step: u64) -> StepMetrics {
         lr: 1e-4,
         grad_norm: 0.9,
         tokens_per_s: 21_500.0,
+        draft_positions_per_s: 0.0,
+        mfu: None,
         workers: vec![],
         times: StepTimes::default(),
     }

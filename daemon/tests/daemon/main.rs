@@ -2,15 +2,26 @@
 //!
 //! - `control_*`: the control plane in-process on a real Unix socket
 //!   ([`support::in_process`]).
+//! - `metrics_endpoint`: the Prometheus `/metrics` server in-process on loopback;
+//!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
+//!   ([`support::prometheus`]).
 //! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
-//!   `trained_artifacts`: the real `dflashd` binary as a child process in a temp dir
-//!   ([`support::binary`]).
+//!   `tensorboard_events`, `trained_artifacts`: the real `dflashd` binary as a child process in a
+//!   temp dir ([`support::binary`]).
+//! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
+//!   a fuzzed socket, confirmation bypass attempts, many clients); sized by
+//!   [`support::campaign`] (`DFLASH_CAMPAIGN=full` for the issue's full size).
 //!
 //! systemd readiness is tested in `tests/notify.rs`, a binary of its own, because it sets
 //! `NOTIFY_SOCKET` for the whole process.
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alloc_conf;
+mod campaign_clients;
+mod campaign_confirm;
+mod campaign_fuzz;
+mod campaign_kill;
 mod checkpoint_corrupt;
 mod checkpoint_recovery;
 mod control_actions;
@@ -27,6 +38,9 @@ mod daemon_setup_errors;
 mod doctor;
 mod export_contract;
 mod memory_plan;
+mod metrics_endpoint;
+mod prometheus_e2e;
 mod resume;
 mod target_parity;
+mod tensorboard_events;
 mod trained_artifacts;

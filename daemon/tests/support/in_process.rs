@@ -124,6 +124,14 @@ impl Drop for TestDaemon {
     }
 }
 
+/// What [`Client::next_frame`] found.
+#[derive(Debug)]
+pub enum Next {
+    Frame(Response),
+    Closed,
+    Quiet,
+}
+
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
@@ -144,6 +152,29 @@ impl Client {
         self.writer.flush().unwrap();
     }
 
+    /// Sends `n` requests whose replies are large (status, config, the whole journal tail)
+    /// in one go and never reads them: a client that stopped reading. Gives up quietly once
+    /// the daemon stops taking them (its replies filled the socket, so it reads no more).
+    pub fn send_unread_requests(&mut self, n: usize) {
+        let mut bytes = Vec::new();
+        for i in 0..n {
+            let req = match i % 3 {
+                0 => Request::Status,
+                1 => Request::Config,
+                _ => Request::Events {
+                    after_seq: None,
+                    last: Some(4096),
+                },
+            };
+            bytes.extend(serde_json::to_vec(&req).unwrap());
+            bytes.push(b'\n');
+        }
+        self.writer
+            .set_write_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let _ = self.writer.write_all(&bytes);
+    }
+
     pub fn send(&mut self, req: &Request) {
         let mut line = serde_json::to_vec(req).unwrap();
         line.push(b'\n');
@@ -161,6 +192,33 @@ impl Client {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
             Err(e) => panic!("reading a frame: {e}"),
         }
+    }
+
+    /// The next frame, or whether the connection was closed or stayed quiet for the read
+    /// timeout.
+    pub fn next_frame(&mut self) -> Next {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Next::Closed,
+            Ok(_) => Next::Frame(
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad frame {line:?}: {e}")),
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Next::Closed,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Next::Quiet
+            }
+            Err(e) => panic!("reading a frame: {e}"),
+        }
+    }
+
+    /// The reading side, with whatever it has buffered, for a reader thread.
+    pub fn into_reader(self) -> BufReader<UnixStream> {
+        self.reader
     }
 
     pub fn request(&mut self, req: &Request) -> Response {

@@ -86,6 +86,15 @@ pub enum ModelError {
     #[error("layer id {layer} is out of range: the model has {available} decoder layers (ids 0..{available})")]
     LayerOutOfRange { layer: usize, available: usize },
 
+    #[error(
+        "cannot crop the target cache to {requested} tokens: it holds {held} and can return only to a length in {earliest}..={held} (the start of its last forward onwards; the Gated DeltaNet state before that is not kept). Crop once after each verification, before the next forward"
+    )]
+    CacheCrop {
+        requested: i64,
+        earliest: i64,
+        held: i64,
+    },
+
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }

@@ -42,7 +42,7 @@ impl DrafterMemory {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RankContext {
     pub precision: ActivationPrecision,
-    /// Drafter ranks in the group (> 1: a flat fp32 all-reduce buffer exists).
+    /// Drafter ranks in the group (> 1: an fp32 all-reduce bucket exists).
     pub ranks: usize,
     /// The frozen embedding and LM head are the target's own tensors (one device for both
     /// roles, same dtype): the replica's `to_device().to_kind()` copies nothing.
@@ -50,7 +50,14 @@ pub struct RankContext {
     /// Hidden-state items that can wait in this rank's queue, and the bytes of one.
     pub queued_items: usize,
     pub item_bytes: f64,
+    /// `training.activation_checkpointing`: the layers before the last keep only their inputs
+    /// and are recomputed in the backward (`drafter/model.rs::Drafter::forward_backward`).
+    pub activation_checkpointing: bool,
 }
+
+/// Elements of the all-reduce bucket (`train/topology/allreduce.rs::BUCKET_ELEMENTS`, held
+/// equal by a test; the plan uses no `train/` code).
+pub const ALLREDUCE_BUCKET_ELEMENTS: f64 = (25 * (1 << 20) / 4) as f64;
 
 /// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`).
 pub fn drafter_params(d: &DrafterConfig) -> f64 {
@@ -102,14 +109,14 @@ pub(crate) fn chunk_plan(d: &DrafterConfig, s: &StepShape, rule: LayerRule) -> V
     .chunks
 }
 
-/// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs:12-23`): fp32 runs
-/// libtorch's fused `rms_norm`, which keeps its input and one fp32 rstd per row; bf16 writes
-/// the norm out in fp32 and keeps the fp32 copy of its input, the rstd and the bf16 x̂ (its
-/// input is then not kept by the norm).
+/// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs::rms_norm`): fp32
+/// runs libtorch's `rms_norm`, which keeps its input and one fp32 rstd per row; bf16 runs
+/// `lean_normalized_fp32`, which keeps its bf16 input (not an fp32 copy of it), the rstd and
+/// the bf16 x̂.
 fn norm_saved(p: ActivationPrecision, rows: f64, width: f64) -> f64 {
     match p {
         ActivationPrecision::Fp32Cpu => rows * width * 4.0 + rows * 4.0,
-        ActivationPrecision::Bf16Cuda => rows * width * (4.0 + 2.0) + rows * 4.0,
+        ActivationPrecision::Bf16Cuda => rows * width * (2.0 + 2.0) + rows * 4.0,
     }
 }
 
@@ -137,8 +144,12 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         resident.push(Consumer::new("frozen LM head copy", table));
     }
     if rank.ranks > 1 {
-        // topology/rank.rs:107-110: one fp32 flat gradient buffer for the all-reduce.
-        resident.push(Consumer::new("all-reduce buffer (fp32 flat)", params * 4.0));
+        // topology/rank.rs::step, allreduce.rs::sum_in_buckets: one fp32 bucket, the sums
+        // written back into the gradients.
+        resident.push(Consumer::new(
+            "all-reduce bucket (fp32)",
+            params.min(ALLREDUCE_BUCKET_ELEMENTS) * 4.0,
+        ));
     }
     if rank.queued_items > 0 {
         resident.push(Consumer::new(
@@ -192,10 +203,13 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         Consumer::new("attention masks", masks),
         Consumer::new("labels, weights, ids", q * (8.0 + 4.0 + 8.0)),
     ];
+    // What stays from the forward while an earlier layer runs again (with checkpointing): not
+    // the last layer's activations or the output, which its backward freed.
+    let shared = step.clone();
 
     // Saved for backward, per layer (drafter/layer.rs:134-195).
-    let mut saved_layers = 0.0;
-    let mut kv_copies = 0.0;
+    let mut saved = Vec::new();
+    let mut kv_copies = Vec::new();
     let mut per_layer = Vec::new();
     for (n, &rule) in rules.iter().enumerate() {
         let chunks = plan_of(rule);
@@ -234,18 +248,68 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
             + q * h * e // normed MLP input, kept by gate/up_proj
             + 4.0 * q * i * e // gate, silu(gate), up, silu·up
             + bf16_rope_casts;
-        saved_layers += layer;
-        kv_copies += kv;
+        saved.push(layer);
+        kv_copies.push(kv);
         per_layer.push(chunks.len());
     }
-    step.push(Consumer::new(
-        "activations saved for backward (all layers, without K/V copies)",
-        saved_layers,
-    ));
-    step.push(Consumer::new(
-        "attention K/V copies saved for backward",
-        kv_copies,
-    ));
+    let layers = rules.len();
+    let last = layers - 1;
+    // Backward of one layer's MLP (layer.rs:191-194): the gradient flowing in and out [Q, H]
+    // twice, the gradients of silu·up and of up [Q, I], and that layer's parameter gradients.
+    let mlp_backward = 2.0 * q * h * e + 2.0 * q * i * e + layer_params(d) * e;
+    // With checkpointing (drafter/model.rs::Drafter::forward_backward) the context's gradient
+    // collects on a leaf `[B, S, H]` from the last layer's backward on.
+    let context_grad = b * seq * h * e;
+    // The phase after the loss when layer `n` (before the last) runs again: the inputs of the
+    // layers before it (its own is in its saved activations), its activations and K/V copies,
+    // the gradient of its output and the product that backpropagates it (`backpropagate`),
+    // the context's gradient, the parameter gradients of the layers from it on, and its MLP's
+    // backward.
+    let recompute_phase: Option<(usize, f64)> = rank
+        .activation_checkpointing
+        .then(|| {
+            (0..last)
+                .map(|n| {
+                    let bytes = n.saturating_sub(1) as f64 * q * h * e
+                        + saved[n]
+                        + kv_copies[n]
+                        + 2.0 * q * h * e
+                        + context_grad
+                        + (last - n) as f64 * layer_params(d) * e
+                        + mlp_backward;
+                    (n, bytes)
+                })
+                .max_by(|x, y| x.1.total_cmp(&y.1))
+        })
+        .flatten();
+    if rank.activation_checkpointing {
+        // Forward: the layers before the last keep only their inputs (layer 0's are the block
+        // embeddings, the last layer's are in its saved activations).
+        step.push(Consumer::new(
+            format!(
+                "layer inputs kept for recomputation ({} layers)",
+                layers.saturating_sub(2)
+            ),
+            layers.saturating_sub(2) as f64 * q * h * e,
+        ));
+        step.push(Consumer::new(
+            "activations saved for backward (the last layer, without K/V copies)",
+            saved[last],
+        ));
+        step.push(Consumer::new(
+            "attention K/V copies saved for backward (the last layer)",
+            kv_copies[last],
+        ));
+    } else {
+        step.push(Consumer::new(
+            "activations saved for backward (all layers, without K/V copies)",
+            saved.iter().sum::<f64>(),
+        ));
+        step.push(Consumer::new(
+            "attention K/V copies saved for backward",
+            kv_copies.iter().sum::<f64>(),
+        ));
+    }
     step.push(Consumer::new(
         "final norm and drafter output",
         norm_saved(p, q, h) + q * h * e,
@@ -261,13 +325,15 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     let loss_chunk = c * vocab * (e + fp32_copy + 12.0) + 2.0 * c * h * e + weighted * 20.0;
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
-    // Backward of the last layer's MLP (layer.rs:191-194): the gradient flowing in and out
-    // [Q, H] twice, the gradients of silu·up and of up [Q, I], and that layer's parameter
-    // gradients. With one loss chunk the head's logits are still alive then.
+    // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
+    // then.
     let backward_phase = out_grad
-        + 2.0 * q * h * e
-        + 2.0 * q * i * e
-        + layer_params(d) * e
+        + mlp_backward
+        + if rank.activation_checkpointing {
+            context_grad
+        } else {
+            0.0
+        }
         + if detached { 0.0 } else { c * vocab * e };
     let mut step_peak_extra =
         Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);
@@ -280,10 +346,40 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         peak_phase = "backward";
     }
     let forward_saved: f64 = step.iter().map(|c| c.bytes).sum();
-    // Optimizer (train/optim.rs:216-258): every gradient, plus per parameter a fp32 copy off
-    // fp32, `g·(1-β2)` and the denominator.
-    let largest = largest_param(d);
-    let optimizer_phase = params * e + largest * 4.0 * if e == 4.0 { 2.0 } else { 3.0 };
+    let shared_bytes: f64 = shared.iter().map(|c| c.bytes).sum();
+    if let Some((n, bytes)) = recompute_phase {
+        if shared_bytes + bytes > forward_saved + step_peak_extra.bytes
+            && shared_bytes + bytes > optimizer_phase_bytes(d, params, e)
+        {
+            let mut step = shared;
+            step.push(Consumer::new(
+                format!(
+                    "layer inputs kept for recomputation ({} layers)",
+                    n.saturating_sub(1)
+                ),
+                n.saturating_sub(1) as f64 * q * h * e,
+            ));
+            step.push(Consumer::new(
+                format!("activations of layer {n}, recomputed (without K/V copies)"),
+                saved[n],
+            ));
+            step.push(Consumer::new(
+                format!("attention K/V copies of layer {n}, recomputed"),
+                kv_copies[n],
+            ));
+            step.push(Consumer::new(
+                format!("backward of layer {n} (gradients in flight, parameter gradients so far)"),
+                bytes - n.saturating_sub(1) as f64 * q * h * e - saved[n] - kv_copies[n],
+            ));
+            return DrafterMemory {
+                resident,
+                step,
+                peak_phase: "recompute",
+                chunks_per_layer: per_layer,
+            };
+        }
+    }
+    let optimizer_phase = optimizer_phase_bytes(d, params, e);
     if optimizer_phase > forward_saved + step_peak_extra.bytes {
         return DrafterMemory {
             resident,
@@ -304,6 +400,12 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     }
 }
 
+/// The optimizer's phase (train/optim.rs:216-258): every gradient, plus per parameter a fp32
+/// copy off fp32, `g·(1-β2)` and the denominator.
+fn optimizer_phase_bytes(d: &DrafterConfig, params: f64, e: f64) -> f64 {
+    params * e + largest_param(d) * 4.0 * if e == 4.0 { 2.0 } else { 3.0 }
+}
+
 fn largest_param(d: &DrafterConfig) -> f64 {
     let (h, a, _, i) = dims(d);
     [d.feature_size() as f64 * h, h * a, h * i]
@@ -317,6 +419,12 @@ mod tests {
     use crate::model::attention::BlockSparsePlan;
     use crate::plan::run::tests::real_drafter;
     use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn the_all_reduce_bucket_is_the_one_the_rank_allocates() {
+        use crate::train::topology::allreduce::BUCKET_ELEMENTS;
+        assert_eq!(ALLREDUCE_BUCKET_ELEMENTS, BUCKET_ELEMENTS as f64);
+    }
 
     #[test]
     fn the_model_plans_the_chunks_the_engine_runs() {

@@ -18,6 +18,8 @@ pub struct RunSpec {
     pub target_devices: Vec<String>,
     pub drafter_devices: Vec<String>,
     pub precision: ActivationPrecision,
+    /// `training.activation_checkpointing`.
+    pub activation_checkpointing: bool,
     /// Items that can wait in each drafter rank's queue (`topology/plan.rs::per_rank`).
     pub queued_items_per_rank: usize,
     /// Memory of each device, bytes (NVML, `--gpu-memory-gib`, or host memory on CPU).
@@ -107,6 +109,8 @@ pub struct RunPlan {
     pub tokens_per_s_at_mfu: Throughput,
     pub recommended_split: Option<Split>,
     pub drafter_peak_phase: &'static str,
+    /// Whether the drafter step recomputes its layers (`training.activation_checkpointing`).
+    pub activation_checkpointing: bool,
     pub chunks_per_layer: Vec<usize>,
 }
 
@@ -150,6 +154,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
             spec.queued_items_per_rank
         },
         item_bytes,
+        activation_checkpointing: spec.activation_checkpointing,
     };
     let drafter = drafter_memory(d, s, rank);
     let target = target_memory(&spec.target, taps, s.batch, s.seq_len, spec.precision);
@@ -300,6 +305,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         tokens_per_s_at_mfu,
         recommended_split,
         drafter_peak_phase: drafter.peak_phase,
+        activation_checkpointing: spec.activation_checkpointing,
         chunks_per_layer: drafter.chunks_per_layer,
     }
 }

@@ -10,7 +10,7 @@ pub enum ActivationPrecision {
     /// RMSNorm is libtorch's fused `rms_norm`.
     Fp32Cpu,
     /// CUDA: bf16 parameters with fp32 masters, K/V repeated per query head, RMSNorm written
-    /// out in fp32 (Qwen3's cast order).
+    /// out in fp32 (Qwen3's cast order) keeping its bf16 input for backward.
     Bf16Cuda,
 }
 
@@ -84,9 +84,9 @@ impl StepShape {
         let row: Vec<i64> = (0..count)
             .map(|i| first + ((i as f64 + 0.5) * valid as f64 / count as f64) as i64)
             .collect();
-        // `train/anchors.rs::anchors_from`: the width is min(num_anchors, the most valid
-        // positions of any row); every row here has the same count, so nothing is padded.
-        let width = count;
+        // `train/micro.rs::MicroSource::prepare` pads every row to `num_anchors` slots
+        // (`AnchorBatch::padded_to`), the ones beyond the valid count with keep = false.
+        let width = num_anchors.max(0);
         let mut anchors = Vec::with_capacity((batch * width) as usize);
         let mut keep = Vec::with_capacity(anchors.capacity());
         for _ in 0..batch {
@@ -128,9 +128,11 @@ mod tests {
         assert!(row.windows(2).all(|w| w[0] < w[1]), "{row:?}");
         assert!(row[0] >= 150 && row[0] < 160, "{}", row[0]);
         assert!(*row.last().unwrap() <= 998);
-        // Fewer valid positions than anchors: every valid one, and the width shrinks to them.
+        // Fewer valid positions than anchors: every valid one, padded to num_anchors slots
+        // (keep = false at position 0) as training pads them.
         let short = StepShape::typical(&d, 1, 10, 64, 0.5, 2048);
         assert_eq!(short.kept(), 4);
-        assert_eq!(short.width(), 4);
+        assert_eq!(short.width(), 64);
+        assert!(short.anchors[4..].iter().all(|&a| a == 0) && !short.keep[4..].contains(&true));
     }
 }

@@ -37,6 +37,27 @@ impl AnchorBatch {
         }
     }
 
+    /// The same anchors in `width` columns (at least [`Self::width`]): the added slots are
+    /// padding (position 0, `keep = false`), which gets no label weight and changes no kept
+    /// block's output. Training pads to `num_anchors`, so every step has the same count.
+    pub fn padded_to(&self, width: usize) -> Self {
+        assert!(width >= self.width, "padding cannot drop anchors");
+        let mut positions = vec![0i64; self.batch * width];
+        let mut keep = vec![false; self.batch * width];
+        for b in 0..self.batch {
+            let (src, dst) = (b * self.width, b * width);
+            positions[dst..dst + self.width]
+                .copy_from_slice(&self.positions[src..src + self.width]);
+            keep[dst..dst + self.width].copy_from_slice(&self.keep[src..src + self.width]);
+        }
+        Self {
+            batch: self.batch,
+            width,
+            positions,
+            keep,
+        }
+    }
+
     pub fn row(&self, b: usize) -> impl Iterator<Item = (i64, bool)> + '_ {
         let lo = b * self.width;
         self.positions[lo..lo + self.width]

@@ -30,6 +30,8 @@ pub struct TrainConfig {
     pub adamw: AdamWConfig,
     /// Longer sequences are truncated.
     pub max_len: usize,
+    /// Training rows are right-padded to a multiple of this many tokens (1: not padded).
+    pub seq_len_multiple: usize,
     /// Samples held out for evaluation.
     pub held_out: usize,
     /// Evaluate τ every this many steps (0: never).
@@ -44,6 +46,8 @@ pub struct TrainConfig {
     /// Anchors per row in one evaluation forward.
     pub eval_anchors_per_forward: usize,
     pub attention: AttentionBackend,
+    /// Recompute every drafter layer but the last in the backward (`training.activation_checkpointing`).
+    pub activation_checkpointing: bool,
 }
 
 impl Default for TrainConfig {
@@ -61,6 +65,7 @@ impl Default for TrainConfig {
             warmup_ratio: 0.04,
             adamw: AdamWConfig::default(),
             max_len: 4096,
+            seq_len_multiple: 64,
             held_out: 64,
             eval_every: 500,
             eval_max_samples: 0,
@@ -69,6 +74,7 @@ impl Default for TrainConfig {
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,
+            activation_checkpointing: false,
         }
     }
 }
@@ -118,6 +124,12 @@ impl TrainConfig {
             if !(g.is_finite() && g > 0.0) {
                 return bad("gamma", format!("must be a positive number, found {g}"));
             }
+        }
+        if self.seq_len_multiple < 1 {
+            return bad(
+                "seq_len_multiple",
+                format!("must be at least 1, found {}", self.seq_len_multiple),
+            );
         }
         if self.loss_chunk_positions < 1 {
             return bad(

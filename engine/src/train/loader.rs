@@ -88,7 +88,33 @@ impl Batch {
 }
 
 pub fn collate(samples: &[&Sample], pad_id: i64, epoch: u32) -> Batch {
-    let seq_len = samples.iter().map(|s| s.len()).max().unwrap_or(0);
+    collate_to(samples, pad_id, epoch, longest(samples))
+}
+
+/// The longest row of `samples` (0 for none).
+pub fn longest(samples: &[&Sample]) -> usize {
+    samples.iter().map(|s| s.len()).max().unwrap_or(0)
+}
+
+/// `longest` rounded up to a multiple of `multiple` (0 or 1: unchanged): the padded row
+/// length of a training batch, so that a run sees at most `max_length / multiple` distinct
+/// sequence lengths and the device allocator and kernel plans see a bounded set of shapes.
+pub fn bucketed_len(longest: usize, multiple: usize) -> usize {
+    if multiple <= 1 {
+        return longest;
+    }
+    longest.div_ceil(multiple) * multiple
+}
+
+/// As [`collate`], right-padded to `seq_len` (at least the longest row) with `pad_id` and
+/// loss mask 0. The padding is harmless: the target is causal, so no real position sees it;
+/// no anchor or label lies in it (loss mask 0), so the drafter never attends to it or trains
+/// on it; `tokens` counts only the rows' own tokens.
+pub fn collate_to(samples: &[&Sample], pad_id: i64, epoch: u32, seq_len: usize) -> Batch {
+    assert!(
+        seq_len >= longest(samples),
+        "a batch cannot be padded to fewer tokens than its longest row"
+    );
     let mut input_ids = vec![pad_id; samples.len() * seq_len];
     let mut loss_mask = vec![0u8; samples.len() * seq_len];
     for (b, s) in samples.iter().enumerate() {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use super::anchors::{sample_anchors_per_sample, AnchorBatch};
 use super::labels::{block_labels, BlockLabels, LabelMaskRule};
-use super::loader::{collate, Batch, DataPosition, Loader};
+use super::loader::{bucketed_len, collate_to, longest, Batch, DataPosition, Loader};
 use crate::data::Sample;
 
 /// What decides anchors and labels, besides the rows.
@@ -23,6 +23,9 @@ pub struct MicroSpec {
     pub gamma: f64,
     pub rule: LabelMaskRule,
     pub pad_id: i64,
+    /// Rows are right-padded to a multiple of this (`training.seq_len_multiple`; 1: to the
+    /// longest row only).
+    pub seq_len_multiple: usize,
 }
 
 /// One micro-batch, ready for the target (rows) and the drafter (anchors, labels).
@@ -144,14 +147,18 @@ impl MicroSource {
         let end = (start + self.spec.batch_size).min(order.len());
         let ids: Vec<usize> = order[start..end].to_vec();
         let rows: Vec<&Sample> = ids.iter().map(|&i| &self.samples[i]).collect();
-        let batch = collate(&rows, self.spec.pad_id, epoch);
+        // Fixed shapes (a bounded set of row lengths, always `num_anchors` blocks), so the
+        // device allocator and the kernels see the same shapes step after step.
+        let seq_len = bucketed_len(longest(&rows), self.spec.seq_len_multiple);
+        let batch = collate_to(&rows, self.spec.pad_id, epoch, seq_len);
         let anchors = sample_anchors_per_sample(
             &batch.masks(),
             self.spec.num_anchors,
             self.spec.seed,
             epoch,
             &ids,
-        );
+        )
+        .padded_to(self.spec.num_anchors);
         let labels = block_labels(
             batch.rows(),
             &anchors,
@@ -193,6 +200,7 @@ mod tests {
             gamma: 4.0,
             rule: LabelMaskRule::Independent,
             pad_id: 0,
+            seq_len_multiple: 1,
         }
     }
 

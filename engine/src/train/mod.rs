@@ -20,6 +20,7 @@ pub mod resume;
 pub mod rng;
 pub mod run_config;
 pub mod schedule;
+pub mod throughput;
 pub mod topology;
 pub mod trainer;
 pub mod unlocked;

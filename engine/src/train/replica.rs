@@ -110,13 +110,16 @@ impl DrafterReplica {
 
     /// Forward and backward of one micro-batch: accumulates the gradient of `Σ w·CE` (the
     /// numerator, not yet divided by any Σw) into the parameters' gradients. `features` are
-    /// the target's tap-layer states of the micro-batch's rows, on any device.
+    /// the target's tap-layer states of the micro-batch's rows, on any device. With
+    /// `activation_checkpointing` the drafter recomputes its layers in the backward
+    /// ([`Drafter::forward_backward`]).
     pub fn forward_backward(
         &self,
         features: &Tensor,
         micro: &PreparedMicro,
         backend: AttentionBackend,
         chunk_positions: i64,
+        activation_checkpointing: bool,
     ) -> LossSums {
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
@@ -126,78 +129,63 @@ impl DrafterReplica {
         let q = (micro.anchors.width * bs) as i64;
         let embeddings = tch::no_grad(|| self.embed.index_select(0, &block_ids).view([b, q, -1]));
         let (anchors, keep) = micro.anchors.to_tensors(self.device);
-        let out = self
-            .drafter
-            .forward(features, &embeddings, &anchors, &keep, backend);
         let targets = Tensor::from_slice(&micro.labels.targets)
             .view([b, q])
             .to_device(self.device);
         let weights = Tensor::from_slice(&micro.labels.weights)
             .view([b, q])
             .to_device(self.device);
-        weighted_ce_backward(
-            &out,
-            &self.lm_head,
-            &targets,
-            &weights,
-            1.0,
-            chunk_positions,
+        self.drafter.forward_backward(
+            features,
+            &embeddings,
+            &anchors,
+            &keep,
+            backend,
+            activation_checkpointing,
+            |out| {
+                weighted_ce_backward(out, &self.lm_head, &targets, &weights, 1.0, chunk_positions)
+            },
         )
     }
 
-    /// Elements of all parameters: the length of a flat gradient buffer.
-    pub fn flat_len(&self) -> i64 {
+    /// Elements of all parameters.
+    pub fn param_elements(&self) -> i64 {
         self.optimizer.param_numels().iter().sum()
     }
 
-    /// Writes the current gradients into `flat` (fp32, [`Self::flat_len`] elements, this
-    /// replica's device) in the optimizer's parameter order; zeros where a parameter has none.
-    pub fn gather_grads(&self, flat: &mut Tensor) {
+    /// The current gradients in the optimizer's parameter order, for summing across replicas
+    /// in place: the parameters' own gradient tensors (so a sum written into them is what
+    /// [`Self::apply`] then uses), and zeros of the parameter's shape and dtype where a
+    /// parameter has none (another replica may have one, and the update must see the sum).
+    pub fn grads_for_reduce(&self) -> Vec<Tensor> {
         tch::no_grad(|| {
-            let mut offset = 0;
-            for (grad, n) in self
-                .optimizer
+            self.optimizer
                 .param_grads()
-                .iter()
-                .zip(self.optimizer.param_numels())
-            {
-                let mut dst = flat.narrow(0, offset, n);
-                if grad.defined() {
-                    dst.copy_(&grad.reshape([-1]));
-                } else {
-                    let _ = dst.zero_();
-                }
-                offset += n;
-            }
-        });
+                .into_iter()
+                .zip(self.optimizer.param_shapes())
+                .map(|(grad, shape)| {
+                    if grad.defined() {
+                        grad
+                    } else {
+                        Tensor::zeros(shape.as_slice(), (compute_kind(self.device), self.device))
+                    }
+                })
+                .collect()
+        })
     }
 
     /// The AdamW update at `lr` on `scale ×` the gradients: the parameters' own gradients, or
-    /// (`flat`) a flat buffer laid out as [`Self::gather_grads`] writes it. Gradients are
-    /// cleared afterwards, whatever the outcome.
+    /// (`reduced`) the list [`Self::grads_for_reduce`] returned, summed across replicas.
+    /// Gradients are cleared afterwards, whatever the outcome.
     pub fn apply(
         &mut self,
         lr: f64,
-        flat: Option<&Tensor>,
+        reduced: Option<&[Tensor]>,
         scale: f64,
     ) -> Result<StepReport, OptimError> {
-        let report = match flat {
+        let report = match reduced {
             None => self.optimizer.step_scaled(lr, scale),
-            Some(flat) => {
-                let mut offset = 0;
-                let grads: Vec<Tensor> = self
-                    .optimizer
-                    .param_shapes()
-                    .into_iter()
-                    .zip(self.optimizer.param_numels())
-                    .map(|(shape, n)| {
-                        let view = flat.narrow(0, offset, n).view(shape.as_slice());
-                        offset += n;
-                        view
-                    })
-                    .collect();
-                self.optimizer.step_with_grads(lr, &grads, scale)
-            }
+            Some(grads) => self.optimizer.step_with_grads(lr, grads, scale),
         };
         self.optimizer.zero_grad();
         report
@@ -255,6 +243,6 @@ mod tests {
             assert!(ta.equal(tb), "{na}");
             assert_ne!(ta.data_ptr(), tb.data_ptr(), "{na} must not share storage");
         }
-        assert_eq!(a.flat_len(), b.flat_len());
+        assert_eq!(a.param_elements(), b.param_elements());
     }
 }

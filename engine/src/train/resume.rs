@@ -32,11 +32,13 @@ pub const STATE_FILE: &str = "trainer_state.json";
 const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
 
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when to evaluate or save and how to chunk work, not what is computed. `grad_accum` may
+/// when to evaluate or save and how to chunk or pad work or trade memory for recomputation, not what
+/// is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
 /// step, checked separately) stays the same.
-const RESUMABLE_KEYS: [&str; 8] = [
+const RESUMABLE_KEYS: [&str; 10] = [
     "grad_accum",
+    "seq_len_multiple",
     "eval_every",
     "eval_max_samples",
     "checkpoint_every",
@@ -44,6 +46,7 @@ const RESUMABLE_KEYS: [&str; 8] = [
     "eval_anchors_per_forward",
     "loss_chunk_positions",
     "attention",
+    "activation_checkpointing",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -34,6 +34,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
             max_grad_norm: (t.grad_clip > 0.0).then_some(t.grad_clip),
         },
         max_len: t.max_length,
+        seq_len_multiple: t.seq_len_multiple,
         held_out: cfg.data.held_out_count(n_samples),
         eval_every: t.eval_every,
         eval_max_samples: t.eval_max_samples,
@@ -42,6 +43,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         loss_chunk_positions: t.loss_chunk_positions as i64,
         eval_anchors_per_forward: t.eval_anchors_per_forward,
         attention: t.attention,
+        activation_checkpointing: t.activation_checkpointing,
     }
 }
 

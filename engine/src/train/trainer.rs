@@ -36,6 +36,7 @@ use crate::data::{HoldoutSplit, Sample};
 use crate::device;
 use crate::model::drafter::{Drafter, DrafterConfig};
 use crate::model::target::TargetModel;
+use crate::train::throughput::DevicePeaks;
 use crate::train::topology::pipeline::produce_item;
 use crate::train::topology::plan::{step_telemetry, StepPlan, WorkerNames};
 use crate::train::topology::rank::{RankReport, RankState};
@@ -68,6 +69,8 @@ pub struct Trainer {
     warmup: Option<Vec<WorkerWarmup>>,
     /// Set by the first worker failure: every later step returns it.
     failure: Option<WorkerFailure>,
+    /// Each device's dense peak, for the steps' MFU; empty until the caller sets it.
+    device_peaks: DevicePeaks,
 }
 
 fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> {
@@ -159,7 +162,13 @@ impl Trainer {
             index: 0,
             device,
         };
-        let mut rank0 = RankState::new(id, replica, cfg.attention, cfg.loss_chunk_positions);
+        let mut rank0 = RankState::new(
+            id,
+            replica,
+            cfg.attention,
+            cfg.loss_chunk_positions,
+            cfg.activation_checkpointing,
+        );
         let bs = drafter_cfg.block_size as usize;
         let data_fingerprint = fingerprint(&samples);
         let samples = Arc::new(samples);
@@ -174,6 +183,7 @@ impl Trainer {
                 gamma: cfg.gamma_for(bs),
                 rule: cfg.label_mask_rule,
                 pad_id: PAD_ID,
+                seq_len_multiple: cfg.seq_len_multiple,
             },
         ));
         let plan = StepPlan {
@@ -216,6 +226,7 @@ impl Trainer {
             cluster,
             warmup: None,
             failure: None,
+            device_peaks: DevicePeaks::new(),
         })
     }
 
@@ -237,6 +248,26 @@ impl Trainer {
     }
     pub fn topology(&self) -> &TopologySpec {
         &self.topology
+    }
+    /// The peaks the steps' MFU is computed against (the engine measures none itself: on CPU
+    /// the caller measures one with [`crate::peak::measure_matmul`], on CUDA it reads a
+    /// datasheet). A device left out gets no MFU.
+    pub fn set_device_peaks(&mut self, peaks: DevicePeaks) {
+        self.device_peaks = peaks;
+    }
+    /// Every device the run trains on, by engine name, targets first (each once).
+    pub fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        let spec = &self.topology;
+        for d in spec.target_devices.iter().chain(&spec.drafter_devices) {
+            if !out.contains(d) {
+                out.push(*d);
+            }
+        }
+        if out.is_empty() {
+            out.push(self.rank0.id.device);
+        }
+        out
     }
     /// Drafter replicas (data-parallel ranks).
     pub fn drafter_ranks(&self) -> usize {
@@ -430,7 +461,8 @@ impl Trainer {
                 inline: true,
             },
         };
-        let (times, workers, tokens) = step_telemetry(&names, &timings, wall_ms);
+        let secs = (wall_ms / 1e3).max(1e-9);
+        let telemetry = step_telemetry(&names, &timings, wall_ms, &self.device_peaks);
         Ok(StepMetrics {
             ts_ms: dflash_shared::clock::now_ms(),
             step: self.step,
@@ -441,9 +473,11 @@ impl Trainer {
             tau: None,
             lr,
             grad_norm: report.grad_norm,
-            tokens_per_s: tokens as f64 / (wall_ms / 1e3).max(1e-9),
-            workers,
-            times,
+            tokens_per_s: telemetry.tokens as f64 / secs,
+            draft_positions_per_s: telemetry.draft_positions as f64 / secs,
+            mfu: telemetry.mfu,
+            workers: telemetry.workers,
+            times: telemetry.times,
         })
     }
 
@@ -675,6 +709,8 @@ impl EvalLine {
             lr: self.lr,
             grad_norm: 0.0,
             tokens_per_s: 0.0,
+            draft_positions_per_s: 0.0,
+            mfu: None,
             workers: Vec::new(),
             times: StepTimes::default(),
         }

@@ -293,6 +293,56 @@ fn training_forward_equals_single_block_inference_at_each_anchor() {
 }
 
 #[test]
+fn cached_decoding_rounds_equal_the_training_forward_at_each_round_anchor() {
+    let _rng = seeded(0);
+    // Decoding grows the drafter's context cache by the features of each round's accepted
+    // tokens (uneven counts, as acceptance gives them) and drafts the block at the new anchor;
+    // each must equal the training forward's block at that anchor (and the uncached
+    // single-block inference). Tolerance as above: f32 regrouping only.
+    for layer_types in [both_types(), vec![LayerType::Full, LayerType::Full]] {
+        let cfg = tiny_config(layer_types);
+        let (_vs, drafter) = build(&cfg, 10);
+        tch::manual_seed(11);
+        let accepted_per_round = [5i64, 1, 3, 1, 4, 2];
+        let context: i64 = accepted_per_round.iter().sum();
+        let round_anchors: Vec<i64> = accepted_per_round
+            .iter()
+            .scan(0, |len, n| {
+                *len += n;
+                Some(*len)
+            })
+            .collect();
+        let blocks = round_anchors.len() as i64;
+        // The training forward needs context features past each anchor; they must not matter.
+        let b = Batch {
+            anchors: Tensor::from_slice(&round_anchors).view([1, blocks]),
+            keep: Tensor::ones([1, blocks], (Kind::Bool, Device::Cpu)),
+            ..batch(&cfg, 1, blocks, context + 1, false)
+        };
+        let bs = cfg.block_size;
+        let training = b.forward(&drafter, AttentionBackend::BlockSparse);
+        let mut cache = drafter.new_cache();
+        for (round, (&anchor, &accepted)) in
+            round_anchors.iter().zip(&accepted_per_round).enumerate()
+        {
+            let start = anchor - accepted;
+            drafter.extend_context(&mut cache, &b.features.narrow(1, start, accepted));
+            assert_eq!(cache.len(), anchor);
+            let block = b.embeddings.narrow(1, round as i64 * bs, bs);
+            let drafted = drafter.draft_block(&cache, &block);
+            let want = training.narrow(1, round as i64 * bs, bs);
+            let diff = max_abs_diff(&drafted, &want);
+            assert!(
+                diff < F32_TOL,
+                "round {round} at anchor {anchor}: cached vs training differ by {diff}"
+            );
+            let uncached = drafter.forward_block(&b.features, &block, anchor);
+            assert!(max_abs_diff(&drafted, &uncached) < F32_TOL);
+        }
+    }
+}
+
+#[test]
 fn bf16_drafter_runs_in_bf16_and_tracks_f32() {
     let _rng = seeded(0);
     let cfg = tiny_config(both_types());

@@ -1,8 +1,12 @@
-//! The daemon-side sections: queue, telemetry, control plane and detectors.
+//! The daemon-side sections: queue, telemetry, control plane, detectors, the metrics endpoint
+//! and TensorBoard output.
+use std::net::{Ipv4Addr, SocketAddr};
+
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
 use crate::health::{MemoryConfig, QueueThresholds, ThroughputConfig};
+use crate::run_dir::TENSORBOARD_DIR_NAME;
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
 ///
@@ -103,7 +107,16 @@ pub struct ControlSection {
     pub allowed_uids: Vec<u32>,
     /// Frames buffered per subscriber; a subscriber that falls this far behind is dropped.
     pub client_buffer_frames: usize,
+    /// Control connections held at once (the last 4 are kept from subscribers, for requests
+    /// such as a stop and its confirmation). Raise it for more dashboards than that.
+    pub max_connections: usize,
 }
+
+/// `control.max_connections` when unset.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// The bounds `control.max_connections` is held to: room for the slots kept for requests
+/// below, and far below a process's default file-descriptor limit above.
+pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<usize> = 8..=512;
 
 impl Default for ControlSection {
     fn default() -> Self {
@@ -113,6 +126,7 @@ impl Default for ControlSection {
             poweroff_command: None,
             allowed_uids: Vec::new(),
             client_buffer_frames: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -136,5 +150,89 @@ impl Default for DetectorsSection {
             memory: MemoryConfig::default(),
             queue: QueueThresholds::default(),
         }
+    }
+}
+
+/// `[tensorboard]`: TensorBoard event files with a scalar for every number of each
+/// `metrics.jsonl` line, written as training goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TensorboardSection {
+    pub enabled: bool,
+    /// Relative to the run dir, or absolute. Taken as written: `~` and `${VAR}` are not
+    /// expanded here (validation refuses them rather than make a directory named `~`).
+    pub dir: String,
+}
+
+impl Default for TensorboardSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: TENSORBOARD_DIR_NAME.into(),
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus `/metrics` endpoint. Off unless `listen` (or
+/// `dflashd start --metrics-listen`) names an address.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// `IP:PORT` (e.g. `127.0.0.1:9464`, `[::1]:9464`) or a bare port, which listens on
+    /// loopback only. A non-loopback address serves the run's figures, unauthenticated, to
+    /// anyone who can reach that address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+/// What an address for the metrics endpoint must look like; the text of every refusal.
+pub const METRICS_LISTEN_EXPECTED: &str =
+    "an IP address and port such as 127.0.0.1:9464 or [::1]:9464, or a bare port (loopback)";
+
+/// Reads `metrics.listen` / `--metrics-listen`. A bare port means `127.0.0.1:PORT`: an address
+/// other machines can reach is only ever one the operator wrote out. Host names are refused
+/// rather than resolved, so what the daemon binds is exactly what was written.
+pub fn parse_metrics_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    text.parse::<SocketAddr>().map_err(|_| {
+        let host_name = text.rsplit_once(':').is_some_and(|(host, _)| {
+            !host.contains(':') && host.chars().any(|c| c.is_ascii_alphabetic())
+        });
+        if text.is_empty() {
+            "an empty string".to_string()
+        } else if host_name {
+            format!("\"{text}\" (a host name: write its IP address, e.g. 127.0.0.1 for localhost)")
+        } else {
+            format!("\"{text}\"")
+        }
+    })
+}
+
+#[cfg(test)]
+mod metrics_listen_tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_listens_on_loopback_and_a_written_address_is_taken_as_written() {
+        let parse = |s| parse_metrics_listen(s).unwrap();
+        assert_eq!(parse("9464"), "127.0.0.1:9464".parse().unwrap());
+        assert!(parse("9464").ip().is_loopback());
+        assert_eq!(parse("[::1]:0"), "[::1]:0".parse().unwrap());
+        assert_eq!(parse(" 0.0.0.0:9464 "), "0.0.0.0:9464".parse().unwrap());
+        assert!(!parse("0.0.0.0:9464").ip().is_loopback());
+    }
+
+    #[test]
+    fn a_host_name_or_a_bad_port_is_refused_saying_what_was_found() {
+        let err = parse_metrics_listen("localhost:9464").unwrap_err();
+        assert!(err.contains("a host name"), "{err}");
+        assert_eq!(
+            parse_metrics_listen("127.0.0.1:99999").unwrap_err(),
+            "\"127.0.0.1:99999\""
+        );
+        assert_eq!(parse_metrics_listen("").unwrap_err(), "an empty string");
     }
 }

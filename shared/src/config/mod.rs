@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
-    CacheDirConfig, ControlSection, DetectorsSection, QueueSection, TelemetrySection,
+    parse_metrics_listen, CacheDirConfig, ControlSection, DetectorsSection, MetricsSection,
+    QueueSection, TelemetrySection, TensorboardSection, DEFAULT_MAX_CONNECTIONS,
+    MAX_CONNECTIONS_RANGE, METRICS_LISTEN_EXPECTED,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
@@ -57,6 +59,10 @@ pub struct Config {
     pub control: ControlSection,
     #[serde(default)]
     pub detectors: DetectorsSection,
+    #[serde(default)]
+    pub metrics: MetricsSection,
+    #[serde(default)]
+    pub tensorboard: TensorboardSection,
 }
 
 /// Keys that may be absent from a printed config (unset options), for "did you mean".
@@ -72,6 +78,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "control.socket",
     "control.poweroff_command",
     "detectors.throughput.pinned_baseline_tokens_per_s",
+    "metrics.listen",
 ];
 
 impl Config {

@@ -159,6 +159,10 @@ pub struct TrainingSection {
     pub batch_size: usize,
     /// Sequences are truncated to this many tokens.
     pub max_length: usize,
+    /// Training rows are right-padded to a multiple of this many tokens (masked, harmless):
+    /// at most `max_length / seq_len_multiple` distinct lengths, so device memory stays flat
+    /// and kernel plans are reused. 1 pads each batch to its longest row only.
+    pub seq_len_multiple: usize,
     /// Evaluate τ on the held-out split every this many optimizer steps.
     pub eval_every: u64,
     pub checkpoint_every: u64,
@@ -176,6 +180,13 @@ pub struct TrainingSection {
     pub eval_anchors_per_forward: usize,
     /// Drafter attention implementation; `dense_mask` exists as a test oracle.
     pub attention: AttentionBackend,
+    /// Recompute each drafter layer but the last in the backward instead of keeping its
+    /// activations from the forward: the activations saved for backward shrink from every
+    /// layer's to about one layer's (plus each layer's input), for one more forward of the
+    /// layers before the last. Gradients are unchanged (float rounding aside in `fc` and
+    /// `hidden_norm`). Off by default: the embedded tiny drafter needs no memory saving and
+    /// would pay the recompute; real-shape configs turn it on.
+    pub activation_checkpointing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -216,6 +227,7 @@ impl Default for TrainingSection {
             loss_decay_gamma: None,
             batch_size: 1,
             max_length: 3072,
+            seq_len_multiple: 64,
             eval_every: 500,
             checkpoint_every: 500,
             keep_checkpoints: 3,
@@ -225,6 +237,7 @@ impl Default for TrainingSection {
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,
+            activation_checkpointing: false,
         }
     }
 }

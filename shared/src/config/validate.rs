@@ -2,6 +2,7 @@
 //! was found; all failures are collected so one run of `config validate` shows them all.
 use std::collections::BTreeSet;
 
+use super::daemon_sections::{parse_metrics_listen, METRICS_LISTEN_EXPECTED};
 use super::device::Device;
 use super::error::ConfigIssue;
 use super::sections::{paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA};
@@ -18,6 +19,8 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     topology(c, &mut v);
     runtime(c, &mut v);
     detectors(c, &mut v);
+    tensorboard(c, &mut v);
+    metrics(c, &mut v);
     v
 }
 
@@ -205,6 +208,7 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
     positive(v, "training.keep_checkpoints", t.keep_checkpoints);
     positive(v, "training.grad_accum", t.grad_accum);
     positive(v, "training.loss_chunk_positions", t.loss_chunk_positions);
+    positive(v, "training.seq_len_multiple", t.seq_len_multiple);
     positive(
         v,
         "training.eval_anchors_per_forward",
@@ -532,6 +536,14 @@ fn runtime(c: &Config, v: &mut Vec<ConfigIssue>) {
         ));
     }
     positive(v, "control.client_buffer_frames", ctl.client_buffer_frames);
+    let range = super::daemon_sections::MAX_CONNECTIONS_RANGE;
+    if !range.contains(&ctl.max_connections) {
+        v.push(ConfigIssue::invalid(
+            "control.max_connections",
+            format!("{} to {} connections", range.start(), range.end()),
+            ctl.max_connections,
+        ));
+    }
     if let Some(cmd) = &ctl.poweroff_command {
         if cmd.first().is_none_or(|p| p.trim().is_empty()) {
             v.push(
@@ -541,6 +553,45 @@ fn runtime(c: &Config, v: &mut Vec<ConfigIssue>) {
                     "an empty command",
                 )
                 .with_hint("leave the key out to keep power-off disabled"),
+            );
+        }
+    }
+}
+
+fn tensorboard(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let dir = &c.tensorboard.dir;
+    if !c.tensorboard.enabled {
+        return;
+    }
+    if dir.trim().is_empty() {
+        v.push(
+            ConfigIssue::invalid(
+                "tensorboard.dir",
+                "a directory, relative to the run dir or absolute",
+                "an empty string",
+            )
+            .with_hint(
+                "leave the key out for <run dir>/tensorboard, or set tensorboard.enabled = false",
+            ),
+        );
+    } else if dir.starts_with('~') || dir.contains("${") {
+        v.push(
+            ConfigIssue::invalid(
+                "tensorboard.dir",
+                "a plain path, relative to the run dir or absolute",
+                format!("\"{dir}\""),
+            )
+            .with_hint("`~` and `${VAR}` are not expanded here; write the absolute path"),
+        );
+    }
+}
+
+fn metrics(c: &Config, v: &mut Vec<ConfigIssue>) {
+    if let Some(listen) = &c.metrics.listen {
+        if let Err(found) = parse_metrics_listen(listen) {
+            v.push(
+                ConfigIssue::invalid("metrics.listen", METRICS_LISTEN_EXPECTED, found)
+                    .with_hint("leave the key out to serve no /metrics endpoint"),
             );
         }
     }

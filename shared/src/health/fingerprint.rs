@@ -36,6 +36,10 @@ pub struct Fingerprint {
     /// One entry per visible GPU, in index order (e.g. "NVIDIA H200").
     pub gpu_models: Vec<String>,
     pub python_executable: Option<String>,
+    /// The CUDA caching allocator's configuration in effect (`PYTORCH_CUDA_ALLOC_CONF=…`,
+    /// which `dflashd start` sets to `expandable_segments:True` when the user has not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_alloc_conf: Option<String>,
     /// Distribution name → version of the Python environment in use (torch, triton, …).
     pub python_packages: BTreeMap<String, String>,
 }
@@ -58,7 +62,8 @@ pub enum DriftImpact {
 /// Unknown fields block: a new fact is treated as load-bearing until classified.
 pub fn drift_impact(field: &str) -> DriftImpact {
     match field {
-        "code_git_commit" | "dflashd" | "config_git_commit" | "config_hash" => {
+        // The allocator's configuration changes how memory is laid out, not what is computed.
+        "code_git_commit" | "dflashd" | "config_git_commit" | "config_hash" | "cuda_alloc_conf" => {
             DriftImpact::Informational
         }
         _ => DriftImpact::Blocking,
@@ -143,6 +148,7 @@ pub fn drift_sentence(field: &str, before: &str, after: &str) -> String {
         "config_hash" => "config",
         "data_hash" => "training data",
         "python_executable" => "Python",
+        "cuda_alloc_conf" => "CUDA allocator config",
         other => other.strip_prefix("python.").unwrap_or(other),
     };
     let (before, after) = match field {
@@ -220,6 +226,7 @@ pub fn diff_fingerprints(before: &Fingerprint, after: &Fingerprint) -> Vec<Envir
             ("cuda_driver", b.cuda_driver.clone()),
             ("gpu_models", Some(summarize_gpus(&b.gpu_models))),
             ("python_executable", b.python_executable.clone()),
+            ("cuda_alloc_conf", b.cuda_alloc_conf.clone()),
         ]
     };
     let mut drifts: Vec<EnvironmentDrift> = scalar(before)
@@ -341,6 +348,23 @@ mod tests {
         );
         let cpu = Fingerprint::default();
         assert_eq!(cpu.summary(), "no CUDA, no GPUs");
+    }
+
+    #[test]
+    fn a_fingerprint_from_before_the_allocator_config_resumes_without_a_hold() {
+        // Runs started before dflashd recorded the allocator config have none; the first
+        // start that sets it is a journaled change, not a drift that holds the resume.
+        let before = seed_fingerprint();
+        let mut after = before.clone();
+        after.cuda_alloc_conf = Some("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into());
+        let drifts = diff_fingerprints(&before, &after);
+        assert_eq!(drifts.len(), 1, "{drifts:?}");
+        assert_eq!(drifts[0].field, "cuda_alloc_conf");
+        assert!(!drifts[0].blocks_resume);
+        assert_eq!(
+            drifts[0].sentence(),
+            "CUDA allocator config (absent) → PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        );
     }
 
     #[test]

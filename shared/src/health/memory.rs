@@ -262,6 +262,7 @@ mod tests {
             ts_ms: ts_s * 1000,
             index: 3,
             name: "NVIDIA H200".into(),
+            uuid: None,
             role: DeviceRole::Drafter,
             memory_used_bytes: used,
             memory_total_bytes: used.map(|_| TOTAL),

@@ -146,6 +146,8 @@ mod tests {
             lr: 1e-4,
             grad_norm: 1.0,
             tokens_per_s,
+            draft_positions_per_s: 0.0,
+            mfu: None,
             workers: Vec::new(),
             times: StepTimes::default(),
         }

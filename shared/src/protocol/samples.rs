@@ -21,10 +21,13 @@ pub(super) fn step_metrics() -> StepMetrics {
         lr: 6e-4,
         grad_norm: 0.87,
         tokens_per_s: 21_500.0,
+        draft_positions_per_s: 0.0,
+        mfu: None,
         workers: vec![WorkerThroughput {
             device: "cuda:5".into(),
             role: DeviceRole::Drafter,
             tokens_per_s: 7_166.7,
+            mfu: None,
         }],
         times: StepTimes {
             total_ms: 812.5,
@@ -39,6 +42,7 @@ pub(super) fn gpu_sample() -> GpuSample {
         ts_ms: 1_767_000_000_000,
         index: 0,
         name: "NVIDIA H200".into(),
+        uuid: None,
         role: DeviceRole::Target,
         memory_used_bytes: Some(96_000_000_000),
         memory_total_bytes: Some(150_754_820_096),
@@ -109,6 +113,8 @@ pub(super) fn status() -> StatusSnapshot {
         },
         throughput: RunThroughput {
             tokens_per_s: 12_800.0,
+            draft_positions_per_s: 102_400.0,
+            mfu: Some(0.25),
             baseline_tokens_per_s: Some(21_500.0),
             stable_since_ms: Some(1_766_999_000_000),
         },

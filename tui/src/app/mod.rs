@@ -355,6 +355,16 @@ impl App {
         }
     }
 
+    /// Draft positions per second and MFU of the latest step (MFU `None` where a device's
+    /// peak is unknown), from the live metrics or else the status.
+    pub fn draft_rate(&self) -> Option<(f64, Option<f64>)> {
+        match (&self.telemetry.last_metrics, &self.status) {
+            (Some(m), _) => Some((m.draft_positions_per_s, m.mfu)),
+            (None, Some(s)) => Some((s.throughput.draft_positions_per_s, s.throughput.mfu)),
+            (None, None) => None,
+        }
+    }
+
     pub fn baseline_tokens_per_s(&self) -> Option<f64> {
         self.status
             .as_ref()

@@ -301,6 +301,7 @@ mod tests {
             ts_ms: ts_s * 1000,
             index: 2,
             name: "NVIDIA H200".into(),
+            uuid: None,
             role: DeviceRole::Drafter,
             memory_used_bytes: Some(used),
             memory_total_bytes: Some(141 * GB),

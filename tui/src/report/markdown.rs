@@ -57,6 +57,13 @@ pub fn render(report: &StatusReport) -> String {
         _ => "Throughput unknown (no status from the daemon).".into(),
     };
     let _ = writeln!(out, "- {throughput}");
+    if let Some(positions) = t.draft_positions_per_s.filter(|p| *p > 0.0) {
+        let mfu = t.mfu.map_or_else(
+            || "MFU unknown (no peak for a device)".to_string(),
+            |m| format!("MFU {:.1}%", 100.0 * m),
+        );
+        let _ = writeln!(out, "- {} draft positions/s; {mfu}.", format_si(positions));
+    }
     // The worst alert with what preceded it; the others by their headline (Progress lists
     // them all).
     for (i, alert) in report.alerts.iter().enumerate() {

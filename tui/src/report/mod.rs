@@ -75,6 +75,10 @@ pub struct Run {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Throughput {
     pub tokens_per_s: Option<f64>,
+    /// Kept anchors × block size per second.
+    pub draft_positions_per_s: Option<f64>,
+    /// Model FLOPs utilisation; `None` where a device's peak is unknown.
+    pub mfu: Option<f64>,
     pub baseline_tokens_per_s: Option<f64>,
     pub share_of_baseline: Option<f64>,
     pub stable_since: Option<String>,
@@ -219,6 +223,8 @@ fn throughput_section(input: &ReportInput) -> Throughput {
     let Some(s) = input.snapshot else {
         return Throughput {
             tokens_per_s: None,
+            draft_positions_per_s: None,
+            mfu: None,
             baseline_tokens_per_s: None,
             share_of_baseline: None,
             stable_since: None,
@@ -227,6 +233,8 @@ fn throughput_section(input: &ReportInput) -> Throughput {
     let t = &s.throughput;
     Throughput {
         tokens_per_s: Some(t.tokens_per_s),
+        draft_positions_per_s: Some(t.draft_positions_per_s),
+        mfu: t.mfu,
         baseline_tokens_per_s: t.baseline_tokens_per_s,
         share_of_baseline: t
             .baseline_tokens_per_s

@@ -217,6 +217,16 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             fmt::duration_ms(app.now_ms - since)
         )));
     }
+    if let Some((positions, mfu)) = app.draft_rate().filter(|(p, _)| *p > 0.0) {
+        spans.push(Span::raw(format!(
+            " · {} draft pos/s",
+            format_si(positions)
+        )));
+        spans.push(match mfu {
+            Some(m) => Span::raw(format!(" · MFU {:.1}%", 100.0 * m)),
+            None => Span::styled(" · MFU —", theme.dim()),
+        });
+    }
     frame.render_widget(Paragraph::new(Line::from(spans)), baseline);
 
     TimeChart {

@@ -162,6 +162,8 @@ impl Sim {
             lr: 1.6e-4,
             grad_norm: r3(0.9 + 0.05 * self.rng.normal()),
             tokens_per_s,
+            draft_positions_per_s: 0.0,
+            mfu: None,
             workers: Vec::new(),
             times: StepTimes {
                 data_wait_ms: r3(step_ms * 0.01),
@@ -215,6 +217,7 @@ impl Sim {
                 ts_ms: ts,
                 index,
                 name: "NVIDIA H200".into(),
+                uuid: None,
                 role: if target {
                     DeviceRole::Target
                 } else {
@@ -381,6 +384,8 @@ impl Sim {
                 config_path: Some("/srv/dflash/configs/qwen3.6-27b-8gpu.toml".into()),
             },
             throughput: Throughput {
+                draft_positions_per_s: 0.0,
+                mfu: None,
                 tokens_per_s: metrics.tokens_per_s,
                 baseline_tokens_per_s: detector.baseline_tokens_per_s.map(r3),
                 stable_since_ms: (detector.level == health::Level::Ok)

@@ -1,5 +1,6 @@
-//! `cancel`: withdraws a pending action, journaled with the caller's uid
-//! (a refused cancel through the per-uid throttle, [`crate::run::refusal_throttle`]).
+//! `cancel`: withdraws a pending action, journaled with the caller's uid when its filing was
+//! ([`crate::run::withdrawn_requests`]; a refused cancel through the per-uid throttle,
+//! [`crate::run::refusal_throttle`]).
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::Response;
 
@@ -10,6 +11,9 @@ pub(super) fn cancel(handle: &RunHandle, caller: Caller, action_id: String) -> R
     let result = handle.with_pending(|p| p.cancel(&action_id, dflash_shared::clock::now_ms()));
     match &result {
         Ok(_) => {
+            if !handle.withdrawal_gets_a_line(&action_id, "cancelled") {
+                return Response::Ok;
+            }
             handle.record_event_logged(
                 Severity::Info,
                 EventKind::OperatorRequest {

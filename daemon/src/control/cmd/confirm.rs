@@ -22,6 +22,7 @@ pub(super) async fn confirm(
     let result = handle.with_pending(|p| p.confirm(&action_id, &run_name, &view, handle.policy()));
     match result {
         Ok(approved) => {
+            handle.journal_filing_before_confirmation(&action_id);
             handle.record_event_logged(
                 Severity::Warn,
                 EventKind::OperatorConfirmed {

@@ -1,9 +1,9 @@
 //! `request_action`: files a destructive action as pending, with its consequences. It never
 //! acts by itself; only a typed confirmation does ([`super::confirm`]). Every request is journaled
-//! with the caller's uid; refused ones through the per-uid throttle
+//! with the caller's uid (past many a minute, only once confirmed:
+//! [`crate::run::withdrawn_requests`]); refused ones through the per-uid throttle
 //! ([`crate::run::refusal_throttle`]).
 use dflash_shared::actions::Action;
-use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::protocol::Response;
 
 use super::{error, Caller};
@@ -26,16 +26,11 @@ pub(super) fn file(handle: &RunHandle, caller: Caller, action: Action) -> Respon
         )
     });
     match &result {
-        Ok(_) => {
-            handle.record_event_logged(
-                Severity::Info,
-                EventKind::OperatorRequest {
-                    uid: caller.uid,
-                    request: format!("{} (filed, awaiting confirmation)", action.title()),
-                    action_id: Some(id),
-                },
-            );
-        }
+        Ok(_) => handle.record_filed_request(
+            caller.uid,
+            format!("{} (filed, awaiting confirmation)", action.title()),
+            id,
+        ),
         Err(e) => handle.record_refused_request(
             caller.uid,
             format!("{} (refused: {e})", action.title()),

@@ -133,9 +133,41 @@ impl DecoderLayer {
 
     /// `hidden` `[B, Q, H]` (block tokens) -> `[B, Q, H]`.
     pub fn forward(&self, hidden: &Tensor, ctx: &LayerContext<'_>) -> Tensor {
+        let rope = ctx.rope;
+        let (context_key, context_value) =
+            self.context_key_value(ctx.context, &rope.context_cos, &rope.context_sin);
+        self.forward_with_context(hidden, &context_key, &context_value, ctx)
+    }
+
+    /// This layer's keys `[B, S, Hkv, D]` (k_norm, RoPE at the context's own positions given
+    /// by `cos`/`sin`) and values of the shared `context` `[B, S, H]`. They depend on nothing
+    /// but the context, which is what lets decoding cache them.
+    pub fn context_key_value(
+        &self,
+        context: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor) {
+        let size = context.size();
+        let (b, s, hd) = (size[0], size[1], self.head_dim);
+        let key =
+            self.k_norm
+                .forward(&self.k_proj.forward(context).view([b, s, self.kv_heads, hd]));
+        let key = apply_rotary(&key, cos, sin);
+        let value = self.v_proj.forward(context).view([b, s, self.kv_heads, hd]);
+        (key, value)
+    }
+
+    /// [`Self::forward`] with the context keys and values already computed.
+    pub fn forward_with_context(
+        &self,
+        hidden: &Tensor,
+        context_key: &Tensor,
+        context_value: &Tensor,
+        ctx: &LayerContext<'_>,
+    ) -> Tensor {
         let size = hidden.size();
         let (b, q_len) = (size[0], size[1]);
-        let s = ctx.context.size()[1];
         let hd = self.head_dim;
         let x = self.input_layernorm.forward(hidden);
         let rope = ctx.rope;
@@ -144,20 +176,6 @@ impl DecoderLayer {
             .q_norm
             .forward(&self.q_proj.forward(&x).view([b, q_len, self.heads, hd]));
         let q = apply_rotary(&q, &rope.block_cos, &rope.block_sin);
-        // Context keys/values come from this layer's own projections of the shared context;
-        // k_norm applies to both, RoPE at their own absolute positions.
-        let context_key =
-            self.k_norm.forward(
-                &self
-                    .k_proj
-                    .forward(ctx.context)
-                    .view([b, s, self.kv_heads, hd]),
-            );
-        let context_key = apply_rotary(&context_key, &rope.context_cos, &rope.context_sin);
-        let context_value = self
-            .v_proj
-            .forward(ctx.context)
-            .view([b, s, self.kv_heads, hd]);
         let block_key =
             self.k_norm
                 .forward(&self.k_proj.forward(&x).view([b, q_len, self.kv_heads, hd]));
@@ -166,8 +184,8 @@ impl DecoderLayer {
 
         let inputs = BlockAttentionInputs {
             query: &q,
-            context_key: &context_key,
-            context_value: &context_value,
+            context_key,
+            context_value,
             block_key: &block_key,
             block_value: &block_value,
             anchors: ctx.anchors,

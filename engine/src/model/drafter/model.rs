@@ -11,12 +11,12 @@ use crate::model::attention::{
 use crate::model::layers::Rotary;
 
 pub struct Drafter {
-    config: DrafterConfig,
-    fc: Linear,
-    hidden_norm: RmsNorm,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    rotary: Rotary,
+    pub(super) config: DrafterConfig,
+    pub(super) fc: Linear,
+    pub(super) hidden_norm: RmsNorm,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: RmsNorm,
+    pub(super) rotary: Rotary,
 }
 
 impl Drafter {
@@ -73,6 +73,116 @@ impl Drafter {
         keep: &Tensor,
         backend: AttentionBackend,
     ) -> Tensor {
+        let shared = self.prepare(target_features, block_embeddings, anchors, keep, backend);
+        let context = self.context(target_features);
+        let layer_context = shared.layer_context(&context, backend);
+        let mut hidden = shared.blocks.shallow_clone();
+        for layer in &self.layers {
+            hidden = layer.forward(&hidden, &layer_context);
+        }
+        shared.in_given_order(self.norm.forward(&hidden))
+    }
+
+    /// Training forward and backward of one micro-batch: [`Self::forward`]'s output goes to
+    /// `backward_from_output`, which must backpropagate the loss from it (as
+    /// `train/loss.rs::weighted_ce_backward` does); its result is returned, and the gradients
+    /// of every parameter (and of inputs that require them) are accumulated.
+    ///
+    /// With `activation_checkpointing`, the layers before the last keep only their inputs
+    /// through the forward and run again, last to first, in the backward, each from its saved
+    /// input and with the gradient its output received: the saved activations of all layers
+    /// become those of one, for one more forward of the layers before the last. The gradients
+    /// are the plain forward's: every layer's parameter gradients bit for bit (the recompute
+    /// runs the same kernels on the same inputs), `fc` and `hidden_norm` up to float rounding,
+    /// since the context's gradient is summed over the layers one layer at a time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward<R>(
+        &self,
+        target_features: &Tensor,
+        block_embeddings: &Tensor,
+        anchors: &Tensor,
+        keep: &Tensor,
+        backend: AttentionBackend,
+        activation_checkpointing: bool,
+        backward_from_output: impl FnOnce(&Tensor) -> R,
+    ) -> R {
+        if !activation_checkpointing {
+            let out = self.forward(target_features, block_embeddings, anchors, keep, backend);
+            return backward_from_output(&out);
+        }
+        let shared = self.prepare(target_features, block_embeddings, anchors, keep, backend);
+        let context = self.context(target_features);
+        // Every layer reads the context through this leaf, so their gradients with respect to
+        // it collect in its `.grad` and go back through `hidden_norm` and `fc` once, at the end.
+        let context_leaf = context.detach().set_requires_grad(true);
+        let layer_context = shared.layer_context(&context_leaf, backend);
+        let (last, earlier) = self
+            .layers
+            .split_last()
+            .expect("a validated drafter config has layers");
+
+        // Forward: the layers before the last run without a graph; only their inputs are kept.
+        let mut inputs = vec![shared.blocks.shallow_clone()];
+        tch::no_grad(|| {
+            for layer in earlier {
+                let next = layer.forward(inputs.last().expect("starts non-empty"), &layer_context);
+                inputs.push(next);
+            }
+        });
+        // The last layer keeps its graph: its backward follows the loss's at once. Its input
+        // is the first layer's (with whatever graph the block embeddings carry) or a leaf
+        // that collects the gradient for the layer before it.
+        let last_input = inputs.pop().expect("starts non-empty");
+        let last_input = if earlier.is_empty() {
+            last_input
+        } else {
+            last_input.set_requires_grad(true)
+        };
+        let out = shared.in_given_order(
+            self.norm
+                .forward(&last.forward(&last_input, &layer_context)),
+        );
+        let result = backward_from_output(&out);
+        drop(out);
+
+        // Backward, last to first: run each earlier layer again from its input, with its graph,
+        // and backpropagate the gradient of its output (its successor's input gradient).
+        let mut output_grad = if earlier.is_empty() {
+            Tensor::new()
+        } else {
+            last_input.grad()
+        };
+        drop(last_input);
+        for (i, (layer, input)) in earlier.iter().zip(inputs).enumerate().rev() {
+            if !output_grad.defined() {
+                break; // nothing flowed back (no weighted position): nothing to recompute
+            }
+            // Layer 0's input is the block embeddings themselves, graph included.
+            let input = if i == 0 {
+                input
+            } else {
+                input.set_requires_grad(true)
+            };
+            backpropagate(&layer.forward(&input, &layer_context), &output_grad);
+            output_grad = if i == 0 { Tensor::new() } else { input.grad() };
+        }
+        let context_grad = context_leaf.grad();
+        if context_grad.defined() {
+            backpropagate(&context, &context_grad);
+        }
+        result
+    }
+
+    /// What every layer of one training forward shares, built once: the anchors and blocks in
+    /// the order attention runs them, the block-sparse plans and the RoPE tables.
+    fn prepare(
+        &self,
+        target_features: &Tensor,
+        block_embeddings: &Tensor,
+        anchors: &Tensor,
+        keep: &Tensor,
+        backend: AttentionBackend,
+    ) -> SharedInputs {
         let cfg = &self.config;
         let bs = cfg.block_size;
         let (f, e, a) = (
@@ -135,45 +245,39 @@ impl Drafter {
         if order.is_some() {
             plans = plans_for(&anchors, &keep);
         }
-        let context = self.hidden_norm.forward(
-            &self
-                .fc
-                // No copy when the caller passes the features already on this device in this
-                // dtype, as training and evaluation do (evaluation places each group's features
-                // once for all its anchor chunks).
-                .forward(&target_features.to_device(device).to_kind(dtype)),
-        );
-
         let offsets = Tensor::arange(bs, (Kind::Int64, device));
         let block_positions = (anchors.unsqueeze(-1) + offsets).view([a[0], a[1] * bs]);
         let context_positions = Tensor::arange(f[1], (Kind::Int64, device)).unsqueeze(0);
         let (context_cos, context_sin) = self.rotary.cos_sin(&context_positions);
         let (block_cos, block_sin) = self.rotary.cos_sin(&block_positions);
-        let rope = RopeTables {
-            context_cos,
-            context_sin,
-            block_cos,
-            block_sin,
-        };
-        let layer_context = LayerContext {
-            plans: &plans,
-            context: &context,
-            rope: &rope,
-            anchors: &anchors,
-            keep: &keep,
+        let blocks = in_order(block_embeddings.to_device(device).to_kind(dtype));
+        SharedInputs {
+            rope: RopeTables {
+                context_cos,
+                context_sin,
+                block_cos,
+                block_sin,
+            },
+            plans,
+            anchors,
+            keep,
+            order,
+            blocks,
             block_size: bs,
-            backend,
-        };
+        }
+    }
 
-        let mut hidden = in_order(block_embeddings.to_device(device).to_kind(dtype));
-        for layer in &self.layers {
-            hidden = layer.forward(&hidden, &layer_context);
-        }
-        let out = self.norm.forward(&hidden);
-        match &order {
-            Some(order) => order.restore(&out),
-            None => out,
-        }
+    /// `hidden_norm(fc(features))`, the context every layer's keys and values are made from.
+    fn context(&self, target_features: &Tensor) -> Tensor {
+        let (dtype, device) = (self.dtype(), self.device());
+        // No copy when the caller passes the features already on this device in this dtype, as
+        // training and evaluation do (evaluation places each group's features once for all its
+        // anchor chunks).
+        self.hidden_norm.forward(
+            &self
+                .fc
+                .forward(&target_features.to_device(device).to_kind(dtype)),
+        )
     }
 
     /// Inference forward of ONE block at `anchor`, given the context features of positions
@@ -202,5 +306,53 @@ impl Drafter {
             &keep,
             AttentionBackend::DenseMask,
         )
+    }
+}
+
+/// [`Drafter::prepare`]'s result.
+struct SharedInputs {
+    rope: RopeTables,
+    plans: Vec<BlockSparsePlan>,
+    anchors: Tensor,
+    keep: Tensor,
+    /// The blocks' order for attention, when it is not the given one.
+    order: Option<BlockOrder>,
+    /// The block embeddings, in that order, in the drafter's dtype and on its device.
+    blocks: Tensor,
+    block_size: i64,
+}
+
+impl SharedInputs {
+    fn layer_context<'a>(
+        &'a self,
+        context: &'a Tensor,
+        backend: AttentionBackend,
+    ) -> LayerContext<'a> {
+        LayerContext {
+            plans: &self.plans,
+            context,
+            rope: &self.rope,
+            anchors: &self.anchors,
+            keep: &self.keep,
+            block_size: self.block_size,
+            backend,
+        }
+    }
+
+    /// `t` (`[B, N·bs, ...]`, blocks in attention order) with its blocks in the given order.
+    fn in_given_order(&self, t: Tensor) -> Tensor {
+        match &self.order {
+            Some(order) => order.restore(&t),
+            None => t,
+        }
+    }
+}
+
+/// Backpropagates `grad` (the gradient of the loss with respect to `output`) through
+/// `output`'s graph, accumulating into the leaves' `.grad`: `d/d(output) Σ(output · grad)` is
+/// exactly `grad` (tch has no `backward(gradient)`).
+fn backpropagate(output: &Tensor, grad: &Tensor) {
+    if output.requires_grad() {
+        (output * grad.detach()).sum(Kind::Float).backward();
     }
 }

@@ -1,6 +1,7 @@
 //! One pre-norm decoder layer: `h += mixer(norm₁(h)); h += mlp(norm₂(h))`.
 use tch::Tensor;
 
+use super::cache::{DeltaNetCache, KvCache, LayerCache};
 use super::gated_deltanet::GatedDeltaNet;
 use super::mlp::SwiGluMlp;
 use super::params::{Init, ParamSpec, Params};
@@ -103,6 +104,37 @@ pub fn build_layer(
 }
 
 impl DecoderLayer {
+    /// A cache for this layer's mixer, empty.
+    pub fn new_cache(&self) -> LayerCache {
+        match &self.mixer {
+            Mixer::DeltaNet(_) => LayerCache::DeltaNet(DeltaNetCache::default()),
+            Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
+        }
+    }
+
+    /// As [`Self::forward`] over new tokens after those `cache` holds (`ctx` at their
+    /// positions, `visible` their attention mask over cache + new, see
+    /// [`SelfAttention::forward_cached`]).
+    pub fn forward_cached(
+        &self,
+        h: &Tensor,
+        ctx: &LayerContext<'_>,
+        cache: &mut LayerCache,
+        visible: &Tensor,
+    ) -> Tensor {
+        let x = ctx.norm.apply(h, &self.input_norm, ctx.eps);
+        let mixed = match (&self.mixer, cache) {
+            (Mixer::DeltaNet(m), LayerCache::DeltaNet(c)) => m.forward_cached(&x, c),
+            (Mixer::Attention(m), LayerCache::Attention(c)) => {
+                m.forward_cached(&x, ctx.cos, ctx.sin, c, visible)
+            }
+            _ => unreachable!("a layer's cache is made by that layer's new_cache"),
+        };
+        let h = h + mixed;
+        let x = ctx.norm.apply(&h, &self.post_attention_norm, ctx.eps);
+        &h + self.mlp.forward(&x)
+    }
+
     pub fn forward(&self, h: &Tensor, ctx: &LayerContext<'_>) -> Tensor {
         let x = ctx.norm.apply(h, &self.input_norm, ctx.eps);
         let mixed = match &self.mixer {

@@ -6,8 +6,9 @@
 //! (fp32 state, q/k L2-normalised, q·Dk^-0.5); gated RMSNorm with `z = in_proj_z x`; `out_proj`.
 use tch::{Kind, Tensor};
 
+use super::cache::{DeltaNetCache, RuleInputs};
 use super::config::Qwen3_5TextConfig;
-use super::delta_rule::{chunk_gated_delta_rule, DeltaRuleInputs, CHUNK_SIZE};
+use super::delta_rule::{chunk_gated_delta_rule, recurrent_gated_delta_rule, CHUNK_SIZE};
 use super::mlp::Linear;
 use super::params::{Init, ParamSpec, Params, INIT_STD};
 use crate::model::error::ModelError;
@@ -104,12 +105,66 @@ impl GatedDeltaNet {
 
     /// `x`: `[B,T,H]` (already input-normed) → `[B,T,H]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        let p = self.project(x);
+        let mixed = causal_depthwise_conv_silu(&p.pre_conv, &self.conv1d);
+        let rule = self.rule_inputs(&mixed, p.g, p.beta);
+        let (core, _state) = chunk_gated_delta_rule(&rule.as_inputs(), CHUNK_SIZE, None);
+        self.output(&core, &p.z)
+    }
+
+    /// As [`Self::forward`] for `T` new tokens continuing the sequence whose conv window and
+    /// recurrent state `cache` holds; advances `cache` over them (keeping what a later
+    /// [`DeltaNetCache::crop`] to a prefix of them needs).
+    pub fn forward_cached(&self, x: &Tensor, cache: &mut DeltaNetCache) -> Tensor {
+        let p = self.project(x);
+        let size = p.pre_conv.size();
+        let (batch, channels) = (size[0], size[2]);
+        let kernel = self.conv1d.size()[2];
+        let device = p.pre_conv.device();
+        let window = cache.window([batch, kernel - 1, channels], (p.pre_conv.kind(), device));
+        let mixed = windowed_depthwise_conv_silu(&window, &p.pre_conv, &self.conv1d);
+        let rule = self.rule_inputs(&mixed, p.g, p.beta);
+        let state = cache.state(
+            [batch, self.num_v_heads, self.head_k_dim, self.head_v_dim],
+            device,
+        );
+        // One token: the recurrent step (as transformers decodes); more: the chunked form.
+        let (core, final_state) = if size[1] == 1 {
+            recurrent_gated_delta_rule(&rule.as_inputs(), Some(&state))
+        } else {
+            chunk_gated_delta_rule(&rule.as_inputs(), CHUNK_SIZE, Some(&state))
+        };
+        cache.advance(p.pre_conv, rule, final_state);
+        self.output(&core, &p.z)
+    }
+
+    /// The projections before the conv: conv input `[B,T,conv_dim]`, gate z `[B,T,Hv,Dv]`,
+    /// β `[B,T,Hv]` and the log decay g `[B,T,Hv]` (fp32).
+    fn project(&self, x: &Tensor) -> Projected {
         let size = x.size();
+        let (batch, seq) = (size[0], size[1]);
+        let z = self
+            .in_proj_z
+            .forward(x)
+            .reshape([batch, seq, self.num_v_heads, self.head_v_dim]);
+        let beta = self.in_proj_b.forward(x).sigmoid();
+        // fp32 as in HF: in half precision exp(A_log) may overflow and softplus loses the small decays
+        let a = self.in_proj_a.forward(x).to_kind(Kind::Float) + self.dt_bias.to_kind(Kind::Float);
+        let g = -self.a_log.to_kind(Kind::Float).exp() * a.softplus();
+        Projected {
+            pre_conv: self.in_proj_qkv.forward(x),
+            z,
+            beta,
+            g,
+        }
+    }
+
+    /// Splits the conv output into q, k, v heads.
+    fn rule_inputs(&self, mixed: &Tensor, g: Tensor, beta: Tensor) -> RuleInputs {
+        let size = mixed.size();
         let (batch, seq) = (size[0], size[1]);
         let key_dim = self.num_k_heads * self.head_k_dim;
         let value_dim = self.num_v_heads * self.head_v_dim;
-
-        let mixed = causal_depthwise_conv_silu(&self.in_proj_qkv.forward(x), &self.conv1d);
         let q =
             mixed
                 .narrow(-1, 0, key_dim)
@@ -126,28 +181,36 @@ impl GatedDeltaNet {
             self.num_v_heads,
             self.head_v_dim,
         ]);
-        let z = self
-            .in_proj_z
-            .forward(x)
-            .reshape([batch, seq, self.num_v_heads, self.head_v_dim]);
-
-        let beta = self.in_proj_b.forward(x).sigmoid();
-        // fp32 as in HF: in half precision exp(A_log) may overflow and softplus loses the small decays
-        let a = self.in_proj_a.forward(x).to_kind(Kind::Float) + self.dt_bias.to_kind(Kind::Float);
-        let g = -self.a_log.to_kind(Kind::Float).exp() * a.softplus();
-
-        let inputs = DeltaRuleInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-        };
-        let (core, _state) = chunk_gated_delta_rule(&inputs, CHUNK_SIZE, None);
-        let normed = rms_norm_gated(&core, &z, &self.norm, self.eps);
-        self.out_proj
-            .forward(&normed.reshape([batch, seq, value_dim]))
+        RuleInputs { q, k, v, g, beta }
     }
+
+    fn output(&self, core: &Tensor, z: &Tensor) -> Tensor {
+        let size = core.size();
+        let normed = rms_norm_gated(core, z, &self.norm, self.eps);
+        self.out_proj.forward(&normed.reshape([
+            size[0],
+            size[1],
+            self.num_v_heads * self.head_v_dim,
+        ]))
+    }
+}
+
+struct Projected {
+    pre_conv: Tensor,
+    z: Tensor,
+    beta: Tensor,
+    g: Tensor,
+}
+
+/// `x`: `[B,T,C]` after `window` `[B,K−1,C]` (the K−1 conv inputs before it), `weight`
+/// `[C,1,K]` → `silu(conv)` `[B,T,C]`: output t sees inputs t−K+1..=t, reaching into the window.
+fn windowed_depthwise_conv_silu(window: &Tensor, x: &Tensor, weight: &Tensor) -> Tensor {
+    let channels = x.size()[2];
+    Tensor::cat(&[window, &x.to_kind(window.kind())], 1)
+        .transpose(1, 2)
+        .conv1d(weight, None::<Tensor>, [1], [0], [1], channels)
+        .silu()
+        .transpose(1, 2)
 }
 
 /// `x`: `[B,T,C]`, `weight`: `[C,1,K]` → `silu(conv)` `[B,T,C]`, where output t sees inputs
@@ -167,6 +230,19 @@ fn causal_depthwise_conv_silu(x: &Tensor, weight: &Tensor) -> Tensor {
 mod tests {
     use super::*;
     use tch::Device;
+
+    #[test]
+    fn windowed_conv_continues_the_causal_conv() {
+        tch::manual_seed(4);
+        let x = Tensor::randn([2, 9, 3], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([3, 1, 4], (Kind::Float, Device::Cpu));
+        let whole = causal_depthwise_conv_silu(&x, &w);
+        let tail = windowed_depthwise_conv_silu(&x.narrow(1, 3, 3), &x.narrow(1, 6, 3), &w);
+        assert!(tail.allclose(&whole.narrow(1, 6, 3), 1e-5, 1e-6, false));
+        let zeros = Tensor::zeros([2, 3, 3], (Kind::Float, Device::Cpu));
+        let head = windowed_depthwise_conv_silu(&zeros, &x.narrow(1, 0, 5), &w);
+        assert!(head.allclose(&whole.narrow(1, 0, 5), 1e-5, 1e-6, false));
+    }
 
     #[test]
     fn conv_is_causal_and_matches_a_direct_sum() {

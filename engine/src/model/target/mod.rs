@@ -1,6 +1,7 @@
 //! The frozen target models (Qwen3.5 / Qwen3.6 hybrid, Qwen3 dense): HF checkpoint loading and
 //! feature extraction (the residual stream after chosen decoder layers, HF `hidden_states[L+1]`).
 mod attention;
+mod cache;
 mod config;
 mod decoder;
 pub mod delta_rule;
@@ -18,6 +19,7 @@ use std::path::Path;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
+pub use cache::TargetCache;
 pub use config::{
     CheckpointLayout, Qwen3Config, Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig,
 };
@@ -290,6 +292,81 @@ impl TargetModel {
         }))
     }
 
+    /// An empty decoding cache for [`Self::forward_cached`].
+    pub fn new_cache(&self) -> TargetCache {
+        TargetCache::new(self.layers.iter().map(|l| l.new_cache()).collect())
+    }
+
+    /// Incremental forward: `input_ids` `[B,T]` are the tokens at positions
+    /// `cache.len()..cache.len()+T` of sequences whose earlier tokens `cache` holds; appends them
+    /// to `cache` (crop it afterwards to keep only an accepted prefix). Returns their logits
+    /// `[B,T,V]` (fp32) and, per token, the tap features of `tap_layers` exactly as
+    /// [`Self::features`] gives them (`[B,T,len·hidden]`; width 0 for no taps). Needs every
+    /// decoder layer loaded. The same numbers as a full forward over the whole sequence up to
+    /// rounding (the cached attention reads a mask, the delta rule starts from a state).
+    pub fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut TargetCache,
+        tap_layers: &[usize],
+    ) -> Result<CachedStep, ModelError> {
+        let num_layers = self.config.num_layers();
+        if self.layers.len() != num_layers {
+            return Err(ModelError::BadInput {
+                what: format!(
+                    "decoding needs all {num_layers} decoder layers; this model was loaded with {}",
+                    self.layers.len()
+                ),
+            });
+        }
+        if let Some(&bad) = tap_layers.iter().find(|&&l| l >= num_layers) {
+            return Err(ModelError::LayerOutOfRange {
+                layer: bad,
+                available: num_layers,
+            });
+        }
+        let ids = self.validate_ids(input_ids)?;
+        Ok(tch::no_grad(|| {
+            let (batch, new) = (ids.size()[0], ids.size()[1]);
+            let past = cache.len();
+            let positions = Tensor::arange_start(past, past + new, (Kind::Int64, self.device));
+            let (cos, sin) = self.rotary.cos_sin(&positions);
+            let visible = attention::causal_offset_mask(past, new, self.device);
+            let ctx = LayerContext {
+                norm: self.norm_style,
+                eps: self.config.rms_norm_eps(),
+                cos: &cos,
+                sin: &sin,
+            };
+            let mut taps: Vec<Option<Tensor>> = tap_layers.iter().map(|_| None).collect();
+            let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+            for (index, (layer, layer_cache)) in
+                self.layers.iter().zip(cache.layers.iter_mut()).enumerate()
+            {
+                h = layer.forward_cached(&h, &ctx, layer_cache, &visible);
+                for (slot, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == index) {
+                    taps[slot] = Some(if index == num_layers - 1 {
+                        self.norm_style.apply(&h, &self.final_norm, ctx.eps)
+                    } else {
+                        h.shallow_clone()
+                    });
+                }
+            }
+            cache.appended(new);
+            let normed = self.norm_style.apply(&h, &self.final_norm, ctx.eps);
+            let logits = normed
+                .linear::<Tensor>(&self.lm_head, None)
+                .to_kind(Kind::Float);
+            let taps: Vec<Tensor> = taps.into_iter().flatten().collect();
+            let taps = if taps.is_empty() {
+                Tensor::zeros([batch, new, 0], (self.kind, self.device))
+            } else {
+                Tensor::cat(&taps, -1)
+            };
+            CachedStep { logits, taps }
+        }))
+    }
+
     /// Checks `[B,S]`, integer, every id in `0..vocab_size`; returns int64 ids on the model device.
     fn validate_ids(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
         let size = input_ids.size();
@@ -322,6 +399,14 @@ impl TargetModel {
         }
         Ok(ids.to_device(self.device))
     }
+}
+
+/// What one [`TargetModel::forward_cached`] gives per new token.
+pub struct CachedStep {
+    /// `[B,T,V]`, fp32.
+    pub logits: Tensor,
+    /// `[B,T,len(tap_layers)·hidden]`, the drafter's context features of these tokens.
+    pub taps: Tensor,
 }
 
 /// Float dtypes a target can run in.

@@ -8,7 +8,8 @@
 //! Both: causal GQA with scale `D^-0.5`, optional q/k/v/o biases (`attention_bias`).
 use tch::Tensor;
 
-use super::attention::causal_gqa_attention;
+use super::attention::{causal_gqa_attention, masked_gqa_attention};
+use super::cache::KvCache;
 use super::config::{Qwen3Config, Qwen3_5TextConfig};
 use super::decoder::NormStyle;
 use super::mlp::Linear;
@@ -67,6 +68,13 @@ impl AttentionSpec {
     }
 }
 
+struct Projected {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gate: Option<Tensor>,
+}
+
 pub struct SelfAttention {
     spec: AttentionSpec,
     q_proj: Linear,
@@ -116,6 +124,42 @@ impl SelfAttention {
 
     /// `x`: `[B,T,H]` (input-normed); `cos`, `sin`: `[T, rotary_dim]` → `[B,T,H]`.
     pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+        let p = self.project(x, cos, sin);
+        let attn = causal_gqa_attention(&p.q, &p.k, &p.v, self.scale());
+        self.output(&attn, p.gate.as_ref())
+    }
+
+    /// As [`Self::forward`] for `T` new tokens after the `cache.len()` tokens `cache` holds
+    /// (`cos`, `sin` at the new tokens' positions): appends their keys and values to `cache`.
+    /// `visible` is the `[T, cache.len() + T]` boolean mask of the keys each new token attends
+    /// to (`true` = attend), the causal offset mask for a chain.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &mut KvCache,
+        visible: &Tensor,
+    ) -> Tensor {
+        let p = self.project(x, cos, sin);
+        let empty = cache.is_empty();
+        let (keys, values) = cache.append(&p.k, &p.v);
+        // From an empty cache the causal kernel is the training forward's own, so a prefill
+        // gives the training forward's numbers exactly.
+        let attn = if empty {
+            causal_gqa_attention(&p.q, &keys, &values, self.scale())
+        } else {
+            masked_gqa_attention(&p.q, &keys, &values, visible, self.scale())
+        };
+        self.output(&attn, p.gate.as_ref())
+    }
+
+    fn scale(&self) -> f64 {
+        (self.spec.head_dim as f64).powf(-0.5)
+    }
+
+    /// q and k normed and rotated `[B,T,heads,D]`, v, and the Qwen3.5 gate `[B,T,Hq·D]`.
+    fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Projected {
         let s = &self.spec;
         let size = x.size();
         let (batch, seq, d) = (size[0], size[1], s.head_dim);
@@ -127,19 +171,21 @@ impl SelfAttention {
         let v = heads(self.v_proj.forward(x), s.num_kv_heads, d);
         let q = apply_rotary(&s.norm.apply(&q, &self.q_norm, s.eps), cos, sin);
         let k = apply_rotary(&s.norm.apply(&k, &self.k_norm, s.eps), cos, sin);
-
-        let attn = causal_gqa_attention(&q, &k, &v, (d as f64).powf(-0.5)).reshape([
-            batch,
-            seq,
-            s.num_heads * d,
-        ]);
-        let attn = if s.output_gate {
-            let gate = q_rows
+        let gate = s.output_gate.then(|| {
+            q_rows
                 .narrow(-1, d, d)
-                .reshape([batch, seq, s.num_heads * d]);
-            attn * gate.sigmoid()
-        } else {
-            attn
+                .reshape([batch, seq, s.num_heads * d])
+        });
+        Projected { q, k, v, gate }
+    }
+
+    /// `attn` `[B,T,Hq,D]` → gated (Qwen3.5) and projected `[B,T,H]`.
+    fn output(&self, attn: &Tensor, gate: Option<&Tensor>) -> Tensor {
+        let size = attn.size();
+        let attn = attn.reshape([size[0], size[1], self.spec.num_heads * self.spec.head_dim]);
+        let attn = match gate {
+            Some(gate) => attn * gate.sigmoid(),
+            None => attn,
         };
         self.o_proj.forward(&attn)
     }

@@ -41,6 +41,10 @@ fn ids(batch: i64, seq: i64, vocab: i64) -> Tensor {
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    if a.numel() == 0 {
+        return 0.0;
+    }
     (a - b).abs().max().double_value(&[])
 }
 
@@ -242,4 +246,68 @@ fn hand_built_configs_are_validated_per_family() {
         TargetConfig::Qwen3_5(c).validate(),
         Err("linear_num_key_heads must be > 0, is 0".into())
     );
+}
+
+/// Logits and taps of every position of `ids` `[1,S]` from one forward over the whole sequence.
+fn whole_sequence(model: &TargetModel, ids: &Tensor, taps: &[usize]) -> CachedStep {
+    model
+        .forward_cached(ids, &mut model.new_cache(), taps)
+        .unwrap()
+}
+
+#[test]
+fn cached_decoding_with_rollbacks_equals_the_whole_sequence_forward() {
+    // Tolerance: the same f32 math with the cache read through a mask and the delta rule
+    // restarted from a state (chunked or recurrent), so rounding only.
+    const TOL: f64 = 1e-4;
+    for config in [small_qwen3_5(), small_qwen3(false)] {
+        let model = TargetModel::random(config.clone(), Device::Cpu, Kind::Float, 8);
+        let taps = [1usize, 0];
+        let truth_ids = ids(1, 100, 64).remainder(61).g_mul_scalar(7).remainder(64);
+        let truth = whole_sequence(&model, &truth_ids, &taps);
+        assert!(truth
+            .taps
+            .equal(&model.features(&truth_ids, &taps).unwrap()));
+
+        let mut cache = model.new_cache();
+        let prefill = model
+            .forward_cached(&truth_ids.narrow(1, 0, 70), &mut cache, &taps)
+            .unwrap();
+        assert!(max_diff(&prefill.logits, &truth.logits.narrow(1, 0, 70)) < TOL);
+        // Rounds of 5 tokens of which `keep` continue the sequence and the rest are junk that a
+        // rejection rolls back; 0 and 5 kept are the edges; one single-token step.
+        let mut len = 70;
+        for keep in [2i64, 0, 5, 1, 3, 0, 4] {
+            let junk = Tensor::full([1, 5 - keep], 63, (Kind::Int64, Device::Cpu));
+            let block = Tensor::cat(&[truth_ids.narrow(1, len, keep), junk], 1);
+            let step = model.forward_cached(&block, &mut cache, &taps).unwrap();
+            assert_eq!(step.logits.size(), vec![1, 5, 64]);
+            let want = truth.logits.narrow(1, len, keep);
+            let diff = max_diff(&step.logits.narrow(1, 0, keep), &want);
+            assert!(diff < TOL, "{config:?} round keep {keep} at {len}: {diff}");
+            let tap_diff = max_diff(
+                &step.taps.narrow(1, 0, keep),
+                &truth.taps.narrow(1, len, keep),
+            );
+            assert!(tap_diff < TOL, "taps {tap_diff}");
+            cache.crop(len + keep).unwrap();
+            len += keep;
+            assert_eq!(cache.len(), len);
+        }
+        // decode token by token past the rounds: the recurrent single-token path
+        for _ in 0..3 {
+            let step = model
+                .forward_cached(&truth_ids.narrow(1, len, 1), &mut cache, &taps)
+                .unwrap();
+            let diff = max_diff(&step.logits, &truth.logits.narrow(1, len, 1));
+            assert!(diff < TOL, "single token at {len}: {diff}");
+            len += 1;
+        }
+        let err = cache.crop(len - 2).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{}..={len}", len - 1)),
+            "the refusal names the window: {err}"
+        );
+        assert_eq!(cache.len(), len, "a refused crop changes nothing");
+    }
 }

@@ -141,7 +141,13 @@ impl Cluster {
                 .replica
                 .replicate(device)
                 .map_err(|e| topology_error(format!("replicating the drafter onto {id}: {e}")))?;
-            let mut state = RankState::new(id, replica, rank0.backend, rank0.chunk_positions);
+            let mut state = RankState::new(
+                id,
+                replica,
+                rank0.backend,
+                rank0.chunk_positions,
+                rank0.activation_checkpointing,
+            );
             state.allreduce = endpoints.next();
             let inbox = Inbox::new(Arc::clone(&cluster.queues[rank]));
             let worker = spawn_drafter(state, inbox, plan, rank, Arc::clone(&cluster.tripwire))

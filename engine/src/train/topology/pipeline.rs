@@ -14,6 +14,7 @@ use crate::train::anchors::AnchorBatch;
 use crate::train::labels::BlockLabels;
 use crate::train::loader::collate;
 use crate::train::micro::{MicroSource, PreparedMicro};
+use crate::train::throughput;
 use crate::train::topology::queue::{ByteSized, HiddenStateQueue};
 
 /// One micro-batch with the target's tap-layer features, ready for its drafter rank.
@@ -45,6 +46,8 @@ impl HiddenItem {
             timing: ItemTiming {
                 producer: 0,
                 tokens: 0,
+                draft_positions: 0,
+                target_flops: 0.0,
                 data_ms: 0.0,
                 target_ms: 0.0,
             },
@@ -95,6 +98,8 @@ pub fn produce_item(
         timing: ItemTiming {
             producer,
             tokens: micro.batch.tokens as u64,
+            draft_positions: throughput::draft_positions(&micro, source.spec().block_size as i64),
+            target_flops: throughput::target_flops(target.config(), layer_ids, &micro),
             data_ms,
             target_ms,
         },

@@ -3,6 +3,7 @@
 use dflash_shared::config::QueueSection;
 use dflash_shared::metrics::{DeviceRole, StepTimes, WorkerThroughput};
 
+use crate::train::throughput::DevicePeaks;
 use crate::train::topology::queue::QueueConfig;
 
 /// `ranks` drafter replicas, each training `accum` micro-batches per optimizer step.
@@ -61,6 +62,10 @@ pub struct ItemTiming {
     /// Target worker that produced it.
     pub producer: usize,
     pub tokens: u64,
+    /// Kept anchors × block size (`train/throughput.rs::draft_positions`).
+    pub draft_positions: u64,
+    /// The target forward's analytic FLOPs (`train/throughput.rs::target_flops`).
+    pub target_flops: f64,
     pub data_ms: f64,
     pub target_ms: f64,
 }
@@ -69,6 +74,8 @@ pub struct ItemTiming {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankTiming {
     pub items: Vec<ItemTiming>,
+    /// Analytic forward + backward FLOPs of this rank's micro-batches.
+    pub drafter_flops: f64,
     pub queue_wait_ms: f64,
     pub forward_backward_ms: f64,
     pub all_reduce_ms: f64,
@@ -84,20 +91,35 @@ pub struct WorkerNames {
     pub inline: bool,
 }
 
+/// What one step did, for its metrics line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepTelemetry {
+    pub times: StepTimes,
+    pub workers: Vec<WorkerThroughput>,
+    pub tokens: u64,
+    pub draft_positions: u64,
+    /// Every worker's FLOPs over the step's wall time and the sum of their devices' peaks
+    /// (each device once); `None` unless every device's peak is known.
+    pub mfu: Option<f64>,
+}
+
 /// A step's time breakdown and per-worker throughput from its ranks' reports.
 ///
 /// Target-side phases (data, target forward) are the mean over target workers of the time
 /// spent on this step's micro-batches (that work may have overlapped earlier steps); drafter
 /// phases are the mean over drafter ranks. Throughput counts the tokens of this step's
-/// sequences each worker handled, over the step's wall time.
+/// sequences each worker handled, over the step's wall time; so does each worker's MFU, its
+/// side's analytic FLOPs against its device's peak in `peaks`.
 pub fn step_telemetry(
     names: &WorkerNames,
     ranks: &[RankTiming],
     wall_ms: f64,
-) -> (StepTimes, Vec<WorkerThroughput>, u64) {
+    peaks: &DevicePeaks,
+) -> StepTelemetry {
     let secs = (wall_ms / 1e3).max(1e-9);
     let items = || ranks.iter().flat_map(|r| r.items.iter());
     let tokens: u64 = items().map(|i| i.tokens).sum();
+    let draft_positions: u64 = items().map(|i| i.draft_positions).sum();
     let n_targets = names.targets.len().max(1) as f64;
     let n_ranks = ranks.len().max(1) as f64;
     let mean = |f: fn(&RankTiming) -> f64| ranks.iter().map(f).sum::<f64>() / n_ranks;
@@ -110,36 +132,45 @@ pub fn step_telemetry(
         optimizer_ms: mean(|r| r.optimizer_ms),
         total_ms: wall_ms,
     };
-    let workers = if names.inline {
-        vec![WorkerThroughput {
-            device: names.drafters.first().cloned().unwrap_or_default(),
-            role: DeviceRole::Both,
-            tokens_per_s: tokens as f64 / secs,
-        }]
+    // (device, role, tokens, flops) per worker.
+    let work: Vec<(String, DeviceRole, u64, f64)> = if names.inline {
+        let flops = items().map(|i| i.target_flops).sum::<f64>()
+            + ranks.iter().map(|r| r.drafter_flops).sum::<f64>();
+        let device = names.drafters.first().cloned().unwrap_or_default();
+        vec![(device, DeviceRole::Both, tokens, flops)]
     } else {
-        let produced =
-            |w: usize| -> u64 { items().filter(|i| i.producer == w).map(|i| i.tokens).sum() };
-        let targets = names
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(w, device)| WorkerThroughput {
-                device: device.clone(),
-                role: DeviceRole::Target,
-                tokens_per_s: produced(w) as f64 / secs,
-            });
-        let drafters = names
-            .drafters
-            .iter()
-            .zip(ranks)
-            .map(|(device, r)| WorkerThroughput {
-                device: device.clone(),
-                role: DeviceRole::Drafter,
-                tokens_per_s: r.items.iter().map(|i| i.tokens).sum::<u64>() as f64 / secs,
-            });
+        let produced = |w: usize| items().filter(move |i| i.producer == w);
+        let targets = names.targets.iter().enumerate().map(|(w, device)| {
+            let tokens = produced(w).map(|i| i.tokens).sum();
+            let flops = produced(w).map(|i| i.target_flops).sum();
+            (device.clone(), DeviceRole::Target, tokens, flops)
+        });
+        let drafters = names.drafters.iter().zip(ranks).map(|(device, r)| {
+            let tokens = r.items.iter().map(|i| i.tokens).sum();
+            (device.clone(), DeviceRole::Drafter, tokens, r.drafter_flops)
+        });
         targets.chain(drafters).collect()
     };
-    (times, workers, tokens)
+    let workers: Vec<WorkerThroughput> = work
+        .iter()
+        .map(|(device, role, tokens, flops)| WorkerThroughput {
+            device: device.clone(),
+            role: *role,
+            tokens_per_s: *tokens as f64 / secs,
+            mfu: peaks.mfu(device, *flops, secs),
+        })
+        .collect();
+    // Workers sharing a device (several ranks on one CPU) share its peak: count it once.
+    let devices: std::collections::BTreeSet<&str> = work.iter().map(|(d, ..)| d.as_str()).collect();
+    let total_peak: Option<f64> = devices.into_iter().map(|d| peaks.get(d)).sum();
+    let total_flops: f64 = work.iter().map(|(.., f)| f).sum();
+    StepTelemetry {
+        times,
+        workers,
+        tokens,
+        draft_positions,
+        mfu: total_peak.map(|p| total_flops / secs / p),
+    }
 }
 
 #[cfg(test)]
@@ -203,12 +234,15 @@ mod tests {
         let item = |producer, tokens| ItemTiming {
             producer,
             tokens,
+            draft_positions: tokens * 2,
+            target_flops: tokens as f64 * 1e6,
             data_ms: 1.0,
             target_ms: 10.0,
         };
         let ranks = vec![
             RankTiming {
                 items: vec![item(0, 100), item(1, 300)],
+                drafter_flops: 4e9,
                 queue_wait_ms: 4.0,
                 forward_backward_ms: 20.0,
                 all_reduce_ms: 2.0,
@@ -216,14 +250,35 @@ mod tests {
             },
             RankTiming {
                 items: vec![item(0, 100)],
+                drafter_flops: 1e9,
                 queue_wait_ms: 0.0,
                 forward_backward_ms: 30.0,
                 all_reduce_ms: 4.0,
                 optimizer_ms: 1.0,
             },
         ];
-        let (times, workers, tokens) = step_telemetry(&names, &ranks, 500.0);
-        assert_eq!(tokens, 500);
+        let mut peaks = DevicePeaks::new();
+        for d in ["cuda:0", "cuda:1", "cuda:2"] {
+            peaks.insert(d, 1e12);
+        }
+        let StepTelemetry {
+            times,
+            workers,
+            tokens,
+            draft_positions,
+            mfu,
+        } = step_telemetry(&names, &ranks, 500.0, &peaks);
+        assert_eq!((tokens, draft_positions), (500, 1000));
+        // cuda:3 has no known peak: it gets no MFU, and neither does the step.
+        let mfus: Vec<Option<f64>> = workers.iter().map(|w| w.mfu).collect();
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
+        assert!(close(mfus[0], 4e-4) && close(mfus[1], 6e-4) && close(mfus[2], 8e-3));
+        assert_eq!(mfus[3], None);
+        assert_eq!(mfu, None);
+        peaks.insert("cuda:3", 1e12);
+        let all_known = step_telemetry(&names, &ranks, 500.0, &peaks).mfu.unwrap();
+        // (5e8 target + 5e9 drafter FLOPs) / 0.5 s / 4e12.
+        assert!((all_known - 2.75e-3).abs() < 1e-12, "{all_known}");
         assert_eq!(times.target_forward_ms, 15.0);
         assert_eq!(times.data_wait_ms, 1.5);
         assert_eq!(times.queue_wait_ms, 2.0);
@@ -245,11 +300,16 @@ mod tests {
             drafters: vec!["cpu".into()],
             inline: true,
         };
-        let (_, workers, _) = step_telemetry(&inline, &ranks[..1], 1000.0);
+        let mut cpu = DevicePeaks::new();
+        cpu.insert("cpu", 1e10);
+        let step = step_telemetry(&inline, &ranks[..1], 1000.0, &cpu);
+        let workers = &step.workers;
         assert_eq!(workers.len(), 1);
         assert_eq!(
             (workers[0].role, workers[0].tokens_per_s),
             (DeviceRole::Both, 400.0)
         );
+        // One device runs both sides: its MFU counts both (4e8 target + 4e9 drafter).
+        assert!(close(workers[0].mfu, 0.44) && close(step.mfu, 0.44));
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use super::allreduce::AllReduce;
+use super::allreduce::{sum_in_buckets, AllReduce, BUCKET_ELEMENTS};
 use super::pipeline::{sync, HiddenItem};
 use super::plan::RankTiming;
 use super::WorkerId;
@@ -14,6 +14,7 @@ use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
 use crate::train::replica::DrafterReplica;
+use crate::train::throughput::drafter_flops;
 
 /// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
 /// every rank); the timing is this rank's.
@@ -31,10 +32,13 @@ pub struct RankState {
     pub replica: DrafterReplica,
     /// `None` when this is the only rank.
     pub allreduce: Option<Box<dyn AllReduce>>,
-    /// Flat fp32 gradient buffer for the all-reduce, allocated once.
-    flat: Option<Tensor>,
+    /// The fp32 all-reduce bucket ([`BUCKET_ELEMENTS`], or fewer when the drafter is
+    /// smaller), allocated once.
+    bucket: Option<Tensor>,
     pub backend: AttentionBackend,
     pub chunk_positions: i64,
+    /// `training.activation_checkpointing`.
+    pub activation_checkpointing: bool,
 }
 
 impl RankState {
@@ -43,14 +47,16 @@ impl RankState {
         replica: DrafterReplica,
         backend: AttentionBackend,
         chunk_positions: i64,
+        activation_checkpointing: bool,
     ) -> Self {
         Self {
             id,
             replica,
             allreduce: None,
-            flat: None,
+            bucket: None,
             backend,
             chunk_positions,
+            activation_checkpointing,
         }
     }
 
@@ -58,9 +64,13 @@ impl RankState {
     /// wall time in ms.
     pub fn warmup(&mut self, features: &Tensor, micro: &PreparedMicro) -> f64 {
         let t = Instant::now();
-        let _ = self
-            .replica
-            .forward_backward(features, micro, self.backend, self.chunk_positions);
+        let _ = self.replica.forward_backward(
+            features,
+            micro,
+            self.backend,
+            self.chunk_positions,
+            self.activation_checkpointing,
+        );
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
         self.replica.zero_grad();
@@ -89,9 +99,11 @@ impl RankState {
                 &item.micro,
                 self.backend,
                 self.chunk_positions,
+                self.activation_checkpointing,
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
+            timing.drafter_flops += drafter_flops(self.replica.drafter().config(), &item.micro);
             timing.items.push(item.timing);
             last_epoch = last_epoch.max(item.micro.batch.epoch);
         }
@@ -103,14 +115,16 @@ impl RankState {
             sums.correct as f64,
             sums.counted as f64,
         ];
+        let mut reduced = None;
         if let Some(group) = self.allreduce.as_mut() {
-            let n = self.replica.flat_len();
-            let flat = self
-                .flat
+            let n = self.replica.param_elements().clamp(1, BUCKET_ELEMENTS);
+            let bucket = self
+                .bucket
                 .get_or_insert_with(|| Tensor::zeros([n], (Kind::Float, device)));
-            self.replica.gather_grads(flat);
-            group.sum_tensor(flat).map_err(|e| e.to_string())?;
+            let mut grads = self.replica.grads_for_reduce();
+            sum_in_buckets(group.as_mut(), &mut grads, bucket).map_err(|e| e.to_string())?;
             group.sum_f64(&mut totals).map_err(|e| e.to_string())?;
+            reduced = Some(grads);
         }
         sync(device);
         timing.all_reduce_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -129,12 +143,7 @@ impl RankState {
         } else {
             1.0
         };
-        let flat = if self.allreduce.is_some() {
-            self.flat.as_ref()
-        } else {
-            None
-        };
-        let optim = self.replica.apply(lr, flat, scale);
+        let optim = self.replica.apply(lr, reduced.as_deref(), scale);
         sync(device);
         timing.optimizer_ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(RankReport {

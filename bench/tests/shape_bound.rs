@@ -1,0 +1,146 @@
+//! 200 steps of the embedded default with fixed shapes (issue 11, piece 4): the micro-batches
+//! come in a bounded set of (rows, row length, anchors) shapes, the attention kernel sees a
+//! bounded set of shapes, and live memory stays flat after warmup.
+//!
+//! It records attention shapes process-wide (`shape_log`) and reads the process's resident
+//! set the way the benchmark's memory pass does (`dflash_bench::memory`: glibc's mmap
+//! threshold pinned low so the resident set follows live allocations), so it is a test
+//! binary of its own: nothing else runs attention or allocates in it.
+use dflash_bench::memory;
+use dflash_engine::model::attention::{max_distinct_chunk_shapes, shape_log};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use dflash_engine::train::embedded;
+use dflash_engine::train::micro::{MicroSource, MicroSpec};
+use dflash_engine::train::trainer::Trainer;
+use tch::Device;
+
+const STEPS: usize = 200;
+/// Steps before memory must be flat: the first steps fault in libtorch's lazily created
+/// state (thread pools, kernel caches, the optimizer's moments on the first update).
+const WARMUP: usize = 20;
+/// Flatness: after warmup the resident set after each step may spread by at most this much
+/// (MiB; measured 0.8). A leak of one micro-batch's tensors per step (~1 MiB) leaves this
+/// band within a few steps; glibc's small-object heap moves by well under it.
+const FLAT_TOLERANCE_MIB: f64 = 4.0;
+/// A step's peak above the resident set before it differs by row length (four buckets:
+/// 32–37 MiB measured) and is smaller on the short last batch of an epoch (16 MiB), so it is
+/// not one value; it must not grow: the peaks of the second half stay within this much
+/// (MiB) of the largest peak of the first half after warmup.
+const PEAK_GROWTH_TOLERANCE_MIB: f64 = 1.0;
+
+#[test]
+fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
+    tch::set_num_threads(1);
+    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+    let drafter_cfg = embedded::tiny_drafter_config(target.config());
+    let mut cfg = embedded::tiny_train_config();
+    cfg.eval_every = 0;
+    let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
+        .unwrap()
+        .0;
+    // Outside attention: rows in at most `max_len / seq_len_multiple` lengths, always
+    // `num_anchors` blocks; a batch is full or an epoch's short last one. The micro-batches
+    // are the trainer's (`MicroSource` is a pure function of the spec and the index; built
+    // here over the whole set, the trainer's own omits the held-out rows).
+    let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
+    // The chunk planner's set of shapes (`attention/chunk_plan.rs`), for every row length the
+    // buckets allow, at batch 1 (the loosest budget: a smaller batch fits wider chunks), once
+    // per batch size (a full batch and an epoch's short last one differ in q's and k's first
+    // size).
+    let row_lengths: Vec<i64> = (1..=lengths)
+        .map(|m| ((m * cfg.seq_len_multiple).min(cfg.max_len)) as i64)
+        .collect();
+    let bound = 2 * max_distinct_chunk_shapes(
+        cfg.num_anchors,
+        drafter_cfg.block_size,
+        drafter_cfg.num_attention_heads,
+        &row_lengths,
+    );
+    eprintln!("attention shape bound from the config: {bound}");
+    let source = MicroSource::new(
+        Arc::new(samples.clone()),
+        (0..samples.len()).collect(),
+        MicroSpec {
+            seed: cfg.seed,
+            batch_size: cfg.batch_size,
+            num_anchors: cfg.num_anchors,
+            block_size: drafter_cfg.block_size as usize,
+            gamma: cfg.gamma_for(drafter_cfg.block_size as usize),
+            rule: cfg.label_mask_rule,
+            pad_id: 0,
+            seq_len_multiple: cfg.seq_len_multiple,
+        },
+    );
+    let micro_shapes: BTreeSet<(usize, usize, usize)> = (0..STEPS as u64)
+        .map(|seq| {
+            let m = source.prepare(seq);
+            (m.batch.batch, m.batch.seq_len, m.anchors.width)
+        })
+        .collect();
+    eprintln!("micro-batch (rows, row length, anchors) shapes: {micro_shapes:?}");
+    assert!(
+        micro_shapes.len() <= 2 * lengths,
+        "{} micro-batch shapes, more than 2 × {lengths}: {micro_shapes:?}",
+        micro_shapes.len()
+    );
+    assert!(micro_shapes.iter().all(|&(_, _, w)| w == cfg.num_anchors));
+    let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
+    assert!(
+        memory::follow_live_allocations(),
+        "this test needs glibc to measure live memory"
+    );
+
+    shape_log::start();
+    let mut after = Vec::with_capacity(STEPS);
+    let mut peaks = Vec::with_capacity(STEPS);
+    for step in 0..STEPS {
+        let before = memory::rss_mb().unwrap();
+        assert!(
+            memory::reset_peak(),
+            "the kernel must allow resetting VmHWM"
+        );
+        trainer
+            .train_step()
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        peaks.push(memory::peak_rss_mb().unwrap() - before);
+        after.push(memory::rss_mb().unwrap());
+    }
+    let shapes = shape_log::stop();
+
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        hi - lo
+    };
+    let after_spread = spread(&after[WARMUP..]);
+    let largest = |v: &[f64]| v.iter().cloned().fold(f64::MIN, f64::max);
+    let (first_half, second_half) = (
+        largest(&peaks[WARMUP..STEPS / 2]),
+        largest(&peaks[STEPS / 2..]),
+    );
+    eprintln!(
+        "{} distinct attention shapes over {STEPS} steps; after warmup: resident set after a step spreads {after_spread:.2} MiB \
+         ({:.1}–{:.1}); a step's peak above its start: at most {first_half:.2} MiB in steps \
+         {WARMUP}–{}, at most {second_half:.2} MiB after",
+        shapes.len(),
+        after[WARMUP..].iter().cloned().fold(f64::MAX, f64::min),
+        after[WARMUP..].iter().cloned().fold(f64::MIN, f64::max),
+        STEPS / 2 - 1,
+    );
+    assert!(
+        shapes.len() <= bound,
+        "{} distinct attention shapes, more than the bound {bound}: {shapes:?}",
+        shapes.len()
+    );
+    assert!(
+        after_spread <= FLAT_TOLERANCE_MIB,
+        "resident set after each step spread {after_spread:.2} MiB after warmup: {after:?}"
+    );
+    assert!(
+        second_half <= first_half + PEAK_GROWTH_TOLERANCE_MIB,
+        "step peaks grew from {first_half:.2} to {second_half:.2} MiB: {peaks:?}"
+    );
+}

@@ -1,0 +1,284 @@
+//! The campaign's crowd (issue 15): 50 live clients (subscribed to metrics, events and logs,
+//! reading every frame) and 50 that subscribe and never read, on a training `dflashd`.
+//!
+//! - **No measurable cost.** The run's `tokens_per_s` (from `metrics.jsonl`) is measured in
+//!   five 10 s phases of the same run, quiet and crowded in turn (A B A B A), so a slow spell
+//!   of the machine falls on both kinds. "Measurably worse" means the median over the crowded
+//!   phases' steps is below the median over the quiet phases' steps by more than the noise
+//!   band: the larger of the spread between the three quiet phases' medians (what the same
+//!   configuration varies by on this machine within the test) and 10% of the quiet median
+//!   (the floor: on a 2-core machine shared with other jobs, medians of a few dozen steps
+//!   move by several percent between identical phases; a cost under that cannot be told
+//!   apart from it here, and a real one, such as a frame copy per client that stalls the
+//!   step, is far larger).
+//! - **Bounded memory.** The daemon's resident memory is sampled every second; in the crowded
+//!   phases it may not exceed the lowest quiet reading by more than 64 MiB. The silent
+//!   clients' frames wait in bounded places (each socket's kernel buffer, the bus's ring of
+//!   `control.client_buffer_frames`), and the daemon closes every silent client that owes
+//!   replies once a write to it times out (all 25 of each crowded phase must be closed).
+//! - **Control answers.** A fresh client's `status` answers every 2 s during B within the
+//!   client's 5 s read timeout.
+//!
+//! `control.max_connections = 128` holds the 100 (the default cap of 64 would refuse them).
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::binary::{write_config, Daemon};
+use crate::support::campaign::{median, metrics_lines, rss_kib};
+use crate::support::in_process::{Client, Next};
+use dflash_shared::clock::now_ms;
+use dflash_shared::protocol::{Request, Response, Topic};
+
+const LIVE: usize = 50;
+const SILENT: usize = 50;
+/// One phase, quiet or crowded; long enough for the silent clients that owe replies to be
+/// given up on (the daemon's write timeout is 5 s).
+const PHASE: Duration = Duration::from_secs(10);
+/// Steps right after a phase change are left out of its median (clients still connecting).
+const SETTLE_MS: i64 = 1500;
+const MEMORY_BOUND_KIB: u64 = 64 * 1024;
+
+/// Samples the daemon's RSS every second until `until`; with `probe`, asks a fresh client for
+/// the status every 2 s and returns the slowest answer (a status slower than the client's 5 s
+/// read timeout fails the test).
+fn sample(d: &mut Daemon, until: Instant, rss: &mut Vec<u64>, probe: bool) -> Duration {
+    let mut slowest = Duration::ZERO;
+    let mut last_probe = Instant::now() - Duration::from_secs(60);
+    while Instant::now() < until {
+        rss.push(rss_kib(d.child.id()));
+        if probe && last_probe.elapsed() >= Duration::from_secs(2) {
+            last_probe = Instant::now();
+            d.status();
+            slowest = slowest.max(last_probe.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    slowest
+}
+
+fn subscribe(c: &mut Client) {
+    c.send(&Request::Subscribe {
+        topics: vec![Topic::Metrics, Topic::Events, Topic::Logs],
+    });
+    // Pushed frames may come before the reply once the subscription is live.
+    loop {
+        match c.recv() {
+            Some(Response::Ok) => return,
+            Some(f) if f.is_pushed() => continue,
+            other => panic!("subscribe: {other:?}"),
+        }
+    }
+}
+
+/// A live client on its own thread: reads and checks every frame until `stop`.
+fn live_client(
+    d: &mut Daemon,
+    stop: Arc<AtomicBool>,
+    frames: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    let mut c = d.client();
+    subscribe(&mut c);
+    let mut reader = c.into_reader();
+    reader
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while !stop.load(Ordering::Relaxed) {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) => panic!("a live client was disconnected"),
+                Ok(_) => {
+                    let frame: Response = serde_json::from_str(&line)
+                        .unwrap_or_else(|e| panic!("bad frame {line:?}: {e}"));
+                    assert!(!matches!(frame, Response::Dropped { .. }), "{frame:?}");
+                    frames.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("a live client: {e}"),
+            }
+        }
+    })
+}
+
+/// Median tokens/s of the steps whose metrics line was written in `[from, to)` (ms),
+/// leaving out the settling time after `from`.
+fn phase_median(lines: &[dflash_shared::metrics::StepMetrics], from: i64, to: i64) -> (f64, usize) {
+    let mut v: Vec<f64> = lines
+        .iter()
+        .filter(|m| m.ts_ms >= from + SETTLE_MS && m.ts_ms < to && m.step > 0 && m.tau.is_none())
+        .map(|m| m.tokens_per_s)
+        .collect();
+    let n = v.len();
+    (median(&mut v), n)
+}
+
+/// The 100 clients of one crowded phase.
+struct Crowd {
+    stop: Arc<AtomicBool>,
+    live: Vec<std::thread::JoinHandle<()>>,
+    silent: Vec<Client>,
+}
+
+impl Crowd {
+    fn arrive(d: &mut Daemon, frames: &Arc<AtomicU64>) -> Crowd {
+        let stop = Arc::new(AtomicBool::new(false));
+        let live = (0..LIVE)
+            .map(|_| live_client(d, stop.clone(), frames.clone()))
+            .collect();
+        let silent = (0..SILENT)
+            .map(|i| {
+                let mut c = d.client();
+                subscribe(&mut c);
+                if i % 2 == 0 {
+                    c.send_unread_requests(200);
+                }
+                c
+            })
+            .collect();
+        Crowd { stop, live, silent }
+    }
+
+    /// Stops the live clients; returns how many silent ones the daemon had closed.
+    fn leave(mut self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.live {
+            t.join().expect("a live client failed");
+        }
+        // What the silent ones were left with: frames up to their buffer, then the end of
+        // the connection for those the daemon gave up on.
+        let mut dropped = 0;
+        for c in &mut self.silent {
+            c.set_read_timeout(Duration::from_millis(200));
+            loop {
+                match c.next_frame() {
+                    Next::Frame(_) => {}
+                    Next::Closed => {
+                        dropped += 1;
+                        break;
+                    }
+                    Next::Quiet => break,
+                }
+            }
+        }
+        dropped
+    }
+}
+
+#[test]
+fn fifty_live_and_fifty_silent_clients_cost_no_measurable_throughput_or_unbounded_memory() {
+    let _one = crate::support::campaign::one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let config = root.join("crowd.toml");
+    write_config(&config, |c| {
+        c.training.epochs = 60;
+        // No evaluation or checkpoint inside the phases: their steps would be another
+        // measurement than the rest.
+        c.training.eval_every = 100_000;
+        c.training.checkpoint_every = 100_000;
+        c.control.max_connections = 128;
+    });
+    let mut d = Daemon::spawn(root, &["--config", config.to_str().unwrap()]);
+    d.wait_step_above(2);
+    let mut rss = Vec::new();
+    let frames = Arc::new(AtomicU64::new(0));
+    // Phases A B A B A: quiet and crowded alternate, so a slow spell of the machine falls on
+    // both kinds rather than on one.
+    let mut quiet = Vec::new();
+    let mut crowded = Vec::new();
+    let (mut rss_before, mut rss_crowded_max) = (u64::MAX, 0);
+    let (mut slowest_status, mut dropped) = (Duration::ZERO, 0);
+    for phase in 0..5 {
+        let from = now_ms();
+        if phase % 2 == 0 {
+            sample(&mut d, Instant::now() + PHASE, &mut rss, false);
+            rss_before = rss_before.min(*rss.last().unwrap());
+            quiet.push((from, now_ms()));
+        } else {
+            let crowd = Crowd::arrive(&mut d, &frames);
+            let at = rss.len();
+            slowest_status =
+                slowest_status.max(sample(&mut d, Instant::now() + PHASE, &mut rss, true));
+            rss_crowded_max = rss_crowded_max.max(rss[at..].iter().copied().max().unwrap());
+            crowded.push((from, now_ms()));
+            dropped += crowd.leave();
+        }
+    }
+    assert!(d.child.try_wait().unwrap().is_none(), "{}", d.stderr());
+
+    let lines = metrics_lines(&d.run_dir.join("metrics.jsonl"));
+    let quiet_medians: Vec<(f64, usize)> = quiet
+        .iter()
+        .map(|&(f, t)| phase_median(&lines, f, t))
+        .collect();
+    let all = |phases: &[(i64, i64)]| {
+        let mut v: Vec<f64> = lines
+            .iter()
+            .filter(|m| {
+                phases
+                    .iter()
+                    .any(|&(f, t)| m.ts_ms >= f + SETTLE_MS && m.ts_ms < t)
+                    && m.step > 0
+                    && m.tau.is_none()
+            })
+            .map(|m| m.tokens_per_s)
+            .collect();
+        let n = v.len();
+        (median(&mut v), n)
+    };
+    let (base, n_quiet) = all(&quiet);
+    let (busy, n_busy) = all(&crowded);
+    let lows = quiet_medians
+        .iter()
+        .map(|m| m.0)
+        .fold(f64::INFINITY, f64::min);
+    let highs = quiet_medians.iter().map(|m| m.0).fold(0.0, f64::max);
+    let band = (highs - lows).max(0.10 * base);
+    let frames = frames.load(Ordering::Relaxed);
+    eprintln!(
+        "campaign_clients: median tokens/s without clients {base:.0} ({n_quiet} steps over 3 \
+         phases, phase medians {:?}), with {LIVE} live + {SILENT} silent {busy:.0} ({n_busy} \
+         steps over 2 phases, {:.1}% of the quiet median); noise band {band:.0} tok/s; live \
+         clients read {frames} frames; {dropped} of {} silent clients closed by the daemon; \
+         daemon RSS {} MiB before, at most {} MiB with the crowd; slowest status with the \
+         crowd {slowest_status:.0?}",
+        quiet_medians
+            .iter()
+            .map(|m| m.0.round())
+            .collect::<Vec<_>>(),
+        100.0 * busy / base,
+        2 * SILENT,
+        rss_before / 1024,
+        rss_crowded_max / 1024,
+    );
+    assert!(
+        n_quiet >= 15 && n_busy >= 10,
+        "too few steps to measure: {n_quiet} {n_busy}"
+    );
+    assert!(
+        busy >= base - band,
+        "100 clients cost throughput: {busy:.0} tok/s against {base:.0} (band {band:.0})"
+    );
+    assert!(
+        rss_crowded_max <= rss_before + MEMORY_BOUND_KIB,
+        "the crowd grew the daemon from {rss_before} KiB to {rss_crowded_max} KiB"
+    );
+    assert!(
+        frames >= (LIVE * n_busy) as u64,
+        "live clients got every step"
+    );
+    assert!(
+        dropped >= SILENT,
+        "the daemon held on to clients that never read their replies ({dropped} closed)"
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+}

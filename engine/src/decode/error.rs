@@ -1,0 +1,13 @@
+use crate::model::error::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("decoding: the prompt is empty; give at least one token")]
+    EmptyPrompt,
+    #[error("decoding: the drafter does not fit the target: {what}")]
+    Mismatch { what: String },
+    #[error("decoding: sampling setting {what}")]
+    BadSampling { what: String },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}

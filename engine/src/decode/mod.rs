@@ -1,0 +1,17 @@
+//! Speculative decoding with a DFlash drafter against its frozen target: the chain method of
+//! the DFlash authors' `dflash_generate` (one block drafted and verified per target forward),
+//! greedy or sampled with the standard rejection rule, and the target alone as the reference.
+//!
+//! Pure libtorch math over `model/` (the targets' [`crate::model::target::TargetCache`], the
+//! drafter's [`crate::model::drafter::DrafterCache`]); no I/O. Batch 1: one prompt at a time.
+//!
+//! Counting follows the reference: a round's acceptance length is the tokens it produced per
+//! target forward, the bonus token included (accepted drafts + 1), clipped where the output
+//! stops (`max_new_tokens`, a stop token). The prefill's first token is not a round.
+mod chain;
+mod error;
+mod sampling;
+
+pub use chain::{generate_chain, generate_target_only, Generation, Settings};
+pub use error::DecodeError;
+pub use sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};

@@ -1,0 +1,271 @@
+//! Chain speculative decoding: lossless against the target alone, greedy (token for token) and
+//! sampled (in distribution, by chi-square tests at fixed seeds).
+//!
+//! The statistical tests: Pearson's chi-square of observed counts against the exact
+//! distribution, cells with an expected count under 5 merged into one, compared with the
+//! 1 − 10⁻³ quantile of χ²(cells − 1) (Wilson–Hilferty approximation). A correct sampler fails
+//! such a test with probability 10⁻³ per seed; the seeds are fixed, so CI sees the same draw
+//! every run (these seeds pass), and a wrong rule (e.g. accepting every draft, or drawing the
+//! replacement from p instead of the residual) exceeds the bound by far.
+use dflash_engine::decode::{
+    distribution, generate_chain, generate_target_only, verify_draft, Sampling, Settings, Verdict,
+};
+use dflash_engine::model::drafter::{Drafter, DrafterConfig, LayerType};
+use dflash_engine::model::target::{TargetConfig, TargetModel};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::support::drafter::{randomize, seeded};
+
+fn target(vocab: i64, seed: i64) -> TargetModel {
+    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
+        unreachable!()
+    };
+    c.vocab_size = vocab;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.head_dim = 16;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 8;
+    c.num_hidden_layers = 3;
+    c.layer_types.truncate(3); // linear, linear, full
+    TargetModel::random(TargetConfig::Qwen3_5(c), Device::Cpu, Kind::Float, seed)
+}
+
+fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter) {
+    let cfg = DrafterConfig {
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        layer_types: vec![LayerType::Sliding, LayerType::Full],
+        sliding_window: Some(6),
+        block_size,
+        mask_token_id: vocab - 1,
+        target_layer_ids: vec![0, 1],
+        target_hidden_size: 32,
+        vocab_size: vocab,
+        max_position_embeddings: 512,
+        num_target_layers: Some(3),
+        initializer_range: 0.02,
+    };
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    randomize(&vs, 0.5);
+    (vs, d)
+}
+
+fn prompts(vocab: i64) -> Vec<Vec<i64>> {
+    // lengths 1 to 80 (past one 64-token delta-rule chunk)
+    [1usize, 5, 17, 40, 80]
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| {
+            (0..len)
+                .map(|i| ((i * 7 + p * 3 + i / 5) as i64) % (vocab - 1))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_chain_output_equals_the_target_alone_on_every_prompt() {
+    let _rng = seeded(0);
+    let mut accepted_some = false;
+    for (vocab, block_size, seed) in [(8i64, 4i64, 1i64), (8, 6, 2), (64, 4, 3)] {
+        let target = target(vocab, seed);
+        let (_vs, drafter) = drafter(vocab, block_size, seed + 10);
+        let settings = Settings {
+            max_new_tokens: 30,
+            stop_tokens: vec![],
+            sampling: Sampling::Greedy,
+            seed: 0,
+        };
+        for prompt in prompts(vocab) {
+            let plain = generate_target_only(&target, &prompt, &settings).unwrap();
+            let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
+            assert_eq!(
+                chain.output_ids,
+                plain.output_ids,
+                "vocab {vocab} block {block_size} prompt of {}",
+                prompt.len()
+            );
+            // every output token but the prefill's is counted in exactly one round
+            let counted: usize = chain.acceptance_lengths.iter().sum();
+            assert_eq!(counted + 1, chain.output_ids.len());
+            assert!(chain
+                .acceptance_lengths
+                .iter()
+                .all(|&a| (1..=block_size as usize).contains(&a)));
+            accepted_some |= chain.acceptance_lengths.iter().any(|&a| a > 1);
+        }
+    }
+    assert!(
+        accepted_some,
+        "no round accepted a draft: acceptance went untested"
+    );
+}
+
+#[test]
+fn a_stop_token_ends_the_output_and_clips_the_round() {
+    let _rng = seeded(0);
+    let target = target(8, 1);
+    let (_vs, drafter) = drafter(8, 4, 11);
+    let prompt = prompts(8).remove(2);
+    let free = Settings {
+        max_new_tokens: 30,
+        stop_tokens: vec![],
+        sampling: Sampling::Greedy,
+        seed: 0,
+    };
+    let plain = generate_target_only(&target, &prompt, &free).unwrap();
+    let stop = plain.output_ids[5];
+    let first = plain.output_ids.iter().position(|&t| t == stop).unwrap();
+    let settings = Settings {
+        stop_tokens: vec![stop],
+        ..free
+    };
+    let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
+    assert_eq!(chain.output_ids, plain.output_ids[..=first].to_vec());
+    let counted: usize = chain.acceptance_lengths.iter().sum();
+    assert_eq!(counted + 1, chain.output_ids.len());
+}
+
+fn wilson_hilferty_quantile(df: f64, z: f64) -> f64 {
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// Pearson's statistic with cells of expected count < 5 merged; (statistic, bound at 1e-3).
+fn chi_square(counts: &[u64], probabilities: &[f64]) -> (f64, f64) {
+    let n: u64 = counts.iter().sum();
+    let (mut stat, mut cells) = (0.0, 0usize);
+    let (mut small_obs, mut small_exp) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probabilities) {
+        let expected = p * n as f64;
+        if expected < 5.0 {
+            assert!(p > 0.0 || c == 0, "a token of probability 0 was drawn");
+            small_obs += c as f64;
+            small_exp += expected;
+        } else {
+            stat += (c as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    if small_exp > 0.0 {
+        stat += (small_obs - small_exp).powi(2) / small_exp;
+        cells += 1;
+    }
+    (stat, wilson_hilferty_quantile((cells - 1) as f64, 3.0902))
+}
+
+#[test]
+fn the_rejection_rule_outputs_the_target_distribution() {
+    // q differs from p everywhere, puts mass where p has none and none where p has some
+    let p = [0.30, 0.25, 0.20, 0.15, 0.10, 0.0];
+    let q = [0.05, 0.10, 0.40, 0.0, 0.25, 0.20];
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut counts = [0u64; 6];
+    for _ in 0..20_000 {
+        let u: f64 = rng.random();
+        let mut acc = 0.0;
+        let draft = q.iter().position(|&x| {
+            acc += x;
+            u < acc
+        });
+        let draft = draft.unwrap_or(4);
+        let token = match verify_draft(&p, &q, draft, &mut rng) {
+            Verdict::Accepted => draft,
+            Verdict::Replaced(t) => t,
+        };
+        counts[token] += 1;
+    }
+    assert_eq!(counts[5], 0);
+    let (stat, bound) = chi_square(&counts, &p);
+    assert!(
+        stat < bound,
+        "chi-square {stat} ≥ {bound}: counts {counts:?}"
+    );
+}
+
+/// The exact distribution of the 2nd and 3rd generated tokens (joint, vocab² cells) when the
+/// target samples with `sampling` after `prompt`.
+fn exact_second_and_third(target: &TargetModel, prompt: &[i64], sampling: Sampling) -> Vec<f64> {
+    let v = target.config().vocab_size();
+    let next = |ids: &[i64]| -> Vec<f64> {
+        let t = Tensor::from_slice(ids).view([1, ids.len() as i64]);
+        let step = target
+            .forward_cached(&t, &mut target.new_cache(), &[])
+            .unwrap();
+        distribution(&step.logits.get(0).get(ids.len() as i64 - 1), sampling)
+    };
+    let mut joint = vec![0.0; (v * v) as usize];
+    let first = next(prompt);
+    for (x1, &p1) in first.iter().enumerate() {
+        if p1 == 0.0 {
+            continue;
+        }
+        let mut ids = prompt.to_vec();
+        ids.push(x1 as i64);
+        let second = next(&ids);
+        for (x2, &p2) in second.iter().enumerate() {
+            if p2 == 0.0 {
+                continue;
+            }
+            let mut ids2 = ids.clone();
+            ids2.push(x2 as i64);
+            for (x3, &p3) in next(&ids2).iter().enumerate() {
+                joint[x2 * v as usize + x3] += p1 * p2 * p3;
+            }
+        }
+    }
+    joint
+}
+
+#[test]
+fn sampled_chain_matches_the_target_sampling_distribution() {
+    let _rng = seeded(0);
+    let vocab = 5;
+    let target = target(vocab, 4);
+    let (_vs, drafter) = drafter(vocab, 4, 14);
+    let prompt = vec![1, 2, 3, 0, 2];
+    for sampling in [
+        Sampling::Sample {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+        },
+        Sampling::Sample {
+            temperature: 0.7,
+            top_k: Some(4),
+            top_p: Some(0.9),
+        },
+    ] {
+        let exact = exact_second_and_third(&target, &prompt, sampling);
+        let mut counts = vec![0u64; exact.len()];
+        let mut rounds_with_acceptance = 0;
+        for seed in 0..800u64 {
+            let settings = Settings {
+                max_new_tokens: 3,
+                stop_tokens: vec![],
+                sampling,
+                seed,
+            };
+            let g = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
+            counts[(g.output_ids[1] * vocab + g.output_ids[2]) as usize] += 1;
+            rounds_with_acceptance += usize::from(g.acceptance_lengths[0] > 1);
+        }
+        let (stat, bound) = chi_square(&counts, &exact);
+        assert!(stat < bound, "{sampling:?}: chi-square {stat} ≥ {bound}");
+        assert!(
+            rounds_with_acceptance > 30,
+            "{sampling:?}: only {rounds_with_acceptance} rounds accepted a draft"
+        );
+    }
+}
