@@ -7,7 +7,7 @@
 //! threshold pinned low so the resident set follows live allocations), so it is a test
 //! binary of its own: nothing else runs attention or allocates in it.
 use dflash_bench::memory;
-use dflash_engine::model::attention::shape_log;
+use dflash_engine::model::attention::{max_distinct_chunk_shapes, shape_log};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -45,6 +45,20 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
     // are the trainer's (`MicroSource` is a pure function of the spec and the index; built
     // here over the whole set, the trainer's own omits the held-out rows).
     let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
+    // The chunk planner's set of shapes (`attention/chunk_plan.rs`), for every row length the
+    // buckets allow, at batch 1 (the loosest budget: a smaller batch fits wider chunks), once
+    // per batch size (a full batch and an epoch's short last one differ in q's and k's first
+    // size).
+    let row_lengths: Vec<i64> = (1..=lengths)
+        .map(|m| ((m * cfg.seq_len_multiple).min(cfg.max_len)) as i64)
+        .collect();
+    let bound = 2 * max_distinct_chunk_shapes(
+        cfg.num_anchors,
+        drafter_cfg.block_size,
+        drafter_cfg.num_attention_heads,
+        &row_lengths,
+    );
+    eprintln!("attention shape bound from the config: {bound}");
     let source = MicroSource::new(
         Arc::new(samples.clone()),
         (0..samples.len()).collect(),
@@ -117,8 +131,8 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
         STEPS / 2 - 1,
     );
     assert!(
-        shapes.len() <= MAX_ATTENTION_SHAPES,
-        "{} distinct attention shapes, more than the bound {MAX_ATTENTION_SHAPES}: {shapes:?}",
+        shapes.len() <= bound,
+        "{} distinct attention shapes, more than the bound {bound}: {shapes:?}",
         shapes.len()
     );
     assert!(
@@ -130,11 +144,3 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
         "step peaks grew from {first_half:.2} to {second_half:.2} MiB: {peaks:?}"
     );
 }
-
-/// Distinct (q, k) shapes at the attention kernel over the 200 steps: a stated bound, not
-/// derived (measured: 43). They do not depend on the row length (the same 43 with rows not
-/// bucketed): queries are the blocks and keys the chunk plan's ranges, which depend on where
-/// the anchors fall. The chunk planner's fixed set of shapes (`attention/chunk_plan.rs`) is
-/// what should bound them; when it does, this bound is that set's size × 2 layer rules × 2
-/// batch sizes.
-const MAX_ATTENTION_SHAPES: usize = 64;

@@ -20,6 +20,7 @@
 use dflash_shared::metrics::DeviceRole;
 use tch::{Device, Kind, Tensor};
 
+use crate::model::attention::GroupedHeads;
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::TargetConfig;
 
@@ -108,18 +109,26 @@ pub fn backend_for(site: &CallSite, device: Device, kind: Kind) -> SdpaBackend {
 /// The drafter's block-sparse call at `cfg`'s heads on `device`: one block of queries against
 /// a full window of context keys plus the block (the widest chunk a sliding layer runs; the
 /// kernel choice depends on dtype, head dim, bias and alignment, not on the exact count). On
-/// CUDA the kv heads are repeated before the call (`block_sparse.rs`), on the CPU they are not.
+/// the CPU the kernel gets the grouped heads (`enable_gqa`); elsewhere the group's query heads
+/// are folded into rows of one head per kv head (`attention::GroupedHeads`), as that call is.
 pub fn drafter_site(cfg: &DrafterConfig, device: Device) -> CallSite {
+    let kv_heads = cfg.num_key_value_heads;
+    let group = cfg.num_attention_heads / kv_heads.max(1);
+    let folded = GroupedHeads::for_device(device) == GroupedHeads::Folded && group > 1;
     CallSite {
         name: "drafter block-sparse (bias)",
-        q_heads: cfg.num_attention_heads,
-        kv_heads: cfg.num_key_value_heads,
+        q_heads: if folded {
+            kv_heads
+        } else {
+            cfg.num_attention_heads
+        },
+        kv_heads,
         head_dim: cfg.head_dim,
-        rows: cfg.block_size,
+        rows: cfg.block_size * if folded { group } else { 1 },
         keys: cfg.sliding_window.unwrap_or(2048) + cfg.block_size,
         bias: true,
         causal: false,
-        gqa: device == Device::Cpu && cfg.num_attention_heads != cfg.num_key_value_heads,
+        gqa: !folded && group > 1,
     }
 }
 
@@ -253,6 +262,21 @@ mod tests {
                 matches!(w.backend, SdpaBackend::Math | SdpaBackend::Flash),
                 "{w:?}"
             );
+        }
+    }
+
+    #[test]
+    fn grouped_heads_with_a_bias_get_the_fused_cpu_kernel() {
+        // Why the block-sparse attention passes grouped heads natively on the CPU
+        // (`GroupedHeads::Native`): the fused flash kernel takes them with a bias, so no
+        // repeat and no fold is needed there. Were it math, the call would hold its whole
+        // score grid.
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let site = CallSite {
+                gqa: true,
+                ..drafter_site()
+            };
+            assert_eq!(backend_for(&site, Device::Cpu, kind), SdpaBackend::Flash);
         }
     }
 

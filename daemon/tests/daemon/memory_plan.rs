@@ -23,6 +23,10 @@ fn plan_json(root: &Path, args: &[&str]) -> Value {
 }
 
 fn plan_27b_at_96_gib(root: &Path, config: &str) -> Value {
+    plan_27b_at(root, config, "96")
+}
+
+fn plan_27b_at(root: &Path, config: &str, gib: &str) -> Value {
     let target = repo_file("configs/targets/qwen3.6-27b.config.json");
     plan_json(
         root,
@@ -32,7 +36,7 @@ fn plan_27b_at_96_gib(root: &Path, config: &str) -> Value {
             "--target-config",
             &target,
             "--gpu-memory-gib",
-            "96",
+            gib,
             "--seq-len",
             "4096",
             "--peak-tflops",
@@ -57,7 +61,10 @@ fn the_27b_plan_fits_96_gib_with_activation_checkpointing_as_configured() {
 }
 
 #[test]
-fn the_27b_plan_without_activation_checkpointing_says_its_drafter_does_not_fit_96_gib() {
+fn the_27b_plan_without_activation_checkpointing_says_its_drafter_does_not_fit_80_gib() {
+    // At 96 GiB the plain drafter fits since the attention no longer repeats K/V per query head
+    // (about 95 GiB predicted at S = 4096, checkpointing on: about 55); at 80 GiB only
+    // checkpointing makes it fit.
     let tmp = tempfile::tempdir().unwrap();
     let shipped = std::fs::read_to_string(repo_file("configs/qwen3.6-27b-8gpu.toml")).unwrap();
     let off = shipped.replace(
@@ -67,7 +74,7 @@ fn the_27b_plan_without_activation_checkpointing_says_its_drafter_does_not_fit_9
     assert_ne!(off, shipped, "the shipped config turns checkpointing on");
     let config = tmp.path().join("off.toml");
     std::fs::write(&config, off).unwrap();
-    let plan = plan_27b_at_96_gib(tmp.path(), &config.display().to_string());
+    let plan = plan_27b_at(tmp.path(), &config.display().to_string(), "80");
     assert_eq!(plan["activation_checkpointing"], Value::Bool(false));
     let devices = plan["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 8, "{plan:#}");

@@ -6,10 +6,8 @@
 //! the hidden size, `A = Hq·D`, `K = Hkv·D`, `I` the intermediate size, `V` the vocabulary.
 use super::shape::{ActivationPrecision, StepShape};
 use super::Consumer;
-use crate::model::attention::chunk_plan::{choose_chunks, ChunkCosts, ContextChunk};
-use crate::model::attention::{
-    LayerRule, CHUNK_OVERHEAD_SCORE_ELEMENTS, DEFAULT_CHUNK_SCORE_ELEMENTS,
-};
+use crate::model::attention::chunk_plan::{choose_chunks, ContextChunk};
+use crate::model::attention::{chunk_costs, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use crate::model::drafter::{DrafterConfig, LayerType};
 
 /// What a drafter rank holds: `resident` exists between steps (parameters, optimizer state,
@@ -94,12 +92,12 @@ pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
 /// The chunks `attention/block_sparse.rs::BlockSparsePlan::new` plans for `rule` (the default
 /// budget, `drafter/model.rs:98-106`).
 pub(crate) fn chunk_plan(d: &DrafterConfig, s: &StepShape, rule: LayerRule) -> Vec<ContextChunk> {
-    let costs = ChunkCosts {
-        block_size: d.block_size,
-        per_row_key: s.batch * d.num_attention_heads,
-        budget: DEFAULT_CHUNK_SCORE_ELEMENTS,
-        overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
-    };
+    let costs = chunk_costs(
+        d.block_size,
+        s.batch,
+        d.num_attention_heads,
+        DEFAULT_CHUNK_SCORE_ELEMENTS,
+    );
     choose_chunks(
         rule,
         &s.anchors,
@@ -160,9 +158,11 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         ));
     }
 
-    // Attention per rule: the chunk plan, its masks (shared by the layers of a rule,
-    // block_sparse.rs:259-272) and the K/V copies each layer's calls save
-    // (block_sparse.rs:381-386, repeated per query head off CPU, :310-317).
+    // Attention per rule: the chunk plan (context key ranges widened to the key quantum), its
+    // masks (shared by the layers of a rule, `BlockSparsePlan::new`; off CPU their rows are
+    // repeated per query head of a group, `GroupedHeads::Folded`, replacing the unrepeated
+    // ones) and the K/V copies each layer's calls save (the per-chunk `cat` of the context
+    // range and the chunk's own block keys; never repeated per query head).
     let rules: Vec<LayerRule> = d.layer_types.iter().map(|&t| layer_rule(d, t)).collect();
     let mut distinct: Vec<LayerRule> = Vec::new();
     for r in &rules {
@@ -177,12 +177,15 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         let rows = (c.end - c.start) as f64 * bs;
         (rows, c.keys.map_or(0.0, |(lo, hi)| (hi - lo) as f64) + rows)
     };
+    // Off CPU the group is folded into the kernel's rows (block_sparse.rs `GroupedHeads`).
+    let folded = !p.native_gqa() && group > 1.0;
+    let mask_fold = if folded { group } else { 1.0 };
     let masks: f64 = plans
         .iter()
         .flat_map(|(_, chunks)| chunks.iter())
         .map(|c| {
             let (rows, keys) = chunk_keys(c);
-            b * rows * keys * e
+            b * rows * keys * e * mask_fold
         })
         .sum();
 
@@ -211,15 +214,22 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     for (n, &rule) in rules.iter().enumerate() {
         let chunks = plan_of(rule);
         let keys: f64 = chunks.iter().map(|c| chunk_keys(c).1).sum();
-        let repeat = if p.native_gqa() { 1.0 } else { group };
-        let kv = 2.0 * b * keys * k * e * repeat;
+        let kv = 2.0 * b * keys * k * e;
         // input_layernorm keeps its input: the block embeddings for layer 0 in fp32 (already
         // counted), the previous layer's output otherwise.
         let input_norm = match (p, n) {
             (ActivationPrecision::Fp32Cpu, 0) => q * 4.0,
             _ => norm_saved(p, q, h),
         };
-        let concatenated = if chunks.len() > 1 { q * a * e } else { 0.0 };
+        // The chunks' outputs joined (kept by o_proj); folded, even one chunk's output is a
+        // copy (its rows are put back into query heads), and q's folded copy is what the
+        // kernel keeps.
+        let concatenated = if chunks.len() > 1 || folded {
+            q * a * e
+        } else {
+            0.0
+        };
+        let folded_q = if folded { q * a * e } else { 0.0 };
         let bf16_rope_casts = match p {
             ActivationPrecision::Fp32Cpu => 0.0,
             // layers/rope.rs:47-48: cos and sin cast to bf16 per call (q, block k, context k).
@@ -233,6 +243,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
             + norm_saved(p, q, k) // block k_proj output
             + q * a * e + b * d.num_attention_heads as f64 * q * 4.0 // attention out + lse
             + concatenated // the chunks' outputs joined, kept by o_proj
+            + folded_q
             + norm_saved(p, q, h) // residual, kept by post_attention_layernorm
             + q * h * e // normed MLP input, kept by gate/up_proj
             + 4.0 * q * i * e // gate, silu(gate), up, silu·up

@@ -36,9 +36,12 @@ fn real_spec(seq_len: i64, memory_gib: f64) -> RunSpec {
 }
 
 #[test]
-fn at_the_real_shape_todays_drafter_does_not_fit_a_96_gb_card_and_the_target_does() {
+fn at_the_real_shape_the_plain_drafter_needs_most_of_a_96_gb_card_and_the_target_fits() {
+    // Without checkpointing: before the attention levers (K/V repeated per query head, 51 GiB
+    // of copies at S = 4096) this did not fit; now the drafter fits with little to spare.
     let plan = plan_run(&real_spec(4096, 96.0));
-    assert_eq!(plan.fits, Some(false));
+    let tight = plan_run(&real_spec(4096, 80.0));
+    assert_eq!(tight.fits, Some(false), "{:#?}", tight.devices);
     assert_eq!(plan.draft_positions_per_sequence, 32_768);
     let drafter = plan
         .devices
@@ -50,7 +53,12 @@ fn at_the_real_shape_todays_drafter_does_not_fit_a_96_gb_card_and_the_target_doe
         .iter()
         .find(|d| d.role == Role::Target)
         .unwrap();
-    assert_eq!(drafter.fits, Some(false), "{drafter:#?}");
+    eprintln!(
+        "plain drafter at S 4096: {:.1} GiB",
+        drafter.predicted_peak_gib
+    );
+    assert_eq!(drafter.fits, Some(true), "{drafter:#?}");
+    assert!(drafter.predicted_peak_gib > 80.0, "{drafter:#?}");
     assert_eq!(target.fits, Some(true), "{target:#?}");
     // The target's weights are the whole bf16 checkpoint text part: 26-27 B parameters.
     let weights = target
@@ -89,10 +97,14 @@ fn activation_checkpointing_keeps_the_activations_of_one_layer_at_the_real_shape
     });
     assert!(!plain.activation_checkpointing && recomputed.activation_checkpointing);
     // Four of the five layers' saved activations (about 7.5 GiB each in bf16 at 32,768 draft
-    // positions) and K/V copies (about 9 GiB each for the sliding layers) go; their inputs
-    // (0.3 GiB each) stay.
+    // positions) and K/V copies (about 2.5 GiB each for the sliding layers, one kv head per
+    // group) go; their inputs (0.3 GiB each) stay.
     let saved = drafter_peak(&plain) - drafter_peak(&recomputed);
-    assert!(saved > 60.0 && saved < 75.0, "{saved} GiB saved");
+    eprintln!(
+        "checkpointing saves {saved:.1} GiB; {:.1} GiB with it",
+        drafter_peak(&recomputed)
+    );
+    assert!(saved > 35.0 && saved < 45.0, "{saved} GiB saved");
     // The loss chunk still peaks after the last layer's forward.
     assert_eq!(recomputed.drafter_peak_phase, "loss");
 }

@@ -4,7 +4,8 @@
 
 use crate::support::drafter::{max_abs_diff, random_anchors, relative_error, seeded};
 use dflash_engine::model::attention::{
-    block_sparse_attention, dense_mask_attention, BlockAttentionInputs, LayerRule,
+    block_sparse_attention, block_sparse_attention_planned, dense_mask_attention,
+    BlockAttentionInputs, BlockSparsePlan, GroupedHeads, LayerRule,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -189,5 +190,60 @@ fn blocks_without_any_context_are_finite_and_equal_to_dense() {
     // block-sparse path never reads them: autograd reports the gradient as undefined).
     for grad in &grads[1..3] {
         assert!(!grad.defined() || grad.abs().max().double_value(&[]) == 0.0);
+    }
+}
+
+#[test]
+fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
+    // `GroupedHeads::Folded` is the layout off the CPU (each kv head's query heads stacked as
+    // rows of one head, the mask repeated along rows); it runs here on the CPU so that it is
+    // held to the same oracle at the same tolerance. Two calls on one plan, as two layers
+    // make: the second reuses the folded masks the first built.
+    let _rng = seeded(0);
+    tch::manual_seed(14);
+    let names = [
+        "query",
+        "context_key",
+        "context_value",
+        "block_key",
+        "block_value",
+    ];
+    for (shuffle, budget) in [(false, 1 << 25), (true, 300), (false, 1)] {
+        for rule in rules() {
+            let p = problem(2, 9, 4, 23, Kind::Float, shuffle);
+            let plan = BlockSparsePlan::new(
+                rule,
+                &p.anchors,
+                &p.keep,
+                p.block_size,
+                23,
+                4,
+                budget,
+                (Kind::Float, Device::Cpu),
+            )
+            .with_grouped_heads(GroupedHeads::Folded);
+            let dense = dense_mask_attention(&p.inputs(rule));
+            let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
+            let dense_grads = p.run(&dense, &probe);
+            for layer in 0..2 {
+                let sparse = block_sparse_attention_planned(&p.inputs(rule), &plan);
+                let diff = max_abs_diff(&sparse, &dense);
+                assert!(
+                    diff < F32_TOL,
+                    "{rule:?} budget {budget} call {layer}: folded forward differs by {diff}"
+                );
+                for ((name, gs), gd) in names
+                    .iter()
+                    .zip(p.run(&sparse, &probe))
+                    .zip(dense_grads.iter())
+                {
+                    let diff = max_abs_diff(&gs, gd);
+                    assert!(
+                        diff < F32_TOL,
+                        "{rule:?} budget {budget} call {layer}: folded d/d{name} differs by {diff}"
+                    );
+                }
+            }
+        }
     }
 }

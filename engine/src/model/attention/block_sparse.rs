@@ -19,10 +19,18 @@
 //! 3. The plan (order, chunks, additive masks) depends only on the anchors, the layer rule and
 //!    the shapes, so the drafter builds it once per forward and rule and every layer shares it
 //!    ([`BlockSparsePlan`]); the masks autograd keeps are then shared by the layers too.
+//! 4. The shapes of the calls come from a small set: a chunk holds `2^k` or `3·2^k` blocks and
+//!    its context range is widened (masked) to a multiple of [`context_key_quantum`] keys, so
+//!    a step's distinct (rows, keys) stay within `chunk_plan::max_distinct_chunk_shapes`
+//!    whatever the anchors ([`super::shape_log`] observes them).
+//! 5. q and the block keys/values are split into the chunks' rows once per call (one
+//!    `split_with_sizes`, whose backward is one concatenation), and grouped query heads reach
+//!    the kernel without repeating K/V ([`GroupedHeads`]).
 //!
 //! Memory kept for backward: per chunk its additive mask (`B·C·bs·(L + C·bs)`, shared by all
-//! heads and layers), the chunk's key/value copy and O(Q) tensors. No `[Q, S+Q]` grid and no
-//! per-head probabilities exist at any time: the fused kernel works in tiles.
+//! heads and layers; `g` times that where the group is folded into rows), the chunk's
+//! key/value copy (one kv head per group) and O(Q) tensors. No `[Q, S+Q]` grid and no per-head
+//! probabilities exist at any time: the fused kernel works in tiles.
 use tch::{Device, Kind, Tensor};
 
 use super::chunk_plan::{choose_chunks, sort_order, ChunkCosts};
@@ -41,6 +49,59 @@ pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 /// keys (4 heads) 2^20 planned 65 chunks instead of 129, with 8% less memory; 2^22 slowed
 /// the medium step.
 pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
+
+/// Context key ranges of a chunk are widened to a multiple of this many keys (masked), so a
+/// step's fused calls come from a small set of key counts (piece 4 of issue 11: every new shape
+/// is a new kernel plan and allocation size on CUDA). `8·bs`: at block 32 that is 256 keys,
+/// about 6 % more keys on the real structure's ~2K-key sliding chunks, and with `bs` a multiple
+/// of 16 every call's key count is too (the memory-efficient CUDA kernel pads its bias to that
+/// alignment otherwise, and keeps the padded copy for backward).
+pub fn context_key_quantum(block_size: i64) -> i64 {
+    8 * block_size.max(1)
+}
+
+/// What the chunk planner weighs, for a plan of `batch` rows and `heads` query heads: one
+/// home for the engine (`BlockSparsePlan::new`) and the memory model (`crate::plan`).
+pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) -> ChunkCosts {
+    ChunkCosts {
+        block_size,
+        per_row_key: batch * heads,
+        budget,
+        overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
+        key_quantum: context_key_quantum(block_size),
+    }
+}
+
+/// How the query heads of a GQA group meet their shared key/value head at the kernel. Both are
+/// exact; neither repeats K/V (HF `repeat_kv` would copy each chunk's keys and values `g`
+/// times, and the kernel would keep those copies for backward).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedHeads {
+    /// SDPA's `enable_gqa`: the kernel maps query head `h` to kv head `h / g` itself. libtorch
+    /// 2.11's CPU flash kernel takes it with a bias (probed: `_fused_sdp_choice` answers flash,
+    /// `sdpa.rs` tests).
+    Native,
+    /// The `g` query heads of kv head `j` become `g` stacked copies of the rows of one head:
+    /// q `[B, Hkv, g·rows, D]`, the bias repeated `g` times along rows (once per plan, shared by
+    /// its layers), an ordinary equal-heads call. For devices whose biased kernel refuses
+    /// `enable_gqa`: on CUDA with cuDNN attention off (`sdpa.rs`) a biased call goes to the
+    /// memory-efficient kernel, whose dense constraints are
+    /// `check_batch_size_and_num_heads_dense<false /*supports_gqa*/>` in libtorch 2.11, and
+    /// flash refuses any mask, so `enable_gqa` there would fall back to the math kernel (the
+    /// whole score grid). NOT VERIFIED ON A GPU; tested on CPU against the dense oracle.
+    Folded,
+}
+
+impl GroupedHeads {
+    /// What the block-sparse attention uses on `device`.
+    pub fn for_device(device: Device) -> Self {
+        if device == Device::Cpu {
+            GroupedHeads::Native
+        } else {
+            GroupedHeads::Folded
+        }
+    }
+}
 
 fn host_i64(t: &Tensor) -> Vec<i64> {
     Vec::<i64>::try_from(t.to_kind(Kind::Int64).to_device(Device::Cpu).reshape([-1]))
@@ -116,13 +177,10 @@ fn gather_blocks(t: &Tensor, index: &Tensor) -> Tensor {
         .view(size.as_slice())
 }
 
-/// One chunk of a plan, ready to run: its blocks and the additive mask of its keys.
+/// One chunk of a plan, ready to run: its blocks and the range of context keys it reads.
 struct PlannedChunk {
-    start: i64,
     count: i64,
     keys: Option<(i64, i64)>,
-    /// `[B, 1, count·bs, L + count·bs]` in the activation dtype: 0 visible, `-inf` hidden.
-    bias: Tensor,
 }
 
 /// Everything of a block-sparse attention call that depends only on the anchors, the layer
@@ -136,6 +194,13 @@ pub struct BlockSparsePlan {
     /// `None` when the blocks keep their given order (one chunk, or already sorted).
     order: Option<BlockOrder>,
     chunks: Vec<PlannedChunk>,
+    /// Per chunk its additive mask `[B, 1, f·count·bs, L + count·bs]` in the activation dtype
+    /// (0 visible, `-inf` hidden), its rows repeated `f` times for [`GroupedHeads::Folded`]
+    /// (`f` = [`Self::bias_fold`], 1 until a folded call first needs `g`; then replaced, so a
+    /// plan never holds both).
+    biases: std::cell::RefCell<Vec<Tensor>>,
+    bias_fold: std::cell::Cell<i64>,
+    grouped: GroupedHeads,
 }
 
 /// Visibility of the keys `[context lo..hi | own blocks of the chunk]` for the chunk's blocks
@@ -192,12 +257,7 @@ impl BlockSparsePlan {
         let (batch, blocks) = (size[0], size[1]);
         let host_anchors = host_i64(anchors);
         let host_keep: Vec<bool> = host_i64(keep).into_iter().map(|k| k != 0).collect();
-        let costs = ChunkCosts {
-            block_size,
-            per_row_key: batch * heads,
-            budget: chunk_score_elements,
-            overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
-        };
+        let costs = chunk_costs(block_size, batch, heads, chunk_score_elements);
         let choice = choose_chunks(
             rule,
             &host_anchors,
@@ -223,8 +283,8 @@ impl BlockSparsePlan {
                 )
             }
         };
-        let chunks = chunks
-            .into_iter()
+        let biases = chunks
+            .iter()
             .map(|chunk| {
                 let (start, count) = (chunk.start as i64, (chunk.end - chunk.start) as i64);
                 let visible = chunk_visibility(
@@ -235,15 +295,16 @@ impl BlockSparsePlan {
                     chunk.keys,
                 );
                 let keys = visible.size()[2];
-                let bias = Tensor::zeros(visible.size(), (kind, device))
+                Tensor::zeros(visible.size(), (kind, device))
                     .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
-                    .view([batch, 1, count * block_size, keys]);
-                PlannedChunk {
-                    start,
-                    count,
-                    keys: chunk.keys,
-                    bias,
-                }
+                    .view([batch, 1, count * block_size, keys])
+            })
+            .collect();
+        let chunks = chunks
+            .into_iter()
+            .map(|chunk| PlannedChunk {
+                count: (chunk.end - chunk.start) as i64,
+                keys: chunk.keys,
             })
             .collect();
         Self {
@@ -254,7 +315,40 @@ impl BlockSparsePlan {
             blocks,
             order,
             chunks,
+            biases: std::cell::RefCell::new(biases),
+            bias_fold: std::cell::Cell::new(1),
+            grouped: GroupedHeads::for_device(device),
         }
+    }
+
+    /// The same plan with grouped query heads passed to the kernel as `grouped` instead of
+    /// the device's choice ([`GroupedHeads::for_device`]); for tests of both layouts on one
+    /// device.
+    pub fn with_grouped_heads(mut self, grouped: GroupedHeads) -> Self {
+        self.grouped = grouped;
+        self
+    }
+
+    /// The chunks' masks with their rows repeated `fold` times (built on the first call that
+    /// needs them, replacing the unrepeated ones, and shared by every later layer).
+    fn biases(&self, fold: i64) -> std::cell::Ref<'_, Vec<Tensor>> {
+        let have = self.bias_fold.get();
+        if have != fold {
+            assert!(
+                have == 1,
+                "block-sparse plan: masks folded for a group of {have} used with a group of {fold}"
+            );
+            let mut biases = self.biases.borrow_mut();
+            for bias in biases.iter_mut() {
+                let s = bias.size(); // [B, 1, rows, keys]
+                *bias = bias
+                    .unsqueeze(2)
+                    .expand([s[0], 1, fold, s[2], s[3]], false)
+                    .reshape([s[0], 1, fold * s[2], s[3]]);
+            }
+            self.bias_fold.set(fold);
+        }
+        self.biases.borrow()
     }
 
     /// Number of fused attention calls per use (for diagnostics and tests).
@@ -270,18 +364,6 @@ impl BlockSparsePlan {
     /// or blocks already sorted by anchor), so it gathers nothing.
     pub fn keeps_given_order(&self) -> bool {
         self.order.is_none()
-    }
-}
-
-/// `[B, T, Hkv, D]` keys or values as the `[B, H, T, D]` the kernel reads. On CPU the fused
-/// kernel handles grouped heads itself (`enable_gqa`); elsewhere kv head `j` is repeated for
-/// query heads `j·g .. j·g+g-1` (HF `repeat_kv`), as not every fused CUDA kernel takes GQA.
-fn kernel_heads(t: &Tensor, group: i64, native_gqa: bool) -> Tensor {
-    let t = t.transpose(1, 2);
-    if group == 1 || native_gqa {
-        t
-    } else {
-        t.repeat_interleave_self_int(group, 1, None)
     }
 }
 
@@ -346,38 +428,68 @@ pub fn block_sparse_attention_planned(
         sort_blocks(inputs.block_key),
         sort_blocks(inputs.block_value),
     );
-    let native_gqa = device == Device::Cpu;
-    let keys_of = |context: &Tensor, block: &Tensor, chunk: &PlannedChunk| {
-        let own = block.narrow(1, chunk.start * bs, chunk.count * bs);
-        let all = match chunk.keys {
-            Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), &own], 1),
-            None => own,
-        };
-        kernel_heads(&all, g, native_gqa)
+    // Folding only matters with a group; with one query head per kv head both are the same call.
+    let folded = plan.grouped == GroupedHeads::Folded && g > 1;
+    let biases = plan.biases(if folded { g } else { 1 });
+    // One split per tensor (not a `narrow` per chunk): the chunks tile the rows in order, so
+    // backward joins the chunks' gradients with one concatenation instead of zero-filling a
+    // full-size gradient and accumulating into it once per chunk.
+    let rows: Vec<i64> = plan.chunks.iter().map(|c| c.count * bs).collect();
+    let split = |t: &Tensor| {
+        if rows.len() == 1 {
+            vec![t.shallow_clone()]
+        } else {
+            t.split_with_sizes(&rows, 1)
+        }
     };
+    let (q_chunks, key_chunks, value_chunks) = (split(&q), split(&block_key), split(&block_value));
+    // `[B, T, Hkv, D]` keys or values of the chunk as the `[B, Hkv, T, D]` the kernel reads.
+    let keys_of = |context: &Tensor, own: &Tensor, chunk: &PlannedChunk| {
+        match chunk.keys {
+            Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), own], 1),
+            None => own.shallow_clone(),
+        }
+        .transpose(1, 2)
+    };
+    let (hkv, dim) = (d.kv_heads, d.head_dim);
     let mut outs: Vec<Tensor> = plan
         .chunks
         .iter()
-        .map(|chunk| {
-            let q_chunk = q
-                .narrow(1, chunk.start * bs, chunk.count * bs)
-                .transpose(1, 2);
+        .enumerate()
+        .map(|(c, chunk)| {
+            let r = chunk.count * bs;
+            // Query head h = j·g + i reads kv head j (HF `repeat_kv`). Folded: row i·r + t of
+            // kv head j is row t of query head j·g + i.
+            let q_chunk = if folded {
+                q_chunks[c]
+                    .reshape([b, r, hkv, g, dim])
+                    .permute([0, 2, 3, 1, 4])
+                    .reshape([b, hkv, g * r, dim])
+            } else {
+                q_chunks[c].transpose(1, 2)
+            };
             let (k, v) = (
-                keys_of(inputs.context_key, &block_key, chunk),
-                keys_of(inputs.context_value, &block_value, chunk),
+                keys_of(inputs.context_key, &key_chunks[c], chunk),
+                keys_of(inputs.context_value, &value_chunks[c], chunk),
             );
             super::shape_log::record(&q_chunk, &k);
             let out = Tensor::scaled_dot_product_attention(
                 &q_chunk,
                 &k,
                 &v,
-                Some(&chunk.bias),
+                Some(&biases[c]),
                 0.0,
                 false,
                 inputs.scale,
-                native_gqa && g > 1,
+                !folded && g > 1,
             );
-            out.transpose(1, 2) // [B, C·bs, Hq, D]
+            if folded {
+                out.reshape([b, hkv, g, r, dim])
+                    .permute([0, 3, 1, 2, 4])
+                    .reshape([b, r, heads, dim])
+            } else {
+                out.transpose(1, 2) // [B, C·bs, Hq, D]
+            }
         })
         .collect();
     let out = if outs.len() == 1 {

@@ -52,6 +52,74 @@ pub(crate) struct SortedBlocks<'a> {
     pub blocks: usize,
 }
 
+/// Whether a chunk may hold `blocks` blocks: 1, 2, 3, 4, 6, 8, 12, 16, ... (`2^k` and
+/// `3·2^k`). Why: every distinct (rows, keys) shape of a fused call is a new kernel plan and
+/// a new allocation size on CUDA, so the rows of a chunk come from this small set (at most
+/// `2·log2(N) + 1` sizes up to `N` blocks) rather than any count. Restricting the planner's
+/// choice changes which tiling it picks, never the result (any tiling is exact); the set's
+/// ratio of at most 1.5 between neighbours keeps the cost close to the unrestricted optimum.
+pub(crate) fn chunk_blocks_allowed(blocks: usize) -> bool {
+    let odd = blocks >> blocks.trailing_zeros();
+    blocks > 0 && (odd == 1 || odd == 3)
+}
+
+/// The context key range `[lo, hi)` widened to a bucketed length: the length rounded up to a
+/// multiple of `quantum`, capped at `context_len`, the range moved left where it would pass
+/// the end of the context. The added keys are real context positions the mask hides, so the
+/// call's result is unchanged; what is bounded is the set of key counts (`0`, the multiples of
+/// `quantum` below `context_len`, and `context_len` itself).
+pub(crate) fn padded_key_range(
+    keys: Option<(i64, i64)>,
+    context_len: i64,
+    quantum: i64,
+) -> Option<(i64, i64)> {
+    let (lo, hi) = keys?;
+    let quantum = quantum.max(1);
+    let len = ((hi - lo + quantum - 1) / quantum * quantum).min(context_len);
+    let hi = (lo + len).min(context_len);
+    Some((hi - len, hi))
+}
+
+/// The most distinct (rows, keys) shapes the fused calls of any number of steps can have, over
+/// all layer rules, for `blocks` blocks of `block_size` per row (the anchor count; fixed when it
+/// is padded to `num_anchors`), `batch_heads` = batch × query heads, the default chunk budget
+/// and the distinct context lengths `context_lens` the steps use. A chunk holds `c` blocks,
+/// `c` allowed ([`chunk_blocks_allowed`]) or `blocks` itself (the plan that keeps every block
+/// in one chunk), so `rows = c·bs`; its context key count is `0`, a multiple of the quantum
+/// ([`super::block_sparse::context_key_quantum`]) below the longest context, or one of the
+/// context lengths; `keys = context + rows`; and a chunk of more than one block stays within
+/// the budget. This counts those (rows, keys) pairs. It is the bound the shape-observer test
+/// holds the engine to ([`super::shape_log`]).
+pub fn max_distinct_chunk_shapes(
+    blocks: usize,
+    block_size: i64,
+    batch_heads: i64,
+    context_lens: &[i64],
+) -> usize {
+    let quantum = super::block_sparse::context_key_quantum(block_size);
+    let longest = context_lens.iter().copied().max().unwrap_or(0);
+    let mut contexts: Vec<i64> = std::iter::once(0)
+        .chain((1..).map(|m| m * quantum).take_while(|&k| k < longest))
+        .chain(context_lens.iter().copied())
+        .collect();
+    contexts.sort_unstable();
+    contexts.dedup();
+    let mut counts: Vec<usize> = (1..=blocks).filter(|&c| chunk_blocks_allowed(c)).collect();
+    counts.push(blocks);
+    counts.dedup();
+    let budget = super::block_sparse::DEFAULT_CHUNK_SCORE_ELEMENTS;
+    let mut shapes = std::collections::BTreeSet::new();
+    for &c in &counts {
+        let rows = c as i64 * block_size;
+        for &context in &contexts {
+            if c <= 1 || rows * batch_heads * (context + rows) <= budget {
+                shapes.insert((rows, context + rows));
+            }
+        }
+    }
+    shapes.len()
+}
+
 /// Sizes and costs the chunk planner weighs, in score elements (`B·Hq·rows·keys`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkCosts {
@@ -63,6 +131,9 @@ pub(crate) struct ChunkCosts {
     /// Fixed cost of one more fused call (and its key copies, mask slice, output), expressed
     /// as the score elements that take as long.
     pub overhead: i64,
+    /// Context key ranges are widened to a multiple of this ([`padded_key_range`]); 1 keeps
+    /// them exact.
+    pub key_quantum: i64,
 }
 
 /// Chunking of blocks in the given order that minimises the modelled cost
@@ -96,10 +167,18 @@ pub(crate) fn plan_context_chunks(
                 }
             }
             let rows = (end - start) as i64 * costs.block_size;
-            let context = if hi > lo { hi - lo } else { 0 };
+            let context = padded_key_range(
+                (hi > lo).then_some((lo, hi)),
+                context_len,
+                costs.key_quantum,
+            )
+            .map_or(0, |(l, h)| h - l);
             let grid = rows * costs.per_row_key * (context + rows);
             if end - start > 1 && grid > costs.budget {
                 break; // wider chunks only cost more
+            }
+            if !chunk_blocks_allowed(end - start) {
+                continue;
             }
             let total = best[start].saturating_add(costs.overhead + grid);
             if total < best[end] {
@@ -112,10 +191,14 @@ pub(crate) fn plan_context_chunks(
     let mut end = blocks;
     while end > 0 {
         let start = from[end];
-        let keys = key_range(
-            rule,
+        let keys = padded_key_range(
+            key_range(
+                rule,
+                context_len,
+                (start..end).flat_map(|i| column(i).map(|k| (&anchors[k], &keep[k]))),
+            ),
             context_len,
-            (start..end).flat_map(|i| column(i).map(|k| (&anchors[k], &keep[k]))),
+            costs.key_quantum,
         );
         chunks.push(ContextChunk { start, end, keys });
         end = start;
@@ -167,7 +250,11 @@ pub(crate) fn choose_chunks(
     };
     let (sorted_chunks, sorted_cost) = plan_context_chunks(rule, &view, context_len, costs);
     // All blocks as one chunk, if that fits the budget.
-    let keys = key_range(rule, context_len, anchors.iter().zip(keep));
+    let keys = padded_key_range(
+        key_range(rule, context_len, anchors.iter().zip(keep)),
+        context_len,
+        costs.key_quantum,
+    );
     let rows = blocks as i64 * costs.block_size;
     let grid = rows * costs.per_row_key * (keys.map_or(0, |(lo, hi)| hi - lo) + rows);
     if (blocks <= 1 || grid <= costs.budget)
@@ -216,6 +303,7 @@ mod tests {
             per_row_key: batch as i64,
             budget,
             overhead,
+            key_quantum: 1,
         }
     }
 
@@ -355,6 +443,94 @@ mod tests {
             costs(1, 1, 0, 0),
         );
         assert_eq!(window_one[0].keys, None);
+    }
+
+    #[test]
+    fn chunks_hold_2_to_the_k_or_3_times_2_to_the_k_blocks() {
+        let allowed: Vec<usize> = (0..=50).filter(|&n| chunk_blocks_allowed(n)).collect();
+        assert_eq!(allowed, [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]);
+    }
+
+    #[test]
+    fn key_ranges_widen_to_the_quantum_inside_the_context() {
+        assert_eq!(padded_key_range(None, 100, 8), None);
+        assert_eq!(padded_key_range(Some((3, 10)), 100, 8), Some((3, 11)));
+        assert_eq!(padded_key_range(Some((3, 11)), 100, 8), Some((3, 11)));
+        // Past the end of the context: the range moves left.
+        assert_eq!(padded_key_range(Some((95, 99)), 100, 8), Some((92, 100)));
+        // Longer than the context rounds to: the whole context.
+        assert_eq!(padded_key_range(Some((0, 70)), 76, 64), Some((0, 76)));
+        assert_eq!(padded_key_range(Some((5, 9)), 100, 1), Some((5, 9)));
+    }
+
+    /// A small deterministic generator, so the anchor draws below need no crate.
+    fn lcg(state: &mut u64) -> u64 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *state >> 33
+    }
+
+    #[test]
+    fn bucketed_plans_stay_exact_and_use_a_bounded_set_of_shapes() {
+        // The visibility, tiling and budget checks hold with widened key ranges too.
+        let anchors = [0, 0, 2, 3, 3, 9, 14, 15, 1, 4, 4, 5, 8, 8, 12, 17];
+        let keep = [true; 16];
+        for rule in [LayerRule::Full, LayerRule::Sliding { window: 4 }] {
+            for quantum in [4, 16] {
+                let (batch, blocks) = (2, 8);
+                let sorted = SortedBlocks {
+                    anchors: &anchors,
+                    keep: &keep,
+                    batch,
+                    blocks,
+                };
+                let c = ChunkCosts {
+                    key_quantum: quantum,
+                    ..costs(batch, 2, 200, 50)
+                };
+                let (plan, _) = plan_context_chunks(rule, &sorted, 18, c);
+                for chunk in &plan {
+                    assert!(chunk_blocks_allowed(chunk.end - chunk.start), "{plan:?}");
+                    if let Some((lo, hi)) = chunk.keys {
+                        assert!(0 <= lo && hi <= 18);
+                        assert!((hi - lo) % quantum == 0 || hi - lo == 18, "{chunk:?}");
+                    }
+                }
+            }
+        }
+        // Many random draws at the real drafter's attention shape (1024 anchors of 32 over up
+        // to 4096 context keys, 32 query heads) never leave the stated bound.
+        let (blocks, bs, heads) = (1024usize, 32i64, 32i64);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut state = 7u64;
+        let lens = [2048i64, 3072, 4096];
+        for draw in 0..6 {
+            let s = lens[draw % lens.len()];
+            let mut a: Vec<i64> = (0..blocks).map(|_| (lcg(&mut state) as i64) % s).collect();
+            a.sort_unstable();
+            let k: Vec<bool> = (0..blocks).map(|i| i % 7 != 0).collect();
+            for rule in [LayerRule::Full, LayerRule::Sliding { window: 2048 }] {
+                let c = super::super::block_sparse::chunk_costs(
+                    bs,
+                    1,
+                    heads,
+                    super::super::block_sparse::DEFAULT_CHUNK_SCORE_ELEMENTS,
+                );
+                let choice = choose_chunks(rule, &a, &k, (1, blocks), s, c);
+                for chunk in &choice.chunks {
+                    let rows = (chunk.end - chunk.start) as i64 * bs;
+                    let keys = chunk.keys.map_or(0, |(lo, hi)| hi - lo) + rows;
+                    seen.insert((rows, keys));
+                }
+            }
+        }
+        let bound = max_distinct_chunk_shapes(blocks, bs, heads, &lens);
+        eprintln!(
+            "distinct chunk shapes over 6 draws: {} (bound {bound})",
+            seen.len()
+        );
+        assert!(seen.len() <= bound, "{} shapes > bound {bound}", seen.len());
     }
 
     #[test]

@@ -19,11 +19,12 @@ pub mod visibility;
 
 use tch::Tensor;
 
-pub(crate) use block_sparse::CHUNK_OVERHEAD_SCORE_ELEMENTS;
+pub(crate) use block_sparse::chunk_costs;
 pub use block_sparse::{
-    block_sparse_attention, block_sparse_attention_planned, BlockOrder, BlockSparsePlan,
-    DEFAULT_CHUNK_SCORE_ELEMENTS,
+    block_sparse_attention, block_sparse_attention_planned, context_key_quantum, BlockOrder,
+    BlockSparsePlan, GroupedHeads, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
+pub use chunk_plan::max_distinct_chunk_shapes;
 pub use dense::dense_mask_attention;
 pub use visibility::LayerRule;
 
