@@ -154,10 +154,13 @@ impl Crowd {
         }
         // What the silent ones were left with: frames up to their buffer, then the end of
         // the connection for those the daemon gave up on.
+        // A client the daemon kept is live again once read: on a fast machine its metrics
+        // frames never pause for the read timeout, so the drain is bounded in time too.
         let mut dropped = 0;
         for c in &mut self.silent {
             c.set_read_timeout(Duration::from_millis(200));
-            loop {
+            let drain_until = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < drain_until {
                 match c.next_frame() {
                     Next::Frame(_) => {}
                     Next::Closed => {
