@@ -216,6 +216,7 @@ mod tests {
 
     #[test]
     fn both_back_ends_agree_on_a_small_case_and_report_their_difference() {
+        let _rng = crate::torch_rng_lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = AttentionPreset {
             anchors: 8,
@@ -242,6 +243,7 @@ mod tests {
 
     #[test]
     fn too_many_anchors_for_the_context_is_a_clear_error() {
+        let _rng = crate::torch_rng_lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = AttentionPreset {
             anchors: 100,

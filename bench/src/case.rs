@@ -272,6 +272,7 @@ mod tests {
 
     #[test]
     fn random_rows_are_seeded_supervised_after_the_prompt_and_never_use_the_mask_token() {
+        let _rng = crate::torch_rng_lock();
         let a = random_rows(2, 50, 10, 32, 7);
         assert_eq!(a, random_rows(2, 50, 10, 32, 7));
         assert_ne!(a, random_rows(2, 50, 10, 32, 8));
@@ -284,6 +285,7 @@ mod tests {
 
     #[test]
     fn the_tiny_case_round_trips_through_disk() {
+        let _rng = crate::torch_rng_lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = step_preset("tiny").unwrap();
         let meta = prepare_step_case(&preset, dir.path()).unwrap();

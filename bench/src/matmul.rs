@@ -62,6 +62,7 @@ mod tests {
 
     #[test]
     fn a_small_matmul_reports_a_positive_rate() {
+        let _rng = crate::torch_rng_lock();
         let peak = measure(128, Device::Cpu, Kind::Float, 1, 3).unwrap();
         assert_eq!(peak.step_ms.len(), 3);
         assert!(peak.gflops.unwrap() > 0.0);

@@ -202,6 +202,7 @@ mod tests {
 
     #[test]
     fn the_cpu_group_sums_and_two_cpu_ranks_train_as_one() {
+        let _rng = crate::torch_rng_lock();
         let r = measure_all_reduce(&[Device::Cpu, Device::Cpu], 1 << 12, 1, 2).unwrap();
         assert_eq!(r.times_ms.len(), 2);
         assert!(r.bus_gb_per_s.unwrap() > 0.0);

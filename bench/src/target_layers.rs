@@ -165,6 +165,7 @@ mod tests {
 
     #[test]
     fn both_layer_kinds_run_at_reduced_shapes() {
+        let _rng = crate::torch_rng_lock();
         let s = run_target_layers(&TargetLayersOptions {
             device: Device::Cpu,
             reduced: true,
