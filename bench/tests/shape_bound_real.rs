@@ -39,7 +39,7 @@ const DEFAULT_STEPS: usize = 6;
 /// moments (created on the first update) fault in during the first steps.
 const WARMUP: usize = 2;
 /// Flatness after warmup: the resident set after each step may spread by at most this much
-/// (MiB; measured 1.2–1.3 over 8 and 10 steps). One leaked micro-batch (features
+/// (MiB; measured 1.2–1.3 over 8 and 10 steps, 3.0 over 60: near the band, see BENCHMARKS.md). One leaked micro-batch (features
 /// `[1, 3072, 5·32]` f32, 1.9 MiB, plus the anchors' labels and weights over 32,768 positions,
 /// about 1 MiB) leaves this band within two steps.
 const FLAT_TOLERANCE_MIB: f64 = 4.0;
