@@ -6,8 +6,10 @@
 //! set the way the benchmark's memory pass does (`dflash_bench::memory`: glibc's mmap
 //! threshold pinned low so the resident set follows live allocations), so it is a test
 //! binary of its own: nothing else runs attention or allocates in it.
-use dflash_bench::memory;
-use dflash_engine::model::attention::{max_distinct_chunk_shapes, shape_log};
+mod shape_support;
+
+use dflash_engine::model::attention::max_distinct_chunk_shapes;
+use shape_support::{largest, run_steps, smallest, spread};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -87,36 +89,10 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
     );
     assert!(micro_shapes.iter().all(|&(_, _, w)| w == cfg.num_anchors));
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
-    assert!(
-        memory::follow_live_allocations(),
-        "this test needs glibc to measure live memory"
-    );
+    let m = run_steps(&mut trainer, STEPS);
+    let (after, peaks, shapes) = (m.after, m.peaks, m.shapes);
 
-    shape_log::start();
-    let mut after = Vec::with_capacity(STEPS);
-    let mut peaks = Vec::with_capacity(STEPS);
-    for step in 0..STEPS {
-        let before = memory::rss_mb().unwrap();
-        assert!(
-            memory::reset_peak(),
-            "the kernel must allow resetting VmHWM"
-        );
-        trainer
-            .train_step()
-            .unwrap_or_else(|e| panic!("step {step}: {e}"));
-        peaks.push(memory::peak_rss_mb().unwrap() - before);
-        after.push(memory::rss_mb().unwrap());
-    }
-    let shapes = shape_log::stop();
-
-    let spread = |v: &[f64]| {
-        let (lo, hi) = v
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        hi - lo
-    };
     let after_spread = spread(&after[WARMUP..]);
-    let largest = |v: &[f64]| v.iter().cloned().fold(f64::MIN, f64::max);
     let (first_half, second_half) = (
         largest(&peaks[WARMUP..STEPS / 2]),
         largest(&peaks[STEPS / 2..]),
@@ -126,8 +102,8 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
          ({:.1}–{:.1}); a step's peak above its start: at most {first_half:.2} MiB in steps \
          {WARMUP}–{}, at most {second_half:.2} MiB after",
         shapes.len(),
-        after[WARMUP..].iter().cloned().fold(f64::MAX, f64::min),
-        after[WARMUP..].iter().cloned().fold(f64::MIN, f64::max),
+        smallest(&after[WARMUP..]),
+        largest(&after[WARMUP..]),
         STEPS / 2 - 1,
     );
     assert!(
