@@ -299,14 +299,28 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 label("loss    "),
                 Span::raw(format!("{loss}   τ {tau}")),
             ]));
-            let checkpoint = status.checkpoints.iter().max_by_key(|c| c.step);
+            let checkpoint = status
+                .checkpoints
+                .iter()
+                .max_by_key(|c| c.step)
+                .map(|c| (c.step, c.written_ms));
+            // The final save comes after the last status a console can get from a daemon that
+            // then exits; the journal's ending names it.
+            let final_save = app.ended().and_then(|e| {
+                let step = e.checkpoint.as_deref().and_then(checkpoint_step)?;
+                Some((step, e.at_ms))
+            });
+            let newest = match (checkpoint, final_save) {
+                (Some(c), Some(f)) => Some(if f.0 > c.0 { f } else { c }),
+                (c, f) => c.or(f),
+            };
             lines.push(Line::from(vec![
                 label("saved   "),
-                Span::raw(match checkpoint {
-                    Some(c) => format!(
+                Span::raw(match newest {
+                    Some((step, written_ms)) => format!(
                         "step {} · {} ago",
-                        fmt::thousands(c.step),
-                        fmt::duration_ms(app.now_ms - c.written_ms)
+                        fmt::thousands(step),
+                        fmt::duration_ms(app.now_ms - written_ms)
                     ),
                     None => "no checkpoint yet".into(),
                 }),
@@ -334,8 +348,27 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     );
 }
 
+/// The step of a checkpoint directory named `…/step-0000000642`.
+fn checkpoint_step(path: &str) -> Option<u64> {
+    let name = path.trim_end_matches('/').rsplit('/').next()?;
+    name.strip_prefix("step-")?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn checkpoint_steps_are_read_from_the_directory_name() {
+        assert_eq!(
+            super::checkpoint_step("/r/checkpoints/step-0000000642"),
+            Some(642)
+        );
+        assert_eq!(super::checkpoint_step("/r/checkpoints/step-12/"), Some(12));
+        assert_eq!(
+            super::checkpoint_step("/r/checkpoints/corrupt-step-7"),
+            None
+        );
+    }
+
     use super::fit;
 
     #[test]
