@@ -64,16 +64,7 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
     let source = MicroSource::new(
         Arc::new(samples.clone()),
         (0..samples.len()).collect(),
-        MicroSpec {
-            seed: cfg.seed,
-            batch_size: cfg.batch_size,
-            num_anchors: cfg.num_anchors,
-            block_size: drafter_cfg.block_size as usize,
-            gamma: cfg.gamma_for(drafter_cfg.block_size as usize),
-            rule: cfg.label_mask_rule,
-            pad_id: 0,
-            seq_len_multiple: cfg.seq_len_multiple,
-        },
+        MicroSpec::for_training(&cfg, drafter_cfg.block_size as usize, 0),
     );
     let micro_shapes: BTreeSet<(usize, usize, usize)> = (0..STEPS as u64)
         .map(|seq| {

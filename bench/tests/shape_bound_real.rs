@@ -155,16 +155,7 @@ fn the_real_structure_sees_bounded_attention_shapes_and_flat_live_memory() {
     let source = MicroSource::new(
         Arc::new(samples.clone()),
         (0..samples.len()).collect(),
-        MicroSpec {
-            seed: cfg.seed,
-            batch_size: cfg.batch_size,
-            num_anchors: cfg.num_anchors,
-            block_size: drafter_cfg.block_size as usize,
-            gamma: cfg.gamma_for(drafter_cfg.block_size as usize),
-            rule: cfg.label_mask_rule,
-            pad_id: PAD_ID,
-            seq_len_multiple: cfg.seq_len_multiple,
-        },
+        MicroSpec::for_training(&cfg, drafter_cfg.block_size as usize, PAD_ID),
     );
     let micro_shapes: Vec<(usize, usize, usize)> = (0..steps as u64)
         .map(|seq| {

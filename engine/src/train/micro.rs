@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::anchors::{sample_anchors_per_sample, AnchorBatch};
+use super::config::TrainConfig;
 use super::labels::{block_labels, BlockLabels, LabelMaskRule};
 use super::loader::{bucketed_len, collate_to, longest, Batch, DataPosition, Loader};
 use crate::data::Sample;
@@ -26,6 +27,23 @@ pub struct MicroSpec {
     /// Rows are right-padded to a multiple of this (`training.seq_len_multiple`; 1: to the
     /// longest row only).
     pub seq_len_multiple: usize,
+}
+
+impl MicroSpec {
+    /// What a training run of `cfg` builds its micro-batches with, for a drafter of
+    /// `block_size`; rows are padded with `pad_id`.
+    pub fn for_training(cfg: &TrainConfig, block_size: usize, pad_id: i64) -> Self {
+        MicroSpec {
+            seed: cfg.seed,
+            batch_size: cfg.batch_size,
+            num_anchors: cfg.num_anchors,
+            block_size,
+            gamma: cfg.gamma_for(block_size),
+            rule: cfg.label_mask_rule,
+            pad_id,
+            seq_len_multiple: cfg.seq_len_multiple,
+        }
+    }
 }
 
 /// One micro-batch, ready for the target (rows) and the drafter (anchors, labels).

@@ -175,16 +175,7 @@ impl Trainer {
         let source = Arc::new(MicroSource::new(
             Arc::clone(&samples),
             split.train.clone(),
-            MicroSpec {
-                seed: cfg.seed,
-                batch_size: cfg.batch_size,
-                num_anchors: cfg.num_anchors,
-                block_size: bs,
-                gamma: cfg.gamma_for(bs),
-                rule: cfg.label_mask_rule,
-                pad_id: PAD_ID,
-                seq_len_multiple: cfg.seq_len_multiple,
-            },
+            MicroSpec::for_training(&cfg, bs, PAD_ID),
         ));
         let plan = StepPlan {
             ranks: topology.drafter_devices.len(),
