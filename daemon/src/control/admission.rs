@@ -115,6 +115,15 @@ impl<T> Admission<T> {
         }
     }
 
+    /// Makes connection `id` a subscriber unless that would eat into the reserved slots. The
+    /// check and the phase change are one step: a subscription granted is counted before its
+    /// reply leaves, so the next subscriber's check sees it.
+    pub fn subscribe(&mut self, id: u64, now: Instant) -> Result<(), String> {
+        self.may_subscribe(id)?;
+        self.set_phase(id, Phase::Subscribed, now);
+        Ok(())
+    }
+
     /// Whether connection `id` may subscribe without eating into the reserved slots.
     pub fn may_subscribe(&self, id: u64) -> Result<(), String> {
         if self.slots.get(&id).map(|s| s.phase) == Some(Phase::Subscribed) {
@@ -198,11 +207,9 @@ mod tests {
         let t0 = Instant::now();
         let mut a = Admission::new(limits(3));
         let ids: Vec<u64> = (0..3).map(|_| a.admit(t0, ()).unwrap().0).collect();
-        a.may_subscribe(ids[0]).unwrap();
-        a.set_phase(ids[0], Phase::Subscribed, t0);
-        a.may_subscribe(ids[1]).unwrap();
-        a.set_phase(ids[1], Phase::Subscribed, t0);
-        let refused = a.may_subscribe(ids[2]).unwrap_err();
+        a.subscribe(ids[0], t0).unwrap();
+        a.subscribe(ids[1], t0).unwrap();
+        let refused = a.subscribe(ids[2], t0).unwrap_err();
         assert!(refused.contains("confirm-stop"), "{refused}");
         // A subscriber may subscribe to more topics.
         a.may_subscribe(ids[0]).unwrap();

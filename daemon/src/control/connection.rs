@@ -81,6 +81,13 @@ impl Slot {
         self.admission.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Becomes a subscriber now, before the reply is sent (see [`Admission::subscribe`]);
+    /// the connection loop's next `set_phase` then finds the phase already recorded.
+    fn subscribe(&self) -> Result<(), String> {
+        self.admission()
+            .subscribe(self.id, std::time::Instant::now())
+    }
+
     fn set_phase(&mut self, phase: Phase) {
         if phase != self.phase {
             self.phase = phase;
@@ -317,8 +324,7 @@ impl Conn {
         match req {
             Request::Subscribe { topics } => {
                 if self.sub.is_none() {
-                    let room = slot.admission().may_subscribe(slot.id);
-                    if let Err(why) = room {
+                    if let Err(why) = slot.subscribe() {
                         return writer
                             .send(&error(ErrorCode::Refused, why))
                             .await
