@@ -64,6 +64,9 @@ impl RegenRow {
         let mut turns = Vec::new();
         let mut keep = messages.len();
         for (index, message) in messages.iter().enumerate() {
+            if !message.is_object() {
+                return Err(format!("message {index} is not a JSON object"));
+            }
             if is_assistant(message) {
                 turns.push(index);
                 if calls_tools(message) {
@@ -71,6 +74,9 @@ impl RegenRow {
                     break;
                 }
             }
+        }
+        if turns.is_empty() {
+            return Err("no assistant message, so nothing to regenerate".to_string());
         }
         Ok(RegenRow {
             row,
@@ -114,7 +120,7 @@ impl RegenRow {
             .and_then(Value::as_array_mut)
             .and_then(|m| m.get_mut(index))
             .and_then(Value::as_object_mut)
-            .expect("parse checked that every regenerated turn is a message object");
+            .expect("parse checked that every message is an object");
         let content_key = if !message.contains_key("content") && message.contains_key("value") {
             "value"
         } else {

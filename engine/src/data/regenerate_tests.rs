@@ -113,6 +113,11 @@ fn rows_training_would_refuse_are_refused_with_its_reasons() {
             r#"{"conversations":[{"role":"bot","content":"q"}]}"#,
             "role \"bot\"",
         ),
+        // serde reads a struct from a list too; a row is made of message objects
+        (
+            r#"{"conversations":[{"role":"user","content":"q"},["assistant",null,"a",null,null,null]]}"#,
+            "message 1 is not a JSON object",
+        ),
     ] {
         let err = RegenRow::parse(line).unwrap_err();
         assert!(err.contains(expected), "{line}: {err}");
