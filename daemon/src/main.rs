@@ -28,6 +28,9 @@ enum Command {
     Features(cli::features::FeaturesArgs),
     /// Predict each device's memory, the FLOPs, tokens/s and the best split of a run config.
     Plan(cli::plan::PlanArgs),
+    /// Replace the assistant turns of chat data with the target's own replies (greedy or
+    /// sampled), resumable, for training on the target's distribution.
+    Regenerate(cli::regenerate::RegenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Export(args) => done(cli::export::run(args)),
         Command::Features(args) => done(cli::features::run(args)),
         Command::Plan(args) => done(cli::plan::run(args)),
+        Command::Regenerate(args) => done(cli::regenerate::run(args)),
     };
     result.unwrap_or_else(|e| {
         eprintln!("dflashd: {e:#}");

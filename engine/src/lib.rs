@@ -6,6 +6,7 @@
 //!   labels, loss, optimizer, schedule and cadences, checkpoints, resume, evaluation, and
 //!   [`train::topology`], the multi-device execution with its hidden-state queue.
 //! - [`data`]: chat / pre-tokenized JSONL → samples with loss masks, shuffle, eval split.
+//! - [`regenerate`]: chat data regenerated with the target's own replies (`dflashd regenerate`).
 //! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write.
 //!
 //! The engine writes no run-dir files and depends on no process, socket or telemetry code: the
@@ -17,5 +18,6 @@ pub mod device;
 pub mod model;
 pub mod peak;
 pub mod plan;
+pub mod regenerate;
 pub mod sdpa;
 pub mod train;

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod export;
 pub mod features;
 pub mod plan;
+pub mod regenerate;
 pub mod start;
 
 /// `--device`: `cpu`, `cuda` or `cuda:N`, checked against the devices libtorch sees.

@@ -6,8 +6,8 @@
 //!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
 //!   ([`support::prometheus`]).
 //! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
-//!   `tensorboard_events`, `trained_artifacts`: the real `dflashd` binary as a child process in a
-//!   temp dir ([`support::binary`]).
+//!   `tensorboard_events`, `trained_artifacts`, `regenerate`: the real `dflashd` binary as a
+//!   child process in a temp dir ([`support::binary`]).
 //! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
 //!   a fuzzed socket, confirmation bypass attempts, many clients); sized by
 //!   [`support::campaign`] (`DFLASH_CAMPAIGN=full` for the issue's full size).
@@ -40,6 +40,7 @@ mod export_contract;
 mod memory_plan;
 mod metrics_endpoint;
 mod prometheus_e2e;
+mod regenerate;
 mod resume;
 mod target_parity;
 mod tensorboard_events;

@@ -3,7 +3,8 @@
 //! JSONL; a deterministic per-epoch order and a held-out evaluation split.
 //!
 //! Entry points: [`ChatEncoder::from_model_dir`] (chat data only), [`load`], [`holdout_split`],
-//! [`epoch_order`].
+//! [`epoch_order`]; [`regenerate`] and [`regenerate_output`] are the pure parts of
+//! `dflashd regenerate` (the driver is [`crate::regenerate`]).
 mod chat;
 mod dataset;
 mod encoder;
@@ -13,6 +14,8 @@ mod model_files;
 mod order;
 mod pretokenized;
 mod pyjson;
+pub mod regenerate;
+pub mod regenerate_output;
 mod sample;
 mod template;
 
