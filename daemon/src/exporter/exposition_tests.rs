@@ -41,6 +41,7 @@ fn cpu_status() -> StatusSnapshot {
         checkpoints: Vec::new(),
         last_loss: Some(3.25),
         last_tau: None,
+        last_online: None,
         detectors: None,
     }
 }
@@ -73,6 +74,7 @@ fn step(step: u64) -> StepMetrics {
             optimizer_ms: 4.0,
             total_ms: 175.0,
         },
+        online: None,
     }
 }
 

@@ -139,6 +139,7 @@ impl RunHandle {
             checkpoints: Vec::new(),
             last_loss: None,
             last_tau: None,
+            last_online: None,
             detectors: None,
         };
         let (shutdown_tx, _) = broadcast::channel(1);

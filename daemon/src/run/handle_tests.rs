@@ -29,6 +29,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         mfu: None,
         workers: vec![],
         times: StepTimes::default(),
+        online: None,
     }
 }
 

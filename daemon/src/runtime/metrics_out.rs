@@ -200,6 +200,7 @@ mod tests {
             mfu: None,
             workers: vec![],
             times: StepTimes::default(),
+            online: None,
         };
         assert_eq!(
             progress_line(&m, 600, 10).unwrap(),

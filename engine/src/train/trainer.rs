@@ -469,6 +469,7 @@ impl Trainer {
             mfu: telemetry.mfu,
             workers: telemetry.workers,
             times: telemetry.times,
+            online: None,
         })
     }
 
@@ -704,6 +705,7 @@ impl EvalLine {
             mfu: None,
             workers: Vec::new(),
             times: StepTimes::default(),
+            online: None,
         }
     }
 }

@@ -150,6 +150,7 @@ mod tests {
                 total_ms: 40.0,
                 ..StepTimes::default()
             },
+            online: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         assert_eq!((line.step, line.wall_time), (12, 1_764_600_000.25));
