@@ -49,7 +49,8 @@ impl HealthFeed {
         }
     }
 
-    /// One optimizer step (not the pre-training evaluation line).
+    /// One optimizer step (not the pre-training evaluation line): throughput, and the serve
+    /// gap when the step carries an online evaluation.
     pub fn observe_step(&mut self, m: &StepMetrics) {
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
@@ -60,6 +61,16 @@ impl HealthFeed {
         self.handle
             .set_throughput_judgement(t.baseline_tokens_per_s, stable_since);
         self.poll(!transitions.is_empty());
+    }
+
+    /// A line that is no optimizer step (the evaluation before the first step): its offline
+    /// and online τ reach the serve-gap detector; its zero throughput reaches no detector.
+    pub fn observe_evaluation(&mut self, m: &StepMetrics) {
+        let transitions = self.monitor.observe_evaluation(m);
+        self.journal(&transitions);
+        if !transitions.is_empty() {
+            self.refresh_alerts();
+        }
     }
 
     /// A hidden-state queue reading (threaded topologies): target- or drafter-bound.

@@ -179,6 +179,45 @@ mod tests {
     }
 
     #[test]
+    fn an_online_evaluation_becomes_scalars_under_the_metrics_line_names() {
+        let m = StepMetrics {
+            ts_ms: 1_000,
+            step: 50,
+            epoch: 1,
+            loss: 2.5,
+            accuracy: 0.25,
+            tau: Some(3.5),
+            lr: 1e-3,
+            grad_norm: 0.5,
+            tokens_per_s: 1500.0,
+            draft_positions_per_s: 24_000.0,
+            mfu: None,
+            workers: vec![],
+            times: StepTimes::default(),
+            online: Some(dflash_shared::metrics::OnlineAcceptance {
+                tau_chain: 2.5,
+                tau_ddtree: [(8, 2.75), (32, 3.0)].into_iter().collect(),
+                offline_tau: Some(3.5),
+                prompts: 8,
+                seconds: 1.5,
+            }),
+        };
+        let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
+        let got = tags(&line);
+        for want in [
+            ("online_tau_chain", 2.5),
+            ("online_tau_ddtree_8", 2.75),
+            ("online_tau_ddtree_32", 3.0),
+            ("online_eval_offline_tau", 3.5),
+            ("online_eval_prompts", 8.0),
+            ("online_eval_s", 1.5),
+            ("tau", 3.5),
+        ] {
+            assert!(got.contains(&want), "{want:?} missing from {got:?}");
+        }
+    }
+
+    #[test]
     fn fields_nobody_listed_appear_by_their_path() {
         // What a newer StepMetrics may carry: a new number, an array of numbers, a nested
         // object; and what is not a figure: a null, a string, a boolean.
