@@ -78,7 +78,11 @@ fn the_embedded_default_is_the_tiny_cpu_config() {
     assert_eq!(shipped.data.format, DataFormat::Pretokenized);
     assert_eq!(shipped.loss_decay_gamma(), 4.0, "paper γ for block 8");
     let t = &shipped.training;
-    assert_eq!(t.online_eval_interval(), 50, "online τ at the offline cadence");
+    assert_eq!(
+        t.online_eval_interval(),
+        50,
+        "online τ at the offline cadence"
+    );
     assert_eq!(t.online_eval_prompts.as_deref(), Some("embedded"));
     assert_eq!(t.online_eval_tree_budgets, [8, 32]);
 }
@@ -87,13 +91,23 @@ fn the_embedded_default_is_the_tiny_cpu_config() {
 fn online_evaluation_defaults_on_where_there_are_prompts_and_off_where_there_are_none() {
     let minimal = load(&repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
     let t = &minimal.training;
-    assert_eq!((t.online_eval_every, t.online_eval_prompts.as_deref()), (None, None));
-    assert_eq!(t.online_eval_interval(), 0, "a Hugging Face target has no built-in prompts");
+    assert_eq!(
+        (t.online_eval_every, t.online_eval_prompts.as_deref()),
+        (None, None)
+    );
+    assert_eq!(
+        t.online_eval_interval(),
+        0,
+        "a Hugging Face target has no built-in prompts"
+    );
     assert!(!minimal.to_toml_string().contains("online_eval_every"));
 
     let text = fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml"))
         .unwrap()
-        .replace("[data]", "[training]\nonline_eval_prompts = \"prompts.jsonl\"\n\n[data]");
+        .replace(
+            "[data]",
+            "[training]\nonline_eval_prompts = \"prompts.jsonl\"\n\n[data]",
+        );
     let with_prompts = Config::from_toml_str(&text, "with prompts").unwrap();
     assert_eq!(with_prompts.training.online_eval_interval(), 1000);
     assert_eq!(with_prompts.training.online_eval_tree_budgets, [16]);
@@ -104,7 +118,10 @@ fn online_evaluation_defaults_on_where_there_are_prompts_and_off_where_there_are
         .collect::<Vec<_>>()
         .join("\n");
     let embedded = Config::from_toml_str(&embedded, "embedded without online keys").unwrap();
-    assert_eq!(embedded.training.online_eval_prompts.as_deref(), Some("embedded"));
+    assert_eq!(
+        embedded.training.online_eval_prompts.as_deref(),
+        Some("embedded")
+    );
     assert_eq!(embedded.training.online_eval_interval(), 1000);
     let printed = embedded.to_toml_string();
     assert!(printed.contains("online_eval_every = 1000"), "{printed}");

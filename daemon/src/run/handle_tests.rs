@@ -77,7 +77,10 @@ fn the_newest_online_evaluation_stays_in_status_until_the_next_one() {
     h.publish_metrics(metrics(51, None));
     let s = h.status_snapshot();
     let online = s.last_online.expect("the step-50 online evaluation");
-    assert_eq!((online.step, &online.acceptance), (50, first.online.as_ref().unwrap()));
+    assert_eq!(
+        (online.step, &online.acceptance),
+        (50, first.online.as_ref().unwrap())
+    );
     assert_eq!(s.run.step, 51);
     // Subscribers get the line with its online figures, as the metrics file does.
     match subscriber.try_recv() {

@@ -132,8 +132,7 @@ pub fn say(line: &str) {
 /// The stdout line for a step: every `log_every` steps and on every evaluation, offline or
 /// online.
 pub fn progress_line(m: &StepMetrics, total_steps: u64, log_every: u64) -> Option<String> {
-    let show =
-        m.tau.is_some() || m.online.is_some() || (log_every > 0 && m.step % log_every == 0);
+    let show = m.tau.is_some() || m.online.is_some() || (log_every > 0 && m.step % log_every == 0);
     show.then(|| {
         let mut tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
         if let Some(online) = &m.online {

@@ -86,8 +86,13 @@ mod tests {
     #[test]
     fn evaluates_online_at_start_on_its_own_cadence_and_at_the_end() {
         assert!(C.online_eval_before_start(0));
-        assert!(!C.online_eval_before_start(6), "a resumed run has its baseline");
-        let due: Vec<u64> = (1..=14).filter(|&s| C.online_eval_due(s, s == 14)).collect();
+        assert!(
+            !C.online_eval_before_start(6),
+            "a resumed run has its baseline"
+        );
+        let due: Vec<u64> = (1..=14)
+            .filter(|&s| C.online_eval_due(s, s == 14))
+            .collect();
         assert_eq!(due, vec![6, 12, 14]);
         let aligned = Cadence {
             online_eval_every: 5,
@@ -102,7 +107,10 @@ mod tests {
             ..C
         };
         assert!(!off.online_eval_before_start(0) && !off.online_eval_due(6, true));
-        assert!(off.eval_due(5, false), "offline evaluation does not depend on it");
+        assert!(
+            off.eval_due(5, false),
+            "offline evaluation does not depend on it"
+        );
     }
 
     #[test]

@@ -159,7 +159,10 @@ impl TrainConfig {
             }
             for (key, v) in [
                 ("online_eval_max_prompts", self.online_eval_max_prompts),
-                ("online_eval_max_new_tokens", self.online_eval_max_new_tokens),
+                (
+                    "online_eval_max_new_tokens",
+                    self.online_eval_max_new_tokens,
+                ),
             ] {
                 if v == 0 {
                     return bad(key, "must be at least 1, found 0".into());
@@ -220,7 +223,10 @@ mod tests {
     #[test]
     fn online_evaluation_needs_prompts_only_when_it_is_on() {
         let mut c = TrainConfig::default();
-        assert_eq!(c.online_eval_every, 0, "off unless the run config turns it on");
+        assert_eq!(
+            c.online_eval_every, 0,
+            "off unless the run config turns it on"
+        );
         c.validate().unwrap();
         c.online_eval_every = 10;
         let err = c.validate().unwrap_err().to_string();

@@ -329,7 +329,11 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
 /// (`online_eval_every = 0`), so turning it on later cannot surprise.
 fn online_eval(c: &Config, v: &mut Vec<ConfigIssue>) {
     let t = &c.training;
-    positive(v, "training.online_eval_max_prompts", t.online_eval_max_prompts);
+    positive(
+        v,
+        "training.online_eval_max_prompts",
+        t.online_eval_max_prompts,
+    );
     positive(
         v,
         "training.online_eval_max_new_tokens",
@@ -525,7 +529,10 @@ fn serve_gap(c: &Config, v: &mut Vec<ConfigIssue>) {
     } else if g.clear_fraction >= g.gap_fraction {
         v.push(ConfigIssue::invalid(
             format!("{p}.clear_fraction"),
-            format!("less than {p}.gap_fraction ({}) for hysteresis", g.gap_fraction),
+            format!(
+                "less than {p}.gap_fraction ({}) for hysteresis",
+                g.gap_fraction
+            ),
             g.clear_fraction,
         ));
     }

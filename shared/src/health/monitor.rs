@@ -254,7 +254,9 @@ mod tests {
         assert_eq!(t[0].detector, "serve_gap");
         let alerts = m.alerts(&[], FixedOffset::east_opt(0).unwrap());
         assert_eq!(alerts.len(), 1);
-        assert!(alerts[0].message.contains("online chain τ 2.00 is 33% below offline τ 3.00"));
+        assert!(alerts[0]
+            .message
+            .contains("online chain τ 2.00 is 33% below offline τ 3.00"));
         // The online evaluation's own offline τ wins over the line's and the newest.
         let mut s = step(3_000, 20_000.0);
         s.tau = Some(9.0);

@@ -203,7 +203,10 @@ mod tests {
     fn a_constructed_gap_fires_after_two_evaluations_with_its_figures() {
         let mut d = detector();
         let t = feed(&mut d, 100, &[(3.4, 3.5), (2.1, 3.5)]);
-        assert!(t.is_empty(), "one evaluation beyond the limit is not enough");
+        assert!(
+            t.is_empty(),
+            "one evaluation beyond the limit is not enough"
+        );
         let t = feed(&mut d, 300, &[(2.1, 3.5)]);
         assert_eq!(t.len(), 1);
         assert_eq!((t[0].from, t[0].to), (Level::Ok, Level::Warn));
@@ -235,7 +238,11 @@ mod tests {
     fn hysteresis_at_the_boundary() {
         let mut d = detector();
         // Exactly at the limit does not count; just beyond it does, but not when interrupted.
-        let t = feed(&mut d, 0, &[(8.5, 10.0), (8.49, 10.0), (8.6, 10.0), (8.49, 10.0)]);
+        let t = feed(
+            &mut d,
+            0,
+            &[(8.5, 10.0), (8.49, 10.0), (8.6, 10.0), (8.49, 10.0)],
+        );
         assert!(t.is_empty());
         let t = feed(&mut d, 400, &[(8.49, 10.0)]);
         assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), [Level::Warn]);
@@ -257,7 +264,12 @@ mod tests {
     #[test]
     fn unusable_figures_are_not_judged() {
         let mut d = detector();
-        for (on, off) in [(f64::NAN, 3.0), (2.0, 0.0), (2.0, f64::INFINITY), (1.0, -1.0)] {
+        for (on, off) in [
+            (f64::NAN, 3.0),
+            (2.0, 0.0),
+            (2.0, f64::INFINITY),
+            (1.0, -1.0),
+        ] {
             assert_eq!(d.observe(1, 1, on, off), None);
         }
         assert_eq!(d.last(), None);

@@ -223,7 +223,10 @@ mod tests {
             ..acceptance()
         };
         let text = serde_json::to_string(&line(Some(chain_only))).unwrap();
-        assert!(!text.contains("ddtree") && !text.contains("offline_tau"), "{text}");
+        assert!(
+            !text.contains("ddtree") && !text.contains("offline_tau"),
+            "{text}"
+        );
         let back = serde_json::from_str::<StepMetrics>(&text).unwrap();
         let online = back.online.expect("null τ is still an online evaluation");
         assert!(online.tau_chain.is_nan());

@@ -18,9 +18,9 @@ fn list(out: &mut String, items: &[String], empty: &str) {
 /// "Acceptance: offline τ 3.50; online at step 1,200 (8 prompts, 1.2 s): chain 2.50,
 /// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment."
 fn acceptance_line(a: &super::Acceptance) -> String {
-    let offline = a
-        .offline_tau
-        .map_or("offline τ unknown".to_string(), |t| format!("offline τ {t:.2}"));
+    let offline = a.offline_tau.map_or("offline τ unknown".to_string(), |t| {
+        format!("offline τ {t:.2}")
+    });
     let Some(o) = &a.online else {
         return format!("Acceptance: {offline}; no online evaluation yet.");
     };
@@ -31,7 +31,10 @@ fn acceptance_line(a: &super::Acceptance) -> String {
         .collect();
     let gap = match (o.gap_fraction, o.offline_tau) {
         (Some(g), Some(off)) if g > 0.0 => {
-            format!(", {:.0}% below the offline τ {off:.2} of its moment", 100.0 * g)
+            format!(
+                ", {:.0}% below the offline τ {off:.2} of its moment",
+                100.0 * g
+            )
         }
         (Some(_), Some(off)) => format!(", at or above the offline τ {off:.2} of its moment"),
         _ => String::new(),

@@ -118,17 +118,17 @@ fn online_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
     ])];
     let (gap, style) = match (a.gap_fraction(), a.offline_tau) {
         (Some(gap), Some(offline)) => {
-            let limit = app
-                .telemetry
-                .thresholds()
-                .map(|d| d.serve_gap.gap_fraction);
+            let limit = app.telemetry.thresholds().map(|d| d.serve_gap.gap_fraction);
             let style = if limit.is_some_and(|l| gap > l) {
                 theme.warn()
             } else {
                 theme.text()
             };
             let words = if gap > 0.0 {
-                format!("{:.0}% below offline {offline:.2} (step {step})", 100.0 * gap)
+                format!(
+                    "{:.0}% below offline {offline:.2} (step {step})",
+                    100.0 * gap
+                )
             } else {
                 format!("at or above offline {offline:.2} (step {step})")
             };
@@ -139,7 +139,10 @@ fn online_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
             theme.dim(),
         ),
     };
-    lines.push(Line::from(vec![label("gap     "), Span::styled(gap, style)]));
+    lines.push(Line::from(vec![
+        label("gap     "),
+        Span::styled(gap, style),
+    ]));
     lines
 }
 
