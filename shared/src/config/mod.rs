@@ -162,6 +162,19 @@ impl Config {
         })
     }
 
+    /// What `start` checks of the online evaluation once it knows the target is the one the
+    /// config names: the embedded prompts only with the embedded target (`config validate`
+    /// checks it too).
+    pub fn check_online_prompts(&self) -> Result<(), ConfigError> {
+        match validate::embedded_prompts_on_another_target(self) {
+            None => Ok(()),
+            Some(issue) => Err(ConfigError {
+                origin: "<config>".into(),
+                issues: vec![issue],
+            }),
+        }
+    }
+
     /// Non-fatal remarks for the start log and `config validate`.
     pub fn warnings(&self) -> Vec<String> {
         validate::warnings(self)

@@ -345,18 +345,6 @@ fn online_eval(c: &Config, v: &mut Vec<ConfigIssue>) {
             format!("a JSONL prompt file or \"{EMBEDDED_PROMPTS}\""),
             "an empty string",
         )),
-        Some(EMBEDDED_PROMPTS) if !c.target.is_embedded() => v.push(
-            ConfigIssue::invalid(
-                "training.online_eval_prompts",
-                "a JSONL prompt file for this target",
-                format!("\"{EMBEDDED_PROMPTS}\""),
-            )
-            .with_hint(
-                "the embedded prompts are token ids of the embedded target's vocabulary; name a \
-                 JSONL file of prompts (`input_ids` or chat `conversations`) for target.model, \
-                 or remove the key to evaluate offline only",
-            ),
-        ),
         _ => {}
     }
     if let (Some(every @ 1..), None) = (t.online_eval_every, &t.online_eval_prompts) {
@@ -391,6 +379,27 @@ fn online_eval(c: &Config, v: &mut Vec<ConfigIssue>) {
             ));
         }
     }
+}
+
+/// The embedded prompts are token ids of the embedded target's vocabulary: meaningless for
+/// any other target. Judged where the target is (`config validate`, and `start` before the
+/// first step), not when a config is parsed: a copy of the embedded default pointed at a
+/// Hugging Face model is refused for its model first, if that is what is wrong with it.
+pub(crate) fn embedded_prompts_on_another_target(c: &Config) -> Option<ConfigIssue> {
+    let t = &c.training;
+    let embedded_prompts = t.online_eval_prompts.as_deref() == Some(EMBEDDED_PROMPTS);
+    (embedded_prompts && t.online_eval_interval() > 0 && !c.target.is_embedded()).then(|| {
+        ConfigIssue::invalid(
+            "training.online_eval_prompts",
+            "a JSONL prompt file for this target",
+            format!("\"{EMBEDDED_PROMPTS}\""),
+        )
+        .with_hint(
+            "the embedded prompts are token ids of the embedded target's vocabulary; name a \
+             JSONL file of prompts (`input_ids` or chat `conversations`) for target.model, or \
+             set training.online_eval_every = 0",
+        )
+    })
 }
 
 fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
@@ -436,6 +445,9 @@ pub struct ConfigFacts {
     pub train_lines: Option<usize>,
     /// `telemetry.python` as resolved, when it names no file.
     pub missing_python: Option<String>,
+    /// `training.online_eval_prompts` as resolved, when online evaluation is on and it names
+    /// no file.
+    pub missing_online_prompts: Option<String>,
     /// The target's depth and vocabulary, from its `config.json` (or the embedded target).
     pub target: Option<TargetShape>,
 }
@@ -463,6 +475,17 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
                 format!("{path} (no such file)"),
             )
             .with_hint("fix the path, or remove the key to record no Python environment"),
+        );
+    }
+    v.extend(embedded_prompts_on_another_target(c));
+    if let Some(path) = &f.missing_online_prompts {
+        v.push(
+            ConfigIssue::invalid(
+                "training.online_eval_prompts",
+                "an existing JSONL prompt file",
+                format!("{path} (no such file)"),
+            )
+            .with_hint("fix the path, or set training.online_eval_every = 0"),
         );
     }
     if let Some(t) = f.target {
