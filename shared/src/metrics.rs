@@ -4,6 +4,8 @@
 //! libtorch did not report is never filled in with a guess.
 use serde::{Deserialize, Serialize};
 
+pub use online::{OnlineAcceptance, ONLINE_KEY_PREFIX};
+
 /// Unix time in milliseconds (UTC).
 pub type TimestampMs = i64;
 
@@ -68,7 +70,14 @@ pub struct StepMetrics {
     pub workers: Vec<WorkerThroughput>,
     #[serde(default)]
     pub times: StepTimes,
+    /// Online acceptance (real speculative decoding against the target) when the loop ran it
+    /// at this line; written flat, as `online_tau_chain`, `online_tau_ddtree_<budget>`, … (see
+    /// [`OnlineAcceptance`]). Absent in lines without one and in files written before it.
+    #[serde(flatten)]
+    pub online: Option<OnlineAcceptance>,
 }
+
+mod online;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

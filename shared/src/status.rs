@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 use crate::actions::PendingAction;
 use crate::config::DetectorsSection;
 use crate::events::Severity;
-use crate::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, TimestampMs};
+use crate::metrics::{
+    CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -81,6 +83,10 @@ pub struct StatusSnapshot {
     pub checkpoints: Vec<CheckpointInfo>,
     pub last_loss: Option<f64>,
     pub last_tau: Option<f64>,
+    /// The newest online evaluation (speculative decoding against the target) and the step it
+    /// ran at; absent before the first, and from a daemon that does not run them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_online: Option<OnlineEvalStatus>,
     /// The thresholds the daemon's health detectors judge this run by: the run's effective
     /// `[detectors]` section. A console judges memory flatness and the queue with these, never
     /// with defaults of its own. `None` until the daemon's detectors run, and from a daemon
@@ -91,6 +97,16 @@ pub struct StatusSnapshot {
         deserialize_with = "crate::serde_util::none_if_unreadable"
     )]
     pub detectors: Option<DetectorsSection>,
+}
+
+/// An online evaluation and when it ran: the figures of its metrics line, flat, beside the
+/// line's `step` and `ts_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OnlineEvalStatus {
+    pub step: u64,
+    pub ts_ms: TimestampMs,
+    #[serde(flatten)]
+    pub acceptance: OnlineAcceptance,
 }
 
 #[cfg(test)]
@@ -130,6 +146,7 @@ mod tests {
             checkpoints: Vec::new(),
             last_loss: None,
             last_tau: None,
+            last_online: None,
             detectors: None,
         }
     }
@@ -152,6 +169,28 @@ mod tests {
         assert!(old.get("detectors").is_none(), "{old}");
         let read: StatusSnapshot = serde_json::from_value(old).unwrap();
         assert_eq!(read.detectors, None);
+    }
+
+    #[test]
+    fn the_last_online_evaluation_travels_flat_and_an_older_frame_has_none() {
+        let mut s = snapshot();
+        s.last_online = Some(OnlineEvalStatus {
+            step: 50,
+            ts_ms: 7,
+            acceptance: OnlineAcceptance {
+                tau_chain: 2.5,
+                tau_ddtree: [(16, 3.0)].into_iter().collect(),
+                offline_tau: Some(3.1),
+                prompts: 8,
+                seconds: 0.8,
+            },
+        });
+        let value = serde_json::to_value(&s).unwrap();
+        assert_eq!(value["last_online"]["online_tau_ddtree_16"], 3.0);
+        assert_eq!(value["last_online"]["step"], 50);
+        assert_eq!(serde_json::from_value::<StatusSnapshot>(value).unwrap(), s);
+        let old = serde_json::to_value(snapshot()).unwrap();
+        assert!(old.get("last_online").is_none(), "{old}");
     }
 
     #[test]

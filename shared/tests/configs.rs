@@ -77,6 +77,58 @@ fn the_embedded_default_is_the_tiny_cpu_config() {
     assert_eq!(shipped.topology.drafter_devices, [Device::Cpu]);
     assert_eq!(shipped.data.format, DataFormat::Pretokenized);
     assert_eq!(shipped.loss_decay_gamma(), 4.0, "paper γ for block 8");
+    let t = &shipped.training;
+    assert_eq!(
+        t.online_eval_interval(),
+        50,
+        "online τ at the offline cadence"
+    );
+    assert_eq!(t.online_eval_prompts.as_deref(), Some("embedded"));
+    assert_eq!(t.online_eval_tree_budgets, [8, 32]);
+}
+
+#[test]
+fn online_evaluation_defaults_on_where_there_are_prompts_and_off_where_there_are_none() {
+    let minimal = load(&repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
+    let t = &minimal.training;
+    assert_eq!(
+        (t.online_eval_every, t.online_eval_prompts.as_deref()),
+        (None, None)
+    );
+    assert_eq!(
+        t.online_eval_interval(),
+        0,
+        "a Hugging Face target has no built-in prompts"
+    );
+    assert!(!minimal.to_toml_string().contains("online_eval_every"));
+
+    let text = fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml"))
+        .unwrap()
+        .replace(
+            "[data]",
+            "[training]\nonline_eval_prompts = \"prompts.jsonl\"\n\n[data]",
+        );
+    let with_prompts = Config::from_toml_str(&text, "with prompts").unwrap();
+    assert_eq!(with_prompts.training.online_eval_interval(), 1000);
+    assert_eq!(with_prompts.training.online_eval_tree_budgets, [16]);
+
+    let embedded = EMBEDDED_DEFAULT_TOML
+        .lines()
+        .filter(|l| !l.starts_with("online_eval_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let embedded = Config::from_toml_str(&embedded, "embedded without online keys").unwrap();
+    assert_eq!(
+        embedded.training.online_eval_prompts.as_deref(),
+        Some("embedded")
+    );
+    assert_eq!(embedded.training.online_eval_interval(), 1000);
+    let printed = embedded.to_toml_string();
+    assert!(printed.contains("online_eval_every = 1000"), "{printed}");
+    let mut off = embedded.clone();
+    off.training.online_eval_every = Some(0);
+    assert_eq!(off.training.online_eval_interval(), 0);
+    off.validate().unwrap();
 }
 
 #[test]
@@ -272,4 +324,60 @@ fn batch_size_and_held_out_are_judged_against_the_dataset_naming_the_toml_key() 
     assert!(err.contains("data.held_out_fraction"), "{err}");
     c.data.held_out_fraction = 0.01;
     c.check_against_dataset(1000).unwrap();
+}
+
+#[test]
+fn config_validate_names_a_missing_online_prompt_file_with_its_line() {
+    let text = fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml"))
+        .unwrap()
+        .replace(
+            "[data]",
+            "[training]\nonline_eval_prompts = \"prompts.jsonl\"\n\n[data]",
+        );
+    let config = Config::from_toml_str(&text, "run.toml").unwrap();
+    let facts = dflash_shared::config::ConfigFacts {
+        missing_online_prompts: Some("/etc/dflash/prompts.jsonl".into()),
+        ..Default::default()
+    };
+    let err = config
+        .check_facts(&facts, &text, "run.toml")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "run.toml: training.online_eval_prompts (line 20): expected an existing JSONL prompt \
+         file, found /etc/dflash/prompts.jsonl (no such file); fix the path, or set \
+         training.online_eval_every = 0"
+    );
+}
+
+#[test]
+fn the_embedded_prompts_are_refused_for_another_target_where_the_target_is_judged() {
+    // A copy of the embedded default pointed at a Hugging Face model still parses (it is
+    // refused for its model first, if that is what is wrong), and then for its prompts.
+    let text = EMBEDDED_DEFAULT_TOML.replace("model = \"embedded\"", "model = \"/models/q\"");
+    let config = Config::from_toml_str(&text, "copy.toml").unwrap();
+    let err = config
+        .check_facts(&Default::default(), &text, "copy.toml")
+        .unwrap_err()
+        .to_string();
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("online_eval_prompts"))
+        .unwrap()
+        + 1;
+    assert_eq!(
+        err,
+        format!(
+            "copy.toml: training.online_eval_prompts (line {line}): expected a JSONL prompt file \
+             for this target, found \"embedded\"; the embedded prompts are token ids of the \
+             embedded target's vocabulary; name a JSONL file of prompts (`input_ids` or chat \
+             `conversations`) for target.model, or set training.online_eval_every = 0"
+        )
+    );
+    assert!(config.check_online_prompts().is_err());
+    let mut off = config.clone();
+    off.training.online_eval_every = Some(0);
+    assert!(off.check_online_prompts().is_ok());
+    assert!(Config::embedded_default().check_online_prompts().is_ok());
 }

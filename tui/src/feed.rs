@@ -140,9 +140,21 @@ pub fn human(item: &Item) -> String {
         Item::Metrics(m) => {
             let tau = m.tau.map_or("-".into(), |t| format!("{t:.2}"));
             let mfu = m.mfu.map_or("-".into(), |u| format!("{:.1}%", 100.0 * u));
+            // The online figures by their metrics-line names, only on lines that have them.
+            let online: String = m.online.as_ref().map_or(String::new(), |o| {
+                let taus: String = o
+                    .methods()
+                    .iter()
+                    .map(|(method, t)| format!(" online_tau_{method}={t:.2}"))
+                    .collect();
+                format!(
+                    "{taus} online_eval_prompts={} online_eval_s={:.1}",
+                    o.prompts, o.seconds
+                )
+            });
             format!(
-                "{at} {level:<5} metric step={} epoch={} tok/s={} loss={:.4} acc={:.3} tau={tau} \
-                 lr={:.2e} grad_norm={:.3} draft_pos/s={} mfu={mfu}",
+                "{at} {level:<5} metric step={} epoch={} tok/s={} loss={:.4} acc={:.3} tau={tau}\
+                 {online} lr={:.2e} grad_norm={:.3} draft_pos/s={} mfu={mfu}",
                 m.step,
                 m.epoch,
                 format_si(m.tokens_per_s),
@@ -281,6 +293,45 @@ mod tests {
             human(&item),
             "2026-03-14T21:03:00.000Z ERROR event  env-drift torch 2.11.0+cu128 → 2.9.1+cu130"
         );
+    }
+
+    #[test]
+    fn a_metrics_line_shows_its_online_figures_by_their_names_and_keeps_them_in_json() {
+        let mut m = StepMetrics {
+            ts_ms: NOW,
+            step: 50,
+            epoch: 1,
+            loss: 2.0,
+            accuracy: 0.5,
+            tau: Some(3.5),
+            lr: 1e-3,
+            grad_norm: 0.25,
+            tokens_per_s: 900.0,
+            draft_positions_per_s: 4_000.0,
+            mfu: None,
+            workers: vec![],
+            times: Default::default(),
+            online: None,
+        };
+        assert!(!human(&Item::Metrics(m.clone())).contains("online"));
+        m.online = Some(dflash_shared::metrics::OnlineAcceptance {
+            tau_chain: 2.5,
+            tau_ddtree: [(16, 3.0)].into_iter().collect(),
+            offline_tau: Some(3.5),
+            prompts: 8,
+            seconds: 1.25,
+        });
+        let item = Item::Metrics(m);
+        assert!(
+            human(&item).contains(
+                " tau=3.50 online_tau_chain=2.50 online_tau_ddtree_16=3.00 \
+                 online_eval_prompts=8 online_eval_s=1.2 lr="
+            ),
+            "{}",
+            human(&item)
+        );
+        let value: serde_json::Value = serde_json::from_str(&json_line(&item)).unwrap();
+        assert_eq!(value["data"]["online_tau_ddtree_16"], 3.0);
     }
 
     #[test]

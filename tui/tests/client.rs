@@ -54,6 +54,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         mfu: None,
         workers: Vec::new(),
         times: Default::default(),
+        online: None,
     }))
 }
 

@@ -217,3 +217,52 @@ fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
         .iter()
         .any(|s| s.contains("Start the next run")));
 }
+
+#[test]
+fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
+    use dflash_shared::metrics::OnlineAcceptance;
+    use dflash_shared::status::OnlineEvalStatus;
+    let (mut status, events) = incident_data();
+    let files = files();
+    let build = |status: &StatusSnapshot| {
+        report::build(&ReportInput {
+            snapshot: Some(status),
+            events: &events,
+            config: None,
+            files: &files,
+            daemon_error: None,
+            now_ms: incident::end_ms(),
+            clock: DisplayClock::utc(),
+        })
+    };
+    let before = report::render_markdown(&build(&status));
+    assert!(
+        before.contains("- Acceptance: offline τ 3.91; no online evaluation yet."),
+        "{before}"
+    );
+    status.last_online = Some(OnlineEvalStatus {
+        step: 31_000,
+        ts_ms: incident::end_ms() - 60_000,
+        acceptance: OnlineAcceptance {
+            tau_chain: 2.5,
+            tau_ddtree: [(64, 3.25), (16, 3.0)].into_iter().collect(),
+            offline_tau: Some(4.0),
+            prompts: 16,
+            seconds: 41.5,
+        },
+    });
+    let report = build(&status);
+    let online = report.acceptance.online.as_ref().unwrap();
+    let methods: Vec<&str> = online.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(methods, ["chain", "ddtree_16", "ddtree_64"]);
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains(
+            "- Acceptance: offline τ 3.91; online at step 31,000 (16 prompts, 41.5 s): chain \
+             2.50, ddtree_16 3.00, ddtree_64 3.25, 38% below the offline τ 4.00 of its moment."
+        ),
+        "{markdown}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["acceptance"]["online"]["gap_fraction"], 0.375);
+}

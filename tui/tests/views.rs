@@ -506,3 +506,78 @@ fn a_run_that_ended_reads_as_finished_stopped_or_failed_not_as_an_outage() {
         snapshot(name, &app);
     }
 }
+
+#[test]
+fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures() {
+    use dflash_shared::health::{ServeGapConfig, ServeGapDetector};
+    use dflash_shared::metrics::OnlineAcceptance;
+    use dflash_shared::status::{Alert, OnlineEvalStatus};
+
+    let swap = incident::torch_swap_ms();
+    let mut frames: Vec<RecordedFrame> =
+        incident_with_thresholds(Some(DetectorsSection::default()))
+            .into_iter()
+            .filter(|f| f.ts_ms < swap)
+            .collect();
+    // Every fifth metrics line carries an online evaluation, its chain τ well below the
+    // offline 3.9; the daemon's detector words the alert.
+    let mut detector = ServeGapDetector::new(ServeGapConfig::default());
+    let (mut n, mut last, mut transition) = (0, None, None);
+    for frame in &mut frames {
+        if let Response::Metrics(m) = &mut frame.frame {
+            n += 1;
+            if n % 5 != 0 {
+                continue;
+            }
+            let chain = 2.0 + 0.01 * f64::from(n);
+            let online = OnlineAcceptance {
+                tau_chain: chain,
+                tau_ddtree: [(16, chain + 0.4), (64, chain + 0.6)].into_iter().collect(),
+                offline_tau: Some(3.9),
+                prompts: 16,
+                seconds: 41.5,
+            };
+            if let Some(t) = detector.observe(m.ts_ms, m.step, chain, 3.9) {
+                transition = Some(t);
+            }
+            last = Some(OnlineEvalStatus {
+                step: m.step,
+                ts_ms: m.ts_ms,
+                acceptance: online.clone(),
+            });
+            m.online = Some(online);
+        }
+    }
+    let transition = transition.expect("two evaluations beyond 15% raise the alert");
+    let status = frames
+        .iter_mut()
+        .rev()
+        .find_map(|f| match &mut f.frame {
+            Response::Status(s) => Some(s),
+            _ => None,
+        })
+        .expect("a status frame before the swap");
+    status.last_online = last;
+    status.alerts = vec![Alert {
+        detector: transition.detector.clone(),
+        level: transition.severity(),
+        since_ms: transition.at_ms,
+        message: transition.message.clone(),
+        preceded_by: Vec::new(),
+    }];
+    let app = live_from(frames, false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    for want in [
+        "serve gap: online chain τ",
+        "% below offline τ 3.90",
+        "online  chain ",
+        " · ddtree_16 ",
+        "ddtree_64 ",
+        "gap     ",
+        "% below offline 3.90 (step ",
+        "online chain",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from\n{text}");
+    }
+    snapshot("overview_online_tau", &app);
+}

@@ -14,7 +14,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_engine::model::target::TargetConfig;
-use dflash_shared::config::{Config, ConfigFacts, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN};
+use dflash_shared::config::{
+    Config, ConfigFacts, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN, EMBEDDED_PROMPTS,
+};
 
 use crate::run::paths::{resolve, resolve_path, PathInputs};
 
@@ -73,6 +75,18 @@ fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>)
             Ok(p) if !p.is_file() => facts.missing_python = Some(p.display().to_string()),
             Ok(_) => {}
             Err(e) => facts.missing_python = Some(e.to_string()),
+        }
+    }
+    let online = &config.training;
+    if let Some(prompts) = online
+        .online_eval_prompts
+        .as_deref()
+        .filter(|p| online.online_eval_interval() > 0 && *p != EMBEDDED_PROMPTS)
+    {
+        match resolve_key("training.online_eval_prompts", prompts) {
+            Ok(p) if !p.is_file() => facts.missing_online_prompts = Some(p.display().to_string()),
+            Ok(_) => {}
+            Err(e) => facts.missing_online_prompts = Some(e.to_string()),
         }
     }
     let target = if config.target.is_embedded() {

@@ -262,10 +262,42 @@ fn evaluation(e: &mut Exposition, s: &Scrape<'_>) {
     let tau = e.gauge(
         "eval_acceptance_length",
         "Acceptance length tau of the last evaluation; mode=\"offline\": held-out data, an \
-         anchor at every valid position",
+         anchor at every valid position; mode=\"online\": speculative decoding against the \
+         target, tokens per target forward, method=\"chain\" or \"ddtree_<budget>\" (the \
+         metrics line's online_tau_chain and online_tau_ddtree_<budget>)",
     );
     if let Some(t) = s.status.last_tau {
         set_labelled(&tau, vec![("mode", "offline".to_string())], t);
+    }
+    let Some(online) = &s.status.last_online else {
+        return;
+    };
+    for (method, t) in online.acceptance.methods() {
+        let labels = vec![("mode", "online".to_string()), ("method", method)];
+        set_labelled(&tau, labels, t);
+    }
+    let step = e.gauge(
+        "eval_online_step",
+        "Optimizer step the last online evaluation ran at",
+    );
+    let prompts = e.gauge(
+        "eval_online_prompts",
+        "Prompts the last online evaluation decoded",
+    );
+    let duration = e.gauge(
+        "eval_online_duration_seconds",
+        "Wall time the last online evaluation took (training waits for it)",
+    );
+    set(&step, online.step as f64);
+    set(&prompts, online.acceptance.prompts as f64);
+    set(&duration, online.acceptance.seconds);
+    if let Some(gap) = online.acceptance.gap_fraction() {
+        let ratio = e.gauge(
+            "eval_serve_gap_ratio",
+            "How far online chain tau fell short of the offline tau of the same moment, as a \
+             fraction of it (negative: online is the higher); the serve_gap alert judges it",
+        );
+        set(&ratio, gap);
     }
 }
 

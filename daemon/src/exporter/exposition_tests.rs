@@ -41,6 +41,7 @@ fn cpu_status() -> StatusSnapshot {
         checkpoints: Vec::new(),
         last_loss: Some(3.25),
         last_tau: None,
+        last_online: None,
         detectors: None,
     }
 }
@@ -73,6 +74,7 @@ fn step(step: u64) -> StepMetrics {
             optimizer_ms: 4.0,
             total_ms: 175.0,
         },
+        online: None,
     }
 }
 
@@ -163,6 +165,18 @@ fn gpu_status() -> StatusSnapshot {
         },
     ];
     s.last_tau = Some(4.625);
+    s.last_online = Some(dflash_shared::status::OnlineEvalStatus {
+        step: 3000,
+        ts_ms: 1_767_000_050_000,
+        acceptance: dflash_shared::metrics::OnlineAcceptance {
+            tau_chain: 3.0,
+            tau_ddtree: BTreeMap::from([(16, 4.25), (64, 4.75)]),
+            // The offline τ of the step-3000 evaluation (4.625 is a later one's).
+            offline_tau: Some(4.0),
+            prompts: 16,
+            seconds: 42.5,
+        },
+    });
     s
 }
 
@@ -321,6 +335,17 @@ fn gpus_queue_alerts_caches_checkpoints_and_the_environment_are_series() {
         format!("dflash_checkpoint_last_success_timestamp_seconds{{{run}}} 1767000040.0"),
         format!("dflash_checkpoint_last_size_bytes{{{run}}} 5000000001.0"),
         format!("dflash_eval_acceptance_length{{{run},mode=\"offline\"}} 4.625"),
+        format!("dflash_eval_acceptance_length{{{run},mode=\"online\",method=\"chain\"}} 3.0"),
+        format!(
+            "dflash_eval_acceptance_length{{{run},mode=\"online\",method=\"ddtree_16\"}} 4.25"
+        ),
+        format!(
+            "dflash_eval_acceptance_length{{{run},mode=\"online\",method=\"ddtree_64\"}} 4.75"
+        ),
+        format!("dflash_eval_online_step{{{run}}} 3000.0"),
+        format!("dflash_eval_online_prompts{{{run}}} 16.0"),
+        format!("dflash_eval_online_duration_seconds{{{run}}} 42.5"),
+        format!("dflash_eval_serve_gap_ratio{{{run}}} 0.25"),
         format!("dflash_train_baseline_tokens_per_second{{{run}}} 12800.0"),
         format!("dflash_run_eta_timestamp_seconds{{{run}}} 1767086400.0"),
         format!("dflash_host_process_resident_memory_bytes{{{run}}} 8000000000.0"),

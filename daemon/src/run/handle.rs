@@ -13,7 +13,9 @@ use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
-use dflash_shared::status::{Alert, CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput};
+use dflash_shared::status::{
+    Alert, CheckpointInfo, OnlineEvalStatus, RunInfo, RunState, StatusSnapshot, Throughput,
+};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::run::bus::FrameBus;
@@ -139,6 +141,7 @@ impl RunHandle {
             checkpoints: Vec::new(),
             last_loss: None,
             last_tau: None,
+            last_online: None,
             detectors: None,
         };
         let (shutdown_tx, _) = broadcast::channel(1);
@@ -215,6 +218,13 @@ impl RunHandle {
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {
                 s.last_tau = m.tau;
+            }
+            if let Some(online) = &m.online {
+                s.last_online = Some(OnlineEvalStatus {
+                    step: m.step,
+                    ts_ms: m.ts_ms,
+                    acceptance: online.clone(),
+                });
             }
             st.last_metrics = Some(m.clone());
         }

@@ -29,6 +29,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         mfu: None,
         workers: vec![],
         times: StepTimes::default(),
+        online: None,
     }
 }
 
@@ -56,6 +57,39 @@ fn status_and_state_view_follow_what_the_run_loop_publishes() {
         (v.tokens_per_s, v.stable_since_ms, v.run_state),
         (Some(12_800.0), Some(5), RunState::Training)
     );
+}
+
+#[test]
+fn the_newest_online_evaluation_stays_in_status_until_the_next_one() {
+    use dflash_shared::metrics::OnlineAcceptance;
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let mut first = metrics(50, Some(3.0));
+    first.online = Some(OnlineAcceptance {
+        tau_chain: 2.5,
+        tau_ddtree: [(16, 2.75)].into_iter().collect(),
+        offline_tau: Some(3.0),
+        prompts: 8,
+        seconds: 0.5,
+    });
+    let mut subscriber = h.bus().subscribe();
+    h.publish_metrics(first.clone());
+    h.publish_metrics(metrics(51, None));
+    let s = h.status_snapshot();
+    let online = s.last_online.expect("the step-50 online evaluation");
+    assert_eq!(
+        (online.step, &online.acceptance),
+        (50, first.online.as_ref().unwrap())
+    );
+    assert_eq!(s.run.step, 51);
+    // Subscribers get the line with its online figures, as the metrics file does.
+    match subscriber.try_recv() {
+        Ok(frame) => assert!(
+            matches!(&frame.frame, Response::Metrics(m) if m.online == first.online),
+            "{frame:?}"
+        ),
+        Err(e) => panic!("no frame: {e}"),
+    }
 }
 
 #[test]

@@ -49,7 +49,8 @@ impl HealthFeed {
         }
     }
 
-    /// One optimizer step (not the pre-training evaluation line).
+    /// One optimizer step (not the pre-training evaluation line): throughput, and the serve
+    /// gap when the step carries an online evaluation.
     pub fn observe_step(&mut self, m: &StepMetrics) {
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
@@ -60,6 +61,16 @@ impl HealthFeed {
         self.handle
             .set_throughput_judgement(t.baseline_tokens_per_s, stable_since);
         self.poll(!transitions.is_empty());
+    }
+
+    /// A line that is no optimizer step (the evaluation before the first step): its offline
+    /// and online τ reach the serve-gap detector; its zero throughput reaches no detector.
+    pub fn observe_evaluation(&mut self, m: &StepMetrics) {
+        let transitions = self.monitor.observe_evaluation(m);
+        self.journal(&transitions);
+        if !transitions.is_empty() {
+            self.refresh_alerts();
+        }
     }
 
     /// A hidden-state queue reading (threaded topologies): target- or drafter-bound.
@@ -123,4 +134,93 @@ impl HealthFeed {
 /// The machine's UTC offset now, for "at 21:03" in alert explanations.
 pub fn local_offset() -> FixedOffset {
     chrono::Local::now().offset().fix()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::bus::FrameBus;
+    use crate::run::handle::RunHandleParts;
+    use crate::run::journal::Journal;
+    use crate::run::pending::ActionPolicy;
+    use dflash_shared::events::EventKind;
+    use dflash_shared::metrics::{OnlineAcceptance, StepTimes};
+
+    fn line(step: u64, tau: Option<f64>, online_chain: Option<f64>) -> StepMetrics {
+        StepMetrics {
+            ts_ms: now_ms() + step as i64,
+            step,
+            epoch: 1,
+            loss: 2.0,
+            accuracy: 0.3,
+            tau,
+            lr: 1e-3,
+            grad_norm: if step == 0 { 0.0 } else { 0.5 },
+            tokens_per_s: if step == 0 { 0.0 } else { 900.0 },
+            draft_positions_per_s: 0.0,
+            mfu: None,
+            workers: vec![],
+            times: StepTimes::default(),
+            online: online_chain.map(|tau_chain| OnlineAcceptance {
+                tau_chain,
+                tau_ddtree: [(16, tau_chain + 0.25)].into_iter().collect(),
+                offline_tau: tau,
+                prompts: 8,
+                seconds: 0.5,
+            }),
+        }
+    }
+
+    /// The lines the run loop hands the feed (the evaluation before step 1, then steps) with
+    /// online chain τ far below offline τ: the serve gap is journaled and becomes an alert in
+    /// status with its figures; lines back near offline τ clear it.
+    #[test]
+    fn a_gap_in_constructed_lines_is_journaled_and_alerted_and_then_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path()).unwrap();
+        let handle = RunHandle::new(RunHandleParts {
+            policy: ActionPolicy::new("r"),
+            run_dir: dir.path().to_path_buf(),
+            journal,
+            bus: FrameBus::new(16),
+            recorder: None,
+            config_path: None,
+        });
+        let mut feed = HealthFeed::new(handle.clone(), &DetectorsSection::default(), 1, 1);
+        feed.observe_evaluation(&line(0, Some(1.2), Some(1.2)));
+        feed.observe_step(&line(50, Some(3.0), Some(2.0)));
+        assert!(
+            handle.status_snapshot().alerts.is_empty(),
+            "one gap is not enough"
+        );
+        feed.observe_step(&line(100, Some(3.2), Some(2.0)));
+        let alerts = handle.status_snapshot().alerts;
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        assert_eq!(alerts[0].detector, "serve_gap");
+        assert!(
+            alerts[0].message.starts_with(
+                "serve gap: online chain τ 2.00 is 38% below offline τ 3.20 at step 100"
+            ),
+            "{}",
+            alerts[0].message
+        );
+        let journaled = |ended: bool| {
+            handle
+                .with_journal(|j| j.recent(usize::MAX))
+                .iter()
+                .filter(|e| match &e.kind {
+                    EventKind::RegressionStarted { detector, .. } => {
+                        !ended && detector == "serve_gap"
+                    }
+                    EventKind::RegressionEnded { detector, .. } => ended && detector == "serve_gap",
+                    _ => false,
+                })
+                .count()
+        };
+        assert_eq!(journaled(false), 1);
+        feed.observe_step(&line(150, Some(3.2), Some(3.1)));
+        feed.observe_step(&line(200, Some(3.3), Some(3.3)));
+        assert!(handle.status_snapshot().alerts.is_empty());
+        assert_eq!(journaled(true), 1);
+    }
 }

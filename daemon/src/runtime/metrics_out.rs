@@ -129,11 +129,22 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-/// The stdout line for a step: every `log_every` steps and on every evaluation.
+/// The stdout line for a step: every `log_every` steps and on every evaluation, offline or
+/// online.
 pub fn progress_line(m: &StepMetrics, total_steps: u64, log_every: u64) -> Option<String> {
-    let show = m.tau.is_some() || (log_every > 0 && m.step % log_every == 0);
+    let show = m.tau.is_some() || m.online.is_some() || (log_every > 0 && m.step % log_every == 0);
     show.then(|| {
-        let tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+        let mut tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+        if let Some(online) = &m.online {
+            tau.push_str(" online");
+            for (method, t) in online.methods() {
+                tau.push_str(&format!(" {method} {t:.3}"));
+            }
+            tau.push_str(&format!(
+                " ({} prompts, {:.1} s)",
+                online.prompts, online.seconds
+            ));
+        }
         let mfu = m
             .mfu
             .map(|u| format!(" mfu {:.1}%", 100.0 * u))
@@ -200,6 +211,7 @@ mod tests {
             mfu: None,
             workers: vec![],
             times: StepTimes::default(),
+            online: None,
         };
         assert_eq!(
             progress_line(&m, 600, 10).unwrap(),
@@ -213,5 +225,20 @@ mod tests {
         assert_eq!(progress_line(&m, 600, 0), None);
         m.tau = Some(2.5);
         assert!(progress_line(&m, 600, 0).unwrap().contains(" tau 2.500 "));
+        m.tau = None;
+        m.online = Some(dflash_shared::metrics::OnlineAcceptance {
+            tau_chain: 2.25,
+            tau_ddtree: [(8, 2.5), (32, 2.75)].into_iter().collect(),
+            offline_tau: None,
+            prompts: 8,
+            seconds: 1.25,
+        });
+        assert!(
+            progress_line(&m, 600, 0).unwrap().contains(
+                " acc 0.250 online chain 2.250 ddtree_8 2.500 ddtree_32 2.750 (8 prompts, 1.2 s) lr "
+            ),
+            "{:?}",
+            progress_line(&m, 600, 0)
+        );
     }
 }

@@ -2,7 +2,9 @@
 //! [`RunHooks`] the loop is driven through, plus what happens when the loop ends.
 //!
 //! Each line the loop reports goes to the bus (`metrics` subscribers), the status snapshot,
-//! the `metrics.jsonl` file and, for steps, the health detectors. Before each step the hooks
+//! the `metrics.jsonl` file and the health detectors (for the evaluation line before the first
+//! step, only the serve-gap detector: it has τ figures but no throughput). Online acceptance
+//! rides on these lines (`StepMetrics::online`), so it takes exactly the path offline τ takes. Before each step the hooks
 //! answer, in this order: a stop signal (SIGTERM/SIGINT: checkpoint, exit 0), a confirmed
 //! command (stop: checkpoint, then reply with where it went; kill: no checkpoint), a shutdown
 //! of the control plane. The loop itself ends at the end of the schedule and at `--max-steps`,
@@ -258,9 +260,12 @@ impl RunHooks for DaemonHooks {
 }
 
 impl DaemonHooks {
+    /// The evaluation before the first step, offline τ and (when it ran) online τ: to the
+    /// metrics file, the bus and status like a step's line, and to the serve-gap detector.
     fn publish_eval(&mut self, line: &EvalLine) {
         let m = line.metrics_line();
         self.metrics.write(&m, &self.handle);
+        self.health.observe_evaluation(&m);
         self.handle.publish_metrics(m);
     }
 

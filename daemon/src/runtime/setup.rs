@@ -200,7 +200,9 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
             source,
         })?;
     let memory_plan_note = check_memory_plan(inputs, target.config(), &samples, &data_source)?;
-    let train_cfg = run_config::train_config(cfg, samples.len());
+    cfg.check_online_prompts()?;
+    let mut train_cfg = run_config::train_config(cfg, samples.len());
+    train_cfg.online_eval_prompts = online_eval_prompts(inputs, &train_cfg)?;
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
     let (peaks, peak_notes) =
@@ -263,6 +265,38 @@ fn check_memory_plan(
         (_, Err(why)) => Ok(Some(format!("memory plan not checked: {why}"))),
         _ => Ok(None),
     }
+}
+
+/// `training.online_eval_prompts` as the engine reads it: `"embedded"` as it is, a file
+/// resolved like `data.train_file` (relative to the config) and refused at start when it is
+/// not there, rather than at the first online evaluation. Off (`online_eval_every = 0`), the
+/// key is passed on unread.
+fn online_eval_prompts(
+    inputs: &SetupInputs,
+    train_cfg: &dflash_engine::train::TrainConfig,
+) -> Result<Option<String>, SetupError> {
+    const KEY: &str = "training.online_eval_prompts";
+    let prompts = train_cfg.online_eval_prompts.clone();
+    let Some(value) = prompts.as_deref() else {
+        return Ok(None);
+    };
+    if train_cfg.online_eval_every == 0 || value == config::EMBEDDED_PROMPTS {
+        return Ok(prompts);
+    }
+    let path = resolve_path(KEY, value, inputs.config_path, inputs.run_dir)?;
+    if !path.is_file() {
+        return Err(SetupError::Path {
+            key: KEY,
+            value: value.into(),
+            detail: format!(
+                "{} is not a file; name a JSONL file of prompts (`input_ids` or chat \
+                 `conversations`), or set training.online_eval_every = 0 to train without \
+                 online evaluation",
+                path.display()
+            ),
+        });
+    }
+    Ok(Some(path.display().to_string()))
 }
 
 /// The samples of the config's data (`data.train_file`), as training reads them.
@@ -407,6 +441,52 @@ mod tests {
         assert_eq!(
             describe_topology(&spec),
             "2 target workers (cuda:0, cuda:1) + 1 drafter worker (cuda:2)"
+        );
+    }
+
+    #[test]
+    fn an_online_prompt_file_is_resolved_like_the_data_and_refused_at_start_when_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("run.toml");
+        std::fs::write(
+            dir.path().join("prompts.jsonl"),
+            "{\"input_ids\": [1, 2]}\n",
+        )
+        .unwrap();
+        let cfg = Config::embedded_default();
+        let inputs = SetupInputs {
+            config: &cfg,
+            config_path: Some(&config_path),
+            run_dir: Path::new("/r"),
+            device_override: None,
+            unlocked_keys: Vec::new(),
+            memory_plan: MemoryPlanPolicy::default(),
+            resume: None,
+        };
+        let mut train = run_config::train_config(&cfg, 100);
+        assert_eq!(
+            online_eval_prompts(&inputs, &train).unwrap().as_deref(),
+            Some("embedded")
+        );
+        train.online_eval_prompts = Some("prompts.jsonl".into());
+        assert_eq!(
+            online_eval_prompts(&inputs, &train).unwrap(),
+            Some(dir.path().join("prompts.jsonl").display().to_string())
+        );
+        train.online_eval_prompts = Some("missing.jsonl".into());
+        let err = online_eval_prompts(&inputs, &train)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("training.online_eval_prompts = \"missing.jsonl\": ")
+                && err.contains("is not a file")
+                && err.contains("online_eval_every = 0"),
+            "{err}"
+        );
+        train.online_eval_every = 0;
+        assert!(
+            online_eval_prompts(&inputs, &train).is_ok(),
+            "off: not read"
         );
     }
 

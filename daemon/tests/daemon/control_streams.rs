@@ -23,6 +23,7 @@ fn metrics(step: u64) -> StepMetrics {
         mfu: None,
         workers: vec![],
         times: StepTimes::default(),
+        online: None,
     }
 }
 

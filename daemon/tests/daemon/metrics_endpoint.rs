@@ -93,6 +93,7 @@ fn step(step: u64, tokens_per_s: f64) -> StepMetrics {
         mfu: None,
         workers: Vec::new(),
         times: StepTimes::default(),
+        online: None,
     }
 }
 

@@ -10,6 +10,9 @@ pub struct Cadence {
     pub eval_every: u64,
     /// Checkpoint every this many steps (0: only when the loop ends).
     pub checkpoint_every: u64,
+    /// Evaluate online (speculative decoding against the target) every this many steps,
+    /// before the first step of a fresh run and at the end (0: never).
+    pub online_eval_every: u64,
 }
 
 impl Cadence {
@@ -17,6 +20,7 @@ impl Cadence {
         Self {
             eval_every: cfg.eval_every,
             checkpoint_every: cfg.checkpoint_every,
+            online_eval_every: cfg.online_eval_every,
         }
     }
 
@@ -28,6 +32,21 @@ impl Cadence {
     /// After optimizer step `step`: every `eval_every` steps, and after the last one.
     pub fn eval_due(&self, step: u64, finished: bool) -> bool {
         self.eval_every > 0 && (step % self.eval_every == 0 || finished)
+    }
+
+    /// The online evaluation before any training: a fresh run's baseline online τ, beside the
+    /// offline baseline of [`Self::eval_before_start`]. It runs whenever online evaluation is
+    /// on, whether or not the offline one does: a curve that starts at the untrained drafter
+    /// is what shows online τ rising.
+    pub fn online_eval_before_start(&self, step: u64) -> bool {
+        self.online_eval_every > 0 && step == 0
+    }
+
+    /// After optimizer step `step`: every `online_eval_every` steps, and after the last one,
+    /// as [`Self::eval_due`]. With the same interval both land on the same steps, so the line
+    /// carries the offline τ of the same moment.
+    pub fn online_eval_due(&self, step: u64, finished: bool) -> bool {
+        self.online_eval_every > 0 && (step % self.online_eval_every == 0 || finished)
     }
 
     /// After optimizer step `step`, on the cadence, unless that step is already saved.
@@ -48,6 +67,7 @@ mod tests {
     const C: Cadence = Cadence {
         eval_every: 5,
         checkpoint_every: 4,
+        online_eval_every: 6,
     };
 
     #[test]
@@ -61,6 +81,36 @@ mod tests {
         assert_eq!(due, vec![5, 10, 12]);
         let never = Cadence { eval_every: 0, ..C };
         assert!(!never.eval_before_start(0) && !never.eval_due(5, true));
+    }
+
+    #[test]
+    fn evaluates_online_at_start_on_its_own_cadence_and_at_the_end() {
+        assert!(C.online_eval_before_start(0));
+        assert!(
+            !C.online_eval_before_start(6),
+            "a resumed run has its baseline"
+        );
+        let due: Vec<u64> = (1..=14)
+            .filter(|&s| C.online_eval_due(s, s == 14))
+            .collect();
+        assert_eq!(due, vec![6, 12, 14]);
+        let aligned = Cadence {
+            online_eval_every: 5,
+            ..C
+        };
+        let both: Vec<u64> = (1..=12)
+            .filter(|&s| aligned.online_eval_due(s, s == 12) && aligned.eval_due(s, s == 12))
+            .collect();
+        assert_eq!(both, vec![5, 10, 12], "the same interval: the same steps");
+        let off = Cadence {
+            online_eval_every: 0,
+            ..C
+        };
+        assert!(!off.online_eval_before_start(0) && !off.online_eval_due(6, true));
+        assert!(
+            off.eval_due(5, false),
+            "offline evaluation does not depend on it"
+        );
     }
 
     #[test]

@@ -38,6 +38,17 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Evaluate only the first this many held-out samples (0: all).
     pub eval_max_samples: usize,
+    /// Online evaluation (speculative decoding against the target) every this many steps,
+    /// before the first step of a fresh run and after the last (0: never).
+    pub online_eval_every: u64,
+    /// A JSONL prompt file or `"embedded"`; required when `online_eval_every > 0`.
+    pub online_eval_prompts: Option<String>,
+    /// Prompts decoded per online evaluation at most.
+    pub online_eval_max_prompts: usize,
+    /// Tokens generated per prompt at most.
+    pub online_eval_max_new_tokens: usize,
+    /// DDTree node budgets run beside the chain (empty: chain only).
+    pub online_eval_tree_budgets: Vec<usize>,
     /// Checkpoint every this many steps (0: only at the end of a run).
     pub checkpoint_every: u64,
     pub keep_checkpoints: usize,
@@ -69,6 +80,11 @@ impl Default for TrainConfig {
             held_out: 64,
             eval_every: 500,
             eval_max_samples: 0,
+            online_eval_every: 0,
+            online_eval_prompts: None,
+            online_eval_max_prompts: 16,
+            online_eval_max_new_tokens: 128,
+            online_eval_tree_budgets: vec![16],
             checkpoint_every: 1000,
             keep_checkpoints: 3,
             loss_chunk_positions: 2048,
@@ -131,6 +147,34 @@ impl TrainConfig {
                 format!("must be at least 1, found {}", self.seq_len_multiple),
             );
         }
+        if self.online_eval_every > 0 {
+            if self.online_eval_prompts.is_none() {
+                return bad(
+                    "online_eval_prompts",
+                    format!(
+                        "must name a prompt file when online_eval_every is {}, found none",
+                        self.online_eval_every
+                    ),
+                );
+            }
+            for (key, v) in [
+                ("online_eval_max_prompts", self.online_eval_max_prompts),
+                (
+                    "online_eval_max_new_tokens",
+                    self.online_eval_max_new_tokens,
+                ),
+            ] {
+                if v == 0 {
+                    return bad(key, "must be at least 1, found 0".into());
+                }
+            }
+            if self.online_eval_tree_budgets.contains(&0) {
+                return bad(
+                    "online_eval_tree_budgets",
+                    "every budget must be at least 1 node, found 0".into(),
+                );
+            }
+        }
         if self.loss_chunk_positions < 1 {
             return bad(
                 "loss_chunk_positions",
@@ -174,6 +218,24 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("`lr`"));
+    }
+
+    #[test]
+    fn online_evaluation_needs_prompts_only_when_it_is_on() {
+        let mut c = TrainConfig::default();
+        assert_eq!(
+            c.online_eval_every, 0,
+            "off unless the run config turns it on"
+        );
+        c.validate().unwrap();
+        c.online_eval_every = 10;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`online_eval_prompts`"), "{err}");
+        c.online_eval_prompts = Some("embedded".into());
+        c.validate().unwrap();
+        c.online_eval_tree_budgets = vec![8, 0];
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`online_eval_tree_budgets`"), "{err}");
     }
 
     #[test]

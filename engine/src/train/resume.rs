@@ -32,15 +32,20 @@ pub const STATE_FILE: &str = "trainer_state.json";
 const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
 
 /// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when to evaluate or save and how to chunk or pad work or trade memory for recomputation, not what
-/// is computed. `grad_accum` may
+/// when and how to evaluate (offline and online) or save and how to chunk or pad work or trade
+/// memory for recomputation, not what is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
 /// step, checked separately) stays the same.
-const RESUMABLE_KEYS: [&str; 10] = [
+const RESUMABLE_KEYS: [&str; 15] = [
     "grad_accum",
     "seq_len_multiple",
     "eval_every",
     "eval_max_samples",
+    "online_eval_every",
+    "online_eval_prompts",
+    "online_eval_max_prompts",
+    "online_eval_max_new_tokens",
+    "online_eval_tree_budgets",
     "checkpoint_every",
     "keep_checkpoints",
     "eval_anchors_per_forward",

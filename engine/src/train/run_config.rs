@@ -38,6 +38,11 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         held_out: cfg.data.held_out_count(n_samples),
         eval_every: t.eval_every,
         eval_max_samples: t.eval_max_samples,
+        online_eval_every: t.online_eval_interval(),
+        online_eval_prompts: t.online_eval_prompts.clone(),
+        online_eval_max_prompts: t.online_eval_max_prompts,
+        online_eval_max_new_tokens: t.online_eval_max_new_tokens,
+        online_eval_tree_budgets: t.online_eval_tree_budgets.clone(),
         checkpoint_every: t.checkpoint_every,
         keep_checkpoints: t.keep_checkpoints,
         loss_chunk_positions: t.loss_chunk_positions as i64,
@@ -91,6 +96,8 @@ mod tests {
         assert_eq!(train.held_out, 48);
         assert_eq!(train.gamma, Some(4.0));
         assert_eq!(train.adamw.max_grad_norm, Some(1.0));
+        assert_eq!(train.online_eval_every, 50);
+        assert_eq!(train.online_eval_prompts.as_deref(), Some("embedded"));
         let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
         drafter.validate("embedded").unwrap();
         assert_eq!(

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dflash_shared::metrics::{DeviceRole, QueueStats, StepMetrics, StepTimes};
+use dflash_shared::metrics::{DeviceRole, OnlineAcceptance, QueueStats, StepMetrics, StepTimes};
 use tch::{nn::VarStore, Device, Tensor};
 
 use super::cadence::Cadence;
@@ -469,6 +469,7 @@ impl Trainer {
             mfu: telemetry.mfu,
             workers: telemetry.workers,
             times: telemetry.times,
+            online: None,
         })
     }
 
@@ -607,6 +608,7 @@ impl Trainer {
             epoch: self.epoch_in_progress(),
             lr: self.schedule.lr(self.step),
             report,
+            online: None,
         }
     }
 }
@@ -630,11 +632,17 @@ pub enum Next {
 }
 
 /// What the loop tells its driver, in the order it happens.
+///
+/// Online acceptance has no event of its own: like offline τ it rides on the line of the
+/// moment it was measured at (`StepMetrics::online`, `EvalLine::online`), so the metrics file
+/// keeps one line per step and every consumer of `Stepped` and `Evaluated` sees it.
 #[derive(Debug)]
 pub enum LoopEvent<'a> {
-    /// An evaluation that is not part of a step (before the first step of a fresh run).
+    /// An evaluation that is not part of a step (before the first step of a fresh run);
+    /// `online` is set when the online evaluation ran with it.
     Evaluated(&'a EvalLine),
-    /// An optimizer step; `tau` is set when the cadence evaluated after it.
+    /// An optimizer step; `tau` is set when the cadence evaluated after it, `online` when the
+    /// online cadence ([`Cadence::online_eval_due`]) did.
     Stepped(&'a StepMetrics),
     CheckpointStarted {
         step: u64,
@@ -685,10 +693,14 @@ pub struct EvalLine {
     /// The learning rate the next step will use.
     pub lr: f64,
     pub report: EvalReport,
+    /// The online evaluation of the same moment, when one ran
+    /// ([`Cadence::online_eval_before_start`]); `offline_tau` in it is `report.tau`.
+    pub online: Option<OnlineAcceptance>,
 }
 
 impl EvalLine {
-    /// As a `metrics.jsonl` / bus line: no throughput, no gradient, `tau` set.
+    /// As a `metrics.jsonl` / bus line: no throughput, no gradient, `tau` set (and the online
+    /// figures, when the online evaluation ran with it).
     pub fn metrics_line(&self) -> StepMetrics {
         StepMetrics {
             ts_ms: self.ts_ms,
@@ -704,6 +716,7 @@ impl EvalLine {
             mfu: None,
             workers: Vec::new(),
             times: StepTimes::default(),
+            online: self.online.clone(),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
-use crate::health::{MemoryConfig, QueueThresholds, ThroughputConfig};
+use crate::health::{MemoryConfig, QueueThresholds, ServeGapConfig, ThroughputConfig};
 use crate::run_dir::TENSORBOARD_DIR_NAME;
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
@@ -140,6 +140,8 @@ pub struct DetectorsSection {
     pub throughput: ThroughputConfig,
     pub memory: MemoryConfig,
     pub queue: QueueThresholds,
+    /// Online chain τ against offline τ (`crate::health::serve_gap`).
+    pub serve_gap: ServeGapConfig,
 }
 
 impl Default for DetectorsSection {
@@ -149,6 +151,7 @@ impl Default for DetectorsSection {
             throughput: ThroughputConfig::default(),
             memory: MemoryConfig::default(),
             queue: QueueThresholds::default(),
+            serve_gap: ServeGapConfig::default(),
         }
     }
 }

@@ -30,7 +30,7 @@ pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use sections::{
     paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterSection, Dtype,
     LabelMask, LayerType, Precision, RunSection, TargetSection, TopologySection, TrainingSection,
-    EMBEDDED, EMBEDDED_DATA,
+    DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 
 use error::{closest, translate_serde_message, Translated};
@@ -74,6 +74,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "drafter.sliding_window",
     "training.max_steps",
     "training.loss_decay_gamma",
+    "training.online_eval_every",
+    "training.online_eval_prompts",
     "telemetry.python",
     "control.socket",
     "control.poweroff_command",
@@ -160,6 +162,19 @@ impl Config {
         })
     }
 
+    /// What `start` checks of the online evaluation once it knows the target is the one the
+    /// config names: the embedded prompts only with the embedded target (`config validate`
+    /// checks it too).
+    pub fn check_online_prompts(&self) -> Result<(), ConfigError> {
+        match validate::embedded_prompts_on_another_target(self) {
+            None => Ok(()),
+            Some(issue) => Err(ConfigError {
+                origin: "<config>".into(),
+                issues: vec![issue],
+            }),
+        }
+    }
+
     /// Non-fatal remarks for the start log and `config validate`.
     pub fn warnings(&self) -> Vec<String> {
         validate::warnings(self)
@@ -184,6 +199,13 @@ impl Config {
         }
         if self.training.loss_decay_gamma.is_none() {
             self.training.loss_decay_gamma = paper_loss_decay_gamma(self.drafter.block_size);
+        }
+        let t = &mut self.training;
+        if t.online_eval_prompts.is_none() && self.target.is_embedded() {
+            t.online_eval_prompts = Some(EMBEDDED_PROMPTS.into());
+        }
+        if t.online_eval_every.is_none() && t.online_eval_prompts.is_some() {
+            t.online_eval_every = Some(DEFAULT_ONLINE_EVAL_EVERY);
         }
     }
 

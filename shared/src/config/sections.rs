@@ -165,6 +165,25 @@ pub struct TrainingSection {
     pub seq_len_multiple: usize,
     /// Evaluate τ on the held-out split every this many optimizer steps.
     pub eval_every: u64,
+    /// Online evaluation (chain and DDTree speculative decoding against the target, on one
+    /// device, between steps) every this many optimizer steps, before the first step of a
+    /// fresh run and after the last; 0 turns it off. Unset: [`DEFAULT_ONLINE_EVAL_EVERY`]
+    /// where there are prompts (`online_eval_prompts`), off where there are none. Not locked:
+    /// it changes what is measured, never what is trained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_eval_every: Option<u64>,
+    /// A JSONL prompt file (`input_ids`, or a chat `conversations` list whose prompt is
+    /// everything before the last assistant turn), or `"embedded"` for the held-out prompts
+    /// shipped with the embedded target. Unset: `"embedded"` on the embedded target; on any
+    /// other target online evaluation is off until a file is named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_eval_prompts: Option<String>,
+    /// Decode at most this many prompts of the file (the first ones).
+    pub online_eval_max_prompts: usize,
+    /// Tokens generated per prompt at most (stop tokens end a prompt sooner).
+    pub online_eval_max_new_tokens: usize,
+    /// DDTree node budgets, each run beside the chain; empty: chain only.
+    pub online_eval_tree_budgets: Vec<usize>,
     pub checkpoint_every: u64,
     /// Checkpoints kept besides `latest`; older ones are deleted.
     pub keep_checkpoints: usize,
@@ -229,6 +248,11 @@ impl Default for TrainingSection {
             max_length: 3072,
             seq_len_multiple: 64,
             eval_every: 500,
+            online_eval_every: None,
+            online_eval_prompts: None,
+            online_eval_max_prompts: 16,
+            online_eval_max_new_tokens: 128,
+            online_eval_tree_budgets: vec![16],
             checkpoint_every: 500,
             keep_checkpoints: 3,
             grad_accum: 1,
@@ -238,6 +262,27 @@ impl Default for TrainingSection {
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,
             activation_checkpointing: false,
+        }
+    }
+}
+
+/// `training.online_eval_every` when unset: half as often as the default offline evaluation
+/// (500). An online evaluation decodes prompt by prompt, one target forward per round, so
+/// each costs more than an offline one of the same prompts; at this cadence it stays a small
+/// share of a run of thousands of steps, and is still frequent enough to see a gap opening
+/// before the run ends.
+pub const DEFAULT_ONLINE_EVAL_EVERY: u64 = 1000;
+
+/// The value of `training.online_eval_prompts` that selects the held-out prompts shipped with
+/// the embedded target.
+pub const EMBEDDED_PROMPTS: &str = "embedded";
+
+impl TrainingSection {
+    /// Steps between online evaluations after defaults; 0: off (turned off, or no prompts).
+    pub fn online_eval_interval(&self) -> u64 {
+        match self.online_eval_prompts {
+            Some(_) => self.online_eval_every.unwrap_or(DEFAULT_ONLINE_EVAL_EVERY),
+            None => 0,
         }
     }
 }

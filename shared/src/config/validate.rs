@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use super::daemon_sections::{parse_metrics_listen, METRICS_LISTEN_EXPECTED};
 use super::device::Device;
 use super::error::ConfigIssue;
-use super::sections::{paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA};
+use super::sections::{
+    paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA, EMBEDDED_PROMPTS,
+};
 use super::Config;
 
 const MAX_RUN_NAME: usize = 64;
@@ -15,6 +17,7 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     run(c, &mut v);
     drafter(c, &mut v);
     training(c, &mut v);
+    online_eval(c, &mut v);
     data(c, &mut v);
     topology(c, &mut v);
     runtime(c, &mut v);
@@ -322,6 +325,83 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
     }
 }
 
+/// The online-evaluation keys of `[training]`. Their ranges hold even while it is off
+/// (`online_eval_every = 0`), so turning it on later cannot surprise.
+fn online_eval(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let t = &c.training;
+    positive(
+        v,
+        "training.online_eval_max_prompts",
+        t.online_eval_max_prompts,
+    );
+    positive(
+        v,
+        "training.online_eval_max_new_tokens",
+        t.online_eval_max_new_tokens,
+    );
+    match t.online_eval_prompts.as_deref() {
+        Some(p) if p.trim().is_empty() => v.push(ConfigIssue::invalid(
+            "training.online_eval_prompts",
+            format!("a JSONL prompt file or \"{EMBEDDED_PROMPTS}\""),
+            "an empty string",
+        )),
+        _ => {}
+    }
+    if let (Some(every @ 1..), None) = (t.online_eval_every, &t.online_eval_prompts) {
+        v.push(
+            ConfigIssue::invalid(
+                "training.online_eval_every",
+                "training.online_eval_prompts to name the prompts to decode",
+                format!("{every} steps with no prompts"),
+            )
+            .with_hint(
+                "name a JSONL file of prompts (`input_ids` or chat `conversations`) in \
+                 training.online_eval_prompts, or set training.online_eval_every = 0",
+            ),
+        );
+    }
+    let budgets = &t.online_eval_tree_budgets;
+    for (i, &b) in budgets.iter().enumerate() {
+        if b == 0 {
+            v.push(
+                ConfigIssue::invalid(
+                    format!("training.online_eval_tree_budgets[{i}]"),
+                    "a positive number of tree nodes",
+                    0,
+                )
+                .with_hint("leave the list empty ([]) for chain decoding only"),
+            );
+        } else if budgets[..i].contains(&b) {
+            v.push(ConfigIssue::invalid(
+                format!("training.online_eval_tree_budgets[{i}]"),
+                "each budget once",
+                format!("{b} again"),
+            ));
+        }
+    }
+}
+
+/// The embedded prompts are token ids of the embedded target's vocabulary: meaningless for
+/// any other target. Judged where the target is (`config validate`, and `start` before the
+/// first step), not when a config is parsed: a copy of the embedded default pointed at a
+/// Hugging Face model is refused for its model first, if that is what is wrong with it.
+pub(crate) fn embedded_prompts_on_another_target(c: &Config) -> Option<ConfigIssue> {
+    let t = &c.training;
+    let embedded_prompts = t.online_eval_prompts.as_deref() == Some(EMBEDDED_PROMPTS);
+    (embedded_prompts && t.online_eval_interval() > 0 && !c.target.is_embedded()).then(|| {
+        ConfigIssue::invalid(
+            "training.online_eval_prompts",
+            "a JSONL prompt file for this target",
+            format!("\"{EMBEDDED_PROMPTS}\""),
+        )
+        .with_hint(
+            "the embedded prompts are token ids of the embedded target's vocabulary; name a \
+             JSONL file of prompts (`input_ids` or chat `conversations`) for target.model, or \
+             set training.online_eval_every = 0",
+        )
+    })
+}
+
 fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
     let d = &c.data;
     if d.train_file.trim().is_empty() {
@@ -365,6 +445,9 @@ pub struct ConfigFacts {
     pub train_lines: Option<usize>,
     /// `telemetry.python` as resolved, when it names no file.
     pub missing_python: Option<String>,
+    /// `training.online_eval_prompts` as resolved, when online evaluation is on and it names
+    /// no file.
+    pub missing_online_prompts: Option<String>,
     /// The target's depth and vocabulary, from its `config.json` (or the embedded target).
     pub target: Option<TargetShape>,
 }
@@ -392,6 +475,17 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
                 format!("{path} (no such file)"),
             )
             .with_hint("fix the path, or remove the key to record no Python environment"),
+        );
+    }
+    v.extend(embedded_prompts_on_another_target(c));
+    if let Some(path) = &f.missing_online_prompts {
+        v.push(
+            ConfigIssue::invalid(
+                "training.online_eval_prompts",
+                "an existing JSONL prompt file",
+                format!("{path} (no such file)"),
+            )
+            .with_hint("fix the path, or set training.online_eval_every = 0"),
         );
     }
     if let Some(t) = f.target {
@@ -436,6 +530,37 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
         }
     }
     v
+}
+
+fn serve_gap(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let g = &c.detectors.serve_gap;
+    let p = "detectors.serve_gap";
+    in_range(
+        v,
+        &format!("{p}.gap_fraction"),
+        g.gap_fraction,
+        f64::MIN_POSITIVE,
+        0.999_999,
+        "a fraction of the offline τ in (0, 1)",
+    );
+    if !(g.clear_fraction.is_finite() && g.clear_fraction >= 0.0) {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.clear_fraction"),
+            "a fraction of the offline τ, 0 or more",
+            g.clear_fraction,
+        ));
+    } else if g.clear_fraction >= g.gap_fraction {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.clear_fraction"),
+            format!(
+                "less than {p}.gap_fraction ({}) for hysteresis",
+                g.gap_fraction
+            ),
+            g.clear_fraction,
+        ));
+    }
+    positive(v, &format!("{p}.fire_after"), g.fire_after);
+    positive(v, &format!("{p}.clear_after"), g.clear_after);
 }
 
 fn topology(c: &Config, v: &mut Vec<ConfigIssue>) {
@@ -598,6 +723,7 @@ fn metrics(c: &Config, v: &mut Vec<ConfigIssue>) {
 }
 
 fn detectors(c: &Config, v: &mut Vec<ConfigIssue>) {
+    serve_gap(c, v);
     let t = &c.detectors.throughput;
     let p = "detectors.throughput";
     for (key, value) in [

@@ -9,6 +9,7 @@ pub mod fingerprint;
 pub mod memory;
 mod monitor;
 pub mod queue;
+pub mod serve_gap;
 mod stats;
 pub mod throughput;
 
@@ -25,6 +26,7 @@ pub use fingerprint::{
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
 pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueDiagnoser, QueueDiagnosis, QueueThresholds};
+pub use serve_gap::{ServeGapConfig, ServeGapDetector, ServeGapReading};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 
 /// How healthy one signal is. Ordered: `Ok < Warn < Crit`.
@@ -61,7 +63,7 @@ impl Level {
 /// A detector changed level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transition {
-    /// e.g. `throughput`, `memory:gpu3`, `queue`, `cache:triton`.
+    /// e.g. `throughput`, `memory:gpu3`, `queue`, `cache:triton`, `serve_gap`.
     pub detector: String,
     pub from: Level,
     pub to: Level,

@@ -5,7 +5,8 @@ use chrono::FixedOffset;
 
 use super::{
     explain_alert, CacheChange, CacheWatcher, Level, MemoryFlatness, QueueDiagnoser,
-    QueueDiagnosis, ThroughputDetector, ThroughputStatus, Transition,
+    QueueDiagnosis, ServeGapDetector, ServeGapReading, ThroughputDetector, ThroughputStatus,
+    Transition,
 };
 use crate::config::DetectorsSection;
 use crate::events::Event;
@@ -26,6 +27,10 @@ pub struct HealthMonitor {
     memory: MemoryFlatness,
     queue: QueueDiagnoser,
     caches: CacheWatcher,
+    serve_gap: ServeGapDetector,
+    /// The newest offline τ of any line: what an online evaluation is compared with when its
+    /// own line knows no offline τ of the same moment.
+    last_offline_tau: Option<f64>,
     lookback_ms: i64,
     active: BTreeMap<String, Active>,
 }
@@ -38,15 +43,41 @@ impl HealthMonitor {
             memory: MemoryFlatness::new(cfg.memory.clone()),
             queue: QueueDiagnoser::new(cfg.queue.clone(), target_workers, drafter_workers),
             caches: CacheWatcher::new(),
+            serve_gap: ServeGapDetector::new(cfg.serve_gap.clone()),
+            last_offline_tau: None,
             lookback_ms: cfg.explain_lookback_s as i64 * 1000,
             active: BTreeMap::new(),
         }
     }
 
-    /// One optimizer step (total tok/s of all workers).
+    /// One optimizer step: its total tok/s of all workers, and the τ figures it carries.
     pub fn observe_step(&mut self, metrics: &StepMetrics) -> Vec<Transition> {
-        let t = self.throughput.observe(metrics.ts_ms, metrics.tokens_per_s);
-        self.record(t.into_iter().collect())
+        let mut t: Vec<Transition> = self
+            .throughput
+            .observe(metrics.ts_ms, metrics.tokens_per_s)
+            .into_iter()
+            .collect();
+        t.extend(self.judge_acceptance(metrics));
+        self.record(t)
+    }
+
+    /// A line that is no optimizer step (the evaluation before the first step): only its τ
+    /// figures are judged; its zero throughput is not a sample.
+    pub fn observe_evaluation(&mut self, metrics: &StepMetrics) -> Vec<Transition> {
+        let t = self.judge_acceptance(metrics).into_iter().collect();
+        self.record(t)
+    }
+
+    /// The serve gap of a line with an online evaluation, against the offline τ of the same
+    /// moment: the online evaluation's own, else the line's, else the newest seen before.
+    fn judge_acceptance(&mut self, m: &StepMetrics) -> Option<Transition> {
+        if let Some(tau) = m.tau {
+            self.last_offline_tau = Some(tau);
+        }
+        let online = m.online.as_ref()?;
+        let offline = online.offline_tau.or(m.tau).or(self.last_offline_tau)?;
+        self.serve_gap
+            .observe(m.ts_ms, m.step, online.tau_chain, offline)
     }
 
     /// One NVML/allocator reading of all GPUs; nothing to judge without NVML.
@@ -100,6 +131,11 @@ impl HealthMonitor {
         self.throughput.status()
     }
 
+    /// The last online evaluation the serve-gap detector judged, and its level.
+    pub fn serve_gap(&self) -> (Level, Option<ServeGapReading>) {
+        (self.serve_gap.level(), self.serve_gap.last())
+    }
+
     pub fn queue(&self) -> Option<QueueDiagnosis> {
         self.queue.diagnosis()
     }
@@ -150,6 +186,7 @@ mod tests {
             mfu: None,
             workers: Vec::new(),
             times: StepTimes::default(),
+            online: None,
         }
     }
 
@@ -189,6 +226,46 @@ mod tests {
         );
         assert_eq!(alerts[0].preceded_by, ["torch a → b at 00:10"]);
         feed(&mut m, 300, 20_000.0);
+        assert!(m.alerts(&[], FixedOffset::east_opt(0).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn online_evaluations_are_judged_against_the_offline_tau_of_their_moment() {
+        use crate::metrics::OnlineAcceptance;
+        let mut m = HealthMonitor::new(&DetectorsSection::default(), 1, 1);
+        let online = |tau_chain: f64, offline_tau: Option<f64>| OnlineAcceptance {
+            tau_chain,
+            tau_ddtree: Default::default(),
+            offline_tau,
+            prompts: 8,
+            seconds: 1.0,
+        };
+        // Before the first step: offline 3.0 on the evaluation line, online 2.0 beside it.
+        let mut eval = step(1_000, 0.0);
+        eval.tau = Some(3.0);
+        eval.online = Some(online(2.0, None));
+        assert!(m.observe_evaluation(&eval).is_empty());
+        assert_eq!(m.serve_gap().1.map(|r| r.offline_tau), Some(3.0));
+        // A step with only an online evaluation is compared with the newest offline τ.
+        let mut s = step(2_000, 20_000.0);
+        s.online = Some(online(2.0, None));
+        let t = m.observe_step(&s);
+        assert_eq!(t.len(), 1, "two in a row beyond 15%");
+        assert_eq!(t[0].detector, "serve_gap");
+        let alerts = m.alerts(&[], FixedOffset::east_opt(0).unwrap());
+        assert_eq!(alerts.len(), 1);
+        assert!(alerts[0]
+            .message
+            .contains("online chain τ 2.00 is 33% below offline τ 3.00"));
+        // The online evaluation's own offline τ wins over the line's and the newest.
+        let mut s = step(3_000, 20_000.0);
+        s.tau = Some(9.0);
+        s.online = Some(online(2.9, Some(3.0)));
+        m.observe_step(&s);
+        assert_eq!(m.serve_gap().1.map(|r| r.offline_tau), Some(3.0));
+        let mut s = step(4_000, 20_000.0);
+        s.online = Some(online(3.0, Some(3.0)));
+        assert_eq!(m.observe_step(&s)[0].to, Level::Ok);
         assert!(m.alerts(&[], FixedOffset::east_opt(0).unwrap()).is_empty());
     }
 

@@ -34,6 +34,7 @@ pub(super) fn step_metrics() -> StepMetrics {
             drafter_forward_backward_ms: 600.0,
             ..Default::default()
         },
+        online: None,
     }
 }
 
@@ -154,6 +155,7 @@ pub(super) fn status() -> StatusSnapshot {
         }],
         last_loss: Some(3.5),
         last_tau: None,
+        last_online: None,
         detectors: Some(crate::config::DetectorsSection::default()),
     }
 }

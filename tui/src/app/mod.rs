@@ -12,7 +12,7 @@ use crossterm::event::KeyEvent;
 use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::{Request, Response};
 use dflash_shared::run_end::{run_ending, RunEnding};
-use dflash_shared::status::StatusSnapshot;
+use dflash_shared::status::{OnlineEvalStatus, StatusSnapshot};
 
 use crate::actions::ActionFlow;
 use crate::client::supervisor::LinkEvent;
@@ -375,6 +375,17 @@ impl App {
         ThroughputNow {
             tokens_per_s: self.tokens_per_s(),
             baseline_tokens_per_s: self.baseline_tokens_per_s(),
+        }
+    }
+
+    /// The newest online evaluation: from the metrics stream or the last status, whichever
+    /// is newer (a console that attaches mid-run has only the status's).
+    pub fn last_online(&self) -> Option<&OnlineEvalStatus> {
+        let from_metrics = self.telemetry.last_online.as_ref();
+        let from_status = self.status.as_ref().and_then(|s| s.last_online.as_ref());
+        match (from_metrics, from_status) {
+            (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
+            (a, b) => a.or(b),
         }
     }
 

@@ -12,6 +12,8 @@ use dflash_shared::metrics::{
     DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs,
 };
 
+use dflash_shared::status::OnlineEvalStatus;
+
 use super::history::Series;
 
 /// Charts keep this much history.
@@ -97,7 +99,14 @@ pub struct Telemetry {
     /// The step number over time, for the step rate behind the ETA.
     pub steps: Series,
     pub loss: Series,
+    /// Offline τ (held-out data, an anchor at every position).
     pub tau: Series,
+    /// Online chain τ (speculative decoding against the target).
+    pub online_chain: Series,
+    /// Online DDTree τ by node budget.
+    pub online_ddtree: BTreeMap<usize, Series>,
+    /// The newest online evaluation a metrics line carried, with its step.
+    pub last_online: Option<OnlineEvalStatus>,
     /// Set when the daemon reports no GPU telemetry, with its reason.
     pub gpu_unavailable: Option<String>,
     pub gpus: BTreeMap<u32, GpuHistory>,
@@ -115,6 +124,9 @@ impl Default for Telemetry {
             steps: series(),
             loss: series(),
             tau: series(),
+            online_chain: series(),
+            online_ddtree: BTreeMap::new(),
+            last_online: None,
             gpu_unavailable: None,
             gpus: BTreeMap::new(),
             queue: None,
@@ -161,6 +173,26 @@ impl Telemetry {
         self.loss.push(metrics.ts_ms, metrics.loss);
         if let Some(tau) = metrics.tau {
             self.tau.push(metrics.ts_ms, tau);
+        }
+        if let Some(online) = &metrics.online {
+            self.online_chain.push(metrics.ts_ms, online.tau_chain);
+            for (&budget, &tau) in &online.tau_ddtree {
+                self.online_ddtree
+                    .entry(budget)
+                    .or_insert_with(series)
+                    .push(metrics.ts_ms, tau);
+            }
+            let newest = self
+                .last_online
+                .as_ref()
+                .is_none_or(|o| metrics.ts_ms >= o.ts_ms);
+            if newest {
+                self.last_online = Some(OnlineEvalStatus {
+                    step: metrics.step,
+                    ts_ms: metrics.ts_ms,
+                    acceptance: online.clone(),
+                });
+            }
         }
         let newer = self
             .last_metrics

@@ -15,6 +15,39 @@ fn list(out: &mut String, items: &[String], empty: &str) {
     }
 }
 
+/// "Acceptance: offline τ 3.50; online at step 1,200 (8 prompts, 1.2 s): chain 2.50,
+/// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment."
+fn acceptance_line(a: &super::Acceptance) -> String {
+    let offline = a.offline_tau.map_or("offline τ unknown".to_string(), |t| {
+        format!("offline τ {t:.2}")
+    });
+    let Some(o) = &a.online else {
+        return format!("Acceptance: {offline}; no online evaluation yet.");
+    };
+    let methods: Vec<String> = o
+        .methods
+        .iter()
+        .map(|m| format!("{} {:.2}", m.method, m.tau))
+        .collect();
+    let gap = match (o.gap_fraction, o.offline_tau) {
+        (Some(g), Some(off)) if g > 0.0 => {
+            format!(
+                ", {:.0}% below the offline τ {off:.2} of its moment",
+                100.0 * g
+            )
+        }
+        (Some(_), Some(off)) => format!(", at or above the offline τ {off:.2} of its moment"),
+        _ => String::new(),
+    };
+    format!(
+        "Acceptance: {offline}; online at step {} ({} prompts, {:.1} s): {}{gap}.",
+        crate::fmt::thousands(o.step),
+        o.prompts,
+        o.seconds,
+        methods.join(", ")
+    )
+}
+
 pub fn render(report: &StatusReport) -> String {
     let mut out = String::new();
     let name = report.run.name.as_deref().unwrap_or("unknown run");
@@ -64,6 +97,7 @@ pub fn render(report: &StatusReport) -> String {
         );
         let _ = writeln!(out, "- {} draft positions/s; {mfu}.", format_si(positions));
     }
+    let _ = writeln!(out, "- {}", acceptance_line(&report.acceptance));
     // The worst alert with what preceded it; the others by their headline (Progress lists
     // them all).
     for (i, alert) in report.alerts.iter().enumerate() {

@@ -37,6 +37,7 @@ pub struct StatusReport {
     pub goal: String,
     pub run: Run,
     pub throughput: Throughput,
+    pub acceptance: Acceptance,
     pub gpus: Vec<GpuSample>,
     /// Why `gpus` is empty, when NVML gave nothing.
     pub gpus_unavailable: Option<String>,
@@ -82,6 +83,36 @@ pub struct Throughput {
     pub baseline_tokens_per_s: Option<f64>,
     pub share_of_baseline: Option<f64>,
     pub stable_since: Option<String>,
+}
+
+/// Offline τ and, beside it, the newest online evaluation: the train-versus-serve gap in one
+/// place.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Acceptance {
+    /// The last held-out (offline) τ.
+    pub offline_tau: Option<f64>,
+    pub online: Option<OnlineReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnlineReport {
+    pub step: u64,
+    pub at: String,
+    /// `chain` first, then `ddtree_<budget>` by budget, as `dflashd eval --online` names them
+    /// (the metrics line's `online_tau_chain`, `online_tau_ddtree_<budget>`).
+    pub methods: Vec<MethodTau>,
+    /// The offline τ it was compared with, when known.
+    pub offline_tau: Option<f64>,
+    /// `(offline − online chain) / offline`.
+    pub gap_fraction: Option<f64>,
+    pub prompts: usize,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MethodTau {
+    pub method: String,
+    pub tau: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -150,6 +181,7 @@ pub fn build(input: &ReportInput) -> StatusReport {
         goal: String::new(),
         run,
         throughput,
+        acceptance: acceptance_section(snapshot),
         gpus,
         gpus_unavailable,
         host: snapshot.and_then(|s| s.host.clone()),
@@ -241,6 +273,29 @@ fn throughput_section(input: &ReportInput) -> Throughput {
             .filter(|b| *b > 0.0)
             .map(|b| t.tokens_per_s / b),
         stable_since: t.stable_since_ms.map(fmt::rfc3339),
+    }
+}
+
+fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
+    let online = snapshot.and_then(|s| s.last_online.as_ref()).map(|o| {
+        let a = &o.acceptance;
+        OnlineReport {
+            step: o.step,
+            at: fmt::rfc3339(o.ts_ms),
+            methods: a
+                .methods()
+                .into_iter()
+                .map(|(method, tau)| MethodTau { method, tau })
+                .collect(),
+            offline_tau: a.offline_tau,
+            gap_fraction: a.gap_fraction(),
+            prompts: a.prompts,
+            seconds: a.seconds,
+        }
+    });
+    Acceptance {
+        offline_tau: snapshot.and_then(|s| s.last_tau),
+        online,
     }
 }
 

@@ -62,17 +62,88 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     .draw(frame, loss, theme);
     TimeChart {
         block: Block::bordered().title(Span::styled(" τ (acceptance length) ", theme.title())),
-        lines: vec![chart::Line {
-            name: "τ".into(),
-            series: &app.telemetry.tau,
-            style: theme.accent(),
-        }],
+        lines: tau_lines(app, theme),
         levels: vec![],
         now_ms: app.now_ms,
         from_zero: false,
         format_value: |v| format!("{v:.2}"),
     }
     .draw(frame, tau, theme);
+}
+
+/// Offline τ, and beside it online τ per method once an online evaluation has run (the legend
+/// names them; with offline τ alone there is none).
+fn tau_lines<'a>(app: &'a App, theme: &Theme) -> Vec<chart::Line<'a>> {
+    let t = &app.telemetry;
+    let mut lines = vec![chart::Line {
+        name: "offline".into(),
+        series: &t.tau,
+        style: theme.accent(),
+    }];
+    if t.online_chain.iter().next().is_some() {
+        lines.push(chart::Line {
+            name: "online chain".into(),
+            series: &t.online_chain,
+            style: theme.ok(),
+        });
+        for (budget, series) in &t.online_ddtree {
+            lines.push(chart::Line {
+                name: format!("online ddtree_{budget}"),
+                series,
+                style: theme.text(),
+            });
+        }
+    }
+    lines
+}
+
+/// The newest online evaluation, two rows: "online  chain 2.50 · ddtree_16 2.75" and "gap
+/// 29% below offline 3.50 (step 1,200)". The gap is in the warning style once it exceeds the
+/// daemon's serve-gap threshold.
+fn online_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
+    let Some(online) = app.last_online() else {
+        return Vec::new();
+    };
+    let a = &online.acceptance;
+    let label = |text: &'static str| Span::styled(text, theme.dim());
+    let methods: Vec<String> = a
+        .methods()
+        .iter()
+        .map(|(m, t)| format!("{m} {t:.2}"))
+        .collect();
+    let step = fmt::thousands(online.step);
+    let mut lines = vec![Line::from(vec![
+        label("online  "),
+        Span::raw(methods.join(" · ")),
+    ])];
+    let (gap, style) = match (a.gap_fraction(), a.offline_tau) {
+        (Some(gap), Some(offline)) => {
+            let limit = app.telemetry.thresholds().map(|d| d.serve_gap.gap_fraction);
+            let style = if limit.is_some_and(|l| gap > l) {
+                theme.warn()
+            } else {
+                theme.text()
+            };
+            let words = if gap > 0.0 {
+                format!(
+                    "{:.0}% below offline {offline:.2} (step {step})",
+                    100.0 * gap
+                )
+            } else {
+                format!("at or above offline {offline:.2} (step {step})")
+            };
+            (words, style)
+        }
+        _ => (
+            format!("no offline τ of the same moment (step {step})"),
+            theme.dim(),
+        ),
+    };
+    lines.push(Line::from(vec![
+        label("gap     "),
+        Span::styled(gap, style),
+    ]));
+    lines
 }
 
 /// The run has ended: how, where it left its last checkpoint, the figures it ended on, and the
@@ -101,8 +172,12 @@ fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> V
     let step = last.map(|m| m.step).or(status.map(|s| s.run.step));
     let loss = last.map(|m| m.loss).or(status.and_then(|s| s.last_loss));
     let tau = last.and_then(|m| m.tau).or(status.and_then(|s| s.last_tau));
+    let online = app
+        .last_online()
+        .map(|o| format!(" (online chain {:.2})", o.acceptance.tau_chain))
+        .unwrap_or_default();
     let figures = format!(
-        "final: step {}, loss {}, τ {}; checkpoint {}",
+        "final: step {}, loss {}, τ {}{online}; checkpoint {}",
         step.map_or("—".into(), fmt::thousands),
         loss.map_or("—".into(), |l| format!("{l:.3}")),
         tau.map_or("—".into(), |t| format!("{t:.2}")),
@@ -299,6 +374,7 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 label("loss    "),
                 Span::raw(format!("{loss}   τ {tau}")),
             ]));
+            lines.extend(online_lines(app, theme));
             let checkpoint = status
                 .checkpoints
                 .iter()

@@ -174,6 +174,7 @@ impl Sim {
                 optimizer_ms: r3(step_ms * 0.02),
                 total_ms: r3(step_ms),
             },
+            online: None,
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
         self.last_metrics = Some(metrics);
@@ -409,6 +410,7 @@ impl Sim {
             checkpoints: self.checkpoints.clone(),
             last_loss: Some(metrics.loss),
             last_tau: self.last_tau,
+            last_online: None,
             detectors: Some(self.detectors.clone()),
         };
         self.frame(ts, Response::Status(Box::new(snapshot)));

@@ -150,6 +150,7 @@ mod tests {
                 total_ms: 40.0,
                 ..StepTimes::default()
             },
+            online: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         assert_eq!((line.step, line.wall_time), (12, 1_764_600_000.25));
@@ -175,6 +176,45 @@ mod tests {
         // 9 top-level figures, 2 workers' tokens/s and one MFU (the other is unknown, so
         // absent), 7 times; no `step` or `ts_ms` scalar.
         assert_eq!(got.len(), 9 + 3 + 7, "{got:?}");
+    }
+
+    #[test]
+    fn an_online_evaluation_becomes_scalars_under_the_metrics_line_names() {
+        let m = StepMetrics {
+            ts_ms: 1_000,
+            step: 50,
+            epoch: 1,
+            loss: 2.5,
+            accuracy: 0.25,
+            tau: Some(3.5),
+            lr: 1e-3,
+            grad_norm: 0.5,
+            tokens_per_s: 1500.0,
+            draft_positions_per_s: 24_000.0,
+            mfu: None,
+            workers: vec![],
+            times: StepTimes::default(),
+            online: Some(dflash_shared::metrics::OnlineAcceptance {
+                tau_chain: 2.5,
+                tau_ddtree: [(8, 2.75), (32, 3.0)].into_iter().collect(),
+                offline_tau: Some(3.5),
+                prompts: 8,
+                seconds: 1.5,
+            }),
+        };
+        let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
+        let got = tags(&line);
+        for want in [
+            ("online_tau_chain", 2.5),
+            ("online_tau_ddtree_8", 2.75),
+            ("online_tau_ddtree_32", 3.0),
+            ("online_eval_offline_tau", 3.5),
+            ("online_eval_prompts", 8.0),
+            ("online_eval_s", 1.5),
+            ("tau", 3.5),
+        ] {
+            assert!(got.contains(&want), "{want:?} missing from {got:?}");
+        }
     }
 
     #[test]
