@@ -15,22 +15,17 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tch::Tensor;
 
-use crate::support::decode::{drafter, prompts, target};
+use crate::support::decode::{drafter, greedy, prompts, target, LOSSLESS_CASES};
 use crate::support::drafter::seeded;
 
 #[test]
 fn greedy_chain_output_equals_the_target_alone_on_every_prompt() {
     let _rng = seeded(0);
     let mut accepted_some = false;
-    for (vocab, block_size, seed) in [(8i64, 4i64, 1i64), (8, 6, 2), (64, 4, 3)] {
+    for (vocab, block_size, seed) in LOSSLESS_CASES {
         let target = target(vocab, seed);
         let (_vs, drafter) = drafter(vocab, block_size, seed + 10);
-        let settings = Settings {
-            max_new_tokens: 30,
-            stop_tokens: vec![],
-            sampling: Sampling::Greedy,
-            seed: 0,
-        };
+        let settings = greedy(30);
         for prompt in prompts(vocab) {
             let plain = generate_target_only(&target, &prompt, &settings).unwrap();
             let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
@@ -62,12 +57,7 @@ fn a_stop_token_ends_the_output_and_clips_the_round() {
     let target = target(8, 1);
     let (_vs, drafter) = drafter(8, 4, 11);
     let prompt = prompts(8).remove(2);
-    let free = Settings {
-        max_new_tokens: 30,
-        stop_tokens: vec![],
-        sampling: Sampling::Greedy,
-        seed: 0,
-    };
+    let free = greedy(30);
     let plain = generate_target_only(&target, &prompt, &free).unwrap();
     let stop = plain.output_ids[5];
     let first = plain.output_ids.iter().position(|&t| t == stop).unwrap();

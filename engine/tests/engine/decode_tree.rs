@@ -10,7 +10,7 @@ use dflash_engine::model::error::ModelError;
 use dflash_engine::model::target::{TargetCache, TargetModel, TreeShape};
 use tch::Tensor;
 
-use crate::support::decode::{drafter, prompts, target};
+use crate::support::decode::{drafter, greedy, prompts, target, LOSSLESS_CASES};
 use crate::support::drafter::{max_abs_diff, seeded};
 
 /// fp32 on CPU: the tree runs the same arithmetic as the chain in another grouping (batched by
@@ -188,15 +188,10 @@ fn an_unresolved_tree_refuses_another_forward_and_a_non_path() {
 fn greedy_ddtree_is_lossless_and_commits_the_longest_greedy_prefix_the_tree_holds() {
     let _rng = seeded(0);
     let mut accepted_some = false;
-    for (vocab, block_size, seed) in [(8i64, 4i64, 1i64), (8, 6, 2), (64, 4, 3)] {
+    for (vocab, block_size, seed) in LOSSLESS_CASES {
         let target = target(vocab, seed);
         let (_vs, drafter) = drafter(vocab, block_size, seed + 10);
-        let settings = Settings {
-            max_new_tokens: 24,
-            stop_tokens: vec![],
-            sampling: Sampling::Greedy,
-            seed: 0,
-        };
+        let settings = greedy(24);
         for prompt in prompts(vocab) {
             let plain = generate_target_only(&target, &prompt, &settings).unwrap();
             for budget in [1usize, 3, 8, 24] {
@@ -243,12 +238,7 @@ fn ddtree_refuses_sampling_and_an_empty_budget() {
     let _rng = seeded(0);
     let target = target(8, 1);
     let (_vs, drafter) = drafter(8, 4, 11);
-    let greedy = Settings {
-        max_new_tokens: 4,
-        stop_tokens: vec![],
-        sampling: Sampling::Greedy,
-        seed: 0,
-    };
+    let greedy = greedy(4);
     let sampled = Settings {
         sampling: Sampling::Sample {
             temperature: 1.0,

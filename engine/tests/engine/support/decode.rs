@@ -1,5 +1,6 @@
 //! The tiny hybrid target (Gated DeltaNet + gated attention), drafter and prompts of the
 //! decoding tests (chain and DDTree).
+use dflash_engine::decode::{Sampling, Settings};
 use dflash_engine::model::drafter::{Drafter, DrafterConfig, LayerType};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use tch::{nn, Device, Kind};
@@ -64,4 +65,18 @@ pub fn prompts(vocab: i64) -> Vec<Vec<i64>> {
                 .collect()
         })
         .collect()
+}
+
+/// (vocabulary, block size, seed) of the losslessness tests: a vocabulary small enough for
+/// drafts to be accepted often, two block sizes, and a wider vocabulary.
+pub const LOSSLESS_CASES: [(i64, i64, i64); 3] = [(8, 4, 1), (8, 6, 2), (64, 4, 3)];
+
+/// Greedy decoding of `max_new_tokens` tokens, no stop token.
+pub fn greedy(max_new_tokens: usize) -> Settings {
+    Settings {
+        max_new_tokens,
+        stop_tokens: vec![],
+        sampling: Sampling::Greedy,
+        seed: 0,
+    }
 }
