@@ -5,8 +5,8 @@ use tch::{Kind, Tensor};
 
 use super::error::DecodeError;
 use super::sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
-use crate::model::drafter::Drafter;
-use crate::model::target::TargetModel;
+use crate::model::drafter::{Drafter, DrafterCache};
+use crate::model::target::{TargetCache, TargetModel};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -39,7 +39,11 @@ impl Generation {
 
 /// Appends `tokens` to `out` until a stop token or `max_new_tokens`; returns how many were
 /// appended and whether generation is over.
-fn push_tokens(out: &mut Vec<i64>, tokens: &[i64], settings: &Settings) -> (usize, bool) {
+pub(super) fn push_tokens(
+    out: &mut Vec<i64>,
+    tokens: &[i64],
+    settings: &Settings,
+) -> (usize, bool) {
     let mut appended = 0;
     for &t in tokens {
         if out.len() >= settings.max_new_tokens {
@@ -54,7 +58,7 @@ fn push_tokens(out: &mut Vec<i64>, tokens: &[i64], settings: &Settings) -> (usiz
     (appended, out.len() >= settings.max_new_tokens)
 }
 
-fn argmax(logits: &Tensor) -> i64 {
+pub(super) fn argmax(logits: &Tensor) -> i64 {
     logits.argmax(-1, false).int64_value(&[])
 }
 
@@ -122,7 +126,7 @@ pub fn generate_target_only(
     })
 }
 
-fn check_fit(target: &TargetModel, drafter: &Drafter) -> Result<(), DecodeError> {
+pub(super) fn check_fit(target: &TargetModel, drafter: &Drafter) -> Result<(), DecodeError> {
     let (t, d) = (target.config(), drafter.config());
     let mismatch = |what: String| Err(DecodeError::Mismatch { what });
     if d.hidden_size != t.hidden_size() {
@@ -161,6 +165,48 @@ fn check_fit(target: &TargetModel, drafter: &Drafter) -> Result<(), DecodeError>
     Ok(())
 }
 
+/// The target over the prompt into `cache`, its tap features into the drafter's `context`;
+/// returns the logits `[V]` after the prompt's last token.
+pub(super) fn prefill(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompt: &[i64],
+    cache: &mut TargetCache,
+    context: &mut DrafterCache,
+) -> Result<Tensor, DecodeError> {
+    let ids = prompt_tensor(prompt, target)?;
+    let step = target.forward_cached(&ids, cache, &drafter.config().target_layer_ids)?;
+    drafter.extend_context(context, &step.taps);
+    Ok(step.logits.get(0).get(prompt.len() as i64 - 1))
+}
+
+/// The drafter's block at the anchor after `context`, `[last, MASK × (bs−1)]`, through the
+/// target's LM head: logits `[bs−1, V]` (fp32) for the positions after `last`.
+pub(super) fn draft_logits(
+    target: &TargetModel,
+    drafter: &Drafter,
+    context: &DrafterCache,
+    last: i64,
+) -> Tensor {
+    let cfg = drafter.config();
+    let bs = cfg.block_size;
+    let mut block_ids = vec![cfg.mask_token_id; bs as usize];
+    block_ids[0] = last;
+    let block = Tensor::from_slice(&block_ids)
+        .view([1, bs])
+        .to_device(target.device());
+    let embedded = Tensor::embedding(target.embed_tokens(), &block, -1, false, false);
+    let hidden = drafter.draft_block(context, &embedded);
+    tch::no_grad(|| {
+        hidden
+            .get(0)
+            .narrow(0, 1, bs - 1)
+            .to_kind(target.kind())
+            .linear::<Tensor>(target.lm_head(), None)
+            .to_kind(Kind::Float)
+    })
+}
+
 /// Chain speculative decoding, the DFlash reference's round: block `[last token, MASK × (bs−1)]`
 /// drafted at the anchor after the accepted context; the target verifies it in one forward; the
 /// leading drafts it agrees with (greedy) or accepts by the rejection rule (sampled) are kept,
@@ -180,9 +226,7 @@ pub fn generate_chain(
     let mut cache = target.new_cache();
     let mut context = drafter.new_cache();
 
-    let ids = prompt_tensor(prompt, target)?;
-    let prefill = target.forward_cached(&ids, &mut cache, taps)?;
-    drafter.extend_context(&mut context, &prefill.taps);
+    let first = prefill(target, drafter, prompt, &mut cache, &mut context)?;
     let mut out = Vec::new();
     let mut rounds = Vec::new();
     if settings.max_new_tokens == 0 {
@@ -191,34 +235,16 @@ pub fn generate_chain(
             acceptance_lengths: rounds,
         });
     }
-    let mut last = choose(
-        &prefill.logits.get(0).get(prompt.len() as i64 - 1),
-        settings.sampling,
-        &mut rng,
-    );
+    let mut last = choose(&first, settings.sampling, &mut rng);
     if push_tokens(&mut out, &[last], settings).1 {
         return Ok(Generation {
             output_ids: out,
             acceptance_lengths: rounds,
         });
     }
-    let mut block_ids = vec![cfg.mask_token_id; bs as usize];
     loop {
         // draft
-        block_ids[0] = last;
-        let block = Tensor::from_slice(&block_ids)
-            .view([1, bs])
-            .to_device(device);
-        let embedded = Tensor::embedding(target.embed_tokens(), &block, -1, false, false);
-        let hidden = drafter.draft_block(&context, &embedded);
-        let draft_logits = tch::no_grad(|| {
-            hidden
-                .get(0)
-                .narrow(0, 1, bs - 1)
-                .to_kind(target.kind())
-                .linear::<Tensor>(target.lm_head(), None)
-                .to_kind(Kind::Float)
-        });
+        let draft_logits = draft_logits(target, drafter, &context, last);
         let mut proposals = Vec::with_capacity(bs as usize - 1);
         let mut drafts = Vec::with_capacity(bs as usize - 1);
         for i in 0..bs - 1 {

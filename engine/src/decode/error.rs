@@ -8,6 +8,12 @@ pub enum DecodeError {
     Mismatch { what: String },
     #[error("decoding: sampling setting {what}")]
     BadSampling { what: String },
+    #[error(
+        "decoding: DDTree verification is greedy (the target's argmax followed down the tree); use temperature 0, or the chain method to sample"
+    )]
+    TreeNeedsGreedy,
+    #[error("decoding: a tree budget of {budget} nodes drafts nothing; use ≥ 1")]
+    BadBudget { budget: usize },
     #[error(transparent)]
     Model(#[from] ModelError),
 }

@@ -1,6 +1,7 @@
 //! Speculative decoding with a DFlash drafter against its frozen target: the chain method of
 //! the DFlash authors' `dflash_generate` (one block drafted and verified per target forward),
-//! greedy or sampled with the standard rejection rule, and the target alone as the reference.
+//! greedy or sampled with the standard rejection rule; DDTree (`tree.rs`: a best-first tree of
+//! drafts verified in one target forward, greedy); and the target alone as the reference.
 //!
 //! Pure libtorch math over `model/` (the targets' [`crate::model::target::TargetCache`], the
 //! drafter's [`crate::model::drafter::DrafterCache`]); no I/O. Batch 1: one prompt at a time.
@@ -11,7 +12,11 @@
 mod chain;
 mod error;
 mod sampling;
+mod tree;
 
 pub use chain::{generate_chain, generate_target_only, Generation, Settings};
 pub use error::DecodeError;
 pub use sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
+pub use tree::{
+    build_tree, generate_tree, top_candidates, Candidates, DraftTree, TreeGeneration, TreeRound,
+};

@@ -95,6 +95,16 @@ pub enum ModelError {
         held: i64,
     },
 
+    #[error(
+        "the target cache holds a tree forward of {tokens} tokens: keep one path of it (keep_path) before the next forward or crop"
+    )]
+    TreeUnresolved { tokens: usize },
+
+    #[error(
+        "cannot keep {path:?} of the last forward's {tokens} tokens: not a path from its first token down the tree"
+    )]
+    NotATreePath { path: Vec<usize>, tokens: usize },
+
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }

@@ -10,83 +10,22 @@
 use dflash_engine::decode::{
     distribution, generate_chain, generate_target_only, verify_draft, Sampling, Settings, Verdict,
 };
-use dflash_engine::model::drafter::{Drafter, DrafterConfig, LayerType};
-use dflash_engine::model::target::{TargetConfig, TargetModel};
+use dflash_engine::model::target::TargetModel;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tch::{nn, Device, Kind, Tensor};
+use tch::Tensor;
 
-use crate::support::drafter::{randomize, seeded};
-
-fn target(vocab: i64, seed: i64) -> TargetModel {
-    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
-        unreachable!()
-    };
-    c.vocab_size = vocab;
-    c.hidden_size = 32;
-    c.intermediate_size = 48;
-    c.head_dim = 16;
-    c.linear_key_head_dim = 8;
-    c.linear_value_head_dim = 8;
-    c.num_hidden_layers = 3;
-    c.layer_types.truncate(3); // linear, linear, full
-    TargetModel::random(TargetConfig::Qwen3_5(c), Device::Cpu, Kind::Float, seed)
-}
-
-fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter) {
-    let cfg = DrafterConfig {
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 8,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        layer_types: vec![LayerType::Sliding, LayerType::Full],
-        sliding_window: Some(6),
-        block_size,
-        mask_token_id: vocab - 1,
-        target_layer_ids: vec![0, 1],
-        target_hidden_size: 32,
-        vocab_size: vocab,
-        max_position_embeddings: 512,
-        num_target_layers: Some(3),
-        initializer_range: 0.02,
-    };
-    tch::manual_seed(seed);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let d = Drafter::new(&vs.root(), &cfg);
-    randomize(&vs, 0.5);
-    (vs, d)
-}
-
-fn prompts(vocab: i64) -> Vec<Vec<i64>> {
-    // lengths 1 to 80 (past one 64-token delta-rule chunk)
-    [1usize, 5, 17, 40, 80]
-        .iter()
-        .enumerate()
-        .map(|(p, &len)| {
-            (0..len)
-                .map(|i| ((i * 7 + p * 3 + i / 5) as i64) % (vocab - 1))
-                .collect()
-        })
-        .collect()
-}
+use crate::support::decode::{drafter, greedy, prompts, target, LOSSLESS_CASES};
+use crate::support::drafter::seeded;
 
 #[test]
 fn greedy_chain_output_equals_the_target_alone_on_every_prompt() {
     let _rng = seeded(0);
     let mut accepted_some = false;
-    for (vocab, block_size, seed) in [(8i64, 4i64, 1i64), (8, 6, 2), (64, 4, 3)] {
+    for (vocab, block_size, seed) in LOSSLESS_CASES {
         let target = target(vocab, seed);
         let (_vs, drafter) = drafter(vocab, block_size, seed + 10);
-        let settings = Settings {
-            max_new_tokens: 30,
-            stop_tokens: vec![],
-            sampling: Sampling::Greedy,
-            seed: 0,
-        };
+        let settings = greedy(30);
         for prompt in prompts(vocab) {
             let plain = generate_target_only(&target, &prompt, &settings).unwrap();
             let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
@@ -118,12 +57,7 @@ fn a_stop_token_ends_the_output_and_clips_the_round() {
     let target = target(8, 1);
     let (_vs, drafter) = drafter(8, 4, 11);
     let prompt = prompts(8).remove(2);
-    let free = Settings {
-        max_new_tokens: 30,
-        stop_tokens: vec![],
-        sampling: Sampling::Greedy,
-        seed: 0,
-    };
+    let free = greedy(30);
     let plain = generate_target_only(&target, &prompt, &free).unwrap();
     let stop = plain.output_ids[5];
     let first = plain.output_ids.iter().position(|&t| t == stop).unwrap();

@@ -6,6 +6,7 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::mlp::SwiGluMlp;
 use super::params::{Init, ParamSpec, Params};
 use super::self_attention::SelfAttention;
+use super::tree::TreeShape;
 use crate::model::error::ModelError;
 use crate::model::layers::{rms_norm, rms_norm_zero_centered};
 
@@ -52,6 +53,14 @@ pub struct LayerContext<'a> {
     pub eps: f64,
     pub cos: &'a Tensor,
     pub sin: &'a Tensor,
+}
+
+/// The new tokens of an incremental forward: the keys each attends to over cache + new
+/// (`[T, past + T]` bool, see [`SelfAttention::forward_cached`]), and their tree (`None`: a
+/// chain, each token after the one before).
+pub struct NewTokens<'a> {
+    pub visible: &'a Tensor,
+    pub tree: Option<&'a TreeShape>,
 }
 
 /// The sizes a layer's norms and MLP need, whatever its mixer.
@@ -113,20 +122,22 @@ impl DecoderLayer {
     }
 
     /// As [`Self::forward`] over new tokens after those `cache` holds (`ctx` at their
-    /// positions, `visible` their attention mask over cache + new, see
-    /// [`SelfAttention::forward_cached`]).
+    /// positions), a chain or a tree ([`NewTokens`]).
     pub fn forward_cached(
         &self,
         h: &Tensor,
         ctx: &LayerContext<'_>,
         cache: &mut LayerCache,
-        visible: &Tensor,
+        new: &NewTokens<'_>,
     ) -> Tensor {
         let x = ctx.norm.apply(h, &self.input_norm, ctx.eps);
         let mixed = match (&self.mixer, cache) {
-            (Mixer::DeltaNet(m), LayerCache::DeltaNet(c)) => m.forward_cached(&x, c),
+            (Mixer::DeltaNet(m), LayerCache::DeltaNet(c)) => match new.tree {
+                None => m.forward_cached(&x, c),
+                Some(tree) => m.forward_tree(&x, c, tree),
+            },
             (Mixer::Attention(m), LayerCache::Attention(c)) => {
-                m.forward_cached(&x, ctx.cos, ctx.sin, c, visible)
+                m.forward_cached(&x, ctx.cos, ctx.sin, c, new.visible, new.tree.is_none())
             }
             _ => unreachable!("a layer's cache is made by that layer's new_cache"),
         };

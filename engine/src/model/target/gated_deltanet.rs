@@ -8,9 +8,12 @@ use tch::{Kind, Tensor};
 
 use super::cache::{DeltaNetCache, RuleInputs};
 use super::config::Qwen3_5TextConfig;
-use super::delta_rule::{chunk_gated_delta_rule, recurrent_gated_delta_rule, CHUNK_SIZE};
+use super::delta_rule::{
+    chunk_gated_delta_rule, recurrent_gated_delta_rule, DeltaRuleInputs, CHUNK_SIZE,
+};
 use super::mlp::Linear;
 use super::params::{Init, ParamSpec, Params, INIT_STD};
+use super::tree::TreeShape;
 use crate::model::error::ModelError;
 use crate::model::layers::rms_norm_gated;
 
@@ -138,6 +141,67 @@ impl GatedDeltaNet {
         self.output(&core, &p.z)
     }
 
+    /// As [`Self::forward_cached`] for new tokens that form a tree after the cached sequence
+    /// (DDTree verification): each token's conv reads its ancestors' inputs (then the cached
+    /// window), and its recurrent state is its parent's advanced by its own inputs, one depth
+    /// at a time. Leaves `cache` awaiting the path to keep ([`DeltaNetCache::advance_tree`]).
+    /// Batch 1.
+    pub fn forward_tree(&self, x: &Tensor, cache: &mut DeltaNetCache, tree: &TreeShape) -> Tensor {
+        let p = self.project(x);
+        let size = p.pre_conv.size();
+        let (batch, tokens, channels) = (size[0], size[1], size[2]);
+        assert_eq!(batch, 1, "a tree forward runs one sequence");
+        let kernel = self.conv1d.size()[2];
+        let device = p.pre_conv.device();
+        let window = cache.window([1, kernel - 1, channels], (p.pre_conv.kind(), device));
+        let mixed = tree_depthwise_conv_silu(&window, &p.pre_conv, &self.conv1d, tree);
+        let rule = self.rule_inputs(&mixed, p.g, p.beta);
+        let root_state = cache.state(
+            [1, self.num_v_heads, self.head_k_dim, self.head_v_dim],
+            device,
+        );
+        let mut core = Tensor::zeros(
+            [1, tokens, self.num_v_heads, self.head_v_dim],
+            (p.pre_conv.kind(), device),
+        );
+        // Per level: its tokens as a batch of one-token sequences, each from its parent's state.
+        let mut row_of = vec![0i64; tree.len()];
+        let mut level_states = root_state;
+        for level in tree.levels() {
+            let index: Vec<i64> = level.iter().map(|&n| n as i64).collect();
+            let index = Tensor::from_slice(&index).to_device(device);
+            let parent_rows: Vec<i64> = level
+                .iter()
+                .map(|&n| tree.parents()[n].map_or(0, |p| row_of[p]))
+                .collect();
+            let parent_states =
+                level_states.index_select(0, &Tensor::from_slice(&parent_rows).to_device(device));
+            let pick = |t: &Tensor| t.index_select(1, &index).transpose(0, 1);
+            let (q, k, v, g, beta) = (
+                pick(&rule.q),
+                pick(&rule.k),
+                pick(&rule.v),
+                pick(&rule.g),
+                pick(&rule.beta),
+            );
+            let inputs = DeltaRuleInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
+            let (out, states) = recurrent_gated_delta_rule(&inputs, Some(&parent_states));
+            core = core.index_copy(1, &index, &out.transpose(0, 1));
+            for (row, &n) in level.iter().enumerate() {
+                row_of[n] = row as i64;
+            }
+            level_states = states;
+        }
+        cache.advance_tree(p.pre_conv, rule);
+        self.output(&core, &p.z)
+    }
+
     /// The projections before the conv: conv input `[B,T,conv_dim]`, gate z `[B,T,Hv,Dv]`,
     /// β `[B,T,Hv]` and the log decay g `[B,T,Hv]` (fp32).
     fn project(&self, x: &Tensor) -> Projected {
@@ -213,6 +277,30 @@ fn windowed_depthwise_conv_silu(window: &Tensor, x: &Tensor, weight: &Tensor) ->
         .transpose(1, 2)
 }
 
+/// As [`windowed_depthwise_conv_silu`] for a tree of new tokens (batch 1): token t's conv reads
+/// the inputs of its `K` nearest ancestors-or-self, oldest first, reaching into `window` above
+/// the tree's first token (`TreeShape::conv_taps`). Along a chain this is the windowed conv.
+fn tree_depthwise_conv_silu(
+    window: &Tensor,
+    x: &Tensor,
+    weight: &Tensor,
+    tree: &TreeShape,
+) -> Tensor {
+    let size = x.size();
+    let (tokens, channels) = (size[1], size[2]);
+    let kernel = weight.size()[2];
+    let taps = Tensor::from_slice(&tree.conv_taps(kernel as usize)).to_device(x.device());
+    let joined = Tensor::cat(&[window, &x.to_kind(window.kind())], 1).squeeze_dim(0);
+    // one kernel-wide sequence per token: [T, C, K] → conv → [T, C, 1]
+    joined
+        .index_select(0, &taps)
+        .view([tokens, kernel, channels])
+        .transpose(1, 2)
+        .conv1d(weight, None::<Tensor>, [1], [0], [1], channels)
+        .silu()
+        .view([1, tokens, channels])
+}
+
 /// `x`: `[B,T,C]`, `weight`: `[C,1,K]` → `silu(conv)` `[B,T,C]`, where output t sees inputs
 /// t−K+1..=t (zeros before the sequence start).
 fn causal_depthwise_conv_silu(x: &Tensor, weight: &Tensor) -> Tensor {
@@ -242,6 +330,31 @@ mod tests {
         let zeros = Tensor::zeros([2, 3, 3], (Kind::Float, Device::Cpu));
         let head = windowed_depthwise_conv_silu(&zeros, &x.narrow(1, 0, 5), &w);
         assert!(head.allclose(&whole.narrow(1, 0, 5), 1e-5, 1e-6, false));
+    }
+
+    #[test]
+    fn the_tree_conv_of_a_chain_is_the_windowed_conv_and_a_branch_reads_its_own_path() {
+        tch::manual_seed(5);
+        let opts = (Kind::Float, Device::Cpu);
+        let window = Tensor::randn([1, 3, 3], opts);
+        let x = Tensor::randn([1, 5, 3], opts);
+        let w = Tensor::randn([3, 1, 4], opts);
+        let chain = tree_depthwise_conv_silu(&window, &x, &w, &TreeShape::chain(5));
+        let windowed = windowed_depthwise_conv_silu(&window, &x, &w);
+        assert!(chain.allclose(&windowed, 1e-6, 1e-6, false));
+        // tokens 0 ─ 1, 0 ─ 2 ─ 3: token 3 sees window[2], x0, x2, x3 as a chain would
+        let tree = TreeShape::new(vec![None, Some(0), Some(0), Some(2)]).unwrap();
+        let branched = tree_depthwise_conv_silu(&window, &x.narrow(1, 0, 4), &w, &tree);
+        let path = Tensor::cat(&[x.narrow(1, 0, 1), x.narrow(1, 2, 2)], 1);
+        let along = windowed_depthwise_conv_silu(&window, &path, &w);
+        assert!(branched
+            .get(0)
+            .get(3)
+            .allclose(&along.get(0).get(2), 1e-6, 1e-6, false));
+        assert!(branched
+            .get(0)
+            .get(1)
+            .allclose(&windowed.get(0).get(1), 1e-6, 1e-6, false));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod params;
 mod qwen3;
 mod qwen3_5;
 mod self_attention;
+mod tree;
 
 use std::path::Path;
 
@@ -25,8 +26,9 @@ pub use config::{
 };
 pub use hf_io::{param_specs, LoadOptions, DEFAULT_MAX_SHARD_BYTES};
 pub use params::ParamSpec;
+pub use tree::TreeShape;
 
-use self::decoder::{DecoderLayer, LayerContext, NormStyle};
+use self::decoder::{DecoderLayer, LayerContext, NewTokens, NormStyle};
 use self::hf_io::{SaveRequest, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
 use self::params::Params;
 use crate::model::error::ModelError;
@@ -310,6 +312,41 @@ impl TargetModel {
         cache: &mut TargetCache,
         tap_layers: &[usize],
     ) -> Result<CachedStep, ModelError> {
+        self.forward_incremental(input_ids, cache, tap_layers, None)
+    }
+
+    /// As [`Self::forward_cached`] for new tokens that form a tree after the cached sequence
+    /// (DDTree verification, batch 1): token `i` sits at position `cache.len() + depth(i)` and
+    /// sees the cache, its ancestors and itself; Gated DeltaNet layers advance each token's
+    /// state from its parent's. Every token's logits and taps are what a chain forward over its
+    /// root-to-token path would give (up to rounding). Afterwards the cache holds the whole
+    /// tree and refuses another forward until [`TargetCache::keep_path`] keeps one path.
+    pub fn forward_tree(
+        &self,
+        input_ids: &Tensor,
+        tree: &TreeShape,
+        cache: &mut TargetCache,
+        tap_layers: &[usize],
+    ) -> Result<CachedStep, ModelError> {
+        let size = input_ids.size();
+        if size.len() != 2 || size[0] != 1 || size[1] != tree.len() as i64 {
+            return Err(ModelError::BadInput {
+                what: format!(
+                    "a tree forward takes input ids [1, {}] (one sequence, one id per tree token), found {size:?}",
+                    tree.len()
+                ),
+            });
+        }
+        self.forward_incremental(input_ids, cache, tap_layers, Some(tree))
+    }
+
+    fn forward_incremental(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut TargetCache,
+        tap_layers: &[usize],
+        tree: Option<&TreeShape>,
+    ) -> Result<CachedStep, ModelError> {
         let num_layers = self.config.num_layers();
         if self.layers.len() != num_layers {
             return Err(ModelError::BadInput {
@@ -325,25 +362,40 @@ impl TargetModel {
                 available: num_layers,
             });
         }
+        cache.check_resolved()?;
         let ids = self.validate_ids(input_ids)?;
+        // A tree that is a chain runs as one: same kernels, same numbers.
+        let tree = tree.filter(|t| !t.is_chain());
         Ok(tch::no_grad(|| {
             let (batch, new) = (ids.size()[0], ids.size()[1]);
             let past = cache.len();
-            let positions = Tensor::arange_start(past, past + new, (Kind::Int64, self.device));
+            let (positions, visible) = match tree {
+                None => (
+                    Tensor::arange_start(past, past + new, (Kind::Int64, self.device)),
+                    attention::causal_offset_mask(past, new, self.device),
+                ),
+                Some(t) => (
+                    t.positions(past, self.device),
+                    t.visibility(past, self.device),
+                ),
+            };
             let (cos, sin) = self.rotary.cos_sin(&positions);
-            let visible = attention::causal_offset_mask(past, new, self.device);
             let ctx = LayerContext {
                 norm: self.norm_style,
                 eps: self.config.rms_norm_eps(),
                 cos: &cos,
                 sin: &sin,
             };
+            let new_tokens = NewTokens {
+                visible: &visible,
+                tree,
+            };
             let mut taps: Vec<Option<Tensor>> = tap_layers.iter().map(|_| None).collect();
             let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (index, (layer, layer_cache)) in
                 self.layers.iter().zip(cache.layers.iter_mut()).enumerate()
             {
-                h = layer.forward_cached(&h, &ctx, layer_cache, &visible);
+                h = layer.forward_cached(&h, &ctx, layer_cache, &new_tokens);
                 for (slot, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == index) {
                     taps[slot] = Some(if index == num_layers - 1 {
                         self.norm_style.apply(&h, &self.final_norm, ctx.eps)
@@ -352,7 +404,7 @@ impl TargetModel {
                     });
                 }
             }
-            cache.appended(new);
+            cache.appended(new, tree.cloned());
             let normed = self.norm_style.apply(&h, &self.final_norm, ctx.eps);
             let logits = normed
                 .linear::<Tensor>(&self.lm_head, None)

@@ -132,7 +132,8 @@ impl SelfAttention {
     /// As [`Self::forward`] for `T` new tokens after the `cache.len()` tokens `cache` holds
     /// (`cos`, `sin` at the new tokens' positions): appends their keys and values to `cache`.
     /// `visible` is the `[T, cache.len() + T]` boolean mask of the keys each new token attends
-    /// to (`true` = attend), the causal offset mask for a chain.
+    /// to (`true` = attend): the causal offset mask for a chain (`chain`), a tree's
+    /// ancestor mask otherwise.
     pub fn forward_cached(
         &self,
         x: &Tensor,
@@ -140,13 +141,14 @@ impl SelfAttention {
         sin: &Tensor,
         cache: &mut KvCache,
         visible: &Tensor,
+        chain: bool,
     ) -> Tensor {
         let p = self.project(x, cos, sin);
         let empty = cache.is_empty();
         let (keys, values) = cache.append(&p.k, &p.v);
         // From an empty cache the causal kernel is the training forward's own, so a prefill
         // gives the training forward's numbers exactly.
-        let attn = if empty {
+        let attn = if empty && chain {
             causal_gqa_attention(&p.q, &keys, &values, self.scale())
         } else {
             masked_gqa_attention(&p.q, &keys, &values, visible, self.scale())

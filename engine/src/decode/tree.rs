@@ -1,0 +1,303 @@
+//! DDTree speculative decoding (liranringel/ddtree `ddtree_generate`), greedy, one prompt:
+//! the drafter's block is turned into a tree of candidate continuations, best first by path
+//! probability under a node budget; the target verifies the whole tree in one forward
+//! ([`TargetModel::forward_tree`]); the longest path that follows the target's greedy choices
+//! is committed, and both caches keep that path only.
+//!
+//! Building the tree ([`build_tree`]) is pure: per depth `d = 1 … bs−1` the drafter's top
+//! `min(budget, vocab)` log-probabilities, then a best-first search over paths. The search
+//! starts from (depth 1, rank 0); popping a candidate adds it as a node and offers its next
+//! sibling (same parent, rank + 1) and its first child (depth + 1, rank 0). A path's score is
+//! the sum of its log-probabilities; since every term is ≤ 0, pops come in non-increasing score
+//! and the tree of budget `B` is the first `B` nodes of the tree of any larger budget.
+//!
+//! Ties, on which greedy agreement with other implementations depends:
+//! - within a depth, tokens of equal log-probability are ranked by token id, lowest first (the
+//!   reference takes `torch.topk`'s order, which on CPU is not index order); rank 0 is thus the
+//!   chain's greedy draft (`argmax`, lowest id on ties);
+//! - between candidates of equal score, the one whose rank tuple (its path's ranks, depth 1
+//!   first) is lexicographically smaller is popped first, as the reference's heap of tuples does.
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use tch::{Kind, Tensor};
+
+use super::chain::{argmax, check_fit, draft_logits, prefill, push_tokens, Generation, Settings};
+use super::error::DecodeError;
+use super::sampling::Sampling;
+use crate::model::drafter::Drafter;
+use crate::model::target::{TargetModel, TreeShape};
+
+/// A tree of draft tokens below the round's root (the last committed token, not a node here).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftTree {
+    /// Node tokens in insertion (best-first) order.
+    pub tokens: Vec<i64>,
+    /// Each node's parent node, `None` for a child of the root.
+    pub parents: Vec<Option<usize>>,
+    /// 1 for a child of the root.
+    pub depths: Vec<usize>,
+    /// The path's summed log-probability.
+    pub scores: Vec<f64>,
+}
+
+impl DraftTree {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The verification input: the root (index 0) and then every node (node `n` at `n + 1`).
+    pub fn verify_shape(&self) -> TreeShape {
+        let mut parents = vec![None];
+        parents.extend(self.parents.iter().map(|p| Some(p.map_or(0, |p| p + 1))));
+        TreeShape::new(parents).expect("best-first adds a parent before its children")
+    }
+
+    /// The node below `parent` (`None`: the root) carrying `token`, if any (siblings carry
+    /// distinct tokens).
+    pub fn child(&self, parent: Option<usize>, token: i64) -> Option<usize> {
+        (0..self.len()).find(|&n| self.parents[n] == parent && self.tokens[n] == token)
+    }
+
+    /// The tokens from the root's child down to `node`.
+    pub fn path_tokens(&self, node: usize) -> Vec<i64> {
+        let mut path: Vec<i64> = std::iter::successors(Some(node), |&n| self.parents[n])
+            .map(|n| self.tokens[n])
+            .collect();
+        path.reverse();
+        path
+    }
+}
+
+/// One depth's candidates, best first: `(token, log-probability)`.
+pub type Candidates = Vec<(i64, f64)>;
+
+/// A candidate node of the search.
+struct Frontier {
+    score: f64,
+    /// The ranks along its path, depth 1 first.
+    ranks: Vec<usize>,
+    parent: Option<usize>,
+}
+
+impl Frontier {
+    fn depth(&self) -> usize {
+        self.ranks.len()
+    }
+}
+
+impl PartialEq for Frontier {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Frontier {}
+
+impl PartialOrd for Frontier {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Frontier {
+    /// The max-heap pops the highest score; on equal scores the smaller rank tuple.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.ranks.cmp(&self.ranks))
+    }
+}
+
+/// The best-first tree of at most `budget` nodes over `per_depth[d−1]` (depth d's candidates,
+/// best first; see the module doc for the order).
+pub fn build_tree(per_depth: &[Candidates], budget: usize) -> DraftTree {
+    let mut tree = DraftTree {
+        tokens: Vec::new(),
+        parents: Vec::new(),
+        depths: Vec::new(),
+        scores: Vec::new(),
+    };
+    let mut heap = BinaryHeap::new();
+    if let Some((_, logp)) = per_depth.first().and_then(|c| c.first()) {
+        heap.push(Frontier {
+            score: *logp,
+            ranks: vec![0],
+            parent: None,
+        });
+    }
+    while tree.len() < budget {
+        let Some(node) = heap.pop() else { break };
+        let depth = node.depth();
+        let rank = *node.ranks.last().expect("a candidate has a depth");
+        let here = &per_depth[depth - 1];
+        let index = tree.len();
+        tree.tokens.push(here[rank].0);
+        tree.parents.push(node.parent);
+        tree.depths.push(depth);
+        tree.scores.push(node.score);
+        if let Some(&(_, next_logp)) = here.get(rank + 1) {
+            let mut ranks = node.ranks.clone();
+            *ranks.last_mut().expect("a candidate has a depth") = rank + 1;
+            heap.push(Frontier {
+                score: node.score - here[rank].1 + next_logp,
+                ranks,
+                parent: node.parent,
+            });
+        }
+        if let Some(&(_, child_logp)) = per_depth.get(depth).and_then(|c| c.first()) {
+            let mut ranks = node.ranks;
+            ranks.push(0);
+            heap.push(Frontier {
+                score: node.score + child_logp,
+                ranks,
+                parent: Some(index),
+            });
+        }
+    }
+    tree
+}
+
+/// The `k` most likely tokens of `logits` `[V]` as `(token, log-probability)`, best first,
+/// equal log-probabilities by token id (lowest first, including at the cut).
+pub fn top_candidates(logits: &Tensor, k: usize) -> Candidates {
+    let logp = logits.to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+    let vocab = logp.size()[0] as usize;
+    let k = k.min(vocab);
+    if k == 0 {
+        return Vec::new();
+    }
+    let (values, _) = logp.topk(k as i64, -1, true, true);
+    let cut = values.double_value(&[k as i64 - 1]);
+    // every token at or above the k-th value: exactly k unless there is a tie at the cut
+    let at_least = logp
+        .ge(cut)
+        .nonzero()
+        .squeeze_dim(-1)
+        .to_device(tch::Device::Cpu);
+    let ids = Vec::<i64>::try_from(&at_least).expect("int64 indices");
+    let chosen = logp.to_device(tch::Device::Cpu).index_select(0, &at_least);
+    let values = Vec::<f64>::try_from(chosen.to_kind(Kind::Double)).expect("a 1-d tensor");
+    let mut candidates: Vec<(i64, f64)> = ids.into_iter().zip(values).collect();
+    candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    candidates.truncate(k);
+    candidates
+}
+
+/// One verification round of a tree decode, for inspection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeRound {
+    /// The root: the last committed token before the round.
+    pub root: i64,
+    pub tree: DraftTree,
+    /// The nodes committed, root's child first.
+    pub accepted: Vec<usize>,
+    /// The target's greedy token after the last accepted node.
+    pub bonus: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeGeneration {
+    pub generation: Generation,
+    pub rounds: Vec<TreeRound>,
+}
+
+/// Greedy DDTree decoding with a node budget per round (`budget ≥ 1`; the tree is never
+/// deeper than the drafter's block − 1). The output equals the target's greedy output.
+pub fn generate_tree(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompt: &[i64],
+    settings: &Settings,
+    budget: usize,
+) -> Result<TreeGeneration, DecodeError> {
+    if settings.sampling != Sampling::Greedy {
+        return Err(DecodeError::TreeNeedsGreedy);
+    }
+    if budget == 0 {
+        return Err(DecodeError::BadBudget { budget });
+    }
+    check_fit(target, drafter)?;
+    let taps = drafter.config().target_layer_ids.clone();
+    let device = target.device();
+    let mut cache = target.new_cache();
+    let mut context = drafter.new_cache();
+    let mut out = Vec::new();
+    let mut generation = Generation {
+        output_ids: Vec::new(),
+        acceptance_lengths: Vec::new(),
+    };
+    let mut rounds = Vec::new();
+    let first = prefill(target, drafter, prompt, &mut cache, &mut context)?;
+    let mut last = argmax(&first);
+    if settings.max_new_tokens == 0 || push_tokens(&mut out, &[last], settings).1 {
+        generation.output_ids = out;
+        return Ok(TreeGeneration { generation, rounds });
+    }
+    loop {
+        let logits = draft_logits(target, drafter, &context, last);
+        let per_depth: Vec<Candidates> = (0..logits.size()[0])
+            .map(|d| top_candidates(&logits.get(d), budget))
+            .collect();
+        let tree = build_tree(&per_depth, budget);
+
+        // verify: the root and every node in one forward
+        let mut ids = vec![last];
+        ids.extend_from_slice(&tree.tokens);
+        let input = Tensor::from_slice(&ids)
+            .view([1, ids.len() as i64])
+            .to_device(device);
+        let step = target.forward_tree(&input, &tree.verify_shape(), &mut cache, &taps)?;
+        let verified = step.logits.get(0);
+
+        // follow the target's greedy choice down the tree
+        let mut accepted = Vec::new();
+        let mut at = None;
+        let bonus = loop {
+            let row = at.map_or(0, |n: usize| n as i64 + 1);
+            let want = argmax(&verified.get(row));
+            match tree.child(at, want) {
+                Some(node) => {
+                    accepted.push(node);
+                    at = Some(node);
+                }
+                None => break want,
+            }
+        };
+
+        // commit
+        let mut produced: Vec<i64> = accepted.iter().map(|&n| tree.tokens[n]).collect();
+        produced.push(bonus);
+        let (appended, done) = push_tokens(&mut out, &produced, settings);
+        generation.acceptance_lengths.push(appended);
+        let path: Vec<usize> = std::iter::once(0)
+            .chain(accepted.iter().map(|&n| n + 1))
+            .collect();
+        rounds.push(TreeRound {
+            root: last,
+            tree,
+            accepted,
+            bonus,
+        });
+        if done {
+            break;
+        }
+        cache.keep_path(&path)?;
+        let index: Vec<i64> = path.iter().map(|&i| i as i64).collect();
+        let kept_taps = step
+            .taps
+            .index_select(1, &Tensor::from_slice(&index).to_device(step.taps.device()));
+        drafter.extend_context(&mut context, &kept_taps);
+        last = bonus;
+    }
+    generation.output_ids = out;
+    Ok(TreeGeneration { generation, rounds })
+}
+
+#[cfg(test)]
+#[path = "tree_tests.rs"]
+mod tests;

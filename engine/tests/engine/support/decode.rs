@@ -1,0 +1,82 @@
+//! The tiny hybrid target (Gated DeltaNet + gated attention), drafter and prompts of the
+//! decoding tests (chain and DDTree).
+use dflash_engine::decode::{Sampling, Settings};
+use dflash_engine::model::drafter::{Drafter, DrafterConfig, LayerType};
+use dflash_engine::model::target::{TargetConfig, TargetModel};
+use tch::{nn, Device, Kind};
+
+use super::drafter::randomize;
+
+/// A three-layer Qwen3.5 hybrid (linear, linear, full) of vocabulary `vocab`, random.
+pub fn target(vocab: i64, seed: i64) -> TargetModel {
+    let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
+        unreachable!()
+    };
+    c.vocab_size = vocab;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.head_dim = 16;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 8;
+    c.num_hidden_layers = 3;
+    c.layer_types.truncate(3); // linear, linear, full
+    TargetModel::random(TargetConfig::Qwen3_5(c), Device::Cpu, Kind::Float, seed)
+}
+
+/// A two-layer drafter (sliding, full) over taps 0 and 1 of [`target`], its weights spread
+/// (`randomize`) so that its drafts vary and some are accepted.
+pub fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter) {
+    let cfg = DrafterConfig {
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        layer_types: vec![LayerType::Sliding, LayerType::Full],
+        sliding_window: Some(6),
+        block_size,
+        mask_token_id: vocab - 1,
+        target_layer_ids: vec![0, 1],
+        target_hidden_size: 32,
+        vocab_size: vocab,
+        max_position_embeddings: 512,
+        num_target_layers: Some(3),
+        initializer_range: 0.02,
+    };
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    randomize(&vs, 0.5);
+    (vs, d)
+}
+
+/// Five prompts of 1 to 80 tokens (past one 64-token delta-rule chunk).
+pub fn prompts(vocab: i64) -> Vec<Vec<i64>> {
+    // lengths 1 to 80 (past one 64-token delta-rule chunk)
+    [1usize, 5, 17, 40, 80]
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| {
+            (0..len)
+                .map(|i| ((i * 7 + p * 3 + i / 5) as i64) % (vocab - 1))
+                .collect()
+        })
+        .collect()
+}
+
+/// (vocabulary, block size, seed) of the losslessness tests: a vocabulary small enough for
+/// drafts to be accepted often, two block sizes, and a wider vocabulary.
+pub const LOSSLESS_CASES: [(i64, i64, i64); 3] = [(8, 4, 1), (8, 6, 2), (64, 4, 3)];
+
+/// Greedy decoding of `max_new_tokens` tokens, no stop token.
+pub fn greedy(max_new_tokens: usize) -> Settings {
+    Settings {
+        max_new_tokens,
+        stop_tokens: vec![],
+        sampling: Sampling::Greedy,
+        seed: 0,
+    }
+}
