@@ -237,10 +237,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     if args.json {
         let mut value = serde_json::to_value(&result)?;
         if let Some(map) = value.as_object_mut() {
-            map.insert(
-                "data".into(),
-                report.to_json(&data.display().to_string()),
-            );
+            map.insert("data".into(), report.to_json(&data.display().to_string()));
         }
         println!("{}", serde_json::to_string(&value)?);
         return Ok(());

@@ -162,8 +162,9 @@ pub fn run(
 /// directory's tokenizer and chat template, or `--chat-template`).
 fn load_prompts(args: &EvalArgs, path: &Path, vocab: i64) -> Result<Vec<Prompt>> {
     let mut rows = read_prompt_rows(path)?;
-    rows.truncate(args.decoding.max_prompts.unwrap_or(usize::MAX));
-    let first_chat = rows.iter().find_map(|(line, row)| match row {
+    rows.rows
+        .truncate(args.decoding.max_prompts.unwrap_or(usize::MAX));
+    let first_chat = rows.rows.iter().find_map(|(line, row)| match row {
         PromptRow::Chat(_) => Some(*line),
         PromptRow::Tokens(_) => None,
     });
@@ -308,12 +309,28 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
     println!("stop tokens: {}", ctx.stop.describe());
     println!(
         "{:<12} {:>7} {:>10} {:>7} {:>7} {:>8} {:>9} {:>8} {:>8}",
-        "method", "tau", "tau_pooled", "rounds", "tokens", "seconds", "tokens/s", "speedup", "lossless"
+        "method",
+        "tau",
+        "tau_pooled",
+        "rounds",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "speedup",
+        "lossless"
     );
     let t = &report.target_only;
     println!(
         "{:<12} {:>7} {:>10} {:>7} {:>7} {:>8.2} {:>9.1} {:>8} {:>8}",
-        "target_only", "1", "1", t.tokens, t.tokens, t.seconds, t.tokens_per_s(), "1", "-"
+        "target_only",
+        "1",
+        "1",
+        t.tokens,
+        t.tokens,
+        t.seconds,
+        t.tokens_per_s(),
+        "1",
+        "-"
     );
     for run in &report.methods {
         let a = &run.acceptance;
@@ -386,7 +403,11 @@ mod tests {
             temperature: Some(-1.0),
             ..Default::default()
         };
-        assert!(negative.sampling().unwrap_err().to_string().contains("temperature"));
+        assert!(negative
+            .sampling()
+            .unwrap_err()
+            .to_string()
+            .contains("temperature"));
         let bad_p = OnlineArgs {
             temperature: Some(1.0),
             top_p: Some(1.5),

@@ -47,7 +47,10 @@ pub fn parse_line(line: &str, system_prompt: Option<&str>) -> Result<Conversatio
 /// the reason the line is bad.
 pub fn parse_prompt_line(line: &str, system_prompt: Option<&str>) -> Result<Conversation, String> {
     let (mut messages, tools) = parse_messages(line, system_prompt)?;
-    while messages.last().is_some_and(|(role, _)| *role == "assistant") {
+    while messages
+        .last()
+        .is_some_and(|(role, _)| *role == "assistant")
+    {
         messages.pop();
     }
     if !messages.iter().any(|(role, _)| *role != "system") {
@@ -62,7 +65,10 @@ pub fn parse_prompt_line(line: &str, system_prompt: Option<&str>) -> Result<Conv
 
 type Messages = Vec<(&'static str, Value)>;
 
-fn parse_messages(line: &str, system_prompt: Option<&str>) -> Result<(Messages, Option<Value>), String> {
+fn parse_messages(
+    line: &str,
+    system_prompt: Option<&str>,
+) -> Result<(Messages, Option<Value>), String> {
     let row: Row = serde_json::from_str(line).map_err(|e| {
         format!("not a chat row ({e}); expected {{\"conversations\": [{{\"role\": ..., \"content\": ...}}]}}")
     })?;
@@ -218,7 +224,8 @@ mod tests {
             {"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}"#;
         assert_eq!(prompt_roles(asked), ["user", "assistant", "user"]);
         // no assistant turn: the whole conversation is the prompt
-        let open = r#"{"conversations":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#;
+        let open =
+            r#"{"conversations":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#;
         assert_eq!(prompt_roles(open), ["system", "user"]);
         // a training row still needs an answer to learn from
         assert!(parse_line(open, None).unwrap_err().contains("no assistant"));

@@ -55,8 +55,7 @@ pub enum DataError {
     },
 
     #[error(
-        "{path}: {count} bad prompt {noun}: {lines}; each line is {{\"input_ids\": [...]}} or \
-         {{\"conversations\": [...]}}: fix or remove {pronoun} and retry",
+        "{path}: {count} bad prompt {noun}: {lines}; fix or remove {pronoun} and retry",
         noun = if *count == 1 { "line" } else { "lines" },
         pronoun = if *count == 1 { "it" } else { "them" }
     )]

@@ -18,7 +18,9 @@ mod pyjson;
 mod sample;
 mod template;
 
-pub use chat::{parse_line as parse_chat_line, parse_prompt_line as parse_chat_prompt_line, Conversation};
+pub use chat::{
+    parse_line as parse_chat_line, parse_prompt_line as parse_chat_prompt_line, Conversation,
+};
 pub use dataset::{load, DataFormat, LoadOptions};
 pub use encoder::{ChatEncoder, ChatOptions, EncodedChat};
 pub use error::DataError;
@@ -29,6 +31,8 @@ pub use model_files::{
 };
 pub use order::{epoch_order, holdout_split, HoldoutSplit};
 pub use pretokenized::parse_line as parse_pretokenized_line;
-pub use prompts::{parse_prompt_row, read_prompt_rows, tokenize_prompts, Prompt, PromptRow};
+pub use prompts::{
+    parse_prompt_row, read_prompt_rows, tokenize_prompts, Prompt, PromptRow, PromptRows,
+};
 pub use sample::{has_consecutive_supervised, BadLine, LoadReport, Sample};
 pub use template::{ChatTemplate, RenderArgs};

@@ -266,7 +266,10 @@ mod tests {
     #[test]
     fn eos_token_id_is_an_id_or_a_list_and_absent_means_none() {
         let ids = |j: serde_json::Value| eos_token_ids(&j);
-        assert_eq!(ids(serde_json::json!({"eos_token_id": 7})), Ok(Some(vec![7])));
+        assert_eq!(
+            ids(serde_json::json!({"eos_token_id": 7})),
+            Ok(Some(vec![7]))
+        );
         assert_eq!(
             ids(serde_json::json!({"eos_token_id": [151645, 151643, 151645]})),
             Ok(Some(vec![151645, 151643]))
@@ -289,7 +292,11 @@ mod tests {
         let none = load_stop_tokens(dir.path()).unwrap();
         assert!(none.ids.is_empty());
         assert!(matches!(none.source, StopTokenSource::NoFile(_)));
-        assert!(none.describe().contains("does not exist"), "{}", none.describe());
+        assert!(
+            none.describe().contains("does not exist"),
+            "{}",
+            none.describe()
+        );
 
         let file = dir.path().join(GENERATION_CONFIG_FILE);
         std::fs::write(&file, r#"{"use_cache": true}"#).unwrap();
@@ -300,10 +307,16 @@ mod tests {
         std::fs::write(&file, r#"{"eos_token_id": [3, 4]}"#).unwrap();
         let found = load_stop_tokens(dir.path()).unwrap();
         assert_eq!(found.ids, vec![3, 4]);
-        assert_eq!(found.source, StopTokenSource::GenerationConfig(file.clone()));
+        assert_eq!(
+            found.source,
+            StopTokenSource::GenerationConfig(file.clone())
+        );
 
         std::fs::write(&file, "{not json").unwrap();
         let err = load_stop_tokens(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("generation_config.json") && err.contains("not valid JSON"), "{err}");
+        assert!(
+            err.contains("generation_config.json") && err.contains("not valid JSON"),
+            "{err}"
+        );
     }
 }

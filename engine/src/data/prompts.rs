@@ -102,8 +102,17 @@ fn last_supervised_span_start(mask: &[i64]) -> usize {
         .map_or(0, |zero| zero + 1)
 }
 
-/// Every non-blank line of `path`, parsed; all bad lines in one error.
-pub fn read_prompt_rows(path: &Path) -> Result<Vec<(u64, PromptRow)>, DataError> {
+/// The parsed lines of a prompt file and the lines that did not parse; [`tokenize_prompts`]
+/// refuses the file with all of its bad lines together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptRows {
+    /// `(line, row)`, in file order.
+    pub rows: Vec<(u64, PromptRow)>,
+    pub bad: Vec<BadLine>,
+}
+
+/// Every non-blank line of `path`, parsed. A file without any non-blank line is an error.
+pub fn read_prompt_rows(path: &Path) -> Result<PromptRows, DataError> {
     if !path.is_file() {
         return Err(DataError::MissingFile {
             what: "prompt file",
@@ -126,24 +135,25 @@ pub fn read_prompt_rows(path: &Path) -> Result<Vec<(u64, PromptRow)>, DataError>
             Err(reason) => bad.push(bad_line(path, number, reason)),
         }
     }
-    check(path, bad)?;
-    if rows.is_empty() {
+    if rows.is_empty() && bad.is_empty() {
         return Err(DataError::NoPrompts {
             path: path.to_path_buf(),
         });
     }
-    Ok(rows)
+    Ok(PromptRows { rows, bad })
 }
 
 /// Token ids of every row: chat rows through `encoder` (required when there is one), ids
-/// checked against `vocab_size`. All bad lines in one error.
+/// checked against `vocab_size`. Any bad line, from reading or from here, refuses the file:
+/// all of them in one error, in line order.
 pub fn tokenize_prompts(
     path: &Path,
-    rows: Vec<(u64, PromptRow)>,
+    rows: PromptRows,
     encoder: Option<&ChatEncoder>,
     vocab_size: i64,
 ) -> Result<Vec<Prompt>, DataError> {
-    let (mut prompts, mut bad) = (Vec::with_capacity(rows.len()), Vec::new());
+    let PromptRows { rows, mut bad } = rows;
+    let mut prompts = Vec::with_capacity(rows.len());
     for (line, row) in rows {
         let ids = match row {
             PromptRow::Tokens(ids) => Ok(ids),
@@ -162,12 +172,17 @@ pub fn tokenize_prompts(
             Err(reason) => bad.push(bad_line(path, line, reason)),
         }
     }
+    bad.sort_by_key(|b| b.line);
     check(path, bad)?;
     Ok(prompts)
 }
 
 fn in_vocab(ids: Vec<i64>, vocab_size: i64) -> Result<Vec<i64>, String> {
-    match ids.iter().enumerate().find(|(_, &t)| t < 0 || t >= vocab_size) {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t < 0 || t >= vocab_size)
+    {
         Some((i, t)) => Err(format!(
             "token {i} of the prompt is {t}; expected 0..{vocab_size} (the target's vocab_size)"
         )),
@@ -221,9 +236,15 @@ mod tests {
     #[test]
     fn a_training_row_gives_the_tokens_before_its_last_answer() {
         let row = r#"{"input_ids": [1, 2, 3, 4, 5, 6, 7], "loss_mask": [0, 1, 1, 0, 0, 1, 1]}"#;
-        assert_eq!(parse_prompt_row(row), Ok(PromptRow::Tokens(vec![1, 2, 3, 4, 5])));
+        assert_eq!(
+            parse_prompt_row(row),
+            Ok(PromptRow::Tokens(vec![1, 2, 3, 4, 5]))
+        );
         let unsupervised = r#"{"input_ids": [1, 2], "loss_mask": [0, 0]}"#;
-        assert_eq!(parse_prompt_row(unsupervised), Ok(PromptRow::Tokens(vec![1, 2])));
+        assert_eq!(
+            parse_prompt_row(unsupervised),
+            Ok(PromptRow::Tokens(vec![1, 2]))
+        );
         let all_answer = r#"{"input_ids": [1, 2], "loss_mask": [1, 1]}"#;
         assert!(parse_prompt_row(all_answer)
             .unwrap_err()
@@ -237,11 +258,17 @@ mod tests {
         for (line, says) in [
             ("{not json", "not JSON"),
             ("[1, 2]", "not a JSON object"),
-            (r#"{"text": "hi"}"#, "neither `input_ids` nor `conversations`"),
+            (
+                r#"{"text": "hi"}"#,
+                "neither `input_ids` nor `conversations`",
+            ),
             (r#"{"input_ids": []}"#, "input_ids is empty"),
             (r#"{"input_ids": [1, "a"]}"#, "input_ids[1] is \"a\""),
             (r#"{"input_ids": 5}"#, "expected a list of integers"),
-            (r#"{"input_ids": [1, 2], "loss_mask": [0]}"#, "the same length"),
+            (
+                r#"{"input_ids": [1, 2], "loss_mask": [0]}"#,
+                "the same length",
+            ),
             (
                 r#"{"input_ids": [1], "conversations": []}"#,
                 "both `input_ids` and `conversations`",
@@ -259,10 +286,17 @@ mod tests {
         let mut lines = vec![r#"{"input_ids": [1]}"#.to_string(), String::new()];
         lines.extend((0..7).map(|_| "oops".to_string()));
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let err = read_prompt_rows(&path).unwrap_err().to_string();
+        let rows = read_prompt_rows(&path).unwrap();
+        assert_eq!(rows.rows.len(), 1);
+        let err = tokenize_prompts(&path, rows, None, 10)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("7 bad prompt lines"), "{err}");
         assert!(err.contains("p.jsonl:3: not JSON"), "{err}");
-        assert!(err.contains("p.jsonl:7:") && !err.contains("p.jsonl:8:"), "{err}");
+        assert!(
+            err.contains("p.jsonl:7:") && !err.contains("p.jsonl:8:"),
+            "{err}"
+        );
         assert!(err.contains("and 2 more"), "{err}");
 
         std::fs::write(&path, "\n  \n").unwrap();
@@ -271,22 +305,39 @@ mod tests {
         let err = read_prompt_rows(&dir.path().join("absent.jsonl"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("absent.jsonl") && err.contains("does not exist"), "{err}");
+        assert!(
+            err.contains("absent.jsonl") && err.contains("does not exist"),
+            "{err}"
+        );
     }
 
     #[test]
     fn tokenizing_checks_the_vocabulary_and_needs_an_encoder_for_chat() {
         let path = Path::new("p.jsonl");
-        let rows = vec![
-            (1, PromptRow::Tokens(vec![1, 2])),
-            (4, PromptRow::Tokens(vec![1, 99])),
-            (6, PromptRow::Chat(r#"{"conversations": []}"#.into())),
-        ];
-        let err = tokenize_prompts(path, rows, None, 50).unwrap_err().to_string();
-        assert!(err.contains("2 bad prompt lines"), "{err}");
-        assert!(err.contains("p.jsonl:4: token 1 of the prompt is 99; expected 0..50"), "{err}");
-        assert!(err.contains("p.jsonl:6: a chat row"), "{err}");
-        let ok = tokenize_prompts(path, vec![(2, PromptRow::Tokens(vec![7]))], None, 50).unwrap();
+        let rows = PromptRows {
+            rows: vec![
+                (1, PromptRow::Tokens(vec![1, 2])),
+                (4, PromptRow::Tokens(vec![1, 99])),
+                (6, PromptRow::Chat(r#"{"conversations": []}"#.into())),
+            ],
+            bad: vec![bad_line(path, 5, "not JSON".into())],
+        };
+        let err = tokenize_prompts(path, rows, None, 50)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("3 bad prompt lines"), "{err}");
+        // every bad line in line order, from reading and from tokenizing alike
+        let at = |s: &str| err.find(s).unwrap_or_else(|| panic!("{s} not in {err}"));
+        assert!(
+            at("p.jsonl:4: token 1 of the prompt is 99; expected 0..50")
+                < at("p.jsonl:5: not JSON")
+        );
+        assert!(at("p.jsonl:5:") < at("p.jsonl:6: a chat row"));
+        let one = PromptRows {
+            rows: vec![(2, PromptRow::Tokens(vec![7]))],
+            bad: vec![],
+        };
+        let ok = tokenize_prompts(path, one, None, 50).unwrap();
         assert_eq!(
             ok,
             vec![Prompt {

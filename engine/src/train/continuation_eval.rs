@@ -58,9 +58,7 @@ pub fn greedy_continuations(
     prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            Ok(generate_target_only(target, p, &prompt_settings(&greedy, i))?.output_ids)
-        })
+        .map(|(i, p)| Ok(generate_target_only(target, p, &prompt_settings(&greedy, i))?.output_ids))
         .collect()
 }
 
