@@ -1,6 +1,9 @@
 //! `dflashd eval --target DIR --drafter DIR --data FILE [--json]`: offline acceptance length τ,
 //! per-position acceptance, recall@k per position and loss (spec §5), with deterministic
 //! anchors at every valid position of every sample.
+//!
+//! With `--online --prompts FILE` it decodes instead (`eval_online.rs`); this file chooses
+//! between the two and loads what both need.
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -10,12 +13,16 @@ use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOption
 use dflash_engine::device::compute_kind;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::drafter_io::load_hf;
+use dflash_engine::train::drafter_io::{load_hf, LoadedDrafter};
 use dflash_engine::train::eval::{evaluate, EvalOptions};
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use tch::Kind;
 
+use super::eval_online::{self, OnlineArgs};
 use super::parse_device;
+
+/// `--max-len` when not given (offline only).
+const DEFAULT_MAX_LEN: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -43,11 +50,21 @@ pub struct EvalArgs {
     /// Drafter directory in the published DFlash layout (`config.json` + safetensors).
     #[arg(long)]
     pub drafter: PathBuf,
-    /// JSONL data: pre-tokenized (`input_ids` + `loss_mask`) or chat (`conversations`, rendered
-    /// with the target's `tokenizer.json` and chat template).
+    /// JSONL data for the offline evaluation: pre-tokenized (`input_ids` + `loss_mask`) or chat
+    /// (`conversations`, rendered with the target's `tokenizer.json` and chat template).
     #[arg(long)]
-    pub data: PathBuf,
-    /// Data format; `auto` looks at the first non-blank line.
+    pub data: Option<PathBuf>,
+    /// Decode prompts with the drafter against the target (speculative decoding) and report the
+    /// served acceptance; needs `--prompts`.
+    #[arg(long)]
+    pub online: bool,
+    /// JSONL prompts for `--online`: `{"input_ids": [...]}` or a chat row (`conversations`; the
+    /// prompt is the row without its closing assistant answer, with the generation prompt).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    #[command(flatten)]
+    pub decoding: OnlineArgs,
+    /// Data format (offline); `auto` looks at the first non-blank line.
     #[arg(long, value_enum, default_value = "auto")]
     pub format: FormatArg,
     /// Chat template file for chat data (default: the target directory's template).
@@ -62,12 +79,12 @@ pub struct EvalArgs {
     /// Compute dtype `f32` or `bf16` (default: bf16 on CUDA, f32 on CPU).
     #[arg(long)]
     pub dtype: Option<String>,
-    /// Evaluate only the first N samples.
+    /// Evaluate only the first N samples (offline).
     #[arg(long)]
     pub max_samples: Option<usize>,
-    /// Truncate samples to this many tokens.
-    #[arg(long, default_value_t = 4096)]
-    pub max_len: usize,
+    /// Truncate samples to this many tokens (offline; default 4096).
+    #[arg(long)]
+    pub max_len: Option<usize>,
     /// Loss decay γ (default: the paper value for the drafter's block size).
     #[arg(long)]
     pub gamma: Option<f64>,
@@ -84,7 +101,62 @@ pub struct EvalArgs {
     pub threads: Option<i32>,
 }
 
-pub fn run(args: EvalArgs) -> Result<()> {
+/// Which evaluation the arguments ask for, with its input file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Input<'a> {
+    Offline(&'a Path),
+    Online(&'a Path),
+}
+
+/// The one place the offline/online flag combinations are judged.
+fn choose_input(args: &EvalArgs) -> Result<Input<'_>> {
+    let online_flags = args.decoding.given_flags();
+    match (args.online, &args.data, &args.prompts) {
+        (true, Some(_), _) => bail!(
+            "--data is the offline input (rows with their answers); with --online give the \
+             prompts to decode as --prompts FILE"
+        ),
+        (true, None, None) => bail!(
+            "--online needs --prompts FILE: JSONL with one {{\"input_ids\": [...]}} or \
+             {{\"conversations\": [...]}} a line"
+        ),
+        (true, None, Some(prompts)) => {
+            let offline_only: Vec<&str> = [
+                (args.format != FormatArg::Auto, "--format"),
+                (args.max_samples.is_some(), "--max-samples"),
+                (args.max_len.is_some(), "--max-len"),
+            ]
+            .iter()
+            .filter_map(|&(given, flag)| given.then_some(flag))
+            .collect();
+            if !offline_only.is_empty() {
+                bail!(
+                    "{} apply to the offline evaluation (--data) only; with --online, \
+                     --max-prompts limits the prompts and each line's shape sets its format",
+                    offline_only.join(", ")
+                );
+            }
+            Ok(Input::Online(prompts))
+        }
+        (false, _, Some(_)) => bail!(
+            "--prompts is the online input; add --online to decode them (or give --data FILE \
+             for the offline evaluation)"
+        ),
+        (false, None, None) => bail!(
+            "nothing to evaluate: give --data FILE for the offline evaluation, or --online \
+             --prompts FILE for the served acceptance"
+        ),
+        (false, Some(data), None) if !online_flags.is_empty() => bail!(
+            "{} apply to --online only; add --online --prompts FILE (instead of --data {})",
+            online_flags.join(", "),
+            data.display()
+        ),
+        (false, Some(data), None) => Ok(Input::Offline(data)),
+    }
+}
+
+/// The target and the drafter, on `--device` in `--dtype`.
+fn load_models(args: &EvalArgs) -> Result<(TargetModel, LoadedDrafter)> {
     let device = parse_device(&args.device)?;
     if let Some(n) = args.threads {
         if n < 1 {
@@ -100,14 +172,39 @@ pub fn run(args: EvalArgs) -> Result<()> {
     };
     let target = TargetModel::load(&args.target, device, Some(kind))?;
     let drafter = load_hf(&args.drafter, device, kind)?;
+    Ok((target, drafter))
+}
+
+/// The offline options, shared by `--data` and the offline τ of `--online`'s continuations.
+pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
+    EvalOptions {
+        anchors_per_forward: args.anchors_per_forward,
+        rows_per_forward: args.rows_per_forward,
+        gamma: args.gamma.unwrap_or_else(|| default_gamma(block_size)),
+        rule: LabelMaskRule::Independent,
+        chunk_positions: 2048,
+        backend: args.attention,
+    }
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let data = match choose_input(&args)? {
+        Input::Online(prompts) => {
+            let prompts = prompts.to_path_buf();
+            let (target, drafter) = load_models(&args)?;
+            return eval_online::run(&args, &prompts, &target, &drafter);
+        }
+        Input::Offline(data) => data.to_path_buf(),
+    };
+    let (target, drafter) = load_models(&args)?;
     let opts = LoadOptions {
-        max_length: args.max_len,
+        max_length: args.max_len.unwrap_or(DEFAULT_MAX_LEN),
         vocab_size: Some(target.config().vocab_size() as usize),
         threads: 0,
         max_line_bytes: dflash_shared::config::sections::DEFAULT_MAX_LINE_BYTES.bytes(),
     };
     let format = match args.format {
-        FormatArg::Auto if looks_like_chat(&args.data)? => FormatArg::Chat,
+        FormatArg::Auto if looks_like_chat(&data)? => FormatArg::Chat,
         FormatArg::Auto => FormatArg::Pretokenized,
         other => other,
     };
@@ -123,35 +220,24 @@ pub fn run(args: EvalArgs) -> Result<()> {
         Some(e) => DataFormat::Chat(e),
         None => DataFormat::Pretokenized,
     };
-    let (samples, report) = load(&args.data, data_format, &opts)?;
+    let (samples, report) = load(&data, data_format, &opts)?;
     for bad in &report.bad_lines {
         eprintln!("data: {bad} (skipped)");
     }
     for line in &report.skipped_too_short {
         eprintln!(
             "data: {}:{line}: no two consecutive supervised tokens, nothing to evaluate (skipped)",
-            args.data.display()
+            data.display()
         );
     }
     let limit = args.max_samples.unwrap_or(usize::MAX);
     let chosen: Vec<&Sample> = samples.iter().take(limit).collect();
-    let bs = drafter.config.block_size as usize;
-    let eval_opts = EvalOptions {
-        anchors_per_forward: args.anchors_per_forward,
-        rows_per_forward: args.rows_per_forward,
-        gamma: args.gamma.unwrap_or_else(|| default_gamma(bs)),
-        rule: LabelMaskRule::Independent,
-        chunk_positions: 2048,
-        backend: args.attention,
-    };
+    let eval_opts = eval_options(&args, drafter.config.block_size as usize);
     let result = evaluate(&target, &drafter.drafter, &chosen, &eval_opts)?;
     if args.json {
         let mut value = serde_json::to_value(&result)?;
         if let Some(map) = value.as_object_mut() {
-            map.insert(
-                "data".into(),
-                report.to_json(&args.data.display().to_string()),
-            );
+            map.insert("data".into(), report.to_json(&data.display().to_string()));
         }
         println!("{}", serde_json::to_string(&value)?);
         return Ok(());
@@ -197,4 +283,55 @@ fn looks_like_chat(path: &Path) -> Result<bool> {
         return Ok(value.get("conversations").is_some());
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        eval: EvalArgs,
+    }
+
+    fn parsed(extra: &[&str]) -> EvalArgs {
+        let mut argv = vec!["dflashd", "--target", "t", "--drafter", "d"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().eval
+    }
+
+    fn refusal(extra: &[&str]) -> String {
+        choose_input(&parsed(extra)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn data_is_offline_and_online_prompts_are_online() {
+        let offline = parsed(&["--data", "d.jsonl"]);
+        assert_eq!(
+            choose_input(&offline).unwrap(),
+            Input::Offline(Path::new("d.jsonl"))
+        );
+        let online = parsed(&["--online", "--prompts", "p.jsonl", "--max-new-tokens", "8"]);
+        assert_eq!(
+            choose_input(&online).unwrap(),
+            Input::Online(Path::new("p.jsonl"))
+        );
+    }
+
+    #[test]
+    fn wrong_combinations_say_what_to_give() {
+        assert!(refusal(&["--online"]).contains("--online needs --prompts FILE"));
+        assert!(refusal(&["--online", "--data", "d.jsonl"]).contains("give the prompts"));
+        assert!(refusal(&["--prompts", "p.jsonl"]).contains("add --online"));
+        assert!(refusal(&[]).contains("give --data FILE"));
+        let err = refusal(&["--data", "d.jsonl", "--temperature", "0.5", "--seed", "3"]);
+        assert!(
+            err.contains("--temperature, --seed apply to --online only"),
+            "{err}"
+        );
+        let err = refusal(&["--online", "--prompts", "p", "--max-samples", "3"]);
+        assert!(err.contains("--max-samples apply to the offline"), "{err}");
+    }
 }

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod doctor;
 pub mod eval;
+pub mod eval_online;
 pub mod export;
 pub mod features;
 pub mod plan;

@@ -5,8 +5,8 @@
 //! - `metrics_endpoint`: the Prometheus `/metrics` server in-process on loopback;
 //!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
 //!   ([`support::prometheus`]).
-//! - `daemon_*`, `doctor`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`, `target_parity`,
-//!   `tensorboard_events`, `trained_artifacts`, `regenerate`: the real `dflashd` binary as a
+//! - `daemon_*`, `doctor`, `eval_online`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`,
+//!   `target_parity`, `tensorboard_events`, `trained_artifacts`, `regenerate`: the real `dflashd` binary as a
 //!   child process in a temp dir ([`support::binary`]).
 //! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
 //!   a fuzzed socket, confirmation bypass attempts, many clients); sized by
@@ -36,6 +36,7 @@ mod daemon_lifecycle;
 mod daemon_privacy;
 mod daemon_setup_errors;
 mod doctor;
+mod eval_online;
 mod export_contract;
 mod memory_plan;
 mod metrics_endpoint;

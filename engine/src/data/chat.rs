@@ -34,6 +34,41 @@ pub struct Conversation {
 /// Parses one line. `system_prompt` is put first when the row has no system message (SF's
 /// template default). `Err` is the reason the line is bad.
 pub fn parse_line(line: &str, system_prompt: Option<&str>) -> Result<Conversation, String> {
+    let (messages, tools) = parse_messages(line, system_prompt)?;
+    if !messages.iter().any(|(role, _)| *role == "assistant") {
+        return Err("no assistant message, so nothing to train on".to_string());
+    }
+    Ok(conversation(messages, tools))
+}
+
+/// Parses one line as a generation prompt: the conversation without its closing assistant
+/// answer (the turns from the last assistant turn on, when the row ends with one; the whole row
+/// when it ends with a user or tool turn), for rendering with the generation prompt. `Err` is
+/// the reason the line is bad.
+pub fn parse_prompt_line(line: &str, system_prompt: Option<&str>) -> Result<Conversation, String> {
+    let (mut messages, tools) = parse_messages(line, system_prompt)?;
+    while messages
+        .last()
+        .is_some_and(|(role, _)| *role == "assistant")
+    {
+        messages.pop();
+    }
+    if !messages.iter().any(|(role, _)| *role != "system") {
+        return Err(
+            "nothing before the last assistant turn but a system message; a prompt needs a \
+             user turn to answer"
+                .to_string(),
+        );
+    }
+    Ok(conversation(messages, tools))
+}
+
+type Messages = Vec<(&'static str, Value)>;
+
+fn parse_messages(
+    line: &str,
+    system_prompt: Option<&str>,
+) -> Result<(Messages, Option<Value>), String> {
     let row: Row = serde_json::from_str(line).map_err(|e| {
         format!("not a chat row ({e}); expected {{\"conversations\": [{{\"role\": ..., \"content\": ...}}]}}")
     })?;
@@ -43,9 +78,6 @@ pub fn parse_line(line: &str, system_prompt: Option<&str>) -> Result<Conversatio
     let mut messages = Vec::with_capacity(row.conversations.len() + 1);
     for (index, raw) in row.conversations.into_iter().enumerate() {
         messages.push(normalize(raw).map_err(|e| format!("message {index}: {e}"))?);
-    }
-    if !messages.iter().any(|(role, _)| *role == "assistant") {
-        return Err("no assistant message, so nothing to train on".to_string());
     }
     if let Some(prompt) = system_prompt.filter(|p| !p.is_empty()) {
         if messages[0].0 != "system" {
@@ -57,10 +89,14 @@ pub fn parse_line(line: &str, system_prompt: Option<&str>) -> Result<Conversatio
         }
     }
     let tools = row.tools.map(parse_tools).transpose()?;
-    Ok(Conversation {
+    Ok((messages, tools))
+}
+
+fn conversation(messages: Messages, tools: Option<Value>) -> Conversation {
+    Conversation {
         messages: Value::from_iter(messages.into_iter().map(|(_, m)| m)),
         tools,
-    })
+    }
 }
 
 fn normalize(raw: RawMessage) -> Result<(&'static str, Value), String> {
@@ -167,6 +203,42 @@ mod tests {
 
     fn messages(line: &str) -> Vec<Value> {
         iterate(&parse_line(line, None).unwrap().messages).unwrap()
+    }
+
+    fn prompt_roles(line: &str) -> Vec<String> {
+        iterate(&parse_prompt_line(line, None).unwrap().messages)
+            .unwrap()
+            .iter()
+            .map(|m| m.get_attr("role").unwrap().as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_prompt_is_the_row_without_its_closing_answer() {
+        let multi = r#"{"conversations":[{"role":"user","content":"q1"},
+            {"role":"assistant","content":"a1"},{"role":"user","content":"q2"},
+            {"role":"assistant","content":"a2"}]}"#;
+        assert_eq!(prompt_roles(multi), ["user", "assistant", "user"]);
+        // a row that ends with a question is the prompt as it stands
+        let asked = r#"{"conversations":[{"role":"user","content":"q1"},
+            {"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}"#;
+        assert_eq!(prompt_roles(asked), ["user", "assistant", "user"]);
+        // no assistant turn: the whole conversation is the prompt
+        let open =
+            r#"{"conversations":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#;
+        assert_eq!(prompt_roles(open), ["system", "user"]);
+        // a training row still needs an answer to learn from
+        assert!(parse_line(open, None).unwrap_err().contains("no assistant"));
+    }
+
+    #[test]
+    fn a_prompt_with_no_user_turn_before_the_answer_is_refused() {
+        let line = r#"{"conversations":[{"role":"system","content":"s"},{"role":"assistant","content":"a"}]}"#;
+        let err = parse_prompt_line(line, None).unwrap_err();
+        assert!(err.contains("needs a user turn"), "{err}");
+        assert!(parse_prompt_line(r#"{"conversations":[]}"#, None)
+            .unwrap_err()
+            .contains("empty"));
     }
 
     #[test]

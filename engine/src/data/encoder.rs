@@ -105,13 +105,30 @@ impl ChatEncoder {
     /// The text the model sees, as `apply_chat_template(..., tokenize=False,
     /// add_generation_prompt=False)` would produce it.
     pub fn render(&self, conversation: &Conversation) -> Result<String, String> {
+        self.render_with(conversation, false)
+    }
+
+    /// A generation prompt from one JSONL chat line ([`chat::parse_prompt_line`]: the row
+    /// without its closing assistant answer), rendered with `add_generation_prompt=True` and
+    /// tokenized like training text. `Err` is why the line is bad.
+    pub fn encode_prompt_line(&self, line: &str) -> Result<Vec<i64>, String> {
+        let conversation = chat::parse_prompt_line(line, self.options.system_prompt.as_deref())?;
+        let text = self.render_with(&conversation, true)?;
+        Ok(self.tokenize_and_mask(&text)?.input_ids)
+    }
+
+    fn render_with(
+        &self,
+        conversation: &Conversation,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
         let mut extra = BTreeMap::new();
         if let Some(thinking) = self.options.enable_thinking {
             extra.insert("enable_thinking".to_string(), Value::from(thinking));
         }
         let args = RenderArgs {
             tools: conversation.tools.clone(),
-            add_generation_prompt: false,
+            add_generation_prompt,
             extra,
         };
         self.template

@@ -53,4 +53,19 @@ pub enum DataError {
         /// `"; first bad line: file:line: reason"` when there is one, else empty.
         first_bad: String,
     },
+
+    #[error(
+        "{path}: {count} bad prompt {noun}: {lines}; fix or remove {pronoun} and retry",
+        noun = if *count == 1 { "line" } else { "lines" },
+        pronoun = if *count == 1 { "it" } else { "them" }
+    )]
+    BadPrompts {
+        path: PathBuf,
+        count: usize,
+        /// `file:line: reason` of the first few, `; `-separated.
+        lines: String,
+    },
+
+    #[error("{path} holds no prompt (only blank lines); give one JSON object a line")]
+    NoPrompts { path: PathBuf },
 }

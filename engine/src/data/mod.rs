@@ -4,7 +4,9 @@
 //!
 //! Entry points: [`ChatEncoder::from_model_dir`] (chat data only), [`load`], [`holdout_split`],
 //! [`epoch_order`]; [`regenerate`] and [`regenerate_output`] are the pure parts of
-//! `dflashd regenerate` (the driver is [`crate::regenerate`]).
+//! `dflashd regenerate` (the driver is [`crate::regenerate`]);
+//! for generation, [`read_prompt_rows`] + [`tokenize_prompts`] (prompt files)
+//! and [`load_stop_tokens`] (`generation_config.json`).
 mod chat;
 mod dataset;
 mod encoder;
@@ -13,19 +15,28 @@ mod mask;
 mod model_files;
 mod order;
 mod pretokenized;
+mod prompts;
 mod pyjson;
 pub mod regenerate;
 pub mod regenerate_output;
 mod sample;
 mod template;
 
-pub use chat::{parse_line as parse_chat_line, Conversation};
+pub use chat::{
+    parse_line as parse_chat_line, parse_prompt_line as parse_chat_prompt_line, Conversation,
+};
 pub use dataset::{load, DataFormat, LoadOptions};
 pub use encoder::{ChatEncoder, ChatOptions, EncodedChat};
 pub use error::DataError;
 pub use mask::{SpanRule, SPAN_RULE_NAMES};
-pub use model_files::{load_chat_template, load_tokenizer};
+pub use model_files::{
+    load_chat_template, load_stop_tokens, load_tokenizer, StopTokenSource, StopTokens,
+    GENERATION_CONFIG_FILE,
+};
 pub use order::{epoch_order, holdout_split, HoldoutSplit};
 pub use pretokenized::parse_line as parse_pretokenized_line;
+pub use prompts::{
+    parse_prompt_row, read_prompt_rows, tokenize_prompts, Prompt, PromptRow, PromptRows,
+};
 pub use sample::{has_consecutive_supervised, BadLine, LoadReport, Sample};
 pub use template::{ChatTemplate, RenderArgs};

@@ -1,4 +1,5 @@
-//! Reading a model's tokenizer and chat template from disk (the I/O edge of the chat path).
+//! Reading a model's tokenizer, chat template and stop tokens from disk (the I/O edge of the
+//! chat path and of generation).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -109,6 +110,94 @@ fn special_tokens(config: &serde_json::Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The file HF `generate` takes its stop tokens from.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// The tokens generation stops after, and where they came from (reports say which).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopTokens {
+    pub ids: Vec<i64>,
+    pub source: StopTokenSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopTokenSource {
+    /// `eos_token_id` of this `generation_config.json`.
+    GenerationConfig(PathBuf),
+    /// The file names no `eos_token_id` (absent or null): generation runs to its length limit.
+    NoEosKey(PathBuf),
+    /// The model directory has no `generation_config.json`.
+    NoFile(PathBuf),
+}
+
+impl StopTokens {
+    /// One line for a report, e.g. `[2, 7] from m/generation_config.json (eos_token_id)`.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            StopTokenSource::GenerationConfig(path) => {
+                format!("{:?} from {} (eos_token_id)", self.ids, path.display())
+            }
+            StopTokenSource::NoEosKey(path) => format!(
+                "none: {} has no eos_token_id; generation runs to max_new_tokens",
+                path.display()
+            ),
+            StopTokenSource::NoFile(path) => format!(
+                "none: {} does not exist; generation runs to max_new_tokens",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// The stop tokens of a model directory: `eos_token_id` of its `generation_config.json` (an id
+/// or a list of ids, as HF writes it). No file or no key gives none, said in
+/// [`StopTokens::source`]; a file that is not JSON or a key of another shape is an error.
+pub fn load_stop_tokens(model_dir: &Path) -> Result<StopTokens, DataError> {
+    let path = model_dir.join(GENERATION_CONFIG_FILE);
+    if !path.is_file() {
+        return Ok(StopTokens {
+            ids: Vec::new(),
+            source: StopTokenSource::NoFile(path),
+        });
+    }
+    let json = read_json(&path, "generation config")?;
+    match eos_token_ids(&json) {
+        Ok(Some(ids)) => Ok(StopTokens {
+            ids,
+            source: StopTokenSource::GenerationConfig(path),
+        }),
+        Ok(None) => Ok(StopTokens {
+            ids: Vec::new(),
+            source: StopTokenSource::NoEosKey(path),
+        }),
+        Err(reason) => Err(DataError::BadConfigFile { path, reason }),
+    }
+}
+
+/// `eos_token_id`: absent or null → `None`; an id or a list of ids (duplicates dropped, order
+/// kept) → `Some`; anything else → why not.
+fn eos_token_ids(json: &serde_json::Value) -> Result<Option<Vec<i64>>, String> {
+    let id = |v: &serde_json::Value| {
+        v.as_i64().filter(|&i| i >= 0).ok_or_else(|| {
+            format!("`eos_token_id` holds {v}; expected a non-negative token id or a list of them")
+        })
+    };
+    match json.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Array(items)) => {
+            let mut ids = Vec::with_capacity(items.len());
+            for item in items {
+                let i = id(item)?;
+                if !ids.contains(&i) {
+                    ids.push(i);
+                }
+            }
+            Ok(Some(ids))
+        }
+        Some(single) => Ok(Some(vec![id(single)?])),
+    }
+}
+
 fn require_file(path: &Path, what: &'static str) -> Result<(), DataError> {
     if path.is_file() {
         Ok(())
@@ -173,5 +262,61 @@ mod tests {
             .contains("\"default\""));
         let err = template_from_config(&serde_json::json!({}), p).unwrap_err();
         assert!(matches!(err, DataError::MissingChatTemplate { .. }));
+    }
+    #[test]
+    fn eos_token_id_is_an_id_or_a_list_and_absent_means_none() {
+        let ids = |j: serde_json::Value| eos_token_ids(&j);
+        assert_eq!(
+            ids(serde_json::json!({"eos_token_id": 7})),
+            Ok(Some(vec![7]))
+        );
+        assert_eq!(
+            ids(serde_json::json!({"eos_token_id": [151645, 151643, 151645]})),
+            Ok(Some(vec![151645, 151643]))
+        );
+        assert_eq!(ids(serde_json::json!({"eos_token_id": null})), Ok(None));
+        assert_eq!(ids(serde_json::json!({"use_cache": true})), Ok(None));
+        for bad in [
+            serde_json::json!({"eos_token_id": "</s>"}),
+            serde_json::json!({"eos_token_id": -1}),
+            serde_json::json!({"eos_token_id": [1, 2.5]}),
+        ] {
+            let err = ids(bad).unwrap_err();
+            assert!(err.contains("expected a non-negative token id"), "{err}");
+        }
+    }
+
+    #[test]
+    fn stop_tokens_say_where_they_come_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = load_stop_tokens(dir.path()).unwrap();
+        assert!(none.ids.is_empty());
+        assert!(matches!(none.source, StopTokenSource::NoFile(_)));
+        assert!(
+            none.describe().contains("does not exist"),
+            "{}",
+            none.describe()
+        );
+
+        let file = dir.path().join(GENERATION_CONFIG_FILE);
+        std::fs::write(&file, r#"{"use_cache": true}"#).unwrap();
+        let no_key = load_stop_tokens(dir.path()).unwrap();
+        assert!(no_key.ids.is_empty());
+        assert!(no_key.describe().contains("no eos_token_id"));
+
+        std::fs::write(&file, r#"{"eos_token_id": [3, 4]}"#).unwrap();
+        let found = load_stop_tokens(dir.path()).unwrap();
+        assert_eq!(found.ids, vec![3, 4]);
+        assert_eq!(
+            found.source,
+            StopTokenSource::GenerationConfig(file.clone())
+        );
+
+        std::fs::write(&file, "{not json").unwrap();
+        let err = load_stop_tokens(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("generation_config.json") && err.contains("not valid JSON"),
+            "{err}"
+        );
     }
 }

@@ -4,6 +4,8 @@ use crate::model::error::ModelError;
 pub enum DecodeError {
     #[error("decoding: the prompt is empty; give at least one token")]
     EmptyPrompt,
+    #[error("decoding: no prompt to decode; give at least one")]
+    NoPrompts,
     #[error("decoding: the drafter does not fit the target: {what}")]
     Mismatch { what: String },
     #[error("decoding: sampling setting {what}")]

@@ -9,13 +9,21 @@
 //! Counting follows the reference: a round's acceptance length is the tokens it produced per
 //! target forward, the bonus token included (accepted drafts + 1), clipped where the output
 //! stops (`max_new_tokens`, a stop token). The prefill's first token is not a round.
+//!
+//! [`run_online`] runs every [`Method`] on every prompt of a set beside the target alone and
+//! summarises it ([`OnlineReport`]).
 mod chain;
 mod error;
+mod online;
 mod sampling;
 mod tree;
 
 pub use chain::{generate_chain, generate_target_only, Generation, Settings};
 pub use error::DecodeError;
+pub use online::{
+    acceptance, prompt_settings, run_online, Acceptance, Method, MethodRun, OnlineReport,
+    TargetOnlyRun,
+};
 pub use sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
 pub use tree::{
     build_tree, generate_tree, top_candidates, Candidates, DraftTree, TreeGeneration, TreeRound,

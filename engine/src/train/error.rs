@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use super::checkpoint::CheckpointError;
 use super::optim::OptimError;
 use crate::data::DataError;
+use crate::decode::DecodeError;
 use crate::model::drafter::DrafterError;
 use crate::model::error::ModelError;
 
@@ -19,6 +20,8 @@ pub enum TrainError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Drafter(#[from] DrafterError),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
     #[error("drafter weights {path}: {detail}")]
     DrafterWeights { path: PathBuf, detail: String },
     #[error("training config: `{key}` {detail}")]

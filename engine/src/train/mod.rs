@@ -5,6 +5,7 @@ pub mod anchors;
 pub mod cadence;
 pub mod checkpoint;
 pub mod config;
+pub mod continuation_eval;
 pub mod drafter_io;
 pub mod embedded;
 pub mod error;

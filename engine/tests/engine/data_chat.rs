@@ -354,3 +354,24 @@ fn file_level_problems_are_errors_that_name_the_file() {
     assert!(matches!(err, DataError::NoUsableSamples { .. }), "{text}");
     assert!(text.contains("bad.jsonl:1:"), "{text}");
 }
+
+#[test]
+fn a_chat_prompt_is_the_history_before_the_answer_with_the_generation_prompt() {
+    let encoder = encoder(SpanRule::qwen3_5());
+    let line = r#"{"conversations": [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red."},
+        {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Blue."}]}"#
+        .replace('\n', " ");
+    let ids = encoder.encode_prompt_line(&line).unwrap();
+    let as_u32: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+    let prompt = encoder.tokenizer().decode(&as_u32, false).unwrap();
+    assert!(
+        prompt.ends_with("Another?<|im_end|>\n<|im_start|>assistant\n<think>\n"),
+        "{prompt:?}"
+    );
+    // what the training render shows before the answer the prompt leaves out
+    let full = encoder.encode_line(&line).unwrap().text;
+    assert!(full.starts_with(&prompt), "{prompt:?} vs {full:?}");
+    assert!(full[prompt.len()..].contains("Blue."));
+    assert!(!prompt.contains("Blue."));
+}

@@ -1,5 +1,6 @@
 //! Chain speculative decoding: lossless against the target alone, greedy (token for token) and
-//! sampled (in distribution, by chi-square tests at fixed seeds).
+//! sampled (in distribution, by chi-square tests at fixed seeds); and `run_online`, the prompt
+//! set runner, against the one-prompt calls it is made of.
 //!
 //! The statistical tests: Pearson's chi-square of observed counts against the exact
 //! distribution, cells with an expected count under 5 merged into one, compared with the
@@ -8,9 +9,16 @@
 //! every run (these seeds pass), and a wrong rule (e.g. accepting every draft, or drawing the
 //! replacement from p instead of the residual) exceeds the bound by far.
 use dflash_engine::decode::{
-    distribution, generate_chain, generate_target_only, verify_draft, Sampling, Settings, Verdict,
+    acceptance, distribution, generate_chain, generate_target_only, prompt_settings, run_online,
+    verify_draft, Method, Sampling, Settings, Verdict,
 };
+use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
+use dflash_engine::train::continuation_eval::{
+    evaluate_greedy_continuations, greedy_continuations,
+};
+use dflash_engine::train::eval::EvalOptions;
+use dflash_engine::train::labels::LabelMaskRule;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tch::Tensor;
@@ -202,4 +210,110 @@ fn sampled_chain_matches_the_target_sampling_distribution() {
             "{sampling:?}: only {rounds_with_acceptance} rounds accepted a draft"
         );
     }
+}
+
+#[test]
+fn run_online_is_the_one_prompt_calls_with_their_figures() {
+    let _rng = seeded(0);
+    let (vocab, block_size) = (8, 4);
+    let target = target(vocab, 1);
+    let (_vs, drafter) = drafter(vocab, block_size, 11);
+    let prompts = prompts(vocab);
+    let greedy = Settings {
+        max_new_tokens: 12,
+        stop_tokens: vec![],
+        sampling: Sampling::Greedy,
+        seed: 5,
+    };
+    let report = run_online(&target, &drafter, &prompts, &greedy, &[Method::Chain]).unwrap();
+    let chain = &report.methods[0];
+    assert_eq!(chain.method, Method::Chain);
+    assert_eq!(chain.lossless, Some(true), "{:?}", chain.mismatched_prompts);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let alone = generate_target_only(&target, prompt, &greedy).unwrap();
+        assert_eq!(report.target_only.generations[i], alone);
+        assert_eq!(
+            chain.generations[i],
+            generate_chain(&target, &drafter, prompt, &greedy).unwrap()
+        );
+    }
+    let lengths = chain
+        .generations
+        .iter()
+        .map(|g| g.acceptance_lengths.as_slice());
+    assert_eq!(chain.acceptance, acceptance(lengths));
+    assert_eq!(chain.tokens, prompts.len() * 12);
+    assert_eq!(report.target_only.tokens, prompts.len() * 12);
+    // every output token but each prompt's prefill token is a round's
+    assert_eq!(chain.acceptance.round_tokens, chain.tokens - prompts.len());
+    let tau = chain.acceptance.tau.unwrap();
+    assert!(tau > 1.0 && tau <= block_size as f64, "{tau}");
+    assert!(chain.seconds > 0.0 && chain.tokens_per_s() > 0.0);
+
+    // offline τ on the same continuations, as `dflashd eval --data` computes it
+    let opts = EvalOptions {
+        anchors_per_forward: 64,
+        rows_per_forward: 2,
+        gamma: 7.0,
+        rule: LabelMaskRule::Independent,
+        chunk_positions: 2048,
+        backend: AttentionBackend::BlockSparse,
+    };
+    let offline =
+        evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();
+    assert_eq!(offline.too_short, 0);
+    assert_eq!(offline.report.samples, prompts.len());
+    // anchors at every continuation token but the last: 11 per prompt
+    assert_eq!(offline.report.blocks, 11 * prompts.len() as u64);
+    let offline_tau = offline.tau().unwrap();
+    assert!(
+        offline_tau >= 1.0 && offline_tau <= block_size as f64,
+        "{offline_tau}"
+    );
+}
+
+#[test]
+fn sampled_online_runs_seed_each_prompt_and_measure_offline_on_greedy_text() {
+    let _rng = seeded(0);
+    let vocab = 8;
+    let target = target(vocab, 2);
+    let (_vs, drafter) = drafter(vocab, 4, 12);
+    let prompts: Vec<Vec<i64>> = prompts(vocab).into_iter().take(3).collect();
+    let sampled = Settings {
+        max_new_tokens: 8,
+        stop_tokens: vec![],
+        sampling: Sampling::Sample {
+            temperature: 0.8,
+            top_k: None,
+            top_p: None,
+        },
+        seed: 40,
+    };
+    let report = run_online(&target, &drafter, &prompts, &sampled, &[Method::Chain]).unwrap();
+    let chain = &report.methods[0];
+    assert_eq!(chain.lossless, None);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let own = prompt_settings(&sampled, i);
+        assert_eq!(own.seed, 40 + i as u64);
+        assert_eq!(
+            chain.generations[i],
+            generate_chain(&target, &drafter, prompt, &own).unwrap()
+        );
+    }
+    let greedy = Settings {
+        sampling: Sampling::Greedy,
+        ..sampled.clone()
+    };
+    let expected: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|p| {
+            generate_target_only(&target, p, &greedy)
+                .unwrap()
+                .output_ids
+        })
+        .collect();
+    assert_eq!(
+        greedy_continuations(&target, &prompts, &report).unwrap(),
+        expected
+    );
 }
