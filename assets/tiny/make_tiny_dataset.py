@@ -20,8 +20,14 @@ Token layout (ids < 512; everything else is unused):
   64..103  words w0..w39,
   511      reserved as the drafter's mask token (never in the data).
 
-Deterministic: the same seed writes the same bytes. Run from the repo root:
-  python3 assets/tiny/make_tiny_dataset.py            # writes assets/tiny/train.jsonl
+It also writes assets/tiny/heldout_prompts.jsonl, the prompts the online evaluation decodes
+during training: `{"input_ids": [...]}` per line, BOS + 0–1 complete earlier turns + a user
+turn + the assistant header, i.e. everything up to where an assistant response starts. They come
+from their own random stream (`--heldout-seed`), so train.jsonl is unchanged by them, and none
+equals the prefix before any assistant response of train.jsonl.
+
+Deterministic: the same seeds write the same bytes. Run from the repo root:
+  python3 assets/tiny/make_tiny_dataset.py   # writes train.jsonl and heldout_prompts.jsonl
 """
 import argparse
 import json
@@ -75,18 +81,57 @@ def conversation(rng):
     return ids, mask
 
 
+def training_prompts(conversations):
+    """Every prefix of a conversation that ends with an assistant header (where a response starts)."""
+    prompts = set()
+    for ids, _ in conversations:
+        for i, t in enumerate(ids):
+            if t == ASSISTANT:
+                prompts.add(tuple(ids[: i + 1]))
+    return prompts
+
+
+def heldout_prompt(rng):
+    ids = [BOS]
+    for _ in range(rng.choice([0, 1])):
+        ids += turn(rng)[0]
+    t_ids, t_mask = turn(rng)
+    start = t_mask.index(1)  # the first response token; the header is just before it
+    return ids + t_ids[:start]
+
+
+def heldout_prompts(rng, count, exclude):
+    prompts, seen = [], set(exclude)
+    while len(prompts) < count:
+        p = heldout_prompt(rng)
+        if tuple(p) not in seen:
+            seen.add(tuple(p))
+            prompts.append(p)
+    return prompts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=900)
     parser.add_argument("--seed", type=int, default=20260601)
     parser.add_argument("--out", default="assets/tiny/train.jsonl")
+    parser.add_argument("--heldout-prompts", type=int, default=24)
+    parser.add_argument("--heldout-seed", type=int, default=20260602)
+    parser.add_argument("--heldout-out", default="assets/tiny/heldout_prompts.jsonl")
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    conversations = [conversation(rng) for _ in range(args.samples)]
     with open(args.out, "w") as f:
-        for _ in range(args.samples):
-            ids, mask = conversation(rng)
+        for ids, mask in conversations:
             assert len(ids) == len(mask) and all(0 <= t < MASK_TOKEN for t in ids)
             f.write(json.dumps({"input_ids": ids, "loss_mask": mask}, separators=(",", ":")) + "\n")
+    prompts = heldout_prompts(
+        random.Random(args.heldout_seed), args.heldout_prompts, training_prompts(conversations)
+    )
+    with open(args.heldout_out, "w") as f:
+        for ids in prompts:
+            assert ids[-1] == ASSISTANT and all(0 <= t < MASK_TOKEN for t in ids)
+            f.write(json.dumps({"input_ids": ids}, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":

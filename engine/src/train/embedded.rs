@@ -1,7 +1,9 @@
-//! The built-in configuration `dflashd start` trains with when given no config: a tiny random
-//! Qwen3.5-style hybrid target, a small drafter, and the synthetic dataset in `assets/tiny/`
-//! (compiled into the binary, so it runs from any directory).
-use std::path::Path;
+//! The built-in configuration `dflashd start` trains with when given no config: a tiny
+//! Qwen3.5-style hybrid target pre-trained on the synthetic language of `assets/tiny/`, a small
+//! drafter, and that language's dataset and held-out prompts (all compiled into the binary, so it
+//! runs from any directory).
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dflash_shared::config::Config;
 use tch::Device;
@@ -17,8 +19,28 @@ use crate::model::target::{TargetConfig, TargetModel};
 /// `assets/tiny/train.jsonl`, written by `assets/tiny/make_tiny_dataset.py`.
 pub const TINY_DATASET: &str = include_str!("../../../assets/tiny/train.jsonl");
 pub const TINY_DATASET_NAME: &str = "embedded:assets/tiny/train.jsonl";
-/// Seed of the random target's weights (fixed: every run of the default sees the same target).
-pub const TINY_TARGET_SEED: i64 = 20_260_601;
+/// `assets/tiny/heldout_prompts.jsonl` (same script, its own seed): prompts for the online
+/// evaluation, none of them a training prompt.
+pub const TINY_HELDOUT_PROMPTS: &str = include_str!("../../../assets/tiny/heldout_prompts.jsonl");
+/// The pre-trained tiny target, `assets/tiny/target/` as `assets/tiny/make_tiny_target.py`
+/// wrote it (HF Qwen3.5 layout, bf16): file name and bytes. `config.json` comes last: a
+/// directory holding it is complete (see [`write_tiny_target`]).
+pub const TINY_TARGET_FILES: [(&str, &[u8]); 3] = [
+    (
+        "model.safetensors",
+        include_bytes!("../../../assets/tiny/target/model.safetensors"),
+    ),
+    (
+        "generation_config.json",
+        include_bytes!("../../../assets/tiny/target/generation_config.json"),
+    ),
+    (
+        "config.json",
+        include_bytes!("../../../assets/tiny/target/config.json"),
+    ),
+];
+/// The tiny language's end-of-turn token: where the target's responses stop.
+pub const TINY_END_OF_TURN: i64 = 2;
 /// Row 511 never occurs in the tiny dataset; the drafter uses it as its mask token.
 pub const TINY_MASK_TOKEN_ID: i64 = 511;
 /// Where a run directory keeps the target it trained against (HF layout, for `eval --target`).
@@ -81,24 +103,74 @@ pub fn tiny_samples(
     Ok((samples, report))
 }
 
-/// The run's target: loaded from `<run_dir>/target` when a previous run saved it there,
-/// otherwise created from the fixed seed and saved there.
+/// The prompts of `assets/tiny/heldout_prompts.jsonl`, each BOS, earlier turns, a user turn and
+/// the assistant header: everything up to where a response starts. The file is part of the
+/// binary and checked by this module's tests, so a line that does not parse is a build defect.
+pub fn tiny_heldout_prompts() -> Vec<Vec<i64>> {
+    #[derive(serde::Deserialize)]
+    struct Prompt {
+        input_ids: Vec<i64>,
+    }
+    TINY_HELDOUT_PROMPTS
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str::<Prompt>(line)
+                .unwrap_or_else(|e| panic!("assets/tiny/heldout_prompts.jsonl line {}: {e}", i + 1))
+                .input_ids
+        })
+        .collect()
+}
+
+/// The run's target: the one `<run_dir>/target` holds when a previous run saved it there (runs
+/// made before the target was pre-trained keep their random one), otherwise the embedded
+/// pre-trained target, written there first so `dflashd eval --target RUN/target` finds it.
+/// Without a run dir the files go to a scratch directory that is removed once loaded.
 pub fn tiny_target(run_dir: Option<&Path>, device: Device) -> Result<TargetModel, TrainError> {
     let kind = compute_kind(device);
     if let Some(dir) = run_dir.map(|d| d.join(TARGET_SUBDIR)) {
-        if dir.join("config.json").is_file() {
-            return Ok(TargetModel::load(&dir, device, Some(kind))?);
+        if !dir.join("config.json").is_file() {
+            write_tiny_target(&dir)?;
         }
-        let target = TargetModel::random(tiny_target_config(), device, kind, TINY_TARGET_SEED);
-        target.save_hf(&dir)?;
-        return Ok(target);
+        return Ok(TargetModel::load(&dir, device, Some(kind))?);
     }
-    Ok(TargetModel::random(
-        tiny_target_config(),
-        device,
-        kind,
-        TINY_TARGET_SEED,
-    ))
+    let scratch = ScratchDir::new()?;
+    write_tiny_target(&scratch.0)?;
+    Ok(TargetModel::load(&scratch.0, device, Some(kind))?)
+}
+
+/// Writes the embedded target's files into `dir` (created if missing), each atomically and
+/// `config.json` last, so a crash never leaves a directory that looks complete.
+pub fn write_tiny_target(dir: &Path) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
+    for (name, bytes) in TINY_TARGET_FILES {
+        let path = dir.join(name);
+        crate::atomic_write::write_atomic(&path, bytes).map_err(TrainError::io(&path))?;
+    }
+    Ok(())
+}
+
+/// A fresh directory under the system temp dir, removed (with its files) when dropped.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> Result<Self, TrainError> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("dflash-embedded-target-{}-{n}", std::process::id()));
+        // A directory of that name can only be a leftover of a dead process with our pid.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(TrainError::io(&dir))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod drafter_checkpointing;
 mod drafter_config;
 mod drafter_model;
 mod drafter_reference;
+mod embedded_target;
 mod eval_placement;
 mod fixed_shapes;
 mod learning;
