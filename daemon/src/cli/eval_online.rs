@@ -46,6 +46,10 @@ pub struct OnlineArgs {
     /// Decode only the first N prompts of the file (online; every line is still checked).
     #[arg(long)]
     pub max_prompts: Option<usize>,
+    /// DDTree node budgets (online, greedy), e.g. `16,32,64`: besides the chain, one
+    /// `ddtree_<budget>` method per budget.
+    #[arg(long, value_delimiter = ',')]
+    pub tree_budget: Vec<usize>,
 }
 
 impl OnlineArgs {
@@ -58,6 +62,7 @@ impl OnlineArgs {
             (self.top_p.is_some(), "--top-p"),
             (self.seed.is_some(), "--seed"),
             (self.max_prompts.is_some(), "--max-prompts"),
+            (!self.tree_budget.is_empty(), "--tree-budget"),
         ]
         .iter()
         .filter_map(|&(given, flag)| given.then_some(flag))
@@ -89,9 +94,29 @@ impl OnlineArgs {
     }
 }
 
-/// The methods `--online` runs. DDTree budgets will add theirs here.
-fn methods() -> Vec<Method> {
-    vec![Method::Chain]
+/// The methods `--online` runs: the chain, then DDTree at each `--tree-budget` (greedy only;
+/// each budget once, in the order given).
+fn methods(online: &OnlineArgs, sampling: Sampling) -> Result<Vec<Method>> {
+    let mut methods = vec![Method::Chain];
+    if online.tree_budget.is_empty() {
+        return Ok(methods);
+    }
+    if sampling != Sampling::Greedy {
+        bail!(
+            "--tree-budget: DDTree verification is greedy (the target's argmax followed down the \
+             tree); drop --temperature to run it, or drop --tree-budget to sample with the chain"
+        );
+    }
+    for &budget in &online.tree_budget {
+        if budget == 0 {
+            bail!("--tree-budget 0 drafts no node; give budgets ≥ 1, e.g. --tree-budget 16,32,64");
+        }
+        let method = Method::Tree { budget };
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    Ok(methods)
 }
 
 pub fn run(
@@ -102,6 +127,7 @@ pub fn run(
 ) -> Result<()> {
     let online = &args.decoding;
     let sampling = online.sampling()?;
+    let methods = methods(online, sampling)?;
     if online.max_prompts == Some(0) {
         bail!("--max-prompts 0 decodes nothing; give at least 1");
     }
@@ -122,7 +148,7 @@ pub fn run(
         seed: online.seed.unwrap_or(0),
     };
     let ids: Vec<Vec<i64>> = prompts.iter().map(|p| p.input_ids.clone()).collect();
-    let report = run_online(target, &drafter.drafter, &ids, &settings, &methods())?;
+    let report = run_online(target, &drafter.drafter, &ids, &settings, &methods)?;
     let opts = eval_options(args, drafter.config.block_size as usize);
     let offline = evaluate_greedy_continuations(target, &drafter.drafter, &ids, &report, &opts)?;
     for run in &report.methods {
@@ -431,5 +457,35 @@ mod tests {
         };
         assert_eq!(args.given_flags(), vec!["--seed", "--max-prompts"]);
         assert!(OnlineArgs::default().given_flags().is_empty());
+    }
+
+    #[test]
+    fn tree_budgets_add_ddtree_methods_after_the_chain_greedy_only() {
+        let args = OnlineArgs {
+            tree_budget: vec![16, 32, 16],
+            ..Default::default()
+        };
+        let names: Vec<String> = methods(&args, Sampling::Greedy)
+            .unwrap()
+            .iter()
+            .map(Method::name)
+            .collect();
+        assert_eq!(names, vec!["chain", "ddtree_16", "ddtree_32"]);
+        let sampled = Sampling::Sample {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+        };
+        let err = methods(&args, sampled).unwrap_err().to_string();
+        assert!(err.contains("greedy"), "{err}");
+        let zero = OnlineArgs {
+            tree_budget: vec![0],
+            ..Default::default()
+        };
+        assert!(methods(&zero, Sampling::Greedy).is_err());
+        assert_eq!(
+            methods(&OnlineArgs::default(), sampled).unwrap(),
+            vec![Method::Chain]
+        );
     }
 }

@@ -159,9 +159,11 @@ fn online_eval_on_token_and_chat_prompts_is_lossless_and_reports_the_contract() 
         &target,
         &drafter,
         &prompts,
-        &["--json"],
+        &["--json", "--tree-budget", "4,16"],
     ));
-    check_method(&v, "chain");
+    for method in ["chain", "ddtree_4", "ddtree_16"] {
+        check_method(&v, method);
+    }
     let lines_seen: Vec<i64> = v["methods"]["chain"]["prompts"]
         .as_array()
         .unwrap()

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::chain::{generate_chain, generate_target_only, Generation, Settings};
 use super::error::DecodeError;
 use super::sampling::Sampling;
+use super::tree::generate_tree;
 use crate::model::drafter::Drafter;
 use crate::model::target::TargetModel;
 
@@ -18,13 +19,17 @@ use crate::model::target::TargetModel;
 pub enum Method {
     /// One block drafted and verified per target forward (z-lab `dflash_generate`).
     Chain,
+    /// A best-first tree of at most `budget` drafted nodes verified per target forward
+    /// (liranringel/ddtree `ddtree_generate`; greedy only).
+    Tree { budget: usize },
 }
 
 impl Method {
-    /// The report key: `chain`.
+    /// The report key: `chain`, `ddtree_<budget>`.
     pub fn name(&self) -> String {
         match self {
             Method::Chain => "chain".to_string(),
+            Method::Tree { budget } => format!("ddtree_{budget}"),
         }
     }
 
@@ -37,6 +42,9 @@ impl Method {
     ) -> Result<Generation, DecodeError> {
         match self {
             Method::Chain => generate_chain(target, drafter, prompt, settings),
+            Method::Tree { budget } => {
+                generate_tree(target, drafter, prompt, settings, *budget).map(|t| t.generation)
+            }
         }
     }
 }
@@ -165,6 +173,16 @@ pub fn run_online(
     if prompts.is_empty() {
         return Err(DecodeError::NoPrompts);
     }
+    // refused before any decoding, not after the chain's minutes
+    for method in methods {
+        match *method {
+            Method::Tree { .. } if settings.sampling != Sampling::Greedy => {
+                return Err(DecodeError::TreeNeedsGreedy)
+            }
+            Method::Tree { budget: 0 } => return Err(DecodeError::BadBudget { budget: 0 }),
+            _ => {}
+        }
+    }
     let clock = Instant::now();
     let reference = prompts
         .iter()
@@ -270,6 +288,7 @@ mod tests {
     fn methods_are_named_for_their_report_keys() {
         assert_eq!(Method::Chain.name(), "chain");
         assert_eq!(Method::Chain.to_string(), "chain");
+        assert_eq!(Method::Tree { budget: 16 }.name(), "ddtree_16");
     }
 
     #[test]
