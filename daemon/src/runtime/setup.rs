@@ -13,12 +13,13 @@ use thiserror::Error;
 use super::memory_plan::{self, Devices, PlanInputs};
 use crate::run::paths::{resolve_path, ConfigPathError};
 use dflash_engine::data::{
-    load, load_chat_template, load_tokenizer, ChatEncoder, ChatOptions, DataError, DataFormat,
-    LoadOptions, LoadReport, Sample,
+    load, load_chat_template, load_stop_tokens, load_tokenizer, read_prompt_rows, tokenize_prompts,
+    ChatEncoder, ChatOptions, DataError, DataFormat, LoadOptions, LoadReport, PromptRow, Sample,
 };
 use dflash_engine::device::{self, compute_kind};
 use dflash_engine::model::error::ModelError;
 use dflash_engine::model::target::TargetModel;
+use dflash_engine::train::online_eval::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_engine::train::Trainer;
@@ -171,21 +172,23 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     };
     let device = topology.drafter_devices[0];
     let target_device = topology.target_devices[0];
-    let target = if cfg.target.is_embedded() {
-        embedded::tiny_target(Some(inputs.run_dir), target_device)?
+    let target_dir = if cfg.target.is_embedded() {
+        None
     } else {
-        let dir = resolve_path(
+        Some(resolve_path(
             "target.model",
             &cfg.target.model,
             inputs.config_path,
             inputs.run_dir,
-        )?;
-        TargetModel::load(&dir, target_device, Some(compute_kind(target_device))).map_err(
-            |source| SetupError::Target {
-                path: dir,
+        )?)
+    };
+    let target = match &target_dir {
+        None => embedded::tiny_target(Some(inputs.run_dir), target_device)?,
+        Some(dir) => TargetModel::load(dir, target_device, Some(compute_kind(target_device)))
+            .map_err(|source| SetupError::Target {
+                path: dir.clone(),
                 source: Box::new(source),
-            },
-        )?
+            })?,
     };
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
@@ -203,8 +206,12 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     cfg.check_online_prompts()?;
     let mut train_cfg = run_config::train_config(cfg, samples.len());
     train_cfg.online_eval_prompts = online_eval_prompts(inputs, &train_cfg)?;
+    let online_prompts = load_online_prompts(&train_cfg, target_dir.as_deref(), vocab)?;
     let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
+    if let Some(prompts) = online_prompts {
+        trainer.set_online_prompts(prompts);
+    }
     let (peaks, peak_notes) =
         crate::runtime::device_peaks::for_devices(&trainer.devices(), device::compute_kind);
     trainer.set_device_peaks(peaks);
@@ -297,6 +304,66 @@ fn online_eval_prompts(
         });
     }
     Ok(Some(path.display().to_string()))
+}
+
+/// The online evaluation's prompts and stop tokens, read once at start (`None` when online
+/// evaluation is off): the embedded held-out set, which ends at the tiny target's end of turn,
+/// or a prompt file (`input_ids` rows, or chat rows rendered with the target directory's
+/// tokenizer and chat template) with the stop tokens of the target's `generation_config.json`.
+fn load_online_prompts(
+    train_cfg: &dflash_engine::train::TrainConfig,
+    target_dir: Option<&Path>,
+    vocab: i64,
+) -> Result<Option<OnlinePrompts>, SetupError> {
+    const KEY: &str = "training.online_eval_prompts";
+    let Some(value) = train_cfg.online_eval_prompts.as_deref() else {
+        return Ok(None);
+    };
+    if train_cfg.online_eval_every == 0 {
+        return Ok(None);
+    }
+    let refused = |detail: String| SetupError::Path {
+        key: KEY,
+        value: value.into(),
+        detail,
+    };
+    if value == config::EMBEDDED_PROMPTS {
+        return Ok(Some(OnlinePrompts {
+            prompts: embedded::tiny_heldout_prompts(),
+            stop_tokens: vec![embedded::TINY_END_OF_TURN],
+        }));
+    }
+    let Some(target_dir) = target_dir else {
+        return Err(refused(
+            "a prompt file with the embedded target: use \"embedded\" (its held-out prompts)"
+                .into(),
+        ));
+    };
+    let path = Path::new(value);
+    let rows = read_prompt_rows(path).map_err(|e| refused(e.to_string()))?;
+    let has_chat = rows
+        .rows
+        .iter()
+        .any(|(_, row)| matches!(row, PromptRow::Chat(_)));
+    let encoder = if has_chat {
+        Some(
+            ChatEncoder::from_model_dir(target_dir, None, ChatOptions::default()).map_err(|e| {
+                refused(format!(
+                    "chat prompts are rendered with the target's tokenizer.json and chat \
+                     template: {e}; give the target directory both, or give input_ids prompts"
+                ))
+            })?,
+        )
+    } else {
+        None
+    };
+    let prompts = tokenize_prompts(path, rows, encoder.as_ref(), vocab)
+        .map_err(|e| refused(e.to_string()))?;
+    let stop = load_stop_tokens(target_dir).map_err(|e| refused(e.to_string()))?;
+    Ok(Some(OnlinePrompts {
+        prompts: prompts.into_iter().map(|p| p.input_ids).collect(),
+        stop_tokens: stop.ids,
+    }))
 }
 
 /// The samples of the config's data (`data.train_file`), as training reads them.

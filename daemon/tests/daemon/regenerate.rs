@@ -11,7 +11,10 @@ use dflash_engine::data::regenerate::split_reasoning;
 use dflash_engine::data::{load_chat_template, load_tokenizer, parse_chat_line, RenderArgs};
 use dflash_engine::decode::{generate_target_only, Sampling, Settings};
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::embedded::{tiny_target_config, TINY_TARGET_SEED};
+use dflash_engine::train::embedded::tiny_target_config;
+
+/// Any fixed seed: the test needs a target of the tiny shape, not a trained one.
+const TARGET_SEED: i64 = 20_260_601;
 use dflash_shared::config::sections::DataFormat;
 use serde_json::Value;
 use tch::{Device, Kind};
@@ -35,12 +38,7 @@ fn chat_data() -> PathBuf {
 /// reply to the first prompt holds, so that replies stop before `MAX_NEW` there.
 fn target_dir(root: &Path) -> (PathBuf, TargetModel) {
     let dir = root.join("target");
-    let target = TargetModel::random(
-        tiny_target_config(),
-        Device::Cpu,
-        Kind::Float,
-        TINY_TARGET_SEED,
-    );
+    let target = TargetModel::random(tiny_target_config(), Device::Cpu, Kind::Float, TARGET_SEED);
     target.save_hf(&dir).unwrap();
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(fixtures().join("model").join(file), dir.join(file)).unwrap();

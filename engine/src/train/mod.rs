@@ -14,6 +14,7 @@ pub mod labels;
 pub mod loader;
 pub mod loss;
 pub mod micro;
+pub mod online_eval;
 pub mod optim;
 pub mod recovery;
 pub mod replica;

@@ -36,6 +36,7 @@ use crate::data::{HoldoutSplit, Sample};
 use crate::device;
 use crate::model::drafter::{Drafter, DrafterConfig};
 use crate::model::target::TargetModel;
+use crate::train::online_eval::OnlinePrompts;
 use crate::train::throughput::DevicePeaks;
 use crate::train::topology::pipeline::produce_item;
 use crate::train::topology::plan::{step_telemetry, StepPlan, WorkerNames};
@@ -71,6 +72,8 @@ pub struct Trainer {
     failure: Option<WorkerFailure>,
     /// Each device's dense peak, for the steps' MFU; empty until the caller sets it.
     device_peaks: DevicePeaks,
+    /// The online evaluation's prompts; `None` until the caller sets them (no online eval).
+    pub(super) online_prompts: Option<OnlinePrompts>,
 }
 
 fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> {
@@ -218,6 +221,7 @@ impl Trainer {
             warmup: None,
             failure: None,
             device_peaks: DevicePeaks::new(),
+            online_prompts: None,
         })
     }
 
@@ -529,7 +533,10 @@ impl Trainer {
         };
         if cadence.eval_before_start(self.step) {
             if let Some(report) = self.evaluate_held_out()? {
-                let line = self.eval_line(report);
+                let mut line = self.eval_line(report);
+                if cadence.online_eval_before_start(self.step) {
+                    line.online = self.evaluate_online(Some(line.report.tau))?;
+                }
                 hooks.on_event(self, LoopEvent::Evaluated(&line));
                 summary.first_eval = Some(line.report);
             }
@@ -551,6 +558,9 @@ impl Trainer {
                     metrics.tau = Some(report.tau);
                     summary.last_eval = Some(report);
                 }
+            }
+            if cadence.online_eval_due(self.step, self.is_finished()) {
+                metrics.online = self.evaluate_online(metrics.tau)?;
             }
             hooks.on_event(self, LoopEvent::Stepped(&metrics));
             summary.last_metrics = Some(metrics);

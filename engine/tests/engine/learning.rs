@@ -1,6 +1,7 @@
 //! The embedded default really learns: within 100 optimizer steps the held-out loss falls and
 //! the offline acceptance length τ rises, measurably.
 use dflash_engine::train::embedded;
+use dflash_engine::train::online_eval::OnlinePrompts;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use tch::Device;
 
@@ -10,11 +11,21 @@ fn embedded_default_loss_falls_and_tau_rises() {
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let mut cfg = embedded::tiny_train_config();
     cfg.eval_every = 0; // evaluated explicitly below
+                        // online: after the 100th step (the cadence's), and explicitly before the first
+    cfg.online_eval_every = 100;
+    cfg.online_eval_max_prompts = 6;
+    cfg.online_eval_max_new_tokens = 32;
+    cfg.online_eval_tree_budgets = vec![8];
     let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
+    trainer.set_online_prompts(OnlinePrompts {
+        prompts: embedded::tiny_heldout_prompts(),
+        stop_tokens: vec![embedded::TINY_END_OF_TURN],
+    });
 
     let before = trainer.evaluate_held_out().unwrap().unwrap();
+    let online_before = trainer.evaluate_online(Some(before.tau)).unwrap().unwrap();
     let mut lines = CollectLines::default();
     let summary = trainer
         .run(
@@ -62,4 +73,28 @@ fn embedded_default_loss_falls_and_tau_rises() {
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     let (first, last) = (mean(&losses[..10]), mean(&losses[90..]));
     assert!(last < first - 0.5, "training loss {first} -> {last}");
+
+    // Online acceptance (real speculative decoding against the pre-trained tiny target) rises
+    // too, and rides on the metrics line of the step the cadence chose.
+    let online_lines: Vec<_> = lines.steps.iter().filter(|m| m.online.is_some()).collect();
+    assert_eq!(online_lines.len(), 1, "only step 100 is due");
+    let online_after = online_lines[0].online.clone().unwrap();
+    eprintln!(
+        "online chain tau {:.4} -> {:.4}, ddtree_8 {:?} -> {:?} ({} prompts, {:.1} s)",
+        online_before.tau_chain,
+        online_after.tau_chain,
+        online_before.tau_ddtree.get(&8),
+        online_after.tau_ddtree.get(&8),
+        online_after.prompts,
+        online_after.seconds
+    );
+    assert_eq!(online_after.prompts, 6);
+    assert!(online_before.tau_chain < 1.1, "{online_before:?}");
+    assert!(
+        online_after.tau_chain > online_before.tau_chain + 0.15,
+        "online chain tau {} -> {}",
+        online_before.tau_chain,
+        online_after.tau_chain
+    );
+    assert!(online_after.tau_ddtree.contains_key(&8));
 }

@@ -1,0 +1,88 @@
+//! The online evaluation of a training run: chain and DDTree speculative decoding of the
+//! drafter being trained against the run's target, over a small held-out prompt set, between
+//! two steps on the device that holds both (rank 0's, where the offline evaluation runs too).
+//! Greedy, so its figures are reproducible and comparable with offline τ.
+use std::time::Instant;
+
+use dflash_shared::metrics::OnlineAcceptance;
+
+use super::error::TrainError;
+use super::trainer::Trainer;
+use crate::decode::{run_online, Method, Sampling, Settings};
+
+/// The prompts an online evaluation decodes and the tokens that end a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnlinePrompts {
+    pub prompts: Vec<Vec<i64>>,
+    pub stop_tokens: Vec<i64>,
+}
+
+impl Trainer {
+    /// Gives the run its online prompt set (the daemon loads it at setup); without one no
+    /// online evaluation runs, whatever the cadence.
+    pub fn set_online_prompts(&mut self, prompts: OnlinePrompts) {
+        self.online_prompts = Some(prompts);
+    }
+
+    /// The methods a run evaluates online: the chain, then DDTree at each configured budget.
+    pub fn online_methods(&self) -> Vec<Method> {
+        std::iter::once(Method::Chain)
+            .chain(
+                self.cfg
+                    .online_eval_tree_budgets
+                    .iter()
+                    .map(|&budget| Method::Tree { budget }),
+            )
+            .collect()
+    }
+
+    /// Runs the online evaluation now (`None` without prompts, or when no prompt produced a
+    /// verification round: every output ended at its first token). `offline_tau` is the offline
+    /// τ of the same moment, when the caller has one.
+    pub fn evaluate_online(
+        &self,
+        offline_tau: Option<f64>,
+    ) -> Result<Option<OnlineAcceptance>, TrainError> {
+        let Some(set) = &self.online_prompts else {
+            return Ok(None);
+        };
+        let count = set.prompts.len().min(self.cfg.online_eval_max_prompts);
+        if count == 0 {
+            return Ok(None);
+        }
+        let settings = Settings {
+            max_new_tokens: self.cfg.online_eval_max_new_tokens,
+            stop_tokens: set.stop_tokens.clone(),
+            sampling: Sampling::Greedy,
+            seed: 0,
+        };
+        let clock = Instant::now();
+        let report = run_online(
+            &self.target,
+            self.drafter(),
+            &set.prompts[..count],
+            &settings,
+            &self.online_methods(),
+        )?;
+        let mut tau_chain = None;
+        let mut tau_ddtree = std::collections::BTreeMap::new();
+        for run in &report.methods {
+            let Some(tau) = run.acceptance.tau else {
+                return Ok(None);
+            };
+            match run.method {
+                Method::Chain => tau_chain = Some(tau),
+                Method::Tree { budget } => {
+                    tau_ddtree.insert(budget, tau);
+                }
+            }
+        }
+        Ok(tau_chain.map(|tau_chain| OnlineAcceptance {
+            tau_chain,
+            tau_ddtree,
+            offline_tau,
+            prompts: count,
+            seconds: clock.elapsed().as_secs_f64(),
+        }))
+    }
+}
