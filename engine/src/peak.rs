@@ -31,7 +31,7 @@ pub fn measure_matmul(device: Device, kind: Kind, n: i64, reps: usize) -> Option
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let mut times_ms: Vec<f64> = tch::no_grad(|| {
+    let times_ms: Vec<f64> = tch::no_grad(|| {
         let _ = a.mm(&b);
         sync();
         (0..reps.max(1))
