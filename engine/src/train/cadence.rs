@@ -34,14 +34,6 @@ impl Cadence {
         self.eval_every > 0 && (step % self.eval_every == 0 || finished)
     }
 
-    /// The online evaluation before any training: a fresh run's baseline online τ, beside the
-    /// offline baseline of [`Self::eval_before_start`]. It runs whenever online evaluation is
-    /// on, whether or not the offline one does: a curve that starts at the untrained drafter
-    /// is what shows online τ rising.
-    pub fn online_eval_before_start(&self, step: u64) -> bool {
-        self.online_eval_every > 0 && step == 0
-    }
-
     /// After optimizer step `step`: every `online_eval_every` steps, and after the last one,
     /// as [`Self::eval_due`]. With the same interval both land on the same steps, so the line
     /// carries the offline τ of the same moment.
@@ -84,12 +76,7 @@ mod tests {
     }
 
     #[test]
-    fn evaluates_online_at_start_on_its_own_cadence_and_at_the_end() {
-        assert!(C.online_eval_before_start(0));
-        assert!(
-            !C.online_eval_before_start(6),
-            "a resumed run has its baseline"
-        );
+    fn evaluates_online_on_its_own_cadence_and_at_the_end() {
         let due: Vec<u64> = (1..=14)
             .filter(|&s| C.online_eval_due(s, s == 14))
             .collect();
@@ -106,7 +93,7 @@ mod tests {
             online_eval_every: 0,
             ..C
         };
-        assert!(!off.online_eval_before_start(0) && !off.online_eval_due(6, true));
+        assert!(!off.online_eval_due(6, true));
         assert!(
             off.eval_due(5, false),
             "offline evaluation does not depend on it"

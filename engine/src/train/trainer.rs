@@ -533,10 +533,9 @@ impl Trainer {
         };
         if cadence.eval_before_start(self.step) {
             if let Some(report) = self.evaluate_held_out()? {
-                let mut line = self.eval_line(report);
-                if cadence.online_eval_before_start(self.step) {
-                    line.online = self.evaluate_online(Some(line.report.tau))?;
-                }
+                // No online evaluation here: an untrained drafter's drafts are all rejected
+                // (online τ 1 by construction), and a baseline would cost every start seconds.
+                let line = self.eval_line(report);
                 hooks.on_event(self, LoopEvent::Evaluated(&line));
                 summary.first_eval = Some(line.report);
             }
@@ -703,8 +702,8 @@ pub struct EvalLine {
     /// The learning rate the next step will use.
     pub lr: f64,
     pub report: EvalReport,
-    /// The online evaluation of the same moment, when one ran
-    /// ([`Cadence::online_eval_before_start`]); `offline_tau` in it is `report.tau`.
+    /// The online evaluation of the same moment, when one ran (the training loop runs none
+    /// before the first step); `offline_tau` in it is `report.tau`.
     pub online: Option<OnlineAcceptance>,
 }
 
