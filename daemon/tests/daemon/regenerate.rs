@@ -218,6 +218,8 @@ fn regenerate_replaces_every_assistant_turn_with_the_targets_greedy_reply_and_th
         cfg.data.format = DataFormat::Chat;
         cfg.data.held_out_samples = Some(1);
         cfg.training.batch_size = 2;
+        // the embedded held-out prompts are the embedded target's token ids, not this one's
+        cfg.training.online_eval_every = Some(0);
     });
     let mut daemon = Daemon::spawn(
         root,
