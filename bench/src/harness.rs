@@ -57,6 +57,8 @@ pub enum StepPass<'a> {
     /// A step's live memory on CPU: one warmup step, no timed steps, then the harness's
     /// memory steps with the resident set following live allocations. Never timed.
     Memory,
+    /// One step on CPU with its executed FLOPs counted op by op (engine only). Never timed.
+    Flops,
 }
 
 /// Parses a child's JSON: an object with a string `error` is that child's failure.
@@ -161,6 +163,12 @@ impl Harness {
             StepPass::Memory => {
                 Self::repetition_args(cmd, (1, 0), "cpu", &self.dtype);
                 cmd.args(["--memory-steps", &self.memory_steps.to_string()]);
+            }
+            // No other step: the counted one is the process's first (FLOPs do not depend on
+            // warmup).
+            StepPass::Flops => {
+                Self::repetition_args(cmd, (0, 0), "cpu", &self.dtype);
+                cmd.args(["--memory-steps", "0", "--count-flops"]);
             }
         }
     }

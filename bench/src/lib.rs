@@ -12,12 +12,14 @@
 //!   shapes every step) and the target's layer kinds at the real dimensions; [`multi_gpu`]: the
 //!   all-reduce bandwidth and the 2-rank step against 1 rank.
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
-//! - [`plan_check`]: the memory model of a run (`dflash_engine::plan`) against the memory pass.
+//! - [`plan_check`]: the memory and FLOP model of a run (`dflash_engine::plan`) against the
+//!   memory pass and [`flop_counter`], libtorch's executed FLOPs counted op by op.
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 pub mod attention;
 pub mod case;
 pub mod compare;
 pub mod error;
+pub mod flop_counter;
 pub mod flops;
 pub mod harness;
 pub mod matmul;

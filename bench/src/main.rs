@@ -126,6 +126,9 @@ pub struct BenchArgs {
     pub backend: Option<String>,
     #[arg(long, hide = true)]
     pub forward_only: bool,
+    /// run-step child: one more step with its executed FLOPs counted op by op.
+    #[arg(long, hide = true)]
+    pub count_flops: bool,
     /// Items pushed through the queue in the queue case.
     #[arg(long, default_value_t = 2000)]
     pub queue_items: usize,
@@ -203,6 +206,7 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 memory_steps: args.memory_steps,
                 backend,
                 activation_checkpointing: args.activation_checkpointing,
+                count_flops: args.count_flops,
             };
             to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
         }
@@ -515,7 +519,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .errors
                 .push("plan: the memory pass runs on CPU only".into());
         } else {
-            progress("memory plan: predicted vs measured live step memory");
+            progress("plan: predicted vs measured live step memory and executed FLOPs");
             let plan_configs: Vec<String> = if args.configs.is_empty() {
                 plan_check::PLAN_CONFIGS
                     .iter()

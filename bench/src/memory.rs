@@ -61,6 +61,39 @@ pub fn follow_live_allocations() -> bool {
     }
 }
 
+/// What glibc's allocator holds, from its own books (`mallinfo2`, every arena): unlike the
+/// resident set, it tells a leak from fragmentation. A leak raises `in_use`; fragmentation
+/// (free chunks stranded between live ones, arenas that grew and cannot shrink) raises
+/// `free_in_arenas` and the resident set while `in_use` stays put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapUsage {
+    /// Bytes handed out and not freed: heap chunks in use plus mmapped chunks.
+    pub in_use: u64,
+    /// Free bytes the arenas keep (candidates for `malloc_trim`, or stranded).
+    pub free_in_arenas: u64,
+    /// Of `in_use`, the bytes in chunks that have a mapping of their own.
+    pub mapped: u64,
+}
+
+/// glibc's allocator statistics now; `None` where the C library is not glibc. Walks (and
+/// briefly locks) every arena, so it is for between steps, not inside them.
+pub fn heap_usage() -> Option<HeapUsage> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 takes no arguments and returns a plain struct by value.
+        let info = unsafe { libc::mallinfo2() };
+        Some(HeapUsage {
+            in_use: (info.uordblks + info.hblkhd) as u64,
+            free_in_arenas: info.fordblks as u64,
+            mapped: info.hblkhd as u64,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 /// Bytes the kernel says can be allocated without swapping (`MemAvailable`).
 pub fn available_bytes() -> Option<u64> {
     let meminfo = fs::read_to_string("/proc/meminfo").ok()?;

@@ -1,11 +1,15 @@
-//! The `plan` case: the memory model of `dflash_engine::plan` against the memory pass.
+//! The `plan` case: the memory and FLOP model of `dflash_engine::plan` against measurement.
 //!
-//! For each step config it builds the case (the same files as the `step` case), runs the
-//! engine's memory pass on CPU (a child process; [`StepPass::Memory`]) and compares the live
-//! step memory it measures with the model's prediction of the step's consumers
-//! ([`DrafterMemory::step_bytes`]) at the case's own anchors, keep flags and loss weights.
-//! FLOPs are the analytic count of `plan/flops.rs` at the same shape, reported beside it: no
-//! FLOP counter exists here to measure them against, so they carry no error column.
+//! For each step config it builds the case (the same files as the `step` case) and, on CPU,
+//! each in a child process of its own:
+//! - runs the engine's memory pass ([`StepPass::Memory`]) and compares the live step memory
+//!   it measures with the model's prediction of the step's consumers
+//!   ([`DrafterMemory::step_bytes`]) at the case's own anchors, keep flags and loss weights;
+//! - runs one step with its kernels' FLOPs counted op by op ([`StepPass::Flops`],
+//!   [`crate::flop_counter`]) and compares them with the model's executed FLOPs
+//!   (`plan::flops::drafter_step_executed_flops`: every key each fused attention call is
+//!   handed, and the recomputed layers). The model FLOPs MFU divides (useful work only) are
+//!   reported beside them, and their ratio is the share of executed work that was useful.
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
@@ -13,7 +17,9 @@ use super::case::CaseTensors;
 use super::error::BenchError;
 use super::harness::{Harness, StepPass};
 use super::presets::step_preset;
+use crate::flop_counter::CountedFlops;
 use dflash_engine::plan::drafter::RankContext;
+use dflash_engine::plan::flops::{drafter_step_executed_flops, ExecutedFlops, StepWork};
 use dflash_engine::plan::{drafter_memory, ActivationPrecision, StepShape};
 
 /// The configs the case runs when `--configs` names none: the CPU step configs and one with
@@ -39,8 +45,17 @@ pub struct PlanRow {
     pub rel_error: Option<f64>,
     /// The model's consumers of the step, MiB, largest first.
     pub predicted_consumers: Vec<(String, f64)>,
-    /// Analytic FLOPs of one step (forward + backward), `plan/flops.rs`.
+    /// Model FLOPs of one step (forward + backward, useful work only: what MFU divides),
+    /// `plan/flops.rs::drafter_step_flops`.
     pub step_flops: f64,
+    /// The model's executed FLOPs of the step (`plan/flops.rs::drafter_step_executed_flops`).
+    pub predicted_executed_flops: Option<ExecutedFlops>,
+    /// The FLOPs the step's kernels executed, counted op by op.
+    pub counted_flops: Option<CountedFlops>,
+    /// (predicted − counted) / counted, over all executed FLOPs.
+    pub flops_rel_error: Option<f64>,
+    /// Model FLOPs / counted executed FLOPs: the share of the kernels' work that was useful.
+    pub useful_fraction: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -49,6 +64,8 @@ pub struct PlanCheck {
     pub rows: Vec<PlanRow>,
     /// The largest |rel_error| over the rows that measured.
     pub max_rel_error: Option<f64>,
+    /// The largest |flops_rel_error| over the rows that counted.
+    pub max_flops_rel_error: Option<f64>,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -65,6 +82,18 @@ pub fn predict(
     let t = CaseTensors::read(dir, Device::Cpu, Kind::Float)?;
     let anchors: Vec<i64> = Vec::try_from(t.get("anchors")?.flatten(0, -1))?;
     let keep: Vec<bool> = Vec::try_from(t.get("keep")?.flatten(0, -1).to_kind(Kind::Bool))?;
+    let executed = drafter_step_executed_flops(
+        &StepWork {
+            drafter: &preset.drafter,
+            batch: meta.batch as i64,
+            seq_len: meta.seq_len as i64,
+            anchors: &anchors,
+            keep: &keep,
+            weighted_positions: meta.weighted_positions,
+            vocab_size: preset.drafter.vocab_size,
+        },
+        activation_checkpointing,
+    );
     let shape = StepShape {
         batch: meta.batch as i64,
         seq_len: meta.seq_len as i64,
@@ -103,6 +132,10 @@ pub fn predict(
         rel_error: None,
         predicted_consumers: consumers,
         step_flops: meta.forward_flops + meta.backward_flops,
+        predicted_executed_flops: Some(executed),
+        counted_flops: None,
+        flops_rel_error: None,
+        useful_fraction: None,
         error: None,
     })
 }
@@ -114,10 +147,28 @@ pub fn rel_error(predicted: f64, measured: f64) -> Option<f64> {
 
 /// The largest |rel_error| of the rows.
 pub fn max_rel_error(rows: &[PlanRow]) -> Option<f64> {
-    rows.iter()
-        .filter_map(|r| r.rel_error)
-        .map(f64::abs)
-        .reduce(f64::max)
+    largest_magnitude(rows.iter().map(|r| r.rel_error))
+}
+
+/// The largest |flops_rel_error| of the rows.
+pub fn max_flops_rel_error(rows: &[PlanRow]) -> Option<f64> {
+    largest_magnitude(rows.iter().map(|r| r.flops_rel_error))
+}
+
+fn largest_magnitude(errors: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    errors.flatten().map(f64::abs).reduce(f64::max)
+}
+
+impl PlanRow {
+    /// Takes a FLOP pass's count: the error of the executed prediction, the useful share.
+    pub fn absorb_counted(&mut self, counted: CountedFlops) {
+        let total = counted.total();
+        self.flops_rel_error = self
+            .predicted_executed_flops
+            .and_then(|p| rel_error(p.total(), total));
+        self.useful_fraction = (total > 0.0).then(|| self.step_flops / total);
+        self.counted_flops = Some(counted);
+    }
 }
 
 /// Runs the case for `configs` (the harness's memory steps; CPU only).
@@ -133,7 +184,15 @@ pub fn run(harness: &Harness, configs: &[String]) -> PlanCheck {
             row.rel_error = measured
                 .live_step_mb
                 .and_then(|m| rel_error(row.predicted_step_mb, m));
-            row.error = measured.error;
+            let counted = harness.engine_step(&dir, StepPass::Flops);
+            if let Some(c) = counted.counted_flops {
+                row.absorb_counted(c);
+            }
+            let errors: Vec<String> = [measured.error, counted.error]
+                .into_iter()
+                .flatten()
+                .collect();
+            row.error = (!errors.is_empty()).then(|| errors.join("; "));
             Ok(row)
         })()
         .unwrap_or_else(|e| PlanRow {
@@ -145,6 +204,7 @@ pub fn run(harness: &Harness, configs: &[String]) -> PlanCheck {
     }
     PlanCheck {
         max_rel_error: max_rel_error(&rows),
+        max_flops_rel_error: max_flops_rel_error(&rows),
         rows,
     }
 }
@@ -153,12 +213,13 @@ impl PlanCheck {
     /// The Markdown table of `results.md`.
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| config | B×S, anchors×bs | predicted live step MiB (phase) | measured MiB | rel. error | step TFLOP (analytic) |\n|---|---|---|---|---|---|\n",
+            "| config | B×S, anchors×bs | predicted live step MiB (phase) | measured MiB | rel. error | executed GFLOP predicted | counted | rel. error | model GFLOP (MFU's) | useful share |\n|---|---|---|---|---|---|---|---|---|---|\n",
         );
+        let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("n/a".into(), f);
+        let percent = |e: f64| format!("{:+.1} %", e * 100.0);
         for r in &self.rows {
-            let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("n/a".into(), f);
             out.push_str(&format!(
-                "| {} | {}×{}, {}×{} | {:.1} ({}) | {} | {} | {:.3} |\n",
+                "| {} | {}×{}, {}×{} | {:.1} ({}) | {} | {} | {} | {} | {} | {:.1} | {} |\n",
                 r.config,
                 r.batch,
                 r.seq_len,
@@ -167,14 +228,25 @@ impl PlanCheck {
                 r.predicted_step_mb,
                 r.predicted_peak_phase,
                 opt(r.measured_step_mb, &|m| format!("{m:.1}")),
-                opt(r.rel_error, &|e| format!("{:+.1} %", e * 100.0)),
-                r.step_flops / 1e12,
+                opt(r.rel_error, &percent),
+                opt(r.predicted_executed_flops.map(|f| f.total()), &|f| format!(
+                    "{:.1}",
+                    f / 1e9
+                )),
+                opt(r.counted_flops.map(|f| f.total()), &|f| format!(
+                    "{:.1}",
+                    f / 1e9
+                )),
+                opt(r.flops_rel_error, &percent),
+                r.step_flops / 1e9,
+                opt(r.useful_fraction, &|u| format!("{:.0} %", u * 100.0)),
             ));
         }
+        let magnitude = |e: Option<f64>| e.map_or("n/a".into(), |e| format!("{:.1} %", e * 100.0));
         out.push_str(&format!(
-            "\nmax |rel. error|: {}\n",
-            self.max_rel_error
-                .map_or("n/a".into(), |e| format!("{:.1} %", e * 100.0))
+            "\nmax |rel. error|: live step memory {}, executed FLOPs {}\n",
+            magnitude(self.max_rel_error),
+            magnitude(self.max_flops_rel_error),
         ));
         out
     }
@@ -195,6 +267,81 @@ mod tests {
         let rows = [row(Some(0.1)), row(Some(-0.3)), row(None)];
         assert_eq!(max_rel_error(&rows), Some(0.3));
         assert_eq!(max_rel_error(&[row(None)]), None);
+    }
+
+    #[test]
+    fn a_count_sets_the_flop_error_and_the_useful_share() {
+        let mut row = PlanRow {
+            step_flops: 60.0,
+            predicted_executed_flops: Some(ExecutedFlops {
+                matmul: 50.0,
+                attention_forward: 20.0,
+                attention_backward: 40.0,
+            }),
+            ..PlanRow::default()
+        };
+        row.absorb_counted(CountedFlops {
+            matmul: 50.0,
+            attention_forward: 30.0,
+            attention_backward: 20.0,
+            ..CountedFlops::default()
+        });
+        assert_eq!(row.flops_rel_error, Some(0.1));
+        assert_eq!(row.useful_fraction, Some(0.6));
+        assert_eq!(max_flops_rel_error(&[row.clone()]), Some(0.1));
+        // A count of nothing has no error and no share.
+        row.absorb_counted(CountedFlops::default());
+        assert_eq!((row.flops_rel_error, row.useful_fraction), (None, None));
+    }
+
+    /// The executed-FLOP model against the kernels' own count, in this process (the counter
+    /// is per thread, so the other tests running beside it do not enter the count), on the
+    /// `small` case (a sliding and a full layer, several chunks per layer), with and without
+    /// the recomputation of checkpointed layers.
+    #[test]
+    fn the_executed_flop_model_equals_the_count_of_the_kernels_run() {
+        use crate::case::prepare_step_case;
+        use crate::step::{run_engine_step, StepOptions};
+        use dflash_engine::model::drafter::AttentionBackend;
+        let _rng = crate::torch_rng_lock();
+        let dir = tempfile::tempdir().unwrap();
+        prepare_step_case(&step_preset("small").unwrap(), dir.path()).unwrap();
+        for activation_checkpointing in [false, true] {
+            let opts = StepOptions {
+                warmup: 0,
+                steps: 0,
+                device: Device::Cpu,
+                kind: Kind::Float,
+                forward_only: false,
+                memory_steps: 0,
+                backend: AttentionBackend::BlockSparse,
+                activation_checkpointing,
+                count_flops: true,
+            };
+            let run = run_engine_step(dir.path(), &opts).unwrap();
+            let counted = run.counted_flops.expect("a counted step");
+            let mut row = predict("small", dir.path(), activation_checkpointing).unwrap();
+            row.absorb_counted(counted);
+            let predicted = row.predicted_executed_flops.unwrap();
+            // Exact, category by category: the model counts the same kernels, and every FLOP
+            // count here is an integer far below 2^53.
+            assert_eq!(
+                (
+                    predicted.matmul,
+                    predicted.attention_forward,
+                    predicted.attention_backward
+                ),
+                (
+                    counted.matmul,
+                    counted.attention_forward,
+                    counted.attention_backward
+                ),
+                "checkpointing {activation_checkpointing}: predicted {predicted:?}, counted {counted:?}"
+            );
+            assert_eq!(row.flops_rel_error, Some(0.0));
+            // Masked keys are executed and not useful.
+            assert!(row.useful_fraction.unwrap() < 1.0);
+        }
     }
 
     #[test]

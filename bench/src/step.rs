@@ -13,6 +13,7 @@ use tch::{Device, Kind};
 
 use super::case::{read_meta, CaseTensors, DRAFTER_DIR};
 use super::error::BenchError;
+use super::flop_counter::{count_flops, CountedFlops};
 use super::memory;
 use super::stats::median;
 use super::timing::{live_step_memory, sync, timed_loop, Timed};
@@ -62,6 +63,9 @@ pub struct StepRun {
     /// Peak live memory of one step on CPU, MiB, from a memory pass
     /// ([`StepOptions::memory_steps`], [`super::timing::live_step_memory`]).
     pub live_step_mb: Option<f64>,
+    /// Engine only: the FLOPs one step's kernels executed, counted op by op
+    /// ([`StepOptions::count_flops`]).
+    pub counted_flops: Option<CountedFlops>,
     pub forward_only: bool,
     pub tokens: Option<usize>,
     pub positions: Option<i64>,
@@ -125,6 +129,9 @@ pub struct StepOptions {
     pub backend: AttentionBackend,
     /// Recompute the drafter's layers in the backward (`training.activation_checkpointing`).
     pub activation_checkpointing: bool,
+    /// After the other steps, one more with every matmul and attention kernel counted
+    /// ([`super::flop_counter`]): the step's executed FLOPs.
+    pub count_flops: bool,
 }
 
 pub use dflash_engine::device::kind_name;
@@ -281,6 +288,11 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     if memory_pass {
         run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
     }
+    if opts.count_flops {
+        let (counted_step, counted) = count_flops(|| step(timed_steps + opts.memory_steps));
+        counted_step?;
+        run.counted_flops = Some(counted);
+    }
     run.losses = losses;
     run.grad_norms = norms;
     [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
@@ -370,6 +382,7 @@ mod tests {
             memory_steps: 0,
             backend: AttentionBackend::BlockSparse,
             activation_checkpointing: false,
+            count_flops: false,
         };
         let run = run_engine_step(dir.path(), &opts).unwrap();
         assert_eq!(run.losses.len(), 4);

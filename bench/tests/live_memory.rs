@@ -83,6 +83,7 @@ fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
         memory_steps: 2,
         backend: AttentionBackend::BlockSparse,
         activation_checkpointing: false,
+        count_flops: false,
     };
     let run = run_engine_step(dir.path(), &opts).unwrap();
     assert_eq!(run.losses.len(), 3, "memory steps are not timed steps");

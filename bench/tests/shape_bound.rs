@@ -9,7 +9,7 @@
 mod shape_support;
 
 use dflash_engine::model::attention::max_distinct_chunk_shapes;
-use shape_support::{largest, run_steps, smallest, spread};
+use shape_support::{heap_growth, largest, log_steps, run_steps, shape_key, smallest, spread};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -39,6 +39,8 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut cfg = embedded::tiny_train_config();
     cfg.eval_every = 0;
+    // No held-out rows: the trainer's micro-batch `i` is then `source.prepare(i)` below.
+    cfg.held_out = 0;
     let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
         .unwrap()
         .0;
@@ -66,12 +68,12 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
         (0..samples.len()).collect(),
         MicroSpec::for_training(&cfg, drafter_cfg.block_size as usize, 0),
     );
-    let micro_shapes: BTreeSet<(usize, usize, usize)> = (0..STEPS as u64)
-        .map(|seq| {
-            let m = source.prepare(seq);
-            (m.batch.batch, m.batch.seq_len, m.anchors.width)
-        })
+    let prepared: Vec<_> = (0..STEPS as u64).map(|seq| source.prepare(seq)).collect();
+    let micro_shapes: BTreeSet<(usize, usize, usize)> = prepared
+        .iter()
+        .map(|m| (m.batch.batch, m.batch.seq_len, m.anchors.width))
         .collect();
+    let shape_keys: Vec<Vec<i64>> = prepared.iter().map(shape_key).collect();
     eprintln!("micro-batch (rows, row length, anchors) shapes: {micro_shapes:?}");
     assert!(
         micro_shapes.len() <= 2 * lengths,
@@ -81,6 +83,9 @@ fn two_hundred_steps_see_bounded_attention_shapes_and_flat_live_memory() {
     assert!(micro_shapes.iter().all(|&(_, _, w)| w == cfg.num_anchors));
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
     let m = run_steps(&mut trainer, STEPS);
+    log_steps(&m);
+    let heap = heap_growth(&m, WARMUP, &shape_keys);
+    eprintln!("{heap}");
     let (after, peaks, shapes) = (m.after, m.peaks, m.shapes);
 
     let after_spread = spread(&after[WARMUP..]);

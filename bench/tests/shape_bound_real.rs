@@ -27,7 +27,7 @@ use dflash_engine::train::run_config;
 use dflash_engine::train::trainer::{Trainer, PAD_ID};
 use dflash_shared::config::Config;
 use rand::{Rng as _, SeedableRng};
-use shape_support::{largest, run_steps, smallest, spread};
+use shape_support::{heap_growth, largest, log_steps, run_steps, shape_key, smallest, spread};
 use tch::Device;
 
 const REAL_CONFIG: &str = include_str!("../../configs/qwen3.6-27b-8gpu.toml");
@@ -157,12 +157,12 @@ fn the_real_structure_sees_bounded_attention_shapes_and_flat_live_memory() {
         (0..samples.len()).collect(),
         MicroSpec::for_training(&cfg, drafter_cfg.block_size as usize, PAD_ID),
     );
-    let micro_shapes: Vec<(usize, usize, usize)> = (0..steps as u64)
-        .map(|seq| {
-            let m = source.prepare(seq);
-            (m.batch.batch, m.batch.seq_len, m.anchors.width)
-        })
+    let prepared: Vec<_> = (0..steps as u64).map(|seq| source.prepare(seq)).collect();
+    let micro_shapes: Vec<(usize, usize, usize)> = prepared
+        .iter()
+        .map(|m| (m.batch.batch, m.batch.seq_len, m.anchors.width))
         .collect();
+    let shape_keys: Vec<Vec<i64>> = prepared.iter().map(shape_key).collect();
     let distinct: BTreeSet<_> = micro_shapes.iter().collect();
     eprintln!("micro-batch (rows, row length, anchors) shapes: {distinct:?}");
     assert!(micro_shapes
@@ -173,6 +173,9 @@ fn the_real_structure_sees_bounded_attention_shapes_and_flat_live_memory() {
     let started = std::time::Instant::now();
     let m = run_steps(&mut trainer, steps);
     let elapsed = started.elapsed().as_secs_f64();
+    log_steps(&m);
+    let heap = heap_growth(&m, WARMUP, &shape_keys);
+    eprintln!("{heap}");
 
     let settled = &m.after[WARMUP..];
     let after_spread = spread(settled);

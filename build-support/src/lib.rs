@@ -44,7 +44,8 @@ pub fn link_libtorch() -> Option<PathBuf> {
 /// A `cc` build of the C++ file `source` against the headers of the libtorch in `lib_dir`
 /// (`<lib_dir>/../include` and its C++ API headers, as system headers so torch's own warnings
 /// are not ours), C++17, with the C++11 ABI `LIBTORCH_CXX11_ABI` names (on by default, as the
-/// wheel is built). The caller adds its defines and compiles.
+/// wheel is built) and `NDEBUG` (the wheel's release layout). The caller adds its defines and
+/// compiles.
 pub fn torch_cpp_build(lib_dir: &Path, source: &str) -> cc::Build {
     println!("cargo:rerun-if-changed={source}");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
@@ -60,5 +61,8 @@ pub fn torch_cpp_build(lib_dir: &Path, source: &str) -> cc::Build {
             .flag(dir.to_str().expect("utf-8 include path"));
     }
     build.define("_GLIBCXX_USE_CXX11_ABI", if cxx11_abi { "1" } else { "0" });
+    // The wheel is a release build: headers that add members under `#ifndef NDEBUG` (e.g.
+    // `at::RecordFunction::inputs_valid_`) must see the layout the library was compiled with.
+    build.define("NDEBUG", None);
     build
 }

@@ -253,6 +253,17 @@ fn human(plan: &RunPlan, inputs: &PlanInputs<'_>, origin: &str, target: &str) ->
         f.drafter / 1e9,
         plan.bound_by
     ));
+    out.push_str(&format!(
+        "  the drafter's kernels execute {:.1} G per token ({:.0} % of it useful; the rest is \
+         masked attention keys{})\n",
+        plan.drafter_executed_flops_per_token / 1e9,
+        100.0 * f.drafter / plan.drafter_executed_flops_per_token,
+        if plan.activation_checkpointing {
+            " and the recomputed layers"
+        } else {
+            ""
+        }
+    ));
     let t = &plan.tokens_per_s_at_mfu;
     match t.run {
         Some(run) => out.push_str(&format!(

@@ -90,23 +90,23 @@ pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
 }
 
 /// The chunks `attention/block_sparse.rs::BlockSparsePlan::new` plans for `rule` (the default
-/// budget, `drafter/model.rs:98-106`).
-pub(crate) fn chunk_plan(d: &DrafterConfig, s: &StepShape, rule: LayerRule) -> Vec<ContextChunk> {
+/// budget, `drafter/model.rs:98-106`) over `batch` rows of `seq_len` context tokens and their
+/// row-major `[batch, width]` anchors and validity.
+pub(crate) fn chunk_plan(
+    d: &DrafterConfig,
+    (batch, seq_len): (i64, i64),
+    anchors: &[i64],
+    keep: &[bool],
+    rule: LayerRule,
+) -> Vec<ContextChunk> {
     let costs = chunk_costs(
         d.block_size,
-        s.batch,
+        batch,
         d.num_attention_heads,
         DEFAULT_CHUNK_SCORE_ELEMENTS,
     );
-    choose_chunks(
-        rule,
-        &s.anchors,
-        &s.keep,
-        (s.batch as usize, s.width() as usize),
-        s.seq_len,
-        costs,
-    )
-    .chunks
+    let width = anchors.len() / batch.max(1) as usize;
+    choose_chunks(rule, anchors, keep, (batch as usize, width), seq_len, costs).chunks
 }
 
 /// Bytes RMSNorm saves for backward over `rows × width` (`layers/norm.rs::rms_norm`): fp32
@@ -170,8 +170,15 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
             distinct.push(*r);
         }
     }
-    let plans: Vec<(LayerRule, Vec<ContextChunk>)> =
-        distinct.iter().map(|&r| (r, chunk_plan(d, s, r))).collect();
+    let plans: Vec<(LayerRule, Vec<ContextChunk>)> = distinct
+        .iter()
+        .map(|&r| {
+            (
+                r,
+                chunk_plan(d, (s.batch, s.seq_len), &s.anchors, &s.keep, r),
+            )
+        })
+        .collect();
     let plan_of = |r: LayerRule| &plans.iter().find(|(x, _)| *x == r).expect("planned").1;
     let chunk_keys = |c: &ContextChunk| {
         let rows = (c.end - c.start) as f64 * bs;
@@ -447,7 +454,7 @@ mod tests {
                     (Kind::Float, Device::Cpu),
                 );
                 assert_eq!(
-                    chunk_plan(&d, &s, rule).len(),
+                    chunk_plan(&d, (s.batch, s.seq_len), &s.anchors, &s.keep, rule).len(),
                     engine.num_chunks(),
                     "S {seq}, {anchors} anchors, {rule:?}"
                 );

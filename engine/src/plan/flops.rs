@@ -7,8 +7,16 @@
 //! implementation computes and throws away. Backward is 2x forward for trainable matmuls
 //! (input and weight gradients), 1x for the frozen LM head (input gradient only) and for `fc`
 //! (its input, the target features, needs no gradient).
+//!
+//! Two counts of one step: [`drafter_step_flops`] is that *model* count, what MFU divides;
+//! [`drafter_step_executed_flops`] is what the engine's kernels run for it: every key of
+//! every fused attention call (the chunk plan's context ranges, masked keys included) and the
+//! layers recomputed under activation checkpointing. The second is the one a counter of
+//! executed kernels can check (`dflash-bench --cases plan`), and model / executed is how much
+//! of the device's work was useful.
+use super::drafter::{chunk_plan, layer_rule};
 use crate::model::attention::visibility::LayerRule;
-use crate::model::drafter::{DrafterConfig, LayerType};
+use crate::model::drafter::DrafterConfig;
 use crate::model::target::{param_specs, TargetConfig};
 
 /// Visible (query, key) pairs of one drafter layer over a batch of blocks: context keys plus
@@ -70,11 +78,18 @@ impl StepFlops {
     }
 }
 
-pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
+/// The forward matmuls of one step: `fc` over the context, one layer's projections (the same
+/// for every layer), and the LM head over the weighted positions.
+struct MatmulTerms {
+    fc: f64,
+    layer_projections: f64,
+    head: f64,
+}
+
+fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
     let d = w.drafter;
     let (b, s) = (w.batch as f64, w.seq_len as f64);
-    let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
-    let q = b * blocks * d.block_size as f64;
+    let q = draft_positions(w);
     let h = d.hidden_size as f64;
     let (hq, hkv, hd) = (
         d.num_attention_heads as f64,
@@ -82,29 +97,112 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
         d.head_dim as f64,
     );
     let inter = d.intermediate_size as f64;
-
-    let fc = 2.0 * b * s * d.feature_size() as f64 * h;
-    let mut layers_fwd = 0.0;
-    let mut attention_fwd = 0.0;
-    for &t in &d.layer_types {
-        let projections = 2.0 * q * h * hq * hd        // q_proj
-            + 2.0 * 2.0 * (b * s + q) * h * hkv * hd   // k_proj, v_proj over context and block
-            + 2.0 * q * hq * hd * h                    // o_proj
-            + 3.0 * 2.0 * q * h * inter; // gate, up, down
-        layers_fwd += projections;
-        let rule = match t {
-            LayerType::Full => LayerRule::Full,
-            LayerType::Sliding => LayerRule::Sliding {
-                window: d.sliding_window.unwrap_or(i64::MAX / 4),
-            },
-        };
-        let pairs = visible_pairs(rule, w.anchors, w.keep, d.block_size, w.seq_len) as f64;
-        attention_fwd += 4.0 * hd * hq * pairs; // q·k and p·v
+    MatmulTerms {
+        fc: 2.0 * b * s * d.feature_size() as f64 * h,
+        layer_projections: 2.0 * q * h * hq * hd        // q_proj
+            + 2.0 * 2.0 * (b * s + q) * h * hkv * hd    // k_proj, v_proj over context and block
+            + 2.0 * q * hq * hd * h                     // o_proj
+            + 3.0 * 2.0 * q * h * inter, // gate, up, down
+        head: 2.0 * w.weighted_positions as f64 * h * w.vocab_size as f64,
     }
-    let head = 2.0 * w.weighted_positions as f64 * h * w.vocab_size as f64;
+}
+
+/// `B · N · bs`, padding blocks included (they run through every projection).
+fn draft_positions(w: &StepWork<'_>) -> f64 {
+    let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
+    w.batch as f64 * blocks * w.drafter.block_size as f64
+}
+
+pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
+    let d = w.drafter;
+    let (hq, hd) = (d.num_attention_heads as f64, d.head_dim as f64);
+    let m = matmul_terms(w);
+    let layers_fwd = d.layer_types.len() as f64 * m.layer_projections;
+    let attention_fwd: f64 = d
+        .layer_types
+        .iter()
+        .map(|&t| {
+            let pairs = visible_pairs(layer_rule(d, t), w.anchors, w.keep, d.block_size, w.seq_len);
+            4.0 * hd * hq * pairs as f64 // q·k and p·v
+        })
+        .sum();
     StepFlops {
-        forward: fc + layers_fwd + attention_fwd + head,
-        backward: fc + 2.0 * layers_fwd + 2.0 * attention_fwd + head,
+        forward: m.fc + layers_fwd + attention_fwd + m.head,
+        backward: m.fc + 2.0 * layers_fwd + 2.0 * attention_fwd + m.head,
+    }
+}
+
+/// FLOPs the engine's kernels execute in one drafter step, in the categories a counter of
+/// executed kernels sees (`dflash-bench`'s `flop_counter`): matmuls, and fused attention
+/// forward and backward.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExecutedFlops {
+    pub matmul: f64,
+    pub attention_forward: f64,
+    pub attention_backward: f64,
+}
+
+impl ExecutedFlops {
+    pub fn total(&self) -> f64 {
+        self.matmul + self.attention_forward + self.attention_backward
+    }
+}
+
+/// What one step runs (`drafter/model.rs::Drafter::forward_backward`, `train/loss.rs`): the
+/// matmuls of [`drafter_step_flops`]; attention over every key each fused call is handed (per
+/// chunk of the plan `BlockSparsePlan::new` makes, `rows × (context range + rows)` for every
+/// query head, forward q·k and p·v, backward twice that); and with `activation_checkpointing`
+/// one more forward of every layer before the last. A step with no weighted position runs
+/// the forward only (nothing to backpropagate, nothing recomputed).
+pub fn drafter_step_executed_flops(
+    w: &StepWork<'_>,
+    activation_checkpointing: bool,
+) -> ExecutedFlops {
+    let d = w.drafter;
+    let (hq, hd, bs) = (
+        d.num_attention_heads as f64,
+        d.head_dim as f64,
+        d.block_size as f64,
+    );
+    let m = matmul_terms(w);
+    let layers = d.layer_types.len();
+    let attention: Vec<f64> = d
+        .layer_types
+        .iter()
+        .map(|&t| {
+            let chunks = chunk_plan(d, (w.batch, w.seq_len), w.anchors, w.keep, layer_rule(d, t));
+            chunks
+                .iter()
+                .map(|c| {
+                    let rows = (c.end - c.start) as f64 * bs;
+                    let context = c.keys.map_or(0, |(lo, hi)| hi - lo) as f64;
+                    4.0 * w.batch as f64 * hq * rows * (context + rows) * hd
+                })
+                .sum()
+        })
+        .collect();
+    let forward_attention: f64 = attention.iter().sum();
+    let forward_matmul = m.fc + layers as f64 * m.layer_projections + m.head;
+    if w.weighted_positions == 0 {
+        return ExecutedFlops {
+            matmul: forward_matmul,
+            attention_forward: forward_attention,
+            attention_backward: 0.0,
+        };
+    }
+    let recomputed = if activation_checkpointing {
+        layers.saturating_sub(1)
+    } else {
+        0
+    };
+    ExecutedFlops {
+        matmul: forward_matmul
+            + m.fc
+            + 2.0 * layers as f64 * m.layer_projections
+            + m.head
+            + recomputed as f64 * m.layer_projections,
+        attention_forward: forward_attention + attention[..recomputed].iter().sum::<f64>(),
+        attention_backward: 2.0 * forward_attention,
     }
 }
 
@@ -148,6 +246,7 @@ pub fn square_matmul_flops(n: i64) -> f64 {
 mod tests {
     use super::*;
     use crate::model::attention::visibility::{context_visible, own_block_visible};
+    use crate::model::drafter::LayerType;
 
     fn brute_force(rule: LayerRule, anchors: &[i64], keep: &[bool], bs: i64, s: i64) -> u64 {
         let mut n = 0;
@@ -179,9 +278,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn step_flops_by_hand_for_a_one_layer_drafter() {
-        let d = DrafterConfig {
+    fn one_layer_drafter() -> DrafterConfig {
+        DrafterConfig {
             hidden_size: 4,
             intermediate_size: 8,
             num_hidden_layers: 1,
@@ -200,7 +298,12 @@ mod tests {
             max_position_embeddings: 64,
             num_target_layers: Some(4),
             initializer_range: 0.02,
-        };
+        }
+    }
+
+    #[test]
+    fn step_flops_by_hand_for_a_one_layer_drafter() {
+        let d = one_layer_drafter();
         // One row of 6 tokens, blocks at anchors 2 and 4: Q = 4 queries.
         let w = StepWork {
             drafter: &d,
@@ -222,5 +325,89 @@ mod tests {
         let f = drafter_step_flops(&w);
         assert_eq!(f.forward, fc + proj + attn + head);
         assert_eq!(f.backward, fc + 2.0 * proj + 2.0 * attn + head);
+    }
+
+    #[test]
+    fn executed_flops_by_hand_for_one_chunk_and_a_recomputed_layer() {
+        let d = one_layer_drafter();
+        // One row of 6 tokens, blocks at anchors 2 and 4: the planner keeps both in one call
+        // over context keys 0..4 (the union of their ranges), widened to the key quantum
+        // (8·bs = 16) and so to the whole context, 0..6, plus their 4 own rows.
+        let w = StepWork {
+            drafter: &d,
+            batch: 1,
+            seq_len: 6,
+            anchors: &[2, 4],
+            keep: &[true, true],
+            weighted_positions: 2,
+            vocab_size: 10,
+        };
+        let model = drafter_step_flops(&w);
+        let executed = drafter_step_executed_flops(&w, false);
+        let attention = 4.0 * 2.0 * 4.0 * (6.0 + 4.0) * 2.0; // 4·Hq·rows·keys·D
+        assert_eq!(executed.attention_forward, attention);
+        assert_eq!(executed.attention_backward, 2.0 * attention);
+        // Matmuls are the model's, all of them executed.
+        let useful_attention = 3.0 * 4.0 * 2.0 * 2.0 * (2.0 * 4.0 + 2.0 * 6.0);
+        assert_eq!(executed.matmul, model.total() - useful_attention);
+        // One layer: nothing before the last, so checkpointing recomputes nothing.
+        assert_eq!(drafter_step_executed_flops(&w, true), executed);
+
+        // Two layers: checkpointing runs the first layer's forward once more.
+        let two = DrafterConfig {
+            layer_types: vec![LayerType::Full, LayerType::Full],
+            num_hidden_layers: 2,
+            ..d.clone()
+        };
+        let w = StepWork { drafter: &two, ..w };
+        let (plain, recomputed) = (
+            drafter_step_executed_flops(&w, false),
+            drafter_step_executed_flops(&w, true),
+        );
+        let layer = matmul_terms(&w).layer_projections;
+        assert_eq!(recomputed.matmul - plain.matmul, layer);
+        assert_eq!(
+            recomputed.attention_forward - plain.attention_forward,
+            attention
+        );
+        assert_eq!(recomputed.attention_backward, plain.attention_backward);
+        // Nothing weighted: a forward only.
+        let idle = drafter_step_executed_flops(
+            &StepWork {
+                weighted_positions: 0,
+                ..w
+            },
+            true,
+        );
+        assert_eq!(idle.attention_backward, 0.0);
+        assert_eq!(idle.attention_forward, plain.attention_forward);
+    }
+
+    #[test]
+    fn executed_attention_covers_at_least_the_useful_pairs() {
+        let mut d = one_layer_drafter();
+        d.layer_types = vec![LayerType::Sliding, LayerType::Full];
+        d.num_hidden_layers = 2;
+        d.sliding_window = Some(5);
+        d.block_size = 4;
+        let anchors: Vec<i64> = (0..24).map(|i| (i * 7) % 90).collect();
+        let keep: Vec<bool> = (0..24).map(|i| i % 5 != 3).collect();
+        let w = StepWork {
+            drafter: &d,
+            batch: 2,
+            seq_len: 96,
+            anchors: &anchors,
+            keep: &keep,
+            weighted_positions: 0,
+            vocab_size: 10,
+        };
+        let useful = drafter_step_flops(&w).forward
+            - matmul_terms(&w).fc
+            - 2.0 * matmul_terms(&w).layer_projections;
+        let executed = drafter_step_executed_flops(&w, false).attention_forward;
+        assert!(
+            executed >= useful && useful > 0.0,
+            "executed {executed} < useful {useful}"
+        );
     }
 }

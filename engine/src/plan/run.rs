@@ -1,7 +1,9 @@
 //! The whole topology: each device's predicted peak and whether it fits, the FLOPs per token
 //! of both sides, tokens/s at an MFU, which side bounds the run and the best integer split.
 use super::drafter::{drafter_memory, RankContext};
-use super::flops::{drafter_step_flops, target_forward_flops, StepWork};
+use super::flops::{
+    drafter_step_executed_flops, drafter_step_flops, target_forward_flops, StepWork,
+};
 use super::shape::{ActivationPrecision, StepShape};
 use super::target::target_memory;
 use super::{top_consumers, Consumer, GIB};
@@ -104,8 +106,14 @@ pub struct RunPlan {
     /// `None` when no device memory is known.
     pub fits: Option<bool>,
     pub bound_by: Role,
+    /// Model FLOPs (useful work only), what MFU and the throughput below count.
     pub flops_per_token: SideFlops,
     pub flops_per_sequence: SideFlops,
+    /// What the drafter's kernels execute per training token
+    /// (`flops::drafter_step_executed_flops`: every key of each fused attention call, and the
+    /// layers recomputed under activation checkpointing); `flops_per_token.drafter` over this
+    /// is the share of the drafter's work that is useful.
+    pub drafter_executed_flops_per_token: f64,
     pub tokens_per_s_at_mfu: Throughput,
     pub recommended_split: Option<Split>,
     pub drafter_peak_phase: &'static str,
@@ -218,6 +226,8 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
     };
     let per_sequence = |total: f64| total / s.batch.max(1) as f64;
     let drafter_step = drafter_step_flops(&work).total();
+    let drafter_executed =
+        drafter_step_executed_flops(&work, spec.activation_checkpointing).total();
     let target_fwd = target_forward_flops(&spec.target, taps, s.batch, s.seq_len);
     let flops_per_token = SideFlops {
         target: target_fwd / tokens,
@@ -298,6 +308,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         fits,
         bound_by,
         flops_per_token,
+        drafter_executed_flops_per_token: drafter_executed / tokens,
         flops_per_sequence: SideFlops {
             target: per_sequence(target_fwd),
             drafter: per_sequence(drafter_step),

@@ -38,6 +38,11 @@ pub fn stop() -> BTreeSet<Vec<i64>> {
     std::mem::take(&mut *shapes())
 }
 
+/// How many distinct shapes the current recording has seen so far.
+pub fn seen() -> usize {
+    shapes().len()
+}
+
 /// Called at every fused attention call of `block_sparse.rs` with the kernel's q and k.
 pub(crate) fn record(q: &Tensor, k: &Tensor) {
     if !RECORDING.load(Ordering::Relaxed) {
