@@ -40,8 +40,11 @@ const DEFAULT_STEPS: usize = 6;
 /// Steps before memory must be flat: libtorch's lazily created state and the optimizer's
 /// moments (created on the first update) fault in during the first steps.
 const WARMUP: usize = 2;
-/// Flatness after warmup: the resident set after each step may spread by at most this much
-/// (MiB; measured 1.2–1.3 over 8 and 10 steps, 3.0 over 60: near the band, see BENCHMARKS.md). One leaked micro-batch (features
+/// Flatness after warmup: the resident set after each step, free heap pages trimmed, may spread
+/// by at most this much (MiB; measured 0.61 over 40 steps. Untrimmed it had spread 1.2 over 10
+/// steps, 3.0 over 60 and 3.9 over 200: free chunks stranded in glibc's arenas, not a leak; see
+/// BENCHMARKS.md). The live heap is held tighter still ([`HEAP_KNOWN_SHAPE_TOLERANCE`]). One
+/// leaked micro-batch (features
 /// `[1, 3072, 5·32]` f32, 1.9 MiB, plus the anchors' labels and weights over 32,768 positions,
 /// about 1 MiB) leaves this band within two steps.
 const FLAT_TOLERANCE_MIB: f64 = 4.0;
