@@ -301,19 +301,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn step_flops_by_hand_for_a_one_layer_drafter() {
-        let d = one_layer_drafter();
-        // One row of 6 tokens, blocks at anchors 2 and 4: Q = 4 queries.
-        let w = StepWork {
-            drafter: &d,
+    /// One row of 6 tokens, blocks at anchors 2 and 4, 2 weighted positions.
+    fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
+        StepWork {
+            drafter: d,
             batch: 1,
             seq_len: 6,
             anchors: &[2, 4],
             keep: &[true, true],
             weighted_positions: 2,
             vocab_size: 10,
-        };
+        }
+    }
+
+    #[test]
+    fn step_flops_by_hand_for_a_one_layer_drafter() {
+        let d = one_layer_drafter();
+        // One row of 6 tokens, blocks at anchors 2 and 4: Q = 4 queries.
+        let w = two_blocks_in_six_tokens(&d);
         let fc = 2.0 * 6.0 * 8.0 * 4.0;
         let proj = 2.0 * 4.0 * 4.0 * 4.0
             + 4.0 * 10.0 * 4.0 * 2.0
@@ -333,15 +338,7 @@ mod tests {
         // One row of 6 tokens, blocks at anchors 2 and 4: the planner keeps both in one call
         // over context keys 0..4 (the union of their ranges), widened to the key quantum
         // (8·bs = 16) and so to the whole context, 0..6, plus their 4 own rows.
-        let w = StepWork {
-            drafter: &d,
-            batch: 1,
-            seq_len: 6,
-            anchors: &[2, 4],
-            keep: &[true, true],
-            weighted_positions: 2,
-            vocab_size: 10,
-        };
+        let w = two_blocks_in_six_tokens(&d);
         let model = drafter_step_flops(&w);
         let executed = drafter_step_executed_flops(&w, false);
         let attention = 4.0 * 2.0 * 4.0 * (6.0 + 4.0) * 2.0; // 4·Hq·rows·keys·D
