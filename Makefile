@@ -68,6 +68,7 @@ test: provision test-deps
 lint: provision
 	cargo fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	scripts/check-architecture.sh
 
 fmt:
 	cargo fmt --all
