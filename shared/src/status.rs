@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::actions::PendingAction;
 use crate::config::DetectorsSection;
 use crate::events::Severity;
+use crate::health::healthy_record::HealthyRecord;
 use crate::metrics::{
     CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs,
 };
@@ -49,6 +50,10 @@ pub struct Throughput {
     pub baseline_tokens_per_s: Option<f64>,
     /// Since when the current level has held, if stable.
     pub stable_since_ms: Option<TimestampMs>,
+    /// Where the baseline came from when this daemon did not learn it itself: the healthy
+    /// record ("this recipe ran at 21.5K tok/s here on …") or the config's pinned figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_source: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +64,10 @@ pub struct Alert {
     pub message: String,
     /// Journal lines just before the alert began, already worded for people.
     pub preceded_by: Vec<String>,
+    /// What differs between the run's healthy record and now (environment, caches, restarts,
+    /// worker failures since), worded for people; empty without a record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub since_healthy: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +106,10 @@ pub struct StatusSnapshot {
         deserialize_with = "crate::serde_util::none_if_unreadable"
     )]
     pub detectors: Option<DetectorsSection>,
+    /// The healthy record this run is judged against (its own, or the last of its recipe on
+    /// this machine), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_record: Option<Box<HealthyRecord>>,
 }
 
 /// An online evaluation and when it ran: the figures of its metrics line, flat, beside the
@@ -134,6 +147,7 @@ mod tests {
                 mfu: None,
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
+                baseline_source: None,
             },
             gpus: GpuTelemetry::Unavailable {
                 reason: "no NVML".into(),
@@ -148,6 +162,7 @@ mod tests {
             last_tau: None,
             last_online: None,
             detectors: None,
+            healthy_record: None,
         }
     }
 

@@ -29,6 +29,7 @@ fn cpu_status() -> StatusSnapshot {
             mfu: Some(0.25),
             baseline_tokens_per_s: None,
             stable_since_ms: None,
+            baseline_source: None,
         },
         gpus: GpuTelemetry::Unavailable {
             reason: "NVML unavailable: libnvidia-ml.so.1 not found".into(),
@@ -43,6 +44,7 @@ fn cpu_status() -> StatusSnapshot {
         last_tau: None,
         last_online: None,
         detectors: None,
+        healthy_record: None,
     }
 }
 
@@ -135,6 +137,7 @@ fn gpu_status() -> StatusSnapshot {
         since_ms: 1_767_000_050_000,
         message: "m".into(),
         preceded_by: Vec::new(),
+        since_healthy: Vec::new(),
     };
     s.alerts = vec![
         alert("memory", Severity::Warn),

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 
 use dflash_shared::config::DetectorsSection;
+use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
@@ -129,6 +130,7 @@ impl RunHandle {
                 mfu: None,
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
+                baseline_source: None,
             },
             gpus: GpuTelemetry::Unavailable {
                 reason: "GPU telemetry not sampled yet".into(),
@@ -143,6 +145,7 @@ impl RunHandle {
             last_tau: None,
             last_online: None,
             detectors: None,
+            healthy_record: None,
         };
         let (shutdown_tx, _) = broadcast::channel(1);
         RunHandle {
@@ -232,10 +235,21 @@ impl RunHandle {
     }
 
     /// Baseline and stability come from the throughput detector, not from a single step.
-    pub fn set_throughput_judgement(&self, baseline: Option<f64>, stable_since_ms: Option<i64>) {
+    pub fn set_throughput_judgement(
+        &self,
+        baseline: Option<f64>,
+        stable_since_ms: Option<i64>,
+        baseline_source: Option<String>,
+    ) {
         let mut st = write(&self.inner.status);
         st.snapshot.throughput.baseline_tokens_per_s = baseline;
         st.snapshot.throughput.stable_since_ms = stable_since_ms;
+        st.snapshot.throughput.baseline_source = baseline_source;
+    }
+
+    /// The healthy record this run is judged against, served in status.
+    pub fn set_healthy_record(&self, record: Option<HealthyRecord>) {
+        write(&self.inner.status).snapshot.healthy_record = record.map(Box::new);
     }
 
     pub fn publish_queue(&self, q: QueueStats) {

@@ -45,7 +45,7 @@ fn status_and_state_view_follow_what_the_run_loop_publishes() {
     h.set_run_state(RunState::Training);
     h.publish_metrics(metrics(10, Some(3.2)));
     h.publish_metrics(metrics(11, None));
-    h.set_throughput_judgement(Some(12_900.0), Some(5));
+    h.set_throughput_judgement(Some(12_900.0), Some(5), None);
     let s = h.status_snapshot();
     assert_eq!(
         (s.run.step, s.run.epoch, s.last_tau, s.last_loss),

@@ -5,6 +5,10 @@
 //! where the telemetry sampler puts them. Detector transitions are journaled here
 //! (`RegressionStarted` / `RegressionEnded`), except the cache detector's, which the sampler
 //! journals from its own watcher; here the caches only keep the alert list complete.
+//!
+//! With a [`HealthyRecordKeeper`] the feed also judges throughput against the run's healthy
+//! record (or its recipe's), explains every alert with what differs from that record, and
+//! writes this run's record once it has been healthy long enough.
 use std::time::{Duration, Instant};
 
 use chrono::{FixedOffset, Offset};
@@ -13,8 +17,12 @@ use dflash_shared::health::{HealthMonitor, Level, Transition};
 use dflash_shared::metrics::{GpuTelemetry, QueueStats, StepMetrics};
 use dflash_shared::status::Alert;
 
+use super::healthy_record::HealthyRecordKeeper;
 use crate::run::handle::RunHandle;
 use dflash_shared::clock::now_ms;
+use dflash_shared::events::{EventKind, Severity};
+use dflash_shared::health::fingerprint::Fingerprint;
+use dflash_shared::health::healthy_record::differences_since;
 
 /// Alerts are recomputed at least this often ("since" texts, journal context).
 const REFRESH: Duration = Duration::from_secs(2);
@@ -27,6 +35,8 @@ pub struct HealthFeed {
     last_refresh: Option<Instant>,
     /// An alert about the run itself (a failed step), shown first.
     run_alert: Option<Alert>,
+    /// The healthy record this run is judged against and the keeper of this run's own.
+    record: Option<HealthyRecordKeeper>,
 }
 
 impl HealthFeed {
@@ -46,7 +56,29 @@ impl HealthFeed {
             last_gpu_ts: i64::MIN,
             last_refresh: None,
             run_alert: None,
+            record: None,
         }
+    }
+
+    /// Judge against the healthy record `keeper` loaded (if any) and keep this run's record.
+    pub fn with_healthy_record(mut self, keeper: HealthyRecordKeeper) -> Self {
+        if let Some(reference) = keeper.reference(local_offset()) {
+            let mut message = format!(
+                "throughput judged against the healthy record from its first post-warmup \
+                 sample: {}",
+                reference.source
+            );
+            if let Some(a) = &reference.adjustment {
+                message.push_str(&format!("; {a}"));
+            }
+            self.handle
+                .record_event_logged(Severity::Info, EventKind::Note { message });
+            self.monitor.set_throughput_reference(Some(reference));
+        }
+        self.handle
+            .set_healthy_record(keeper.judged_against().cloned());
+        self.record = Some(keeper);
+        self
     }
 
     /// One optimizer step (not the pre-training evaluation line): throughput, and the serve
@@ -55,12 +87,55 @@ impl HealthFeed {
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
         let t = self.monitor.throughput();
-        let stable_since = (t.level == Level::Ok && !t.learning)
-            .then_some(t.since_ms)
-            .flatten();
-        self.handle
-            .set_throughput_judgement(t.baseline_tokens_per_s, stable_since);
+        let healthy = t.level == Level::Ok && !t.learning;
+        let stable_since = healthy.then_some(t.since_ms).flatten();
+        self.handle.set_throughput_judgement(
+            t.baseline_tokens_per_s,
+            stable_since,
+            t.baseline_source.clone(),
+        );
+        let healthy = healthy && !self.monitor.any_active() && self.run_alert.is_none();
+        if let Some(keeper) = self.record.as_mut() {
+            keeper.set_healthy(m.ts_ms, healthy);
+            keeper.observe_step(m);
+        }
         self.poll(!transitions.is_empty());
+        self.write_record_when_due(m.step);
+    }
+
+    /// Writes this run's healthy record when it is due; the first write is journaled.
+    fn write_record_when_due(&mut self, step: u64) {
+        let now = now_ms();
+        let Some(keeper) = self.record.as_mut() else {
+            return;
+        };
+        if !keeper.due(now) {
+            return;
+        }
+        let fingerprint = current_fingerprint(&self.handle);
+        match keeper.write(now, step, &fingerprint, &self.handle.caches()) {
+            Ok((record, first)) => {
+                if first {
+                    self.handle.record_event_logged(
+                        Severity::Info,
+                        EventKind::Note {
+                            message: format!(
+                                "healthy record written at step {step}: {} tok/s over {} \
+                                 healthy steps (healthy.json in the run dir, and the \
+                                 recipe's in the state dir)",
+                                dflash_shared::format::format_tokens_per_s(
+                                    record.throughput.tokens_per_s
+                                ),
+                                record.throughput.samples
+                            ),
+                        },
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not write the healthy record; a restart will learn its baseline anew")
+            }
+        }
     }
 
     /// A line that is no optimizer step (the evaluation before the first step): its offline
@@ -75,6 +150,9 @@ impl HealthFeed {
 
     /// A hidden-state queue reading (threaded topologies): target- or drafter-bound.
     pub fn observe_queue(&mut self, stats: &QueueStats) {
+        if let Some(keeper) = self.record.as_mut() {
+            keeper.observe_queue(stats);
+        }
         let transitions = self.monitor.observe_queue(stats);
         self.journal(&transitions);
         if !transitions.is_empty() {
@@ -89,6 +167,9 @@ impl HealthFeed {
             let newest = gpus.iter().map(|g| g.ts_ms).max().unwrap_or(i64::MIN);
             if newest > self.last_gpu_ts {
                 self.last_gpu_ts = newest;
+                if let Some(keeper) = self.record.as_mut() {
+                    gpus.iter().for_each(|g| keeper.observe_gpu(g));
+                }
                 let t = self.monitor.observe_gpus(&GpuTelemetry::Available { gpus });
                 self.journal(&t);
                 changed |= !t.is_empty();
@@ -124,11 +205,26 @@ impl HealthFeed {
         // file is never reread for this.
         let since = now_ms() - self.lookback_ms - 60_000;
         let mut events = self.handle.with_journal(|j| j.recent(usize::MAX));
+        if let Some(record) = self.record.as_ref().and_then(|k| k.judged_against()) {
+            let differences = differences_since(
+                record,
+                &current_fingerprint(&self.handle),
+                &self.handle.caches(),
+                &events,
+            );
+            self.monitor.set_since_healthy(differences);
+        }
         events.retain(|e| e.ts_ms >= since);
         let mut alerts: Vec<Alert> = self.run_alert.iter().cloned().collect();
         alerts.extend(self.monitor.alerts(&events, local_offset()));
         self.handle.set_alerts(alerts);
     }
+}
+
+/// The environment as the daemon knows it now: the start's fingerprint with what the live
+/// environment watch has seen change since.
+fn current_fingerprint(handle: &RunHandle) -> Fingerprint {
+    serde_json::from_value(handle.fingerprint()).unwrap_or_default()
 }
 
 /// The machine's UTC offset now, for "at 21:03" in alert explanations.

@@ -19,6 +19,8 @@ use dflash_shared::status::RunState;
 use super::alloc_conf::{self, AllocConf};
 use super::detach::Readiness;
 use super::ending::Ending;
+use super::healthy_record::{recipe_digest, HealthyRecordKeeper, RecordIdentity};
+use dflash_shared::health::fingerprint::Fingerprint;
 use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
@@ -55,6 +57,8 @@ pub struct LaunchSpec {
     pub accept_drift: Option<String>,
     pub threads: i32,
     pub memory_plan: MemoryPlanPolicy,
+    /// `--cpu-peak-flops`: the CPU's MFU peak given, not timed at start.
+    pub cpu_peak_flops: Option<f64>,
     /// `--resume-from`: the operator's explicit choice of checkpoint step.
     pub resume_from: Option<u64>,
     /// Where to serve Prometheus `/metrics` (`--metrics-listen`, else `metrics.listen`).
@@ -160,6 +164,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         device_override: spec.device_override,
         unlocked_keys: unlocked.carried.clone(),
         memory_plan: spec.memory_plan,
+        cpu_peak_flops: spec.cpu_peak_flops,
         resume,
     };
     let prepared = match setup::prepare(&inputs) {
@@ -212,6 +217,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         log_every: spec.log_every,
         device,
         detectors: spec.config.detectors.clone(),
+        healthy_record: Some(healthy_record_keeper(&spec, &prepared, &where_, &handle)),
     };
     let commands = handle.attach_run_loop();
     let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
@@ -489,6 +495,31 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
             resumed_from_step: p.resumed_from.as_ref().map(|_| p.trainer.step_count()),
         },
     );
+}
+
+/// The keeper of this run's healthy record, with the record it is judged against loaded.
+fn healthy_record_keeper(
+    spec: &LaunchSpec,
+    prepared: &Prepared,
+    placement: &str,
+    handle: &RunHandle,
+) -> HealthyRecordKeeper {
+    let fingerprint: Fingerprint = serde_json::from_value(handle.fingerprint()).unwrap_or_default();
+    let config = serde_json::to_value(&spec.config).unwrap_or_default();
+    let identity = RecordIdentity {
+        run_name: spec.config.run.name.clone(),
+        run_dir: spec.run_dir.clone(),
+        recipe: recipe_digest(&config, placement, &fingerprint.gpu_models),
+        topology: placement.to_string(),
+        device_models: fingerprint.gpu_models.clone(),
+        basis: prepared.throughput_basis.clone(),
+    };
+    HealthyRecordKeeper::open(
+        spec.config.detectors.healthy.clone(),
+        identity,
+        spec.paths.state_dir.clone(),
+        fingerprint.hostname.as_deref(),
+    )
 }
 
 /// `placement`: where the run trains, every worker by role (see `setup::describe_topology`).

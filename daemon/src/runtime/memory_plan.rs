@@ -11,6 +11,7 @@ use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
 use dflash_engine::train::topology::plan::{per_rank_queue, queue_config};
 use dflash_shared::config::{Config, Device};
+use dflash_shared::health::healthy_record::ThroughputBasis;
 use serde::Serialize;
 
 /// The share of each row assumed supervised (the last part, the assistant turns) when no data
@@ -53,6 +54,37 @@ pub fn data_shape(samples: &[Sample], source: &str) -> Option<DataShape> {
         seq_len: lengths[rank - 1] as i64,
         supervised_fraction: supervised,
         source: format!("p95 row length of {} samples of {source}", samples.len()),
+    })
+}
+
+/// The work a training token costs on this data: the model FLOPs per token (target forward and
+/// drafter step, the plan's model) at the data's mean row length. The healthy record keeps it,
+/// so a later run on longer rows is expected to be slower by exactly that much and no more.
+pub fn throughput_basis(
+    config: &Config,
+    target: &TargetConfig,
+    devices: Devices,
+    samples: &[Sample],
+) -> Option<ThroughputBasis> {
+    let shape = data_shape(samples, "the training data")?;
+    let mean = samples.iter().map(Sample::len).sum::<usize>() as f64 / samples.len() as f64;
+    let inputs = PlanInputs {
+        config,
+        target,
+        devices,
+        shape: DataShape {
+            seq_len: mean.round() as i64,
+            ..shape
+        },
+        memory: None,
+        peak_flops: None,
+        mfu: DEFAULT_MFU,
+    };
+    let f = plan_run(&run_spec(&inputs)).flops_per_token;
+    let per_token = f.target + f.drafter;
+    (per_token.is_finite() && per_token > 0.0).then_some(ThroughputBasis {
+        mean_row_tokens: mean,
+        model_flops_per_token: per_token,
     })
 }
 

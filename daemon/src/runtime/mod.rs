@@ -10,6 +10,7 @@ pub mod device_peaks;
 pub mod ending;
 pub mod guard_rails;
 pub mod health_feed;
+pub mod healthy_record;
 pub mod launch;
 pub mod logging;
 pub mod memory_plan;

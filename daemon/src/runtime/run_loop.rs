@@ -26,6 +26,7 @@ use dflash_shared::status::{Alert, RunState};
 use super::checkpoints;
 use super::ending::Ending;
 use super::health_feed::HealthFeed;
+use super::healthy_record::HealthyRecordKeeper;
 use super::metrics_out::MetricsOut;
 use super::pace::Pace;
 use super::tensorboard::TensorBoardOut;
@@ -52,6 +53,8 @@ pub struct RunLoopConfig {
     /// "cpu", "cuda:3".
     pub device: String,
     pub detectors: DetectorsSection,
+    /// The healthy record this run is judged against and that keeps this run's own.
+    pub healthy_record: Option<HealthyRecordKeeper>,
 }
 
 /// Which part of the run failed a step, and why.
@@ -157,13 +160,18 @@ impl RunLoop {
         let step = trainer.step_count();
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
+        let mut cfg = cfg;
+        let mut health = HealthFeed::new(
+            handle.clone(),
+            &cfg.detectors,
+            trainer.topology().target_devices.len(),
+            trainer.drafter_ranks(),
+        );
+        if let Some(keeper) = cfg.healthy_record.take() {
+            health = health.with_healthy_record(keeper);
+        }
         let hooks = DaemonHooks {
-            health: HealthFeed::new(
-                handle.clone(),
-                &cfg.detectors,
-                trainer.topology().target_devices.len(),
-                trainer.drafter_ranks(),
-            ),
+            health,
             handle,
             commands,
             cfg,
@@ -538,6 +546,7 @@ impl DaemonHooks {
             since_ms: now_ms(),
             message: reason,
             preceded_by: Vec::new(),
+            since_healthy: Vec::new(),
         }));
         let last_path = last.map(|c| c.path);
         let stopped = |how: &str| {

@@ -81,6 +81,9 @@ pub struct SetupInputs<'a> {
     /// The checkpoint to resume from, as the start's checkpoint gate chose it.
     pub resume: Option<PathBuf>,
     pub memory_plan: MemoryPlanPolicy,
+    /// `--cpu-peak-flops` (`DFLASH_CPU_PEAK_FLOPS`): the CPU's MFU peak, FLOP/s, given instead
+    /// of timed at start (journaled as given, not measured).
+    pub cpu_peak_flops: Option<f64>,
 }
 
 /// How `start` treats the memory plan.
@@ -107,6 +110,8 @@ pub struct Prepared {
     pub memory_plan_note: Option<String>,
     /// Where each device's MFU peak comes from (measured, a datasheet, or none).
     pub peak_notes: Vec<String>,
+    /// The work a token costs on this data, for the healthy record's like-with-like figure.
+    pub throughput_basis: Option<dflash_shared::health::healthy_record::ThroughputBasis>,
 }
 
 /// A config device as a libtorch device, checked against what libtorch sees.
@@ -203,6 +208,12 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
             source,
         })?;
     let memory_plan_note = check_memory_plan(inputs, target.config(), &samples, &data_source)?;
+    let throughput_basis = memory_plan::throughput_basis(
+        cfg,
+        target.config(),
+        Devices::of(cfg, inputs.device_override),
+        &samples,
+    );
     cfg.check_online_prompts()?;
     let mut train_cfg = run_config::train_config(cfg, samples.len());
     train_cfg.online_eval_prompts = online_eval_prompts(inputs, &train_cfg)?;
@@ -213,7 +224,11 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         trainer.set_online_prompts(prompts);
     }
     let (peaks, peak_notes) =
-        crate::runtime::device_peaks::for_devices(&trainer.devices(), device::compute_kind);
+        crate::runtime::device_peaks::for_devices(
+            &trainer.devices(),
+            device::compute_kind,
+            inputs.cpu_peak_flops,
+        );
     trainer.set_device_peaks(peaks);
     let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
     if let Some(dir) = &inputs.resume {
@@ -229,6 +244,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         topology_note,
         memory_plan_note,
         peak_notes,
+        throughput_basis,
     })
 }
 
@@ -528,6 +544,7 @@ mod tests {
             device_override: None,
             unlocked_keys: Vec::new(),
             memory_plan: MemoryPlanPolicy::default(),
+            cpu_peak_flops: None,
             resume: None,
         };
         let mut train = run_config::train_config(&cfg, 100);
@@ -567,6 +584,7 @@ mod tests {
                 device_override: None,
                 unlocked_keys: Vec::new(),
                 memory_plan: MemoryPlanPolicy::default(),
+                cpu_peak_flops: None,
                 resume: None,
             }
         }

@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
+use crate::health::healthy_record::HealthyRecordConfig;
 use crate::health::{MemoryConfig, QueueThresholds, ServeGapConfig, ThroughputConfig};
 use crate::run_dir::TENSORBOARD_DIR_NAME;
 
@@ -142,6 +143,8 @@ pub struct DetectorsSection {
     pub queue: QueueThresholds,
     /// Online chain τ against offline τ (`crate::health::serve_gap`).
     pub serve_gap: ServeGapConfig,
+    /// When a run is remembered as healthy (`crate::health::healthy_record`).
+    pub healthy: HealthyRecordConfig,
 }
 
 impl Default for DetectorsSection {
@@ -152,6 +155,7 @@ impl Default for DetectorsSection {
             memory: MemoryConfig::default(),
             queue: QueueThresholds::default(),
             serve_gap: ServeGapConfig::default(),
+            healthy: HealthyRecordConfig::default(),
         }
     }
 }

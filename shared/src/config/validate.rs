@@ -789,6 +789,11 @@ fn detectors(c: &Config, v: &mut Vec<ConfigIssue>) {
             "detectors.queue.min_duration_s",
             c.detectors.queue.min_duration_s,
         ),
+        (
+            "detectors.healthy.after_ok_s",
+            c.detectors.healthy.after_ok_s,
+        ),
+        ("detectors.healthy.refresh_s", c.detectors.healthy.refresh_s),
     ];
     for (key, value) in durations {
         in_range(

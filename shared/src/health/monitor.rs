@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 
 use chrono::FixedOffset;
 
+use super::healthy_record::ThroughputReference;
 use super::{
     explain_alert, CacheChange, CacheWatcher, Level, MemoryFlatness, QueueDiagnoser,
     QueueDiagnosis, ServeGapDetector, ServeGapReading, ThroughputDetector, ThroughputStatus,
@@ -33,6 +34,9 @@ pub struct HealthMonitor {
     last_offline_tau: Option<f64>,
     lookback_ms: i64,
     active: BTreeMap<String, Active>,
+    /// What differs between the healthy record and now, attached to every alert about how the
+    /// run performs (not to the cache alerts, which are themselves one of the differences).
+    since_healthy: Vec<String>,
 }
 
 impl HealthMonitor {
@@ -47,7 +51,29 @@ impl HealthMonitor {
             last_offline_tau: None,
             lookback_ms: cfg.explain_lookback_s as i64 * 1000,
             active: BTreeMap::new(),
+            since_healthy: Vec::new(),
         }
+    }
+
+    /// Judge throughput against a healthy record's expectation (`None`: learn it in-process).
+    pub fn set_throughput_reference(&mut self, reference: Option<ThroughputReference>) {
+        self.throughput.set_reference(reference);
+    }
+
+    /// The differences between the healthy record and now, for the alerts' explanations.
+    pub fn set_since_healthy(&mut self, differences: Vec<String>) {
+        self.since_healthy = differences;
+    }
+
+    /// An alert raised outside the detectors (the live environment watch): kept in the list
+    /// and explained like the others until it is cleared with `to == Ok`.
+    pub fn record_external(&mut self, transitions: Vec<Transition>) -> Vec<Transition> {
+        self.record(transitions)
+    }
+
+    /// Whether any alert is active: a run with one is not healthy enough to be remembered.
+    pub fn any_active(&self) -> bool {
+        !self.active.is_empty()
     }
 
     /// One optimizer step: its total tok/s of all workers, and the τ figures it carries.
@@ -158,6 +184,11 @@ impl HealthMonitor {
                     .iter()
                     .map(|p| p.sentence(offset))
                     .collect(),
+                since_healthy: if detector.starts_with("cache:") {
+                    Vec::new()
+                } else {
+                    self.since_healthy.clone()
+                },
             })
             .collect();
         alerts.sort_by(|x, y| y.level.cmp(&x.level).then(x.since_ms.cmp(&y.since_ms)));

@@ -1,10 +1,18 @@
 //! Throughput regression against a baseline, with Ok/Warn/Crit hysteresis.
 //!
 //! The judged value is the rolling median of the last `smoothing_samples` tok/s samples, as a
-//! ratio of the baseline. The baseline is either pinned (from an earlier run of the same config)
-//! or the median of all post-warmup samples in the last `baseline_window_s` that were taken
-//! while the detector was Ok and no escalation was pending, so a regression never drags its
-//! own baseline down.
+//! ratio of the baseline. The baseline is, in order:
+//! - pinned by the config (`pinned_baseline_tokens_per_s`);
+//! - the healthy record's figure ([`ThroughputReference`], from this run dir before a restart
+//!   or from the last healthy run of the same recipe on this machine), or the rolling baseline
+//!   when that is higher: a restarted daemon never learns a slow rate as normal, and a run
+//!   that got faster is judged against its own new pace;
+//! - the rolling baseline alone: the median of all post-warmup samples in the last
+//!   `baseline_window_s` that were taken while the detector was Ok and no escalation was
+//!   pending, so a regression never drags its own baseline down.
+//!
+//! With a pinned or recorded baseline there is nothing to learn: the first post-warmup sample
+//! is judged.
 //!
 //! Levels are entered when the ratio has stayed below `warn_below` / `crit_below` for
 //! `warn_after_s` / `crit_after_s`, and left only when it has stayed at or above the higher
@@ -13,7 +21,8 @@
 //! Detection bound: with samples every `Δ` seconds and a step change at `t0`, the rolling
 //! median crosses once more than half of the smoothing window holds post-change samples, i.e.
 //! by `t0 + (⌊k/2⌋ + 1)·Δ` for `k = smoothing_samples`, and the level is raised at the first
-//! sample at least `*_after_s` later. So a collapse is Crit no later than
+//! sample at least `*_after_s` later (with a recorded or pinned baseline, `t0` is at the latest
+//! the end of warmup for a run that starts slow). So a collapse is Crit no later than
 //! `t0 + (⌊k/2⌋ + 2)·Δ + crit_after_s` (defaults, Δ = 1 s: 24 s), a drop below `warn_below`
 //! is Warn no later than `t0 + (⌊k/2⌋ + 2)·Δ + warn_after_s` (64 s). Sample gaps longer than
 //! `max_sample_gap_s` (a pause, an evaluation) restart the duration clocks.
@@ -21,6 +30,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::healthy_record::ThroughputReference;
 use super::stats::median;
 use super::{secs_to_ms, HeldSince, Level, Transition};
 use crate::format::format_tokens_per_s;
@@ -81,6 +91,11 @@ pub struct ThroughputStatus {
     pub smoothed_tokens_per_s: Option<f64>,
     pub baseline_tokens_per_s: Option<f64>,
     pub baseline_pinned: bool,
+    /// Where the baseline came from when it is not learned in this process: "pinned by …", or
+    /// the healthy record's "this recipe ran at 21.5K tok/s here on …" (and its adjustment for
+    /// another length mix). `None` for a baseline learned from this process's own samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_source: Option<String>,
     /// True until warmup is over and the baseline has enough samples.
     pub learning: bool,
 }
@@ -88,6 +103,8 @@ pub struct ThroughputStatus {
 #[derive(Debug, Clone)]
 pub struct ThroughputDetector {
     cfg: ThroughputConfig,
+    /// The healthy record's expectation, when one applies to this run.
+    reference: Option<ThroughputReference>,
     first_ts: Option<TimestampMs>,
     last_ts: Option<TimestampMs>,
     recent: VecDeque<f64>,
@@ -105,6 +122,7 @@ impl ThroughputDetector {
     pub fn new(cfg: ThroughputConfig) -> Self {
         Self {
             cfg,
+            reference: None,
             first_ts: None,
             last_ts: None,
             recent: VecDeque::new(),
@@ -123,24 +141,52 @@ impl ThroughputDetector {
         self.level
     }
 
-    pub fn baseline(&self) -> Option<f64> {
-        if let Some(pinned) = self.cfg.pinned_baseline_tokens_per_s {
-            return Some(pinned);
-        }
+    /// Judge against a healthy record's expectation from now on (`None`: learn as before).
+    pub fn set_reference(&mut self, reference: Option<ThroughputReference>) {
+        self.reference = reference.filter(|r| r.tokens_per_s.is_finite() && r.tokens_per_s > 0.0);
+    }
+
+    pub fn reference(&self) -> Option<&ThroughputReference> {
+        self.reference.as_ref()
+    }
+
+    fn rolling_baseline(&self) -> Option<f64> {
         if self.healthy.len() < self.cfg.min_baseline_samples.max(1) {
             return None;
         }
         median(self.healthy.iter().map(|&(_, v)| v))
     }
 
+    /// The baseline in force and, when it is not this process's own learning, where it came
+    /// from.
+    fn baseline_and_source(&self) -> (Option<f64>, Option<String>) {
+        if let Some(pinned) = self.cfg.pinned_baseline_tokens_per_s {
+            return (
+                Some(pinned),
+                Some("pinned by detectors.throughput.pinned_baseline_tokens_per_s".into()),
+            );
+        }
+        let rolling = self.rolling_baseline();
+        match (&self.reference, rolling) {
+            (Some(r), Some(b)) if b > r.tokens_per_s => (Some(b), None),
+            (Some(r), _) => (Some(r.tokens_per_s), Some(reference_sentence(r))),
+            (None, b) => (b, None),
+        }
+    }
+
+    pub fn baseline(&self) -> Option<f64> {
+        self.baseline_and_source().0
+    }
+
     pub fn status(&self) -> ThroughputStatus {
-        let baseline = self.baseline();
+        let (baseline, baseline_source) = self.baseline_and_source();
         ThroughputStatus {
             level: self.level,
             since_ms: self.level_since,
             smoothed_tokens_per_s: self.smoothed,
             baseline_tokens_per_s: baseline,
             baseline_pinned: self.cfg.pinned_baseline_tokens_per_s.is_some(),
+            baseline_source,
             learning: baseline.is_none() || self.in_warmup(self.last_ts.unwrap_or(0)),
         }
     }
@@ -246,17 +292,34 @@ impl ThroughputDetector {
         let pct = (smoothed / baseline * 100.0).round();
         let now = format_tokens_per_s(smoothed);
         let base = format_tokens_per_s(baseline);
-        match to {
-            Level::Ok => format!("throughput recovered: {now} tok/s, {pct}% of baseline {base}"),
-            _ if to > from => format!(
-                "throughput {now} tok/s is {pct}% of baseline {base} ({})",
-                to.label()
-            ),
-            _ => format!(
-                "throughput eased to {now} tok/s, {pct}% of baseline {base} ({})",
-                to.label()
-            ),
+        let headline = headline(from, to, &now, pct, &base);
+        match self.baseline_and_source().1 {
+            Some(source) if self.reference.is_some() => format!("{headline}; {source}"),
+            _ => headline,
         }
+    }
+
+}
+
+fn headline(from: Level, to: Level, now: &str, pct: f64, base: &str) -> String {
+    match to {
+        Level::Ok => format!("throughput recovered: {now} tok/s, {pct}% of baseline {base}"),
+        _ if to > from => format!(
+            "throughput {now} tok/s is {pct}% of baseline {base} ({})",
+            to.label()
+        ),
+        _ => format!(
+            "throughput eased to {now} tok/s, {pct}% of baseline {base} ({})",
+            to.label()
+        ),
+    }
+}
+
+/// "this run ran at 21.5K tok/s here on …", with the length-mix adjustment when there was one.
+fn reference_sentence(r: &ThroughputReference) -> String {
+    match &r.adjustment {
+        Some(a) => format!("{} ({a})", r.source),
+        None => r.source.clone(),
     }
 }
 
@@ -347,5 +410,55 @@ mod tests {
         assert_eq!(d.observe(599_000, 1.0), None, "out of order");
         assert_eq!(d.observe(602_000, -3.0), None);
         assert_eq!(d.status().smoothed_tokens_per_s, Some(21_500.0));
+    }
+
+    fn reference(tokens_per_s: f64) -> ThroughputReference {
+        use crate::health::healthy_record::RecordScope;
+        ThroughputReference {
+            tokens_per_s,
+            scope: RecordScope::ThisRun,
+            source: "this run ran at 21.5K tok/s here on 2026-12-03 20:40".into(),
+            adjustment: None,
+        }
+    }
+
+    #[test]
+    fn a_restart_at_a_fifth_of_its_recorded_rate_is_crit_within_warmup_plus_the_bound() {
+        let mut d = detector();
+        d.set_reference(Some(reference(21_500.0)));
+        // The restarted daemon comes up at 4.3K from its first sample.
+        let t = feed(&mut d, 0, 400, 4_300.0);
+        let crit = t.iter().find(|t| t.to == Level::Crit).expect("Crit");
+        let cfg = ThroughputConfig::default();
+        let bound_s = cfg.warmup_s
+            + (cfg.smoothing_samples / 2 + 2) as f64
+            + cfg.crit_after_s;
+        assert!(
+            crit.at_ms as f64 <= bound_s * 1000.0,
+            "Crit at {} ms, bound {bound_s} s",
+            crit.at_ms
+        );
+        assert_eq!(
+            crit.message,
+            "throughput 4.3K tok/s is 20% of baseline 21.5K (Crit); this run ran at 21.5K tok/s \
+             here on 2026-12-03 20:40"
+        );
+        let status = d.status();
+        assert_eq!(status.baseline_tokens_per_s, Some(21_500.0), "never learned as normal");
+        assert!(!status.learning);
+        assert!(status.baseline_source.unwrap().starts_with("this run ran at"));
+    }
+
+    #[test]
+    fn a_run_faster_than_its_record_is_judged_against_its_own_pace() {
+        let mut d = detector();
+        d.set_reference(Some(reference(1_000.0)));
+        assert!(feed(&mut d, 0, 600, 2_000.0).is_empty());
+        let status = d.status();
+        assert_eq!(status.baseline_tokens_per_s, Some(2_000.0));
+        assert_eq!(status.baseline_source, None, "its own learning");
+        // A drop to the record's rate is a drop from this run's pace.
+        let t = feed(&mut d, 600, 120, 1_000.0);
+        assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), [Level::Warn]);
     }
 }

@@ -118,6 +118,7 @@ pub(super) fn status() -> StatusSnapshot {
             mfu: Some(0.25),
             baseline_tokens_per_s: Some(21_500.0),
             stable_since_ms: Some(1_766_999_000_000),
+            baseline_source: None,
         },
         gpus: GpuTelemetry::Available {
             gpus: vec![gpu_sample()],
@@ -145,6 +146,7 @@ pub(super) fn status() -> StatusSnapshot {
             since_ms: 1_767_000_000_000,
             message: "4.3K tok/s".into(),
             preceded_by: vec!["torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52".into()],
+            since_healthy: Vec::new(),
         }],
         pending_actions: vec![pending()],
         checkpoints: vec![CheckpointInfo {
@@ -157,6 +159,7 @@ pub(super) fn status() -> StatusSnapshot {
         last_tau: None,
         last_online: None,
         detectors: Some(crate::config::DetectorsSection::default()),
+        healthy_record: None,
     }
 }
 

@@ -68,6 +68,7 @@ pub(super) fn fit_status(mut s: StatusSnapshot, max: usize) -> StatusSnapshot {
             s.alerts.len(),
         ),
         preceded_by: Vec::new(),
+        since_healthy: Vec::new(),
     });
     s
 }

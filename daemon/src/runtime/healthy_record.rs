@@ -1,0 +1,369 @@
+//! The healthy record's I/O: which record a run is judged against at start, and when the
+//! record of this run is written (`dflash_shared::health::healthy_record` is the pure part).
+//!
+//! A run is judged against, in order: its own run dir's `healthy.json` (a resumed run), else
+//! the last healthy record of the same recipe in `<state_dir>/healthy/` when
+//! `detectors.healthy.use_recipe_record` is on (a new run dir of a known recipe). Once the run
+//! has been healthy for `detectors.healthy.after_ok_s` (throughput judged Ok past learning, no
+//! alert active), both files are written atomically, and rewritten every `refresh_s` while it
+//! stays healthy. Any alert resets the healthy stretch, so a record never holds a sick run.
+use std::path::{Path, PathBuf};
+
+use chrono::FixedOffset;
+use dflash_engine::atomic_write::write_atomic;
+use dflash_shared::health::fingerprint::Fingerprint;
+use dflash_shared::health::healthy_record::{
+    expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, HealthyWindow,
+    RecordScope, ThroughputBasis, ThroughputReference, FORMAT, HEALTHY_RECORD_FILE,
+    RECIPE_RECORDS_DIR,
+};
+use dflash_shared::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, TimestampMs};
+use sha2::{Digest, Sha256};
+
+/// What a record says about the run it was taken from, fixed at start.
+#[derive(Debug, Clone)]
+pub struct RecordIdentity {
+    pub run_name: String,
+    pub run_dir: PathBuf,
+    /// [`recipe_digest`] of the config, topology and device models.
+    pub recipe: String,
+    /// "cpu", "targets cuda:0–4, drafters cuda:5–7".
+    pub topology: String,
+    pub device_models: Vec<String>,
+    pub basis: Option<ThroughputBasis>,
+}
+
+/// The recipe: the config without the keys that may change between runs of it, the topology
+/// and the device models, as a short digest (the file name of its record in the state dir).
+pub fn recipe_digest(config: &serde_json::Value, topology: &str, device_models: &[String]) -> String {
+    let mut h = Sha256::new();
+    h.update(recipe_text(config).as_bytes());
+    h.update(b"\ntopology ");
+    h.update(topology.as_bytes());
+    h.update(b"\ndevices ");
+    h.update(device_models.join(", ").as_bytes());
+    hex::encode(h.finalize())[..16].to_string()
+}
+
+pub fn run_record_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(HEALTHY_RECORD_FILE)
+}
+
+pub fn recipe_record_path(state_dir: &Path, recipe: &str) -> PathBuf {
+    state_dir.join(RECIPE_RECORDS_DIR).join(format!("{recipe}.json"))
+}
+
+fn read_record(path: &Path) -> Option<HealthyRecord> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let record = HealthyRecord::parse(&text);
+    if record.is_none() {
+        tracing::warn!(path = %path.display(), "ignoring a healthy record this build cannot read");
+    }
+    record
+}
+
+/// The record a run is judged against, and whose it is.
+pub fn record_to_judge_against(
+    cfg: &HealthyRecordConfig,
+    identity: &RecordIdentity,
+    state_dir: &Path,
+    hostname: Option<&str>,
+) -> Option<(HealthyRecord, RecordScope)> {
+    if let Some(own) = read_record(&run_record_path(&identity.run_dir)) {
+        return Some((own, RecordScope::ThisRun));
+    }
+    if !cfg.use_recipe_record {
+        return None;
+    }
+    let other = read_record(&recipe_record_path(state_dir, &identity.recipe))?;
+    let same_machine = match (other.fingerprint.hostname.as_deref(), hostname) {
+        (Some(then), Some(now)) => then == now,
+        _ => true,
+    };
+    (other.recipe == identity.recipe && same_machine).then_some((other, RecordScope::Recipe))
+}
+
+/// "2026-12-03 21:03" in the machine's offset.
+pub fn record_date(ts_ms: TimestampMs, offset: FixedOffset) -> String {
+    use chrono::TimeZone;
+    match offset.timestamp_millis_opt(ts_ms).single() {
+        Some(t) => t.format("%Y-%m-%d %H:%M").to_string(),
+        None => "an unknown date".into(),
+    }
+}
+
+/// Accumulates the healthy stretch of this run and writes its record when due.
+#[derive(Debug, Clone)]
+pub struct HealthyRecordKeeper {
+    cfg: HealthyRecordConfig,
+    identity: RecordIdentity,
+    state_dir: PathBuf,
+    window: HealthyWindow,
+    healthy_since_ms: Option<TimestampMs>,
+    last_written_ms: Option<TimestampMs>,
+    /// The record this run is judged against (loaded at start).
+    judged_against: Option<(HealthyRecord, RecordScope)>,
+}
+
+impl HealthyRecordKeeper {
+    pub fn open(
+        cfg: HealthyRecordConfig,
+        identity: RecordIdentity,
+        state_dir: PathBuf,
+        hostname: Option<&str>,
+    ) -> Self {
+        let judged_against = record_to_judge_against(&cfg, &identity, &state_dir, hostname);
+        HealthyRecordKeeper {
+            cfg,
+            identity,
+            state_dir,
+            window: HealthyWindow::default(),
+            healthy_since_ms: None,
+            last_written_ms: None,
+            judged_against,
+        }
+    }
+
+    pub fn judged_against(&self) -> Option<&HealthyRecord> {
+        self.judged_against.as_ref().map(|(r, _)| r)
+    }
+
+    /// What the throughput detector expects from the record, adjusted for this data.
+    pub fn reference(&self, offset: FixedOffset) -> Option<ThroughputReference> {
+        let (record, scope) = self.judged_against.as_ref()?;
+        expected_throughput(
+            record,
+            *scope,
+            self.identity.basis.as_ref(),
+            &record_date(record.recorded_ms, offset),
+        )
+    }
+
+    /// Whether the run is healthy at `now_ms`; a sick moment ends the healthy stretch.
+    pub fn set_healthy(&mut self, now_ms: TimestampMs, healthy: bool) {
+        if healthy {
+            self.healthy_since_ms.get_or_insert(now_ms);
+        } else if self.healthy_since_ms.take().is_some() {
+            self.window.reset();
+        }
+    }
+
+    fn in_healthy_stretch(&self) -> bool {
+        self.healthy_since_ms.is_some()
+    }
+
+    pub fn observe_step(&mut self, m: &StepMetrics) {
+        if self.in_healthy_stretch() {
+            self.window.observe_step(m);
+        }
+    }
+
+    pub fn observe_gpu(&mut self, g: &GpuSample) {
+        if self.in_healthy_stretch() {
+            self.window.observe_gpu(g);
+        }
+    }
+
+    pub fn observe_queue(&mut self, q: &QueueStats) {
+        if self.in_healthy_stretch() {
+            self.window.observe_queue(q);
+        }
+    }
+
+    /// Whether a record is due: healthy for `after_ok_s`, and `refresh_s` since the last one.
+    pub fn due(&self, now_ms: TimestampMs) -> bool {
+        let Some(since) = self.healthy_since_ms else {
+            return false;
+        };
+        let ms = |s: f64| (s * 1000.0) as i64;
+        now_ms - since >= ms(self.cfg.after_ok_s)
+            && self
+                .last_written_ms
+                .is_none_or(|last| now_ms - last >= ms(self.cfg.refresh_s))
+            && self.window.step_samples() > 0
+    }
+
+    /// Writes the run dir's record and the recipe's; returns the record and whether it was the
+    /// first this process wrote.
+    pub fn write(
+        &mut self,
+        now_ms: TimestampMs,
+        step: u64,
+        fingerprint: &Fingerprint,
+        caches: &[CacheState],
+    ) -> std::io::Result<(HealthyRecord, bool)> {
+        let figures = self
+            .window
+            .figures(self.identity.basis.clone())
+            .ok_or_else(|| std::io::Error::other("no healthy step to record"))?;
+        let id = &self.identity;
+        let record = HealthyRecord {
+            format: FORMAT,
+            recorded_ms: now_ms,
+            healthy_since_ms: self.window.since_ms().unwrap_or(now_ms),
+            run_name: id.run_name.clone(),
+            run_dir: id.run_dir.display().to_string(),
+            recipe: id.recipe.clone(),
+            step,
+            throughput: figures.throughput,
+            memory: figures.memory,
+            queue: figures.queue,
+            step_times: figures.step_times,
+            fingerprint: fingerprint.clone(),
+            caches: caches.to_vec(),
+            config_digest: fingerprint.config_hash.clone(),
+            data_digest: fingerprint.data_hash.clone(),
+            mean_row_tokens: id.basis.as_ref().map(|b| b.mean_row_tokens),
+            commit: fingerprint.code_git_commit.clone(),
+            topology: id.topology.clone(),
+            device_models: id.device_models.clone(),
+        };
+        let bytes = serde_json::to_vec_pretty(&record).map_err(std::io::Error::other)?;
+        write_atomic(&run_record_path(&id.run_dir), &bytes)?;
+        let recipe_path = recipe_record_path(&self.state_dir, &id.recipe);
+        if let Some(dir) = recipe_path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        write_atomic(&recipe_path, &bytes)?;
+        let first = self.last_written_ms.is_none();
+        self.last_written_ms = Some(now_ms);
+        Ok((record, first))
+    }
+}
+
+/// Removes the run dir's record and the recipe's (a confirmed "forget"); returns what was
+/// removed.
+pub fn forget(run_dir: &Path, state_dir: &Path, recipe: Option<&str>) -> std::io::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let mut paths = vec![run_record_path(run_dir)];
+    if let Some(r) = recipe {
+        paths.push(recipe_record_path(state_dir, r));
+    }
+    for p in paths {
+        match std::fs::remove_file(&p) {
+            Ok(()) => removed.push(p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_shared::metrics::StepTimes;
+
+    fn identity(run_dir: &Path) -> RecordIdentity {
+        RecordIdentity {
+            run_name: "tiny".into(),
+            run_dir: run_dir.to_path_buf(),
+            recipe: "abc".into(),
+            topology: "cpu".into(),
+            device_models: Vec::new(),
+            basis: None,
+        }
+    }
+
+    fn step(ts_ms: i64, tokens_per_s: f64) -> StepMetrics {
+        StepMetrics {
+            ts_ms,
+            step: 1,
+            epoch: 1,
+            loss: 1.0,
+            accuracy: 0.5,
+            tau: None,
+            lr: 1e-4,
+            grad_norm: 1.0,
+            tokens_per_s,
+            draft_positions_per_s: tokens_per_s,
+            mfu: None,
+            workers: Vec::new(),
+            times: StepTimes::default(),
+            online: None,
+        }
+    }
+
+    #[test]
+    fn a_record_is_written_after_a_healthy_stretch_and_judges_the_next_start() {
+        let run = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let cfg = HealthyRecordConfig {
+            after_ok_s: 10.0,
+            refresh_s: 5.0,
+            use_recipe_record: true,
+        };
+        let mut k = HealthyRecordKeeper::open(
+            cfg.clone(),
+            identity(run.path()),
+            state.path().to_path_buf(),
+            None,
+        );
+        assert!(k.judged_against().is_none());
+        for s in 0..8 {
+            k.set_healthy(s * 1000, true);
+            k.observe_step(&step(s * 1000, 1_600.0));
+        }
+        assert!(!k.due(8_000), "healthy for 8 s of 10");
+        // An alert ends the stretch and its samples.
+        k.set_healthy(8_000, false);
+        for s in 9..21 {
+            k.set_healthy(s * 1000, true);
+            k.observe_step(&step(s * 1000, 1_500.0));
+        }
+        assert!(!k.due(18_000));
+        assert!(k.due(19_000));
+        let (record, first) = k.write(19_000, 40, &Fingerprint::default(), &[]).unwrap();
+        assert!(first);
+        assert_eq!(record.throughput.tokens_per_s, 1_500.0);
+        assert!(!k.due(20_000), "refreshed every 5 s");
+        assert!(k.due(24_000));
+
+        // A restart in the same run dir is judged against it.
+        let again = HealthyRecordKeeper::open(
+            cfg.clone(),
+            identity(run.path()),
+            state.path().to_path_buf(),
+            None,
+        );
+        let r = again.reference(FixedOffset::east_opt(0).unwrap()).unwrap();
+        assert_eq!((r.tokens_per_s, r.scope), (1_500.0, RecordScope::ThisRun));
+        // A new run dir of the same recipe, by the recipe's record.
+        let other = tempfile::tempdir().unwrap();
+        let fresh = HealthyRecordKeeper::open(
+            cfg.clone(),
+            identity(other.path()),
+            state.path().to_path_buf(),
+            None,
+        );
+        let r = fresh.reference(FixedOffset::east_opt(0).unwrap()).unwrap();
+        assert_eq!(r.scope, RecordScope::Recipe);
+        assert!(r.source.starts_with("this recipe ran at 1.5K tok/s here on 1970-01-01 00:00"), "{}", r.source);
+        // Not with the recipe record switched off, nor for another recipe.
+        let off = HealthyRecordConfig {
+            use_recipe_record: false,
+            ..cfg.clone()
+        };
+        assert!(HealthyRecordKeeper::open(off, identity(other.path()), state.path().into(), None)
+            .judged_against()
+            .is_none());
+        let mut another = identity(other.path());
+        another.recipe = "def".into();
+        assert!(HealthyRecordKeeper::open(cfg, another, state.path().into(), None)
+            .judged_against()
+            .is_none());
+        // Forgetting removes both.
+        let removed = forget(run.path(), state.path(), Some("abc")).unwrap();
+        assert_eq!(removed.len(), 2);
+        assert!(forget(run.path(), state.path(), Some("abc")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_recipe_digest_changes_with_the_topology_and_not_with_the_run_name() {
+        let a = serde_json::json!({"run": {"name": "a"}, "training": {"batch_size": 4}});
+        let b = serde_json::json!({"run": {"name": "b"}, "training": {"batch_size": 4}});
+        assert_eq!(recipe_digest(&a, "cpu", &[]), recipe_digest(&b, "cpu", &[]));
+        assert_ne!(recipe_digest(&a, "cpu", &[]), recipe_digest(&a, "cuda:0", &[]));
+        assert_eq!(recipe_digest(&a, "cpu", &[]).len(), 16);
+    }
+}
