@@ -65,6 +65,8 @@ struct Shared {
     withdrawn: Mutex<WithdrawnRequests>,
     policy: ActionPolicy,
     unlocked_keys: Mutex<Vec<String>>,
+    /// What the live environment watch sees differ from the start, worded (empty: nothing).
+    live_environment: Mutex<Vec<String>>,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
     queue_monitor: Mutex<Option<QueueMonitor>>,
     bus: FrameBus,
@@ -164,6 +166,7 @@ impl RunHandle {
                 withdrawn: Mutex::new(WithdrawnRequests::default()),
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
+                live_environment: Mutex::new(Vec::new()),
                 queue_monitor: Mutex::new(None),
                 bus,
                 recorder: recorder.map(Mutex::new),
@@ -201,7 +204,13 @@ impl RunHandle {
     }
 
     pub fn set_run_state(&self, state: RunState) {
-        write(&self.inner.status).snapshot.run.state = state;
+        let changed = {
+            let mut st = write(&self.inner.status);
+            std::mem::replace(&mut st.snapshot.run.state, state) != state
+        };
+        if changed {
+            self.record_status_frame();
+        }
     }
 
     pub fn update_run(&self, f: impl FnOnce(&mut RunInfo)) {
@@ -284,8 +293,32 @@ impl RunHandle {
         write(&self.inner.status).snapshot.caches = caches;
     }
 
+    /// Replaces the alert list; a change of which alerts are active, or of their level, puts a
+    /// status frame in the recording, so a replay shows each alert when the operator saw it.
     pub fn set_alerts(&self, alerts: Vec<Alert>) {
-        write(&self.inner.status).snapshot.alerts = alerts;
+        let changed = {
+            let mut st = write(&self.inner.status);
+            let key = |list: &[Alert]| -> Vec<(String, dflash_shared::events::Severity, i64)> {
+                list.iter()
+                    .map(|a| (a.detector.clone(), a.level, a.since_ms))
+                    .collect()
+            };
+            let changed = key(&st.snapshot.alerts) != key(&alerts);
+            st.snapshot.alerts = alerts;
+            changed
+        };
+        if changed {
+            self.record_status_frame();
+        }
+    }
+
+    /// Writes the current status snapshot to the recording (the sampler also calls it at a
+    /// modest cadence), so a replay has the alerts, baseline and state as they were.
+    pub fn record_status_frame(&self) {
+        if let Some(rec) = &self.inner.recorder {
+            let frame = Response::Status(Box::new(self.status_snapshot()));
+            lock(rec).record(now_ms(), &frame);
+        }
     }
 
     /// The thresholds the daemon's detectors judge with, served in status so the console
@@ -293,10 +326,7 @@ impl RunHandle {
     /// carrying them, so a replay judges as the daemon did.
     pub fn set_detectors(&self, detectors: DetectorsSection) {
         write(&self.inner.status).snapshot.detectors = Some(detectors);
-        if let Some(rec) = &self.inner.recorder {
-            let frame = Response::Status(Box::new(self.status_snapshot()));
-            lock(rec).record(now_ms(), &frame);
-        }
+        self.record_status_frame();
     }
 
     pub fn set_config(&self, config: serde_json::Value) {
@@ -305,6 +335,27 @@ impl RunHandle {
 
     pub fn set_fingerprint(&self, fingerprint: serde_json::Value) {
         *write(&self.inner.fingerprint) = fingerprint;
+    }
+
+    /// The live environment watch's standing differences from the start, and the packages as
+    /// they are now (folded into the fingerprint the healthy record is compared with).
+    pub fn set_live_environment(
+        &self,
+        differences: Vec<String>,
+        packages_now: std::collections::BTreeMap<String, String>,
+    ) {
+        *lock(&self.inner.live_environment) = differences;
+        let mut fp = write(&self.inner.fingerprint);
+        if let Some(map) = fp.as_object_mut() {
+            map.insert(
+                "python_packages".into(),
+                serde_json::to_value(packages_now).unwrap_or_default(),
+            );
+        }
+    }
+
+    pub fn live_environment(&self) -> Vec<String> {
+        lock(&self.inner.live_environment).clone()
     }
 
     /// Lists a checkpoint in status and journals it.

@@ -24,6 +24,9 @@ use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::differences_since;
 
+/// The live environment watch's alert (`telemetry/env_watch.rs`).
+pub const ENVIRONMENT_DETECTOR: &str = "environment";
+
 /// Alerts are recomputed at least this often ("since" texts, journal context).
 const REFRESH: Duration = Duration::from_secs(2);
 
@@ -37,6 +40,8 @@ pub struct HealthFeed {
     run_alert: Option<Alert>,
     /// The healthy record this run is judged against and the keeper of this run's own.
     record: Option<HealthyRecordKeeper>,
+    /// The live environment watch's alert level.
+    environment: Level,
 }
 
 impl HealthFeed {
@@ -57,6 +62,7 @@ impl HealthFeed {
             last_refresh: None,
             run_alert: None,
             record: None,
+            environment: Level::Ok,
         }
     }
 
@@ -74,6 +80,9 @@ impl HealthFeed {
             self.handle
                 .record_event_logged(Severity::Info, EventKind::Note { message });
             self.monitor.set_throughput_reference(Some(reference));
+        }
+        if let Some(record) = keeper.judged_against() {
+            self.monitor.remember_caches(&record.caches);
         }
         self.handle
             .set_healthy_record(keeper.judged_against().cloned());
@@ -175,6 +184,7 @@ impl HealthFeed {
                 changed |= !t.is_empty();
             }
         }
+        changed |= self.judge_environment();
         let caches = self.handle.caches();
         if !caches.is_empty() {
             let (_, t) = self.monitor.observe_caches(now_ms(), &caches);
@@ -184,6 +194,41 @@ impl HealthFeed {
         if changed || due {
             self.refresh_alerts();
         }
+    }
+
+    /// The live environment watch's standing differences as the `environment` alert: raised
+    /// while anything differs from what this process started with, cleared once reverted.
+    fn judge_environment(&mut self) -> bool {
+        let differences = self.handle.live_environment();
+        let next = if differences.is_empty() {
+            Level::Ok
+        } else {
+            Level::Warn
+        };
+        if next == self.environment {
+            return false;
+        }
+        let message = if differences.is_empty() {
+            "training environment back to what this run started with".to_string()
+        } else {
+            format!(
+                "training environment changed while the daemon runs: {}; this process still \
+                 runs the libraries it loaded, the next start would load the new ones; \
+                 restore what it started with before restarting",
+                differences.join("; ")
+            )
+        };
+        let t = Transition {
+            detector: ENVIRONMENT_DETECTOR.into(),
+            from: self.environment,
+            to: next,
+            at_ms: now_ms(),
+            message,
+        };
+        self.environment = next;
+        let t = self.monitor.record_external(vec![t]);
+        self.journal(&t);
+        true
     }
 
     /// Sets (or clears) the alert about the run itself and republishes the alerts.

@@ -10,6 +10,9 @@ use dflash_shared::events::Severity;
 
 use crate::run::handle::RunHandle;
 use crate::telemetry::caches::{save_inventory, CacheMonitor};
+use crate::telemetry::env_watch::{EnvChange, EnvWatch};
+use dflash_shared::events::EventKind;
+use dflash_shared::health::fingerprint::Fingerprint;
 use crate::telemetry::{GpuSampler, HostSampler};
 use dflash_shared::clock::now_ms;
 
@@ -30,7 +33,14 @@ pub struct TelemetrySampler {
     handle: RunHandle,
     cfg: SamplerConfig,
     last_cache_scan: Option<Instant>,
+    last_status_frame: Option<Instant>,
+    /// The live environment watch, checked on the cache scan's cadence.
+    env: Option<EnvWatch>,
 }
+
+/// Besides every change of state or alerts, the recording gets a status frame this often, so a
+/// replay's baseline and figures never lag the run by more.
+const STATUS_FRAME_EVERY: Duration = Duration::from_secs(30);
 
 impl TelemetrySampler {
     pub fn new(
@@ -39,13 +49,19 @@ impl TelemetrySampler {
         caches: CacheMonitor,
         cfg: SamplerConfig,
     ) -> Self {
+        let fingerprint: Fingerprint =
+            serde_json::from_value(handle.fingerprint()).unwrap_or_default();
+        let libtorch = dflash_engine::device::loaded_libtorch_dir();
+        let env = EnvWatch::from_fingerprint(&fingerprint, libtorch.as_deref());
         TelemetrySampler {
+            env,
             gpu,
             host: HostSampler::new(),
             caches,
             handle,
             cfg,
             last_cache_scan: None,
+            last_status_frame: None,
         }
     }
 
@@ -60,8 +76,39 @@ impl TelemetrySampler {
             .last_cache_scan
             .is_none_or(|t| t.elapsed() >= self.cfg.cache_interval);
         if due {
+            self.watch_environment();
             self.scan_caches(now);
             self.last_cache_scan = Some(Instant::now());
+        }
+        if self
+            .last_status_frame
+            .is_none_or(|t| t.elapsed() >= STATUS_FRAME_EVERY)
+        {
+            self.handle.record_status_frame();
+            self.last_status_frame = Some(Instant::now());
+        }
+    }
+
+    /// Journals each change to the training environment as it happens (an install while the
+    /// daemon runs), and hands the standing differences to the health feed's alert.
+    fn watch_environment(&mut self) {
+        let Some(env) = self.env.as_mut() else { return };
+        let (changes, standing) = env.check();
+        for c in &changes {
+            let absent = || "(absent)".to_string();
+            self.handle.record_event_logged(
+                Severity::Warn,
+                EventKind::EnvironmentDrift {
+                    field: c.field.clone(),
+                    before: c.before.clone().unwrap_or_else(absent),
+                    after: c.after.clone().unwrap_or_else(absent),
+                },
+            );
+        }
+        if !changes.is_empty() {
+            let standing: Vec<String> = standing.iter().map(EnvChange::sentence).collect();
+            self.handle
+                .set_live_environment(standing, env.packages_now());
         }
     }
 

@@ -6,6 +6,7 @@
 pub mod allocator;
 pub mod caches;
 pub mod cuda_order;
+pub mod env_watch;
 pub mod fingerprint;
 mod git;
 pub mod gpu;

@@ -96,6 +96,19 @@ impl CacheWatcher {
         Self::default()
     }
 
+    /// Remembers caches as they were in an earlier process (the healthy record's): one that was
+    /// warm then and is missing or cold at the first observation raises its alert, so a restart
+    /// does not forget that the cache is gone.
+    pub fn remember(&mut self, states: &[CacheState]) {
+        for state in states {
+            let tracked = self.caches.entry(state.name.clone()).or_default();
+            tracked.was_ever_warm |= state.present && state.warm;
+            if tracked.last.is_none() {
+                tracked.last = Some(state.clone());
+            }
+        }
+    }
+
     /// Feeds one inventory of all configured caches. Returns the changes (for the journal) and
     /// any level transitions (for alerts).
     pub fn observe(
@@ -208,6 +221,18 @@ mod tests {
         );
         let (_, t) = w.observe(4, &[state(true, true, 5)]);
         assert_eq!(t[0].to, Level::Ok);
+    }
+
+    #[test]
+    fn a_cache_warm_in_an_earlier_process_and_missing_now_is_an_alert_from_the_first_scan() {
+        let mut w = CacheWatcher::new();
+        w.remember(&[state(true, true, 2_100_000_000)]);
+        let (c, t) = w.observe(10, &[state(false, false, 0)]);
+        assert_eq!(c[0].kind, CacheChangeKind::Deleted);
+        assert_eq!((t.len(), t[0].to), (1, Level::Warn));
+        // A fresh watcher would say nothing of the same scan.
+        let (_, t) = CacheWatcher::new().observe(10, &[state(false, false, 0)]);
+        assert!(t.is_empty());
     }
 
     #[test]

@@ -71,6 +71,11 @@ impl HealthMonitor {
         self.record(transitions)
     }
 
+    /// Caches as the healthy record saw them: a warm one missing now is an alert at once.
+    pub fn remember_caches(&mut self, states: &[CacheState]) {
+        self.caches.remember(states);
+    }
+
     /// Whether any alert is active: a run with one is not healthy enough to be remembered.
     pub fn any_active(&self) -> bool {
         !self.active.is_empty()
