@@ -6,7 +6,16 @@ use std::path::{Path, PathBuf};
 /// Finds the environment: an explicit path, else `$VIRTUAL_ENV`, else `.venv` under `cwd`.
 pub fn locate(explicit: Option<&Path>, virtual_env: Option<&Path>, cwd: &Path) -> Option<PathBuf> {
     if let Some(p) = explicit {
-        return Some(p.to_path_buf());
+        // `telemetry.python` names an interpreter (`venv/bin/python`): its environment is the
+        // folder above `bin/` (not the interpreter the link points at, which may be a base
+        // install's). A directory is taken as the environment itself.
+        let env = match p.parent() {
+            Some(bin) if p.is_file() && bin.file_name().is_some_and(|n| n == "bin") => {
+                bin.parent().unwrap_or(bin)
+            }
+            _ => p,
+        };
+        return Some(env.to_path_buf());
     }
     if let Some(p) = virtual_env {
         return Some(p.to_path_buf());
@@ -132,6 +141,18 @@ mod tests {
             Some("2.27.7")
         );
         assert_eq!(pkgs.len(), 3);
+    }
+
+    #[test]
+    fn an_interpreter_path_names_the_environment_above_its_bin() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("venv/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("python"), "").unwrap();
+        assert_eq!(
+            locate(Some(&bin.join("python")), None, tmp.path()),
+            Some(tmp.path().join("venv"))
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct StatusReport {
     pub next_steps: Vec<String>,
     pub timeline: Vec<timeline::Entry>,
     pub files: Files,
+    /// The healthy record the daemon judges the run against, when it has one.
+    pub healthy_record: Option<dflash_shared::health::healthy_record::HealthyRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -83,6 +85,9 @@ pub struct Throughput {
     pub baseline_tokens_per_s: Option<f64>,
     pub share_of_baseline: Option<f64>,
     pub stable_since: Option<String>,
+    /// Where the baseline came from when the daemon did not learn it itself ("this recipe ran
+    /// at 21.5K tok/s here on …", the pinned figure).
+    pub baseline_source: Option<String>,
 }
 
 /// Offline τ and, beside it, the newest online evaluation: the train-versus-serve gap in one
@@ -135,6 +140,8 @@ pub struct AlertReport {
     pub headline: String,
     /// The sentence the console shows: what, since when, and what changed just before.
     pub explanation: String,
+    /// What differs between the run's healthy record and now.
+    pub since_healthy: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -197,6 +204,7 @@ pub fn build(input: &ReportInput) -> StatusReport {
         key_decisions: timeline::decisions(events),
         next_steps: Vec::new(),
         timeline: timeline::changes(events),
+        healthy_record: snapshot.and_then(|s| s.healthy_record.as_deref().cloned()),
         files,
     };
     report.goal = plan::goal(&report);
@@ -260,6 +268,7 @@ fn throughput_section(input: &ReportInput) -> Throughput {
             baseline_tokens_per_s: None,
             share_of_baseline: None,
             stable_since: None,
+            baseline_source: None,
         };
     };
     let t = &s.throughput;
@@ -273,6 +282,7 @@ fn throughput_section(input: &ReportInput) -> Throughput {
             .filter(|b| *b > 0.0)
             .map(|b| t.tokens_per_s / b),
         stable_since: t.stable_since_ms.map(fmt::rfc3339),
+        baseline_source: t.baseline_source.clone(),
     }
 }
 
@@ -326,6 +336,7 @@ fn alert_section(
                 message: a.message.clone(),
                 headline: explained.head.clone(),
                 explanation: explained.sentence(),
+                since_healthy: a.since_healthy.clone(),
             }
         })
         .collect()

@@ -1,0 +1,435 @@
+//! The incident, through the real binaries: a healthy run on the embedded default, a stop, a
+//! real slowdown between runs (the restarted daemon pinned to one core that a busy process
+//! shares), a restart. The throughput alert must fire against the healthy record the first run
+//! left, `dflash-tui status --format json` must show it, and its explanation must name the
+//! restart and what differs from the record. Then a new run dir of the same recipe, on the same
+//! slowed machine, is judged against the recipe's record.
+//!
+//! And the live environment watch: a real `pip install` into the venv the daemon watches, while
+//! it trains, raises the `environment` alert; the revert clears it; the recording the daemon
+//! wrote replays both, at their times.
+//!
+//! Detector timings are shortened through the config (`[detectors]`), so the test runs in about
+//! two minutes; the README's "What the console catches" gives the bounds at the defaults.
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dflash_shared::config::Config;
+use dflash_shared::health::healthy_record::HealthyRecord;
+
+const TUI: &str = env!("CARGO_BIN_EXE_dflash-tui");
+
+fn dflashd_bin() -> PathBuf {
+    let bin = std::env::var_os("DFLASHD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(TUI).with_file_name("dflashd"));
+    assert!(
+        bin.is_file(),
+        "this test needs the dflashd binary at {} (cargo build --release -p dflashd, or set DFLASHD_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+/// The embedded default with detector timings short enough for a test, written to `root`.
+fn config(root: &Path, edit: impl FnOnce(&mut Config)) -> PathBuf {
+    let mut cfg = Config::embedded_default();
+    cfg.training.eval_every = 1_000_000;
+    cfg.training.online_eval_every = Some(0);
+    cfg.training.checkpoint_every = 1_000_000;
+    let t = &mut cfg.detectors.throughput;
+    t.warmup_s = 4.0;
+    t.min_baseline_samples = 5;
+    t.smoothing_samples = 3;
+    t.warn_after_s = 4.0;
+    t.crit_after_s = 2.0;
+    cfg.detectors.healthy.after_ok_s = 6.0;
+    cfg.detectors.healthy.refresh_s = 3.0;
+    cfg.telemetry.sample_interval_ms = 250;
+    edit(&mut cfg);
+    let path = root.join("config.toml");
+    std::fs::write(&path, cfg.to_toml_string()).unwrap();
+    path
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Daemon {
+    /// `dflashd start`, optionally pinned to `cpus` (`taskset -c`).
+    fn start(root: &Path, config: &Path, run_dir: &Path, cpus: Option<&str>, tag: &str) -> Daemon {
+        let socket = root.join(format!("s-{tag}/d.sock"));
+        let stderr = root.join(format!("dflashd-{tag}.err"));
+        let mut cmd = match cpus {
+            Some(c) => {
+                let mut cmd = Command::new("taskset");
+                cmd.args(["-c", c]).arg(dflashd_bin());
+                cmd
+            }
+            None => Command::new(dflashd_bin()),
+        };
+        for (var, sub) in [
+            ("XDG_RUNTIME_DIR", "rt"),
+            ("XDG_STATE_HOME", "state"),
+            ("XDG_DATA_HOME", "data"),
+        ] {
+            cmd.env(var, root.join(sub));
+        }
+        let child = cmd
+            .env_remove("NOTIFY_SOCKET")
+            .env("DFLASH_CPU_PEAK_FLOPS", "5e10")
+            .args(["start", "--threads", "2", "--log-every", "0", "--config"])
+            .arg(config)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--run-dir")
+            .arg(run_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn dflashd");
+        Daemon {
+            child,
+            socket,
+            stderr,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// `dflash-tui status --format json` against this daemon.
+    fn status(&self, root: &Path) -> Option<serde_json::Value> {
+        let out = Command::new(TUI)
+            .env("XDG_RUNTIME_DIR", root.join("rt"))
+            .env("XDG_STATE_HOME", root.join("state"))
+            .args(["status", "--format", "json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Waits until `pred` holds of the status report; returns it and how long it took.
+    fn wait_for(
+        &mut self,
+        root: &Path,
+        limit: Duration,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> (serde_json::Value, Duration) {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("dflashd exited ({status}) waiting for {what}:\n{}", self.log());
+            }
+            if let Some(s) = self.status(root) {
+                if pred(&s) {
+                    return (s, start.elapsed());
+                }
+                last = Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!(
+            "{what} not seen in {limit:?}; last status: {}\n{}",
+            last.map(|s| s.to_string()).unwrap_or_default(),
+            self.log()
+        );
+    }
+
+    fn stop(mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("dflashd did not stop:\n{}", self.log());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A busy loop pinned to CPU 0: the "process sharing the core".
+struct Busy(Child);
+
+impl Busy {
+    fn on_cpu0() -> Busy {
+        Busy(
+            Command::new("taskset")
+                .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+                .spawn()
+                .expect("taskset (util-linux) runs a busy loop"),
+        )
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The throughput alert of a report from a daemon that answered (an unreachable one's report
+/// rests on an older run's journal).
+fn throughput_alert(status: &serde_json::Value) -> Option<&serde_json::Value> {
+    if status["daemon"]["reachable"] != true {
+        return None;
+    }
+    status["alerts"]
+        .as_array()?
+        .iter()
+        .find(|a| a["detector"] == "throughput")
+}
+
+fn lines(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+/// The detection bound with the test's timings, from the detector's documented rule:
+/// warmup + (⌊k/2⌋ + 2)·Δ + crit_after (Warn: + warn_after), with Δ the slow run's step
+/// interval, plus the start itself (setup, the first steps) measured from the restart.
+fn detection_bound(step_interval_s: f64, warn: bool) -> f64 {
+    let after = if warn { 4.0 } else { 2.0 };
+    4.0 + (3 / 2 + 2) as f64 * step_interval_s + after
+}
+
+#[test]
+fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the_healthy_record() {
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let cfg = config(root, |_| {});
+    let run_a = root.join("run-a");
+
+    // 1. A healthy run, until it has written its healthy record.
+    let mut healthy = Daemon::start(root, &cfg, &run_a, None, "healthy");
+    let record_path = run_a.join("healthy.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !record_path.is_file() {
+        assert!(Instant::now() < deadline, "no healthy record:\n{}", healthy.log());
+        if let Ok(Some(s)) = healthy.child.try_wait() {
+            panic!("dflashd exited ({s}):\n{}", healthy.log());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let record = HealthyRecord::parse(&std::fs::read_to_string(&record_path).unwrap()).unwrap();
+    let recorded = record.throughput.tokens_per_s;
+    assert!(recorded > 0.0);
+    assert!(record.throughput.basis.is_some(), "the cost of a token is recorded");
+    // 2. A stop.
+    healthy.stop();
+
+    // 3. A real slowdown: the machine's CPU 0 is busy, and the restart is pinned to it.
+    let _busy = Busy::on_cpu0();
+    // 4. The restart.
+    let mut slow = Daemon::start(root, &cfg, &run_a, Some("0"), "restart");
+    let (status, took) = slow.wait_for(root, Duration::from_secs(150), "a throughput alert", |s| {
+        throughput_alert(s).is_some()
+    });
+    let alert = throughput_alert(&status).unwrap();
+    let now = status["throughput"]["tokens_per_s"].as_f64().unwrap();
+    let share = now / recorded;
+    eprintln!(
+        "restart: healthy {recorded:.0} tok/s, slowed {now:.0} tok/s ({:.0} %), {} after {:.1} s",
+        share * 100.0,
+        alert["level"],
+        took.as_secs_f64()
+    );
+    assert!(share < 0.8, "the slowdown is real: {share}");
+    let source = status["throughput"]["baseline_source"].as_str().unwrap_or_default();
+    assert!(source.starts_with("this run ran at"), "{status}");
+    assert_eq!(
+        status["throughput"]["baseline_tokens_per_s"].as_f64(),
+        Some(recorded),
+        "judged against the record, never the slow rate"
+    );
+    let message = alert["message"].as_str().unwrap();
+    assert!(message.contains("this run ran at"), "{message}");
+    let explained = format!(
+        "{} {}",
+        alert["explanation"].as_str().unwrap(),
+        lines(&alert["since_healthy"]).join("; ")
+    );
+    assert!(
+        explained.contains("daemon restarted, resumed at step")
+            || explained.contains("daemon start since the record"),
+        "the explanation names the restart: {explained}"
+    );
+    assert!(
+        lines(&alert["since_healthy"])
+            .iter()
+            .any(|l| l.contains("daemon start")),
+        "what differs from the record: {alert}"
+    );
+    // The bound: a generous Δ of the slowed run's step time (the embedded default's step is
+    // about a second healthy; slowed, a few), plus up to 40 s of start before the first step.
+    let warn = alert["level"] == "warn";
+    let bound = 40.0 + detection_bound(6.0, warn);
+    assert!(
+        took.as_secs_f64() <= bound,
+        "fired after {:.1} s, bound {bound:.1} s",
+        took.as_secs_f64()
+    );
+    slow.stop();
+
+    // A new run dir of the same recipe on the same slowed machine.
+    let run_b = root.join("run-b");
+    let mut fresh = Daemon::start(root, &cfg, &run_b, Some("0"), "new-run");
+    let (status, took) = fresh.wait_for(root, Duration::from_secs(150), "a throughput alert", |s| {
+        throughput_alert(s).is_some()
+    });
+    let source = status["throughput"]["baseline_source"].as_str().unwrap_or_default();
+    eprintln!("new run dir: {} after {:.1} s ({source})", throughput_alert(&status).unwrap()["level"], took.as_secs_f64());
+    assert!(source.starts_with("this recipe ran at"), "{status}");
+    assert!(source.contains(&run_a.display().to_string()), "{source}");
+    fresh.stop();
+}
+
+fn pip_install(venv: &Path, wheel: &Path) {
+    let out = Command::new("python3")
+        .args(["-m", "pip", "--python"])
+        .arg(venv.join("bin/python"))
+        .args(["install", "--no-index", "--quiet", "--disable-pip-version-check"])
+        .arg(wheel)
+        .output()
+        .expect("python3 -m pip");
+    assert!(
+        out.status.success(),
+        "pip install {}: {}",
+        wheel.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A pure-Python wheel of `demo-pkg` at `version`, built with zipfile (no build backend, no
+/// network): what an installer of any package lays down.
+fn wheel(dir: &Path, version: &str) -> PathBuf {
+    let path = dir.join(format!("demo_pkg-{version}-py3-none-any.whl"));
+    let script = format!(
+        "import zipfile\n\
+         with zipfile.ZipFile({path:?}, 'w') as z:\n\
+         \x20   z.writestr('demo_pkg/__init__.py', '__version__ = \"{version}\"\\n')\n\
+         \x20   d = 'demo_pkg-{version}.dist-info/'\n\
+         \x20   z.writestr(d + 'METADATA', 'Metadata-Version: 2.1\\nName: demo-pkg\\nVersion: {version}\\n\\n')\n\
+         \x20   z.writestr(d + 'WHEEL', 'Wheel-Version: 1.0\\nGenerator: dflash-test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+         \x20   z.writestr(d + 'RECORD', '')\n",
+        path = path.display().to_string()
+    );
+    let ok = Command::new("python3").args(["-c", &script]).status().unwrap();
+    assert!(ok.success());
+    path
+}
+
+#[test]
+fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() {
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let venv = root.join("venv");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    pip_install(&venv, &wheel(root, "1.0"));
+    let cfg = config(root, |c| {
+        c.telemetry.python = Some(venv.join("bin/python").display().to_string())
+    });
+    let run = root.join("run");
+    let mut d = Daemon::start(root, &cfg, &run, None, "env");
+    d.wait_for(root, Duration::from_secs(60), "training", |s| {
+        s["run"]["step"].as_u64().unwrap_or(0) > 0
+    });
+
+    // An install swaps demo-pkg 1.0 for 2.0 in the watched venv while the daemon trains.
+    pip_install(&venv, &wheel(root, "2.0"));
+    let env_alert = |s: &serde_json::Value| {
+        s["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["detector"] == "environment")
+            .cloned()
+    };
+    let (status, took) = d.wait_for(root, Duration::from_secs(60), "the environment alert", |s| {
+        env_alert(s).is_some()
+    });
+    let alert = env_alert(&status).unwrap();
+    eprintln!("environment alert {:.1} s after the install", took.as_secs_f64());
+    assert!(took < Duration::from_secs(60), "within a minute");
+    let message = alert["message"].as_str().unwrap();
+    assert!(message.contains("demo-pkg 1.0 → 2.0"), "names the package and both versions: {message}");
+
+    // Reverted: the alert clears; the journal keeps both changes.
+    pip_install(&venv, &wheel(root, "1.0"));
+    d.wait_for(root, Duration::from_secs(60), "the alert to clear", |s| {
+        env_alert(s).is_none()
+    });
+    d.stop();
+    let journal = std::fs::read_to_string(run.join("journal.jsonl")).unwrap();
+    assert!(journal.contains("\"python.demo-pkg\""), "{journal}");
+
+    // The recording the daemon wrote replays the alert when it fired, and its clearing.
+    let recording = dflash_tui::replay::load(&run.join("recording.jsonl")).unwrap();
+    let frames = recording.frames;
+    let alerted: Vec<(i64, bool)> = frames
+        .iter()
+        .filter_map(|f| match &f.frame {
+            dflash_shared::protocol::Response::Status(s) => Some((
+                f.ts_ms,
+                s.alerts.iter().any(|a| a.detector == "environment"),
+            )),
+            _ => None,
+        })
+        .collect();
+    let fired = alerted.iter().find(|(_, on)| *on).expect("a frame with the alert").0;
+    let cleared = alerted
+        .iter()
+        .find(|(t, on)| *t > fired && !*on)
+        .expect("a later frame without it")
+        .0;
+    let replay_at = |until: i64| {
+        let upto: Vec<_> = frames.iter().filter(|f| f.ts_ms <= until).cloned().collect();
+        support::screen::replayed(&upto)
+    };
+    let during = replay_at(fired);
+    assert!(
+        during
+            .explained_alerts()
+            .iter()
+            .any(|a| a.sentence().contains("demo-pkg 1.0 → 2.0")),
+        "the replay shows the alert at {fired}"
+    );
+    let after = replay_at(cleared);
+    assert!(
+        !after
+            .explained_alerts()
+            .iter()
+            .any(|a| a.sentence().contains("training environment changed")),
+        "and its clearing at {cleared}"
+    );
+}
