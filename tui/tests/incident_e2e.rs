@@ -130,7 +130,10 @@ impl Daemon {
         let mut last = None;
         while start.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("dflashd exited ({status}) waiting for {what}:\n{}", self.log());
+                panic!(
+                    "dflashd exited ({status}) waiting for {what}:\n{}",
+                    self.log()
+                );
             }
             if let Some(s) = self.status(root) {
                 if pred(&s) {
@@ -206,7 +209,11 @@ fn throughput_alert(status: &serde_json::Value) -> Option<&serde_json::Value> {
 
 fn lines(v: &serde_json::Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -230,7 +237,11 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
     let record_path = run_a.join("healthy.json");
     let deadline = Instant::now() + Duration::from_secs(120);
     while !record_path.is_file() {
-        assert!(Instant::now() < deadline, "no healthy record:\n{}", healthy.log());
+        assert!(
+            Instant::now() < deadline,
+            "no healthy record:\n{}",
+            healthy.log()
+        );
         if let Ok(Some(s)) = healthy.child.try_wait() {
             panic!("dflashd exited ({s}):\n{}", healthy.log());
         }
@@ -260,7 +271,10 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
     let record = HealthyRecord::parse(&std::fs::read_to_string(&record_path).unwrap()).unwrap();
     let recorded = record.throughput.tokens_per_s;
     assert!(recorded > 0.0);
-    assert!(record.throughput.basis.is_some(), "the cost of a token is recorded");
+    assert!(
+        record.throughput.basis.is_some(),
+        "the cost of a token is recorded"
+    );
 
     // 3. A real slowdown: the machine's CPU 0 stays busy, and the restart is pinned to it.
     let _busy = busy;
@@ -284,7 +298,9 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
         ["warn", "crit"].contains(&alert["level"].as_str().unwrap_or_default()),
         "{alert}"
     );
-    let source = status["throughput"]["baseline_source"].as_str().unwrap_or_default();
+    let source = status["throughput"]["baseline_source"]
+        .as_str()
+        .unwrap_or_default();
     assert!(source.starts_with("this run ran at"), "{status}");
     assert_eq!(
         status["throughput"]["baseline_tokens_per_s"].as_f64(),
@@ -323,11 +339,18 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
     // A new run dir of the same recipe on the same slowed machine.
     let run_b = root.join("run-b");
     let mut fresh = Daemon::start(root, &cfg, &run_b, Some("0"), "new-run");
-    let (status, took) = fresh.wait_for(root, Duration::from_secs(150), "a throughput alert", |s| {
-        throughput_alert(s).is_some()
-    });
-    let source = status["throughput"]["baseline_source"].as_str().unwrap_or_default();
-    eprintln!("new run dir: {} after {:.1} s ({source})", throughput_alert(&status).unwrap()["level"], took.as_secs_f64());
+    let (status, took) =
+        fresh.wait_for(root, Duration::from_secs(150), "a throughput alert", |s| {
+            throughput_alert(s).is_some()
+        });
+    let source = status["throughput"]["baseline_source"]
+        .as_str()
+        .unwrap_or_default();
+    eprintln!(
+        "new run dir: {} after {:.1} s ({source})",
+        throughput_alert(&status).unwrap()["level"],
+        took.as_secs_f64()
+    );
     assert!(source.starts_with("this recipe ran at"), "{status}");
     assert!(source.contains(&run_a.display().to_string()), "{source}");
     fresh.stop();
@@ -337,7 +360,12 @@ fn pip_install(venv: &Path, wheel: &Path) {
     let out = Command::new("python3")
         .args(["-m", "pip", "--python"])
         .arg(venv.join("bin/python"))
-        .args(["install", "--no-index", "--quiet", "--disable-pip-version-check"])
+        .args([
+            "install",
+            "--no-index",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
         .arg(wheel)
         .output()
         .expect("python3 -m pip");
@@ -363,7 +391,10 @@ fn wheel(dir: &Path, version: &str) -> PathBuf {
          \x20   z.writestr(d + 'RECORD', '')\n",
         path = path.display().to_string()
     );
-    let ok = Command::new("python3").args(["-c", &script]).status().unwrap();
+    let ok = Command::new("python3")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
     assert!(ok.success());
     path
 }
@@ -399,14 +430,23 @@ fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() 
             .find(|a| a["detector"] == "environment")
             .cloned()
     };
-    let (status, took) = d.wait_for(root, Duration::from_secs(60), "the environment alert", |s| {
-        env_alert(s).is_some()
-    });
+    let (status, took) = d.wait_for(
+        root,
+        Duration::from_secs(60),
+        "the environment alert",
+        |s| env_alert(s).is_some(),
+    );
     let alert = env_alert(&status).unwrap();
-    eprintln!("environment alert {:.1} s after the install", took.as_secs_f64());
+    eprintln!(
+        "environment alert {:.1} s after the install",
+        took.as_secs_f64()
+    );
     assert!(took < Duration::from_secs(60), "within a minute");
     let message = alert["message"].as_str().unwrap();
-    assert!(message.contains("demo-pkg 1.0 → 2.0"), "names the package and both versions: {message}");
+    assert!(
+        message.contains("demo-pkg 1.0 → 2.0"),
+        "names the package and both versions: {message}"
+    );
 
     // Reverted: the alert clears; the journal keeps both changes.
     pip_install(&venv, &wheel(root, "1.0"));
@@ -430,14 +470,22 @@ fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() 
             _ => None,
         })
         .collect();
-    let fired = alerted.iter().find(|(_, on)| *on).expect("a frame with the alert").0;
+    let fired = alerted
+        .iter()
+        .find(|(_, on)| *on)
+        .expect("a frame with the alert")
+        .0;
     let cleared = alerted
         .iter()
         .find(|(t, on)| *t > fired && !*on)
         .expect("a later frame without it")
         .0;
     let replay_at = |until: i64| {
-        let upto: Vec<_> = frames.iter().filter(|f| f.ts_ms <= until).cloned().collect();
+        let upto: Vec<_> = frames
+            .iter()
+            .filter(|f| f.ts_ms <= until)
+            .cloned()
+            .collect();
         support::screen::replayed(&upto)
     };
     let during = replay_at(fired);

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 
 use dflash_shared::config::DetectorsSection;
-use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{

@@ -35,7 +35,11 @@ pub struct RecordIdentity {
 
 /// The recipe: the config without the keys that may change between runs of it, the topology
 /// and the device models, as a short digest (the file name of its record in the state dir).
-pub fn recipe_digest(config: &serde_json::Value, topology: &str, device_models: &[String]) -> String {
+pub fn recipe_digest(
+    config: &serde_json::Value,
+    topology: &str,
+    device_models: &[String],
+) -> String {
     let mut h = Sha256::new();
     h.update(recipe_text(config).as_bytes());
     h.update(b"\ntopology ");
@@ -50,7 +54,9 @@ pub fn run_record_path(run_dir: &Path) -> PathBuf {
 }
 
 pub fn recipe_record_path(state_dir: &Path, recipe: &str) -> PathBuf {
-    state_dir.join(RECIPE_RECORDS_DIR).join(format!("{recipe}.json"))
+    state_dir
+        .join(RECIPE_RECORDS_DIR)
+        .join(format!("{recipe}.json"))
 }
 
 fn read_record(path: &Path) -> Option<HealthyRecord> {
@@ -233,7 +239,11 @@ impl HealthyRecordKeeper {
 
 /// Removes the run dir's record and the recipe's (a confirmed "forget"); returns what was
 /// removed.
-pub fn forget(run_dir: &Path, state_dir: &Path, recipe: Option<&str>) -> std::io::Result<Vec<PathBuf>> {
+pub fn forget(
+    run_dir: &Path,
+    state_dir: &Path,
+    recipe: Option<&str>,
+) -> std::io::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let mut paths = vec![run_record_path(run_dir)];
     if let Some(r) = recipe {
@@ -338,24 +348,35 @@ mod tests {
         );
         let r = fresh.reference(FixedOffset::east_opt(0).unwrap()).unwrap();
         assert_eq!(r.scope, RecordScope::Recipe);
-        assert!(r.source.starts_with("this recipe ran at 1.5K tok/s here on 1970-01-01 00:00"), "{}", r.source);
+        assert!(
+            r.source
+                .starts_with("this recipe ran at 1.5K tok/s here on 1970-01-01 00:00"),
+            "{}",
+            r.source
+        );
         // Not with the recipe record switched off, nor for another recipe.
         let off = HealthyRecordConfig {
             use_recipe_record: false,
             ..cfg.clone()
         };
-        assert!(HealthyRecordKeeper::open(off, identity(other.path()), state.path().into(), None)
-            .judged_against()
-            .is_none());
+        assert!(
+            HealthyRecordKeeper::open(off, identity(other.path()), state.path().into(), None)
+                .judged_against()
+                .is_none()
+        );
         let mut another = identity(other.path());
         another.recipe = "def".into();
-        assert!(HealthyRecordKeeper::open(cfg, another, state.path().into(), None)
-            .judged_against()
-            .is_none());
+        assert!(
+            HealthyRecordKeeper::open(cfg, another, state.path().into(), None)
+                .judged_against()
+                .is_none()
+        );
         // Forgetting removes both.
         let removed = forget(run.path(), state.path(), Some("abc")).unwrap();
         assert_eq!(removed.len(), 2);
-        assert!(forget(run.path(), state.path(), Some("abc")).unwrap().is_empty());
+        assert!(forget(run.path(), state.path(), Some("abc"))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -363,7 +384,10 @@ mod tests {
         let a = serde_json::json!({"run": {"name": "a"}, "training": {"batch_size": 4}});
         let b = serde_json::json!({"run": {"name": "b"}, "training": {"batch_size": 4}});
         assert_eq!(recipe_digest(&a, "cpu", &[]), recipe_digest(&b, "cpu", &[]));
-        assert_ne!(recipe_digest(&a, "cpu", &[]), recipe_digest(&a, "cuda:0", &[]));
+        assert_ne!(
+            recipe_digest(&a, "cpu", &[]),
+            recipe_digest(&a, "cuda:0", &[])
+        );
         assert_eq!(recipe_digest(&a, "cpu", &[]).len(), 16);
     }
 }

@@ -11,10 +11,10 @@ use dflash_shared::events::Severity;
 use crate::run::handle::RunHandle;
 use crate::telemetry::caches::{save_inventory, CacheMonitor};
 use crate::telemetry::env_watch::{EnvChange, EnvWatch};
-use dflash_shared::events::EventKind;
-use dflash_shared::health::fingerprint::Fingerprint;
 use crate::telemetry::{GpuSampler, HostSampler};
 use dflash_shared::clock::now_ms;
+use dflash_shared::events::EventKind;
+use dflash_shared::health::fingerprint::Fingerprint;
 
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {

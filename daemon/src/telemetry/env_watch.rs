@@ -33,7 +33,11 @@ impl EnvChange {
                 self.before.as_deref().unwrap_or(absent),
                 self.after.as_deref().unwrap_or(absent)
             ),
-            None => format!("{} ({})", self.field, self.after.as_deref().unwrap_or(absent)),
+            None => format!(
+                "{} ({})",
+                self.field,
+                self.after.as_deref().unwrap_or(absent)
+            ),
         }
     }
 }
@@ -68,7 +72,10 @@ impl EnvWatch {
             .as_deref()
             .map(Path::new)
             .and_then(|python| python.parent()?.parent().map(Path::to_path_buf));
-        let site_packages = env.as_deref().map(python_env::site_packages).unwrap_or_default();
+        let site_packages = env
+            .as_deref()
+            .map(python_env::site_packages)
+            .unwrap_or_default();
         let mut start: BTreeMap<String, String> = fp
             .python_packages
             .iter()
@@ -79,17 +86,18 @@ impl EnvWatch {
                 start.insert(key, value);
             }
         }
-        (!site_packages.is_empty() || libtorch_lib_dir.is_some()).then(|| EnvWatch {
-            site_packages,
-            last: start.clone(),
-            start,
-            libtorch: libtorch_lib_dir.map(Path::to_path_buf),
-        })
-        .map(|mut w| {
-            // The packages as they are now, not as the fingerprint read them moments ago.
-            w.last = w.read();
-            w
-        })
+        (!site_packages.is_empty() || libtorch_lib_dir.is_some())
+            .then(|| EnvWatch {
+                site_packages,
+                last: start.clone(),
+                start,
+                libtorch: libtorch_lib_dir.map(Path::to_path_buf),
+            })
+            .map(|mut w| {
+                // The packages as they are now, not as the fingerprint read them moments ago.
+                w.last = w.read();
+                w
+            })
     }
 
     fn read(&self) -> BTreeMap<String, String> {
@@ -193,7 +201,10 @@ mod tests {
         assert_eq!(changes, [swap.clone()]);
         assert_eq!(standing, [swap.clone()]);
         assert_eq!(swap.sentence(), "torch 2.11.0 → 2.9.1");
-        assert_eq!(w.packages_now().get("torch").map(String::as_str), Some("2.9.1"));
+        assert_eq!(
+            w.packages_now().get("torch").map(String::as_str),
+            Some("2.9.1")
+        );
         assert!(w.check().0.is_empty(), "reported once");
         // Reverted: the change back is reported; nothing stands.
         std::fs::remove_dir_all(site.join("torch-2.9.1.dist-info")).unwrap();

@@ -272,7 +272,13 @@ fn canonical(value: &serde_json::Value) -> String {
             keys.sort();
             let fields: Vec<String> = keys
                 .into_iter()
-                .map(|k| format!("{}:{}", serde_json::Value::from(k.as_str()), canonical(&map[k])))
+                .map(|k| {
+                    format!(
+                        "{}:{}",
+                        serde_json::Value::from(k.as_str()),
+                        canonical(&map[k])
+                    )
+                })
                 .collect();
             format!("{{{}}}", fields.join(","))
         }
@@ -378,19 +384,15 @@ impl HealthyWindow {
                 Some(QueueBalance {
                     capacity: b.capacity,
                     median_depth: median(self.queue_depths.iter().copied()).unwrap_or(0.0),
-                    producer_blocked_frac: ((b.producer_blocked_ms - a.producer_blocked_ms)
-                        / wall)
+                    producer_blocked_frac: ((b.producer_blocked_ms - a.producer_blocked_ms) / wall)
                         .max(0.0),
-                    consumer_starved_frac: ((b.consumer_starved_ms - a.consumer_starved_ms)
-                        / wall)
+                    consumer_starved_frac: ((b.consumer_starved_ms - a.consumer_starved_ms) / wall)
                         .max(0.0),
                 })
             }
             _ => None,
         };
-        let times = |f: fn(&StepTimes) -> f64| {
-            median(self.step_times.iter().map(f)).unwrap_or(0.0)
-        };
+        let times = |f: fn(&StepTimes) -> f64| median(self.step_times.iter().map(f)).unwrap_or(0.0);
         Some(HealthyFigures {
             throughput: HealthyThroughput {
                 tokens_per_s,

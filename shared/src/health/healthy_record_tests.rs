@@ -54,7 +54,11 @@ fn the_record_round_trips_and_another_format_is_ignored() {
     let mut other = serde_json::to_value(&r).unwrap();
     other["format"] = serde_json::json!(FORMAT + 1);
     assert_eq!(HealthyRecord::parse(&other.to_string()), None);
-    assert_eq!(HealthyRecord::parse("{\"format\": 1"), None, "a partial write");
+    assert_eq!(
+        HealthyRecord::parse("{\"format\": 1"),
+        None,
+        "a partial write"
+    );
 }
 
 #[test]
@@ -64,11 +68,14 @@ fn the_same_length_mix_is_judged_against_the_figure_as_recorded() {
         model_flops_per_token: 1.0e9,
     };
     let r = record(21_500.0, Some(basis.clone()));
-    let e = expected_throughput(&r, RecordScope::ThisRun, Some(&basis), "2026-12-03 21:03")
-        .unwrap();
+    let e =
+        expected_throughput(&r, RecordScope::ThisRun, Some(&basis), "2026-12-03 21:03").unwrap();
     assert_eq!(e.tokens_per_s, 21_500.0);
     assert_eq!(e.adjustment, None);
-    assert_eq!(e.source, "this run ran at 21.5K tok/s here on 2026-12-03 21:03");
+    assert_eq!(
+        e.source,
+        "this run ran at 21.5K tok/s here on 2026-12-03 21:03"
+    );
     let e = expected_throughput(&r, RecordScope::Recipe, None, "2026-12-03 21:03").unwrap();
     assert_eq!(
         e.source,
@@ -88,7 +95,11 @@ fn longer_rows_lower_the_expected_rate_by_the_cost_of_a_token_and_say_so() {
     };
     let r = record(21_500.0, Some(then));
     let e = expected_throughput(&r, RecordScope::Recipe, Some(&now), "d").unwrap();
-    assert!((e.tokens_per_s - 21_500.0 / 1.05).abs() < 1e-6, "{}", e.tokens_per_s);
+    assert!(
+        (e.tokens_per_s - 21_500.0 / 1.05).abs() < 1e-6,
+        "{}",
+        e.tokens_per_s
+    );
     assert_eq!(
         e.adjustment.as_deref(),
         Some(
@@ -248,7 +259,10 @@ fn differences_name_the_environment_the_caches_and_what_happened_since() {
         },
     ));
     let d = differences_since(&r, &now, &caches_now, &confirmed);
-    assert!(d[2].ends_with("missing now: deleted by a confirmed dflash action"), "{d:?}");
+    assert!(
+        d[2].ends_with("missing now: deleted by a confirmed dflash action"),
+        "{d:?}"
+    );
     // Nothing differs: nothing is said.
     assert!(differences_since(&r, &r.fingerprint, &r.caches, &[]).is_empty());
 }

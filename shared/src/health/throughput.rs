@@ -298,7 +298,6 @@ impl ThroughputDetector {
             _ => headline,
         }
     }
-
 }
 
 fn headline(from: Level, to: Level, now: &str, pct: f64, base: &str) -> String {
@@ -430,9 +429,7 @@ mod tests {
         let t = feed(&mut d, 0, 400, 4_300.0);
         let crit = t.iter().find(|t| t.to == Level::Crit).expect("Crit");
         let cfg = ThroughputConfig::default();
-        let bound_s = cfg.warmup_s
-            + (cfg.smoothing_samples / 2 + 2) as f64
-            + cfg.crit_after_s;
+        let bound_s = cfg.warmup_s + (cfg.smoothing_samples / 2 + 2) as f64 + cfg.crit_after_s;
         assert!(
             crit.at_ms as f64 <= bound_s * 1000.0,
             "Crit at {} ms, bound {bound_s} s",
@@ -444,9 +441,16 @@ mod tests {
              here on 2026-12-03 20:40"
         );
         let status = d.status();
-        assert_eq!(status.baseline_tokens_per_s, Some(21_500.0), "never learned as normal");
+        assert_eq!(
+            status.baseline_tokens_per_s,
+            Some(21_500.0),
+            "never learned as normal"
+        );
         assert!(!status.learning);
-        assert!(status.baseline_source.unwrap().starts_with("this run ran at"));
+        assert!(status
+            .baseline_source
+            .unwrap()
+            .starts_with("this run ran at"));
     }
 
     #[test]
