@@ -171,7 +171,14 @@ pub fn run_without_tcache(test_name: &str) -> bool {
     };
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        // `--include-ignored`: the soak's tests are `#[ignore]`d in `make test`.
+        .args([
+            test_name,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GLIBC_TUNABLES", tunables)
         .env(CHILD_MARKER, "1")
         .output()

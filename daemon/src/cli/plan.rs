@@ -207,6 +207,7 @@ fn data_shape(
         // Only the data is read here: no trainer is built, nothing resumes.
         resume: None,
         memory_plan: MemoryPlanPolicy::default(),
+        cpu_peak_flops: None,
     };
     let (samples, _, source) =
         load_samples(&inputs, target.vocab_size() as usize).with_context(|| {

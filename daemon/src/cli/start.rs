@@ -87,6 +87,11 @@ pub struct StartArgs {
     /// journaled.
     #[arg(long)]
     pub ignore_memory_plan: bool,
+    /// The CPU's MFU peak, FLOP/s (e.g. 5e10), instead of timing a 1024×1024 matmul at start
+    /// (about a second); journaled as given, not measured. For tests and for machines whose
+    /// rate is known; CUDA devices keep their datasheet figure.
+    #[arg(long, value_name = "FLOPS", env = "DFLASH_CPU_PEAK_FLOPS")]
+    pub cpu_peak_flops: Option<f64>,
     /// Serve Prometheus `/metrics` here, overriding `metrics.listen`: `IP:PORT`, or a bare
     /// port for 127.0.0.1 (port 0: any free port; the journal and the banner say which). An
     /// address beyond loopback serves the run's figures to anyone who can reach it.
@@ -110,6 +115,13 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     if let Some(gib) = args.gpu_memory_gib {
         if !(gib.is_finite() && gib > 0.0) {
             bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
+        }
+    }
+    if let Some(flops) = args.cpu_peak_flops {
+        if !(flops.is_finite() && flops > 0.0) {
+            bail!(
+                "--cpu-peak-flops (DFLASH_CPU_PEAK_FLOPS): expected a positive number of FLOP/s, found {flops}"
+            );
         }
     }
     let (config, config_path) = match &args.config {
@@ -228,6 +240,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
             stated_gib: args.gpu_memory_gib,
             ignore: args.ignore_memory_plan,
         },
+        cpu_peak_flops: args.cpu_peak_flops,
         resume_from,
         metrics_listen,
         alloc_conf,

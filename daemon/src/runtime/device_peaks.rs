@@ -2,6 +2,9 @@
 //! process measures at the run's dtype and thread count (a CPU has no datasheet figure its
 //! libtorch threads reach); on CUDA the datasheet figure for its NVML model name
 //! (`dflash_shared::gpu_peaks`), and none, said so, for a model the table does not cite.
+//! A CPU peak given at start (`dflashd start --cpu-peak-flops`, or `DFLASH_CPU_PEAK_FLOPS`)
+//! replaces the measurement, and the journal says it was given, not measured: the test suite's
+//! daemons start that way, so each start does not spend a second timing matmuls.
 use dflash_engine::device;
 use dflash_engine::peak::measure_matmul;
 use dflash_engine::train::throughput::DevicePeaks;
@@ -16,10 +19,12 @@ const CPU_MATMUL_N: i64 = 1024;
 const CPU_MATMUL_REPS: usize = 9;
 
 /// The peaks for `devices`, and one journal line per device saying where its figure came
-/// from (or that it has none).
+/// from (or that it has none). `given_cpu`: the CPU's peak (FLOP/s) as the operator gave it,
+/// used instead of measuring.
 pub fn for_devices(
     devices: &[Device],
     kind_on: impl Fn(Device) -> Kind,
+    given_cpu: Option<f64>,
 ) -> (DevicePeaks, Vec<String>) {
     let mut peaks = DevicePeaks::new();
     let mut notes = Vec::new();
@@ -45,6 +50,14 @@ pub fn for_devices(
                         model.unwrap_or_else(|| "model unknown to NVML".into())
                     )),
                 }
+            }
+            _ if given_cpu.is_some() => {
+                let flops = given_cpu.unwrap_or_default();
+                peaks.insert(name.clone(), flops);
+                notes.push(format!(
+                    "MFU peak of {name}: {:.1} GFLOP/s, given, not measured (--cpu-peak-flops / DFLASH_CPU_PEAK_FLOPS)",
+                    flops / 1e9
+                ));
             }
             _ => {
                 let kind = kind_on(d);
@@ -76,10 +89,20 @@ mod tests {
 
     #[test]
     fn the_cpu_gets_a_measured_peak_and_says_so() {
-        let (peaks, notes) = for_devices(&[Device::Cpu], |_| Kind::Float);
+        let (peaks, notes) = for_devices(&[Device::Cpu], |_| Kind::Float, None);
         assert!(peaks.get("cpu").is_some_and(|p| p > 0.0));
         assert_eq!(notes.len(), 1);
         assert!(notes[0].starts_with("MFU peak of cpu: "), "{}", notes[0]);
         assert!(notes[0].contains("measured now"), "{}", notes[0]);
+    }
+
+    #[test]
+    fn a_given_cpu_peak_is_used_and_journaled_as_given() {
+        let (peaks, notes) = for_devices(&[Device::Cpu], |_| Kind::Float, Some(4.2e10));
+        assert_eq!(peaks.get("cpu"), Some(4.2e10));
+        assert_eq!(
+            notes,
+            ["MFU peak of cpu: 42.0 GFLOP/s, given, not measured (--cpu-peak-flops / DFLASH_CPU_PEAK_FLOPS)"]
+        );
     }
 }

@@ -111,6 +111,10 @@ fn truncated_file_is_a_size_error() {
         // The daemon's socket and logs stay in the test's temp dir.
         .env("XDG_RUNTIME_DIR", dir.path())
         .env("XDG_STATE_HOME", dir.path())
+        .env(
+            crate::support::binary::CPU_PEAK_VAR,
+            crate::support::binary::CPU_PEAK_FLOPS,
+        )
         .output()
         .unwrap();
     assert!(!o.status.success());

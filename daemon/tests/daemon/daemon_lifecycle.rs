@@ -12,7 +12,8 @@ use dflash_shared::status::RunState;
 fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume_continues() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let mut d = Daemon::spawn(root, &[]);
+    // This start times the CPU's matmul peak (every other test daemon is given one).
+    let mut d = Daemon::spawn_measuring(root, &[]);
     let first = d.wait_step_above(0);
     let later = d.wait_step_above(first);
     assert!(later > first);
@@ -85,6 +86,23 @@ fn status_advances_a_second_start_is_refused_and_sigterm_checkpoints_then_resume
         matches!(e.kind, EventKind::RunStarted { resumed_from_step: Some(s), .. } if s == saved)
     });
     assert!(resumed, "RunStarted names the step it resumed from");
+    // The first start measured its CPU peak; the restart was given one.
+    let peaks: Vec<String> = journal(&d.run_dir)
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Note { message } if message.starts_with("MFU peak of cpu: ") => {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(peaks.len(), 2, "{peaks:?}");
+    assert!(peaks[0].contains("GFLOP/s, measured now ("), "{}", peaks[0]);
+    assert!(
+        peaks[1].starts_with("MFU peak of cpu: 50.0 GFLOP/s, given, not measured"),
+        "{}",
+        peaks[1]
+    );
 }
 
 /// Running, and not a zombie waiting for whoever adopted it to reap it.

@@ -114,6 +114,10 @@ fn a_default_export_is_what_every_loader_takes_unchanged() {
         .arg(run.path())
         .env("XDG_RUNTIME_DIR", run.path())
         .env("XDG_STATE_HOME", run.path())
+        .env(
+            crate::support::binary::CPU_PEAK_VAR,
+            crate::support::binary::CPU_PEAK_FLOPS,
+        )
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -92,6 +92,10 @@ fn start(run_dir: &Path, steps: u64, metrics: &Path) {
         // The daemon's socket and logs stay in the test's temp dir.
         .env("XDG_RUNTIME_DIR", run_dir)
         .env("XDG_STATE_HOME", run_dir)
+        .env(
+            crate::support::binary::CPU_PEAK_VAR,
+            crate::support::binary::CPU_PEAK_FLOPS,
+        )
         .output()
         .unwrap();
     assert!(

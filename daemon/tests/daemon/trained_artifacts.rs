@@ -28,6 +28,10 @@ fn trained_run(steps: u32) -> tempfile::TempDir {
         // The daemon's socket and logs stay in the test's temp dir.
         .env("XDG_RUNTIME_DIR", run.path())
         .env("XDG_STATE_HOME", run.path())
+        .env(
+            crate::support::binary::CPU_PEAK_VAR,
+            crate::support::binary::CPU_PEAK_FLOPS,
+        )
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

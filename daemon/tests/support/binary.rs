@@ -14,7 +14,13 @@ use super::in_process::Client;
 pub const BIN: &str = env!("CARGO_BIN_EXE_dflashd");
 pub const WAIT: Duration = Duration::from_secs(40);
 
-/// A `dflashd` command with the XDG directories inside `root`.
+/// The CPU peak the tests' daemons are given (`dflashd start --cpu-peak-flops`, here through
+/// its variable), FLOP/s: each start would otherwise time a matmul for about a second. One
+/// test starts without it ([`Daemon::spawn_measuring`]) and checks the measurement.
+pub const CPU_PEAK_VAR: &str = "DFLASH_CPU_PEAK_FLOPS";
+pub const CPU_PEAK_FLOPS: &str = "5e10";
+
+/// A `dflashd` command with the XDG directories inside `root` and the CPU peak given.
 pub fn dflashd(root: &Path) -> Command {
     let mut cmd = Command::new(BIN);
     for (var, sub) in [
@@ -25,7 +31,9 @@ pub fn dflashd(root: &Path) -> Command {
     ] {
         cmd.env(var, root.join(sub));
     }
-    cmd.env_remove("NOTIFY_SOCKET").env("NO_COLOR", "1");
+    cmd.env_remove("NOTIFY_SOCKET")
+        .env("NO_COLOR", "1")
+        .env(CPU_PEAK_VAR, CPU_PEAK_FLOPS);
     cmd
 }
 
@@ -44,14 +52,32 @@ impl Daemon {
         Self::spawn_in(root, &root.join("run"), extra)
     }
 
+    /// As [`Self::spawn`], without the given CPU peak: the daemon times its matmul peak.
+    pub fn spawn_measuring(root: &Path, extra: &[&str]) -> Daemon {
+        Self::spawn_with(root, &root.join("run"), extra, |cmd| {
+            cmd.env_remove(CPU_PEAK_VAR);
+        })
+    }
+
     pub fn spawn_in(root: &Path, run_dir: &Path, extra: &[&str]) -> Daemon {
+        Self::spawn_with(root, run_dir, extra, |_| {})
+    }
+
+    fn spawn_with(
+        root: &Path,
+        run_dir: &Path,
+        extra: &[&str],
+        edit: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let socket = root.join("s").join("d.sock");
         let n = std::fs::read_dir(root).map_or(0, |d| d.count());
         let (out, err) = (
             root.join(format!("out-{n}.txt")),
             root.join(format!("err-{n}.txt")),
         );
-        let child = dflashd(root)
+        let mut cmd = dflashd(root);
+        edit(&mut cmd);
+        let child = cmd
             .args(["start", "--threads", "1", "--log-every", "0", "--run-dir"])
             .arg(run_dir)
             .arg("--socket")

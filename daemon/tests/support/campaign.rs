@@ -1,10 +1,13 @@
 //! What the reliability campaign's tests share (`campaign_*.rs`, issue 15): how large a
 //! campaign runs, its seeded random source, and the readers of what a run leaves behind.
 //!
-//! `make test` runs a short campaign so CI stays within minutes on 2 cores; the full one of the
-//! issue is `DFLASH_CAMPAIGN=full cargo test --release -p dflashd --test daemon campaign_`.
-//! Each size can also be set on its own (`DFLASH_CAMPAIGN_ROUNDS`, `DFLASH_CAMPAIGN_FRAMES`),
-//! and `DFLASH_CAMPAIGN_SEED` replays a failing fuzz run.
+//! Three sizes, by `DFLASH_CAMPAIGN`: unset, the short campaign `make test` runs (2 kill
+//! rounds, 1,000 fuzzed frames, one crowded phase), each check at the least length that still
+//! catches its defect; `soak`, what `make soak` runs (6 rounds, 10,000 frames, two crowded
+//! phases); `full`, the issue's (20 rounds, 10,000 frames, two crowded phases):
+//! `DFLASH_CAMPAIGN=full cargo test --release -p dflashd --test daemon campaign_`.
+//! Each size can also be set on its own (`DFLASH_CAMPAIGN_ROUNDS`, `DFLASH_CAMPAIGN_FRAMES`,
+//! `DFLASH_CAMPAIGN_CROWDS`), and `DFLASH_CAMPAIGN_SEED` replays a failing fuzz run.
 use std::path::Path;
 
 use dflash_shared::metrics::StepMetrics;
@@ -19,33 +22,44 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn full() -> bool {
-    std::env::var("DFLASH_CAMPAIGN").is_ok_and(|v| v == "full")
+/// `DFLASH_CAMPAIGN`: 0 short (unset), 1 `soak`, 2 `full`.
+fn level() -> usize {
+    match std::env::var("DFLASH_CAMPAIGN").as_deref() {
+        Err(_) | Ok("") | Ok("short") => 0,
+        Ok("soak") => 1,
+        Ok("full") => 2,
+        Ok(other) => panic!("DFLASH_CAMPAIGN={other:?}: expected soak or full (or unset)"),
+    }
 }
 
-fn size(var: &str, short: u64, full_size: u64) -> u64 {
+/// `var` when set, else the size of the campaign's level: `[short, soak, full]`.
+fn size(var: &str, sizes: [u64; 3]) -> u64 {
     match std::env::var(var) {
         Ok(v) => v
             .parse()
             .unwrap_or_else(|_| panic!("{var}={v:?} is not a whole number")),
-        Err(_) if full() => full_size,
-        Err(_) => short,
+        Err(_) => sizes[level()],
     }
 }
 
 /// kill -9 rounds (the issue's campaign: 20).
 pub fn kill_rounds() -> u64 {
-    size("DFLASH_CAMPAIGN_ROUNDS", 6, 20)
+    size("DFLASH_CAMPAIGN_ROUNDS", [2, 6, 20])
 }
 
 /// Fuzzed frames on the socket (the issue asks for 10k).
 pub fn fuzz_frames() -> u64 {
-    size("DFLASH_CAMPAIGN_FRAMES", 10_000, 10_000)
+    size("DFLASH_CAMPAIGN_FRAMES", [1_000, 10_000, 10_000])
+}
+
+/// Crowded phases of the many-clients test, each between two quiet ones.
+pub fn crowd_phases() -> u64 {
+    size("DFLASH_CAMPAIGN_CROWDS", [1, 2, 2])
 }
 
 /// The seeded random source of a campaign test; the seed is printed so a failure replays.
 pub fn rng(test: &str) -> StdRng {
-    let seed = size("DFLASH_CAMPAIGN_SEED", 15, 15);
+    let seed = size("DFLASH_CAMPAIGN_SEED", [15; 3]);
     eprintln!("{test}: DFLASH_CAMPAIGN_SEED={seed}");
     StdRng::seed_from_u64(seed)
 }

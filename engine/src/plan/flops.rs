@@ -206,6 +206,31 @@ pub fn drafter_step_executed_flops(
     }
 }
 
+/// The distinct `(rows, keys)` shapes of the fused attention calls one step of `w` hands its
+/// kernel (the same chunk plans [`drafter_step_executed_flops`] counts): per layer rule and per
+/// chunk, `rows = blocks · block_size` query rows over `keys = context range + rows`. What
+/// `model::attention::shape_log` records at the kernel, seen from the planner: the
+/// shape-bound tests hold it to `max_distinct_chunk_shapes` over many steps without running
+/// them.
+pub fn attention_call_shapes(w: &StepWork<'_>) -> std::collections::BTreeSet<(i64, i64)> {
+    let d = w.drafter;
+    let mut rules: Vec<LayerRule> = Vec::new();
+    for &t in &d.layer_types {
+        let rule = layer_rule(d, t);
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+    rules
+        .into_iter()
+        .flat_map(|rule| chunk_plan(d, (w.batch, w.seq_len), w.anchors, w.keep, rule))
+        .map(|c| {
+            let rows = (c.end - c.start) as i64 * d.block_size;
+            (rows, c.keys.map_or(0, |(lo, hi)| hi - lo) + rows)
+        })
+        .collect()
+}
+
 /// Forward FLOPs of the target's feature pass over `batch × seq_len` tokens: the matmuls of
 /// the layers it runs (`model/target/mod.rs::features` stops after the last tap layer, so
 /// layers `0..=max(taps)`), 2 per weight per token, plus causal attention on its
