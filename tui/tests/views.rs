@@ -564,6 +564,7 @@ fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures(
         since_ms: transition.at_ms,
         message: transition.message.clone(),
         preceded_by: Vec::new(),
+        since_healthy: Vec::new(),
     }];
     let app = live_from(frames, false);
     let text = screen::text(&render(&app, WIDTH, HEIGHT));

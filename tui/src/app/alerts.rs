@@ -45,6 +45,7 @@ impl ActiveAlerts {
                     since_ms: began.unwrap_or(event.ts_ms),
                     message: message.clone(),
                     preceded_by: Vec::new(),
+                    since_healthy: Vec::new(),
                 };
                 self.by_detector.insert(detector.clone(), alert);
             }
@@ -235,6 +236,7 @@ mod tests {
             since_ms: T2103,
             message: "GPU memory volatile on cuda:5.".into(),
             preceded_by: vec!["compile cache deleted at 21:00".into()],
+            since_healthy: Vec::new(),
         };
         let text = explain(
             &alert,

@@ -392,6 +392,7 @@ impl Sim {
                 stable_since_ms: (detector.level == health::Level::Ok)
                     .then_some(detector.since_ms)
                     .flatten(),
+                baseline_source: detector.baseline_source.clone(),
             },
             gpus: GpuTelemetry::Available {
                 gpus: self.last_gpus.clone(),
@@ -412,6 +413,7 @@ impl Sim {
             last_tau: self.last_tau,
             last_online: None,
             detectors: Some(self.detectors.clone()),
+            healthy_record: None,
         };
         self.frame(ts, Response::Status(Box::new(snapshot)));
     }
