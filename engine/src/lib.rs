@@ -7,14 +7,17 @@
 //!   [`train::topology`], the multi-device execution with its hidden-state queue.
 //! - [`data`]: chat / pre-tokenized JSONL → samples with loss masks, shuffle, eval split.
 //! - [`regenerate`]: chat data regenerated with the target's own replies (`dflashd regenerate`).
-//! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write.
+//! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write;
+//!   [`file_hash`]: the one file hasher.
 //!
 //! The engine writes no run-dir files and depends on no process, socket or telemetry code: the
 //! daemon drives [`train::Trainer::run`] through [`train::RunHooks`].
+pub mod allreduce_bucket;
 pub mod atomic_write;
 pub mod data;
 pub mod decode;
 pub mod device;
+pub mod file_hash;
 pub mod model;
 pub mod peak;
 pub mod plan;

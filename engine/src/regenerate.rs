@@ -15,7 +15,7 @@ use std::sync::Mutex;
 
 use crate::data::regenerate::{render_prompt, split_reasoning, turn_seed, RegenRow};
 use crate::data::ChatEncoder;
-use crate::decode::{generate_target_only, DecodeError, Sampling, Settings as DecodeSettings};
+use crate::decode::{generate_target_only, DecodeError, Settings};
 use crate::model::error::ModelError;
 use crate::model::target::TargetModel;
 use crate::train::topology::panic_text;
@@ -27,16 +27,6 @@ enum Failure {
 }
 
 type Done = (u64, u64, Result<Outcome, Failure>);
-
-/// How replies are generated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub max_new_tokens: usize,
-    /// Generation ends after any of these (`eos_token_id`).
-    pub stop_tokens: Vec<i64>,
-    pub sampling: Sampling,
-    pub seed: u64,
-}
 
 /// One input line.
 #[derive(Debug, Clone)]
@@ -83,7 +73,9 @@ pub enum RegenerateError<E: std::error::Error + 'static> {
     Sink(E),
 }
 
-/// Regenerates one row. `Err` is a failure of the target itself (which every later row would
+/// Regenerates one row with the decoding `settings` of every generation: `seed` is the run's
+/// seed, each turn drawing from its [`turn_seed`], and `max_new_tokens` is cut where the
+/// target's context ends. `Err` is a failure of the target itself (which every later row would
 /// meet too); a row's own problems are an [`Outcome::Skipped`].
 pub fn regenerate_row(
     target: &TargetModel,
@@ -123,11 +115,10 @@ pub fn regenerate_row(
                 context - 1
             ));
         }
-        let decode = DecodeSettings {
+        let decode = Settings {
             max_new_tokens: settings.max_new_tokens.min(context - ids.len()),
-            stop_tokens: settings.stop_tokens.clone(),
-            sampling: settings.sampling,
             seed: turn_seed(settings.seed, job.index, turn),
+            ..settings.clone()
         };
         let generated = generate_target_only(target, &ids, &decode)?;
         tokens += generated.output_ids.len();

@@ -11,7 +11,7 @@
 //!   last-run record ([`crate::last_run::LAST_RUN_FILE`]).
 //!
 //! Where the state and data dirs are by default is [`resolve_state_dirs`], a pure function of the
-//! environment the caller read: the XDG base-directory rule exactly as the `directories` crate
+//! environment, which [`default_state_dirs`] reads for both programs: the XDG base-directory rule exactly as the `directories` crate
 //! applies it on Linux (which both programs used before this module existed):
 //! - state dir: `$XDG_STATE_HOME/dflash`, else `<home>/.local/state/dflash`;
 //! - data dir: `$XDG_DATA_HOME/dflash`, else `<home>/.local/share/dflash`;
@@ -93,9 +93,9 @@ pub fn default_run_dir(data_dir: &Path) -> PathBuf {
 /// The environment the default state and data dirs depend on, as the process found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XdgEnv<'a> {
-    /// The user's home directory as `directories` finds it: `$HOME`, or the password database's
-    /// entry when `$HOME` is unset or empty (`directories::BaseDirs::home_dir`). `None` when
-    /// neither gives one.
+    /// The user's home directory: `$HOME`, or the password database's entry when `$HOME` is
+    /// unset or empty (`std::env::home_dir`, as `directories::BaseDirs::home_dir` finds it).
+    /// `None` when neither gives one.
     pub home: Option<&'a Path>,
     /// `$XDG_STATE_HOME`, raw.
     pub xdg_state_home: Option<&'a OsStr>,
@@ -132,6 +132,25 @@ pub fn resolve_state_dirs(env: &XdgEnv<'_>) -> Option<StateDirs> {
         default_run_dir: default_run_dir(&data_dir),
         state_dir,
         data_dir,
+    })
+}
+
+/// The default state and data dirs of this process's environment: [`resolve_state_dirs`] over
+/// `$HOME` (else the password database's entry: `std::env::home_dir`, which finds the home
+/// exactly as `directories` does), `$XDG_STATE_HOME` and `$XDG_DATA_HOME`. The one read of these
+/// variables for `dflashd` and `dflash-tui`, so the two cannot disagree on where the files are.
+/// It is this crate's only look at the process environment, and it only reads. `None` without
+/// a home directory.
+pub fn default_state_dirs() -> Option<StateDirs> {
+    let home = std::env::home_dir();
+    let (state, data) = (
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("XDG_DATA_HOME"),
+    );
+    resolve_state_dirs(&XdgEnv {
+        home: home.as_deref(),
+        xdg_state_home: state.as_deref(),
+        xdg_data_home: data.as_deref(),
     })
 }
 

@@ -13,7 +13,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dflash_shared::last_run::LastRun;
-use dflash_shared::run_dir::{self, resolve_state_dirs, StateDirs, XdgEnv};
+use dflash_shared::run_dir::{self, StateDirs};
 use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, SocketEnv};
 use thiserror::Error;
 
@@ -89,20 +89,9 @@ impl DaemonFiles {
 }
 
 /// The daemon's default directories for this process's environment
-/// ([`dflash_shared::run_dir::resolve_state_dirs`]).
+/// ([`dflash_shared::run_dir::default_state_dirs`], the read the daemon makes too).
 pub fn default_dirs() -> Result<StateDirs, PathError> {
-    // The home directory exactly as the daemon finds it: `$HOME`, else the password database.
-    let home = directories::BaseDirs::new().map(|dirs| dirs.home_dir().to_path_buf());
-    let (state, data) = (
-        std::env::var_os("XDG_STATE_HOME"),
-        std::env::var_os("XDG_DATA_HOME"),
-    );
-    resolve_state_dirs(&XdgEnv {
-        home: home.as_deref(),
-        xdg_state_home: state.as_deref(),
-        xdg_data_home: data.as_deref(),
-    })
-    .ok_or(PathError::NoHome)
+    run_dir::default_state_dirs().ok_or(PathError::NoHome)
 }
 
 /// The daemon's record of the run it last started, if there is a readable one.

@@ -27,7 +27,7 @@ pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
 #[derive(Args, Debug, Default)]
 pub struct OnlineArgs {
     /// New tokens per prompt at most (online; default 256). Generation also stops after a stop
-    /// token of the target's `generation_config.json` (`eos_token_id`).
+    /// token of the target (`eos_token_id` of its `generation_config.json`, else `config.json`).
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
     /// Sampling temperature (online); 0 or absent is greedy, where the output must equal the

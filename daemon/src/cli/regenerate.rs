@@ -14,15 +14,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dflash_engine::atomic_write::write_atomic;
-use dflash_engine::data::regenerate::stop_tokens;
 use dflash_engine::data::regenerate_output::{
     differences, scan_output, RegenerateRecord, RECORD_FORMAT,
 };
-use dflash_engine::data::{ChatEncoder, ChatOptions};
-use dflash_engine::decode::Sampling;
+use dflash_engine::data::{load_stop_tokens, ChatEncoder, ChatOptions};
+use dflash_engine::decode::{Sampling, Settings};
 use dflash_engine::device::{compute_kind, kind_name, name as device_name};
 use dflash_engine::model::target::{parse_dtype, TargetModel};
-use dflash_engine::regenerate::{run as regenerate, Finished, Job, Outcome, Settings};
+use dflash_engine::regenerate::{run as regenerate, Finished, Job, Outcome};
 use sha2::{Digest, Sha256};
 
 use super::parse_device;
@@ -103,14 +102,14 @@ pub fn run(args: RegenerateArgs) -> Result<()> {
         .with_context(|| format!("--target {}: no such directory", args.target.display()))?;
     let options = ChatOptions::default();
     let encoder = ChatEncoder::from_model_dir(&target_dir, args.chat_template.as_deref(), options)?;
-    let stops = read_stop_tokens(&target_dir)?;
-    if stops.is_empty() {
+    let stop = load_stop_tokens(&target_dir)?;
+    if stop.ids.is_empty() {
         eprintln!(
-            "regenerate: {} names no eos_token_id (generation_config.json, config.json); every \
-             reply runs to --max-new-tokens",
-            target_dir.display()
+            "regenerate: stop tokens {}; every reply runs to --max-new-tokens",
+            stop.describe()
         );
     }
+    let stops = stop.ids;
     let record = RegenerateRecord {
         format: RECORD_FORMAT,
         target: target_dir.display().to_string(),
@@ -245,19 +244,10 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
         .with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
-fn read_stop_tokens(dir: &Path) -> Result<Vec<i64>> {
-    let generation = read_json(&dir.join("generation_config.json"))?;
-    let config = read_json(&dir.join("config.json"))?;
-    stop_tokens(
-        generation.as_ref().map(|j| ("generation_config.json", j)),
-        config.as_ref().map(|j| ("config.json", j)),
-    )
-    .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))
-}
-
 fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(hex::encode(Sha256::digest(bytes)))
+    let digest = dflash_engine::file_hash::sha256_file(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(digest.sha256)
 }
 
 /// SHA-256 over `config.json` and `tokenizer.json` (their bytes) and the weight files (their

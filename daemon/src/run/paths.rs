@@ -1,8 +1,8 @@
 //! Where the daemon keeps its socket, state and logs.
 //!
-//! Resolution is split in two: [`PathInputs::from_environment`] reads the environment (through
-//! the `directories` crate, which follows XDG on Linux), and [`resolve`] is a pure function of
-//! those inputs, so every precedence rule is unit-tested without touching the process env.
+//! Resolution is split in two: [`PathInputs::from_environment`] reads the environment (the state
+//! and data dirs through [`dflash_shared::run_dir::default_state_dirs`], the read the console
+//! shares), and [`resolve`] is a pure function of those inputs, so every precedence rule is unit-tested without touching the process env.
 //!
 //! The socket directory follows the rule shared with `dflash-tui`
 //! ([`dflash_shared::socket_path`]): `$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/dflash`, else
@@ -61,19 +61,7 @@ pub struct PathInputs {
 
 impl PathInputs {
     pub fn from_environment() -> Result<Self, PathError> {
-        // The home directory as `directories` finds it ($HOME, else the password database); the
-        // XDG rule itself is the one the console applies too (`dflash_shared::run_dir`).
-        let home = directories::BaseDirs::new().map(|d| d.home_dir().to_path_buf());
-        let (state, data) = (
-            std::env::var_os("XDG_STATE_HOME"),
-            std::env::var_os("XDG_DATA_HOME"),
-        );
-        let dirs = run_dir::resolve_state_dirs(&run_dir::XdgEnv {
-            home: home.as_deref(),
-            xdg_state_home: state.as_deref(),
-            xdg_data_home: data.as_deref(),
-        })
-        .ok_or(PathError::NoHome)?;
+        let dirs = run_dir::default_state_dirs().ok_or(PathError::NoHome)?;
         Ok(PathInputs {
             runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),

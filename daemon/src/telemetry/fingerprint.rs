@@ -6,7 +6,6 @@
 //! run until an operator accepts the new environment by its token, which is bound to the
 //! exact environment found, so an old acceptance cannot wave through a later change.
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use dflash_shared::health::{diff_fingerprints, EnvironmentDrift, Fingerprint};
@@ -258,22 +257,13 @@ pub fn hash_data_files(files: &[PathBuf]) -> Result<String, FingerprintError> {
 }
 
 fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintError> {
-    let err = |source| FingerprintError::Hash {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = std::fs::File::open(path).map_err(err)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(err)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    dflash_engine::file_hash::sha256_file(path)
+        .map(|digest| digest.sha256)
+        .map_err(|source| FingerprintError::Hash {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The version of the libtorch this process actually loaded: find `libtorch_cpu.so` in

@@ -1,7 +1,8 @@
 //! `dflashd eval --online`, the real binary on a tiny hybrid target saved in the HF layout (with
 //! the fixture tokenizer and chat template) and a drafter saved in the DFlash layout: the JSON
 //! contract, greedy losslessness against the target alone, stop tokens from
-//! `generation_config.json`, token and chat prompts, and clear errors for bad input.
+//! `generation_config.json` (else `config.json`), token and chat prompts, and clear errors for
+//! bad input.
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -224,6 +225,35 @@ fn online_eval_on_token_and_chat_prompts_is_lossless_and_reports_the_contract() 
         let ended = out.last() == Some(&stop) || out.len() == MAX_NEW_TOKENS;
         assert!(ended && !out[..out.len() - 1].contains(&stop), "{out:?}");
     }
+
+    // An export naming its EOS only in config.json stops there too, as `generate` (and
+    // `dflashd regenerate`) would: the same outputs as from generation_config.json.
+    write_generation_config(&target, None);
+    let config_path = target.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["eos_token_id"] = serde_json::json!(stop);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let from_config = json_of(&eval_online(
+        root.path(),
+        &target,
+        &drafter,
+        &prompts,
+        &["--json"],
+    ));
+    assert_eq!(from_config["stop_tokens"]["ids"], serde_json::json!([stop]));
+    let source = from_config["stop_tokens"]["source"].as_str().unwrap();
+    assert!(
+        source.contains(&config_path.display().to_string()) && !source.contains("generation"),
+        "{source}"
+    );
+    assert_eq!(
+        from_config["target_only"]["prompts"],
+        stopped["target_only"]["prompts"]
+    );
+    assert_eq!(
+        from_config["methods"]["chain"]["prompts"],
+        stopped["methods"]["chain"]["prompts"]
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! [`epoch_order`]; [`regenerate`] and [`regenerate_output`] are the pure parts of
 //! `dflashd regenerate` (the driver is [`crate::regenerate`]);
 //! for generation, [`read_prompt_rows`] + [`tokenize_prompts`] (prompt files)
-//! and [`load_stop_tokens`] (`generation_config.json`).
+//! and [`load_stop_tokens`] (`generation_config.json`, else `config.json`).
 mod chat;
 mod dataset;
 mod encoder;

@@ -110,8 +110,11 @@ fn special_tokens(config: &serde_json::Value) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The file HF `generate` takes its stop tokens from.
+/// The file HF `generate` takes its stop tokens from first.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The model config, where `generate` looks for `eos_token_id` when the generation config
+/// has none (older exports carry it only there).
+pub const MODEL_CONFIG_FILE: &str = "config.json";
 
 /// The tokens generation stops after, and where they came from (reports say which).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,56 +125,63 @@ pub struct StopTokens {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopTokenSource {
-    /// `eos_token_id` of this `generation_config.json`.
-    GenerationConfig(PathBuf),
-    /// The file names no `eos_token_id` (absent or null): generation runs to its length limit.
-    NoEosKey(PathBuf),
-    /// The model directory has no `generation_config.json`.
-    NoFile(PathBuf),
+    /// `eos_token_id` of this file: the model's `generation_config.json`, or its `config.json`
+    /// when the generation config is absent or names none.
+    File(PathBuf),
+    /// Neither file of this model directory names an `eos_token_id` (absent, null, or no such
+    /// file): generation runs to its length limit.
+    NotNamed(PathBuf),
 }
 
 impl StopTokens {
     /// One line for a report, e.g. `[2, 7] from m/generation_config.json (eos_token_id)`.
     pub fn describe(&self) -> String {
         match &self.source {
-            StopTokenSource::GenerationConfig(path) => {
+            StopTokenSource::File(path) => {
                 format!("{:?} from {} (eos_token_id)", self.ids, path.display())
             }
-            StopTokenSource::NoEosKey(path) => format!(
-                "none: {} has no eos_token_id; generation runs to max_new_tokens",
-                path.display()
-            ),
-            StopTokenSource::NoFile(path) => format!(
-                "none: {} does not exist; generation runs to max_new_tokens",
-                path.display()
+            StopTokenSource::NotNamed(dir) => format!(
+                "none: {} names no eos_token_id ({GENERATION_CONFIG_FILE}, {MODEL_CONFIG_FILE}); \
+                 generation runs to max_new_tokens",
+                dir.display()
             ),
         }
     }
 }
 
-/// The stop tokens of a model directory: `eos_token_id` of its `generation_config.json` (an id
-/// or a list of ids, as HF writes it). No file or no key gives none, said in
-/// [`StopTokens::source`]; a file that is not JSON or a key of another shape is an error.
+/// The stop tokens of a model directory, as transformers' `generate` reads them: `eos_token_id`
+/// (an id or a list of ids) of its `generation_config.json`, else of its `config.json`. The
+/// one reader of this rule: `eval --online`, `regenerate` and the in-training online
+/// evaluation all stop where the target's own `generate` would. No file or no key gives none,
+/// said in [`StopTokens::source`]; a file that is not JSON or a key of another shape is an
+/// error naming the file.
 pub fn load_stop_tokens(model_dir: &Path) -> Result<StopTokens, DataError> {
-    let path = model_dir.join(GENERATION_CONFIG_FILE);
-    if !path.is_file() {
-        return Ok(StopTokens {
-            ids: Vec::new(),
-            source: StopTokenSource::NoFile(path),
-        });
+    for name in [GENERATION_CONFIG_FILE, MODEL_CONFIG_FILE] {
+        let path = model_dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        let what = if name == GENERATION_CONFIG_FILE {
+            "generation config"
+        } else {
+            "model config"
+        };
+        let json = read_json(&path, what)?;
+        match eos_token_ids(&json) {
+            Ok(Some(ids)) => {
+                return Ok(StopTokens {
+                    ids,
+                    source: StopTokenSource::File(path),
+                })
+            }
+            Ok(None) => continue,
+            Err(reason) => return Err(DataError::BadConfigFile { path, reason }),
+        }
     }
-    let json = read_json(&path, "generation config")?;
-    match eos_token_ids(&json) {
-        Ok(Some(ids)) => Ok(StopTokens {
-            ids,
-            source: StopTokenSource::GenerationConfig(path),
-        }),
-        Ok(None) => Ok(StopTokens {
-            ids: Vec::new(),
-            source: StopTokenSource::NoEosKey(path),
-        }),
-        Err(reason) => Err(DataError::BadConfigFile { path, reason }),
-    }
+    Ok(StopTokens {
+        ids: Vec::new(),
+        source: StopTokenSource::NotNamed(model_dir.to_path_buf()),
+    })
 }
 
 /// `eos_token_id`: absent or null → `None`; an id or a list of ids (duplicates dropped, order
@@ -291,9 +301,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let none = load_stop_tokens(dir.path()).unwrap();
         assert!(none.ids.is_empty());
-        assert!(matches!(none.source, StopTokenSource::NoFile(_)));
+        assert_eq!(
+            none.source,
+            StopTokenSource::NotNamed(dir.path().to_path_buf())
+        );
         assert!(
-            none.describe().contains("does not exist"),
+            none.describe().contains("no eos_token_id"),
             "{}",
             none.describe()
         );
@@ -307,15 +320,43 @@ mod tests {
         std::fs::write(&file, r#"{"eos_token_id": [3, 4]}"#).unwrap();
         let found = load_stop_tokens(dir.path()).unwrap();
         assert_eq!(found.ids, vec![3, 4]);
-        assert_eq!(
-            found.source,
-            StopTokenSource::GenerationConfig(file.clone())
-        );
+        assert_eq!(found.source, StopTokenSource::File(file.clone()));
 
         std::fs::write(&file, "{not json").unwrap();
         let err = load_stop_tokens(dir.path()).unwrap_err().to_string();
         assert!(
             err.contains("generation_config.json") && err.contains("not valid JSON"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_eos_token_only_in_config_json_stops_generation() {
+        // Older exports name `eos_token_id` in `config.json` alone; `generate` stops there.
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join(MODEL_CONFIG_FILE);
+        std::fs::write(&config, r#"{"eos_token_id": 7, "vocab_size": 10}"#).unwrap();
+        let only_config = load_stop_tokens(dir.path()).unwrap();
+        assert_eq!(only_config.ids, vec![7]);
+        assert_eq!(only_config.source, StopTokenSource::File(config.clone()));
+        assert!(only_config.describe().contains("config.json"));
+
+        // A generation config without the key defers to config.json too ...
+        let generation = dir.path().join(GENERATION_CONFIG_FILE);
+        std::fs::write(&generation, r#"{"eos_token_id": null}"#).unwrap();
+        assert_eq!(load_stop_tokens(dir.path()).unwrap(), only_config);
+        // ... and one that names tokens wins.
+        std::fs::write(&generation, r#"{"eos_token_id": [248044, 248046]}"#).unwrap();
+        let generation_first = load_stop_tokens(dir.path()).unwrap();
+        assert_eq!(generation_first.ids, vec![248044, 248046]);
+        assert_eq!(generation_first.source, StopTokenSource::File(generation));
+
+        // A bad key in the fallback is an error naming that file.
+        std::fs::remove_file(dir.path().join(GENERATION_CONFIG_FILE)).unwrap();
+        std::fs::write(&config, r#"{"eos_token_id": [1, -1]}"#).unwrap();
+        let err = load_stop_tokens(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("config.json") && err.contains("expected a non-negative token id"),
             "{err}"
         );
     }

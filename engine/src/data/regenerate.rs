@@ -1,6 +1,7 @@
 //! Regenerating chat data with the target (`dflashd regenerate`), the parts that are neither
 //! I/O nor tensors: which assistant turns of a row are regenerated, the prompt each one sees,
-//! how a generated text goes back into the row, per-turn seeds and the stop tokens.
+//! how a generated text goes back into the row and per-turn seeds (the stop tokens are
+//! [`super::load_stop_tokens`]'s, as for every generation).
 //!
 //! The rule, as DFlash recipes regenerate: **every assistant turn, in order**. Each turn's
 //! prompt is the conversation before it, later turns seeing the earlier ones as regenerated,
@@ -226,34 +227,6 @@ fn splitmix64(x: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Stop tokens of a model directory: `eos_token_id` (an integer or a list) of
-/// `generation_config.json`, else of `config.json`, as transformers' generate reads them.
-/// Empty when neither names one. `Err` names the file and what is wrong with the key.
-pub fn stop_tokens(
-    generation_config: Option<(&str, &Value)>,
-    config: Option<(&str, &Value)>,
-) -> Result<Vec<i64>, String> {
-    for (file, json) in [generation_config, config].into_iter().flatten() {
-        match json.get("eos_token_id") {
-            None | Some(Value::Null) => continue,
-            Some(value) => return eos_ids(value).map_err(|e| format!("{file}: eos_token_id {e}")),
-        }
-    }
-    Ok(Vec::new())
-}
-
-fn eos_ids(value: &Value) -> Result<Vec<i64>, String> {
-    let one = |v: &Value| {
-        v.as_i64()
-            .filter(|&id| id >= 0)
-            .ok_or_else(|| format!("holds {v}; expected token ids (integers ≥ 0)"))
-    };
-    match value {
-        Value::Array(ids) => ids.iter().map(one).collect(),
-        v => Ok(vec![one(v)?]),
-    }
 }
 
 #[cfg(test)]

@@ -185,28 +185,3 @@ fn turn_seeds_depend_on_seed_line_and_turn_only() {
     // "seed + line index": shifting both keeps the conversation's seed
     assert_eq!(turn_seed(5, 10, 0), turn_seed(4, 11, 0));
 }
-
-#[test]
-fn stop_tokens_come_from_generation_config_then_config() {
-    let g = serde_json::json!({"eos_token_id": [248044, 248046]});
-    let c = serde_json::json!({"eos_token_id": 7});
-    let none = serde_json::json!({"eos_token_id": null});
-    assert_eq!(
-        stop_tokens(Some(("g", &g)), Some(("c", &c))).unwrap(),
-        [248044, 248046]
-    );
-    assert_eq!(
-        stop_tokens(Some(("g", &none)), Some(("c", &c))).unwrap(),
-        [7]
-    );
-    assert_eq!(stop_tokens(None, Some(("c", &c))).unwrap(), [7]);
-    assert!(stop_tokens(Some(("g", &none)), None).unwrap().is_empty());
-    let bad = serde_json::json!({"eos_token_id": "</s>"});
-    let err = stop_tokens(Some(("generation_config.json", &bad)), None).unwrap_err();
-    assert!(
-        err.contains("generation_config.json: eos_token_id"),
-        "{err}"
-    );
-    let negative = serde_json::json!({"eos_token_id": [1, -1]});
-    assert!(stop_tokens(Some(("g", &negative)), None).is_err());
-}

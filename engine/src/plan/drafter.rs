@@ -6,6 +6,7 @@
 //! the hidden size, `A = Hq·D`, `K = Hkv·D`, `I` the intermediate size, `V` the vocabulary.
 use super::shape::{ActivationPrecision, StepShape};
 use super::Consumer;
+use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::attention::chunk_plan::{choose_chunks, ContextChunk};
 use crate::model::attention::{chunk_costs, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use crate::model::drafter::{DrafterConfig, LayerType};
@@ -54,10 +55,6 @@ pub struct RankContext {
     /// and are recomputed in the backward (`drafter/model.rs::Drafter::forward_backward`).
     pub activation_checkpointing: bool,
 }
-
-/// Elements of the all-reduce bucket (`train/topology/allreduce.rs::BUCKET_ELEMENTS`, held
-/// equal by a test; the plan uses no `train/` code).
-pub const ALLREDUCE_BUCKET_ELEMENTS: f64 = (25 * (1 << 20) / 4) as f64;
 
 /// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`).
 pub fn drafter_params(d: &DrafterConfig) -> f64 {
@@ -148,7 +145,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         // written back into the gradients.
         resident.push(Consumer::new(
             "all-reduce bucket (fp32)",
-            params.min(ALLREDUCE_BUCKET_ELEMENTS) * 4.0,
+            params.min(ALLREDUCE_BUCKET_ELEMENTS as f64) * 4.0,
         ));
     }
     if rank.queued_items > 0 {
@@ -426,12 +423,6 @@ mod tests {
     use crate::model::attention::BlockSparsePlan;
     use crate::plan::run::tests::real_drafter;
     use tch::{Device, Kind, Tensor};
-
-    #[test]
-    fn the_all_reduce_bucket_is_the_one_the_rank_allocates() {
-        use crate::train::topology::allreduce::BUCKET_ELEMENTS;
-        assert_eq!(ALLREDUCE_BUCKET_ELEMENTS, BUCKET_ELEMENTS as f64);
-    }
 
     #[test]
     fn the_model_plans_the_chunks_the_engine_runs() {

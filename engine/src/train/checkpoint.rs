@@ -7,11 +7,10 @@
 //! directory without a manifest, or with a file whose size or hash differs, never loads.
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tch::Tensor;
 
 pub const MANIFEST: &str = "manifest.json";
@@ -74,21 +73,10 @@ pub struct Manifest {
 }
 
 fn hash_file(path: &Path) -> Result<FileEntry, CheckpointError> {
-    let mut file = File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = file.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bytes += n as u64;
-    }
+    let digest = crate::file_hash::sha256_file(path).map_err(io_err(path))?;
     Ok(FileEntry {
-        bytes,
-        sha256: hex::encode(hasher.finalize()),
+        bytes: digest.bytes,
+        sha256: digest.sha256,
     })
 }
 

@@ -6,8 +6,8 @@
 //! The CUDA endpoint is NCCL ([`super::nccl`]). A group can be aborted from any thread: ranks
 //! waiting in it return [`AllReduceError::Aborted`] instead of waiting for a dead peer forever.
 //!
-//! Gradients go through [`sum_in_buckets`]: one fixed fp32 bucket of [`BUCKET_ELEMENTS`]
-//! reused for slice after slice of the gradients, the sums written back into the gradients
+//! Gradients go through [`sum_in_buckets`]: one fixed fp32 bucket of
+//! [`ALLREDUCE_BUCKET_ELEMENTS`](crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS) reused for slice after slice of the gradients, the sums written back into the gradients
 //! themselves, instead of an fp32 flat copy of every gradient (6.4 GiB at the Qwen3.6-27B
 //! drafter's 1.7 G parameters).
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -34,11 +34,6 @@ pub trait AllReduce: Send {
     /// Sum of `values` over all ranks, in place.
     fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), AllReduceError>;
 }
-
-/// Elements of the all-reduce bucket: 25 MiB of fp32, the bucket size of PyTorch DDP's
-/// default (`bucket_cap_mb=25`): large enough that NCCL runs at bandwidth, small enough to be
-/// noise next to the gradients themselves.
-pub const BUCKET_ELEMENTS: i64 = 25 * (1 << 20) / 4;
 
 /// Sums `grads` over all ranks, in place, through `bucket` (contiguous fp32 on this rank's
 /// device; its length is the bucket size): the gradients are read as one stream in order,

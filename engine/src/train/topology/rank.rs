@@ -5,10 +5,11 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use super::allreduce::{sum_in_buckets, AllReduce, BUCKET_ELEMENTS};
+use super::allreduce::{sum_in_buckets, AllReduce};
 use super::pipeline::{sync, HiddenItem};
 use super::plan::RankTiming;
 use super::WorkerId;
+use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
@@ -32,7 +33,7 @@ pub struct RankState {
     pub replica: DrafterReplica,
     /// `None` when this is the only rank.
     pub allreduce: Option<Box<dyn AllReduce>>,
-    /// The fp32 all-reduce bucket ([`BUCKET_ELEMENTS`], or fewer when the drafter is
+    /// The fp32 all-reduce bucket ([`ALLREDUCE_BUCKET_ELEMENTS`], or fewer when the drafter is
     /// smaller), allocated once.
     bucket: Option<Tensor>,
     pub backend: AttentionBackend,
@@ -117,7 +118,10 @@ impl RankState {
         ];
         let mut reduced = None;
         if let Some(group) = self.allreduce.as_mut() {
-            let n = self.replica.param_elements().clamp(1, BUCKET_ELEMENTS);
+            let n = self
+                .replica
+                .param_elements()
+                .clamp(1, ALLREDUCE_BUCKET_ELEMENTS);
             let bucket = self
                 .bucket
                 .get_or_insert_with(|| Tensor::zeros([n], (Kind::Float, device)));
