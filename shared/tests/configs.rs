@@ -285,19 +285,38 @@ fn locked_keys_changes_are_listed_on_resume() {
 fn warnings_say_when_the_recipe_is_left() {
     let mut c = Config::embedded_default();
     c.training.epochs = 2;
-    c.training.early_stopping = true;
     c.topology.target_devices = vec![Device::Cuda(0)];
     c.topology.drafter_devices = vec![Device::Cuda(0)];
     assert_eq!(
         c.warnings(),
         [
             "training.epochs = 2: the DFlash recipe trains 6 full epochs",
-            "training.early_stopping = true has no effect: dflash has no early-stopping rule and \
-             trains every epoch",
             "cuda:0 is in both topology.target_devices and topology.drafter_devices: two workers share its memory",
         ]
     );
     c.validate().unwrap();
+}
+
+#[test]
+fn early_stopping_is_refused_and_false_is_accepted_for_old_configs() {
+    // The standing rule is 6 full epochs with no early stopping: a `true` that did nothing
+    // was warned about and trained on; it is refused, saying what to do.
+    let mut c = Config::embedded_default();
+    assert!(!c.training.early_stopping);
+    c.validate().unwrap();
+    c.training.early_stopping = true;
+    let err = c.validate().unwrap_err().to_string();
+    for needle in [
+        "training.early_stopping",
+        "6 full epochs and has no early stopping",
+        "found true",
+        "remove the key, or set it to false",
+    ] {
+        assert!(err.contains(needle), "{needle:?} missing from {err}");
+    }
+    let old = EMBEDDED_DEFAULT_TOML.replace("early_stopping = false", "early_stopping = true");
+    assert!(Config::from_toml_str(&old, "old.toml").is_err());
+    assert!(!c.warnings().iter().any(|w| w.contains("early_stopping")));
 }
 
 #[test]

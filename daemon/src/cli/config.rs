@@ -3,9 +3,9 @@
 //! `validate` exits 0 for a valid file (printing any non-fatal remarks) and 1 with every
 //! problem listed, each naming the key path, its line, what was expected and what was found.
 //! Beyond the file itself it checks what `start` would refuse that can be known without
-//! loading weights ([`read_facts`]): the data's size against the held-out count and the batch
-//! size, `telemetry.python`, and the tap layers and mask token against the target's
-//! `config.json`.
+//! loading weights ([`read_facts`]): the data's size (the embedded data's included: it is
+//! compiled in) against the held-out count and the batch size, `telemetry.python`, and the tap
+//! layers and mask token against the target's `config.json`.
 //! `show` prints the effective config, every default filled in; it parses back to the same
 //! config, so it is a complete starting point for a new run.
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_engine::model::target::TargetConfig;
+use dflash_engine::train::embedded;
 use dflash_shared::config::{
     Config, ConfigFacts, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN, EMBEDDED_PROMPTS,
 };
@@ -42,9 +43,10 @@ pub fn load_config(path: &Path) -> Result<Config> {
 }
 
 /// Reads what `start` would check after loading: the train file's non-blank lines (an upper
-/// bound of its samples), whether `telemetry.python` exists, and the target's depth and
-/// vocabulary from its `config.json` (the embedded target's own shape). What cannot be read is
-/// left to `start`, and a note says so (a path `start` cannot resolve is refused there too).
+/// bound of its samples; for the embedded data, its sample count), whether `telemetry.python`
+/// exists, and the target's depth and vocabulary from its `config.json` (the embedded
+/// target's own shape). What cannot be read is left to `start`, and a note says so (a path
+/// `start` cannot resolve is refused there too).
 fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>) {
     let mut notes = Vec::new();
     let default_run_dir = PathInputs::from_environment()
@@ -59,7 +61,9 @@ fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>)
     let resolve_key =
         |key: &'static str, value: &str| resolve_path(key, value, Some(config_path), &run_dir);
     let mut facts = ConfigFacts::default();
-    if config.data.train_file != EMBEDDED_DATA {
+    if config.data.train_file == EMBEDDED_DATA {
+        facts.train_lines = Some(embedded::tiny_sample_count());
+    } else {
         match resolve_key("data.train_file", &config.data.train_file)
             .map_err(|e| e.to_string())
             .and_then(|p| count_non_blank_lines(&p).map_err(|e| format!("{}: {e}", p.display())))

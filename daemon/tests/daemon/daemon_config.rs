@@ -1,5 +1,6 @@
-//! `dflashd config validate/show`, and locked keys across restarts of a real daemon: a change
-//! is refused naming the key, unless an unlock was confirmed (and journaled) on the socket.
+//! `dflashd config validate/show` (refusing what `start` refuses, on the embedded data too), and
+//! locked keys across restarts of a real daemon: a change is refused naming the key, unless an
+//! unlock was confirmed (and journaled) on the socket.
 
 use std::path::Path;
 
@@ -54,6 +55,78 @@ fn validate_names_the_bad_key_and_show_prints_every_default() {
     assert_eq!(Config::from_toml_str(&again, "again").unwrap(), parsed);
 }
 
+/// `config validate FILE` and `start --config FILE` (one step at most), each `(exit code,
+/// stderr)`.
+fn validate_and_start(root: &Path, file: &Path) -> ((i32, String), (Option<i32>, String)) {
+    let path = file.display().to_string();
+    let (code, _, stderr) = run(root, &["config", "validate", &path]);
+    let mut d = Daemon::spawn(root, &["--config", &path, "--max-steps", "1"]);
+    let status = d.wait_exit();
+    ((code, stderr), (status.code(), d.stderr()))
+}
+
+#[test]
+fn validate_refuses_what_start_refuses_on_the_embedded_data() {
+    // 852 training samples: the embedded data's 900 lines, 48 held out. `validate` used to
+    // skip its dataset checks for `train_file = "embedded"` and call this config valid.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let file = root.join("huge-batch.toml");
+    write_config(&file, |c| c.training.batch_size = 100_000);
+    let ((code, validate), (start, started)) = validate_and_start(root, &file);
+    let needles = [
+        "training.batch_size",
+        "at most the 852 training samples (900 in the data, 48 held out)",
+        "found 100000",
+    ];
+    assert_eq!(code, 1, "{validate}");
+    assert_ne!(start, Some(0), "{started}");
+    for needle in needles {
+        assert!(
+            validate.contains(needle),
+            "validate: {needle:?} missing:\n{validate}"
+        );
+        assert!(
+            started.contains(needle),
+            "start: {needle:?} missing:\n{started}"
+        );
+    }
+}
+
+#[test]
+fn early_stopping_true_is_refused_by_validate_and_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let file = root.join("early.toml");
+    std::fs::write(
+        &file,
+        EMBEDDED_DEFAULT_TOML.replace("early_stopping = false", "early_stopping = true"),
+    )
+    .unwrap();
+    let ((code, validate), (start, started)) = validate_and_start(root, &file);
+    assert_eq!(code, 1, "{validate}");
+    assert_ne!(start, Some(0), "{started}");
+    for needle in [
+        "training.early_stopping (line ",
+        "6 full epochs and has no early stopping",
+        "remove the key, or set it to false",
+    ] {
+        assert!(
+            validate.contains(needle),
+            "validate: {needle:?} missing:\n{validate}"
+        );
+        assert!(
+            started.contains(needle),
+            "start: {needle:?} missing:\n{started}"
+        );
+    }
+    // `false`, what old configs carry, stays valid.
+    let old = root.join("old.toml");
+    std::fs::write(&old, EMBEDDED_DEFAULT_TOML).unwrap();
+    let (code, stdout, stderr) = run(root, &["config", "validate", &old.display().to_string()]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+}
+
 fn confirm(c: &mut Client, action: Action) -> String {
     match request_and_confirm(c, action) {
         (id, Response::Executed { outcome, .. }) => {
@@ -74,7 +147,7 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
         root.join("epochs.toml"),
     );
     write_config(&old, |_| {});
-    write_config(&new, |c| c.training.early_stopping = true);
+    write_config(&new, |c| c.training.num_anchors = 8);
     write_config(&epochs, |c| c.training.epochs = 3);
     let cfg = |p: &Path| p.display().to_string();
 
@@ -84,7 +157,7 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     // Changed locked keys: refused with exit 2, the key and both values named.
     for (file, needle) in [
         (&epochs, "training.epochs: 6 → 3"),
-        (&new, "training.early_stopping: false → true"),
+        (&new, "training.num_anchors: 16 → 8"),
     ] {
         let mut d = Daemon::spawn(root, &["--config", &cfg(file), "--max-steps", "1"]);
         let status = d.wait_exit();
@@ -107,7 +180,7 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     let id = confirm(
         &mut c,
         Action::UnlockKey {
-            key: "training.early_stopping".into(),
+            key: "training.num_anchors".into(),
         },
     );
     d.signal(libc::SIGTERM);
@@ -117,7 +190,7 @@ fn a_locked_key_change_on_resume_is_refused_unless_unlocked() {
     let mut d = Daemon::spawn(root, &["--config", &cfg(&new), "--max-steps", "1"]);
     assert!(d.wait_exit().success(), "{}", d.stderr());
     let accepted = journal(&d.run_dir).into_iter().any(|e| {
-        matches!(&e.kind, EventKind::Note { message } if message.contains("training.early_stopping changed false → true") && message.contains(&id))
+        matches!(&e.kind, EventKind::Note { message } if message.contains("training.num_anchors changed 16 → 8") && message.contains(&id))
     });
     assert!(accepted, "the accepted change names the unlock");
     // The unlocked epochs key was not part of it: still refused.

@@ -60,13 +60,19 @@ pub fn tiny_drafter_config(target: &TargetConfig) -> DrafterConfig {
     run_config::drafter_config(&tiny_run_config().drafter, target)
 }
 
-/// Sized so six epochs take a few minutes on two CPU cores.
-pub fn tiny_train_config() -> TrainConfig {
-    let samples = TINY_DATASET
+/// Samples of the embedded dataset: one per non-blank line ([`tiny_samples`] refuses a line
+/// that is not one), known without parsing, so `config validate` judges a config's batch size
+/// and held-out count against the embedded data as `start` does.
+pub fn tiny_sample_count() -> usize {
+    TINY_DATASET
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .count();
-    run_config::train_config(&tiny_run_config(), samples)
+        .count()
+}
+
+/// Sized so six epochs take a few minutes on two CPU cores.
+pub fn tiny_train_config() -> TrainConfig {
+    run_config::train_config(&tiny_run_config(), tiny_sample_count())
 }
 
 /// The embedded dataset as samples. It is part of the binary, so any line that does not parse

@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn unlocked_training_keys_and_the_schedule_length() {
-        let unlocked = UnlockedKeys::from_keys(&[EPOCHS, NUM_ANCHORS, "training.early_stopping"]);
+        let unlocked = UnlockedKeys::from_keys(&[EPOCHS, NUM_ANCHORS]);
         assert!(unlocked.epochs && unlocked.num_anchors && !unlocked.block_size);
         let now = TrainConfig {
             epochs: 3,

@@ -12,19 +12,11 @@ use super::Config;
 /// Dotted paths of the locked keys.
 pub const PRECISION: &str = "training.precision";
 pub const EPOCHS: &str = "training.epochs";
-pub const EARLY_STOPPING: &str = "training.early_stopping";
 pub const NUM_ANCHORS: &str = "training.num_anchors";
 pub const BLOCK_SIZE: &str = "drafter.block_size";
 pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
 
-pub const LOCKED_KEYS: &[&str] = &[
-    PRECISION,
-    EPOCHS,
-    EARLY_STOPPING,
-    NUM_ANCHORS,
-    BLOCK_SIZE,
-    TARGET_LAYER_IDS,
-];
+pub const LOCKED_KEYS: &[&str] = &[PRECISION, EPOCHS, NUM_ANCHORS, BLOCK_SIZE, TARGET_LAYER_IDS];
 
 pub fn is_locked_key(key: &str) -> bool {
     LOCKED_KEYS.contains(&key)

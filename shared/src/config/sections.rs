@@ -137,7 +137,8 @@ impl<'de> Deserialize<'de> for Precision {
 pub struct TrainingSection {
     pub precision: Precision,
     pub epochs: u32,
-    /// Off by default: the recipe trains every epoch; evaluation τ does not stop it early.
+    /// `false` only, the value old configs carry: the recipe trains 6 full epochs and has no
+    /// early stopping, so validation refuses `true` rather than ignore it.
     pub early_stopping: bool,
     /// Optional cap on optimizer steps (SpecForge caps its Qwen3.6-27B recipe at 10000).
     #[serde(skip_serializing_if = "Option::is_none")]

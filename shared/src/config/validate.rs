@@ -199,6 +199,16 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
             0,
         ));
     }
+    if t.early_stopping {
+        v.push(
+            ConfigIssue::invalid(
+                "training.early_stopping",
+                "false: the DFlash recipe trains 6 full epochs and has no early stopping",
+                true,
+            )
+            .with_hint("remove the key, or set it to false"),
+        );
+    }
     if t.max_steps == Some(0) {
         v.push(ConfigIssue::invalid(
             "training.max_steps",
@@ -847,13 +857,6 @@ pub(crate) fn warnings(c: &Config) -> Vec<String> {
             "training.epochs = {}: the DFlash recipe trains 6 full epochs",
             c.training.epochs
         ));
-    }
-    if c.training.early_stopping {
-        w.push(
-            "training.early_stopping = true has no effect: dflash has no early-stopping rule and \
-             trains every epoch"
-                .into(),
-        );
     }
     if let Some(steps) = c.training.max_steps {
         w.push(format!(
