@@ -10,6 +10,9 @@
 //! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write;
 //!   [`file_hash`]: the one file hasher.
 //!
+//! Errors are `thiserror` enums whose messages carry their causes' text; a cause printed in a
+//! message is never also the error's `source()`, so `anyhow`'s `{:#}` prints each cause once.
+//!
 //! The engine writes no run-dir files and depends on no process, socket or telemetry code: the
 //! daemon drives [`train::Trainer::run`] through [`train::RunHooks`].
 pub mod allreduce_bucket;

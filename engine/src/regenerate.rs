@@ -59,16 +59,12 @@ pub struct Finished {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegenerateError<E: std::error::Error + 'static> {
-    #[error("regenerating input line {line}: {source}")]
-    Decode {
-        line: u64,
-        #[source]
-        source: DecodeError,
-    },
+    #[error("regenerating input line {line}: {cause}")]
+    Decode { line: u64, cause: DecodeError },
     #[error("regenerating input line {line}: a worker panicked: {message}")]
     Panicked { line: u64, message: String },
     #[error("cannot make a target replica for a worker: {0}")]
-    Replica(#[source] ModelError),
+    Replica(ModelError),
     #[error(transparent)]
     Sink(E),
 }
@@ -229,7 +225,7 @@ fn drive<E: std::error::Error + 'static>(
         };
         let line = index + 1;
         let outcome = result.map_err(|failure| match failure {
-            Failure::Decode(source) => RegenerateError::Decode { line, source },
+            Failure::Decode(cause) => RegenerateError::Decode { line, cause },
             Failure::Panic(message) => RegenerateError::Panicked { line, message },
         })?;
         waiting.insert(seq, Finished { index, outcome });

@@ -186,3 +186,27 @@ fn start_refuses_a_run_over_the_stated_memory_and_journals_the_override() {
     });
     assert!(journaled, "{:?}", journal(&run_dir));
 }
+
+#[test]
+fn a_target_without_config_json_is_named_with_its_os_error_once() {
+    // The engine's error printed the OS error in its message and again as its `source()`,
+    // so anyhow's chain said "No such file or directory (os error 2)" twice.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let config = tmp.path().join("run.toml");
+    crate::support::binary::write_config(&config, |c| {
+        c.target.model = model.display().to_string();
+    });
+    let (code, out, err) = run(
+        tmp.path(),
+        &["plan", "--config", &config.display().to_string()],
+    );
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    let missing = model.join("config.json").display().to_string();
+    assert!(
+        err.contains(&missing) && err.contains("--target-config"),
+        "{err}"
+    );
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+}

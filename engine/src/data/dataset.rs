@@ -135,7 +135,7 @@ pub fn load(
     let io_error = |source| DataError::Io {
         what: "data file",
         path: path.to_path_buf(),
-        source,
+        cause: source,
     };
     let mut reader = BufReader::new(File::open(path).map_err(io_error)?);
     let threads = match options.threads {

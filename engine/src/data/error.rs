@@ -7,12 +7,11 @@ pub enum DataError {
     #[error("{what} {path} does not exist; check the path in the config (`data` / `model` keys)")]
     MissingFile { what: &'static str, path: PathBuf },
 
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {path}: {cause}")]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     #[error(

@@ -224,7 +224,7 @@ fn read_text(path: &Path, what: &'static str) -> Result<String, DataError> {
     std::fs::read_to_string(path).map_err(|source| DataError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        cause: source,
     })
 }
 

@@ -122,7 +122,7 @@ pub fn read_prompt_rows(path: &Path) -> Result<PromptRows, DataError> {
     let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
         what: "prompt file",
         path: path.to_path_buf(),
-        source,
+        cause: source,
     })?;
     let (mut rows, mut bad) = (Vec::new(), Vec::new());
     for (index, line) in text.lines().enumerate() {

@@ -30,7 +30,15 @@ pub enum ScanError {
     )]
     Damaged { line: u64, reason: String },
     #[error("cannot read it: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+/// By hand rather than `#[from]`, which would also make the I/O error the `source()` of a
+/// message that already prints it.
+impl From<std::io::Error> for ScanError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 /// Reads an output file. Every complete line must be a chat row training accepts, with a

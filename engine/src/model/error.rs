@@ -1,21 +1,21 @@
 //! Errors of model loading and model use. Every variant names the file, key or tensor involved and,
 //! where it applies, what was expected and what was found: these messages reach users directly.
+//! A variant's message carries its cause's text, so the cause is never also its `source()`
+//! (the engine's rule: an `anyhow` chain prints each cause once).
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
-    #[error("{path}: invalid JSON: {source}")]
+    #[error("{path}: invalid JSON: {cause}")]
     Json {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 
     #[error("{path}: key `{key}`: expected {expected}, found {found}")]
@@ -106,14 +106,22 @@ pub enum ModelError {
     NotATreePath { path: Vec<usize>, tokens: usize },
 
     #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
+    Torch(tch::TchError),
+}
+
+/// By hand rather than `#[from]`, which would also make the libtorch error the `source()` of
+/// a message that already prints it (an error chain would print it twice).
+impl From<tch::TchError> for ModelError {
+    fn from(e: tch::TchError) -> Self {
+        Self::Torch(e)
+    }
 }
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }

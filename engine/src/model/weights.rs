@@ -74,7 +74,7 @@ impl CheckpointIndex {
         let json: serde_json::Value =
             serde_json::from_str(&text).map_err(|source| ModelError::Json {
                 path: index_path.clone(),
-                source,
+                cause: source,
             })?;
         let map = json
             .get("weight_map")

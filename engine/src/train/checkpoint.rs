@@ -23,10 +23,10 @@ const PRUNING: &str = ".prune-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint I/O failed on {path}: {source}")]
+    #[error("checkpoint I/O failed on {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{dir} is not a complete checkpoint: it has no {MANIFEST} (an interrupted write never gets one)")]
     NoManifest { dir: PathBuf },
@@ -55,7 +55,7 @@ pub enum CheckpointError {
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     }
 }
 
@@ -227,7 +227,7 @@ fn entries_if_present(root: &Path) -> Result<Option<fs::ReadDir>, CheckpointErro
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(CheckpointError::Io {
             path: root.to_path_buf(),
-            source: e,
+            cause: e,
         }),
     }
 }

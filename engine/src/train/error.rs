@@ -28,11 +28,10 @@ pub enum TrainError {
     Config { key: String, detail: String },
     #[error("cannot resume from {checkpoint}: {detail}")]
     Incompatible { checkpoint: PathBuf, detail: String },
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("the target and the drafter do not fit together: {0}")]
     Mismatch(String),
@@ -42,12 +41,8 @@ pub enum TrainError {
     Worker(Box<WorkerFailed>),
     #[error("topology: {0}")]
     Topology(String),
-    #[error("writing the checkpoint of step {step} failed: {source}")]
-    CheckpointWrite {
-        step: u64,
-        #[source]
-        source: Box<TrainError>,
-    },
+    #[error("writing the checkpoint of step {step} failed: {cause}")]
+    CheckpointWrite { step: u64, cause: Box<TrainError> },
 }
 
 /// Which worker failed, on which device, and why.
@@ -68,7 +63,7 @@ impl TrainError {
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
         move |source| TrainError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }
     }
 }

@@ -49,14 +49,14 @@ pub fn inspect(root: &Path) -> Result<Vec<Found>, CheckpointError> {
         Err(source) => {
             return Err(CheckpointError::Io {
                 path: root.to_path_buf(),
-                source,
+                cause: source,
             })
         }
     };
     for entry in entries {
         let entry = entry.map_err(|source| CheckpointError::Io {
             path: root.to_path_buf(),
-            source,
+            cause: source,
         })?;
         let name = entry.file_name().to_string_lossy().to_string();
         let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse().ok()) else {
@@ -238,7 +238,7 @@ pub fn apply(root: &Path, decision: &Decision) -> Result<Applied, CheckpointErro
     for dir in &decision.remove {
         fs::remove_dir_all(dir).map_err(|source| CheckpointError::Io {
             path: dir.clone(),
-            source,
+            cause: source,
         })?;
         applied.removed.push(dir.clone());
     }
@@ -256,7 +256,7 @@ pub fn apply(root: &Path, decision: &Decision) -> Result<Applied, CheckpointErro
         }
         fs::rename(dir, &dest).map_err(|source| CheckpointError::Io {
             path: dir.clone(),
-            source,
+            cause: source,
         })?;
         applied.moved_aside.push((dir.clone(), dest, why.clone()));
     }
@@ -274,7 +274,7 @@ pub fn apply(root: &Path, decision: &Decision) -> Result<Applied, CheckpointErro
             .and_then(|f| f.sync_all())
             .map_err(|source| CheckpointError::Io {
                 path: root.to_path_buf(),
-                source,
+                cause: source,
             })?;
     }
     Ok(applied)

@@ -568,7 +568,7 @@ impl Trainer {
                     let dir = self.checkpoint_with(root, hooks).map_err(|e| {
                         TrainError::CheckpointWrite {
                             step: self.step,
-                            source: Box::new(e),
+                            cause: Box::new(e),
                         }
                     })?;
                     summary.last_checkpoint = Some(dir);

@@ -29,17 +29,12 @@ impl LayerType {
 
 #[derive(Debug, Error)]
 pub enum DrafterError {
-    #[error("cannot read drafter config {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("drafter config {path} is not valid JSON: {source}")]
+    #[error("cannot read drafter config {path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
+    #[error("drafter config {path} is not valid JSON: {cause}")]
     Json {
         path: String,
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     #[error("drafter config {path}: missing key `{key}` ({hint})")]
     MissingField {

@@ -372,11 +372,11 @@ impl DrafterConfig {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| DrafterError::Io {
             path: shown.clone(),
-            source,
+            cause: source,
         })?;
         let value: Value = serde_json::from_str(&text).map_err(|source| DrafterError::Json {
             path: shown.clone(),
-            source,
+            cause: source,
         })?;
         Self::from_hf_value(&value, &shown)
     }

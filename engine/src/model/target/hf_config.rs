@@ -28,7 +28,7 @@ pub fn read_hf_config_file(
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
     let json: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
         path: path.clone(),
-        source,
+        cause: source,
     })?;
     let (config, layout) = parse_hf_config(&path, &json)?;
     Ok((config, layout, json))

@@ -150,7 +150,7 @@ pub fn save(dir: &Path, req: &SaveRequest<'_>) -> Result<(), ModelError> {
     };
     let text = serde_json::to_string_pretty(&config_json).map_err(|source| ModelError::Json {
         path: dir.join("config.json"),
-        source,
+        cause: source,
     })?;
     write_bytes_atomic(&dir.join("config.json"), format!("{text}\n").as_bytes())?;
 
@@ -185,7 +185,7 @@ pub fn save(dir: &Path, req: &SaveRequest<'_>) -> Result<(), ModelError> {
     let index = json!({"metadata": {"total_size": total_size}, "weight_map": weight_map});
     let text = serde_json::to_string_pretty(&index).map_err(|source| ModelError::Json {
         path: dir.join(INDEX_FILE),
-        source,
+        cause: source,
     })?;
     write_bytes_atomic(&dir.join(INDEX_FILE), format!("{text}\n").as_bytes())?;
     remove_if_present(&dir.join(SINGLE_FILE))
