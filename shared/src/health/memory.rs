@@ -10,13 +10,19 @@
 //! - the allocator's cumulative `alloc_retries` grew inside the window;
 //!
 //! otherwise **flat**. "Total" is NVML's total memory, or the window's maximum when unknown.
-//! Volatile → flat needs a whole window of flat samples, which is the hysteresis.
+//!
+//! Hysteresis: a GPU enters volatile as soon as one of the limits above is crossed, and
+//! returns to flat only once the range is below `clear_range_frac` × `max_range_frac`, the
+//! stddev below `clear_stddev_frac` × `max_stddev_frac` and no retry grew, all of it held
+//! for a whole `window_s`. With the defaults (0.8 of each limit) a GPU whose noise sits at
+//! the 0.5 % stddev limit stays volatile instead of flipping at every sample that lands on
+//! either side of it.
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use super::stats::mean_std;
-use super::{secs_to_ms, Level, Transition};
+use super::{secs_to_ms, HeldSince, Level, Transition};
 use crate::format::format_bytes;
 use crate::metrics::{GpuSample, TimestampMs};
 
@@ -29,6 +35,12 @@ pub struct MemoryConfig {
     pub min_samples: usize,
     pub max_range_frac: f64,
     pub max_stddev_frac: f64,
+    /// Volatile → flat needs the range below this fraction of `max_range_frac`, held for
+    /// `window_s` (absent from older configs: 0.8).
+    pub clear_range_frac: f64,
+    /// Volatile → flat needs the stddev below this fraction of `max_stddev_frac`, held for
+    /// `window_s` (absent from older configs: 0.8).
+    pub clear_stddev_frac: f64,
 }
 
 impl Default for MemoryConfig {
@@ -39,6 +51,8 @@ impl Default for MemoryConfig {
             min_samples: 20,
             max_range_frac: 0.02,
             max_stddev_frac: 0.005,
+            clear_range_frac: 0.8,
+            clear_stddev_frac: 0.8,
         }
     }
 }
@@ -89,6 +103,8 @@ struct GpuWindow {
     first_ts: Option<TimestampMs>,
     points: VecDeque<Point>,
     volatile: bool,
+    /// While volatile: since when every statistic has been below its clear threshold.
+    clearing: HeldSince,
     saw_memory: bool,
 }
 
@@ -135,16 +151,23 @@ impl MemoryFlatness {
         while gpu.points.front().is_some_and(|p| p.ts < horizon) {
             gpu.points.pop_front();
         }
-        let verdict = verdict_of(&cfg, gpu);
-        let volatile = match &verdict {
-            MemoryVerdict::Volatile { .. } => true,
-            MemoryVerdict::Flat { .. } => false,
-            _ => return None,
+        let judged = judge(&cfg, gpu)?;
+        let volatile = if !judged.above.is_empty() {
+            gpu.clearing.reset();
+            true
+        } else if gpu.volatile {
+            gpu.clearing.update(judged.below_clear, sample.ts_ms);
+            !gpu.clearing
+                .held_for(sample.ts_ms, secs_to_ms(cfg.window_s))
+        } else {
+            false
         };
         if volatile == gpu.volatile {
             return None;
         }
         gpu.volatile = volatile;
+        gpu.clearing.reset();
+        let verdict = verdict_from(&cfg, gpu, judged);
         let (from, to) = if volatile {
             (Level::Ok, Level::Warn)
         } else {
@@ -161,7 +184,12 @@ impl MemoryFlatness {
 
     pub fn verdict(&self, gpu_index: u32) -> MemoryVerdict {
         match self.gpus.get(&gpu_index) {
-            Some(gpu) if gpu.saw_memory => verdict_of(&self.cfg, gpu),
+            Some(gpu) if gpu.saw_memory => match judge(&self.cfg, gpu) {
+                Some(judged) => verdict_from(&self.cfg, gpu, judged),
+                None => MemoryVerdict::Collecting {
+                    samples: gpu.points.len(),
+                },
+            },
             Some(_) => MemoryVerdict::Unavailable,
             None => MemoryVerdict::Collecting { samples: 0 },
         }
@@ -172,10 +200,48 @@ impl MemoryFlatness {
     }
 }
 
-fn verdict_of(cfg: &MemoryConfig, gpu: &GpuWindow) -> MemoryVerdict {
+/// The window's statistics, the limits they cross, and whether they are all below the clear
+/// thresholds; `None` while the window holds too few samples.
+struct Judged {
+    stats: MemoryStats,
+    /// Why the window is volatile by the entry limits (empty: within them).
+    above: Vec<String>,
+    /// Range and stddev below their clear thresholds and no retry in the window.
+    below_clear: bool,
+}
+
+/// The verdict of a judged window: volatile when a limit is crossed, or while a GPU that
+/// was volatile has not yet been below the clear thresholds for a whole window.
+fn verdict_from(cfg: &MemoryConfig, gpu: &GpuWindow, judged: Judged) -> MemoryVerdict {
+    let Judged { stats, above, .. } = judged;
+    if !above.is_empty() {
+        return MemoryVerdict::Volatile {
+            stats,
+            reasons: above,
+        };
+    }
+    if gpu.volatile {
+        let reason = format!(
+            "not yet clear: flat again needs range under {:.1}% and stddev under {:.2}% of \
+             total for {} (now {:.1}% and {:.2}%)",
+            cfg.max_range_frac * cfg.clear_range_frac * 100.0,
+            cfg.max_stddev_frac * cfg.clear_stddev_frac * 100.0,
+            crate::format::format_duration_ms(secs_to_ms(cfg.window_s)),
+            stats.range_frac * 100.0,
+            stats.stddev_frac * 100.0,
+        );
+        return MemoryVerdict::Volatile {
+            stats,
+            reasons: vec![reason],
+        };
+    }
+    MemoryVerdict::Flat { stats }
+}
+
+fn judge(cfg: &MemoryConfig, gpu: &GpuWindow) -> Option<Judged> {
     let n = gpu.points.len();
     if n < cfg.min_samples.max(2) {
-        return MemoryVerdict::Collecting { samples: n };
+        return None;
     }
     let used: Vec<f64> = gpu.points.iter().map(|p| p.used as f64).collect();
     let (mean, std) = mean_std(&used).unwrap_or((0.0, 0.0));
@@ -229,11 +295,14 @@ fn verdict_of(cfg: &MemoryConfig, gpu: &GpuWindow) -> MemoryVerdict {
             "{d} allocator retries (cache flushes) in the window"
         ));
     }
-    if reasons.is_empty() {
-        MemoryVerdict::Flat { stats }
-    } else {
-        MemoryVerdict::Volatile { stats, reasons }
-    }
+    let below_clear = stats.range_frac < cfg.max_range_frac * cfg.clear_range_frac
+        && stats.stddev_frac < cfg.max_stddev_frac * cfg.clear_stddev_frac
+        && retries_delta.unwrap_or(0) == 0;
+    Some(Judged {
+        stats,
+        above: reasons,
+        below_clear,
+    })
 }
 
 fn describe(gpu_index: u32, verdict: &MemoryVerdict) -> String {
@@ -293,15 +362,17 @@ mod tests {
             transitions[0].message,
             "GPU 3 memory volatile: 2 allocator retries (cache flushes) in the window"
         );
-        // The retry stays inside the 600 s window; it clears once it has left.
+        // The retry stays inside the 600 s window until 1600 s; from then on the window is
+        // clean, and flat again takes that held for a whole window more.
         let mut later = Vec::new();
-        for t in 1001..1700 {
+        for t in 1001..2300 {
             later.extend(
                 m.observe(&sample(t, Some(120_000_000_000), Some(6)))
                     .map(|t| (t.at_ms, t.to)),
             );
         }
-        assert_eq!(later, [(1_600_000, Level::Ok)]);
+        assert_eq!(later, [(2_200_000, Level::Ok)]);
+        assert!(matches!(m.verdict(3), MemoryVerdict::Flat { .. }));
     }
 
     #[test]
@@ -325,5 +396,131 @@ mod tests {
         };
         assert_eq!(stats.max_bytes, 90_000_000_000);
         assert_eq!(stats.alloc_retries_delta, Some(0));
+    }
+
+    /// splitmix64 → a roughly normal deviate (Irwin–Hall of 12), seeded and portable.
+    struct Noise(u64);
+    impl Noise {
+        fn unit(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        fn normal(&mut self) -> f64 {
+            (0..12).map(|_| self.unit()).sum::<f64>() - 6.0
+        }
+    }
+
+    #[test]
+    fn noise_at_the_stddev_limit_enters_volatile_once_instead_of_flapping() {
+        let cfg = MemoryConfig::default();
+        let limit = cfg.max_stddev_frac;
+        let mut m = MemoryFlatness::new(cfg);
+        let mut noise = Noise(7);
+        // One sample every 30 s for four hours, its spread right at the 0.5 % stddev limit
+        // (and so near the 2 % range limit too), with no allocator retry.
+        let sigma = limit * TOTAL as f64;
+        let (mut transitions, mut crossings, mut above_before) = (Vec::new(), 0, None);
+        for i in 0..480 {
+            let used = (100e9 + sigma * noise.normal()) as u64;
+            transitions.extend(m.observe(&sample(i * 30, Some(used), None)));
+            let stats = match m.verdict(3) {
+                MemoryVerdict::Flat { stats } | MemoryVerdict::Volatile { stats, .. } => stats,
+                _ => continue,
+            };
+            let above = stats.stddev_frac > limit || stats.range_frac > 0.02;
+            if above_before.is_some_and(|b| b != above) {
+                crossings += 1;
+            }
+            above_before = Some(above);
+        }
+        // The window's statistics cross the limits again and again: a detector that judged
+        // each window by the entry limits alone journaled every one of these crossings ...
+        assert!(
+            crossings >= 20,
+            "{crossings} crossings: the trace is not at the limit"
+        );
+        // ... where this one went volatile once, and back to flat only after a whole window
+        // under 0.8 of each limit, once in four hours.
+        let levels: Vec<Level> = transitions.iter().map(|t| t.to).collect();
+        assert_eq!(
+            levels,
+            [Level::Warn, Level::Ok, Level::Warn],
+            "{crossings} crossings; {transitions:?}"
+        );
+        assert!(matches!(m.verdict(3), MemoryVerdict::Volatile { .. }));
+    }
+
+    #[test]
+    fn a_volatile_gpu_between_the_clear_and_the_entry_threshold_says_why_it_is_not_flat() {
+        let mut m = MemoryFlatness::new(MemoryConfig::default());
+        let base = 100_000_000_000_u64;
+        let frac = |f: f64| (f * TOTAL as f64) as u64;
+        let mut levels = Vec::new();
+        let mut feed = |m: &mut MemoryFlatness, i: i64, used: u64| {
+            levels.extend(
+                m.observe(&sample(i * 30, Some(used), None))
+                    .map(|t| (t.at_ms / 30_000, t.to)),
+            );
+        };
+        // ±1.25 % of total every other sample: far beyond both limits.
+        for i in 0..40 {
+            feed(
+                &mut m,
+                i,
+                if i % 2 == 0 { base + frac(0.025) } else { base },
+            );
+        }
+        // Then one sample in 21 (exactly one in every 600 s window) 1.8 % higher: a range
+        // under the 2 % entry limit but over the 1.6 % clear threshold, stddev 0.38 %.
+        for i in 40..200 {
+            feed(
+                &mut m,
+                i,
+                if i % 21 == 0 {
+                    base + frac(0.018)
+                } else {
+                    base
+                },
+            );
+        }
+        let MemoryVerdict::Volatile { reasons, stats } = m.verdict(3) else {
+            panic!("{:?}", m.verdict(3))
+        };
+        assert!(
+            stats.range_frac < 0.02 && stats.range_frac > 0.016,
+            "{stats:?}"
+        );
+        assert!(stats.stddev_frac < 0.004, "{stats:?}");
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(
+            reasons[0].starts_with(
+                "not yet clear: flat again needs range under 1.6% and stddev under 0.40%"
+            ),
+            "{reasons:?}"
+        );
+        // Flat from i = 200: the last spike (i = 189) leaves the window at i = 210, and the
+        // window is clean for 600 s more at i = 230.
+        for i in 200..260 {
+            feed(&mut m, i, base);
+        }
+        drop(feed);
+        assert_eq!(levels.len(), 2, "{levels:?}");
+        assert_eq!(levels[0].1, Level::Warn);
+        assert_eq!(levels[1], (230, Level::Ok));
+        assert!(matches!(m.verdict(3), MemoryVerdict::Flat { .. }));
+    }
+
+    #[test]
+    fn configs_written_before_the_clear_thresholds_still_load() {
+        let old: MemoryConfig = serde_json::from_str(
+            r#"{"warmup_s": 60, "window_s": 300, "min_samples": 10,
+                "max_range_frac": 0.03, "max_stddev_frac": 0.01}"#,
+        )
+        .expect("an older config loads");
+        assert_eq!((old.clear_range_frac, old.clear_stddev_frac), (0.8, 0.8));
+        assert_eq!(old.window_s, 300.0);
     }
 }

@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod explain;
 pub mod fingerprint;
+pub mod grouping;
 pub mod healthy_record;
 pub mod memory;
 mod monitor;

@@ -12,7 +12,9 @@
 //! **Drafter-bound**: targets blocked ≥ `blocked_frac` and the queue mostly above it.
 //! Otherwise **balanced**. One side always bounds a pipeline, so being bound is not an alert by
 //! itself; the level goes to Warn only when the idle side wastes ≥ `waste_warn_frac` of its time
-//! for `min_duration_s`, and back to Ok after the same duration below it.
+//! for `min_duration_s`, and back to Ok only after the same duration below the lower
+//! `clear_waste_frac` × `waste_warn_frac` (0.8 × 50 % = 40 % by default), so a run whose waste
+//! hovers at the warning threshold does not flap between Warn and Ok.
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +34,9 @@ pub struct QueueThresholds {
     pub blocked_frac: f64,
     pub waste_warn_frac: f64,
     pub min_duration_s: f64,
+    /// Warn → Ok needs the waste below this fraction of `waste_warn_frac` for
+    /// `min_duration_s` (absent from older configs: 0.8).
+    pub clear_waste_frac: f64,
 }
 
 impl Default for QueueThresholds {
@@ -42,6 +47,7 @@ impl Default for QueueThresholds {
             blocked_frac: 0.10,
             waste_warn_frac: 0.5,
             min_duration_s: 120.0,
+            clear_waste_frac: 0.8,
         }
     }
 }
@@ -135,8 +141,10 @@ impl QueueDiagnoser {
         };
         let ts = stats.ts_ms;
         self.wasteful.update(waste >= self.cfg.waste_warn_frac, ts);
-        self.not_wasteful
-            .update(waste < self.cfg.waste_warn_frac, ts);
+        self.not_wasteful.update(
+            waste < self.cfg.waste_warn_frac * self.cfg.clear_waste_frac,
+            ts,
+        );
         let hold = secs_to_ms(self.cfg.min_duration_s);
         let next = match self.level {
             Level::Ok if self.wasteful.held_for(ts, hold) => Level::Warn,
@@ -208,5 +216,58 @@ impl QueueDiagnoser {
             window_ms: last.ts_ms - first.ts_ms,
             explanation,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drafters starved `starved` of each 10 s with the queue near empty (target-bound).
+    fn run(
+        q: &mut QueueDiagnoser,
+        from_s: i64,
+        to_s: i64,
+        starved: impl Fn(i64) -> f64,
+    ) -> Vec<Level> {
+        let mut out = Vec::new();
+        for s in (from_s..to_s).step_by(10) {
+            let before = q.samples.back().map_or(0.0, |l| l.consumer_starved_ms);
+            let stats = QueueStats {
+                ts_ms: s * 1000,
+                depth: 1,
+                capacity: 64,
+                high_watermark: 48,
+                low_watermark: 8,
+                consumer_starved_ms: before + starved(s) * 10_000.0,
+                ..QueueStats::default()
+            };
+            out.extend(q.observe(&stats).map(|t| t.to));
+        }
+        out
+    }
+
+    #[test]
+    fn waste_hovering_at_the_warning_threshold_warns_once_and_clears_only_well_below_it() {
+        let mut q = QueueDiagnoser::new(QueueThresholds::default(), 1, 1);
+        // 60 % wasted for 10 minutes: a warning.
+        assert_eq!(run(&mut q, 0, 600, |_| 0.6), [Level::Warn]);
+        // Then 45 % or 55 % in turn, five minutes each, for an hour: around the 50 % line,
+        // never 2 minutes under the 40 % clear threshold.
+        let hover = |s: i64| if (s / 300) % 2 == 0 { 0.45 } else { 0.55 };
+        assert_eq!(run(&mut q, 600, 4200, hover), []);
+        assert_eq!(q.level(), Level::Warn);
+        // Under 40 % for two minutes: Ok.
+        assert_eq!(run(&mut q, 4200, 4800, |_| 0.2), [Level::Ok]);
+    }
+
+    #[test]
+    fn thresholds_written_before_the_clear_fraction_still_load() {
+        let old: QueueThresholds = serde_json::from_str(
+            r#"{"window_s": 60, "starved_frac": 0.2, "blocked_frac": 0.2,
+                "waste_warn_frac": 0.6, "min_duration_s": 30}"#,
+        )
+        .expect("older thresholds load");
+        assert_eq!(old.clear_waste_frac, 0.8);
     }
 }
