@@ -23,6 +23,7 @@ use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
 use dflash_engine::plan::flops::{drafter_step_flops, StepWork};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+use dflash_engine::train::dpace::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
@@ -373,6 +374,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             AttentionBackend::BlockSparse,
             shape.loss_chunk_positions,
             shape.activation_checkpointing,
+            LossObjective::Dflash,
         );
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica

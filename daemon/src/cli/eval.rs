@@ -42,6 +42,17 @@ fn attention_backend(name: &str) -> Result<AttentionBackend, String> {
     }
 }
 
+/// `--dpace-alpha`: a number in [0, 1].
+fn dpace_alpha(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(a) if a.is_finite() && (0.0..=1.0).contains(&a) => Ok(a),
+        _ => Err(format!(
+            "expected a number in [0, 1] (D-PACE smooths the drafter's confidence as \
+             (1−α)·q + α; SpecForge uses 0.5), found {text:?}"
+        )),
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// Target model directory (HF layout).
@@ -88,6 +99,9 @@ pub struct EvalArgs {
     /// Loss decay γ (default: the paper value for the drafter's block size).
     #[arg(long)]
     pub gamma: Option<f64>,
+    /// D-PACE's smoothing α for `loss_dpace`, in [0, 1] (SpecForge's default 0.5).
+    #[arg(long, default_value_t = dflash_shared::config::DEFAULT_DPACE_ALPHA, value_parser = dpace_alpha)]
+    pub dpace_alpha: f64,
     /// Anchors per sequence in one forward pass (bounds memory).
     #[arg(long, default_value_t = 256)]
     pub anchors_per_forward: usize,
@@ -184,6 +198,7 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         rule: LabelMaskRule::Independent,
         chunk_positions: 2048,
         backend: args.attention,
+        dpace_alpha: args.dpace_alpha,
     }
 }
 
@@ -253,6 +268,10 @@ pub fn run(args: EvalArgs) -> Result<()> {
     println!(
         "loss: {:.4}   top-1 accuracy: {:.4}",
         result.loss, result.accuracy
+    );
+    println!(
+        "loss_dflash (γ-weighted, pooled): {:.4}   loss_dpace (α {}, mean over rows): {:.4}",
+        result.loss_dflash, result.dpace_alpha, result.loss_dpace
     );
     print!("{:>4} {:>10}", "k", "accept");
     for k in result.recall_at_k.keys() {
@@ -333,5 +352,17 @@ mod tests {
         );
         let err = refusal(&["--online", "--prompts", "p", "--max-samples", "3"]);
         assert!(err.contains("--max-samples apply to the offline"), "{err}");
+    }
+
+    #[test]
+    fn dpace_alpha_defaults_to_one_half_and_must_lie_in_the_unit_interval() {
+        assert_eq!(parsed(&[]).dpace_alpha, 0.5);
+        assert_eq!(parsed(&["--dpace-alpha", "0.25"]).dpace_alpha, 0.25);
+        for bad in ["1.5", "-0.1", "nan", "x"] {
+            let flag = format!("--dpace-alpha={bad}");
+            let argv = ["dflashd", "--target", "t", "--drafter", "d", flag.as_str()];
+            let err = Cli::try_parse_from(argv).err().unwrap().to_string();
+            assert!(err.contains("a number in [0, 1]"), "{bad}: {err}");
+        }
     }
 }

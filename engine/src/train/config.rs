@@ -1,6 +1,9 @@
 //! Training hyper-parameters (spec §2.8 defaults) and the attention backend choice.
 use serde::{Deserialize, Serialize};
 
+pub use dflash_shared::config::Objective;
+
+use super::dpace::LossObjective;
 use super::error::TrainError;
 use super::labels::{default_gamma, LabelMaskRule};
 use super::optim::AdamWConfig;
@@ -21,6 +24,10 @@ pub struct TrainConfig {
     pub grad_accum: usize,
     /// Anchors (draft blocks) sampled per sequence.
     pub num_anchors: usize,
+    /// What the drafter minimises (`training.objective`).
+    pub objective: Objective,
+    /// D-PACE's smoothing α (`training.dpace_alpha`), read when `objective` is D-PACE.
+    pub dpace_alpha: f64,
     /// Loss decay γ; `None` takes the paper default for the block size.
     pub gamma: Option<f64>,
     pub label_mask_rule: LabelMaskRule,
@@ -70,6 +77,8 @@ impl Default for TrainConfig {
             batch_size: 1,
             grad_accum: 1,
             num_anchors: 512,
+            objective: Objective::Dflash,
+            dpace_alpha: dflash_shared::config::DEFAULT_DPACE_ALPHA,
             gamma: None,
             label_mask_rule: LabelMaskRule::Independent,
             lr: 6e-4,
@@ -98,6 +107,11 @@ impl Default for TrainConfig {
 impl TrainConfig {
     pub fn gamma_for(&self, block_size: usize) -> f64 {
         self.gamma.unwrap_or_else(|| default_gamma(block_size))
+    }
+
+    /// The loss the training step runs.
+    pub fn loss_objective(&self) -> LossObjective {
+        LossObjective::from_config(self.objective, self.dpace_alpha)
     }
 
     pub fn validate(&self) -> Result<(), TrainError> {
@@ -134,6 +148,12 @@ impl TrainConfig {
             return bad(
                 "warmup_ratio",
                 format!("must be in [0, 1], found {}", self.warmup_ratio),
+            );
+        }
+        if !(self.dpace_alpha.is_finite() && (0.0..=1.0).contains(&self.dpace_alpha)) {
+            return bad(
+                "dpace_alpha",
+                format!("must be in [0, 1], found {}", self.dpace_alpha),
             );
         }
         if let Some(g) = self.gamma {
@@ -218,6 +238,28 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("`lr`"));
+        for alpha in [-0.1, 1.5, f64::NAN] {
+            let c = TrainConfig {
+                dpace_alpha: alpha,
+                ..Default::default()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("`dpace_alpha`") && err.contains("[0, 1]"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_objective_defaults_to_dflash_and_reads_its_alpha_for_dpace() {
+        let c = TrainConfig::default();
+        assert_eq!(c.loss_objective(), LossObjective::Dflash);
+        let d: TrainConfig = serde_json::from_str(r#"{"objective": "dpace"}"#).unwrap();
+        assert_eq!(d.loss_objective(), LossObjective::Dpace { alpha: 0.5 });
+        // Checkpoints written before the objective existed trained DFlash.
+        let old: TrainConfig = serde_json::from_str(r#"{"epochs": 6}"#).unwrap();
+        assert_eq!(old.objective, Objective::Dflash);
     }
 
     #[test]

@@ -7,12 +7,18 @@
 //! at `k` whose drafts `1..=k` are all accepted. `recall_at_k[K][k-1]` is how often the label at
 //! slot `k` is among the drafter's top-K tokens there (what a tree verifier such as DDTree can
 //! use), regardless of earlier slots.
+//!
+//! Besides `loss` it reports both objectives' losses, whatever the drafter was trained with:
+//! `loss_dflash` (γ-weighted, pooled over all positions: `loss` itself) and `loss_dpace`, the
+//! mean over rows of each row's D-PACE sum `Σ CE·m·w` over its blocks (`train/dpace.rs`), with
+//! the evaluation's anchors at every valid position and `dpace_alpha`.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use super::anchors::{all_anchors_chunked, AnchorBatch};
+use super::dpace::dpace_block_weights;
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::collate;
@@ -30,6 +36,8 @@ pub struct EvalOptions {
     pub rule: LabelMaskRule,
     pub chunk_positions: i64,
     pub backend: AttentionBackend,
+    /// D-PACE's α for `loss_dpace`.
+    pub dpace_alpha: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +45,16 @@ pub struct EvalReport {
     pub tau: f64,
     /// Σ w·CE / Σ w with the training weights (decay included).
     pub loss: f64,
+    /// DFlash's loss: the γ-weighted cross-entropy pooled over every valid position (the same
+    /// figure as `loss`, named for the objective).
+    #[serde(default)]
+    pub loss_dflash: f64,
+    /// D-PACE's loss: per row, `Σ CE·m·w` over the row's blocks; the mean over rows.
+    #[serde(default)]
+    pub loss_dpace: f64,
+    /// The α `loss_dpace` was computed with.
+    #[serde(default)]
+    pub dpace_alpha: f64,
     /// Top-1 accuracy over all valid draft positions (unweighted).
     pub accuracy: f64,
     /// Index `k-1` for draft slot `k = 1..bs-1`.
@@ -58,6 +76,8 @@ struct Totals {
     hits_at: Vec<Vec<u64>>,
     weighted_ce: f64,
     weight: f64,
+    /// Σ over blocks of `Σ_k CE_k·m_k·w_k` (D-PACE's numerator).
+    dpace_ce: f64,
     top1: u64,
     positions: u64,
 }
@@ -142,11 +162,15 @@ fn accumulate(
     block_size: usize,
     valid_flat: &[usize],
     scores: &PositionScores,
+    dpace_alpha: f64,
 ) {
     let n_blocks = anchors.batch * anchors.width;
     // correct[block][k]: true where the label is invalid (spec §5) or the argmax hits.
     let mut correct = vec![true; n_blocks * block_size];
+    // Each valid slot's CE, for D-PACE's per-block weights (read only where valid).
+    let mut ce = vec![0.0f64; n_blocks * block_size];
     for (i, &f) in valid_flat.iter().enumerate() {
+        ce[f] = scores.ce[i] as f64;
         let k = f % block_size;
         let in_top = &scores.in_top[i * RECALL_KS.len()..(i + 1) * RECALL_KS.len()];
         correct[f] = in_top[0];
@@ -165,6 +189,10 @@ fn accumulate(
         }
         totals.blocks += 1;
         let base = blk * block_size;
+        let slots = base..base + block_size;
+        let q: Vec<f64> = ce[slots.clone()].iter().map(|c| (-c).exp()).collect();
+        let w = dpace_block_weights(&q, &labels.valid[slots.clone()], dpace_alpha);
+        totals.dpace_ce += w.iter().zip(&ce[slots]).map(|(w, c)| w * c).sum::<f64>();
         let mut alive = true;
         let mut accepted = 0u64;
         for k in 1..block_size {
@@ -240,6 +268,7 @@ pub fn evaluate(
                             ce: vec![],
                             in_top: vec![],
                         },
+                        opts.dpace_alpha,
                     );
                     continue;
                 }
@@ -255,7 +284,15 @@ pub fn evaluate(
                     opts.chunk_positions.max(1),
                     max_k,
                 );
-                accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
+                accumulate(
+                    &mut totals,
+                    &anchors,
+                    &labels,
+                    bs,
+                    &valid_flat,
+                    &scores,
+                    opts.dpace_alpha,
+                );
             }
         }
         Ok(())
@@ -267,17 +304,25 @@ pub fn evaluate(
         .enumerate()
         .map(|(i, k)| (k.to_string(), per_slot(&totals.hits_at[i])))
         .collect();
+    let loss = if totals.weight > 0.0 {
+        totals.weighted_ce / totals.weight
+    } else {
+        0.0
+    };
     Ok(EvalReport {
         tau: if totals.blocks > 0 {
             totals.accepted_plus_one / totals.blocks as f64
         } else {
             0.0
         },
-        loss: if totals.weight > 0.0 {
-            totals.weighted_ce / totals.weight
-        } else {
+        loss,
+        loss_dflash: loss,
+        loss_dpace: if samples.is_empty() {
             0.0
+        } else {
+            totals.dpace_ce / samples.len() as f64
         },
+        dpace_alpha: opts.dpace_alpha,
         accuracy: ratio(totals.top1, totals.positions),
         per_position_acceptance: per_slot(&totals.accepted_at),
         recall_at_k,
@@ -308,8 +353,45 @@ mod tests {
             in_top,
         };
         let mut totals = Totals::new(bs, RECALL_KS.len());
-        accumulate(&mut totals, &anchors, &labels, bs, &valid_flat, &scores);
+        accumulate(
+            &mut totals,
+            &anchors,
+            &labels,
+            bs,
+            &valid_flat,
+            &scores,
+            0.5,
+        );
         (totals, bs)
+    }
+
+    #[test]
+    fn the_dpace_sum_weights_each_valid_slot_by_its_blocks_acceptance_weight() {
+        // Slots 1..3 valid with CE = ln 2 (q = 1/2), α = 1/2: s = 0.75 and
+        // w = (1.734375, 0.984375, 0.421875), so Σ CE·w = ln 2 · 3.140625. The invalid slot 2
+        // of the second case is a no-op in the product: w = (0.75 + 0.5625, 0.5625).
+        let ln2 = std::f64::consts::LN_2;
+        let run = |valid: Vec<bool>| {
+            let n = valid.iter().filter(|&&v| v).count();
+            let (mut t, bs) = (Totals::new(valid.len(), RECALL_KS.len()), valid.len());
+            let labels = BlockLabels {
+                targets: vec![0; bs],
+                weights: vec![1.0; bs],
+                valid: valid.clone(),
+            };
+            let valid_flat: Vec<usize> = (0..bs).filter(|&f| valid[f]).collect();
+            let scores = PositionScores {
+                ce: vec![ln2 as f32; n],
+                in_top: vec![true; n * RECALL_KS.len()],
+            };
+            let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
+            accumulate(&mut t, &anchors, &labels, bs, &valid_flat, &scores, 0.5);
+            t.dpace_ce
+        };
+        let full = run(vec![false, true, true, true]);
+        assert!((full - ln2 * 3.140625).abs() < 1e-6, "{full}");
+        let gap = run(vec![false, true, false, true]);
+        assert!((gap - ln2 * (1.3125 + 0.5625)).abs() < 1e-6, "{gap}");
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub struct LossSums {
     pub weighted_ce: f64,
     /// Σ w.
     pub weight: f64,
+    /// What the objective divides `weighted_ce` by once every micro-batch of the optimizer step
+    /// is summed: Σ w for DFlash (a weighted mean), the number of sequences for D-PACE
+    /// (`train/dpace.rs`). Additive, so summing it over micro-batches and ranks gives the
+    /// global divisor.
+    pub normaliser: f64,
     /// Positions with w > 0 whose argmax equals the label.
     pub correct: u64,
     /// Positions with w > 0.
@@ -24,14 +29,15 @@ impl LossSums {
     pub fn add(&mut self, other: &LossSums) {
         self.weighted_ce += other.weighted_ce;
         self.weight += other.weight;
+        self.normaliser += other.normaliser;
         self.correct += other.correct;
         self.counted += other.counted;
     }
 
-    /// Σ w·CE / Σ w (0 when nothing was weighted).
+    /// Σ w·CE / normaliser: the objective's loss (0 when nothing was weighted).
     pub fn loss(&self) -> f64 {
-        if self.weight > 0.0 {
-            self.weighted_ce / self.weight
+        if self.normaliser > 0.0 {
+            self.weighted_ce / self.normaliser
         } else {
             0.0
         }
@@ -108,6 +114,7 @@ pub fn weighted_ce_backward(
         });
         sums.weighted_ce += numerator.double_value(&[]);
         sums.weight += wc.sum(Kind::Double).double_value(&[]);
+        sums.normaliser = sums.weight;
         sums.correct += correct.int64_value(&[]) as u64;
         sums.counted += len as u64;
         start += len;
@@ -147,6 +154,7 @@ pub fn weighted_ce(
             let wc = w.narrow(0, start, len);
             sums.weighted_ce += (&ce * &wc).sum(Kind::Double).double_value(&[]);
             sums.weight += wc.sum(Kind::Double).double_value(&[]);
+            sums.normaliser = sums.weight;
             sums.correct += logits
                 .argmax(-1, false)
                 .eq_tensor(&t)

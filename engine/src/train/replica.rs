@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
+use super::dpace::{dpace_ce_backward, LossObjective};
 use super::drafter_io::named_parameters;
 use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
@@ -108,9 +109,10 @@ impl DrafterReplica {
         &self.optimizer
     }
 
-    /// Forward and backward of one micro-batch: accumulates the gradient of `Σ w·CE` (the
-    /// numerator, not yet divided by any Σw) into the parameters' gradients. `features` are
-    /// the target's tap-layer states of the micro-batch's rows, on any device. With
+    /// Forward and backward of one micro-batch: accumulates the gradient of the `objective`'s
+    /// numerator (`Σ w·CE`, not yet divided by anything: the returned `normaliser`, summed
+    /// over the step, is what divides it) into the parameters' gradients. `features` are the
+    /// target's tap-layer states of the micro-batch's rows, on any device. With
     /// `activation_checkpointing` the drafter recomputes its layers in the backward
     /// ([`Drafter::forward_backward`]).
     pub fn forward_backward(
@@ -120,6 +122,7 @@ impl DrafterReplica {
         backend: AttentionBackend,
         chunk_positions: i64,
         activation_checkpointing: bool,
+        objective: LossObjective,
     ) -> LossSums {
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
@@ -132,7 +135,18 @@ impl DrafterReplica {
         let targets = Tensor::from_slice(&micro.labels.targets)
             .view([b, q])
             .to_device(self.device);
-        let weights = Tensor::from_slice(&micro.labels.weights)
+        // DFlash weighs each slot by its γ decay; D-PACE by its mask alone and computes its
+        // own weights from the drafter's output.
+        let weights: Vec<f32> = match objective {
+            LossObjective::Dflash => micro.labels.weights.clone(),
+            LossObjective::Dpace { .. } => micro
+                .labels
+                .valid
+                .iter()
+                .map(|&v| f32::from(u8::from(v)))
+                .collect(),
+        };
+        let weights = Tensor::from_slice(&weights)
             .view([b, q])
             .to_device(self.device);
         self.drafter.forward_backward(
@@ -142,8 +156,25 @@ impl DrafterReplica {
             &keep,
             backend,
             activation_checkpointing,
-            |out| {
-                weighted_ce_backward(out, &self.lm_head, &targets, &weights, 1.0, chunk_positions)
+            |out| match objective {
+                LossObjective::Dflash => weighted_ce_backward(
+                    out,
+                    &self.lm_head,
+                    &targets,
+                    &weights,
+                    1.0,
+                    chunk_positions,
+                ),
+                LossObjective::Dpace { alpha } => dpace_ce_backward(
+                    out,
+                    &self.lm_head,
+                    &targets,
+                    &weights,
+                    bs as i64,
+                    alpha,
+                    1.0,
+                    chunk_positions,
+                ),
             },
         )
     }

@@ -19,6 +19,8 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         batch_size: t.batch_size,
         grad_accum: t.grad_accum,
         num_anchors: t.num_anchors,
+        objective: t.objective,
+        dpace_alpha: t.dpace_alpha,
         gamma: Some(cfg.loss_decay_gamma()),
         label_mask_rule: match t.label_mask {
             LabelMask::Independent => LabelMaskRule::Independent,
@@ -98,6 +100,11 @@ mod tests {
         assert_eq!(train.adamw.max_grad_norm, Some(1.0));
         assert_eq!(train.online_eval_every, 50);
         assert_eq!(train.online_eval_prompts.as_deref(), Some("embedded"));
+        assert_eq!(
+            train.loss_objective(),
+            crate::train::dpace::LossObjective::Dflash,
+            "the embedded default trains DFlash"
+        );
         let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
         drafter.validate("embedded").unwrap();
         assert_eq!(
@@ -125,5 +132,16 @@ mod tests {
         );
         assert_eq!(train.gamma, Some(7.0));
         assert_eq!(train.adamw, AdamWConfig::default());
+    }
+
+    #[test]
+    fn the_objective_and_its_alpha_carry_over() {
+        let mut cfg = Config::embedded_default();
+        cfg.training.objective = dflash_shared::config::Objective::Dpace;
+        cfg.training.dpace_alpha = 0.25;
+        assert_eq!(
+            train_config(&cfg, 100).loss_objective(),
+            crate::train::dpace::LossObjective::Dpace { alpha: 0.25 }
+        );
     }
 }

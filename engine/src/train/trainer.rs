@@ -172,6 +172,7 @@ impl Trainer {
             cfg.loss_chunk_positions,
             cfg.activation_checkpointing,
         );
+        rank0.objective = cfg.loss_objective();
         let bs = drafter_cfg.block_size as usize;
         let data_fingerprint = fingerprint(&samples);
         let samples = Arc::new(samples);
@@ -486,6 +487,7 @@ impl Trainer {
             rule: self.cfg.label_mask_rule,
             chunk_positions: self.cfg.loss_chunk_positions,
             backend: self.cfg.attention,
+            dpace_alpha: self.cfg.dpace_alpha,
         }
     }
 

@@ -258,6 +258,7 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         rule: LabelMaskRule::Independent,
         chunk_positions: 2048,
         backend: AttentionBackend::BlockSparse,
+        dpace_alpha: 0.5,
     };
     let offline =
         evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();

@@ -9,6 +9,7 @@ use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::anchors::sample_anchors_per_sample;
+use dflash_engine::train::dpace::LossObjective;
 use dflash_engine::train::embedded;
 use dflash_engine::train::labels::{block_labels, LabelMaskRule};
 use dflash_engine::train::loader::collate;
@@ -94,8 +95,14 @@ fn loss_and_grads(
     let ids = Tensor::from_slice(&micro.batch.input_ids).view([b, s]);
     let layers = replica.drafter().config().target_layer_ids.clone();
     let features = target.features(&ids, &layers).unwrap();
-    let sums =
-        replica.forward_backward(&features, micro, AttentionBackend::BlockSparse, 2048, false);
+    let sums = replica.forward_backward(
+        &features,
+        micro,
+        AttentionBackend::BlockSparse,
+        2048,
+        false,
+        LossObjective::Dflash,
+    );
     let grads = replica
         .optimizer()
         .param_grads()

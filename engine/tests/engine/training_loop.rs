@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use dflash_engine::train::checkpoint;
+use dflash_engine::train::config::Objective;
 use dflash_engine::train::{
     CollectLines, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, TrainConfig, Trainer,
 };
@@ -145,9 +146,24 @@ fn the_evaluation_line_is_its_own_type_and_reads_as_an_evaluation_on_the_wire() 
 
 #[test]
 fn stopping_and_resuming_through_the_loop_lands_where_a_straight_run_lands() {
-    const N: u64 = 6;
     let mut cfg = config(4, 1);
     cfg.checkpoint_every = 4;
+    resume_lands_where_a_straight_run_lands(cfg);
+}
+
+#[test]
+fn a_dpace_run_resumes_bit_for_bit_too() {
+    let mut cfg = config(4, 1);
+    cfg.checkpoint_every = 4;
+    cfg.objective = Objective::Dpace;
+    cfg.dpace_alpha = 0.5;
+    resume_lands_where_a_straight_run_lands(cfg);
+}
+
+/// Six steps straight, against three, a stop with a checkpoint, a fresh trainer resumed from
+/// it and three more: the weights and the data position agree to the bit.
+fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {
+    const N: u64 = 6;
     let mut straight = one_device(cfg.clone());
     let s = straight
         .run(

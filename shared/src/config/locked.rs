@@ -15,8 +15,18 @@ pub const EPOCHS: &str = "training.epochs";
 pub const NUM_ANCHORS: &str = "training.num_anchors";
 pub const BLOCK_SIZE: &str = "drafter.block_size";
 pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
+pub const OBJECTIVE: &str = "training.objective";
+pub const DPACE_ALPHA: &str = "training.dpace_alpha";
 
-pub const LOCKED_KEYS: &[&str] = &[PRECISION, EPOCHS, NUM_ANCHORS, BLOCK_SIZE, TARGET_LAYER_IDS];
+pub const LOCKED_KEYS: &[&str] = &[
+    PRECISION,
+    EPOCHS,
+    NUM_ANCHORS,
+    BLOCK_SIZE,
+    TARGET_LAYER_IDS,
+    OBJECTIVE,
+    DPACE_ALPHA,
+];
 
 pub fn is_locked_key(key: &str) -> bool {
     LOCKED_KEYS.contains(&key)
@@ -63,8 +73,19 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `drafter.target_layer_ids`: the drafter's `fc` takes one target hidden state per tap
 ///   layer; a different number of tap layers changes its input width and the checkpoint's
 ///   weights no longer fit. Moving taps while keeping their number is fine.
+/// - `training.objective`, `training.dpace_alpha`: the loss decides what the drafter is
+///   rewarded for and the scale of its gradient (DFlash averages per weighted position,
+///   D-PACE sums per sequence), so a run switching midway is neither experiment and its loss
+///   curve breaks at the switch. The engine refuses the checkpoint for the same reason.
 pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
     match key {
+        OBJECTIVE | DPACE_ALPHA if value_at(old, key) != value_at(new, key) => Some(format!(
+            "the training objective decides what the drafter learns and the scale of its \
+             gradient (DFlash averages per weighted position, D-PACE sums per sequence): a run \
+             that changes it midway is neither experiment. Keep {key} = {}, or start a new run \
+             in another run dir",
+            value_at(old, key)
+        )),
         "training.precision" if old.training.precision != new.training.precision => Some(
             "BF16 is the only training precision and FP8 is never allowed: DFlash drafters \
              train in BF16 on FP32 master weights"
@@ -116,6 +137,11 @@ mod tests {
         for key in LOCKED_KEYS {
             assert_eq!(unlock_refusal(&old, &moved, key), None, "{key}");
         }
+        assert_eq!(
+            unlock_refusal(&old, &old, OBJECTIVE),
+            None,
+            "an unchanged objective needs no refusal"
+        );
         let mut more = old.clone();
         more.drafter.target_layer_ids.push(0);
         let why = unlock_refusal(&old, &more, "drafter.target_layer_ids").unwrap();
@@ -123,5 +149,33 @@ mod tests {
             why.contains(&format!("{n} → {}", n + 1)) && why.contains("fc input"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_objective_and_its_alpha_are_locked_and_no_unlock_carries_a_change() {
+        assert!(is_locked_key(OBJECTIVE) && is_locked_key(DPACE_ALPHA));
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.training.objective = super::super::Objective::Dpace;
+        new.training.dpace_alpha = 0.25;
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                "training.objective is locked: \"dflash\" → \"dpace\"",
+                "training.dpace_alpha is locked: 0.5 → 0.25",
+            ]
+        );
+        let why = unlock_refusal(&old, &new, OBJECTIVE).unwrap();
+        assert!(
+            why.contains("training.objective = \"dflash\"") && why.contains("new run"),
+            "{why}"
+        );
+        assert!(unlock_refusal(&old, &new, DPACE_ALPHA)
+            .unwrap()
+            .contains("training.dpace_alpha = 0.5"));
     }
 }

@@ -29,8 +29,9 @@ pub use locked::{is_locked_key, locked_key_changes, unlock_refusal, LockedKeyCha
 pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use sections::{
     paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterSection, Dtype,
-    LabelMask, LayerType, Precision, RunSection, TargetSection, TopologySection, TrainingSection,
-    DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
+    LabelMask, LayerType, Objective, Precision, RunSection, TargetSection, TopologySection,
+    TrainingSection, DEFAULT_DPACE_ALPHA, DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA,
+    EMBEDDED_PROMPTS,
 };
 
 use error::{closest, translate_serde_message, Translated};

@@ -152,6 +152,12 @@ pub struct TrainingSection {
     pub adam_beta1: f64,
     pub adam_beta2: f64,
     pub adam_eps: f64,
+    /// What the drafter minimises: `"dflash"` (the γ-decayed cross-entropy) or `"dpace"`.
+    /// Locked for a run: the two losses differ in what they reward and in their scale.
+    pub objective: Objective,
+    /// D-PACE's smoothing α of the drafter's confidence, `s_k = (1−α)·q_k + α`, in [0, 1]
+    /// (SpecForge's `dpace_alpha`). Read only when `objective = "dpace"`; locked all the same.
+    pub dpace_alpha: f64,
     /// γ of the per-position weight exp(-(k-1)/γ). Unset: the paper's value for the block size
     /// (7 for 16, 5 for 10, 4 for 8); other block sizes must set it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,6 +215,33 @@ pub struct TrainingSection {
     pub activation_checkpointing: bool,
 }
 
+/// `training.objective`: the loss a run trains with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// DFlash's cross-entropy, each slot weighted `exp(-(k-1)/γ)`, divided by the sum of the
+    /// weights (a weighted mean per draft position).
+    #[default]
+    Dflash,
+    /// D-PACE (arXiv 2605.18810, SpecForge `loss_type = "dpace"`): each slot's cross-entropy
+    /// weighted by the detached acceptance-gradient weight of its block, summed, divided by the
+    /// number of sequences.
+    Dpace,
+}
+
+impl Objective {
+    /// The value as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Dflash => "dflash",
+            Objective::Dpace => "dpace",
+        }
+    }
+}
+
+/// `training.dpace_alpha` when unset: SpecForge's and the D-PACE paper's default.
+pub const DEFAULT_DPACE_ALPHA: f64 = 0.5;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LabelMask {
@@ -244,6 +277,8 @@ impl Default for TrainingSection {
             adam_beta1: 0.9,
             adam_beta2: 0.999,
             adam_eps: 1e-8,
+            objective: Objective::Dflash,
+            dpace_alpha: DEFAULT_DPACE_ALPHA,
             loss_decay_gamma: None,
             batch_size: 1,
             max_length: 3072,

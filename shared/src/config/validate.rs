@@ -312,6 +312,16 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
         1.0,
         "a small positive number",
     );
+    if !(t.dpace_alpha.is_finite() && (0.0..=1.0).contains(&t.dpace_alpha)) {
+        v.push(
+            ConfigIssue::invalid(
+                "training.dpace_alpha",
+                "a number in [0, 1] (D-PACE smooths the drafter's confidence as (1−α)·q + α)",
+                t.dpace_alpha,
+            )
+            .with_hint("SpecForge and the D-PACE paper use 0.5; remove the key for that"),
+        );
+    }
     match t.loss_decay_gamma {
         Some(g) if !(g.is_finite() && g > 0.0) => {
             v.push(ConfigIssue::invalid(

@@ -148,6 +148,7 @@ impl Cluster {
                 rank0.chunk_positions,
                 rank0.activation_checkpointing,
             );
+            state.objective = rank0.objective;
             state.allreduce = endpoints.next();
             let inbox = Inbox::new(Arc::clone(&cluster.queues[rank]));
             let worker = spawn_drafter(state, inbox, plan, rank, Arc::clone(&cluster.tripwire))

@@ -1,6 +1,7 @@
 //! One drafter rank's half of an optimizer step (spec §2.8b): forward/backward of its
-//! micro-batches in index order, then the sum of gradients and Σw over all ranks, the
-//! normalisation by the global Σw, clipping and the AdamW update.
+//! micro-batches in index order, then the sum of gradients and of the objective's normaliser
+//! (Σw for DFlash, sequences for D-PACE) over all ranks, one division by the global
+//! normaliser, clipping and the AdamW update.
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -11,6 +12,7 @@ use super::plan::RankTiming;
 use super::WorkerId;
 use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;
+use crate::train::dpace::LossObjective;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
@@ -40,6 +42,8 @@ pub struct RankState {
     pub chunk_positions: i64,
     /// `training.activation_checkpointing`.
     pub activation_checkpointing: bool,
+    /// `training.objective` (DFlash unless the trainer sets it).
+    pub objective: LossObjective,
 }
 
 impl RankState {
@@ -58,6 +62,7 @@ impl RankState {
             backend,
             chunk_positions,
             activation_checkpointing,
+            objective: LossObjective::Dflash,
         }
     }
 
@@ -71,6 +76,7 @@ impl RankState {
             self.backend,
             self.chunk_positions,
             self.activation_checkpointing,
+            self.objective,
         );
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -101,6 +107,7 @@ impl RankState {
                 self.backend,
                 self.chunk_positions,
                 self.activation_checkpointing,
+                self.objective,
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -113,6 +120,7 @@ impl RankState {
         let mut totals = [
             sums.weighted_ce,
             sums.weight,
+            sums.normaliser,
             sums.correct as f64,
             sums.counted as f64,
         ];
@@ -135,15 +143,17 @@ impl RankState {
         let global = LossSums {
             weighted_ce: totals[0],
             weight: totals[1],
-            correct: totals[2] as u64,
-            counted: totals[3] as u64,
+            normaliser: totals[2],
+            correct: totals[3] as u64,
+            counted: totals[4] as u64,
         };
 
         let t = Instant::now();
-        // The gradient of Σw·CE / Σw over the whole optimizer batch (spec §2.7): the backward
-        // ran on numerators, so one division by the global Σw normalises it.
-        let scale = if global.weight > 0.0 {
-            1.0 / global.weight
+        // The gradient of Σw·CE / normaliser over the whole optimizer batch (spec §2.7; Σw for
+        // DFlash, the sequences for D-PACE): the backward ran on numerators, so one division
+        // by the global normaliser gives the gradient one device would compute on the batch.
+        let scale = if global.normaliser > 0.0 {
+            1.0 / global.normaliser
         } else {
             1.0
         };
