@@ -297,6 +297,30 @@ fn a_new_code_commit_resumes_on_its_own_and_is_journaled() {
 }
 
 #[test]
+fn a_run_keeps_its_objective_a_switch_to_dpace_is_refused_without_an_unlock_offer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (dflash, dpace) = (root.join("dflash.toml"), root.join("dpace.toml"));
+    write_config(&dflash, |_| {});
+    write_config(&dpace, |c| {
+        c.training.objective = dflash_shared::config::Objective::Dpace;
+    });
+    let cfg = |p: &Path| p.display().to_string();
+    let mut d = Daemon::spawn(root, &["--config", &cfg(&dflash), "--max-steps", "1"]);
+    assert!(d.wait_exit().success(), "{}", d.stderr());
+
+    let mut refused = Daemon::spawn(root, &["--config", &cfg(&dpace), "--max-steps", "1"]);
+    assert_eq!(refused.wait_exit().code(), Some(2), "{}", refused.stderr());
+    let err = refused.stderr();
+    assert!(
+        err.contains("training.objective") && err.contains("\"dflash\" → \"dpace\""),
+        "{err}"
+    );
+    assert!(err.contains("new run"), "{err}");
+    assert!(!err.contains("press U"), "an unlock would not help: {err}");
+}
+
+#[test]
 fn an_unlocked_epochs_change_resumes_the_checkpoint_and_a_tap_count_change_never_does() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();

@@ -184,6 +184,15 @@ fn eval_json_shape_and_bad_line_reporting() {
     let tau = v["tau"].as_f64().unwrap();
     assert!((1.0..=8.0).contains(&tau), "{tau}");
     assert!(v["loss"].as_f64().unwrap().is_finite());
+    // Both objectives' losses, whatever the drafter trained with: DFlash's is `loss` itself,
+    // D-PACE's a per-row sum (with α 0.5 by default), far larger than a per-position mean.
+    assert_eq!(v["loss_dflash"], v["loss"]);
+    assert_eq!(v["dpace_alpha"].as_f64(), Some(0.5));
+    let dpace = v["loss_dpace"].as_f64().unwrap();
+    assert!(
+        dpace.is_finite() && dpace > v["loss"].as_f64().unwrap(),
+        "{dpace}"
+    );
     let acceptance = v["per_position_acceptance"].as_array().unwrap();
     assert_eq!(acceptance.len(), 7, "block size 8 has 7 draft slots");
     // Acceptance of slot k needs every earlier slot accepted: non-increasing.
