@@ -21,6 +21,10 @@ pub enum Action {
     UnlockKey {
         key: String,
     },
+    /// Delete the healthy record this run is judged against (the run dir's and its recipe's):
+    /// the throughput detector then learns its baseline from this run's own rate. For a
+    /// slowdown that is legitimate (another machine, a new driver on purpose).
+    ForgetHealthyRecord,
 }
 
 impl Action {
@@ -31,6 +35,9 @@ impl Action {
             Action::PowerOff => "Stop the run and power off the machine".into(),
             Action::DeleteCache { name } => format!("Delete the {name} cache"),
             Action::UnlockKey { key } => format!("Unlock the locked key '{key}'"),
+            Action::ForgetHealthyRecord => {
+                "Forget the healthy record (throughput is then learned anew)".into()
+            }
         }
     }
 }

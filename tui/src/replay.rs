@@ -16,6 +16,8 @@ pub const SPEEDS: [f64; 14] = [
 ];
 /// A quiet stretch in a recording never stalls the replay longer than this.
 const MAX_WAIT: Duration = Duration::from_secs(2);
+/// While it waits for the next frame the player moves the replay clock on this often.
+const TICK_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Error)]
 pub enum RecordingError {
@@ -116,17 +118,31 @@ pub async fn play(
     let mut previous_ts = frames.first().map(|f| f.ts_ms).unwrap_or_default();
     for (index, frame) in frames.into_iter().enumerate() {
         let gap_ms = (frame.ts_ms - previous_ts).max(0) as f64;
+        let from_ts = previous_ts;
         previous_ts = frame.ts_ms;
-        let mut remaining = Duration::from_secs_f64(gap_ms / 1000.0 / speed).min(MAX_WAIT);
+        let whole = Duration::from_secs_f64(gap_ms / 1000.0 / speed).min(MAX_WAIT);
+        let mut remaining = whole;
         loop {
             let started = tokio::time::Instant::now();
             let wait = if paused {
                 Duration::from_secs(3600)
             } else {
-                remaining
+                remaining.min(TICK_EVERY)
             };
             tokio::select! {
-                _ = tokio::time::sleep(wait), if !paused => break,
+                _ = tokio::time::sleep(wait), if !paused => {
+                    remaining = remaining.saturating_sub(wait);
+                    if remaining.is_zero() {
+                        break;
+                    }
+                    // Replay time moves on through a quiet stretch of the recording, so ages
+                    // grow and stale figures show as stale, as they did at that moment.
+                    let done = 1.0 - remaining.as_secs_f64() / whole.as_secs_f64();
+                    let now = from_ts + (gap_ms * done) as i64;
+                    if events.send(AppEvent::Tick(now)).await.is_err() {
+                        return;
+                    }
+                }
                 control = controls.recv() => {
                     match control {
                         None => return,
@@ -182,5 +198,40 @@ mod tests {
         std::fs::write(&path, "garbage\n").unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_replay_clock_moves_on_through_a_quiet_stretch() {
+        use dflash_shared::protocol::Response;
+        // Two frames 14 minutes apart: the wait is capped (2 s of wall time), and meanwhile
+        // the player ticks the recording's clock through the gap, so ages grow in a replay.
+        let frames = vec![
+            RecordedFrame {
+                ts_ms: 0,
+                frame: Response::Ok,
+            },
+            RecordedFrame {
+                ts_ms: 840_000,
+                frame: Response::Ok,
+            },
+        ];
+        let (tx, mut rx) = mpsc::channel(64);
+        let (_controls_tx, controls) = mpsc::channel(4);
+        play(frames, 60.0, tx, controls).await;
+        let mut ticks = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            if let AppEvent::Tick(t) = event {
+                ticks.push(t);
+            }
+        }
+        assert_eq!(ticks.first(), Some(&0));
+        assert_eq!(ticks.last(), Some(&840_000));
+        let between: Vec<i64> = ticks
+            .iter()
+            .copied()
+            .filter(|t| *t > 0 && *t < 840_000)
+            .collect();
+        assert!(between.len() >= 4, "{ticks:?}");
+        assert!(between.windows(2).all(|w| w[0] < w[1]), "{ticks:?}");
     }
 }

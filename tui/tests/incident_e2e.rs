@@ -353,7 +353,94 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
     );
     assert!(source.starts_with("this recipe ran at"), "{status}");
     assert!(source.contains(&run_a.display().to_string()), "{source}");
+
+    // The slowdown is on purpose (this is the machine now): forget the record through a
+    // confirmed action. The recipe's record goes, the alert ends, and the rate is learned anew.
+    let recipe = HealthyRecord::parse(&std::fs::read_to_string(&record_path).unwrap())
+        .unwrap()
+        .recipe;
+    let recipe_record = find_file(&root.join("state"), &format!("{recipe}.json"))
+        .expect("the recipe's record in the state dir");
+    let outcome = forget_healthy_record(&fresh.socket);
+    eprintln!("forget: {outcome}");
+    assert!(outcome.contains("healthy record forgotten"), "{outcome}");
+    assert!(!recipe_record.exists(), "the recipe's record is deleted");
+    assert!(record_path.is_file(), "run-a's own record is run-a's");
+    let (status, took) = fresh.wait_for(root, Duration::from_secs(60), "the alert to end", |s| {
+        throughput_alert(s).is_none()
+    });
+    eprintln!(
+        "forget: alert ended {:.1} s after the confirmation",
+        took.as_secs_f64()
+    );
+    assert!(
+        status["throughput"]["baseline_source"].is_null(),
+        "{status}"
+    );
+    assert!(status["healthy_record"].is_null(), "{status}");
     fresh.stop();
+    let journal = std::fs::read_to_string(run_b.join("journal.jsonl")).unwrap();
+    assert!(journal.contains("healthy record forgotten"), "{journal}");
+}
+
+/// The first file called `name` under `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// Files `ForgetHealthyRecord` and confirms it with the run name, as the console's modal does;
+/// returns the daemon's outcome sentence.
+fn forget_healthy_record(socket: &Path) -> String {
+    use dflash_shared::actions::Action;
+    use dflash_shared::protocol::{Request, Response};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (session, welcome, _pushes) =
+            dflash_tui::client::Session::connect(socket).await.unwrap();
+        let pending = match session
+            .request(&Request::RequestAction {
+                action: Action::ForgetHealthyRecord,
+            })
+            .await
+            .unwrap()
+        {
+            Response::Pending { action } => action,
+            other => panic!("expected a pending action, got {other:?}"),
+        };
+        assert!(
+            pending
+                .consequences
+                .iter()
+                .any(|c| c.contains("learned as normal")),
+            "{:?}",
+            pending.consequences
+        );
+        match session
+            .request(&Request::Confirm {
+                action_id: pending.id,
+                run_name: welcome.run_name,
+                via: "test".into(),
+            })
+            .await
+            .unwrap()
+        {
+            Response::Executed { outcome, .. } => outcome,
+            other => panic!("expected the forget to run, got {other:?}"),
+        }
+    })
 }
 
 fn pip_install(venv: &Path, wheel: &Path) {
@@ -497,11 +584,29 @@ fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() 
         "the replay shows the alert at {fired}"
     );
     let after = replay_at(cleared);
+    let shown: Vec<String> = after
+        .explained_alerts()
+        .iter()
+        .map(|a| a.sentence())
+        .collect();
+    // What the recording holds around the clearing, for a failure to be read from the log.
+    let around: Vec<String> = frames
+        .iter()
+        .filter(|f| (f.ts_ms - cleared).abs() <= 5_000)
+        .map(|f| {
+            format!(
+                "{} {}",
+                f.ts_ms,
+                serde_json::to_string(&f.frame).unwrap_or_default()
+            )
+        })
+        .map(|line| line.chars().take(300).collect())
+        .collect();
     assert!(
-        !after
-            .explained_alerts()
+        !shown
             .iter()
-            .any(|a| a.sentence().contains("training environment changed")),
-        "and its clearing at {cleared}"
+            .any(|s| s.contains("training environment changed")),
+        "and its clearing at {cleared}: shown {shown:#?}\nframes around it:\n{}",
+        around.join("\n")
     );
 }

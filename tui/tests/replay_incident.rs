@@ -51,7 +51,7 @@ fn the_console_flags_the_collapse_with_the_torch_swap_and_the_cache_deletion() {
 
     app.view = View::Gpus;
     let gpus = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(gpus.contains("memory VOLATILE on GPU 5, 6, 7"), "{gpus}");
+    assert!(gpus.contains("memory VOLATILE on GPU 5–7"), "{gpus}");
     for row in gpus.lines().filter(|l| l.contains("NVIDIA H200")) {
         let drafter = row.contains("drafter");
         assert_eq!(row.contains("VOLATILE"), drafter, "{row}");

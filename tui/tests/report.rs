@@ -70,10 +70,9 @@ fn the_incident_report_names_the_changes_and_what_to_do() {
         .next_steps
         .iter()
         .any(|s| s.starts_with("Restore torch 2.11.0+cu128 (now 2.9.1+cu130)")));
-    assert!(report
-        .next_steps
-        .iter()
-        .any(|s| s.contains("TorchInductor compile cache re-warm")));
+    assert!(report.next_steps.iter().any(|s| s
+        .contains("TorchInductor compile cache was deleted outside dflash")
+        && s.contains("re-warm")));
     assert!(report
         .progress
         .blocked
@@ -265,4 +264,342 @@ fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
     );
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["acceptance"]["online"]["gap_fraction"], 0.375);
+}
+
+/// An event after the last one of `events`, `minutes` after the incident's end.
+fn later(events: &[Event], minutes: i64, kind: dflash_shared::events::EventKind) -> Event {
+    Event {
+        seq: events.last().unwrap().seq + 1,
+        ts_ms: incident::end_ms() + minutes * 60_000,
+        severity: dflash_shared::events::Severity::Warn,
+        kind,
+    }
+}
+
+fn torch_drift(before: &str, after: &str) -> dflash_shared::events::EventKind {
+    dflash_shared::events::EventKind::EnvironmentDrift {
+        field: "python.torch".into(),
+        before: before.into(),
+        after: after.into(),
+    }
+}
+
+fn report_of(status: &StatusSnapshot, events: &[Event]) -> report::StatusReport {
+    let files = files();
+    report::build(&ReportInput {
+        snapshot: Some(status),
+        events,
+        config: None,
+        files: &files,
+        daemon_error: None,
+        now_ms: incident::end_ms() + 3_600_000,
+        clock: DisplayClock::utc(),
+    })
+}
+
+fn restore_lines(report: &report::StatusReport) -> Vec<&str> {
+    report
+        .next_steps
+        .iter()
+        .filter(|s| s.starts_with("Restore "))
+        .map(String::as_str)
+        .collect()
+}
+
+#[test]
+fn next_steps_restore_the_healthy_environment_and_only_one_way() {
+    let (status, mut events) = incident_data();
+    // The evening: torch swapped at 20:52 (2.11.0+cu128 → 2.9.1+cu130) and nothing else.
+    assert_eq!(
+        restore_lines(&report_of(&status, &events)),
+        [
+            "Restore torch 2.11.0+cu128 (now 2.9.1+cu130), what the run trained on before 20:52, \
+          or confirm the drift on purpose, before resuming."
+        ]
+    );
+    // Then reverted: the journal holds both directions, the advice neither. It never says to
+    // restore the broken build.
+    events.push(later(
+        &events,
+        5,
+        torch_drift("2.9.1+cu130", "2.11.0+cu128"),
+    ));
+    let reverted = report_of(&status, &events);
+    assert!(
+        restore_lines(&reverted).is_empty(),
+        "{:?}",
+        reverted.next_steps
+    );
+    assert!(
+        !reverted
+            .next_steps
+            .iter()
+            .any(|s| s.contains("Restore torch 2.9.1")),
+        "{:?}",
+        reverted.next_steps
+    );
+    // And swapped to a third build: restore the first, the one the run was healthy on.
+    events.push(later(
+        &events,
+        10,
+        torch_drift("2.11.0+cu128", "2.12.0+cu130"),
+    ));
+    assert_eq!(
+        restore_lines(&report_of(&status, &events)),
+        [
+            "Restore torch 2.11.0+cu128 (now 2.12.0+cu130), what the run trained on before 20:52, \
+          or confirm the drift on purpose, before resuming."
+        ]
+    );
+}
+
+#[test]
+fn a_cache_gone_with_no_confirmed_delete_reads_deleted_outside_dflash() {
+    let (status, events) = incident_data();
+    let report = report_of(&status, &events);
+    let cache_line = report
+        .timeline
+        .iter()
+        .find(|e| e.text.starts_with("TorchInductor compile cache deleted"))
+        .expect("the deletion in the timeline");
+    assert!(
+        cache_line
+            .text
+            .ends_with("; deleted outside dflash; no confirmation on record"),
+        "{}",
+        cache_line.text
+    );
+    assert!(
+        report.key_decisions.is_empty(),
+        "{:?}",
+        report.key_decisions
+    );
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains(
+            "- TorchInductor compile cache: present, 400 MB, cold (deleted outside dflash at \
+             2026-03-14T21:00:00.000Z; no confirmation on record)."
+        ),
+        "{markdown}"
+    );
+    assert!(
+        report
+            .next_steps
+            .iter()
+            .any(|s| s.starts_with("The TorchInductor compile cache was deleted outside dflash")),
+        "{:?}",
+        report.next_steps
+    );
+}
+
+/// The incident's journal with a filing of "delete the torchinductor cache" at 20:59, and
+/// (when `confirmed`) its confirmation and execution just before the deletion at 21:00.
+fn with_a_delete_request(confirmed: bool) -> (StatusSnapshot, Vec<Event>) {
+    use dflash_shared::events::{EventKind, Severity};
+    let (status, events) = incident_data();
+    let deletion = events
+        .iter()
+        .position(|e| matches!(&e.kind, EventKind::CacheChanged { change, .. } if change.starts_with("deleted")))
+        .unwrap();
+    let mut out: Vec<Event> = events[..deletion].to_vec();
+    let mut seq = 100_000;
+    let mut push = |out: &mut Vec<Event>, ts_ms: i64, kind: EventKind| {
+        seq += 1;
+        out.push(Event {
+            seq,
+            ts_ms,
+            severity: Severity::Info,
+            kind,
+        });
+    };
+    let t = incident::cache_deleted_ms();
+    push(
+        &mut out,
+        t - 60_000,
+        EventKind::OperatorRequest {
+            uid: 1000,
+            request: "Delete the torchinductor cache (filed, awaiting confirmation)".into(),
+            action_id: Some("act-3".into()),
+        },
+    );
+    if confirmed {
+        push(
+            &mut out,
+            t - 30_000,
+            EventKind::OperatorConfirmed {
+                uid: 1000,
+                action_id: "act-3".into(),
+                via: "tui".into(),
+                client_says: None,
+            },
+        );
+        push(
+            &mut out,
+            t - 29_000,
+            EventKind::ActionExecuted {
+                action_id: "act-3".into(),
+                outcome: "deleted /srv/dflash/cache/torchinductor; the next start compiles cold"
+                    .into(),
+            },
+        );
+    }
+    // Keep the journal in seq order: the request's seqs sort before the deletion's.
+    let mut rest: Vec<Event> = events[deletion..].to_vec();
+    for (i, e) in rest.iter_mut().enumerate() {
+        e.seq = 200_000 + i as u64;
+    }
+    out.extend(rest);
+    (status, out)
+}
+
+#[test]
+fn an_unconfirmed_delete_is_listed_as_such_not_as_a_decision() {
+    let (status, events) = with_a_delete_request(false);
+    let report = report_of(&status, &events);
+    assert!(
+        report.key_decisions.is_empty(),
+        "{:?}",
+        report.key_decisions
+    );
+    assert_eq!(
+        report.unconfirmed_requests,
+        [
+            "delete of the TorchInductor compile cache (act-3) requested by uid 1000 at 20:59, \
+          never confirmed"
+        ]
+    );
+    // A filing nobody confirmed did not delete anything: the cache still went outside dflash.
+    assert!(
+        report.timeline.iter().any(|e| e
+            .text
+            .ends_with("deleted outside dflash; no confirmation on record")),
+        "{:?}",
+        report.timeline
+    );
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains(
+            "## Key Decisions\n\n- no operator action recorded\n\n### Requested, never \
+             confirmed (no decision)\n\n- delete of the TorchInductor compile cache (act-3) \
+             requested by uid 1000 at 20:59, never confirmed\n"
+        ),
+        "{markdown}"
+    );
+
+    // Confirmed and executed: a decision, and the deletion is the operator's.
+    let (status, events) = with_a_delete_request(true);
+    let report = report_of(&status, &events);
+    assert!(report.unconfirmed_requests.is_empty());
+    assert_eq!(report.key_decisions.len(), 3, "{:?}", report.key_decisions);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.text.contains("outside dflash")),
+        "{:?}",
+        report.timeline
+    );
+    assert!(report
+        .timeline
+        .iter()
+        .any(|e| e.text.ends_with("; by the confirmed action act-3")));
+    assert!(report
+        .next_steps
+        .iter()
+        .any(|s| s.starts_with("Let the TorchInductor compile cache re-warm")));
+}
+
+#[test]
+fn the_report_never_calls_throughput_stable_while_a_throughput_alert_is_active() {
+    let (mut status, events) = incident_data();
+    // A status whose throughput judgement lags its alerts.
+    status.throughput.stable_since_ms = Some(incident::start_ms());
+    let report = report_of(&status, &events);
+    assert!(report.alerts.iter().any(|a| a.detector == "throughput"));
+    assert_eq!(report.throughput.stable_since, None);
+    // Blocked names every alert, the three drafters' memory in one line.
+    let blocked = &report.progress.blocked;
+    for alert in &report.alerts {
+        assert!(
+            blocked.iter().any(|b| b.contains(&alert.detector)),
+            "{} not in {blocked:?}",
+            alert.detector
+        );
+    }
+    assert!(blocked.contains(
+        &"GPU 5–7 memory volatile, Warn (detectors memory:gpu5, memory:gpu6, memory:gpu7)."
+            .to_string()
+    ));
+    // Without the alert the daemon's "stable since" stands.
+    status.alerts.retain(|a| a.detector != "throughput");
+    assert!(report_of(&status, &events)
+        .throughput
+        .stable_since
+        .is_some());
+}
+
+/// The healthy record of the evening before the swap: 21.5K tok/s on torch 2.11.0+cu128.
+fn healthy_record() -> dflash_shared::health::healthy_record::HealthyRecord {
+    use dflash_shared::health::healthy_record::{HealthyRecord, HealthyThroughput, FORMAT};
+    use dflash_shared::health::Fingerprint;
+    HealthyRecord {
+        format: FORMAT,
+        recorded_ms: incident::at(20, 40, 0),
+        healthy_since_ms: incident::at(20, 0, 0),
+        run_name: "qwen36-27b-dflash".into(),
+        run_dir: incident::RUN_DIR.into(),
+        recipe: "3fa9c2d1e0b47a65".into(),
+        step: 30_000,
+        throughput: HealthyThroughput {
+            tokens_per_s: 21_500.0,
+            draft_positions_per_s: 3_100.0,
+            samples: 240,
+            basis: None,
+        },
+        memory: Vec::new(),
+        queue: None,
+        step_times: Default::default(),
+        fingerprint: Fingerprint {
+            python_packages: [("torch".to_string(), "2.11.0+cu128".to_string())].into(),
+            ..Fingerprint::default()
+        },
+        caches: Vec::new(),
+        config_digest: None,
+        data_digest: None,
+        mean_row_tokens: None,
+        commit: None,
+        topology: "5 target + 3 drafter GPUs".into(),
+        device_models: Vec::new(),
+    }
+}
+
+#[test]
+fn the_report_shows_the_healthy_record_how_to_forget_it_and_restores_towards_it() {
+    let (mut status, mut events) = incident_data();
+    status.healthy_record = Some(Box::new(healthy_record()));
+    // Reverted, then swapped to a third build: the record names the build to restore.
+    events.push(later(
+        &events,
+        5,
+        torch_drift("2.9.1+cu130", "2.12.0+cu130"),
+    ));
+    let report = report_of(&status, &events);
+    let summary = report.healthy_record_summary.as_deref().unwrap();
+    assert_eq!(
+        summary,
+        "Healthy record: 21.5K tok/s and 3.1K draft positions/s over 240 healthy steps, \
+         recorded 2026-03-14 20:40 by run qwen36-27b-dflash at step 30,000 (recipe \
+         3fa9c2d1e0b47a65, 5 target + 3 drafter GPUs); throughput is judged against it. To \
+         forget it (a slowdown that is on purpose): F in `dflash-tui attach`, with typed \
+         confirmation."
+    );
+    let markdown = report::render_markdown(&report);
+    assert!(markdown.contains(&format!("- {summary}")), "{markdown}");
+    assert_eq!(
+        restore_lines(&report),
+        [
+            "Restore torch 2.11.0+cu128 (now 2.12.0+cu130), as in the healthy record of \
+          2026-03-14 20:40, or confirm the drift on purpose, before resuming."
+        ]
+    );
 }

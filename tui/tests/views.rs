@@ -178,10 +178,18 @@ fn without_the_daemons_thresholds_the_console_gives_no_verdict_of_its_own() {
         gpus.contains("memory not judged yet: waiting for the daemon's thresholds"),
         "{gpus}"
     );
+    // No verdict of its own: the only VOLATILE is the daemon's, whose memory alerts the
+    // console shows for what they are (GPUs 5–7 in the incident).
+    assert!(!gpus.contains("flat"), "{gpus}");
     assert!(
-        !gpus.contains("VOLATILE") && !gpus.contains("flat"),
+        gpus.contains("dflashd: memory VOLATILE on GPU 5–7"),
         "{gpus}"
     );
+    for row in gpus.lines().filter(|l| l.contains("NVIDIA H200")) {
+        let drafter = row.contains("drafter");
+        assert_eq!(row.contains("VOLATILE, daemon"), drafter, "{row}");
+        assert_eq!(row.contains("no thresholds"), !drafter, "{row}");
+    }
     snapshot("gpus_waiting_for_thresholds", &app);
     app.view = View::Queue;
     let queue = screen::text(&render(&app, WIDTH, HEIGHT));
@@ -203,10 +211,7 @@ fn the_console_judges_memory_and_the_queue_by_the_runs_tuned_thresholds() {
     let mut app = live_from(incident_with_thresholds(Some(tuned)), false);
     app.view = View::Gpus;
     let gpus = screen::text(&render(&app, WIDTH, HEIGHT));
-    assert!(
-        gpus.contains("memory VOLATILE on GPU 0, 1, 2, 3, 4, 5, 6, 7"),
-        "{gpus}"
-    );
+    assert!(gpus.contains("memory VOLATILE on GPU 0–7"), "{gpus}");
     app.view = View::Queue;
     let queue = screen::text(&render(&app, WIDTH, HEIGHT));
     assert!(queue.contains("balanced"), "{queue}");

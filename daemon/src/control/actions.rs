@@ -29,6 +29,7 @@ pub async fn execute(
             None => Err(format!("no directory recorded for the {name} cache")),
         },
         Action::UnlockKey { key } => unlock_key(handle, key, &id),
+        Action::ForgetHealthyRecord => forget_healthy_record(handle),
     };
     let outcome = match &result {
         Ok(o) => o.clone(),
@@ -67,6 +68,30 @@ fn unlock_key(handle: &RunHandle, key: &str, id: &str) -> Result<String, String>
     })?;
     Ok(format!(
         "{canonical} is unlocked; a changed value is accepted on the next resume"
+    ))
+}
+
+/// Deletes the healthy record's files and tells the health feed to judge throughput anew.
+/// The feed is told first, so a record it writes meanwhile is removed again when it takes the
+/// word (`runtime::health_feed`), never left behind as if the forget had not happened.
+fn forget_healthy_record(handle: &RunHandle) -> Result<String, String> {
+    handle.forget_healthy_record();
+    let mut removed = Vec::new();
+    for path in handle.healthy_record_files() {
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("deleting {}: {e}", path.display())),
+        }
+    }
+    let files = if removed.is_empty() {
+        "no record file was on disk".to_string()
+    } else {
+        format!("deleted {}", removed.join(" and "))
+    };
+    Ok(format!(
+        "healthy record forgotten ({files}); throughput is now judged against this run's own \
+         rate"
     ))
 }
 

@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use crate::run::bus::FrameBus;
 use crate::run::journal::{Journal, JournalError};
-use crate::run::pending::{ActionPolicy, PendingActions, StateView};
+use crate::run::pending::{ActionPolicy, HealthyRecordView, PendingActions, StateView};
 use crate::run::recorder::Recorder;
 use crate::run::refusal_throttle::{self, RefusalThrottle, Verdict, REFUSALS_JOURNALED_PER_WINDOW};
 use crate::run::withdrawn_requests::{Filing, WithdrawnRequests};
@@ -67,6 +67,11 @@ struct Shared {
     unlocked_keys: Mutex<Vec<String>>,
     /// What the live environment watch sees differ from the start, worded (empty: nothing).
     live_environment: Mutex<Vec<String>>,
+    /// The healthy record's files (the run dir's and its recipe's in the state dir), set by
+    /// the health feed: what a confirmed forget removes.
+    healthy_record_files: Mutex<Vec<PathBuf>>,
+    /// Set by a confirmed forget; the health feed takes it and judges throughput anew.
+    healthy_record_forgotten: AtomicBool,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
     queue_monitor: Mutex<Option<QueueMonitor>>,
     bus: FrameBus,
@@ -167,6 +172,8 @@ impl RunHandle {
                 policy,
                 unlocked_keys: Mutex::new(Vec::new()),
                 live_environment: Mutex::new(Vec::new()),
+                healthy_record_files: Mutex::new(Vec::new()),
+                healthy_record_forgotten: AtomicBool::new(false),
                 queue_monitor: Mutex::new(None),
                 bus,
                 recorder: recorder.map(Mutex::new),
@@ -256,9 +263,36 @@ impl RunHandle {
         st.snapshot.throughput.baseline_source = baseline_source;
     }
 
-    /// The healthy record this run is judged against, served in status.
-    pub fn set_healthy_record(&self, record: Option<HealthyRecord>) {
+    /// The healthy record this run is judged against, served in status, and the files a
+    /// confirmed forget would remove (whether or not they exist yet).
+    pub fn set_healthy_record(&self, record: Option<HealthyRecord>, files: Vec<PathBuf>) {
         write(&self.inner.status).snapshot.healthy_record = record.map(Box::new);
+        *lock(&self.inner.healthy_record_files) = files;
+    }
+
+    /// The healthy record's files that exist now.
+    pub fn healthy_record_files(&self) -> Vec<PathBuf> {
+        lock(&self.inner.healthy_record_files)
+            .iter()
+            .filter(|p| p.is_file())
+            .cloned()
+            .collect()
+    }
+
+    /// A confirmed forget: status no longer shows the record, and the health feed is told to
+    /// judge throughput anew ([`RunHandle::take_healthy_record_forgotten`]).
+    pub fn forget_healthy_record(&self) {
+        write(&self.inner.status).snapshot.healthy_record = None;
+        self.inner
+            .healthy_record_forgotten
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a forget was confirmed since the last call.
+    pub fn take_healthy_record_forgotten(&self) -> bool {
+        self.inner
+            .healthy_record_forgotten
+            .swap(false, Ordering::SeqCst)
     }
 
     pub fn publish_queue(&self, q: QueueStats) {
@@ -571,6 +605,17 @@ impl RunHandle {
             stable_since_ms: s.throughput.stable_since_ms,
             caches: s.caches.clone(),
             unlocked_keys: lock(&self.inner.unlocked_keys).clone(),
+            healthy_record: s.healthy_record.as_deref().map(|r| HealthyRecordView {
+                tokens_per_s: r.throughput.tokens_per_s,
+                recorded_ms: r.recorded_ms,
+                run_name: r.run_name.clone(),
+                step: r.step,
+            }),
+            healthy_record_files: self
+                .healthy_record_files()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
         }
     }
 

@@ -83,6 +83,19 @@ pub struct StateView {
     pub stable_since_ms: Option<TimestampMs>,
     pub caches: Vec<CacheState>,
     pub unlocked_keys: Vec<String>,
+    /// The healthy record the run is judged against, if any.
+    pub healthy_record: Option<HealthyRecordView>,
+    /// The healthy record files that exist (the run dir's, the recipe's): what a forget removes.
+    pub healthy_record_files: Vec<String>,
+}
+
+/// What a forget request says about the record it removes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthyRecordView {
+    pub tokens_per_s: f64,
+    pub recorded_ms: TimestampMs,
+    pub run_name: String,
+    pub step: u64,
 }
 
 impl StateView {
@@ -166,6 +179,7 @@ pub fn action_id(action: &Action, nonce: u32) -> String {
         Action::PowerOff => "poweroff",
         Action::DeleteCache { .. } => "delcache",
         Action::UnlockKey { .. } => "unlock",
+        Action::ForgetHealthyRecord => "forget",
     };
     format!("{kind}-{:06x}", nonce & 0xff_ffff)
 }
@@ -379,6 +393,15 @@ fn check(
             }
             Ok(None)
         }
+        Action::ForgetHealthyRecord
+            if view.healthy_record.is_none() && view.healthy_record_files.is_empty() =>
+        {
+            refuse(
+                "there is no healthy record to forget: throughput is judged against this run's                  own rate, and no record is on file for this run or its recipe"
+                    .into(),
+            )
+        }
+        Action::ForgetHealthyRecord => Ok(None),
     }
 }
 
@@ -466,6 +489,32 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
             }
             out.push(
                 "a run resumed with a different value is no longer comparable to its history"
+                    .into(),
+            );
+        }
+        Action::ForgetHealthyRecord => {
+            if let Some(r) = &view.healthy_record {
+                out.push(format!(
+                    "throughput is judged against {} tok/s, recorded {} by run {} at step {}",
+                    format_tokens_per_s(r.tokens_per_s),
+                    format_ago(r.recorded_ms, view.now_ms),
+                    r.run_name,
+                    r.step
+                ));
+            }
+            out.extend(throughput);
+            for file in &view.healthy_record_files {
+                out.push(format!("deletes {file}"));
+            }
+            out.push(
+                "the baseline is then learned from this run's own rate: a slow rate now is \
+                 learned as normal, and a restart or a new run of this recipe is no longer \
+                 judged against the record"
+                    .into(),
+            );
+            out.push(
+                "a new record is written once the run has been healthy again for \
+                 detectors.healthy.after_ok_s"
                     .into(),
             );
         }

@@ -34,6 +34,8 @@ fn view(state: RunState) -> StateView {
             cache("triton", 0, false),
         ],
         unlocked_keys: vec![],
+        healthy_record: None,
+        healthy_record_files: vec![],
     }
 }
 
@@ -425,4 +427,68 @@ fn unlock_consequences_say_what_an_unlock_still_cannot_admit() {
         epochs.contains("may then change on resume") && !epochs.contains("still refused"),
         "{epochs}"
     );
+}
+
+#[test]
+fn forgetting_a_healthy_record_needs_one_and_says_what_it_costs() {
+    let mut p = PendingActions::default();
+    let v = view(RunState::Training);
+    let err = p
+        .request(
+            "forget-1".into(),
+            Action::ForgetHealthyRecord,
+            by(1000),
+            &v,
+            &policy(),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no healthy record to forget"),
+        "{err}"
+    );
+
+    let mut v = view(RunState::Training);
+    v.healthy_record = Some(HealthyRecordView {
+        tokens_per_s: 21_500.0,
+        recorded_ms: NOW - 2 * HOUR,
+        run_name: "qwen-a".into(),
+        step: 30_000,
+    });
+    v.healthy_record_files = vec!["/runs/a/healthy.json".into()];
+    let pending = p
+        .request(
+            "forget-2".into(),
+            Action::ForgetHealthyRecord,
+            by(1000),
+            &v,
+            &policy(),
+        )
+        .unwrap();
+    let text = pending.consequences.join("\n");
+    assert!(
+        text.contains("judged against 21.5K tok/s, recorded 2 h ago by run qwen-a at step 30000"),
+        "{text}"
+    );
+    assert!(text.contains("deletes /runs/a/healthy.json"), "{text}");
+    assert!(
+        text.contains("a slow rate now is learned as normal"),
+        "{text}"
+    );
+    assert_eq!(
+        action_id(&Action::ForgetHealthyRecord, 0xabc),
+        "forget-000abc"
+    );
+
+    // Files on disk alone (a record written by this run, not yet judged against) are enough.
+    let mut v = view(RunState::Training);
+    v.healthy_record_files = vec!["/state/healthy/abc.json".into()];
+    assert!(p
+        .request(
+            "forget-3".into(),
+            Action::ForgetHealthyRecord,
+            by(1001),
+            &v,
+            &policy(),
+        )
+        .is_ok());
 }

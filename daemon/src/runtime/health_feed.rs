@@ -85,14 +85,40 @@ impl HealthFeed {
             self.monitor.remember_caches(&record.caches);
         }
         self.handle
-            .set_healthy_record(keeper.judged_against().cloned());
+            .set_healthy_record(keeper.judged_against().cloned(), keeper.files());
         self.record = Some(keeper);
         self
+    }
+
+    /// Acts on a confirmed forget of the healthy record (`control::actions`), once.
+    fn take_forget(&mut self, ts_ms: i64) {
+        if !self.handle.take_healthy_record_forgotten() {
+            return;
+        }
+        if let Some(keeper) = self.record.as_mut() {
+            if let Err(e) = keeper.forget() {
+                tracing::warn!(error = %e, "removing the healthy record files after a forget");
+            }
+            self.handle.set_healthy_record(None, keeper.files());
+        }
+        let transition = self.monitor.forget_throughput_reference(ts_ms);
+        self.journal(transition.as_slice());
+        self.handle.record_event_logged(
+            Severity::Info,
+            EventKind::Note {
+                message: "healthy record forgotten: throughput is judged against this run's \
+                          own rate from now on, and a new record is written once it has been \
+                          healthy for detectors.healthy.after_ok_s"
+                    .into(),
+            },
+        );
+        self.refresh_alerts();
     }
 
     /// One optimizer step (not the pre-training evaluation line): throughput, and the serve
     /// gap when the step carries an online evaluation.
     pub fn observe_step(&mut self, m: &StepMetrics) {
+        self.take_forget(m.ts_ms);
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
         let t = self.monitor.throughput();

@@ -130,6 +130,30 @@ impl HealthyRecordKeeper {
         }
     }
 
+    /// The files this run's record goes to (and a record it is judged against came from):
+    /// the run dir's and the recipe's in the state dir.
+    pub fn files(&self) -> Vec<PathBuf> {
+        vec![
+            run_record_path(&self.identity.run_dir),
+            recipe_record_path(&self.state_dir, &self.identity.recipe),
+        ]
+    }
+
+    /// A confirmed forget: no record to judge against, the healthy stretch starts over, and
+    /// the record files are removed (again: the control plane removed them, and a write that
+    /// raced it must not survive). Returns the files it removed.
+    pub fn forget(&mut self) -> std::io::Result<Vec<PathBuf>> {
+        self.judged_against = None;
+        self.healthy_since_ms = None;
+        self.last_written_ms = None;
+        self.window.reset();
+        forget(
+            &self.identity.run_dir,
+            &self.state_dir,
+            Some(&self.identity.recipe),
+        )
+    }
+
     pub fn judged_against(&self) -> Option<&HealthyRecord> {
         self.judged_against.as_ref().map(|(r, _)| r)
     }

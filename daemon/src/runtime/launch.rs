@@ -19,9 +19,8 @@ use dflash_shared::status::RunState;
 use super::alloc_conf::{self, AllocConf};
 use super::detach::Readiness;
 use super::ending::Ending;
-use super::healthy_record::{recipe_digest, HealthyRecordKeeper, RecordIdentity};
-use dflash_shared::health::fingerprint::Fingerprint;
 use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
+use super::healthy_record::{recipe_digest, HealthyRecordKeeper, RecordIdentity};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
@@ -32,6 +31,7 @@ use crate::run::handle::RunHandle;
 use crate::run::locked_keys::{self as locked, Gate};
 use crate::run::paths::DaemonPaths;
 use crate::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
+use dflash_shared::health::fingerprint::Fingerprint;
 
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_LOCKED_KEY: u8 = 2;

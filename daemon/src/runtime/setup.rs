@@ -223,12 +223,11 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     if let Some(prompts) = online_prompts {
         trainer.set_online_prompts(prompts);
     }
-    let (peaks, peak_notes) =
-        crate::runtime::device_peaks::for_devices(
-            &trainer.devices(),
-            device::compute_kind,
-            inputs.cpu_peak_flops,
-        );
+    let (peaks, peak_notes) = crate::runtime::device_peaks::for_devices(
+        &trainer.devices(),
+        device::compute_kind,
+        inputs.cpu_peak_flops,
+    );
     trainer.set_device_peaks(peaks);
     let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
     if let Some(dir) = &inputs.resume {

@@ -198,8 +198,8 @@ mod tests {
             before: Some("2.11.0".into()),
             after: Some("2.9.1".into()),
         };
-        assert_eq!(changes, [swap.clone()]);
-        assert_eq!(standing, [swap.clone()]);
+        assert_eq!(changes, std::slice::from_ref(&swap));
+        assert_eq!(standing, std::slice::from_ref(&swap));
         assert_eq!(swap.sentence(), "torch 2.11.0 → 2.9.1");
         assert_eq!(
             w.packages_now().get("torch").map(String::as_str),

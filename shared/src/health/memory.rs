@@ -506,7 +506,6 @@ mod tests {
         for i in 200..260 {
             feed(&mut m, i, base);
         }
-        drop(feed);
         assert_eq!(levels.len(), 2, "{levels:?}");
         assert_eq!(levels[0].1, Level::Warn);
         assert_eq!(levels[1], (230, Level::Ok));

@@ -60,6 +60,14 @@ impl HealthMonitor {
         self.throughput.set_reference(reference);
     }
 
+    /// A confirmed forget of the healthy record: no reference, no differences since it
+    /// (`ThroughputDetector::forget_reference`); the transition it makes, if any.
+    pub fn forget_throughput_reference(&mut self, ts_ms: TimestampMs) -> Option<Transition> {
+        self.since_healthy.clear();
+        let transition = self.throughput.forget_reference(ts_ms)?;
+        self.record(vec![transition]).pop()
+    }
+
     /// The differences between the healthy record and now, for the alerts' explanations.
     pub fn set_since_healthy(&mut self, differences: Vec<String>) {
         self.since_healthy = differences;

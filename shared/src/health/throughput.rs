@@ -150,6 +150,31 @@ impl ThroughputDetector {
         self.reference.as_ref()
     }
 
+    /// A confirmed forget of the healthy record at `ts_ms`: judge against this process's own
+    /// rate from now on. Where that rate has no baseline yet (a run that came up slow against
+    /// the record has recorded no healthy sample), the detector learns again from the next
+    /// sample and an alert it raised ends now, since nothing is left to hold it against.
+    /// Where this process has a baseline of its own (a collapse inside the run), the alert
+    /// stays for it to judge.
+    pub fn forget_reference(&mut self, ts_ms: TimestampMs) -> Option<Transition> {
+        self.reference.take()?;
+        self.reset_clocks();
+        if self.rolling_baseline().is_some() || self.level == Level::Ok {
+            return None;
+        }
+        let from = std::mem::replace(&mut self.level, Level::Ok);
+        self.level_since = Some(ts_ms);
+        Some(Transition {
+            detector: DETECTOR.into(),
+            from,
+            to: Level::Ok,
+            at_ms: ts_ms,
+            message: "throughput judged anew: the healthy record was forgotten by a confirmed \
+                      action, and the baseline is learned from this run's own rate"
+                .into(),
+        })
+    }
+
     fn rolling_baseline(&self) -> Option<f64> {
         if self.healthy.len() < self.cfg.min_baseline_samples.max(1) {
             return None;
@@ -464,5 +489,33 @@ mod tests {
         // A drop to the record's rate is a drop from this run's pace.
         let t = feed(&mut d, 600, 120, 1_000.0);
         assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), [Level::Warn]);
+    }
+
+    #[test]
+    fn forgetting_the_reference_learns_anew_and_ends_an_alert_with_nothing_left_to_judge_by() {
+        let mut d = detector();
+        d.set_reference(Some(reference(20_000.0)));
+        let mut t = 0;
+        let mut crit = None;
+        // Warmup, then a slow start against the record: Crit.
+        while t <= 200_000 {
+            if let Some(tr) = d.observe(t, 4_000.0) {
+                crit = Some(tr);
+            }
+            t += 1_000;
+        }
+        assert_eq!(crit.unwrap().to, Level::Crit);
+        let cleared = d.forget_reference(t).expect("the alert ends");
+        assert_eq!((cleared.from, cleared.to), (Level::Crit, Level::Ok));
+        assert!(cleared.message.contains("forgotten"), "{}", cleared.message);
+        assert!(d.forget_reference(t).is_none(), "nothing left to forget");
+        // The slow rate is now this run's own: learned, then judged stable.
+        for _ in 0..60 {
+            t += 1_000;
+            assert!(d.observe(t, 4_000.0).is_none());
+        }
+        assert_eq!(d.level(), Level::Ok);
+        assert_eq!(d.baseline(), Some(4_000.0));
+        assert!(d.status().baseline_source.is_none());
     }
 }

@@ -205,6 +205,9 @@ pub(super) fn all_requests() -> Vec<Request> {
                 key: "training.epochs".into(),
             },
         },
+        Request::RequestAction {
+            action: Action::ForgetHealthyRecord,
+        },
         Request::Confirm {
             action_id: "act-1".into(),
             run_name: "qwen36-27b".into(),

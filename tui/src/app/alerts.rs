@@ -92,10 +92,48 @@ fn health_level(severity: Severity) -> health::Level {
     }
 }
 
+/// Whose verdict an alert is. The daemon's wins: the console shows its own verdict of a
+/// detector (`memory:gpuN`, `queue`, judged by the same shared detectors with the daemon's
+/// thresholds) only while the daemon has sent no alert of that detector, and labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Daemon,
+    Console,
+}
+
+/// The label a console verdict carries in the Alerts panel.
+pub const CONSOLE_LABEL: &str = "(console's verdict; dflashd sent none)";
+
+/// The daemon's alerts, then the console's own where the daemon has none of that detector:
+/// most severe first, then oldest first. Nothing is counted twice.
+pub fn merged<'a>(
+    daemon: &'a ActiveAlerts,
+    console: impl IntoIterator<Item = &'a Alert>,
+) -> Vec<(&'a Alert, Verdict)> {
+    let mut all: Vec<(&Alert, Verdict)> = daemon
+        .sorted()
+        .into_iter()
+        .map(|a| (a, Verdict::Daemon))
+        .collect();
+    for alert in console {
+        if !daemon.by_detector.contains_key(&alert.detector) {
+            all.push((alert, Verdict::Console));
+        }
+    }
+    all.sort_by(|(a, _), (b, _)| b.level.cmp(&a.level).then(a.since_ms.cmp(&b.since_ms)));
+    all
+}
+
 /// An alert in words: the headline, and what changed in the journal just before it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Explanation {
     pub level: Severity,
+    /// The detectors it stands for: one, or the siblings a grouped line folds.
+    pub detectors: Vec<String>,
+    pub verdict: Verdict,
+    pub since_ms: i64,
+    /// The detector's own sentence ("GPU 5 memory volatile: range …").
+    pub message: String,
     /// "4.3K tok/s, Crit since 21:03 (baseline 21.5K)"
     pub head: String,
     /// "torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52", oldest first.
@@ -117,10 +155,40 @@ impl Explanation {
     }
 }
 
+/// "GPU 5 memory volatile: …, Warn since 21:02", with the console's label on its own verdicts.
+fn plain_head(
+    message: &str,
+    level: Severity,
+    since_ms: i64,
+    verdict: Verdict,
+    clock: DisplayClock,
+) -> String {
+    let label = match verdict {
+        Verdict::Daemon => String::new(),
+        Verdict::Console => format!(" {CONSOLE_LABEL}"),
+    };
+    format!(
+        "{}{label}, {} since {}",
+        message.trim_end_matches('.'),
+        wording::severity_word(level),
+        clock.hm(since_ms)
+    )
+}
+
 /// The daemon's own `preceded_by` wins; without it the console searches its journal the same
 /// way the daemon does (`dflash_shared::health::explain_alert`).
 pub fn explain(
     alert: &Alert,
+    throughput: ThroughputNow,
+    journal: &Journal,
+    clock: DisplayClock,
+) -> Explanation {
+    explain_as(alert, Verdict::Daemon, throughput, journal, clock)
+}
+
+pub fn explain_as(
+    alert: &Alert,
+    verdict: Verdict,
     throughput: ThroughputNow,
     journal: &Journal,
     clock: DisplayClock,
@@ -137,12 +205,7 @@ pub fn explain(
             throughput.baseline_tokens_per_s,
             offset,
         ),
-        _ => format!(
-            "{}, {} since {}",
-            alert.message.trim_end_matches('.'),
-            wording::severity_word(alert.level),
-            clock.hm(alert.since_ms)
-        ),
+        _ => plain_head(&alert.message, alert.level, alert.since_ms, verdict, clock),
     };
     let before = if alert.preceded_by.is_empty() {
         health::explain_alert(alert.since_ms, journal.events(), CONTEXT_WINDOW_MS)
@@ -154,9 +217,56 @@ pub fn explain(
     };
     Explanation {
         level: alert.level,
+        detectors: vec![alert.detector.clone()],
+        verdict,
+        since_ms: alert.since_ms,
+        message: alert.message.clone(),
         head,
-        before,
+        before: health::grouping::group_gpu_sentences(&before),
     }
+}
+
+/// Sibling alerts folded into one line (`dflash_shared::health::grouping`): the memory alerts
+/// of GPUs 5, 6 and 7 with the same wording, of the same level and from the same side, read
+/// "GPU 5–7 memory volatile, Warn since 21:02". A folded line keeps the place, and the
+/// context, of its first member; it is since the earliest of them.
+pub fn group(explanations: Vec<Explanation>, clock: DisplayClock) -> Vec<Explanation> {
+    let messages: Vec<&str> = explanations
+        .iter()
+        .map(|e| e.message.trim_end_matches('.'))
+        .collect();
+    let mut buckets: BTreeMap<(Severity, Verdict), Vec<usize>> = BTreeMap::new();
+    for (i, e) in explanations.iter().enumerate() {
+        buckets.entry((e.level, e.verdict)).or_default().push(i);
+    }
+    let mut lines: Vec<(usize, Explanation)> = Vec::new();
+    for ((level, verdict), members) in buckets {
+        let items: Vec<(&str, &str)> = members
+            .iter()
+            .map(|&i| (explanations[i].detectors[0].as_str(), messages[i]))
+            .collect();
+        for g in health::grouping::group(&items) {
+            let indices: Vec<usize> = g.members.iter().map(|&m| members[m]).collect();
+            let first = indices[0];
+            let mut line = explanations[first].clone();
+            if indices.len() > 1 {
+                let since = indices
+                    .iter()
+                    .map(|&i| explanations[i].since_ms)
+                    .min()
+                    .unwrap_or(line.since_ms);
+                line.detectors = indices
+                    .iter()
+                    .map(|&i| explanations[i].detectors[0].clone())
+                    .collect();
+                line.since_ms = since;
+                line.head = plain_head(&g.headline, level, since, verdict, clock);
+            }
+            lines.push((first, line));
+        }
+    }
+    lines.sort_by_key(|(first, _)| *first);
+    lines.into_iter().map(|(_, line)| line).collect()
 }
 
 #[cfg(test)]

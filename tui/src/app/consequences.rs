@@ -67,6 +67,22 @@ pub(super) fn local_consequences(action: &Action, app: &App) -> Vec<String> {
             "the key may then change on resume; the locked value is what the run was validated with"
                 .into(),
         ),
+        Action::ForgetHealthyRecord => {
+            if let Some(record) = status.and_then(|s| s.healthy_record.as_deref()) {
+                lines.push(format!(
+                    "throughput is judged against {} tok/s, recorded {} ago by run {} at step {}",
+                    format_si(record.throughput.tokens_per_s),
+                    fmt::duration_ms(app.now_ms - record.recorded_ms),
+                    record.run_name,
+                    fmt::thousands(record.step)
+                ));
+            }
+            lines.push(
+                "the baseline is then learned from this run's own rate: a slow rate now reads \
+                 as normal"
+                    .into(),
+            );
+        }
     }
     lines
 }

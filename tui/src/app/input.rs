@@ -37,6 +37,7 @@ pub const KEYMAP: &[(&str, &str, bool)] = &[
     ("P", "stop the run and power off the machine", true),
     ("D", "Caches: delete the selected cache", true),
     ("U", "unlock a locked config key", true),
+    ("F", "forget the healthy record (learn anew)", true),
 ];
 
 const PAGE: usize = 10;
@@ -107,6 +108,7 @@ impl App {
             KeyCode::Char('U') => {
                 return self.begin_action(Action::UnlockKey { key: String::new() })
             }
+            KeyCode::Char('F') => return self.begin_action(Action::ForgetHealthyRecord),
             KeyCode::Char('D') => {
                 if self.view != View::Caches {
                     self.notify("D deletes the cache selected in the Caches view (4)");

@@ -2,6 +2,7 @@
 //! reducer that turns events into state changes and effects. Drawing reads this state only.
 pub mod alerts;
 mod consequences;
+pub mod freshness;
 pub mod history;
 mod input;
 pub mod journal;
@@ -18,7 +19,11 @@ use crate::actions::ActionFlow;
 use crate::client::supervisor::LinkEvent;
 use crate::client::Welcome;
 use crate::fmt::DisplayClock;
-use alerts::{ActiveAlerts, ThroughputNow};
+use alerts::{ActiveAlerts, ThroughputNow, Verdict};
+use dflash_shared::events::Severity;
+use dflash_shared::status::Alert;
+use freshness::Freshness;
+use history::Series;
 use journal::{EventFilter, Journal, LogLine};
 use telemetry::Telemetry;
 
@@ -168,6 +173,8 @@ pub struct App {
     pub now_ms: TimestampMs,
     pub clock: DisplayClock,
     pub status: Option<StatusSnapshot>,
+    /// When each status frame came, on the console's clock (replay: the recording's).
+    pub status_seen: Series,
     pub telemetry: Telemetry,
     pub journal: Journal,
     pub alerts: ActiveAlerts,
@@ -192,6 +199,7 @@ impl App {
             now_ms,
             clock,
             status: None,
+            status_seen: Series::new(4_096, telemetry::RETENTION_MS),
             telemetry: Telemetry::default(),
             journal: Journal::default(),
             alerts: ActiveAlerts::default(),
@@ -290,6 +298,7 @@ impl App {
                 self.telemetry.apply_gpus(&snapshot.gpus);
                 self.telemetry.apply_queue(&snapshot.queue);
                 self.status = Some(*snapshot);
+                self.status_seen.push(self.now_ms, 1.0);
             }
             Response::Metrics(metrics) => self.telemetry.apply_metrics(&metrics),
             Response::Gpus { telemetry } => self.telemetry.apply_gpus(&telemetry),
@@ -426,12 +435,70 @@ impl App {
         Some(last_ts + (steps_left as f64 / rate) as i64)
     }
 
-    /// Every active alert in words, most severe first.
+    /// The daemon's active alerts, and the console's own verdicts where the daemon sent none
+    /// of that detector (`alerts::merged`), most severe first.
+    pub fn shown_alerts(&self) -> Vec<(&Alert, Verdict)> {
+        alerts::merged(&self.alerts, self.telemetry.console_alerts())
+    }
+
+    /// The worst level among the shown alerts: what the header badge says, the daemon's and
+    /// the console's verdicts counted once each.
+    pub fn worst_alert(&self) -> Option<Severity> {
+        self.shown_alerts().iter().map(|(a, _)| a.level).max()
+    }
+
+    /// Every shown alert in words, most severe first.
     pub fn explained_alerts(&self) -> Vec<alerts::Explanation> {
-        self.alerts
-            .sorted()
+        self.shown_alerts()
             .into_iter()
-            .map(|a| alerts::explain(a, self.throughput_now(), &self.journal, self.clock))
+            .map(|(a, verdict)| {
+                alerts::explain_as(a, verdict, self.throughput_now(), &self.journal, self.clock)
+            })
             .collect()
+    }
+
+    /// The Alerts panel's lines: [`App::explained_alerts`] with sibling alerts folded.
+    pub fn alert_lines(&self) -> Vec<alerts::Explanation> {
+        alerts::group(self.explained_alerts(), self.clock)
+    }
+
+    /// The metrics stream: the run's main figures (tok/s, step, loss, ETA). `None` before
+    /// its first line.
+    pub fn metrics_freshness(&self) -> Option<Freshness> {
+        freshness::of_series(&self.telemetry.tokens_per_s, self.now_ms)
+    }
+
+    pub fn gpu_freshness(&self) -> Option<Freshness> {
+        freshness::of_series(&self.telemetry.gpu_readings, self.now_ms)
+    }
+
+    pub fn queue_freshness(&self) -> Option<Freshness> {
+        freshness::of_series(&self.telemetry.queue_depth, self.now_ms)
+    }
+
+    /// The last status the daemon answered: what the header's run state rests on.
+    pub fn status_freshness(&self) -> Option<Freshness> {
+        freshness::of_series(&self.status_seen, self.now_ms)
+    }
+
+    /// How old the run's figures are when they are stale: the metrics stream's age, or, with
+    /// no metrics line yet, the status's. `None` while fresh, or before any data.
+    pub fn stale(&self) -> Option<Freshness> {
+        self.metrics_freshness()
+            .or_else(|| self.status_freshness())
+            .filter(Freshness::is_stale)
+    }
+
+    /// Neither a metrics line nor a status yet: nothing to call healthy.
+    pub fn no_data(&self) -> bool {
+        self.telemetry.tokens_per_s.is_empty() && self.status.is_none()
+    }
+
+    /// The daemon's word on the run state is not live: the status is stale, or (attached)
+    /// the link is down. Then the header says what the daemon last said and when.
+    pub fn status_is_old(&self) -> bool {
+        let link_down = matches!(self.source, Source::Live { .. })
+            && !matches!(self.link, LinkState::Connected { .. });
+        link_down || self.status_freshness().is_some_and(|f| f.is_stale())
     }
 }

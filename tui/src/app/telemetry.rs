@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::health::{
-    MemoryConfig, MemoryFlatness, MemoryVerdict, QueueDiagnoser, QueueDiagnosis,
+    Level, MemoryConfig, MemoryFlatness, MemoryVerdict, QueueDiagnoser, QueueDiagnosis, Transition,
 };
 use dflash_shared::metrics::{
     DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs,
 };
 
-use dflash_shared::status::OnlineEvalStatus;
+use dflash_shared::status::{Alert, OnlineEvalStatus};
 
 use super::history::Series;
 
@@ -49,6 +49,33 @@ struct Judges {
     queue: QueueDiagnoser,
     /// (target workers, drafter workers) the diagnoser was built for.
     queue_workers: (usize, usize),
+    /// The console's own verdicts that are not Ok, by detector (`memory:gpuN`, `queue`), from
+    /// the transitions of the same detectors the daemon runs: what the Alerts panel shows
+    /// where the daemon sent no alert of that detector.
+    active: BTreeMap<String, Alert>,
+}
+
+impl Judges {
+    /// Keeps `active` as the daemon's `HealthMonitor` keeps its alerts.
+    fn record(&mut self, transition: Option<Transition>) {
+        let Some(t) = transition else { return };
+        if t.to == Level::Ok {
+            self.active.remove(&t.detector);
+            return;
+        }
+        let since_ms = self.active.get(&t.detector).map_or(t.at_ms, |a| a.since_ms);
+        self.active.insert(
+            t.detector.clone(),
+            Alert {
+                detector: t.detector.clone(),
+                level: t.severity(),
+                since_ms,
+                message: t.message,
+                preceded_by: Vec::new(),
+                since_healthy: Vec::new(),
+            },
+        );
+    }
 }
 
 impl Judges {
@@ -69,6 +96,7 @@ impl Judges {
             memory: MemoryFlatness::new(memory),
             queue: QueueDiagnoser::new(thresholds.queue.clone(), workers.0, workers.1),
             queue_workers: workers,
+            active: BTreeMap::new(),
         }
     }
 }
@@ -110,6 +138,8 @@ pub struct Telemetry {
     /// Set when the daemon reports no GPU telemetry, with its reason.
     pub gpu_unavailable: Option<String>,
     pub gpus: BTreeMap<u32, GpuHistory>,
+    /// When GPU readings came (the newest sample time of each reading), for their freshness.
+    pub gpu_readings: Series,
     pub queue: Option<QueueStats>,
     pub queue_depth: Series,
     /// `None` until the daemon's thresholds arrive.
@@ -129,6 +159,7 @@ impl Default for Telemetry {
             last_online: None,
             gpu_unavailable: None,
             gpus: BTreeMap::new(),
+            gpu_readings: series(),
             queue: None,
             queue_depth: series(),
             judges: None,
@@ -208,6 +239,9 @@ impl Telemetry {
             GpuTelemetry::Unavailable { reason } => self.gpu_unavailable = Some(reason.clone()),
             GpuTelemetry::Available { gpus } => {
                 self.gpu_unavailable = None;
+                if let Some(ts) = gpus.iter().map(|g| g.ts_ms).max() {
+                    self.gpu_readings.push(ts, gpus.len() as f64);
+                }
                 for sample in gpus {
                     self.apply_gpu(sample);
                 }
@@ -238,7 +272,8 @@ impl Telemetry {
         // The console shows the verdict; the daemon journals the transitions.
         if let Some(judges) = &mut self.judges {
             if sample.ts_ms >= judges.memory_from_ms {
-                let _ = judges.memory.observe(sample);
+                let transition = judges.memory.observe(sample);
+                judges.record(transition);
             }
         }
     }
@@ -248,6 +283,12 @@ impl Telemetry {
             None => Judged::AwaitingThresholds,
             Some(judges) => Judged::Verdict(judges.memory.verdict(gpu_index)),
         }
+    }
+
+    /// The console's own verdicts that are not Ok (`memory:gpuN`, `queue`), as alerts; none
+    /// before the daemon's thresholds arrive.
+    pub fn console_alerts(&self) -> impl Iterator<Item = &Alert> {
+        self.judges.iter().flat_map(|j| j.active.values())
     }
 
     /// GPUs whose memory is volatile now (none before the daemon's thresholds arrive).
@@ -274,8 +315,10 @@ impl Telemetry {
                 judges.queue_workers = workers;
                 judges.queue =
                     QueueDiagnoser::new(judges.thresholds.queue.clone(), workers.0, workers.1);
+                judges.active.remove(dflash_shared::health::queue::DETECTOR);
             }
-            let _ = judges.queue.observe(stats);
+            let transition = judges.queue.observe(stats);
+            judges.record(transition);
         }
         self.queue_depth.push(stats.ts_ms, stats.depth as f64);
         self.queue = Some(stats.clone());

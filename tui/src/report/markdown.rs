@@ -73,6 +73,10 @@ pub fn render(report: &StatusReport) -> String {
         .map(|e| format!("{}: {}", e.at, e.text))
         .collect();
     list(&mut out, &decisions, "no operator action recorded");
+    if !report.unconfirmed_requests.is_empty() {
+        let _ = writeln!(out, "\n### Requested, never confirmed (no decision)\n");
+        list(&mut out, &report.unconfirmed_requests, "none");
+    }
 
     let _ = writeln!(out, "\n## Next Steps\n");
     list(&mut out, &report.next_steps, "none");
@@ -90,6 +94,9 @@ pub fn render(report: &StatusReport) -> String {
         _ => "Throughput unknown (no status from the daemon).".into(),
     };
     let _ = writeln!(out, "- {throughput}");
+    if let Some(record) = &report.healthy_record_summary {
+        let _ = writeln!(out, "- {record}");
+    }
     if let Some(positions) = t.draft_positions_per_s.filter(|p| *p > 0.0) {
         let mfu = t.mfu.map_or_else(
             || "MFU unknown (no peak for a device)".to_string(),
@@ -130,9 +137,14 @@ pub fn render(report: &StatusReport) -> String {
     };
     let _ = writeln!(out, "- Queue: {depth}; {}.", q.bound_by);
     for cache in &report.caches {
+        let note = report
+            .cache_notes
+            .iter()
+            .find(|(name, _)| *name == cache.name)
+            .map_or_else(String::new, |(_, note)| format!(" ({note})"));
         let _ = writeln!(
             out,
-            "- {}: {}, {}, {}.",
+            "- {}: {}, {}, {}{note}.",
             wording::cache_label(&cache.name),
             if cache.present { "present" } else { "missing" },
             format_bytes(cache.size_bytes),

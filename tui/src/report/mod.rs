@@ -6,6 +6,7 @@ pub mod timeline;
 
 use dflash_shared::actions::PendingAction;
 use dflash_shared::events::{Event, EventKind};
+use dflash_shared::format::format_si;
 use dflash_shared::health;
 use dflash_shared::metrics::{CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs};
 use dflash_shared::status::{CheckpointInfo, StatusSnapshot};
@@ -44,17 +45,25 @@ pub struct StatusReport {
     pub host: Option<HostSample>,
     pub queue: Queue,
     pub caches: Vec<CacheState>,
+    /// Per missing cache, who deleted it ("deleted outside dflash; no confirmation on
+    /// record"), by cache name.
+    pub cache_notes: Vec<(String, String)>,
     pub alerts: Vec<AlertReport>,
     pub pending_actions: Vec<PendingAction>,
     pub checkpoints: Vec<CheckpointInfo>,
     pub constraints: Vec<String>,
     pub progress: Progress,
     pub key_decisions: Vec<timeline::Entry>,
+    /// Operator requests that decided nothing: filed and never confirmed (cancelled,
+    /// expired, or still waiting), or refused.
+    pub unconfirmed_requests: Vec<String>,
     pub next_steps: Vec<String>,
     pub timeline: Vec<timeline::Entry>,
     pub files: Files,
     /// The healthy record the daemon judges the run against, when it has one.
     pub healthy_record: Option<dflash_shared::health::healthy_record::HealthyRecord>,
+    /// That record in one sentence, and how to forget it.
+    pub healthy_record_summary: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -169,8 +178,15 @@ pub fn build(input: &ReportInput) -> StatusReport {
     let events = journal.events();
 
     let run = run_section(input, events);
-    let throughput = throughput_section(input);
+    let mut throughput = throughput_section(input);
     let alerts = alert_section(input, &journal, &throughput);
+    // No "stable since" while a throughput alert is active: the sections agree with the alerts.
+    if alerts
+        .iter()
+        .any(|a| alerts::is_throughput_detector(&a.detector))
+    {
+        throughput.stable_since = None;
+    }
     let (gpus, gpus_unavailable) = match snapshot.map(|s| &s.gpus) {
         Some(GpuTelemetry::Available { gpus }) => (gpus.clone(), None),
         Some(GpuTelemetry::Unavailable { reason }) => (Vec::new(), Some(reason.clone())),
@@ -194,6 +210,7 @@ pub fn build(input: &ReportInput) -> StatusReport {
         host: snapshot.and_then(|s| s.host.clone()),
         queue,
         caches: snapshot.map(|s| s.caches.clone()).unwrap_or_default(),
+        cache_notes: Vec::new(),
         alerts,
         pending_actions: snapshot
             .map(|s| s.pending_actions.clone())
@@ -202,16 +219,91 @@ pub fn build(input: &ReportInput) -> StatusReport {
         constraints: Vec::new(),
         progress: Progress::default(),
         key_decisions: timeline::decisions(events),
+        unconfirmed_requests: timeline::unconfirmed_requests(events, input.clock),
         next_steps: Vec::new(),
         timeline: timeline::changes(events),
         healthy_record: snapshot.and_then(|s| s.healthy_record.as_deref().cloned()),
+        healthy_record_summary: snapshot
+            .and_then(|s| s.healthy_record.as_deref())
+            .map(|r| healthy_record_summary(r, input.clock)),
         files,
     };
     report.goal = plan::goal(&report);
     report.constraints = plan::constraints(&report, input.config);
     report.progress = plan::progress(&report, events, input.clock);
-    report.next_steps = plan::next_steps(&report, events);
+    let healthy = plan::healthy_environment(
+        snapshot.and_then(|s| s.healthy_record.as_deref()),
+        events,
+        input.clock,
+    );
+    report.next_steps = plan::next_steps(&report, events, &healthy);
+    report.cache_notes = cache_notes(&report.caches, events);
     report
+}
+
+/// "Healthy record: 21.5K tok/s and 3.1K draft positions/s over 240 healthy steps, recorded
+/// 2026-03-14 20:40 by run qwen-a at step 30,000 (recipe 3fa9c2d1e0b47a65, inline on cpu); …"
+fn healthy_record_summary(
+    r: &dflash_shared::health::healthy_record::HealthyRecord,
+    clock: DisplayClock,
+) -> String {
+    let positions = if r.throughput.draft_positions_per_s > 0.0 {
+        format!(
+            " and {} draft positions/s",
+            format_si(r.throughput.draft_positions_per_s)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "Healthy record: {} tok/s{positions} over {} healthy steps, recorded {} by run {} at \
+         step {} (recipe {}, {}); throughput is judged against it. To forget it (a slowdown \
+         that is on purpose): F in `dflash-tui attach`, with typed confirmation.",
+        format_si(r.throughput.tokens_per_s),
+        r.throughput.samples,
+        clock.date_hm(r.recorded_ms),
+        r.run_name,
+        fmt::thousands(r.step),
+        r.recipe,
+        r.topology
+    )
+}
+
+/// For each cache that is missing now, or whose last journaled change is a deletion: whose
+/// deletion the journal records (`timeline::deletion_origin`).
+fn cache_notes(caches: &[CacheState], events: &[Event]) -> Vec<(String, String)> {
+    let mut names: Vec<&str> = caches.iter().map(|c| c.name.as_str()).collect();
+    for e in events {
+        if let EventKind::CacheChanged { name, .. } = &e.kind {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let deletion = events.iter().rev().find(|e| {
+                matches!(&e.kind, EventKind::CacheChanged { name: n, change, .. }
+                    if n == name && change.starts_with("deleted"))
+            })?;
+            let origin = timeline::deletion_origin(events, deletion)?;
+            Some((
+                name.to_string(),
+                match origin {
+                    timeline::DeletionOrigin::Outside => format!(
+                        "deleted outside dflash at {}; no confirmation on record",
+                        fmt::rfc3339(deletion.ts_ms)
+                    ),
+                    confirmed => format!(
+                        "deleted at {} {}",
+                        fmt::rfc3339(deletion.ts_ms),
+                        confirmed.words()
+                    ),
+                },
+            ))
+        })
+        .collect()
 }
 
 fn run_section(input: &ReportInput, events: &[Event]) -> Run {

@@ -2,7 +2,12 @@
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::format::{format_bytes, format_si};
 
-use super::StatusReport;
+use std::collections::BTreeMap;
+
+use dflash_shared::health::healthy_record::HealthyRecord;
+use dflash_shared::health::{diff_fingerprints, Fingerprint};
+
+use super::{timeline, StatusReport};
 use crate::actions::LOCKED_KEYS;
 use crate::app::wording;
 use crate::fmt::{self, DisplayClock};
@@ -144,9 +149,35 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
     if matches!(run.state.as_str(), "paused" | "failed") {
         p.blocked.push(format!("The run is {}.", run.state));
     }
-    for alert in report.alerts.iter().filter(|a| a.level >= Severity::Warn) {
-        p.blocked
-            .push(format!("{} (detector {}).", alert.headline, alert.detector));
+    // One line per alert, sibling GPUs folded ("GPU 5–7 memory volatile (detectors
+    // memory:gpu5, …)"), as the console's Alerts panel folds them.
+    let serious: Vec<&super::AlertReport> = report
+        .alerts
+        .iter()
+        .filter(|a| a.level >= Severity::Warn)
+        .collect();
+    let items: Vec<(&str, &str)> = serious
+        .iter()
+        .map(|a| (a.detector.as_str(), a.message.trim_end_matches('.')))
+        .collect();
+    for group in dflash_shared::health::grouping::group(&items) {
+        let first = serious[group.members[0]];
+        if group.members.len() == 1 {
+            p.blocked
+                .push(format!("{} (detector {}).", first.headline, first.detector));
+        } else {
+            let detectors: Vec<&str> = group
+                .members
+                .iter()
+                .map(|&m| serious[m].detector.as_str())
+                .collect();
+            p.blocked.push(format!(
+                "{}, {} (detectors {}).",
+                group.headline,
+                wording::severity_word(first.level),
+                detectors.join(", ")
+            ));
+        }
     }
     for pending in &report.pending_actions {
         p.blocked.push(format!(
@@ -158,30 +189,122 @@ pub fn progress(report: &StatusReport, events: &[Event], clock: DisplayClock) ->
     p
 }
 
-pub fn next_steps(report: &StatusReport, events: &[Event]) -> Vec<String> {
-    let mut steps = Vec::new();
+/// One field of the environment the run was last known healthy on, and where that is known
+/// from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthyValue {
+    pub value: String,
+    /// "the healthy record of 2026-03-14 20:40", "what the run trained on before 20:52".
+    pub source: String,
+}
+
+/// The environment the run was last known healthy on, field by field (fields as the journal's
+/// `EnvironmentDrift` names them: `python.torch`, `cuda_runtime`, …). The one place next
+/// steps learn which way "restore" points:
+/// - the daemon's healthy record (`StatusSnapshot::healthy_record`), where it has the field;
+/// - else the `before` of the *first* drift of the field in the journal window: what the run
+///   trained on before the changes began. Never a later drift's `before`, which may be the
+///   broken state a revert left.
+pub fn healthy_environment(
+    record: Option<&HealthyRecord>,
+    events: &[Event],
+    clock: DisplayClock,
+) -> BTreeMap<String, HealthyValue> {
+    let mut healthy = BTreeMap::new();
+    for event in events {
+        if let EventKind::EnvironmentDrift { field, before, .. } = &event.kind {
+            healthy
+                .entry(field.clone())
+                .or_insert_with(|| HealthyValue {
+                    value: before.clone(),
+                    source: format!("what the run trained on before {}", clock.hm(event.ts_ms)),
+                });
+        }
+    }
+    if let Some(record) = record {
+        // Every field the record has a value for: its drift from an empty fingerprint.
+        let empty = Fingerprint::default();
+        for drift in diff_fingerprints(&record.fingerprint, &empty) {
+            if let Some(value) = drift.before {
+                healthy.insert(
+                    drift.field,
+                    HealthyValue {
+                        value,
+                        source: format!(
+                            "as in the healthy record of {}",
+                            clock.date_hm(record.recorded_ms)
+                        ),
+                    },
+                );
+            }
+        }
+    }
+    healthy
+}
+
+/// Each drifted field's value now: the `after` of its last drift in the journal, in the order
+/// the fields first drifted.
+fn current_environment(events: &[Event]) -> Vec<(String, String)> {
+    let mut current: Vec<(String, String)> = Vec::new();
+    for event in events {
+        if let EventKind::EnvironmentDrift { field, after, .. } = &event.kind {
+            match current.iter_mut().find(|(f, _)| f == field) {
+                Some(entry) => entry.1 = after.clone(),
+                None => current.push((field.clone(), after.clone())),
+            }
+        }
+    }
+    current
+}
+
+/// "Restore torch 2.11.0+cu128 (now 2.9.1+cu130), what the run trained on before 20:52, …":
+/// one line per drifted field whose value now differs from the healthy one, always towards
+/// the healthy one; none for a field already back on it.
+pub fn restore_steps(healthy: &BTreeMap<String, HealthyValue>, events: &[Event]) -> Vec<String> {
+    current_environment(events)
+        .into_iter()
+        .filter_map(|(field, now)| {
+            let good = healthy.get(&field)?;
+            if good.value == now {
+                return None;
+            }
+            let label = field.strip_prefix("python.").unwrap_or(&field);
+            Some(format!(
+                "Restore {label} {} (now {now}), {}, or confirm the drift on purpose, before \
+                 resuming.",
+                good.value, good.source
+            ))
+        })
+        .collect()
+}
+
+pub fn next_steps(
+    report: &StatusReport,
+    events: &[Event],
+    healthy: &BTreeMap<String, HealthyValue>,
+) -> Vec<String> {
+    let mut steps = restore_steps(healthy, events);
     let alert_start = report.alerts.iter().map(|a| a.since.as_str()).min();
     for event in events {
         match &event.kind {
-            EventKind::EnvironmentDrift {
-                field,
-                before,
-                after,
-            } => {
-                let label = field.strip_prefix("python.").unwrap_or(field);
-                steps.push(format!(
-                    "Restore {label} {before} (now {after}), or confirm the drift on purpose, \
-                     before resuming."
-                ))
-            }
             EventKind::CacheChanged { name, change, .. }
                 if change.contains("delet") || change.contains("cold") =>
             {
-                steps.push(format!(
-                    "Let the {} re-warm through the serialized warmup; leave caches alone while \
-                     workers run.",
-                    wording::cache_label(name)
-                ))
+                let outside = timeline::deletion_origin(events, event)
+                    == Some(timeline::DeletionOrigin::Outside);
+                let label = wording::cache_label(name);
+                steps.push(if outside {
+                    format!(
+                        "The {label} was deleted outside dflash (no confirmation on record): \
+                         find who or what removed it, then let it re-warm through the \
+                         serialized warmup; leave caches alone while workers run."
+                    )
+                } else {
+                    format!(
+                        "Let the {label} re-warm through the serialized warmup; leave caches \
+                         alone while workers run."
+                    )
+                })
             }
             EventKind::WorkerFailed {
                 device, role, rank, ..
@@ -249,5 +372,85 @@ mod tests {
                 "/models/tokenizer.json".to_string()
             ]
         );
+    }
+
+    fn drift(seq: u64, ts_ms: i64, before: &str, after: &str) -> Event {
+        Event {
+            seq,
+            ts_ms,
+            severity: Severity::Warn,
+            kind: EventKind::EnvironmentDrift {
+                field: "python.torch".into(),
+                before: before.into(),
+                after: after.into(),
+            },
+        }
+    }
+
+    fn record(torch: &str) -> HealthyRecord {
+        use dflash_shared::health::healthy_record::{HealthyThroughput, FORMAT};
+        HealthyRecord {
+            format: FORMAT,
+            recorded_ms: 1_773_518_400_000, // 2026-03-14 20:00 UTC
+            healthy_since_ms: 1_773_514_800_000,
+            run_name: "r".into(),
+            run_dir: "/r".into(),
+            recipe: "abc".into(),
+            step: 30_000,
+            throughput: HealthyThroughput {
+                tokens_per_s: 21_500.0,
+                draft_positions_per_s: 0.0,
+                samples: 100,
+                basis: None,
+            },
+            memory: Vec::new(),
+            queue: None,
+            step_times: Default::default(),
+            fingerprint: Fingerprint {
+                python_packages: [("torch".to_string(), torch.to_string())].into(),
+                cuda_runtime: Some("12.8".into()),
+                ..Fingerprint::default()
+            },
+            caches: Vec::new(),
+            config_digest: None,
+            data_digest: None,
+            mean_row_tokens: None,
+            commit: None,
+            topology: "inline on cpu".into(),
+            device_models: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_healthy_environment_is_the_record_else_the_first_drifts_before() {
+        let clock = DisplayClock::utc();
+        // 20:52 a → b, 21:20 b → a: the first drift's `before` is the healthy value.
+        let events = [
+            drift(1, 1_773_521_520_000, "2.11.0+cu128", "2.9.1+cu130"),
+            drift(2, 1_773_523_200_000, "2.9.1+cu130", "2.11.0+cu128"),
+        ];
+        let healthy = healthy_environment(None, &events, clock);
+        assert_eq!(healthy["python.torch"].value, "2.11.0+cu128");
+        assert_eq!(
+            healthy["python.torch"].source,
+            "what the run trained on before 20:52"
+        );
+        assert!(restore_steps(&healthy, &events).is_empty());
+
+        // A healthy record wins over the journal, field by field.
+        let record = record("2.10.0+cu128");
+        let healthy = healthy_environment(Some(&record), &events, clock);
+        assert_eq!(healthy["python.torch"].value, "2.10.0+cu128");
+        assert_eq!(healthy["cuda_runtime"].value, "12.8");
+        assert_eq!(
+            restore_steps(&healthy, &events),
+            [
+                "Restore torch 2.10.0+cu128 (now 2.11.0+cu128), as in the healthy record of \
+              2026-03-14 20:00, or confirm the drift on purpose, before resuming."
+            ]
+        );
+        // A field the run is back on gets no line.
+        let healthy = healthy_environment(Some(&self::record("2.11.0+cu128")), &events, clock);
+        assert!(restore_steps(&healthy, &events).is_empty());
     }
 }

@@ -4,7 +4,7 @@ use dflash_shared::events::{Event, EventKind};
 use serde::Serialize;
 
 use crate::app::wording;
-use crate::fmt;
+use crate::fmt::{self, DisplayClock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -90,23 +90,172 @@ fn entry(event: &Event, category: Category) -> Entry {
     }
 }
 
-/// Changes (everything but operator actions), oldest first.
+/// Changes (everything but operator actions), oldest first. A cache deletion says whose it
+/// was: a confirmed delete action's, or "deleted outside dflash; no confirmation on record".
 pub fn changes(events: &[Event]) -> Vec<Entry> {
     events
         .iter()
         .filter_map(|e| category(&e.kind).map(|c| (e, c)))
         .filter(|(_, c)| *c != Category::Operator)
-        .map(|(e, c)| entry(e, c))
+        .map(|(e, c)| {
+            let mut entry = entry(e, c);
+            if let Some(origin) = deletion_origin(events, e) {
+                entry.text = format!("{}; {}", entry.text, origin.words());
+            }
+            entry
+        })
         .collect()
 }
 
-/// Operator requests, confirmations and executed actions, oldest first.
-pub fn decisions(events: &[Event]) -> Vec<Entry> {
+/// The action ids the journal records a confirmation of.
+fn confirmed_ids(events: &[Event]) -> std::collections::BTreeSet<&str> {
     events
         .iter()
-        .filter(|e| category(&e.kind) == Some(Category::Operator))
+        .filter_map(|e| match &e.kind {
+            EventKind::OperatorConfirmed { action_id, .. } => Some(action_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Operator decisions, oldest first: confirmations, executed actions, and the filings that
+/// were confirmed. A request nobody confirmed decided nothing ([`unconfirmed_requests`] lists
+/// those).
+pub fn decisions(events: &[Event]) -> Vec<Entry> {
+    let confirmed = confirmed_ids(events);
+    events
+        .iter()
+        .filter(|e| match &e.kind {
+            EventKind::OperatorConfirmed { .. } | EventKind::ActionExecuted { .. } => true,
+            EventKind::OperatorRequest {
+                action_id: Some(id),
+                ..
+            } => confirmed.contains(id.as_str()),
+            _ => false,
+        })
         .map(|e| entry(e, Category::Operator))
         .collect()
+}
+
+/// The cache a delete filing names: "Delete the torchinductor cache (filed, awaiting
+/// confirmation)" (`Action::title`, as the daemon journals it) → "torchinductor".
+pub fn delete_request_cache(request: &str) -> Option<&str> {
+    request
+        .strip_prefix("Delete the ")?
+        .split_once(" cache")
+        .map(|(name, _)| name)
+}
+
+/// Filings and requests that never became a decision, oldest first: "delete of the
+/// TorchInductor compile cache requested at 21:00, never confirmed", with "(cancelled at
+/// 21:01)" or "(expired)" where the journal says so, and refused requests as refused.
+pub fn unconfirmed_requests(events: &[Event], clock: DisplayClock) -> Vec<String> {
+    let confirmed = confirmed_ids(events);
+    let withdrawn = |id: &str| {
+        events.iter().find_map(|e| match &e.kind {
+            EventKind::OperatorRequest { request, .. }
+                if request.starts_with(&format!("cancel {id} ")) =>
+            {
+                Some(format!(" (cancelled at {})", clock.hm(e.ts_ms)))
+            }
+            EventKind::Note { message }
+                if message.starts_with(&format!("pending action {id} "))
+                    && message.ends_with("expired unconfirmed") =>
+            {
+                Some(format!(" (expired at {})", clock.hm(e.ts_ms)))
+            }
+            _ => None,
+        })
+    };
+    events
+        .iter()
+        .filter_map(|e| {
+            let EventKind::OperatorRequest {
+                uid,
+                request,
+                action_id,
+            } = &e.kind
+            else {
+                return None;
+            };
+            let at = clock.hm(e.ts_ms);
+            match action_id {
+                Some(id) if confirmed.contains(id.as_str()) => None,
+                Some(id) => {
+                    let what = match delete_request_cache(request) {
+                        Some(name) => format!("delete of the {}", wording::cache_label(name)),
+                        None => request
+                            .split(" (filed")
+                            .next()
+                            .unwrap_or(request)
+                            .to_string(),
+                    };
+                    Some(format!(
+                        "{what} ({id}) requested by uid {uid} at {at}, never confirmed{}",
+                        withdrawn(id).unwrap_or_default()
+                    ))
+                }
+                // Cancel lines are folded into the filing they withdraw.
+                None if request.starts_with("cancel ") => None,
+                None => Some(format!("uid {uid} at {at}: {request}")),
+            }
+        })
+        .collect()
+}
+
+/// Who deleted a cache whose deletion the journal records.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeletionOrigin {
+    /// A confirmed delete action (its id).
+    Confirmed(String),
+    /// No confirmed delete of that cache on record before it went.
+    Outside,
+}
+
+impl DeletionOrigin {
+    pub fn words(&self) -> String {
+        match self {
+            DeletionOrigin::Confirmed(id) => format!("by the confirmed action {id}"),
+            DeletionOrigin::Outside => "deleted outside dflash; no confirmation on record".into(),
+        }
+    }
+}
+
+/// For a `CacheChanged` deletion: whether a confirmed delete action of that cache came
+/// before it (the daemon's own deletion reads "deleted by operator"). `None` for any other
+/// event.
+pub fn deletion_origin(events: &[Event], event: &Event) -> Option<DeletionOrigin> {
+    let EventKind::CacheChanged { name, change, .. } = &event.kind else {
+        return None;
+    };
+    if !change.starts_with("deleted") {
+        return None;
+    }
+    let confirmed = confirmed_ids(events);
+    let action = events
+        .iter()
+        .rev()
+        .filter(|e| e.seq < event.seq)
+        .filter_map(|e| match &e.kind {
+            EventKind::OperatorRequest {
+                request,
+                action_id: Some(id),
+                ..
+            } if delete_request_cache(request) == Some(name.as_str())
+                && confirmed.contains(id.as_str()) =>
+            {
+                Some(id.clone())
+            }
+            _ => None,
+        })
+        .next();
+    Some(match action {
+        Some(id) => DeletionOrigin::Confirmed(id),
+        None if change.starts_with("deleted by operator") => {
+            DeletionOrigin::Confirmed("(its id not in this journal window)".into())
+        }
+        None => DeletionOrigin::Outside,
+    })
 }
 
 #[cfg(test)]

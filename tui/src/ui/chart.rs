@@ -1,4 +1,5 @@
-//! Time-series charts whose x axis ends at "now" and whose window grows with the data.
+//! Time-series charts whose x axis ends at "now" and whose window grows with the data; a line
+//! breaks where its samples stopped for longer than the staleness threshold.
 use dflash_shared::metrics::TimestampMs;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
@@ -8,6 +9,7 @@ use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
 use ratatui::Frame;
 
 use super::theme::Theme;
+use crate::app::freshness;
 use crate::app::history::Series;
 use crate::fmt;
 
@@ -91,15 +93,28 @@ impl TimeChart<'_> {
                     .data(points),
             );
         }
+        // Samples further apart than the series' staleness threshold are not joined: the line
+        // stops at the last sample before a gap and starts again after it (`app::freshness`).
         for (line, points) in self.lines.iter().zip(&data) {
-            datasets.push(
-                Dataset::default()
-                    .name(line.name.clone())
+            let gap_s = freshness::series_threshold_ms(line.series) as f64 / 1000.0;
+            for (i, piece) in freshness::split_at_gaps(points, gap_s)
+                .into_iter()
+                .enumerate()
+            {
+                let mut dataset = Dataset::default()
                     .marker(Marker::Braille)
-                    .graph_type(GraphType::Line)
+                    .graph_type(if piece.len() == 1 {
+                        GraphType::Scatter
+                    } else {
+                        GraphType::Line
+                    })
                     .style(line.style)
-                    .data(points),
-            );
+                    .data(piece);
+                if i == 0 {
+                    dataset = dataset.name(line.name.clone());
+                }
+                datasets.push(dataset);
+            }
         }
         let x_labels = vec![
             Span::styled(format!("-{}", fmt::duration_ms(window_ms)), theme.dim()),

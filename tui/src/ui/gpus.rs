@@ -9,7 +9,10 @@ use ratatui::Frame;
 
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
+use dflash_shared::health::grouping::{index_ranges, memory_gpu};
 use dflash_shared::health::MemoryVerdict;
+
+use crate::app::alerts::Verdict;
 
 use crate::app::telemetry::{GpuHistory, Judged, AWAITING_THRESHOLDS};
 use crate::app::App;
@@ -100,27 +103,66 @@ fn verdict_cell(verdict: &Judged<MemoryVerdict>, theme: &Theme) -> (String, Styl
 fn draw_summary(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(thresholds) = app.telemetry.thresholds() else {
         let text = format!(" memory not judged yet: {AWAITING_THRESHOLDS}");
-        frame.render_widget(Paragraph::new(Span::styled(text, theme.dim())), area);
+        let mut spans = vec![Span::styled(text, theme.dim())];
+        // The daemon's own alerts stand meanwhile.
+        let volatile = volatile_gpus(app);
+        if !volatile.is_empty() {
+            spans.push(Span::styled(
+                format!(
+                    " · dflashd: memory VOLATILE on GPU {}",
+                    index_ranges(&volatile)
+                ),
+                theme.crit(),
+            ));
+        }
+        frame.render_widget(Paragraph::new(Line::from(spans)), area);
         return;
     };
-    let volatile = app.telemetry.volatile_gpus();
+    let volatile = volatile_gpus(app);
     let window = fmt::duration_ms((thresholds.memory.window_s * 1000.0) as i64);
-    let line = if volatile.is_empty() {
+    let mut spans = Vec::new();
+    if let Some(stale) = app.gpu_freshness().filter(|f| f.is_stale()) {
+        spans.push(Span::styled(
+            format!(
+                " stale {}: no GPU reading since {} ·",
+                fmt::duration_ms(stale.age_ms),
+                app.clock.hm(stale.last_ms)
+            ),
+            theme.warn(),
+        ));
+    }
+    spans.push(if volatile.is_empty() {
         Span::styled(
             format!(" memory flat on every judged GPU (last {window})"),
             theme.ok(),
         )
     } else {
-        let list: Vec<String> = volatile.iter().map(u32::to_string).collect();
         Span::styled(
             format!(
                 " memory VOLATILE on GPU {} (last {window})",
-                list.join(", ")
+                index_ranges(&volatile)
             ),
             theme.crit(),
         )
-    };
-    frame.render_widget(Paragraph::new(Line::from(line)), area);
+    });
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// GPUs whose memory is volatile by the alerts the console shows: the daemon's `memory:gpuN`
+/// alerts, and the console's own verdicts where the daemon sent none (`App::shown_alerts`),
+/// so this line and the Alerts panel never disagree.
+fn volatile_gpus(app: &App) -> Vec<u32> {
+    app.shown_alerts()
+        .iter()
+        .filter_map(|(a, _)| memory_gpu(&a.detector))
+        .collect()
+}
+
+/// The daemon has an active memory alert for this GPU.
+fn daemon_says_volatile(app: &App, gpu: u32) -> bool {
+    app.shown_alerts()
+        .iter()
+        .any(|(a, v)| *v == Verdict::Daemon && memory_gpu(&a.detector) == Some(gpu))
 }
 
 fn na(theme: &Theme) -> Cell<'static> {
@@ -149,7 +191,14 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             (Some(used), None) => Cell::from(format_bytes(used)),
             _ => na(theme),
         };
-        let (verdict, style) = verdict_cell(&app.telemetry.memory_verdict(s.index), theme);
+        let judged = app.telemetry.memory_verdict(s.index);
+        let console_volatile = matches!(judged, Judged::Verdict(MemoryVerdict::Volatile { .. }));
+        let (verdict, style) = if daemon_says_volatile(app, s.index) && !console_volatile {
+            // The daemon's alert wins over a console verdict that has not caught up.
+            ("VOLATILE, daemon".to_string(), theme.crit())
+        } else {
+            verdict_cell(&judged, theme)
+        };
         let allocator = match &s.allocator {
             Some(a) => Cell::from(format!(
                 "{} / {}",

@@ -67,33 +67,72 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         spans.push(Span::styled(name.to_string(), theme.text()));
     }
     // The last status the daemon sent says Training; once it journaled the end, say that.
-    let state = match (app.ended(), &app.status) {
-        (Some(ending), _) => Some(ending.kind.word().to_string()),
-        (None, Some(status)) => Some(format!("{:?}", status.run.state)),
-        (None, None) => None,
-    };
-    if let Some(state) = state {
-        spans.push(Span::styled(format!(" · {state}"), theme.accent()));
+    // A status that is no longer live is said as such, with its age: a daemon that went away
+    // (or a recording that stopped) is not "Training" for the next hour.
+    match (app.ended(), &app.status) {
+        (Some(ending), _) => spans.push(Span::styled(
+            format!(" · {}", ending.kind.word()),
+            theme.accent(),
+        )),
+        (None, Some(status)) if app.status_is_old() => {
+            let age = app.status_freshness().map_or_else(String::new, |f| {
+                format!(", {} ago", fmt::duration_ms(f.age_ms))
+            });
+            spans.push(Span::styled(
+                format!(
+                    " · daemon last said: {}{age}",
+                    format!("{:?}", status.run.state).to_lowercase()
+                ),
+                theme.warn(),
+            ));
+        }
+        (None, Some(status)) => spans.push(Span::styled(
+            format!(" · {:?}", status.run.state),
+            theme.accent(),
+        )),
+        (None, None) => {}
     }
     spans.push(Span::raw("  "));
     spans.extend(source_spans(app, theme));
-    let badge = match app.alerts.worst() {
-        Some(level) => Span::styled(
-            format!(
-                " {} ",
-                crate::app::wording::severity_word(level).to_uppercase()
-            ),
-            theme
-                .severity(level)
-                .add_modifier(ratatui::style::Modifier::REVERSED),
-        ),
-        None => Span::styled(" OK ", theme.ok()),
-    };
+    let badge = badge(app, theme);
     let [left, right] =
         Layout::horizontal([Constraint::Min(0), Constraint::Length(badge.width() as u16)])
             .areas(area);
     frame.render_widget(Paragraph::new(Line::from(spans)), left);
     frame.render_widget(Paragraph::new(Line::from(badge)), right);
+}
+
+/// The header badge: the worst shown alert, or OK, but never OK over stale data or no data:
+/// "STALE 14 min" (after the worst alert's level, if any) once the run's figures are stale
+/// (`app::freshness`), "NO DATA" before the first figure. A run that ended keeps its alerts'
+/// badge: its figures are final, not stale.
+fn badge(app: &App, theme: &Theme) -> Span<'static> {
+    let reversed =
+        |style: ratatui::style::Style| style.add_modifier(ratatui::style::Modifier::REVERSED);
+    let worst = app.worst_alert();
+    let level_word = |level| crate::app::wording::severity_word(level).to_uppercase();
+    if app.ended().is_none() {
+        if let Some(stale) = app.stale() {
+            let age = fmt::duration_ms(stale.age_ms);
+            return match worst {
+                Some(level) => Span::styled(
+                    format!(" {} · STALE {age} ", level_word(level)),
+                    reversed(theme.severity(level)),
+                ),
+                None => Span::styled(format!(" STALE {age} "), reversed(theme.warn())),
+            };
+        }
+        if worst.is_none() && app.no_data() {
+            return Span::styled(" NO DATA ", reversed(theme.dim()));
+        }
+    }
+    match worst {
+        Some(level) => Span::styled(
+            format!(" {} ", level_word(level)),
+            reversed(theme.severity(level)),
+        ),
+        None => Span::styled(" OK ", theme.ok()),
+    }
 }
 
 fn source_spans<'a>(app: &'a App, theme: &Theme) -> Vec<Span<'a>> {

@@ -18,7 +18,16 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let ending = app.ended();
     let mut lines = match &ending {
         Some(ending) => ending_lines(app, ending, inner_width, theme),
-        None => alert_lines(&app.explained_alerts(), inner_width, theme),
+        None => {
+            let mut lines = stale_lines(app, inner_width, theme);
+            lines.extend(alert_lines(
+                &app.alert_lines(),
+                app.stale().is_some(),
+                inner_width,
+                theme,
+            ));
+            lines
+        }
     };
     let max_rows = ((area.height as usize * 2) / 5).max(3);
     if lines.len() > max_rows {
@@ -48,7 +57,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let [loss, tau] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
     TimeChart {
-        block: Block::bordered().title(Span::styled(" Loss ", theme.title())),
+        block: Block::bordered().title(titled(" Loss", app, theme)),
         lines: vec![chart::Line {
             name: "loss".into(),
             series: &app.telemetry.loss,
@@ -61,7 +70,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     .draw(frame, loss, theme);
     TimeChart {
-        block: Block::bordered().title(Span::styled(" τ (acceptance length) ", theme.title())),
+        block: Block::bordered().title(titled(" τ (acceptance length)", app, theme)),
         lines: tau_lines(app, theme),
         levels: vec![],
         now_ms: app.now_ms,
@@ -69,6 +78,47 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         format_value: |v| format!("{v:.2}"),
     }
     .draw(frame, tau, theme);
+}
+
+/// A panel title, marked "stale 14 min" while the run's figures are stale.
+fn titled(title: &str, app: &App, theme: &Theme) -> Line<'static> {
+    let mut spans = vec![Span::styled(format!("{title} "), theme.title())];
+    if let Some(stale) = app.stale() {
+        spans.push(Span::styled(
+            format!("· stale {} ", fmt::duration_ms(stale.age_ms)),
+            theme.warn(),
+        ));
+    }
+    Line::from(spans)
+}
+
+/// While the run's figures are stale, the Alerts panel says so first: how long nothing came,
+/// since when, and what the daemon last said, so nothing below reads as live.
+fn stale_lines(app: &App, width: usize, theme: &Theme) -> Vec<Line<'static>> {
+    let Some(stale) = app.stale() else {
+        return Vec::new();
+    };
+    let what = if app.metrics_freshness().is_some() {
+        "metrics line"
+    } else {
+        "status"
+    };
+    let said = match &app.status {
+        Some(status) => format!(
+            "; daemon last said {}",
+            format!("{:?}", status.run.state).to_lowercase()
+        ),
+        None => String::new(),
+    };
+    let text = format!(
+        " no data for {} (last {what} at {}{said}): every figure is from then.",
+        fmt::duration_ms(stale.age_ms),
+        app.clock.hm(stale.last_ms),
+    );
+    vec![Line::from(vec![
+        Span::styled("STALE", theme.warn()),
+        Span::raw(fit(&text, width.saturating_sub(5))),
+    ])]
 }
 
 /// Offline τ, and beside it online τ per method once an online evaluation has run (the legend
@@ -197,7 +247,18 @@ fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> V
 /// One line per alert, most severe first; the worst alert also lists what changed before it.
 /// Lines are cut to the width (keeping a trailing "at 21:00") rather than wrapped, so a long
 /// explanation never pushes the other alerts off the screen.
-fn alert_lines(alerts: &[Explanation], width: usize, theme: &Theme) -> Vec<Line<'static>> {
+fn alert_lines(
+    alerts: &[Explanation],
+    stale: bool,
+    width: usize,
+    theme: &Theme,
+) -> Vec<Line<'static>> {
+    if alerts.is_empty() && stale {
+        return vec![Line::from(Span::styled(
+            "No alert from the data there is; that says nothing about now.",
+            theme.dim(),
+        ))];
+    }
     if alerts.is_empty() {
         return vec![Line::from(Span::styled("No active alerts.", theme.ok()))];
     }
@@ -245,7 +306,8 @@ fn fit(text: &str, width: usize) -> String {
 }
 
 fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let block = Block::bordered().title(Span::styled(" Throughput (tok/s) ", theme.title()));
+    let block = Block::bordered().title(titled(" Throughput (tok/s)", app, theme));
+    let stale = app.stale();
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let [big, baseline, history] = Layout::vertical([
@@ -257,9 +319,10 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
     let tokens = app.tokens_per_s();
     let headline = tokens.map_or_else(|| "—".to_string(), format_si);
-    let style = match app.alerts.worst() {
-        Some(level) => theme.severity(level),
-        None => theme.ok(),
+    let style = match (stale, app.worst_alert()) {
+        (Some(_), _) => theme.dim(),
+        (None, Some(level)) => theme.severity(level),
+        (None, None) => theme.ok(),
     };
     let big_lines: Vec<Line> = match bignum::render(&headline) {
         Some(rows) => rows
@@ -272,6 +335,21 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
     let mut spans = Vec::new();
     match (tokens, app.baseline_tokens_per_s()) {
+        // A stale figure is no share of baseline: it says when it was true.
+        (Some(_), base) if stale.is_some() => {
+            let stale = stale.expect("matched");
+            spans.push(Span::styled(
+                format!(
+                    " stale {}: last sample at {}",
+                    fmt::duration_ms(stale.age_ms),
+                    app.clock.hm(stale.last_ms)
+                ),
+                theme.warn(),
+            ));
+            if let Some(base) = base {
+                spans.push(Span::raw(format!(" · baseline {}", format_si(base))));
+            }
+        }
         (Some(now), Some(base)) if base > 0.0 => {
             spans.push(Span::raw(format!(" baseline {} · ", format_si(base))));
             spans.push(Span::styled(
@@ -282,10 +360,16 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         (_, Some(base)) => spans.push(Span::raw(format!(" baseline {}", format_si(base)))),
         (_, None) => spans.push(Span::styled(" baseline: not yet established", theme.dim())),
     }
+    // "Stable" only while it is live and no throughput alert says otherwise.
+    let throughput_alert = app
+        .shown_alerts()
+        .iter()
+        .any(|(a, _)| crate::app::alerts::is_throughput_detector(&a.detector));
     if let Some(since) = app
         .status
         .as_ref()
         .and_then(|s| s.throughput.stable_since_ms)
+        .filter(|_| stale.is_none() && !throughput_alert && !app.status_is_old())
     {
         spans.push(Span::raw(format!(
             " · stable for {}",
@@ -328,7 +412,8 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 }
 
 fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let block = Block::bordered().title(Span::styled(" Run ", theme.title()));
+    let block = Block::bordered().title(titled(" Run", app, theme));
+    let stale = app.stale();
     let mut lines = Vec::new();
     let label = |text: &'static str| Span::styled(text, theme.dim());
     match &app.status {
@@ -358,6 +443,10 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 )),
             ]));
             let eta = match app.eta_ms() {
+                _ if app.ended().is_none() && stale.is_some() => format!(
+                    "unknown: no step for {}",
+                    fmt::duration_ms(stale.map_or(0, |s| s.age_ms))
+                ),
                 Some(eta) => format!(
                     "epoch {} ends in {} ({})",
                     run.epochs,

@@ -89,7 +89,18 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ]),
         Line::from(vec![label("verdict   "), Span::styled(verdict, style)]),
     ];
-    let block = Block::bordered().title(Span::styled(" Hidden-state queue ", theme.title()));
+    let mut title = vec![Span::styled(" Hidden-state queue ", theme.title())];
+    if let Some(stale) = app.queue_freshness().filter(|f| f.is_stale()) {
+        title.push(Span::styled(
+            format!(
+                "· stale {}: no reading since {} ",
+                fmt::duration_ms(stale.age_ms),
+                app.clock.hm(stale.last_ms)
+            ),
+            theme.warn(),
+        ));
+    }
+    let block = Block::bordered().title(Line::from(title));
     frame.render_widget(
         Paragraph::new(lines)
             .block(block)
