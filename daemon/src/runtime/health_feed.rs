@@ -149,7 +149,12 @@ impl HealthFeed {
         }
         let fingerprint = current_fingerprint(&self.handle);
         match keeper.write(now, step, &fingerprint, &self.handle.caches()) {
-            Ok((record, first)) => {
+            Ok(None) => {
+                tracing::debug!(
+                    "healthy but slower than the record judged against: the record stands"
+                )
+            }
+            Ok(Some((record, first))) => {
                 if first {
                     self.handle.record_event_logged(
                         Severity::Info,

@@ -107,6 +107,8 @@ pub struct HealthyRecordKeeper {
     window: HealthyWindow,
     healthy_since_ms: Option<TimestampMs>,
     last_written_ms: Option<TimestampMs>,
+    /// The last time a record was due, written or declined: the refresh clock.
+    last_attempt_ms: Option<TimestampMs>,
     /// The record this run is judged against (loaded at start).
     judged_against: Option<(HealthyRecord, RecordScope)>,
 }
@@ -126,6 +128,7 @@ impl HealthyRecordKeeper {
             window: HealthyWindow::default(),
             healthy_since_ms: None,
             last_written_ms: None,
+            last_attempt_ms: None,
             judged_against,
         }
     }
@@ -146,6 +149,7 @@ impl HealthyRecordKeeper {
         self.judged_against = None;
         self.healthy_since_ms = None;
         self.last_written_ms = None;
+        self.last_attempt_ms = None;
         self.window.reset();
         forget(
             &self.identity.run_dir,
@@ -208,24 +212,37 @@ impl HealthyRecordKeeper {
         let ms = |s: f64| (s * 1000.0) as i64;
         now_ms - since >= ms(self.cfg.after_ok_s)
             && self
-                .last_written_ms
+                .last_attempt_ms
                 .is_none_or(|last| now_ms - last >= ms(self.cfg.refresh_s))
             && self.window.step_samples() > 0
     }
 
     /// Writes the run dir's record and the recipe's; returns the record and whether it was the
     /// first this process wrote.
+    ///
+    /// `Ok(None)`: declined, because the run is judged against a record whose expected rate is
+    /// above this stretch's median. A run Ok but slower than its record (above `warn_below`)
+    /// would otherwise become the new reference, and successive restarts each a little slower
+    /// could ratchet the record down. A slower rate becomes the record only after a confirmed
+    /// forget.
     pub fn write(
         &mut self,
         now_ms: TimestampMs,
         step: u64,
         fingerprint: &Fingerprint,
         caches: &[CacheState],
-    ) -> std::io::Result<(HealthyRecord, bool)> {
+    ) -> std::io::Result<Option<(HealthyRecord, bool)>> {
         let figures = self
             .window
             .figures(self.identity.basis.clone())
             .ok_or_else(|| std::io::Error::other("no healthy step to record"))?;
+        self.last_attempt_ms = Some(now_ms);
+        let expected = self
+            .reference(FixedOffset::east_opt(0).expect("UTC"))
+            .map(|r| r.tokens_per_s);
+        if expected.is_some_and(|e| figures.throughput.tokens_per_s < e) {
+            return Ok(None);
+        }
         let id = &self.identity;
         let record = HealthyRecord {
             format: FORMAT,
@@ -257,7 +274,7 @@ impl HealthyRecordKeeper {
         write_atomic(&recipe_path, &bytes)?;
         let first = self.last_written_ms.is_none();
         self.last_written_ms = Some(now_ms);
-        Ok((record, first))
+        Ok(Some((record, first)))
     }
 }
 
@@ -347,7 +364,10 @@ mod tests {
         }
         assert!(!k.due(18_000));
         assert!(k.due(19_000));
-        let (record, first) = k.write(19_000, 40, &Fingerprint::default(), &[]).unwrap();
+        let (record, first) = k
+            .write(19_000, 40, &Fingerprint::default(), &[])
+            .unwrap()
+            .unwrap();
         assert!(first);
         assert_eq!(record.throughput.tokens_per_s, 1_500.0);
         assert!(!k.due(20_000), "refreshed every 5 s");
@@ -362,6 +382,34 @@ mod tests {
         );
         let r = again.reference(FixedOffset::east_opt(0).unwrap()).unwrap();
         assert_eq!((r.tokens_per_s, r.scope), (1_500.0, RecordScope::ThisRun));
+        // No ratchet: a restart Ok at 1.4K against the 1.5K record leaves the record alone; one
+        // at 1.6K refreshes it.
+        let mut again = again;
+        for s in 100..112 {
+            again.set_healthy(s * 1000, true);
+            again.observe_step(&step(s * 1000, 1_400.0));
+        }
+        assert!(again.due(111_000));
+        assert!(again
+            .write(111_000, 50, &Fingerprint::default(), &[])
+            .unwrap()
+            .is_none());
+        assert!(
+            !again.due(112_000),
+            "declined, and the refresh clock restarts"
+        );
+        let on_file = std::fs::read_to_string(run_record_path(run.path())).unwrap();
+        assert!(on_file.contains("1500"), "{on_file}");
+        again.set_healthy(112_000, false);
+        for s in 120..132 {
+            again.set_healthy(s * 1000, true);
+            again.observe_step(&step(s * 1000, 1_600.0));
+        }
+        let (faster, _) = again
+            .write(131_000, 60, &Fingerprint::default(), &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(faster.throughput.tokens_per_s, 1_600.0);
         // A new run dir of the same recipe, by the recipe's record.
         let other = tempfile::tempdir().unwrap();
         let fresh = HealthyRecordKeeper::open(
@@ -374,7 +422,7 @@ mod tests {
         assert_eq!(r.scope, RecordScope::Recipe);
         assert!(
             r.source
-                .starts_with("this recipe ran at 1.5K tok/s here on 1970-01-01 00:00"),
+                .starts_with("this recipe ran at 1.6K tok/s here on 1970-01-01 00:02"),
             "{}",
             r.source
         );
