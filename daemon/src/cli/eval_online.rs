@@ -237,11 +237,13 @@ fn sampling_json(sampling: Sampling) -> Value {
 }
 
 fn method_json(run: &MethodRun, prompts: &[Prompt], baseline_tokens_per_s: f64) -> Value {
-    let a = &run.acceptance;
+    let (a, peer) = (&run.acceptance, &run.acceptance_peer_counting);
     json!({
         "tau": a.tau,
+        "tau_peer_counting": peer.tau,
         "tau_pooled": a.tau_pooled,
         "rounds": a.rounds,
+        "rounds_peer_counting": peer.rounds,
         "tokens": run.tokens,
         "seconds": run.seconds,
         "tokens_per_s": run.tokens_per_s(),
@@ -250,6 +252,7 @@ fn method_json(run: &MethodRun, prompts: &[Prompt], baseline_tokens_per_s: f64) 
         "prompts": run.generations.iter().zip(prompts).map(|(g, p)| json!({
             "line": p.line,
             "acceptance_lengths": g.acceptance_lengths,
+            "acceptance_lengths_peer_counting": g.peer_acceptance_lengths,
             "output_ids": g.output_ids,
         })).collect::<Vec<_>>(),
     })
@@ -334,9 +337,10 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
     );
     println!("stop tokens: {}", ctx.stop.describe());
     println!(
-        "{:<12} {:>7} {:>10} {:>7} {:>7} {:>8} {:>9} {:>8} {:>8}",
+        "{:<12} {:>7} {:>17} {:>10} {:>7} {:>7} {:>8} {:>9} {:>8} {:>8}",
         "method",
         "tau",
+        "tau_peer_counting",
         "tau_pooled",
         "rounds",
         "tokens",
@@ -353,8 +357,9 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
         .map(|g| g.acceptance_lengths.len())
         .sum();
     println!(
-        "{:<12} {:>7} {:>10} {:>7} {:>7} {:>8.2} {:>9.1} {:>8} {:>8}",
+        "{:<12} {:>7} {:>17} {:>10} {:>7} {:>7} {:>8.2} {:>9.1} {:>8} {:>8}",
         "target_only",
+        "1",
         "1",
         "1",
         target_rounds,
@@ -372,9 +377,10 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
             None => "-",
         };
         println!(
-            "{:<12} {:>7} {:>10} {:>7} {:>7} {:>8.2} {:>9.1} {:>8} {:>8}",
+            "{:<12} {:>7} {:>17} {:>10} {:>7} {:>7} {:>8.2} {:>9.1} {:>8} {:>8}",
             run.method.name(),
             figure(a.tau),
+            figure(run.acceptance_peer_counting.tau),
             figure(a.tau_pooled),
             a.rounds,
             run.tokens,
@@ -384,6 +390,11 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
             lossless
         );
     }
+    println!(
+        "tau counts the output's rounds, the last one clipped where the output stops; \
+         tau_peer_counting counts them as z-lab's dflash_generate and DDTree's ddtree_generate \
+         do, the last one in full (docs/online-acceptance.md)"
+    );
     println!(
         "offline tau on the target's greedy continuations: {} ({} blocks{})",
         figure(offline.tau()),

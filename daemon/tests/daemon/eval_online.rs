@@ -103,6 +103,7 @@ fn check_method(v: &Value, method: &str) {
     let reference = v["target_only"]["prompts"].as_array().unwrap();
     assert_eq!(prompts.len(), reference.len());
     let (mut rounds, mut produced, mut tokens, mut means) = (0usize, 0i64, 0usize, Vec::new());
+    let (mut peer_rounds, mut peer_means) = (0usize, Vec::new());
     for (p, r) in prompts.iter().zip(reference) {
         let lengths = ints(&p["acceptance_lengths"]);
         let out = ints(&p["output_ids"]);
@@ -121,6 +122,32 @@ fn check_method(v: &Value, method: &str) {
         if !lengths.is_empty() {
             means.push(lengths.iter().sum::<i64>() as f64 / lengths.len() as f64);
         }
+        // the peers' count: the same rounds, the last in full, and at most one more
+        let peer = ints(&p["acceptance_lengths_peer_counting"]);
+        let n = lengths.len();
+        assert!(
+            peer.len() == n || peer.len() == n + 1,
+            "{lengths:?} {peer:?}"
+        );
+        if n > 0 {
+            assert_eq!(peer[..n - 1], lengths[..n - 1]);
+            assert!(peer[n - 1] >= lengths[n - 1], "{lengths:?} {peer:?}");
+        }
+        peer_rounds += peer.len();
+        if !peer.is_empty() {
+            peer_means.push(peer.iter().sum::<i64>() as f64 / peer.len() as f64);
+        }
+    }
+    assert_eq!(
+        m["rounds_peer_counting"].as_u64().unwrap() as usize,
+        peer_rounds
+    );
+    if peer_means.is_empty() {
+        assert!(m["tau_peer_counting"].is_null(), "{m}");
+    } else {
+        let peer_tau = m["tau_peer_counting"].as_f64().unwrap();
+        let want = peer_means.iter().sum::<f64>() / peer_means.len() as f64;
+        assert!((peer_tau - want).abs() < 1e-12, "{peer_tau} vs {want}");
     }
     assert_eq!(m["rounds"].as_u64().unwrap() as usize, rounds);
     assert_eq!(m["tokens"].as_u64().unwrap() as usize, tokens);
@@ -292,7 +319,9 @@ fn sampled_online_eval_prints_a_table() {
     );
     let header = stdout.lines().find(|l| l.starts_with("method")).unwrap();
     assert!(
-        header.contains("tau_pooled") && header.contains("lossless"),
+        header.contains("tau_pooled")
+            && header.contains("tau_peer_counting")
+            && header.contains("lossless"),
         "{stdout}"
     );
     let chain = stdout.lines().find(|l| l.starts_with("chain")).unwrap();

@@ -6,9 +6,13 @@
 //! Pure libtorch math over `model/` (the targets' [`crate::model::target::TargetCache`], the
 //! drafter's [`crate::model::drafter::DrafterCache`]); no I/O. Batch 1: one prompt at a time.
 //!
-//! Counting follows the reference: a round's acceptance length is the tokens it produced per
-//! target forward, the bonus token included (accepted drafts + 1), clipped where the output
-//! stops (`max_new_tokens`, a stop token). The prefill's first token is not a round.
+//! Counting, two ways ([`Generation`]). A round's acceptance length is the tokens it produced
+//! per target forward, the bonus token included (accepted drafts + 1); the prefill's first
+//! token is not a round. `acceptance_lengths` clips the last round where the output stops
+//! (`max_new_tokens`, a stop token), so every output token is counted once.
+//! `peer_acceptance_lengths` counts as z-lab's `dflash_generate` and DDTree's `ddtree_generate`
+//! do: the last round in full, and the one more round their loop runs when the output filled
+//! `max_new_tokens` exactly (decoded for the count only). Their τ reads higher.
 //!
 //! [`run_online`] runs every [`Method`] on every prompt of a set beside the target alone and
 //! summarises it ([`OnlineReport`]).

@@ -108,7 +108,14 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MethodRun {
     pub method: Method,
+    /// Over the output's rounds ([`Generation::acceptance_lengths`]: clipped where the output
+    /// stops).
     pub acceptance: Acceptance,
+    /// Over the rounds as z-lab's `dflash_generate` and DDTree's `ddtree_generate` count them
+    /// ([`Generation::peer_acceptance_lengths`]: every round in full, and the round they run
+    /// after an output that filled `max_new_tokens` exactly). Its `tau` is the figure to hold
+    /// against a published acceptance length.
+    pub acceptance_peer_counting: Acceptance,
     /// Output tokens of all prompts (the prefill's token included).
     pub tokens: usize,
     /// Wall time of all prompts, one after the other.
@@ -212,6 +219,11 @@ pub fn run_online(
         runs.push(MethodRun {
             method,
             acceptance: acceptance(generations.iter().map(|g| g.acceptance_lengths.as_slice())),
+            acceptance_peer_counting: acceptance(
+                generations
+                    .iter()
+                    .map(|g| g.peer_acceptance_lengths.as_slice()),
+            ),
             tokens: generations.iter().map(|g| g.output_ids.len()).sum(),
             seconds,
             lossless: greedy.then_some(mismatched_prompts.is_empty()),
@@ -275,6 +287,7 @@ mod tests {
         let g = |ids: &[i64]| Generation {
             output_ids: ids.to_vec(),
             acceptance_lengths: vec![],
+            peer_acceptance_lengths: vec![],
         };
         let reference = [g(&[1, 2]), g(&[3]), g(&[4, 5])];
         assert_eq!(

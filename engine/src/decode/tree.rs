@@ -22,7 +22,7 @@ use std::collections::BinaryHeap;
 
 use tch::{Kind, Tensor};
 
-use super::chain::{argmax, check_fit, draft_logits, prefill, push_tokens, Generation, Settings};
+use super::chain::{argmax, check_fit, draft_logits, prefill, Generation, PeerCount, Settings};
 use super::error::DecodeError;
 use super::sampling::Sampling;
 use crate::model::drafter::Drafter;
@@ -203,6 +203,8 @@ pub struct TreeRound {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeGeneration {
     pub generation: Generation,
+    /// The output's rounds, one per `generation.acceptance_lengths` entry (a round the peers'
+    /// counting adds after the output is complete is in `peer_acceptance_lengths` only).
     pub rounds: Vec<TreeRound>,
 }
 
@@ -226,19 +228,16 @@ pub fn generate_tree(
     let device = target.device();
     let mut cache = target.new_cache();
     let mut context = drafter.new_cache();
-    let mut out = Vec::new();
-    let mut generation = Generation {
-        output_ids: Vec::new(),
-        acceptance_lengths: Vec::new(),
-    };
+    let mut count = PeerCount::new(settings);
     let mut rounds = Vec::new();
     let first = prefill(target, drafter, prompt, &mut cache, &mut context)?;
-    let mut last = argmax(&first);
-    if settings.max_new_tokens == 0 || push_tokens(&mut out, &[last], settings).1 {
-        generation.output_ids = out;
+    if settings.max_new_tokens == 0 {
+        let generation = count.finish();
         return Ok(TreeGeneration { generation, rounds });
     }
-    loop {
+    let mut last = argmax(&first);
+    count.first(last);
+    while count.another_round() {
         let logits = draft_logits(target, drafter, &context, last);
         let per_depth: Vec<Candidates> = (0..logits.size()[0])
             .map(|d| top_candidates(&logits.get(d), budget))
@@ -272,18 +271,19 @@ pub fn generate_tree(
         // commit
         let mut produced: Vec<i64> = accepted.iter().map(|&n| tree.tokens[n]).collect();
         produced.push(bonus);
-        let (appended, done) = push_tokens(&mut out, &produced, settings);
-        generation.acceptance_lengths.push(appended);
+        let counted = count.round(&produced);
         let path: Vec<usize> = std::iter::once(0)
             .chain(accepted.iter().map(|&n| n + 1))
             .collect();
-        rounds.push(TreeRound {
-            root: last,
-            tree,
-            accepted,
-            bonus,
-        });
-        if done {
+        if counted {
+            rounds.push(TreeRound {
+                root: last,
+                tree,
+                accepted,
+                bonus,
+            });
+        }
+        if !count.another_round() {
             break;
         }
         cache.keep_path(&path)?;
@@ -294,7 +294,7 @@ pub fn generate_tree(
         drafter.extend_context(&mut context, &kept_taps);
         last = bonus;
     }
-    generation.output_ids = out;
+    let generation = count.finish();
     Ok(TreeGeneration { generation, rounds })
 }
 

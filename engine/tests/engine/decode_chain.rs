@@ -59,6 +59,59 @@ fn greedy_chain_output_equals_the_target_alone_on_every_prompt() {
     );
 }
 
+/// The rounds z-lab's `dflash_generate` loop would count at `max_new_tokens`, read off a
+/// longer greedy generation's rounds (the same rounds, in full): every round that starts while
+/// at most `max_new_tokens` tokens are committed (`while start < max_length`).
+fn peer_rounds(longer: &[usize], max_new_tokens: usize) -> Vec<usize> {
+    let mut committed = 1; // the prefill's token
+    longer
+        .iter()
+        .take_while(|&&len| {
+            let runs = committed <= max_new_tokens;
+            committed += len;
+            runs
+        })
+        .copied()
+        .collect()
+}
+
+#[test]
+fn peer_counting_runs_the_last_round_in_full_and_the_round_after_an_exact_fill() {
+    let _rng = seeded(0);
+    // a case whose drafts are accepted (rounds of more than 1, some of them cut)
+    let target = target(8, 2);
+    let (_vs, drafter) = drafter(8, 6, 12);
+    let prompt = prompts(8).remove(2);
+    let longer = generate_chain(&target, &drafter, &prompt, &greedy(60)).unwrap();
+    let (mut cut, mut exact) = (0, 0);
+    for max_new_tokens in 1..=24 {
+        let g = generate_chain(&target, &drafter, &prompt, &greedy(max_new_tokens)).unwrap();
+        assert_eq!(g.output_ids, longer.output_ids[..max_new_tokens]);
+        let peer = peer_rounds(&longer.acceptance_lengths, max_new_tokens);
+        assert_eq!(
+            g.peer_acceptance_lengths, peer,
+            "max_new_tokens {max_new_tokens}"
+        );
+        // the output's rounds: the same, the last clipped to what fits, none past the output
+        let n = g.acceptance_lengths.len();
+        assert_eq!(
+            g.acceptance_lengths.iter().sum::<usize>() + 1,
+            max_new_tokens
+        );
+        if n > 0 {
+            assert_eq!(g.acceptance_lengths[..n - 1], peer[..n - 1]);
+            assert!(g.acceptance_lengths[n - 1] <= peer[n - 1]);
+        }
+        cut += usize::from(n > 0 && g.acceptance_lengths[n - 1] < peer[n - 1]);
+        exact += usize::from(peer.len() == n + 1);
+        assert!(peer.len() == n || peer.len() == n + 1);
+    }
+    assert!(
+        cut > 0 && exact > 0,
+        "cut {cut}, exact {exact}: a case went untested"
+    );
+}
+
 #[test]
 fn a_stop_token_ends_the_output_and_clips_the_round() {
     let _rng = seeded(0);
@@ -77,6 +130,14 @@ fn a_stop_token_ends_the_output_and_clips_the_round() {
     assert_eq!(chain.output_ids, plain.output_ids[..=first].to_vec());
     let counted: usize = chain.acceptance_lengths.iter().sum();
     assert_eq!(counted + 1, chain.output_ids.len());
+    // the peers count the stop token's round in full and run no round after it (they check
+    // after a round, so a stop as the prefill's token still gets one)
+    let unstopped = generate_chain(&target, &drafter, &prompt, &free).unwrap();
+    let rounds = chain.acceptance_lengths.len().max(1);
+    assert_eq!(
+        chain.peer_acceptance_lengths,
+        unstopped.acceptance_lengths[..rounds]
+    );
 }
 
 fn wilson_hilferty_quantile(df: f64, z: f64) -> f64 {
@@ -242,6 +303,12 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         .iter()
         .map(|g| g.acceptance_lengths.as_slice());
     assert_eq!(chain.acceptance, acceptance(lengths));
+    let peer_lengths = chain
+        .generations
+        .iter()
+        .map(|g| g.peer_acceptance_lengths.as_slice());
+    assert_eq!(chain.acceptance_peer_counting, acceptance(peer_lengths));
+    assert!(chain.acceptance_peer_counting.tau >= chain.acceptance.tau);
     assert_eq!(chain.tokens, prompts.len() * 12);
     assert_eq!(report.target_only.tokens, prompts.len() * 12);
     // every output token but each prompt's prefill token is a round's
