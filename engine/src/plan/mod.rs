@@ -18,11 +18,14 @@
 //! - [`target`]: one target replica's memory;
 //! - [`flops`]: FLOPs per sequence for both sides;
 //! - [`run`]: the whole topology: devices, fit, bound, throughput, split;
+//! - [`scaling`]: the cross-node gradient all-reduce of data-parallel nodes (a prediction:
+//!   dflashd runs on one node today);
 //! - [`reference`]: the product's reference shape (Qwen3.6-27B and its drafter), written once.
 pub mod drafter;
 pub mod flops;
 pub mod reference;
 pub mod run;
+pub mod scaling;
 pub mod shape;
 pub mod target;
 

@@ -114,6 +114,9 @@ pub struct RunPlan {
     /// layers recomputed under activation checkpointing); `flops_per_token.drafter` over this
     /// is the share of the drafter's work that is useful.
     pub drafter_executed_flops_per_token: f64,
+    /// The backward's share of `flops_per_token.drafter` (model FLOPs; with activation
+    /// checkpointing the recomputed forward is not in it).
+    pub drafter_backward_flops_per_token: f64,
     pub tokens_per_s_at_mfu: Throughput,
     pub recommended_split: Option<Split>,
     pub drafter_peak_phase: &'static str,
@@ -225,7 +228,8 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         vocab_size: d.vocab_size,
     };
     let per_sequence = |total: f64| total / s.batch.max(1) as f64;
-    let drafter_step = drafter_step_flops(&work).total();
+    let drafter_flops = drafter_step_flops(&work);
+    let drafter_step = drafter_flops.total();
     let drafter_executed =
         drafter_step_executed_flops(&work, spec.activation_checkpointing).total();
     let target_fwd = target_forward_flops(&spec.target, taps, s.batch, s.seq_len);
@@ -309,6 +313,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         bound_by,
         flops_per_token,
         drafter_executed_flops_per_token: drafter_executed / tokens,
+        drafter_backward_flops_per_token: drafter_flops.backward / tokens,
         flops_per_sequence: SideFlops {
             target: per_sequence(target_fwd),
             drafter: per_sequence(drafter_step),
