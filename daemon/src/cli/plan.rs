@@ -4,11 +4,16 @@
 //!
 //! The target's shapes come from `target.model`'s `config.json` or `--target-config`; the row
 //! length is `--seq-len` or the data's p95 (the data is then read as training reads it).
+//!
+//! `--nnodes N --inter-node-gbps B` adds the cross-node section (`dflash_engine::plan::
+//! scaling`): a prediction for issue 23's data-parallel nodes, which are not built; dflashd
+//! runs on one node today and the output says so.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dflash_engine::model::target::TargetConfig;
+use dflash_engine::plan::scaling::{self, ScalingInput, ScalingPlan, Verdict};
 use dflash_engine::plan::{plan_run, RunPlan};
 use dflash_engine::train::embedded;
 use dflash_shared::config::Config;
@@ -49,6 +54,18 @@ pub struct PlanArgs {
     /// `cpu` or `cuda:N`: plan the whole run on this one device, as `start --device` runs it.
     #[arg(long)]
     pub device: Option<String>,
+    /// Predict the cross-node gradient all-reduce for this many data-parallel nodes (with
+    /// --inter-node-gbps). A prediction only: dflashd runs on one node today.
+    #[arg(long, value_name = "N")]
+    pub nnodes: Option<usize>,
+    /// Each node's inter-node bandwidth available to its drafter GPUs, Gb/s per direction
+    /// (the sum of their NICs'), with --nnodes.
+    #[arg(long, value_name = "B")]
+    pub inter_node_gbps: Option<f64>,
+    /// With --nnodes: the per-node efficiency (each node's tokens/s against one node's alone)
+    /// below which adding nodes stops paying.
+    #[arg(long, value_name = "F", default_value_t = scaling::DEFAULT_MIN_EFFICIENCY)]
+    pub min_scaling_efficiency: f64,
     /// Print the plan as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -66,6 +83,9 @@ struct PlanOutput<'a> {
     device_memory_missing: Option<&'a str>,
     #[serde(flatten)]
     plan: &'a RunPlan,
+    /// With --nnodes: the cross-node prediction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scaling: Option<&'a ScalingPlan>,
 }
 
 fn positive(flag: &str, v: Option<f64>) -> Result<()> {
@@ -77,7 +97,23 @@ fn positive(flag: &str, v: Option<f64>) -> Result<()> {
     }
 }
 
+/// `(nnodes, gbps)` when the cross-node section was asked for; both flags or neither.
+fn scaling_flags(args: &PlanArgs) -> Result<Option<(usize, f64)>> {
+    let (n, gbps) = match (args.nnodes, args.inter_node_gbps) {
+        (None, None) => return Ok(None),
+        (Some(n), Some(b)) => (n, b),
+        (Some(_), None) => bail!(
+            "--nnodes needs --inter-node-gbps B: each node's inter-node bandwidth in Gb/s \
+             (e.g. --inter-node-gbps 200)"
+        ),
+        (None, Some(_)) => bail!("--inter-node-gbps needs --nnodes N (e.g. --nnodes 2)"),
+    };
+    scaling::validate(n, gbps, args.min_scaling_efficiency)?;
+    Ok(Some((n, gbps)))
+}
+
 pub fn run(args: PlanArgs) -> Result<()> {
+    let scaling_request = scaling_flags(&args)?;
     positive("--gpu-memory-gib", args.gpu_memory_gib)?;
     positive("--peak-tflops", args.peak_tflops)?;
     if !(args.mfu > 0.0 && args.mfu <= 1.0) {
@@ -141,7 +177,24 @@ pub fn run(args: PlanArgs) -> Result<()> {
         peak_flops: args.peak_tflops.map(|t| t * 1e12),
         mfu: args.mfu,
     };
-    let plan = plan_run(&memory_plan::run_spec(&inputs));
+    let spec = memory_plan::run_spec(&inputs);
+    let plan = plan_run(&spec);
+    let scaling = scaling_request
+        .map(|(nnodes, gbps)| {
+            scaling::scaling_plan(&ScalingInput {
+                nnodes,
+                inter_node_gbps: gbps,
+                drafter_params: dflash_engine::plan::drafter::drafter_params(&spec.drafter),
+                drafter_gpus_per_node: if spec.target_devices.is_empty() {
+                    1
+                } else {
+                    spec.drafter_devices.len().max(1)
+                },
+                step: scaling::node_step(&spec, &plan, config.training.grad_accum),
+                min_efficiency: args.min_scaling_efficiency,
+            })
+        })
+        .transpose()?;
     if args.json {
         let out = PlanOutput {
             config: origin,
@@ -150,6 +203,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             device_memory: inputs.memory.as_ref(),
             device_memory_missing: memory.as_ref().err().map(String::as_str),
             plan: &plan,
+            scaling: scaling.as_ref(),
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -160,6 +214,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
     }
     if plan.fits == Some(false) {
         println!("{}", memory_plan::refusal(&plan, &inputs));
+    }
+    if let Some(s) = &scaling {
+        print!("{}", scaling_section(s));
     }
     Ok(())
 }
@@ -282,6 +339,137 @@ fn human(plan: &RunPlan, inputs: &PlanInputs<'_>, origin: &str, target: &str) ->
             "  best split of these devices: {} target + {} drafter ({:.2}x the configured one)\n",
             s.target_devices, s.drafter_devices, s.speedup_over_configured
         ));
+    }
+    out
+}
+
+/// Seconds in the unit that keeps them readable, from the 27B's seconds to the tiny default's
+/// microseconds.
+fn seconds(s: f64) -> String {
+    match s {
+        s if s == 0.0 => "0 s".into(),
+        s if s >= 1.0 => format!("{s:.3} s"),
+        s if s >= 1e-3 => format!("{:.1} ms", s * 1e3),
+        s => format!("{:.1} µs", s * 1e6),
+    }
+}
+
+/// Bytes in decimal units (link speeds are decimal).
+fn bytes(b: f64) -> String {
+    match b {
+        b if b == 0.0 => "0 B".into(),
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
+        b => format!("{:.1} kB", b / 1e3),
+    }
+}
+
+fn count(n: f64) -> String {
+    if n >= 1e9 {
+        format!("{:.3} G", n / 1e9)
+    } else {
+        format!("{:.3} M", n / 1e6)
+    }
+}
+
+/// The cross-node section: what crosses, the model, the verdict, the table and the
+/// recommendation, every figure labelled a prediction.
+fn scaling_section(s: &ScalingPlan) -> String {
+    let n = s.nnodes;
+    let mut out = format!(
+        "cross-node scaling, {n} node{} at {} Gb/s (a prediction: {})\n",
+        if n == 1 { "" } else { "s" },
+        s.inter_node_gbps,
+        s.status
+    );
+    out.push_str(&format!(
+        "  gradient all-reduce per step: {} drafter parameters x {} bytes ({}: \
+         sum_in_buckets copies the gradients into an {} bucket and sums that) = {}\n",
+        count(s.drafter_params),
+        s.bytes_per_element,
+        s.allreduce_dtype,
+        s.allreduce_dtype,
+        bytes(s.gradient_bytes)
+    ));
+    out.push_str(&format!(
+        "  model: each node reduces inside itself over NVLink (not counted), then a ring \
+         across the {n} nodes moves 2(n-1)/n = {:.3} of it through each node's link: {} each \
+         way at {:.1} GB/s = {}\n",
+        s.ring_factor,
+        bytes(s.bytes_per_node),
+        scaling::link_bytes_per_s(s.inter_node_gbps) / 1e9,
+        seconds(s.allreduce_s)
+    ));
+    if n > 1 && s.drafter_gpus_per_node > 1 {
+        out.push_str(&format!(
+            "    (one flat ring over all {} drafter GPUs, no hierarchy, would take {})\n",
+            n * s.drafter_gpus_per_node,
+            seconds(s.flat_ring_allreduce_s)
+        ));
+    }
+    match &s.step {
+        Some(p) => {
+            let st = &p.node_step;
+            out.push_str(
+                "  overlap: none in today's code: the all-reduce starts after the step's last \
+                 backward (train/topology/rank.rs), so it adds to the drafter's step and hides \
+                 only in time the drafter would wait for the target anyway\n",
+            );
+            let verdict = match p.verdict {
+                Verdict::NothingToReduce => "nothing crosses nodes".to_string(),
+                Verdict::Hidden => {
+                    "hidden: the drafter waits for the target at least as long".into()
+                }
+                Verdict::AddsToStep => format!(
+                    "adds {} to the one-node step of {} ({:.0} % per-node efficiency)",
+                    seconds(p.added_s),
+                    seconds(p.one_node_step_s),
+                    p.efficiency * 100.0
+                ),
+            };
+            let (d, a) = (st.drafter_compute_s, s.allreduce_s);
+            let step = if st.target_s == 0.0 {
+                // One device runs both roles in turn: nothing to wait for.
+                format!(
+                    "target and drafter in turn {} + all-reduce {} = {}",
+                    seconds(d),
+                    seconds(a),
+                    seconds(p.step_s)
+                )
+            } else {
+                format!(
+                    "drafter {} + all-reduce {} = {}, against the target's {}: {}",
+                    seconds(d),
+                    seconds(a),
+                    seconds(d + a),
+                    seconds(st.target_s),
+                    seconds(p.step_s)
+                )
+            };
+            out.push_str(&format!("  step: {step}; {verdict}\n"));
+            out.push_str(&format!(
+                "  were it overlapped with the last micro-batch's backward ({}; not built): {}\n",
+                seconds(st.last_backward_s),
+                seconds(p.if_overlapped_step_s)
+            ));
+        }
+        None => out.push_str(&format!("  {}\n", s.missing.as_deref().unwrap_or(""))),
+    }
+    out.push_str("  nodes  bytes/node  all-reduce  step      tokens/s  per-node efficiency\n");
+    for r in &s.table {
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "  {:>5}  {:>10}  {:>10}  {:>8}  {:>8}  {:>8}\n",
+            r.nodes,
+            bytes(r.bytes_per_node),
+            seconds(r.allreduce_s),
+            or_dash(r.step_s.map(seconds)),
+            or_dash(r.tokens_per_s.map(|t| format!("{t:.0}"))),
+            or_dash(r.efficiency.map(|e| format!("{:.0} %", e * 100.0)))
+        ));
+    }
+    if let Some(r) = &s.recommendation {
+        out.push_str(&format!("  recommended: {}\n", r.rule));
     }
     out
 }

@@ -210,3 +210,134 @@ fn a_target_without_config_json_is_named_with_its_os_error_once() {
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
 }
+
+/// `plan` of the shipped 27B config at 4096 tokens and 989 TFLOP/s, with `extra` flags.
+fn plan_27b_with(root: &Path, extra: &[&str]) -> (i32, String, String) {
+    let config = repo_file("configs/qwen3.6-27b-8gpu.toml");
+    let target = repo_file("configs/targets/qwen3.6-27b.config.json");
+    let mut args = vec![
+        "plan",
+        "--config",
+        &config,
+        "--target-config",
+        &target,
+        "--gpu-memory-gib",
+        "141",
+        "--seq-len",
+        "4096",
+        "--peak-tflops",
+        "989",
+    ];
+    args.extend_from_slice(extra);
+    run(root, &args)
+}
+
+#[test]
+fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_multi_node_is_not_built() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, out, err) =
+        plan_27b_with(tmp.path(), &["--nnodes", "2", "--inter-node-gbps", "200"]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let section = out
+        .split_once("cross-node scaling, 2 nodes at 200 Gb/s")
+        .unwrap_or_else(|| panic!("no cross-node section:\n{out}"))
+        .1;
+    assert!(
+        section.contains("dflashd runs on one node today") && section.contains("not built yet"),
+        "{section}"
+    );
+    // 1.730 G parameters in fp32 (what sum_in_buckets sums), 2 nodes: ring factor 1, 25 GB/s.
+    assert!(
+        section.contains("1.730 G drafter parameters x 4 bytes (fp32"),
+        "{section}"
+    );
+    assert!(section.contains("= 6.92 GB"), "{section}");
+    assert!(section.contains("= 276.8 ms"), "{section}");
+    assert!(
+        section.contains("overlap: none in today's code"),
+        "{section}"
+    );
+    assert!(
+        section.contains("adds 276.8 ms to the one-node step"),
+        "{section}"
+    );
+    assert!(section.contains("recommended: 2 nodes"), "{section}");
+
+    let (code, out, err) = plan_27b_with(
+        tmp.path(),
+        &["--nnodes", "2", "--inter-node-gbps", "200", "--json"],
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let plan: Value = serde_json::from_str(&out).unwrap();
+    let s = &plan["scaling"];
+    assert_eq!(s["allreduce_dtype"], "fp32", "{s:#}");
+    assert_eq!(s["gradient_bytes"].as_f64(), Some(6_920_852_480.0), "{s:#}");
+    assert_eq!(s["ring_factor"].as_f64(), Some(1.0));
+    assert!(s["status"].as_str().unwrap().contains("not built"), "{s:#}");
+    assert_eq!(s["step"]["verdict"], "adds_to_step", "{s:#}");
+    assert_eq!(s["step"]["overlapped_with_backward"], Value::Bool(false));
+    let nodes: Vec<u64> = s["table"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["nodes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(nodes, vec![1, 2, 4, 8, 16]);
+    // The one-node row is the plan's own tokens/s.
+    let one = s["table"][0]["tokens_per_s"].as_f64().unwrap();
+    let run_rate = plan["tokens_per_s_at_mfu"]["run"].as_f64().unwrap();
+    assert!((one / run_rate - 1.0).abs() < 1e-9, "{one} vs {run_rate}");
+
+    // Without --nnodes nothing about nodes is printed.
+    let (code, out, _) = plan_27b_with(tmp.path(), &[]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("cross-node"), "{out}");
+    let (_, out, _) = plan_27b_with(tmp.path(), &["--json"]);
+    let plan: Value = serde_json::from_str(&out).unwrap();
+    assert!(plan.get("scaling").is_none(), "{plan:#}");
+}
+
+#[test]
+fn plan_nnodes_refuses_bad_figures_saying_what_to_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--nnodes", "0", "--inter-node-gbps", "200"],
+            "pass e.g. --nnodes 2",
+        ),
+        (
+            &["--nnodes", "2", "--inter-node-gbps", "0"],
+            "e.g. --inter-node-gbps 200",
+        ),
+        (&["--nnodes", "2", "--inter-node-gbps=-200"], "found -200"),
+        (&["--nnodes", "2", "--inter-node-gbps", "nan"], "found NaN"),
+        (
+            &["--nnodes", "2", "--inter-node-gbps", "inf"],
+            "positive, finite",
+        ),
+        (&["--nnodes", "2"], "--nnodes needs --inter-node-gbps B"),
+        (
+            &["--inter-node-gbps", "200"],
+            "--inter-node-gbps needs --nnodes N",
+        ),
+        (
+            &[
+                "--nnodes",
+                "2",
+                "--inter-node-gbps",
+                "200",
+                "--min-scaling-efficiency",
+                "1.5",
+            ],
+            "expected a fraction in (0, 1]",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut all = vec!["plan"];
+        all.extend_from_slice(args);
+        let (code, out, err) = run(tmp.path(), &all);
+        assert_eq!(code, 1, "{args:?}: stdout:\n{out}\nstderr:\n{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed a plan: {out}");
+    }
+}

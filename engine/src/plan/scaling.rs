@@ -317,19 +317,23 @@ fn recommend(step: &NodeStep, grad_bytes: f64, gbps: f64, min: f64) -> Recommend
     }
 }
 
-pub fn scaling_plan(input: &ScalingInput) -> Result<ScalingPlan, ScalingError> {
-    let n = input.nnodes;
-    if n == 0 {
-        return Err(ScalingError::NoNodes(n));
+/// The caller's figures, checked before anything else is read.
+pub fn validate(nnodes: usize, gbps: f64, min_efficiency: f64) -> Result<(), ScalingError> {
+    if nnodes == 0 {
+        return Err(ScalingError::NoNodes(nnodes));
     }
-    let gbps = input.inter_node_gbps;
     if !(gbps.is_finite() && gbps > 0.0) {
         return Err(ScalingError::BadBandwidth(gbps));
     }
-    let min = input.min_efficiency;
-    if !(min > 0.0 && min <= 1.0) {
-        return Err(ScalingError::BadEfficiency(min));
+    if !(min_efficiency > 0.0 && min_efficiency <= 1.0) {
+        return Err(ScalingError::BadEfficiency(min_efficiency));
     }
+    Ok(())
+}
+
+pub fn scaling_plan(input: &ScalingInput) -> Result<ScalingPlan, ScalingError> {
+    let (n, gbps, min) = (input.nnodes, input.inter_node_gbps, input.min_efficiency);
+    validate(n, gbps, min)?;
     if !(input.drafter_params.is_finite() && input.drafter_params > 0.0) {
         return Err(ScalingError::NoParameters(input.drafter_params));
     }
