@@ -124,6 +124,9 @@ impl HealthFeed {
         let t = self.monitor.throughput();
         let healthy = t.level == Level::Ok && !t.learning;
         let stable_since = healthy.then_some(t.since_ms).flatten();
+        // A drop being timed is not healthy: the record must not learn the slow rate in the
+        // minute before the alert.
+        let healthy = healthy && !t.escalating;
         self.handle.set_throughput_judgement(
             t.baseline_tokens_per_s,
             stable_since,

@@ -98,6 +98,11 @@ pub struct ThroughputStatus {
     pub baseline_source: Option<String>,
     /// True until warmup is over and the baseline has enough samples.
     pub learning: bool,
+    /// The smoothed rate is below `warn_below` and its duration is being timed: no alert yet,
+    /// but not healthy either. What the healthy record must not learn from: a collapse takes
+    /// up to `warn_after_s` to be called, and those samples are the slow rate.
+    #[serde(default)]
+    pub escalating: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -213,6 +218,7 @@ impl ThroughputDetector {
             baseline_pinned: self.cfg.pinned_baseline_tokens_per_s.is_some(),
             baseline_source,
             learning: baseline.is_none() || self.in_warmup(self.last_ts.unwrap_or(0)),
+            escalating: self.below_warn.since().is_some(),
         }
     }
 
@@ -517,5 +523,31 @@ mod tests {
         assert_eq!(d.level(), Level::Ok);
         assert_eq!(d.baseline(), Some(4_000.0));
         assert!(d.status().baseline_source.is_none());
+    }
+
+    #[test]
+    fn a_drop_being_timed_is_escalating_before_it_is_an_alert() {
+        let mut d = detector();
+        d.set_reference(Some(reference(20_000.0)));
+        let mut t = 0;
+        while t <= 130_000 {
+            assert!(d.observe(t, 20_000.0).is_none());
+            t += 1_000;
+        }
+        assert!(!d.status().escalating);
+        // 70 %: below warn_below, Warn only after warn_after_s (60 s).
+        for _ in 0..30 {
+            t += 1_000;
+            assert!(d.observe(t, 14_000.0).is_none());
+        }
+        let s = d.status();
+        assert_eq!(s.level, Level::Ok);
+        assert!(s.escalating, "{s:?}");
+        // Back to full speed: no longer timed.
+        for _ in 0..5 {
+            t += 1_000;
+            d.observe(t, 20_000.0);
+        }
+        assert!(!d.status().escalating);
     }
 }
