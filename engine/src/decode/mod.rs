@@ -12,7 +12,7 @@
 //! (`max_new_tokens`, a stop token), so every output token is counted once.
 //! `peer_acceptance_lengths` counts as z-lab's `dflash_generate` and DDTree's `ddtree_generate`
 //! do: the last round in full, and the one more round their loop runs when the output filled
-//! `max_new_tokens` exactly (decoded for the count only). Their τ reads higher.
+//! `max_new_tokens` exactly (decoded for the count only). Their τ usually reads higher.
 //!
 //! [`run_online`] runs every [`Method`] on every prompt of a set beside the target alone and
 //! summarises it ([`OnlineReport`]).

@@ -236,41 +236,44 @@ fn greedy_ddtree_is_lossless_and_commits_the_longest_greedy_prefix_the_tree_hold
 #[test]
 fn ddtree_peer_counting_runs_the_last_round_in_full_and_the_round_after_an_exact_fill() {
     let _rng = seeded(0);
-    let target = target(8, 1);
-    let (_vs, drafter) = drafter(8, 4, 11);
-    let prompt = prompts(8).remove(2);
-    let longer = generate_tree(&target, &drafter, &prompt, &greedy(60), 8).unwrap();
-    let longer = &longer.generation.acceptance_lengths;
     let (mut cut, mut exact) = (0, 0);
-    for max_new_tokens in 1..=24 {
-        let run = generate_tree(&target, &drafter, &prompt, &greedy(max_new_tokens), 8).unwrap();
-        let g = &run.generation;
-        // ddtree_generate's loop: every round that starts at `start < max_length`, in full
-        let mut committed = 1;
-        let peer: Vec<usize> = longer
-            .iter()
-            .take_while(|&&len| {
-                let runs = committed <= max_new_tokens;
-                committed += len;
-                runs
-            })
-            .copied()
-            .collect();
-        assert_eq!(
-            g.peer_acceptance_lengths, peer,
-            "max_new_tokens {max_new_tokens}"
-        );
-        let n = g.acceptance_lengths.len();
-        assert_eq!(run.rounds.len(), n);
-        assert_eq!(
-            g.acceptance_lengths.iter().sum::<usize>() + 1,
-            max_new_tokens
-        );
-        if n > 0 {
-            assert_eq!(g.acceptance_lengths[..n - 1], peer[..n - 1]);
+    // until a case has shown both a cut last round and an exact fill
+    for (vocab, block_size, seed) in LOSSLESS_CASES {
+        let target = target(vocab, seed);
+        let (_vs, drafter) = drafter(vocab, block_size, seed + 10);
+        let prompt = prompts(vocab).remove(2);
+        let longer = generate_tree(&target, &drafter, &prompt, &greedy(60), 8).unwrap();
+        let longer = &longer.generation.acceptance_lengths;
+        for max_new_tokens in 1..=24 {
+            let run =
+                generate_tree(&target, &drafter, &prompt, &greedy(max_new_tokens), 8).unwrap();
+            let g = &run.generation;
+            let at = format!("vocab {vocab} block {block_size}, max_new_tokens {max_new_tokens}");
+            // ddtree_generate's loop: every round that starts at `start < max_length`, in full
+            let mut committed = 1;
+            let peer: Vec<usize> = longer
+                .iter()
+                .take_while(|&&len| {
+                    let runs = committed <= max_new_tokens;
+                    committed += len;
+                    runs
+                })
+                .copied()
+                .collect();
+            assert_eq!(g.peer_acceptance_lengths, peer, "{at}");
+            let n = g.acceptance_lengths.len();
+            assert_eq!(run.rounds.len(), n, "{at}");
+            let counted: usize = g.acceptance_lengths.iter().sum();
+            assert_eq!(counted + 1, max_new_tokens, "{at}");
+            if n > 0 {
+                assert_eq!(g.acceptance_lengths[..n - 1], peer[..n - 1], "{at}");
+            }
+            cut += usize::from(n > 0 && g.acceptance_lengths[n - 1] < peer[n - 1]);
+            exact += usize::from(peer.len() == n + 1);
         }
-        cut += usize::from(n > 0 && g.acceptance_lengths[n - 1] < peer[n - 1]);
-        exact += usize::from(peer.len() == n + 1);
+        if cut > 0 && exact > 0 {
+            break;
+        }
     }
     assert!(
         cut > 0 && exact > 0,
