@@ -346,21 +346,27 @@ fn human(plan: &RunPlan, inputs: &PlanInputs<'_>, origin: &str, target: &str) ->
 /// Seconds in the unit that keeps them readable, from the 27B's seconds to the tiny default's
 /// microseconds.
 fn seconds(s: f64) -> String {
-    match s {
-        s if s == 0.0 => "0 s".into(),
-        s if s >= 1.0 => format!("{s:.3} s"),
-        s if s >= 1e-3 => format!("{:.1} ms", s * 1e3),
-        s => format!("{:.1} µs", s * 1e6),
+    if s == 0.0 {
+        "0 s".into()
+    } else if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
     }
 }
 
 /// Bytes in decimal units (link speeds are decimal).
 fn bytes(b: f64) -> String {
-    match b {
-        b if b == 0.0 => "0 B".into(),
-        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
-        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
-        b => format!("{:.1} kB", b / 1e3),
+    if b == 0.0 {
+        "0 B".into()
+    } else if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else {
+        format!("{:.1} kB", b / 1e3)
     }
 }
 

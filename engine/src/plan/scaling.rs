@@ -14,7 +14,7 @@
 //!   is [`ALLREDUCE_BYTES_PER_ELEMENT`]: 4 bytes, not bf16's 2.
 //! - **How it crosses.** Hierarchical: the drafter GPUs of a node reduce among themselves over
 //!   NVLink (not counted: an order of magnitude faster than the network, and a cost the
-//!   one-node run already has), then a ring runs across the `n` nodes. In a ring all-reduce
+//!   one-node run already pays, which the one-node step does not count either), then a ring runs across the `n` nodes. In a ring all-reduce
 //!   each participant sends and receives `2·(n−1)/n` of the buffer ([`ring_factor`]); with the
 //!   node as the participant that is `2·(n−1)/n · S` bytes through each node's network link,
 //!   in each direction, whichever GPUs of the node carry the shards. That is the least any
@@ -271,10 +271,12 @@ pub struct ScalingPlan {
 
 /// The name of an all-reduce element size.
 fn dtype_name(bytes: f64) -> &'static str {
-    match bytes {
-        b if b == 4.0 => "fp32",
-        b if b == 2.0 => "bf16",
-        _ => "other",
+    if bytes == 4.0 {
+        "fp32"
+    } else if bytes == 2.0 {
+        "bf16"
+    } else {
+        "other"
     }
 }
 
