@@ -7,11 +7,10 @@ use dflash_engine::train::TrainError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(transparent)]
     Train(#[from] TrainError),
@@ -20,7 +19,7 @@ pub enum BenchError {
     #[error(transparent)]
     Optim(#[from] OptimError),
     #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
+    Torch(tch::TchError),
     #[error("case {path}: {detail}")]
     Case { path: PathBuf, detail: String },
     #[error("unknown {what} `{found}`; expected one of: {expected}")]
@@ -33,11 +32,19 @@ pub enum BenchError {
     Process { program: String, detail: String },
 }
 
+/// By hand rather than `#[from]`, which would also make the libtorch error the `source()` of
+/// a message that already prints it (an error chain would print it twice).
+impl From<tch::TchError> for BenchError {
+    fn from(e: tch::TchError) -> Self {
+        Self::Torch(e)
+    }
+}
+
 impl BenchError {
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
         move |source| BenchError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }
     }
 
@@ -45,6 +52,32 @@ impl BenchError {
         BenchError::Case {
             path: path.to_path_buf(),
             detail: detail.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 22 part 7: a message that carries its cause does not also return it as `source()`,
+    /// or `dflash-bench`'s `{e:#}` (anyhow's chain) prints the cause twice.
+    #[test]
+    fn bench_errors_print_their_cause_once_through_anyhow() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("case.toml");
+        let read = || std::fs::read(&missing).unwrap_err();
+        let os_error = read().to_string();
+        let a = tch::Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu));
+        let torch = a.f_matmul(&a).unwrap_err();
+        let torch_text = torch.to_string();
+        let cases = [
+            (BenchError::io(&missing)(read()), os_error),
+            (BenchError::from(torch), torch_text),
+        ];
+        for (err, cause) in cases {
+            let shown = format!("{:#}", anyhow::Error::from(err));
+            assert_eq!(shown.matches(cause.as_str()).count(), 1, "{shown}");
         }
     }
 }

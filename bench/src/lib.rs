@@ -15,6 +15,9 @@
 //! - [`plan_check`]: the memory and FLOP model of a run (`dflash_engine::plan`) against the
 //!   memory pass and [`flop_counter`], libtorch's executed FLOPs counted op by op.
 //! - [`report`]: the machine, the summary line and the Markdown tables.
+//!
+//! Errors are `thiserror` enums whose messages carry their causes' text; a cause printed in a
+//! message is never also the error's `source()`, so `anyhow`'s `{:#}` prints each cause once.
 pub mod attention;
 pub mod case;
 pub mod compare;

@@ -10,6 +10,9 @@
 //! - [`run`]: the run's shared state ([`run::handle::RunHandle`]) and run-dir records.
 //! - [`telemetry`]: pure measurement (NVML, allocator, host, caches, fingerprint); returns data.
 //! - then `dflash_engine` and `dflash_shared`.
+//!
+//! Errors are `thiserror` enums whose messages carry their causes' text; a cause printed in a
+//! message is never also the error's `source()`, so `anyhow`'s `{:#}` prints each cause once.
 pub mod cli;
 pub mod control;
 pub mod exporter;

@@ -21,12 +21,8 @@ const TICK_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Error)]
 pub enum RecordingError {
-    #[error("cannot read recording {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read recording {path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error(
         "recording {path} has no readable frame ({skipped} lines skipped; first problem: {first})"
     )]
@@ -49,7 +45,7 @@ pub struct Recording {
 pub fn load(path: &Path) -> Result<Recording, RecordingError> {
     let io_error = |source| RecordingError::Io {
         path: path.display().to_string(),
-        source,
+        cause: source,
     };
     let file = std::fs::File::open(path).map_err(io_error)?;
     let mut frames = Vec::new();

@@ -77,11 +77,11 @@ pub enum ServerError {
     SocketInUse(PathBuf),
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -108,7 +108,7 @@ impl ControlServer {
             move |source| ServerError::Io {
                 action,
                 path,
-                source,
+                cause: source,
             }
         };
         let listener = UnixListener::bind(&path).map_err(io_err("binding"))?;
@@ -257,7 +257,7 @@ fn remove_stale_socket(path: &Path) -> Result<bool, ServerError> {
             return Err(ServerError::Io {
                 action: "inspecting",
                 path: path.into(),
-                source,
+                cause: source,
             })
         }
     };
@@ -271,7 +271,7 @@ fn remove_stale_socket(path: &Path) -> Result<bool, ServerError> {
             std::fs::remove_file(path).map_err(|source| ServerError::Io {
                 action: "removing stale socket",
                 path: path.into(),
-                source,
+                cause: source,
             })?;
             tracing::info!(path = %path.display(), "removed a stale control socket (nobody was listening)");
             Ok(true)
@@ -279,7 +279,7 @@ fn remove_stale_socket(path: &Path) -> Result<bool, ServerError> {
         Err(source) => Err(ServerError::Io {
             action: "probing existing socket",
             path: path.into(),
-            source,
+            cause: source,
         }),
     }
 }

@@ -38,11 +38,11 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Error)]
 pub enum ExporterError {
     #[error(
-        "cannot serve Prometheus metrics on {addr}: {source}. Choose another address or port \
+        "cannot serve Prometheus metrics on {addr}: {cause}. Choose another address or port \
          (metrics.listen in the config, or --metrics-listen; port 0 takes any free port), or \
          leave both out to serve no /metrics endpoint"
     )]
-    Bind { addr: SocketAddr, source: io::Error },
+    Bind { addr: SocketAddr, cause: io::Error },
 }
 
 /// A bound `/metrics` listener, not yet accepting.
@@ -57,7 +57,10 @@ impl MetricsServer {
     /// Binds `addr` (port 0: any free port; [`MetricsServer::local_addr`] says which). Must be
     /// called inside a tokio runtime.
     pub fn bind(addr: SocketAddr, handle: RunHandle) -> Result<Self, ExporterError> {
-        let bind_error = |source| ExporterError::Bind { addr, source };
+        let bind_error = |source| ExporterError::Bind {
+            addr,
+            cause: source,
+        };
         let std_listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
         std_listener.set_nonblocking(true).map_err(bind_error)?;
         let local_addr = std_listener.local_addr().map_err(bind_error)?;

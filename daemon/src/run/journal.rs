@@ -19,14 +19,22 @@ const MEMORY_TAIL: usize = 4096;
 
 #[derive(Debug, Error)]
 pub enum JournalError {
-    #[error("{action} journal {path}: {source}")]
+    #[error("{action} journal {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: io::Error,
+        cause: io::Error,
     },
     #[error("serializing journal event: {0}")]
-    Serialize(#[from] serde_json::Error),
+    Serialize(serde_json::Error),
+}
+
+/// By hand rather than `#[from]`, which would also make the serde error the `source()` of a
+/// message that already prints it (an error chain would print it twice).
+impl From<serde_json::Error> for JournalError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Serialize(e)
+    }
 }
 
 /// What reopening found; the daemon logs it and journals a note when lines were lost.
@@ -84,7 +92,7 @@ impl Journal {
             move |source| JournalError::Io {
                 action,
                 path,
-                source,
+                cause: source,
             }
         };
         let (events, report, good_len) = match File::open(path) {
@@ -152,7 +160,7 @@ impl Journal {
             move |source| JournalError::Io {
                 action,
                 path,
-                source,
+                cause: source,
             }
         };
         self.file.write_all(&line).map_err(io_err("appending to"))?;
@@ -178,12 +186,12 @@ impl Journal {
             let f = File::open(&self.path).map_err(|source| JournalError::Io {
                 action: "reading",
                 path: self.path.clone(),
-                source,
+                cause: source,
             })?;
             let (events, _, _) = scan(BufReader::new(f)).map_err(|source| JournalError::Io {
                 action: "reading",
                 path: self.path.clone(),
-                source,
+                cause: source,
             })?;
             events.into_iter().filter(|e| query.matches(e)).collect()
         } else {

@@ -26,11 +26,11 @@ pub const APPLIED_UNLOCKS_FILE: &str = "applied-unlocks.json";
 
 #[derive(Debug, Error)]
 pub enum LockedError {
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(
         "the previous effective config {path} does not parse ({detail}); locked keys cannot be \
@@ -174,7 +174,7 @@ pub fn load_effective(run_dir: &Path) -> Result<Option<Config>, LockedError> {
             return Err(LockedError::Io {
                 action: "reading",
                 path,
-                source,
+                cause: source,
             })
         }
     };
@@ -197,7 +197,7 @@ pub fn save_effective(run_dir: &Path, config: &Config) -> Result<(), LockedError
     write_atomic(&path, text.as_bytes()).map_err(|source| LockedError::Io {
         action: "writing",
         path,
-        source,
+        cause: source,
     })
 }
 
@@ -216,7 +216,7 @@ fn load_unlock_list(run_dir: &Path, file: &str) -> Result<Vec<Unlock>, LockedErr
         Err(source) => Err(LockedError::Io {
             action: "reading",
             path,
-            source,
+            cause: source,
         }),
     }
 }
@@ -239,7 +239,7 @@ fn save_unlock_list(run_dir: &Path, file: &str, unlocks: &[Unlock]) -> Result<()
     result.map_err(|source| LockedError::Io {
         action: "writing",
         path,
-        source,
+        cause: source,
     })
 }
 

@@ -36,11 +36,11 @@ pub enum PathError {
     },
     #[error("{path}: {reason}")]
     UnsafeDirectory { path: PathBuf, reason: String },
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -143,7 +143,7 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
         std::fs::create_dir_all(parent).map_err(|source| PathError::Io {
             action: "creating",
             path: parent.to_path_buf(),
-            source,
+            cause: source,
         })?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -153,14 +153,14 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), PathError> {
             return Err(PathError::Io {
                 action: "creating",
                 path: dir.to_path_buf(),
-                source,
+                cause: source,
             });
         }
     }
     let meta = std::fs::symlink_metadata(dir).map_err(|source| PathError::Io {
         action: "inspecting",
         path: dir.to_path_buf(),
-        source,
+        cause: source,
     })?;
     if meta.file_type().is_symlink() {
         return Err(PathError::UnsafeDirectory {
@@ -205,7 +205,7 @@ pub fn ensure_dir(dir: &Path) -> Result<(), PathError> {
     std::fs::create_dir_all(dir).map_err(|source| PathError::Io {
         action: "creating",
         path: dir.to_path_buf(),
-        source,
+        cause: source,
     })
 }
 

@@ -18,11 +18,11 @@ pub const LOCK_FILE_NAME: &str = "dflashd.lock";
 pub enum LockError {
     #[error("another dflashd (pid {pid}) is already running on this run dir (lock {path} is held); stop it first or use another --run-dir")]
     AlreadyRunning { pid: String, path: PathBuf },
-    #[error("{action} lock file {path}: {source}")]
+    #[error("{action} lock file {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -78,7 +78,7 @@ impl RunDirLock {
             move |source| LockError::Io {
                 action,
                 path,
-                source,
+                cause: source,
             }
         };
         std::fs::create_dir_all(run_dir).map_err(io_err("creating the directory of"))?;
@@ -109,7 +109,7 @@ impl RunDirLock {
             return Err(LockError::Io {
                 action: "locking",
                 path,
-                source: err,
+                cause: err,
             });
         }
         let takeover = classify_previous(&previous);

@@ -41,18 +41,18 @@ pub enum SetupError {
     #[error(transparent)]
     ConfigPath(#[from] ConfigPathError),
     #[error(
-        "loading the target model {path} (target.model): {source}. target.model must name a \
+        "loading the target model {path} (target.model): {cause}. target.model must name a \
          Hugging Face model directory (config.json, tokenizer.json, *.safetensors), or \
          \"embedded\" for the built-in tiny model"
     )]
     Target {
         path: PathBuf,
-        source: Box<ModelError>,
+        cause: Box<ModelError>,
     },
     #[error(transparent)]
     Data(#[from] DataError),
     #[error("{0}. Fix the config and start again (nothing was trained)")]
-    AgainstData(#[from] dflash_shared::config::ConfigError),
+    AgainstData(dflash_shared::config::ConfigError),
     #[error("data.train_file {path}: no usable sample ({summary})")]
     NoSamples { path: String, summary: String },
     #[error(transparent)]
@@ -60,11 +60,19 @@ pub enum SetupError {
     /// The memory plan predicts a device over capacity (the text is the whole refusal).
     #[error("{0}")]
     MemoryPlan(String),
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
+}
+
+/// By hand rather than `#[from]`, which would also make the config error the `source()` of a
+/// message that already prints it (an error chain would print it twice).
+impl From<dflash_shared::config::ConfigError> for SetupError {
+    fn from(e: dflash_shared::config::ConfigError) -> Self {
+        Self::AgainstData(e)
+    }
 }
 
 /// What the daemon needs besides the config.
@@ -192,7 +200,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         Some(dir) => TargetModel::load(dir, target_device, Some(compute_kind(target_device)))
             .map_err(|source| SetupError::Target {
                 path: dir.clone(),
-                source: Box::new(source),
+                cause: Box::new(source),
             })?,
     };
     let vocab = target.config().vocab_size();
@@ -205,7 +213,7 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         .and_then(|b| dflash_engine::atomic_write::write_atomic(&report_path, &b))
         .map_err(|source| SetupError::Io {
             path: report_path,
-            source,
+            cause: source,
         })?;
     let memory_plan_note = check_memory_plan(inputs, target.config(), &samples, &data_source)?;
     let throughput_basis = memory_plan::throughput_basis(
@@ -487,6 +495,36 @@ pub fn describe_topology(topology: &TopologySpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 22 part 7: a message that carries its cause does not also return it as `source()`,
+    /// or `dflashd`'s `{e:#}` (anyhow's chain) prints the cause twice.
+    #[test]
+    fn setup_errors_print_their_cause_once_through_anyhow() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("config.json");
+        let io = || std::fs::read(&missing).unwrap_err();
+        let os_error = io().to_string();
+        let target = SetupError::Target {
+            path: dir.path().to_path_buf(),
+            cause: Box::new(ModelError::Io {
+                path: missing.clone(),
+                cause: io(),
+            }),
+        };
+        let write = SetupError::Io {
+            path: missing.clone(),
+            cause: io(),
+        };
+        let config_error = Config::embedded_default()
+            .check_against_dataset(0)
+            .unwrap_err();
+        let issue = config_error.issues[0].to_string();
+        let against: SetupError = config_error.into();
+        for (err, cause) in [(target, &os_error), (write, &os_error), (against, &issue)] {
+            let shown = format!("{:#}", anyhow::Error::from(err));
+            assert_eq!(shown.matches(cause.as_str()).count(), 1, "{shown}");
+        }
+    }
 
     #[test]
     fn relative_paths_follow_the_config_file_and_templates_expand() {

@@ -18,22 +18,22 @@ pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
 
 #[derive(Debug, Error)]
 pub enum FingerprintError {
-    #[error("cannot read the {what} {path}: {source}{}", hash_remedy(what))]
+    #[error("cannot read the {what} {path}: {cause}{}", hash_remedy(what))]
     Hash {
         what: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{path} is not a valid fingerprint file: {source}")]
+    #[error("{path} is not a valid fingerprint file: {cause}")]
     Parse {
         path: PathBuf,
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 }
 
@@ -202,14 +202,19 @@ pub fn digest(fp: &Fingerprint) -> [u8; 32] {
 pub fn load(run_dir: &Path) -> Result<Option<Fingerprint>, FingerprintError> {
     let path = run_dir.join(FINGERPRINT_FILE_NAME);
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| FingerprintError::Parse { path, source }),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| FingerprintError::Parse {
+                    path,
+                    cause: source,
+                })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(FingerprintError::Io {
             action: "reading",
             path,
-            source,
+            cause: source,
         }),
     }
 }
@@ -222,7 +227,7 @@ pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
         FingerprintError::Io {
             action: "writing",
             path,
-            source,
+            cause: source,
         }
     })
 }
@@ -234,7 +239,7 @@ pub fn remove(run_dir: &Path) -> Result<(), FingerprintError> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FingerprintError::Io {
             action: "removing",
             path,
-            source: e,
+            cause: e,
         }),
         _ => Ok(()),
     }
@@ -262,7 +267,7 @@ fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintErr
         .map_err(|source| FingerprintError::Hash {
             what,
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })
 }
 

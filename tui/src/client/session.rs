@@ -90,7 +90,7 @@ impl Session {
                 },
                 _ => ClientError::Connect {
                     path: socket.to_path_buf(),
-                    source,
+                    cause: source,
                 },
             }
         })?;
