@@ -127,6 +127,7 @@ fn drafter(shape: DrafterShape, target_layers: usize, taps: usize, vocab: i64) -
         max_position_embeddings: 8192,
         num_target_layers: Some(target_layers),
         initializer_range: 0.02,
+        head: Default::default(),
     }
 }
 

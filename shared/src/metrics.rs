@@ -75,6 +75,32 @@ pub struct StepMetrics {
     /// [`OnlineAcceptance`]). Absent in lines without one and in files written before it.
     #[serde(flatten)]
     pub online: Option<OnlineAcceptance>,
+    /// A Domino drafter's curriculum and acceptance at this step, written flat under
+    /// SpecForge's names (`lambda_base`, `final_loss`, `base_loss`, `accept_len`,
+    /// `base_accept_len`). Absent for a DFlash drafter and in files written before it.
+    #[serde(flatten)]
+    pub domino: Option<DominoStepMetrics>,
+}
+
+/// What a Domino step reports besides its loss (SpecForge's `OnlineDominoModel` metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DominoStepMetrics {
+    /// The curriculum's weight of the base loss at this step: `loss = (1−λ)·final + λ·base`.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub lambda_base: f64,
+    /// The objective on the corrected logits.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub final_loss: f64,
+    /// The objective on the LM head's logits alone.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub base_loss: f64,
+    /// Mean over blocks with a supervised slot of 1 + the accepted prefix, teacher-forced,
+    /// from the corrected logits.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub accept_len: f64,
+    /// The same from the base logits: what the correction adds is the difference.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub base_accept_len: f64,
 }
 
 mod online;
@@ -172,4 +198,38 @@ pub struct CacheState {
     pub entries: u64,
     pub last_change_ms: Option<TimestampMs>,
     pub warm: bool,
+}
+
+#[cfg(test)]
+mod domino_line_tests {
+    use super::*;
+
+    #[test]
+    fn a_domino_step_writes_specforges_names_flat_and_a_dflash_line_has_none() {
+        let mut line: StepMetrics = serde_json::from_str(
+            r#"{"ts_ms":1,"step":2,"epoch":1,"loss":2.0,"accuracy":0.5,"lr":0.001,
+                "grad_norm":1.0,"tokens_per_s":10.0}"#,
+        )
+        .unwrap();
+        assert_eq!(line.domino, None, "a line without the keys has no Domino figures");
+        line.domino = Some(DominoStepMetrics {
+            lambda_base: 0.75,
+            final_loss: 2.25,
+            base_loss: 1.25,
+            accept_len: 2.5,
+            base_accept_len: 2.0,
+        });
+        let json = serde_json::to_value(&line).unwrap();
+        for (key, value) in [
+            ("lambda_base", 0.75),
+            ("final_loss", 2.25),
+            ("base_loss", 1.25),
+            ("accept_len", 2.5),
+            ("base_accept_len", 2.0),
+        ] {
+            assert_eq!(json[key].as_f64(), Some(value), "{key}");
+        }
+        let back: StepMetrics = serde_json::from_value(json).unwrap();
+        assert_eq!(back, line);
+    }
 }

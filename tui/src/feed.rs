@@ -312,6 +312,7 @@ mod tests {
             workers: vec![],
             times: Default::default(),
             online: None,
+            domino: None,
         };
         assert!(!human(&Item::Metrics(m.clone())).contains("online"));
         m.online = Some(dflash_shared::metrics::OnlineAcceptance {

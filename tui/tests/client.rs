@@ -55,6 +55,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         workers: Vec::new(),
         times: Default::default(),
         online: None,
+        domino: None,
     }))
 }
 

@@ -65,6 +65,7 @@ fn after_the_restart(last_step: u64) -> Vec<RecordedFrame> {
                     workers: Vec::new(),
                     times: Default::default(),
                     online: None,
+                    domino: None,
                 })),
             }
         })

@@ -77,6 +77,7 @@ fn step(step: u64) -> StepMetrics {
             total_ms: 175.0,
         },
         online: None,
+        domino: None,
     }
 }
 

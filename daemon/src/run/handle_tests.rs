@@ -30,6 +30,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         workers: vec![],
         times: StepTimes::default(),
         online: None,
+        domino: None,
     }
 }
 

@@ -343,6 +343,7 @@ mod tests {
                 prompts: 8,
                 seconds: 0.5,
             }),
+            domino: None,
         }
     }
 

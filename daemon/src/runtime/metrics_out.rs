@@ -212,6 +212,7 @@ mod tests {
             workers: vec![],
             times: StepTimes::default(),
             online: None,
+            domino: None,
         };
         assert_eq!(
             progress_line(&m, 600, 10).unwrap(),

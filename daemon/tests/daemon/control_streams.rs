@@ -24,6 +24,7 @@ fn metrics(step: u64) -> StepMetrics {
         workers: vec![],
         times: StepTimes::default(),
         online: None,
+        domino: None,
     }
 }
 

@@ -94,6 +94,7 @@ fn step(step: u64, tokens_per_s: f64) -> StepMetrics {
         workers: Vec::new(),
         times: StepTimes::default(),
         online: None,
+        domino: None,
     }
 }
 

@@ -323,6 +323,7 @@ mod tests {
             max_position_embeddings: 64,
             num_target_layers: Some(4),
             initializer_range: 0.02,
+            head: Default::default(),
         }
     }
 

@@ -63,6 +63,7 @@ pub fn qwen36_27b_drafter() -> DrafterConfig {
         max_position_embeddings: 262_144,
         num_target_layers: Some(64),
         initializer_range: 0.02,
+        head: Default::default(),
     }
 }
 

@@ -28,6 +28,11 @@ pub struct TrainConfig {
     pub objective: Objective,
     /// D-PACE's smoothing α (`training.dpace_alpha`), read when `objective` is D-PACE.
     pub dpace_alpha: f64,
+    /// Domino's curriculum: λ at step 0 (`training.lambda_base_start`), read with a Domino
+    /// head.
+    pub lambda_base_start: f64,
+    /// The fraction of the schedule over which λ falls to 0 (`training.lambda_base_decay_ratio`).
+    pub lambda_base_decay_ratio: f64,
     /// Loss decay γ; `None` takes the paper default for the block size.
     pub gamma: Option<f64>,
     pub label_mask_rule: LabelMaskRule,
@@ -79,6 +84,8 @@ impl Default for TrainConfig {
             num_anchors: 512,
             objective: Objective::Dflash,
             dpace_alpha: dflash_shared::config::DEFAULT_DPACE_ALPHA,
+            lambda_base_start: dflash_shared::config::DEFAULT_LAMBDA_BASE_START,
+            lambda_base_decay_ratio: dflash_shared::config::DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             gamma: None,
             label_mask_rule: LabelMaskRule::Independent,
             lr: 6e-4,

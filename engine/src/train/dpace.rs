@@ -68,7 +68,11 @@ pub fn dpace_block_weights(q: &[f64], mask: &[bool], alpha: f64) -> Vec<f64> {
 
 /// `(start, len)` runs of `positions` (ascending flat slot indices, block `p / block_size`)
 /// that hold whole blocks, each at most `chunk` positions unless one block alone holds more.
-fn block_aligned_chunks(positions: &[i64], block_size: i64, chunk: i64) -> Vec<(usize, usize)> {
+pub(crate) fn block_aligned_chunks(
+    positions: &[i64],
+    block_size: i64,
+    chunk: i64,
+) -> Vec<(usize, usize)> {
     let chunk = chunk.max(1) as usize;
     let mut chunks = Vec::new();
     let (mut start, mut len) = (0usize, 0usize);
@@ -94,7 +98,13 @@ fn block_aligned_chunks(positions: &[i64], block_size: i64, chunk: i64) -> Vec<(
 
 /// The detached weights `w_k` of the positions `local` (flat slot indices relative to the
 /// chunk's first block) of `blocks` blocks, from their cross-entropies.
-fn chunk_weights(ce: &Tensor, local: &Tensor, blocks: i64, block_size: i64, alpha: f64) -> Tensor {
+pub(crate) fn chunk_weights(
+    ce: &Tensor,
+    local: &Tensor,
+    blocks: i64,
+    block_size: i64,
+    alpha: f64,
+) -> Tensor {
     tch::no_grad(|| {
         let device = ce.device();
         let n = blocks * block_size;

@@ -201,3 +201,104 @@ pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     vars
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::drafter::{DominoConfig, DrafterHead};
+    use crate::model::target::TargetConfig;
+    use crate::train::embedded::tiny_drafter_config;
+
+    fn domino_config() -> DrafterConfig {
+        let mut cfg = tiny_drafter_config(&TargetConfig::tiny_default());
+        cfg.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 16,
+            gru_hidden_dim: 24,
+            pure_draft_prefix_len: 1,
+        });
+        cfg
+    }
+
+    fn files_tensors(dir: &Path) -> Vec<(String, Tensor)> {
+        let mut list = Tensor::read_safetensors(dir.join(WEIGHTS_FILE)).unwrap();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list
+    }
+
+    #[test]
+    fn a_domino_drafter_in_specforges_layout_loads_and_exports_back_bit_exact_in_f32() {
+        let cfg = domino_config();
+        tch::manual_seed(21);
+        let vs = VarStore::new(Device::Cpu);
+        let _drafter = Drafter::new(&vs.root(), &cfg);
+        let root = tempfile::tempdir().unwrap();
+        let (first, second) = (root.path().join("first"), root.path().join("second"));
+        write_hf(&first, &cfg, &named_parameters(&vs), Kind::Float).unwrap();
+
+        // SpecForge's names and PyTorch's GRU shapes: `[3·G, H]`, `[3·G, G]`.
+        let written = files_tensors(&first);
+        let shape = |name: &str| {
+            written
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.size())
+                .unwrap_or_else(|| panic!("{name} is not in the file"))
+        };
+        let h = cfg.hidden_size;
+        assert_eq!(shape("prefix_gru.weight_ih_l0"), [72, h]);
+        assert_eq!(shape("prefix_gru.weight_hh_l0"), [72, 24]);
+        assert_eq!(shape("embed_proj.0.weight"), [16, h + 24]);
+        assert_eq!(shape("embed_proj.2.weight"), [cfg.vocab_size, 16]);
+        let json: Value =
+            serde_json::from_str(&fs::read_to_string(first.join(CONFIG_FILE)).unwrap()).unwrap();
+        assert_eq!(
+            json["architectures"],
+            serde_json::json!(["DominoDraftModel"])
+        );
+        assert_eq!(json["dflash_config"]["projector_type"], "domino");
+
+        let loaded = load_hf(&first, Device::Cpu, Kind::Float).unwrap();
+        assert_eq!(loaded.config, cfg);
+        assert!(loaded.drafter.domino().is_some());
+        write_hf(
+            &second,
+            &loaded.config,
+            &named_parameters(&loaded.vs),
+            Kind::Float,
+        )
+        .unwrap();
+        let again = files_tensors(&second);
+        assert_eq!(written.len(), again.len());
+        for ((na, a), (nb, b)) in written.iter().zip(&again) {
+            assert_eq!(na, nb);
+            assert!(a.equal(b), "{na} changed in the round trip");
+        }
+        assert_eq!(
+            fs::read(first.join(CONFIG_FILE)).unwrap(),
+            fs::read(second.join(CONFIG_FILE)).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_domino_config_without_the_heads_weights_is_refused_by_name() {
+        let dflash = tiny_drafter_config(&TargetConfig::tiny_default());
+        let vs = VarStore::new(Device::Cpu);
+        let _drafter = Drafter::new(&vs.root(), &dflash);
+        let dir = tempfile::tempdir().unwrap();
+        write_hf(dir.path(), &dflash, &named_parameters(&vs), Kind::Float).unwrap();
+        let config = domino_config().to_hf_json();
+        fs::write(
+            dir.path().join(CONFIG_FILE),
+            serde_json::to_string(&config).unwrap(),
+        )
+        .unwrap();
+        let err = load_hf(dir.path(), Device::Cpu, Kind::Float)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("embed_proj.0.weight") && err.contains("missing"),
+            "{err}"
+        );
+    }
+}

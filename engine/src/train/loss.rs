@@ -23,6 +23,15 @@ pub struct LossSums {
     pub correct: u64,
     /// Positions with w > 0.
     pub counted: u64,
+    /// Domino only (`train/domino.rs`), else 0: the objective's numerator on the corrected
+    /// logits and on the base logits; `weighted_ce` is their curriculum blend.
+    pub final_ce: f64,
+    pub base_ce: f64,
+    /// Domino only: Σ over blocks with a supervised slot of 1 + its accepted prefix, from the
+    /// corrected and from the base logits, and the number of those blocks.
+    pub accepted: f64,
+    pub base_accepted: f64,
+    pub accept_blocks: f64,
 }
 
 impl LossSums {
@@ -32,6 +41,62 @@ impl LossSums {
         self.normaliser += other.normaliser;
         self.correct += other.correct;
         self.counted += other.counted;
+        self.final_ce += other.final_ce;
+        self.base_ce += other.base_ce;
+        self.accepted += other.accepted;
+        self.base_accepted += other.base_accepted;
+        self.accept_blocks += other.accept_blocks;
+    }
+
+    /// The additive sums as one list (for summing across ranks) and back.
+    pub fn to_array(&self) -> [f64; 10] {
+        [
+            self.weighted_ce,
+            self.weight,
+            self.normaliser,
+            self.correct as f64,
+            self.counted as f64,
+            self.final_ce,
+            self.base_ce,
+            self.accepted,
+            self.base_accepted,
+            self.accept_blocks,
+        ]
+    }
+
+    pub fn from_array(a: [f64; 10]) -> Self {
+        Self {
+            weighted_ce: a[0],
+            weight: a[1],
+            normaliser: a[2],
+            correct: a[3] as u64,
+            counted: a[4] as u64,
+            final_ce: a[5],
+            base_ce: a[6],
+            accepted: a[7],
+            base_accepted: a[8],
+            accept_blocks: a[9],
+        }
+    }
+
+    /// Domino's corrected-logit loss (`final_ce / normaliser`).
+    pub fn final_loss(&self) -> f64 {
+        ratio(self.final_ce, self.normaliser)
+    }
+
+    /// Domino's base-logit loss (`base_ce / normaliser`).
+    pub fn base_loss(&self) -> f64 {
+        ratio(self.base_ce, self.normaliser)
+    }
+
+    /// SpecForge's `accept_len`: mean over blocks of 1 + the accepted prefix (corrected logits).
+    pub fn accept_len(&self) -> f64 {
+        ratio(self.accepted, self.accept_blocks)
+    }
+
+    /// SpecForge's `base_accept_len`: the same from the base logits.
+    pub fn base_accept_len(&self) -> f64 {
+        ratio(self.base_accepted, self.accept_blocks)
     }
 
     /// Σ w·CE / normaliser: the objective's loss (0 when nothing was weighted).
@@ -49,6 +114,14 @@ impl LossSums {
         } else {
             0.0
         }
+    }
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
     }
 }
 

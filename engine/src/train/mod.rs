@@ -6,6 +6,7 @@ pub mod cadence;
 pub mod checkpoint;
 pub mod config;
 pub mod continuation_eval;
+pub mod domino;
 pub mod dpace;
 pub mod drafter_io;
 pub mod embedded;

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
+use super::domino::{domino_ce_backward, DominoBatch};
 use super::dpace::{dpace_ce_backward, LossObjective};
 use super::drafter_io::named_parameters;
 use super::labels::block_input_ids;
@@ -124,6 +125,32 @@ impl DrafterReplica {
         activation_checkpointing: bool,
         objective: LossObjective,
     ) -> LossSums {
+        self.forward_backward_with_lambda(
+            features,
+            micro,
+            backend,
+            chunk_positions,
+            activation_checkpointing,
+            objective,
+            0.0,
+        )
+    }
+
+    /// [`Self::forward_backward`] with Domino's curriculum weight `lambda_base` (the loss is
+    /// `(1−λ)·final + λ·base`, `train/domino.rs`); a drafter without a Domino head ignores it.
+    /// λ = 0, what [`Self::forward_backward`] passes, trains the corrected logits alone, as
+    /// SpecForge does without a schedule.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_with_lambda(
+        &self,
+        features: &Tensor,
+        micro: &PreparedMicro,
+        backend: AttentionBackend,
+        chunk_positions: i64,
+        activation_checkpointing: bool,
+        objective: LossObjective,
+        lambda_base: f64,
+    ) -> LossSums {
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
         let b = micro.batch.batch as i64;
@@ -156,8 +183,24 @@ impl DrafterReplica {
             &keep,
             backend,
             activation_checkpointing,
-            |out| match objective {
-                LossObjective::Dflash => weighted_ce_backward(
+            |out| match (self.drafter.domino(), objective) {
+                (Some(head), _) => {
+                    // Teacher forcing: the GRU reads each block's true tokens, which are the
+                    // slots' labels (slot 0's is the anchor).
+                    let label_embeddings =
+                        tch::no_grad(|| self.embed.index_select(0, &targets.view([-1])))
+                            .view([b, q, -1]);
+                    let batch = DominoBatch {
+                        head,
+                        lm_head: &self.lm_head,
+                        label_embeddings: &label_embeddings,
+                        targets: &targets,
+                        weights: &weights,
+                        block_size: bs as i64,
+                    };
+                    domino_ce_backward(out, &batch, objective, lambda_base, 1.0, chunk_positions)
+                }
+                (None, LossObjective::Dflash) => weighted_ce_backward(
                     out,
                     &self.lm_head,
                     &targets,
@@ -165,7 +208,7 @@ impl DrafterReplica {
                     1.0,
                     chunk_positions,
                 ),
-                LossObjective::Dpace { alpha } => dpace_ce_backward(
+                (None, LossObjective::Dpace { alpha }) => dpace_ce_backward(
                     out,
                     &self.lm_head,
                     &targets,

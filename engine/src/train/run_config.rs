@@ -1,12 +1,14 @@
 //! The engine's reading of a validated run config (`dflash_shared::config::Config`): the
 //! training hyper-parameters and the drafter architecture. The embedded default is the same
 //! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
-use dflash_shared::config::{Config, DrafterSection, LabelMask, LayerType as CfgLayerType};
+use dflash_shared::config::{
+    Config, DrafterHead as CfgHead, DrafterSection, LabelMask, LayerType as CfgLayerType,
+};
 
 use super::config::TrainConfig;
 use super::labels::LabelMaskRule;
 use super::optim::AdamWConfig;
-use crate::model::drafter::{DrafterConfig, LayerType};
+use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, LayerType};
 use crate::model::target::TargetConfig;
 
 /// `[training]`, `[run].seed` and the held-out count of `[data]` for `n_samples` samples.
@@ -21,6 +23,8 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         num_anchors: t.num_anchors,
         objective: t.objective,
         dpace_alpha: t.dpace_alpha,
+        lambda_base_start: t.lambda_base_start,
+        lambda_base_decay_ratio: t.lambda_base_decay_ratio,
         gamma: Some(cfg.loss_decay_gamma()),
         label_mask_rule: match t.label_mask {
             LabelMask::Independent => LabelMaskRule::Independent,
@@ -83,6 +87,20 @@ pub fn drafter_config(d: &DrafterSection, target: &TargetConfig) -> DrafterConfi
         max_position_embeddings: target.max_position_embeddings(),
         num_target_layers: Some(target.num_layers()),
         initializer_range: 0.02,
+        head: drafter_head(d),
+    }
+}
+
+/// `drafter.head` with its Domino widths (the config validation has checked they are set;
+/// a missing width becomes 0, which `DrafterConfig::validate` refuses).
+fn drafter_head(d: &DrafterSection) -> DrafterHead {
+    match d.head {
+        CfgHead::Dflash => DrafterHead::Dflash,
+        CfgHead::Domino => DrafterHead::Domino(DominoConfig {
+            emb_dim: d.emb_dim.unwrap_or(0) as i64,
+            gru_hidden_dim: d.gru_hidden_dim.unwrap_or(0) as i64,
+            pure_draft_prefix_len: d.pure_draft_prefix_len.unwrap_or(0) as i64,
+        }),
     }
 }
 
@@ -112,6 +130,32 @@ mod tests {
             vec![LayerType::Sliding, LayerType::Full]
         );
         assert_eq!(drafter.feature_size(), 2 * 128);
+    }
+
+    #[test]
+    fn a_domino_head_and_its_curriculum_map_onto_the_engine() {
+        let mut cfg = Config::embedded_default();
+        cfg.drafter.head = CfgHead::Domino;
+        cfg.drafter.emb_dim = Some(16);
+        cfg.drafter.gru_hidden_dim = Some(24);
+        cfg.drafter.pure_draft_prefix_len = Some(1);
+        cfg.training.lambda_base_start = 0.75;
+        cfg.training.lambda_base_decay_ratio = 0.25;
+        let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
+        drafter.validate("domino").unwrap();
+        assert_eq!(
+            drafter.head,
+            DrafterHead::Domino(DominoConfig {
+                emb_dim: 16,
+                gru_hidden_dim: 24,
+                pure_draft_prefix_len: 1
+            })
+        );
+        let train = train_config(&cfg, 900);
+        assert_eq!(
+            (train.lambda_base_start, train.lambda_base_decay_ratio),
+            (0.75, 0.25)
+        );
     }
 
     #[test]

@@ -20,12 +20,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dflash_shared::metrics::{DeviceRole, OnlineAcceptance, QueueStats, StepMetrics, StepTimes};
+use dflash_shared::metrics::{
+    DeviceRole, DominoStepMetrics, OnlineAcceptance, QueueStats, StepMetrics, StepTimes,
+};
 use tch::{nn::VarStore, Device, Tensor};
 
 use super::cadence::Cadence;
 use super::checkpoint;
 use super::config::TrainConfig;
+use super::domino::lambda_base;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
 use super::loader::{fingerprint, split_held_out, DataPosition};
@@ -403,13 +406,18 @@ impl Trainer {
 
     /// The inline step: the calling thread builds each micro-batch, runs the target and then
     /// the drafter on it; no thread, no queue, no copy.
-    fn inline_step(&mut self, base: u64, lr: f64) -> Result<Vec<RankReport>, TrainError> {
+    fn inline_step(
+        &mut self,
+        base: u64,
+        lr: f64,
+        lambda_base: f64,
+    ) -> Result<Vec<RankReport>, TrainError> {
         let seqs = self.plan.rank_seqs(base, 0);
         let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
         let layers = &self.drafter_cfg.target_layer_ids;
         let id = rank0.id;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            rank0.step(&seqs, lr, &mut |seq| {
+            rank0.step(&seqs, lr, lambda_base, &mut |seq| {
                 produce_item(target, source, layers, seq, id.device, 0).map(|item| (item, 0.0))
             })
         }))
@@ -430,10 +438,11 @@ impl Trainer {
         let base = self.cursor;
         let n = self.plan.micro_per_step();
         let lr = self.schedule.lr(self.step);
+        let lambda_base = self.lambda_base();
         let end = base + self.schedule.total_steps.saturating_sub(self.step) * n;
         let result = match self.cluster.as_mut() {
-            Some(c) => c.step(&mut self.rank0, base, lr, end),
-            None => self.inline_step(base, lr),
+            Some(c) => c.step(&mut self.rank0, base, lr, lambda_base, end),
+            None => self.inline_step(base, lr, lambda_base),
         };
         let mut reports = result.map_err(|e| self.note_failure(e))?;
         // The micro-batches are consumed even if the update is refused (non-finite gradients),
@@ -475,7 +484,28 @@ impl Trainer {
             workers: telemetry.workers,
             times: telemetry.times,
             online: None,
+            domino: self.drafter_cfg.head.domino().map(|_| DominoStepMetrics {
+                lambda_base,
+                final_loss: first.sums.final_loss(),
+                base_loss: first.sums.base_loss(),
+                accept_len: first.sums.accept_len(),
+                base_accept_len: first.sums.base_accept_len(),
+            }),
         })
+    }
+
+    /// Domino's curriculum weight for the next step (`train/domino.rs::lambda_base` at the
+    /// steps done of the schedule's total); 0 for a DFlash drafter.
+    pub fn lambda_base(&self) -> f64 {
+        match self.drafter_cfg.head.domino() {
+            Some(_) => lambda_base(
+                self.step,
+                self.schedule.total_steps,
+                self.cfg.lambda_base_start,
+                self.cfg.lambda_base_decay_ratio,
+            ),
+            None => 0.0,
+        }
     }
 
     pub fn eval_options(&self) -> EvalOptions {
@@ -728,6 +758,7 @@ impl EvalLine {
             workers: Vec::new(),
             times: StepTimes::default(),
             online: self.online.clone(),
+            domino: None,
         }
     }
 }

@@ -10,7 +10,11 @@ use dflash_engine::train::{
     CollectLines, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, TrainConfig, Trainer,
 };
 
-use crate::support::topology::{config, cpu_topology, trainer};
+use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
+use dflash_engine::train::embedded;
+use tch::Device;
+
+use crate::support::topology::{config, cpu_topology, tiny_samples, trainer};
 
 fn one_device(cfg: TrainConfig) -> Trainer {
     trainer(cfg, cpu_topology(1, 1))
@@ -160,9 +164,79 @@ fn a_dpace_run_resumes_bit_for_bit_too() {
     resume_lands_where_a_straight_run_lands(cfg);
 }
 
+/// The embedded default's drafter with a Domino head, on one device.
+fn one_domino_device(cfg: TrainConfig) -> Trainer {
+    tch::set_num_threads(1);
+    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
+    drafter_cfg.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 16,
+        gru_hidden_dim: 32,
+        pure_draft_prefix_len: 1,
+    });
+    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
+}
+
+#[test]
+fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_objective() {
+    let mut cfg = config(4, 1);
+    cfg.checkpoint_every = 4;
+    cfg.lambda_base_start = 0.8;
+    let mut lines = CollectLines::default();
+    let mut trainer = one_domino_device(cfg.clone());
+    trainer
+        .run(
+            &RunOptions {
+                max_steps: Some(2),
+                checkpoint_root: None,
+            },
+            &mut lines,
+        )
+        .unwrap();
+    let total = trainer.total_steps() as f64;
+    let decay_steps = (total * cfg.lambda_base_decay_ratio).floor();
+    for (i, line) in lines.steps.iter().enumerate() {
+        let d = line.domino.expect("a Domino step reports its curriculum");
+        let expected = 0.8 * (1.0 - i as f64 / decay_steps);
+        assert!(
+            (d.lambda_base - expected).abs() < 1e-12,
+            "step {}",
+            line.step
+        );
+        assert!(
+            (line.loss - ((1.0 - d.lambda_base) * d.final_loss + d.lambda_base * d.base_loss))
+                .abs()
+                < 1e-4 * line.loss,
+            "the loss is the curriculum's blend"
+        );
+        assert!(d.accept_len >= 1.0 && d.base_accept_len >= 1.0);
+    }
+    let json = serde_json::to_value(&lines.steps[0]).unwrap();
+    for key in [
+        "lambda_base",
+        "final_loss",
+        "base_loss",
+        "accept_len",
+        "base_accept_len",
+    ] {
+        assert!(json.get(key).is_some(), "{key} in the metrics line");
+    }
+
+    resume_lands_where_a_straight_run_lands_with(cfg.clone(), one_domino_device);
+    cfg.objective = Objective::Dpace;
+    resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
+}
+
+fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {
+    resume_lands_where_a_straight_run_lands_with(cfg, one_device);
+}
+
 /// Six steps straight, against three, a stop with a checkpoint, a fresh trainer resumed from
 /// it and three more: the weights and the data position agree to the bit.
-fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {
+fn resume_lands_where_a_straight_run_lands_with(
+    cfg: TrainConfig,
+    one_device: fn(TrainConfig) -> Trainer,
+) {
     const N: u64 = 6;
     let mut straight = one_device(cfg.clone());
     let s = straight

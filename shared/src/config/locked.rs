@@ -17,6 +17,13 @@ pub const BLOCK_SIZE: &str = "drafter.block_size";
 pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
 pub const OBJECTIVE: &str = "training.objective";
 pub const DPACE_ALPHA: &str = "training.dpace_alpha";
+pub const HEAD: &str = "drafter.head";
+pub const EMB_DIM: &str = "drafter.emb_dim";
+pub const GRU_HIDDEN_DIM: &str = "drafter.gru_hidden_dim";
+pub const PURE_DRAFT_PREFIX_LEN: &str = "drafter.pure_draft_prefix_len";
+pub const SHIFT_LABEL: &str = "drafter.shift_label";
+pub const LAMBDA_BASE_START: &str = "training.lambda_base_start";
+pub const LAMBDA_BASE_DECAY_RATIO: &str = "training.lambda_base_decay_ratio";
 
 pub const LOCKED_KEYS: &[&str] = &[
     PRECISION,
@@ -26,6 +33,23 @@ pub const LOCKED_KEYS: &[&str] = &[
     TARGET_LAYER_IDS,
     OBJECTIVE,
     DPACE_ALPHA,
+    HEAD,
+    EMB_DIM,
+    GRU_HIDDEN_DIM,
+    PURE_DRAFT_PREFIX_LEN,
+    SHIFT_LABEL,
+    LAMBDA_BASE_START,
+    LAMBDA_BASE_DECAY_RATIO,
+];
+
+/// The Domino head's keys: its widths shape the drafter's weights, and the prefix and label
+/// shift decide which slots the correction trains.
+const HEAD_KEYS: [&str; 5] = [
+    HEAD,
+    EMB_DIM,
+    GRU_HIDDEN_DIM,
+    PURE_DRAFT_PREFIX_LEN,
+    SHIFT_LABEL,
 ];
 
 pub fn is_locked_key(key: &str) -> bool {
@@ -73,12 +97,29 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `drafter.target_layer_ids`: the drafter's `fc` takes one target hidden state per tap
 ///   layer; a different number of tap layers changes its input width and the checkpoint's
 ///   weights no longer fit. Moving taps while keeping their number is fine.
+/// - `drafter.head` and its Domino keys: the widths shape the GRU and `embed_proj`, the prefix
+///   and label shift decide which slots the correction trains.
+/// - `training.lambda_base_start`, `training.lambda_base_decay_ratio`: Domino's curriculum.
 /// - `training.objective`, `training.dpace_alpha`: the loss decides what the drafter is
 ///   rewarded for and the scale of its gradient (DFlash averages per weighted position,
 ///   D-PACE sums per sequence), so a run switching midway is neither experiment and its loss
 ///   curve breaks at the switch. The engine refuses the checkpoint for the same reason.
 pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
     match key {
+        _ if HEAD_KEYS.contains(&key) && value_at(old, key) != value_at(new, key) => Some(format!(
+            "the drafter's head decides its weights (the Domino GRU and embed_proj widths) \
+                 and which slots its correction trains: the checkpoint cannot carry over. Keep \
+                 {key} = {}, or start a new run in another run dir",
+            value_at(old, key)
+        )),
+        LAMBDA_BASE_START | LAMBDA_BASE_DECAY_RATIO if value_at(old, key) != value_at(new, key) => {
+            Some(format!(
+                "Domino's curriculum weighs the base loss against the corrected one step by \
+                 step: a run that changes it midway is neither experiment. Keep {key} = {}, or \
+                 start a new run in another run dir",
+                value_at(old, key)
+            ))
+        }
         OBJECTIVE | DPACE_ALPHA if value_at(old, key) != value_at(new, key) => Some(format!(
             "the training objective decides what the drafter learns and the scale of its \
              gradient (DFlash averages per weighted position, D-PACE sums per sequence): a run \
@@ -149,6 +190,40 @@ mod tests {
             why.contains(&format!("{n} → {}", n + 1)) && why.contains("fc input"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_head_its_widths_and_the_curriculum_are_locked_and_no_unlock_carries_a_change() {
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.drafter.head = super::super::DrafterHead::Domino;
+        new.drafter.emb_dim = Some(32);
+        new.drafter.gru_hidden_dim = Some(64);
+        new.training.lambda_base_start = 0.5;
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                "drafter.head is locked: \"dflash\" → \"domino\"",
+                "drafter.emb_dim is locked: (unset) → 32",
+                "drafter.gru_hidden_dim is locked: (unset) → 64",
+                "training.lambda_base_start is locked: 1.0 → 0.5",
+            ]
+        );
+        for key in [HEAD, EMB_DIM, GRU_HIDDEN_DIM, LAMBDA_BASE_START] {
+            let why = unlock_refusal(&old, &new, key).unwrap();
+            assert!(why.contains(key) && why.contains("new run"), "{why}");
+        }
+        for key in [PURE_DRAFT_PREFIX_LEN, SHIFT_LABEL, LAMBDA_BASE_DECAY_RATIO] {
+            assert_eq!(
+                unlock_refusal(&old, &new, key),
+                None,
+                "{key} did not change"
+            );
+        }
     }
 
     #[test]

@@ -28,9 +28,10 @@ pub use error::{ConfigError, ConfigIssue, Problem};
 pub use locked::{is_locked_key, locked_key_changes, unlock_refusal, LockedKeyChange, LOCKED_KEYS};
 pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use sections::{
-    paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterSection, Dtype,
-    LabelMask, LayerType, Objective, Precision, RunSection, TargetSection, TopologySection,
-    TrainingSection, DEFAULT_DPACE_ALPHA, DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA,
+    paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterHead, DrafterSection,
+    Dtype, LabelMask, LayerType, Objective, Precision, RunSection, TargetSection, TopologySection,
+    TrainingSection, DEFAULT_DPACE_ALPHA, DEFAULT_LAMBDA_BASE_DECAY_RATIO,
+    DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA,
     EMBEDDED_PROMPTS,
 };
 

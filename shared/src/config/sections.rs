@@ -84,7 +84,56 @@ pub struct DrafterSection {
     pub rope_theta: f64,
     #[serde(default = "default_rms_norm_eps")]
     pub rms_norm_eps: f64,
+    /// The drafter's output head: `"dflash"` (the target's LM head on the drafter's output)
+    /// or `"domino"` (Domino, arXiv 2605.29707: plus a GRU logit correction over the block's
+    /// previous tokens, SpecForge's `DominoDraftModel`). Locked for a run: it decides the
+    /// drafter's weights.
+    #[serde(default)]
+    pub head: DrafterHead,
+    /// Domino: width of `embed_proj`'s middle layer (SpecForge `dflash_config.emb_dim`;
+    /// 256 in its Qwen3.6-27B recipe). Required with `head = "domino"`, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emb_dim: Option<usize>,
+    /// Domino: hidden size of the prefix GRU (SpecForge `dflash_config.gru_hidden_dim`; 1024
+    /// in its Qwen3.6-27B recipe). Required with `head = "domino"`, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gru_hidden_dim: Option<usize>,
+    /// Domino: draft slots after the anchor that keep the base logits, uncorrected (SpecForge
+    /// `dflash_config.pure_draft_prefix_len`, default 0; 1 in its Qwen3.6-27B recipe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pure_draft_prefix_len: Option<usize>,
+    /// Domino: SpecForge's `dflash_config.shift_label` (default false). `true` moves every
+    /// label one token later (slot `k` predicts `anchor + k + 1`), which dflashd's block
+    /// labels do not implement, so validation refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_label: Option<bool>,
 }
+
+/// `drafter.head`: what turns the drafter's hidden states into logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrafterHead {
+    /// The target's frozen LM head on the drafter's output (DFlash).
+    #[default]
+    Dflash,
+    /// The LM head plus Domino's GRU logit correction on the slots after the pure-draft prefix.
+    Domino,
+}
+
+impl DrafterHead {
+    /// The value as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrafterHead::Dflash => "dflash",
+            DrafterHead::Domino => "domino",
+        }
+    }
+}
+
+/// `training.lambda_base_start` when unset: SpecForge's default (`DominoTrainStrategy`).
+pub const DEFAULT_LAMBDA_BASE_START: f64 = 1.0;
+/// `training.lambda_base_decay_ratio` when unset: SpecForge's default.
+pub const DEFAULT_LAMBDA_BASE_DECAY_RATIO: f64 = 0.5;
 
 fn default_rope_theta() -> f64 {
     1_000_000.0
@@ -158,6 +207,13 @@ pub struct TrainingSection {
     /// D-PACE's smoothing α of the drafter's confidence, `s_k = (1−α)·q_k + α`, in [0, 1]
     /// (SpecForge's `dpace_alpha`). Read only when `objective = "dpace"`; locked all the same.
     pub dpace_alpha: f64,
+    /// Domino's base-anchored curriculum, `loss = (1−λ)·final + λ·base`: λ at step 0
+    /// (SpecForge's `lambda_base_start`, default 1), in [0, 1]. Read only with
+    /// `drafter.head = "domino"`; locked all the same.
+    pub lambda_base_start: f64,
+    /// The fraction of the run's steps over which λ falls linearly to 0, and stays there
+    /// (SpecForge's `lambda_base_decay_ratio`, default 0.5), in [0, 1].
+    pub lambda_base_decay_ratio: f64,
     /// γ of the per-position weight exp(-(k-1)/γ). Unset: the paper's value for the block size
     /// (7 for 16, 5 for 10, 4 for 8); other block sizes must set it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -279,6 +335,8 @@ impl Default for TrainingSection {
             adam_eps: 1e-8,
             objective: Objective::Dflash,
             dpace_alpha: DEFAULT_DPACE_ALPHA,
+            lambda_base_start: DEFAULT_LAMBDA_BASE_START,
+            lambda_base_decay_ratio: DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             loss_decay_gamma: None,
             batch_size: 1,
             max_length: 3072,

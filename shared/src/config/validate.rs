@@ -6,7 +6,7 @@ use super::daemon_sections::{parse_metrics_listen, METRICS_LISTEN_EXPECTED};
 use super::device::Device;
 use super::error::ConfigIssue;
 use super::sections::{
-    paper_loss_decay_gamma, DataFormat, LayerType, EMBEDDED_DATA, EMBEDDED_PROMPTS,
+    paper_loss_decay_gamma, DataFormat, DrafterHead, LayerType, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 use super::Config;
 
@@ -188,6 +188,76 @@ fn drafter(c: &Config, v: &mut Vec<ConfigIssue>) {
         1.0,
         "a small positive number",
     );
+    domino_head(c, v);
+}
+
+/// `drafter.head` and the Domino keys: each Domino key only with `head = "domino"`, the two
+/// widths required there, and at least one corrected slot per block.
+fn domino_head(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let d = &c.drafter;
+    let domino_keys = [
+        ("drafter.emb_dim", d.emb_dim.is_some()),
+        ("drafter.gru_hidden_dim", d.gru_hidden_dim.is_some()),
+        (
+            "drafter.pure_draft_prefix_len",
+            d.pure_draft_prefix_len.is_some(),
+        ),
+        ("drafter.shift_label", d.shift_label.is_some()),
+    ];
+    if d.head != DrafterHead::Domino {
+        for (key, set) in domino_keys {
+            if set {
+                v.push(
+                    ConfigIssue::invalid(
+                        key,
+                        "no value unless drafter.head = \"domino\"",
+                        "a value",
+                    )
+                    .with_hint("set drafter.head = \"domino\", or remove the key"),
+                );
+            }
+        }
+        return;
+    }
+    for (key, value) in [
+        ("drafter.emb_dim", d.emb_dim),
+        ("drafter.gru_hidden_dim", d.gru_hidden_dim),
+    ] {
+        match value {
+            None => v.push(
+                ConfigIssue::invalid(
+                    key,
+                    "a positive integer (drafter.head = \"domino\")",
+                    "nothing",
+                )
+                .with_hint("SpecForge's Qwen3.6-27B recipe uses emb_dim 256, gru_hidden_dim 1024"),
+            ),
+            Some(n) => positive(v, key, n),
+        }
+    }
+    if d.shift_label == Some(true) {
+        v.push(
+            ConfigIssue::invalid("drafter.shift_label", "false", true).with_hint(
+                "shift_label = true moves every label one token later (slot k predicts \
+                 anchor + k + 1); dflashd's blocks keep the anchor in slot 0 and train slot k \
+                 on anchor + k, as SpecForge does with shift_label = false (its Qwen3.6-27B recipe)",
+            ),
+        );
+    }
+    // Slot 0 is the anchor and is never predicted, so the first corrected slot is
+    // 1 + pure_draft_prefix_len, and it must lie inside the block.
+    let prefix = d.pure_draft_prefix_len.unwrap_or(0);
+    if d.block_size >= 2 && 1 + prefix >= d.block_size {
+        v.push(ConfigIssue::invalid(
+            "drafter.pure_draft_prefix_len",
+            format!(
+                "at most {} (drafter.block_size − 2: the correction needs a slot after the \
+                 anchor and the pure-draft prefix)",
+                d.block_size - 2
+            ),
+            prefix,
+        ));
+    }
 }
 
 fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
@@ -321,6 +391,23 @@ fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
             )
             .with_hint("SpecForge and the D-PACE paper use 0.5; remove the key for that"),
         );
+    }
+    for (key, value) in [
+        ("training.lambda_base_start", t.lambda_base_start),
+        (
+            "training.lambda_base_decay_ratio",
+            t.lambda_base_decay_ratio,
+        ),
+    ] {
+        if !(value.is_finite() && (0.0..=1.0).contains(&value)) {
+            v.push(
+                ConfigIssue::invalid(key, "a number in [0, 1]", value).with_hint(
+                    "Domino's curriculum weighs the base loss by λ, falling linearly from \
+                     lambda_base_start to 0 over lambda_base_decay_ratio of the run \
+                     (SpecForge: 1 and 0.5)",
+                ),
+            );
+        }
     }
     match t.loss_decay_gamma {
         Some(g) if !(g.is_finite() && g > 0.0) => {

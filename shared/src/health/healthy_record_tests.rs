@@ -183,6 +183,7 @@ fn step_at(ts_ms: i64, tokens_per_s: f64) -> StepMetrics {
         workers: Vec::new(),
         times: StepTimes::default(),
         online: None,
+        domino: None,
     }
 }
 

@@ -231,6 +231,7 @@ mod tests {
             workers: Vec::new(),
             times: StepTimes::default(),
             online: None,
+            domino: None,
         }
     }
 

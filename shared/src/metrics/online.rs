@@ -171,6 +171,7 @@ mod tests {
             workers: Vec::new(),
             times: StepTimes::default(),
             online,
+            domino: None,
         }
     }
 

@@ -35,6 +35,7 @@ pub(super) fn step_metrics() -> StepMetrics {
             ..Default::default()
         },
         online: None,
+        domino: None,
     }
 }
 

@@ -175,6 +175,7 @@ impl Sim {
                 total_ms: r3(step_ms),
             },
             online: None,
+            domino: None,
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
         self.last_metrics = Some(metrics);

@@ -151,6 +151,7 @@ mod tests {
                 ..StepTimes::default()
             },
             online: None,
+            domino: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         assert_eq!((line.step, line.wall_time), (12, 1_764_600_000.25));
@@ -201,6 +202,7 @@ mod tests {
                 prompts: 8,
                 seconds: 1.5,
             }),
+            domino: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         let got = tags(&line);

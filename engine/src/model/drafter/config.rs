@@ -1,6 +1,8 @@
 //! Drafter hyper-parameters and their validation.
 use thiserror::Error;
 
+pub use super::domino::{DominoConfig, DrafterHead};
+
 /// Attention kind of one drafter layer (`layer_types` in the HF config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -85,6 +87,9 @@ pub struct DrafterConfig {
     pub num_target_layers: Option<usize>,
     /// Std of the `N(0, σ)` init of every linear weight (HF `initializer_range`).
     pub initializer_range: f64,
+    /// What turns the drafter's output into logits: the LM head alone, or with Domino's
+    /// correction (`dflash_config.projector_type = "domino"`).
+    pub head: DrafterHead,
 }
 
 /// False for NaN as well as for non-positive values.
@@ -225,6 +230,27 @@ impl DrafterConfig {
                     "dflash_config.target_layer_ids",
                     &format!("ids below num_target_layers ({n})"),
                     bad.to_string(),
+                );
+            }
+        }
+        if let Some(d) = self.head.domino() {
+            for (key, value) in [
+                ("dflash_config.emb_dim", d.emb_dim),
+                ("dflash_config.gru_hidden_dim", d.gru_hidden_dim),
+            ] {
+                if value <= 0 {
+                    return invalid(key, "a positive integer", value.to_string());
+                }
+            }
+            if d.pure_draft_prefix_len < 0 || d.suffix_start() >= self.block_size {
+                return invalid(
+                    "dflash_config.pure_draft_prefix_len",
+                    &format!(
+                        "0..={} (block_size − 2: a slot after the anchor and the prefix must be \
+                         corrected)",
+                        self.block_size - 2
+                    ),
+                    d.pure_draft_prefix_len.to_string(),
                 );
             }
         }

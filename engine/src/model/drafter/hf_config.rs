@@ -7,11 +7,16 @@
 //! then at the top level; reading does the same. Keys that would silently change the model
 //! (YaRN RoPE, attention bias, a non-SiLU MLP, `is_causal` overrides, logit scaling) are
 //! rejected with an error instead of being ignored.
+//!
+//! A Domino drafter (SpecForge's `DominoDraftModel`) is the same layout with
+//! `architectures: ["DominoDraftModel"]` and `dflash_config.projector_type = "domino"`,
+//! `emb_dim`, `gru_hidden_dim`, `pure_draft_prefix_len`, `shift_label`. SpecForge's recipe
+//! config names `DFlashDraftModel` with `projector_type = "domino"`; either reads as Domino.
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::config::{DrafterConfig, DrafterError, LayerType};
+use super::config::{DominoConfig, DrafterConfig, DrafterError, DrafterHead, LayerType};
 
 /// Qwen3Config defaults for keys that published drafter configs sometimes omit.
 const QWEN3_DEFAULT_MAX_POSITION_EMBEDDINGS: i64 = 32768;
@@ -275,6 +280,66 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// The head: Domino when `dflash_config.projector_type` is `"domino"` or the
+    /// architecture is `DominoDraftModel` (SpecForge fills the projector type in then), plain
+    /// DFlash when neither names one. Another projector (DSpark, …) is refused: its weights
+    /// would be ignored.
+    fn head(&self) -> Result<DrafterHead, DrafterError> {
+        let domino_architecture = self
+            .top("architectures")
+            .and_then(Value::as_array)
+            .is_some_and(|list| list.iter().any(|a| a.as_str() == Some("DominoDraftModel")));
+        let projector = self.dflash_value("projector_type");
+        match projector {
+            Some((_, v)) if v.as_str() == Some("domino") => {}
+            None if domino_architecture => {}
+            None => return Ok(DrafterHead::Dflash),
+            Some((key, v)) => {
+                return Err(self.unsupported(
+                    &key,
+                    v,
+                    if domino_architecture {
+                        "DominoDraftModel requires projector_type \"domino\""
+                    } else {
+                        "only the DFlash head and Domino's (\"domino\") are implemented"
+                    },
+                ))
+            }
+        }
+        let required = |key: &str| -> Result<i64, DrafterError> {
+            match self.dflash_value(key) {
+                Some((found, v)) => self.as_int(&found, v),
+                None => Err(self.missing(
+                    &format!("dflash_config.{key}"),
+                    "a Domino drafter needs its emb_dim and gru_hidden_dim",
+                )),
+            }
+        };
+        let pure_draft_prefix_len = match self.dflash_value("pure_draft_prefix_len") {
+            Some((key, v)) => self.as_int(&key, v)?,
+            None => 0,
+        };
+        if let Some((key, v)) = self.dflash_value("shift_label") {
+            match v.as_bool() {
+                Some(false) => {}
+                Some(true) => {
+                    return Err(self.unsupported(
+                        &key,
+                        v,
+                        "shift_label = true trains slot k on anchor + k + 1; dflashd's blocks \
+                         train slot k on anchor + k (shift_label = false)",
+                    ))
+                }
+                None => return Err(self.invalid(&key, "true or false", v)),
+            }
+        }
+        Ok(DrafterHead::Domino(DominoConfig {
+            emb_dim: required("emb_dim")?,
+            gru_hidden_dim: required("gru_hidden_dim")?,
+            pure_draft_prefix_len,
+        }))
+    }
+
     fn config(&self) -> Result<DrafterConfig, DrafterError> {
         self.reject_behaviour_changes()?;
         let hidden_size = self.int("hidden_size")?;
@@ -360,6 +425,7 @@ impl<'a> Reader<'a> {
             num_target_layers,
             initializer_range: self
                 .float_or("initializer_range", QWEN3_DEFAULT_INITIALIZER_RANGE)?,
+            head: self.head()?,
         };
         config.validate(&self.path)?;
         Ok(config)
@@ -399,7 +465,8 @@ impl DrafterConfig {
     }
 
     /// The published DFlash layout (architectures `DFlashDraftModel`, model_type `qwen3`,
-    /// `dflash_config`, ...). No `auto_map`: it would point transformers'
+    /// `dflash_config`, ...; a Domino drafter `DominoDraftModel` with its `dflash_config`
+    /// keys). No `auto_map`: it would point transformers'
     /// `trust_remote_code` path at a `dflash.py` that is not shipped beside the weights
     /// (SGLang and vLLM select the model by `architectures` and never read it). RoPE is written both as `rope_theta` and as
     /// transformers 5 `rope_parameters`. `dtype` is left to the exporter, which knows the
@@ -440,11 +507,160 @@ impl DrafterConfig {
         if let Some(n) = self.num_target_layers {
             map.insert("num_target_layers".into(), json!(n));
         }
+        if let Some(d) = self.head.domino() {
+            map.insert("architectures".into(), json!(["DominoDraftModel"]));
+            let dflash = map
+                .get_mut("dflash_config")
+                .and_then(Value::as_object_mut)
+                .expect("literal object");
+            dflash.insert("projector_type".into(), json!("domino"));
+            dflash.insert("emb_dim".into(), json!(d.emb_dim));
+            dflash.insert("gru_hidden_dim".into(), json!(d.gru_hidden_dim));
+            dflash.insert(
+                "pure_draft_prefix_len".into(),
+                json!(d.pure_draft_prefix_len),
+            );
+            dflash.insert("shift_label".into(), json!(false));
+        }
         if self.target_hidden_size != self.hidden_size {
             // Not read by serving engines (they assume fc input = n·hidden_size); kept so our
             // own loader can rebuild such a drafter.
             map.insert("target_hidden_size".into(), json!(self.target_hidden_size));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Domino drafter's config as SpecForge's Qwen3.6-27B recipe writes one (its keys and
+    /// values; the architecture is the recipe's `DFlashDraftModel` with a Domino projector).
+    fn recipe_like() -> Value {
+        json!({
+            "architectures": ["DFlashDraftModel"],
+            "block_size": 16,
+            "dflash_config": {
+                "mask_token_id": 248070,
+                "target_layer_ids": [1, 16, 31, 46, 61],
+                "projector_type": "domino",
+                "pure_draft_prefix_len": 1,
+                "emb_dim": 256,
+                "gru_hidden_dim": 1024,
+                "shift_label": false
+            },
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "full_attention"],
+            "num_attention_heads": 32,
+            "num_hidden_layers": 5,
+            "num_key_value_heads": 8,
+            "num_target_layers": 64,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000000,
+            "vocab_size": 248320
+        })
+    }
+
+    fn domino(value: &Value) -> Result<DominoConfig, DrafterError> {
+        let cfg = DrafterConfig::from_hf_value(value, "test")?;
+        Ok(*cfg.head.domino().expect("a Domino head"))
+    }
+
+    #[test]
+    fn specforges_domino_recipe_reads_as_domino_and_writes_back_as_domino_draft_model() {
+        let value = recipe_like();
+        assert_eq!(
+            domino(&value).unwrap(),
+            DominoConfig {
+                emb_dim: 256,
+                gru_hidden_dim: 1024,
+                pure_draft_prefix_len: 1
+            }
+        );
+        let cfg = DrafterConfig::from_hf_value(&value, "test").unwrap();
+        let written = cfg.to_hf_json();
+        assert_eq!(written["architectures"], json!(["DominoDraftModel"]));
+        let d = &written["dflash_config"];
+        assert_eq!(d["projector_type"], json!("domino"));
+        assert_eq!(
+            (&d["emb_dim"], &d["gru_hidden_dim"]),
+            (&json!(256), &json!(1024))
+        );
+        assert_eq!(
+            (&d["pure_draft_prefix_len"], &d["shift_label"]),
+            (&json!(1), &json!(false))
+        );
+        assert_eq!(
+            DrafterConfig::from_hf_value(&written, "written").unwrap(),
+            cfg
+        );
+    }
+
+    #[test]
+    fn the_architecture_alone_names_domino_and_defaults_follow_specforge() {
+        let mut value = recipe_like();
+        value["architectures"] = json!(["DominoDraftModel"]);
+        let d = value["dflash_config"].as_object_mut().unwrap();
+        for key in ["projector_type", "pure_draft_prefix_len", "shift_label"] {
+            d.remove(key);
+        }
+        assert_eq!(domino(&value).unwrap().pure_draft_prefix_len, 0);
+    }
+
+    #[test]
+    fn a_plain_dflash_config_has_the_dflash_head_and_no_domino_keys() {
+        let mut value = recipe_like();
+        let d = value["dflash_config"].as_object_mut().unwrap();
+        for key in [
+            "projector_type",
+            "pure_draft_prefix_len",
+            "emb_dim",
+            "gru_hidden_dim",
+            "shift_label",
+        ] {
+            d.remove(key);
+        }
+        let cfg = DrafterConfig::from_hf_value(&value, "test").unwrap();
+        assert_eq!(cfg.head, DrafterHead::Dflash);
+        let written = cfg.to_hf_json();
+        assert_eq!(written["architectures"], json!(["DFlashDraftModel"]));
+        assert!(written["dflash_config"].get("projector_type").is_none());
+    }
+
+    #[test]
+    fn what_dflashd_cannot_compute_is_refused_by_name() {
+        let refuse = |edit: &dyn Fn(&mut Value), key: &str| {
+            let mut value = recipe_like();
+            edit(&mut value);
+            let err = DrafterConfig::from_hf_value(&value, "test")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        };
+        refuse(
+            &|v| v["dflash_config"]["shift_label"] = json!(true),
+            "dflash_config.shift_label",
+        );
+        refuse(
+            &|v| v["dflash_config"]["projector_type"] = json!("dspark"),
+            "dflash_config.projector_type",
+        );
+        refuse(
+            &|v| {
+                v["dflash_config"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("emb_dim");
+            },
+            "dflash_config.emb_dim",
+        );
+        refuse(
+            &|v| v["dflash_config"]["pure_draft_prefix_len"] = json!(15),
+            "dflash_config.pure_draft_prefix_len",
+        );
     }
 }

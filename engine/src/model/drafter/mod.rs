@@ -1,5 +1,7 @@
-//! The DFlash drafter (spec §1): config in the published HF layout, the model, its layers.
+//! The DFlash drafter (spec §1): config in the published HF layout, the model, its layers, and
+//! the optional Domino head (`domino.rs`).
 mod config;
+mod domino;
 mod hf_config;
 mod inference;
 mod layer;
@@ -7,5 +9,6 @@ mod model;
 
 pub use crate::model::attention::AttentionBackend;
 pub use config::{DrafterConfig, DrafterError, LayerType};
+pub use domino::{DominoConfig, DominoHead, DrafterHead};
 pub use inference::DrafterCache;
 pub use model::Drafter;

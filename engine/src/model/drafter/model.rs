@@ -4,6 +4,7 @@
 use tch::{nn, Device, Kind, Tensor};
 
 use super::config::DrafterConfig;
+use super::domino::DominoHead;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
 use crate::model::attention::{
     AttentionBackend, BlockOrder, BlockSparsePlan, DEFAULT_CHUNK_SCORE_ELEMENTS,
@@ -17,11 +18,14 @@ pub struct Drafter {
     pub(super) layers: Vec<DecoderLayer>,
     pub(super) norm: RmsNorm,
     pub(super) rotary: Rotary,
+    /// Domino's GRU and `embed_proj` when `config.head` is Domino.
+    pub(super) domino: Option<DominoHead>,
 }
 
 impl Drafter {
     /// Parameters named exactly as spec §1.3 relative to `vs` (`fc.weight`,
-    /// `hidden_norm.weight`, `layers.{i}.self_attn.q_proj.weight`, ..., `norm.weight`), so a
+    /// `hidden_norm.weight`, `layers.{i}.self_attn.q_proj.weight`, ..., `norm.weight`; with a
+    /// Domino head also `prefix_gru.*` and `embed_proj.*`, SpecForge's names), so a
     /// VarStore saves/loads the HF keys. Initialised as HF Qwen3 (linear `N(0, σ)`, norms 1).
     /// `cfg` must be valid ([`DrafterConfig::validate`]; `from_hf_json` already checks).
     /// Parameters take the VarStore's kind; call `VarStore::set_kind` (e.g. bf16) afterwards
@@ -44,7 +48,18 @@ impl Drafter {
                 .collect(),
             norm: RmsNorm::new(&(vs / "norm"), h, cfg.rms_norm_eps),
             rotary: Rotary::new(cfg.head_dim, cfg.rope_theta, vs.device()),
+            // Drawn after the backbone, so a DFlash drafter's init is the same with or without
+            // this head existing.
+            domino: cfg
+                .head
+                .domino()
+                .map(|d| DominoHead::new(vs, d, h, cfg.vocab_size, cfg.initializer_range)),
         }
+    }
+
+    /// Domino's head, when the drafter has one.
+    pub fn domino(&self) -> Option<&DominoHead> {
+        self.domino.as_ref()
     }
 
     pub fn config(&self) -> &DrafterConfig {

@@ -261,6 +261,7 @@ impl Cluster {
         rank0: &mut RankState,
         base: u64,
         lr: f64,
+        lambda_base: f64,
         end: u64,
     ) -> Result<Vec<RankReport>, TrainError> {
         if let Some(f) = self.tripwire.failure() {
@@ -276,6 +277,7 @@ impl Cluster {
                 let _ = c.send(DrafterCommand::Step {
                     base,
                     lr,
+                    lambda_base,
                     reply: tx,
                 });
             }
@@ -283,7 +285,7 @@ impl Cluster {
         }
         let seqs = self.plan.rank_seqs(base, 0);
         let inbox = &mut self.rank0_inbox;
-        let own = guarded(|| rank0.step(&seqs, lr, &mut |seq| fetch_from(inbox, seq)));
+        let own = guarded(|| rank0.step(&seqs, lr, lambda_base, &mut |seq| fetch_from(inbox, seq)));
         let mut reports = Vec::with_capacity(self.plan.ranks);
         match own {
             Ok(r) => reports.push(r),

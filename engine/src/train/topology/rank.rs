@@ -85,12 +85,15 @@ impl RankState {
     }
 
     /// Trains micro-batches `seqs` (ascending), fetched by `fetch` (which returns the item and
-    /// how long it waited for it), then reduces and applies the update at `lr`. An `Err` is a
+    /// how long it waited for it), then reduces and applies the update at `lr`. `lambda_base`
+    /// is Domino's curriculum weight of this step (`train/domino.rs`; ignored without a
+    /// Domino head). An `Err` is a
     /// failure of this worker (or of its queue or group, after another worker failed).
     pub fn step(
         &mut self,
         seqs: &[u64],
         lr: f64,
+        lambda_base: f64,
         fetch: &mut dyn FnMut(u64) -> Result<(HiddenItem, f64), String>,
     ) -> Result<RankReport, String> {
         let mut sums = LossSums::default();
@@ -101,13 +104,14 @@ impl RankState {
             let (item, waited_ms) = fetch(seq)?;
             timing.queue_wait_ms += waited_ms;
             let t = Instant::now();
-            sums.add(&self.replica.forward_backward(
+            sums.add(&self.replica.forward_backward_with_lambda(
                 &item.features,
                 &item.micro,
                 self.backend,
                 self.chunk_positions,
                 self.activation_checkpointing,
                 self.objective,
+                lambda_base,
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -117,13 +121,7 @@ impl RankState {
         }
 
         let t = Instant::now();
-        let mut totals = [
-            sums.weighted_ce,
-            sums.weight,
-            sums.normaliser,
-            sums.correct as f64,
-            sums.counted as f64,
-        ];
+        let mut totals = sums.to_array();
         let mut reduced = None;
         if let Some(group) = self.allreduce.as_mut() {
             let n = self
@@ -140,13 +138,7 @@ impl RankState {
         }
         sync(device);
         timing.all_reduce_ms = t.elapsed().as_secs_f64() * 1e3;
-        let global = LossSums {
-            weighted_ce: totals[0],
-            weight: totals[1],
-            normaliser: totals[2],
-            correct: totals[3] as u64,
-            counted: totals[4] as u64,
-        };
+        let global = LossSums::from_array(totals);
 
         let t = Instant::now();
         // The gradient of Σw·CE / normaliser over the whole optimizer batch (spec §2.7; Σw for

@@ -157,6 +157,8 @@ pub(crate) enum DrafterCommand {
     Step {
         base: u64,
         lr: f64,
+        /// Domino's curriculum weight of this step.
+        lambda_base: f64,
         reply: Sender<Result<RankReport, String>>,
     },
     Load {
@@ -249,10 +251,18 @@ fn drafter_main(
                 let outcome = guarded(|| Ok(state.warmup(&features, &micro)));
                 answer(&tripwire, id, outcome, &reply)
             }
-            DrafterCommand::Step { base, lr, reply } => {
+            DrafterCommand::Step {
+                base,
+                lr,
+                lambda_base,
+                reply,
+            } => {
                 let seqs = plan.rank_seqs(base, rank);
-                let outcome =
-                    guarded(|| state.step(&seqs, lr, &mut |seq| fetch_from(&mut inbox, seq)));
+                let outcome = guarded(|| {
+                    state.step(&seqs, lr, lambda_base, &mut |seq| {
+                        fetch_from(&mut inbox, seq)
+                    })
+                });
                 answer(&tripwire, id, outcome, &reply)
             }
             DrafterCommand::Load { state: s, reply } => {

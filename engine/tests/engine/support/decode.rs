@@ -45,6 +45,7 @@ pub fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter
         max_position_embeddings: 512,
         num_target_layers: Some(3),
         initializer_range: 0.02,
+        head: Default::default(),
     };
     tch::manual_seed(seed);
     let vs = nn::VarStore::new(Device::Cpu);

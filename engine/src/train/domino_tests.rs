@@ -1,0 +1,305 @@
+use super::*;
+use crate::model::drafter::DominoConfig;
+use crate::train::dpace::dpace_block_weights;
+use tch::nn::VarStore;
+
+const BS: i64 = 4;
+const B: i64 = 2;
+const N: i64 = 2;
+const H: i64 = 8;
+const V: i64 = 11;
+
+/// A tiny Domino setup in f64: drafter output `x·proj` (x the leaf), label embeddings, the
+/// LM head, targets and weights with unsupervised slots (slot 0 always).
+struct Setup {
+    vs: VarStore,
+    head: DominoHead,
+    x: Tensor,
+    proj: Tensor,
+    embeddings: Tensor,
+    lm_head: Tensor,
+    targets: Tensor,
+    weights: Tensor,
+}
+
+fn setup(seed: i64, weights: &[f64]) -> Setup {
+    tch::manual_seed(seed);
+    let mut vs = VarStore::new(Device::Cpu);
+    let cfg = DominoConfig {
+        emb_dim: 5,
+        gru_hidden_dim: 6,
+        pure_draft_prefix_len: 1,
+    };
+    // A larger init than the real one, so the correction moves the logits visibly.
+    let head = DominoHead::new(&vs.root(), &cfg, H, V, 0.5);
+    vs.set_kind(Kind::Double);
+    let opts = (Kind::Double, Device::Cpu);
+    Setup {
+        vs,
+        head,
+        x: Tensor::randn([B, N * BS, H], opts).set_requires_grad(true),
+        proj: Tensor::randn([H, H], opts),
+        embeddings: Tensor::randn([B, N * BS, H], opts),
+        lm_head: Tensor::randn([V, H], opts),
+        targets: Tensor::randint(V, [B, N * BS], (Kind::Int64, Device::Cpu)),
+        weights: Tensor::from_slice(weights).view([B, N * BS]),
+    }
+}
+
+const DFLASH_WEIGHTS: [f64; 16] = [
+    0.0, 1.0, 0.8, 0.6, 0.0, 1.0, 0.0, 0.6, // block 1: slot 2 unsupervised
+    0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.8, 0.6, // block 2 of row 1 trains nothing
+];
+const DPACE_MASK: [f64; 16] = [
+    0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, //
+    0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0,
+];
+
+impl Setup {
+    fn batch<'a>(&'a self, weights: &'a Tensor) -> DominoBatch<'a> {
+        DominoBatch {
+            head: &self.head,
+            lm_head: &self.lm_head,
+            label_embeddings: &self.embeddings,
+            targets: &self.targets,
+            weights,
+            block_size: BS,
+        }
+    }
+
+    fn out(&self) -> Tensor {
+        self.x.matmul(&self.proj)
+    }
+
+    /// Every gradient the loss reaches, flattened: the drafter input's and the head's four.
+    fn grads(&self) -> Vec<(String, Tensor)> {
+        let mut list = vec![("x".to_string(), self.x.grad().copy())];
+        let mut vars: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, var) in vars {
+            let g = var.grad();
+            list.push((
+                name,
+                if g.defined() {
+                    g.copy()
+                } else {
+                    var.zeros_like()
+                },
+            ));
+        }
+        list
+    }
+
+    fn zero_grads(&self) {
+        let vars = self.vs.trainable_variables();
+        for t in std::iter::once(&self.x).chain(vars.iter()) {
+            let mut g = t.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    /// The written-out formula, dense and in f64: every slot's base logits and, from slot
+    /// `1 + pure_draft_prefix_len` on, the correction added; their cross-entropies, the
+    /// objective's weights, `(1−λ)·final + λ·base` over the divisor.
+    fn dense_loss(&self, objective: LossObjective, lambda: f64) -> Tensor {
+        let z = self.out();
+        let states = self.head.slot_states(&self.embeddings, BS);
+        let base = z.matmul(&self.lm_head.tr()).view([-1, V]);
+        let slot_corrected: Vec<f64> = (0..B * N * BS)
+            .map(|q| f64::from(u8::from(q % BS >= 2)))
+            .collect();
+        let corrected = &base
+            + self.head.correction(&z, &states).view([-1, V])
+                * Tensor::from_slice(&slot_corrected).view([-1, 1]);
+        let t = self.targets.view([-1]);
+        let ce = |l: &Tensor| l.cross_entropy_loss::<Tensor>(&t, None, Reduction::None, -100, 0.0);
+        let (ce_final, ce_base) = (ce(&corrected), ce(&base));
+        let w = self.weights.view([-1]);
+        let (w_final, w_base, divisor) = match objective {
+            LossObjective::Dflash => (w.shallow_clone(), w.shallow_clone(), w.sum(Kind::Double)),
+            LossObjective::Dpace { alpha } => {
+                let weigh = |ce: &Tensor| {
+                    let q = Vec::<f64>::try_from(ce.detach().neg().exp()).unwrap();
+                    let m: Vec<bool> = Vec::<f64>::try_from(self.weights.view([-1]))
+                        .unwrap()
+                        .iter()
+                        .map(|&v| v > 0.0)
+                        .collect();
+                    let mut all = Vec::new();
+                    for (qb, mb) in q.chunks(BS as usize).zip(m.chunks(BS as usize)) {
+                        all.extend(dpace_block_weights(qb, mb, alpha));
+                    }
+                    Tensor::from_slice(&all)
+                };
+                (weigh(&ce_final), weigh(&ce_base), Tensor::from(B as f64))
+            }
+        };
+        let final_loss = (&ce_final * &w_final).sum(Kind::Double);
+        let base_loss = (&ce_base * &w_base).sum(Kind::Double);
+        (final_loss * (1.0 - lambda) + base_loss * lambda) / divisor
+    }
+}
+
+fn assert_close(chunked: &[(String, Tensor)], dense: &[(String, Tensor)]) {
+    for ((name, a), (_, b)) in chunked.iter().zip(dense) {
+        let scale = b.abs().max().double_value(&[]).max(1e-6);
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff <= 1e-5 * scale, "{name}: {diff} against scale {scale}");
+        assert!(scale > 1e-6, "{name} must get a gradient");
+    }
+}
+
+fn check_against_the_dense_formula(objective: LossObjective, weights: &[f64], lambda: f64) {
+    let s = setup(11, weights);
+    let w = s.weights.shallow_clone();
+    let denominator = match objective {
+        LossObjective::Dflash => w.sum(Kind::Double).double_value(&[]),
+        LossObjective::Dpace { .. } => B as f64,
+    };
+    // Chunks of 3 positions: whole blocks, several chunks, the leaves' path.
+    let sums = domino_ce_backward(&s.out(), &s.batch(&w), objective, lambda, denominator, 3);
+    let chunked = s.grads();
+    s.zero_grads();
+    let dense = s.dense_loss(objective, lambda);
+    dense.backward();
+    let expected = dense.double_value(&[]);
+    assert!(
+        (sums.weighted_ce / denominator - expected).abs() < 1e-5 * expected.abs().max(1.0),
+        "{} vs {expected}",
+        sums.weighted_ce / denominator
+    );
+    // Each chunk's blend is one f32 sum: the blend of the totals agrees to f32 rounding.
+    let blend = (1.0 - lambda) * sums.final_ce + lambda * sums.base_ce;
+    assert!((blend - sums.weighted_ce).abs() < 1e-6 * blend.abs().max(1.0));
+    assert_close(&chunked, &s.grads());
+}
+
+#[test]
+fn the_dflash_curriculum_gradient_is_the_dense_formulas() {
+    check_against_the_dense_formula(LossObjective::Dflash, &DFLASH_WEIGHTS, 0.3);
+}
+
+#[test]
+fn the_dpace_curriculum_gradient_is_the_dense_formulas() {
+    check_against_the_dense_formula(LossObjective::Dpace { alpha: 0.5 }, &DPACE_MASK, 0.7);
+}
+
+#[test]
+fn the_gru_gradient_agrees_with_finite_differences() {
+    let s = setup(4, &DFLASH_WEIGHTS);
+    let w = s.weights.shallow_clone();
+    let denominator = w.sum(Kind::Double).double_value(&[]);
+    let _ = domino_ce_backward(
+        &s.out(),
+        &s.batch(&w),
+        LossObjective::Dflash,
+        0.25,
+        denominator,
+        5,
+    );
+    let var = |name: &str| s.vs.variables()[name].shallow_clone();
+    for (name, index) in [
+        ("prefix_gru.weight_hh_l0", [3, 2]),
+        ("prefix_gru.weight_ih_l0", [14, 5]),
+        ("embed_proj.0.weight", [2, 9]),
+    ] {
+        let param = var(name);
+        let analytic = param.grad().double_value(&index);
+        let eps = 1e-5;
+        let at = |delta: f64| {
+            tch::no_grad(|| {
+                let mut entry = param.get(index[0]).get(index[1]);
+                let _ = entry.g_add_scalar_(delta);
+            });
+            let loss = tch::no_grad(|| s.dense_loss(LossObjective::Dflash, 0.25)).double_value(&[]);
+            tch::no_grad(|| {
+                let mut entry = param.get(index[0]).get(index[1]);
+                let _ = entry.g_add_scalar_(-delta);
+            });
+            loss
+        };
+        let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+        assert!(
+            (analytic - numeric).abs() < 1e-3 * numeric.abs().max(1e-2),
+            "{name}{index:?}: autograd {analytic}, finite differences {numeric}"
+        );
+    }
+}
+
+#[test]
+fn at_lambda_one_only_the_base_loss_trains_and_the_head_gets_nothing() {
+    let s = setup(2, &DFLASH_WEIGHTS);
+    let w = s.weights.shallow_clone();
+    let _ = domino_ce_backward(&s.out(), &s.batch(&w), LossObjective::Dflash, 1.0, 1.0, 64);
+    for (name, g) in s.grads() {
+        let size = g.abs().sum(Kind::Double).double_value(&[]);
+        if name == "x" {
+            assert!(size > 0.0, "the backbone trains on the base loss");
+        } else {
+            assert_eq!(size, 0.0, "{name}");
+        }
+    }
+}
+
+#[test]
+fn the_evaluation_sums_are_the_training_sums_at_lambda_zero() {
+    let s = setup(8, &DFLASH_WEIGHTS);
+    let w = s.weights.shallow_clone();
+    let trained = domino_ce_backward(&s.out(), &s.batch(&w), LossObjective::Dflash, 0.0, 1.0, 3);
+    let evaluated = domino_ce(&s.out(), &s.batch(&w), LossObjective::Dflash, 1000);
+    assert!((trained.weighted_ce - evaluated.weighted_ce).abs() < 1e-4);
+    assert!((trained.base_ce - evaluated.base_ce).abs() < 1e-4);
+    assert_eq!(
+        (
+            trained.accepted,
+            trained.base_accepted,
+            trained.accept_blocks
+        ),
+        (
+            evaluated.accepted,
+            evaluated.base_accepted,
+            evaluated.accept_blocks
+        )
+    );
+    assert_eq!(
+        trained.accept_blocks, 3.0,
+        "the block without a weight is not counted"
+    );
+}
+
+#[test]
+fn acceptance_counts_the_leading_supervised_hits_as_specforge_does() {
+    let t = |v: &[bool]| Tensor::from_slice(v).view([-1, 4]);
+    let supervised = t(&[
+        false, true, true, true, // a full block
+        false, true, false, true, // an unsupervised slot is skipped, not a miss
+        false, false, false, false, // nothing supervised: not a block that counts
+    ]);
+    let hit = t(&[
+        false, true, false, true, // 1 accepted, then a miss
+        false, true, false, true, // 2 accepted
+        true, true, true, true,
+    ]);
+    assert_eq!(accepted_counts(&hit, &supervised), (2.0 + 3.0, 2.0));
+}
+
+#[test]
+fn lambda_falls_linearly_to_zero_as_specforges_schedule() {
+    // SpecForge's own cases (`test_lambda_base_decays_over_total_steps`).
+    assert_eq!(lambda_base(0, 10, 1.0, 0.5), 1.0);
+    assert_eq!(lambda_base(5, 10, 1.0, 0.5), 0.0);
+    assert_eq!(lambda_base(10, 10, 1.0, 0.5), 0.0);
+    assert_eq!(
+        lambda_base(3, 0, 1.0, 0.5),
+        0.0,
+        "no schedule: the final loss alone"
+    );
+    assert!((lambda_base(2, 10, 1.0, 0.5) - 0.6).abs() < 1e-12);
+    assert!((lambda_base(2, 10, 0.5, 0.5) - 0.3).abs() < 1e-12);
+    // ⌊7·0.5⌋ = 3 decay steps; a zero ratio still decays over one step.
+    assert!((lambda_base(1, 7, 1.0, 0.5) - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(lambda_base(0, 10, 1.0, 0.0), 1.0);
+    assert_eq!(lambda_base(1, 10, 1.0, 0.0), 0.0);
+}
