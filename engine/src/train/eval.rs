@@ -1,6 +1,9 @@
 //! Offline evaluation (spec §5): deterministic anchors at every valid position, acceptance
 //! length τ, per-position acceptance, recall@k per position, and the weighted loss.
 //!
+//! A Domino drafter is scored on its corrected logits (`model/drafter/domino.rs`), the GRU
+//! teacher-forced on each block's labels.
+//!
 //! Per block: `correct_k = (argmax_k == label_k) | !valid_k`; `accepted = Σ_k cumprod(correct)_k ·
 //! valid_k` over `k = 1..bs-1`; `τ_block = accepted + 1` (the target's bonus token); τ is the
 //! mean over blocks. `per_position_acceptance[k-1]` is the fraction of blocks with a valid label
@@ -23,7 +26,7 @@ use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::collate;
 use crate::data::Sample;
-use crate::model::drafter::{AttentionBackend, Drafter};
+use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::TargetModel;
 
 pub const RECALL_KS: [usize; 4] = [1, 2, 4, 8];
@@ -108,6 +111,14 @@ struct PositionScores {
     in_top: Vec<bool>,
 }
 
+/// A Domino drafter's head and the GRU state each slot reads (`[B, N·bs, G]`), for scoring
+/// its corrected logits.
+struct Correction<'a> {
+    head: &'a DominoHead,
+    states: Tensor,
+    block_size: i64,
+}
+
 fn score_positions(
     out: &Tensor,
     lm_head: &Tensor,
@@ -115,9 +126,11 @@ fn score_positions(
     idx: &Tensor,
     chunk: i64,
     max_k: i64,
+    correction: Option<&Correction>,
 ) -> PositionScores {
     let hidden = out.size()[2];
     let flat = out.reshape([-1, hidden]);
+    let flat_states = correction.map(|c| c.states.reshape([-1, c.states.size()[2]]));
     let tgt = targets.reshape([-1]).index_select(0, idx);
     let n = idx.size()[0];
     let mut ce = Vec::with_capacity(n as usize);
@@ -125,10 +138,21 @@ fn score_positions(
     let mut start = 0;
     while start < n {
         let len = chunk.min(n - start);
-        let logits = flat
-            .index_select(0, &idx.narrow(0, start, len))
-            .matmul(&lm_head.tr())
-            .to_kind(Kind::Float);
+        let rows = idx.narrow(0, start, len);
+        let z = flat.index_select(0, &rows);
+        let mut logits = z.matmul(&lm_head.tr()).to_kind(Kind::Float);
+        if let (Some(c), Some(states)) = (correction, &flat_states) {
+            let corrected = rows
+                .remainder(c.block_size)
+                .ge(c.head.config().suffix_start())
+                .nonzero()
+                .reshape([-1]);
+            let delta = c.head.correction(
+                &z.index_select(0, &corrected),
+                &states.index_select(0, &rows).index_select(0, &corrected),
+            );
+            logits = logits.index_add(0, &corrected, &delta.to_kind(Kind::Float));
+        }
         let t = tgt.narrow(0, start, len);
         let nll = -logits
             .log_softmax(-1, Kind::Float)
@@ -276,6 +300,23 @@ pub fn evaluate(
                     Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
                         .to_device(out.device());
                 let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
+                // Domino's GRU reads each block's true tokens, the slots' labels: for greedy
+                // acceptance these are the accepted prefix up to the first miss, and nothing
+                // after a miss changes the block's τ.
+                let correction = drafter.domino().map(|head| {
+                    let embedded = target
+                        .embed_tokens()
+                        .index_select(0, &targets.to_device(device))
+                        .view([batch.batch as i64, q, -1]);
+                    Correction {
+                        head,
+                        states: head.slot_states(
+                            &crate::device::place(&embedded, eval_device, eval_kind),
+                            bs as i64,
+                        ),
+                        block_size: bs as i64,
+                    }
+                });
                 let scores = score_positions(
                     &out,
                     &lm_head,
@@ -283,6 +324,7 @@ pub fn evaluate(
                     &idx,
                     opts.chunk_positions.max(1),
                     max_k,
+                    correction.as_ref(),
                 );
                 accumulate(
                     &mut totals,
@@ -415,6 +457,104 @@ mod tests {
         let (t, _) = one_block(vec![false, true, false, true], &[true, true]);
         assert_eq!(t.accepted_plus_one, 3.0);
         assert_eq!(t.valid_at, vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_domino_drafter_is_scored_on_its_corrected_logits() {
+        use crate::model::drafter::DominoConfig;
+        tch::manual_seed(6);
+        let (bs, h, v) = (4i64, 8i64, 11i64);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let cfg = DominoConfig {
+            emb_dim: 5,
+            gru_hidden_dim: 6,
+            pure_draft_prefix_len: 1,
+        };
+        let head = DominoHead::new(&vs.root(), &cfg, h, v, 0.5);
+        let opts = (Kind::Float, tch::Device::Cpu);
+        let out = Tensor::randn([1, 2 * bs, h], opts);
+        let lm_head = Tensor::randn([v, h], opts);
+        let states = head.slot_states(&Tensor::randn([1, 2 * bs, h], opts), bs);
+        let targets = Tensor::randint(v, [2 * bs], (Kind::Int64, tch::Device::Cpu));
+        let idx = Tensor::from_slice(&[1i64, 2, 3, 5, 6, 7]);
+        let correction = Correction {
+            head: &head,
+            states: states.shallow_clone(),
+            block_size: bs,
+        };
+        let scores = tch::no_grad(|| {
+            score_positions(&out, &lm_head, &targets, &idx, 4, 4, Some(&correction))
+        });
+        let dense = tch::no_grad(|| head.dense_logits(&out, &states, &lm_head, bs))
+            .view([-1, v])
+            .index_select(0, &idx);
+        let expected = dense
+            .cross_entropy_loss::<Tensor>(
+                &targets.index_select(0, &idx),
+                None,
+                tch::Reduction::None,
+                -100,
+                0.0,
+            )
+            .to_kind(Kind::Float);
+        let got = Tensor::from_slice(&scores.ce);
+        assert!(
+            got.allclose(&expected, 1e-5, 1e-5, false),
+            "{got:?} vs {expected:?}"
+        );
+        let base = tch::no_grad(|| score_positions(&out, &lm_head, &targets, &idx, 4, 4, None));
+        assert_eq!(base.ce[0], scores.ce[0], "slot 1 is the pure-draft prefix");
+        assert!(
+            base.ce[1..] != scores.ce[1..],
+            "the later slots are corrected"
+        );
+    }
+
+    #[test]
+    fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_nothing() {
+        use crate::model::drafter::{DominoConfig, DrafterHead};
+        use crate::train::embedded;
+        let device = tch::Device::Cpu;
+        let target = embedded::tiny_target(None, device).unwrap();
+        let dflash_cfg = embedded::tiny_drafter_config(target.config());
+        let mut domino_cfg = dflash_cfg.clone();
+        domino_cfg.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 8,
+            gru_hidden_dim: 8,
+            pure_draft_prefix_len: 0,
+        });
+        tch::manual_seed(2);
+        let domino_vs = tch::nn::VarStore::new(device);
+        let domino = Drafter::new(&domino_vs.root(), &domino_cfg);
+        let mut dflash_vs = tch::nn::VarStore::new(device);
+        let dflash = Drafter::new(&dflash_vs.root(), &dflash_cfg);
+        dflash_vs.copy(&domino_vs).unwrap();
+        let train = embedded::tiny_train_config();
+        let (samples, _) =
+            embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
+        let held: Vec<&Sample> = samples.iter().take(3).collect();
+        let opts = EvalOptions {
+            anchors_per_forward: 64,
+            rows_per_forward: 2,
+            gamma: 4.0,
+            rule: LabelMaskRule::Independent,
+            chunk_positions: 256,
+            backend: AttentionBackend::BlockSparse,
+            dpace_alpha: 0.5,
+        };
+        let base = evaluate(&target, &dflash, &held, &opts).unwrap();
+        let corrected = evaluate(&target, &domino, &held, &opts).unwrap();
+        assert_ne!(base.loss, corrected.loss, "the correction is applied");
+        tch::no_grad(|| {
+            let _ = domino_vs.variables()["embed_proj.2.weight"]
+                .shallow_clone()
+                .zero_();
+        });
+        let zeroed = evaluate(&target, &domino, &held, &opts).unwrap();
+        assert_eq!(
+            zeroed, base,
+            "a zero correction scores as the DFlash drafter"
+        );
     }
 
     #[test]
