@@ -148,3 +148,40 @@ fn the_prefix_slots_keep_the_base_logits_and_the_rest_are_corrected() {
         }
     }
 }
+
+/// PyTorch's own modules (`engine/tests/drafter_fixtures/make_domino.py`: `nn.GRU(bias=False)`
+/// and `nn.Sequential(Linear, SiLU, Linear)`, SpecForge's declaration): their `state_dict()`
+/// loads into the head by name, and the head computes what they computed.
+#[test]
+fn pytorchs_gru_and_embed_proj_load_by_their_state_dict_names_and_agree() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drafter_fixtures/domino");
+    let read = |file: &str| -> std::collections::HashMap<String, Tensor> {
+        Tensor::read_safetensors(dir.join(file))
+            .unwrap()
+            .into_iter()
+            .collect()
+    };
+    let (weights, io) = (read("head.safetensors"), read("io.safetensors"));
+    let (vs, head) = head(8, 6, 5, 11, 0);
+    let vars = vs.variables();
+    assert_eq!(vars.len(), weights.len());
+    tch::no_grad(|| {
+        for (name, var) in &vars {
+            let source = weights
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not in PyTorch's state_dict"));
+            assert_eq!(source.size(), var.size(), "{name}");
+            var.shallow_clone().copy_(source);
+        }
+    });
+    let states = tch::no_grad(|| head.gru(&io["inputs"]));
+    let diff = (&states - &io["states"]).abs().max().double_value(&[]);
+    assert!(diff < 1e-6, "GRU states differ by {diff}");
+    let correction = tch::no_grad(|| head.correction(&io["z"], &io["states"]));
+    let diff = (&correction - &io["correction"])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff < 1e-6, "embed_proj differs by {diff}");
+}
