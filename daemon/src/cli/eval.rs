@@ -265,6 +265,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
         result.positions
     );
     println!("tau (acceptance length): {:.4}", result.tau);
+    if let Some(base) = result.base_tau {
+        println!("base_tau (Domino's LM-head logits alone, without its correction): {base:.4}");
+    }
     println!(
         "loss: {:.4}   top-1 accuracy: {:.4}",
         result.loss, result.accuracy

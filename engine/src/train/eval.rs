@@ -68,6 +68,11 @@ pub struct EvalReport {
     pub samples: usize,
     pub blocks: u64,
     pub positions: u64,
+    /// A Domino drafter's τ on the same blocks from the LM head's logits alone, SpecForge's
+    /// `base_accept_len` offline: what the correction adds is `tau − base_tau`. Absent for a
+    /// DFlash drafter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_tau: Option<f64>,
 }
 
 #[derive(Default)]
@@ -86,6 +91,15 @@ struct Totals {
 }
 
 impl Totals {
+    /// Mean over blocks of 1 + the accepted drafts (0 without a block).
+    fn tau(&self) -> f64 {
+        if self.blocks > 0 {
+            self.accepted_plus_one / self.blocks as f64
+        } else {
+            0.0
+        }
+    }
+
     fn new(block_size: usize, ks: usize) -> Self {
         Self {
             valid_at: vec![0; block_size],
@@ -246,6 +260,8 @@ pub fn evaluate(
     let max_k = (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab);
     let device = target.device();
     let mut totals = Totals::new(bs, RECALL_KS.len());
+    // A Domino drafter's blocks scored again on the base logits alone.
+    let mut base_totals = Totals::new(bs, RECALL_KS.len());
     // The drafter's device and dtype, where its output and therefore the scoring live. The LM
     // head (vocab × hidden: 2.4 GiB at the real size) goes there once per evaluation and each
     // forward group's features once per group, not once per anchor chunk: the chunks of a
@@ -282,18 +298,20 @@ pub fn evaluate(
                     .filter(|&f| labels.valid[f])
                     .collect();
                 if valid_flat.is_empty() {
-                    accumulate(
-                        &mut totals,
-                        &anchors,
-                        &labels,
-                        bs,
-                        &[],
-                        &PositionScores {
-                            ce: vec![],
-                            in_top: vec![],
-                        },
-                        opts.dpace_alpha,
-                    );
+                    for totals in [&mut totals, &mut base_totals] {
+                        accumulate(
+                            totals,
+                            &anchors,
+                            &labels,
+                            bs,
+                            &[],
+                            &PositionScores {
+                                ce: vec![],
+                                in_top: vec![],
+                            },
+                            opts.dpace_alpha,
+                        );
+                    }
                     continue;
                 }
                 let idx =
@@ -335,6 +353,26 @@ pub fn evaluate(
                     &scores,
                     opts.dpace_alpha,
                 );
+                if correction.is_some() {
+                    let base = score_positions(
+                        &out,
+                        &lm_head,
+                        &targets,
+                        &idx,
+                        opts.chunk_positions.max(1),
+                        max_k,
+                        None,
+                    );
+                    accumulate(
+                        &mut base_totals,
+                        &anchors,
+                        &labels,
+                        bs,
+                        &valid_flat,
+                        &base,
+                        opts.dpace_alpha,
+                    );
+                }
             }
         }
         Ok(())
@@ -352,11 +390,7 @@ pub fn evaluate(
         0.0
     };
     Ok(EvalReport {
-        tau: if totals.blocks > 0 {
-            totals.accepted_plus_one / totals.blocks as f64
-        } else {
-            0.0
-        },
+        tau: totals.tau(),
         loss,
         loss_dflash: loss,
         loss_dpace: if samples.is_empty() {
@@ -372,6 +406,7 @@ pub fn evaluate(
         samples: samples.len(),
         blocks: totals.blocks,
         positions: totals.positions,
+        base_tau: drafter.domino().map(|_| base_totals.tau()),
     })
 }
 
@@ -543,16 +578,30 @@ mod tests {
             dpace_alpha: 0.5,
         };
         let base = evaluate(&target, &dflash, &held, &opts).unwrap();
+        assert_eq!(
+            base.base_tau, None,
+            "a DFlash drafter has no base τ of its own"
+        );
         let corrected = evaluate(&target, &domino, &held, &opts).unwrap();
         assert_ne!(base.loss, corrected.loss, "the correction is applied");
+        assert_eq!(
+            corrected.base_tau,
+            Some(base.tau),
+            "its base τ is the backbone's alone"
+        );
         tch::no_grad(|| {
             let _ = domino_vs.variables()["embed_proj.2.weight"]
                 .shallow_clone()
                 .zero_();
         });
         let zeroed = evaluate(&target, &domino, &held, &opts).unwrap();
+        assert_eq!(zeroed.base_tau, Some(zeroed.tau));
         assert_eq!(
-            zeroed, base,
+            EvalReport {
+                base_tau: None,
+                ..zeroed
+            },
+            base,
             "a zero correction scores as the DFlash drafter"
         );
     }
