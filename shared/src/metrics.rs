@@ -211,7 +211,10 @@ mod domino_line_tests {
                 "grad_norm":1.0,"tokens_per_s":10.0}"#,
         )
         .unwrap();
-        assert_eq!(line.domino, None, "a line without the keys has no Domino figures");
+        assert_eq!(
+            line.domino, None,
+            "a line without the keys has no Domino figures"
+        );
         line.domino = Some(DominoStepMetrics {
             lambda_base: 0.75,
             final_loss: 2.25,
