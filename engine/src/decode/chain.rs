@@ -1,8 +1,9 @@
 //! Chain speculative decoding (z-lab `dflash_generate`) and the target alone, one prompt.
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
+use super::draft::{BlockDraft, DraftLogits};
 use super::error::DecodeError;
 use super::sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
 use crate::model::drafter::{Drafter, DrafterCache};
@@ -292,42 +293,29 @@ pub(super) fn prefill(
     Ok(step.logits.get(0).get(prompt.len() as i64 - 1))
 }
 
-/// The drafter's block at the anchor after `context`, `[last, MASK × (bs−1)]`, through the
-/// target's LM head: logits `[bs−1, V]` (fp32) for the positions after `last`.
-pub(super) fn draft_logits(
-    target: &TargetModel,
-    drafter: &Drafter,
-    context: &DrafterCache,
-    last: i64,
-) -> Tensor {
-    let cfg = drafter.config();
-    let bs = cfg.block_size;
-    let mut block_ids = vec![cfg.mask_token_id; bs as usize];
-    block_ids[0] = last;
-    let block = Tensor::from_slice(&block_ids)
-        .view([1, bs])
-        .to_device(target.device());
-    let embedded = Tensor::embedding(target.embed_tokens(), &block, -1, false, false);
-    let hidden = drafter.draft_block(context, &embedded);
-    tch::no_grad(|| {
-        hidden
-            .get(0)
-            .narrow(0, 1, bs - 1)
-            .to_kind(target.kind())
-            .linear::<Tensor>(target.lm_head(), None)
-            .to_kind(Kind::Float)
-    })
-}
-
 /// Chain speculative decoding, the DFlash reference's round: block `[last token, MASK × (bs−1)]`
 /// drafted at the anchor after the accepted context; the target verifies it in one forward; the
 /// leading drafts it agrees with (greedy) or accepts by the rejection rule (sampled) are kept,
-/// plus its bonus token; both caches go back to the accepted prefix.
+/// plus its bonus token; both caches go back to the accepted prefix. A Domino drafter drafts
+/// from its corrected logits ([`generate_chain_with`]).
 pub fn generate_chain(
     target: &TargetModel,
     drafter: &Drafter,
     prompt: &[i64],
     settings: &Settings,
+) -> Result<Generation, DecodeError> {
+    generate_chain_with(target, drafter, prompt, settings, DraftLogits::Drafter)
+}
+
+/// [`generate_chain`] drafting from `logits`: a Domino drafter's slots in order, each slot's
+/// correction reading the drafts before it (`draft.rs`); sampled, each draft is drawn from
+/// the corrected distribution, which is then the proposal the rejection rule divides by.
+pub fn generate_chain_with(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompt: &[i64],
+    settings: &Settings,
+    logits: DraftLogits,
 ) -> Result<Generation, DecodeError> {
     settings.sampling.validate()?;
     check_fit(target, drafter)?;
@@ -347,18 +335,24 @@ pub fn generate_chain(
     count.first(last);
     while count.another_round() {
         // draft
-        let draft_logits = draft_logits(target, drafter, &context, last);
+        let block = BlockDraft::new(target, drafter, &context, last, logits);
+        let mut state = block.start(last);
         let mut proposals = Vec::with_capacity(bs as usize - 1);
         let mut drafts = Vec::with_capacity(bs as usize - 1);
-        for i in 0..bs - 1 {
-            let logits = draft_logits.get(i);
-            match settings.sampling {
-                Sampling::Greedy => drafts.push(argmax(&logits)),
+        for slot in 1..bs {
+            let logits = block.slot_logits(slot, &state);
+            let draft = match settings.sampling {
+                Sampling::Greedy => argmax(&logits),
                 s => {
                     let q = distribution(&logits, s);
-                    drafts.push(sample_index(&q, &mut rng) as i64);
+                    let drawn = sample_index(&q, &mut rng) as i64;
                     proposals.push(q);
+                    drawn
                 }
+            };
+            drafts.push(draft);
+            if slot + 1 < bs {
+                state = block.read(&state, draft);
             }
         }
 

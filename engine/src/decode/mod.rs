@@ -2,6 +2,8 @@
 //! the DFlash authors' `dflash_generate` (one block drafted and verified per target forward),
 //! greedy or sampled with the standard rejection rule; DDTree (`tree.rs`: a best-first tree of
 //! drafts verified in one target forward, greedy); and the target alone as the reference.
+//! A Domino drafter drafts from its corrected logits (`draft.rs`): its slots in order, each
+//! slot's GRU correction reading the drafts before it; in a tree, each node's own path.
 //!
 //! Pure libtorch math over `model/` (the targets' [`crate::model::target::TargetCache`], the
 //! drafter's [`crate::model::drafter::DrafterCache`]); no I/O. Batch 1: one prompt at a time.
@@ -17,18 +19,21 @@
 //! [`run_online`] runs every [`Method`] on every prompt of a set beside the target alone and
 //! summarises it ([`OnlineReport`]).
 mod chain;
+mod draft;
 mod error;
 mod online;
 mod sampling;
 mod tree;
 
-pub use chain::{generate_chain, generate_target_only, Generation, Settings};
+pub use chain::{generate_chain, generate_chain_with, generate_target_only, Generation, Settings};
+pub use draft::{greedy_block, BlockDraft, DraftLogits, PathState};
 pub use error::DecodeError;
 pub use online::{
-    acceptance, prompt_settings, run_online, Acceptance, Method, MethodRun, OnlineReport,
-    TargetOnlyRun,
+    acceptance, prompt_settings, run_online, run_online_with, Acceptance, Method, MethodRun,
+    OnlineReport, TargetOnlyRun,
 };
 pub use sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
 pub use tree::{
-    build_tree, generate_tree, top_candidates, Candidates, DraftTree, TreeGeneration, TreeRound,
+    build_tree, generate_tree, generate_tree_with, grow_tree, top_candidates, Candidates,
+    DraftTree, TreeGeneration, TreeRound,
 };

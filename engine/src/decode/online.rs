@@ -7,10 +7,11 @@
 use std::fmt;
 use std::time::Instant;
 
-use super::chain::{generate_chain, generate_target_only, Generation, Settings};
+use super::chain::{generate_chain_with, generate_target_only, Generation, Settings};
+use super::draft::DraftLogits;
 use super::error::DecodeError;
 use super::sampling::Sampling;
-use super::tree::generate_tree;
+use super::tree::generate_tree_with;
 use crate::model::drafter::Drafter;
 use crate::model::target::TargetModel;
 
@@ -39,11 +40,13 @@ impl Method {
         drafter: &Drafter,
         prompt: &[i64],
         settings: &Settings,
+        logits: DraftLogits,
     ) -> Result<Generation, DecodeError> {
         match self {
-            Method::Chain => generate_chain(target, drafter, prompt, settings),
+            Method::Chain => generate_chain_with(target, drafter, prompt, settings, logits),
             Method::Tree { budget } => {
-                generate_tree(target, drafter, prompt, settings, *budget).map(|t| t.generation)
+                generate_tree_with(target, drafter, prompt, settings, *budget, logits)
+                    .map(|t| t.generation)
             }
         }
     }
@@ -168,13 +171,34 @@ pub fn prompt_settings(settings: &Settings, index: usize) -> Settings {
 }
 
 /// Runs the target alone and then every method in `methods` on every prompt, one prompt at a
-/// time, timing each method over the whole set.
+/// time, timing each method over the whole set. The drafter drafts from its own logits (a
+/// Domino drafter's corrected ones).
 pub fn run_online(
     target: &TargetModel,
     drafter: &Drafter,
     prompts: &[Vec<i64>],
     settings: &Settings,
     methods: &[Method],
+) -> Result<OnlineReport, DecodeError> {
+    run_online_with(
+        target,
+        drafter,
+        prompts,
+        settings,
+        methods,
+        DraftLogits::Drafter,
+    )
+}
+
+/// [`run_online`] with the drafter drafting from `logits` (a Domino drafter's base acceptance:
+/// [`DraftLogits::LmHeadOnly`]).
+pub fn run_online_with(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompts: &[Vec<i64>],
+    settings: &Settings,
+    methods: &[Method],
+    logits: DraftLogits,
 ) -> Result<OnlineReport, DecodeError> {
     settings.sampling.validate()?;
     if prompts.is_empty() {
@@ -207,7 +231,9 @@ pub fn run_online(
         let generations = prompts
             .iter()
             .enumerate()
-            .map(|(i, p)| method.generate(target, drafter, p, &prompt_settings(settings, i)))
+            .map(|(i, p)| {
+                method.generate(target, drafter, p, &prompt_settings(settings, i), logits)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let seconds = clock.elapsed().as_secs_f64();
         let greedy = settings.sampling == Sampling::Greedy;

@@ -11,6 +11,15 @@
 //! the sum of its log-probabilities; since every term is ≤ 0, pops come in non-increasing score
 //! and the tree of budget `B` is the first `B` nodes of the tree of any larger budget.
 //!
+//! A Domino drafter's distributions depend on the path (its correction reads the tokens
+//! before a slot), so its tree is grown by the same search with each node's children ranked by
+//! the corrected logits its own path gives ([`grow_tree`]): the GRU steps from the root
+//! through the node's ancestors, as the chain steps through its drafts. The chain's greedy
+//! draft is still the rank-0 path, and the score, tie rules and the budget-prefix property
+//! are unchanged. Neither DDTree nor SpecForge defines a Domino tree; this is dflashd's
+//! construction, chosen because it is the tree whose every path is a chain the drafter would
+//! draft, each node's probability the one serving's chain would give it.
+//!
 //! Ties, on which greedy agreement with other implementations depends:
 //! - within a depth, tokens of equal log-probability are ranked by token id, lowest first (the
 //!   reference takes `torch.topk`'s order, which on CPU is not index order); rank 0 is thus the
@@ -22,7 +31,8 @@ use std::collections::BinaryHeap;
 
 use tch::{Kind, Tensor};
 
-use super::chain::{argmax, check_fit, draft_logits, prefill, Generation, PeerCount, Settings};
+use super::chain::{argmax, check_fit, prefill, Generation, PeerCount, Settings};
+use super::draft::{BlockDraft, DraftLogits, PathState};
 use super::error::DecodeError;
 use super::sampling::Sampling;
 use crate::model::drafter::Drafter;
@@ -116,14 +126,34 @@ impl Ord for Frontier {
 /// The best-first tree of at most `budget` nodes over `per_depth[d−1]` (depth d's candidates,
 /// best first; see the module doc for the order).
 pub fn build_tree(per_depth: &[Candidates], budget: usize) -> DraftTree {
+    grow_tree(budget, |parent, tree| {
+        let depth = parent.map_or(0, |p| tree.depths[p]);
+        per_depth.get(depth).cloned().unwrap_or_default()
+    })
+}
+
+/// The best-first tree of at most `budget` nodes where the candidates below a node depend on
+/// its path (a Domino drafter's, whose correction reads the path's tokens): `children(parent,
+/// tree)` gives the candidates below `parent` (`None`: the root), best first, empty at the
+/// deepest depth. It is called for the root first and then for each node as it is added,
+/// except the last, in insertion order; the search is [`build_tree`]'s.
+pub fn grow_tree(
+    budget: usize,
+    mut children: impl FnMut(Option<usize>, &DraftTree) -> Candidates,
+) -> DraftTree {
     let mut tree = DraftTree {
         tokens: Vec::new(),
         parents: Vec::new(),
         depths: Vec::new(),
         scores: Vec::new(),
     };
+    if budget == 0 {
+        return tree;
+    }
+    // `below[0]`: the root's children; `below[n + 1]`: node n's
+    let mut below = vec![children(None, &tree)];
     let mut heap = BinaryHeap::new();
-    if let Some((_, logp)) = per_depth.first().and_then(|c| c.first()) {
+    if let Some((_, logp)) = below[0].first() {
         heap.push(Frontier {
             score: *logp,
             ranks: vec![0],
@@ -134,22 +164,27 @@ pub fn build_tree(per_depth: &[Candidates], budget: usize) -> DraftTree {
         let Some(node) = heap.pop() else { break };
         let depth = node.depth();
         let rank = *node.ranks.last().expect("a candidate has a depth");
-        let here = &per_depth[depth - 1];
+        let siblings = &below[node.parent.map_or(0, |p| p + 1)];
+        let (token, logp) = siblings[rank];
         let index = tree.len();
-        tree.tokens.push(here[rank].0);
+        tree.tokens.push(token);
         tree.parents.push(node.parent);
         tree.depths.push(depth);
         tree.scores.push(node.score);
-        if let Some(&(_, next_logp)) = here.get(rank + 1) {
+        if let Some(&(_, next_logp)) = siblings.get(rank + 1) {
             let mut ranks = node.ranks.clone();
             *ranks.last_mut().expect("a candidate has a depth") = rank + 1;
             heap.push(Frontier {
-                score: node.score - here[rank].1 + next_logp,
+                score: node.score - logp + next_logp,
                 ranks,
                 parent: node.parent,
             });
         }
-        if let Some(&(_, child_logp)) = per_depth.get(depth).and_then(|c| c.first()) {
+        if tree.len() == budget {
+            break;
+        }
+        below.push(children(Some(index), &tree));
+        if let Some(&(_, child_logp)) = below[index + 1].first() {
             let mut ranks = node.ranks;
             ranks.push(0);
             heap.push(Frontier {
@@ -160,6 +195,37 @@ pub fn build_tree(per_depth: &[Candidates], budget: usize) -> DraftTree {
         }
     }
     tree
+}
+
+/// The round's tree from the drafter's block: over per-depth candidates when its slots do not
+/// depend on the path (DFlash), else each node's children from its own path's corrected
+/// logits (Domino: the GRU reads the root and the node's ancestors, as the chain reads the
+/// drafts before a slot).
+fn draft_tree(block: &BlockDraft, root: i64, budget: usize) -> DraftTree {
+    if let Some(logits) = block.independent_logits() {
+        let per_depth: Vec<Candidates> = (0..logits.size()[0])
+            .map(|d| top_candidates(&logits.get(d), budget))
+            .collect();
+        return build_tree(&per_depth, budget);
+    }
+    let root_state = block.start(root);
+    // node n's state: the GRU after the root and the tokens of the path down to n
+    let mut states: Vec<PathState> = Vec::new();
+    grow_tree(budget, |parent, tree| match parent {
+        None => top_candidates(&block.slot_logits(1, &root_state), budget),
+        Some(node) => {
+            let from = tree.parents[node].map_or(&root_state, |p| &states[p]);
+            let state = block.read(from, tree.tokens[node]);
+            let depth = tree.depths[node] as i64;
+            let candidates = if depth < block.slots() {
+                top_candidates(&block.slot_logits(depth + 1, &state), budget)
+            } else {
+                Vec::new()
+            };
+            states.push(state);
+            candidates
+        }
+    })
 }
 
 /// The `k` most likely tokens of `logits` `[V]` as `(token, log-probability)`, best first,
@@ -209,13 +275,33 @@ pub struct TreeGeneration {
 }
 
 /// Greedy DDTree decoding with a node budget per round (`budget ≥ 1`; the tree is never
-/// deeper than the drafter's block − 1). The output equals the target's greedy output.
+/// deeper than the drafter's block − 1). The output equals the target's greedy output. A
+/// Domino drafter's tree is built from its corrected logits ([`generate_tree_with`]).
 pub fn generate_tree(
     target: &TargetModel,
     drafter: &Drafter,
     prompt: &[i64],
     settings: &Settings,
     budget: usize,
+) -> Result<TreeGeneration, DecodeError> {
+    generate_tree_with(
+        target,
+        drafter,
+        prompt,
+        settings,
+        budget,
+        DraftLogits::Drafter,
+    )
+}
+
+/// [`generate_tree`] drafting from `logits`.
+pub fn generate_tree_with(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompt: &[i64],
+    settings: &Settings,
+    budget: usize,
+    logits: DraftLogits,
 ) -> Result<TreeGeneration, DecodeError> {
     if settings.sampling != Sampling::Greedy {
         return Err(DecodeError::TreeNeedsGreedy);
@@ -238,11 +324,8 @@ pub fn generate_tree(
     let mut last = argmax(&first);
     count.first(last);
     while count.another_round() {
-        let logits = draft_logits(target, drafter, &context, last);
-        let per_depth: Vec<Candidates> = (0..logits.size()[0])
-            .map(|d| top_candidates(&logits.get(d), budget))
-            .collect();
-        let tree = build_tree(&per_depth, budget);
+        let block = BlockDraft::new(target, drafter, &context, last, logits);
+        let tree = draft_tree(&block, last, budget);
 
         // verify: the root and every node in one forward
         let mut ids = vec![last];

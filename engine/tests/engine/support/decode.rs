@@ -1,7 +1,7 @@
 //! The tiny hybrid target (Gated DeltaNet + gated attention), drafter and prompts of the
 //! decoding tests (chain and DDTree).
 use dflash_engine::decode::{Sampling, Settings};
-use dflash_engine::model::drafter::{Drafter, DrafterConfig, LayerType};
+use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, DrafterHead, LayerType};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use tch::{nn, Device, Kind};
 
@@ -80,4 +80,28 @@ pub fn greedy(max_new_tokens: usize) -> Settings {
         sampling: Sampling::Greedy,
         seed: 0,
     }
+}
+
+/// [`drafter`] with a Domino head (GRU of 8, `embed_proj` through 16) whose correction keeps
+/// the first `pure_draft_prefix_len` slots after the anchor uncorrected. `randomize` spreads
+/// the head's weights too, so its correction is far from zero and changes drafts.
+pub fn domino_drafter(
+    vocab: i64,
+    block_size: i64,
+    seed: i64,
+    pure_draft_prefix_len: i64,
+) -> (nn::VarStore, Drafter) {
+    let (plain_vs, plain) = drafter(vocab, block_size, seed);
+    let mut cfg = plain.config().clone();
+    drop((plain_vs, plain));
+    cfg.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 16,
+        gru_hidden_dim: 8,
+        pure_draft_prefix_len,
+    });
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    randomize(&vs, 0.5);
+    (vs, d)
 }
