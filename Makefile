@@ -50,6 +50,8 @@ run: build
 # `prometheus` package (prometheus + promtool), installed here when absent (as root, as CI runs;
 # recommends such as node-exporter left out). Its service is never used: the test starts its
 # own server on a free loopback port; where systemd started the packaged one, it is stopped.
+# Debian's `libgloo-dev`: gloo's headers, which the torch wheel lacks, for the engine's shim over
+# libtorch's own ProcessGroupGloo (headers only; nothing of Debian's libgloo is linked).
 test-deps:
 	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
 		if [ "$$(id -u)" != 0 ]; then \
@@ -58,6 +60,13 @@ test-deps:
 		fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 		if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
+	fi
+	@if [ ! -f /usr/include/gloo/context.h ]; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make test: the two-process Gloo tests need gloo's headers (Debian's libgloo-dev; the engine compiles libtorch's own ProcessGroupGloo against them): sudo apt-get install --no-install-recommends libgloo-dev"; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libgloo-dev >/dev/null; \
 	fi
 
 # DFLASH_REQUIRE_PROMETHEUS: under `make test` the Prometheus tests fail instead of skipping

@@ -20,6 +20,7 @@ pub mod atomic_write;
 pub mod data;
 pub mod decode;
 pub mod device;
+pub mod dist;
 pub mod file_hash;
 pub mod model;
 pub mod peak;
