@@ -1,0 +1,198 @@
+//! `[data]`, and the checks that need what only disk can tell: the data's sample count, the
+//! target's shape, whether named files exist.
+use super::in_range;
+use crate::config::error::ConfigIssue;
+use crate::config::sections::{DataFormat, EMBEDDED_DATA, EMBEDDED_PROMPTS};
+use crate::config::Config;
+
+/// What can only be judged once the data's sample count is known: the held-out count and the
+/// batch size against it. `start` checks this after loading the data; `config validate` with
+/// an upper bound of the count (the file's lines), so what it refuses `start` refuses too.
+pub(crate) fn against_dataset(c: &Config, n_samples: usize) -> Vec<ConfigIssue> {
+    let mut v = Vec::new();
+    let d = &c.data;
+    let held_out = d.held_out_count(n_samples);
+    let held_out_key = if d.held_out_samples.is_some() {
+        "data.held_out_samples"
+    } else {
+        "data.held_out_fraction"
+    };
+    if held_out >= n_samples {
+        v.push(
+            ConfigIssue::invalid(
+                held_out_key,
+                format!("fewer held-out samples than the {n_samples} samples of the data"),
+                format!("{} held out", d.held_out_samples.unwrap_or(held_out)),
+            )
+            .with_hint("that leaves no sample to train on; hold out fewer"),
+        );
+        return v;
+    }
+    let train = n_samples - held_out;
+    let batch = c.training.batch_size;
+    if batch > train {
+        v.push(
+            ConfigIssue::invalid(
+                "training.batch_size",
+                format!("at most the {train} training samples ({n_samples} in the data, {held_out} held out)"),
+                batch,
+            )
+            .with_hint(
+                "every step would take the whole dataset, a handful of steps in all; pick a \
+                 batch size well below the training sample count",
+            ),
+        );
+    }
+    v
+}
+
+/// The embedded prompts are token ids of the embedded target's vocabulary: meaningless for
+/// any other target. Judged where the target is (`config validate`, and `start` before the
+/// first step), not when a config is parsed: a copy of the embedded default pointed at a
+/// Hugging Face model is refused for its model first, if that is what is wrong with it.
+pub(crate) fn embedded_prompts_on_another_target(c: &Config) -> Option<ConfigIssue> {
+    let t = &c.training;
+    let embedded_prompts = t.online_eval_prompts.as_deref() == Some(EMBEDDED_PROMPTS);
+    (embedded_prompts && t.online_eval_interval() > 0 && !c.target.is_embedded()).then(|| {
+        ConfigIssue::invalid(
+            "training.online_eval_prompts",
+            "a JSONL prompt file for this target",
+            format!("\"{EMBEDDED_PROMPTS}\""),
+        )
+        .with_hint(
+            "the embedded prompts are token ids of the embedded target's vocabulary; name a \
+             JSONL file of prompts (`input_ids` or chat `conversations`) for target.model, or \
+             set training.online_eval_every = 0",
+        )
+    })
+}
+
+pub(super) fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let d = &c.data;
+    if d.train_file.trim().is_empty() {
+        v.push(ConfigIssue::invalid(
+            "data.train_file",
+            "a JSONL path or \"embedded\"",
+            "an empty string",
+        ));
+    }
+    in_range(
+        v,
+        "data.held_out_fraction",
+        d.held_out_fraction,
+        0.0,
+        0.5,
+        "a fraction in [0, 0.5]",
+    );
+    // `start` refuses chat data on the embedded target whatever `data.tokenizer` says: the
+    // embedded target has no chat template, and its random weights know no tokenizer's ids.
+    let chat_file = d.format == DataFormat::Chat && d.train_file != EMBEDDED_DATA;
+    if chat_file && c.target.is_embedded() {
+        v.push(
+            ConfigIssue::invalid(
+                "data.format",
+                "\"pretokenized\" with the embedded target",
+                "\"chat\"",
+            )
+            .with_hint(
+                "the embedded target has no chat template, and data.tokenizer does not give it \
+                 one; use pre-tokenized data or a Hugging Face target (target.model)",
+            ),
+        );
+    }
+}
+
+/// What `config validate` can learn from disk without loading weights; `None` where it could
+/// not be learnt (the check is then left to `start`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigFacts {
+    /// Non-blank lines of `data.train_file`: an upper bound of its sample count.
+    pub train_lines: Option<usize>,
+    /// `telemetry.python` as resolved, when it names no file.
+    pub missing_python: Option<String>,
+    /// `training.online_eval_prompts` as resolved, when online evaluation is on and it names
+    /// no file.
+    pub missing_online_prompts: Option<String>,
+    /// The target's depth and vocabulary, from its `config.json` (or the embedded target).
+    pub target: Option<TargetShape>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetShape {
+    pub num_layers: usize,
+    pub vocab_size: u64,
+    pub hidden_size: u64,
+}
+
+/// The checks of [`ConfigFacts`]: each is one `start` makes with the loaded target and data,
+/// named here by the TOML key. A sample count is at most the line count, and the dataset rules
+/// only get stricter as it shrinks, so what is refused on the lines `start` refuses too.
+pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
+    let mut v = Vec::new();
+    if let Some(lines) = f.train_lines {
+        v.extend(against_dataset(c, lines));
+    }
+    if let Some(path) = &f.missing_python {
+        v.push(
+            ConfigIssue::invalid(
+                "telemetry.python",
+                "the path of an existing Python interpreter",
+                format!("{path} (no such file)"),
+            )
+            .with_hint("fix the path, or remove the key to record no Python environment"),
+        );
+    }
+    v.extend(embedded_prompts_on_another_target(c));
+    if let Some(path) = &f.missing_online_prompts {
+        v.push(
+            ConfigIssue::invalid(
+                "training.online_eval_prompts",
+                "an existing JSONL prompt file",
+                format!("{path} (no such file)"),
+            )
+            .with_hint("fix the path, or set training.online_eval_every = 0"),
+        );
+    }
+    if let Some(t) = f.target {
+        let d = &c.drafter;
+        for (i, &id) in d.target_layer_ids.iter().enumerate() {
+            if id >= t.num_layers {
+                v.push(ConfigIssue::invalid(
+                    format!("drafter.target_layer_ids[{i}]"),
+                    format!(
+                        "a layer of the target: 0..={}",
+                        t.num_layers.saturating_sub(1)
+                    ),
+                    format!("{id} (the target has {} layers)", t.num_layers),
+                ));
+            }
+        }
+        if d.hidden_size as u64 != t.hidden_size {
+            v.push(
+                ConfigIssue::invalid(
+                    "drafter.hidden_size",
+                    format!("the target's hidden size, {}", t.hidden_size),
+                    d.hidden_size,
+                )
+                .with_hint("the drafter reuses the target's embedding and LM head"),
+            );
+        }
+        if u64::from(d.mask_token_id) >= t.vocab_size {
+            v.push(
+                ConfigIssue::invalid(
+                    "drafter.mask_token_id",
+                    format!(
+                        "a token id of the target: 0..={}",
+                        t.vocab_size.saturating_sub(1)
+                    ),
+                    format!(
+                        "{} (the target's vocabulary has {})",
+                        d.mask_token_id, t.vocab_size
+                    ),
+                )
+                .with_hint("the mask token must be a row of the target's embedding"),
+            );
+        }
+    }
+    v
+}
