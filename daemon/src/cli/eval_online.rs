@@ -3,7 +3,8 @@
 //! served acceptance. Every method decodes every prompt against the target (the engine's
 //! `decode::run_online`), beside the target alone, and the offline τ of the same drafter on the
 //! target's greedy continuations of the same prompts puts the train-versus-serve gap in one
-//! place.
+//! place. A Domino drafter decodes with its correction (τ), and every method runs a second
+//! time on the LM head's logits alone (`base_tau`), as the offline eval reports both.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +13,9 @@ use dflash_engine::data::{
     load_stop_tokens, read_prompt_rows, tokenize_prompts, ChatEncoder, ChatOptions, Prompt,
     PromptRow, StopTokens,
 };
-use dflash_engine::decode::{run_online, Method, MethodRun, OnlineReport, Sampling, Settings};
+use dflash_engine::decode::{
+    run_online, run_online_with, DraftLogits, Method, MethodRun, OnlineReport, Sampling, Settings,
+};
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::continuation_eval::{evaluate_greedy_continuations, ContinuationEval};
 use dflash_engine::train::drafter_io::LoadedDrafter;
@@ -149,9 +152,22 @@ pub fn run(
     };
     let ids: Vec<Vec<i64>> = prompts.iter().map(|p| p.input_ids.clone()).collect();
     let report = run_online(target, &drafter.drafter, &ids, &settings, &methods)?;
+    // Domino: the same methods drafting from the LM head alone, what the correction adds
+    let base = match drafter.drafter.domino() {
+        Some(_) => Some(run_online_with(
+            target,
+            &drafter.drafter,
+            &ids,
+            &settings,
+            &methods,
+            DraftLogits::LmHeadOnly,
+        )?),
+        None => None,
+    };
     let opts = eval_options(args, drafter.config.block_size as usize);
     let offline = evaluate_greedy_continuations(target, &drafter.drafter, &ids, &report, &opts)?;
-    for run in &report.methods {
+    let base_runs = base.iter().flat_map(|b| &b.methods);
+    for run in report.methods.iter().chain(base_runs) {
         if run.lossless == Some(false) {
             eprintln!(
                 "warning: greedy {} differs from the target alone on prompt line(s) {:?}: the \
@@ -172,6 +188,7 @@ pub fn run(
         block_size: drafter.config.block_size,
         dtype: format!("{:?}", target.kind()),
         device: args.device.clone(),
+        base: base.as_ref(),
     };
     if args.json {
         println!(
@@ -223,6 +240,15 @@ struct RunContext<'a> {
     block_size: i64,
     dtype: String,
     device: String,
+    /// A Domino drafter's methods decoded from the LM head's logits alone.
+    base: Option<&'a OnlineReport>,
+}
+
+impl RunContext<'_> {
+    /// The base-logits run of `method`, for a Domino drafter.
+    fn base_run(&self, method: Method) -> Option<&MethodRun> {
+        self.base?.methods.iter().find(|r| r.method == method)
+    }
 }
 
 fn sampling_json(sampling: Sampling) -> Value {
@@ -236,9 +262,10 @@ fn sampling_json(sampling: Sampling) -> Value {
     }
 }
 
-fn method_json(run: &MethodRun, prompts: &[Prompt], baseline_tokens_per_s: f64) -> Value {
+fn method_json(run: &MethodRun, ctx: &RunContext<'_>, baseline_tokens_per_s: f64) -> Value {
     let (a, peer) = (&run.acceptance, &run.acceptance_peer_counting);
-    json!({
+    let prompts = ctx.prompts;
+    let mut value = json!({
         "tau": a.tau,
         "tau_peer_counting": peer.tau,
         "tau_pooled": a.tau_pooled,
@@ -255,7 +282,17 @@ fn method_json(run: &MethodRun, prompts: &[Prompt], baseline_tokens_per_s: f64) 
             "acceptance_lengths_peer_counting": g.peer_acceptance_lengths,
             "output_ids": g.output_ids,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(base) = ctx.base_run(run.method) {
+        let fields = value.as_object_mut().expect("a JSON object");
+        fields.insert("base_tau".into(), json!(base.acceptance.tau));
+        fields.insert(
+            "base_tau_peer_counting".into(),
+            json!(base.acceptance_peer_counting.tau),
+        );
+        fields.insert("base_lossless".into(), json!(base.lossless));
+    }
+    value
 }
 
 fn speedup(tokens_per_s: f64, baseline: f64) -> Option<f64> {
@@ -269,7 +306,7 @@ fn report_json(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
     let methods: serde_json::Map<String, Value> = report
         .methods
         .iter()
-        .map(|run| (run.method.name(), method_json(run, ctx.prompts, baseline)))
+        .map(|run| (run.method.name(), method_json(run, ctx, baseline)))
         .collect();
     json!({
         "methods": methods,
@@ -395,6 +432,17 @@ fn print_table(report: &OnlineReport, offline: &ContinuationEval, ctx: &RunConte
          tau_peer_counting counts them as z-lab's dflash_generate and DDTree's ddtree_generate \
          do, the last one in full (docs/online-acceptance.md)"
     );
+    for run in &report.methods {
+        if let Some(base) = ctx.base_run(run.method) {
+            println!(
+                "{} base_tau (Domino's LM-head logits alone, without its correction): {} \
+                 (peer counting {})",
+                run.method.name(),
+                figure(base.acceptance.tau),
+                figure(base.acceptance_peer_counting.tau)
+            );
+        }
+    }
     println!(
         "offline tau on the target's greedy continuations: {} ({} blocks{})",
         figure(offline.tau()),

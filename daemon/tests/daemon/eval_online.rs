@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use dflash_engine::model::drafter::Drafter;
+use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterHead};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use dflash_engine::train::drafter_io::{named_parameters, write_hf};
 use dflash_engine::train::embedded::tiny_drafter_config;
 use serde_json::Value;
-use tch::{nn, Device, Kind};
+use tch::{nn, Device, Kind, Tensor};
 
 use crate::support::binary::dflashd;
 
@@ -392,4 +392,86 @@ fn bad_prompt_input_fails_naming_the_file_and_line() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--data is the offline input"), "{err}");
+}
+
+/// A Domino drafter (head weights spread so the correction moves drafts) in `root/domino`, and
+/// its backbone alone, the same weights without the head, as a DFlash drafter in
+/// `root/backbone`.
+fn domino_and_backbone(root: &Path) -> (PathBuf, PathBuf) {
+    let config = TargetConfig::tiny_default();
+    let plain = tiny_drafter_config(&config);
+    let mut cfg = plain.clone();
+    cfg.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 16,
+        gru_hidden_dim: 8,
+        pure_draft_prefix_len: 0,
+    });
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _drafter = Drafter::new(&vs.root(), &cfg);
+    tch::no_grad(|| {
+        for (name, mut var) in vs.variables() {
+            if name.starts_with("embed_proj") || name.starts_with("prefix_gru") {
+                var.copy_(&(Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.5));
+            }
+        }
+    });
+    let params = named_parameters(&vs);
+    let (domino_dir, backbone_dir) = (root.join("domino"), root.join("backbone"));
+    write_hf(&domino_dir, &cfg, &params, Kind::Float).unwrap();
+    let backbone: Vec<_> = params
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("embed_proj") && !n.starts_with("prefix_gru"))
+        .collect();
+    write_hf(&backbone_dir, &plain, &backbone, Kind::Float).unwrap();
+    (domino_dir, backbone_dir)
+}
+
+#[test]
+fn a_domino_drafter_reports_its_base_tau_as_its_backbone_decodes_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, _) = models(root.path());
+    let (domino, backbone) = domino_and_backbone(root.path());
+    let prompts = root.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"input_ids\": [12, 40, 7, 301, 5]}\n{\"input_ids\": [3, 9]}\n",
+    )
+    .unwrap();
+    let flags = ["--json", "--tree-budget", "4"];
+    let corrected = json_of(&eval_online(
+        root.path(),
+        &target,
+        &domino,
+        &prompts,
+        &flags,
+    ));
+    let alone = json_of(&eval_online(
+        root.path(),
+        &target,
+        &backbone,
+        &prompts,
+        &flags,
+    ));
+    for method in ["chain", "ddtree_4"] {
+        check_method(&corrected, method);
+        let (d, b) = (&corrected["methods"][method], &alone["methods"][method]);
+        assert_eq!(d["base_tau"], b["tau"], "{method}");
+        assert_eq!(
+            d["base_tau_peer_counting"], b["tau_peer_counting"],
+            "{method}"
+        );
+        assert_eq!(d["base_lossless"], Value::Bool(true), "{method}");
+        assert!(
+            b.get("base_tau").is_none(),
+            "a DFlash drafter has no base_tau"
+        );
+    }
+    let table = eval_online(root.path(), &target, &domino, &prompts, &[]);
+    assert!(table.status.success());
+    let stdout = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        stdout.contains("chain base_tau (Domino's LM-head logits alone"),
+        "{stdout}"
+    );
 }
