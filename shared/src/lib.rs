@@ -13,6 +13,7 @@ pub mod format;
 pub mod gpu_peaks;
 pub mod health;
 pub mod invocation;
+pub mod launch;
 pub mod last_run;
 pub mod metrics;
 pub mod protocol;
