@@ -24,6 +24,7 @@ pub mod resume;
 pub mod rng;
 pub mod run_config;
 pub mod schedule;
+pub mod shard;
 pub mod throughput;
 pub mod topology;
 pub mod trainer;
