@@ -56,11 +56,67 @@ pub struct RankContext {
     pub activation_checkpointing: bool,
 }
 
-/// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`).
+/// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`),
+/// a Domino head's included.
 pub fn drafter_params(d: &DrafterConfig) -> f64 {
     let (h, a, k, i) = dims(d);
     let per_layer = h * a + 2.0 * h * k + a * h + 3.0 * h * i + 2.0 * h + 2.0 * d.head_dim as f64;
-    d.feature_size() as f64 * h + 2.0 * h + d.layer_types.len() as f64 * per_layer
+    d.feature_size() as f64 * h
+        + 2.0 * h
+        + d.layer_types.len() as f64 * per_layer
+        + domino_params(d)
+}
+
+/// The Domino head's parameters (`drafter/domino.rs::DominoHead::new`): the GRU's
+/// `weight_ih_l0` `[3G, H]` and `weight_hh_l0` `[3G, G]`, `embed_proj.0` `[E, H + G]` and
+/// `embed_proj.2` `[V, E]`; 0 without the head.
+pub fn domino_params(d: &DrafterConfig) -> f64 {
+    let Some(m) = d.head.domino() else {
+        return 0.0;
+    };
+    let (h, g, e) = (
+        d.hidden_size as f64,
+        m.gru_hidden_dim as f64,
+        m.emb_dim as f64,
+    );
+    3.0 * g * h + 3.0 * g * g + e * (h + g) + d.vocab_size as f64 * e
+}
+
+/// What a Domino head adds to a step's activations outside the loss chunks
+/// (`train/replica.rs`, `drafter/domino.rs::slot_states`), for `q` draft positions: the
+/// teacher-forced label embeddings `[Q, H]`; the GRU over `bs − 1` tokens of each block (its
+/// input copy `[., H]`, the input projection `[., 3G]`, and per step the hidden projection
+/// `[., 3G]` and the gates, candidate and new state, `[., G]` each, kept for backward); and
+/// the slot-shaped states, their detached leaf and its gradient, `[Q, G]` each. Counted from
+/// the op sequence; not yet held to a measurement.
+fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
+    let m = d.head.domino()?;
+    let (h, g, bs) = (
+        d.hidden_size as f64,
+        m.gru_hidden_dim as f64,
+        d.block_size as f64,
+    );
+    let read = q * (bs - 1.0) / bs;
+    let gru = read * (h + 3.0 * g + 3.0 * g + 5.0 * g) * e;
+    Some(Consumer::new(
+        "Domino label embeddings and GRU states",
+        q * h * e + gru + 3.0 * q * g * e,
+    ))
+}
+
+/// Bytes per position of a loss chunk's vocabulary-wide tensors (`train/loss.rs:74-118`):
+/// the logits (e), their fp32 copy off fp32, the saved log-softmax, the nll gradient and the
+/// log-softmax gradient. A Domino head (`train/domino.rs::chunked_terms`) adds its own logit
+/// delta (e and its fp32 copy), the corrected logits (fp32), their log-softmax and the two
+/// gradients of that second cross-entropy: the second full-vocabulary logits tensor is the
+/// head's largest cost. Counted from the op sequence, every position taken as corrected.
+fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> f64 {
+    let fp32_copy = if e == 4.0 { 0.0 } else { 4.0 };
+    let dflash = e + fp32_copy + 12.0;
+    match d.head.domino() {
+        None => dflash,
+        Some(_) => dflash + e + fp32_copy + 4.0 + 12.0,
+    }
 }
 
 fn layer_params(d: &DrafterConfig) -> f64 {
@@ -318,15 +374,15 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         "final norm and drafter output",
         norm_saved(p, q, h) + q * h * e,
     ));
+    step.extend(domino_activations(d, q, e));
 
     // Loss (train/loss.rs:74-118): chunks of `c` weighted positions through the head.
     let weighted = s.weighted_positions as f64;
     let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
     let detached = weighted > s.loss_chunk_positions as f64;
-    // logits (e), their fp32 copy off fp32, log-softmax (saved), the nll gradient and the
-    // log-softmax gradient, all [c, V]; h and its gradient [c, H]; indices and weights.
-    let fp32_copy = if e == 4.0 { 0.0 } else { 4.0 };
-    let loss_chunk = c * vocab * (e + fp32_copy + 12.0) + 2.0 * c * h * e + weighted * 20.0;
+    // The vocabulary-wide tensors of `c` positions; h and its gradient [c, H]; indices and
+    // weights.
+    let loss_chunk = c * vocab * loss_chunk_vocab_bytes(d, e) + 2.0 * c * h * e + weighted * 20.0;
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
     // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
@@ -338,7 +394,12 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         } else {
             0.0
         }
-        + if detached { 0.0 } else { c * vocab * e };
+        + if detached {
+            0.0
+        } else {
+            // the head's logits (and a Domino head's logit delta) still alive
+            c * vocab * e * if d.head.domino().is_some() { 2.0 } else { 1.0 }
+        };
     let mut step_peak_extra =
         Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);
     let mut peak_phase = "loss";
@@ -412,7 +473,11 @@ fn optimizer_phase_bytes(d: &DrafterConfig, params: f64, e: f64) -> f64 {
 
 fn largest_param(d: &DrafterConfig) -> f64 {
     let (h, a, _, i) = dims(d);
-    [d.feature_size() as f64 * h, h * a, h * i]
+    let domino = d.head.domino().map_or(0.0, |m| {
+        let g = m.gru_hidden_dim as f64;
+        (d.vocab_size as f64 * m.emb_dim as f64).max(3.0 * g * h)
+    });
+    [d.feature_size() as f64 * h, h * a, h * i, domino]
         .into_iter()
         .fold(0.0, f64::max)
 }
@@ -451,5 +516,80 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_plan_counts_a_domino_heads_parameters_as_the_model_holds_them() {
+        use crate::model::drafter::{DominoConfig, Drafter, DrafterHead};
+        use crate::model::target::TargetConfig;
+        let mut d = crate::train::embedded::tiny_drafter_config(&TargetConfig::tiny_default());
+        let count = |d: &DrafterConfig| {
+            let vs = tch::nn::VarStore::new(Device::Cpu);
+            let _drafter = Drafter::new(&vs.root(), d);
+            vs.variables()
+                .values()
+                .map(|t| t.numel() as f64)
+                .sum::<f64>()
+        };
+        assert_eq!(drafter_params(&d), count(&d));
+        assert_eq!(domino_params(&d), 0.0);
+        d.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 24,
+            gru_hidden_dim: 12,
+            pure_draft_prefix_len: 1,
+        });
+        assert_eq!(drafter_params(&d), count(&d));
+        assert!(domino_params(&d) > 0.0);
+    }
+
+    #[test]
+    fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_term() {
+        use crate::model::drafter::{DominoConfig, DrafterHead};
+        let plain = real_drafter();
+        let mut domino = plain.clone();
+        domino.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 256,
+            gru_hidden_dim: 1024,
+            pure_draft_prefix_len: 0,
+        });
+        // embed_proj's output layer at Qwen3.6-27B, [248320, 256], is 63.6M of the head's 84M
+        let head = domino_params(&domino);
+        assert_eq!(plain.vocab_size, 248_320);
+        let output_layer = 248_320.0 * 256.0;
+        assert!((84.0e6..84.1e6).contains(&head), "{head}");
+        assert!(output_layer / head > 0.75, "{head}");
+        let rank = RankContext {
+            precision: ActivationPrecision::Bf16Cuda,
+            ranks: 1,
+            tables_shared_with_target: false,
+            queued_items: 0,
+            item_bytes: 0.0,
+            activation_checkpointing: false,
+        };
+        let s = StepShape::typical(&plain, 1, 3072, 1024, 0.85, 2048);
+        let (a, b) = (
+            drafter_memory(&plain, &s, rank),
+            drafter_memory(&domino, &s, rank),
+        );
+        // bf16 parameters, fp32 masters, two fp32 Adam moments
+        let resident = b.resident_bytes() - a.resident_bytes();
+        assert_eq!(resident, head * (2.0 + 4.0 + 8.0));
+        let bytes = |m: &DrafterMemory, name: &str| {
+            m.step
+                .iter()
+                .filter(|c| c.name.starts_with(name))
+                .map(|c| c.bytes)
+                .sum::<f64>()
+        };
+        assert_eq!(bytes(&a, "Domino"), 0.0);
+        assert!(bytes(&b, "Domino") > 0.0);
+        assert_eq!((a.peak_phase, b.peak_phase), ("loss", "loss"));
+        // the loss chunk: c positions of 248320 logits, twice over, and the delta
+        let c = (s.weighted_positions as f64).min(s.loss_chunk_positions as f64);
+        let extra = bytes(&b, "loss chunk") - bytes(&a, "loss chunk");
+        assert_eq!(
+            extra,
+            c * plain.vocab_size as f64 * (2.0 + 4.0 + 4.0 + 12.0)
+        );
     }
 }

@@ -6,7 +6,9 @@
 //! the *useful* work, i.e. only the (query, key) pairs the visibility rule allows, whatever an
 //! implementation computes and throws away. Backward is 2x forward for trainable matmuls
 //! (input and weight gradients), 1x for the frozen LM head (input gradient only) and for `fc`
-//! (its input, the target features, needs no gradient).
+//! (its input, the target features, needs no gradient). A Domino head adds its GRU over each
+//! block's tokens (the input projection's backward is its weight gradient only: the GRU reads
+//! frozen embeddings) and `embed_proj` over the corrected positions ([`DominoTerms`]).
 //!
 //! Two counts of one step: [`drafter_step_flops`] is that *model* count, what MFU divides;
 //! [`drafter_step_executed_flops`] is what the engine's kernels run for it: every key of
@@ -107,6 +109,50 @@ fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
     }
 }
 
+/// A Domino head's forward matmuls (`drafter/domino.rs`, `train/domino.rs`): the GRU over
+/// `bs − 1` tokens of every block (`slot_states`, padding blocks included), input projection
+/// `[., H] × [H, 3G]` and hidden projection `[., G] × [G, 3G]` per step, and `embed_proj`
+/// (`[H + G] → E → V`) over the corrected weighted positions. Those are counted as the
+/// weighted positions times `(bs − 1 − pure_draft_prefix_len) / (bs − 1)`: exact with no
+/// pure-draft prefix (slot 0 is never weighted), the share of corrected slots otherwise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DominoTerms {
+    pub gru_input: f64,
+    pub gru_hidden: f64,
+    pub projection: f64,
+}
+
+impl DominoTerms {
+    pub fn forward(&self) -> f64 {
+        self.gru_input + self.gru_hidden + self.projection
+    }
+
+    /// The input projection's weight gradient; both gradients of the rest.
+    pub fn backward(&self) -> f64 {
+        self.gru_input + 2.0 * (self.gru_hidden + self.projection)
+    }
+}
+
+pub fn domino_terms(w: &StepWork<'_>) -> Option<DominoTerms> {
+    let d = w.drafter;
+    let m = d.head.domino()?;
+    let (h, g, e) = (
+        d.hidden_size as f64,
+        m.gru_hidden_dim as f64,
+        m.emb_dim as f64,
+    );
+    let bs = d.block_size as f64;
+    let read = draft_positions(w) * (bs - 1.0) / bs;
+    let slots = (bs - 1.0).max(1.0);
+    let corrected_share = ((bs - 1.0 - m.pure_draft_prefix_len as f64) / slots).max(0.0);
+    let corrected = w.weighted_positions as f64 * corrected_share;
+    Some(DominoTerms {
+        gru_input: 2.0 * read * h * 3.0 * g,
+        gru_hidden: 2.0 * read * g * 3.0 * g,
+        projection: 2.0 * corrected * ((h + g) * e + e * w.vocab_size as f64),
+    })
+}
+
 /// `B · N · bs`, padding blocks included (they run through every projection).
 fn draft_positions(w: &StepWork<'_>) -> f64 {
     let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
@@ -126,9 +172,14 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
             4.0 * hd * hq * pairs as f64 // q·k and p·v
         })
         .sum();
+    let domino = domino_terms(w);
     StepFlops {
-        forward: m.fc + layers_fwd + attention_fwd + m.head,
-        backward: m.fc + 2.0 * layers_fwd + 2.0 * attention_fwd + m.head,
+        forward: m.fc + layers_fwd + attention_fwd + m.head + domino.map_or(0.0, |t| t.forward()),
+        backward: m.fc
+            + 2.0 * layers_fwd
+            + 2.0 * attention_fwd
+            + m.head
+            + domino.map_or(0.0, |t| t.backward()),
     }
 }
 
@@ -182,7 +233,9 @@ pub fn drafter_step_executed_flops(
         })
         .collect();
     let forward_attention: f64 = attention.iter().sum();
-    let forward_matmul = m.fc + layers as f64 * m.layer_projections + m.head;
+    let domino = domino_terms(w);
+    let forward_matmul =
+        m.fc + layers as f64 * m.layer_projections + m.head + domino.map_or(0.0, |t| t.forward());
     if w.weighted_positions == 0 {
         return ExecutedFlops {
             matmul: forward_matmul,
@@ -200,6 +253,7 @@ pub fn drafter_step_executed_flops(
             + m.fc
             + 2.0 * layers as f64 * m.layer_projections
             + m.head
+            + domino.map_or(0.0, |t| t.backward())
             + recomputed as f64 * m.layer_projections,
         attention_forward: forward_attention + attention[..recomputed].iter().sum::<f64>(),
         attention_backward: 2.0 * forward_attention,
@@ -404,6 +458,50 @@ mod tests {
         );
         assert_eq!(idle.attention_backward, 0.0);
         assert_eq!(idle.attention_forward, plain.attention_forward);
+    }
+
+    #[test]
+    fn a_domino_head_adds_its_gru_and_projection_by_hand() {
+        use crate::model::drafter::{DominoConfig, DrafterHead};
+        let plain = one_layer_drafter();
+        let mut d = plain.clone();
+        d.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 5,
+            gru_hidden_dim: 3,
+            pure_draft_prefix_len: 0,
+        });
+        // Q = 4 positions in 2 blocks of 2: the GRU reads 1 token per block (2 rows); both
+        // weighted positions are corrected. H = 4, G = 3, E = 5, V = 10.
+        let gru_input = 2.0 * 2.0 * 4.0 * 9.0;
+        let gru_hidden = 2.0 * 2.0 * 3.0 * 9.0;
+        let projection = 2.0 * 2.0 * (7.0 * 5.0 + 5.0 * 10.0);
+        let (with, without) = (
+            drafter_step_flops(&two_blocks_in_six_tokens(&d)),
+            drafter_step_flops(&two_blocks_in_six_tokens(&plain)),
+        );
+        assert_eq!(
+            with.forward - without.forward,
+            gru_input + gru_hidden + projection
+        );
+        assert_eq!(
+            with.backward - without.backward,
+            gru_input + 2.0 * (gru_hidden + projection)
+        );
+        let executed = |c: &DrafterConfig| {
+            drafter_step_executed_flops(&two_blocks_in_six_tokens(c), false).matmul
+        };
+        assert_eq!(
+            executed(&d) - executed(&plain),
+            with.total() - without.total()
+        );
+        // a pure-draft prefix of the one drafted slot leaves nothing to correct
+        d.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 5,
+            gru_hidden_dim: 3,
+            pure_draft_prefix_len: 1,
+        });
+        let prefixed = drafter_step_flops(&two_blocks_in_six_tokens(&d));
+        assert_eq!(prefixed.forward - without.forward, gru_input + gru_hidden);
     }
 
     #[test]
