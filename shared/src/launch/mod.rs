@@ -29,17 +29,25 @@
 //! - With nothing set the job is one node, rank 0, no rendezvous: today's behaviour. A single
 //!   node ignores a rendezvous it does not need (a stray `MASTER_ADDR` never fails it); more
 //!   than one node requires a rank and a rendezvous.
+//!
+//! Once launched, the nodes check that they may train together: [`check_agreement`] over
+//! every node's [`StartFacts`] (the job's config keys from [`job_config`], its digest, the
+//! environment fingerprint, the drafter worker count, the resume step).
+mod agreement;
 mod endpoint;
 mod error;
 pub mod hostlist;
+mod job_config;
 mod resolve;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use agreement::{check_agreement, Disagreement, StartFacts, NODE_OWN_FINGERPRINT_FIELDS};
 pub use endpoint::{parse_host, parse_port, parse_rendezvous, Rendezvous, RENDEZVOUS_EXPECTED};
 pub use error::LaunchError;
+pub use job_config::{job_config, job_config_text, NODE_LOCAL_KEYS, NODE_LOCAL_SECTIONS};
 pub use resolve::resolve;
 
 /// The variables [`resolve`] reads; the daemon copies exactly these from its environment.
