@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use dflash_engine::model::drafter::{DrafterConfig, LayerType};
+use dflash_engine::model::drafter::{DominoConfig, DrafterConfig, LayerType};
 use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
 use tch::Kind;
@@ -88,7 +88,28 @@ pub fn serving_hints(cfg: &DrafterConfig, out: &Path) -> String {
              runner (VLLM_USE_V2_MODEL_RUNNER=1)\n",
         );
     }
+    if let Some(domino) = cfg.head.domino() {
+        text.push_str(&domino_hints(domino));
+    }
     text
+}
+
+/// What is known of serving a Domino drafter, with its sources: an engine that loads it as a
+/// plain DFlash drafter would draft without the correction it was trained for.
+fn domino_hints(domino: &DominoConfig) -> String {
+    format!(
+        "  Domino: written as architectures [\"DominoDraftModel\"], dflash_config.projector_type \
+         \"domino\", emb_dim {}, gru_hidden_dim {}, pure_draft_prefix_len {}, shift_label false \
+         (SpecForge's layout). It must be served with its GRU correction (each drafted token fed \
+         back into the GRU), or it drafts as the plain DFlash backbone.\n  \
+         SGLang: Domino rollout in the DFlash V2 worker merged in sgl-project/sglang#36899 \
+         (2026-08-28; CUDA, TP=1, greedy, bf16, checked on a block-16 Qwen3-8B checkpoint); \
+         the first release that ships it, and whether it accepts the DominoDraftModel \
+         architecture name: not verified.\n  \
+         vLLM: no merged Domino support found (RFC vllm-project/vllm#46707 open, \
+         vllm-project/vllm#47627 closed): not verified; do not expect the correction there.\n",
+        domino.emb_dim, domino.gru_hidden_dim, domino.pure_draft_prefix_len
+    )
 }
 
 #[cfg(test)]
@@ -119,5 +140,27 @@ mod tests {
         let text = serving_hints(&cfg, Path::new("/x/export"));
         assert!(!text.contains("V2 model runner"), "{text}");
         assert!(text.contains("only infers it"), "{text}");
+        assert!(!text.contains("Domino"), "{text}");
+    }
+
+    #[test]
+    fn a_domino_export_names_its_architecture_keys_and_what_is_verified_of_serving_it() {
+        use dflash_engine::model::drafter::DrafterHead;
+        let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+        let mut cfg = embedded::tiny_drafter_config(target.config());
+        cfg.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: 24,
+            gru_hidden_dim: 12,
+            pure_draft_prefix_len: 1,
+        });
+        let text = serving_hints(&cfg, Path::new("/x/domino-dflash"));
+        for wanted in [
+            "[\"DominoDraftModel\"]",
+            "emb_dim 24, gru_hidden_dim 12, pure_draft_prefix_len 1",
+            "sgl-project/sglang#36899",
+            "not verified",
+        ] {
+            assert!(text.contains(wanted), "{wanted:?} missing from {text}");
+        }
     }
 }
