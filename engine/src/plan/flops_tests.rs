@@ -1,0 +1,207 @@
+use super::*;
+use crate::model::attention::visibility::{context_visible, own_block_visible};
+use crate::model::drafter::LayerType;
+
+fn brute_force(rule: LayerRule, anchors: &[i64], keep: &[bool], bs: i64, s: i64) -> u64 {
+    let mut n = 0;
+    for (&a, &k) in anchors.iter().zip(keep) {
+        for off in 0..bs {
+            n += (0..s)
+                .filter(|&j| context_visible(rule, a, k, off, j))
+                .count() as u64;
+            n += (0..bs).filter(|&j| own_block_visible(rule, off, j)).count() as u64;
+        }
+    }
+    n
+}
+
+#[test]
+fn visible_pairs_match_the_visibility_rule_key_by_key() {
+    let anchors = [0, 1, 5, 9, 17, 30, 31];
+    let keep = [true, true, false, true, true, true, true];
+    for rule in [
+        LayerRule::Full,
+        LayerRule::Sliding { window: 1 },
+        LayerRule::Sliding { window: 6 },
+    ] {
+        assert_eq!(
+            visible_pairs(rule, &anchors, &keep, 4, 32),
+            brute_force(rule, &anchors, &keep, 4, 32),
+            "{rule:?}"
+        );
+    }
+}
+
+fn one_layer_drafter() -> DrafterConfig {
+    DrafterConfig {
+        hidden_size: 4,
+        intermediate_size: 8,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 2,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e4,
+        layer_types: vec![LayerType::Full],
+        sliding_window: None,
+        block_size: 2,
+        mask_token_id: 0,
+        target_layer_ids: vec![0, 1],
+        target_hidden_size: 4,
+        vocab_size: 10,
+        max_position_embeddings: 64,
+        num_target_layers: Some(4),
+        initializer_range: 0.02,
+        head: Default::default(),
+    }
+}
+
+/// One row of 6 tokens, blocks at anchors 2 and 4, 2 weighted positions.
+fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
+    StepWork {
+        drafter: d,
+        batch: 1,
+        seq_len: 6,
+        anchors: &[2, 4],
+        keep: &[true, true],
+        weighted_positions: 2,
+        vocab_size: 10,
+    }
+}
+
+#[test]
+fn step_flops_by_hand_for_a_one_layer_drafter() {
+    let d = one_layer_drafter();
+    // One row of 6 tokens, blocks at anchors 2 and 4: Q = 4 queries.
+    let w = two_blocks_in_six_tokens(&d);
+    let fc = 2.0 * 6.0 * 8.0 * 4.0;
+    let proj = 2.0 * 4.0 * 4.0 * 4.0
+        + 4.0 * 10.0 * 4.0 * 2.0
+        + 2.0 * 4.0 * 4.0 * 4.0
+        + 6.0 * 4.0 * 4.0 * 8.0;
+    let pairs = 2.0 * (2.0 + 2.0) + 2.0 * (4.0 + 2.0); // per query: context + own block
+    let attn = 4.0 * 2.0 * 2.0 * pairs;
+    let head = 2.0 * 2.0 * 4.0 * 10.0;
+    let f = drafter_step_flops(&w);
+    assert_eq!(f.forward, fc + proj + attn + head);
+    assert_eq!(f.backward, fc + 2.0 * proj + 2.0 * attn + head);
+}
+
+#[test]
+fn executed_flops_by_hand_for_one_chunk_and_a_recomputed_layer() {
+    let d = one_layer_drafter();
+    // One row of 6 tokens, blocks at anchors 2 and 4: the planner keeps both in one call
+    // over context keys 0..4 (the union of their ranges), widened to the key quantum
+    // (8·bs = 16) and so to the whole context, 0..6, plus their 4 own rows.
+    let w = two_blocks_in_six_tokens(&d);
+    let model = drafter_step_flops(&w);
+    let executed = drafter_step_executed_flops(&w, false);
+    let attention = 4.0 * 2.0 * 4.0 * (6.0 + 4.0) * 2.0; // 4·Hq·rows·keys·D
+    assert_eq!(executed.attention_forward, attention);
+    assert_eq!(executed.attention_backward, 2.0 * attention);
+    // Matmuls are the model's, all of them executed.
+    let useful_attention = 3.0 * 4.0 * 2.0 * 2.0 * (2.0 * 4.0 + 2.0 * 6.0);
+    assert_eq!(executed.matmul, model.total() - useful_attention);
+    // One layer: nothing before the last, so checkpointing recomputes nothing.
+    assert_eq!(drafter_step_executed_flops(&w, true), executed);
+
+    // Two layers: checkpointing runs the first layer's forward once more.
+    let two = DrafterConfig {
+        layer_types: vec![LayerType::Full, LayerType::Full],
+        num_hidden_layers: 2,
+        ..d.clone()
+    };
+    let w = StepWork { drafter: &two, ..w };
+    let (plain, recomputed) = (
+        drafter_step_executed_flops(&w, false),
+        drafter_step_executed_flops(&w, true),
+    );
+    let layer = matmul_terms(&w).layer_projections;
+    assert_eq!(recomputed.matmul - plain.matmul, layer);
+    assert_eq!(
+        recomputed.attention_forward - plain.attention_forward,
+        attention
+    );
+    assert_eq!(recomputed.attention_backward, plain.attention_backward);
+    // Nothing weighted: a forward only.
+    let idle = drafter_step_executed_flops(
+        &StepWork {
+            weighted_positions: 0,
+            ..w
+        },
+        true,
+    );
+    assert_eq!(idle.attention_backward, 0.0);
+    assert_eq!(idle.attention_forward, plain.attention_forward);
+}
+
+#[test]
+fn a_domino_head_adds_its_gru_and_projection_by_hand() {
+    use crate::model::drafter::{DominoConfig, DrafterHead};
+    let plain = one_layer_drafter();
+    let mut d = plain.clone();
+    d.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 5,
+        gru_hidden_dim: 3,
+        pure_draft_prefix_len: 0,
+    });
+    // Q = 4 positions in 2 blocks of 2: the GRU reads 1 token per block (2 rows); both
+    // weighted positions are corrected. H = 4, G = 3, E = 5, V = 10.
+    let gru_input = 2.0 * 2.0 * 4.0 * 9.0;
+    let gru_hidden = 2.0 * 2.0 * 3.0 * 9.0;
+    let projection = 2.0 * 2.0 * (7.0 * 5.0 + 5.0 * 10.0);
+    let (with, without) = (
+        drafter_step_flops(&two_blocks_in_six_tokens(&d)),
+        drafter_step_flops(&two_blocks_in_six_tokens(&plain)),
+    );
+    assert_eq!(
+        with.forward - without.forward,
+        gru_input + gru_hidden + projection
+    );
+    assert_eq!(
+        with.backward - without.backward,
+        gru_input + 2.0 * (gru_hidden + projection)
+    );
+    let executed =
+        |c: &DrafterConfig| drafter_step_executed_flops(&two_blocks_in_six_tokens(c), false).matmul;
+    assert_eq!(
+        executed(&d) - executed(&plain),
+        with.total() - without.total()
+    );
+    // a pure-draft prefix of the one drafted slot leaves nothing to correct
+    d.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 5,
+        gru_hidden_dim: 3,
+        pure_draft_prefix_len: 1,
+    });
+    let prefixed = drafter_step_flops(&two_blocks_in_six_tokens(&d));
+    assert_eq!(prefixed.forward - without.forward, gru_input + gru_hidden);
+}
+
+#[test]
+fn executed_attention_covers_at_least_the_useful_pairs() {
+    let mut d = one_layer_drafter();
+    d.layer_types = vec![LayerType::Sliding, LayerType::Full];
+    d.num_hidden_layers = 2;
+    d.sliding_window = Some(5);
+    d.block_size = 4;
+    let anchors: Vec<i64> = (0..24).map(|i| (i * 7) % 90).collect();
+    let keep: Vec<bool> = (0..24).map(|i| i % 5 != 3).collect();
+    let w = StepWork {
+        drafter: &d,
+        batch: 2,
+        seq_len: 96,
+        anchors: &anchors,
+        keep: &keep,
+        weighted_positions: 0,
+        vocab_size: 10,
+    };
+    let useful = drafter_step_flops(&w).forward
+        - matmul_terms(&w).fc
+        - 2.0 * matmul_terms(&w).layer_projections;
+    let executed = drafter_step_executed_flops(&w, false).attention_forward;
+    assert!(
+        executed >= useful && useful > 0.0,
+        "executed {executed} < useful {useful}"
+    );
+}
