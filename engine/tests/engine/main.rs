@@ -9,6 +9,7 @@ mod data_pretokenized;
 mod decode_chain;
 mod decode_domino;
 mod decode_tree;
+mod domino_first_step;
 mod drafter_attention;
 mod drafter_checkpointing;
 mod drafter_config;
