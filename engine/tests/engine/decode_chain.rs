@@ -12,7 +12,7 @@ use dflash_engine::decode::{
     acceptance, distribution, generate_chain, generate_target_only, prompt_settings, run_online,
     verify_draft, Method, Sampling, Settings, Verdict,
 };
-use dflash_engine::model::drafter::AttentionBackend;
+use dflash_engine::model::drafter::{AttentionBackend, Drafter};
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::continuation_eval::{
     evaluate_greedy_continuations, greedy_continuations,
@@ -23,7 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tch::Tensor;
 
-use crate::support::decode::{drafter, greedy, prompts, target, LOSSLESS_CASES};
+use crate::support::decode::{domino_drafter, drafter, greedy, prompts, target, LOSSLESS_CASES};
 use crate::support::drafter::seeded;
 
 #[test]
@@ -239,6 +239,20 @@ fn sampled_chain_matches_the_target_sampling_distribution() {
     let vocab = 5;
     let target = target(vocab, 4);
     let (_vs, drafter) = drafter(vocab, 4, 14);
+    sampled_chain_matches_the_target(&target, &drafter, vocab);
+}
+
+#[test]
+fn a_domino_drafters_sampled_chain_matches_the_target_sampling_distribution() {
+    // drafts are drawn from the corrected distributions, which the rejection rule divides by
+    let _rng = seeded(0);
+    let vocab = 5;
+    let target = target(vocab, 4);
+    let (_vs, drafter) = domino_drafter(vocab, 4, 14, 0);
+    sampled_chain_matches_the_target(&target, &drafter, vocab);
+}
+
+fn sampled_chain_matches_the_target(target: &TargetModel, drafter: &Drafter, vocab: i64) {
     let prompt = vec![1, 2, 3, 0, 2];
     for sampling in [
         Sampling::Sample {
@@ -252,7 +266,7 @@ fn sampled_chain_matches_the_target_sampling_distribution() {
             top_p: Some(0.9),
         },
     ] {
-        let exact = exact_second_and_third(&target, &prompt, sampling);
+        let exact = exact_second_and_third(target, &prompt, sampling);
         let mut counts = vec![0u64; exact.len()];
         let mut rounds_with_acceptance = 0;
         for seed in 0..800u64 {
@@ -262,7 +276,7 @@ fn sampled_chain_matches_the_target_sampling_distribution() {
                 sampling,
                 seed,
             };
-            let g = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
+            let g = generate_chain(target, drafter, &prompt, &settings).unwrap();
             counts[(g.output_ids[1] * vocab + g.output_ids[2]) as usize] += 1;
             rounds_with_acceptance += usize::from(g.acceptance_lengths[0] > 1);
         }
