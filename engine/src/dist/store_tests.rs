@@ -47,7 +47,8 @@ fn a_missing_key_times_out_with_an_error_naming_it_instead_of_hanging() {
         .unwrap_err();
     let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        // Bounded both ways; the upper bound leaves room for a loaded machine.
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
     assert!(matches!(err, StoreError::Timeout { .. }), "{err:?}");

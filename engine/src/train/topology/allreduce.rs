@@ -22,6 +22,30 @@ pub enum AllReduceError {
     BadBuffer(String),
     #[error("NCCL: {0}")]
     Nccl(String),
+    /// A cross-process collective ([`crate::dist`]) that got no result within its timeout: a
+    /// peer stalled, died without closing its connection, or never called it.
+    #[error("rank {rank} of {world}: no all-reduce result within {} ms; a peer stalled or died ({detail})", after.as_millis())]
+    Timeout {
+        rank: usize,
+        world: usize,
+        after: std::time::Duration,
+        detail: String,
+    },
+    /// A cross-process collective whose connection to a peer closed (the peer's process died).
+    #[error("rank {rank} of {world}: lost {peer} during an all-reduce ({detail})")]
+    PeerLost {
+        rank: usize,
+        world: usize,
+        /// `rank N` when it is known, else the address the transport names.
+        peer: String,
+        detail: String,
+    },
+    /// Forming a cross-process group (rendezvous, backend set-up) failed.
+    #[error("joining the process group: {0}")]
+    Join(String),
+    /// A cross-process collective failed for another reason (the backend's message).
+    #[error("Gloo: {0}")]
+    Gloo(String),
 }
 
 /// One rank's endpoint. Every rank of a group must make the same calls in the same order.

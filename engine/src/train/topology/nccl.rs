@@ -154,6 +154,91 @@ pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduc
     Ok((Arc::new(NcclGroup { comms, lib }), endpoints))
 }
 
+/// This process's rank of a communicator that spans processes: `ncclCommInitRank` on
+/// `cuda:device` with the unique id rank 0 made (published through the rendezvous store,
+/// `dist::nccl_id`). Every rank of the `world` must call it; NCCL's bootstrap joins them.
+///
+/// NOT TESTED ON A GPU. A peer that dies inside the init itself is not bounded here (the
+/// caller's store barrier just before bounds a peer that never came); NCCL's non-blocking init
+/// (`ncclCommInitRankConfig` with `blocking = 0`, polled with a deadline) is the next step.
+pub fn nccl_rank_endpoint(
+    id: &nccl_lib::NcclUniqueId,
+    rank: usize,
+    world: usize,
+    device: usize,
+) -> Result<(Arc<NcclGroup>, NcclAllReduce), String> {
+    let lib = nccl_lib::nccl()?;
+    let (rank_c, world_c) = match (i32::try_from(rank), i32::try_from(world)) {
+        (Ok(r), Ok(w)) if r < w => (r, w),
+        _ => {
+            return Err(format!(
+                "rank {rank} of a world of {world} is not a valid NCCL rank"
+            ))
+        }
+    };
+    set_current_cuda_device(device)?;
+    let mut raw: RawComm = std::ptr::null_mut();
+    // SAFETY: `raw` has room for one communicator; the id is passed by value as nccl.h declares.
+    let rc = unsafe { (lib.comm_init_rank)(&mut raw, world_c, *id, rank_c) };
+    if rc != 0 {
+        return Err(format!(
+            "ncclCommInitRank as rank {rank} of {world} on cuda:{device} (NCCL {} from {}) \
+             failed: {}",
+            lib.version(),
+            lib.path.display(),
+            lib.error_string(rc)
+        ));
+    }
+    let comm = Arc::new(Mutex::new(Comm { raw, gone: false }));
+    let endpoint = NcclAllReduce {
+        comm: Arc::clone(&comm),
+        raw: raw as usize,
+        rank,
+        world,
+        device,
+        lib,
+    };
+    Ok((
+        Arc::new(NcclGroup {
+            comms: vec![comm],
+            lib,
+        }),
+        endpoint,
+    ))
+}
+
+/// Makes `cuda:device` the calling thread's current device (NCCL's init binds to it).
+fn set_current_cuda_device(device: usize) -> Result<(), String> {
+    #[cfg(dflash_cuda_stream_shim)]
+    {
+        unsafe extern "C" {
+            fn dflash_set_current_cuda_device(
+                device: std::ffi::c_int,
+                err: *mut std::ffi::c_char,
+                err_len: usize,
+            ) -> std::ffi::c_int;
+        }
+        let index = i32::try_from(device).map_err(|_| format!("cuda:{device} is out of range"))?;
+        let mut err = [0 as std::ffi::c_char; 512];
+        // SAFETY: `err` is valid for its length; the shim catches every C++ exception.
+        let rc = unsafe { dflash_set_current_cuda_device(index, err.as_mut_ptr(), err.len()) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: the shim NUL-terminates within `err`.
+        let text = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+        Err(format!(
+            "making cuda:{device} current for NCCL: {}",
+            text.to_string_lossy()
+        ))
+    }
+    #[cfg(not(dflash_cuda_stream_shim))]
+    Err(format!(
+        "making cuda:{device} current for NCCL: this build has no CUDA shim (built against a \
+         libtorch without libc10_cuda.so); rebuild against the torch==2.11.0 CUDA wheel"
+    ))
+}
+
 impl NcclAllReduce {
     fn check_live(&self) -> Result<(), AllReduceError> {
         if self.comm.lock().unwrap_or_else(|p| p.into_inner()).gone {
@@ -281,6 +366,27 @@ mod tests {
                 "{why}"
             ),
         }
+    }
+
+    #[test]
+    fn a_cross_process_rank_without_its_gpu_is_an_error_naming_rank_and_device() {
+        let missing = tch::Cuda::device_count() as usize;
+        let id = nccl_lib::NcclUniqueId {
+            internal: [0; nccl_lib::NCCL_UNIQUE_ID_BYTES],
+        };
+        let err = match nccl_rank_endpoint(&id, 0, 2, missing) {
+            Ok(_) => panic!("an NCCL rank on a missing cuda:{missing}"),
+            Err(e) => e,
+        };
+        assert!(
+            err.contains(&format!("cuda:{missing}")) || err.contains("NCCL could not be opened"),
+            "{err}"
+        );
+        let err = nccl_rank_endpoint(&id, 2, 2, 0).err().unwrap_or_default();
+        assert!(
+            err.contains("rank 2 of a world of 2") || err.contains("NCCL could not be opened"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -43,6 +43,39 @@ type AllReduceFn = unsafe extern "C" fn(
     *mut c_void,
 ) -> NcclResult;
 type CommFn = unsafe extern "C" fn(RawComm) -> NcclResult;
+type GetUniqueIdFn = unsafe extern "C" fn(*mut NcclUniqueId) -> NcclResult;
+type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, NcclUniqueId, c_int) -> NcclResult;
+
+/// `NCCL_UNIQUE_ID_BYTES` (`nccl.h`, 128 since NCCL 2.0).
+pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
+
+/// NCCL's `ncclUniqueId`: the bootstrap address rank 0 makes and every rank of one
+/// communicator must pass to `ncclCommInitRank` (passed by value, as `nccl.h` declares it).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct NcclUniqueId {
+    pub internal: [u8; NCCL_UNIQUE_ID_BYTES],
+}
+
+impl std::fmt::Debug for NcclUniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclUniqueId({})", hex::encode(&self.internal[..16]))
+    }
+}
+
+impl NcclUniqueId {
+    /// The id from the bytes another rank published; anything but 128 bytes is refused.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        let internal: [u8; NCCL_UNIQUE_ID_BYTES] = bytes.try_into().map_err(|_| {
+            format!(
+                "an NCCL unique id is {NCCL_UNIQUE_ID_BYTES} bytes, this one is {}: every node \
+                 must run the same dflashd build against the same NCCL",
+                bytes.len()
+            )
+        })?;
+        Ok(NcclUniqueId { internal })
+    }
+}
 
 /// The opened NCCL: where it came from, its version, and its entry points. Lives for the whole
 /// process (the library is never closed, so the function pointers stay valid).
@@ -52,6 +85,8 @@ pub struct NcclLib {
     pub version_code: i32,
     get_error_string: GetErrorStringFn,
     pub(super) comm_init_all: CommInitAllFn,
+    get_unique_id: GetUniqueIdFn,
+    pub(super) comm_init_rank: CommInitRankFn,
     pub(super) all_reduce: AllReduceFn,
     pub(super) comm_abort: CommFn,
     pub(super) comm_destroy: CommFn,
@@ -71,6 +106,25 @@ impl NcclLib {
     /// `major.minor.patch` of the loaded library.
     pub fn version(&self) -> String {
         version_text(self.version_code)
+    }
+
+    /// A fresh unique id (rank 0 of a cross-process communicator makes it). Needs no GPU:
+    /// NCCL only picks its bootstrap network interface and listens on it.
+    pub fn unique_id(&self) -> Result<NcclUniqueId, String> {
+        let mut id = NcclUniqueId {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        };
+        // SAFETY: ncclGetUniqueId writes one ncclUniqueId.
+        let rc = unsafe { (self.get_unique_id)(&mut id) };
+        if rc != 0 {
+            return Err(format!(
+                "ncclGetUniqueId (NCCL {} from {}) failed: {}",
+                self.version(),
+                self.path.display(),
+                self.error_string(rc)
+            ));
+        }
+        Ok(id)
     }
 
     /// NCCL's own text for a result code.
@@ -179,6 +233,8 @@ fn open(path: &Path) -> Result<NcclLib, String> {
         version_code: code,
         get_error_string: sym(&lib, b"ncclGetErrorString")?,
         comm_init_all: sym(&lib, b"ncclCommInitAll")?,
+        get_unique_id: sym(&lib, b"ncclGetUniqueId")?,
+        comm_init_rank: sym(&lib, b"ncclCommInitRank")?,
         all_reduce: sym(&lib, b"ncclAllReduce")?,
         comm_abort: sym(&lib, b"ncclCommAbort")?,
         comm_destroy: sym(&lib, b"ncclCommDestroy")?,
