@@ -9,6 +9,7 @@ pub mod features;
 pub mod plan;
 pub mod regenerate;
 pub mod start;
+pub mod start_launch;
 
 /// `--device`: `cpu`, `cuda` or `cuda:N`, checked against the devices libtorch sees.
 fn parse_device(name: &str) -> anyhow::Result<tch::Device> {

@@ -23,6 +23,7 @@ use dflash_shared::config::{
 };
 
 use super::config::load_config;
+use super::start_launch::{launch_environment, startable_launch, LaunchArgs};
 use crate::run::paths::resolve_path;
 use crate::run::paths::{resolve, PathInputs};
 use crate::runtime::detach::{self, Detached, Readiness};
@@ -97,6 +98,8 @@ pub struct StartArgs {
     /// address beyond loopback serves the run's figures to anyone who can reach it.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -161,6 +164,11 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         (None, None) => paths.default_run_dir.clone(),
     };
     let run_dir = absolute(&run_dir)?;
+    // Before anything of the run is opened: a multi-node launch cannot train yet (issue 23).
+    if let Err(text) = startable_launch(&args.launch, &launch_environment()) {
+        refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
+        bail!(text);
+    }
     // `config validate` refuses a `telemetry.python` that names no file; so does `start`, before
     // it records a fingerprint without the Python environment the operator asked for.
     if let Some(python) = &config.telemetry.python {
