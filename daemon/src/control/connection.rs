@@ -22,7 +22,7 @@ use dflash_shared::protocol::{
     negotiate, Access, ErrorCode, FrameError, Request, Response, ServerIdentity, Topic,
 };
 use tokio::io::BufWriter;
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::Notify;
@@ -133,33 +133,10 @@ pub async fn serve(
     mut shutdown: Shutdown,
     mut slot: Slot,
 ) -> Ended {
-    let cred = stream.peer_cred();
-    let (read_half, write_half) = stream.into_split();
-    let mut writer = Writer {
-        out: BufWriter::new(write_half),
-        timeout: cfg.write_timeout,
+    let (mut reader, mut writer, caller) = match admit(stream, &cfg, slot.id).await {
+        Ok(admitted) => admitted,
+        Err(ended) => return ended,
     };
-    let caller = match cred {
-        Ok(c) => Caller {
-            uid: c.uid(),
-            pid: c.pid(),
-            connection: slot.id,
-            // Until the hello says otherwise; only the hello sets it.
-            access: Access::Full,
-        },
-        Err(e) => return Ended::Io(format!("reading peer credentials: {e}")),
-    };
-    if !cfg.allowed_uids.contains(&caller.uid) {
-        let msg = format!(
-            "uid {} may not use this daemon's control socket",
-            caller.uid
-        );
-        let _ = writer
-            .send(&error(ErrorCode::NotPermitted, msg.clone()))
-            .await;
-        return Ended::Refused(msg);
-    }
-    let mut reader = FrameReader::new(read_half);
     let mut conn = Conn {
         hello_done: false,
         access: Access::Full,
@@ -173,15 +150,7 @@ pub async fn serve(
     tokio::pin!(quiet_deadline);
     let evict = slot.evict.clone();
     loop {
-        slot.set_phase(if !conn.hello_done {
-            Phase::AwaitingHello
-        } else if conn.sub.is_some() {
-            Phase::Subscribed
-        } else if in_flight.is_some() {
-            Phase::Working
-        } else {
-            Phase::Idle
-        });
+        slot.set_phase(conn.phase(in_flight.is_some()));
         let quiet = conn.sub.is_none() && in_flight.is_none();
         let ended = tokio::select! {
             biased;
@@ -190,62 +159,11 @@ pub async fn serve(
                 quiet_deadline.as_mut().reset(Instant::now() + cfg.idle_timeout);
                 writer.send(&reply).await.err()
             }
-            _ = evict.notified() => {
-                let reason = if conn.hello_done {
-                    "the daemon's connection limit was reached and this connection was the one \
-                    idle the longest; reconnect to go on"
-                } else {
-                    "the daemon's connection limit was reached and this connection had not said \
-                    hello; reconnect and send the hello first"
-                };
-                let _ = writer.send(&error(ErrorCode::Refused, reason)).await;
-                Some(Ended::Evicted)
-            }
-            _ = &mut quiet_deadline, if quiet => {
-                if conn.hello_done {
-                    let reason = format!(
-                        "no request for {} s and no subscription: the daemon closes idle \
-                    connections; reconnect to go on",
-                        cfg.idle_timeout.as_secs()
-                    );
-                    let _ = writer.send(&Response::Dropped { reason }).await;
-                    Some(Ended::IdleTimeout)
-                } else {
-                    let reason = format!(
-                        "no hello within {} ms of connecting; the daemon closes connections that \
-                    do not start with a hello",
-                        cfg.hello_timeout.as_millis()
-                    );
-                    let _ = writer.send(&error(ErrorCode::HelloRequired, reason)).await;
-                    Some(Ended::NoHello)
-                }
-            }
-            _ = shutdown.recv() => {
-                // The reply owed (a confirmed stop is answered just before shutdown), then
-                // what was already published (the stop's checkpoint events), then the notice.
-                if let Some(owed) = in_flight.take() {
-                    if let Ok(reply) = tokio::time::timeout(OWED_REPLY_GRACE, owed).await {
-                        let _ = writer.send(&reply).await;
-                    }
-                }
-                conn.flush_published(&mut writer).await;
-                let _ = writer.send(&Response::Dropped { reason: "the daemon is shutting down".into() }).await;
-                Some(Ended::Shutdown)
-            }
+            _ = evict.notified() => Some(conn.evicted(&mut writer).await),
+            _ = &mut quiet_deadline, if quiet => Some(conn.timed_out(&cfg, &mut writer).await),
+            _ = shutdown.recv() => Some(conn.shut_down(in_flight.take(), &mut writer).await),
             published = recv_subscribed(&mut conn.sub) => {
-                match published {
-                    Ok(p) if conn.topics.contains(&p.topic) => writer.send(&p.frame).await.err(),
-                    Ok(_) => None,
-                    Err(RecvError::Lagged(n)) => {
-                        let reason = format!(
-                            "this client fell {n} frames behind the live stream; the daemon never \
-                             slows training for a reader. Reconnect to resume"
-                        );
-                        let _ = writer.send(&Response::Dropped { reason }).await;
-                        Some(Ended::SlowSubscriber)
-                    }
-                    Err(RecvError::Closed) => { conn.sub = None; None }
-                }
+                conn.on_published(published, &mut writer).await
             }
             inbound = reader.next(), if in_flight.is_none() => match inbound {
                 Ok(None) => Some(Ended::ClientClosed),
@@ -270,6 +188,42 @@ pub async fn serve(
     }
 }
 
+/// The peer's credentials read and its uid checked against the allowed ones; a refused peer
+/// is told why before the connection closes.
+async fn admit(
+    stream: UnixStream,
+    cfg: &ConnectionConfig,
+    connection: u64,
+) -> Result<(FrameReader<OwnedReadHalf>, Writer, Caller), Ended> {
+    let cred = stream.peer_cred();
+    let (read_half, write_half) = stream.into_split();
+    let mut writer = Writer {
+        out: BufWriter::new(write_half),
+        timeout: cfg.write_timeout,
+    };
+    let caller = match cred {
+        Ok(c) => Caller {
+            uid: c.uid(),
+            pid: c.pid(),
+            connection,
+            // Until the hello says otherwise; only the hello sets it.
+            access: Access::Full,
+        },
+        Err(e) => return Err(Ended::Io(format!("reading peer credentials: {e}"))),
+    };
+    if !cfg.allowed_uids.contains(&caller.uid) {
+        let msg = format!(
+            "uid {} may not use this daemon's control socket",
+            caller.uid
+        );
+        let _ = writer
+            .send(&error(ErrorCode::NotPermitted, msg.clone()))
+            .await;
+        return Err(Ended::Refused(msg));
+    }
+    Ok((FrameReader::new(read_half), writer, caller))
+}
+
 struct Conn {
     hello_done: bool,
     /// What the hello declared; fixed from then on (a second hello is refused).
@@ -279,6 +233,93 @@ struct Conn {
 }
 
 impl Conn {
+    /// What the connection is doing, for the admission's choice of whom to evict.
+    fn phase(&self, awaiting_reply: bool) -> Phase {
+        if !self.hello_done {
+            Phase::AwaitingHello
+        } else if self.sub.is_some() {
+            Phase::Subscribed
+        } else if awaiting_reply {
+            Phase::Working
+        } else {
+            Phase::Idle
+        }
+    }
+
+    /// The connection cap was reached and this connection was chosen to make room.
+    async fn evicted(&self, writer: &mut Writer) -> Ended {
+        let reason = if self.hello_done {
+            "the daemon's connection limit was reached and this connection was the one \
+            idle the longest; reconnect to go on"
+        } else {
+            "the daemon's connection limit was reached and this connection had not said \
+            hello; reconnect and send the hello first"
+        };
+        let _ = writer.send(&error(ErrorCode::Refused, reason)).await;
+        Ended::Evicted
+    }
+
+    /// No hello in time, or idle past the idle timeout after it.
+    async fn timed_out(&self, cfg: &ConnectionConfig, writer: &mut Writer) -> Ended {
+        if self.hello_done {
+            let reason = format!(
+                "no request for {} s and no subscription: the daemon closes idle \
+            connections; reconnect to go on",
+                cfg.idle_timeout.as_secs()
+            );
+            let _ = writer.send(&Response::Dropped { reason }).await;
+            Ended::IdleTimeout
+        } else {
+            let reason = format!(
+                "no hello within {} ms of connecting; the daemon closes connections that \
+            do not start with a hello",
+                cfg.hello_timeout.as_millis()
+            );
+            let _ = writer.send(&error(ErrorCode::HelloRequired, reason)).await;
+            Ended::NoHello
+        }
+    }
+
+    /// The daemon is shutting down: the reply owed (a confirmed stop is answered just before
+    /// shutdown), then what was already published (the stop's checkpoint events), then the
+    /// notice.
+    async fn shut_down(&mut self, owed: Option<InFlight>, writer: &mut Writer) -> Ended {
+        if let Some(owed) = owed {
+            if let Ok(reply) = tokio::time::timeout(OWED_REPLY_GRACE, owed).await {
+                let _ = writer.send(&reply).await;
+            }
+        }
+        self.flush_published(writer).await;
+        let reason = "the daemon is shutting down".into();
+        let _ = writer.send(&Response::Dropped { reason }).await;
+        Ended::Shutdown
+    }
+
+    /// A frame from the live stream: sent when it is of a subscribed topic. A reader that fell
+    /// behind is dropped, never waited for.
+    async fn on_published(
+        &mut self,
+        published: Result<Arc<Published>, RecvError>,
+        writer: &mut Writer,
+    ) -> Option<Ended> {
+        match published {
+            Ok(p) if self.topics.contains(&p.topic) => writer.send(&p.frame).await.err(),
+            Ok(_) => None,
+            Err(RecvError::Lagged(n)) => {
+                let reason = format!(
+                    "this client fell {n} frames behind the live stream; the daemon never \
+                     slows training for a reader. Reconnect to resume"
+                );
+                let _ = writer.send(&Response::Dropped { reason }).await;
+                Some(Ended::SlowSubscriber)
+            }
+            Err(RecvError::Closed) => {
+                self.sub = None;
+                None
+            }
+        }
+    }
+
     /// Handles one inbound frame. Connection-state requests (hello, subscribe) and bad
     /// frames are answered here; any other request comes back as the future of its reply.
     async fn on_frame(

@@ -107,129 +107,20 @@ impl GuardRails {
         opts: DaemonOptions,
         tuning: ControlTuning,
     ) -> Result<Self, StartError> {
-        let lock = RunDirLock::acquire(&opts.run_dir)?;
-        let takeover = lock.takeover().notice(lock.path());
-        let (journal, recovery) = Journal::open(&opts.run_dir)?;
-        let recorder = Recorder::open(&opts.run_dir)
-            .inspect_err(|e| tracing::warn!(error = %e, "telemetry recording disabled"))
-            .ok();
-        let mut policy = ActionPolicy::new(opts.run_name.clone());
-        policy.poweroff_command = opts.poweroff_command.clone();
-        policy.ttl_ms = opts.pending_ttl_ms;
-        let handle = RunHandle::new(RunHandleParts {
-            policy,
-            run_dir: opts.run_dir.clone(),
-            journal,
-            bus: opts.bus.clone(),
-            recorder,
-            config_path: opts.config_path.clone(),
-        });
-        handle.set_config(opts.config_json.clone());
-        if let Some(notice) = takeover {
-            tracing::warn!("{notice}");
-            handle.record_event_logged(Severity::Warn, EventKind::Note { message: notice });
-        }
-        if !recovery.is_clean() {
-            let message = format!(
-                "journal recovered: dropped a torn last line of {} bytes, skipped unreadable lines {:?}",
-                recovery.torn_tail_bytes, recovery.unreadable_lines
-            );
-            tracing::warn!("{message}");
-            handle.record_event_logged(Severity::Warn, EventKind::Note { message });
-        }
+        let (lock, handle) = open_run(&opts)?;
         // Bound before anything of this start is recorded as the run's (the fingerprint): an
         // address in use refuses the start with nothing to undo.
         let metrics = match tuning.metrics_listen {
             Some(addr) => Some(bind_metrics(addr, &handle)?),
             None => None,
         };
-
-        // Fingerprinting hashes data files: keep it off the async workers.
-        let inputs = opts.fingerprint.clone();
-        let (gpus, current) = tokio::task::spawn_blocking(move || {
-            let gpus = GpuSampler::new();
-            let fp = fingerprint::collect(&inputs, &gpus, now_ms());
-            (gpus, fp)
-        })
-        .await
-        .expect("fingerprint task does not panic");
-        let current = current.inspect_err(|e| {
-            // The journal is open: a start refused this early stays in the run's history.
-            handle.record_event_logged(
-                Severity::Crit,
-                EventKind::RunStopped {
-                    reason: format!("the run did not start: {e}"),
-                    checkpoint: None,
-                },
-            );
-        })?;
-        let previous = fingerprint::load(&opts.run_dir)?;
-        let resume = fingerprint::resume_decision(
-            previous.as_ref(),
-            &current,
-            opts.accepted_drift_token.as_deref(),
-        );
-        handle.set_fingerprint(serde_json::to_value(&current).unwrap_or_default());
-        handle.record_event(
-            Severity::Info,
-            EventKind::Fingerprint {
-                summary: current.summary(),
-            },
-        )?;
-        journal_resume_decision(&handle, &resume)?;
-        let saved_fingerprint = !matches!(resume, ResumeDecision::Blocked { .. });
-        if saved_fingerprint {
-            fingerprint::save(&opts.run_dir, &current)?;
-        }
-
-        let mut server_cfg = ServerConfig::new(&opts.socket);
-        server_cfg.dispatch.command_timeout = Duration::from_secs(600);
-        if let Some(n) = tuning.max_connections {
-            server_cfg.max_connections = n;
-        }
-        for uid in tuning.extra_allowed_uids {
-            if !server_cfg.allowed_uids.contains(&uid) {
-                server_cfg.allowed_uids.push(uid);
-            }
-        }
-        let server = ControlServer::bind(server_cfg, handle.clone())?;
-        if server.removed_stale_socket() {
-            handle.record_event_logged(
-                Severity::Info,
-                EventKind::Note {
-                    message: format!(
-                        "replaced a stale control socket at {}",
-                        opts.socket.display()
-                    ),
-                },
-            );
-        }
-        let server = tokio::spawn(server.run());
+        let gate = fingerprint_gate(&opts, &handle).await?;
+        let server = tokio::spawn(bind_control(&opts, &tuning, &handle)?.run());
         let metrics_url = metrics.as_ref().map(MetricsServer::url);
         let exporter = metrics.map(|m| tokio::spawn(m.run()));
+        let sampler = spawn_sampler(&opts, &handle, gate.gpus)?;
 
-        let specs = opts
-            .cache_specs
-            .clone()
-            .unwrap_or_else(|| default_cache_specs(&CacheEnv::from_environment(), &opts.run_dir));
-        let (previous_caches, saved_ms) = load_inventory(&opts.run_dir);
-        let sampler = TelemetrySampler::new(
-            handle.clone(),
-            gpus,
-            CacheMonitor::new(specs, &previous_caches, saved_ms),
-            SamplerConfig {
-                interval: opts.telemetry_interval,
-                cache_interval: opts.cache_interval,
-                run_dir: opts.run_dir.clone(),
-            },
-        )
-        .spawn()
-        .map_err(|e| {
-            handle.request_shutdown("the telemetry thread could not start");
-            StartError::Thread(e)
-        })?;
-
-        let status = match &resume {
+        let status = match &gate.resume {
             ResumeDecision::Blocked { .. } => {
                 "waiting for an operator to accept an environment drift"
             }
@@ -239,11 +130,11 @@ impl GuardRails {
         tracing::info!(socket = %opts.socket.display(), run_dir = %opts.run_dir.display(), "dflashd control plane up");
         Ok(GuardRails {
             handle,
-            resume,
+            resume: gate.resume,
             socket: opts.socket,
             run_dir: opts.run_dir,
-            previous_fingerprint: previous,
-            saved_fingerprint,
+            previous_fingerprint: gate.previous,
+            saved_fingerprint: gate.saved,
             server,
             exporter,
             metrics_url,
@@ -296,6 +187,161 @@ impl GuardRails {
 
 /// Binds the `/metrics` listener and journals where it is, with a warning when other machines
 /// can reach it; a failure is journaled as the reason the run did not start.
+/// The run dir taken (its lock) and its journal open, with the notices of how it was found.
+fn open_run(opts: &DaemonOptions) -> Result<(RunDirLock, RunHandle), StartError> {
+    let lock = RunDirLock::acquire(&opts.run_dir)?;
+    let takeover = lock.takeover().notice(lock.path());
+    let (journal, recovery) = Journal::open(&opts.run_dir)?;
+    let recorder = Recorder::open(&opts.run_dir)
+        .inspect_err(|e| tracing::warn!(error = %e, "telemetry recording disabled"))
+        .ok();
+    let mut policy = ActionPolicy::new(opts.run_name.clone());
+    policy.poweroff_command = opts.poweroff_command.clone();
+    policy.ttl_ms = opts.pending_ttl_ms;
+    let handle = RunHandle::new(RunHandleParts {
+        policy,
+        run_dir: opts.run_dir.clone(),
+        journal,
+        bus: opts.bus.clone(),
+        recorder,
+        config_path: opts.config_path.clone(),
+    });
+    handle.set_config(opts.config_json.clone());
+    if let Some(notice) = takeover {
+        tracing::warn!("{notice}");
+        handle.record_event_logged(Severity::Warn, EventKind::Note { message: notice });
+    }
+    if !recovery.is_clean() {
+        let message = format!(
+            "journal recovered: dropped a torn last line of {} bytes, skipped unreadable lines {:?}",
+            recovery.torn_tail_bytes, recovery.unreadable_lines
+        );
+        tracing::warn!("{message}");
+        handle.record_event_logged(Severity::Warn, EventKind::Note { message });
+    }
+    Ok((lock, handle))
+}
+
+/// What the environment fingerprint decided: whether this start may resume, the fingerprint
+/// the previous start left (put back by a start that trains nothing), and whether this one's
+/// was saved in its place.
+struct FingerprintGate {
+    gpus: GpuSampler,
+    resume: ResumeDecision,
+    previous: Option<dflash_shared::health::Fingerprint>,
+    saved: bool,
+}
+
+/// Fingerprints the environment, journals it and the resume decision, and saves it unless the
+/// start is blocked on a drift.
+async fn fingerprint_gate(
+    opts: &DaemonOptions,
+    handle: &RunHandle,
+) -> Result<FingerprintGate, StartError> {
+    // Fingerprinting hashes data files: keep it off the async workers.
+    let inputs = opts.fingerprint.clone();
+    let (gpus, current) = tokio::task::spawn_blocking(move || {
+        let gpus = GpuSampler::new();
+        let fp = fingerprint::collect(&inputs, &gpus, now_ms());
+        (gpus, fp)
+    })
+    .await
+    .expect("fingerprint task does not panic");
+    let current = current.inspect_err(|e| {
+        // The journal is open: a start refused this early stays in the run's history.
+        handle.record_event_logged(
+            Severity::Crit,
+            EventKind::RunStopped {
+                reason: format!("the run did not start: {e}"),
+                checkpoint: None,
+            },
+        );
+    })?;
+    let previous = fingerprint::load(&opts.run_dir)?;
+    let resume = fingerprint::resume_decision(
+        previous.as_ref(),
+        &current,
+        opts.accepted_drift_token.as_deref(),
+    );
+    handle.set_fingerprint(serde_json::to_value(&current).unwrap_or_default());
+    handle.record_event(
+        Severity::Info,
+        EventKind::Fingerprint {
+            summary: current.summary(),
+        },
+    )?;
+    journal_resume_decision(handle, &resume)?;
+    let saved = !matches!(resume, ResumeDecision::Blocked { .. });
+    if saved {
+        fingerprint::save(&opts.run_dir, &current)?;
+    }
+    Ok(FingerprintGate {
+        gpus,
+        resume,
+        previous,
+        saved,
+    })
+}
+
+/// The control socket bound (a stale one from a dead daemon replaced, and journaled).
+fn bind_control(
+    opts: &DaemonOptions,
+    tuning: &ControlTuning,
+    handle: &RunHandle,
+) -> Result<ControlServer, StartError> {
+    let mut server_cfg = ServerConfig::new(&opts.socket);
+    server_cfg.dispatch.command_timeout = Duration::from_secs(600);
+    if let Some(n) = tuning.max_connections {
+        server_cfg.max_connections = n;
+    }
+    for &uid in &tuning.extra_allowed_uids {
+        if !server_cfg.allowed_uids.contains(&uid) {
+            server_cfg.allowed_uids.push(uid);
+        }
+    }
+    let server = ControlServer::bind(server_cfg, handle.clone())?;
+    if server.removed_stale_socket() {
+        handle.record_event_logged(
+            Severity::Info,
+            EventKind::Note {
+                message: format!(
+                    "replaced a stale control socket at {}",
+                    opts.socket.display()
+                ),
+            },
+        );
+    }
+    Ok(server)
+}
+
+/// The telemetry thread: GPUs and compile caches, sampled on their cadences.
+fn spawn_sampler(
+    opts: &DaemonOptions,
+    handle: &RunHandle,
+    gpus: GpuSampler,
+) -> Result<JoinHandle<()>, StartError> {
+    let specs = opts
+        .cache_specs
+        .clone()
+        .unwrap_or_else(|| default_cache_specs(&CacheEnv::from_environment(), &opts.run_dir));
+    let (previous_caches, saved_ms) = load_inventory(&opts.run_dir);
+    TelemetrySampler::new(
+        handle.clone(),
+        gpus,
+        CacheMonitor::new(specs, &previous_caches, saved_ms),
+        SamplerConfig {
+            interval: opts.telemetry_interval,
+            cache_interval: opts.cache_interval,
+            run_dir: opts.run_dir.clone(),
+        },
+    )
+    .spawn()
+    .map_err(|e| {
+        handle.request_shutdown("the telemetry thread could not start");
+        StartError::Thread(e)
+    })
+}
+
 fn bind_metrics(addr: SocketAddr, handle: &RunHandle) -> Result<MetricsServer, StartError> {
     let server = MetricsServer::bind(addr, handle.clone()).inspect_err(|e| {
         handle.record_event_logged(

@@ -72,18 +72,7 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
     signals::install();
     tch::set_num_threads(spec.threads);
     let bus = FrameBus::new(spec.config.control.client_buffer_frames);
-    let log_cfg = LoggingConfig {
-        log_dir: spec.paths.log_dir.clone(),
-        // A detached daemon's stderr is a file; the rolling logs already have every line.
-        stderr: if ready.is_detached() {
-            StderrFormat::Off
-        } else {
-            StderrFormat::Human
-        },
-        filter: "info".into(),
-        bus: Some(bus.clone()),
-    };
-    let _log_guards = match logging::init(&log_cfg) {
+    let _log_guards = match logging::init(&logging_config(&spec, &ready, &bus)) {
         Ok(g) => g,
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &format!("logging: {e}")),
     };
@@ -95,19 +84,11 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         tracing::warn!("{notice}");
         eprintln!("dflashd: {notice}");
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("dflash-control")
-        .enable_all()
-        .build()
-    {
+    let rt = match control_runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            return fail(
-                &mut ready,
-                EXIT_FAILURE,
-                &format!("starting the async runtime: {e}"),
-            )
+            let text = format!("starting the async runtime: {e}");
+            return fail(&mut ready, EXIT_FAILURE, &text);
         }
     };
     let cp = match rt.block_on(GuardRails::start_with(
@@ -117,46 +98,75 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         Ok(cp) => cp,
         Err(e) => return fail(&mut ready, EXIT_FAILURE, &e.to_string()),
     };
-    let handle = cp.handle.clone();
-    let not_started = |code: u8, text: String, ready: &mut Readiness, cp: GuardRails| {
-        if let Err(e) = cp.forget_fingerprint() {
-            tracing::warn!(error = %e, "could not restore the previous environment fingerprint");
-        }
-        handle.record_event_logged(
-            Severity::Crit,
-            EventKind::RunStopped {
-                reason: text.lines().next().unwrap_or_default().to_string(),
-                checkpoint: None,
-            },
-        );
-        handle.request_shutdown("the run did not start");
-        rt.block_on(cp.wait());
-        fail(ready, code, &text)
+    let (run_loop, banner) = match gate_and_prepare(&spec, &cp) {
+        Ok(ready_to_run) => ready_to_run,
+        Err(refusal) => return not_started(refusal, &rt, cp, &mut ready),
     };
+    say(&banner);
+    ready.ready(&banner);
+    run_to_end(run_loop, rt, cp)
+}
+
+/// Why the run did not start: the exit code, the text for the operator, and the run state to
+/// leave behind (`None` keeps the state the gate found).
+struct Refusal {
+    code: u8,
+    text: String,
+    state: Option<RunState>,
+}
+
+impl Refusal {
+    fn new(code: u8, text: impl Into<String>, state: Option<RunState>) -> Self {
+        Refusal {
+            code,
+            text: text.into(),
+            state,
+        }
+    }
+}
+
+fn logging_config(spec: &LaunchSpec, ready: &Readiness, bus: &FrameBus) -> LoggingConfig {
+    LoggingConfig {
+        log_dir: spec.paths.log_dir.clone(),
+        // A detached daemon's stderr is a file; the rolling logs already have every line.
+        stderr: if ready.is_detached() {
+            StderrFormat::Off
+        } else {
+            StderrFormat::Human
+        },
+        filter: "info".into(),
+        bus: Some(bus.clone()),
+    }
+}
+
+/// The control plane's runtime: two workers are plenty for the socket, the exporter and the
+/// feeds, and leave the cores to training.
+fn control_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("dflash-control")
+        .enable_all()
+        .build()
+}
+
+/// The resume gates in order (environment drift, locked keys, the checkpoint), then the
+/// trainer, then the run loop; each refusal says why and leaves the fingerprint as it was.
+fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, String), Refusal> {
+    let handle = &cp.handle;
     if let ResumeDecision::Blocked {
         drifts,
         confirm_token,
     } = &cp.resume
     {
-        let text = drift_refusal(drifts, confirm_token, &spec);
-        return not_started(EXIT_DRIFT, text, &mut ready, cp);
+        let text = drift_refusal(drifts, confirm_token, spec);
+        return Err(Refusal::new(EXIT_DRIFT, text, None));
     }
-    let unlocked = match locked_gate(&spec, &handle) {
-        Ok(u) => u,
-        Err(text) => {
-            handle.set_run_state(RunState::Paused);
-            return not_started(EXIT_LOCKED_KEY, text, &mut ready, cp);
-        }
-    };
+    let unlocked = locked_gate(spec, handle)
+        .map_err(|text| Refusal::new(EXIT_LOCKED_KEY, text, Some(RunState::Paused)))?;
+    let failed = |text: String| Refusal::new(EXIT_FAILURE, text, Some(RunState::Failed));
     let checkpoint_root = spec.run_dir.join(CHECKPOINTS_DIR);
-    let resume =
-        match checkpoint_gate::pass(&checkpoint_root, &spec.run_dir, &handle, spec.resume_from) {
-            Ok(dir) => dir,
-            Err(text) => {
-                handle.set_run_state(RunState::Failed);
-                return not_started(EXIT_FAILURE, text, &mut ready, cp);
-            }
-        };
+    let resume = checkpoint_gate::pass(&checkpoint_root, &spec.run_dir, handle, spec.resume_from)
+        .map_err(failed)?;
     let inputs = SetupInputs {
         config: &spec.config,
         config_path: spec.config_path.as_deref(),
@@ -167,41 +177,38 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         cpu_peak_flops: spec.cpu_peak_flops,
         resume,
     };
-    let prepared = match setup::prepare(&inputs) {
-        Ok(p) => p,
-        Err(e) => {
-            handle.set_run_state(RunState::Failed);
-            if let setup::SetupError::MemoryPlan(refusal) = &e {
-                // The stop reason keeps the first line; the journal keeps every device's need.
-                handle.record_event_logged(
-                    Severity::Crit,
-                    EventKind::Note {
-                        message: refusal.replace('\n', " "),
-                    },
-                );
-            }
-            return not_started(
-                EXIT_FAILURE,
-                format!("cannot start training: {e}"),
-                &mut ready,
-                cp,
+    let prepared = setup::prepare(&inputs).map_err(|e| {
+        if let setup::SetupError::MemoryPlan(refusal) = &e {
+            // The stop reason keeps the first line; the journal keeps every device's need.
+            handle.record_event_logged(
+                Severity::Crit,
+                EventKind::Note {
+                    message: refusal.replace('\n', " "),
+                },
             );
         }
-    };
+        failed(format!("cannot start training: {e}"))
+    })?;
     // Only now, with the checkpoint accepted, do the unlocks count as used.
-    if let Err(text) = apply_unlocks(&spec, &handle, &unlocked) {
-        handle.set_run_state(RunState::Failed);
-        return not_started(EXIT_FAILURE, text, &mut ready, cp);
-    }
-    if let Err(e) = locked::save_effective(&spec.run_dir, &spec.config) {
-        handle.set_run_state(RunState::Failed);
-        return not_started(EXIT_FAILURE, e.to_string(), &mut ready, cp);
-    }
-    journal_start(&handle, &prepared, &spec);
-    record_last_run(&spec);
+    apply_unlocks(spec, handle, &unlocked).map_err(failed)?;
+    locked::save_effective(&spec.run_dir, &spec.config).map_err(|e| failed(e.to_string()))?;
+    journal_start(handle, &prepared, spec);
+    record_last_run(spec);
+    build_run_loop(spec, cp, prepared, checkpoint_root)
+        .map_err(|text| Refusal::new(EXIT_FAILURE, text, None))
+}
+
+/// The run loop over the prepared trainer, and the banner that announces it.
+fn build_run_loop(
+    spec: &LaunchSpec,
+    cp: &GuardRails,
+    prepared: Prepared,
+    checkpoint_root: PathBuf,
+) -> Result<(RunLoop, String), String> {
+    let handle = &cp.handle;
     let device = dflash_engine::device::name(prepared.device);
     let where_ = setup::describe_topology(prepared.trainer.topology());
-    let mut banner = banner(&spec, &prepared, &where_, cp.metrics_url.as_deref());
+    let mut banner = banner(spec, &prepared, &where_, cp.metrics_url.as_deref());
     if let Some(line) = environment_changes_line(&cp.resume) {
         banner.push_str(&line);
     }
@@ -217,15 +224,44 @@ pub fn launch(spec: LaunchSpec, mut ready: Readiness) -> u8 {
         log_every: spec.log_every,
         device,
         detectors: spec.config.detectors.clone(),
-        healthy_record: Some(healthy_record_keeper(&spec, &prepared, &where_, &handle)),
+        healthy_record: Some(healthy_record_keeper(spec, &prepared, &where_, handle)),
     };
     let commands = handle.attach_run_loop();
-    let run_loop = match RunLoop::new(handle.clone(), prepared.trainer, commands, cfg) {
-        Ok(l) => l,
-        Err(text) => return not_started(EXIT_FAILURE, text, &mut ready, cp),
-    };
-    say(&banner);
-    ready.ready(&banner);
+    let run_loop = RunLoop::new(handle.clone(), prepared.trainer, commands, cfg)?;
+    Ok((run_loop, banner))
+}
+
+/// A start that did not happen: the previous fingerprint back, a journal line, the control
+/// plane shut down, and the refusal on stderr (and to a detached parent).
+fn not_started(
+    refusal: Refusal,
+    rt: &tokio::runtime::Runtime,
+    cp: GuardRails,
+    ready: &mut Readiness,
+) -> u8 {
+    let handle = cp.handle.clone();
+    if let Some(state) = refusal.state {
+        handle.set_run_state(state);
+    }
+    if let Err(e) = cp.forget_fingerprint() {
+        tracing::warn!(error = %e, "could not restore the previous environment fingerprint");
+    }
+    handle.record_event_logged(
+        Severity::Crit,
+        EventKind::RunStopped {
+            reason: refusal.text.lines().next().unwrap_or_default().to_string(),
+            checkpoint: None,
+        },
+    );
+    handle.request_shutdown("the run did not start");
+    rt.block_on(cp.wait());
+    fail(ready, refusal.code, &refusal.text)
+}
+
+/// Trains on its own thread until the run ends and the control plane has drained; returns
+/// the exit code of the ending.
+fn run_to_end(run_loop: RunLoop, rt: tokio::runtime::Runtime, cp: GuardRails) -> u8 {
+    let handle = cp.handle.clone();
     let h = handle.clone();
     let trainer_thread = std::thread::Builder::new()
         .name("dflash-train".into())

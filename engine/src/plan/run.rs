@@ -1,6 +1,6 @@
 //! The whole topology: each device's predicted peak and whether it fits, the FLOPs per token
 //! of both sides, tokens/s at an MFU, which side bounds the run and the best integer split.
-use super::drafter::{drafter_memory, RankContext};
+use super::drafter::{drafter_memory, DrafterMemory, RankContext};
 use super::flops::{
     drafter_step_executed_flops, drafter_step_flops, target_forward_flops, StepWork,
 };
@@ -151,13 +151,75 @@ pub fn best_split(total: usize, target_cost: f64, drafter_cost: f64) -> Option<(
 pub fn plan_run(spec: &RunSpec) -> RunPlan {
     let d = &spec.drafter;
     let s = &spec.step;
-    let taps = &d.target_layer_ids;
     let inline = spec.target_devices.is_empty();
-    let ranks = spec.drafter_devices.len().max(1);
+    let drafter = drafter_memory(d, s, rank_context(spec));
+    let devices = device_plans(spec, &drafter);
+    let fits = spec
+        .device_memory_bytes
+        .map(|_| devices.iter().all(|d| d.fits == Some(true)));
+
+    let tokens = (s.batch * s.seq_len) as f64;
+    let work = StepWork {
+        drafter: d,
+        batch: s.batch,
+        seq_len: s.seq_len,
+        anchors: &s.anchors,
+        keep: &s.keep,
+        weighted_positions: s.weighted_positions,
+        vocab_size: d.vocab_size,
+    };
+    let per_sequence = |total: f64| total / s.batch.max(1) as f64;
+    let drafter_flops = drafter_step_flops(&work);
+    let drafter_step = drafter_flops.total();
+    let drafter_executed =
+        drafter_step_executed_flops(&work, spec.activation_checkpointing).total();
+    let target_fwd = target_forward_flops(&spec.target, &d.target_layer_ids, s.batch, s.seq_len);
+    let flops_per_token = SideFlops {
+        target: target_fwd / tokens,
+        drafter: drafter_step / tokens,
+    };
+    let counts = if inline {
+        (1, 1)
+    } else {
+        (spec.target_devices.len(), spec.drafter_devices.len())
+    };
+    RunPlan {
+        seq_len: s.seq_len,
+        draft_positions_per_sequence: s.width() * d.block_size,
+        devices,
+        fits,
+        bound_by: bound_by(inline, counts, &flops_per_token),
+        drafter_executed_flops_per_token: drafter_executed / tokens,
+        drafter_backward_flops_per_token: drafter_flops.backward / tokens,
+        flops_per_sequence: SideFlops {
+            target: per_sequence(target_fwd),
+            drafter: per_sequence(drafter_step),
+        },
+        tokens_per_s_at_mfu: throughput_at_mfu(spec, inline, counts, &flops_per_token),
+        recommended_split: (!inline)
+            .then(|| recommended_split(counts, &flops_per_token))
+            .flatten(),
+        flops_per_token,
+        drafter_peak_phase: drafter.peak_phase,
+        activation_checkpointing: spec.activation_checkpointing,
+        chunks_per_layer: drafter.chunks_per_layer,
+    }
+}
+
+/// What a drafter rank holds besides its own model: how many ranks split the optimizer's
+/// work, whether the tables are the target's (inline), and the queue's waiting items.
+fn rank_context(spec: &RunSpec) -> RankContext {
+    let d = &spec.drafter;
+    let s = &spec.step;
+    let inline = spec.target_devices.is_empty();
     let item_bytes = (s.batch * s.seq_len * d.feature_size()) as f64 * spec.precision.bytes();
-    let rank = RankContext {
+    RankContext {
         precision: spec.precision,
-        ranks: if inline { 1 } else { ranks },
+        ranks: if inline {
+            1
+        } else {
+            spec.drafter_devices.len().max(1)
+        },
         tables_shared_with_target: inline,
         queued_items: if inline {
             0
@@ -166,8 +228,14 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         },
         item_bytes,
         activation_checkpointing: spec.activation_checkpointing,
-    };
-    let drafter = drafter_memory(d, s, rank);
+    }
+}
+
+/// Each device's consumers, peak and fit: one device with both sides inline, else every
+/// target device and every drafter device with its own side (and the runtime allowance).
+fn device_plans(spec: &RunSpec, drafter: &DrafterMemory) -> Vec<DevicePlan> {
+    let s = &spec.step;
+    let taps = &spec.drafter.target_layer_ids;
     let target = target_memory(&spec.target, taps, s.batch, s.seq_len, spec.precision);
     let reserve = (spec.runtime_reserve_bytes > 0.0).then(|| {
         Consumer::new(
@@ -175,8 +243,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
             spec.runtime_reserve_bytes,
         )
     });
-    let device = |name: &str, role: Role, consumers: Vec<Consumer>| {
-        let mut consumers = consumers;
+    let device = |name: &str, role: Role, mut consumers: Vec<Consumer>| {
         consumers.extend(reserve.clone());
         let peak: f64 = consumers.iter().map(|c| c.bytes).sum();
         DevicePlan {
@@ -197,83 +264,45 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         c.extend(drafter.step.iter().cloned());
         c
     };
-    let devices: Vec<DevicePlan> = if inline {
-        let mut c = target.clone();
+    if spec.target_devices.is_empty() {
+        let mut c = target;
         c.extend(drafter_consumers());
         let name = spec.drafter_devices.first().map_or("cpu", String::as_str);
-        vec![device(name, Role::TargetAndDrafter, c)]
-    } else {
-        spec.target_devices
-            .iter()
-            .map(|n| device(n, Role::Target, target.clone()))
-            .chain(
-                spec.drafter_devices
-                    .iter()
-                    .map(|n| device(n, Role::Drafter, drafter_consumers())),
-            )
-            .collect()
-    };
-    let fits = spec
-        .device_memory_bytes
-        .map(|_| devices.iter().all(|d| d.fits == Some(true)));
+        return vec![device(name, Role::TargetAndDrafter, c)];
+    }
+    spec.target_devices
+        .iter()
+        .map(|n| device(n, Role::Target, target.clone()))
+        .chain(
+            spec.drafter_devices
+                .iter()
+                .map(|n| device(n, Role::Drafter, drafter_consumers())),
+        )
+        .collect()
+}
 
-    let tokens = (s.batch * s.seq_len) as f64;
-    let work = StepWork {
-        drafter: d,
-        batch: s.batch,
-        seq_len: s.seq_len,
-        anchors: &s.anchors,
-        keep: &s.keep,
-        weighted_positions: s.weighted_positions,
-        vocab_size: d.vocab_size,
-    };
-    let per_sequence = |total: f64| total / s.batch.max(1) as f64;
-    let drafter_flops = drafter_step_flops(&work);
-    let drafter_step = drafter_flops.total();
-    let drafter_executed =
-        drafter_step_executed_flops(&work, spec.activation_checkpointing).total();
-    let target_fwd = target_forward_flops(&spec.target, taps, s.batch, s.seq_len);
-    let flops_per_token = SideFlops {
-        target: target_fwd / tokens,
-        drafter: drafter_step / tokens,
-    };
-    let (t_count, d_count) = if inline {
-        (1, 1)
-    } else {
-        (spec.target_devices.len(), spec.drafter_devices.len())
-    };
-    let target_rate = t_count as f64 / flops_per_token.target;
-    let drafter_rate = d_count as f64 / flops_per_token.drafter;
-    let bound_by = if inline {
+/// The side with the lower token rate over its devices bounds the run.
+fn bound_by(inline: bool, (targets, drafters): (usize, usize), per_token: &SideFlops) -> Role {
+    let target_rate = targets as f64 / per_token.target;
+    let drafter_rate = drafters as f64 / per_token.drafter;
+    if inline {
         Role::TargetAndDrafter
     } else if drafter_rate <= target_rate {
         Role::Drafter
     } else {
         Role::Target
-    };
-    let tokens_per_s_at_mfu = match spec.peak_flops {
-        Some(peak) => {
-            let useful = peak * spec.mfu;
-            let (t, dr) = (
-                useful / flops_per_token.target,
-                useful / flops_per_token.drafter,
-            );
-            let run = if inline {
-                // One device does both in turn.
-                useful / (flops_per_token.target + flops_per_token.drafter)
-            } else {
-                (t * t_count as f64).min(dr * d_count as f64)
-            };
-            Throughput {
-                mfu: spec.mfu,
-                peak_flops_per_device: Some(peak),
-                target_per_device: Some(t),
-                drafter_per_device: Some(dr),
-                run: Some(run),
-                missing: None,
-            }
-        }
-        None => Throughput {
+    }
+}
+
+/// Tokens/s at the assumed MFU of the device's peak; with no peak, says which flag gives one.
+fn throughput_at_mfu(
+    spec: &RunSpec,
+    inline: bool,
+    (targets, drafters): (usize, usize),
+    per_token: &SideFlops,
+) -> Throughput {
+    let Some(peak) = spec.peak_flops else {
+        return Throughput {
             mfu: spec.mfu,
             peak_flops_per_device: None,
             target_per_device: None,
@@ -284,46 +313,35 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
                  bf16 figure from its datasheet)"
                     .into(),
             ),
-        },
+        };
     };
-    let recommended_split = (!inline)
-        .then(|| {
-            best_split(
-                t_count + d_count,
-                flops_per_token.target,
-                flops_per_token.drafter,
-            )
-        })
-        .flatten()
-        .map(|(t, dr)| {
-            let rate =
-                |t: f64, dr: f64| (t / flops_per_token.target).min(dr / flops_per_token.drafter);
-            Split {
-                target_devices: t,
-                drafter_devices: dr,
-                speedup_over_configured: rate(t as f64, dr as f64)
-                    / rate(t_count as f64, d_count as f64),
-            }
-        });
-    RunPlan {
-        seq_len: s.seq_len,
-        draft_positions_per_sequence: s.width() * d.block_size,
-        devices,
-        fits,
-        bound_by,
-        flops_per_token,
-        drafter_executed_flops_per_token: drafter_executed / tokens,
-        drafter_backward_flops_per_token: drafter_flops.backward / tokens,
-        flops_per_sequence: SideFlops {
-            target: per_sequence(target_fwd),
-            drafter: per_sequence(drafter_step),
-        },
-        tokens_per_s_at_mfu,
-        recommended_split,
-        drafter_peak_phase: drafter.peak_phase,
-        activation_checkpointing: spec.activation_checkpointing,
-        chunks_per_layer: drafter.chunks_per_layer,
+    let useful = peak * spec.mfu;
+    let (t, dr) = (useful / per_token.target, useful / per_token.drafter);
+    let run = if inline {
+        // One device does both in turn.
+        useful / (per_token.target + per_token.drafter)
+    } else {
+        (t * targets as f64).min(dr * drafters as f64)
+    };
+    Throughput {
+        mfu: spec.mfu,
+        peak_flops_per_device: Some(peak),
+        target_per_device: Some(t),
+        drafter_per_device: Some(dr),
+        run: Some(run),
+        missing: None,
     }
+}
+
+/// The best integer split of the same device count, and its speed-up over the configured one.
+fn recommended_split((targets, drafters): (usize, usize), per_token: &SideFlops) -> Option<Split> {
+    let (t, dr) = best_split(targets + drafters, per_token.target, per_token.drafter)?;
+    let rate = |t: f64, dr: f64| (t / per_token.target).min(dr / per_token.drafter);
+    Some(Split {
+        target_devices: t,
+        drafter_devices: dr,
+        speedup_over_configured: rate(t as f64, dr as f64) / rate(targets as f64, drafters as f64),
+    })
 }
 
 #[cfg(test)]
