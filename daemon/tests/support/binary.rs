@@ -34,6 +34,11 @@ pub fn dflashd(root: &Path) -> Command {
     cmd.env_remove("NOTIFY_SOCKET")
         .env("NO_COLOR", "1")
         .env(CPU_PEAK_VAR, CPU_PEAK_FLOPS);
+    // Run under SLURM or torchrun, the launcher's variables would make every test daemon a
+    // node of a multi-node job; the tests that want one set them themselves.
+    for var in dflash_shared::launch::ENV_VARS {
+        cmd.env_remove(var);
+    }
     cmd
 }
 
