@@ -18,13 +18,13 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::anchors::{all_anchors_chunked, AnchorBatch};
 use super::dpace::dpace_block_weights;
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
-use super::loader::collate;
+use super::loader::{collate, Batch};
 use crate::data::Sample;
 use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::TargetModel;
@@ -254,129 +254,169 @@ pub fn evaluate(
     samples: &[&Sample],
     opts: &EvalOptions,
 ) -> Result<EvalReport, TrainError> {
-    let cfg = drafter.config();
-    let bs = cfg.block_size as usize;
+    let bs = drafter.config().block_size as usize;
     let vocab = target.config().vocab_size();
-    let max_k = (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab);
-    let device = target.device();
-    let mut totals = Totals::new(bs, RECALL_KS.len());
-    // A Domino drafter's blocks scored again on the base logits alone.
-    let mut base_totals = Totals::new(bs, RECALL_KS.len());
     // The drafter's device and dtype, where its output and therefore the scoring live. The LM
     // head (vocab × hidden: 2.4 GiB at the real size) goes there once per evaluation and each
     // forward group's features once per group, not once per anchor chunk: the chunks of a
     // group share them, and the drafter finds them already in place.
     let (eval_device, eval_kind) = (drafter.device(), drafter.dtype());
-    let lm_head = crate::device::place(target.lm_head(), eval_device, eval_kind);
+    let scorer = BlockScorer {
+        target,
+        drafter,
+        opts,
+        bs,
+        max_k: (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab),
+        eval_device,
+        eval_kind,
+        lm_head: crate::device::place(target.lm_head(), eval_device, eval_kind),
+    };
+    let mut totals = Totals::new(bs, RECALL_KS.len());
+    // A Domino drafter's blocks scored again on the base logits alone.
+    let mut base_totals = Totals::new(bs, RECALL_KS.len());
     tch::no_grad(|| -> Result<(), TrainError> {
         for group in samples.chunks(opts.rows_per_forward.max(1)) {
-            let batch = collate(group, 0, 0);
-            let rows: Rows = batch.rows();
-            let ids = Tensor::from_slice(&batch.input_ids)
-                .view([batch.batch as i64, batch.seq_len as i64]);
-            let features = crate::device::place(
-                &target.features(&ids, &cfg.target_layer_ids)?,
-                eval_device,
-                eval_kind,
-            );
-            for anchors in all_anchors_chunked(&batch.masks(), opts.anchors_per_forward) {
-                if anchors.width == 0 {
-                    continue;
-                }
-                let block_ids = block_input_ids(rows, &anchors, bs, cfg.mask_token_id);
-                let block_ids = Tensor::from_slice(&block_ids).to_device(device);
-                let q = (anchors.width * bs) as i64;
-                let embeddings = target.embed_tokens().index_select(0, &block_ids).view([
-                    batch.batch as i64,
-                    q,
-                    -1,
-                ]);
-                let (anchor_t, keep_t) = anchors.to_tensors(device);
-                let out = drafter.forward(&features, &embeddings, &anchor_t, &keep_t, opts.backend);
-                let labels = block_labels(rows, &anchors, bs, Some(opts.gamma), opts.rule);
-                let valid_flat: Vec<usize> = (0..labels.valid.len())
-                    .filter(|&f| labels.valid[f])
-                    .collect();
-                if valid_flat.is_empty() {
-                    for totals in [&mut totals, &mut base_totals] {
-                        accumulate(
-                            totals,
-                            &anchors,
-                            &labels,
-                            bs,
-                            &[],
-                            &PositionScores {
-                                ce: vec![],
-                                in_top: vec![],
-                            },
-                            opts.dpace_alpha,
-                        );
-                    }
-                    continue;
-                }
-                let idx =
-                    Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
-                        .to_device(out.device());
-                let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
-                // Domino's GRU reads each block's true tokens, the slots' labels: for greedy
-                // acceptance these are the accepted prefix up to the first miss, and nothing
-                // after a miss changes the block's τ.
-                let correction = drafter.domino().map(|head| {
-                    let embedded = target
-                        .embed_tokens()
-                        .index_select(0, &targets.to_device(device))
-                        .view([batch.batch as i64, q, -1]);
-                    Correction {
-                        head,
-                        states: head.slot_states(
-                            &crate::device::place(&embedded, eval_device, eval_kind),
-                            bs as i64,
-                        ),
-                        block_size: bs as i64,
-                    }
-                });
-                let scores = score_positions(
-                    &out,
-                    &lm_head,
-                    &targets,
-                    &idx,
-                    opts.chunk_positions.max(1),
-                    max_k,
-                    correction.as_ref(),
-                );
-                accumulate(
-                    &mut totals,
-                    &anchors,
-                    &labels,
-                    bs,
-                    &valid_flat,
-                    &scores,
-                    opts.dpace_alpha,
-                );
-                if correction.is_some() {
-                    let base = score_positions(
-                        &out,
-                        &lm_head,
-                        &targets,
-                        &idx,
-                        opts.chunk_positions.max(1),
-                        max_k,
-                        None,
-                    );
-                    accumulate(
-                        &mut base_totals,
-                        &anchors,
-                        &labels,
-                        bs,
-                        &valid_flat,
-                        &base,
-                        opts.dpace_alpha,
-                    );
-                }
-            }
+            scorer.score_group(group, &mut totals, &mut base_totals)?;
         }
         Ok(())
     })?;
+    Ok(report(&totals, &base_totals, drafter, samples.len(), opts))
+}
+
+/// What scoring one forward group needs, fixed for the whole evaluation.
+struct BlockScorer<'a> {
+    target: &'a TargetModel,
+    drafter: &'a Drafter,
+    opts: &'a EvalOptions,
+    bs: usize,
+    max_k: i64,
+    eval_device: Device,
+    eval_kind: Kind,
+    lm_head: Tensor,
+}
+
+impl BlockScorer<'_> {
+    /// One forward group: the target's features once, then every anchor chunk of its rows.
+    fn score_group(
+        &self,
+        group: &[&Sample],
+        totals: &mut Totals,
+        base_totals: &mut Totals,
+    ) -> Result<(), TrainError> {
+        let cfg = self.drafter.config();
+        let batch = collate(group, 0, 0);
+        let ids =
+            Tensor::from_slice(&batch.input_ids).view([batch.batch as i64, batch.seq_len as i64]);
+        let features = crate::device::place(
+            &self.target.features(&ids, &cfg.target_layer_ids)?,
+            self.eval_device,
+            self.eval_kind,
+        );
+        for anchors in all_anchors_chunked(&batch.masks(), self.opts.anchors_per_forward) {
+            if anchors.width > 0 {
+                self.score_chunk(&batch, &features, &anchors, totals, base_totals);
+            }
+        }
+        Ok(())
+    }
+
+    /// One chunk of anchors: the drafter's blocks, scored against their labels (and, for a
+    /// Domino drafter, scored again without its correction into `base_totals`).
+    fn score_chunk(
+        &self,
+        batch: &Batch,
+        features: &Tensor,
+        anchors: &AnchorBatch,
+        totals: &mut Totals,
+        base_totals: &mut Totals,
+    ) {
+        let (cfg, bs, opts) = (self.drafter.config(), self.bs, self.opts);
+        let device = self.target.device();
+        let rows: Rows = batch.rows();
+        let block_ids = block_input_ids(rows, anchors, bs, cfg.mask_token_id);
+        let block_ids = Tensor::from_slice(&block_ids).to_device(device);
+        let q = (anchors.width * bs) as i64;
+        let embeddings = self
+            .target
+            .embed_tokens()
+            .index_select(0, &block_ids)
+            .view([batch.batch as i64, q, -1]);
+        let (anchor_t, keep_t) = anchors.to_tensors(device);
+        let out = self
+            .drafter
+            .forward(features, &embeddings, &anchor_t, &keep_t, opts.backend);
+        let labels = block_labels(rows, anchors, bs, Some(opts.gamma), opts.rule);
+        let valid_flat: Vec<usize> = (0..labels.valid.len())
+            .filter(|&f| labels.valid[f])
+            .collect();
+        let add = |totals: &mut Totals, scores: &PositionScores| {
+            accumulate(
+                totals,
+                anchors,
+                &labels,
+                bs,
+                &valid_flat,
+                scores,
+                opts.dpace_alpha,
+            );
+        };
+        if valid_flat.is_empty() {
+            let none = PositionScores {
+                ce: vec![],
+                in_top: vec![],
+            };
+            add(totals, &none);
+            add(base_totals, &none);
+            return;
+        }
+        let idx = Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
+            .to_device(out.device());
+        let targets = Tensor::from_slice(&labels.targets).to_device(out.device());
+        // Domino's GRU reads each block's true tokens, the slots' labels: for greedy
+        // acceptance these are the accepted prefix up to the first miss, and nothing
+        // after a miss changes the block's τ.
+        let correction = self.drafter.domino().map(|head| {
+            let embedded = self
+                .target
+                .embed_tokens()
+                .index_select(0, &targets.to_device(device))
+                .view([batch.batch as i64, q, -1]);
+            Correction {
+                head,
+                states: head.slot_states(
+                    &crate::device::place(&embedded, self.eval_device, self.eval_kind),
+                    bs as i64,
+                ),
+                block_size: bs as i64,
+            }
+        });
+        let score = |correction: Option<&Correction>| {
+            score_positions(
+                &out,
+                &self.lm_head,
+                &targets,
+                &idx,
+                opts.chunk_positions.max(1),
+                self.max_k,
+                correction,
+            )
+        };
+        add(totals, &score(correction.as_ref()));
+        if correction.is_some() {
+            add(base_totals, &score(None));
+        }
+    }
+}
+
+/// The report of the accumulated totals: τ, both objectives' losses, and per-slot rates.
+fn report(
+    totals: &Totals,
+    base_totals: &Totals,
+    drafter: &Drafter,
+    samples: usize,
+    opts: &EvalOptions,
+) -> EvalReport {
+    let bs = drafter.config().block_size as usize;
     let per_slot =
         |num: &[u64]| -> Vec<f64> { (1..bs).map(|k| ratio(num[k], totals.valid_at[k])).collect() };
     let recall_at_k = RECALL_KS
@@ -389,25 +429,25 @@ pub fn evaluate(
     } else {
         0.0
     };
-    Ok(EvalReport {
+    EvalReport {
         tau: totals.tau(),
         loss,
         loss_dflash: loss,
-        loss_dpace: if samples.is_empty() {
+        loss_dpace: if samples == 0 {
             0.0
         } else {
-            totals.dpace_ce / samples.len() as f64
+            totals.dpace_ce / samples as f64
         },
         dpace_alpha: opts.dpace_alpha,
         accuracy: ratio(totals.top1, totals.positions),
         per_position_acceptance: per_slot(&totals.accepted_at),
         recall_at_k,
         block_size: bs,
-        samples: samples.len(),
+        samples,
         blocks: totals.blocks,
         positions: totals.positions,
         base_tau: drafter.domino().map(|_| base_totals.tau()),
-    })
+    }
 }
 
 #[cfg(test)]
