@@ -177,39 +177,14 @@ fn norm_saved(p: ActivationPrecision, rows: f64, width: f64) -> f64 {
 pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> DrafterMemory {
     let p = rank.precision;
     let e = p.bytes();
-    let (h, a, k, i) = dims(d);
+    let (h, _, _, i) = dims(d);
     let (b, seq) = (s.batch as f64, s.seq_len as f64);
     let q = s.draft_positions(d.block_size) as f64;
     let bs = d.block_size as f64;
     let group = (d.num_attention_heads / d.num_key_value_heads.max(1)) as f64;
-    let vocab = d.vocab_size as f64;
     let params = drafter_params(d);
 
-    let mut resident = vec![Consumer::new("parameters", params * e)];
-    if !p.params_are_masters() {
-        resident.push(Consumer::new("fp32 master weights", params * 4.0));
-    }
-    resident.push(Consumer::new("Adam moments (fp32)", 2.0 * params * 4.0));
-    if !rank.tables_shared_with_target {
-        // train/replica.rs:73-74: the target's embedding and LM head on this device.
-        let table = vocab * d.target_hidden_size as f64 * e;
-        resident.push(Consumer::new("frozen embedding copy", table));
-        resident.push(Consumer::new("frozen LM head copy", table));
-    }
-    if rank.ranks > 1 {
-        // topology/rank.rs::step, allreduce.rs::sum_in_buckets: one fp32 bucket, the sums
-        // written back into the gradients.
-        resident.push(Consumer::new(
-            "all-reduce bucket (fp32)",
-            params.min(ALLREDUCE_BUCKET_ELEMENTS as f64) * 4.0,
-        ));
-    }
-    if rank.queued_items > 0 {
-        resident.push(Consumer::new(
-            format!("queued hidden-state items ({})", rank.queued_items),
-            rank.queued_items as f64 * rank.item_bytes,
-        ));
-    }
+    let resident = resident_memory(d, rank, params);
 
     // Attention per rule: the chunk plan (context key ranges widened to the key quantum), its
     // masks (shared by the layers of a rule, `BlockSparsePlan::new`; off CPU their rows are
@@ -267,51 +242,8 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     // the last layer's activations or the output, which its backward freed.
     let shared = step.clone();
 
-    // Saved for backward, per layer (drafter/layer.rs:134-195).
-    let mut saved = Vec::new();
-    let mut kv_copies = Vec::new();
-    let mut per_layer = Vec::new();
-    for (n, &rule) in rules.iter().enumerate() {
-        let chunks = plan_of(rule);
-        let keys: f64 = chunks.iter().map(|c| chunk_keys(c).1).sum();
-        let kv = 2.0 * b * keys * k * e;
-        // input_layernorm keeps its input: the block embeddings for layer 0 in fp32 (already
-        // counted), the previous layer's output otherwise.
-        let input_norm = match (p, n) {
-            (ActivationPrecision::Fp32Cpu, 0) => q * 4.0,
-            _ => norm_saved(p, q, h),
-        };
-        // The chunks' outputs joined (kept by o_proj); folded, even one chunk's output is a
-        // copy (its rows are put back into query heads), and q's folded copy is what the
-        // kernel keeps.
-        let concatenated = if chunks.len() > 1 || folded {
-            q * a * e
-        } else {
-            0.0
-        };
-        let folded_q = if folded { q * a * e } else { 0.0 };
-        let bf16_rope_casts = match p {
-            ActivationPrecision::Fp32Cpu => 0.0,
-            // layers/rope.rs:47-48: cos and sin cast to bf16 per call (q, block k, context k).
-            ActivationPrecision::Bf16Cuda => 2.0 * (2.0 * q + seq) * d.head_dim as f64 * 2.0,
-        };
-        let layer = input_norm
-            + q * h * e // x, kept by q/k/v_proj
-            + norm_saved(p, q, a) // q_proj output, kept by q_norm
-            + q * a * e // roped q, kept by attention
-            + norm_saved(p, b * seq, k) // context k_proj output, kept by k_norm
-            + norm_saved(p, q, k) // block k_proj output
-            + q * a * e + b * d.num_attention_heads as f64 * q * 4.0 // attention out + lse
-            + concatenated // the chunks' outputs joined, kept by o_proj
-            + folded_q
-            + norm_saved(p, q, h) // residual, kept by post_attention_layernorm
-            + q * h * e // normed MLP input, kept by gate/up_proj
-            + 4.0 * q * i * e // gate, silu(gate), up, silu·up
-            + bf16_rope_casts;
-        saved.push(layer);
-        kv_copies.push(kv);
-        per_layer.push(chunks.len());
-    }
+    let (saved, kv_copies, per_layer) =
+        saved_per_layer(d, s, p, &rules, plan_of, chunk_keys, folded);
     let layers = rules.len();
     let last = layers - 1;
     // Backward of one layer's MLP (layer.rs:191-194): the gradient flowing in and out [Q, H]
@@ -325,21 +257,14 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     // the gradient of its output and the product that backpropagates it (`backpropagate`),
     // the context's gradient, the parameter gradients of the layers from it on, and its MLP's
     // backward.
-    let recompute_phase: Option<(usize, f64)> = rank
+    let recompute_phase = rank
         .activation_checkpointing
         .then(|| {
-            (0..last)
-                .map(|n| {
-                    let bytes = n.saturating_sub(1) as f64 * q * h * e
-                        + saved[n]
-                        + kv_copies[n]
-                        + 2.0 * q * h * e
-                        + context_grad
-                        + (last - n) as f64 * layer_params(d) * e
-                        + mlp_backward;
-                    (n, bytes)
-                })
-                .max_by(|x, y| x.1.total_cmp(&y.1))
+            let phase = RecomputePhase {
+                context_grad,
+                mlp_backward,
+            };
+            phase.peak(d, (q, h, e), &saved, &kv_copies)
         })
         .flatten();
     if rank.activation_checkpointing {
@@ -376,40 +301,8 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     ));
     step.extend(domino_activations(d, q, e));
 
-    // Loss (train/loss.rs:74-118): chunks of `c` weighted positions through the head.
-    let weighted = s.weighted_positions as f64;
-    let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
-    let detached = weighted > s.loss_chunk_positions as f64;
-    // The vocabulary-wide tensors of `c` positions; h and its gradient [c, H]; indices and
-    // weights.
-    let loss_chunk = c * vocab * loss_chunk_vocab_bytes(d, e) + 2.0 * c * h * e + weighted * 20.0;
-    let out_grad = if detached { q * h * e } else { 0.0 };
-    let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
-    // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
-    // then.
-    let backward_phase = out_grad
-        + mlp_backward
-        + if rank.activation_checkpointing {
-            context_grad
-        } else {
-            0.0
-        }
-        + if detached {
-            0.0
-        } else {
-            // the head's logits (and a Domino head's logit delta) still alive
-            c * vocab * e * if d.head.domino().is_some() { 2.0 } else { 1.0 }
-        };
-    let mut step_peak_extra =
-        Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);
-    let mut peak_phase = "loss";
-    if backward_phase > loss_phase {
-        step_peak_extra = Consumer::new(
-            "backward of the last layer (gradients in flight)",
-            backward_phase,
-        );
-        peak_phase = "backward";
-    }
+    let (step_peak_extra, peak_phase) =
+        loss_or_backward_peak(d, s, rank, mlp_backward, context_grad);
     let forward_saved: f64 = step.iter().map(|c| c.bytes).sum();
     let shared_bytes: f64 = shared.iter().map(|c| c.bytes).sum();
     if let Some((n, bytes)) = recompute_phase {
@@ -463,6 +356,185 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         peak_phase,
         chunks_per_layer: per_layer,
     }
+}
+
+/// What the backward holds beside the layer being recomputed.
+struct RecomputePhase {
+    context_grad: f64,
+    mlp_backward: f64,
+}
+
+impl RecomputePhase {
+    /// The layer (before the last) whose recomputation holds the most, and how much, with
+    /// `(q, h, e)` the draft positions, hidden size and activation bytes.
+    fn peak(
+        &self,
+        d: &DrafterConfig,
+        (q, h, e): (f64, f64, f64),
+        saved: &[f64],
+        kv_copies: &[f64],
+    ) -> Option<(usize, f64)> {
+        let last = saved.len().checked_sub(1)?;
+        (0..last)
+            .map(|n| {
+                let bytes = n.saturating_sub(1) as f64 * q * h * e
+                    + saved[n]
+                    + kv_copies[n]
+                    + 2.0 * q * h * e
+                    + self.context_grad
+                    + (last - n) as f64 * layer_params(d) * e
+                    + self.mlp_backward;
+                (n, bytes)
+            })
+            .max_by(|x, y| x.1.total_cmp(&y.1))
+    }
+}
+
+/// The larger of the two phases after the forward: the loss over one chunk of weighted
+/// positions, or the last layer's backward with its gradients in flight.
+fn loss_or_backward_peak(
+    d: &DrafterConfig,
+    s: &StepShape,
+    rank: RankContext,
+    mlp_backward: f64,
+    context_grad: f64,
+) -> (Consumer, &'static str) {
+    let e = rank.precision.bytes();
+    let h = d.hidden_size as f64;
+    let vocab = d.vocab_size as f64;
+    let q = s.draft_positions(d.block_size) as f64;
+    // Loss (train/loss.rs:74-118): chunks of `c` weighted positions through the head.
+    let weighted = s.weighted_positions as f64;
+    let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
+    let detached = weighted > s.loss_chunk_positions as f64;
+    // The vocabulary-wide tensors of `c` positions; h and its gradient [c, H]; indices and
+    // weights.
+    let loss_chunk = c * vocab * loss_chunk_vocab_bytes(d, e) + 2.0 * c * h * e + weighted * 20.0;
+    let out_grad = if detached { q * h * e } else { 0.0 };
+    let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
+    // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
+    // then.
+    let backward_phase = out_grad
+        + mlp_backward
+        + if rank.activation_checkpointing {
+            context_grad
+        } else {
+            0.0
+        }
+        + if detached {
+            0.0
+        } else {
+            // the head's logits (and a Domino head's logit delta) still alive
+            c * vocab * e * if d.head.domino().is_some() { 2.0 } else { 1.0 }
+        };
+    let mut step_peak_extra =
+        Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);
+    let mut peak_phase = "loss";
+    if backward_phase > loss_phase {
+        step_peak_extra = Consumer::new(
+            "backward of the last layer (gradients in flight)",
+            backward_phase,
+        );
+        peak_phase = "backward";
+    }
+    (step_peak_extra, peak_phase)
+}
+
+/// What a drafter rank holds for the whole run: weights, masters and moments, the frozen
+/// tables when they are not the target's, the all-reduce bucket and the queued items.
+fn resident_memory(d: &DrafterConfig, rank: RankContext, params: f64) -> Vec<Consumer> {
+    let p = rank.precision;
+    let e = p.bytes();
+    let vocab = d.vocab_size as f64;
+    let mut resident = vec![Consumer::new("parameters", params * e)];
+    if !p.params_are_masters() {
+        resident.push(Consumer::new("fp32 master weights", params * 4.0));
+    }
+    resident.push(Consumer::new("Adam moments (fp32)", 2.0 * params * 4.0));
+    if !rank.tables_shared_with_target {
+        // train/replica.rs:73-74: the target's embedding and LM head on this device.
+        let table = vocab * d.target_hidden_size as f64 * e;
+        resident.push(Consumer::new("frozen embedding copy", table));
+        resident.push(Consumer::new("frozen LM head copy", table));
+    }
+    if rank.ranks > 1 {
+        // topology/rank.rs::step, allreduce.rs::sum_in_buckets: one fp32 bucket, the sums
+        // written back into the gradients.
+        resident.push(Consumer::new(
+            "all-reduce bucket (fp32)",
+            params.min(ALLREDUCE_BUCKET_ELEMENTS as f64) * 4.0,
+        ));
+    }
+    if rank.queued_items > 0 {
+        resident.push(Consumer::new(
+            format!("queued hidden-state items ({})", rank.queued_items),
+            rank.queued_items as f64 * rank.item_bytes,
+        ));
+    }
+    resident
+}
+
+/// Per layer: the activations it saves for backward (without K/V copies), the K/V copies
+/// its attention calls save, and its number of attention chunks.
+fn saved_per_layer<'a>(
+    d: &DrafterConfig,
+    s: &StepShape,
+    p: ActivationPrecision,
+    rules: &[LayerRule],
+    plan_of: impl Fn(LayerRule) -> &'a Vec<ContextChunk>,
+    chunk_keys: impl Fn(&ContextChunk) -> (f64, f64),
+    folded: bool,
+) -> (Vec<f64>, Vec<f64>, Vec<usize>) {
+    let e = p.bytes();
+    let (h, a, k, i) = dims(d);
+    let (b, seq) = (s.batch as f64, s.seq_len as f64);
+    let q = s.draft_positions(d.block_size) as f64;
+    // Saved for backward, per layer (drafter/layer.rs:134-195).
+    let mut saved = Vec::new();
+    let mut kv_copies = Vec::new();
+    let mut per_layer = Vec::new();
+    for (n, &rule) in rules.iter().enumerate() {
+        let chunks = plan_of(rule);
+        let keys: f64 = chunks.iter().map(|c| chunk_keys(c).1).sum();
+        let kv = 2.0 * b * keys * k * e;
+        // input_layernorm keeps its input: the block embeddings for layer 0 in fp32 (already
+        // counted), the previous layer's output otherwise.
+        let input_norm = match (p, n) {
+            (ActivationPrecision::Fp32Cpu, 0) => q * 4.0,
+            _ => norm_saved(p, q, h),
+        };
+        // The chunks' outputs joined (kept by o_proj); folded, even one chunk's output is a
+        // copy (its rows are put back into query heads), and q's folded copy is what the
+        // kernel keeps.
+        let concatenated = if chunks.len() > 1 || folded {
+            q * a * e
+        } else {
+            0.0
+        };
+        let folded_q = if folded { q * a * e } else { 0.0 };
+        let bf16_rope_casts = match p {
+            ActivationPrecision::Fp32Cpu => 0.0,
+            // layers/rope.rs:47-48: cos and sin cast to bf16 per call (q, block k, context k).
+            ActivationPrecision::Bf16Cuda => 2.0 * (2.0 * q + seq) * d.head_dim as f64 * 2.0,
+        };
+        let layer = input_norm
+            + q * h * e // x, kept by q/k/v_proj
+            + norm_saved(p, q, a) // q_proj output, kept by q_norm
+            + q * a * e // roped q, kept by attention
+            + norm_saved(p, b * seq, k) // context k_proj output, kept by k_norm
+            + norm_saved(p, q, k) // block k_proj output
+            + q * a * e + b * d.num_attention_heads as f64 * q * 4.0 // attention out + lse
+            + concatenated // the chunks' outputs joined, kept by o_proj
+            + folded_q
+            + norm_saved(p, q, h) // residual, kept by post_attention_layernorm
+            + q * h * e // normed MLP input, kept by gate/up_proj
+            + 4.0 * q * i * e // gate, silu(gate), up, silu·up
+            + bf16_rope_casts;
+        saved.push(layer);
+        kv_copies.push(kv);
+        per_layer.push(chunks.len());
+    }
+    (saved, kv_copies, per_layer)
 }
 
 /// The optimizer's phase (train/optim.rs:216-258): every gradient, plus per parameter a fp32
