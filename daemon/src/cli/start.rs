@@ -12,6 +12,7 @@
 //! Metrics lines carry the step's training loss; lines with `tau` also ran a held-out
 //! evaluation after that step. The line of step 0 (fresh runs only) is the evaluation of the
 //! untrained drafter: its `loss` and `accuracy` are held-out figures and it has no throughput.
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -112,40 +113,8 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     let alloc_conf = crate::runtime::alloc_conf::apply();
     // Before anything of the run is written: other users may not read it.
     crate::runtime::private_files::restrict_umask();
-    if args.threads < 1 {
-        bail!("--threads: expected at least 1, found {}", args.threads);
-    }
-    if let Some(gib) = args.gpu_memory_gib {
-        if !(gib.is_finite() && gib > 0.0) {
-            bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
-        }
-    }
-    if let Some(flops) = args.cpu_peak_flops {
-        if !(flops.is_finite() && flops > 0.0) {
-            bail!(
-                "--cpu-peak-flops (DFLASH_CPU_PEAK_FLOPS): expected a positive number of FLOP/s, found {flops}"
-            );
-        }
-    }
-    let (config, config_path) = match &args.config {
-        Some(path) => match load_config(path) {
-            Ok(config) => (config, Some(absolute(path)?)),
-            Err(e) => {
-                let text = format!(
-                    "{e:#}\nFix the config (check it with `dflashd config validate {}`) and start \
-                     again.",
-                    path.display()
-                );
-                // The run dir is only known here when given: the config that names it failed.
-                if let Some(dir) = &args.run_dir {
-                    let reason = format!("the run did not start: {}", text.replace('\n', " "));
-                    refused::journal_refused_start(&absolute(dir)?, &reason);
-                }
-                bail!(text);
-            }
-        },
-        None => (Config::embedded_default(), None),
-    };
+    check_numeric_flags(&args)?;
+    let (config, config_path) = load_start_config(&args)?;
     for warning in config.warnings() {
         let origin = config_path
             .as_ref()
@@ -169,21 +138,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
         bail!(text);
     }
-    // `config validate` refuses a `telemetry.python` that names no file; so does `start`, before
-    // it records a fingerprint without the Python environment the operator asked for.
-    if let Some(python) = &config.telemetry.python {
-        let resolved = resolve_path("telemetry.python", python, config_path.as_deref(), &run_dir)?;
-        if !resolved.is_file() {
-            let text = format!(
-                "telemetry.python = {python:?}: expected the path of an existing Python \
-                 interpreter, found {} (no such file). Fix the path, or remove the key to record \
-                 no Python environment, and start again.",
-                resolved.display()
-            );
-            refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
-            bail!(text);
-        }
-    }
+    check_python(&config, config_path.as_deref(), &run_dir)?;
     let socket = match (&args.socket, &config.control.socket) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => resolve_path("control.socket", s, config_path.as_deref(), &run_dir)?,
@@ -199,17 +154,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--device: {e}"))
         })
         .transpose()?;
-    // `config validate` checked `metrics.listen` already; the flag is read by the same rule.
-    let metrics_listen = match (&args.metrics_listen, &config.metrics.listen) {
-        (Some(text), _) => Some(parse_metrics_listen(text).map_err(|found| {
-            anyhow::anyhow!("--metrics-listen: expected {METRICS_LISTEN_EXPECTED}, found {found}")
-        })?),
-        (None, Some(text)) => Some(
-            parse_metrics_listen(text)
-                .map_err(|found| anyhow::anyhow!("metrics.listen: found {found}"))?,
-        ),
-        (None, None) => None,
-    };
+    let metrics_listen = metrics_listen(&args, &config)?;
     let resume_from = args
         .resume_from
         .as_deref()
@@ -253,7 +198,90 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         metrics_listen,
         alloc_conf,
     };
-    let ready = if args.detach {
+    launch_in_place_or_detached(spec, args.detach)
+}
+
+/// The numeric flags no config can fix: refused before anything is read.
+fn check_numeric_flags(args: &StartArgs) -> Result<()> {
+    if args.threads < 1 {
+        bail!("--threads: expected at least 1, found {}", args.threads);
+    }
+    if let Some(gib) = args.gpu_memory_gib {
+        if !(gib.is_finite() && gib > 0.0) {
+            bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
+        }
+    }
+    if let Some(flops) = args.cpu_peak_flops {
+        if !(flops.is_finite() && flops > 0.0) {
+            bail!(
+                "--cpu-peak-flops (DFLASH_CPU_PEAK_FLOPS): expected a positive number of FLOP/s, found {flops}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--config`, or the embedded default. A config that fails says how to check it, and is
+/// journaled in `--run-dir` when one was given (the config that would name it failed).
+fn load_start_config(args: &StartArgs) -> Result<(Config, Option<PathBuf>)> {
+    let Some(path) = &args.config else {
+        return Ok((Config::embedded_default(), None));
+    };
+    match load_config(path) {
+        Ok(config) => Ok((config, Some(absolute(path)?))),
+        Err(e) => {
+            let text = format!(
+                "{e:#}\nFix the config (check it with `dflashd config validate {}`) and start \
+                 again.",
+                path.display()
+            );
+            if let Some(dir) = &args.run_dir {
+                let reason = format!("the run did not start: {}", text.replace('\n', " "));
+                refused::journal_refused_start(&absolute(dir)?, &reason);
+            }
+            bail!(text);
+        }
+    }
+}
+
+/// `config validate` refuses a `telemetry.python` that names no file; so does `start`, before
+/// it records a fingerprint without the Python environment the operator asked for.
+fn check_python(config: &Config, config_path: Option<&Path>, run_dir: &Path) -> Result<()> {
+    let Some(python) = &config.telemetry.python else {
+        return Ok(());
+    };
+    let resolved = resolve_path("telemetry.python", python, config_path, run_dir)?;
+    if !resolved.is_file() {
+        let text = format!(
+            "telemetry.python = {python:?}: expected the path of an existing Python \
+             interpreter, found {} (no such file). Fix the path, or remove the key to record \
+             no Python environment, and start again.",
+            resolved.display()
+        );
+        refused::journal_refused_start(run_dir, &format!("the run did not start: {text}"));
+        bail!(text);
+    }
+    Ok(())
+}
+
+/// `--metrics-listen`, else `metrics.listen`. `config validate` checked the key already; the
+/// flag is read by the same rule.
+fn metrics_listen(args: &StartArgs, config: &Config) -> Result<Option<SocketAddr>> {
+    Ok(match (&args.metrics_listen, &config.metrics.listen) {
+        (Some(text), _) => Some(parse_metrics_listen(text).map_err(|found| {
+            anyhow::anyhow!("--metrics-listen: expected {METRICS_LISTEN_EXPECTED}, found {found}")
+        })?),
+        (None, Some(text)) => Some(
+            parse_metrics_listen(text)
+                .map_err(|found| anyhow::anyhow!("metrics.listen: found {found}"))?,
+        ),
+        (None, None) => None,
+    })
+}
+
+/// Runs the daemon here, or (`--detach`) forks it and reports once it serves or failed.
+fn launch_in_place_or_detached(spec: LaunchSpec, detach: bool) -> Result<ExitCode> {
+    let ready = if detach {
         let stdio_log = detach::stdio_log_path(&spec.paths.log_dir);
         match detach::detach(&stdio_log).context("detaching")? {
             Detached::Starter(verdict) => {
