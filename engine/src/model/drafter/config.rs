@@ -126,14 +126,15 @@ impl DrafterConfig {
     /// Checks the relations the model relies on. `source` names the config in the error
     /// (a file path, or e.g. `"built-in config"`).
     pub fn validate(&self, source: &str) -> Result<(), DrafterError> {
-        let invalid = |key: &str, expected: &str, found: String| {
-            Err(DrafterError::InvalidField {
-                path: source.to_string(),
-                key: key.to_string(),
-                expected: expected.to_string(),
-                found,
-            })
-        };
+        self.validate_shape(source)?;
+        self.validate_constants(source)?;
+        self.validate_taps_and_head(source)
+    }
+
+    /// Sizes, heads, and one layer type per layer (with a window where a layer slides).
+    fn validate_shape(&self, source: &str) -> Result<(), DrafterError> {
+        let invalid =
+            |key: &str, expected: &str, found: String| invalid_field(source, key, expected, found);
         for (key, value) in [
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
@@ -189,6 +190,13 @@ impl DrafterConfig {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// The norm's ε, RoPE's θ and the initializer's range.
+    fn validate_constants(&self, source: &str) -> Result<(), DrafterError> {
+        let invalid =
+            |key: &str, expected: &str, found: String| invalid_field(source, key, expected, found);
         if !is_positive(self.rms_norm_eps) {
             return invalid(
                 "rms_norm_eps",
@@ -210,6 +218,13 @@ impl DrafterConfig {
                 self.initializer_range.to_string(),
             );
         }
+        Ok(())
+    }
+
+    /// The target's tapped layers and width, the Domino head's keys, and the mask token.
+    fn validate_taps_and_head(&self, source: &str) -> Result<(), DrafterError> {
+        let invalid =
+            |key: &str, expected: &str, found: String| invalid_field(source, key, expected, found);
         if self.target_layer_ids.is_empty() {
             return invalid(
                 "dflash_config.target_layer_ids",
@@ -263,6 +278,21 @@ impl DrafterConfig {
         }
         Ok(())
     }
+}
+
+/// The refusal of one `config.json` field: where, which key, what was expected and found.
+fn invalid_field(
+    source: &str,
+    key: &str,
+    expected: &str,
+    found: String,
+) -> Result<(), DrafterError> {
+    Err(DrafterError::InvalidField {
+        path: source.to_string(),
+        key: key.to_string(),
+        expected: expected.to_string(),
+        found,
+    })
 }
 
 #[cfg(test)]
