@@ -79,15 +79,7 @@ fn record_path(out: &Path) -> PathBuf {
 
 pub fn run(args: RegenerateArgs) -> Result<()> {
     let sampling = sampling(&args)?;
-    if args.max_new_tokens == 0 {
-        bail!("--max-new-tokens: expected at least 1");
-    }
-    if args.batch == Some(0) {
-        bail!("--batch: expected at least 1");
-    }
-    if args.threads.is_some_and(|n| n < 1) {
-        bail!("--threads: expected at least 1");
-    }
+    check_counts(&args)?;
     let device = parse_device(&args.device)?;
     let kind = match args.dtype.as_deref() {
         None => compute_kind(device),
@@ -110,23 +102,7 @@ pub fn run(args: RegenerateArgs) -> Result<()> {
         );
     }
     let stops = stop.ids;
-    let record = RegenerateRecord {
-        format: RECORD_FORMAT,
-        target: target_dir.display().to_string(),
-        target_fingerprint: target_fingerprint(&target_dir)?,
-        data: data.display().to_string(),
-        chat_template: encoder.template().origin().display().to_string(),
-        chat_template_sha256: file_sha256(encoder.template().origin())?,
-        enable_thinking: encoder.options().enable_thinking,
-        max_new_tokens: args.max_new_tokens,
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-        stop_tokens: stops.clone(),
-        device: device_name(device),
-        dtype: kind_name(kind).to_string(),
-    };
+    let record = regenerate_record(&args, &target_dir, &data, &encoder, &stops, (device, kind))?;
     let resume = prepare_output(&args.out, &record)?;
     let remaining = count_rows_after(&data, resume.after_line)?;
 
@@ -194,20 +170,73 @@ pub fn run(args: RegenerateArgs) -> Result<()> {
             )
         });
     }
+    report_end(&args, &data, resume.rows, &progress, workers)
+}
+
+/// The counts no run can fix: refused before anything is opened.
+fn check_counts(args: &RegenerateArgs) -> Result<()> {
+    if args.max_new_tokens == 0 {
+        bail!("--max-new-tokens: expected at least 1");
+    }
+    if args.batch == Some(0) {
+        bail!("--batch: expected at least 1");
+    }
+    if args.threads.is_some_and(|n| n < 1) {
+        bail!("--threads: expected at least 1");
+    }
+    Ok(())
+}
+
+/// What this regeneration is, recorded beside the output: a resume must be the same one.
+fn regenerate_record(
+    args: &RegenerateArgs,
+    target_dir: &Path,
+    data: &Path,
+    encoder: &ChatEncoder,
+    stops: &[i64],
+    (device, kind): (tch::Device, tch::Kind),
+) -> Result<RegenerateRecord> {
+    Ok(RegenerateRecord {
+        format: RECORD_FORMAT,
+        target: target_dir.display().to_string(),
+        target_fingerprint: target_fingerprint(target_dir)?,
+        data: data.display().to_string(),
+        chat_template: encoder.template().origin().display().to_string(),
+        chat_template_sha256: file_sha256(encoder.template().origin())?,
+        enable_thinking: encoder.options().enable_thinking,
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_tokens: stops.to_vec(),
+        device: device_name(device),
+        dtype: kind_name(kind).to_string(),
+    })
+}
+
+/// The summary line, and a refusal when nothing at all could be regenerated.
+fn report_end(
+    args: &RegenerateArgs,
+    data: &Path,
+    resumed_rows: u64,
+    progress: &Progress,
+    workers: usize,
+) -> Result<()> {
     eprintln!(
         "regenerate: {}{}",
         progress.summary(workers),
-        if resume.rows > 0 {
+        if resumed_rows > 0 {
             format!(
                 "; resumed after {} rows already in {}",
-                resume.rows,
+                resumed_rows,
                 args.out.display()
             )
         } else {
             String::new()
         }
     );
-    if resume.rows + progress.rows == 0 {
+    if resumed_rows + progress.rows == 0 {
         bail!(
             "no conversation of {} could be regenerated ({} skipped, reasons above)",
             data.display(),
