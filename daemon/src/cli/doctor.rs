@@ -69,6 +69,7 @@ pub fn run() -> Result<()> {
         Ok(loaded) => println!("nccl:            {loaded}"),
         Err(why) => println!("nccl:            not loadable: {why}"),
     }
+    print_multi_node_backends();
     print_sdpa_backends(cuda);
     let nvml = GpuSampler::new();
     match nvml.unavailable_reason() {
@@ -149,4 +150,28 @@ fn print_sdpa_backends(cuda: bool) {
             backend_for(&site, device, kind).name()
         );
     }
+}
+
+/// What a multi-node job would use: the rendezvous store and the collective on each device
+/// kind (`dflash_engine::dist`), or what is missing and what to do.
+fn print_multi_node_backends() {
+    println!(
+        "rendezvous:      c10d TCPStore (libtorch {})",
+        or_unknown(
+            fingerprint::loaded_libtorch_version(),
+            "no version file beside the loaded libtorch"
+        )
+    );
+    let cpu = match dflash_engine::dist::gloo::gloo_status() {
+        Ok(line) => format!("{line} (CPU)"),
+        Err(why) => format!("no CPU collective: {why}"),
+    };
+    let cuda = match nccl::nccl_status() {
+        Ok(loaded) => format!(
+            "{} ncclCommInitRank (CUDA)",
+            loaded.split(" from ").next().unwrap_or(&loaded)
+        ),
+        Err(_) => "no CUDA collective (NCCL not loadable, see the nccl line)".to_string(),
+    };
+    println!("collective:      {cpu}; {cuda}");
 }

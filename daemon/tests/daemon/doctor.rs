@@ -43,3 +43,22 @@ fn doctor_reports_libtorch_and_the_wheel_nccl_it_loaded_with_no_manual_step() {
         "doctor gives no manual recipe:\n{report}"
     );
 }
+
+#[test]
+fn doctor_reports_the_multi_node_rendezvous_and_collective_backends() {
+    let report = doctor();
+    // The wheel's version file says e.g. `2.11.0+cu130`.
+    let rendezvous = line(&report, "rendezvous:");
+    assert!(
+        rendezvous.starts_with("rendezvous:      c10d TCPStore (libtorch 2.11.0")
+            && rendezvous.ends_with(')'),
+        "{rendezvous}"
+    );
+    // `make test-deps` installs gloo's headers, so the test build has libtorch's Gloo.
+    assert_eq!(
+        line(&report, "collective:"),
+        "collective:      Gloo via libtorch's ProcessGroupGloo (CPU); NCCL 2.28.9 \
+         ncclCommInitRank (CUDA)",
+        "{report}"
+    );
+}
