@@ -169,7 +169,7 @@ pub async fn serve(
                 Ok(None) => Some(Ended::ClientClosed),
                 Ok(Some(frame)) => {
                     let had_hello = conn.hello_done;
-                    let answer = conn.on_frame(frame, &handle, caller, &cfg, &mut writer, &slot).await;
+                    let answer = conn.on_frame(frame, &handle, caller, &cfg, &mut writer, &mut slot).await;
                     if had_hello || conn.hello_done {
                         quiet_deadline.as_mut().reset(Instant::now() + cfg.idle_timeout);
                     }
@@ -329,7 +329,7 @@ impl Conn {
         caller: Caller,
         cfg: &ConnectionConfig,
         writer: &mut Writer,
-        slot: &Slot,
+        slot: &mut Slot,
     ) -> Result<Option<InFlight>, Ended> {
         let line = match frame {
             Err(e) => return writer.send(&e.to_reply()).await.map(|_| None),
@@ -348,6 +348,10 @@ impl Conn {
             let sent = match negotiate(&req, &identity) {
                 Ok(welcome) => {
                     self.hello_done = true;
+                    // Before the welcome goes out: a client that has its welcome must never
+                    // be evicted as one that has not said hello (the loop would only mark it
+                    // after this reply, racing the client's next connection).
+                    slot.set_phase(Phase::Idle);
                     if let Request::Hello { client, access, .. } = &req {
                         self.access = *access;
                         tracing::debug!(uid = caller.uid, pid = ?caller.pid, %client, ?access, "control client connected");
