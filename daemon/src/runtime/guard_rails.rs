@@ -247,16 +247,8 @@ async fn fingerprint_gate(
     })
     .await
     .expect("fingerprint task does not panic");
-    let current = current.inspect_err(|e| {
-        // The journal is open: a start refused this early stays in the run's history.
-        handle.record_event_logged(
-            Severity::Crit,
-            EventKind::RunStopped {
-                reason: format!("the run did not start: {e}"),
-                checkpoint: None,
-            },
-        );
-    })?;
+    // The journal is open: a start refused this early stays in the run's history.
+    let current = current.inspect_err(|e| journal_not_started(handle, e))?;
     let previous = fingerprint::load(&opts.run_dir)?;
     let resume = fingerprint::resume_decision(
         previous.as_ref(),
@@ -342,16 +334,20 @@ fn spawn_sampler(
     })
 }
 
+/// A start refused after the journal opened: the reason stays in the run's history.
+fn journal_not_started(handle: &RunHandle, why: &dyn std::fmt::Display) {
+    handle.record_event_logged(
+        Severity::Crit,
+        EventKind::RunStopped {
+            reason: format!("the run did not start: {why}"),
+            checkpoint: None,
+        },
+    );
+}
+
 fn bind_metrics(addr: SocketAddr, handle: &RunHandle) -> Result<MetricsServer, StartError> {
-    let server = MetricsServer::bind(addr, handle.clone()).inspect_err(|e| {
-        handle.record_event_logged(
-            Severity::Crit,
-            EventKind::RunStopped {
-                reason: format!("the run did not start: {e}"),
-                checkpoint: None,
-            },
-        );
-    })?;
+    let server = MetricsServer::bind(addr, handle.clone())
+        .inspect_err(|e| journal_not_started(handle, e))?;
     let (severity, message) = crate::exporter::listening_note(server.local_addr());
     if severity == Severity::Warn {
         tracing::warn!("{message}");
