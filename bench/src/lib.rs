@@ -14,6 +14,8 @@
 //! - [`overhead`], [`queue`]: the daemon around the engine (clients, telemetry, the queue).
 //! - [`plan_check`]: the memory and FLOP model of a run (`dflash_engine::plan`) against the
 //!   memory pass and [`flop_counter`], libtorch's executed FLOPs counted op by op.
+//! - [`objectives`]: the objective tournament (DFlash, D-PACE, Domino trained by real
+//!   `dflashd start` runs on the embedded default, scored by `dflashd eval`, across seeds).
 //! - [`report`]: the machine, the summary line and the Markdown tables.
 //!
 //! Errors are `thiserror` enums whose messages carry their causes' text; a cause printed in a
@@ -28,6 +30,7 @@ pub mod harness;
 pub mod matmul;
 pub mod memory;
 pub mod multi_gpu;
+pub mod objectives;
 pub mod overhead;
 pub mod plan_check;
 pub mod presets;

@@ -39,6 +39,7 @@ const CASES: &[&str] = &[
     "queue",
     "parity",
     "plan",
+    "objectives",
 ];
 
 /// dflash-bench — the engine side by side with the PyTorch reference (docs/BENCHMARKS.md).
@@ -51,7 +52,7 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Cases: step, attention, target, overhead (daemon: clients, telemetry), queue, parity
     /// (--device vs CPU and bf16 vs the reference on the first of --configs; on cpu a
-    /// plumbing self-test).
+    /// plumbing self-test), plan, objectives (DFlash, D-PACE and Domino trained and scored).
     /// Default: step,attention,target,overhead,queue (--quick: step).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -115,6 +116,22 @@ pub struct BenchArgs {
     /// A datasheet peak (TFLOP/s) to report MFU against, e.g. 989 for H200 dense bf16.
     #[arg(long)]
     pub datasheet_peak_tflops: Option<f64>,
+    /// Objectives case: the seeds; every objective trains once per seed.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2, 3])]
+    pub objectives_seeds: Vec<u64>,
+    /// Objectives case: `training.epochs` of each run. The schedule (warmup, learning-rate
+    /// decay, Domino's λ) spans them; the embedded default has 107 steps per epoch.
+    #[arg(long, default_value_t = 1)]
+    pub objectives_epochs: u32,
+    /// Objectives case: each run stops after this many steps (`dflashd start --max-steps`).
+    /// The default is a smoke check; docs/BENCHMARKS.md's table ran a whole schedule
+    /// (`--objectives-epochs 2 --objectives-steps 214`).
+    #[arg(long, default_value_t = 20)]
+    pub objectives_steps: u64,
+    /// Objectives case: the `dflashd` that trains and evaluates (default: the one beside this
+    /// binary).
+    #[arg(long)]
+    pub dflashd: Option<PathBuf>,
     /// Internal: run one task of one case in this process and print its JSON.
     #[arg(long, hide = true, value_enum)]
     pub child: Option<ChildTask>,
@@ -366,6 +383,35 @@ fn defaults(args: &BenchArgs) -> (Vec<String>, Vec<String>, Vec<usize>) {
     (cases, configs, anchors)
 }
 
+/// The objectives case's settings: online evaluation as the embedded default's (at most 64 new
+/// tokens, DDTree budgets 8 and 32), on every held-out prompt.
+fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::ObjectivesOptions> {
+    let dflashd = match &args.dflashd {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .context("locating this binary to find dflashd beside it")?
+            .with_file_name("dflashd"),
+    };
+    if !dflashd.is_file() {
+        bail!(
+            "--cases objectives needs dflashd: {} is not a file; build it (`cargo build --release -p dflashd`) or pass --dflashd PATH",
+            dflashd.display()
+        );
+    }
+    if args.objectives_epochs == 0 || args.objectives_steps == 0 {
+        bail!("--objectives-epochs and --objectives-steps must be at least 1");
+    }
+    Ok(dflash_bench::objectives::ObjectivesOptions {
+        dflashd,
+        seeds: args.objectives_seeds.clone(),
+        epochs: args.objectives_epochs,
+        max_steps: args.objectives_steps,
+        tree_budgets: vec![8, 32],
+        max_new_tokens: 64,
+        timeout_s: args.timeout_s,
+    })
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(task) = args.child {
         return run_child(task, &args);
@@ -532,6 +578,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             fs::write(out_dir.join("plan.md"), plan.markdown())
                 .with_context(|| format!("writing {}", out_dir.join("plan.md").display()))?;
             report.plan = Some(plan);
+        }
+    }
+    if cases.iter().any(|c| c == "objectives") {
+        let opts = objectives_options(&args)?;
+        match dflash_bench::objectives::run(&opts, &out_dir, &progress) {
+            Ok(o) => {
+                eprintln!("[bench]   {}", o.verdict.sentence());
+                report.objectives = Some(o);
+            }
+            Err(e) => report.errors.push(format!("objectives: {e}")),
         }
     }
     report.machine.loadavg_end = loadavg();

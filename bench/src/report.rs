@@ -67,6 +67,9 @@ pub struct BenchReport {
     pub overhead: Option<OverheadResult>,
     pub queue: Option<QueueRun>,
     pub plan: Option<crate::plan_check::PlanCheck>,
+    /// `--cases objectives`: the objective tournament.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objectives: Option<crate::objectives::ObjectivesResult>,
     /// Cases that failed outright, with the error.
     pub errors: Vec<String>,
     /// Cases the harness does not run, and why.
@@ -175,6 +178,9 @@ impl BenchReport {
         }
         if let Some(q) = &self.queue {
             md.push_str(&queue_table(q));
+        }
+        if let Some(o) = &self.objectives {
+            md.push_str(&crate::objectives::markdown::render(o));
         }
         for e in &self.errors {
             let _ = writeln!(md, "- error: {e}");

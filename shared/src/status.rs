@@ -2,7 +2,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::actions::PendingAction;
-use crate::config::DetectorsSection;
+use crate::config::{DetectorsSection, DrafterHead, Objective};
 use crate::events::Severity;
 use crate::health::healthy_record::HealthyRecord;
 use crate::metrics::{
@@ -36,6 +36,106 @@ pub struct RunInfo {
     pub eta_ms: Option<TimestampMs>,
     pub run_dir: String,
     pub config_path: Option<String>,
+    /// The loss the run trains with, from its config. `None` from a daemon older than this
+    /// field, one that has not built its trainer yet, or one whose objective this build does
+    /// not know: the console then says it is unknown.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub objective: Option<RunObjective>,
+    /// The drafter's head (`drafter.head`), from its config; `None` as for `objective`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub drafter_head: Option<DrafterHead>,
+}
+
+/// `training.objective` and, for D-PACE, its α.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RunObjective {
+    pub objective: Objective,
+    /// `training.dpace_alpha`; `None` for DFlash, whose loss has no α.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpace_alpha: Option<f64>,
+}
+
+impl RunObjective {
+    /// The α is kept only where the objective reads it.
+    pub fn new(objective: Objective, dpace_alpha: f64) -> Self {
+        let dpace_alpha = (objective == Objective::Dpace).then_some(dpace_alpha);
+        RunObjective {
+            objective,
+            dpace_alpha,
+        }
+    }
+
+    /// "DFlash", "D-PACE (α 0.5)".
+    pub fn words(&self) -> String {
+        match (self.objective, self.dpace_alpha) {
+            (Objective::Dflash, _) => "DFlash".into(),
+            (Objective::Dpace, Some(alpha)) => format!("D-PACE (α {alpha})"),
+            (Objective::Dpace, None) => "D-PACE (α unknown)".into(),
+        }
+    }
+}
+
+/// "objective: D-PACE (α 0.5)"; "objective: unknown" from a daemon that does not say.
+pub fn objective_words(objective: Option<&RunObjective>) -> String {
+    let what = objective.map_or_else(
+        || "unknown (the daemon did not report it)".to_string(),
+        RunObjective::words,
+    );
+    format!("objective: {what}")
+}
+
+/// "DFlash", "Domino": the drafter head by its paper's name.
+pub fn head_name(head: DrafterHead) -> &'static str {
+    match head {
+        DrafterHead::Dflash => "DFlash",
+        DrafterHead::Domino => "Domino",
+    }
+}
+
+/// A Domino drafter's acceptance on its training batch at one step, as its metrics line
+/// reports it (SpecForge's `accept_len` and `base_accept_len`: 1 + the leading slots whose
+/// argmax is the label, teacher-forced, from the corrected and from the LM head's logits).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DominoAcceptance {
+    pub step: u64,
+    pub ts_ms: TimestampMs,
+    /// `accept_len`: from the corrected logits.
+    pub accept_len: f64,
+    /// `base_accept_len`: from the LM head's logits alone.
+    pub base_accept_len: f64,
+}
+
+impl DominoAcceptance {
+    /// "acceptance: base 2.31 → final 2.87 (Domino correction +0.56)".
+    pub fn words(&self) -> String {
+        let (base, last, correction) = self.shown();
+        format!("acceptance: base {base:.2} → final {last:.2} (Domino correction {correction:+.2})")
+    }
+
+    /// "base 2.31 → final 2.87 (+0.56)", for a narrow panel.
+    pub fn short_words(&self) -> String {
+        let (base, last, correction) = self.shown();
+        format!("base {base:.2} → final {last:.2} ({correction:+.2})")
+    }
+
+    /// Base, final and the correction as shown: the correction is the difference of the
+    /// two rounded figures, so the line adds up.
+    fn shown(&self) -> (f64, f64, f64) {
+        let (base, last) = (round2(self.base_accept_len), round2(self.accept_len));
+        (base, last, last - base)
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +196,14 @@ pub struct StatusSnapshot {
     /// ran at; absent before the first, and from a daemon that does not run them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_online: Option<OnlineEvalStatus>,
+    /// A Domino run's newest `accept_len` / `base_accept_len` (its metrics lines); absent for
+    /// a DFlash head and from a daemon that does not send it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub last_domino: Option<DominoAcceptance>,
     /// The thresholds the daemon's health detectors judge this run by: the run's effective
     /// `[detectors]` section. A console judges memory flatness and the queue with these, never
     /// with defaults of its own. `None` until the daemon's detectors run, and from a daemon
@@ -140,6 +248,8 @@ mod tests {
                 eta_ms: None,
                 run_dir: "/runs/r".into(),
                 config_path: None,
+                objective: None,
+                drafter_head: None,
             },
             throughput: Throughput {
                 tokens_per_s: 1.0,
@@ -161,6 +271,7 @@ mod tests {
             last_loss: None,
             last_tau: None,
             last_online: None,
+            last_domino: None,
             detectors: None,
             healthy_record: None,
         }
@@ -217,5 +328,91 @@ mod tests {
         let read: StatusSnapshot = serde_json::from_value(value).unwrap();
         assert_eq!(read.detectors, None);
         assert_eq!(read.run.name, "r");
+    }
+
+    #[test]
+    fn the_objective_and_head_travel_and_an_older_daemons_line_reads_them_as_unknown() {
+        let mut s = snapshot();
+        s.run.objective = Some(RunObjective::new(Objective::Dpace, 0.5));
+        s.run.drafter_head = Some(DrafterHead::Domino);
+        s.last_domino = Some(DominoAcceptance {
+            step: 40,
+            ts_ms: 9,
+            accept_len: 2.87,
+            base_accept_len: 2.31,
+        });
+        let value = serde_json::to_value(&s).unwrap();
+        assert_eq!(value["run"]["objective"]["objective"], "dpace");
+        assert_eq!(value["run"]["objective"]["dpace_alpha"], 0.5);
+        assert_eq!(value["run"]["drafter_head"], "domino");
+        assert_eq!(serde_json::from_value::<StatusSnapshot>(value).unwrap(), s);
+
+        // A line as a daemon before these fields wrote it, verbatim.
+        let old = r#"{"run":{"name":"r","state":"training","step":1,"total_steps":2,"epoch":1,
+            "epochs":6,"started_ms":0,"eta_ms":null,"run_dir":"/runs/r","config_path":null},
+            "throughput":{"tokens_per_s":1.0,"baseline_tokens_per_s":null,"stable_since_ms":null},
+            "gpus":{"state":"unavailable","reason":"no NVML"},"host":null,
+            "queue":{"ts_ms":0,"depth":0,"capacity":0,"high_watermark":0,"low_watermark":0,
+            "bytes_resident":0,"byte_cap":0,"producer_rate":0.0,"consumer_rate":0.0,
+            "producer_blocked_ms":0.0,"consumer_starved_ms":0.0},
+            "caches":[],"alerts":[],"pending_actions":[],"checkpoints":[],
+            "last_loss":null,"last_tau":null}"#;
+        let read: StatusSnapshot = serde_json::from_str(old).unwrap();
+        assert_eq!(read.run.objective, None);
+        assert_eq!(read.run.drafter_head, None);
+        assert_eq!(read.last_domino, None);
+        assert_eq!(
+            objective_words(read.run.objective.as_ref()),
+            "objective: unknown (the daemon did not report it)"
+        );
+    }
+
+    #[test]
+    fn an_objective_or_head_this_build_does_not_know_reads_as_unknown_not_as_a_lost_frame() {
+        let mut value = serde_json::to_value(snapshot()).unwrap();
+        value["run"]["objective"] = serde_json::json!({"objective": "dspark"});
+        value["run"]["drafter_head"] = serde_json::json!("dspark");
+        let read: StatusSnapshot = serde_json::from_value(value).unwrap();
+        assert_eq!((read.run.objective, read.run.drafter_head), (None, None));
+        assert_eq!(read.run.name, "r");
+    }
+
+    #[test]
+    fn the_objective_is_named_with_its_alpha_and_dflash_has_none() {
+        let dflash = RunObjective::new(Objective::Dflash, 0.5);
+        assert_eq!(dflash.dpace_alpha, None);
+        assert_eq!(objective_words(Some(&dflash)), "objective: DFlash");
+        let dpace = RunObjective::new(Objective::Dpace, 0.5);
+        assert_eq!(objective_words(Some(&dpace)), "objective: D-PACE (α 0.5)");
+        assert_eq!(
+            RunObjective::new(Objective::Dpace, 0.25).words(),
+            "D-PACE (α 0.25)"
+        );
+        assert_eq!(head_name(DrafterHead::Dflash), "DFlash");
+        assert_eq!(head_name(DrafterHead::Domino), "Domino");
+    }
+
+    #[test]
+    fn domino_acceptance_shows_base_final_and_a_correction_that_adds_up() {
+        let a = DominoAcceptance {
+            step: 1,
+            ts_ms: 0,
+            accept_len: 2.874,
+            base_accept_len: 2.306,
+        };
+        assert_eq!(
+            a.words(),
+            "acceptance: base 2.31 → final 2.87 (Domino correction +0.56)"
+        );
+        let worse = DominoAcceptance {
+            accept_len: 1.9,
+            base_accept_len: 2.0,
+            ..a
+        };
+        assert_eq!(
+            worse.words(),
+            "acceptance: base 2.00 → final 1.90 (Domino correction -0.10)"
+        );
+        assert_eq!(a.short_words(), "base 2.31 → final 2.87 (+0.56)");
     }
 }

@@ -603,3 +603,55 @@ fn the_report_shows_the_healthy_record_how_to_forget_it_and_restores_towards_it(
         ]
     );
 }
+
+#[test]
+fn the_report_names_the_objective_and_a_domino_runs_base_and_final_acceptance() {
+    use dflash_shared::config::{DrafterHead, Objective};
+    use dflash_shared::status::{DominoAcceptance, RunObjective};
+    let (mut status, events) = incident_data();
+    let dflash = report::render_markdown(&report_of(&status, &events));
+    assert!(
+        dflash.contains("- objective: DFlash; drafter head: DFlash.\n"),
+        "{dflash}"
+    );
+    assert!(!dflash.contains("Domino correction"), "{dflash}");
+
+    status.run.objective = Some(RunObjective::new(Objective::Dpace, 0.5));
+    status.run.drafter_head = Some(DrafterHead::Domino);
+    status.last_domino = Some(DominoAcceptance {
+        step: 31_000,
+        ts_ms: incident::end_ms(),
+        accept_len: 2.87,
+        base_accept_len: 2.31,
+    });
+    let report = report_of(&status, &events);
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains("- objective: D-PACE (α 0.5); drafter head: Domino.\n"),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains(
+            "- acceptance: base 2.31 → final 2.87 (Domino correction +0.56) on the training \
+             batch at step 31,000 (teacher-forced: the metrics' `base_accept_len` → \
+             `accept_len`)."
+        ),
+        "{markdown}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["run"]["objective"], "D-PACE (α 0.5)");
+    assert_eq!(json["acceptance"]["domino"]["base_accept_len"], 2.31);
+
+    // A daemon older than these fields sends none of them.
+    status.run.objective = None;
+    status.run.drafter_head = None;
+    status.last_domino = None;
+    let old = report::render_markdown(&report_of(&status, &events));
+    assert!(
+        old.contains(
+            "- objective: unknown (the daemon did not report it); drafter head: unknown (the \
+             daemon did not report it).\n"
+        ),
+        "{old}"
+    );
+}

@@ -587,3 +587,61 @@ fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures(
     }
     snapshot("overview_online_tau", &app);
 }
+
+/// The incident as a D-PACE run with a Domino head would stream it: its status names both,
+/// its metrics lines carry `accept_len` and `base_accept_len`.
+fn incident_as_domino(
+    objective: Option<dflash_shared::status::RunObjective>,
+) -> Vec<RecordedFrame> {
+    use dflash_shared::config::DrafterHead;
+    use dflash_shared::metrics::DominoStepMetrics;
+    let mut frames = incident_with_thresholds(Some(DetectorsSection::default()));
+    for frame in &mut frames {
+        match &mut frame.frame {
+            Response::Status(status) => {
+                status.run.objective = objective;
+                status.run.drafter_head = objective.map(|_| DrafterHead::Domino);
+            }
+            Response::Metrics(m) => {
+                m.domino = Some(DominoStepMetrics {
+                    lambda_base: 0.0,
+                    final_loss: m.loss,
+                    base_loss: m.loss + 0.4,
+                    accept_len: 2.874,
+                    base_accept_len: 2.306,
+                });
+            }
+            _ => {}
+        }
+    }
+    frames
+}
+
+#[test]
+fn the_run_panel_names_the_objective_and_a_domino_heads_base_and_final_acceptance() {
+    use dflash_shared::config::Objective;
+    use dflash_shared::status::RunObjective;
+    let dflash = screen::text(&render(&live(false), WIDTH, HEIGHT));
+    assert!(dflash.contains("objective DFlash, DFlash head"), "{dflash}");
+    assert!(!dflash.contains("accept "), "{dflash}");
+
+    let dpace = Some(RunObjective::new(Objective::Dpace, 0.5));
+    let app = live_from(incident_as_domino(dpace), false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("objective D-PACE (α 0.5), Domino head"),
+        "{text}"
+    );
+    assert!(
+        text.contains("accept  base 2.31 → final 2.87 (+0.56)"),
+        "{text}"
+    );
+    // The rows it adds push nothing out of the panel.
+    assert!(text.contains("saved   step"), "{text}");
+    snapshot("overview_domino_dpace", &app);
+
+    // A daemon older than the field: the panel says it does not know.
+    let old = live_from(incident_as_domino(None), false);
+    let text = screen::text(&render(&old, WIDTH, HEIGHT));
+    assert!(text.contains("objective unknown (not reported)"), "{text}");
+}

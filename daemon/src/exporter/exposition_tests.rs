@@ -22,6 +22,8 @@ fn cpu_status() -> StatusSnapshot {
             eta_ms: None,
             run_dir: "/runs/tiny".into(),
             config_path: None,
+            objective: None,
+            drafter_head: None,
         },
         throughput: Throughput {
             tokens_per_s: 900.0,
@@ -43,6 +45,7 @@ fn cpu_status() -> StatusSnapshot {
         last_loss: Some(3.25),
         last_tau: None,
         last_online: None,
+        last_domino: None,
         detectors: None,
         healthy_record: None,
     }

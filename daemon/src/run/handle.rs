@@ -15,7 +15,8 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{
-    Alert, CheckpointInfo, OnlineEvalStatus, RunInfo, RunState, StatusSnapshot, Throughput,
+    Alert, CheckpointInfo, DominoAcceptance, OnlineEvalStatus, RunInfo, RunState, StatusSnapshot,
+    Throughput,
 };
 use tokio::sync::{broadcast, oneshot};
 
@@ -130,6 +131,8 @@ impl RunHandle {
                 eta_ms: None,
                 run_dir: run_dir.display().to_string(),
                 config_path,
+                objective: None,
+                drafter_head: None,
             },
             throughput: Throughput {
                 tokens_per_s: 0.0,
@@ -151,6 +154,7 @@ impl RunHandle {
             last_loss: None,
             last_tau: None,
             last_online: None,
+            last_domino: None,
             detectors: None,
             healthy_record: None,
         };
@@ -237,6 +241,14 @@ impl RunHandle {
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {
                 s.last_tau = m.tau;
+            }
+            if let Some(d) = &m.domino {
+                s.last_domino = Some(DominoAcceptance {
+                    step: m.step,
+                    ts_ms: m.ts_ms,
+                    accept_len: d.accept_len,
+                    base_accept_len: d.base_accept_len,
+                });
             }
             if let Some(online) = &m.online {
                 s.last_online = Some(OnlineEvalStatus {

@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use dflash_shared::config::DetectorsSection;
+use dflash_shared::config::{DetectorsSection, DrafterHead};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::metrics::StepMetrics;
-use dflash_shared::status::{Alert, RunState};
+use dflash_shared::status::{Alert, RunObjective, RunState};
 
 use super::checkpoints;
 use super::ending::Ending;
@@ -195,11 +195,18 @@ impl RunLoop {
         } = self;
         let (total, epochs) = (trainer.total_steps(), trainer.config().epochs);
         let (step, epoch) = (trainer.step_count(), trainer.epoch_in_progress());
+        let objective = RunObjective::new(trainer.config().objective, trainer.config().dpace_alpha);
+        let head = match trainer.drafter_config().head.domino() {
+            Some(_) => DrafterHead::Domino,
+            None => DrafterHead::Dflash,
+        };
         hooks.handle.update_run(|r| {
             r.total_steps = total;
             r.epochs = epochs;
             r.step = step;
             r.epoch = epoch;
+            r.objective = Some(objective);
+            r.drafter_head = Some(head);
         });
         hooks.handle.set_run_state(RunState::WarmingUp);
         hooks.handle.set_queue_monitor(trainer.queue_monitor());

@@ -1,13 +1,15 @@
 //! One value of every message, for the round-trip tests.
 use super::*;
 use crate::actions::{Action, PendingAction};
+use crate::config::{DrafterHead, Objective};
 use crate::events::{Event, EventKind, Severity};
 use crate::metrics::{
     AllocatorStats, CacheState, DeviceRole, GpuSample, GpuTelemetry, HostSample, QueueStats,
     StepMetrics, StepTimes, WorkerThroughput,
 };
 use crate::status::{
-    Alert, CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput as RunThroughput,
+    Alert, CheckpointInfo, DominoAcceptance, RunInfo, RunObjective, RunState, StatusSnapshot,
+    Throughput as RunThroughput,
 };
 
 pub(super) fn step_metrics() -> StepMetrics {
@@ -112,6 +114,8 @@ pub(super) fn status() -> StatusSnapshot {
             eta_ms: Some(1_767_100_000_000),
             run_dir: "/srv/runs/qwen36-27b".into(),
             config_path: Some("configs/qwen3.6-27b-8gpu.toml".into()),
+            objective: Some(RunObjective::new(Objective::Dpace, 0.5)),
+            drafter_head: Some(DrafterHead::Domino),
         },
         throughput: RunThroughput {
             tokens_per_s: 12_800.0,
@@ -159,6 +163,12 @@ pub(super) fn status() -> StatusSnapshot {
         last_loss: Some(3.5),
         last_tau: None,
         last_online: None,
+        last_domino: Some(DominoAcceptance {
+            step: 1234,
+            ts_ms: 1_767_000_000_000,
+            accept_len: 2.87,
+            base_accept_len: 2.31,
+        }),
         detectors: Some(crate::config::DetectorsSection::default()),
         healthy_record: None,
     }

@@ -13,7 +13,7 @@ use crossterm::event::KeyEvent;
 use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::{Request, Response};
 use dflash_shared::run_end::{run_ending, RunEnding};
-use dflash_shared::status::{OnlineEvalStatus, StatusSnapshot};
+use dflash_shared::status::{DominoAcceptance, OnlineEvalStatus, StatusSnapshot};
 
 use crate::actions::ActionFlow;
 use crate::client::supervisor::LinkEvent;
@@ -392,6 +392,24 @@ impl App {
     pub fn last_online(&self) -> Option<&OnlineEvalStatus> {
         let from_metrics = self.telemetry.last_online.as_ref();
         let from_status = self.status.as_ref().and_then(|s| s.last_online.as_ref());
+        match (from_metrics, from_status) {
+            (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A Domino run's newest training-batch acceptance (`accept_len`, `base_accept_len`):
+    /// from the metrics stream or the last status, whichever is newer.
+    pub fn last_domino(&self) -> Option<DominoAcceptance> {
+        let from_metrics = self.telemetry.last_metrics.as_ref().and_then(|m| {
+            m.domino.map(|d| DominoAcceptance {
+                step: m.step,
+                ts_ms: m.ts_ms,
+                accept_len: d.accept_len,
+                base_accept_len: d.base_accept_len,
+            })
+        });
+        let from_status = self.status.as_ref().and_then(|s| s.last_domino);
         match (from_metrics, from_status) {
             (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
             (a, b) => a.or(b),

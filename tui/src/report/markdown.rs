@@ -15,6 +15,16 @@ fn list(out: &mut String, items: &[String], empty: &str) {
     }
 }
 
+/// "objective: D-PACE (α 0.5); drafter head: Domino."
+fn recipe_line(run: &super::Run) -> String {
+    let unknown = "unknown (the daemon did not report it)";
+    format!(
+        "objective: {}; drafter head: {}.",
+        run.objective.as_deref().unwrap_or(unknown),
+        run.drafter_head.as_deref().unwrap_or(unknown)
+    )
+}
+
 /// "Acceptance: offline τ 3.50; online at step 1,200 (8 prompts, 1.2 s): chain 2.50,
 /// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment."
 fn acceptance_line(a: &super::Acceptance) -> String {
@@ -104,7 +114,17 @@ pub fn render(report: &StatusReport) -> String {
         );
         let _ = writeln!(out, "- {} draft positions/s; {mfu}.", format_si(positions));
     }
+    let _ = writeln!(out, "- {}", recipe_line(&report.run));
     let _ = writeln!(out, "- {}", acceptance_line(&report.acceptance));
+    if let Some(d) = &report.acceptance.domino {
+        let _ = writeln!(
+            out,
+            "- {} on the training batch at step {} (teacher-forced: the metrics' \
+             `base_accept_len` → `accept_len`).",
+            d.words(),
+            crate::fmt::thousands(d.step)
+        );
+    }
     // The worst alert with what preceded it; the others by their headline (Progress lists
     // them all).
     for (i, alert) in report.alerts.iter().enumerate() {

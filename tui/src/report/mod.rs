@@ -9,7 +9,9 @@ use dflash_shared::events::{Event, EventKind};
 use dflash_shared::format::format_si;
 use dflash_shared::health;
 use dflash_shared::metrics::{CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs};
-use dflash_shared::status::{CheckpointInfo, StatusSnapshot};
+use dflash_shared::status::{
+    head_name, CheckpointInfo, DominoAcceptance, RunObjective, StatusSnapshot,
+};
 use serde::Serialize;
 
 use crate::app::alerts::{self, ActiveAlerts, ThroughputNow};
@@ -82,6 +84,10 @@ pub struct Run {
     pub epochs: Option<u32>,
     pub total_steps: Option<u64>,
     pub eta: Option<String>,
+    /// "D-PACE (α 0.5)", "DFlash"; `None` when the daemon did not report it.
+    pub objective: Option<String>,
+    /// "DFlash" or "Domino"; `None` when the daemon did not report it.
+    pub drafter_head: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -106,6 +112,8 @@ pub struct Acceptance {
     /// The last held-out (offline) τ.
     pub offline_tau: Option<f64>,
     pub online: Option<OnlineReport>,
+    /// A Domino run's newest training-batch acceptance, base and corrected.
+    pub domino: Option<DominoAcceptance>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -316,6 +324,8 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
             epochs: Some(s.run.epochs),
             total_steps: Some(s.run.total_steps),
             eta: s.run.eta_ms.map(fmt::rfc3339),
+            objective: s.run.objective.as_ref().map(RunObjective::words),
+            drafter_head: s.run.drafter_head.map(|h| head_name(h).to_string()),
         },
         None => {
             let name = events.iter().rev().find_map(|e| match &e.kind {
@@ -334,6 +344,8 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
                 epochs: None,
                 total_steps: None,
                 eta: None,
+                objective: None,
+                drafter_head: None,
             }
         }
     }
@@ -398,6 +410,7 @@ fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
     Acceptance {
         offline_tau: snapshot.and_then(|s| s.last_tau),
         online,
+        domino: snapshot.and_then(|s| s.last_domino),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
 use dflash_shared::run_end::{next_steps, EndKind, RunEnding};
+use dflash_shared::status::{head_name, RunObjective};
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let inner_width = area.width.saturating_sub(2) as usize;
@@ -40,7 +41,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     let [alerts_area, top, bottom] = Layout::vertical([
         Constraint::Length(lines.len() as u16 + 2),
-        Constraint::Length(11),
+        Constraint::Length(11 + recipe_lines(app, theme).len() as u16),
         Constraint::Min(0),
     ])
     .areas(area);
@@ -424,6 +425,7 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 None => format!("{:?}", run.state),
             };
             lines.push(Line::from(vec![label("state   "), Span::raw(state)]));
+            lines.extend(recipe_lines(app, theme));
             let (step, epoch) = app.step_epoch().unwrap_or((run.step, run.epoch));
             let pct = if run.total_steps > 0 {
                 format!(" ({:.1}%)", 100.0 * step as f64 / run.total_steps as f64)
@@ -511,6 +513,34 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
         area,
     );
+}
+
+/// What the run trains: "objective D-PACE (α 0.5), Domino head" and, for a Domino head, its
+/// newest training-batch acceptance "accept  base 2.31 → final 2.87 (+0.56)" (the metrics'
+/// `base_accept_len` and `accept_len`, teacher-forced). Nothing before the first status.
+fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
+    let Some(status) = &app.status else {
+        return Vec::new();
+    };
+    let run = &status.run;
+    let objective = run
+        .objective
+        .as_ref()
+        .map_or_else(|| "unknown (not reported)".to_string(), RunObjective::words);
+    let head = run
+        .drafter_head
+        .map_or(String::new(), |h| format!(", {} head", head_name(h)));
+    let mut lines = vec![Line::from(vec![
+        Span::styled("objective ", theme.dim()),
+        Span::raw(format!("{objective}{head}")),
+    ])];
+    if let Some(domino) = app.last_domino() {
+        lines.push(Line::from(vec![
+            Span::styled("accept  ", theme.dim()),
+            Span::raw(domino.short_words()),
+        ]));
+    }
+    lines
 }
 
 /// The step of a checkpoint directory named `…/step-0000000642`.

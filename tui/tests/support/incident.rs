@@ -16,7 +16,7 @@
 //! `cargo test -p dflash-tui --test replay_incident` fails when the committed file differs from
 //! what this generator produces; regenerate with `DFLASH_REGENERATE_FIXTURES=1`.
 use chrono::{FixedOffset, TimeZone, Utc};
-use dflash_shared::config::DetectorsSection;
+use dflash_shared::config::{DetectorsSection, DrafterHead, Objective};
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::health::{self, HealthMonitor, Transition};
 use dflash_shared::metrics::{
@@ -25,7 +25,9 @@ use dflash_shared::metrics::{
 };
 use dflash_shared::protocol::Response;
 use dflash_shared::recording::RecordedFrame;
-use dflash_shared::status::{CheckpointInfo, RunInfo, RunState, StatusSnapshot, Throughput};
+use dflash_shared::status::{
+    CheckpointInfo, RunInfo, RunObjective, RunState, StatusSnapshot, Throughput,
+};
 
 pub const SEED: u64 = 0x2026_0314_2103;
 pub const RUN_NAME: &str = "qwen36-27b-dflash";
@@ -384,6 +386,8 @@ impl Sim {
                 eta_ms: Some(ts + (steps_left / steps_per_ms) as i64),
                 run_dir: RUN_DIR.into(),
                 config_path: Some("/srv/dflash/configs/qwen3.6-27b-8gpu.toml".into()),
+                objective: Some(RunObjective::new(Objective::Dflash, 0.5)),
+                drafter_head: Some(DrafterHead::Dflash),
             },
             throughput: Throughput {
                 draft_positions_per_s: 0.0,
@@ -413,6 +417,7 @@ impl Sim {
             last_loss: Some(metrics.loss),
             last_tau: self.last_tau,
             last_online: None,
+            last_domino: None,
             detectors: Some(self.detectors.clone()),
             healthy_record: None,
         };

@@ -1,0 +1,92 @@
+//! The tournament's tables: one row per objective (median and min–max over seeds), one row per
+//! run, and the verdict.
+use std::fmt::Write;
+
+use super::summary::{LossCurve, Spread};
+use super::ObjectivesResult;
+
+fn spread(s: Option<Spread>, digits: usize) -> String {
+    match s {
+        Some(s) if s.n > 1 => format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits),
+        Some(s) => format!("{:.d$}", s.median, d = digits),
+        None => "–".into(),
+    }
+}
+
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+pub fn render(r: &ObjectivesResult) -> String {
+    let mut md = String::new();
+    let o = &r.options;
+    let budgets = &o.tree_budgets;
+    let _ = writeln!(
+        md,
+        "### Objective tournament ({} data; {}; seeds {:?}; {} epoch(s), at most {} steps per run)\n",
+        r.data, r.dflashd_version, o.seeds, o.epochs, o.max_steps
+    );
+    let mut head = String::from("| objective | seeds | held-out offline τ | online chain τ |");
+    for b in budgets {
+        let _ = write!(head, " online ddtree_{b} τ |");
+    }
+    head.push_str(
+        " loss first / median / last | step ms (median) | peak RSS MiB | Domino base τ offline / online chain |",
+    );
+    let _ = writeln!(md, "{head}");
+    let _ = writeln!(md, "|{}", "---|".repeat(8 + budgets.len()));
+    for s in &r.summaries {
+        let mut row = format!(
+            "| {} | {} | {} | {} |",
+            s.contender.label(),
+            s.seeds.len(),
+            spread(s.offline_tau, 3),
+            spread(s.online_chain_tau, 3)
+        );
+        for b in budgets {
+            let _ = write!(row, " {} |", spread(s.online_ddtree_tau.get(b).copied(), 3));
+        }
+        let _ = write!(
+            row,
+            " {} / {} / {} | {} | {} | {} / {} |",
+            spread(s.loss_first, 3),
+            spread(s.loss_median, 3),
+            spread(s.loss_last, 3),
+            spread(s.median_step_ms, 1),
+            spread(s.peak_rss_mib, 0),
+            spread(s.offline_base_tau, 3),
+            spread(s.online_chain_base_tau, 3)
+        );
+        let _ = writeln!(md, "{row}");
+    }
+    let _ = writeln!(md, "\n**Verdict:** {}.\n", r.verdict.sentence());
+    let _ = writeln!(
+        md,
+        "| objective | seed | steps | offline τ (trainer's last, at step) | online chain τ | lossless | loss first / median / last | step ms | peak RSS MiB | wall s | error |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for run in &r.runs {
+        let curve = LossCurve::of(&run.loss).map_or("–".into(), |l| {
+            format!("{:.3} / {:.3} / {:.3}", l.first, l.median, l.last)
+        });
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} ({} at {}) | {} | {} | {curve} | {} | {} | {} | {} |",
+            run.contender.map_or("?", |c| c.label()),
+            run.seed,
+            run.steps,
+            opt(run.offline_tau, 3),
+            opt(run.trainer_tau, 3),
+            run.trainer_tau_step.map_or("–".into(), |s| s.to_string()),
+            opt(run.online_chain_tau, 3),
+            run.online_lossless
+                .map_or("–", |l| if l { "yes" } else { "no" }),
+            opt(run.median_step_ms, 1),
+            opt(run.peak_rss_mib, 0),
+            opt(run.wall_s, 0),
+            run.error.as_deref().unwrap_or("")
+        );
+    }
+    md.push('\n');
+    md
+}

@@ -1,0 +1,149 @@
+//! The config each tournament run trains with: the embedded default (`configs/tiny-cpu.toml`)
+//! with only what the tournament varies changed, so every contender trains the same drafter
+//! backbone on the same data from the same seed.
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+use super::summary::Contender;
+use dflash_shared::config::{Config, EMBEDDED_DEFAULT_TOML};
+
+/// Domino's widths at the embedded drafter's scale (hidden 128, vocabulary 512). SpecForge's
+/// Qwen3.6-27B recipe uses `emb_dim` 256 and `gru_hidden_dim` 1024 at hidden 5120; here the GRU
+/// is the hidden size and `embed_proj`'s middle half of it.
+pub const DOMINO_EMB_DIM: i64 = 64;
+pub const DOMINO_GRU_HIDDEN_DIM: i64 = 128;
+/// SpecForge's Qwen3.6-27B recipe value: the slot after the anchor keeps the base logits.
+pub const DOMINO_PURE_DRAFT_PREFIX_LEN: i64 = 1;
+/// D-PACE's α: SpecForge's and the paper's default.
+pub const DPACE_ALPHA: f64 = 0.5;
+
+/// What one run varies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecipe {
+    pub contender: Contender,
+    pub seed: u64,
+    /// `training.epochs`: the schedule (warmup, learning-rate decay, Domino's λ) spans these.
+    pub epochs: u32,
+    /// `data.train_file` and `data.format` when not the embedded set: regenerated chat data
+    /// (with `target.model`, the directory holding the tokenizer it was rendered with).
+    pub data: Option<RegeneratedData>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegeneratedData {
+    pub target_dir: String,
+    pub train_file: String,
+    pub prompts_file: String,
+}
+
+fn section<'a>(root: &'a mut Table, name: &str) -> &'a mut Table {
+    root.entry(name)
+        .or_insert_with(|| Value::Table(Table::new()))
+        .as_table_mut()
+        .expect("every section of the embedded default is a table")
+}
+
+/// The run's config as TOML text, checked by the same parser `dflashd start` uses.
+pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
+    let mut root: Table = EMBEDDED_DEFAULT_TOML
+        .parse()
+        .map_err(|e| format!("the embedded default does not parse: {e}"))?;
+    let run = section(&mut root, "run");
+    run.insert(
+        "name".into(),
+        Value::String(format!(
+            "objectives-{}-seed{}",
+            recipe.contender.name(),
+            recipe.seed
+        )),
+    );
+    run.insert("seed".into(), Value::Integer(recipe.seed as i64));
+    let training = section(&mut root, "training");
+    training.insert("epochs".into(), Value::Integer(i64::from(recipe.epochs)));
+    // The tournament decodes online once, after training, on every held-out prompt; the
+    // in-training evaluation would only slow the step times it reports.
+    training.insert("online_eval_every".into(), Value::Integer(0));
+    // One checkpoint, the final one (saved when the run ends): the one evaluated.
+    training.insert("checkpoint_every".into(), Value::Integer(1_000_000));
+    match recipe.contender {
+        Contender::Dflash => {
+            training.insert("objective".into(), Value::String("dflash".into()));
+        }
+        Contender::Dpace => {
+            training.insert("objective".into(), Value::String("dpace".into()));
+            training.insert("dpace_alpha".into(), Value::Float(DPACE_ALPHA));
+        }
+        Contender::Domino => {
+            training.insert("objective".into(), Value::String("dflash".into()));
+            let drafter = section(&mut root, "drafter");
+            drafter.insert("head".into(), Value::String("domino".into()));
+            drafter.insert("emb_dim".into(), Value::Integer(DOMINO_EMB_DIM));
+            drafter.insert(
+                "gru_hidden_dim".into(),
+                Value::Integer(DOMINO_GRU_HIDDEN_DIM),
+            );
+            drafter.insert(
+                "pure_draft_prefix_len".into(),
+                Value::Integer(DOMINO_PURE_DRAFT_PREFIX_LEN),
+            );
+        }
+    }
+    if let Some(data) = &recipe.data {
+        section(&mut root, "target").insert("model".into(), Value::String(data.target_dir.clone()));
+        let d = section(&mut root, "data");
+        d.insert("train_file".into(), Value::String(data.train_file.clone()));
+        d.insert("format".into(), Value::String("chat".into()));
+        section(&mut root, "training").insert(
+            "online_eval_prompts".into(),
+            Value::String(data.prompts_file.clone()),
+        );
+    }
+    let text = toml::to_string(&root).map_err(|e| format!("cannot write the config: {e}"))?;
+    Config::from_toml_str(&text, "objectives run config")
+        .map_err(|e| format!("the tournament's run config is refused: {e}"))?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_shared::config::{DrafterHead, Objective};
+
+    fn parsed(contender: Contender) -> Config {
+        let recipe = RunRecipe {
+            contender,
+            seed: 7,
+            epochs: 2,
+            data: None,
+        };
+        Config::from_toml_str(&run_config_toml(&recipe).unwrap(), "test").unwrap()
+    }
+
+    #[test]
+    fn each_contender_changes_only_its_objective_or_head_of_the_embedded_default() {
+        let base = Config::embedded_default();
+        for c in Contender::ALL {
+            let cfg = parsed(c);
+            assert_eq!(cfg.run.seed, 7);
+            assert_eq!(cfg.training.epochs, 2);
+            assert_eq!(cfg.training.online_eval_every, Some(0));
+            assert_eq!(cfg.drafter.hidden_size, base.drafter.hidden_size);
+            assert_eq!(cfg.drafter.num_layers, base.drafter.num_layers);
+            assert_eq!(cfg.training.num_anchors, base.training.num_anchors);
+            assert_eq!(cfg.training.lr, base.training.lr);
+        }
+        assert_eq!(
+            parsed(Contender::Dflash).training.objective,
+            Objective::Dflash
+        );
+        assert_eq!(
+            parsed(Contender::Dpace).training.objective,
+            Objective::Dpace
+        );
+        let domino = parsed(Contender::Domino);
+        assert_eq!(domino.training.objective, Objective::Dflash);
+        assert_eq!(domino.drafter.head, DrafterHead::Domino);
+        assert_eq!(domino.drafter.gru_hidden_dim, Some(128));
+        assert_eq!(parsed(Contender::Dpace).drafter.head, DrafterHead::Dflash);
+    }
+}
