@@ -222,6 +222,10 @@ fn lines(v: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How late `wait_for` can see what already happened: its 0.5 s poll and one
+/// `dflash-tui status` round trip on a loaded machine.
+const POLL_SLACK_S: f64 = 2.0;
+
 /// The detection bound of `t`, from the detector's documented rule: warmup + (⌊k/2⌋ + 2)·Δ
 /// + crit_after (Warn: warn_after), with Δ the slow run's step interval.
 fn detection_bound(t: &ThroughputConfig, step_interval_s: f64, warn: bool) -> f64 {
@@ -288,19 +292,34 @@ fn across_restarts(timings: Timings) {
     // A collapse inside the run: the machine's CPU 0 gets busy and the running daemon, all its
     // threads, is moved onto it (`taskset -a -p`).
     let busy = Busy::on_cpu0();
+    let step_at_pin = healthy
+        .status(root)
+        .and_then(|s| s["run"]["step"].as_u64())
+        .unwrap_or(0);
     let pinned = Command::new("taskset")
         .args(["-a", "-p", "-c", "0", &healthy.child.id().to_string()])
         .stdout(Stdio::null())
         .status()
         .unwrap();
     assert!(pinned.success());
-    // Inside a run there is no warmup left: the bound is from the pin.
-    let in_run_bound = bound(6.0, true) - throughput.warmup_s;
-    let (status, took) = healthy.wait_for(root, patience(in_run_bound), "an in-run alert", |s| {
-        throughput_alert(s).is_some()
-    });
+    // Inside a run there is no warmup left: the bound is from the pin, with Δ the slowed
+    // run's step interval as measured over the wait (at least the 6 s assumed elsewhere: on a
+    // loaded machine the pinned daemon's steps can take longer), plus the console's polling.
+    let (status, took) = healthy.wait_for(
+        root,
+        patience(bound(6.0, true) - throughput.warmup_s),
+        "an in-run alert",
+        |s| throughput_alert(s).is_some(),
+    );
+    let steps_slowed = status["run"]["step"]
+        .as_u64()
+        .unwrap_or(0)
+        .saturating_sub(step_at_pin)
+        .max(1);
+    let slowed_step_s = took.as_secs_f64() / steps_slowed as f64;
+    let in_run_bound = bound(slowed_step_s.max(6.0), true) - throughput.warmup_s + POLL_SLACK_S;
     eprintln!(
-        "in-run collapse: {} after {:.1} s",
+        "in-run collapse: {} after {:.1} s ({steps_slowed} steps, {slowed_step_s:.2} s a step)",
         throughput_alert(&status).unwrap()["level"],
         took.as_secs_f64()
     );
