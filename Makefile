@@ -71,8 +71,13 @@ test-deps:
 
 # DFLASH_REQUIRE_PROMETHEUS: under `make test` the Prometheus tests fail instead of skipping
 # when the server is missing.
+# The build and the test execution are timed apart: the README quotes both, and the suite's
+# budget (5 min on the 2-core machine) is for the tests alone.
 test: provision test-deps
-	DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release
+	@s=$$(date +%s); $(CARGO) test --workspace --release --no-run && \
+		echo "make test: build $$(( $$(date +%s) - s )) s"
+	@s=$$(date +%s); DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release && \
+		echo "make test: tests $$(( $$(date +%s) - s )) s"
 
 # The long runs `make test` leaves out, at their full lengths (CI runs both): every
 # `#[ignore]`d test (the 200-step shape-bound run, the real structure's 6 trained steps, the
