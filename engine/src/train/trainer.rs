@@ -35,12 +35,14 @@ use super::loader::{fingerprint, split_held_out, DataPosition};
 use super::micro::{MicroSource, MicroSpec};
 use super::replica::DrafterReplica;
 use super::schedule::WarmupCosine;
+use super::shard::NodeShard;
 use crate::data::{HoldoutSplit, Sample};
 use crate::device;
 use crate::model::drafter::{Drafter, DrafterConfig};
 use crate::model::target::TargetModel;
 use crate::train::online_eval::OnlinePrompts;
 use crate::train::throughput::DevicePeaks;
+use crate::train::topology::allreduce::AllReduce;
 use crate::train::topology::pipeline::produce_item;
 use crate::train::topology::plan::{step_telemetry, StepPlan, WorkerNames};
 use crate::train::topology::rank::{RankReport, RankState};
@@ -66,7 +68,11 @@ pub struct Trainer {
     /// Global index of the next micro-batch to train (the data position).
     pub(super) cursor: u64,
     pub(super) data_fingerprint: String,
+    /// The job's plan: this process's drafter ranks, or every drafter worker of every node
+    /// once [`Self::join_nodes`] made this trainer one node of a data-parallel job.
     pub(super) plan: StepPlan,
+    /// Rank 0's global rank in [`Self::plan`] (0 unless this is node 1.. of a job).
+    rank0_global: usize,
     topology: TopologySpec,
     /// The worker threads; `None` when one device runs both roles inline.
     pub(super) cluster: Option<Cluster>,
@@ -112,7 +118,75 @@ fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> 
     Ok(())
 }
 
+/// The warmup-cosine schedule over the run's optimizer steps: `epochs` of the training split
+/// at `plan`'s global batch, capped by `max_steps`. Steps are global: every node of a job
+/// takes the same steps at the same learning rate.
+fn schedule_for(cfg: &TrainConfig, source: &MicroSource, plan: StepPlan) -> WarmupCosine {
+    let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
+    let epoch_steps = epoch_micro.div_ceil(plan.micro_per_step());
+    let total_steps = cfg
+        .max_steps
+        .map_or(epoch_steps, |cap| cap.min(epoch_steps));
+    WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio)
+}
+
 impl Trainer {
+    /// Makes this fresh trainer one node of a data-parallel job (issue 23): it trains
+    /// `shard`'s share of every step, sums gradients and Σw over `group` (one flat group of
+    /// every drafter worker of every node, this node's worker at `shard.global_rank(0)`), and
+    /// counts steps, epochs and the learning-rate schedule over the global batch.
+    ///
+    /// One flat group rather than an in-process reduce followed by a cross-node one: a flat
+    /// sum of `N·L` ranks is the same arithmetic one process of `N·L` drafter ranks does, so
+    /// the equivalence with a single process holds by construction, and a lost rank is named
+    /// by the collective itself. This build joins a node that runs its drafter inline (one
+    /// device for both roles, one drafter worker); a threaded topology per node would hand
+    /// each local rank its own endpoint of the same group and is refused until it does.
+    /// Call before any step and before a restore (whose cursor check uses the global plan).
+    pub fn join_nodes(
+        &mut self,
+        shard: NodeShard,
+        group: Box<dyn AllReduce>,
+    ) -> Result<(), TrainError> {
+        let bad = |detail: String| {
+            Err(TrainError::Config {
+                key: "topology.drafter_devices".into(),
+                detail,
+            })
+        };
+        if self.cluster.is_some() || self.plan.ranks != 1 {
+            return bad(format!(
+                "lists {} drafter worker(s) on a threaded topology; a node of a multi-node job \
+                 runs target and drafter inline on one device in this build",
+                self.plan.ranks
+            ));
+        }
+        if self.step != 0 || self.warmup.is_some() {
+            return bad("a trainer joins its job before its first step".into());
+        }
+        let plan = shard.global_plan();
+        let rank = shard.global_rank(0);
+        if group.world_size() != plan.ranks || group.rank() != rank {
+            return bad(format!(
+                "the process group is rank {} of {}, the shard rank {rank} of {}",
+                group.rank(),
+                group.world_size(),
+                plan.ranks
+            ));
+        }
+        if plan.accum != self.cfg.grad_accum {
+            return bad(format!(
+                "the shard trains {} micro-batches a step per worker, training.grad_accum is {}",
+                plan.accum, self.cfg.grad_accum
+            ));
+        }
+        self.plan = plan;
+        self.rank0_global = rank;
+        self.schedule = schedule_for(&self.cfg, &self.source, plan);
+        self.rank0.allreduce = Some(group);
+        Ok(())
+    }
+
     /// A fresh run on one device (both roles inline). `target` should already be on `device`
     /// in [`compute_kind`]; samples must have been validated against the target's vocabulary.
     pub fn new(
@@ -188,12 +262,7 @@ impl Trainer {
             ranks: topology.drafter_devices.len(),
             accum: cfg.grad_accum,
         };
-        let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
-        let epoch_steps = epoch_micro.div_ceil(plan.micro_per_step());
-        let total_steps = cfg
-            .max_steps
-            .map_or(epoch_steps, |cap| cap.min(epoch_steps));
-        let schedule = WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio);
+        let schedule = schedule_for(&cfg, &source, plan);
         let cluster = if inline {
             None
         } else {
@@ -220,6 +289,7 @@ impl Trainer {
             step: 0,
             cursor: 0,
             plan,
+            rank0_global: 0,
             topology,
             cluster,
             warmup: None,
@@ -412,7 +482,7 @@ impl Trainer {
         lr: f64,
         lambda_base: f64,
     ) -> Result<Vec<RankReport>, TrainError> {
-        let seqs = self.plan.rank_seqs(base, 0);
+        let seqs = self.plan.rank_seqs(base, self.rank0_global);
         let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
         let layers = &self.drafter_cfg.target_layer_ids;
         let id = rank0.id;

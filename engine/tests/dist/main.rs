@@ -5,6 +5,7 @@
 //! chosen by the `DFLASH_DIST_*` environment), so the processes share nothing but the sockets.
 //! Rank 0 serves the store on a free port and prints it; the parent then starts rank 1 on it.
 mod rank;
+mod two_node_training;
 mod two_process;
 
 /// Not a test of its own: the body of a rank process the tests in `two_process` start (it

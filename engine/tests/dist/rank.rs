@@ -24,6 +24,10 @@ fn env(name: &str) -> Result<String> {
     std::env::var(name).with_context(|| format!("{name} is not set"))
 }
 
+pub fn env_var(name: &str) -> Result<String> {
+    env(name)
+}
+
 pub fn run(rank: usize) -> Result<()> {
     let port: u16 = env(PORT_VAR)?.parse()?;
     let timeout = Duration::from_millis(env(TIMEOUT_VAR)?.parse()?);
@@ -45,6 +49,7 @@ pub fn run(rank: usize) -> Result<()> {
     match env(SCENARIO_VAR)?.as_str() {
         "sum" => exact_sums(&mut group),
         "loop" => sum_until_an_error(&mut group),
+        "train" => crate::two_node_training::train_as_node(group),
         "stall" if rank == 1 => {
             // Alive and joined, but never calls the collective; the parent kills it.
             std::thread::sleep(Duration::from_secs(60));

@@ -13,11 +13,16 @@ use tch::{Device, Kind, Tensor};
 
 use crate::rank::{PORT_VAR, RANK_VAR, SCENARIO_VAR, TIMEOUT_VAR};
 
+/// Held by the tests whose timing a CPU-heavy neighbour would break: the stalled-peer test
+/// (its 1.5 s timeout also bounds the store connect of a process still loading libtorch) and
+/// the two-node training test (two processes training on the 2 cores).
+pub(crate) static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The collective timeout the failure tests run under: the survivor must report within it.
 const TIMEOUT: Duration = Duration::from_secs(4);
 
 /// A rank process and the `DIST ` lines it printed, each with when the parent read it.
-struct RankProcess {
+pub(crate) struct RankProcess {
     child: Child,
     lines: Receiver<(Instant, String)>,
     rank: usize,
@@ -25,8 +30,20 @@ struct RankProcess {
 
 impl RankProcess {
     fn start(rank: usize, port: u16, scenario: &str, timeout: Duration) -> RankProcess {
+        Self::start_with(rank, port, scenario, timeout, &[])
+    }
+
+    /// [`Self::start`] with further environment variables.
+    pub(crate) fn start_with(
+        rank: usize,
+        port: u16,
+        scenario: &str,
+        timeout: Duration,
+        extra: &[(&str, String)],
+    ) -> RankProcess {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "rank_process", "--nocapture"])
+            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
             .env(RANK_VAR, rank.to_string())
             .env(PORT_VAR, port.to_string())
             .env(SCENARIO_VAR, scenario)
@@ -49,7 +66,7 @@ impl RankProcess {
 
     /// The next line starting with `prefix` (and when it came), failing the test on a
     /// `FAILED` line, on the process's end, or after 20 s.
-    fn expect(&self, prefix: &str) -> (Instant, String) {
+    pub(crate) fn expect(&self, prefix: &str) -> (Instant, String) {
         loop {
             match self.lines.recv_timeout(Duration::from_secs(20)) {
                 Ok((at, line)) if line.starts_with(prefix) => return (at, line),
@@ -62,7 +79,7 @@ impl RankProcess {
         }
     }
 
-    fn wait_success(mut self) {
+    pub(crate) fn wait_success(mut self) {
         let status = self.child.wait().unwrap();
         assert!(status.success(), "rank {} exited with {status}", self.rank);
     }
@@ -125,6 +142,7 @@ fn kill_9_of_one_peer_mid_collective_is_an_error_naming_it_on_the_survivor_withi
 
 #[test]
 fn a_peer_that_never_calls_the_collective_is_a_timeout_error_not_a_hang() {
+    let _serial = TIMING.lock().unwrap_or_else(|p| p.into_inner());
     let timeout = Duration::from_millis(1500);
     let (rank0, rank1) = start_pair("stall", timeout);
     rank1.expect("JOINED");
