@@ -4,7 +4,7 @@
 //! libtorch did not report is never filled in with a guess.
 use serde::{Deserialize, Serialize};
 
-pub use online::{OnlineAcceptance, ONLINE_KEY_PREFIX};
+pub use online::{OnlineAcceptance, OnlineBase, ONLINE_KEY_PREFIX};
 
 /// Unix time in milliseconds (UTC).
 pub type TimestampMs = i64;

@@ -307,6 +307,7 @@ mod tests {
                 tau_chain: 2.5,
                 tau_ddtree: [(16, 3.0)].into_iter().collect(),
                 offline_tau: Some(3.1),
+                base: None,
                 prompts: 8,
                 seconds: 0.8,
             },

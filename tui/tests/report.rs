@@ -246,6 +246,7 @@ fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
             tau_chain: 2.5,
             tau_ddtree: [(64, 3.25), (16, 3.0)].into_iter().collect(),
             offline_tau: Some(4.0),
+            base: None,
             prompts: 16,
             seconds: 41.5,
         },
@@ -264,6 +265,36 @@ fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
     );
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["acceptance"]["online"]["gap_fraction"], 0.375);
+    assert!(
+        json["acceptance"]["online"]["methods"][0]
+            .get("base_tau")
+            .is_none(),
+        "a DFlash drafter has no base τ: {json}"
+    );
+
+    // A Domino drafter's online evaluation carries each method's base τ (LM head alone).
+    let online = status.last_online.as_mut().unwrap();
+    online.acceptance.base = Some(dflash_shared::metrics::OnlineBase {
+        tau_chain: 2.125,
+        tau_ddtree: [(16, 2.75), (64, 2.875)].into_iter().collect(),
+    });
+    let report = build(&status);
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains(
+            "online at step 31,000 (16 prompts, 41.5 s): chain 2.50 (base 2.12), ddtree_16 \
+             3.00 (base 2.75), ddtree_64 3.25 (base 2.88), 38% below"
+        ),
+        "{markdown}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    let methods = &json["acceptance"]["online"]["methods"];
+    assert_eq!(methods[0]["method"], "chain");
+    assert_eq!(
+        (&methods[0]["tau"], &methods[0]["base_tau"]),
+        (&2.5.into(), &2.125.into())
+    );
+    assert_eq!(methods[2]["base_tau"], 2.875);
 }
 
 /// An event after the last one of `events`, `minutes` after the incident's end.

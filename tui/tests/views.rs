@@ -539,6 +539,7 @@ fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures(
                 tau_chain: chain,
                 tau_ddtree: [(16, chain + 0.4), (64, chain + 0.6)].into_iter().collect(),
                 offline_tau: Some(3.9),
+                base: None,
                 prompts: 16,
                 seconds: 41.5,
             };
@@ -644,4 +645,60 @@ fn the_run_panel_names_the_objective_and_a_domino_heads_base_and_final_acceptanc
     let old = live_from(incident_as_domino(None), false);
     let text = screen::text(&render(&old, WIDTH, HEIGHT));
     assert!(text.contains("objective unknown (not reported)"), "{text}");
+}
+
+/// A Domino run's online evaluations carry its base figures (`online_base_tau_*`): the Run
+/// panel shows the served pair on its own row under the teacher-forced batch pair, and a DFlash
+/// run's online evaluations add no such row.
+#[test]
+fn the_run_panel_shows_a_domino_runs_online_base_against_final_chain_tau() {
+    use dflash_shared::config::Objective;
+    use dflash_shared::metrics::{OnlineAcceptance, OnlineBase};
+    use dflash_shared::status::RunObjective;
+    let with_online = |mut frames: Vec<RecordedFrame>, base: Option<OnlineBase>| {
+        let mut n = 0;
+        for frame in &mut frames {
+            if let Response::Metrics(m) = &mut frame.frame {
+                n += 1;
+                if n % 5 == 0 {
+                    m.online = Some(OnlineAcceptance {
+                        tau_chain: 2.504,
+                        tau_ddtree: [(16, 2.9)].into_iter().collect(),
+                        offline_tau: Some(3.9),
+                        base: base.clone(),
+                        prompts: 8,
+                        seconds: 3.0,
+                    });
+                }
+            }
+        }
+        frames
+    };
+    let base = OnlineBase {
+        tau_chain: 2.096,
+        tau_ddtree: [(16, 2.4)].into_iter().collect(),
+    };
+    let dpace = Some(RunObjective::new(Objective::Dpace, 0.5));
+    let app = live_from(with_online(incident_as_domino(dpace), Some(base)), false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("accept  base 2.31 → final 2.87 (+0.56)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("online  chain base 2.10 → 2.50 (+0.40)"),
+        "{text}"
+    );
+    // the corrected figures keep their row, and the panel still ends with the checkpoint
+    assert!(
+        text.contains("online  chain 2.50 · ddtree_16 2.90"),
+        "{text}"
+    );
+    assert!(text.contains("saved   step"), "{text}");
+    snapshot("overview_domino_online_base", &app);
+
+    let dflash = live_from(with_online(incident_with_thresholds(None), None), false);
+    let text = screen::text(&render(&dflash, WIDTH, HEIGHT));
+    assert!(text.contains("online  chain 2.50"), "{text}");
+    assert!(!text.contains("chain base"), "{text}");
 }

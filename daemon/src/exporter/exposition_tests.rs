@@ -180,6 +180,7 @@ fn gpu_status() -> StatusSnapshot {
             tau_ddtree: BTreeMap::from([(16, 4.25), (64, 4.75)]),
             // The offline τ of the step-3000 evaluation (4.625 is a later one's).
             offline_tau: Some(4.0),
+            base: None,
             prompts: 16,
             seconds: 42.5,
         },

@@ -70,6 +70,7 @@ fn the_newest_online_evaluation_stays_in_status_until_the_next_one() {
         tau_chain: 2.5,
         tau_ddtree: [(16, 2.75)].into_iter().collect(),
         offline_tau: Some(3.0),
+        base: None,
         prompts: 8,
         seconds: 0.5,
     });

@@ -340,6 +340,7 @@ mod tests {
                 tau_chain,
                 tau_ddtree: [(16, tau_chain + 0.25)].into_iter().collect(),
                 offline_tau: tau,
+                base: None,
                 prompts: 8,
                 seconds: 0.5,
             }),

@@ -231,6 +231,7 @@ mod tests {
             tau_chain: 2.25,
             tau_ddtree: [(8, 2.5), (32, 2.75)].into_iter().collect(),
             offline_tau: None,
+            base: None,
             prompts: 8,
             seconds: 1.25,
         });

@@ -2,13 +2,19 @@
 //! drafter being trained against the run's target, over a small held-out prompt set, between
 //! two steps on the device that holds both (rank 0's, where the offline evaluation runs too).
 //! Greedy, so its figures are reproducible and comparable with offline τ.
+//!
+//! A Domino drafter is decoded twice: with its correction (what serving gets) and from its LM
+//! head's logits alone (`base`), method for method, as `dflashd eval --online` reports
+//! `base_tau` and SpecForge logs `base_accept_len` beside `accept_len`. The second decoding
+//! doubles the evaluation's time for a Domino run; `online_eval_s` counts both.
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use dflash_shared::metrics::OnlineAcceptance;
+use dflash_shared::metrics::{OnlineAcceptance, OnlineBase};
 
 use super::error::TrainError;
 use super::trainer::Trainer;
-use crate::decode::{run_online, Method, Sampling, Settings};
+use crate::decode::{run_online_with, DraftLogits, Method, OnlineReport, Sampling, Settings};
 
 /// The prompts an online evaluation decodes and the tokens that end a generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,32 +63,55 @@ impl Trainer {
             seed: 0,
         };
         let clock = Instant::now();
-        let report = run_online(
-            &self.target,
-            self.drafter(),
-            &set.prompts[..count],
-            &settings,
-            &self.online_methods(),
-        )?;
-        let mut tau_chain = None;
-        let mut tau_ddtree = std::collections::BTreeMap::new();
-        for run in &report.methods {
-            let Some(tau) = run.acceptance.tau else {
-                return Ok(None);
-            };
-            match run.method {
-                Method::Chain => tau_chain = Some(tau),
-                Method::Tree { budget } => {
-                    tau_ddtree.insert(budget, tau);
-                }
+        let methods = self.online_methods();
+        let decode = |logits| {
+            run_online_with(
+                &self.target,
+                self.drafter(),
+                &set.prompts[..count],
+                &settings,
+                &methods,
+                logits,
+            )
+        };
+        let Some((tau_chain, tau_ddtree)) = method_taus(&decode(DraftLogits::Drafter)?) else {
+            return Ok(None);
+        };
+        let base = match self.drafter().domino() {
+            Some(_) => {
+                method_taus(&decode(DraftLogits::LmHeadOnly)?).map(|(tau_chain, tau_ddtree)| {
+                    OnlineBase {
+                        tau_chain,
+                        tau_ddtree,
+                    }
+                })
             }
-        }
-        Ok(tau_chain.map(|tau_chain| OnlineAcceptance {
+            None => None,
+        };
+        Ok(Some(OnlineAcceptance {
             tau_chain,
             tau_ddtree,
             offline_tau,
+            base,
             prompts: count,
             seconds: clock.elapsed().as_secs_f64(),
         }))
     }
+}
+
+/// The chain's τ and each DDTree budget's; `None` when a method had no verification round
+/// (every output ended at its first token), which leaves nothing to average.
+fn method_taus(report: &OnlineReport) -> Option<(f64, BTreeMap<usize, f64>)> {
+    let mut tau_chain = None;
+    let mut tau_ddtree = BTreeMap::new();
+    for run in &report.methods {
+        let tau = run.acceptance.tau?;
+        match run.method {
+            Method::Chain => tau_chain = Some(tau),
+            Method::Tree { budget } => {
+                tau_ddtree.insert(budget, tau);
+            }
+        }
+    }
+    tau_chain.map(|chain| (chain, tau_ddtree))
 }

@@ -19,6 +19,7 @@ mod embedded_target;
 mod eval_placement;
 mod fixed_shapes;
 mod learning;
+mod online_eval_domino;
 mod resume_unlocked;
 mod target_decode_parity;
 mod throughput;

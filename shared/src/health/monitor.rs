@@ -282,6 +282,7 @@ mod tests {
             tau_chain,
             tau_ddtree: Default::default(),
             offline_tau,
+            base: None,
             prompts: 8,
             seconds: 1.0,
         };

@@ -9,12 +9,18 @@
 //! |---|---|
 //! | `online_tau_chain` | mean over prompts of tokens per target forward, chain decoding |
 //! | `online_tau_ddtree_<budget>` | the same with a DDTree of `<budget>` nodes, one per budget |
+//! | `online_base_tau_chain` | a Domino drafter's chain τ drafting from the LM head alone |
+//! | `online_base_tau_ddtree_<budget>` | the same with a DDTree, one per budget |
 //! | `online_eval_offline_tau` | the offline τ of the same moment, when known |
 //! | `online_eval_prompts` | prompts decoded |
 //! | `online_eval_s` | wall seconds the online evaluation took |
 //!
 //! A line without `online_tau_chain` has no online evaluation (`None`), which is every line of
-//! a file written before online evaluation existed.
+//! a file written before online evaluation existed. A line without `online_base_tau_chain` has
+//! no base figures: a DFlash drafter's (its drafts are its LM head's), or one written before
+//! they existed. The base figures are SpecForge's `base_accept_len` served: the same prompts
+//! decoded by the same drafter with its Domino correction left out, so `tau_chain −
+//! base.tau_chain` is what the correction adds to served acceptance.
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -26,6 +32,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const ONLINE_KEY_PREFIX: &str = "online_";
 const TAU_CHAIN: &str = "online_tau_chain";
 const TAU_DDTREE_PREFIX: &str = "online_tau_ddtree_";
+const BASE_TAU_CHAIN: &str = "online_base_tau_chain";
+const BASE_TAU_DDTREE_PREFIX: &str = "online_base_tau_ddtree_";
 const OFFLINE_TAU: &str = "online_eval_offline_tau";
 const PROMPTS: &str = "online_eval_prompts";
 const SECONDS: &str = "online_eval_s";
@@ -41,10 +49,23 @@ pub struct OnlineAcceptance {
     /// The offline τ (anchors at every position) of the same drafter at the same moment, when
     /// one is known: what the train-versus-serve gap is measured against.
     pub offline_tau: Option<f64>,
+    /// A Domino drafter's figures drafting from the LM head's logits alone (its correction
+    /// left out), method for method; `None` for a DFlash drafter.
+    pub base: Option<OnlineBase>,
     /// Prompts decoded.
     pub prompts: usize,
-    /// Wall seconds the whole online evaluation took.
+    /// Wall seconds the whole online evaluation took (the base decoding included).
     pub seconds: f64,
+}
+
+/// The uncorrected drafter's online τ: the same methods over the same prompts, drafting from
+/// the LM head's logits alone (`dflashd eval --online`'s `base_tau`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineBase {
+    /// Chain decoding, counted as [`OnlineAcceptance::tau_chain`] is.
+    pub tau_chain: f64,
+    /// DDTree decoding by node budget, the same budgets as the corrected figures'.
+    pub tau_ddtree: BTreeMap<usize, f64>,
 }
 
 impl OnlineAcceptance {
@@ -65,6 +86,20 @@ impl OnlineAcceptance {
             .collect()
     }
 
+    /// The base figures by the same names as [`Self::methods`], in the same order; empty for
+    /// a DFlash drafter.
+    pub fn base_methods(&self) -> Vec<(String, f64)> {
+        self.base.as_ref().map_or_else(Vec::new, |b| {
+            std::iter::once(("chain".to_string(), b.tau_chain))
+                .chain(
+                    b.tau_ddtree
+                        .iter()
+                        .map(|(k, t)| (format!("ddtree_{k}"), *t)),
+                )
+                .collect()
+        })
+    }
+
     /// How far online chain τ falls short of the offline τ, as a fraction of the offline τ
     /// (0.2: online is 20 % lower; negative: online is higher). `None` without a usable
     /// offline τ.
@@ -83,6 +118,12 @@ impl Serialize for OnlineAcceptance {
         for (budget, tau) in &self.tau_ddtree {
             map.serialize_entry(&Self::ddtree_key(*budget), tau)?;
         }
+        if let Some(base) = &self.base {
+            map.serialize_entry(BASE_TAU_CHAIN, &base.tau_chain)?;
+            for (budget, tau) in &base.tau_ddtree {
+                map.serialize_entry(&format!("{BASE_TAU_DDTREE_PREFIX}{budget}"), tau)?;
+            }
+        }
         if let Some(offline) = self.offline_tau {
             map.serialize_entry(OFFLINE_TAU, &offline)?;
         }
@@ -100,6 +141,15 @@ impl<'de> Deserialize<'de> for OnlineAcceptance {
 
 struct OnlineVisitor;
 
+/// `budget` of the key `k` (what follows its prefix) as a whole number of nodes.
+fn budget_of<E: serde::de::Error>(k: &str, budget: &str) -> Result<usize, E> {
+    budget.parse::<usize>().map_err(|_| {
+        E::custom(format!(
+            "`{k}`: a DDTree budget must be a whole number of nodes"
+        ))
+    })
+}
+
 /// A figure serde_json wrote as `null` (a NaN) reads back as NaN, as the other figures do.
 fn number_or_nan<'de, A: MapAccess<'de>>(map: &mut A) -> Result<f64, A::Error> {
     Ok(map.next_value::<Option<f64>>()?.unwrap_or(f64::NAN))
@@ -114,10 +164,12 @@ impl<'de> Visitor<'de> for OnlineVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut tau_chain = None;
+        let (mut base_chain, mut base_ddtree) = (None, BTreeMap::new());
         let mut out = OnlineAcceptance {
             tau_chain: f64::NAN,
             tau_ddtree: BTreeMap::new(),
             offline_tau: None,
+            base: None,
             prompts: 0,
             seconds: 0.0,
         };
@@ -126,26 +178,30 @@ impl<'de> Visitor<'de> for OnlineVisitor {
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 TAU_CHAIN => tau_chain = Some(number_or_nan(&mut map)?),
+                BASE_TAU_CHAIN => base_chain = Some(number_or_nan(&mut map)?),
                 OFFLINE_TAU => out.offline_tau = map.next_value::<Option<f64>>()?,
                 PROMPTS => out.prompts = map.next_value()?,
                 SECONDS => out.seconds = number_or_nan(&mut map)?,
-                k => match k.strip_prefix(TAU_DDTREE_PREFIX) {
-                    Some(budget) => {
-                        let budget = budget.parse::<usize>().map_err(|_| {
-                            serde::de::Error::custom(format!(
-                                "`{k}`: a DDTree budget must be a whole number of nodes"
-                            ))
-                        })?;
-                        let tau = number_or_nan(&mut map)?;
-                        out.tau_ddtree.insert(budget, tau);
-                    }
-                    None => {
+                k => {
+                    if let Some(budget) = k.strip_prefix(TAU_DDTREE_PREFIX) {
+                        let budget = budget_of(k, budget)?;
+                        out.tau_ddtree.insert(budget, number_or_nan(&mut map)?);
+                    } else if let Some(budget) = k.strip_prefix(BASE_TAU_DDTREE_PREFIX) {
+                        let budget = budget_of(k, budget)?;
+                        base_ddtree.insert(budget, number_or_nan(&mut map)?);
+                    } else {
                         map.next_value::<IgnoredAny>()?;
                     }
-                },
+                }
             }
         }
         out.tau_chain = tau_chain.ok_or_else(|| serde::de::Error::missing_field(TAU_CHAIN))?;
+        // Base tree figures without a base chain are not a base evaluation: every base
+        // evaluation runs the chain first, so such a line was written by something else.
+        out.base = base_chain.map(|tau_chain| OnlineBase {
+            tau_chain,
+            tau_ddtree: base_ddtree,
+        });
         Ok(out)
     }
 }
@@ -180,8 +236,19 @@ mod tests {
             tau_chain: 2.75,
             tau_ddtree: BTreeMap::from([(8, 3.0), (32, 3.25)]),
             offline_tau: Some(3.5),
+            base: None,
             prompts: 8,
             seconds: 1.5,
+        }
+    }
+
+    fn domino_acceptance() -> OnlineAcceptance {
+        OnlineAcceptance {
+            base: Some(OnlineBase {
+                tau_chain: 2.25,
+                tau_ddtree: BTreeMap::from([(8, 2.5), (32, 2.625)]),
+            }),
+            ..acceptance()
         }
     }
 
@@ -258,9 +325,51 @@ mod tests {
     }
 
     #[test]
+    fn a_domino_line_carries_its_base_figures_flat_and_reads_them_back() {
+        let m = line(Some(domino_acceptance()));
+        let value = serde_json::to_value(&m).unwrap();
+        assert_eq!(value["online_base_tau_chain"], 2.25);
+        assert_eq!(value["online_base_tau_ddtree_8"], 2.5);
+        assert_eq!(value["online_base_tau_ddtree_32"], 2.625);
+        // the corrected figures keep their own keys, unchanged by the base ones
+        assert_eq!(value["online_tau_chain"], 2.75);
+        assert_eq!(value["online_tau_ddtree_8"], 3.0);
+        let back: StepMetrics = serde_json::from_value(value).unwrap();
+        assert_eq!(back, m);
+        let online = back.online.unwrap();
+        assert_eq!(
+            online.base_methods(),
+            vec![
+                ("chain".to_string(), 2.25),
+                ("ddtree_8".to_string(), 2.5),
+                ("ddtree_32".to_string(), 2.625)
+            ]
+        );
+        assert_eq!(online.tau_ddtree, acceptance().tau_ddtree);
+    }
+
+    #[test]
+    fn a_dflash_line_has_no_base_keys_and_an_older_line_reads_without_base() {
+        let text = serde_json::to_string(&line(Some(acceptance()))).unwrap();
+        assert!(!text.contains("online_base"), "{text}");
+        let back: StepMetrics = serde_json::from_str(&text).unwrap();
+        let online = back.online.unwrap();
+        assert_eq!((online.base.clone(), online.base_methods()), (None, vec![]));
+        // a stray base tree key without the base chain is no base evaluation
+        let mut value = serde_json::to_value(line(Some(acceptance()))).unwrap();
+        value["online_base_tau_ddtree_8"] = serde_json::json!(2.0);
+        let read: StepMetrics = serde_json::from_value(value).unwrap();
+        assert_eq!(read.online.unwrap().base, None);
+    }
+
+    #[test]
     fn a_budget_that_is_not_a_number_makes_the_online_figures_unreadable_not_the_line() {
         let mut value = serde_json::to_value(line(Some(acceptance()))).unwrap();
         value["online_tau_ddtree_big"] = serde_json::json!(3.0);
+        let read: StepMetrics = serde_json::from_value(value).unwrap();
+        assert_eq!((read.step, read.online), (100, None));
+        let mut value = serde_json::to_value(line(Some(domino_acceptance()))).unwrap();
+        value["online_base_tau_ddtree_big"] = serde_json::json!(3.0);
         let read: StepMetrics = serde_json::from_value(value).unwrap();
         assert_eq!((read.step, read.online), (100, None));
     }

@@ -198,7 +198,7 @@ async fn follow_live(socket: PathBuf, out: &mut Out, lines: usize) -> Result<(),
                 out.emit_history(&items, n)
             }
             LinkEvent::Frame(Response::Event(event)) => out.emit(&Item::Event(*event)),
-            LinkEvent::Frame(Response::Metrics(metrics)) => out.emit(&Item::Metrics(*metrics)),
+            LinkEvent::Frame(Response::Metrics(metrics)) => out.emit(&Item::Metrics(metrics)),
             LinkEvent::Frame(Response::Log { level, line }) => out.emit(&Item::Log {
                 ts_ms: now_ms(),
                 level: Level::parse(&level).unwrap_or(Level::Info),

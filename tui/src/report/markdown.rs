@@ -26,7 +26,8 @@ fn recipe_line(run: &super::Run) -> String {
 }
 
 /// "Acceptance: offline τ 3.50; online at step 1,200 (8 prompts, 1.2 s): chain 2.50,
-/// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment."
+/// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment." (for a Domino drafter each
+/// method with its base: "chain 2.50 (base 2.10)").
 fn acceptance_line(a: &super::Acceptance) -> String {
     let offline = a.offline_tau.map_or("offline τ unknown".to_string(), |t| {
         format!("offline τ {t:.2}")
@@ -34,10 +35,15 @@ fn acceptance_line(a: &super::Acceptance) -> String {
     let Some(o) = &a.online else {
         return format!("Acceptance: {offline}; no online evaluation yet.");
     };
+    // A Domino drafter's each method also decoded from the LM head alone: "chain 2.50 (base
+    // 2.10)", the corrected figure first, as everywhere else.
     let methods: Vec<String> = o
         .methods
         .iter()
-        .map(|m| format!("{} {:.2}", m.method, m.tau))
+        .map(|m| match m.base_tau {
+            Some(base) => format!("{} {:.2} (base {base:.2})", m.method, m.tau),
+            None => format!("{} {:.2}", m.method, m.tau),
+        })
         .collect();
     let gap = match (o.gap_fraction, o.offline_tau) {
         (Some(g), Some(off)) if g > 0.0 => {

@@ -135,6 +135,10 @@ pub struct OnlineReport {
 pub struct MethodTau {
     pub method: String,
     pub tau: f64,
+    /// A Domino drafter's τ for the same method drafting from the LM head alone (the metrics
+    /// line's `online_base_tau_*`, `dflashd eval --online`'s `base_tau`); absent for DFlash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_tau: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -393,13 +397,18 @@ fn throughput_section(input: &ReportInput) -> Throughput {
 fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
     let online = snapshot.and_then(|s| s.last_online.as_ref()).map(|o| {
         let a = &o.acceptance;
+        let base: std::collections::BTreeMap<String, f64> = a.base_methods().into_iter().collect();
         OnlineReport {
             step: o.step,
             at: fmt::rfc3339(o.ts_ms),
             methods: a
                 .methods()
                 .into_iter()
-                .map(|(method, tau)| MethodTau { method, tau })
+                .map(|(method, tau)| MethodTau {
+                    base_tau: base.get(&method).copied(),
+                    method,
+                    tau,
+                })
                 .collect(),
             offline_tau: a.offline_tau,
             gap_fraction: a.gap_fraction(),

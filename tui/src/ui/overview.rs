@@ -517,7 +517,9 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
 /// What the run trains: "objective D-PACE (α 0.5), Domino head" and, for a Domino head, its
 /// newest training-batch acceptance "accept  base 2.31 → final 2.87 (+0.56)" (the metrics'
-/// `base_accept_len` and `accept_len`, teacher-forced). Nothing before the first status.
+/// `base_accept_len` and `accept_len`, teacher-forced) and, once an online evaluation has run,
+/// the served pair "online  chain base 2.10 → 2.50 (+0.40)" (`online_base_tau_chain` →
+/// `online_tau_chain`). Nothing before the first status.
 fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
     let Some(status) = &app.status else {
         return Vec::new();
@@ -540,7 +542,26 @@ fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
             Span::raw(domino.short_words()),
         ]));
     }
+    // The same pair served: the newest online evaluation's chain τ from the LM head alone and
+    // with the correction. Its own row, so the teacher-forced batch figures above keep theirs.
+    if let Some((base, last)) = app.last_online().and_then(|o| {
+        let a = &o.acceptance;
+        a.base.as_ref().map(|b| (b.tau_chain, a.tau_chain))
+    }) {
+        lines.push(Line::from(vec![
+            Span::styled("online  ", theme.dim()),
+            Span::raw(online_base_words(base, last)),
+        ]));
+    }
     lines
+}
+
+/// "chain base 2.10 → 2.50 (+0.40)": the correction is the difference of the two rounded
+/// figures, so the row adds up (as the batch row's does).
+fn online_base_words(base: f64, last: f64) -> String {
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    let (base, last) = (round(base), round(last));
+    format!("chain base {base:.2} → {last:.2} ({:+.2})", last - base)
 }
 
 /// The step of a checkpoint directory named `…/step-0000000642`.

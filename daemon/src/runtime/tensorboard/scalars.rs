@@ -199,6 +199,7 @@ mod tests {
                 tau_chain: 2.5,
                 tau_ddtree: [(8, 2.75), (32, 3.0)].into_iter().collect(),
                 offline_tau: Some(3.5),
+                base: None,
                 prompts: 8,
                 seconds: 1.5,
             }),
