@@ -557,6 +557,24 @@ fn wheel(dir: &Path, version: &str) -> PathBuf {
 
 #[test]
 fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() {
+    environment_watch(Timings::Short);
+}
+
+/// The same at the default telemetry sampling (1 s, so a 15 s environment scan): the README's
+/// mid-run bound, measured. About 2 minutes; `make soak` runs it.
+#[test]
+#[ignore = "soak: the environment watch at the default sampling (make soak)"]
+fn at_the_default_sampling_an_install_is_caught_within_one_scan() {
+    environment_watch(Timings::Defaults);
+}
+
+/// How often the daemon scans the environment and caches at a sample interval: fifteen samples,
+/// at least 5 s (`runtime/launch.rs`, where the sampler is configured).
+fn scan_interval_s(sample_interval_ms: u64) -> f64 {
+    (sample_interval_ms as f64 * 15.0 / 1000.0).max(5.0)
+}
+
+fn environment_watch(timings: Timings) {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let venv = root.join("venv");
@@ -567,9 +585,16 @@ fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() 
         .unwrap();
     assert!(made.success());
     pip_install(&venv, &wheel(root, "1.0"));
-    let cfg = config(root, |c| {
-        c.telemetry.python = Some(venv.join("bin/python").display().to_string())
+    let (cfg, parsed) = config_and_path(root, |c| {
+        c.telemetry.python = Some(venv.join("bin/python").display().to_string());
+        if timings == Timings::Defaults {
+            c.telemetry.sample_interval_ms = TelemetrySection::default().sample_interval_ms;
+        }
     });
+    let sample_ms = parsed.telemetry.sample_interval_ms;
+    // Seen by the first scan after the install: one scan interval, the sampler's own tick, and
+    // the console's polling.
+    let bound_s = scan_interval_s(sample_ms) + sample_ms as f64 / 1000.0 + POLL_SLACK_S;
     let run = root.join("run");
     let mut d = Daemon::start(root, &cfg, &run, None, "env");
     d.wait_for(root, Duration::from_secs(60), "training", |s| {
@@ -594,10 +619,13 @@ fn a_package_installed_while_training_is_alerted_and_the_recording_replays_it() 
     );
     let alert = env_alert(&status).unwrap();
     eprintln!(
-        "environment alert {:.1} s after the install",
+        "environment alert {:.1} s after the install (bound {bound_s:.1} s)",
         took.as_secs_f64()
     );
-    assert!(took < Duration::from_secs(60), "within a minute");
+    assert!(
+        took.as_secs_f64() <= bound_s,
+        "{took:?}, bound {bound_s:.1} s"
+    );
     let message = alert["message"].as_str().unwrap();
     assert!(
         message.contains("demo-pkg 1.0 → 2.0"),
