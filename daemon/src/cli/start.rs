@@ -133,11 +133,14 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         (None, None) => paths.default_run_dir.clone(),
     };
     let run_dir = absolute(&run_dir)?;
-    // Before anything of the run is opened: a multi-node launch cannot train yet (issue 23).
-    if let Err(text) = startable_launch(&args.launch, &launch_environment()) {
-        refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
-        bail!(text);
-    }
+    // Before anything of the run is opened: a launch that does not resolve is refused.
+    let node = match startable_launch(&args.launch, &launch_environment()) {
+        Ok(node) => node,
+        Err(text) => {
+            refused::journal_refused_start(&run_dir, &format!("the run did not start: {text}"));
+            bail!(text);
+        }
+    };
     check_python(&config, config_path.as_deref(), &run_dir)?;
     let socket = match (&args.socket, &config.control.socket) {
         (Some(s), _) => s.clone(),
@@ -197,6 +200,8 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         resume_from,
         metrics_listen,
         alloc_conf,
+        collective_timeout: args.launch.collective_timeout(),
+        node,
     };
     launch_in_place_or_detached(spec, args.detach)
 }

@@ -1,13 +1,13 @@
-//! `dflashd start`'s multi-node flags (issue 23) and what the start does with them today.
+//! `dflashd start`'s multi-node flags (issue 23).
 //!
 //! The launch is resolved by `dflash_shared::launch::resolve` from these flags and the
-//! variables torchrun and SLURM set. Until the cross-node collective is wired into the
-//! training loop, a launch of more than one node is refused before anything of the run is
-//! opened; one node (the default) starts exactly as before.
+//! variables torchrun and SLURM set, before anything of the run is opened; one node (the
+//! default) starts exactly as before. A node of several meets the others at start
+//! (`runtime/launch_nodes.rs`).
 use clap::Args;
-use dflash_shared::launch::{self, EnvMap, LaunchFlags, NodeLaunch, Origin, ENV_VARS};
+use dflash_shared::launch::{self, EnvMap, LaunchFlags, NodeLaunch, ENV_VARS};
 
-#[derive(Args, Debug, Default, Clone)]
+#[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {
     /// Nodes in the job, one dflashd per node. Default: NNODES, SLURM_NNODES, or torchrun's
     /// WORLD_SIZE under `--nproc-per-node 1`; else 1. A flag and a variable that disagree are
@@ -22,9 +22,34 @@ pub struct LaunchArgs {
     /// under SLURM the first host of SLURM_JOB_NODELIST.
     #[arg(long, value_name = "HOST:PORT")]
     pub rendezvous: Option<String>,
+    /// Seconds a node waits for the others: the rendezvous, the start's agreement, and every
+    /// cross-node gradient all-reduce (a lost or stalled node pauses the run within it).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_COLLECTIVE_TIMEOUT_S,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub collective_timeout_s: u64,
+}
+
+/// Long enough for a large drafter's bucketed all-reduce on a slow link and for a node
+/// loading its target before the rendezvous; short enough that a lost node pauses the job
+/// within a minute (a closed connection is noticed at once, this bounds a silent stall).
+pub const DEFAULT_COLLECTIVE_TIMEOUT_S: u64 = 60;
+
+impl Default for LaunchArgs {
+    fn default() -> Self {
+        LaunchArgs {
+            nnodes: None,
+            node_rank: None,
+            rendezvous: None,
+            collective_timeout_s: DEFAULT_COLLECTIVE_TIMEOUT_S,
+        }
+    }
 }
 
 impl LaunchArgs {
+    pub fn collective_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.collective_timeout_s)
+    }
+
     fn flags(&self) -> LaunchFlags {
         LaunchFlags {
             nnodes: self.nnodes,
@@ -42,35 +67,10 @@ pub fn launch_environment() -> EnvMap {
         .collect()
 }
 
-/// This node's launch when it is one `dflashd start` can run today, else the refusal's text:
-/// a launch that does not resolve, or one of more than one node.
+/// This node's launch, else the refusal's text (a launch that does not resolve).
 pub fn startable_launch(args: &LaunchArgs, env: &EnvMap) -> Result<NodeLaunch, String> {
-    let launch = launch::resolve(&args.flags(), env)
-        .map_err(|e| format!("the multi-node launch does not resolve: {e}"))?;
-    if launch.is_multi_node() {
-        return Err(not_wired(&launch));
-    }
-    Ok(launch)
-}
-
-fn not_wired(launch: &NodeLaunch) -> String {
-    let rendezvous = launch
-        .rendezvous
-        .as_ref()
-        .map_or(String::new(), |r| format!(", rendezvous {r},"));
-    let mut text = format!(
-        "multi-node training is not wired yet (issue 23): the launch resolved to node {} of \
-         {}{rendezvous} via {}; run with --nnodes 1",
-        launch.node_rank, launch.nnodes, launch.source
-    );
-    // A variable stated the count: --nnodes 1 alone would now disagree with it.
-    if let Origin::Env(var) = &launch.source.nnodes {
-        let name = var.split('=').next().unwrap_or(var);
-        text.push_str(&format!(
-            " outside the launcher that set {var} (or unset {name} and the node rank's variable)"
-        ));
-    }
-    text
+    launch::resolve(&args.flags(), env)
+        .map_err(|e| format!("the multi-node launch does not resolve: {e}"))
 }
 
 #[cfg(test)]
@@ -82,24 +82,21 @@ mod tests {
             nnodes,
             node_rank,
             rendezvous: rendezvous.map(String::from),
+            ..LaunchArgs::default()
         }
     }
 
     #[test]
-    fn one_node_starts_and_more_are_refused_naming_the_launch() {
+    fn launches_resolve_and_those_that_do_not_are_refused_naming_why() {
         let none = EnvMap::new();
         assert_eq!(
             startable_launch(&LaunchArgs::default(), &none).unwrap(),
             NodeLaunch::single()
         );
         assert!(startable_launch(&args(Some(1), Some(0), None), &none).is_ok());
-        let err = startable_launch(&args(Some(2), Some(1), Some("n0:29500")), &none).unwrap_err();
-        assert_eq!(
-            err,
-            "multi-node training is not wired yet (issue 23): the launch resolved to node 1 of 2, \
-             rendezvous n0:29500, via --nnodes 2 and --node-rank 1, rendezvous from --rendezvous n0:29500; run with \
-             --nnodes 1"
-        );
+        let two = startable_launch(&args(Some(2), Some(1), Some("n0:29500")), &none).unwrap();
+        assert_eq!((two.nnodes, two.node_rank), (2, 1));
+        assert_eq!(two.rendezvous.unwrap().to_string(), "n0:29500");
         let slurm: EnvMap = [
             ("SLURM_NNODES", "2"),
             ("SLURM_NODEID", "0"),
@@ -109,12 +106,8 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let err = startable_launch(&LaunchArgs::default(), &slurm).unwrap_err();
-        assert!(
-            err.contains("node 0 of 2, rendezvous n1:15042, via SLURM_NNODES=2")
-                && err.contains("outside the launcher that set SLURM_NNODES=2"),
-            "{err}"
-        );
+        let node = startable_launch(&LaunchArgs::default(), &slurm).unwrap();
+        assert_eq!(node.rendezvous.unwrap().to_string(), "n1:15042");
         let err = startable_launch(&args(Some(1), None, None), &slurm).unwrap_err();
         assert!(
             err.starts_with("the multi-node launch does not resolve: the node count")

@@ -21,6 +21,7 @@ use super::detach::Readiness;
 use super::ending::Ending;
 use super::guard_rails::{ControlTuning, DaemonOptions, GuardRails};
 use super::healthy_record::{recipe_digest, HealthyRecordKeeper, RecordIdentity};
+use super::launch_nodes::{self, NodeJob};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
@@ -32,6 +33,7 @@ use crate::run::locked_keys::{self as locked, Gate};
 use crate::run::paths::DaemonPaths;
 use crate::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
 use dflash_shared::health::fingerprint::Fingerprint;
+use dflash_shared::launch::NodeLaunch;
 
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_LOCKED_KEY: u8 = 2;
@@ -65,6 +67,10 @@ pub struct LaunchSpec {
     pub metrics_listen: Option<SocketAddr>,
     /// Whether dflashd set `PYTORCH_CUDA_ALLOC_CONF` or the user did (journaled).
     pub alloc_conf: AllocConf,
+    /// Which node of how many this daemon is ([`NodeLaunch::single`] for one node).
+    pub node: NodeLaunch,
+    /// Bounds the rendezvous, the start's agreement and every cross-node collective.
+    pub collective_timeout: Duration,
 }
 
 /// Runs the daemon to the end; returns the process exit code.
@@ -165,8 +171,16 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         .map_err(|text| Refusal::new(EXIT_LOCKED_KEY, text, Some(RunState::Paused)))?;
     let failed = |text: String| Refusal::new(EXIT_FAILURE, text, Some(RunState::Failed));
     let checkpoint_root = spec.run_dir.join(CHECKPOINTS_DIR);
-    let resume = checkpoint_gate::pass(&checkpoint_root, &spec.run_dir, handle, spec.resume_from)
+    let job = meet_the_job(spec, handle).map_err(failed)?;
+    let resume_from = match &job {
+        Some(job) => common_checkpoint(job, spec, handle, &checkpoint_root).map_err(failed)?,
+        None => spec.resume_from,
+    };
+    let resume = checkpoint_gate::pass(&checkpoint_root, &spec.run_dir, handle, resume_from)
         .map_err(failed)?;
+    if let Some(job) = &job {
+        agree(job, spec, handle, resume.as_deref()).map_err(failed)?;
+    }
     let inputs = SetupInputs {
         config: &spec.config,
         config_path: spec.config_path.as_deref(),
@@ -175,9 +189,11 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         unlocked_keys: unlocked.carried.clone(),
         memory_plan: spec.memory_plan,
         cpu_peak_flops: spec.cpu_peak_flops,
-        resume,
+        // A node restores after joining its job: the restore checks the cursor against the
+        // job's global batch.
+        resume: if job.is_some() { None } else { resume.clone() },
     };
-    let prepared = setup::prepare(&inputs).map_err(|e| {
+    let mut prepared = setup::prepare(&inputs).map_err(|e| {
         if let setup::SetupError::MemoryPlan(refusal) = &e {
             // The stop reason keeps the first line; the journal keeps every device's need.
             handle.record_event_logged(
@@ -189,6 +205,9 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         }
         failed(format!("cannot start training: {e}"))
     })?;
+    if let Some(job) = &job {
+        join_the_job(job, &mut prepared, resume, &unlocked.carried, spec).map_err(failed)?;
+    }
     // Only now, with the checkpoint accepted, do the unlocks count as used.
     apply_unlocks(spec, handle, &unlocked).map_err(failed)?;
     locked::save_effective(&spec.run_dir, &spec.config).map_err(|e| failed(e.to_string()))?;
@@ -196,6 +215,96 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
     record_last_run(spec);
     build_run_loop(spec, cp, prepared, checkpoint_root)
         .map_err(|text| Refusal::new(EXIT_FAILURE, text, None))
+}
+
+fn node_refusal(spec: &LaunchSpec) -> impl Fn(String) -> String + '_ {
+    move |e| format!("the run did not start: node {}: {e}", spec.node.node_rank)
+}
+
+/// A node of a multi-node job meets the others at the rendezvous; `None` for a single node.
+fn meet_the_job(spec: &LaunchSpec, handle: &RunHandle) -> Result<Option<NodeJob>, String> {
+    if !spec.node.is_multi_node() {
+        return Ok(None);
+    }
+    let job =
+        NodeJob::rendezvous(&spec.node, spec.collective_timeout).map_err(node_refusal(spec))?;
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::Note {
+            message: format!("{}: met the job's nodes", spec.node),
+        },
+    );
+    Ok(Some(job))
+}
+
+/// The checkpoint every node resumes from (the newest all hold), this node's newer ones
+/// moved aside and journaled; the operator's `--resume-from` wins when given.
+fn common_checkpoint(
+    job: &NodeJob,
+    spec: &LaunchSpec,
+    handle: &RunHandle,
+    root: &std::path::Path,
+) -> Result<Option<u64>, String> {
+    let (step, moved) = job.align_checkpoints(root).map_err(node_refusal(spec))?;
+    for message in moved {
+        handle.record_event_logged(Severity::Warn, EventKind::Note { message });
+    }
+    Ok(spec.resume_from.or(step))
+}
+
+/// Every node's start facts agree (locked keys, the job config, its digest, the environment,
+/// the drafter workers, the resume step); the refusal names the node and the key.
+fn agree(
+    job: &NodeJob,
+    spec: &LaunchSpec,
+    handle: &RunHandle,
+    resume: Option<&std::path::Path>,
+) -> Result<(), String> {
+    let refused = node_refusal(spec);
+    let workers = match spec.device_override {
+        Some(_) => 1,
+        None => spec.config.topology.drafter_devices.len() as u32,
+    };
+    let facts = launch_nodes::start_facts(&spec.node, &spec.config, &spec.run_dir, workers, resume)
+        .map_err(&refused)?;
+    job.agree(&facts).map_err(&refused)?;
+    handle.record_event_logged(
+        Severity::Info,
+        EventKind::Note {
+            message: format!(
+                "{}: every node agrees on the job config (digest {}), the environment and \
+                 the resume step {}",
+                spec.node,
+                &facts.config_digest[..12],
+                facts.resume_step
+            ),
+        },
+    );
+    Ok(())
+}
+
+/// Joins the prepared trainer to the job's gradient group, then restores the checkpoint the
+/// gate chose (every node agreed on its step).
+fn join_the_job(
+    job: &NodeJob,
+    prepared: &mut Prepared,
+    resume: Option<PathBuf>,
+    unlocked: &[String],
+    spec: &LaunchSpec,
+) -> Result<(), String> {
+    let accum = prepared.trainer.config().grad_accum;
+    job.join_trainer(&mut prepared.trainer, accum)
+        .map_err(|e| format!("cannot start training: node {}: {e}", job.node()))?;
+    if let Some(dir) = resume {
+        let unlocked = dflash_engine::train::unlocked::UnlockedKeys::from_keys(unlocked);
+        prepared
+            .trainer
+            .restore_checkpoint_unlocked(&dir, &unlocked)
+            .map_err(|e| format!("cannot resume from {}: {e}", dir.display()))?;
+        prepared.resumed_from = Some(dir);
+    }
+    tracing::info!(node = %spec.node, "joined the job's gradient group");
+    Ok(())
 }
 
 /// The run loop over the prepared trainer, and the banner that announces it.

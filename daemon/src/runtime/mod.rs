@@ -12,6 +12,7 @@ pub mod guard_rails;
 pub mod health_feed;
 pub mod healthy_record;
 pub mod launch;
+pub mod launch_nodes;
 pub mod logging;
 pub mod memory_plan;
 pub mod metrics_out;

@@ -8,7 +8,7 @@
 //! - `daemon_*`, `doctor`, `eval_online`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`,
 //!   `target_parity`, `tensorboard_events`, `trained_artifacts`, `regenerate`: the real `dflashd` binary as a
 //!   child process in a temp dir ([`support::binary`]); `multi_node_launch` too (issue 23's
-//!   launch flags and variables, refused above one node until the collective is wired).
+//!   launch flags and variables) and `multi_node_training` (two real nodes on loopback).
 //! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
 //!   a fuzzed socket, confirmation bypass attempts, many clients); sized by
 //!   [`support::campaign`] (`DFLASH_CAMPAIGN=full` for the issue's full size).
@@ -42,6 +42,7 @@ mod export_contract;
 mod memory_plan;
 mod metrics_endpoint;
 mod multi_node_launch;
+mod multi_node_training;
 mod prometheus_e2e;
 mod regenerate;
 mod resume;

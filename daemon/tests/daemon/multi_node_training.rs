@@ -1,0 +1,227 @@
+//! Issue 23's done-when tests: two real `dflashd` processes on this machine, one per node,
+//! meeting at a loopback rendezvous (libtorch's TCPStore) and summing gradients through
+//! libtorch's Gloo, each on the embedded default with one drafter worker.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use dflash_engine::train::checkpoint::read_tensors;
+use dflash_engine::train::resume::DRAFTER_FILE;
+use tch::Tensor;
+
+use crate::support::binary::{checkpoint_steps, write_config, Daemon};
+
+/// The collective timeout the failure test runs under: a lost node pauses the other within it.
+const TIMEOUT_S: u64 = 5;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Node `rank` of two, in its own root (its own socket, run dir and XDG directories).
+fn node(root: &Path, rank: u32, port: u16, extra: &[&str]) -> Daemon {
+    let rendezvous = format!("127.0.0.1:{port}");
+    let timeout = TIMEOUT_S.to_string();
+    let rank = rank.to_string();
+    let mut args = vec![
+        "--nnodes",
+        "2",
+        "--node-rank",
+        &rank,
+        "--rendezvous",
+        &rendezvous,
+        "--collective-timeout-s",
+        &timeout,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::spawn(root, &args)
+}
+
+fn roots(n: usize) -> Vec<tempfile::TempDir> {
+    (0..n).map(|_| tempfile::tempdir().unwrap()).collect()
+}
+
+fn drafter_at(run_dir: &Path, step: u64) -> Vec<(String, Tensor)> {
+    let dir: PathBuf = run_dir.join(format!("checkpoints/step-{step:010}"));
+    read_tensors(&dir, DRAFTER_FILE).unwrap()
+}
+
+fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .map(|(name, ta)| {
+            let tb = &b.iter().find(|(n, _)| n == name).unwrap().1;
+            (ta - tb).abs().max().double_value(&[])
+        })
+        .fold(0.0, f64::max)
+}
+
+fn exit_ok(d: &mut Daemon) {
+    let status = d.wait_exit();
+    assert!(status.success(), "{status}:\n{}", d.stderr());
+}
+
+/// The steps the banner announces ("… 321 steps in total").
+fn total_steps(d: &Daemon) -> String {
+    let out = d.stdout();
+    let at = out.find(" steps in total").expect("a banner");
+    out[..at].rsplit(' ').next().unwrap().to_string()
+}
+
+/// Tolerance 0: each gradient element is summed over two ranks, one fp32 addition, which is
+/// commutative, so Gloo's ring and the in-process group give the same bits (and the f64 Σw
+/// likewise); everything else is the same arithmetic on the same micro-batches, which
+/// `NodeShard` hands out exactly as the single process's round-robin does. More than two
+/// ranks would reassociate the sum (≤ (n−1)·2⁻²⁴ relative per element per step).
+#[test]
+fn two_nodes_of_one_worker_equal_one_daemon_of_two_drafter_workers() {
+    let started = Instant::now();
+    let r = roots(3);
+    let port = free_port();
+    let steps = "4";
+    let mut n0 = node(r[0].path(), 0, port, &["--max-steps", steps]);
+    let mut n1 = node(r[1].path(), 1, port, &["--max-steps", steps]);
+    let config = r[2].path().join("two-workers.toml");
+    write_config(&config, |c| {
+        c.topology.drafter_devices = vec![dflash_shared::config::Device::Cpu; 2];
+    });
+    exit_ok(&mut n0);
+    exit_ok(&mut n1);
+    let single_args = ["--config", config.to_str().unwrap(), "--max-steps", steps];
+    let mut single = Daemon::spawn(r[2].path(), &single_args);
+    exit_ok(&mut single);
+    assert_eq!(total_steps(&n0), total_steps(&single), "global steps");
+    assert_eq!(total_steps(&n1), total_steps(&single));
+    let w0 = drafter_at(&n0.run_dir, 4);
+    assert_eq!(max_abs_diff(&w0, &drafter_at(&n1.run_dir, 4)), 0.0);
+    let diff = max_abs_diff(&w0, &drafter_at(&single.run_dir, 4));
+    assert!(diff == 0.0, "max |Δparam| after 4 steps: {diff:e}");
+    eprintln!(
+        "two dflashd nodes vs one: max |Δ| {diff:e} in {:?}",
+        started.elapsed()
+    );
+}
+
+/// The journal of a run dir as text, for lines that name things.
+fn journal_text(run_dir: &Path) -> String {
+    std::fs::read_to_string(run_dir.join("journal.jsonl")).unwrap_or_default()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < limit, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common_checkpoint() {
+    let started = Instant::now();
+    let r = roots(2);
+    let configs: Vec<PathBuf> = r.iter().map(|d| d.path().join("every-2.toml")).collect();
+    for c in &configs {
+        write_config(c, |c| {
+            c.training.checkpoint_every = 2;
+            c.training.keep_checkpoints = 50;
+        });
+    }
+    let cfg = |i: usize| configs[i].to_str().unwrap().to_string();
+    let port = free_port();
+    let mut n0 = node(r[0].path(), 0, port, &["--config", &cfg(0)]);
+    let mut n1 = node(r[1].path(), 1, port, &["--config", &cfg(1)]);
+    n0.wait_step_above(2);
+    wait_for("a checkpoint on both", Duration::from_secs(30), || {
+        !checkpoint_steps(&n0.run_dir).is_empty() && !checkpoint_steps(&n1.run_dir).is_empty()
+    });
+    n1.child.kill().unwrap(); // SIGKILL
+    let _ = n1.child.wait();
+    let paused = wait_for(
+        "a pause naming node 1",
+        Duration::from_secs(TIMEOUT_S + 5),
+        || journal_text(&n0.run_dir).contains("lost node 1"),
+    );
+    assert!(
+        paused < Duration::from_secs(TIMEOUT_S),
+        "paused {paused:?} after the kill"
+    );
+    assert!(
+        n0.child.try_wait().unwrap().is_none(),
+        "node 0 waits paused"
+    );
+    n0.signal(libc::SIGTERM);
+    n0.wait_exit();
+    drop((n0, n1));
+
+    // A restart of both: each resumes from the newest checkpoint both hold.
+    let common = {
+        let a = checkpoint_steps(&r[0].path().join("run"));
+        let b = checkpoint_steps(&r[1].path().join("run"));
+        *a.iter().filter(|s| b.contains(s)).max().unwrap()
+    };
+    let port = free_port();
+    let more = ["--max-steps", "2"];
+    let mut n0 = node(
+        r[0].path(),
+        0,
+        port,
+        &[&["--config", &cfg(0)][..], &more].concat(),
+    );
+    let mut n1 = node(
+        r[1].path(),
+        1,
+        port,
+        &[&["--config", &cfg(1)][..], &more].concat(),
+    );
+    exit_ok(&mut n0);
+    exit_ok(&mut n1);
+    for d in [&n0, &n1] {
+        assert!(
+            d.stdout().contains(&format!("resumed at step {common} ")),
+            "{}",
+            d.stdout()
+        );
+    }
+    let end = common + 2;
+    assert_eq!(
+        max_abs_diff(&drafter_at(&n0.run_dir, end), &drafter_at(&n1.run_dir, end)),
+        0.0
+    );
+    eprintln!(
+        "kill -9: paused {paused:?} after; resumed both at {common}; {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn two_nodes_whose_configs_differ_in_a_locked_key_both_refuse_naming_it() {
+    let r = roots(2);
+    let configs: Vec<PathBuf> = r.iter().map(|d| d.path().join("c.toml")).collect();
+    write_config(&configs[0], |_| {});
+    write_config(&configs[1], |c| c.training.epochs += 1);
+    let port = free_port();
+    let mut nodes: Vec<Daemon> = (0..2)
+        .map(|i| {
+            let path = configs[i].to_str().unwrap();
+            node(r[i].path(), i as u32, port, &["--config", path])
+        })
+        .collect();
+    for d in &mut nodes {
+        let status = d.wait_exit();
+        assert_eq!(status.code(), Some(1), "{}", d.stderr());
+        let err = d.stderr();
+        assert!(
+            err.contains("node 1's training.epochs = ") && err.contains("(a locked key)"),
+            "{err}"
+        );
+        assert!(
+            journal_text(&d.run_dir).contains("training.epochs"),
+            "the refusal is journaled"
+        );
+        assert!(checkpoint_steps(&d.run_dir).is_empty(), "nothing trained");
+    }
+}
