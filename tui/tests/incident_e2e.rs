@@ -35,11 +35,8 @@ fn dflashd_bin() -> PathBuf {
     bin
 }
 
-/// The embedded default with detector timings short enough for a test, written to `root`.
-fn config(root: &Path, edit: impl FnOnce(&mut Config)) -> PathBuf {
-    config_and_path(root, edit).0
-}
-
+/// The embedded default with detector timings short enough for a test, written to `root`:
+/// its path, and the config as written.
 fn config_and_path(root: &Path, edit: impl FnOnce(&mut Config)) -> (PathBuf, Config) {
     let mut cfg = Config::embedded_default();
     cfg.training.eval_every = 1_000_000;
