@@ -206,7 +206,8 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         failed(format!("cannot start training: {e}"))
     })?;
     if let Some(job) = &job {
-        join_the_job(job, &mut prepared, resume, &unlocked.carried, spec).map_err(failed)?;
+        join_the_job(job, handle, &mut prepared, resume, &unlocked.carried, spec)
+            .map_err(failed)?;
     }
     // Only now, with the checkpoint accepted, do the unlocks count as used.
     apply_unlocks(spec, handle, &unlocked).map_err(failed)?;
@@ -287,6 +288,7 @@ fn agree(
 /// gate chose (every node agreed on its step).
 fn join_the_job(
     job: &NodeJob,
+    handle: &RunHandle,
     prepared: &mut Prepared,
     resume: Option<PathBuf>,
     unlocked: &[String],
@@ -295,6 +297,12 @@ fn join_the_job(
     let accum = prepared.trainer.config().grad_accum;
     job.join_trainer(&mut prepared.trainer, accum)
         .map_err(|e| format!("cannot start training: node {}: {e}", job.node()))?;
+    let handle = handle.clone();
+    prepared
+        .trainer
+        .set_checkpoint_witness(job.checkpoint_witness(move |message| {
+            handle.record_event_logged(Severity::Info, EventKind::Note { message });
+        }));
     if let Some(dir) = resume {
         let unlocked = dflash_engine::train::unlocked::UnlockedKeys::from_keys(unlocked);
         prepared

@@ -6,6 +6,7 @@
 //! [`check_agreement`], so a disagreement refuses the start on every node with the same
 //! sentence naming the node and the key. Every wait is bounded by `--collective-timeout-s`.
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dflash_engine::dist::{
@@ -22,7 +23,8 @@ use tch::{Device, Tensor};
 /// This node's place in its job, with the store every node shares.
 pub struct NodeJob {
     pub launch: NodeLaunch,
-    store: TcpStore,
+    /// Shared with the checkpoint witness on the training thread.
+    store: Arc<TcpStore>,
     timeout: Duration,
 }
 
@@ -48,7 +50,7 @@ impl NodeJob {
         })?;
         Ok(NodeJob {
             launch: launch.clone(),
-            store,
+            store: Arc::new(store),
             timeout,
         })
     }
@@ -77,7 +79,29 @@ impl NodeJob {
                 .map_err(|e| format!("node {n}'s start facts are unreadable: {e}"))?;
             all.push(facts);
         }
-        check_agreement(&all).map_err(|d| format!("the nodes disagree: {d}"))
+        let verdict = check_agreement(&all).map_err(|d| format!("the nodes disagree: {d}"));
+        if verdict.is_err() {
+            self.hold_the_store_until_every_node_read("start/facts")?;
+        }
+        verdict
+    }
+
+    /// Node 0 serves the store, and a refused start ends its process: before it goes, every
+    /// node must have read what it needs, or a slower node reads a closed socket instead of
+    /// the same refusal. Each node marks `{what}/read/{n}`; node 0 waits for all the marks,
+    /// bounded by the timeout.
+    fn hold_the_store_until_every_node_read(&self, what: &str) -> Result<(), String> {
+        let key = |n: u32| format!("{what}/read/{n}");
+        self.store
+            .set(&key(self.node()), b"1")
+            .map_err(|e| format!("marking node {}'s {what} read: {e}", self.node()))?;
+        if self.node() == 0 {
+            let keys: Vec<String> = (0..self.launch.nnodes).map(key).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            // A node that never marks (it died) only delays node 0's own refusal.
+            let _ = self.store.wait(&keys, self.timeout);
+        }
+        Ok(())
     }
 
     /// The newest checkpoint step every node holds, found through the store; this node's
@@ -148,6 +172,51 @@ impl NodeJob {
             .map_err(|e| e.to_string())
     }
 
+    /// After every checkpoint: this node publishes a SHA-256 of its fp32 master weights and
+    /// compares every node's with node 0's (the replicas must be identical after every step).
+    /// Agreement is journaled through `journal`; a difference, or a node that does not answer
+    /// within the timeout, fails the checkpoint (the run pauses) naming the node.
+    pub fn checkpoint_witness(
+        &self,
+        journal: impl Fn(String) + Send + 'static,
+    ) -> dflash_engine::train::trainer::CheckpointWitness {
+        let (store, timeout) = (Arc::clone(&self.store), self.timeout);
+        let (node, nnodes) = (self.node(), self.launch.nnodes);
+        Box::new(move |step, weights| {
+            let key = |n: u32| format!("checkpoint/{step}/digest/{n}");
+            let mine = state_digest(weights);
+            store
+                .set(&key(node), mine.as_bytes())
+                .map_err(|e| format!("publishing node {node}'s state digest: {e}"))?;
+            let mut reference = String::new();
+            for n in 0..nnodes {
+                let theirs = store.get(&key(n), timeout).map_err(|e| {
+                    format!(
+                        "node {n} gave no state digest within {} s: {e}",
+                        timeout.as_secs()
+                    )
+                })?;
+                let theirs = String::from_utf8_lossy(&theirs).into_owned();
+                if n == 0 {
+                    reference = theirs;
+                } else if theirs != reference {
+                    return Err(format!(
+                        "node {n}'s state digest {} differs from node 0's {}: the replicas \
+                         diverged",
+                        &theirs[..12.min(theirs.len())],
+                        &reference[..12.min(reference.len())]
+                    ));
+                }
+            }
+            journal(format!(
+                "checkpoint step {step}: the state of all {nnodes} nodes agrees (SHA-256 of \
+                 the fp32 weights {})",
+                &mine[..12]
+            ));
+            Ok(())
+        })
+    }
+
     /// `GLOO_SOCKET_IFNAME` when set (as torchrun users set it); loopback when the
     /// rendezvous is on this machine; else libtorch's default (this host's name).
     fn gloo_transport(&self) -> GlooTransport {
@@ -195,6 +264,26 @@ fn checkpoint_step(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// SHA-256 over the fp32 master weights, names and values in order.
+fn state_digest(weights: &[(String, Tensor)]) -> String {
+    let mut h = Sha256::new();
+    for (name, t) in weights {
+        h.update(name.as_bytes());
+        // Master weights are fp32; the conversion only makes the bytes well defined for any
+        // kind, so the digest never skips a tensor.
+        let flat = t
+            .to_device(Device::Cpu)
+            .to_kind(tch::Kind::Float)
+            .contiguous()
+            .view([-1]);
+        let values = Vec::<f32>::try_from(&flat).expect("a contiguous fp32 tensor reads back");
+        for v in values {
+            h.update(v.to_le_bytes());
+        }
+    }
+    hex::encode(h.finalize())
+}
+
 /// The job's group with its peers named as nodes: one drafter worker per node, so global
 /// rank `r` is node `r`, and the operator reads "lost node 1", not a rank of a group.
 struct NodeNamed(ProcessGroupAllReduce);
@@ -237,6 +326,71 @@ impl AllReduce for NodeNamed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dflash_shared::launch::{LaunchSource, Origin, Rendezvous};
+
+    fn launch(node_rank: u32, port: u16) -> NodeLaunch {
+        NodeLaunch {
+            nnodes: 2,
+            node_rank,
+            rendezvous: Some(Rendezvous {
+                host: "127.0.0.1".into(),
+                port,
+            }),
+            source: LaunchSource {
+                nnodes: Origin::Flag("--nnodes".into()),
+                node_rank: Origin::Flag("--node-rank".into()),
+                rendezvous_host: None,
+                rendezvous_port: None,
+            },
+        }
+    }
+
+    /// Two nodes' witnesses over one loopback store: equal weights agree (journaled on both),
+    /// one differing element fails the checkpoint on both, naming node 1.
+    #[test]
+    fn the_checkpoint_witness_agrees_on_equal_states_and_names_the_node_that_diverged() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let timeout = Duration::from_secs(10);
+        let node1 = std::thread::spawn(move || NodeJob::rendezvous(&launch(1, port), timeout));
+        let job0 = NodeJob::rendezvous(&launch(0, port), timeout).unwrap();
+        let job1 = node1.join().unwrap().unwrap();
+        let weights = |bump: f64| {
+            let w = Tensor::arange(6, (tch::Kind::Float, Device::Cpu)).view([2, 3]);
+            let _ = w.get(1).get(2).fill_(5.0 + bump);
+            vec![("layers.0.w".to_string(), w)]
+        };
+        let journaled = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let witness = |job: &NodeJob| {
+            let j = std::sync::Arc::clone(&journaled);
+            job.checkpoint_witness(move |m| j.lock().unwrap().push(m))
+        };
+        let (mut w0, mut w1) = (witness(&job0), witness(&job1));
+
+        let other = std::thread::spawn(move || {
+            let same = w1(4, &weights(0.0));
+            let differs = w1(6, &weights(1e-3));
+            (same, differs)
+        });
+        assert_eq!(w0(4, &weights(0.0)), Ok(()));
+        let at_6 = w0(6, &weights(0.0));
+        let (same, differs) = other.join().unwrap();
+        assert_eq!(same, Ok(()));
+        for err in [at_6.unwrap_err(), differs.unwrap_err()] {
+            assert!(
+                err.starts_with("node 1's state digest ") && err.ends_with("the replicas diverged"),
+                "{err}"
+            );
+        }
+        let lines = journaled.lock().unwrap().clone();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines
+            .iter()
+            .all(|l| l.starts_with("checkpoint step 4: the state of all 2 nodes agrees")));
+    }
 
     #[test]
     fn checkpoint_steps_and_node_names() {

@@ -99,6 +99,15 @@ fn two_nodes_of_one_worker_equal_one_daemon_of_two_drafter_workers() {
     assert_eq!(max_abs_diff(&w0, &drafter_at(&n1.run_dir, 4)), 0.0);
     let diff = max_abs_diff(&w0, &drafter_at(&single.run_dir, 4));
     assert!(diff == 0.0, "max |Δparam| after 4 steps: {diff:e}");
+    // Each node compared its state with the other's through the store at the checkpoint, and
+    // journaled the agreement.
+    for d in [&n0, &n1] {
+        assert!(
+            journal_text(&d.run_dir).contains("checkpoint step 4: the state of all 2 nodes agrees"),
+            "{}",
+            journal_text(&d.run_dir)
+        );
+    }
     eprintln!(
         "two dflashd nodes vs one: max |Δ| {diff:e} in {:?}",
         started.elapsed()

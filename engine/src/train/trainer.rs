@@ -83,7 +83,14 @@ pub struct Trainer {
     device_peaks: DevicePeaks,
     /// The online evaluation's prompts; `None` until the caller sets them (no online eval).
     pub(super) online_prompts: Option<OnlinePrompts>,
+    /// Asked after every checkpoint this trainer writes (a node of a job compares its state
+    /// with the other nodes'); `None` for one process.
+    checkpoint_witness: Option<CheckpointWitness>,
 }
+
+/// Given a checkpoint's step and the fp32 master weights it holds; an `Err` (the nodes'
+/// states disagree, or a node never answered) fails the checkpoint, which pauses the run.
+pub type CheckpointWitness = Box<dyn FnMut(u64, &[(String, Tensor)]) -> Result<(), String> + Send>;
 
 fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> {
     let t = target.config();
@@ -185,6 +192,11 @@ impl Trainer {
         self.schedule = schedule_for(&self.cfg, &self.source, plan);
         self.rank0.allreduce = Some(group);
         Ok(())
+    }
+
+    /// Sets what is asked after every checkpoint ([`CheckpointWitness`]).
+    pub fn set_checkpoint_witness(&mut self, witness: CheckpointWitness) {
+        self.checkpoint_witness = Some(witness);
     }
 
     /// A fresh run on one device (both roles inline). `target` should already be on `device`
@@ -296,6 +308,7 @@ impl Trainer {
             failure: None,
             device_peaks: DevicePeaks::new(),
             online_prompts: None,
+            checkpoint_witness: None,
         })
     }
 
@@ -701,6 +714,12 @@ impl Trainer {
     ) -> Result<PathBuf, TrainError> {
         hooks.on_event(self, LoopEvent::CheckpointStarted { step: self.step });
         let dir = self.save_checkpoint(root)?;
+        if let Some(witness) = self.checkpoint_witness.as_mut() {
+            let weights = self.rank0.replica.optimizer().master_weights();
+            witness(self.step, &weights).map_err(|detail| {
+                TrainError::Topology(format!("checkpoint step {}: {detail}", self.step))
+            })?;
+        }
         hooks.on_event(
             self,
             LoopEvent::CheckpointSaved {
