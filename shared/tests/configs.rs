@@ -5,7 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use dflash_shared::config::{
-    locked_key_changes, Config, DataFormat, Device, LayerType, Precision, EMBEDDED_DEFAULT_TOML,
+    locked_key_changes, unlock_refusal, Config, DataFormat, Device, DrafterHead, LayerType,
+    Objective, Precision, EMBEDDED_DEFAULT_TOML,
 };
 
 fn repo_root() -> PathBuf {
@@ -43,6 +44,7 @@ fn every_shipped_config_validates_and_prints_back_to_itself() {
         [
             "qwen3-8b-8gpu.toml",
             "qwen3.6-27b-8gpu.toml",
+            "tiny-cpu-dflash.toml",
             "tiny-cpu.toml"
         ]
     );
@@ -85,6 +87,56 @@ fn the_embedded_default_is_the_tiny_cpu_config() {
     );
     assert_eq!(t.online_eval_prompts.as_deref(), Some("embedded"));
     assert_eq!(t.online_eval_tree_budgets, [8, 32]);
+    // Domino won the objective tournament on this default (docs/BENCHMARKS.md): its head,
+    // with the widths the tournament measured, trained with DFlash's loss.
+    let d = &shipped.drafter;
+    assert_eq!(d.head, DrafterHead::Domino);
+    assert_eq!(
+        (
+            d.emb_dim,
+            d.gru_hidden_dim,
+            d.pure_draft_prefix_len,
+            d.shift_label
+        ),
+        (Some(64), Some(128), Some(1), None)
+    );
+    assert_eq!(t.objective, Objective::Dflash);
+}
+
+/// The embedded default before its head became Domino, shipped for the run dirs started under
+/// it: the same run with DFlash's head. Such a run keeps its head through the lock: resumed
+/// under the new default it is refused with no unlock that could carry it, resumed with this
+/// file it is unchanged.
+#[test]
+fn a_run_started_under_the_dflash_default_keeps_its_head_through_the_lock() {
+    let old = load(&repo_root().join("configs/tiny-cpu-dflash.toml")).unwrap();
+    let new = Config::embedded_default();
+    assert_eq!(old.drafter.head, DrafterHead::Dflash);
+    let mut same_but_head = old.clone();
+    same_but_head.drafter.head = new.drafter.head;
+    same_but_head.drafter.emb_dim = new.drafter.emb_dim;
+    same_but_head.drafter.gru_hidden_dim = new.drafter.gru_hidden_dim;
+    same_but_head.drafter.pure_draft_prefix_len = new.drafter.pure_draft_prefix_len;
+    assert_eq!(
+        same_but_head, new,
+        "tiny-cpu-dflash.toml differs from the embedded default in more than the head"
+    );
+    let changes: Vec<String> = locked_key_changes(&old, &new)
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            "drafter.head is locked: \"dflash\" → \"domino\"",
+            "drafter.emb_dim is locked: (unset) → 64",
+            "drafter.gru_hidden_dim is locked: (unset) → 128",
+            "drafter.pure_draft_prefix_len is locked: (unset) → 1",
+        ]
+    );
+    let why = unlock_refusal(&old, &new, "drafter.head").expect("no unlock carries a head");
+    assert!(why.contains("Keep drafter.head = \"dflash\""), "{why}");
+    assert!(locked_key_changes(&old, &old.clone()).is_empty());
 }
 
 #[test]
@@ -169,6 +221,18 @@ fn the_27b_config_is_the_one_the_issue_describes() {
             .count(),
         4
     );
+    // SpecForge's configs/qwen3.6-27b-domino-full-attention.json dflash_config.
+    let d = &c.drafter;
+    assert_eq!(d.head, DrafterHead::Domino);
+    assert_eq!(
+        (
+            d.emb_dim,
+            d.gru_hidden_dim,
+            d.pure_draft_prefix_len,
+            d.shift_label
+        ),
+        (Some(256), Some(1024), Some(1), Some(false))
+    );
 }
 
 #[test]
@@ -194,6 +258,10 @@ fn the_8b_config_follows_spec_section_1_2() {
         8
     );
     assert_eq!(c.loss_decay_gamma(), 7.0);
+    assert_eq!(
+        (d.head, d.emb_dim, d.gru_hidden_dim, d.pure_draft_prefix_len),
+        (DrafterHead::Domino, Some(256), Some(1024), Some(1))
+    );
 }
 
 #[test]
@@ -261,6 +329,7 @@ fn invalid_configs_fail_with_the_expected_message() {
 #[test]
 fn locked_keys_changes_are_listed_on_resume() {
     let old = Config::embedded_default();
+    // (the head's keys are covered by the test above and the unit tests in locked.rs)
     assert!(locked_key_changes(&old, &old.clone()).is_empty());
     let mut new = old.clone();
     new.training.epochs = 3;

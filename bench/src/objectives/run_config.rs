@@ -43,6 +43,21 @@ fn section<'a>(root: &'a mut Table, name: &str) -> &'a mut Table {
         .expect("every section of the embedded default is a table")
 }
 
+/// DFlash's own head (the target's LM head alone): the embedded default's drafter head is
+/// Domino, whose keys the config refuses beside any other head, so they go with it.
+fn dflash_head(root: &mut Table) {
+    let drafter = section(root, "drafter");
+    drafter.insert("head".into(), Value::String("dflash".into()));
+    for key in [
+        "emb_dim",
+        "gru_hidden_dim",
+        "pure_draft_prefix_len",
+        "shift_label",
+    ] {
+        drafter.remove(key);
+    }
+}
+
 /// The run's config as TOML text, checked by the same parser `dflashd start` uses.
 pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
     let mut root: Table = EMBEDDED_DEFAULT_TOML
@@ -68,10 +83,12 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
     match recipe.contender {
         Contender::Dflash => {
             training.insert("objective".into(), Value::String("dflash".into()));
+            dflash_head(&mut root);
         }
         Contender::Dpace => {
             training.insert("objective".into(), Value::String("dpace".into()));
             training.insert("dpace_alpha".into(), Value::Float(DPACE_ALPHA));
+            dflash_head(&mut root);
         }
         Contender::Domino => {
             training.insert("objective".into(), Value::String("dflash".into()));
@@ -145,5 +162,28 @@ mod tests {
         assert_eq!(domino.drafter.head, DrafterHead::Domino);
         assert_eq!(domino.drafter.gru_hidden_dim, Some(128));
         assert_eq!(parsed(Contender::Dpace).drafter.head, DrafterHead::Dflash);
+        // The embedded default's head is Domino; the DFlash and D-PACE contenders train
+        // DFlash's head with no Domino key left, and the Domino contender is the default's
+        // own head with the widths the tournament measured.
+        assert_eq!(base.drafter.head, DrafterHead::Domino);
+        for c in [Contender::Dflash, Contender::Dpace] {
+            let d = parsed(c).drafter;
+            assert_eq!(
+                (d.emb_dim, d.gru_hidden_dim, d.pure_draft_prefix_len),
+                (None, None, None)
+            );
+        }
+        assert_eq!(
+            (
+                domino.drafter.emb_dim,
+                domino.drafter.gru_hidden_dim,
+                domino.drafter.pure_draft_prefix_len
+            ),
+            (
+                base.drafter.emb_dim,
+                base.drafter.gru_hidden_dim,
+                base.drafter.pure_draft_prefix_len
+            )
+        );
     }
 }

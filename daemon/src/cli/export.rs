@@ -121,7 +121,8 @@ mod tests {
     #[test]
     fn hints_give_each_engine_its_draft_width_and_the_v2_runner_for_mixed_layers() {
         let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-        let mut cfg = embedded::tiny_drafter_config(target.config());
+        // DFlash's head: the embedded default's Domino head adds its own lines (next test).
+        let mut cfg = embedded::tiny_dflash_drafter_config(target.config());
         cfg.layer_types = vec![LayerType::Sliding, LayerType::Full];
         let text = serving_hints(&cfg, Path::new("/x/tiny-dflash"));
         let block = cfg.block_size;

@@ -6,8 +6,8 @@
 //! length is `--seq-len` or the data's p95 (the data is then read as training reads it).
 //!
 //! `--nnodes N --inter-node-gbps B` adds the cross-node section (`dflash_engine::plan::
-//! scaling`): a prediction for issue 23's data-parallel nodes, which are not built; dflashd
-//! runs on one node today and the output says so.
+//! scaling`): a prediction for data-parallel nodes of several GPUs each, which are not built
+//! (today's multi-node jobs run one inline worker per node), and the output says so.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -55,7 +55,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Predict the cross-node gradient all-reduce for this many data-parallel nodes (with
-    /// --inter-node-gbps). A prediction only: dflashd runs on one node today.
+    /// --inter-node-gbps). A prediction only: nodes of several GPUs each are not built.
     #[arg(long, value_name = "N")]
     pub nnodes: Option<usize>,
     /// Each node's inter-node bandwidth available to its drafter GPUs, Gb/s per direction

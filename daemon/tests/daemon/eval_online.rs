@@ -9,7 +9,7 @@ use std::process::Output;
 use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterHead};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use dflash_engine::train::drafter_io::{named_parameters, write_hf};
-use dflash_engine::train::embedded::tiny_drafter_config;
+use dflash_engine::train::embedded::tiny_dflash_drafter_config;
 use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -35,7 +35,7 @@ fn models(root: &Path) -> (PathBuf, PathBuf) {
     write_generation_config(&target_dir, None);
 
     let drafter_dir = root.join("drafter");
-    let cfg = tiny_drafter_config(&config);
+    let cfg = tiny_dflash_drafter_config(&config);
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
@@ -399,7 +399,7 @@ fn bad_prompt_input_fails_naming_the_file_and_line() {
 /// `root/backbone`.
 fn domino_and_backbone(root: &Path) -> (PathBuf, PathBuf) {
     let config = TargetConfig::tiny_default();
-    let plain = tiny_drafter_config(&config);
+    let plain = tiny_dflash_drafter_config(&config);
     let mut cfg = plain.clone();
     cfg.head = DrafterHead::Domino(DominoConfig {
         emb_dim: 16,

@@ -106,11 +106,17 @@ fn safetensors_header(path: &Path) -> Value {
     serde_json::from_slice(&bytes[8..8 + len]).unwrap()
 }
 
+/// The run trains DFlash's head (`configs/tiny-cpu-dflash.toml`): the layout these loaders
+/// read. The embedded default's Domino head exports as `DominoDraftModel`, which needs a
+/// server that applies its correction (`cli/export.rs`'s serving hints say which).
 #[test]
-fn a_default_export_is_what_every_loader_takes_unchanged() {
+fn a_default_dflash_export_is_what_every_loader_takes_unchanged() {
     let run = tempfile::tempdir().unwrap();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/tiny-cpu-dflash.toml");
     let o = Command::new(DFLASHD)
-        .args(["start", "--threads", "1", "--max-steps", "1", "--run-dir"])
+        .args(["start", "--threads", "1", "--max-steps", "1", "--config"])
+        .arg(&config)
+        .arg("--run-dir")
         .arg(run.path())
         .env("XDG_RUNTIME_DIR", run.path())
         .env("XDG_STATE_HOME", run.path())

@@ -233,7 +233,7 @@ fn plan_27b_with(root: &Path, extra: &[&str]) -> (i32, String, String) {
 }
 
 #[test]
-fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_multi_node_is_not_built() {
+fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_what_is_not_built() {
     let tmp = tempfile::tempdir().unwrap();
     let (code, out, err) =
         plan_27b_with(tmp.path(), &["--nnodes", "2", "--inter-node-gbps", "200"]);
@@ -243,22 +243,23 @@ fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_multi_node_is_not_bui
         .unwrap_or_else(|| panic!("no cross-node section:\n{out}"))
         .1;
     assert!(
-        section.contains("dflashd runs on one node today") && section.contains("not built yet"),
+        section.contains("one inline worker per node today") && section.contains("not built yet"),
         "{section}"
     );
-    // 1.730 G parameters in fp32 (what sum_in_buckets sums), 2 nodes: ring factor 1, 25 GB/s.
+    // 1.814 G parameters (the backbone's 1.730 G and the Domino head's 84 M) in fp32 (what
+    // sum_in_buckets sums), 2 nodes: ring factor 1, 25 GB/s.
     assert!(
-        section.contains("1.730 G drafter parameters x 4 bytes (fp32"),
+        section.contains("1.814 G drafter parameters x 4 bytes (fp32"),
         "{section}"
     );
-    assert!(section.contains("= 6.92 GB"), "{section}");
-    assert!(section.contains("= 276.8 ms"), "{section}");
+    assert!(section.contains("= 7.26 GB"), "{section}");
+    assert!(section.contains("= 290.3 ms"), "{section}");
     assert!(
         section.contains("overlap: none in today's code"),
         "{section}"
     );
     assert!(
-        section.contains("adds 276.8 ms to the one-node step"),
+        section.contains("adds 290.3 ms to the one-node step"),
         "{section}"
     );
     assert!(section.contains("recommended: 2 nodes"), "{section}");
@@ -271,7 +272,7 @@ fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_multi_node_is_not_bui
     let plan: Value = serde_json::from_str(&out).unwrap();
     let s = &plan["scaling"];
     assert_eq!(s["allreduce_dtype"], "fp32", "{s:#}");
-    assert_eq!(s["gradient_bytes"].as_f64(), Some(6_920_852_480.0), "{s:#}");
+    assert_eq!(s["gradient_bytes"].as_f64(), Some(7_256_921_088.0), "{s:#}");
     assert_eq!(s["ring_factor"].as_f64(), Some(1.0));
     assert!(s["status"].as_str().unwrap().contains("not built"), "{s:#}");
     assert_eq!(s["step"]["verdict"], "adds_to_step", "{s:#}");

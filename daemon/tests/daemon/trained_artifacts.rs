@@ -60,7 +60,8 @@ fn export_round_trips_the_checkpoint_drafter() {
 
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-    assert_eq!(config["architectures"][0], "DFlashDraftModel");
+    // The embedded default's head is Domino, exported in SpecForge's layout.
+    assert_eq!(config["architectures"][0], "DominoDraftModel");
     assert_eq!(config["block_size"], 8);
     assert_eq!(config["dflash_config"]["mask_token_id"], 511);
     assert_eq!(

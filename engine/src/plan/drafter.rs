@@ -104,7 +104,7 @@ fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
     ))
 }
 
-/// Bytes per position of a loss chunk's vocabulary-wide tensors (`train/loss.rs:74-118`):
+/// Bytes per position of a loss chunk's vocabulary-wide tensors (`train/loss.rs::weighted_ce` and `weighted_ce_backward`):
 /// the logits (e), their fp32 copy off fp32, the saved log-softmax, the nll gradient and the
 /// log-softmax gradient. A Domino head (`train/domino.rs::chunked_terms`) adds its own logit
 /// delta (e and its fp32 copy), the corrected logits (fp32), their log-softmax and the two
@@ -143,7 +143,7 @@ pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
 }
 
 /// The chunks `attention/block_sparse.rs::BlockSparsePlan::new` plans for `rule` (the default
-/// budget, `drafter/model.rs:98-106`) over `batch` rows of `seq_len` context tokens and their
+/// budget, `block_sparse.rs::DEFAULT_CHUNK_SCORE_ELEMENTS`) over `batch` rows of `seq_len` context tokens and their
 /// row-major `[batch, width]` anchors and validity.
 pub(crate) fn chunk_plan(
     d: &DrafterConfig,
@@ -192,61 +192,27 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     // ones) and the K/V copies each layer's calls save (the per-chunk `cat` of the context
     // range and the chunk's own block keys; never repeated per query head).
     let rules: Vec<LayerRule> = d.layer_types.iter().map(|&t| layer_rule(d, t)).collect();
-    let mut distinct: Vec<LayerRule> = Vec::new();
-    for r in &rules {
-        if !distinct.contains(r) {
-            distinct.push(*r);
-        }
-    }
-    let plans: Vec<(LayerRule, Vec<ContextChunk>)> = distinct
-        .iter()
-        .map(|&r| {
-            (
-                r,
-                chunk_plan(d, (s.batch, s.seq_len), &s.anchors, &s.keep, r),
-            )
-        })
-        .collect();
+    let plans = chunk_plans_per_rule(d, s, &rules);
     let plan_of = |r: LayerRule| &plans.iter().find(|(x, _)| *x == r).expect("planned").1;
-    let chunk_keys = |c: &ContextChunk| {
-        let rows = (c.end - c.start) as f64 * bs;
-        (rows, c.keys.map_or(0.0, |(lo, hi)| (hi - lo) as f64) + rows)
-    };
+    let chunk_keys = |c: &ContextChunk| chunk_rows_and_keys(bs, c);
     // Off CPU the group is folded into the kernel's rows (block_sparse.rs `GroupedHeads`).
     let folded = !p.native_gqa() && group > 1.0;
     let mask_fold = if folded { group } else { 1.0 };
     let masks: f64 = plans
         .iter()
         .flat_map(|(_, chunks)| chunks.iter())
-        .map(|c| {
-            let (rows, keys) = chunk_keys(c);
-            b * rows * keys * e * mask_fold
-        })
+        .map(|c| chunk_rows_and_keys(bs, c))
+        .map(|(rows, keys)| b * rows * keys * e * mask_fold)
         .sum();
 
-    // Shared by all layers (drafter/model.rs:136-160, train/replica.rs:127-137).
-    let mut step = vec![
-        Consumer::new("block embeddings", q * h * e),
-        Consumer::new(
-            "fc output and context (hidden_norm)",
-            norm_saved(p, b * seq, h) + b * seq * h * e,
-        ),
-        Consumer::new(
-            "RoPE tables (fp32)",
-            2.0 * (seq + q) * d.head_dim as f64 * 4.0 + q * 8.0,
-        ),
-        Consumer::new("attention masks", masks),
-        Consumer::new("labels, weights, ids", q * (8.0 + 4.0 + 8.0)),
-    ];
+    let mut step = shared_by_all_layers(d, s, p, masks);
     // What stays from the forward while an earlier layer runs again (with checkpointing): not
     // the last layer's activations or the output, which its backward freed.
     let shared = step.clone();
 
     let (saved, kv_copies, per_layer) =
         saved_per_layer(d, s, p, &rules, plan_of, chunk_keys, folded);
-    let layers = rules.len();
-    let last = layers - 1;
-    // Backward of one layer's MLP (layer.rs:191-194): the gradient flowing in and out [Q, H]
+    // Backward of one layer's MLP (`DecoderLayer::forward_with_context`): the gradient flowing in and out [Q, H]
     // twice, the gradients of silu·up and of up [Q, I], and that layer's parameter gradients.
     let mlp_backward = 2.0 * q * h * e + 2.0 * q * i * e + layer_params(d) * e;
     // With checkpointing (drafter/model.rs::Drafter::forward_backward) the context's gradient
@@ -267,34 +233,12 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
             phase.peak(d, (q, h, e), &saved, &kv_copies)
         })
         .flatten();
-    if rank.activation_checkpointing {
-        // Forward: the layers before the last keep only their inputs (layer 0's are the block
-        // embeddings, the last layer's are in its saved activations).
-        step.push(Consumer::new(
-            format!(
-                "layer inputs kept for recomputation ({} layers)",
-                layers.saturating_sub(2)
-            ),
-            layers.saturating_sub(2) as f64 * q * h * e,
-        ));
-        step.push(Consumer::new(
-            "activations saved for backward (the last layer, without K/V copies)",
-            saved[last],
-        ));
-        step.push(Consumer::new(
-            "attention K/V copies saved for backward (the last layer)",
-            kv_copies[last],
-        ));
-    } else {
-        step.push(Consumer::new(
-            "activations saved for backward (all layers, without K/V copies)",
-            saved.iter().sum::<f64>(),
-        ));
-        step.push(Consumer::new(
-            "attention K/V copies saved for backward",
-            kv_copies.iter().sum::<f64>(),
-        ));
-    }
+    step.extend(saved_for_backward(
+        rank.activation_checkpointing,
+        q * h * e,
+        &saved,
+        &kv_copies,
+    ));
     step.push(Consumer::new(
         "final norm and drafter output",
         norm_saved(p, q, h) + q * h * e,
@@ -309,26 +253,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         if shared_bytes + bytes > forward_saved + step_peak_extra.bytes
             && shared_bytes + bytes > optimizer_phase_bytes(d, params, e)
         {
-            let mut step = shared;
-            step.push(Consumer::new(
-                format!(
-                    "layer inputs kept for recomputation ({} layers)",
-                    n.saturating_sub(1)
-                ),
-                n.saturating_sub(1) as f64 * q * h * e,
-            ));
-            step.push(Consumer::new(
-                format!("activations of layer {n}, recomputed (without K/V copies)"),
-                saved[n],
-            ));
-            step.push(Consumer::new(
-                format!("attention K/V copies of layer {n}, recomputed"),
-                kv_copies[n],
-            ));
-            step.push(Consumer::new(
-                format!("backward of layer {n} (gradients in flight, parameter gradients so far)"),
-                bytes - n.saturating_sub(1) as f64 * q * h * e - saved[n] - kv_copies[n],
-            ));
+            let step = recompute_consumers(shared, n, bytes, q * h * e, &saved, &kv_copies);
             return DrafterMemory {
                 resident,
                 step,
@@ -339,12 +264,14 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     }
     let optimizer_phase = optimizer_phase_bytes(d, params, e);
     if optimizer_phase > forward_saved + step_peak_extra.bytes {
+        let gradients = params * e;
+        let step = vec![
+            Consumer::new("gradients", gradients),
+            Consumer::new("optimizer temporaries", optimizer_phase - gradients),
+        ];
         return DrafterMemory {
             resident,
-            step: vec![
-                Consumer::new("gradients", params * e),
-                Consumer::new("optimizer temporaries", optimizer_phase - params * e),
-            ],
+            step,
             peak_phase: "optimizer",
             chunks_per_layer: per_layer,
         };
@@ -356,6 +283,136 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         peak_phase,
         chunks_per_layer: per_layer,
     }
+}
+
+/// The step's tensors shared by all layers (`Drafter::prepare` and `Drafter::context`, and the
+/// labels and weights `Replica::forward_backward_with_lambda` builds), with `masks` the
+/// attention masks' bytes.
+fn shared_by_all_layers(
+    d: &DrafterConfig,
+    s: &StepShape,
+    p: ActivationPrecision,
+    masks: f64,
+) -> Vec<Consumer> {
+    let e = p.bytes();
+    let h = d.hidden_size as f64;
+    let (b, seq) = (s.batch as f64, s.seq_len as f64);
+    let q = s.draft_positions(d.block_size) as f64;
+    vec![
+        Consumer::new("block embeddings", q * h * e),
+        Consumer::new(
+            "fc output and context (hidden_norm)",
+            norm_saved(p, b * seq, h) + b * seq * h * e,
+        ),
+        Consumer::new(
+            "RoPE tables (fp32)",
+            2.0 * (seq + q) * d.head_dim as f64 * 4.0 + q * 8.0,
+        ),
+        Consumer::new("attention masks", masks),
+        Consumer::new("labels, weights, ids", q * (8.0 + 4.0 + 8.0)),
+    ]
+}
+
+/// A chunk's query rows (its blocks × `block_size`) and the keys they attend: the context
+/// range and the chunk's own block keys.
+fn chunk_rows_and_keys(block_size: f64, c: &ContextChunk) -> (f64, f64) {
+    let rows = (c.end - c.start) as f64 * block_size;
+    (rows, c.keys.map_or(0.0, |(lo, hi)| (hi - lo) as f64) + rows)
+}
+
+/// One chunk plan per distinct attention rule among `rules` (layers of one rule share it).
+fn chunk_plans_per_rule(
+    d: &DrafterConfig,
+    s: &StepShape,
+    rules: &[LayerRule],
+) -> Vec<(LayerRule, Vec<ContextChunk>)> {
+    let mut plans: Vec<(LayerRule, Vec<ContextChunk>)> = Vec::new();
+    for &r in rules {
+        if !plans.iter().any(|(x, _)| *x == r) {
+            let chunks = chunk_plan(d, (s.batch, s.seq_len), &s.anchors, &s.keep, r);
+            plans.push((r, chunks));
+        }
+    }
+    plans
+}
+
+/// What the forward leaves saved for the backward: with activation checkpointing, the inputs of
+/// the layers before the last (layer 0's are the block embeddings, the last layer's are in its
+/// saved activations) and the last layer's activations and K/V copies; without, every layer's.
+/// `layer_input` is one layer's input `[Q, H]` in bytes.
+fn saved_for_backward(
+    checkpointing: bool,
+    layer_input: f64,
+    saved: &[f64],
+    kv_copies: &[f64],
+) -> Vec<Consumer> {
+    let layers = saved.len();
+    let last = layers - 1;
+    if checkpointing {
+        vec![
+            Consumer::new(
+                format!(
+                    "layer inputs kept for recomputation ({} layers)",
+                    layers.saturating_sub(2)
+                ),
+                layers.saturating_sub(2) as f64 * layer_input,
+            ),
+            Consumer::new(
+                "activations saved for backward (the last layer, without K/V copies)",
+                saved[last],
+            ),
+            Consumer::new(
+                "attention K/V copies saved for backward (the last layer)",
+                kv_copies[last],
+            ),
+        ]
+    } else {
+        vec![
+            Consumer::new(
+                "activations saved for backward (all layers, without K/V copies)",
+                saved.iter().sum::<f64>(),
+            ),
+            Consumer::new(
+                "attention K/V copies saved for backward",
+                kv_copies.iter().sum::<f64>(),
+            ),
+        ]
+    }
+}
+
+/// The step's consumers while layer `n` runs again under checkpointing: what all layers
+/// share, the inputs of the layers before it, its recomputed activations and K/V copies, and
+/// the rest of the phase's `bytes` (gradients in flight, parameter gradients so far).
+fn recompute_consumers(
+    shared: Vec<Consumer>,
+    n: usize,
+    bytes: f64,
+    layer_input: f64,
+    saved: &[f64],
+    kv_copies: &[f64],
+) -> Vec<Consumer> {
+    let inputs = n.saturating_sub(1) as f64 * layer_input;
+    let mut step = shared;
+    step.push(Consumer::new(
+        format!(
+            "layer inputs kept for recomputation ({} layers)",
+            n.saturating_sub(1)
+        ),
+        inputs,
+    ));
+    step.push(Consumer::new(
+        format!("activations of layer {n}, recomputed (without K/V copies)"),
+        saved[n],
+    ));
+    step.push(Consumer::new(
+        format!("attention K/V copies of layer {n}, recomputed"),
+        kv_copies[n],
+    ));
+    step.push(Consumer::new(
+        format!("backward of layer {n} (gradients in flight, parameter gradients so far)"),
+        bytes - inputs - saved[n] - kv_copies[n],
+    ));
+    step
 }
 
 /// What the backward holds beside the layer being recomputed.
@@ -403,7 +460,7 @@ fn loss_or_backward_peak(
     let h = d.hidden_size as f64;
     let vocab = d.vocab_size as f64;
     let q = s.draft_positions(d.block_size) as f64;
-    // Loss (train/loss.rs:74-118): chunks of `c` weighted positions through the head.
+    // Loss (`train/loss.rs::weighted_ce`): chunks of `c` weighted positions through the head.
     let weighted = s.weighted_positions as f64;
     let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
     let detached = weighted > s.loss_chunk_positions as f64;
@@ -452,7 +509,7 @@ fn resident_memory(d: &DrafterConfig, rank: RankContext, params: f64) -> Vec<Con
     }
     resident.push(Consumer::new("Adam moments (fp32)", 2.0 * params * 4.0));
     if !rank.tables_shared_with_target {
-        // train/replica.rs:73-74: the target's embedding and LM head on this device.
+        // `Replica::build`: the target's embedding and LM head on this device.
         let table = vocab * d.target_hidden_size as f64 * e;
         resident.push(Consumer::new("frozen embedding copy", table));
         resident.push(Consumer::new("frozen LM head copy", table));
@@ -489,7 +546,7 @@ fn saved_per_layer<'a>(
     let (h, a, k, i) = dims(d);
     let (b, seq) = (s.batch as f64, s.seq_len as f64);
     let q = s.draft_positions(d.block_size) as f64;
-    // Saved for backward, per layer (drafter/layer.rs:134-195).
+    // Saved for backward, per layer (`DecoderLayer::forward_with_context`).
     let mut saved = Vec::new();
     let mut kv_copies = Vec::new();
     let mut per_layer = Vec::new();
@@ -514,7 +571,7 @@ fn saved_per_layer<'a>(
         let folded_q = if folded { q * a * e } else { 0.0 };
         let bf16_rope_casts = match p {
             ActivationPrecision::Fp32Cpu => 0.0,
-            // layers/rope.rs:47-48: cos and sin cast to bf16 per call (q, block k, context k).
+            // `rope.rs::apply_rotary`: cos and sin cast to bf16 per call (q, block k, context k).
             ActivationPrecision::Bf16Cuda => 2.0 * (2.0 * q + seq) * d.head_dim as f64 * 2.0,
         };
         let layer = input_norm
@@ -537,7 +594,7 @@ fn saved_per_layer<'a>(
     (saved, kv_copies, per_layer)
 }
 
-/// The optimizer's phase (train/optim.rs:216-258): every gradient, plus per parameter a fp32
+/// The optimizer's phase (`AdamW::apply` in train/optim.rs): every gradient, plus per parameter a fp32
 /// copy off fp32, `g·(1-β2)` and the denominator.
 fn optimizer_phase_bytes(d: &DrafterConfig, params: f64, e: f64) -> f64 {
     params * e + largest_param(d) * 4.0 * if e == 4.0 { 2.0 } else { 3.0 }

@@ -2,8 +2,10 @@
 //! would add to each step, whether the step hides it, and the node count at which adding
 //! nodes stops paying. Pure arithmetic over the plan's own per-step figures.
 //!
-//! **Nothing here exists yet as training.** dflashd runs on one node today; issue 23's
-//! data-parallel nodes are not built. Every figure is a prediction of this model.
+//! **A prediction of a topology not built yet.** dflashd's multi-node jobs today run one inline
+//! worker per node (target and drafter on one device) in one flat group; the nodes this model
+//! plans, each with its target and drafter GPUs, reduced inside the node and then across, are
+//! not built. Every figure is a prediction of this model.
 //!
 //! The model, term by term:
 //!
@@ -56,9 +58,10 @@ pub const DEFAULT_MIN_EFFICIENCY: f64 = 0.8;
 pub const TABLE_NODES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// What one line of the plan says about every prediction below.
-pub const NOT_BUILT: &str = "dflashd runs on one node today: multi-node data-parallel training \
-                             (issue 23) is not built yet, and these figures predict it, they \
-                             measure nothing";
+pub const PREDICTION_STATUS: &str =
+    "multi-node jobs run one inline worker per node today (target and drafter on one device); \
+     nodes of several target and drafter GPUs each, as planned here, are not built yet, and \
+     these figures predict them, they measure nothing";
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ScalingError {
@@ -247,7 +250,7 @@ pub struct Recommendation {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScalingPlan {
-    /// [`NOT_BUILT`].
+    /// [`PREDICTION_STATUS`].
     pub status: &'static str,
     pub nnodes: usize,
     pub inter_node_gbps: f64,
@@ -390,7 +393,7 @@ pub fn scaling_plan(input: &ScalingInput) -> Result<ScalingPlan, ScalingError> {
         }
     });
     Ok(ScalingPlan {
-        status: NOT_BUILT,
+        status: PREDICTION_STATUS,
         nnodes: n,
         inter_node_gbps: gbps,
         drafter_params: input.drafter_params,

@@ -281,7 +281,8 @@ mod tests {
 
     #[test]
     fn a_domino_config_without_the_heads_weights_is_refused_by_name() {
-        let dflash = tiny_drafter_config(&TargetConfig::tiny_default());
+        let dflash =
+            crate::train::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let vs = VarStore::new(Device::Cpu);
         let _drafter = Drafter::new(&vs.root(), &dflash);
         let dir = tempfile::tempdir().unwrap();

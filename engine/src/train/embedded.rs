@@ -55,9 +55,19 @@ pub fn tiny_run_config() -> Config {
     Config::embedded_default()
 }
 
-/// Two drafter layers (one sliding, one full) over two tapped target layers, block size 8.
+/// Two drafter layers (one sliding, one full) over two tapped target layers, block size 8,
+/// with the embedded default's Domino head.
 pub fn tiny_drafter_config(target: &TargetConfig) -> DrafterConfig {
     run_config::drafter_config(&tiny_run_config().drafter, target)
+}
+
+/// The same drafter with DFlash's head (the target's LM head alone): the DFlash layout every
+/// serving engine loads, and the embedded default before its head became Domino.
+pub fn tiny_dflash_drafter_config(target: &TargetConfig) -> DrafterConfig {
+    DrafterConfig {
+        head: crate::model::drafter::DrafterHead::Dflash,
+        ..tiny_drafter_config(target)
+    }
 }
 
 /// Samples of the embedded dataset: one per non-blank line ([`tiny_samples`] refuses a line

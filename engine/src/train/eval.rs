@@ -591,7 +591,7 @@ mod tests {
         use crate::train::embedded;
         let device = tch::Device::Cpu;
         let target = embedded::tiny_target(None, device).unwrap();
-        let dflash_cfg = embedded::tiny_drafter_config(target.config());
+        let dflash_cfg = embedded::tiny_dflash_drafter_config(target.config());
         let mut domino_cfg = dflash_cfg.clone();
         domino_cfg.head = DrafterHead::Domino(DominoConfig {
             emb_dim: 8,

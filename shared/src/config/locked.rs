@@ -194,7 +194,13 @@ mod tests {
 
     #[test]
     fn the_head_its_widths_and_the_curriculum_are_locked_and_no_unlock_carries_a_change() {
-        let old = Config::embedded_default();
+        // From DFlash's head to Domino's: the embedded default's head is Domino, so the run
+        // before the change is the default with DFlash's head and no Domino width.
+        let mut old = Config::embedded_default();
+        old.drafter.head = super::super::DrafterHead::Dflash;
+        old.drafter.emb_dim = None;
+        old.drafter.gru_hidden_dim = None;
+        old.drafter.pure_draft_prefix_len = None;
         let mut new = old.clone();
         new.drafter.head = super::super::DrafterHead::Domino;
         new.drafter.emb_dim = Some(32);

@@ -58,12 +58,14 @@ fn a_locked_key_is_named_with_both_values() {
         "node 1's training.objective = \"dpace\" differs from node 0's \"dflash\" (a locked \
          key): give every node the same config"
     );
-    // A locked key unset on one side reads as unset.
-    let mut domino = Config::embedded_default();
-    domino.drafter.emb_dim = Some(32);
-    nodes[1] = facts(1, 2, &domino);
+    // A locked key unset on one side reads as unset (the embedded default leaves Domino's
+    // label shift unset).
+    let mut shifted = Config::embedded_default();
+    shifted.drafter.shift_label = Some(true);
+    nodes[1] = facts(1, 2, &shifted);
     assert!(
-        refusal(&nodes).contains("node 1's drafter.emb_dim = 32 differs from node 0's (unset)"),
+        refusal(&nodes)
+            .contains("node 1's drafter.shift_label = true differs from node 0's (unset)"),
         "{}",
         refusal(&nodes)
     );
