@@ -13,6 +13,7 @@ pub mod format;
 pub mod gpu_peaks;
 pub mod health;
 pub mod invocation;
+pub mod job;
 pub mod last_run;
 pub mod launch;
 pub mod metrics;

@@ -80,6 +80,29 @@ pub struct StepMetrics {
     /// `base_accept_len`). Absent for a DFlash drafter and in files written before it.
     #[serde(flatten)]
     pub domino: Option<DominoStepMetrics>,
+    /// On a node of a multi-node job: every node's figures for this step, the job's totals and
+    /// the node holding it back, if one is ([`crate::job`]). Absent for a single node and in
+    /// files written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::job::JobView>,
+}
+
+impl StepMetrics {
+    /// The tokens/s the run is judged by: the whole job's on a node of a multi-node job (its
+    /// nodes' sum), else this process's. The throughput detector, the healthy record and the
+    /// status headline all read this one figure, so they never compare one node with a job.
+    pub fn judged_tokens_per_s(&self) -> f64 {
+        self.job
+            .as_ref()
+            .map_or(self.tokens_per_s, |j| j.tokens_per_s)
+    }
+
+    /// Draft positions/s on the same footing as [`Self::judged_tokens_per_s`].
+    pub fn judged_draft_positions_per_s(&self) -> f64 {
+        self.job
+            .as_ref()
+            .map_or(self.draft_positions_per_s, |j| j.draft_positions_per_s)
+    }
 }
 
 /// What a Domino step reports besides its loss (SpecForge's `OnlineDominoModel` metrics).

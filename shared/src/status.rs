@@ -218,6 +218,66 @@ pub struct StatusSnapshot {
     /// this machine), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub healthy_record: Option<Box<HealthyRecord>>,
+    /// On a node of a multi-node job: which node, and the job's view after the latest step.
+    /// Absent for a single node and from a daemon that does not send it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub job: Option<JobStatus>,
+}
+
+impl JobStatus {
+    /// "node 1 of 2 · job 1.5K tok/s · node 1 holds it back (+50 %)", or "· slowest node 1,
+    /// +4 %" when no node is far enough behind to name.
+    pub fn words(&self) -> String {
+        match self.behind() {
+            Some(behind) => format!("{} · {behind}", self.place_and_rate()),
+            None => self.place_and_rate(),
+        }
+    }
+
+    /// "node 1 of 2 · job 1.5K tok/s" ("· no step yet" before the first).
+    pub fn place_and_rate(&self) -> String {
+        let place = format!("node {} of {}", self.node, self.nnodes);
+        match &self.view {
+            Some(view) => format!(
+                "{place} · job {} tok/s",
+                crate::format::format_tokens_per_s(view.tokens_per_s)
+            ),
+            None => format!("{place} · no step yet"),
+        }
+    }
+
+    /// "node 1 holds it back (+50 %)", or "slowest node 1, +4 %" when no node is far enough
+    /// behind to name; `None` before the first step.
+    pub fn behind(&self) -> Option<String> {
+        let view = self.view.as_ref()?;
+        match (&view.straggler, view.lag()) {
+            (Some(s), _) => Some(format!(
+                "node {} holds it back (+{:.0} %)",
+                s.node,
+                s.behind_frac * 100.0
+            )),
+            (None, Some(l)) => Some(format!(
+                "slowest node {}, +{:.0} %",
+                l.node,
+                l.behind_frac * 100.0
+            )),
+            (None, None) => None,
+        }
+    }
+}
+
+/// This daemon's place in a multi-node job and the job as seen after the latest step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub node: u32,
+    pub nnodes: u32,
+    /// Every node's figures, the job's totals and its straggler; `None` before the first step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<crate::job::JobView>,
 }
 
 /// An online evaluation and when it ran: the figures of its metrics line, flat, beside the
@@ -234,6 +294,41 @@ pub struct OnlineEvalStatus {
 mod tests {
     use super::*;
     use crate::metrics::QueueStats;
+
+    #[test]
+    fn a_jobs_words_name_the_node_the_rate_and_who_holds_it_back() {
+        use crate::job::{JobView, NodeFigures};
+        let node = |n: u32, busy_ms: f64| NodeFigures {
+            node: n,
+            tokens_per_s: 750.0,
+            draft_positions_per_s: 6000.0,
+            busy_ms,
+            step_ms: 1500.0,
+            queue_wait_share: None,
+        };
+        let mut job = JobStatus {
+            node: 0,
+            nnodes: 2,
+            view: None,
+        };
+        assert_eq!(job.words(), "node 0 of 2 · no step yet");
+        job.view = Some(JobView::from_nodes(
+            0,
+            vec![node(0, 1000.0), node(1, 1040.0)],
+        ));
+        assert_eq!(
+            job.words(),
+            "node 0 of 2 · job 1.5K tok/s · slowest node 1, +4 %"
+        );
+        job.view = Some(JobView::from_nodes(
+            0,
+            vec![node(0, 1000.0), node(1, 1500.0)],
+        ));
+        assert_eq!(
+            job.words(),
+            "node 0 of 2 · job 1.5K tok/s · node 1 holds it back (+50 %)"
+        );
+    }
 
     fn snapshot() -> StatusSnapshot {
         StatusSnapshot {
@@ -274,6 +369,7 @@ mod tests {
             last_domino: None,
             detectors: None,
             healthy_record: None,
+            job: None,
         }
     }
 

@@ -315,6 +315,7 @@ mod tests {
             times: Default::default(),
             online: None,
             domino: None,
+            job: None,
         };
         assert!(!human(&Item::Metrics(Box::new(m.clone()))).contains("online"));
         m.online = Some(dflash_shared::metrics::OnlineAcceptance {

@@ -56,6 +56,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         times: Default::default(),
         online: None,
         domino: None,
+        job: None,
     }))
 }
 

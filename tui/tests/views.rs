@@ -702,3 +702,41 @@ fn the_run_panel_shows_a_domino_runs_online_base_against_final_chain_tau() {
     assert!(text.contains("online  chain 2.50"), "{text}");
     assert!(!text.contains("chain base"), "{text}");
 }
+
+/// The incident as node 0 of a two-node job would stream it: its status carries its place in
+/// the job and the job's view, with node 1 a third slower at its own work.
+#[test]
+fn the_run_panel_of_a_job_node_names_its_place_the_jobs_rate_and_the_straggler() {
+    use dflash_shared::job::{JobView, NodeFigures};
+    use dflash_shared::status::JobStatus;
+    let node = |n: u32, busy_ms: f64| NodeFigures {
+        node: n,
+        tokens_per_s: 10_750.0,
+        draft_positions_per_s: 86_000.0,
+        busy_ms,
+        step_ms: 1_400.0,
+        queue_wait_share: Some(0.05),
+    };
+    let view = JobView::from_nodes(0, vec![node(0, 1_050.0), node(1, 1_400.0)]);
+    let mut frames = incident::generate(incident::SEED);
+    for frame in &mut frames {
+        if let Response::Status(status) = &mut frame.frame {
+            status.job = Some(JobStatus {
+                node: 0,
+                nnodes: 2,
+                view: Some(view.clone()),
+            });
+        }
+    }
+    let text = screen::text(&render(&live_from(frames, false), WIDTH, HEIGHT));
+    assert!(
+        text.contains("job     node 0 of 2 · job 21.5K tok/s "),
+        "{text}"
+    );
+    assert!(
+        text.contains("behind  node 1 holds it back (+33 %) "),
+        "{text}"
+    );
+    // The row it adds pushes nothing out of the panel.
+    assert!(text.contains("saved   step"), "{text}");
+}

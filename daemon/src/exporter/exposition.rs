@@ -49,12 +49,15 @@ struct Exposition {
 }
 
 impl Exposition {
-    fn new(run_name: &str) -> Self {
+    /// Every series carries `run`; on a node of a multi-node job also `node`, so the scrapes
+    /// of a job's daemons sum and compare by node (a single node's series are unchanged).
+    fn new(run_name: &str, node: Option<u32>) -> Self {
+        let mut labels = vec![("run".into(), run_name.to_string().into())];
+        if let Some(node) = node {
+            labels.push(("node".into(), node.to_string().into()));
+        }
         Exposition {
-            registry: Registry::with_prefix_and_labels(
-                "dflash",
-                [("run".into(), run_name.to_string().into())].into_iter(),
-            ),
+            registry: Registry::with_prefix_and_labels("dflash", labels.into_iter()),
         }
     }
 
@@ -114,9 +117,11 @@ fn word<T: serde::Serialize>(value: &T) -> String {
 
 /// The run's text exposition.
 pub fn render(scrape: &Scrape<'_>) -> String {
-    let mut e = Exposition::new(&scrape.status.run.name);
+    let node = scrape.status.job.as_ref().map(|j| j.node);
+    let mut e = Exposition::new(&scrape.status.run.name, node);
     run(&mut e, scrape);
     training(&mut e, scrape);
+    job(&mut e, scrape);
     evaluation(&mut e, scrape);
     queue(&mut e, scrape);
     gpus(&mut e, scrape);
@@ -126,6 +131,49 @@ pub fn render(scrape: &Scrape<'_>) -> String {
     caches(&mut e, scrape);
     environment(&mut e, scrape);
     e.encode()
+}
+
+/// A node of a multi-node job: the job's figures after the last step, as this node read them
+/// from the per-step all-reduce of every node's (`dflash_shared::job`).
+fn job(e: &mut Exposition, s: &Scrape<'_>) {
+    let Some(status) = &s.status.job else {
+        return;
+    };
+    let nodes = e.gauge("job_nodes", "Nodes in this multi-node job");
+    let tokens = e.gauge(
+        "job_tokens_per_second",
+        "Training tokens per second of the whole job in the last step: every node's summed",
+    );
+    let positions = e.gauge(
+        "job_draft_positions_per_second",
+        "Draft positions per second of the whole job in the last step",
+    );
+    let node_tokens = e.gauge(
+        "job_node_tokens_per_second",
+        "Training tokens per second of one node of the job in the last step",
+    );
+    let node_busy = e.gauge(
+        "job_node_busy_seconds",
+        "One node's own work in the last step: its step less its wait in the cross-node all-reduce",
+    );
+    let straggler = e.gauge(
+        "job_straggler",
+        "1 for the node holding the job back (its own work at least a fifth longer than the next slowest node's), 0 for the others",
+    );
+    set(&nodes, f64::from(status.nnodes));
+    let Some(view) = &status.view else {
+        return;
+    };
+    set(&tokens, view.tokens_per_s);
+    set(&positions, view.draft_positions_per_s);
+    let held_back_by = view.straggler.as_ref().map(|st| st.node);
+    for n in &view.nodes {
+        let labels = || vec![("job_node", n.node.to_string())];
+        set_labelled(&node_tokens, labels(), n.tokens_per_s);
+        set_labelled(&node_busy, labels(), seconds(n.busy_ms));
+        let named = f64::from(u8::from(held_back_by == Some(n.node)));
+        set_labelled(&straggler, labels(), named);
+    }
 }
 
 const RUN_STATES: [RunState; 9] = [
@@ -209,7 +257,7 @@ fn training(e: &mut Exposition, s: &Scrape<'_>) {
     );
     let baseline = e.gauge(
         "train_baseline_tokens_per_second",
-        "The throughput detector's baseline the current tokens per second are judged against",
+        "The throughput detector's baseline the current tokens per second are judged against (on a node of a multi-node job, the job's tokens per second)",
     );
     let phase = e.gauge(
         "train_step_phase_seconds",

@@ -48,6 +48,7 @@ fn cpu_status() -> StatusSnapshot {
         last_domino: None,
         detectors: None,
         healthy_record: None,
+        job: None,
     }
 }
 
@@ -81,6 +82,7 @@ fn step(step: u64) -> StepMetrics {
         },
         online: None,
         domino: None,
+        job: None,
     }
 }
 
@@ -475,4 +477,51 @@ fn the_dashboard_check_catches_a_name_the_exporter_does_not_serve() {
         ])
     );
     assert!(!sample_names().contains("dflash_train_tokens_total"));
+}
+
+#[test]
+fn a_node_of_a_job_labels_every_series_with_its_node_and_serves_the_jobs_figures() {
+    use dflash_shared::job::{JobView, NodeFigures};
+    use dflash_shared::status::JobStatus;
+    let node = |n: u32, tokens_per_s: f64, busy_ms: f64| NodeFigures {
+        node: n,
+        tokens_per_s,
+        draft_positions_per_s: tokens_per_s * 8.0,
+        busy_ms,
+        step_ms: 1500.0,
+        queue_wait_share: None,
+    };
+    let mut status = cpu_status();
+    status.job = Some(JobStatus {
+        node: 1,
+        nnodes: 2,
+        view: None,
+    });
+    // Before the first step: the node label and the node count, no figure.
+    let text = render_at(&status, None, None);
+    assert!(
+        samples(&text).contains(&r#"dflash_job_nodes{run="tiny-cpu",node="1"} 2.0"#),
+        "{text}"
+    );
+    assert!(!text.contains("dflash_job_tokens_per_second{"), "{text}");
+    let view = JobView::from_nodes(1, vec![node(0, 900.0, 1000.0), node(1, 600.0, 1500.0)]);
+    status.job.as_mut().unwrap().view = Some(view);
+    let text = render_at(&status, Some(&step(42)), None);
+    let expected = [
+        r#"dflash_train_step{run="tiny-cpu",node="1"} 42.0"#,
+        r#"dflash_train_tokens_per_second{run="tiny-cpu",node="1"} 900.0"#,
+        r#"dflash_job_tokens_per_second{run="tiny-cpu",node="1"} 1500.0"#,
+        r#"dflash_job_draft_positions_per_second{run="tiny-cpu",node="1"} 12000.0"#,
+        r#"dflash_job_node_tokens_per_second{run="tiny-cpu",node="1",job_node="0"} 900.0"#,
+        r#"dflash_job_node_busy_seconds{run="tiny-cpu",node="1",job_node="1"} 1.5"#,
+        r#"dflash_job_straggler{run="tiny-cpu",node="1",job_node="0"} 0.0"#,
+        r#"dflash_job_straggler{run="tiny-cpu",node="1",job_node="1"} 1.0"#,
+    ];
+    assert_eq!(missing(&text, &expected), Vec::<&str>::new(), "{text}");
+    // A single node's series carry no node label and no job family.
+    let single = render_at(&cpu_status(), Some(&step(42)), None);
+    assert!(
+        !single.contains("node=") && !single.contains("dflash_job_"),
+        "{single}"
+    );
 }

@@ -15,8 +15,8 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{
-    Alert, CheckpointInfo, DominoAcceptance, OnlineEvalStatus, RunInfo, RunState, StatusSnapshot,
-    Throughput,
+    Alert, CheckpointInfo, DominoAcceptance, JobStatus, OnlineEvalStatus, RunInfo, RunState,
+    StatusSnapshot, Throughput,
 };
 use tokio::sync::{broadcast, oneshot};
 
@@ -157,6 +157,7 @@ impl RunHandle {
             last_domino: None,
             detectors: None,
             healthy_record: None,
+            job: None,
         };
         let (shutdown_tx, _) = broadcast::channel(1);
         RunHandle {
@@ -224,6 +225,15 @@ impl RunHandle {
         }
     }
 
+    /// This daemon is node `node` of a job of `nnodes`: status carries the job from now on.
+    pub fn set_job_node(&self, node: u32, nnodes: u32) {
+        write(&self.inner.status).snapshot.job = Some(JobStatus {
+            node,
+            nnodes,
+            view: None,
+        });
+    }
+
     pub fn update_run(&self, f: impl FnOnce(&mut RunInfo)) {
         f(&mut write(&self.inner.status).snapshot.run);
     }
@@ -235,8 +245,12 @@ impl RunHandle {
             let s = &mut st.snapshot;
             s.run.step = m.step;
             s.run.epoch = m.epoch;
-            s.throughput.tokens_per_s = m.tokens_per_s;
-            s.throughput.draft_positions_per_s = m.draft_positions_per_s;
+            // The job's figures on a node of a job: what the throughput detector judges.
+            s.throughput.tokens_per_s = m.judged_tokens_per_s();
+            s.throughput.draft_positions_per_s = m.judged_draft_positions_per_s();
+            if let (Some(job), Some(view)) = (s.job.as_mut(), &m.job) {
+                job.view = Some(view.clone());
+            }
             s.throughput.mfu = m.mfu;
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {

@@ -345,6 +345,7 @@ mod tests {
                 seconds: 0.5,
             }),
             domino: None,
+            job: None,
         }
     }
 

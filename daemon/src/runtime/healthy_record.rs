@@ -333,6 +333,7 @@ mod tests {
             times: StepTimes::default(),
             online: None,
             domino: None,
+            job: None,
         }
     }
 

@@ -297,6 +297,7 @@ fn join_the_job(
     let accum = prepared.trainer.config().grad_accum;
     job.join_trainer(&mut prepared.trainer, accum)
         .map_err(|e| format!("cannot start training: node {}: {e}", job.node()))?;
+    handle.set_job_node(job.node(), job.launch.nnodes);
     let handle = handle.clone();
     prepared
         .trainer

@@ -213,6 +213,7 @@ mod tests {
             times: StepTimes::default(),
             online: None,
             domino: None,
+            job: None,
         };
         assert_eq!(
             progress_line(&m, 600, 10).unwrap(),

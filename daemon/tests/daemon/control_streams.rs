@@ -25,6 +25,7 @@ fn metrics(step: u64) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        job: None,
     }
 }
 

@@ -99,6 +99,21 @@ fn two_nodes_of_one_worker_equal_one_daemon_of_two_drafter_workers() {
     assert_eq!(max_abs_diff(&w0, &drafter_at(&n1.run_dir, 4)), 0.0);
     let diff = max_abs_diff(&w0, &drafter_at(&single.run_dir, 4));
     assert!(diff == 0.0, "max |Δparam| after 4 steps: {diff:e}");
+    // Every step line of each node carries the job's view from the per-step all-reduce: both
+    // nodes' figures, the same on both nodes, and the job's rate their sum.
+    let (jobs0, jobs1) = (step_jobs(&n0.run_dir), step_jobs(&n1.run_dir));
+    assert_eq!(jobs0.len(), 4, "one view per step");
+    for (j0, j1) in jobs0.iter().zip(&jobs1) {
+        assert_eq!((j0.this_node, j1.this_node), (0, 1));
+        assert_eq!(j0.nodes, j1.nodes, "both nodes read the same sum");
+        assert_eq!(j0.nodes.iter().map(|n| n.node).collect::<Vec<_>>(), [0, 1]);
+        let sum: f64 = j0.nodes.iter().map(|n| n.tokens_per_s).sum();
+        assert_eq!(j0.tokens_per_s, sum);
+        assert!(j0.nodes.iter().all(|n| n.tokens_per_s > 0.0
+            && n.busy_ms > 0.0
+            && n.busy_ms <= n.step_ms
+            && n.queue_wait_share.is_none()));
+    }
     // Each node compared its state with the other's through the store at the checkpoint, and
     // journaled the agreement.
     for d in [&n0, &n1] {
@@ -112,6 +127,17 @@ fn two_nodes_of_one_worker_equal_one_daemon_of_two_drafter_workers() {
         "two dflashd nodes vs one: max |Δ| {diff:e} in {:?}",
         started.elapsed()
     );
+}
+
+/// The job view of every step line of a run dir's `metrics.jsonl`.
+fn step_jobs(run_dir: &Path) -> Vec<dflash_shared::job::JobView> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<dflash_shared::metrics::StepMetrics>(l).unwrap())
+        .filter(|m| m.step > 0)
+        .map(|m| m.job.expect("a node's step line carries the job's view"))
+        .collect()
 }
 
 /// The journal of a run dir as text, for lines that name things.
@@ -144,6 +170,14 @@ fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common
     let mut n0 = node(r[0].path(), 0, port, &["--config", &cfg(0)]);
     let mut n1 = node(r[1].path(), 1, port, &["--config", &cfg(1)]);
     n0.wait_step_above(2);
+    // Node 0's status: its place in the job, the job's view, and the job's rate as the
+    // throughput figure the detector judges.
+    let status = n0.status();
+    let job = status.job.expect("a node's status carries the job");
+    assert_eq!((job.node, job.nnodes), (0, 2));
+    let view = job.view.expect("a view after the first step");
+    assert_eq!(view.nodes.len(), 2);
+    assert!(view.tokens_per_s > view.nodes[0].tokens_per_s);
     wait_for("a checkpoint on both", Duration::from_secs(30), || {
         !checkpoint_steps(&n0.run_dir).is_empty() && !checkpoint_steps(&n1.run_dir).is_empty()
     });

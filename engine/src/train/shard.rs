@@ -73,6 +73,11 @@ impl NodeShard {
 
     /// The job's plan: every drafter worker of every node, as one single-process run would
     /// have them.
+    /// This node's rank in the job and the job's node count.
+    pub fn node_of(&self) -> (u32, u32) {
+        (self.node as u32, self.nodes as u32)
+    }
+
     pub fn global_plan(&self) -> StepPlan {
         StepPlan {
             ranks: self.nodes * self.workers,

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use dflash_shared::job::{self, JobView, NodeFigures};
 use dflash_shared::metrics::{
     DeviceRole, DominoStepMetrics, OnlineAcceptance, QueueStats, StepMetrics, StepTimes,
 };
@@ -86,6 +87,8 @@ pub struct Trainer {
     /// Asked after every checkpoint this trainer writes (a node of a job compares its state
     /// with the other nodes'); `None` for one process.
     checkpoint_witness: Option<CheckpointWitness>,
+    /// This node's rank and the job's node count, once joined to a job ([`Self::join_nodes`]).
+    job_node: Option<(u32, u32)>,
 }
 
 /// Given a checkpoint's step and the fp32 master weights it holds; an `Err` (the nodes'
@@ -189,9 +192,48 @@ impl Trainer {
         }
         self.plan = plan;
         self.rank0_global = rank;
+        self.job_node = Some(shard.node_of());
         self.schedule = schedule_for(&self.cfg, &self.source, plan);
         self.rank0.allreduce = Some(group);
         Ok(())
+    }
+
+    /// On a node of a job: this step's figures summed over the job's group (every node's at
+    /// its slot, `dflash_shared::job`), the job's view; `None` for a single process. A lost
+    /// node fails the step as a lost node in the gradient all-reduce does.
+    fn job_view(
+        &mut self,
+        tokens_per_s: f64,
+        draft_positions_per_s: f64,
+        times: &StepTimes,
+    ) -> Result<Option<JobView>, TrainError> {
+        let Some((node, nnodes)) = self.job_node else {
+            return Ok(None);
+        };
+        let figures = NodeFigures {
+            node,
+            tokens_per_s,
+            draft_positions_per_s,
+            busy_ms: (times.total_ms - times.all_reduce_ms).max(0.0),
+            step_ms: times.total_ms,
+            queue_wait_share: self
+                .cluster
+                .as_ref()
+                .map(|_| times.queue_wait_ms / times.total_ms.max(1e-9)),
+        };
+        let mut buffer = job::pack(nnodes, &figures);
+        let summed = match self.rank0.allreduce.as_mut() {
+            Some(group) => group.sum_f64(&mut buffer).map_err(|e| e.to_string()),
+            None => Err("a node of a job has no process group".to_string()),
+        };
+        if let Err(detail) = summed {
+            let failed = WorkerFailure {
+                worker: self.rank0.id,
+                detail,
+            };
+            return Err(self.note_failure(failed.to_error()));
+        }
+        Ok(Some(JobView::from_nodes(node, job::unpack(&buffer))))
     }
 
     /// Sets what is asked after every checkpoint ([`CheckpointWitness`]).
@@ -309,6 +351,7 @@ impl Trainer {
             device_peaks: DevicePeaks::new(),
             online_prompts: None,
             checkpoint_witness: None,
+            job_node: None,
         })
     }
 
@@ -551,6 +594,9 @@ impl Trainer {
         };
         let secs = (wall_ms / 1e3).max(1e-9);
         let telemetry = step_telemetry(&names, &timings, wall_ms, &self.device_peaks);
+        let tokens_per_s = telemetry.tokens as f64 / secs;
+        let draft_positions_per_s = telemetry.draft_positions as f64 / secs;
+        let job = self.job_view(tokens_per_s, draft_positions_per_s, &telemetry.times)?;
         Ok(StepMetrics {
             ts_ms: dflash_shared::clock::now_ms(),
             step: self.step,
@@ -561,8 +607,8 @@ impl Trainer {
             tau: None,
             lr,
             grad_norm: report.grad_norm,
-            tokens_per_s: telemetry.tokens as f64 / secs,
-            draft_positions_per_s: telemetry.draft_positions as f64 / secs,
+            tokens_per_s,
+            draft_positions_per_s,
             mfu: telemetry.mfu,
             workers: telemetry.workers,
             times: telemetry.times,
@@ -574,6 +620,7 @@ impl Trainer {
                 accept_len: first.sums.accept_len(),
                 base_accept_len: first.sums.base_accept_len(),
             }),
+            job,
         })
     }
 
@@ -848,6 +895,7 @@ impl EvalLine {
             times: StepTimes::default(),
             online: self.online.clone(),
             domino: None,
+            job: None,
         }
     }
 }

@@ -329,12 +329,16 @@ impl HealthyWindow {
     }
 
     pub fn observe_step(&mut self, m: &StepMetrics) {
-        if !(m.tokens_per_s.is_finite() && m.tokens_per_s > 0.0) {
+        let tokens_per_s = m.judged_tokens_per_s();
+        if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
             return;
         }
         self.since_ms.get_or_insert(m.ts_ms);
-        push_capped(&mut self.tokens_per_s, m.tokens_per_s);
-        push_capped(&mut self.draft_positions_per_s, m.draft_positions_per_s);
+        push_capped(&mut self.tokens_per_s, tokens_per_s);
+        push_capped(
+            &mut self.draft_positions_per_s,
+            m.judged_draft_positions_per_s(),
+        );
         push_capped(&mut self.step_times, m.times.clone());
     }
 

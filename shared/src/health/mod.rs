@@ -13,6 +13,7 @@ mod monitor;
 pub mod queue;
 pub mod serve_gap;
 mod stats;
+pub mod straggler;
 pub mod throughput;
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,7 @@ pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
 pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueDiagnoser, QueueDiagnosis, QueueThresholds};
 pub use serve_gap::{ServeGapConfig, ServeGapDetector, ServeGapReading};
+pub use straggler::{StragglerDetector, STRAGGLER_DETECTOR};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 
 /// How healthy one signal is. Ordered: `Ok < Warn < Crit`.

@@ -6,8 +6,8 @@ use chrono::FixedOffset;
 use super::healthy_record::ThroughputReference;
 use super::{
     explain_alert, CacheChange, CacheWatcher, Level, MemoryFlatness, QueueDiagnoser,
-    QueueDiagnosis, ServeGapDetector, ServeGapReading, ThroughputDetector, ThroughputStatus,
-    Transition,
+    QueueDiagnosis, ServeGapDetector, ServeGapReading, StragglerDetector, ThroughputDetector,
+    ThroughputStatus, Transition,
 };
 use crate::config::DetectorsSection;
 use crate::events::Event;
@@ -29,6 +29,7 @@ pub struct HealthMonitor {
     queue: QueueDiagnoser,
     caches: CacheWatcher,
     serve_gap: ServeGapDetector,
+    stragglers: StragglerDetector,
     /// The newest offline τ of any line: what an online evaluation is compared with when its
     /// own line knows no offline τ of the same moment.
     last_offline_tau: Option<f64>,
@@ -48,6 +49,7 @@ impl HealthMonitor {
             queue: QueueDiagnoser::new(cfg.queue.clone(), target_workers, drafter_workers),
             caches: CacheWatcher::new(),
             serve_gap: ServeGapDetector::new(cfg.serve_gap.clone()),
+            stragglers: StragglerDetector::default(),
             last_offline_tau: None,
             lookback_ms: cfg.explain_lookback_s as i64 * 1000,
             active: BTreeMap::new(),
@@ -89,13 +91,25 @@ impl HealthMonitor {
         !self.active.is_empty()
     }
 
-    /// One optimizer step: its total tok/s of all workers, and the τ figures it carries.
+    /// One optimizer step: its total tok/s of all workers (of all nodes, on a node of a job),
+    /// the node holding a job back, and the τ figures it carries. A throughput alert on a job
+    /// names its straggler when one holds it back.
     pub fn observe_step(&mut self, metrics: &StepMetrics) -> Vec<Transition> {
+        let straggler = metrics.job.as_ref().and_then(|j| j.straggler.as_ref());
         let mut t: Vec<Transition> = self
             .throughput
-            .observe(metrics.ts_ms, metrics.tokens_per_s)
+            .observe(metrics.ts_ms, metrics.judged_tokens_per_s())
             .into_iter()
+            .map(|mut t| {
+                if let (Some(s), true) = (straggler, t.to != Level::Ok) {
+                    t.message = format!("{}; {}", t.message, s.sentence());
+                }
+                t
+            })
             .collect();
+        if let Some(job) = &metrics.job {
+            t.extend(self.stragglers.observe(metrics.ts_ms, job));
+        }
         t.extend(self.judge_acceptance(metrics));
         self.record(t)
     }
@@ -232,6 +246,7 @@ mod tests {
             times: StepTimes::default(),
             online: None,
             domino: None,
+            job: None,
         }
     }
 

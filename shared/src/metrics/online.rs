@@ -228,6 +228,7 @@ mod tests {
             times: StepTimes::default(),
             online,
             domino: None,
+            job: None,
         }
     }
 

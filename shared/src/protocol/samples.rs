@@ -38,6 +38,7 @@ pub(super) fn step_metrics() -> StepMetrics {
         },
         online: None,
         domino: None,
+        job: None,
     }
 }
 
@@ -171,6 +172,7 @@ pub(super) fn status() -> StatusSnapshot {
         }),
         detectors: Some(crate::config::DetectorsSection::default()),
         healthy_record: None,
+        job: None,
     }
 }
 

@@ -121,6 +121,9 @@ pub fn render(report: &StatusReport) -> String {
         let _ = writeln!(out, "- {} draft positions/s; {mfu}.", format_si(positions));
     }
     let _ = writeln!(out, "- {}", recipe_line(&report.run));
+    if let Some(job) = &report.run.job {
+        let _ = writeln!(out, "- Job: {}.", job.words());
+    }
     let _ = writeln!(out, "- {}", acceptance_line(&report.acceptance));
     if let Some(d) = &report.acceptance.domino {
         let _ = writeln!(

@@ -88,6 +88,9 @@ pub struct Run {
     pub objective: Option<String>,
     /// "DFlash" or "Domino"; `None` when the daemon did not report it.
     pub drafter_head: Option<String>,
+    /// A node of a multi-node job: its place, every node's figures and the straggler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<dflash_shared::status::JobStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -330,6 +333,7 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
             eta: s.run.eta_ms.map(fmt::rfc3339),
             objective: s.run.objective.as_ref().map(RunObjective::words),
             drafter_head: s.run.drafter_head.map(|h| head_name(h).to_string()),
+            job: s.job.clone(),
         },
         None => {
             let name = events.iter().rev().find_map(|e| match &e.kind {
@@ -350,6 +354,7 @@ fn run_section(input: &ReportInput, events: &[Event]) -> Run {
                 eta: None,
                 objective: None,
                 drafter_head: None,
+                job: None,
             }
         }
     }

@@ -536,6 +536,20 @@ fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
         Span::styled("objective ", theme.dim()),
         Span::raw(format!("{objective}{head}")),
     ])];
+    // A node of a multi-node job: which node, the job's rate (what the big number and the
+    // detector judge) and the node that holds the job back.
+    if let Some(job) = &status.job {
+        lines.push(Line::from(vec![
+            Span::styled("job     ", theme.dim()),
+            Span::raw(job.place_and_rate()),
+        ]));
+        if let Some(behind) = job.behind() {
+            lines.push(Line::from(vec![
+                Span::styled("behind  ", theme.dim()),
+                Span::raw(behind),
+            ]));
+        }
+    }
     if let Some(domino) = app.last_domino() {
         lines.push(Line::from(vec![
             Span::styled("accept  ", theme.dim()),

@@ -178,6 +178,7 @@ impl Sim {
             },
             online: None,
             domino: None,
+            job: None,
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
         self.last_metrics = Some(metrics);
@@ -420,6 +421,7 @@ impl Sim {
             last_domino: None,
             detectors: Some(self.detectors.clone()),
             healthy_record: None,
+            job: None,
         };
         self.frame(ts, Response::Status(Box::new(snapshot)));
     }

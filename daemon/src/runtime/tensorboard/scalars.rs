@@ -152,6 +152,7 @@ mod tests {
             },
             online: None,
             domino: None,
+            job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         assert_eq!((line.step, line.wall_time), (12, 1_764_600_000.25));
@@ -204,6 +205,7 @@ mod tests {
                 seconds: 1.5,
             }),
             domino: None,
+            job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
         let got = tags(&line);
