@@ -115,7 +115,7 @@ bench: build
 # the script and the reference scripts, in one directory.
 gpu-bundle: build
 	rm -rf runs/gpu-bundle && mkdir -p runs/gpu-bundle/benches/reference
-	cp $(BIN)/dflashd $(BIN)/dflash-bench scripts/gpu-check.sh runs/gpu-bundle/
+	cp $(BIN)/dflashd $(BIN)/dflash-bench scripts/gpu-check.sh scripts/gpu-check-two-node.sh runs/gpu-bundle/
 	cp benches/reference/*.py runs/gpu-bundle/benches/reference/
 	@du -sh runs/gpu-bundle
 	@test $$(du -sm runs/gpu-bundle | cut -f1) -le 64 || { echo "runs/gpu-bundle is over 64 MiB, what a device run can carry"; exit 1; }

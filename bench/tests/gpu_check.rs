@@ -73,6 +73,7 @@ fn the_cpu_self_test_passes_within_its_budget_and_records_every_step() {
         ("drafter_step", "ok"),
         ("target_layers", "ok"),
         ("multi_gpu", "ok"),
+        ("two_node", "ok"),
     ] {
         assert_eq!(steps[step]["status"], status, "{step}: {:#}", steps[step]);
     }
@@ -128,6 +129,16 @@ fn the_cpu_self_test_passes_within_its_budget_and_records_every_step() {
         "{multi:#}"
     );
     assert_eq!(multi["two_rank_step"]["ok"], true, "{multi:#}");
+    // Two dflashd nodes of one job: 4 steps each with the job's view, weights agreed.
+    let two = &steps["two_node"]["result"];
+    for node in two["nodes"].as_array().unwrap() {
+        assert_eq!(
+            (&node["steps"], &node["weights_agree"]),
+            (&4.into(), &true.into()),
+            "{two:#}"
+        );
+    }
     let summary = std::fs::read_to_string(out.path().join("summary.md")).unwrap();
     assert!(summary.contains("## Drafter step") && summary.contains("## Target layers"));
+    assert!(summary.contains("## Two nodes of one job"), "{summary}");
 }
