@@ -1,7 +1,8 @@
 //! One target replica's memory: the weights it loads and the feature pass's working set.
 //!
-//! The weights follow the code exactly (`daemon/src/runtime/setup.rs:161` loads every layer,
-//! the embedding and the LM head; replicas copy all of it, `model/target/mod.rs:149-174`).
+//! The weights follow the code exactly (`daemon/src/runtime/setup.rs::prepare` loads every
+//! layer, the embedding and the LM head through `TargetModel::load`; replicas copy all of it,
+//! `model/target/mod.rs::TargetModel::replicate`).
 //! The forward's working set is an estimate from the shapes (the largest layer's transients
 //! plus the residual stream and the taps), not checked against a measurement: the bench
 //! case checks the drafter side only.
