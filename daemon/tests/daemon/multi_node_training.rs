@@ -240,6 +240,35 @@ fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common
     );
 }
 
+/// Node 0 also serves the rendezvous store: killing it takes the store with it. Node 1 must
+/// still pause naming node 0 within the timeout, not hang on the store or the group.
+#[test]
+fn kill_9_of_node_0_the_store_host_pauses_node_1_naming_it() {
+    let r = roots(2);
+    let port = free_port();
+    let mut n0 = node(r[0].path(), 0, port, &[]);
+    let mut n1 = node(r[1].path(), 1, port, &[]);
+    n1.wait_step_above(2);
+    n0.child.kill().unwrap(); // SIGKILL
+    let _ = n0.child.wait();
+    let paused = wait_for(
+        "a pause naming node 0",
+        Duration::from_secs(TIMEOUT_S + 5),
+        || journal_text(&n1.run_dir).contains("lost node 0"),
+    );
+    assert!(
+        paused < Duration::from_secs(TIMEOUT_S),
+        "paused {paused:?} after the kill"
+    );
+    assert!(
+        n1.child.try_wait().unwrap().is_none(),
+        "node 1 waits paused"
+    );
+    // And it stops when asked: nothing of it waits on the dead store.
+    n1.signal(libc::SIGTERM);
+    n1.wait_exit();
+}
+
 #[test]
 fn two_nodes_whose_configs_differ_in_a_locked_key_both_refuse_naming_it() {
     let r = roots(2);

@@ -165,10 +165,10 @@ impl Config {
     }
 
     /// What `start` checks of the online evaluation once it knows the target is the one the
-    /// config names: the embedded prompts only with the embedded target (`config validate`
-    /// checks it too).
+    /// config names: the embedded prompts only with the embedded target, and a prompt file
+    /// never with it (`config validate` checks it too).
     pub fn check_online_prompts(&self) -> Result<(), ConfigError> {
-        match validate::embedded_prompts_on_another_target(self) {
+        match validate::online_prompts_for_another_target(self) {
             None => Ok(()),
             Some(issue) => Err(ConfigError {
                 origin: "<config>".into(),

@@ -46,11 +46,38 @@ pub(crate) fn against_dataset(c: &Config, n_samples: usize) -> Vec<ConfigIssue> 
     v
 }
 
+/// The online evaluation's prompts must be of the target's vocabulary: the embedded prompts
+/// only with the embedded target ([`embedded_prompts_on_another_target`]), and a prompt file
+/// never with it (its token ids, or its chat turns, are of some other model's tokenizer; the
+/// embedded target ships none). Judged where the target is (`config validate`, and `start`
+/// before the first step), not when a config is parsed.
+pub(crate) fn online_prompts_for_another_target(c: &Config) -> Option<ConfigIssue> {
+    embedded_prompts_on_another_target(c).or_else(|| prompt_file_on_the_embedded_target(c))
+}
+
+fn prompt_file_on_the_embedded_target(c: &Config) -> Option<ConfigIssue> {
+    let t = &c.training;
+    let file = t
+        .online_eval_prompts
+        .as_deref()
+        .filter(|p| *p != EMBEDDED_PROMPTS)?;
+    (t.online_eval_interval() > 0 && c.target.is_embedded()).then(|| {
+        ConfigIssue::invalid(
+            "training.online_eval_prompts",
+            format!("\"{EMBEDDED_PROMPTS}\" with the embedded target"),
+            format!("\"{file}\""),
+        )
+        .with_hint(
+            "a prompt file with the embedded target: use \"embedded\" (its held-out prompts), \
+             or set training.online_eval_every = 0",
+        )
+    })
+}
+
 /// The embedded prompts are token ids of the embedded target's vocabulary: meaningless for
-/// any other target. Judged where the target is (`config validate`, and `start` before the
-/// first step), not when a config is parsed: a copy of the embedded default pointed at a
-/// Hugging Face model is refused for its model first, if that is what is wrong with it.
-pub(crate) fn embedded_prompts_on_another_target(c: &Config) -> Option<ConfigIssue> {
+/// any other target. A copy of the embedded default pointed at a Hugging Face model is refused
+/// for its model first, if that is what is wrong with it.
+fn embedded_prompts_on_another_target(c: &Config) -> Option<ConfigIssue> {
     let t = &c.training;
     let embedded_prompts = t.online_eval_prompts.as_deref() == Some(EMBEDDED_PROMPTS);
     (embedded_prompts && t.online_eval_interval() > 0 && !c.target.is_embedded()).then(|| {
@@ -142,8 +169,11 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
             .with_hint("fix the path, or remove the key to record no Python environment"),
         );
     }
-    v.extend(embedded_prompts_on_another_target(c));
-    if let Some(path) = &f.missing_online_prompts {
+    let mismatch = online_prompts_for_another_target(c);
+    let mismatched = mismatch.is_some();
+    v.extend(mismatch);
+    // A file refused for the target is not also reported missing.
+    if let Some(path) = f.missing_online_prompts.as_ref().filter(|_| !mismatched) {
         v.push(
             ConfigIssue::invalid(
                 "training.online_eval_prompts",
@@ -195,4 +225,33 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_file_with_the_embedded_target_is_refused_as_start_refuses_it_and_not_also_missing()
+    {
+        let mut c = Config::embedded_default();
+        assert_eq!(online_prompts_for_another_target(&c), None);
+        c.training.online_eval_prompts = Some("prompts.jsonl".into());
+        let issue = online_prompts_for_another_target(&c).expect("refused");
+        let text = issue.to_string();
+        assert!(
+            text.contains("training.online_eval_prompts")
+                && text.contains("a prompt file with the embedded target: use \"embedded\""),
+            "{text}"
+        );
+        assert!(c.check_online_prompts().is_err(), "start refuses it too");
+        let facts = ConfigFacts {
+            missing_online_prompts: Some("prompts.jsonl".into()),
+            ..ConfigFacts::default()
+        };
+        assert_eq!(against_facts(&c, &facts), [issue], "one issue, not two");
+        // With the online evaluation off, the prompts are never read.
+        c.training.online_eval_every = Some(0);
+        assert_eq!(online_prompts_for_another_target(&c), None);
+    }
 }

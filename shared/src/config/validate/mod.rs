@@ -15,7 +15,7 @@ mod model;
 mod runtime;
 mod training;
 
-pub(crate) use facts::{against_dataset, against_facts, embedded_prompts_on_another_target};
+pub(crate) use facts::{against_dataset, against_facts, online_prompts_for_another_target};
 pub use facts::{ConfigFacts, TargetShape};
 
 const MAX_RUN_NAME: usize = 64;
