@@ -145,6 +145,25 @@ fn journal_text(run_dir: &Path) -> String {
     std::fs::read_to_string(run_dir.join("journal.jsonl")).unwrap_or_default()
 }
 
+/// The survivor journals "lost node {lost}" within the collective timeout of the kill and
+/// stays up, paused; how long the pause took.
+fn paused_naming(survivor: &mut Daemon, lost: u32) -> Duration {
+    let paused = wait_for(
+        &format!("a pause naming node {lost}"),
+        Duration::from_secs(TIMEOUT_S + 5),
+        || journal_text(&survivor.run_dir).contains(&format!("lost node {lost}")),
+    );
+    assert!(
+        paused < Duration::from_secs(TIMEOUT_S),
+        "paused {paused:?} after the kill"
+    );
+    assert!(
+        survivor.child.try_wait().unwrap().is_none(),
+        "the survivor waits paused"
+    );
+    paused
+}
+
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !ok() {
@@ -183,19 +202,7 @@ fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common
     });
     n1.child.kill().unwrap(); // SIGKILL
     let _ = n1.child.wait();
-    let paused = wait_for(
-        "a pause naming node 1",
-        Duration::from_secs(TIMEOUT_S + 5),
-        || journal_text(&n0.run_dir).contains("lost node 1"),
-    );
-    assert!(
-        paused < Duration::from_secs(TIMEOUT_S),
-        "paused {paused:?} after the kill"
-    );
-    assert!(
-        n0.child.try_wait().unwrap().is_none(),
-        "node 0 waits paused"
-    );
+    let paused = paused_naming(&mut n0, 1);
     n0.signal(libc::SIGTERM);
     n0.wait_exit();
     drop((n0, n1));
@@ -251,19 +258,7 @@ fn kill_9_of_node_0_the_store_host_pauses_node_1_naming_it() {
     n1.wait_step_above(2);
     n0.child.kill().unwrap(); // SIGKILL
     let _ = n0.child.wait();
-    let paused = wait_for(
-        "a pause naming node 0",
-        Duration::from_secs(TIMEOUT_S + 5),
-        || journal_text(&n1.run_dir).contains("lost node 0"),
-    );
-    assert!(
-        paused < Duration::from_secs(TIMEOUT_S),
-        "paused {paused:?} after the kill"
-    );
-    assert!(
-        n1.child.try_wait().unwrap().is_none(),
-        "node 1 waits paused"
-    );
+    paused_naming(&mut n1, 0);
     // And it stops when asked: nothing of it waits on the dead store.
     n1.signal(libc::SIGTERM);
     n1.wait_exit();
