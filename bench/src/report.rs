@@ -67,9 +67,9 @@ pub struct BenchReport {
     pub overhead: Option<OverheadResult>,
     pub queue: Option<QueueRun>,
     pub plan: Option<crate::plan_check::PlanCheck>,
-    /// `--cases objectives`: the objective tournament.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub objectives: Option<crate::objectives::ObjectivesResult>,
+    /// `--cases objectives`: the objective tournament, one per data set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objectives: Vec<crate::objectives::ObjectivesResult>,
     /// Cases that failed outright, with the error.
     pub errors: Vec<String>,
     /// Cases the harness does not run, and why.
@@ -179,7 +179,7 @@ impl BenchReport {
         if let Some(q) = &self.queue {
             md.push_str(&queue_table(q));
         }
-        if let Some(o) = &self.objectives {
+        for o in &self.objectives {
             md.push_str(&crate::objectives::markdown::render(o));
         }
         for e in &self.errors {

@@ -17,6 +17,37 @@ fn opt(x: Option<f64>, digits: usize) -> String {
     x.map_or("–".into(), |v| format!("{v:.digits$}"))
 }
 
+/// The training loss curves: each epoch's mean loss, median (min–max) over seeds. Objectives
+/// weigh positions differently (D-PACE's sum is per sequence), so a curve is read against its
+/// own objective's, not across.
+fn loss_by_epoch(r: &ObjectivesResult) -> String {
+    let epochs = r
+        .summaries
+        .iter()
+        .map(|s| s.loss_by_epoch.len())
+        .max()
+        .unwrap_or(0);
+    if epochs == 0 {
+        return String::new();
+    }
+    let mut md = String::from(
+        "Training loss, mean per epoch (median over seeds, min–max):\n\n| objective |",
+    );
+    for e in 1..=epochs {
+        let _ = write!(md, " epoch {e} |");
+    }
+    let _ = writeln!(md, "\n|{}", "---|".repeat(epochs + 1));
+    for s in &r.summaries {
+        let _ = write!(md, "| {} |", s.contender.label());
+        for e in 0..epochs {
+            let _ = write!(md, " {} |", spread(s.loss_by_epoch.get(e).copied(), 3));
+        }
+        md.push('\n');
+    }
+    md.push('\n');
+    md
+}
+
 pub fn render(r: &ObjectivesResult) -> String {
     let mut md = String::new();
     let o = &r.options;
@@ -60,6 +91,21 @@ pub fn render(r: &ObjectivesResult) -> String {
         let _ = writeln!(md, "{row}");
     }
     let _ = writeln!(md, "\n**Verdict:** {}.\n", r.verdict.sentence());
+    if let Some(g) = &r.regeneration {
+        let _ = writeln!(
+            md,
+            "Regenerated data: `{}` ({:.0} s): {} of {} conversations changed; {} rows loaded; \
+             supervised tokens {} → {}.\n",
+            g.command,
+            g.wall_s,
+            g.rows_changed,
+            g.conversations,
+            g.rows,
+            g.supervised_tokens_original,
+            g.supervised_tokens_regenerated
+        );
+    }
+    md.push_str(&loss_by_epoch(r));
     let _ = writeln!(
         md,
         "| objective | seed | steps | offline τ (trainer's last, at step) | online chain τ | lossless | loss first / median / last | step ms | peak RSS MiB | wall s | error |"

@@ -186,4 +186,30 @@ mod tests {
             )
         );
     }
+
+    #[test]
+    fn a_run_on_regenerated_data_reads_it_as_chat_through_the_targets_directory() {
+        let recipe = RunRecipe {
+            contender: Contender::Domino,
+            seed: 3,
+            epochs: 1,
+            data: Some(RegeneratedData {
+                target_dir: "/data/tiny/target".into(),
+                train_file: "/data/tiny/regenerated.jsonl".into(),
+                prompts_file: "/data/tiny/prompts.jsonl".into(),
+            }),
+        };
+        let cfg = Config::from_toml_str(&run_config_toml(&recipe).unwrap(), "test").unwrap();
+        assert_eq!(cfg.target.model, "/data/tiny/target");
+        assert_eq!(cfg.data.train_file, "/data/tiny/regenerated.jsonl");
+        assert_eq!(cfg.data.format, dflash_shared::config::DataFormat::Chat);
+        assert_eq!(
+            cfg.training.online_eval_prompts.as_deref(),
+            Some("/data/tiny/prompts.jsonl")
+        );
+        // Everything else is the embedded default's, as on the embedded set.
+        let base = Config::embedded_default();
+        assert_eq!(cfg.training.lr, base.training.lr);
+        assert_eq!(cfg.training.batch_size, base.training.batch_size);
+    }
 }

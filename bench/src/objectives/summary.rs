@@ -73,6 +73,9 @@ pub struct RunFigures {
     pub online_lossless: Option<bool>,
     /// The training loss of every step, in order.
     pub loss: Vec<f64>,
+    /// The mean training loss of each epoch (`epoch` of the metrics lines), in order: the
+    /// loss curve at the schedule's own scale.
+    pub loss_by_epoch: Vec<f64>,
     /// The median of the steps' `times.total_ms`.
     pub median_step_ms: Option<f64>,
     /// The training process's peak resident set (the kernel's `ru_maxrss`), MiB.
@@ -139,6 +142,9 @@ pub struct ContenderSummary {
     pub loss_first: Option<Spread>,
     pub loss_median: Option<Spread>,
     pub loss_last: Option<Spread>,
+    /// Epoch by epoch, over the epochs every run reached.
+    #[serde(default)]
+    pub loss_by_epoch: Vec<Spread>,
     pub median_step_ms: Option<Spread>,
     pub peak_rss_mib: Option<Spread>,
 }
@@ -183,6 +189,13 @@ pub fn summarise(runs: &[RunFigures]) -> Vec<ContenderSummary> {
                 loss_first: curve(|l| l.first),
                 loss_median: curve(|l| l.median),
                 loss_last: curve(|l| l.last),
+                loss_by_epoch: (0..mine
+                    .iter()
+                    .map(|r| r.loss_by_epoch.len())
+                    .min()
+                    .unwrap_or(0))
+                    .filter_map(|e| spread_of(&mine, |r| r.loss_by_epoch.get(e).copied()))
+                    .collect(),
                 median_step_ms: spread_of(&mine, |r| r.median_step_ms),
                 peak_rss_mib: spread_of(&mine, |r| r.peak_rss_mib),
             })

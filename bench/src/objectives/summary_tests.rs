@@ -138,3 +138,25 @@ fn fewer_than_three_seeds_or_no_baseline_leaves_it_undecided() {
         "undecided: DFlash's online chain τ was not measured"
     );
 }
+
+#[test]
+fn the_loss_curve_by_epoch_spans_the_epochs_every_run_reached() {
+    let mut runs = field([
+        (Contender::Dflash, [2.0, 2.2, 2.1]),
+        (Contender::Dpace, [2.3, 2.5, 2.4]),
+        (Contender::Domino, [1.0, 1.1, 1.2]),
+    ]);
+    for (i, r) in runs.iter_mut().enumerate() {
+        r.loss_by_epoch = vec![5.0 + i as f64, 3.0, 2.0];
+    }
+    // One DFlash seed stopped after two epochs: DFlash's curve has two.
+    runs[1].loss_by_epoch.pop();
+    let s = summarise(&runs);
+    let dflash = &s[0].loss_by_epoch;
+    assert_eq!(dflash.len(), 2);
+    assert_eq!(
+        (dflash[0].median, dflash[0].min, dflash[0].max),
+        (6.0, 5.0, 7.0)
+    );
+    assert_eq!(s[1].loss_by_epoch.len(), 3);
+}

@@ -23,9 +23,10 @@ pub const TINY_DATASET_NAME: &str = "embedded:assets/tiny/train.jsonl";
 /// evaluation, none of them a training prompt.
 pub const TINY_HELDOUT_PROMPTS: &str = include_str!("../../../assets/tiny/heldout_prompts.jsonl");
 /// The pre-trained tiny target, `assets/tiny/target/` as `assets/tiny/make_tiny_target.py`
-/// wrote it (HF Qwen3.5 layout, bf16): file name and bytes. `config.json` comes last: a
-/// directory holding it is complete (see [`write_tiny_target`]).
-pub const TINY_TARGET_FILES: [(&str, &[u8]); 3] = [
+/// wrote it (HF Qwen3.5 layout, bf16), with the tokenizer and chat template
+/// `assets/tiny/make_tiny_tokenizer.py` wrote for its language: file name and bytes.
+/// `config.json` comes last: a directory holding it is complete (see [`write_tiny_target`]).
+pub const TINY_TARGET_FILES: [(&str, &[u8]); 5] = [
     (
         "model.safetensors",
         include_bytes!("../../../assets/tiny/target/model.safetensors"),
@@ -33,6 +34,14 @@ pub const TINY_TARGET_FILES: [(&str, &[u8]); 3] = [
     (
         "generation_config.json",
         include_bytes!("../../../assets/tiny/target/generation_config.json"),
+    ),
+    (
+        "tokenizer.json",
+        include_bytes!("../../../assets/tiny/target/tokenizer.json"),
+    ),
+    (
+        "tokenizer_config.json",
+        include_bytes!("../../../assets/tiny/target/tokenizer_config.json"),
     ),
     (
         "config.json",

@@ -26,6 +26,7 @@ pub mod run_config;
 pub mod schedule;
 pub mod shard;
 pub mod throughput;
+pub mod tiny_chat;
 pub mod topology;
 pub mod trainer;
 pub mod unlocked;

@@ -15,6 +15,7 @@ mod drafter_checkpointing;
 mod drafter_config;
 mod drafter_model;
 mod drafter_reference;
+mod embedded_chat;
 mod embedded_target;
 mod eval_placement;
 mod fixed_shapes;
