@@ -5,7 +5,8 @@
 //! Beyond the file itself it checks what `start` would refuse that can be known without
 //! loading weights ([`read_facts`]): the data's size (the embedded data's included: it is
 //! compiled in) against the held-out count and the batch size, `telemetry.python`, and the tap
-//! layers and mask token against the target's `config.json`.
+//! layers and mask token against the target's `config.json`, and `drafter.init_from`'s
+//! drafter against the configured one (the check `start` makes before loading its weights).
 //! `show` prints the effective config, every default filled in; it parses back to the same
 //! config, so it is a complete starting point for a new run.
 use std::path::{Path, PathBuf};
@@ -14,9 +15,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_engine::model::target::TargetConfig;
-use dflash_engine::train::embedded;
+use dflash_engine::train::warm_start::DrafterSource;
+use dflash_engine::train::{embedded, run_config, TrainError};
 use dflash_shared::config::{
-    Config, ConfigFacts, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN, EMBEDDED_PROMPTS,
+    Config, ConfigFacts, InitFromMisfit, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN,
+    EMBEDDED_PROMPTS,
 };
 
 use crate::run::paths::{resolve, resolve_path, PathInputs};
@@ -100,6 +103,10 @@ fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>)
             .map_err(|e| e.to_string())
             .and_then(|dir| TargetConfig::from_hf_dir(&dir).map_err(|e| e.to_string()))
     };
+    if let Some(init_from) = &config.drafter.init_from {
+        let dir = resolve_key("drafter.init_from", init_from).map_err(|e| e.to_string());
+        check_init_from(config, dir, target.as_ref().ok(), &mut facts, &mut notes);
+    }
     match target {
         Ok(t) => {
             facts.target = Some(TargetShape {
@@ -114,6 +121,54 @@ fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>)
         )),
     }
     (facts, notes)
+}
+
+/// `drafter.init_from` as `start` checks it before it loads a weight: a drafter directory whose
+/// config.json reads, whose weights files' headers read, and whose drafter is the configured
+/// one on this target (`DrafterSource::misfits`, the check `start` makes). The tensors
+/// themselves are checked at start, against the built drafter's parameters. A resume never
+/// reads the key, but `config validate` cannot know whether the run will resume.
+fn check_init_from(
+    config: &Config,
+    dir: Result<PathBuf, String>,
+    target: Option<&TargetConfig>,
+    facts: &mut ConfigFacts,
+    notes: &mut Vec<String>,
+) {
+    let source = dir.and_then(|dir| {
+        DrafterSource::open(&dir).map_err(|e| match e {
+            TrainError::InitFrom { problems, .. } => {
+                format!("{} ({})", dir.display(), problems.join("; "))
+            }
+            other => format!("{} ({other})", dir.display()),
+        })
+    });
+    let source = match source {
+        Ok(source) => source,
+        Err(why) => {
+            facts.init_from_unreadable = Some(why);
+            return;
+        }
+    };
+    let Some(target) = target else {
+        notes.push(
+            "drafter.init_from's drafter is checked against the configured drafter at start: \
+             the target's config.json was not read"
+                .into(),
+        );
+        return;
+    };
+    let drafter = run_config::drafter_config(&config.drafter, target);
+    facts.init_from_misfits = source
+        .misfits(&drafter)
+        .into_iter()
+        .map(|m| InitFromMisfit {
+            key: m.key.into(),
+            run: m.run,
+            drafter: m.drafter,
+            fix: m.fix,
+        })
+        .collect();
 }
 
 /// Non-blank lines of a file, read a line at a time (memory stays one line long).

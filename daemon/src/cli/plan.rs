@@ -263,6 +263,7 @@ fn data_shape(
         unlocked_keys: Vec::new(),
         // Only the data is read here: no trainer is built, nothing resumes.
         resume: None,
+        fresh_start: false,
         memory_plan: MemoryPlanPolicy::default(),
         cpu_peak_flops: None,
     };

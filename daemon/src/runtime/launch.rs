@@ -192,6 +192,7 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         // A node restores after joining its job: the restore checks the cursor against the
         // job's global batch.
         resume: if job.is_some() { None } else { resume.clone() },
+        fresh_start: resume.is_none(),
     };
     let mut prepared = setup::prepare(&inputs).map_err(|e| {
         if let setup::SetupError::MemoryPlan(refusal) = &e {
@@ -625,6 +626,9 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
         );
         tracing::warn!("{note}");
     }
+    if let Some(message) = warm_start_line(p, spec) {
+        handle.record_event_logged(Severity::Info, EventKind::Note { message });
+    }
     for note in &p.peak_notes {
         handle.record_event_logged(
             Severity::Info,
@@ -649,6 +653,22 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
             resumed_from_step: p.resumed_from.as_ref().map(|_| p.trainer.step_count()),
         },
     );
+}
+
+/// Where the drafter's weights came from, when `drafter.init_from` is set: what a fresh start
+/// loaded (the weights files' SHA-256), or that a resume did not read it.
+fn warm_start_line(p: &Prepared, spec: &LaunchSpec) -> Option<String> {
+    if let Some(loaded) = &p.warm_start {
+        return Some(loaded.summary());
+    }
+    let dir = spec.config.drafter.init_from.as_deref()?;
+    p.resumed_from.as_ref().map(|checkpoint| {
+        format!(
+            "drafter.init_from = {dir:?} not read: the run resumes from {}, which carries its \
+             weights on",
+            checkpoint.display()
+        )
+    })
 }
 
 /// The keeper of this run's healthy record, with the record it is judged against loaded.
@@ -717,6 +737,9 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<
         p.data_source,
         p.report.summary()
     ));
+    if let Some(line) = warm_start_line(p, spec) {
+        text.push_str(&format!("  init:     {line}\n"));
+    }
     text.push_str(&format!("  run dir:  {}\n", spec.run_dir.display()));
     text.push_str(&format!("  socket:   {}\n", spec.socket.display()));
     text.push_str(&format!("  logs:     {}\n", spec.paths.log_dir.display()));

@@ -22,6 +22,7 @@ use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::online_eval::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
+use dflash_engine::train::warm_start::{DrafterSource, WarmStart};
 use dflash_engine::train::Trainer;
 use dflash_engine::train::{embedded, run_config, TrainError};
 
@@ -88,6 +89,9 @@ pub struct SetupInputs<'a> {
     pub unlocked_keys: Vec<String>,
     /// The checkpoint to resume from, as the start's checkpoint gate chose it.
     pub resume: Option<PathBuf>,
+    /// Whether this start begins the run at step 0: no checkpoint is restored, here or once a
+    /// node has joined its job. Only then does `drafter.init_from` load.
+    pub fresh_start: bool,
     pub memory_plan: MemoryPlanPolicy,
     /// `--cpu-peak-flops` (`DFLASH_CPU_PEAK_FLOPS`): the CPU's MFU peak, FLOP/s, given instead
     /// of timed at start (journaled as given, not measured).
@@ -120,6 +124,9 @@ pub struct Prepared {
     pub peak_notes: Vec<String>,
     /// The work a token costs on this data, for the healthy record's like-with-like figure.
     pub throughput_basis: Option<dflash_shared::health::healthy_record::ThroughputBasis>,
+    /// What `drafter.init_from` loaded (a fresh start with the key set), for the journal and
+    /// the banner.
+    pub warm_start: Option<WarmStart>,
 }
 
 /// A config device as a libtorch device, checked against what libtorch sees.
@@ -203,6 +210,10 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
                 cause: Box::new(source),
             })?,
     };
+    let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
+    // Before this start writes anything of its own (the data report; the effective config,
+    // which would lock the refused value): a refused warm start leaves the run dir as it was.
+    let warm_start_source = warm_start_source(inputs, &drafter_cfg)?;
     let vocab = target.config().vocab_size();
     let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
     cfg.check_against_dataset(samples.len())?;
@@ -226,8 +237,11 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
     let mut train_cfg = run_config::train_config(cfg, samples.len());
     train_cfg.online_eval_prompts = online_eval_prompts(inputs, &train_cfg)?;
     let online_prompts = load_online_prompts(&train_cfg, target_dir.as_deref(), vocab)?;
-    let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
+    let warm_start = match &warm_start_source {
+        Some(source) => Some(trainer.init_drafter_from(source)?),
+        None => None,
+    };
     if let Some(prompts) = online_prompts {
         trainer.set_online_prompts(prompts);
     }
@@ -252,7 +266,32 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         memory_plan_note,
         peak_notes,
         throughput_basis,
+        warm_start,
     })
+}
+
+/// `drafter.init_from` on a fresh start: the directory read (its config and its tensors'
+/// headers) and its config checked against the run's drafter. `None` when the key is unset,
+/// or when the run resumes: its checkpoint carries the weights on.
+fn warm_start_source(
+    inputs: &SetupInputs<'_>,
+    drafter: &dflash_engine::model::drafter::DrafterConfig,
+) -> Result<Option<DrafterSource>, SetupError> {
+    let Some(value) = inputs.config.drafter.init_from.as_deref() else {
+        return Ok(None);
+    };
+    if !inputs.fresh_start {
+        return Ok(None);
+    }
+    let dir = resolve_path(
+        "drafter.init_from",
+        value,
+        inputs.config_path,
+        inputs.run_dir,
+    )?;
+    let source = DrafterSource::open(&dir)?;
+    source.check_config(drafter)?;
+    Ok(Some(source))
 }
 
 /// The memory plan of this run at the data's p95 row length, before the drafter is built:
@@ -438,8 +477,10 @@ fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
         return Err(SetupError::Path {
             key: "data.format",
             value: "chat".into(),
-            detail: "chat data needs a tokenizer and chat template; the embedded target has none. \
-                     Use pre-tokenized data or a Hugging Face target"
+            detail: "chat data is read with the target directory's tokenizer and chat template, \
+                     and \"embedded\" names no directory: set target.model to the embedded \
+                     target's files (assets/tiny/target in the repository, or RUN/target of any \
+                     run on it), or use pre-tokenized data"
                 .into(),
         });
     }
@@ -583,6 +624,7 @@ mod tests {
             memory_plan: MemoryPlanPolicy::default(),
             cpu_peak_flops: None,
             resume: None,
+            fresh_start: false,
         };
         let mut train = run_config::train_config(&cfg, 100);
         assert_eq!(
@@ -623,6 +665,7 @@ mod tests {
                 memory_plan: MemoryPlanPolicy::default(),
                 cpu_peak_flops: None,
                 resume: None,
+                fresh_start: false,
             }
         }
         let mut cfg = Config::embedded_default();

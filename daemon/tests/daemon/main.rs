@@ -6,7 +6,7 @@
 //!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
 //!   ([`support::prometheus`]).
 //! - `daemon_*`, `doctor`, `eval_online`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`,
-//!   `target_parity`, `tensorboard_events`, `trained_artifacts`, `regenerate`: the real `dflashd` binary as a
+//!   `target_parity`, `tensorboard_events`, `trained_artifacts`, `regenerate`, `warm_start`: the real `dflashd` binary as a
 //!   child process in a temp dir ([`support::binary`]); `multi_node_launch` too (issue 23's
 //!   launch flags and variables) and `multi_node_training` (two real nodes on loopback).
 //! - `campaign_*`: issue 15's reliability campaign against the real binary (kill -9 rounds,
@@ -49,3 +49,4 @@ mod resume;
 mod target_parity;
 mod tensorboard_events;
 mod trained_artifacts;
+mod warm_start;

@@ -199,6 +199,69 @@ impl CheckpointIndex {
     pub fn is_sharded(&self) -> bool {
         self.sharded
     }
+
+    /// The files the tensors live in (the single file, or each shard once), sorted.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self
+            .weight_map
+            .values()
+            .map(|shard| self.dir.join(shard))
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
+    /// Every tensor of every file as its header describes it, by name. Only the headers are
+    /// read, so a checkpoint is judged before any of its bytes are copied.
+    pub fn stored_tensors(&self) -> Result<BTreeMap<String, StoredTensor>, ModelError> {
+        let mut out = BTreeMap::new();
+        for file in self.files() {
+            if !file.is_file() {
+                return Err(ModelError::MissingShard {
+                    index: self.listing.clone(),
+                    shard: file
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    tensor: self
+                        .weight_map
+                        .iter()
+                        .find(|(_, shard)| self.dir.join(shard) == file)
+                        .map(|(name, _)| name.clone())
+                        .unwrap_or_default(),
+                    path: file,
+                });
+            }
+            let mmap = map_file(&file)?;
+            let (_, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                    file: file.clone(),
+                    reason: e.to_string(),
+                })?;
+            for (name, info) in metadata.tensors() {
+                let stored = StoredTensor {
+                    file: file.clone(),
+                    shape: info.shape.iter().map(|&d| d as i64).collect(),
+                    dtype: format!("{:?}", info.dtype),
+                    kind: kind_of(info.dtype),
+                };
+                out.insert(name, stored);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One tensor as its file's header describes it (no data read).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredTensor {
+    pub file: PathBuf,
+    pub shape: Vec<i64>,
+    /// The safetensors dtype as the header names it (`F32`, `BF16`, `I64`, …).
+    pub dtype: String,
+    /// The dtype as a float [`Kind`]; `None` for any dtype that is not one [`kind_of`] reads.
+    pub kind: Option<Kind>,
 }
 
 fn map_file(path: &Path) -> Result<Mmap, ModelError> {
@@ -431,6 +494,45 @@ mod tests {
             .to_string();
         assert!(
             err.contains(INDEX_FILE) && err.contains("`c` is missing"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn stored_tensors_read_each_shards_header_and_name_a_missing_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "s1.safetensors",
+            &[("a", Tensor::zeros([2, 3], (Kind::BFloat16, Device::Cpu)))],
+        );
+        write(
+            dir.path(),
+            "s2.safetensors",
+            &[("ids", Tensor::from_slice(&[1i64, 2]))],
+        );
+        let index_json = r#"{"weight_map": {"a": "s1.safetensors", "ids": "s2.safetensors"}}"#;
+        std::fs::write(dir.path().join(INDEX_FILE), index_json).unwrap();
+        let index = CheckpointIndex::open(dir.path()).unwrap();
+        assert_eq!(
+            index.files(),
+            [
+                dir.path().join("s1.safetensors"),
+                dir.path().join("s2.safetensors")
+            ]
+        );
+        let stored = index.stored_tensors().unwrap();
+        assert_eq!(stored["a"].shape, [2, 3]);
+        assert_eq!(stored["a"].kind, Some(Kind::BFloat16));
+        assert_eq!(
+            (stored["ids"].kind, stored["ids"].dtype.as_str()),
+            (None, "I64")
+        );
+
+        std::fs::remove_file(dir.path().join("s2.safetensors")).unwrap();
+        let err = index.stored_tensors().unwrap_err().to_string();
+        assert!(
+            err.contains("s2.safetensors") && err.contains("`ids`") && err.contains("missing"),
             "{err}"
         );
     }

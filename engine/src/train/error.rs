@@ -43,6 +43,26 @@ pub enum TrainError {
     Topology(String),
     #[error("writing the checkpoint of step {step} failed: {cause}")]
     CheckpointWrite { step: u64, cause: Box<TrainError> },
+    /// `drafter.init_from` cannot initialise this run's drafter; nothing was loaded. Each
+    /// problem names the config key or the tensor and what to change.
+    #[error("{}", init_from_refusal(dir, problems))]
+    InitFrom { dir: PathBuf, problems: Vec<String> },
+}
+
+/// "drafter.init_from DIR: PROBLEM", or the problems one per line.
+fn init_from_refusal(dir: &std::path::Path, problems: &[String]) -> String {
+    let head = format!("drafter.init_from {}", dir.display());
+    match problems {
+        [one] => format!("{head}: {one}"),
+        many => {
+            let mut text = format!("{head}: {} problems:", many.len());
+            for p in many {
+                text.push_str("\n  - ");
+                text.push_str(p);
+            }
+            text
+        }
+    }
 }
 
 /// Which worker failed, on which device, and why.

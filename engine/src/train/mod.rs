@@ -30,6 +30,7 @@ pub mod tiny_chat;
 pub mod topology;
 pub mod trainer;
 pub mod unlocked;
+pub mod warm_start;
 
 pub use config::TrainConfig;
 pub use error::TrainError;

@@ -32,6 +32,10 @@ pub enum OptimError {
     },
     #[error("optimizer state holds `{0}`, which is not a parameter of this drafter")]
     UnknownState(String),
+    /// Weights replace an initialisation only before the first step: after it the moments
+    /// belong to the weights they were accumulated on.
+    #[error("the optimizer has taken {step} step(s): initial weights apply before the first")]
+    NotFresh { step: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,6 +313,48 @@ impl AdamW {
             ));
         }
         out
+    }
+
+    /// Replaces the weights of an optimizer that has taken no step (a warm start): the fp32
+    /// masters take `weights` exactly (converted to fp32), the parameters their value in their
+    /// own dtype, and the moments stay zero. Every parameter must be present with its exact
+    /// shape, and nothing else; nothing is modified unless all of them are.
+    pub fn initialise_weights(
+        &mut self,
+        weights: &HashMap<String, Tensor>,
+    ) -> Result<(), OptimError> {
+        if self.step != 0 {
+            return Err(OptimError::NotFresh { step: self.step });
+        }
+        let mut staged = Vec::with_capacity(self.slots.len());
+        for s in &self.slots {
+            let w = weights
+                .get(&s.name)
+                .ok_or_else(|| OptimError::MissingState(s.name.clone()))?;
+            if w.size() != s.param.size() {
+                return Err(OptimError::ShapeMismatch {
+                    name: s.name.clone(),
+                    expected: s.param.size(),
+                    found: w.size(),
+                });
+            }
+            staged.push(w.shallow_clone());
+        }
+        let known: std::collections::HashSet<&str> =
+            self.slots.iter().map(|s| s.name.as_str()).collect();
+        if let Some(extra) = weights.keys().find(|k| !known.contains(k.as_str())) {
+            return Err(OptimError::UnknownState(extra.clone()));
+        }
+        tch::no_grad(|| {
+            for (slot, w) in self.slots.iter_mut().zip(staged) {
+                let mut master = slot.master().shallow_clone();
+                master.copy_(&w.to_device(master.device()).to_kind(Kind::Float));
+                if slot.master.is_some() {
+                    slot.param.copy_(&master);
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Restores weights, moments and the step counter. Every parameter must be present with

@@ -284,6 +284,15 @@ impl DrafterReplica {
         }
     }
 
+    /// Takes `weights` as the initial weights of a replica that has not stepped (a warm start,
+    /// `train/warm_start.rs`); the moments stay zero.
+    pub fn initialise_weights(
+        &mut self,
+        weights: &HashMap<String, Tensor>,
+    ) -> Result<(), OptimError> {
+        self.optimizer.initialise_weights(weights)
+    }
+
     /// Takes over weights, moments and step counter (every tensor must be present).
     pub fn load_state(&mut self, state: &ReplicaState) -> Result<(), OptimError> {
         self.optimizer

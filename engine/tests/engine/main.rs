@@ -29,3 +29,4 @@ mod topology_failure;
 mod topology_queue;
 mod topology_resume;
 mod training_loop;
+mod warm_start;

@@ -24,6 +24,7 @@ pub const PURE_DRAFT_PREFIX_LEN: &str = "drafter.pure_draft_prefix_len";
 pub const SHIFT_LABEL: &str = "drafter.shift_label";
 pub const LAMBDA_BASE_START: &str = "training.lambda_base_start";
 pub const LAMBDA_BASE_DECAY_RATIO: &str = "training.lambda_base_decay_ratio";
+pub const INIT_FROM: &str = "drafter.init_from";
 
 pub const LOCKED_KEYS: &[&str] = &[
     PRECISION,
@@ -40,6 +41,7 @@ pub const LOCKED_KEYS: &[&str] = &[
     SHIFT_LABEL,
     LAMBDA_BASE_START,
     LAMBDA_BASE_DECAY_RATIO,
+    INIT_FROM,
 ];
 
 /// The Domino head's keys: its widths shape the drafter's weights, and the prefix and label
@@ -104,8 +106,30 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 ///   rewarded for and the scale of its gradient (DFlash averages per weighted position,
 ///   D-PACE sums per sequence), so a run switching midway is neither experiment and its loss
 ///   curve breaks at the switch. The engine refuses the checkpoint for the same reason.
+/// - `drafter.init_from`: where the run's weights started. A resume continues from its
+///   checkpoint and never reads the key again, so another value could change nothing but the
+///   record of where the weights came from.
 pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
     match key {
+        INIT_FROM if old.drafter.init_from != new.drafter.init_from => {
+            let keep = match &old.drafter.init_from {
+                Some(dir) => format!(
+                    "Keep drafter.init_from = {:?} (the directory is not read on resume, so it \
+                     need not exist any more)",
+                    dir
+                ),
+                None => "Remove drafter.init_from".into(),
+            };
+            Some(format!(
+                "the run's weights started from {}, and its checkpoints carry them on: a resume \
+                 never reads drafter.init_from again, so another value would only misrecord \
+                 where they came from. {keep}, or start a new run in another run dir",
+                match &old.drafter.init_from {
+                    Some(_) => "that drafter",
+                    None => "a random initialisation",
+                }
+            ))
+        }
         _ if HEAD_KEYS.contains(&key) && value_at(old, key) != value_at(new, key) => Some(format!(
             "the drafter's head decides its weights (the Domino GRU and embed_proj widths) \
                  and which slots its correction trains: the checkpoint cannot carry over. Keep \
@@ -230,6 +254,36 @@ mod tests {
                 "{key} did not change"
             );
         }
+    }
+
+    #[test]
+    fn init_from_is_locked_and_no_unlock_carries_a_change() {
+        assert!(is_locked_key(INIT_FROM));
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.drafter.init_from = Some("/drafters/a".into());
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(
+            changes,
+            ["drafter.init_from is locked: (unset) → \"/drafters/a\""]
+        );
+        let why = unlock_refusal(&old, &new, INIT_FROM).unwrap();
+        assert!(
+            why.contains("Remove drafter.init_from") && why.contains("new run"),
+            "{why}"
+        );
+        let mut moved = new.clone();
+        moved.drafter.init_from = Some("/drafters/b".into());
+        let why = unlock_refusal(&new, &moved, INIT_FROM).unwrap();
+        assert!(
+            why.contains("Keep drafter.init_from = \"/drafters/a\"")
+                && why.contains("never reads drafter.init_from again"),
+            "{why}"
+        );
+        assert_eq!(unlock_refusal(&new, &new, INIT_FROM), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod paths;
 pub mod sections;
 mod validate;
 
-pub use validate::{ConfigFacts, TargetShape};
+pub use validate::{ConfigFacts, InitFromMisfit, TargetShape};
 
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +74,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "data.chat_template",
     "data.held_out_samples",
     "drafter.sliding_window",
+    "drafter.init_from",
     "training.max_steps",
     "training.loss_decay_gamma",
     "training.online_eval_every",

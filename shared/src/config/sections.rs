@@ -107,6 +107,15 @@ pub struct DrafterSection {
     /// labels do not implement, so validation refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shift_label: Option<bool>,
+    /// A drafter directory a fresh run starts from (a warm start) instead of random weights:
+    /// `config.json` and `model.safetensors` (or its shards) as `dflashd export` writes them or
+    /// SpecForge saves them, with a DFlash or a Domino head. Its config must match this
+    /// section and the target; its trainable weights load before the first step, and the
+    /// target's embedding and LM head stay the target's. A path (`~` and `${VAR}` expand;
+    /// relative to the config file). Locked for a run: a resume continues from its checkpoint
+    /// and never reads it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<String>,
 }
 
 /// `drafter.head`: what turns the drafter's hidden states into logits.

@@ -111,8 +111,9 @@ pub(super) fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
         0.5,
         "a fraction in [0, 0.5]",
     );
-    // `start` refuses chat data on the embedded target whatever `data.tokenizer` says: the
-    // embedded target has no chat template, and its random weights know no tokenizer's ids.
+    // `start` refuses chat data on the embedded target whatever `data.tokenizer` says: chat
+    // data is read with the target directory's tokenizer and template, and "embedded" names
+    // no directory. The same target as files (tokenizer and chat template included) is one.
     let chat_file = d.format == DataFormat::Chat && d.train_file != EMBEDDED_DATA;
     if chat_file && c.target.is_embedded() {
         v.push(
@@ -122,8 +123,10 @@ pub(super) fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
                 "\"chat\"",
             )
             .with_hint(
-                "the embedded target has no chat template, and data.tokenizer does not give it \
-                 one; use pre-tokenized data or a Hugging Face target (target.model)",
+                "chat data is read with the target directory's tokenizer and chat template, and \
+                 \"embedded\" names no directory: set target.model to the embedded target's \
+                 files (assets/tiny/target in the repository, or RUN/target of any run on it), \
+                 or use pre-tokenized data",
             ),
         );
     }
@@ -142,6 +145,21 @@ pub struct ConfigFacts {
     pub missing_online_prompts: Option<String>,
     /// The target's depth and vocabulary, from its `config.json` (or the embedded target).
     pub target: Option<TargetShape>,
+    /// `drafter.init_from`, when it names no drafter directory `start` could read: why.
+    pub init_from_unreadable: Option<String>,
+    /// Where `drafter.init_from`'s drafter differs from the configured drafter and target:
+    /// the check `start` makes before it loads a weight.
+    pub init_from_misfits: Vec<InitFromMisfit>,
+}
+
+/// One difference between `drafter.init_from`'s drafter and the run's, as the engine's check
+/// (`train/warm_start.rs`) names it: the run config key, both values, what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitFromMisfit {
+    pub key: String,
+    pub run: String,
+    pub drafter: String,
+    pub fix: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +199,26 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
                 format!("{path} (no such file)"),
             )
             .with_hint("fix the path, or set training.online_eval_every = 0"),
+        );
+    }
+    if let Some(why) = &f.init_from_unreadable {
+        v.push(
+            ConfigIssue::invalid(
+                "drafter.init_from",
+                "a drafter directory (config.json and model.safetensors)",
+                why,
+            )
+            .with_hint("fix the path, or remove the key to start from random weights"),
+        );
+    }
+    for m in &f.init_from_misfits {
+        v.push(
+            ConfigIssue::invalid(
+                m.key.clone(),
+                format!("{} (the drafter of drafter.init_from)", m.drafter),
+                &m.run,
+            )
+            .with_hint(m.fix.clone()),
         );
     }
     if let Some(t) = f.target {

@@ -95,6 +95,19 @@ pub(super) fn drafter(c: &Config, v: &mut Vec<ConfigIssue>) {
         1.0,
         "a small positive number",
     );
+    if d.init_from
+        .as_deref()
+        .is_some_and(|dir| dir.trim().is_empty())
+    {
+        v.push(
+            ConfigIssue::invalid(
+                "drafter.init_from",
+                "a drafter directory (config.json and model.safetensors)",
+                "an empty string",
+            )
+            .with_hint("remove the key to start from random weights"),
+        );
+    }
     domino_head(c, v);
 }
 

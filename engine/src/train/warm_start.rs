@@ -1,0 +1,629 @@
+//! Warm start (`drafter.init_from`): a fresh run's trainable drafter weights read from an
+//! existing drafter directory instead of drawn at random. The directory is what `dflashd
+//! export` writes and what SpecForge saves, one layout (`drafter_io.rs`): `config.json` and
+//! `model.safetensors`, or the shards `model.safetensors.index.json` lists, with a DFlash head
+//! or a Domino one (`DominoDraftModel`).
+//!
+//! Everything is checked before a weight is copied, and every problem found is reported at
+//! once: the directory's drafter config against the run's ([`DrafterSource::misfits`]: head,
+//! widths, layers, block size, taps, mask token, the target's vocabulary and width), the
+//! tensors' headers against the run's parameters (missing, extra, shape, dtype), then the
+//! values (finite). Only the drafter's own parameters load. A file that also carries the
+//! target's frozen tables ([`SHARED_WITH_TARGET`]) keeps the target's: the drafter reads the
+//! target's embedding and LM head in training and in serving. A stored RoPE `inv_freq` buffer
+//! is recomputed from `rope_theta`, as every load does.
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use super::drafter_io::CONFIG_FILE;
+use super::error::TrainError;
+use super::trainer::Trainer;
+use crate::file_hash::sha256_file;
+use crate::model::drafter::{DrafterConfig, DrafterHead, LayerType};
+use crate::model::weights::{CheckpointIndex, StoredTensor, TensorRequest};
+
+/// Tensors a drafter file may carry that are the target's own: the frozen embedding and LM
+/// head the drafter shares with its target. They are never loaded from `init_from`.
+pub const SHARED_WITH_TARGET: [&str; 2] = ["embed_tokens.weight", "lm_head.weight"];
+
+/// A buffer some writers store (PyTorch's persistent `inv_freq`): derived from `rope_theta`,
+/// not learned, so it is not loaded.
+const DERIVED_BUFFER_SUFFIX: &str = "rotary_emb.inv_freq";
+
+/// A drafter directory, read as far as its config and its tensors' headers.
+#[derive(Debug)]
+pub struct DrafterSource {
+    dir: PathBuf,
+    config: DrafterConfig,
+    index: CheckpointIndex,
+    stored: BTreeMap<String, StoredTensor>,
+}
+
+/// One difference between the run's drafter and the directory's: the run config key to
+/// change, both values as the config writes them, and what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Misfit {
+    /// A `[drafter]` key, or `target.model` where the drafter was trained for another target.
+    pub key: &'static str,
+    pub run: String,
+    pub drafter: String,
+    pub fix: String,
+}
+
+impl fmt::Display for Misfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: the run has {}, the drafter has {}; {}",
+            self.key, self.run, self.drafter, self.fix
+        )
+    }
+}
+
+/// A weights file a warm start read, by its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightFileDigest {
+    pub file: PathBuf,
+    pub bytes: u64,
+    /// Lower-case hex.
+    pub sha256: String,
+}
+
+/// What a warm start loaded: the record a run keeps of where its weights came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmStart {
+    pub dir: PathBuf,
+    /// `"dflash"` or `"domino"`.
+    pub head: &'static str,
+    pub files: Vec<WeightFileDigest>,
+    /// Parameters initialised (every trainable parameter of the drafter).
+    pub tensors: usize,
+    /// Tensors of the files left unloaded: the target's own tables, derived buffers.
+    pub not_loaded: Vec<String>,
+}
+
+impl WarmStart {
+    /// One line: the directory, each weights file's SHA-256, and what stayed the target's.
+    pub fn summary(&self) -> String {
+        let files: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| {
+                let name = f.file.file_name().map_or_else(
+                    || f.file.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                );
+                format!("{name} sha256 {} ({} bytes)", f.sha256, f.bytes)
+            })
+            .collect();
+        let mut text = format!(
+            "drafter initialised from {} (drafter.init_from; {} head, {} tensors): {}",
+            self.dir.display(),
+            self.head,
+            self.tensors,
+            files.join(", ")
+        );
+        if !self.not_loaded.is_empty() {
+            text.push_str(&format!(
+                "; not loaded (the target's own, or derived): {}",
+                self.not_loaded.join(", ")
+            ));
+        }
+        text
+    }
+}
+
+fn refused(dir: &Path, problems: Vec<String>) -> TrainError {
+    TrainError::InitFrom {
+        dir: dir.to_path_buf(),
+        problems,
+    }
+}
+
+fn head_name(head: &DrafterHead) -> &'static str {
+    match head {
+        DrafterHead::Dflash => "dflash",
+        DrafterHead::Domino(_) => "domino",
+    }
+}
+
+fn layer_types_toml(types: &[LayerType]) -> String {
+    let names: Vec<String> = types
+        .iter()
+        .map(|t| format!("\"{}\"", t.hf_name()))
+        .collect();
+    format!("[{}]", names.join(", "))
+}
+
+impl DrafterSource {
+    /// Reads `dir`'s `config.json` and the headers of its weights files (no tensor data).
+    pub fn open(dir: &Path) -> Result<Self, TrainError> {
+        if !dir.is_dir() {
+            return Err(refused(
+                dir,
+                vec![
+                    "is not a directory: name a drafter directory (config.json and \
+                     model.safetensors), such as one `dflashd export` wrote or SpecForge saved"
+                        .into(),
+                ],
+            ));
+        }
+        let config = DrafterConfig::from_hf_json(&dir.join(CONFIG_FILE))
+            .map_err(|e| refused(dir, vec![e.to_string()]))?;
+        let index = CheckpointIndex::open(dir).map_err(|e| refused(dir, vec![e.to_string()]))?;
+        let stored = index
+            .stored_tensors()
+            .map_err(|e| refused(dir, vec![e.to_string()]))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            index,
+            stored,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The drafter config the directory holds.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.config
+    }
+
+    /// Where the directory's drafter differs from `run` in what its weights compute: each
+    /// names the run config key to change. Descriptive keys (`max_position_embeddings`, the
+    /// init range) are not compared; the Domino widths only when both heads are Domino.
+    pub fn misfits(&self, run: &DrafterConfig) -> Vec<Misfit> {
+        let file = &self.config;
+        let mut out = Vec::new();
+        let mut differs = |key: &'static str, run: String, drafter: String| {
+            if run != drafter {
+                let fix = format!("set {key} = {drafter}, or name a drafter of the run's shape");
+                out.push(Misfit {
+                    key,
+                    run,
+                    drafter,
+                    fix,
+                });
+            }
+        };
+        differs(
+            "drafter.hidden_size",
+            run.hidden_size.to_string(),
+            file.hidden_size.to_string(),
+        );
+        differs(
+            "drafter.intermediate_size",
+            run.intermediate_size.to_string(),
+            file.intermediate_size.to_string(),
+        );
+        differs(
+            "drafter.num_layers",
+            run.num_hidden_layers.to_string(),
+            file.num_hidden_layers.to_string(),
+        );
+        differs(
+            "drafter.num_attention_heads",
+            run.num_attention_heads.to_string(),
+            file.num_attention_heads.to_string(),
+        );
+        differs(
+            "drafter.num_key_value_heads",
+            run.num_key_value_heads.to_string(),
+            file.num_key_value_heads.to_string(),
+        );
+        differs(
+            "drafter.head_dim",
+            run.head_dim.to_string(),
+            file.head_dim.to_string(),
+        );
+        differs(
+            "drafter.layer_types",
+            layer_types_toml(&run.layer_types),
+            layer_types_toml(&file.layer_types),
+        );
+        // The window shapes no weight, but it decides what each sliding layer attends to.
+        if run.layer_types.contains(&LayerType::Sliding) {
+            let window = |w: Option<i64>| w.map_or("(unset)".into(), |w| w.to_string());
+            differs(
+                "drafter.sliding_window",
+                window(run.sliding_window),
+                window(file.sliding_window),
+            );
+        }
+        differs(
+            "drafter.block_size",
+            run.block_size.to_string(),
+            file.block_size.to_string(),
+        );
+        differs(
+            "drafter.mask_token_id",
+            run.mask_token_id.to_string(),
+            file.mask_token_id.to_string(),
+        );
+        differs(
+            "drafter.target_layer_ids",
+            format!("{:?}", run.target_layer_ids),
+            format!("{:?}", file.target_layer_ids),
+        );
+        differs(
+            "drafter.rope_theta",
+            format!("{:?}", run.rope_theta),
+            format!("{:?}", file.rope_theta),
+        );
+        differs(
+            "drafter.rms_norm_eps",
+            format!("{:?}", run.rms_norm_eps),
+            format!("{:?}", file.rms_norm_eps),
+        );
+        out.extend(head_misfits(&run.head, &file.head));
+        out.extend(target_misfits(run, file));
+        out
+    }
+
+    /// [`Self::misfits`] as the refusal `start` gives.
+    pub fn check_config(&self, run: &DrafterConfig) -> Result<(), TrainError> {
+        let misfits = self.misfits(run);
+        if misfits.is_empty() {
+            return Ok(());
+        }
+        Err(refused(
+            &self.dir,
+            misfits.iter().map(ToString::to_string).collect(),
+        ))
+    }
+
+    /// The run's parameters (`name`, shape) against the stored tensors: the problems (missing,
+    /// extra, shape, dtype), and the stored tensors that are deliberately not loaded.
+    fn tensor_problems(&self, params: &[(String, Vec<i64>)]) -> (Vec<String>, Vec<String>) {
+        let mut problems = Vec::new();
+        let shown = |file: &Path| file.display().to_string();
+        for (name, shape) in params {
+            match self.stored.get(name) {
+                None => problems.push(format!(
+                    "tensor `{name}` (shape {shape:?}) is missing from the drafter's weights: \
+                     the run's drafter has it, so name a drafter of the same architecture"
+                )),
+                Some(t) if &t.shape != shape => problems.push(format!(
+                    "tensor `{name}` has shape {:?} in {}, the run's drafter has {shape:?}",
+                    t.shape,
+                    shown(&t.file)
+                )),
+                Some(t) if t.kind.is_none() => problems.push(format!(
+                    "tensor `{name}` is stored as {} in {}; a drafter's weights are F32, BF16 \
+                     or F16: export the drafter again in one of them",
+                    t.dtype,
+                    shown(&t.file)
+                )),
+                Some(_) => {}
+            }
+        }
+        let mut not_loaded = Vec::new();
+        for (name, t) in &self.stored {
+            if params.iter().any(|(p, _)| p == name) {
+                continue;
+            }
+            if SHARED_WITH_TARGET.contains(&name.as_str()) || name.ends_with(DERIVED_BUFFER_SUFFIX)
+            {
+                not_loaded.push(name.clone());
+            } else {
+                problems.push(format!(
+                    "tensor `{name}` in {} is not a parameter of the run's drafter (a drafter of \
+                     another architecture?): name a drafter whose tensors are the run's",
+                    shown(&t.file)
+                ));
+            }
+        }
+        (problems, not_loaded)
+    }
+}
+
+/// The head kind, and the Domino widths when both heads are Domino (otherwise the kind is
+/// the one difference worth reading).
+fn head_misfits(run: &DrafterHead, file: &DrafterHead) -> Vec<Misfit> {
+    match (run.domino(), file.domino()) {
+        (Some(r), Some(f)) => {
+            let mut out = Vec::new();
+            for (key, run, drafter) in [
+                ("drafter.emb_dim", r.emb_dim, f.emb_dim),
+                ("drafter.gru_hidden_dim", r.gru_hidden_dim, f.gru_hidden_dim),
+                (
+                    "drafter.pure_draft_prefix_len",
+                    r.pure_draft_prefix_len,
+                    f.pure_draft_prefix_len,
+                ),
+            ] {
+                if run != drafter {
+                    out.push(Misfit {
+                        key,
+                        run: run.to_string(),
+                        drafter: drafter.to_string(),
+                        fix: format!(
+                            "set {key} = {drafter}, or name a Domino drafter of the run's widths"
+                        ),
+                    });
+                }
+            }
+            out
+        }
+        (None, None) => Vec::new(),
+        (Some(_), None) => vec![Misfit {
+            key: "drafter.head",
+            run: "\"domino\"".into(),
+            drafter: "\"dflash\" (no Domino head: DFlashDraftModel without \
+                      dflash_config.projector_type = \"domino\")"
+                .into(),
+            fix: "set drafter.head = \"dflash\" and remove drafter.emb_dim, \
+                  drafter.gru_hidden_dim and drafter.pure_draft_prefix_len, or name a Domino \
+                  drafter"
+                .into(),
+        }],
+        (None, Some(f)) => vec![Misfit {
+            key: "drafter.head",
+            run: "\"dflash\"".into(),
+            drafter: "\"domino\" (DominoDraftModel)".into(),
+            fix: format!(
+                "set drafter.head = \"domino\" with drafter.emb_dim = {}, \
+                 drafter.gru_hidden_dim = {} and drafter.pure_draft_prefix_len = {}, or name a \
+                 DFlash drafter",
+                f.emb_dim, f.gru_hidden_dim, f.pure_draft_prefix_len
+            ),
+        }],
+    }
+}
+
+/// What the target decides: its vocabulary, its hidden width (the `fc` input) and its depth
+/// (what the tap ids mean). No `[drafter]` key changes them: only a drafter of this target fits.
+fn target_misfits(run: &DrafterConfig, file: &DrafterConfig) -> Vec<Misfit> {
+    let fix = "the drafter was trained for another target: name a drafter of target.model's \
+               model, or set target.model to the drafter's target";
+    let mut out = Vec::new();
+    for (what, run, drafter) in [
+        ("vocabulary", run.vocab_size, file.vocab_size),
+        (
+            "hidden size",
+            run.target_hidden_size,
+            file.target_hidden_size,
+        ),
+    ] {
+        if run != drafter {
+            out.push(Misfit {
+                key: "target.model",
+                run: format!("a target of {what} {run}"),
+                drafter: format!("{what} {drafter}"),
+                fix: fix.into(),
+            });
+        }
+    }
+    if let (Some(run), Some(drafter)) = (run.num_target_layers, file.num_target_layers) {
+        if run != drafter {
+            out.push(Misfit {
+                key: "target.model",
+                run: format!("a target of {run} layers"),
+                drafter: format!("num_target_layers {drafter}"),
+                fix: fix.into(),
+            });
+        }
+    }
+    out
+}
+
+impl Trainer {
+    /// Initialises the drafter's trainable weights from `source` (a warm start): rank 0's
+    /// fp32 masters take the file's values exactly (converted to fp32; bit-exact from an f32
+    /// file), every other rank copies rank 0, the optimizer's moments stay zero. Only before
+    /// the first step. Every check runs first (config, tensor headers, finite values) and
+    /// reports every problem it found; on `Err` the trainer is as it was.
+    ///
+    /// The weights pass through host memory once, in fp32.
+    pub fn init_drafter_from(&mut self, source: &DrafterSource) -> Result<WarmStart, TrainError> {
+        if self.step != 0 || self.rank0.replica.optimizer().step_count() != 0 {
+            return Err(refused(
+                source.dir(),
+                vec![format!(
+                    "the run is at step {}: a drafter initialises a fresh run, before its first \
+                     step (a resumed run continues from its checkpoint)",
+                    self.step
+                )],
+            ));
+        }
+        source.check_config(&self.drafter_cfg)?;
+        let params: Vec<(String, Vec<i64>)> = self
+            .rank0
+            .replica
+            .optimizer()
+            .master_weights()
+            .into_iter()
+            .map(|(name, t)| (name, t.size()))
+            .collect();
+        let (problems, not_loaded) = source.tensor_problems(&params);
+        if !problems.is_empty() {
+            return Err(refused(source.dir(), problems));
+        }
+        let mut files = Vec::new();
+        for file in source.index.files() {
+            let digest = sha256_file(&file).map_err(TrainError::io(&file))?;
+            files.push(WeightFileDigest {
+                file,
+                bytes: digest.bytes,
+                sha256: digest.sha256,
+            });
+        }
+        let requests: Vec<TensorRequest> = params
+            .iter()
+            .map(|(name, shape)| TensorRequest {
+                name: name.clone(),
+                shape: shape.clone(),
+            })
+            .collect();
+        let weights: HashMap<String, Tensor> = source
+            .index
+            .load(&requests, Device::Cpu, Kind::Float)
+            .map_err(|e| refused(source.dir(), vec![e.to_string()]))?;
+        let mut non_finite: Vec<String> = weights
+            .iter()
+            .filter(|(_, t)| t.isfinite().all().int64_value(&[]) == 0)
+            .map(|(name, _)| {
+                format!("tensor `{name}` holds NaN or infinite values: a drafter to start from must be finite")
+            })
+            .collect();
+        if !non_finite.is_empty() {
+            non_finite.sort();
+            return Err(refused(source.dir(), non_finite));
+        }
+        self.rank0
+            .replica
+            .initialise_weights(&weights)
+            .map_err(|e| refused(source.dir(), vec![e.to_string()]))?;
+        if let Some(cluster) = self.cluster.as_mut() {
+            cluster.sync_replicas(&self.rank0)?;
+        }
+        Ok(WarmStart {
+            dir: source.dir().to_path_buf(),
+            head: head_name(&self.drafter_cfg.head),
+            files,
+            tensors: params.len(),
+            not_loaded,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::drafter::DominoConfig;
+    use crate::model::target::TargetConfig;
+    use crate::train::embedded::tiny_drafter_config;
+
+    /// A source of `config` whose weights list is empty: `misfits` and `tensor_problems` read
+    /// no file, so the index only has to exist.
+    fn source_with(config: DrafterConfig) -> DrafterSource {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            r#"{"weight_map": {}}"#,
+        )
+        .unwrap();
+        DrafterSource {
+            dir: PathBuf::from("/drafters/x"),
+            config,
+            index: CheckpointIndex::open(dir.path()).unwrap(),
+            stored: BTreeMap::new(),
+        }
+    }
+
+    fn run_config() -> DrafterConfig {
+        tiny_drafter_config(&TargetConfig::tiny_default())
+    }
+
+    #[test]
+    fn each_difference_names_the_run_key_and_the_value_to_set() {
+        let run = run_config();
+        assert!(source_with(run.clone()).misfits(&run).is_empty());
+        let mut file = run.clone();
+        file.block_size = 16;
+        file.target_layer_ids = vec![0, 2];
+        file.layer_types = vec![LayerType::Full, LayerType::Full];
+        let text: Vec<String> = source_with(file)
+            .misfits(&run)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            text,
+            [
+                "drafter.layer_types: the run has [\"sliding_attention\", \"full_attention\"], \
+                 the drafter has [\"full_attention\", \"full_attention\"]; set \
+                 drafter.layer_types = [\"full_attention\", \"full_attention\"], or name a \
+                 drafter of the run's shape",
+                "drafter.block_size: the run has 8, the drafter has 16; set drafter.block_size \
+                 = 16, or name a drafter of the run's shape",
+                "drafter.target_layer_ids: the run has [1, 3], the drafter has [0, 2]; set \
+                 drafter.target_layer_ids = [0, 2], or name a drafter of the run's shape",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_head_of_another_kind_or_width_and_another_target_are_named() {
+        let run = run_config();
+        let Some(&domino) = run.head.domino() else {
+            panic!("the embedded default's head is Domino");
+        };
+        let mut file = run.clone();
+        file.head = DrafterHead::Domino(DominoConfig {
+            emb_dim: domino.emb_dim * 2,
+            ..domino
+        });
+        file.vocab_size += 1;
+        let misfits = source_with(file).misfits(&run);
+        let keys: Vec<&str> = misfits.iter().map(|m| m.key).collect();
+        assert_eq!(keys, ["drafter.emb_dim", "target.model"]);
+        assert!(misfits[0]
+            .fix
+            .contains(&format!("drafter.emb_dim = {}", domino.emb_dim * 2)));
+
+        let mut dflash = run.clone();
+        dflash.head = DrafterHead::Dflash;
+        let misfits = source_with(dflash).misfits(&run);
+        assert_eq!(
+            misfits.len(),
+            1,
+            "the kind alone, not each width: {misfits:?}"
+        );
+        assert_eq!(misfits[0].key, "drafter.head");
+        assert!(
+            misfits[0].fix.contains("drafter.head = \"dflash\""),
+            "{}",
+            misfits[0]
+        );
+    }
+
+    #[test]
+    fn extra_tensors_are_refused_unless_they_are_the_targets_own_or_derived() {
+        let mut source = source_with(run_config());
+        let stored = |shape: &[i64], kind: Option<Kind>| StoredTensor {
+            file: PathBuf::from("/drafters/x/model.safetensors"),
+            shape: shape.to_vec(),
+            dtype: if kind.is_some() { "F32" } else { "I64" }.into(),
+            kind,
+        };
+        source.stored = BTreeMap::from([
+            ("a".to_string(), stored(&[2, 3], Some(Kind::Float))),
+            ("b".to_string(), stored(&[4], Some(Kind::Float))),
+            ("c".to_string(), stored(&[1], None)),
+            (
+                "embed_tokens.weight".to_string(),
+                stored(&[9, 2], Some(Kind::Float)),
+            ),
+            (
+                "layers.0.self_attn.rotary_emb.inv_freq".to_string(),
+                stored(&[4], Some(Kind::Float)),
+            ),
+            ("stray".to_string(), stored(&[1], Some(Kind::Float))),
+        ]);
+        let params = [
+            ("a".to_string(), vec![2, 3]),
+            ("b".to_string(), vec![5]),
+            ("c".to_string(), vec![1]),
+            ("d".to_string(), vec![7]),
+        ];
+        let (problems, not_loaded) = source.tensor_problems(&params);
+        assert_eq!(
+            not_loaded,
+            [
+                "embed_tokens.weight",
+                "layers.0.self_attn.rotary_emb.inv_freq"
+            ]
+        );
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(problems[0].contains("`b` has shape [4]") && problems[0].contains("[5]"));
+        assert!(problems[1].contains("`c` is stored as I64"));
+        assert!(problems[2].contains("`d` (shape [7]) is missing"));
+        assert!(problems[3].contains("`stray`") && problems[3].contains("not a parameter"));
+    }
+}
