@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::error::BenchError;
-use super::flops::{step_flops, StepWork};
+use super::flops::{corrected_positions, step_flops, StepWork};
 use super::presets::{FeatureSource, StepPreset, TokenSource};
 use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::{Drafter, DrafterConfig};
@@ -201,6 +201,7 @@ pub fn prepare_step_case(preset: &StepPreset, dir: &Path) -> Result<StepMeta, Be
         anchors: &anchors.positions,
         keep: &anchors.keep,
         weighted_positions,
+        corrected_positions: corrected_positions(d, &labels.weights),
         vocab_size: preset.vocab_size(),
     });
     let meta = StepMeta {

@@ -56,8 +56,9 @@ pub struct BenchArgs {
     /// Default: step,attention,target,overhead,queue (--quick: step).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
-    /// Drafter-step configs: tiny, small, medium, gpu-large, real-structure. Default:
-    /// tiny,small,medium (--quick: tiny; the plan case: tiny,small,medium,real-structure).
+    /// Drafter-step configs: tiny, small, small-domino, medium, gpu-large, real-structure.
+    /// Default: tiny,small,medium (--quick: tiny; the plan case:
+    /// tiny,small,small-domino,medium,real-structure).
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Anchors of the attention case (block 32, context 2048). Default: 128,256,512,1024.

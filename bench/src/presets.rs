@@ -2,7 +2,9 @@
 //! shapes, seeds and data, so runs on different days (and the engine vs the reference) compare.
 use dflash_engine::model::drafter::{DrafterConfig, LayerType};
 use dflash_engine::model::target::{Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig};
-use dflash_engine::train::embedded::{tiny_drafter_config, tiny_target_config, tiny_train_config};
+use dflash_engine::train::embedded::{
+    tiny_dflash_drafter_config, tiny_target_config, tiny_train_config,
+};
 
 use super::error::BenchError;
 
@@ -54,7 +56,14 @@ impl StepPreset {
     }
 }
 
-pub const STEP_PRESETS: &[&str] = &["tiny", "small", "medium", "gpu-large", "real-structure"];
+pub const STEP_PRESETS: &[&str] = &[
+    "tiny",
+    "small",
+    "small-domino",
+    "medium",
+    "gpu-large",
+    "real-structure",
+];
 pub const CPU_STEP_PRESETS: &[&str] = &["tiny", "small", "medium"];
 
 fn qwen3_5_target(
@@ -131,6 +140,27 @@ fn drafter(shape: DrafterShape, target_layers: usize, taps: usize, vocab: i64) -
     }
 }
 
+/// `small` with a Domino head (the embedded default's widths, emb 64 and GRU 128, and the
+/// recipes' pure-draft prefix of 1 slot): the case that holds the plan's Domino terms to the
+/// kernels counted and the memory measured. Its features and tables are drawn at random
+/// instead of run through `small`'s target: a step's FLOPs and memory depend on the shapes
+/// alone, and the case prepares in a second instead of several. The Python reference
+/// implements DFlash's head only, so this case has no reference run.
+fn small_domino() -> Result<StepPreset, BenchError> {
+    use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
+    let mut preset = step_preset("small")?;
+    preset.name = "small-domino";
+    preset.features = FeatureSource::Random {
+        vocab_size: preset.vocab_size(),
+    };
+    preset.drafter.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 64,
+        gru_hidden_dim: 128,
+        pure_draft_prefix_len: 1,
+    });
+    Ok(preset)
+}
+
 /// The GPU check's second parity shape: a preset whose sliding layer runs several attention
 /// chunks (the tiny one runs one).
 pub const PARITY_MULTI_CHUNK: &str = "small";
@@ -139,13 +169,15 @@ pub const PARITY_MULTI_CHUNK: &str = "small";
 pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
     use LayerType::{Full, Sliding};
     let preset = match name {
-        // Exactly the embedded default `dflashd start` trains.
+        // The embedded default `dflashd start` trains, with DFlash's head: the one head the
+        // Python reference implements, so the engine and the reference run the same step
+        // (the bench's step trains whichever head its drafter has).
         "tiny" => {
             let target = tiny_target_config();
             let train = tiny_train_config();
             StepPreset {
                 name: "tiny",
-                drafter: tiny_drafter_config(&target),
+                drafter: tiny_dflash_drafter_config(&target),
                 features: FeatureSource::Target(target),
                 tokens: TokenSource::TinyDataset,
                 batch: train.batch_size,
@@ -279,6 +311,7 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
                 bf16_files: false,
             }
         }
+        "small-domino" => small_domino()?,
         other => {
             return Err(BenchError::Unknown {
                 what: "step config",
@@ -426,10 +459,44 @@ mod tests {
     }
 
     #[test]
-    fn tiny_is_the_embedded_default() {
+    fn tiny_is_the_embedded_default_with_dflashs_head() {
+        use dflash_engine::model::drafter::DrafterHead;
+        use dflash_engine::train::embedded::tiny_drafter_config;
         let p = step_preset("tiny").unwrap();
-        assert_eq!(p.drafter, tiny_drafter_config(&tiny_target_config()));
+        let default = tiny_drafter_config(&tiny_target_config());
+        assert_eq!(
+            p.drafter,
+            DrafterConfig {
+                head: DrafterHead::Dflash,
+                ..default
+            }
+        );
         assert_eq!(p.tokens, TokenSource::TinyDataset);
+    }
+
+    #[test]
+    fn small_domino_is_small_with_a_domino_head() {
+        use dflash_engine::model::drafter::DrafterHead;
+        let (small, domino) = (
+            step_preset("small").unwrap(),
+            step_preset("small-domino").unwrap(),
+        );
+        assert!(small.drafter.head.domino().is_none());
+        let head = *domino.drafter.head.domino().expect("a Domino head");
+        assert_eq!(domino.vocab_size(), small.vocab_size());
+        assert_eq!(
+            StepPreset {
+                name: "small",
+                drafter: DrafterConfig {
+                    head: DrafterHead::Dflash,
+                    ..domino.drafter.clone()
+                },
+                features: small.features.clone(),
+                ..domino
+            },
+            small
+        );
+        assert!(head.pure_draft_prefix_len > 0, "{head:?}");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::timing::sync;
 use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
-use dflash_engine::plan::flops::{drafter_step_flops, StepWork};
+use dflash_engine::plan::flops::{corrected_positions, drafter_step_flops, StepWork};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::dpace::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
@@ -354,6 +354,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             anchors: micro.anchors.positions.clone(),
             keep: micro.anchors.keep.clone(),
             weighted_positions: micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64,
+            corrected_positions: corrected_positions(d, &micro.labels.weights),
             loss_chunk_positions: shape.loss_chunk_positions,
         };
         let flops = drafter_step_flops(&StepWork {
@@ -363,6 +364,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             anchors: &step_shape.anchors,
             keep: &step_shape.keep,
             weighted_positions: step_shape.weighted_positions,
+            corrected_positions: step_shape.corrected_positions,
             vocab_size: d.vocab_size,
         })
         .total();

@@ -4,8 +4,9 @@
 //!
 //! One step is what [`dflash_engine::train::Trainer`] does for a micro-batch after the target
 //! forward, with the same engine calls: frozen embedding lookup, [`Drafter::forward`] with the
-//! block-sparse attention, [`weighted_ce_backward`] (chunked LM head), clipped
-//! [`AdamW::step`] and `zero_grad`.
+//! block-sparse attention, [`weighted_ce_backward`] (chunked LM head; with a Domino head,
+//! [`domino_ce_backward`], its GRU and `embed_proj` too), clipped [`AdamW::step`] and
+//! `zero_grad`.
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,8 @@ use super::stats::median;
 use super::timing::{live_step_memory, sync, timed_loop, Timed};
 use dflash_engine::device;
 use dflash_engine::model::drafter::{AttentionBackend, Drafter};
+use dflash_engine::train::domino::{domino_ce, domino_ce_backward, DominoBatch};
+use dflash_engine::train::dpace::LossObjective;
 use dflash_engine::train::drafter_io::{load_hf, named_parameters};
 use dflash_engine::train::loss::{weighted_ce, weighted_ce_backward};
 use dflash_engine::train::optim::AdamW;
@@ -231,11 +234,40 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
                 .index_select(0, &block_ids.reshape([-1]))
                 .view([b, q, -1])
         });
+        // A Domino head's GRU reads each block's true tokens, the slots' labels (teacher
+        // forcing, as `train/replica.rs` feeds it), looked up per step as the trainer does.
+        let label_embeddings = drafter.domino().map(|_| {
+            tch::no_grad(|| {
+                embed
+                    .index_select(0, &targets.reshape([-1]))
+                    .view([b, q, -1])
+            })
+        });
+        let domino =
+            drafter
+                .domino()
+                .zip(label_embeddings.as_ref())
+                .map(|(head, label_embeddings)| DominoBatch {
+                    head,
+                    lm_head,
+                    label_embeddings,
+                    targets,
+                    weights,
+                    block_size: dc.block_size,
+                });
         let forward_pass = || drafter.forward(features, &embeddings, anchors, &keep, opts.backend);
         let (loss, norm) = if opts.forward_only {
             let sums = tch::no_grad(|| {
                 let out = forward_pass();
-                weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions)
+                match &domino {
+                    Some(batch) => domino_ce(
+                        &out,
+                        batch,
+                        LossObjective::Dflash,
+                        meta.loss_chunk_positions,
+                    ),
+                    None => weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions),
+                }
             });
             (sums.loss(), None)
         } else {
@@ -250,14 +282,29 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
                 opts.activation_checkpointing,
                 |out| {
                     let forward = lap.split();
-                    let sums = weighted_ce_backward(
-                        out,
-                        lm_head,
-                        targets,
-                        weights,
-                        denominator,
-                        meta.loss_chunk_positions,
-                    );
+                    // The trainer's loss for the drafter's head (`train/replica.rs`). A
+                    // Domino head's curriculum runs at λ = 0, the corrected logits alone (what
+                    // the trainer passes without a schedule): λ only weighs the two terms,
+                    // both computed and backpropagated whatever it is, so the kernels and the
+                    // memory are the same at any λ.
+                    let sums = match &domino {
+                        Some(batch) => domino_ce_backward(
+                            out,
+                            batch,
+                            LossObjective::Dflash,
+                            0.0,
+                            denominator,
+                            meta.loss_chunk_positions,
+                        ),
+                        None => weighted_ce_backward(
+                            out,
+                            lm_head,
+                            targets,
+                            weights,
+                            denominator,
+                            meta.loss_chunk_positions,
+                        ),
+                    };
                     (forward, sums)
                 },
             );

@@ -2,13 +2,14 @@
 //! process-wide allocator settings and reads the process peak, so it runs alone in this test
 //! binary rather than beside the library's parallel unit tests.
 use dflash_bench::case::prepare_step_case;
+use dflash_bench::plan_check::{predict, rel_error, LIVE_STEP_MEMORY_TOLERANCE};
 use dflash_bench::presets::step_preset;
 use dflash_bench::step::{run_engine_step, StepOptions};
 use dflash_bench::timing::live_step_memory;
 use dflash_engine::model::attention::AttentionBackend;
 use std::sync::Mutex;
 
-/// Both tests reset and read the process-wide peak; they must not overlap.
+/// Every test here resets and reads the process-wide peak; they must not overlap.
 static PROCESS_PEAK: Mutex<()> = Mutex::new(());
 
 /// A step holding `mib` MiB at once, in 256 KiB pieces.
@@ -96,4 +97,61 @@ fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
         "live step memory {live:.1} MiB of a {:.0} MiB process",
         run.peak_rss_mb.unwrap()
     );
+}
+
+/// The memory plan against the memory pass, as `dflash-bench --cases plan` holds it: the live
+/// step memory `plan::drafter_memory` predicts at the case's own anchors, keep flags and loss
+/// weights, within [`LIVE_STEP_MEMORY_TOLERANCE`] of what a step of the case holds, with and
+/// without activation checkpointing. One warmup step (one-time initialisation), then the
+/// memory steps, as the case's memory pass runs them, on 1 thread as its children do.
+fn assert_the_plan_predicts_the_live_step_memory(config: &str) {
+    let _alone = PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    prepare_step_case(&step_preset(config).unwrap(), dir.path()).unwrap();
+    for activation_checkpointing in [false, true] {
+        let opts = StepOptions {
+            warmup: 1,
+            steps: 0,
+            device: tch::Device::Cpu,
+            kind: tch::Kind::Float,
+            forward_only: false,
+            memory_steps: 1,
+            backend: AttentionBackend::BlockSparse,
+            activation_checkpointing,
+            count_flops: false,
+        };
+        let run = run_engine_step(dir.path(), &opts).unwrap();
+        let measured = run.live_step_mb.expect("CPU on glibc measures live memory");
+        let predicted = predict(config, dir.path(), activation_checkpointing)
+            .unwrap()
+            .predicted_step_mb;
+        let error = rel_error(predicted, measured).expect("a step holds memory");
+        eprintln!(
+            "{config}, checkpointing {activation_checkpointing}: predicted {predicted:.1} MiB, \
+             measured {measured:.1} MiB ({:+.1} %)",
+            error * 100.0
+        );
+        assert!(
+            error.abs() <= LIVE_STEP_MEMORY_TOLERANCE,
+            "{config}, checkpointing {activation_checkpointing}: predicted {predicted:.1} MiB \
+             against {measured:.1} MiB measured ({:+.1} %)",
+            error * 100.0
+        );
+    }
+}
+
+/// DFlash's head: `small`, a sliding and a full layer with several attention chunks each.
+#[test]
+fn the_memory_plan_predicts_a_dflash_steps_live_memory() {
+    assert_the_plan_predicts_the_live_step_memory("small");
+}
+
+/// The same drafter with a Domino head: its label embeddings, GRU states and the second
+/// vocabulary-wide logits of every loss chunk are in both the prediction and the measurement.
+#[test]
+fn the_memory_plan_predicts_a_domino_steps_live_memory() {
+    assert_the_plan_predicts_the_live_step_memory("small-domino");
 }

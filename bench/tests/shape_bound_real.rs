@@ -186,6 +186,7 @@ fn the_real_structures_planned_attention_shapes_stay_within_the_bound() {
             anchors: &m.anchors.positions,
             keep: &m.anchors.keep,
             weighted_positions: 0,
+            corrected_positions: 0,
             vocab_size: drafter_cfg.vocab_size,
         }));
     }

@@ -45,6 +45,11 @@ class DrafterConfig:
     @staticmethod
     def from_hf(path: Path) -> "DrafterConfig":
         cfg = json.loads(path.read_text())
+        projector = cfg.get("dflash_config", {}).get("projector_type")
+        if projector == "domino" or "DominoDraftModel" in cfg.get("architectures", []):
+            # Training a Domino head changes the loss (its GRU and embed_proj correct the
+            # logits); run as DFlash, the step would not be the engine's.
+            raise ValueError("the reference implements DFlash's head only; this drafter has a Domino head")
         theta = cfg.get("rope_theta")
         if theta is None:
             theta = cfg["rope_parameters"]["rope_theta"]

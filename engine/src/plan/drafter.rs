@@ -84,11 +84,13 @@ pub fn domino_params(d: &DrafterConfig) -> f64 {
 
 /// What a Domino head adds to a step's activations outside the loss chunks
 /// (`train/replica.rs`, `drafter/domino.rs::slot_states`), for `q` draft positions: the
-/// teacher-forced label embeddings `[Q, H]`; the GRU over `bs − 1` tokens of each block (its
-/// input copy `[., H]`, the input projection `[., 3G]`, and per step the hidden projection
-/// `[., 3G]` and the gates, candidate and new state, `[., G]` each, kept for backward); and
-/// the slot-shaped states, their detached leaf and its gradient, `[Q, G]` each. Counted from
-/// the op sequence; not yet held to a measurement.
+/// teacher-forced label embeddings `[Q, H]`; the GRU over `bs − 1` tokens of each block, its
+/// input copy `[., H]` (kept for the input projection's weight gradient) and, per step, the
+/// hidden projection `[., 3G]` and the gates, candidate, `h − n` and state the next step
+/// reads, `[., G]` each, all kept for backward (the input projection `[., 3G]` is not: the
+/// additions that read it save nothing); and the slot-shaped states `[Q, G]` with their
+/// detached leaf's gradient (the leaf shares the states' storage). Held to the memory pass by
+/// `bench/tests/live_memory.rs` (`small-domino`).
 fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
     let m = d.head.domino()?;
     let (h, g, bs) = (
@@ -97,25 +99,41 @@ fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
         d.block_size as f64,
     );
     let read = q * (bs - 1.0) / bs;
-    let gru = read * (h + 3.0 * g + 3.0 * g + 5.0 * g) * e;
+    let gru = read * (h + 3.0 * g + 5.0 * g) * e;
     Some(Consumer::new(
         "Domino label embeddings and GRU states",
-        q * h * e + gru + 3.0 * q * g * e,
+        q * h * e + gru + 2.0 * q * g * e,
     ))
 }
 
-/// Bytes per position of a loss chunk's vocabulary-wide tensors (`train/loss.rs::weighted_ce` and `weighted_ce_backward`):
-/// the logits (e), their fp32 copy off fp32, the saved log-softmax, the nll gradient and the
-/// log-softmax gradient. A Domino head (`train/domino.rs::chunked_terms`) adds its own logit
-/// delta (e and its fp32 copy), the corrected logits (fp32), their log-softmax and the two
-/// gradients of that second cross-entropy: the second full-vocabulary logits tensor is the
-/// head's largest cost. Counted from the op sequence, every position taken as corrected.
-fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> f64 {
+/// Bytes of a loss chunk's vocabulary-wide tensors per position (`train/loss.rs::weighted_ce`
+/// and `weighted_ce_backward`): the logits (e), their fp32 copy off fp32, the saved
+/// log-softmax, the nll gradient and the log-softmax gradient; and, with a Domino head
+/// (`train/domino.rs::chunked_terms`), what it adds per position and per corrected position.
+/// The one backward runs one cross-entropy's branch, then the other's: the first's
+/// log-softmax is released once its backward has run, but its gradient waits for the
+/// second's, both summing into the base logits. So per position it adds the corrected logits
+/// (fp32, the base logits with the delta added at the corrected rows) and that waiting
+/// gradient, 8 bytes; the second branch's log-softmax and two gradients take the places of
+/// DFlash's. Per corrected position it adds the logit delta `embed_proj` writes (e) and its
+/// fp32 copy off fp32.
+struct LossChunkVocabBytes {
+    per_position: f64,
+    per_corrected_position: f64,
+}
+
+fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
     let fp32_copy = if e == 4.0 { 0.0 } else { 4.0 };
     let dflash = e + fp32_copy + 12.0;
     match d.head.domino() {
-        None => dflash,
-        Some(_) => dflash + e + fp32_copy + 4.0 + 12.0,
+        None => LossChunkVocabBytes {
+            per_position: dflash,
+            per_corrected_position: 0.0,
+        },
+        Some(_) => LossChunkVocabBytes {
+            per_position: dflash + 4.0 + 4.0,
+            per_corrected_position: e + fp32_copy,
+        },
     }
 }
 
@@ -463,10 +481,22 @@ fn loss_or_backward_peak(
     // Loss (`train/loss.rs::weighted_ce`): chunks of `c` weighted positions through the head.
     let weighted = s.weighted_positions as f64;
     let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
-    let detached = weighted > s.loss_chunk_positions as f64;
+    // More than one chunk backpropagates into a detached copy of the drafter's output; a
+    // Domino head's loss always does (`train/domino.rs::domino_ce_backward`).
+    let detached = weighted > s.loss_chunk_positions as f64 || d.head.domino().is_some();
+    // Of them, the ones a Domino head corrects, at the step's share.
+    let corrected = if weighted > 0.0 {
+        c * s.corrected_positions as f64 / weighted
+    } else {
+        0.0
+    };
     // The vocabulary-wide tensors of `c` positions; h and its gradient [c, H]; indices and
     // weights.
-    let loss_chunk = c * vocab * loss_chunk_vocab_bytes(d, e) + 2.0 * c * h * e + weighted * 20.0;
+    let vocab_bytes = loss_chunk_vocab_bytes(d, e);
+    let loss_chunk = vocab
+        * (c * vocab_bytes.per_position + corrected * vocab_bytes.per_corrected_position)
+        + 2.0 * c * h * e
+        + weighted * 20.0;
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
     // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
@@ -481,8 +511,8 @@ fn loss_or_backward_peak(
         + if detached {
             0.0
         } else {
-            // the head's logits (and a Domino head's logit delta) still alive
-            c * vocab * e * if d.head.domino().is_some() { 2.0 } else { 1.0 }
+            // the head's logits still alive
+            c * vocab * e
         };
     let mut step_peak_extra =
         Consumer::new("loss chunk (logits, log-softmax, gradients)", loss_phase);

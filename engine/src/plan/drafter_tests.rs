@@ -57,22 +57,56 @@ fn the_plan_counts_a_domino_heads_parameters_as_the_model_holds_them() {
     assert!(domino_params(&d) > 0.0);
 }
 
+/// The drafter `configs/qwen3.6-27b-8gpu.toml` trains, over the Qwen3.6-27B target.
+fn shipped_27b_drafter() -> DrafterConfig {
+    use crate::model::target::TargetConfig;
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/qwen3.6-27b-8gpu.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let config =
+        dflash_shared::config::Config::from_toml_str(&text, "qwen3.6-27b-8gpu.toml").unwrap();
+    let target = TargetConfig::Qwen3_5(crate::plan::reference::qwen36_27b_text());
+    crate::train::run_config::drafter_config(&config.drafter, &target)
+}
+
 #[test]
 fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_term() {
     use crate::model::drafter::{DominoConfig, DrafterHead};
-    let plain = real_drafter();
-    let mut domino = plain.clone();
-    domino.head = DrafterHead::Domino(DominoConfig {
-        emb_dim: 256,
-        gru_hidden_dim: 1024,
-        pure_draft_prefix_len: 0,
-    });
-    // embed_proj's output layer at Qwen3.6-27B, [248320, 256], is 63.6M of the head's 84M
+    // The shipped 27B config: SpecForge's recipe over hidden 5120 and 248320 tokens.
+    let domino = shipped_27b_drafter();
+    let m = *domino
+        .head
+        .domino()
+        .expect("the 27B config trains a Domino head");
+    assert_eq!(
+        m,
+        DominoConfig {
+            emb_dim: 256,
+            gru_hidden_dim: 1024,
+            pure_draft_prefix_len: 1,
+        }
+    );
+    let plain = DrafterConfig {
+        head: DrafterHead::Dflash,
+        ..domino.clone()
+    };
+    assert_eq!((plain.hidden_size, plain.vocab_size), (5120, 248_320));
+    // The head, by hand: the GRU's [3G, H] and [3G, G], embed_proj.0 [E, H + G] and its
+    // output layer embed_proj.2 [V, E] = 256 × 248320 = 63,569,920 of the head's 84,017,152.
+    let output_layer = 256.0 * 248_320.0;
     let head = domino_params(&domino);
-    assert_eq!(plain.vocab_size, 248_320);
-    let output_layer = 248_320.0 * 256.0;
-    assert!((84.0e6..84.1e6).contains(&head), "{head}");
-    assert!(output_layer / head > 0.75, "{head}");
+    assert_eq!(
+        head,
+        3.0 * 1024.0 * 5120.0 + 3.0 * 1024.0 * 1024.0 + 256.0 * (5120.0 + 1024.0) + output_layer
+    );
+    assert_eq!(head, 84_017_152.0);
+    // The output layer is the part that grows with the vocabulary: E per token.
+    let one_more_token = DrafterConfig {
+        vocab_size: domino.vocab_size + 1,
+        ..domino.clone()
+    };
+    assert_eq!(domino_params(&one_more_token) - head, 256.0);
+    assert_eq!(drafter_params(&domino) - drafter_params(&plain), head);
     let rank = RankContext {
         precision: ActivationPrecision::Bf16Cuda,
         ranks: 1,
@@ -81,7 +115,7 @@ fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_te
         item_bytes: 0.0,
         activation_checkpointing: false,
     };
-    let s = StepShape::typical(&plain, 1, 3072, 1024, 0.85, 2048);
+    let s = StepShape::typical(&domino, 1, 3072, 1024, 0.85, 2048);
     let (a, b) = (
         drafter_memory(&plain, &s, rank),
         drafter_memory(&domino, &s, rank),
@@ -99,11 +133,22 @@ fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_te
     assert_eq!(bytes(&a, "Domino"), 0.0);
     assert!(bytes(&b, "Domino") > 0.0);
     assert_eq!((a.peak_phase, b.peak_phase), ("loss", "loss"));
-    // the loss chunk: c positions of 248320 logits, twice over, and the delta
+    // The loss chunk of c positions (both heads' losses backpropagate into a detached copy of
+    // the drafter's output at this shape): per corrected position (slots 2..=31 of a block:
+    // all weighted slots but slot 1, so 30 of 31 where the row leaves a block whole), the
+    // logit delta over the whole vocabulary (bf16, and its fp32 copy); per position, the
+    // corrected logits (fp32) and the first cross-entropy's gradient waiting for the
+    // second's (fp32).
     let c = (s.weighted_positions as f64).min(s.loss_chunk_positions as f64);
+    assert!(s.weighted_positions > s.loss_chunk_positions);
+    let kept = s.kept() as i64;
+    assert_eq!(s.corrected_positions, s.weighted_positions - kept);
+    let corrected = c * s.corrected_positions as f64 / s.weighted_positions as f64;
+    let vocab = plain.vocab_size as f64;
     let extra = bytes(&b, "loss chunk") - bytes(&a, "loss chunk");
-    assert_eq!(
-        extra,
-        c * plain.vocab_size as f64 * (2.0 + 4.0 + 4.0 + 12.0)
+    let expected = corrected * vocab * (2.0 + 4.0) + c * vocab * (4.0 + 4.0);
+    assert!(
+        (extra - expected).abs() < 1e-9 * expected,
+        "{extra} vs {expected}"
     );
 }

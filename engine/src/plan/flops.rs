@@ -8,7 +8,8 @@
 //! (input and weight gradients), 1x for the frozen LM head (input gradient only) and for `fc`
 //! (its input, the target features, needs no gradient). A Domino head adds its GRU over each
 //! block's tokens (the input projection's backward is its weight gradient only: the GRU reads
-//! frozen embeddings) and `embed_proj` over the corrected positions ([`DominoTerms`]).
+//! frozen embeddings; the hidden projection's first step has no state gradient: it starts
+//! from the constant zero) and `embed_proj` over the corrected positions ([`DominoTerms`]).
 //!
 //! Two counts of one step: [`drafter_step_flops`] is that *model* count, what MFU divides;
 //! [`drafter_step_executed_flops`] is what the engine's kernels run for it: every key of
@@ -64,7 +65,27 @@ pub struct StepWork<'a> {
     pub keep: &'a [bool],
     /// Positions projected through the LM head (weight > 0).
     pub weighted_positions: i64,
+    /// Of those, the ones a Domino head corrects (their slot ≥ `1 + pure_draft_prefix_len`,
+    /// [`corrected_positions`]): what `embed_proj` runs over. 0 without a Domino head.
+    pub corrected_positions: i64,
     pub vocab_size: i64,
+}
+
+/// The weighted positions a Domino head corrects, from the loss weights (row-major
+/// `[B, N·bs]`, `train/labels.rs`): those with a positive weight at a slot from
+/// [`DominoConfig::suffix_start`](crate::model::drafter::DominoConfig::suffix_start) on, the
+/// rows `train/domino.rs::chunked_terms` hands `embed_proj`. 0 without a Domino head.
+pub fn corrected_positions(d: &DrafterConfig, weights: &[f32]) -> i64 {
+    let Some(m) = d.head.domino() else {
+        return 0;
+    };
+    let bs = d.block_size.max(1) as usize;
+    let first = m.suffix_start().max(0) as usize;
+    weights
+        .iter()
+        .enumerate()
+        .filter(|&(i, &w)| w > 0.0 && i % bs >= first)
+        .count() as i64
 }
 
 /// Forward and backward FLOPs of one step.
@@ -112,13 +133,14 @@ fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
 /// A Domino head's forward matmuls (`drafter/domino.rs`, `train/domino.rs`): the GRU over
 /// `bs − 1` tokens of every block (`slot_states`, padding blocks included), input projection
 /// `[., H] × [H, 3G]` and hidden projection `[., G] × [G, 3G]` per step, and `embed_proj`
-/// (`[H + G] → E → V`) over the corrected weighted positions. Those are counted as the
-/// weighted positions times `(bs − 1 − pure_draft_prefix_len) / (bs − 1)`: exact with no
-/// pure-draft prefix (slot 0 is never weighted), the share of corrected slots otherwise.
+/// (`[H + G] → E → V`) over the corrected positions ([`StepWork::corrected_positions`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DominoTerms {
     pub gru_input: f64,
     pub gru_hidden: f64,
+    /// Of `gru_hidden`, the first step's: its state is the constant `h₀ = 0`, which needs no
+    /// gradient, so its backward is the weight gradient alone.
+    pub gru_hidden_first_step: f64,
     pub projection: f64,
 }
 
@@ -127,9 +149,12 @@ impl DominoTerms {
         self.gru_input + self.gru_hidden + self.projection
     }
 
-    /// The input projection's weight gradient; both gradients of the rest.
+    /// The input projection's weight gradient (the GRU reads frozen embeddings); the hidden
+    /// projection's weight gradient at every step and its state gradient at every step but
+    /// the first; both gradients of `embed_proj` (its input is the drafter's output and the
+    /// GRU's states, both trained).
     pub fn backward(&self) -> f64 {
-        self.gru_input + 2.0 * (self.gru_hidden + self.projection)
+        self.gru_input + 2.0 * self.gru_hidden - self.gru_hidden_first_step + 2.0 * self.projection
     }
 }
 
@@ -142,13 +167,14 @@ pub fn domino_terms(w: &StepWork<'_>) -> Option<DominoTerms> {
         m.emb_dim as f64,
     );
     let bs = d.block_size as f64;
-    let read = draft_positions(w) * (bs - 1.0) / bs;
-    let slots = (bs - 1.0).max(1.0);
-    let corrected_share = ((bs - 1.0 - m.pure_draft_prefix_len as f64) / slots).max(0.0);
-    let corrected = w.weighted_positions as f64 * corrected_share;
+    let blocks = draft_positions(w) / bs;
+    let read = blocks * (bs - 1.0);
+    let corrected = w.corrected_positions as f64;
+    let gru_step = |rows: f64| 2.0 * rows * g * 3.0 * g;
     Some(DominoTerms {
         gru_input: 2.0 * read * h * 3.0 * g,
-        gru_hidden: 2.0 * read * g * 3.0 * g,
+        gru_hidden: gru_step(read),
+        gru_hidden_first_step: if bs > 1.0 { gru_step(blocks) } else { 0.0 },
         projection: 2.0 * corrected * ((h + g) * e + e * w.vocab_size as f64),
     })
 }

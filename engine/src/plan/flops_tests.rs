@@ -56,7 +56,7 @@ fn one_layer_drafter() -> DrafterConfig {
     }
 }
 
-/// One row of 6 tokens, blocks at anchors 2 and 4, 2 weighted positions.
+/// One row of 6 tokens, blocks at anchors 2 and 4, 2 weighted positions (slot 1 of each).
 fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
     StepWork {
         drafter: d,
@@ -65,6 +65,7 @@ fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
         anchors: &[2, 4],
         keep: &[true, true],
         weighted_positions: 2,
+        corrected_positions: corrected_positions(d, &[0.0, 1.0, 0.0, 1.0]),
         vocab_size: 10,
     }
 }
@@ -135,16 +136,22 @@ fn executed_flops_by_hand_for_one_chunk_and_a_recomputed_layer() {
     assert_eq!(idle.attention_forward, plain.attention_forward);
 }
 
+fn with_domino(d: &DrafterConfig, emb_dim: i64, gru_hidden_dim: i64, prefix: i64) -> DrafterConfig {
+    use crate::model::drafter::{DominoConfig, DrafterHead};
+    DrafterConfig {
+        head: DrafterHead::Domino(DominoConfig {
+            emb_dim,
+            gru_hidden_dim,
+            pure_draft_prefix_len: prefix,
+        }),
+        ..d.clone()
+    }
+}
+
 #[test]
 fn a_domino_head_adds_its_gru_and_projection_by_hand() {
-    use crate::model::drafter::{DominoConfig, DrafterHead};
     let plain = one_layer_drafter();
-    let mut d = plain.clone();
-    d.head = DrafterHead::Domino(DominoConfig {
-        emb_dim: 5,
-        gru_hidden_dim: 3,
-        pure_draft_prefix_len: 0,
-    });
+    let d = with_domino(&plain, 5, 3, 0);
     // Q = 4 positions in 2 blocks of 2: the GRU reads 1 token per block (2 rows); both
     // weighted positions are corrected. H = 4, G = 3, E = 5, V = 10.
     let gru_input = 2.0 * 2.0 * 4.0 * 9.0;
@@ -158,9 +165,11 @@ fn a_domino_head_adds_its_gru_and_projection_by_hand() {
         with.forward - without.forward,
         gru_input + gru_hidden + projection
     );
+    // The one GRU step starts from h₀ = 0, which takes no gradient: the hidden projection's
+    // backward is its weight gradient alone, as the input projection's (frozen embeddings).
     assert_eq!(
         with.backward - without.backward,
-        gru_input + 2.0 * (gru_hidden + projection)
+        gru_input + gru_hidden + 2.0 * projection
     );
     let executed =
         |c: &DrafterConfig| drafter_step_executed_flops(&two_blocks_in_six_tokens(c), false).matmul;
@@ -169,13 +178,66 @@ fn a_domino_head_adds_its_gru_and_projection_by_hand() {
         with.total() - without.total()
     );
     // a pure-draft prefix of the one drafted slot leaves nothing to correct
-    d.head = DrafterHead::Domino(DominoConfig {
-        emb_dim: 5,
-        gru_hidden_dim: 3,
-        pure_draft_prefix_len: 1,
-    });
-    let prefixed = drafter_step_flops(&two_blocks_in_six_tokens(&d));
+    let prefixed = with_domino(&plain, 5, 3, 1);
+    let w = two_blocks_in_six_tokens(&prefixed);
+    assert_eq!(w.corrected_positions, 0);
+    let prefixed = drafter_step_flops(&w);
     assert_eq!(prefixed.forward - without.forward, gru_input + gru_hidden);
+}
+
+#[test]
+fn the_gru_backpropagates_into_every_state_but_the_first() {
+    // Blocks of 4: the GRU steps 3 times per block, and only the states after steps 1 and 2
+    // take a gradient through the hidden projection (h₀ = 0 is a constant).
+    let plain = DrafterConfig {
+        block_size: 4,
+        ..one_layer_drafter()
+    };
+    let d = with_domino(&plain, 5, 3, 1);
+    let w = StepWork {
+        drafter: &d,
+        batch: 1,
+        seq_len: 12,
+        anchors: &[2, 6],
+        keep: &[true, true],
+        weighted_positions: 6,
+        // Slots 1..=3 of both blocks weighted, slot 1 in the pure-draft prefix.
+        corrected_positions: corrected_positions(&d, &[0., 1., 1., 1., 0., 1., 1., 1.]),
+        vocab_size: 10,
+    };
+    assert_eq!(w.corrected_positions, 4);
+    let t = domino_terms(&w).unwrap();
+    let step = 2.0 * 2.0 * 3.0 * 9.0; // 2 blocks, [., G] × [G, 3G]
+    assert_eq!(t.gru_hidden, 3.0 * step);
+    assert_eq!(t.gru_hidden_first_step, step);
+    assert_eq!(t.gru_input, 2.0 * 6.0 * 4.0 * 9.0);
+    assert_eq!(t.projection, 2.0 * 4.0 * (7.0 * 5.0 + 5.0 * 10.0));
+    assert_eq!(
+        t.backward(),
+        t.gru_input + (3.0 + 2.0) * step + 2.0 * t.projection
+    );
+}
+
+#[test]
+fn only_weighted_slots_from_the_suffix_start_on_are_corrected() {
+    let plain = DrafterConfig {
+        block_size: 4,
+        ..one_layer_drafter()
+    };
+    let weights = [0.0, 0.9, 0.8, 0.0, 0.0, 0.9, 0.8, 0.7];
+    assert_eq!(corrected_positions(&plain, &weights), 0);
+    assert_eq!(
+        corrected_positions(&with_domino(&plain, 5, 3, 0), &weights),
+        5
+    );
+    assert_eq!(
+        corrected_positions(&with_domino(&plain, 5, 3, 1), &weights),
+        3
+    );
+    assert_eq!(
+        corrected_positions(&with_domino(&plain, 5, 3, 2), &weights),
+        1
+    );
 }
 
 #[test]
@@ -194,6 +256,7 @@ fn executed_attention_covers_at_least_the_useful_pairs() {
         anchors: &anchors,
         keep: &keep,
         weighted_positions: 0,
+        corrected_positions: 0,
         vocab_size: 10,
     };
     let useful = drafter_step_flops(&w).forward

@@ -166,6 +166,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         anchors: &s.anchors,
         keep: &s.keep,
         weighted_positions: s.weighted_positions,
+        corrected_positions: s.corrected_positions,
         vocab_size: d.vocab_size,
     };
     let per_sequence = |total: f64| total / s.batch.max(1) as f64;

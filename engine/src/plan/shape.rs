@@ -45,6 +45,9 @@ pub struct StepShape {
     pub keep: Vec<bool>,
     /// Positions with a positive loss weight (the ones the LM head projects).
     pub weighted_positions: i64,
+    /// Of those, the ones a Domino head corrects (`plan::flops::corrected_positions`); 0
+    /// without a Domino head.
+    pub corrected_positions: i64,
     /// `training.loss_chunk_positions`.
     pub loss_chunk_positions: i64,
 }
@@ -95,13 +98,22 @@ impl StepShape {
             anchors.extend(std::iter::repeat_n(0, (width - count) as usize));
             keep.extend(std::iter::repeat_n(false, (width - count) as usize));
         }
-        let weighted: i64 = row.iter().map(|&a| (bs - 1).min(seq_len - 1 - a)).sum();
+        // Slots 1..=n of a block are weighted, n = min(bs − 1, S − 1 − anchor); a Domino head
+        // corrects those from its suffix start on.
+        let weighted_slots = |a: i64| (bs - 1).min(seq_len - 1 - a);
+        let weighted: i64 = row.iter().map(|&a| weighted_slots(a)).sum();
+        let corrected: i64 = drafter.head.domino().map_or(0, |m| {
+            row.iter()
+                .map(|&a| (weighted_slots(a) - m.pure_draft_prefix_len).max(0))
+                .sum()
+        });
         Self {
             batch,
             seq_len,
             anchors,
             keep,
             weighted_positions: batch * weighted,
+            corrected_positions: batch * corrected,
             loss_chunk_positions,
         }
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::TargetConfig;
-use crate::plan::flops::{drafter_step_flops, target_forward_flops, StepWork};
+use crate::plan::flops::{corrected_positions, drafter_step_flops, target_forward_flops, StepWork};
 use crate::train::micro::PreparedMicro;
 
 /// Draft positions the drafter trains on in `micro`: block_size per kept anchor. Padding
@@ -26,6 +26,7 @@ pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
         anchors: &micro.anchors.positions,
         keep: &micro.anchors.keep,
         weighted_positions: weighted,
+        corrected_positions: corrected_positions(cfg, &micro.labels.weights),
         vocab_size: cfg.vocab_size,
     })
     .total()
