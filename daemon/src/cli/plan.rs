@@ -6,8 +6,9 @@
 //! length is `--seq-len` or the data's p95 (the data is then read as training reads it).
 //!
 //! `--nnodes N --inter-node-gbps B` adds the cross-node section (`dflash_engine::plan::
-//! scaling`): a prediction for data-parallel nodes of several GPUs each, which are not built
-//! (today's multi-node jobs run one inline worker per node), and the output says so.
+//! scaling`): a prediction for data-parallel nodes of several GPUs each reduced inside the node
+//! and then across, which is not built (today's nodes sum in one flat group of every drafter
+//! GPU), and the output says so.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -55,7 +56,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Predict the cross-node gradient all-reduce for this many data-parallel nodes (with
-    /// --inter-node-gbps). A prediction only: nodes of several GPUs each are not built.
+    /// --inter-node-gbps). A prediction only: the hierarchical reduce it models is not built.
     #[arg(long, value_name = "N")]
     pub nnodes: Option<usize>,
     /// Each node's inter-node bandwidth available to its drafter GPUs, Gb/s per direction
@@ -409,7 +410,7 @@ fn scaling_section(s: &ScalingPlan) -> String {
     ));
     if n > 1 && s.drafter_gpus_per_node > 1 {
         out.push_str(&format!(
-            "    (one flat ring over all {} drafter GPUs, no hierarchy, would take {})\n",
+            "    (one flat ring over all {} drafter GPUs, no hierarchy, as this build sums: {})\n",
             n * s.drafter_gpus_per_node,
             seconds(s.flat_ring_allreduce_s)
         ));

@@ -1,6 +1,7 @@
 //! One node of a multi-node job at start (issue 23): the rendezvous through libtorch's
 //! TCPStore (node 0 serves it), the agreement check over every node's [`StartFacts`], and the
-//! trainer joined to the job's one flat gradient group (libtorch's Gloo on CPU, NCCL on CUDA).
+//! trainer joined to the job's one flat gradient group of every drafter worker of every node
+//! (libtorch's Gloo on CPU, NCCL on CUDA).
 //!
 //! Every node publishes its facts and reads every other node's, then runs the same
 //! [`check_agreement`], so a disagreement refuses the start on every node with the same
@@ -13,7 +14,7 @@ use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, ProcessGroupAllReduce, TcpStore,
 };
 use dflash_engine::train::shard::NodeShard;
-use dflash_engine::train::topology::allreduce::{AllReduce, AllReduceError};
+use dflash_engine::train::topology::allreduce::{AbortGroup, AllReduce, AllReduceError};
 use dflash_engine::train::trainer::Trainer;
 use dflash_shared::config::Config;
 use dflash_shared::launch::{check_agreement, job_config, job_config_text, NodeLaunch, StartFacts};
@@ -149,26 +150,37 @@ impl NodeJob {
         Ok(((!moved.is_empty()).then_some(last_common), moved))
     }
 
-    /// Joins `trainer` (fresh, inline) to the job's flat gradient group as global rank
-    /// `node` (one drafter worker per node).
+    /// Joins `trainer` (fresh) to the job's flat gradient group: each of this node's `L`
+    /// drafter workers (one when target and drafter run inline) as its own rank
+    /// `node·L + worker` of `N·L`, its endpoint joined on its own thread and connection
+    /// (`ProcessGroupAllReduce::join_local_ranks`).
     pub fn join_trainer(&self, trainer: &mut Trainer, accum: usize) -> Result<(), String> {
-        let world = self.launch.nnodes as usize;
+        let nodes = self.launch.nnodes as usize;
         let node = self.node() as usize;
-        let backend = match trainer.topology().drafter_devices[0] {
-            Device::Cuda(device) => CollectiveBackend::Nccl { device },
-            _ => CollectiveBackend::Gloo(self.gloo_transport()),
-        };
-        let spec = GroupSpec {
-            name: "drafter".into(),
-            rank: node,
-            world_size: world,
-            timeout: self.timeout,
-            backend,
-        };
-        let group = ProcessGroupAllReduce::join(&self.store, &spec).map_err(|e| e.to_string())?;
-        let shard = NodeShard::new(world, node, 1, accum).map_err(|e| e.to_string())?;
+        let devices = trainer.topology().drafter_devices.clone();
+        let workers = devices.len();
+        let specs: Vec<GroupSpec> = devices
+            .iter()
+            .enumerate()
+            .map(|(worker, device)| GroupSpec {
+                name: "drafter".into(),
+                rank: node * workers + worker,
+                world_size: nodes * workers,
+                timeout: self.timeout,
+                backend: match device {
+                    Device::Cuda(device) => CollectiveBackend::Nccl { device: *device },
+                    _ => CollectiveBackend::Gloo(self.gloo_transport()),
+                },
+            })
+            .collect();
+        let endpoints = ProcessGroupAllReduce::join_local_ranks(&self.store, &specs)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|group| Box::new(NodeNamed { group, workers }) as Box<dyn AllReduce>)
+            .collect();
+        let shard = NodeShard::new(nodes, node, workers, accum).map_err(|e| e.to_string())?;
         trainer
-            .join_nodes(shard, Box::new(NodeNamed(group)))
+            .join_nodes(shard, endpoints)
             .map_err(|e| e.to_string())
     }
 
@@ -284,11 +296,15 @@ fn state_digest(weights: &[(String, Tensor)]) -> String {
     hex::encode(h.finalize())
 }
 
-/// The job's group with its peers named as nodes: one drafter worker per node, so global
-/// rank `r` is node `r`, and the operator reads "lost node 1", not a rank of a group.
-struct NodeNamed(ProcessGroupAllReduce);
+/// The job's group with its peers named as nodes: global rank `r` is worker `r mod L` of
+/// node `r / L` (`workers` = L drafter workers per node), and the operator reads "lost node
+/// 1", not a rank of a group.
+struct NodeNamed {
+    group: ProcessGroupAllReduce,
+    workers: usize,
+}
 
-fn named(e: AllReduceError) -> AllReduceError {
+fn named(e: AllReduceError, workers: usize) -> AllReduceError {
     match e {
         AllReduceError::PeerLost {
             rank,
@@ -296,8 +312,11 @@ fn named(e: AllReduceError) -> AllReduceError {
             peer,
             detail,
         } => AllReduceError::PeerLost {
-            peer: match peer.strip_prefix("rank ") {
-                Some(r) => format!("node {r}"),
+            peer: match peer
+                .strip_prefix("rank ")
+                .and_then(|r| r.parse::<usize>().ok())
+            {
+                Some(r) => format!("node {}", r / workers.max(1)),
                 None => peer,
             },
             rank,
@@ -310,16 +329,23 @@ fn named(e: AllReduceError) -> AllReduceError {
 
 impl AllReduce for NodeNamed {
     fn rank(&self) -> usize {
-        self.0.rank()
+        self.group.rank()
     }
     fn world_size(&self) -> usize {
-        self.0.world_size()
+        self.group.world_size()
     }
     fn sum_tensor(&mut self, buffer: &mut Tensor) -> Result<(), AllReduceError> {
-        self.0.sum_tensor(buffer).map_err(named)
+        self.group
+            .sum_tensor(buffer)
+            .map_err(|e| named(e, self.workers))
     }
     fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), AllReduceError> {
-        self.0.sum_f64(values).map_err(named)
+        self.group
+            .sum_f64(values)
+            .map_err(|e| named(e, self.workers))
+    }
+    fn endpoint_abort(&self) -> Option<Arc<dyn AbortGroup>> {
+        self.group.endpoint_abort()
     }
 }
 
@@ -398,15 +424,30 @@ mod tests {
             checkpoint_step(Path::new("/r/checkpoints/step-0000000012")),
             12
         );
-        let lost = named(AllReduceError::PeerLost {
-            rank: 0,
-            world: 2,
-            peer: "rank 1".into(),
-            detail: "closed".into(),
-        });
+        let lost = |peer: &str, workers| {
+            named(
+                AllReduceError::PeerLost {
+                    rank: 0,
+                    world: 2 * workers,
+                    peer: peer.into(),
+                    detail: "closed".into(),
+                },
+                workers,
+            )
+            .to_string()
+        };
         assert_eq!(
-            lost.to_string(),
+            lost("rank 1", 1),
             "rank 0 of 2: lost node 1 during an all-reduce (closed)"
+        );
+        // Two drafter workers per node: global ranks 2 and 3 are node 1's.
+        assert_eq!(
+            lost("rank 3", 2),
+            "rank 0 of 4: lost node 1 during an all-reduce (closed)"
+        );
+        assert_eq!(
+            lost("the peer at [10.0.0.2]:4100", 2),
+            "rank 0 of 4: lost the peer at [10.0.0.2]:4100 during an all-reduce (closed)"
         );
     }
 }

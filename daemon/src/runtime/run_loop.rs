@@ -161,11 +161,13 @@ impl RunLoop {
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
         let mut cfg = cfg;
+        // This process's workers: its queue's producers and consumers. On a node of a job
+        // `drafter_ranks` counts every node's drafter workers, none of which read this queue.
         let mut health = HealthFeed::new(
             handle.clone(),
             &cfg.detectors,
             trainer.topology().target_devices.len(),
-            trainer.drafter_ranks(),
+            trainer.topology().drafter_devices.len(),
         );
         if let Some(keeper) = cfg.healthy_record.take() {
             health = health.with_healthy_record(keeper);

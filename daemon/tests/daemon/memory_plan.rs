@@ -243,7 +243,7 @@ fn plan_nnodes_predicts_the_cross_node_all_reduce_and_says_what_is_not_built() {
         .unwrap_or_else(|| panic!("no cross-node section:\n{out}"))
         .1;
     assert!(
-        section.contains("one inline worker per node today") && section.contains("not built yet"),
+        section.contains("one flat group") && section.contains("not built yet"),
         "{section}"
     );
     // 1.814 G parameters (the backbone's 1.730 G and the Domino head's 84 M) in fp32 (what

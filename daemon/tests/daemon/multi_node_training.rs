@@ -1,11 +1,13 @@
 //! Issue 23's done-when tests: two real `dflashd` processes on this machine, one per node,
 //! meeting at a loopback rendezvous (libtorch's TCPStore) and summing gradients through
-//! libtorch's Gloo, each on the embedded default with one drafter worker.
+//! libtorch's Gloo, each on the embedded default with one drafter worker, or on a threaded
+//! topology of two drafter workers per node.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use dflash_engine::train::checkpoint::read_tensors;
 use dflash_engine::train::resume::DRAFTER_FILE;
+use dflash_shared::metrics::DeviceRole;
 use tch::Tensor;
 
 use crate::support::binary::{checkpoint_steps, write_config, Daemon};
@@ -129,13 +131,94 @@ fn two_nodes_of_one_worker_equal_one_daemon_of_two_drafter_workers() {
     );
 }
 
-/// The job view of every step line of a run dir's `metrics.jsonl`.
-fn step_jobs(run_dir: &Path) -> Vec<dflash_shared::job::JobView> {
+/// Two nodes of two drafter workers each (`[topology]` one target and two drafter workers on
+/// the CPU, so each node runs its threaded topology, every drafter worker its own rank of one
+/// Gloo group of four) against one daemon of four drafter workers. Tolerance 1e-5, the
+/// in-process equivalence tests' (`engine/tests/engine/topology_equivalence.rs`): each
+/// gradient element is now a sum of four fp32 values, which Gloo's ring associates otherwise
+/// than the in-process group's rank order (≤ 3·2⁻²⁴ relative per element per step). The two
+/// nodes agree to the bit: every rank of the ring reads the same reduced bytes.
+#[test]
+fn two_nodes_of_two_workers_equal_one_daemon_of_four_drafter_workers() {
+    let started = Instant::now();
+    let r = roots(3);
+    let with_drafters = |root: &Path, n: usize| {
+        let config = root.join(format!("{n}-drafter-workers.toml"));
+        write_config(&config, |c| {
+            c.topology.target_devices = vec![dflash_shared::config::Device::Cpu];
+            c.topology.drafter_devices = vec![dflash_shared::config::Device::Cpu; n];
+        });
+        config.to_str().unwrap().to_string()
+    };
+    let steps = 2;
+    let port = free_port();
+    let (c0, c1) = (with_drafters(r[0].path(), 2), with_drafters(r[1].path(), 2));
+    let mut n0 = node(r[0].path(), 0, port, &["--config", &c0, "--max-steps", "2"]);
+    let mut n1 = node(r[1].path(), 1, port, &["--config", &c1, "--max-steps", "2"]);
+    exit_ok(&mut n0);
+    exit_ok(&mut n1);
+    let c4 = with_drafters(r[2].path(), 4);
+    let mut single = Daemon::spawn(r[2].path(), &["--config", &c4, "--max-steps", "2"]);
+    exit_ok(&mut single);
+    assert_eq!(total_steps(&n0), total_steps(&single), "global steps");
+    let w0 = drafter_at(&n0.run_dir, steps);
+    assert_eq!(max_abs_diff(&w0, &drafter_at(&n1.run_dir, steps)), 0.0);
+    let diff = max_abs_diff(&w0, &drafter_at(&single.run_dir, steps));
+    assert!(diff <= 1e-5, "max |Δparam| after {steps} steps: {diff:e}");
+    // Each node's slot of the job view holds that node's own step: its two drafter workers'
+    // tokens, so the nodes' tokens add up to the one daemon's step, not to twice it.
+    let tokens = |rate: f64, ms: f64| (rate * ms / 1e3).round() as u64;
+    let single_steps = step_lines(&single.run_dir);
+    let (lines0, lines1) = (step_lines(&n0.run_dir), step_lines(&n1.run_dir));
+    assert_eq!(lines0.len() as u64, steps, "one line per step");
+    for ((m0, m1), one) in lines0.iter().zip(&lines1).zip(&single_steps) {
+        let (j0, j1) = (m0.job.as_ref().unwrap(), m1.job.as_ref().unwrap());
+        assert_eq!(j0.nodes, j1.nodes, "both nodes read the same sum");
+        for (m, own) in [(m0, &j0.nodes[0]), (m1, &j1.nodes[1])] {
+            assert_eq!(
+                own.tokens_per_s, m.tokens_per_s,
+                "a node's slot is its own step"
+            );
+            assert!(
+                own.queue_wait_share.is_some(),
+                "a threaded node has a queue"
+            );
+            let drafters = m.workers.iter().filter(|w| w.role == DeviceRole::Drafter);
+            assert_eq!(drafters.count(), 2, "{:?}", m.workers);
+        }
+        let per_node: Vec<u64> = j0
+            .nodes
+            .iter()
+            .map(|n| tokens(n.tokens_per_s, n.step_ms))
+            .collect();
+        let whole = tokens(one.tokens_per_s, one.times.total_ms);
+        assert!(per_node.iter().all(|&t| t > 0 && t < whole), "{per_node:?}");
+        assert_eq!(
+            per_node.iter().sum::<u64>(),
+            whole,
+            "{per_node:?} vs {whole}"
+        );
+    }
+    eprintln!(
+        "two dflashd nodes of two workers vs one of four: max |Δ| {diff:e} in {:?}",
+        started.elapsed()
+    );
+}
+
+/// The step lines of a run dir's `metrics.jsonl`.
+fn step_lines(run_dir: &Path) -> Vec<dflash_shared::metrics::StepMetrics> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<dflash_shared::metrics::StepMetrics>(l).unwrap())
         .filter(|m| m.step > 0)
+        .collect()
+}
+
+/// The job view of every step line of a run dir's `metrics.jsonl`.
+fn step_jobs(run_dir: &Path) -> Vec<dflash_shared::job::JobView> {
+    step_lines(run_dir)
+        .into_iter()
         .map(|m| m.job.expect("a node's step line carries the job's view"))
         .collect()
 }

@@ -127,6 +127,53 @@ impl ProcessGroupAllReduce {
         })
     }
 
+    /// Joins this process's ranks of one group at once, one thread each, `specs` in the
+    /// order of the returned endpoints (a node of `L` drafter workers joins its `L` global
+    /// ranks). At once because each rank's join waits for every rank of the group, this
+    /// process's too. Each rank past the first opens its own connection to `store`: a c10d
+    /// TCPStore client holds its lock through a wait, so two ranks waiting on one connection
+    /// would wait on each other until the timeout.
+    pub fn join_local_ranks(
+        store: &TcpStore,
+        specs: &[GroupSpec],
+    ) -> Result<Vec<Self>, AllReduceError> {
+        if let [only] = specs {
+            return Ok(vec![Self::join(store, only)?]);
+        }
+        let joined: Vec<Result<Self, AllReduceError>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = specs
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    scope.spawn(move || {
+                        if i == 0 {
+                            return Self::join(store, spec);
+                        }
+                        let own = TcpStore::connect(
+                            store.host(),
+                            store.port(),
+                            spec.world_size,
+                            spec.timeout,
+                        )
+                        .map_err(|e| AllReduceError::Join(format!("rank {}: {e}", spec.rank)))?;
+                        Self::join(&own, spec)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|p| {
+                        Err(AllReduceError::Join(crate::train::topology::panic_text(
+                            p.as_ref(),
+                        )))
+                    })
+                })
+                .collect()
+        });
+        joined.into_iter().collect()
+    }
+
     /// Aborts the group from any thread: a rank waiting in a collective returns
     /// [`AllReduceError::Aborted`], and so does every later call.
     pub fn abort_handle(&self) -> Arc<dyn AbortGroup> {
@@ -178,5 +225,9 @@ impl AllReduce for ProcessGroupAllReduce {
             }
             Endpoint::Nccl(e, _) => e.sum_f64(values),
         }
+    }
+
+    fn endpoint_abort(&self) -> Option<Arc<dyn AbortGroup>> {
+        Some(self.abort_handle())
     }
 }

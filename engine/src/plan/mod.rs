@@ -19,7 +19,7 @@
 //! - [`flops`]: FLOPs per sequence for both sides;
 //! - [`run`]: the whole topology: devices, fit, bound, throughput, split;
 //! - [`scaling`]: the cross-node gradient all-reduce of data-parallel nodes (a prediction:
-//!   nodes of several GPUs each are not built);
+//!   the hierarchical reduce it models is not built; nodes sum in one flat group);
 //! - [`reference`]: the product's reference shape (Qwen3.6-27B and its drafter), written once.
 pub mod drafter;
 pub mod flops;

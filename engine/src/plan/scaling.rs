@@ -2,10 +2,11 @@
 //! would add to each step, whether the step hides it, and the node count at which adding
 //! nodes stops paying. Pure arithmetic over the plan's own per-step figures.
 //!
-//! **A prediction of a topology not built yet.** dflashd's multi-node jobs today run one inline
-//! worker per node (target and drafter on one device) in one flat group; the nodes this model
-//! plans, each with its target and drafter GPUs, reduced inside the node and then across, are
-//! not built. Every figure is a prediction of this model.
+//! **A prediction of a reduce not built yet.** dflashd's multi-node jobs run nodes of several
+//! target and drafter GPUs each, every drafter GPU of every node one rank of one flat group;
+//! the reduce this model plans, inside the node and then across, is not built (the flat
+//! ring's figure, [`flat_ring_seconds`], is what the build runs). Every figure is a
+//! prediction of this model.
 //!
 //! The model, term by term:
 //!
@@ -59,9 +60,9 @@ pub const TABLE_NODES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// What one line of the plan says about every prediction below.
 pub const PREDICTION_STATUS: &str =
-    "multi-node jobs run one inline worker per node today (target and drafter on one device); \
-     nodes of several target and drafter GPUs each, as planned here, are not built yet, and \
-     these figures predict them, they measure nothing";
+    "multi-node jobs run nodes of several target and drafter GPUs each, every drafter GPU one \
+     rank of one flat group (the flat ring below); the reduce inside the node and then across \
+     it, as planned here, is not built yet, and these figures predict it, they measure nothing";
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ScalingError {

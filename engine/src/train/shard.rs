@@ -71,13 +71,31 @@ impl NodeShard {
         })
     }
 
-    /// The job's plan: every drafter worker of every node, as one single-process run would
-    /// have them.
+    /// The whole step in one process of `workers` drafter workers (no job): what a threaded
+    /// topology trains before it joins one. `workers` and `accum` are at least 1 (the
+    /// topology and the training config were validated).
+    pub fn single_process(workers: usize, accum: usize) -> Self {
+        debug_assert!(workers > 0 && accum > 0);
+        Self {
+            nodes: 1,
+            node: 0,
+            workers,
+            accum,
+        }
+    }
+
     /// This node's rank in the job and the job's node count.
     pub fn node_of(&self) -> (u32, u32) {
         (self.node as u32, self.nodes as u32)
     }
 
+    /// The drafter workers of this node (`L`).
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The job's plan: every drafter worker of every node, as one single-process run would
+    /// have them.
     pub fn global_plan(&self) -> StepPlan {
         StepPlan {
             ranks: self.nodes * self.workers,
@@ -101,6 +119,15 @@ impl NodeShard {
     /// ascending (its accumulation order).
     pub fn worker_seqs(&self, base: u64, worker: usize) -> Vec<u64> {
         self.global_plan().rank_seqs(base, self.global_rank(worker))
+    }
+
+    /// The local worker that trains micro-batch `seq`, or `None` when another node's does.
+    pub fn worker_of(&self, seq: u64) -> Option<usize> {
+        let first = self.node * self.workers;
+        let rank = self.global_plan().rank_of(seq);
+        (first..first + self.workers)
+            .contains(&rank)
+            .then(|| rank - first)
     }
 
     /// This node's shard of the step starting at `base`: one list per local worker.

@@ -44,6 +44,35 @@ fn the_nodes_shards_of_a_step_are_disjoint_and_cover_the_global_step() {
     }
 }
 
+/// The threaded topology's routing: the local worker `worker_of` names for a micro-batch is
+/// the one whose `worker_seqs` hold it, and a micro-batch of another node has none.
+#[test]
+fn each_micro_batch_of_a_step_is_routed_to_the_local_worker_that_trains_it() {
+    for (nodes, workers, accum, base) in grid() {
+        for n in 0..nodes {
+            let shard = NodeShard::new(nodes, n, workers, accum).unwrap();
+            let per_step = (nodes * workers * accum) as u64;
+            let mut routed = 0;
+            for seq in base..base + per_step {
+                match shard.worker_of(seq) {
+                    Some(w) => {
+                        assert!(shard.worker_seqs(base, w).contains(&seq));
+                        routed += 1;
+                    }
+                    None => assert!(shard.node_seqs(base).iter().all(|s| !s.contains(&seq))),
+                }
+            }
+            assert_eq!(routed, workers * accum, "node {n}'s shard of the step");
+        }
+    }
+    let whole = NodeShard::single_process(3, 2);
+    assert_eq!(whole, NodeShard::new(1, 0, 3, 2).unwrap());
+    assert_eq!(
+        (0..6).map(|s| whole.worker_of(s)).collect::<Vec<_>>(),
+        [0, 1, 2, 0, 1, 2].map(Some)
+    );
+}
+
 #[test]
 fn n_nodes_of_l_workers_train_what_one_node_of_n_times_l_workers_trains() {
     for (nodes, workers, accum, base) in grid() {

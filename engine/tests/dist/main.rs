@@ -7,6 +7,7 @@
 mod rank;
 mod two_node_training;
 mod two_process;
+mod two_workers_per_node;
 
 /// Not a test of its own: the body of a rank process the tests in `two_process` start (it
 /// does nothing when the `DFLASH_DIST_RANK` environment variable is absent, i.e. when the

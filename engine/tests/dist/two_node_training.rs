@@ -27,9 +27,9 @@ use crate::two_process::RankProcess;
 
 const STEPS: usize = 4;
 const TOLERANCE: f64 = 0.0;
-const OUT_VAR: &str = "DFLASH_DIST_OUT";
+pub(crate) const OUT_VAR: &str = "DFLASH_DIST_OUT";
 
-fn config() -> TrainConfig {
+pub(crate) fn config() -> TrainConfig {
     let mut cfg = embedded::tiny_train_config();
     cfg.eval_every = 0;
     cfg.batch_size = 4;
@@ -37,7 +37,7 @@ fn config() -> TrainConfig {
     cfg
 }
 
-fn trainer(topology: TopologySpec) -> Trainer {
+pub(crate) fn trainer(topology: TopologySpec) -> Trainer {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
@@ -54,7 +54,7 @@ pub fn train_as_node(group: ProcessGroupAllReduce) -> Result<()> {
     let node = group.rank();
     let mut t = trainer(TopologySpec::single(Device::Cpu));
     let shard = NodeShard::new(WORLD, node, 1, config().grad_accum)?;
-    t.join_nodes(shard, Box::new(group))?;
+    t.join_nodes(shard, vec![Box::new(group)])?;
     for _ in 0..STEPS {
         t.train_step()?;
     }
@@ -73,7 +73,7 @@ pub fn train_as_node(group: ProcessGroupAllReduce) -> Result<()> {
     Ok(())
 }
 
-fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<f64> {
+pub(crate) fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<f64> {
     ensure!(a.len() == b.len(), "{} vs {} tensors", a.len(), b.len());
     let mut worst = 0.0f64;
     for (name, ta) in a {

@@ -57,6 +57,13 @@ pub trait AllReduce: Send {
     fn sum_tensor(&mut self, buffer: &mut Tensor) -> Result<(), AllReduceError>;
     /// Sum of `values` over all ranks, in place.
     fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), AllReduceError>;
+    /// What releases this endpoint from another thread (a worker of this process failed, so
+    /// its peers here must stop waiting), when the endpoint's group is not aborted as a whole
+    /// by its owner: a cross-process group's endpoint. `None` for the in-process groups,
+    /// whose owner holds the group's abort.
+    fn endpoint_abort(&self) -> Option<Arc<dyn AbortGroup>> {
+        None
+    }
 }
 
 /// Sums `grads` over all ranks, in place, through `bucket` (contiguous fp32 on this rank's

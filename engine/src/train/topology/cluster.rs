@@ -8,7 +8,7 @@ use tch::Device;
 use super::allreduce::{AbortGroup, AllReduce, CpuGroup};
 use super::nccl::nccl_group;
 use super::pipeline::{Dispatcher, Inbox, ItemQueue, QueueMonitor};
-use super::plan::{per_rank_queue, StepPlan, WorkerNames};
+use super::plan::{per_rank_queue, WorkerNames};
 use super::rank::{RankReport, RankState};
 use super::warmup::WorkerWarmup;
 use super::workers::{
@@ -20,10 +20,13 @@ use crate::device;
 use crate::model::target::TargetModel;
 use crate::train::error::TrainError;
 use crate::train::micro::MicroSource;
+use crate::train::shard::NodeShard;
 use dflash_shared::metrics::DeviceRole;
 
 pub struct Cluster {
-    plan: StepPlan,
+    /// Which micro-batches of each step this process's drafter ranks train: the whole step,
+    /// or this node's shard once the trainer joined a job ([`Self::join_job`]).
+    shard: NodeShard,
     names: WorkerNames,
     targets: Vec<TargetWorker>,
     /// Drafter ranks 1.. (rank 0 is the trainer's thread).
@@ -32,7 +35,8 @@ pub struct Cluster {
     queues: Vec<Arc<ItemQueue>>,
     dispatcher: Arc<Dispatcher>,
     tripwire: Arc<Tripwire>,
-    /// How far (in micro-batches) target workers may run ahead of the current step's end.
+    /// How far (in this process's micro-batches) target workers may run ahead of the current
+    /// step's end.
     window: u64,
 }
 
@@ -86,7 +90,7 @@ impl Cluster {
     ) -> Result<Self, TrainError> {
         spec.validate()?;
         let ranks = spec.drafter_devices.len();
-        let plan = StepPlan { ranks, accum };
+        let shard = NodeShard::single_process(ranks, accum);
         let queue_cfg = per_rank_queue(spec.queue, ranks);
         let queues = (0..ranks)
             .map(|_| ItemQueue::new(queue_cfg).map(Arc::new))
@@ -95,18 +99,18 @@ impl Cluster {
                 key: "queue".into(),
                 detail: e.to_string(),
             })?;
-        let dispatcher = Arc::new(Dispatcher::new(next));
+        let dispatcher = Arc::new(Dispatcher::new(next, shard));
         let (abort, mut endpoints) = all_reduce_group(&spec.drafter_devices)?;
         let tripwire = Arc::new(Tripwire {
             first: Mutex::new(None),
             dispatcher: Arc::clone(&dispatcher),
             queues: queues.clone(),
-            abort,
+            abort: Mutex::new(abort.into_iter().collect()),
         });
         let mut endpoints = endpoints.drain(..);
         rank0.allreduce = endpoints.next();
         let mut cluster = Cluster {
-            plan,
+            shard,
             names: WorkerNames {
                 targets: spec
                     .target_devices
@@ -151,7 +155,7 @@ impl Cluster {
             state.objective = rank0.objective;
             state.allreduce = endpoints.next();
             let inbox = Inbox::new(Arc::clone(&cluster.queues[rank]));
-            let worker = spawn_drafter(state, inbox, plan, rank, Arc::clone(&cluster.tripwire))
+            let worker = spawn_drafter(state, inbox, shard, rank, Arc::clone(&cluster.tripwire))
                 .map_err(|e| topology_error(format!("starting {id}: {e}")))?;
             cluster.drafters.push(worker);
         }
@@ -160,7 +164,6 @@ impl Cluster {
             layer_ids,
             dispatcher: Arc::clone(&cluster.dispatcher),
             queues: cluster.queues.clone(),
-            plan,
             drafter_devices: spec.drafter_devices.clone(),
             tripwire: Arc::clone(&cluster.tripwire),
         });
@@ -267,8 +270,12 @@ impl Cluster {
         if let Some(f) = self.tripwire.failure() {
             return Err(f.to_error());
         }
-        let n = self.plan.micro_per_step();
-        let limit = (base + n + self.window).min(end).max(base + n);
+        let n = self.shard.global_plan().micro_per_step();
+        // The window counts this process's micro-batches; on a node of `N`, one index in `N`
+        // is this node's, so the same lead reaches `N` times as far in global indices.
+        let (_, nodes) = self.shard.node_of();
+        let ahead = self.window * u64::from(nodes);
+        let limit = (base + n + ahead).min(end).max(base + n);
         self.dispatcher.advance(base, limit);
         let mut pending = Vec::new();
         for w in &self.drafters {
@@ -283,10 +290,10 @@ impl Cluster {
             }
             pending.push((w.id, rx));
         }
-        let seqs = self.plan.rank_seqs(base, 0);
+        let seqs = self.shard.worker_seqs(base, 0);
         let inbox = &mut self.rank0_inbox;
         let own = guarded(|| rank0.step(&seqs, lr, lambda_base, &mut |seq| fetch_from(inbox, seq)));
-        let mut reports = Vec::with_capacity(self.plan.ranks);
+        let mut reports = Vec::with_capacity(self.shard.workers());
         match own {
             Ok(r) => reports.push(r),
             Err(detail) => {
@@ -305,6 +312,92 @@ impl Cluster {
         match self.tripwire.failure() {
             Some(f) => Err(f.to_error()),
             None => Ok(reports),
+        }
+    }
+
+    /// Makes this process's drafter ranks the node `shard` describes of a job: from now on
+    /// the target workers produce only `shard`'s micro-batches, and drafter rank `w` trains
+    /// worker `w`'s share of every step and sums over `endpoints[w]` (its endpoint of the
+    /// job's gradient group, global rank `shard.global_rank(w)`) instead of the in-process
+    /// group, which is dropped. A failure of any worker here aborts every endpoint, so no
+    /// local rank waits for a peer that will not come. Before the warmup and any step.
+    pub fn join_job(
+        &mut self,
+        rank0: &mut RankState,
+        shard: NodeShard,
+        endpoints: Vec<Box<dyn AllReduce>>,
+    ) -> Result<(), TrainError> {
+        if endpoints.len() != self.shard.workers() || shard.workers() != self.shard.workers() {
+            return Err(topology_error(format!(
+                "joining a job: {} drafter rank(s) here, {} endpoint(s) of the job's group and \
+                 a shard of {} worker(s)",
+                self.shard.workers(),
+                endpoints.len(),
+                shard.workers()
+            )));
+        }
+        let aborts = endpoints
+            .iter()
+            .filter_map(|e| e.endpoint_abort())
+            .collect();
+        self.tripwire.replace_aborts(aborts);
+        self.dispatcher.set_shard(shard);
+        self.shard = shard;
+        let mut endpoints = endpoints.into_iter();
+        rank0.allreduce = endpoints.next();
+        for (w, endpoint) in self.drafters.iter().zip(endpoints) {
+            let (tx, rx) = channel();
+            if let Some(c) = &w.commands {
+                let _ = c.send(DrafterCommand::JoinJob {
+                    shard,
+                    endpoint,
+                    reply: tx,
+                });
+            }
+            self.receive(w.id, rx)?;
+        }
+        Ok(())
+    }
+
+    /// `values` summed over every rank of the drafters' group, rank 0 giving `values` and
+    /// every other rank of this process zeros (all ranks of a group make every call; the job
+    /// view's figures are rank 0's alone). A failure trips the cluster as a step's would.
+    pub fn sum_f64_from_rank0(
+        &mut self,
+        rank0: &mut RankState,
+        values: &mut [f64],
+    ) -> Result<(), TrainError> {
+        if let Some(f) = self.tripwire.failure() {
+            return Err(f.to_error());
+        }
+        let mut pending = Vec::new();
+        for w in &self.drafters {
+            let (tx, rx) = channel();
+            if let Some(c) = &w.commands {
+                let _ = c.send(DrafterCommand::SumF64 {
+                    values: vec![0.0; values.len()],
+                    reply: tx,
+                });
+            }
+            pending.push((w.id, rx));
+        }
+        let own = match rank0.allreduce.as_mut() {
+            Some(group) => group.sum_f64(values).map_err(|e| e.to_string()),
+            None => Err("drafter rank 0 has no all-reduce group".to_string()),
+        };
+        if let Err(detail) = own {
+            self.tripwire.trip(WorkerFailure {
+                worker: rank0.id,
+                detail,
+            });
+        }
+        // Every rank answers (an abort releases ranks waiting for a failed peer).
+        for (id, rx) in pending {
+            let _ = self.receive(id, rx);
+        }
+        match self.tripwire.failure() {
+            Some(f) => Err(f.to_error()),
+            None => Ok(()),
         }
     }
 

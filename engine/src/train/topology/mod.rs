@@ -221,7 +221,9 @@ pub(crate) struct Tripwire {
     first: Mutex<Option<WorkerFailure>>,
     dispatcher: Arc<Dispatcher>,
     queues: Vec<Arc<ItemQueue>>,
-    abort: Option<Arc<dyn AbortGroup>>,
+    /// What releases the drafter ranks waiting in their gradient group: the in-process
+    /// group's one handle, or one per rank's endpoint of a job's cross-process group.
+    abort: Mutex<Vec<Arc<dyn AbortGroup>>>,
 }
 
 impl Tripwire {
@@ -238,9 +240,24 @@ impl Tripwire {
         for q in &self.queues {
             q.shutdown();
         }
-        if let Some(abort) = &self.abort {
+        let aborts = self.abort.lock().unwrap_or_else(|p| p.into_inner());
+        for abort in aborts.iter() {
             abort.abort();
         }
+    }
+
+    /// The ranks now sum over other groups (a trainer joined a job): a failure aborts these.
+    /// Aborted at once when a failure came first.
+    pub fn replace_aborts(&self, aborts: Vec<Arc<dyn AbortGroup>>) {
+        // Under the lock: a trip that records its failure after the check below aborts
+        // through this lock, so it finds the new handles.
+        let mut held = self.abort.lock().unwrap_or_else(|p| p.into_inner());
+        if self.failure().is_some() {
+            for abort in &aborts {
+                abort.abort();
+            }
+        }
+        *held = aborts;
     }
 
     pub fn failure(&self) -> Option<WorkerFailure> {
@@ -296,6 +313,59 @@ mod tests {
         assert_eq!(text("no match in"), "panicked: no match in");
         let opaque: Box<dyn std::any::Any + Send> = Box::new(7u8);
         assert_eq!(panic_text(opaque.as_ref()), "panicked");
+    }
+
+    /// Counts the aborts it receives.
+    #[derive(Default)]
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl AbortGroup for Counted {
+        fn abort(&self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A trainer that joined a job hands its ranks' cross-process endpoints to the tripwire:
+    /// a failure aborts those (and no longer the dropped in-process group), and handles given
+    /// after a failure are aborted at once.
+    #[test]
+    fn a_failure_aborts_the_endpoints_that_replaced_the_in_process_group() {
+        let count = |c: &Arc<Counted>| c.0.load(std::sync::atomic::Ordering::SeqCst);
+        let in_process = Arc::new(Counted::default());
+        let tripwire = Tripwire {
+            first: Mutex::new(None),
+            dispatcher: Arc::new(Dispatcher::new(
+                0,
+                crate::train::shard::NodeShard::single_process(2, 1),
+            )),
+            queues: Vec::new(),
+            abort: Mutex::new(vec![Arc::clone(&in_process) as Arc<dyn AbortGroup>]),
+        };
+        let endpoints: Vec<Arc<Counted>> = (0..2).map(|_| Arc::default()).collect();
+        tripwire.replace_aborts(
+            endpoints
+                .iter()
+                .map(|e| Arc::clone(e) as Arc<dyn AbortGroup>)
+                .collect(),
+        );
+        assert!(endpoints.iter().all(|e| count(e) == 0), "no failure yet");
+        tripwire.trip(WorkerFailure {
+            worker: WorkerId {
+                role: DeviceRole::Drafter,
+                index: 1,
+                device: Device::Cpu,
+            },
+            detail: "lost the peer".into(),
+        });
+        assert_eq!(count(&in_process), 0, "the in-process group was replaced");
+        assert!(endpoints.iter().all(|e| count(e) == 1));
+        let late = Arc::new(Counted::default());
+        tripwire.replace_aborts(vec![Arc::clone(&late) as Arc<dyn AbortGroup>]);
+        assert_eq!(
+            count(&late),
+            1,
+            "handed over after the failure: aborted at once"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::train::anchors::AnchorBatch;
 use crate::train::labels::BlockLabels;
 use crate::train::loader::collate;
 use crate::train::micro::{MicroSource, PreparedMicro};
+use crate::train::shard::NodeShard;
 use crate::train::throughput;
 use crate::train::topology::queue::{ByteSized, HiddenStateQueue};
 
@@ -177,42 +178,55 @@ struct DispatchState {
     /// Indices below this may be handed out.
     limit: u64,
     stopped: bool,
+    /// Which indices are this process's, and which local drafter rank trains each.
+    shard: NodeShard,
 }
 
 /// Hands out micro-batch indices in increasing order to whichever target worker asks, up to
 /// a limit the trainer moves forward each step (so target workers run a bounded distance
-/// ahead of the drafters, and stop at the end of the schedule).
+/// ahead of the drafters, and stop at the end of the schedule). On a node of a job it skips
+/// the indices other nodes train.
 pub struct Dispatcher {
     state: Mutex<DispatchState>,
     cv: Condvar,
 }
 
 impl Dispatcher {
-    pub fn new(next: u64) -> Self {
+    pub fn new(next: u64, shard: NodeShard) -> Self {
         Self {
             state: Mutex::new(DispatchState {
                 next,
                 limit: next,
                 stopped: false,
+                shard,
             }),
             cv: Condvar::new(),
         }
+    }
+
+    /// Hands out `shard`'s indices from now on (a trainer joining a job, before any step).
+    pub fn set_shard(&self, shard: NodeShard) {
+        self.lock().shard = shard;
     }
 
     fn lock(&self) -> MutexGuard<'_, DispatchState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next index, waiting while none may be handed out; `None` once stopped.
-    pub fn next(&self) -> Option<u64> {
+    /// The next index of this process's shard and the local drafter rank that trains it,
+    /// waiting while none may be handed out; `None` once stopped.
+    pub fn next(&self) -> Option<(u64, usize)> {
         let mut st = self.lock();
         loop {
             if st.stopped {
                 return None;
             }
-            if st.next < st.limit {
+            while st.next < st.limit {
+                let seq = st.next;
                 st.next += 1;
-                return Some(st.next - 1);
+                if let Some(rank) = st.shard.worker_of(seq) {
+                    return Some((seq, rank));
+                }
             }
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
@@ -399,7 +413,7 @@ mod tests {
 
     #[test]
     fn the_dispatcher_hands_out_each_index_once_up_to_its_limit() {
-        let d = Arc::new(Dispatcher::new(10));
+        let d = Arc::new(Dispatcher::new(10, NodeShard::single_process(2, 1)));
         d.advance(10, 14);
         let workers: Vec<_> = (0..3)
             .map(|_| {
@@ -417,14 +431,29 @@ mod tests {
         d.advance(12, 17);
         std::thread::sleep(Duration::from_millis(30));
         d.stop();
-        let mut all: Vec<u64> = workers
+        let mut all: Vec<(u64, usize)> = workers
             .into_iter()
             .flat_map(|w| w.join().unwrap())
             .collect();
         all.sort_unstable();
-        assert_eq!(all, (10..17).collect::<Vec<_>>());
-        let r = Dispatcher::new(5);
+        let want: Vec<(u64, usize)> = (10..17).map(|s| (s, (s % 2) as usize)).collect();
+        assert_eq!(all, want);
+        let r = Dispatcher::new(5, NodeShard::single_process(1, 1));
         r.reset(2, 4);
-        assert_eq!((r.next(), r.next()), (Some(2), Some(3)));
+        assert_eq!((r.next(), r.next()), (Some((2, 0)), Some((3, 0))));
+    }
+
+    /// Node 1 of 2 nodes × 2 workers: of every 4 indices it hands out the 2 its workers
+    /// train (global ranks 2 and 3, local 0 and 1), never another node's.
+    #[test]
+    fn on_a_node_of_a_job_the_dispatcher_hands_out_only_that_nodes_shard() {
+        let d = Dispatcher::new(0, NodeShard::single_process(1, 1));
+        d.set_shard(NodeShard::new(2, 1, 2, 1).unwrap());
+        d.advance(0, 9);
+        let got: Vec<(u64, usize)> = (0..4).map(|_| d.next().unwrap()).collect();
+        assert_eq!(got, vec![(2, 0), (3, 1), (6, 0), (7, 1)]);
+        // Index 8 is node 0's: nothing more below the limit, so the next call would wait.
+        d.stop();
+        assert_eq!(d.next(), None);
     }
 }

@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use tch::{Device, Tensor};
 
+use super::allreduce::AllReduce;
 use super::pipeline::{produce_item, Dispatcher, Inbox, ItemQueue};
-use super::plan::StepPlan;
 use super::rank::{RankReport, RankState};
 use super::{panic_text, Tripwire, WorkerFailure, WorkerId};
 use crate::model::target::TargetModel;
 use crate::train::micro::{MicroSource, PreparedMicro};
 use crate::train::replica::ReplicaState;
+use crate::train::shard::NodeShard;
 
 /// Runs `body`, turning a panic into an error text.
 pub(crate) fn guarded<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
@@ -33,7 +34,6 @@ pub(crate) struct ProducerShared {
     pub dispatcher: Arc<Dispatcher>,
     /// One queue per drafter rank.
     pub queues: Vec<Arc<ItemQueue>>,
-    pub plan: StepPlan,
     pub drafter_devices: Vec<Device>,
     pub tripwire: Arc<Tripwire>,
 }
@@ -120,8 +120,7 @@ fn target_main(
                 }
             }
             TargetCommand::Run => {
-                while let Some(seq) = shared.dispatcher.next() {
-                    let rank = shared.plan.rank_of(seq);
+                while let Some((seq, rank)) = shared.dispatcher.next() {
                     let dest = shared.drafter_devices[rank];
                     let item = guarded(|| {
                         produce_item(
@@ -168,6 +167,19 @@ pub(crate) enum DrafterCommand {
     Snapshot {
         reply: Sender<Vec<(String, Tensor)>>,
     },
+    /// Train `shard`'s share of every step from now on and sum over `endpoint` (this rank's
+    /// endpoint of the job's gradient group): the trainer joined a job, before any step.
+    JoinJob {
+        shard: NodeShard,
+        endpoint: Box<dyn AllReduce>,
+        reply: Sender<Result<(), String>>,
+    },
+    /// Take part in a sum over the group that is not a step's (the job view after each step:
+    /// every rank of the group must call every collective, this one with zeros).
+    SumF64 {
+        values: Vec<f64>,
+        reply: Sender<Result<Vec<f64>, String>>,
+    },
 }
 
 pub(crate) struct DrafterWorker {
@@ -176,21 +188,22 @@ pub(crate) struct DrafterWorker {
     pub handle: Option<JoinHandle<()>>,
 }
 
+/// Drafter rank `worker` of this process (1..), training `shard`'s share of every step.
 pub(crate) fn spawn_drafter(
     state: RankState,
     inbox: Inbox,
-    plan: StepPlan,
-    rank: usize,
+    shard: NodeShard,
+    worker: usize,
     tripwire: Arc<Tripwire>,
 ) -> std::io::Result<DrafterWorker> {
     let id = state.id;
     let (tx, rx) = channel();
     let threads = tch::get_num_threads();
     let handle = std::thread::Builder::new()
-        .name(format!("dflash-drafter-{rank}"))
+        .name(format!("dflash-drafter-{worker}"))
         .spawn(move || {
             inherit_threads(threads);
-            drafter_main(state, inbox, plan, rank, tripwire, rx)
+            drafter_main(state, inbox, shard, worker, tripwire, rx)
         })?;
     Ok(DrafterWorker {
         id,
@@ -235,8 +248,8 @@ fn answer<T>(
 fn drafter_main(
     mut state: RankState,
     mut inbox: Inbox,
-    plan: StepPlan,
-    rank: usize,
+    mut shard: NodeShard,
+    worker: usize,
     tripwire: Arc<Tripwire>,
     commands: Receiver<DrafterCommand>,
 ) {
@@ -257,7 +270,7 @@ fn drafter_main(
                 lambda_base,
                 reply,
             } => {
-                let seqs = plan.rank_seqs(base, rank);
+                let seqs = shard.worker_seqs(base, worker);
                 let outcome = guarded(|| {
                     state.step(&seqs, lr, lambda_base, &mut |seq| {
                         fetch_from(&mut inbox, seq)
@@ -279,6 +292,25 @@ fn drafter_main(
                     .collect();
                 let _ = reply.send(weights);
                 false
+            }
+            DrafterCommand::JoinJob {
+                shard: joined,
+                endpoint,
+                reply,
+            } => {
+                shard = joined;
+                state.allreduce = Some(endpoint);
+                answer(&tripwire, id, Ok(()), &reply)
+            }
+            DrafterCommand::SumF64 { mut values, reply } => {
+                let outcome = guarded(|| match state.allreduce.as_mut() {
+                    Some(group) => group
+                        .sum_f64(&mut values)
+                        .map(|()| values)
+                        .map_err(|e| e.to_string()),
+                    None => Err("this drafter rank has no all-reduce group".into()),
+                });
+                answer(&tripwire, id, outcome, &reply)
             }
         };
         if end {

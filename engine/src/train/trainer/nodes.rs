@@ -17,21 +17,24 @@ pub type CheckpointWitness = Box<dyn FnMut(u64, &[(String, Tensor)]) -> Result<(
 
 impl Trainer {
     /// Makes this fresh trainer one node of a data-parallel job (issue 23): it trains
-    /// `shard`'s share of every step, sums gradients and Σw over `group` (one flat group of
-    /// every drafter worker of every node, this node's worker at `shard.global_rank(0)`), and
-    /// counts steps, epochs and the learning-rate schedule over the global batch.
+    /// `shard`'s share of every step, sums gradients and Σw over the job's one flat group of
+    /// every drafter worker of every node, and counts steps, epochs and the learning-rate
+    /// schedule over the global batch. `endpoints` are this node's endpoints of that group,
+    /// one per local drafter worker in worker order (worker `w` at `shard.global_rank(w)`):
+    /// one for an inline trainer, one per `topology.drafter_devices` entry for a threaded one.
     ///
-    /// One flat group rather than an in-process reduce followed by a cross-node one: a flat
-    /// sum of `N·L` ranks is the same arithmetic one process of `N·L` drafter ranks does, so
-    /// the equivalence with a single process holds by construction, and a lost rank is named
-    /// by the collective itself. This build joins a node that runs its drafter inline (one
-    /// device for both roles, one drafter worker); a threaded topology per node would hand
-    /// each local rank its own endpoint of the same group and is refused until it does.
+    /// One flat group, each local drafter worker its own rank in it, rather than an
+    /// in-process reduce followed by a cross-node one: the flat sum over `N·L` ranks is the
+    /// arithmetic of one process of `N·L` drafter ranks up to the order of the additions, a
+    /// lost rank is named by the collective itself, and the local workers need no new
+    /// synchronisation (each sums on its own thread as it does in one process; only the
+    /// endpoint differs). A two-level reduce would move less over the inter-node link per GPU
+    /// and is the later optimisation (docs/SCALING.md).
     /// Call before any step and before a restore (whose cursor check uses the global plan).
     pub fn join_nodes(
         &mut self,
         shard: NodeShard,
-        group: Box<dyn AllReduce>,
+        endpoints: Vec<Box<dyn AllReduce>>,
     ) -> Result<(), TrainError> {
         let bad = |detail: String| {
             Err(TrainError::Config {
@@ -39,25 +42,30 @@ impl Trainer {
                 detail,
             })
         };
-        if self.cluster.is_some() || self.plan.ranks != 1 {
-            return bad(format!(
-                "lists {} drafter worker(s) on a threaded topology; a node of a multi-node job \
-                 runs target and drafter inline on one device in this build",
-                self.plan.ranks
-            ));
+        if self.step != 0 || self.warmup.is_some() || self.job_node.is_some() {
+            return bad("a trainer joins one job, before its first step".into());
         }
-        if self.step != 0 || self.warmup.is_some() {
-            return bad("a trainer joins its job before its first step".into());
+        let local = self.plan.ranks;
+        if shard.workers() != local || endpoints.len() != local {
+            return bad(format!(
+                "lists {local} drafter worker(s) on this node, but the job's shard gives it {} \
+                 and the group {} endpoint(s): every node of a job runs the same number of \
+                 drafter workers, each with its own endpoint",
+                shard.workers(),
+                endpoints.len()
+            ));
         }
         let plan = shard.global_plan();
-        let rank = shard.global_rank(0);
-        if group.world_size() != plan.ranks || group.rank() != rank {
-            return bad(format!(
-                "the process group is rank {} of {}, the shard rank {rank} of {}",
-                group.rank(),
-                group.world_size(),
-                plan.ranks
-            ));
+        for (worker, endpoint) in endpoints.iter().enumerate() {
+            let rank = shard.global_rank(worker);
+            if endpoint.world_size() != plan.ranks || endpoint.rank() != rank {
+                return bad(format!(
+                    "worker {worker}'s endpoint is rank {} of {}, the shard's rank {rank} of {}",
+                    endpoint.rank(),
+                    endpoint.world_size(),
+                    plan.ranks
+                ));
+            }
         }
         if plan.accum != self.cfg.grad_accum {
             return bad(format!(
@@ -65,17 +73,22 @@ impl Trainer {
                 plan.accum, self.cfg.grad_accum
             ));
         }
+        match self.cluster.as_mut() {
+            Some(cluster) => cluster.join_job(&mut self.rank0, shard, endpoints)?,
+            None => self.rank0.allreduce = endpoints.into_iter().next(),
+        }
         self.plan = plan;
-        self.rank0_global = rank;
+        self.rank0_global = shard.global_rank(0);
         self.job_node = Some(shard.node_of());
         self.schedule = schedule_for(&self.cfg, &self.source, plan);
-        self.rank0.allreduce = Some(group);
         Ok(())
     }
 
     /// On a node of a job: this step's figures summed over the job's group (every node's at
-    /// its slot, `dflash_shared::job`), the job's view; `None` for a single process. A lost
-    /// node fails the step as a lost node in the gradient all-reduce does.
+    /// its slot, `dflash_shared::job`), the job's view; `None` for a single process. The
+    /// figures are the node's: every local drafter worker's tokens and draft positions over
+    /// the node's step time. A lost node fails the step as a lost node in the gradient
+    /// all-reduce does.
     pub(super) fn job_view(
         &mut self,
         tokens_per_s: f64,
@@ -97,16 +110,27 @@ impl Trainer {
                 .map(|_| times.queue_wait_ms / times.total_ms.max(1e-9)),
         };
         let mut buffer = job::pack(nnodes, &figures);
-        let summed = match self.rank0.allreduce.as_mut() {
-            Some(group) => group.sum_f64(&mut buffer).map_err(|e| e.to_string()),
-            None => Err("a node of a job has no process group".to_string()),
+        // Every rank of the group makes the call: on a threaded node the other local ranks
+        // add zeros (`Cluster::sum_f64_from_rank0`), so each node counts once.
+        let summed = match self.cluster.as_mut() {
+            Some(cluster) => cluster.sum_f64_from_rank0(&mut self.rank0, &mut buffer),
+            None => match self.rank0.allreduce.as_mut() {
+                Some(group) => group.sum_f64(&mut buffer).map_err(|e| {
+                    WorkerFailure {
+                        worker: self.rank0.id,
+                        detail: e.to_string(),
+                    }
+                    .to_error()
+                }),
+                None => Err(WorkerFailure {
+                    worker: self.rank0.id,
+                    detail: "a node of a job has no process group".into(),
+                }
+                .to_error()),
+            },
         };
-        if let Err(detail) = summed {
-            let failed = WorkerFailure {
-                worker: self.rank0.id,
-                detail,
-            };
-            return Err(self.note_failure(failed.to_error()));
+        if let Err(e) = summed {
+            return Err(self.note_failure(e));
         }
         Ok(Some(JobView::from_nodes(node, job::unpack(&buffer))))
     }
