@@ -3,6 +3,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::metrics::TimestampMs;
 
+pub mod wording;
+pub use wording::{run_paused_sentence, worker_failed_sentence, worker_subject};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
@@ -138,65 +141,10 @@ pub enum EventKind {
 /// whose daemon is gone as finished by it.
 pub const TRAINING_COMPLETE: &str = "training complete";
 
-/// "target worker 1 on cuda:3", or "worker on cuda:3" when the role or rank is unknown.
-pub fn worker_subject(
-    device: &str,
-    role: Option<crate::metrics::DeviceRole>,
-    rank: Option<usize>,
-) -> String {
-    use crate::metrics::DeviceRole;
-    match (role, rank) {
-        (Some(role), Some(rank)) => {
-            let word = match role {
-                DeviceRole::Target => "target",
-                DeviceRole::Drafter => "drafter",
-                DeviceRole::Both => "target+drafter",
-                DeviceRole::Idle => "idle",
-            };
-            format!("{word} worker {rank} on {device}")
-        }
-        _ => format!("worker on {device}"),
-    }
-}
-
-/// "drafter worker 1 on cuda:6 failed: CUDA out of memory": a `WorkerFailed` event, worded the
-/// same in the events view, `tail` and an alert's "before it".
-pub fn worker_failed_sentence(
-    device: &str,
-    role: Option<crate::metrics::DeviceRole>,
-    rank: Option<usize>,
-    error: &str,
-) -> String {
-    format!("{} failed: {error}", worker_subject(device, role, rank))
-}
-
-/// "run paused: …": a `RunPaused` event, worded the same wherever it is shown.
-pub fn run_paused_sentence(reason: &str) -> String {
-    format!("run paused: {reason}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::DeviceRole;
-
-    #[test]
-    fn failures_and_pauses_read_as_one_sentence() {
-        assert_eq!(
-            worker_failed_sentence(
-                "cuda:6",
-                Some(DeviceRole::Drafter),
-                Some(1),
-                "CUDA out of memory"
-            ),
-            "drafter worker 1 on cuda:6 failed: CUDA out of memory"
-        );
-        assert_eq!(
-            worker_failed_sentence("cpu", None, None, "panicked"),
-            "worker on cpu failed: panicked"
-        );
-        assert_eq!(run_paused_sentence("disk full"), "run paused: disk full");
-    }
 
     #[test]
     fn a_worker_failure_names_its_role_and_rank_and_older_lines_still_load() {

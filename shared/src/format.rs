@@ -4,6 +4,19 @@ use chrono::{FixedOffset, TimeZone};
 
 use crate::metrics::TimestampMs;
 
+/// A count with its thousands grouped: "1,234,567".
+pub fn format_thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Tokens per second, compact: `850`, `4.3K`, `21.5K`, `128K`, `1.2M`.
 pub fn format_tokens_per_s(tokens_per_s: f64) -> String {
     format_si(tokens_per_s)
@@ -167,6 +180,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(format_thousands(0), "0");
+        assert_eq!(format_thousands(999), "999");
+        assert_eq!(format_thousands(1_000), "1,000");
+        assert_eq!(format_thousands(1_234_567), "1,234,567");
+    }
 
     #[test]
     fn tokens_per_s_reads_like_the_incident_report() {

@@ -6,15 +6,7 @@ use dflash_shared::metrics::TimestampMs;
 
 /// "1,234,567"
 pub fn thousands(value: u64) -> String {
-    let digits = value.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    format::format_thousands(value)
 }
 
 /// "45 s", "14 min", "3 h 10 min", "2 d 3 h". Negative spans (clock skew, an expired

@@ -3,16 +3,16 @@
 //! `explain_alert` picks the events of kinds that change how a run behaves (environment drift
 //! and informational changes such as a new code commit,
 //! cache changes, restarts, worker failures, executed actions, earlier regressions) from the
-//! `window_ms` before the alert began, oldest first. Rendering adds wall-clock times in the
+//! `window_ms` before the alert began, oldest first, each by its headline
+//! ([`EventKind::headline`], `events/wording.rs`: the words the console's line for the same
+//! event begins with). Rendering adds wall-clock times in the
 //! caller's UTC offset: "torch 2.11.0+cu128 → 2.9.1+cu130 at 20:52; TorchInductor compile cache
 //! deleted at 21:00".
 use chrono::FixedOffset;
 use serde::{Deserialize, Serialize};
 
-use super::cache::cache_label;
-use super::fingerprint::drift_sentence;
 use super::Level;
-use crate::events::{run_paused_sentence, worker_failed_sentence, Event, EventKind, Severity};
+use crate::events::{Event, EventKind, Severity};
 use crate::format::{format_clock, format_tokens_per_s};
 use crate::metrics::TimestampMs;
 
@@ -64,52 +64,27 @@ pub fn explain_alert(
     out
 }
 
+/// The event's headline (`events/wording.rs`, the words the console's line for it begins with)
+/// when its kind explains an alert.
 fn precursor_text(event: &Event) -> Option<String> {
-    Some(match &event.kind {
+    let explains = match &event.kind {
         // A new build preceding a regression is as telling as a swapped library.
-        EventKind::EnvironmentDrift {
-            field,
-            before,
-            after,
-        }
-        | EventKind::EnvironmentChanged {
-            field,
-            before,
-            after,
-        } => drift_sentence(field, before, after),
-        EventKind::CacheChanged { name, change, .. } => {
-            // Keep the kind's words, drop the "(was …)" detail: the alert line must stay short.
-            let word = change.split(" (").next().unwrap_or(change);
-            format!("{} {word}", cache_label(name))
-        }
-        EventKind::RunStarted {
-            resumed_from_step: Some(step),
-            ..
-        } => {
-            format!("daemon restarted, resumed at step {step}")
-        }
-        EventKind::RunStarted {
-            resumed_from_step: None,
-            ..
-        } => "run started".into(),
-        EventKind::WorkerFailed {
-            device,
-            error,
-            role,
-            rank,
-        } => worker_failed_sentence(device, *role, *rank, error),
-        EventKind::RunPaused { reason } => run_paused_sentence(reason),
-        EventKind::ActionExecuted { outcome, .. } => format!("operator action: {outcome}"),
+        EventKind::EnvironmentDrift { .. }
+        | EventKind::EnvironmentChanged { .. }
+        | EventKind::CacheChanged { .. }
+        | EventKind::RunStarted { .. }
+        | EventKind::WorkerFailed { .. }
+        | EventKind::RunPaused { .. }
+        | EventKind::ActionExecuted { .. } => true,
         // Cache detectors repeat what their `CacheChanged` event already says.
-        EventKind::RegressionStarted { detector, .. } if detector.starts_with("cache:") => {
-            return None
-        }
+        EventKind::RegressionStarted { detector, .. } if detector.starts_with("cache:") => false,
         // The headline of another detector's alert: "GPU 0 memory volatile".
-        EventKind::RegressionStarted { message, level, .. } if *level >= Severity::Warn => {
-            message.split(": ").next().unwrap_or(message).to_string()
-        }
-        _ => return None,
-    })
+        EventKind::RegressionStarted { level, .. } => *level >= Severity::Warn,
+        _ => false,
+    };
+    // The headline drops the detail (a cache's "(was …)", a path): the alert line must stay
+    // short.
+    explains.then(|| event.kind.headline())
 }
 
 /// "Before it: a at 20:52; b at 21:00." or `None` when nothing preceded the alert.

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::cache::cache_label;
 use super::fingerprint::{diff_fingerprints, Fingerprint};
 use super::stats::median;
-use crate::events::{worker_failed_sentence, Event, EventKind};
+use crate::events::{Event, EventKind};
 use crate::format::{format_bytes, format_tokens_per_s};
 use crate::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, StepTimes, TimestampMs};
 
@@ -489,14 +489,8 @@ pub fn differences_since(
         ));
     }
     for e in &after {
-        if let EventKind::WorkerFailed {
-            device,
-            error,
-            role,
-            rank,
-        } = &e.kind
-        {
-            out.push(worker_failed_sentence(device, *role, *rank, error));
+        if matches!(e.kind, EventKind::WorkerFailed { .. }) {
+            out.push(e.kind.describe());
         }
     }
     out

@@ -1,5 +1,5 @@
 use super::*;
-use crate::events::Severity;
+use crate::events::{worker_failed_sentence, Severity};
 
 fn record(tokens_per_s: f64, basis: Option<ThroughputBasis>) -> HealthyRecord {
     let mut fingerprint = Fingerprint {

@@ -338,6 +338,76 @@ mod tests {
         );
     }
 
+    /// One home for an event's words (`dflash_shared::events::wording`): the alert's "Before
+    /// it" names each preceding event by the words its events-view line begins with.
+    #[test]
+    fn an_alert_and_the_events_view_word_an_event_alike() {
+        let mut journal = Journal::default();
+        let kinds = [
+            EventKind::EnvironmentChanged {
+                field: "code_git_commit".into(),
+                before: "0123456789abcdef0123".into(),
+                after: "fedcba9876543210fedc".into(),
+            },
+            EventKind::CacheChanged {
+                name: "torchinductor".into(),
+                path: "/srv/dflash/cache/torchinductor".into(),
+                change: "deleted (was 2.1 GB, 418 entries)".into(),
+            },
+            EventKind::ActionExecuted {
+                action_id: "act-3".into(),
+                outcome: "deleted /srv/dflash/cache/torchinductor".into(),
+            },
+            EventKind::RunStarted {
+                run_name: "qwen36-27b-dflash".into(),
+                resumed_from_step: Some(12_000),
+            },
+        ];
+        for (i, kind) in kinds.iter().enumerate() {
+            journal.insert(Event {
+                seq: 20 + i as u64,
+                ts_ms: T2052 + 60_000 * i as i64,
+                severity: Severity::Warn,
+                kind: kind.clone(),
+            });
+        }
+        let mut alerts = ActiveAlerts::default();
+        alerts.apply_event(&crit_event(30, T2103, Severity::Crit));
+        let explanation = explain(
+            alerts.sorted()[0],
+            ThroughputNow::default(),
+            &journal,
+            DisplayClock::utc(),
+        );
+        assert_eq!(explanation.before.len(), kinds.len(), "{explanation:?}");
+        for (before, kind) in explanation.before.iter().zip(&kinds) {
+            let (words, _at) = before.rsplit_once(" at ").unwrap();
+            assert!(
+                wording::describe(kind).starts_with(words),
+                "alert: {before:?}, events view: {:?}",
+                wording::describe(kind)
+            );
+        }
+        assert_eq!(
+            explanation.before,
+            [
+                "code commit 0123456789ab → fedcba987654 at 20:52",
+                "TorchInductor compile cache deleted at 20:53",
+                "operator action act-3: deleted /srv/dflash/cache/torchinductor at 20:54",
+                "daemon restarted, resumed at step 12,000 at 20:55",
+            ]
+        );
+        assert_eq!(
+            wording::describe(&kinds[0]),
+            "code commit 0123456789ab → fedcba987654 (informational; resume not held)"
+        );
+        assert_eq!(
+            wording::describe(&kinds[1]),
+            "TorchInductor compile cache deleted (was 2.1 GB, 418 entries) \
+             (/srv/dflash/cache/torchinductor)"
+        );
+    }
+
     #[test]
     fn the_daemons_own_context_wins_and_other_detectors_use_their_message() {
         let alert = Alert {
