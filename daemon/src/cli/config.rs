@@ -7,6 +7,9 @@
 //! compiled in) against the held-out count and the batch size, `telemetry.python`, and the tap
 //! layers and mask token against the target's `config.json`, and `drafter.init_from`'s
 //! drafter against the configured one (the check `start` makes before loading its weights).
+//! `config_setup.rs` runs `start`'s own setup code on the rest: the online prompt file, the
+//! target's stop tokens, chat data's tokenizer and template, the data, and the memory plan
+//! wherever the devices' memory is known without a GPU.
 //! `show` prints the effective config, every default filled in; it parses back to the same
 //! config, so it is a complete starting point for a new run.
 use std::path::{Path, PathBuf};
@@ -22,6 +25,7 @@ use dflash_shared::config::{
     EMBEDDED_PROMPTS,
 };
 
+use super::config_setup::{self, SetupFiles};
 use crate::run::paths::{resolve, resolve_path, PathInputs};
 
 #[derive(Args, Debug)]
@@ -33,7 +37,14 @@ pub struct ConfigArgs {
 #[derive(Subcommand, Debug)]
 pub enum ConfigCommand {
     /// Check a run config; exit 1 with every problem named by key and line.
-    Validate { file: PathBuf },
+    Validate {
+        file: PathBuf,
+        /// Memory of each device, GiB, as `start --gpu-memory-gib` states it: the memory plan
+        /// is checked against it. Default: NVML's figure for the topology's GPUs, the host's
+        /// memory on a CPU topology; with neither, the plan is left to `start`.
+        #[arg(long, value_name = "GIB")]
+        gpu_memory_gib: Option<f64>,
+    },
     /// Print the effective config (every default filled in). No FILE: the embedded default.
     Show { file: Option<PathBuf> },
 }
@@ -48,9 +59,14 @@ pub fn load_config(path: &Path) -> Result<Config> {
 /// Reads what `start` would check after loading: the train file's non-blank lines (an upper
 /// bound of its samples; for the embedded data, its sample count), whether `telemetry.python`
 /// exists, and the target's depth and vocabulary from its `config.json` (the embedded
-/// target's own shape). What cannot be read is left to `start`, and a note says so (a path
-/// `start` cannot resolve is refused there too).
-fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>) {
+/// target's own shape); then runs `start`'s own setup checks ([`config_setup::check`]). What
+/// cannot be read is left to `start`, and a note says so (a path `start` cannot resolve is
+/// refused there too).
+fn read_facts(
+    config: &Config,
+    config_path: &Path,
+    gpu_memory_gib: Option<f64>,
+) -> (ConfigFacts, Vec<String>) {
     let mut notes = Vec::new();
     let default_run_dir = PathInputs::from_environment()
         .map(|inputs| resolve(&inputs).default_run_dir)
@@ -96,17 +112,27 @@ fn read_facts(config: &Config, config_path: &Path) -> (ConfigFacts, Vec<String>)
             Err(e) => facts.missing_online_prompts = Some(e.to_string()),
         }
     }
-    let target = if config.target.is_embedded() {
-        Ok(TargetConfig::tiny_default())
-    } else {
-        resolve_key("target.model", &config.target.model)
-            .map_err(|e| e.to_string())
-            .and_then(|dir| TargetConfig::from_hf_dir(&dir).map_err(|e| e.to_string()))
+    let target_dir = (!config.target.is_embedded())
+        .then(|| resolve_key("target.model", &config.target.model).map_err(|e| e.to_string()));
+    let target = match &target_dir {
+        None => Ok(TargetConfig::tiny_default()),
+        Some(dir) => dir
+            .clone()
+            .and_then(|dir| TargetConfig::from_hf_dir(&dir).map_err(|e| e.to_string())),
     };
     if let Some(init_from) = &config.drafter.init_from {
         let dir = resolve_key("drafter.init_from", init_from).map_err(|e| e.to_string());
         check_init_from(config, dir, target.as_ref().ok(), &mut facts, &mut notes);
     }
+    let files = SetupFiles {
+        config,
+        config_path,
+        run_dir: &run_dir,
+        target_dir: target_dir.as_ref().and_then(|dir| dir.as_deref().ok()),
+        target: target.as_ref().ok(),
+        gpu_memory_gib,
+    };
+    config_setup::check(&files, &mut facts, &mut notes);
     match target {
         Ok(t) => {
             facts.target = Some(TargetShape {
@@ -189,7 +215,13 @@ fn count_non_blank_lines(path: &Path) -> std::io::Result<usize> {
 
 pub fn run(args: ConfigArgs) -> Result<ExitCode> {
     match args.command {
-        ConfigCommand::Validate { file } => {
+        ConfigCommand::Validate {
+            file,
+            gpu_memory_gib,
+        } => {
+            if let Some(gib) = gpu_memory_gib.filter(|g| !(g.is_finite() && *g > 0.0)) {
+                anyhow::bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
+            }
             let config = match load_config(&file) {
                 Ok(c) => c,
                 Err(e) => {
@@ -197,7 +229,7 @@ pub fn run(args: ConfigArgs) -> Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             };
-            let (facts, notes) = read_facts(&config, &file);
+            let (facts, notes) = read_facts(&config, &file, gpu_memory_gib);
             let text = std::fs::read_to_string(&file).unwrap_or_default();
             if let Err(e) = config.check_facts(&facts, &text, &file.display().to_string()) {
                 eprintln!("dflashd: {e}");

@@ -1,6 +1,7 @@
 //! The top floor: one module per subcommand; `main.rs` only parses and dispatches. Nothing
 //! imports this module.
 pub mod config;
+mod config_setup;
 pub mod doctor;
 pub mod eval;
 pub mod eval_online;

@@ -233,10 +233,10 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         Devices::of(cfg, inputs.device_override),
         &samples,
     );
-    cfg.check_online_prompts()?;
+    let (online_prompts_path, online_prompts) =
+        read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
     let mut train_cfg = run_config::train_config(cfg, samples.len());
-    train_cfg.online_eval_prompts = online_eval_prompts(inputs, &train_cfg)?;
-    let online_prompts = load_online_prompts(&train_cfg, target_dir.as_deref(), vocab)?;
+    train_cfg.online_eval_prompts = online_prompts_path;
     let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
     let warm_start = match &warm_start_source {
         Some(source) => Some(trainer.init_drafter_from(source)?),
@@ -303,12 +303,44 @@ fn check_memory_plan(
     samples: &[Sample],
     data_source: &str,
 ) -> Result<Option<String>, SetupError> {
-    let cfg = inputs.config;
-    let Some(shape) = memory_plan::data_shape(samples, data_source) else {
-        return Ok(None);
-    };
-    let devices = Devices::of(cfg, inputs.device_override);
+    let devices = Devices::of(inputs.config, inputs.device_override);
     let memory = memory_plan::device_memory(&devices, inputs.memory_plan.stated_gib);
+    match memory_plan_verdict(inputs.config, devices, memory, target, samples, data_source) {
+        MemoryPlanVerdict::Fits => Ok(None),
+        MemoryPlanVerdict::NotChecked(why) => Ok(Some(format!("memory plan not checked: {why}"))),
+        MemoryPlanVerdict::DoesNotFit(refusal) if inputs.memory_plan.ignore => Ok(Some(format!(
+            "--ignore-memory-plan: starting against the memory plan, which says {}",
+            refusal.replace('\n', " ")
+        ))),
+        MemoryPlanVerdict::DoesNotFit(refusal) => Err(SetupError::MemoryPlan(refusal)),
+    }
+}
+
+/// What the memory plan says of a run on `devices` of `memory` each.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum MemoryPlanVerdict {
+    /// Predicted to fit (or no row to plan at: the data check refuses that).
+    Fits,
+    /// No device memory is known: why, and what would give one.
+    NotChecked(String),
+    /// A device is predicted over capacity: `start`'s whole refusal, remedies included.
+    DoesNotFit(String),
+}
+
+/// The memory plan at the data's p95 row length, as `start` judges it before it builds the
+/// drafter; `config validate` calls it with the same samples (read by [`load_samples`]) and
+/// the target's `config.json`, so the two refuse the same runs in the same words.
+pub(crate) fn memory_plan_verdict(
+    cfg: &Config,
+    devices: Devices,
+    memory: Result<memory_plan::DeviceMemory, String>,
+    target: &dflash_engine::model::target::TargetConfig,
+    samples: &[Sample],
+    data_source: &str,
+) -> MemoryPlanVerdict {
+    let Some(shape) = memory_plan::data_shape(samples, data_source) else {
+        return MemoryPlanVerdict::Fits;
+    };
     let plan_inputs = PlanInputs {
         config: cfg,
         target,
@@ -321,35 +353,45 @@ fn check_memory_plan(
     let plan = dflash_engine::plan::plan_run(&memory_plan::run_spec(&plan_inputs));
     match (plan.fits, memory) {
         (Some(false), _) => {
-            let refusal = memory_plan::refusal(&plan, &plan_inputs);
-            if inputs.memory_plan.ignore {
-                Ok(Some(format!(
-                    "--ignore-memory-plan: starting against the memory plan, which says {}",
-                    refusal.replace('\n', " ")
-                )))
-            } else {
-                Err(SetupError::MemoryPlan(refusal))
-            }
+            MemoryPlanVerdict::DoesNotFit(memory_plan::refusal(&plan, &plan_inputs))
         }
-        (_, Err(why)) => Ok(Some(format!("memory plan not checked: {why}"))),
-        _ => Ok(None),
+        (_, Err(why)) => MemoryPlanVerdict::NotChecked(why),
+        _ => MemoryPlanVerdict::Fits,
     }
+}
+
+/// How every refusal of the online evaluation's inputs ends: the way out that needs no file.
+const WITHOUT_ONLINE_EVAL: &str =
+    "or set training.online_eval_every = 0 to train without online evaluation";
+
+/// The online evaluation's prompt file (resolved) and its prompts with the target's stop
+/// tokens, as `start` reads them before the first step; `(None, None)` when there is no
+/// online evaluation. `config validate` runs this same reader with the vocabulary of the
+/// target's `config.json` (no weight loaded), so it refuses every prompt file and stop token
+/// `start` refuses, in the same words.
+pub(crate) fn read_online_prompts(
+    inputs: &SetupInputs<'_>,
+    target_dir: Option<&Path>,
+    vocab: i64,
+) -> Result<(Option<String>, Option<OnlinePrompts>), SetupError> {
+    inputs.config.check_online_prompts()?;
+    let path = online_eval_prompts(inputs)?;
+    let prompts = load_online_prompts(inputs.config, path.as_deref(), target_dir, vocab)?;
+    Ok((path, prompts))
 }
 
 /// `training.online_eval_prompts` as the engine reads it: `"embedded"` as it is, a file
 /// resolved like `data.train_file` (relative to the config) and refused at start when it is
 /// not there, rather than at the first online evaluation. Off (`online_eval_every = 0`), the
 /// key is passed on unread.
-fn online_eval_prompts(
-    inputs: &SetupInputs,
-    train_cfg: &dflash_engine::train::TrainConfig,
-) -> Result<Option<String>, SetupError> {
+fn online_eval_prompts(inputs: &SetupInputs) -> Result<Option<String>, SetupError> {
     const KEY: &str = "training.online_eval_prompts";
-    let prompts = train_cfg.online_eval_prompts.clone();
+    let training = &inputs.config.training;
+    let prompts = training.online_eval_prompts.clone();
     let Some(value) = prompts.as_deref() else {
         return Ok(None);
     };
-    if train_cfg.online_eval_every == 0 || value == config::EMBEDDED_PROMPTS {
+    if training.online_eval_interval() == 0 || value == config::EMBEDDED_PROMPTS {
         return Ok(prompts);
     }
     let path = resolve_path(KEY, value, inputs.config_path, inputs.run_dir)?;
@@ -359,8 +401,7 @@ fn online_eval_prompts(
             value: value.into(),
             detail: format!(
                 "{} is not a file; name a JSONL file of prompts (`input_ids` or chat \
-                 `conversations`), or set training.online_eval_every = 0 to train without \
-                 online evaluation",
+                 `conversations`), {WITHOUT_ONLINE_EVAL}",
                 path.display()
             ),
         });
@@ -368,20 +409,21 @@ fn online_eval_prompts(
     Ok(Some(path.display().to_string()))
 }
 
-/// The online evaluation's prompts and stop tokens, read once at start (`None` when online
-/// evaluation is off): the embedded held-out set, which ends at the tiny target's end of turn,
-/// or a prompt file (`input_ids` rows, or chat rows rendered with the target directory's
-/// tokenizer and chat template) with the stop tokens of the target's `generation_config.json`.
+/// The online evaluation's prompts and stop tokens (`None` when online evaluation is off):
+/// the embedded held-out set, which ends at the tiny target's end of turn, or the prompt file
+/// at `prompts` (`input_ids` rows, or chat rows rendered with the target directory's tokenizer
+/// and chat template) with the stop tokens of the target's `generation_config.json`.
 fn load_online_prompts(
-    train_cfg: &dflash_engine::train::TrainConfig,
+    cfg: &Config,
+    prompts: Option<&str>,
     target_dir: Option<&Path>,
     vocab: i64,
 ) -> Result<Option<OnlinePrompts>, SetupError> {
     const KEY: &str = "training.online_eval_prompts";
-    let Some(value) = train_cfg.online_eval_prompts.as_deref() else {
+    let Some(value) = prompts else {
         return Ok(None);
     };
-    if train_cfg.online_eval_every == 0 {
+    if cfg.training.online_eval_interval() == 0 {
         return Ok(None);
     }
     let refused = |detail: String| SetupError::Path {
@@ -402,7 +444,8 @@ fn load_online_prompts(
         ));
     };
     let path = Path::new(value);
-    let rows = read_prompt_rows(path).map_err(|e| refused(e.to_string()))?;
+    let rows =
+        read_prompt_rows(path).map_err(|e| refused(format!("{e}; {WITHOUT_ONLINE_EVAL}")))?;
     let has_chat = rows
         .rows
         .iter()
@@ -412,7 +455,8 @@ fn load_online_prompts(
             ChatEncoder::from_model_dir(target_dir, None, ChatOptions::default()).map_err(|e| {
                 refused(format!(
                     "chat prompts are rendered with the target's tokenizer.json and chat \
-                     template: {e}; give the target directory both, or give input_ids prompts"
+                     template: {e}; give the target directory both, give input_ids prompts, \
+                     {WITHOUT_ONLINE_EVAL}"
                 ))
             })?,
         )
@@ -420,8 +464,17 @@ fn load_online_prompts(
         None
     };
     let prompts = tokenize_prompts(path, rows, encoder.as_ref(), vocab)
-        .map_err(|e| refused(e.to_string()))?;
-    let stop = load_stop_tokens(target_dir).map_err(|e| refused(e.to_string()))?;
+        .map_err(|e| refused(format!("{e}; {WITHOUT_ONLINE_EVAL}")))?;
+    // Named by the target's key: the file to fix is the target's, not the prompts.
+    let stop = load_stop_tokens(target_dir).map_err(|e| SetupError::Path {
+        key: "target.model",
+        value: cfg.target.model.clone(),
+        detail: format!(
+            "the online evaluation (training.online_eval_prompts) stops at the target's \
+             `eos_token_id`, which start cannot read: {e}; fix `eos_token_id` there (a token id \
+             or a list of them, as transformers reads it), {WITHOUT_ONLINE_EVAL}"
+        ),
+    })?;
     Ok(Some(OnlinePrompts {
         prompts: prompts.into_iter().map(|p| p.input_ids).collect(),
         stop_tokens: stop.ids,
@@ -470,7 +523,11 @@ pub(crate) fn load_samples(
     Ok((samples, report, source))
 }
 
-fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
+/// The encoder chat data is read with: the tokenizer of `data.tokenizer`, else the target
+/// directory's `tokenizer.json`, and the chat template of `data.chat_template`, else the target
+/// directory's. A missing or broken file is refused naming the key that chose it.
+/// `config validate` builds the same encoder (no weight loaded), so it refuses the same files.
+pub(crate) fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
     let cfg = inputs.config;
     let (config_path, run_dir) = (inputs.config_path, inputs.run_dir);
     if cfg.target.is_embedded() {
@@ -485,29 +542,47 @@ fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
         });
     }
     let model_dir = resolve_path("target.model", &cfg.target.model, config_path, run_dir)?;
-    let template = cfg
+    let template_file = cfg
         .data
         .chat_template
         .as_deref()
         .map(|t| resolve_path("data.chat_template", t, config_path, run_dir))
         .transpose()?;
-    match cfg.data.tokenizer.as_deref() {
-        None => Ok(ChatEncoder::from_model_dir(
-            &model_dir,
-            template.as_deref(),
-            ChatOptions::default(),
-        )?),
-        Some(t) => {
-            let path = resolve_path("data.tokenizer", t, config_path, run_dir)?;
-            let tokenizer = load_tokenizer(&path)?;
-            let template = load_chat_template(&model_dir, template.as_deref())?;
-            Ok(ChatEncoder::new(
-                tokenizer,
-                path,
-                template,
-                ChatOptions::default(),
-            )?)
-        }
+    let target_model = ("target.model", cfg.target.model.as_str());
+    let (tokenizer_key, tokenizer_path) = match cfg.data.tokenizer.as_deref() {
+        None => (target_model, model_dir.join("tokenizer.json")),
+        Some(t) => (
+            ("data.tokenizer", t),
+            resolve_path("data.tokenizer", t, config_path, run_dir)?,
+        ),
+    };
+    let template_key = match cfg.data.chat_template.as_deref() {
+        None => target_model,
+        Some(t) => ("data.chat_template", t),
+    };
+    let tokenizer =
+        load_tokenizer(&tokenizer_path).map_err(|e| chat_file_refused(tokenizer_key, e))?;
+    let template = load_chat_template(&model_dir, template_file.as_deref())
+        .map_err(|e| chat_file_refused(template_key, e))?;
+    Ok(ChatEncoder::new(
+        tokenizer,
+        tokenizer_path,
+        template,
+        ChatOptions::default(),
+    )?)
+}
+
+/// A tokenizer or chat template chat data cannot be read with, named by the key that chose
+/// the file (`(key, value)`), with every way out.
+fn chat_file_refused((key, value): (&'static str, &str), cause: DataError) -> SetupError {
+    SetupError::Path {
+        key,
+        value: value.into(),
+        detail: format!(
+            "{cause}; chat data (data.format = \"chat\") is read with a tokenizer.json and a \
+             chat template: give target.model's directory both, point data.tokenizer and \
+             data.chat_template at them, or use pre-tokenized data"
+        ),
     }
 }
 
@@ -614,43 +689,38 @@ mod tests {
             "{\"input_ids\": [1, 2]}\n",
         )
         .unwrap();
-        let cfg = Config::embedded_default();
-        let inputs = SetupInputs {
-            config: &cfg,
-            config_path: Some(&config_path),
-            run_dir: Path::new("/r"),
-            device_override: None,
-            unlocked_keys: Vec::new(),
-            memory_plan: MemoryPlanPolicy::default(),
-            cpu_peak_flops: None,
-            resume: None,
-            fresh_start: false,
+        let resolved = |prompts: &str, every: Option<u64>| {
+            let mut cfg = Config::embedded_default();
+            cfg.training.online_eval_prompts = Some(prompts.into());
+            cfg.training.online_eval_every = every;
+            online_eval_prompts(&SetupInputs {
+                config: &cfg,
+                config_path: Some(&config_path),
+                run_dir: Path::new("/r"),
+                device_override: None,
+                unlocked_keys: Vec::new(),
+                memory_plan: MemoryPlanPolicy::default(),
+                cpu_peak_flops: None,
+                resume: None,
+                fresh_start: false,
+            })
         };
-        let mut train = run_config::train_config(&cfg, 100);
         assert_eq!(
-            online_eval_prompts(&inputs, &train).unwrap().as_deref(),
+            resolved("embedded", None).unwrap().as_deref(),
             Some("embedded")
         );
-        train.online_eval_prompts = Some("prompts.jsonl".into());
         assert_eq!(
-            online_eval_prompts(&inputs, &train).unwrap(),
+            resolved("prompts.jsonl", None).unwrap(),
             Some(dir.path().join("prompts.jsonl").display().to_string())
         );
-        train.online_eval_prompts = Some("missing.jsonl".into());
-        let err = online_eval_prompts(&inputs, &train)
-            .unwrap_err()
-            .to_string();
+        let err = resolved("missing.jsonl", None).unwrap_err().to_string();
         assert!(
             err.starts_with("training.online_eval_prompts = \"missing.jsonl\": ")
                 && err.contains("is not a file")
                 && err.contains("online_eval_every = 0"),
             "{err}"
         );
-        train.online_eval_every = 0;
-        assert!(
-            online_eval_prompts(&inputs, &train).is_ok(),
-            "off: not read"
-        );
+        assert!(resolved("missing.jsonl", Some(0)).is_ok(), "off: not read");
     }
 
     #[test]

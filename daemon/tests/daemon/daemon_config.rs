@@ -57,7 +57,10 @@ fn validate_names_the_bad_key_and_show_prints_every_default() {
 
 /// `config validate FILE` and `start --config FILE` (one step at most), each `(exit code,
 /// stderr)`.
-fn validate_and_start(root: &Path, file: &Path) -> ((i32, String), (Option<i32>, String)) {
+pub(crate) fn validate_and_start(
+    root: &Path,
+    file: &Path,
+) -> ((i32, String), (Option<i32>, String)) {
     let path = file.display().to_string();
     let (code, _, stderr) = run(root, &["config", "validate", &path]);
     let mut d = Daemon::spawn(root, &["--config", &path, "--max-steps", "1"]);
@@ -388,7 +391,7 @@ fn total_steps(banner: &str) -> u64 {
 }
 
 /// The 1-based line of the first line of `text` that starts with `prefix`.
-fn line_of(text: &str, prefix: &str) -> usize {
+pub(crate) fn line_of(text: &str, prefix: &str) -> usize {
     text.lines().position(|l| l.starts_with(prefix)).unwrap() + 1
 }
 

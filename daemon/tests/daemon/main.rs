@@ -32,6 +32,7 @@ mod control_limits;
 mod control_socket;
 mod control_streams;
 mod daemon_config;
+mod daemon_config_setup;
 mod daemon_control;
 mod daemon_lifecycle;
 mod daemon_privacy;

@@ -13,7 +13,7 @@ pub mod paths;
 pub mod sections;
 mod validate;
 
-pub use validate::{ConfigFacts, InitFromMisfit, TargetShape};
+pub use validate::{ConfigFacts, InitFromMisfit, SetupCheck, SetupRefusal, TargetShape};
 
 use serde::{Deserialize, Serialize};
 

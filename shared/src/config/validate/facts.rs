@@ -136,7 +136,8 @@ pub(super) fn data(c: &Config, v: &mut Vec<ConfigIssue>) {
 /// not be learnt (the check is then left to `start`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigFacts {
-    /// Non-blank lines of `data.train_file`: an upper bound of its sample count.
+    /// Non-blank lines of `data.train_file`, an upper bound of its sample count; or the
+    /// sample count itself where `config validate` read the data as training reads it.
     pub train_lines: Option<usize>,
     /// `telemetry.python` as resolved, when it names no file.
     pub missing_python: Option<String>,
@@ -150,6 +151,62 @@ pub struct ConfigFacts {
     /// Where `drafter.init_from`'s drafter differs from the configured drafter and target:
     /// the check `start` makes before it loads a weight.
     pub init_from_misfits: Vec<InitFromMisfit>,
+    /// What `start`'s own readers refused in the files the config names (the online prompt
+    /// file, the target's stop tokens, chat data's tokenizer and template, the data) and what
+    /// its memory plan refused, each run by `config validate` without loading a weight.
+    pub setup_refusals: Vec<SetupRefusal>,
+}
+
+/// One refusal of `start`'s, met by `config validate` running the same code on the same files:
+/// the key whose file or value is refused, and `start`'s reason, which says what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupRefusal {
+    pub check: SetupCheck,
+    pub key: String,
+    pub why: String,
+}
+
+/// Which of `start`'s checks refused, for what the key was expected to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupCheck {
+    /// `training.online_eval_prompts`, read, parsed and tokenized for the target.
+    OnlinePrompts,
+    /// The target's `eos_token_id`, where the online evaluation stops generating.
+    StopTokens,
+    /// The tokenizer and chat template chat data is read with.
+    ChatFiles,
+    /// `data.train_file`, read as training reads it.
+    Data,
+    /// The memory plan against the devices' memory.
+    MemoryPlan,
+}
+
+impl SetupCheck {
+    fn expected(self) -> &'static str {
+        match self {
+            Self::OnlinePrompts => {
+                "a prompt file start can read for this target (`input_ids` rows within its \
+                 vocabulary, or chat rows and the target's tokenizer.json and chat template)"
+            }
+            Self::StopTokens => {
+                "a target whose `eos_token_id` start can read (generation_config.json, else \
+                 config.json)"
+            }
+            Self::ChatFiles => "a tokenizer.json and a chat template to read chat data with",
+            Self::Data => "data start can train on",
+            Self::MemoryPlan => {
+                "devices with the memory this run needs (the memory plan start checks before \
+                 it builds the drafter)"
+            }
+        }
+    }
+
+    fn issue(refusal: &SetupRefusal) -> ConfigIssue {
+        // A multi-line reason (the memory plan's, one line per device and remedy) stays
+        // readable inside validate's list of problems.
+        let why = refusal.why.replace('\n', "\n    ");
+        ConfigIssue::invalid(refusal.key.clone(), refusal.check.expected(), why)
+    }
 }
 
 /// One difference between `drafter.init_from`'s drafter and the run's, as the engine's check
@@ -262,12 +319,48 @@ pub(crate) fn against_facts(c: &Config, f: &ConfigFacts) -> Vec<ConfigIssue> {
             );
         }
     }
+    v.extend(f.setup_refusals.iter().map(SetupCheck::issue));
     v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setup_refusal_is_an_issue_of_its_key_with_starts_reason_as_found() {
+        let c = Config::embedded_default();
+        let facts = ConfigFacts {
+            setup_refusals: vec![
+                SetupRefusal {
+                    check: SetupCheck::StopTokens,
+                    key: "target.model".into(),
+                    why: "bad eos_token_id; fix it".into(),
+                },
+                SetupRefusal {
+                    check: SetupCheck::MemoryPlan,
+                    key: "topology".into(),
+                    why: "does not fit:\n  cpu: needs 2 GiB".into(),
+                },
+            ],
+            ..ConfigFacts::default()
+        };
+        let issues = against_facts(&c, &facts);
+        let texts: Vec<String> = issues.iter().map(ToString::to_string).collect();
+        assert_eq!(issues[0].key, "target.model");
+        assert!(
+            texts[0].contains("expected a target whose `eos_token_id` start can read")
+                && texts[0].ends_with("found bad eos_token_id; fix it"),
+            "{}",
+            texts[0]
+        );
+        assert_eq!(issues[1].key, "topology");
+        assert!(
+            texts[1].ends_with("found does not fit:\n      cpu: needs 2 GiB"),
+            "{}",
+            texts[1]
+        );
+    }
 
     #[test]
     fn a_prompt_file_with_the_embedded_target_is_refused_as_start_refuses_it_and_not_also_missing()

@@ -16,7 +16,7 @@ mod runtime;
 mod training;
 
 pub(crate) use facts::{against_dataset, against_facts, online_prompts_for_another_target};
-pub use facts::{ConfigFacts, InitFromMisfit, TargetShape};
+pub use facts::{ConfigFacts, InitFromMisfit, SetupCheck, SetupRefusal, TargetShape};
 
 const MAX_RUN_NAME: usize = 64;
 
