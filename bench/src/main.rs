@@ -130,7 +130,7 @@ pub struct BenchArgs {
     pub objectives_epochs: u32,
     /// Objectives case: each run stops after this many steps (`dflashd start --max-steps`).
     /// The default is a smoke check; docs/BENCHMARKS.md's table ran a whole schedule
-    /// (`--objectives-epochs 2 --objectives-steps 214`).
+    /// (`--objectives-epochs 6 --objectives-steps 642`).
     #[arg(long, default_value_t = 20)]
     pub objectives_steps: u64,
     /// Objectives case: the `dflashd` that trains and evaluates (default: the one beside this
