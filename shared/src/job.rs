@@ -10,9 +10,10 @@
 //! gradient all-reduce, so their step wall times are equal and say nothing. What differs is the
 //! time each node spends on its own work before that wait: the step less its all-reduce
 //! ([`NodeFigures::busy_ms`]). The node with the most is the one the others wait for. It is
-//! named a straggler when its busy time exceeds the next slowest node's by at least
-//! [`STRAGGLER_BEHIND_FRAC`] ([`JobView::straggler`]): were it as fast as that node, the job's
-//! step would shrink by that much, so the comparison is what the job loses to this one node.
+//! named a straggler when its busy time exceeds the next slowest node's by at least a fraction,
+//! `detectors.straggler.behind_frac` ([`STRAGGLER_BEHIND_FRAC`] by default;
+//! [`JobView::straggler`]): were it as fast as that node, the job's step would shrink by that
+//! much, so the comparison is what the job loses to this one node.
 use serde::{Deserialize, Serialize};
 
 /// Numbers each node contributes per step: tokens/s, draft positions/s, busy ms, step ms and
@@ -20,9 +21,10 @@ use serde::{Deserialize, Serialize};
 pub const FIGURES_PER_NODE: usize = 5;
 
 /// How much longer than the next slowest node's a node's own work must take before it is
-/// named as holding the job back: a fifth. Below that, ordinary step-to-step noise on a shared
-/// machine (a few percent) and data-length variation between shards never name a node; above
-/// it, the job loses at least a sixth of its throughput waiting for one node.
+/// named as holding the job back, by default (`detectors.straggler.behind_frac`): a fifth.
+/// Below that, ordinary step-to-step noise on a shared machine (a few percent) and data-length
+/// variation between shards never name a node; above it, the job loses at least a sixth of its
+/// throughput waiting for one node.
 pub const STRAGGLER_BEHIND_FRAC: f64 = 0.2;
 
 /// One node's figures for one step.
@@ -88,20 +90,22 @@ pub struct JobView {
     /// The job's training tokens per second: the nodes' sum.
     pub tokens_per_s: f64,
     pub draft_positions_per_s: f64,
-    /// The node holding the job back, when one is ([`STRAGGLER_BEHIND_FRAC`]).
+    /// The node holding the job back, when one is (`behind_frac` of [`JobView::from_nodes`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub straggler: Option<Straggler>,
 }
 
 impl JobView {
-    /// The view from every node's figures (in any order).
-    pub fn from_nodes(this_node: u32, mut nodes: Vec<NodeFigures>) -> Self {
+    /// The view from every node's figures (in any order); a node whose own work exceeds the
+    /// next slowest node's by at least `behind_frac` of it is the straggler
+    /// (`detectors.straggler.behind_frac`, [`STRAGGLER_BEHIND_FRAC`] by default).
+    pub fn from_nodes(this_node: u32, mut nodes: Vec<NodeFigures>, behind_frac: f64) -> Self {
         nodes.sort_by_key(|n| n.node);
         JobView {
             this_node,
             tokens_per_s: nodes.iter().map(|n| n.tokens_per_s).sum(),
             draft_positions_per_s: nodes.iter().map(|n| n.draft_positions_per_s).sum(),
-            straggler: straggler(&nodes),
+            straggler: straggler(&nodes, behind_frac),
             nodes,
         }
     }
@@ -113,9 +117,9 @@ impl JobView {
     }
 }
 
-/// The node whose own work exceeds the next slowest node's by [`STRAGGLER_BEHIND_FRAC`].
-fn straggler(nodes: &[NodeFigures]) -> Option<Straggler> {
-    lag(nodes).filter(|s| s.behind_frac >= STRAGGLER_BEHIND_FRAC)
+/// The node whose own work exceeds the next slowest node's by `behind_frac`.
+fn straggler(nodes: &[NodeFigures], behind_frac: f64) -> Option<Straggler> {
+    lag(nodes).filter(|s| s.behind_frac >= behind_frac)
 }
 
 /// The slowest node against the next slowest; `None` for fewer than two nodes or no figure.
@@ -197,7 +201,11 @@ mod tests {
 
     #[test]
     fn the_job_sums_the_nodes_and_names_a_node_a_fifth_behind_the_others() {
-        let view = JobView::from_nodes(0, vec![node(1, 900.0, 1300.0), node(0, 1000.0, 1000.0)]);
+        let view = JobView::from_nodes(
+            0,
+            vec![node(1, 900.0, 1300.0), node(0, 1000.0, 1000.0)],
+            STRAGGLER_BEHIND_FRAC,
+        );
         assert_eq!(view.nodes[0].node, 0, "sorted by node");
         assert_eq!(view.tokens_per_s, 1900.0);
         assert_eq!(view.draft_positions_per_s, 950.0);
@@ -210,7 +218,11 @@ mod tests {
              node's 1.00 s (+30 %)"
         );
         // Just under the bar: nobody is named.
-        let close = JobView::from_nodes(0, vec![node(0, 1.0, 1000.0), node(1, 1.0, 1199.0)]);
+        let close = JobView::from_nodes(
+            0,
+            vec![node(0, 1.0, 1000.0), node(1, 1.0, 1199.0)],
+            STRAGGLER_BEHIND_FRAC,
+        );
         assert_eq!(close.straggler, None);
         assert_eq!(close.lag().map(|s| s.node), Some(1));
         // Against the next slowest: one fast node makes no normal node a straggler, and two
@@ -220,25 +232,44 @@ mod tests {
             node(1, 1.0, 1000.0),
             node(2, 1.0, 1050.0),
         ];
-        assert_eq!(JobView::from_nodes(2, fast_one).straggler, None);
+        assert_eq!(
+            JobView::from_nodes(2, fast_one, STRAGGLER_BEHIND_FRAC).straggler,
+            None
+        );
         let two_slow = vec![
             node(0, 1.0, 500.0),
             node(1, 1.0, 1000.0),
             node(2, 1.0, 1000.0),
         ];
-        assert_eq!(JobView::from_nodes(2, two_slow).straggler, None);
+        assert_eq!(
+            JobView::from_nodes(2, two_slow, STRAGGLER_BEHIND_FRAC).straggler,
+            None
+        );
         let one_slow = vec![
             node(0, 1.0, 1000.0),
             node(1, 1.0, 1500.0),
             node(2, 1.0, 1000.0),
         ];
         assert_eq!(
-            JobView::from_nodes(0, one_slow).straggler.map(|s| s.node),
+            JobView::from_nodes(0, one_slow, STRAGGLER_BEHIND_FRAC)
+                .straggler
+                .map(|s| s.node),
+            Some(1)
+        );
+        // A configured bar: 30 % behind is no straggler against a bar of 0.5, 10 % is one
+        // against a bar of 0.1.
+        let behind_30 = vec![node(0, 1.0, 1000.0), node(1, 1.0, 1300.0)];
+        assert_eq!(JobView::from_nodes(0, behind_30, 0.5).straggler, None);
+        let behind_10 = vec![node(0, 1.0, 1000.0), node(1, 1.0, 1100.0)];
+        assert_eq!(
+            JobView::from_nodes(0, behind_10, 0.1)
+                .straggler
+                .map(|s| s.node),
             Some(1)
         );
         // One node is no job.
         assert_eq!(
-            JobView::from_nodes(0, vec![node(0, 1.0, 1.0)]).straggler,
+            JobView::from_nodes(0, vec![node(0, 1.0, 1.0)], STRAGGLER_BEHIND_FRAC).straggler,
             None
         );
     }

@@ -315,6 +315,7 @@ mod tests {
         job.view = Some(JobView::from_nodes(
             0,
             vec![node(0, 1000.0), node(1, 1040.0)],
+            crate::job::STRAGGLER_BEHIND_FRAC,
         ));
         assert_eq!(
             job.words(),
@@ -323,6 +324,7 @@ mod tests {
         job.view = Some(JobView::from_nodes(
             0,
             vec![node(0, 1000.0), node(1, 1500.0)],
+            crate::job::STRAGGLER_BEHIND_FRAC,
         ));
         assert_eq!(
             job.words(),

@@ -8,6 +8,7 @@ use dflash_shared::config::{
     locked_key_changes, unlock_refusal, Config, DataFormat, Device, DrafterHead, LayerType,
     Objective, Precision, EMBEDDED_DEFAULT_TOML,
 };
+use dflash_shared::job;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -295,6 +296,55 @@ fn defaults_fill_a_minimal_config() {
     ] {
         assert!(shown.contains(key), "config show lacks {key}:\n{shown}");
     }
+}
+
+#[test]
+fn the_straggler_keys_default_to_a_fifth_for_five_steps_and_refuse_out_of_range_values() {
+    let minimal =
+        fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
+    let with = |section: &str| Config::from_toml_str(&format!("{minimal}\n{section}"), "t.toml");
+    // Defaults: today's constants, so a config without the section judges as before.
+    let c = with("").unwrap();
+    assert_eq!(c.detectors.straggler.behind_frac, 0.2);
+    assert_eq!(
+        c.detectors.straggler.behind_frac,
+        job::STRAGGLER_BEHIND_FRAC
+    );
+    assert_eq!(c.detectors.straggler.steps, 5);
+    assert!(c.to_toml_string().contains("[detectors.straggler]"));
+    // Valid values are taken, the bounds included.
+    for (frac, steps) in [(0.05, 1), (0.5, 20), (10.0, 10_000)] {
+        let c = with(&format!(
+            "[detectors.straggler]\nbehind_frac = {frac:?}\nsteps = {steps}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{frac} / {steps}: {e}"));
+        assert_eq!(
+            (
+                c.detectors.straggler.behind_frac,
+                c.detectors.straggler.steps
+            ),
+            (frac, steps)
+        );
+    }
+    // Out of range: refused, naming the key and what to set.
+    for (line, key, expected) in [
+        ("behind_frac = 0.0", "behind_frac", "in (0, 10]"),
+        ("behind_frac = -0.2", "behind_frac", "in (0, 10]"),
+        ("behind_frac = 10.5", "behind_frac", "in (0, 10]"),
+        ("behind_frac = nan", "behind_frac", "in (0, 10]"),
+        ("steps = 0", "steps", "from 1 to 10000"),
+        ("steps = 10001", "steps", "from 1 to 10000"),
+    ] {
+        let e = with(&format!("[detectors.straggler]\n{line}\n"))
+            .expect_err(line)
+            .to_string();
+        assert!(
+            e.contains(&format!("detectors.straggler.{key} (line ")) && e.contains(expected),
+            "{line}: {e}"
+        );
+    }
+    // A key the section does not have is refused too.
+    assert!(with("[detectors.straggler]\nfire_after = 3\n").is_err());
 }
 
 #[test]

@@ -717,7 +717,11 @@ fn the_run_panel_of_a_job_node_names_its_place_the_jobs_rate_and_the_straggler()
         step_ms: 1_400.0,
         queue_wait_share: Some(0.05),
     };
-    let view = JobView::from_nodes(0, vec![node(0, 1_050.0), node(1, 1_400.0)]);
+    let view = JobView::from_nodes(
+        0,
+        vec![node(0, 1_050.0), node(1, 1_400.0)],
+        dflash_shared::job::STRAGGLER_BEHIND_FRAC,
+    );
     let mut frames = incident::generate(incident::SEED);
     for frame in &mut frames {
         if let Response::Status(status) = &mut frame.frame {

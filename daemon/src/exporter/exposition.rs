@@ -158,7 +158,7 @@ fn job(e: &mut Exposition, s: &Scrape<'_>) {
     );
     let straggler = e.gauge(
         "job_straggler",
-        "1 for the node holding the job back (its own work at least a fifth longer than the next slowest node's), 0 for the others",
+        "1 for the node holding the job back (its own work longer than the next slowest node's by at least detectors.straggler.behind_frac, a fifth by default), 0 for the others",
     );
     set(&nodes, f64::from(status.nnodes));
     let Some(view) = &status.view else {

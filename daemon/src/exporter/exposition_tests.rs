@@ -504,7 +504,11 @@ fn a_node_of_a_job_labels_every_series_with_its_node_and_serves_the_jobs_figures
         "{text}"
     );
     assert!(!text.contains("dflash_job_tokens_per_second{"), "{text}");
-    let view = JobView::from_nodes(1, vec![node(0, 900.0, 1000.0), node(1, 600.0, 1500.0)]);
+    let view = JobView::from_nodes(
+        1,
+        vec![node(0, 900.0, 1000.0), node(1, 600.0, 1500.0)],
+        dflash_shared::job::STRAGGLER_BEHIND_FRAC,
+    );
     status.job.as_mut().unwrap().view = Some(view);
     let text = render_at(&status, Some(&step(42)), None);
     let expected = [

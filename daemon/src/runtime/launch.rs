@@ -298,6 +298,11 @@ fn join_the_job(
     let accum = prepared.trainer.config().grad_accum;
     job.join_trainer(&mut prepared.trainer, accum)
         .map_err(|e| format!("cannot start training: node {}: {e}", job.node()))?;
+    // The straggler bar is this node's (`[detectors]` is node-local): the health feed's
+    // detector counts the steps of the view this names stragglers in.
+    prepared
+        .trainer
+        .set_straggler_behind_frac(spec.config.detectors.straggler.behind_frac);
     handle.set_job_node(job.node(), job.launch.nnodes);
     let handle = handle.clone();
     prepared

@@ -86,6 +86,10 @@ pub struct Trainer {
     checkpoint_witness: Option<CheckpointWitness>,
     /// This node's rank and the job's node count, once joined to a job ([`Self::join_nodes`]).
     job_node: Option<(u32, u32)>,
+    /// How far behind the next slowest node a node's own work must be for the job's view to
+    /// name it the straggler (`detectors.straggler.behind_frac`;
+    /// [`Self::set_straggler_behind_frac`]).
+    straggler_behind_frac: f64,
 }
 
 pub use nodes::CheckpointWitness;
@@ -250,6 +254,7 @@ impl Trainer {
             online_prompts: None,
             checkpoint_witness: None,
             job_node: None,
+            straggler_behind_frac: dflash_shared::job::STRAGGLER_BEHIND_FRAC,
         })
     }
 

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
 use crate::health::healthy_record::HealthyRecordConfig;
-use crate::health::{MemoryConfig, QueueThresholds, ServeGapConfig, ThroughputConfig};
+use crate::health::{
+    MemoryConfig, QueueThresholds, ServeGapConfig, StragglerConfig, ThroughputConfig,
+};
 use crate::run_dir::TENSORBOARD_DIR_NAME;
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
@@ -143,6 +145,9 @@ pub struct DetectorsSection {
     pub queue: QueueThresholds,
     /// Online chain τ against offline τ (`crate::health::serve_gap`).
     pub serve_gap: ServeGapConfig,
+    /// When a node of a multi-node job is named as holding it back (`crate::job`,
+    /// `crate::health::straggler`).
+    pub straggler: StragglerConfig,
     /// When a run is remembered as healthy (`crate::health::healthy_record`).
     pub healthy: HealthyRecordConfig,
 }
@@ -155,6 +160,7 @@ impl Default for DetectorsSection {
             memory: MemoryConfig::default(),
             queue: QueueThresholds::default(),
             serve_gap: ServeGapConfig::default(),
+            straggler: StragglerConfig::default(),
             healthy: HealthyRecordConfig::default(),
         }
     }

@@ -30,7 +30,7 @@ pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
 pub use monitor::HealthMonitor;
 pub use queue::{QueueBound, QueueDiagnoser, QueueDiagnosis, QueueThresholds};
 pub use serve_gap::{ServeGapConfig, ServeGapDetector, ServeGapReading};
-pub use straggler::{StragglerDetector, STRAGGLER_DETECTOR};
+pub use straggler::{StragglerConfig, StragglerDetector, STRAGGLER_DETECTOR};
 pub use throughput::{ThroughputConfig, ThroughputDetector, ThroughputStatus};
 
 /// How healthy one signal is. Ordered: `Ok < Warn < Crit`.

@@ -49,7 +49,7 @@ impl HealthMonitor {
             queue: QueueDiagnoser::new(cfg.queue.clone(), target_workers, drafter_workers),
             caches: CacheWatcher::new(),
             serve_gap: ServeGapDetector::new(cfg.serve_gap.clone()),
-            stragglers: StragglerDetector::default(),
+            stragglers: StragglerDetector::new(cfg.straggler.clone()),
             last_offline_tau: None,
             lookback_ms: cfg.explain_lookback_s as i64 * 1000,
             active: BTreeMap::new(),

@@ -1,27 +1,62 @@
 //! A node holding a multi-node job back ([`crate::job`]): Warn once the same node has been the
-//! straggler for [`STRAGGLER_STEPS`] steps in a row, Ok again after as many steps without one.
-//! One slow step (a checkpoint, an evaluation, a long row) names nobody.
+//! straggler for `detectors.straggler.steps` ([`STRAGGLER_STEPS`] by default) steps in a row, Ok
+//! again after as many steps without one. One slow step (a checkpoint, an evaluation, a long
+//! row) names nobody. Which node is a straggler is the job view's rule, with
+//! `detectors.straggler.behind_frac` ([`StragglerConfig`]).
+use serde::{Deserialize, Serialize};
+
 use super::{Level, Transition};
-use crate::job::JobView;
+use crate::job::{JobView, STRAGGLER_BEHIND_FRAC};
 use crate::metrics::TimestampMs;
 
 /// The detector's name in alerts and the journal.
 pub const STRAGGLER_DETECTOR: &str = "straggler";
 
 /// Consecutive steps a node must be the straggler before it is named, and steps without one
-/// before the alert ends.
-pub const STRAGGLER_STEPS: u32 = 5;
+/// before the alert ends: the default of `detectors.straggler.steps`.
+pub const STRAGGLER_STEPS: usize = 5;
+
+/// `[detectors.straggler]`: when a node of a multi-node job is named as holding it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StragglerConfig {
+    /// How much longer than the next slowest node's a node's own work must take for the node
+    /// to be the step's straggler, as a fraction of the next slowest node's (0.2: a fifth).
+    pub behind_frac: f64,
+    /// Consecutive steps the same node must be the straggler before it is named, and steps
+    /// without one before the alert ends.
+    pub steps: usize,
+}
+
+impl Default for StragglerConfig {
+    /// A fifth ([`STRAGGLER_BEHIND_FRAC`], why in its doc) for 5 steps in a row: one slow step
+    /// (a checkpoint, an evaluation, a long row) never names a node.
+    fn default() -> Self {
+        Self {
+            behind_frac: STRAGGLER_BEHIND_FRAC,
+            steps: STRAGGLER_STEPS,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct StragglerDetector {
+    cfg: StragglerConfig,
     level: Level,
     /// The node behind in the current run of steps, and for how many steps.
-    candidate: Option<(u32, u32)>,
+    candidate: Option<(u32, usize)>,
     /// Steps in a row without a straggler while Warn.
-    clear_steps: u32,
+    clear_steps: usize,
 }
 
 impl StragglerDetector {
+    pub fn new(cfg: StragglerConfig) -> Self {
+        Self {
+            cfg,
+            ..Self::default()
+        }
+    }
+
     pub fn level(&self) -> Level {
         self.level
     }
@@ -43,7 +78,7 @@ impl StragglerDetector {
                     _ => 1,
                 };
                 self.candidate = Some((s.node, steps));
-                if steps == STRAGGLER_STEPS && self.level == Level::Ok {
+                if steps == self.cfg.steps.max(1) && self.level == Level::Ok {
                     self.level = Level::Warn;
                     return Some(transition(
                         Level::Ok,
@@ -59,15 +94,16 @@ impl StragglerDetector {
                     return None;
                 }
                 self.clear_steps += 1;
-                (self.clear_steps == STRAGGLER_STEPS).then(|| {
+                (self.clear_steps == self.cfg.steps.max(1)).then(|| {
                     self.level = Level::Ok;
                     transition(
                         Level::Warn,
                         Level::Ok,
                         format!(
-                            "no node holds the job back any more: for {STRAGGLER_STEPS} steps \
-                             the slowest node's own work was within {:.0} % of the next's",
-                            crate::job::STRAGGLER_BEHIND_FRAC * 100.0
+                            "no node holds the job back any more: for {} steps the slowest \
+                             node's own work was within {:.0} % of the next's",
+                            self.cfg.steps.max(1),
+                            self.cfg.behind_frac * 100.0
                         ),
                     )
                 })
@@ -90,7 +126,7 @@ mod tests {
             step_ms: busy[0].max(busy[1]),
             queue_wait_share: None,
         };
-        JobView::from_nodes(0, vec![node(0), node(1)])
+        JobView::from_nodes(0, vec![node(0), node(1)], STRAGGLER_BEHIND_FRAC)
     }
 
     #[test]
@@ -124,5 +160,38 @@ mod tests {
         let ok = d.observe(12, &fine).expect("cleared");
         assert_eq!((ok.from, ok.to), (Level::Warn, Level::Ok));
         assert_eq!(d.level(), Level::Ok);
+    }
+
+    #[test]
+    fn a_configured_step_count_names_the_node_and_clears_the_alert_after_as_many_steps() {
+        let (fine, behind) = (job([1000.0, 1050.0]), job([1000.0, 1500.0]));
+        // Two steps: named on the second, where the default waits for the fifth.
+        let mut d = StragglerDetector::new(StragglerConfig {
+            steps: 2,
+            ..StragglerConfig::default()
+        });
+        assert_eq!(d.observe(0, &behind), None);
+        let warn = d.observe(1, &behind).expect("named on the second");
+        assert_eq!(warn.to, Level::Warn);
+        assert!(
+            warn.message.ends_with("(+50 %) (2 steps in a row)"),
+            "{}",
+            warn.message
+        );
+        assert_eq!(d.observe(2, &fine), None);
+        let ok = d.observe(3, &fine).expect("cleared after two");
+        assert_eq!((ok.from, ok.to), (Level::Warn, Level::Ok));
+        assert!(ok.message.contains("for 2 steps"), "{}", ok.message);
+        // Eight steps: the fifth names nobody yet, the eighth does.
+        let mut d = StragglerDetector::new(StragglerConfig {
+            steps: 8,
+            ..StragglerConfig::default()
+        });
+        for step in 0..7 {
+            assert_eq!(d.observe(step, &behind), None, "step {step}");
+        }
+        assert_eq!(d.level(), Level::Ok);
+        assert!(d.observe(7, &behind).is_some(), "named on the eighth");
+        assert_eq!(d.level(), Level::Warn);
     }
 }

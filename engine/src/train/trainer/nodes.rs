@@ -132,7 +132,19 @@ impl Trainer {
         if let Err(e) = summed {
             return Err(self.note_failure(e));
         }
-        Ok(Some(JobView::from_nodes(node, job::unpack(&buffer))))
+        Ok(Some(JobView::from_nodes(
+            node,
+            job::unpack(&buffer),
+            self.straggler_behind_frac,
+        )))
+    }
+
+    /// The bar the job's view names a straggler by: how much longer than the next slowest
+    /// node's a node's own work must take, as a fraction of it (`detectors.straggler.behind_frac`;
+    /// [`job::STRAGGLER_BEHIND_FRAC`] until set). Node-local: it only decides what this node's
+    /// view calls a straggler, never what is trained.
+    pub fn set_straggler_behind_frac(&mut self, behind_frac: f64) {
+        self.straggler_behind_frac = behind_frac;
     }
 
     /// Sets what is asked after every checkpoint ([`CheckpointWitness`]).

@@ -34,8 +34,36 @@ fn serve_gap(c: &Config, v: &mut Vec<ConfigIssue>) {
     positive(v, &format!("{p}.clear_after"), g.clear_after);
 }
 
+/// The most `detectors.straggler.behind_frac` may be: a node taking 11 times the next slowest
+/// node's time; a bar above that would never name anyone.
+const STRAGGLER_BEHIND_FRAC_MAX: f64 = 10.0;
+
+/// The most `detectors.straggler.steps` may be.
+const STRAGGLER_STEPS_MAX: usize = 10_000;
+
+fn straggler(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let s = &c.detectors.straggler;
+    let p = "detectors.straggler";
+    in_range(
+        v,
+        &format!("{p}.behind_frac"),
+        s.behind_frac,
+        f64::MIN_POSITIVE,
+        STRAGGLER_BEHIND_FRAC_MAX,
+        "a fraction of the next slowest node's own work in (0, 10], e.g. 0.2 for a fifth longer",
+    );
+    if !(1..=STRAGGLER_STEPS_MAX).contains(&s.steps) {
+        v.push(ConfigIssue::invalid(
+            format!("{p}.steps"),
+            format!("a number of steps in a row from 1 to {STRAGGLER_STEPS_MAX}, e.g. 5"),
+            s.steps,
+        ));
+    }
+}
+
 pub(super) fn detectors(c: &Config, v: &mut Vec<ConfigIssue>) {
     serve_gap(c, v);
+    straggler(c, v);
     let t = &c.detectors.throughput;
     let p = "detectors.throughput";
     for (key, value) in [
