@@ -423,29 +423,51 @@ fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::Obje
     })
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
-    if let Some(task) = args.child {
-        return run_child(task, &args);
+/// Prints a progress line with the machine's load, which every figure is read against.
+fn progress(what: &str) {
+    eprintln!(
+        "[bench] {what} (load average {:.1})",
+        loadavg().unwrap_or(f64::NAN)
+    );
+}
+
+/// What a parent run measures: the cases, the step configs and the attention ladder, checked.
+struct Selection {
+    cases: Vec<String>,
+    configs: Vec<String>,
+    anchors: Vec<usize>,
+}
+
+impl Selection {
+    fn checked(args: &BenchArgs) -> Result<Self> {
+        let (cases, configs, anchors) = defaults(args);
+        if let Some(bad) = cases.iter().find(|c| !CASES.contains(&c.as_str())) {
+            bail!(
+                "--cases: unknown case `{bad}`; expected some of {}",
+                CASES.join(", ")
+            );
+        }
+        for c in &configs {
+            step_preset(c)?;
+        }
+        parse_device(&args.device)?;
+        parse_kind(&args.dtype)?;
+        if !["eager", "flex"].contains(&args.reference_attention.as_str()) {
+            bail!(
+                "--reference-attention: expected `eager` or `flex`, found `{}`",
+                args.reference_attention
+            );
+        }
+        Ok(Selection {
+            cases,
+            configs,
+            anchors,
+        })
     }
-    let (cases, configs, anchors) = defaults(&args);
-    if let Some(bad) = cases.iter().find(|c| !CASES.contains(&c.as_str())) {
-        bail!(
-            "--cases: unknown case `{bad}`; expected some of {}",
-            CASES.join(", ")
-        );
-    }
-    for c in &configs {
-        step_preset(c)?;
-    }
-    parse_device(&args.device)?;
-    parse_kind(&args.dtype)?;
-    if !["eager", "flex"].contains(&args.reference_attention.as_str()) {
-        bail!(
-            "--reference-attention: expected `eager` or `flex`, found `{}`",
-            args.reference_attention
-        );
-    }
-    let threads = args.threads.unwrap_or(1);
+}
+
+/// The parent's harness: the out dir (created) and the per-device defaults of every length.
+fn harness_for(args: &BenchArgs) -> Result<Harness> {
     fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
     let out_dir = args
@@ -453,8 +475,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .canonicalize()
         .with_context(|| format!("resolving {}", args.out_dir.display()))?;
     let cuda = args.device != "cpu";
-    let harness = Harness {
-        out_dir: out_dir.clone(),
+    Ok(Harness {
+        out_dir,
         warmup: args.warmup.unwrap_or(if cuda { 3 } else { 2 }),
         steps: args.steps.unwrap_or(if cuda { 10 } else { 5 }),
         memory_steps: args.memory_steps,
@@ -462,7 +484,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         rounds: args
             .rounds
             .unwrap_or(if args.quick || cuda { 1 } else { 2 }),
-        threads,
+        threads: args.threads.unwrap_or(1),
         device: args.device.clone(),
         dtype: args.dtype.clone(),
         python: Python::locate(args.python.clone(), args.reference_dir.clone())
@@ -472,110 +494,133 @@ pub fn run(args: BenchArgs) -> Result<()> {
             compile: args.reference_compile,
         },
         timeout: Duration::from_secs(args.timeout_s),
-    };
+    })
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(task) = args.child {
+        return run_child(task, &args);
+    }
+    let selection = Selection::checked(&args)?;
+    let harness = harness_for(&args)?;
     let mut report = BenchReport {
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        machine: Machine::probe(threads),
+        machine: Machine::probe(harness.threads),
         ..BenchReport::default()
     };
-    let progress = |what: &str| {
-        eprintln!(
-            "[bench] {what} (load average {:.1})",
-            loadavg().unwrap_or(f64::NAN)
-        )
-    };
+    matmul_peak(&args, &harness, &mut report);
+    // In CASES's order, whatever order --cases gave.
+    for case in CASES
+        .iter()
+        .filter(|c| selection.cases.iter().any(|s| s == *c))
+    {
+        run_case(case, &args, &selection, &harness, &mut report)?;
+    }
+    report.machine.loadavg_end = loadavg();
+    write_results(&args, &report, &harness.out_dir)
+}
 
-    let (mm_dtype, mm_n) = if cuda {
+/// The dense matmul peak every MFU of the run is read against (f32 on CPU, --dtype on CUDA).
+fn matmul_peak(args: &BenchArgs, harness: &Harness, report: &mut BenchReport) {
+    let (dtype, n) = if args.device != "cpu" {
         (args.dtype.as_str(), args.matmul_n.unwrap_or(8192))
     } else {
         ("f32", args.matmul_n.unwrap_or(2048))
     };
-    progress(&format!(
-        "matmul peak: {mm_dtype} {mm_n}x{mm_n} on {}",
-        args.device
-    ));
-    match harness.matmul(mm_n, &args.device, mm_dtype) {
+    progress(&format!("matmul peak: {dtype} {n}x{n} on {}", args.device));
+    match harness.matmul(n, &args.device, dtype) {
         Ok(p) => report.matmul_peak = Some(p),
         Err(e) => report.errors.push(format!("matmul peak: {e}")),
     }
-    if cases.iter().any(|c| c == "step") {
-        if !harness.measures_live_memory() && args.memory_steps > 0 {
-            report.not_done.push(format!(
-                "live step memory: the memory pass runs on CPU only; on {} the step tables' \
-                 `cuda_max_allocated_mb` (results.json) is the device's own peak",
-                args.device
-            ));
-        }
-        for config in &configs {
-            progress(&format!(
-                "drafter step `{config}`: engine vs reference-{}",
-                args.reference_attention
-            ));
-            match harness.step(config, report.matmul_peak.as_ref()) {
-                Ok(c) => {
-                    eprintln!(
-                        "[bench]   ratio {:?}, check {}",
-                        c.ratio,
-                        c.check.void_reason.as_deref().unwrap_or("valid")
-                    );
-                    report.steps.push(c);
+}
+
+/// One case into the report. A case that fails is an error line of the report, not the end
+/// of the run; only failing to write a case's own file ends it.
+fn run_case(
+    case: &str,
+    args: &BenchArgs,
+    selection: &Selection,
+    harness: &Harness,
+    report: &mut BenchReport,
+) -> Result<()> {
+    let cuda = args.device != "cpu";
+    match case {
+        "step" => {
+            if !harness.measures_live_memory() && args.memory_steps > 0 {
+                report.not_done.push(format!(
+                    "live step memory: the memory pass runs on CPU only; on {} the step tables' \
+                     `cuda_max_allocated_mb` (results.json) is the device's own peak",
+                    args.device
+                ));
+            }
+            for config in &selection.configs {
+                progress(&format!(
+                    "drafter step `{config}`: engine vs reference-{}",
+                    args.reference_attention
+                ));
+                match harness.step(config, report.matmul_peak.as_ref()) {
+                    Ok(c) => {
+                        eprintln!(
+                            "[bench]   ratio {:?}, check {}",
+                            c.ratio,
+                            c.check.void_reason.as_deref().unwrap_or("valid")
+                        );
+                        report.steps.push(c);
+                    }
+                    Err(e) => report.errors.push(format!("step {config}: {e}")),
                 }
-                Err(e) => report.errors.push(format!("step {config}: {e}")),
             }
         }
-    }
-    if cases.iter().any(|c| c == "attention") {
-        for &n in &anchors {
-            progress(&format!("attention at {n} anchors"));
-            match harness.attention(n) {
-                Ok(r) => report.attention.push(r),
-                Err(e) => report.errors.push(format!("attention {n}: {e}")),
+        "attention" => {
+            for &n in &selection.anchors {
+                progress(&format!("attention at {n} anchors"));
+                match harness.attention(n) {
+                    Ok(r) => report.attention.push(r),
+                    Err(e) => report.errors.push(format!("attention {n}: {e}")),
+                }
             }
         }
-    }
-    if cases.iter().any(|c| c == "target") {
-        progress("target feature pass: engine vs transformers");
-        match harness.target(args.quick) {
-            Ok(t) => report.target = Some(t),
-            Err(e) => report.errors.push(format!("target: {e}")),
+        "target" => {
+            progress("target feature pass: engine vs transformers");
+            match harness.target(args.quick) {
+                Ok(t) => report.target = Some(t),
+                Err(e) => report.errors.push(format!("target: {e}")),
+            }
         }
-    }
-    if cases.iter().any(|c| c == "overhead") {
-        progress(&format!(
-            "daemon overhead: 0 vs {} clients, telemetry sampler off/on",
-            args.clients
-        ));
-        match harness.overhead(args.clients) {
-            Ok(o) => report.overhead = Some(o),
-            Err(e) => report.errors.push(format!("overhead: {e}")),
+        "overhead" => {
+            progress(&format!(
+                "daemon overhead: 0 vs {} clients, telemetry sampler off/on",
+                args.clients
+            ));
+            match harness.overhead(args.clients) {
+                Ok(o) => report.overhead = Some(o),
+                Err(e) => report.errors.push(format!("overhead: {e}")),
+            }
         }
-    }
-    if cases.iter().any(|c| c == "queue") {
-        progress("hidden-state queue throughput");
-        match harness.queue(args.queue_items) {
-            Ok(q) => report.queue = Some(q),
-            Err(e) => report.errors.push(format!("queue: {e}")),
+        "queue" => {
+            progress("hidden-state queue throughput");
+            match harness.queue(args.queue_items) {
+                Ok(q) => report.queue = Some(q),
+                Err(e) => report.errors.push(format!("queue: {e}")),
+            }
         }
-    }
-    if cases.iter().any(|c| c == "parity") {
-        // The first config given (`--configs tiny` or `small`, the multi-chunk shape); on
-        // the CPU this is the GPU check's self-test (CPU against CPU).
-        let config = configs.first().map_or("tiny", |c| c.as_str());
-        progress(&format!(
-            "parity ({config}): {} vs CPU (f32) and {} bf16 vs the reference",
-            args.device, args.device
-        ));
-        match harness.parity(&args.device, config) {
-            Ok(p) => report.parity = Some(p),
-            Err(e) => report.errors.push(format!("parity: {e}")),
+        "parity" => {
+            // The first config given (`--configs tiny` or `small`, the multi-chunk shape); on
+            // the CPU this is the GPU check's self-test (CPU against CPU).
+            let config = selection.configs.first().map_or("tiny", |c| c.as_str());
+            progress(&format!(
+                "parity ({config}): {} vs CPU (f32) and {} bf16 vs the reference",
+                args.device, args.device
+            ));
+            match harness.parity(&args.device, config) {
+                Ok(p) => report.parity = Some(p),
+                Err(e) => report.errors.push(format!("parity: {e}")),
+            }
         }
-    }
-    if cases.iter().any(|c| c == "plan") {
-        if cuda {
-            report
-                .errors
-                .push("plan: the memory pass runs on CPU only".into());
-        } else {
+        "plan" if cuda => report
+            .errors
+            .push("plan: the memory pass runs on CPU only".into()),
+        "plan" => {
             progress("plan: predicted vs measured live step memory and executed FLOPs");
             let plan_configs: Vec<String> = if args.configs.is_empty() {
                 plan_check::PLAN_CONFIGS
@@ -585,26 +630,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
             } else {
                 args.configs.clone()
             };
-            let plan = plan_check::run(&harness, &plan_configs);
-            fs::write(out_dir.join("plan.md"), plan.markdown())
-                .with_context(|| format!("writing {}", out_dir.join("plan.md").display()))?;
+            let plan = plan_check::run(harness, &plan_configs);
+            let path = harness.out_dir.join("plan.md");
+            fs::write(&path, plan.markdown())
+                .with_context(|| format!("writing {}", path.display()))?;
             report.plan = Some(plan);
         }
-    }
-    if cases.iter().any(|c| c == "objectives") {
-        let opts = objectives_options(&args)?;
-        match dflash_bench::objectives::run(&opts, &out_dir, &progress) {
-            Ok(results) => {
-                for o in &results {
-                    eprintln!("[bench]   {} data: {}", o.data, o.verdict.sentence());
+        "objectives" => {
+            let opts = objectives_options(args)?;
+            match dflash_bench::objectives::run(&opts, &harness.out_dir, &progress) {
+                Ok(results) => {
+                    for o in &results {
+                        eprintln!("[bench]   {} data: {}", o.data, o.verdict.sentence());
+                    }
+                    report.objectives = results;
                 }
-                report.objectives = results;
+                Err(e) => report.errors.push(format!("objectives: {e}")),
             }
-            Err(e) => report.errors.push(format!("objectives: {e}")),
         }
+        other => unreachable!("case `{other}` passed Selection::checked"),
     }
-    report.machine.loadavg_end = loadavg();
+    Ok(())
+}
 
+/// The one-line JSON summary the last stdout line carries.
+fn summary(args: &BenchArgs, report: &BenchReport) -> Value {
     let mut summary = report.summary();
     if let (Some(peak), Some(c)) = (args.datasheet_peak_tflops, report.steps.first()) {
         let mfu = |g: Option<f64>| g.map(|g| g / (peak * 1e3));
@@ -614,19 +664,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
         summary["reference_tokens_per_s"] = json!(c.reference_tokens_per_s);
     }
     if let Some(p) = &report.parity {
-        summary["parity_cuda_vs_cpu"] = json!(p
-            .cuda_vs_cpu
-            .void_reason
-            .clone()
-            .unwrap_or_else(|| "ok".into()));
-        summary["parity_bf16_vs_reference"] = json!(p
-            .bf16_vs_reference
-            .void_reason
-            .clone()
-            .unwrap_or_else(|| "ok".into()));
+        let verdict = |v: &Option<String>| v.clone().unwrap_or_else(|| "ok".into());
+        summary["parity_cuda_vs_cpu"] = json!(verdict(&p.cuda_vs_cpu.void_reason));
+        summary["parity_bf16_vs_reference"] = json!(verdict(&p.bf16_vs_reference.void_reason));
     }
+    summary
+}
+
+/// `results.json` and `results.md` into the out dir, then the summary on stdout.
+fn write_results(args: &BenchArgs, report: &BenchReport, out_dir: &std::path::Path) -> Result<()> {
     let json_path = out_dir.join("results.json");
-    fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
+    fs::write(&json_path, serde_json::to_string_pretty(report)? + "\n")
         .with_context(|| format!("writing {}", json_path.display()))?;
     let md_path = out_dir.join("results.md");
     fs::write(&md_path, report.markdown())
@@ -636,7 +684,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         json_path.display(),
         md_path.display()
     );
-    println!("{summary}");
+    println!("{}", summary(args, report));
     Ok(())
 }
 

@@ -12,7 +12,10 @@
 //!
 //! A relative or empty value is ignored, as if unset: a socket path must not depend on the
 //! working directory.
-use std::ffi::OsStr;
+//!
+//! [`RuntimeDirVars::from_process`] is the one place either binary reads the two variables (a
+//! small environment read, like `run_dir::default_state_dirs`'s, for a default both share).
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 pub const APP_DIR: &str = "dflash";
@@ -29,6 +32,35 @@ pub struct SocketEnv<'a> {
     pub temp_dir: &'a Path,
     /// The effective uid.
     pub uid: u32,
+}
+
+/// The two variables the rule reads, as this process found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeDirVars {
+    /// `$RUNTIME_DIRECTORY`, raw.
+    pub runtime_directory: Option<OsString>,
+    /// `$XDG_RUNTIME_DIR`, raw.
+    pub xdg_runtime_dir: Option<OsString>,
+}
+
+impl RuntimeDirVars {
+    /// Read from the process environment.
+    pub fn from_process() -> Self {
+        RuntimeDirVars {
+            runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
+            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
+        }
+    }
+
+    /// The rule's input for these variables, the temp dir and the effective uid.
+    pub fn socket_env<'a>(&'a self, temp_dir: &'a Path, uid: u32) -> SocketEnv<'a> {
+        SocketEnv {
+            runtime_directory: self.runtime_directory.as_deref(),
+            xdg_runtime_dir: self.xdg_runtime_dir.as_deref(),
+            temp_dir,
+            uid,
+        }
+    }
 }
 
 /// Which rule chose the socket directory.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use dflash_shared::last_run::LastRun;
 use dflash_shared::run_dir::{self, StateDirs};
-use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, SocketEnv};
+use dflash_shared::socket_path::{private_fallback_dir, resolve_socket, RuntimeDirVars};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -37,17 +37,8 @@ pub enum PathError {
 
 /// The socket the daemon listens on unless told otherwise.
 pub fn default_socket_path() -> PathBuf {
-    let (systemd, xdg) = (
-        std::env::var_os("RUNTIME_DIRECTORY"),
-        std::env::var_os("XDG_RUNTIME_DIR"),
-    );
-    resolve_socket(&SocketEnv {
-        runtime_directory: systemd.as_deref(),
-        xdg_runtime_dir: xdg.as_deref(),
-        temp_dir: &std::env::temp_dir(),
-        uid: current_uid(),
-    })
-    .socket
+    let vars = RuntimeDirVars::from_process();
+    resolve_socket(&vars.socket_env(&std::env::temp_dir(), current_uid())).socket
 }
 
 /// The daemon's files that the console reads when the daemon is down.

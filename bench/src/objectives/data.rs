@@ -13,6 +13,7 @@ use super::run_config::{run_config_toml, RegeneratedData, RunRecipe};
 use super::summary::Contender;
 use super::{process_error, run_measured, ObjectivesOptions, TINY_VOCAB};
 use crate::error::BenchError;
+use dflash_engine::data::regenerate::SOURCE_LINE_KEY;
 use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, Sample};
 use dflash_engine::train::embedded::{tiny_samples, tiny_train_config, write_tiny_target};
 use dflash_engine::train::loader::split_held_out;
@@ -58,8 +59,8 @@ pub struct Regeneration {
     pub conversations: usize,
     /// Rows the trainer loads from the regenerated file.
     pub rows: usize,
-    /// Rows whose ids differ from the original conversation's: the target said something else
-    /// in at least one assistant turn.
+    /// Conversations the target changed (it said something else in at least one assistant
+    /// turn) or `regenerate` skipped, paired by the output rows' `source_line`.
     pub rows_changed: usize,
     /// Supervised tokens (replies and their end-of-turn) before and after.
     pub supervised_tokens_original: usize,
@@ -218,12 +219,9 @@ fn regenerate(
             .map(|s| s.loss_mask.iter().filter(|&&m| m != 0).count())
             .sum()
     };
-    let rows_changed = original
-        .iter()
-        .zip(&samples)
-        .filter(|(a, b)| a.input_ids != b.input_ids)
-        .count()
-        + original.len().abs_diff(samples.len());
+    let read = |p: &Path| fs::read_to_string(p).map_err(BenchError::io(p));
+    let rows_changed =
+        rows_changed(&read(&chat)?, &read(&out)?).map_err(|e| BenchError::case(&out, e))?;
     let regeneration = Regeneration {
         command,
         wall_s,
@@ -239,4 +237,60 @@ fn regenerate(
         samples,
         regeneration: Some(regeneration),
     })
+}
+
+/// Conversations `regenerate` changed, counted exactly: each output row names the input line
+/// it came from (`source_line`), so rows pair up even when a row was skipped; an input line
+/// with no output row counts as changed. A row is unchanged when, `source_line` aside, it is
+/// the input row: the target said what the data already said in every assistant turn.
+fn rows_changed(input: &str, output: &str) -> Result<usize, String> {
+    let parse = |line: &str, what: &str| -> Result<serde_json::Value, String> {
+        serde_json::from_str(line).map_err(|e| format!("{what} is not JSON: {e}"))
+    };
+    let inputs: Vec<&str> = input.lines().collect();
+    let mut unchanged = 0;
+    for (i, line) in output.lines().enumerate() {
+        let what = format!("output row {}", i + 1);
+        let mut row = parse(line, &what)?;
+        let source = row
+            .as_object_mut()
+            .and_then(|o| o.remove(SOURCE_LINE_KEY))
+            .and_then(|v| v.as_u64())
+            .filter(|&n| n >= 1 && n as usize <= inputs.len())
+            .ok_or_else(|| format!("{what} names no input line (`{SOURCE_LINE_KEY}`)"))?;
+        let original = parse(inputs[source as usize - 1], &format!("input line {source}"))?;
+        unchanged += usize::from(row == original);
+    }
+    Ok(inputs.len() - unchanged.min(inputs.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_changed;
+
+    #[test]
+    fn rows_pair_by_source_line_and_a_skipped_row_counts_as_changed() {
+        let input = [
+            r#"{"conversations":[{"role":"user","content":"a"},{"role":"assistant","content":"x"}]}"#,
+            r#"{"conversations":[{"role":"user","content":"b"},{"role":"assistant","content":"y"}]}"#,
+            r#"{"conversations":[{"role":"user","content":"c"},{"role":"assistant","content":"z"}]}"#,
+        ]
+        .join("\n");
+        // Line 2 skipped; line 1 unchanged; line 3 answered differently.
+        let output = [
+            r#"{"conversations":[{"role":"user","content":"a"},{"role":"assistant","content":"x"}],"source_line":1}"#,
+            r#"{"conversations":[{"role":"user","content":"c"},{"role":"assistant","content":"w"}],"source_line":3}"#,
+        ]
+        .join("\n");
+        assert_eq!(rows_changed(&input, &output), Ok(2));
+        // Compared by index, as before, row 2 of the output would have met input line 2.
+        let same = [
+            r#"{"conversations":[{"role":"user","content":"a"},{"role":"assistant","content":"x"}],"source_line":1}"#,
+            r#"{"conversations":[{"role":"user","content":"c"},{"role":"assistant","content":"z"}],"source_line":3}"#,
+        ]
+        .join("\n");
+        assert_eq!(rows_changed(&input, &same), Ok(1));
+        let err = rows_changed(&input, r#"{"conversations":[],"source_line":9}"#).unwrap_err();
+        assert!(err.contains("output row 1 names no input line"), "{err}");
+    }
 }

@@ -8,13 +8,12 @@
 //! ([`dflash_shared::socket_path`]): `$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/dflash`, else
 //! `/tmp/dflash-<uid>`. The fallback is verified (owned by us, not a symlink, mode 0700) before
 //! use, because `/tmp` is shared with every other user of the machine.
-use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use dflash_shared::run_dir;
-use dflash_shared::socket_path::{resolve_socket, SocketEnv};
+use dflash_shared::socket_path::{resolve_socket, RuntimeDirVars};
 use thiserror::Error;
 
 pub use dflash_shared::socket_path::SocketDirSource;
@@ -47,10 +46,8 @@ pub enum PathError {
 /// Raw inputs to path resolution, as read from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathInputs {
-    /// `$RUNTIME_DIRECTORY` from systemd, raw.
-    pub runtime_directory: Option<OsString>,
-    /// `$XDG_RUNTIME_DIR`, raw.
-    pub xdg_runtime_dir: Option<OsString>,
+    /// `$RUNTIME_DIRECTORY` (systemd) and `$XDG_RUNTIME_DIR`, raw.
+    pub runtime_dirs: RuntimeDirVars,
     /// `$XDG_STATE_HOME/dflash` or `~/.local/state/dflash`.
     pub state_dir: PathBuf,
     /// `$XDG_DATA_HOME/dflash` or `~/.local/share/dflash`.
@@ -63,8 +60,7 @@ impl PathInputs {
     pub fn from_environment() -> Result<Self, PathError> {
         let dirs = run_dir::default_state_dirs().ok_or(PathError::NoHome)?;
         Ok(PathInputs {
-            runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
-            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
+            runtime_dirs: RuntimeDirVars::from_process(),
             state_dir: dirs.state_dir,
             data_dir: dirs.data_dir,
             uid: current_uid(),
@@ -100,12 +96,7 @@ impl DaemonPaths {
 
 /// Pure resolution of the daemon's paths from its inputs.
 pub fn resolve(inputs: &PathInputs) -> DaemonPaths {
-    let location = resolve_socket(&SocketEnv {
-        runtime_directory: inputs.runtime_directory.as_deref(),
-        xdg_runtime_dir: inputs.xdg_runtime_dir.as_deref(),
-        temp_dir: &inputs.tmp_dir,
-        uid: inputs.uid,
-    });
+    let location = resolve_socket(&inputs.runtime_dirs.socket_env(&inputs.tmp_dir, inputs.uid));
     DaemonPaths {
         socket: location.socket,
         socket_dir: location.dir,
@@ -258,8 +249,10 @@ mod tests {
 
     fn inputs() -> PathInputs {
         PathInputs {
-            runtime_directory: None,
-            xdg_runtime_dir: Some("/run/user/1000".into()),
+            runtime_dirs: RuntimeDirVars {
+                runtime_directory: None,
+                xdg_runtime_dir: Some("/run/user/1000".into()),
+            },
             state_dir: "/home/a/.local/state/dflash".into(),
             data_dir: "/home/a/.local/share/dflash".into(),
             uid: 1000,
@@ -286,7 +279,7 @@ mod tests {
     #[test]
     fn systemd_runtime_directory_wins() {
         let mut i = inputs();
-        i.runtime_directory = Some("/run/dflash".into());
+        i.runtime_dirs.runtime_directory = Some("/run/dflash".into());
         let p = resolve(&i);
         assert_eq!(p.socket, PathBuf::from("/run/dflash/dflashd.sock"));
         assert_eq!(p.socket_dir_source, SocketDirSource::Systemd);
@@ -295,7 +288,7 @@ mod tests {
     #[test]
     fn missing_xdg_runtime_dir_falls_back_to_a_private_tmp_dir_and_says_so() {
         let mut i = inputs();
-        i.xdg_runtime_dir = None;
+        i.runtime_dirs.xdg_runtime_dir = None;
         let p = resolve(&i);
         assert_eq!(p.socket, PathBuf::from("/tmp/dflash-1000/dflashd.sock"));
         let notice = p.socket_notice().expect("fallback must be announced");

@@ -6,25 +6,11 @@ use std::path::{Path, PathBuf};
 
 use dflash_shared::events::EventKind;
 
-use crate::support::binary::{checkpoint_steps, journal, run};
+use crate::support::binary::{checkpoint_steps, journal, start_for_steps};
 
 /// `dflashd start` on `<root>/run` for `steps` more steps: (exit code, stdout, stderr).
 fn start(root: &Path, steps: u64, extra: &[&str]) -> (i32, String, String) {
-    let run_dir = root.join("run");
-    let steps = steps.to_string();
-    let mut args = vec![
-        "start",
-        "--threads",
-        "1",
-        "--log-every",
-        "0",
-        "--max-steps",
-        &steps,
-        "--run-dir",
-        run_dir.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run(root, &args)
+    start_for_steps(root, &root.join("run"), steps, extra)
 }
 
 fn step_dir(root: &Path, step: u64) -> PathBuf {

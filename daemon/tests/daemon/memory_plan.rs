@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::binary::{journal, run};
+use crate::support::binary::{journal, run, start_for_steps};
 use dflash_shared::events::EventKind;
 use serde_json::Value;
 
@@ -128,25 +128,10 @@ fn a_plan_without_the_targets_config_says_what_to_pass() {
 
 fn start(root: &Path, extra: &[&str]) -> (i32, String, String, PathBuf) {
     let run_dir = root.join("run");
-    let (r, s) = (
-        run_dir.display().to_string(),
-        root.join("s/d.sock").display().to_string(),
-    );
-    let mut args = vec![
-        "start",
-        "--threads",
-        "1",
-        "--log-every",
-        "0",
-        "--max-steps",
-        "1",
-        "--run-dir",
-        &r,
-        "--socket",
-        &s,
-    ];
+    let socket = root.join("s/d.sock").display().to_string();
+    let mut args = vec!["--socket", &socket];
     args.extend_from_slice(extra);
-    let (code, out, err) = run(root, &args);
+    let (code, out, err) = start_for_steps(root, &run_dir, 1, &args);
     (code, out, err, run_dir)
 }
 

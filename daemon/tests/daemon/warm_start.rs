@@ -14,7 +14,7 @@ use dflash_engine::train::resume::read_checkpoint_drafter;
 use dflash_shared::events::EventKind;
 use tch::{nn::VarStore, Device, Kind};
 
-use crate::support::binary::{checkpoint_steps, journal, run, write_config};
+use crate::support::binary::{checkpoint_steps, journal, run, start_for_steps, write_config};
 
 /// The embedded default's drafter (a Domino head) with weights of its own seed, written as
 /// SpecForge lays a `DominoDraftModel` out (`dflashd export`'s writer): `config.json` and an
@@ -32,23 +32,11 @@ fn run_drafter() -> DrafterConfig {
 
 /// `dflashd start` on `config` in `run_dir` for `steps` steps: (exit code, stdout, stderr).
 fn start(root: &Path, config: &Path, run_dir: &Path, steps: u64) -> (i32, String, String) {
-    let steps = steps.to_string();
-    let (config, run_dir) = (config.to_str().unwrap(), run_dir.to_str().unwrap());
-    run(
+    start_for_steps(
         root,
-        &[
-            "start",
-            "--threads",
-            "1",
-            "--log-every",
-            "0",
-            "--max-steps",
-            &steps,
-            "--config",
-            config,
-            "--run-dir",
-            run_dir,
-        ],
+        run_dir,
+        steps,
+        &["--config", config.to_str().unwrap()],
     )
 }
 

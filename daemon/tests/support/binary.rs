@@ -221,6 +221,30 @@ pub fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A short foreground run: `dflashd start --threads 1 --log-every 0 --max-steps STEPS
+/// --run-dir RUN_DIR EXTRA...` to completion: (exit code, stdout, stderr).
+pub fn start_for_steps(
+    root: &Path,
+    run_dir: &Path,
+    steps: u64,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let steps = steps.to_string();
+    let mut args = vec![
+        "start",
+        "--threads",
+        "1",
+        "--log-every",
+        "0",
+        "--max-steps",
+        &steps,
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(root, &args)
+}
+
 /// Writes the embedded default, edited, as a config file.
 pub fn write_config(path: &Path, edit: impl FnOnce(&mut dflash_shared::config::Config)) {
     let mut cfg = dflash_shared::config::Config::embedded_default();
