@@ -400,7 +400,7 @@ mod tests {
     use super::*;
 
     /// Attention calls per layer the engine makes at a preset's typical step (the plan's
-    /// chunk planner, the one `BlockSparsePlan` runs).
+    /// chunk scheduler, the one `ChunkSchedule` runs).
     fn chunks_per_layer(name: &str) -> Vec<usize> {
         use dflash_engine::plan::drafter::{drafter_memory, RankContext};
         use dflash_engine::plan::shape::{ActivationPrecision, StepShape};

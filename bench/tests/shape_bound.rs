@@ -75,7 +75,7 @@ fn bounded_shapes_and_flat_memory(steps: usize) {
     // are the trainer's (`MicroSource` is a pure function of the spec and the index; built
     // here over the whole set, the trainer's own omits the held-out rows).
     let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
-    // The chunk planner's set of shapes (`attention/chunk_plan.rs`), for every row length the
+    // The chunk scheduler's set of shapes (`attention/chunk_schedule.rs`), for every row length the
     // buckets allow, at batch 1 (the loosest budget: a smaller batch fits wider chunks), once
     // per batch size (a full batch and an epoch's short last one differ in q's and k's first
     // size).

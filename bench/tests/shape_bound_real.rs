@@ -5,11 +5,11 @@
 //! tokens (four row buckets, 2304–3072: longer than the window, so the sliding layers cut keys,
 //! and short enough for a step of seconds). Only the widths are scaled down (hidden, head_dim, intermediate size, vocabulary;
 //! [`scaled_drafter`]) so one CPU step takes seconds: the attention call shapes (rows, keys)
-//! and the chunk plans depend on the anchors, the block size, the window, the row lengths
+//! and the chunk schedules depend on the anchors, the block size, the window, the row lengths
 //! and the head counts, all real here, not on the widths.
 //!
-//! Two tests. `make test` runs the planner-level one: the chunk plans of [`PLANNED_STEPS`]
-//! steps' micro-batches (`plan::flops::attention_call_shapes`, the plans the executed-FLOP
+//! Two tests. `make test` runs the scheduler-level one: the chunk schedules of [`SCHEDULED_STEPS`]
+//! steps' micro-batches (`plan::flops::attention_call_shapes`, the schedules the executed-FLOP
 //! model counts and the kernel runs) stay within the bound, in about a second, without
 //! training. `make soak` runs the trained one (`#[ignore]`d here): [`DEFAULT_STEPS`] real steps
 //! (`DFLASH_SHAPE_STEPS` sets another count; the issue's full run is `DFLASH_SHAPE_STEPS=200`),
@@ -43,8 +43,8 @@ const REAL_CONFIG: &str = include_str!("../../configs/qwen3.6-27b-8gpu.toml");
 /// Steps `make soak` trains: about 14 s a step on one core of this 2-core machine (measured),
 /// so about 90 s.
 const DEFAULT_STEPS: usize = 6;
-/// Steps whose micro-batches the planner-level test plans (the issue's full run's count).
-const PLANNED_STEPS: u64 = 200;
+/// Steps whose micro-batches the scheduler-level test schedules (the issue's full run's count).
+const SCHEDULED_STEPS: u64 = 200;
 /// Steps before memory must be flat: libtorch's lazily created state and the optimizer's
 /// moments (created on the first update) fault in during the first steps.
 const WARMUP: usize = 2;
@@ -57,7 +57,7 @@ const WARMUP: usize = 2;
 /// about 1 MiB) leaves this band within two steps.
 const FLAT_TOLERANCE_MIB: f64 = 4.0;
 /// A step's peak above the resident set before it depends on the row length (about 30 MiB
-/// more per 256-token bucket) and, within one length, on the anchors' chunk plan (26 MiB
+/// more per 256-token bucket) and, within one length, on the anchors' chunk schedule (26 MiB
 /// measured between two draws at 2560, peaks 630–720 MiB), so it is compared within one row
 /// length: after warmup the peaks of the steps of one length may spread by at most this much
 /// (MiB), about a tenth of a peak.
@@ -133,8 +133,8 @@ fn real_train_config() -> TrainConfig {
     cfg
 }
 
-/// Row lengths the buckets allow, and the chunk planner's set of shapes over them at batch 1
-/// (`attention/chunk_plan.rs`). Batch 1 makes an epoch's last batch a full one, so there is
+/// Row lengths the buckets allow, and the chunk scheduler's set of shapes over them at batch 1
+/// (`attention/chunk_schedule.rs`). Batch 1 makes an epoch's last batch a full one, so there is
 /// one batch size (the embedded default's test doubles its bound for two).
 fn shape_bound(cfg: &TrainConfig, drafter_cfg: &DrafterConfig) -> usize {
     let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
@@ -162,7 +162,7 @@ fn micro_source(cfg: &TrainConfig, drafter_cfg: &DrafterConfig, samples: &[Sampl
 }
 
 #[test]
-fn the_real_structures_planned_attention_shapes_stay_within_the_bound() {
+fn the_real_structures_scheduled_attention_shapes_stay_within_the_bound() {
     let cfg = real_train_config();
     let drafter_cfg = scaled_drafter();
     let samples = samples(drafter_cfg.vocab_size);
@@ -170,7 +170,7 @@ fn the_real_structures_planned_attention_shapes_stay_within_the_bound() {
     let source = micro_source(&cfg, &drafter_cfg, &samples);
     let mut shapes = BTreeSet::new();
     let mut lengths = BTreeSet::new();
-    for seq in 0..PLANNED_STEPS {
+    for seq in 0..SCHEDULED_STEPS {
         let m = source.prepare(seq);
         let (batch, seq_len) = (m.batch.batch, m.batch.seq_len);
         assert!(
@@ -191,7 +191,7 @@ fn the_real_structures_planned_attention_shapes_stay_within_the_bound() {
         }));
     }
     eprintln!(
-        "{} distinct planned attention (rows, keys) shapes over {PLANNED_STEPS} steps' \
+        "{} distinct scheduled attention (rows, keys) shapes over {SCHEDULED_STEPS} steps' \
          micro-batches (row lengths {lengths:?}): {shapes:?}",
         shapes.len()
     );
@@ -201,7 +201,7 @@ fn the_real_structures_planned_attention_shapes_stay_within_the_bound() {
     );
     assert!(
         shapes.len() <= bound,
-        "{} distinct planned attention shapes, more than the bound {bound}: {shapes:?}",
+        "{} distinct scheduled attention shapes, more than the bound {bound}: {shapes:?}",
         shapes.len()
     );
 }

@@ -348,6 +348,34 @@ fn the_straggler_keys_default_to_a_fifth_for_five_steps_and_refuse_out_of_range_
 }
 
 #[test]
+fn the_heartbeat_timeout_defaults_to_10_s_and_refuses_values_outside_1_to_3600_s() {
+    let minimal =
+        fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
+    let with = |section: &str| Config::from_toml_str(&format!("{minimal}\n{section}"), "t.toml");
+    let c = with("").unwrap();
+    assert_eq!(c.nodes.heartbeat_timeout_s, 10.0);
+    assert!(c
+        .to_toml_string()
+        .contains("[nodes]\nheartbeat_timeout_s = 10.0"));
+    for t in [1.0, 2.5, 3600.0] {
+        let c = with(&format!("[nodes]\nheartbeat_timeout_s = {t:?}\n")).unwrap();
+        assert_eq!(c.nodes.heartbeat_timeout_s, t);
+    }
+    for bad in ["0.5", "0.0", "-3.0", "3601.0", "nan", "inf"] {
+        let e = with(&format!("[nodes]\nheartbeat_timeout_s = {bad}\n"))
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            e.contains("nodes.heartbeat_timeout_s (line ")
+                && e.contains("a number of seconds from 1 to 3600")
+                && e.contains("within this and a fifth of it"),
+            "{bad}: {e}"
+        );
+    }
+    assert!(with("[nodes]\nheartbeat_s = 3.0\n").is_err());
+}
+
+#[test]
 fn invalid_configs_fail_with_the_expected_message() {
     let files = toml_files(&repo_root().join("shared/tests/configs/invalid"));
     assert!(files.len() >= 15);

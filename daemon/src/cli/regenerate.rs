@@ -199,7 +199,7 @@ fn regenerate_record(
     Ok(RegenerateRecord {
         format: RECORD_FORMAT,
         target: target_dir.display().to_string(),
-        target_fingerprint: target_fingerprint(target_dir)?,
+        target_digest: target_digest(target_dir)?,
         data: data.display().to_string(),
         chat_template: encoder.template().origin().display().to_string(),
         chat_template_sha256: file_sha256(encoder.template().origin())?,
@@ -281,7 +281,7 @@ fn file_sha256(path: &Path) -> Result<String> {
 
 /// SHA-256 over `config.json` and `tokenizer.json` (their bytes) and the weight files (their
 /// names and sizes), in name order.
-fn target_fingerprint(dir: &Path) -> Result<String> {
+fn target_digest(dir: &Path) -> Result<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())

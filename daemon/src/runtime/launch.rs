@@ -189,12 +189,21 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         unlocked_keys: unlocked.carried.clone(),
         memory_plan: spec.memory_plan,
         cpu_peak_flops: spec.cpu_peak_flops,
-        // A node restores after joining its job: the restore checks the cursor against the
-        // job's global batch.
-        resume: if job.is_some() { None } else { resume.clone() },
+        // A node's trainer joins its job as the build's last step, before this restore (which
+        // checks the cursor against the job's global batch).
+        resume: resume.clone(),
         fresh_start: resume.is_none(),
     };
-    let mut prepared = setup::prepare(&inputs).map_err(|e| {
+    let node = job.as_ref().map(|job| {
+        let handle = handle.clone();
+        setup::NodeOfJob {
+            job,
+            journal: Box::new(move |message| {
+                handle.record_event_logged(Severity::Info, EventKind::Note { message });
+            }),
+        }
+    });
+    let prepared = setup::prepare(&inputs, node).map_err(|e| {
         if let setup::SetupError::MemoryPlan(refusal) = &e {
             // The stop reason keeps the first line; the journal keeps every device's need.
             handle.record_event_logged(
@@ -207,8 +216,15 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         failed(format!("cannot start training: {e}"))
     })?;
     if let Some(job) = &job {
-        join_the_job(job, handle, &mut prepared, resume, &unlocked.carried, spec)
-            .map_err(failed)?;
+        // Each node loaded `drafter.init_from` from its own copy: the nodes compare the
+        // digests of what they loaded before any step.
+        if spec.config.drafter.init_from.is_some() && resume.is_none() {
+            job.agree_init_from(prepared.warm_start.as_ref())
+                .map_err(node_refusal(spec))
+                .map_err(failed)?;
+        }
+        handle.set_job_node(job.node(), job.launch.nnodes);
+        tracing::info!(node = %spec.node, "joined the job's gradient group");
     }
     // Only now, with the checkpoint accepted, do the unlocks count as used.
     apply_unlocks(spec, handle, &unlocked).map_err(failed)?;
@@ -230,6 +246,9 @@ fn meet_the_job(spec: &LaunchSpec, handle: &RunHandle) -> Result<Option<NodeJob>
     }
     let job =
         NodeJob::rendezvous(&spec.node, spec.collective_timeout).map_err(node_refusal(spec))?;
+    let job = job.with_heartbeat_timeout(Duration::from_secs_f64(
+        spec.config.nodes.heartbeat_timeout_s,
+    ));
     handle.record_event_logged(
         Severity::Info,
         EventKind::Note {
@@ -282,43 +301,6 @@ fn agree(
             ),
         },
     );
-    Ok(())
-}
-
-/// Joins the prepared trainer to the job's gradient group, then restores the checkpoint the
-/// gate chose (every node agreed on its step).
-fn join_the_job(
-    job: &NodeJob,
-    handle: &RunHandle,
-    prepared: &mut Prepared,
-    resume: Option<PathBuf>,
-    unlocked: &[String],
-    spec: &LaunchSpec,
-) -> Result<(), String> {
-    let accum = prepared.trainer.config().grad_accum;
-    job.join_trainer(&mut prepared.trainer, accum)
-        .map_err(|e| format!("cannot start training: node {}: {e}", job.node()))?;
-    // The straggler bar is this node's (`[detectors]` is node-local): the health feed's
-    // detector counts the steps of the view this names stragglers in.
-    prepared
-        .trainer
-        .set_straggler_behind_frac(spec.config.detectors.straggler.behind_frac);
-    handle.set_job_node(job.node(), job.launch.nnodes);
-    let handle = handle.clone();
-    prepared
-        .trainer
-        .set_checkpoint_witness(job.checkpoint_witness(move |message| {
-            handle.record_event_logged(Severity::Info, EventKind::Note { message });
-        }));
-    if let Some(dir) = resume {
-        let unlocked = dflash_engine::train::unlocked::UnlockedKeys::from_keys(unlocked);
-        prepared
-            .trainer
-            .restore_checkpoint_unlocked(&dir, &unlocked)
-            .map_err(|e| format!("cannot resume from {}: {e}", dir.display()))?;
-        prepared.resumed_from = Some(dir);
-    }
-    tracing::info!(node = %spec.node, "joined the job's gradient group");
     Ok(())
 }
 

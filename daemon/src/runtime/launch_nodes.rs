@@ -5,21 +5,35 @@
 //!
 //! Every node publishes its facts and reads every other node's, then runs the same
 //! [`check_agreement`], so a disagreement refuses the start on every node with the same
-//! sentence naming the node and the key. Every wait is bounded by `--collective-timeout-s`.
+//! sentence naming the node and the key; a warm start then compares the SHA-256 of the
+//! `drafter.init_from` files each node loaded ([`NodeJob::agree_init_from`]). Every wait is
+//! bounded by `--collective-timeout-s`. Once the group is joined, the node's heartbeat
+//! (`dflash_engine::dist::liveness`, `nodes.heartbeat_timeout_s`) names a node that died or
+//! hung, in the group's failures and at the checkpoint witness.
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use dflash_engine::dist::{
-    CollectiveBackend, GlooTransport, GroupSpec, ProcessGroupAllReduce, TcpStore,
+    CollectiveBackend, GlooTransport, GroupSpec, Liveness, LivenessBounds, NodeEndpoint, OnSilence,
+    ProcessGroupAllReduce, StoreError, TcpStore,
 };
 use dflash_engine::train::shard::NodeShard;
-use dflash_engine::train::topology::allreduce::{AbortGroup, AllReduce, AllReduceError};
-use dflash_engine::train::trainer::Trainer;
-use dflash_shared::config::Config;
-use dflash_shared::launch::{check_agreement, job_config, job_config_text, NodeLaunch, StartFacts};
+use dflash_engine::train::topology::allreduce::AllReduce;
+use dflash_engine::train::trainer::{JobMembership, OpenGroup};
+use dflash_engine::train::warm_start::WarmStart;
+use dflash_engine::train::TrainError;
+use dflash_shared::config::{Config, DEFAULT_HEARTBEAT_TIMEOUT_S};
+use dflash_shared::launch::{
+    check_agreement, check_init_from, job_config, job_config_text, InitFromFacts, NodeLaunch,
+    StartFacts, WeightFileFact,
+};
 use sha2::{Digest, Sha256};
 use tch::{Device, Tensor};
+
+/// A journal several threads of a node write through (the checkpoint witness, the heartbeat
+/// judge).
+type SharedJournal = Arc<Mutex<Box<dyn Fn(String) + Send>>>;
 
 /// This node's place in its job, with the store every node shares.
 pub struct NodeJob {
@@ -27,6 +41,11 @@ pub struct NodeJob {
     /// Shared with the checkpoint witness on the training thread.
     store: Arc<TcpStore>,
     timeout: Duration,
+    /// `nodes.heartbeat_timeout_s`: how long a node's heartbeat may stop before it is named.
+    heartbeat: LivenessBounds,
+    /// This node's heartbeat and judge, started once the gradient group is joined; read by the
+    /// checkpoint witness, which then names a silent node instead of waiting out the timeout.
+    liveness: Arc<OnceLock<Arc<Liveness>>>,
 }
 
 impl NodeJob {
@@ -53,7 +72,18 @@ impl NodeJob {
             launch: launch.clone(),
             store: Arc::new(store),
             timeout,
+            heartbeat: LivenessBounds {
+                timeout: Duration::from_secs_f64(DEFAULT_HEARTBEAT_TIMEOUT_S),
+            },
+            liveness: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// The heartbeat timeout the job's config sets (`nodes.heartbeat_timeout_s`, validated
+    /// with the config; the start's agreement makes it the same on every node).
+    pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.heartbeat = LivenessBounds { timeout };
+        self
     }
 
     pub fn node(&self) -> u32 {
@@ -150,16 +180,24 @@ impl NodeJob {
         Ok(((!moved.is_empty()).then_some(last_common), moved))
     }
 
-    /// Joins `trainer` (fresh) to the job's flat gradient group: each of this node's `L`
-    /// drafter workers (one when target and drafter run inline) as its own rank
-    /// `node·L + worker` of `N·L`, its endpoint joined on its own thread and connection
-    /// (`ProcessGroupAllReduce::join_local_ranks`).
-    pub fn join_trainer(&self, trainer: &mut Trainer, accum: usize) -> Result<(), String> {
+    /// This node's membership of the job, for the trainer's one build (`TrainerSpec::job`):
+    /// each of this node's `L` drafter workers (`drafter_devices`; one when target and
+    /// drafter run inline) as its own rank `node·L + worker` of the job's flat gradient group
+    /// of `N·L`, its endpoint joined on its own thread and connection
+    /// (`ProcessGroupAllReduce::join_local_ranks`) when the build opens the group, once the
+    /// trainer's workers have started; the straggler bar (`detectors.straggler.behind_frac`,
+    /// node-local) and the checkpoint witness, which journals through `journal`.
+    pub fn membership(
+        &self,
+        drafter_devices: &[Device],
+        accum: usize,
+        straggler_behind_frac: f64,
+        journal: impl Fn(String) + Send + 'static,
+    ) -> Result<JobMembership, TrainError> {
         let nodes = self.launch.nnodes as usize;
         let node = self.node() as usize;
-        let devices = trainer.topology().drafter_devices.clone();
-        let workers = devices.len();
-        let specs: Vec<GroupSpec> = devices
+        let workers = drafter_devices.len();
+        let specs: Vec<GroupSpec> = drafter_devices
             .iter()
             .enumerate()
             .map(|(worker, device)| GroupSpec {
@@ -173,27 +211,110 @@ impl NodeJob {
                 },
             })
             .collect();
-        let endpoints = ProcessGroupAllReduce::join_local_ranks(&self.store, &specs)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|group| Box::new(NodeNamed { group, workers }) as Box<dyn AllReduce>)
-            .collect();
-        let shard = NodeShard::new(nodes, node, workers, accum).map_err(|e| e.to_string())?;
-        trainer
-            .join_nodes(shard, endpoints)
-            .map_err(|e| e.to_string())
+        let shard = NodeShard::new(nodes, node, workers, accum)?;
+        let store = Arc::clone(&self.store);
+        // One journal for the witness's lines and the heartbeat judge's, called from their
+        // own threads.
+        let journal: SharedJournal = Arc::new(Mutex::new(Box::new(journal)));
+        let verdicts = Arc::clone(&journal);
+        let (nnodes, heartbeat, timeout) = (self.launch.nnodes, self.heartbeat, self.timeout);
+        let liveness = Arc::clone(&self.liveness);
+        let open_group: OpenGroup = Box::new(move || {
+            let groups = ProcessGroupAllReduce::join_local_ranks(&store, &specs)
+                .map_err(|e| TrainError::Topology(format!("node {node}: {e}")))?;
+            // The heartbeats start here, right after a join every rank of every node waited
+            // for, so every node counts the others fresh from about the same moment.
+            let on_silence = OnSilence {
+                aborts: groups.iter().map(|g| g.abort_handle()).collect(),
+                journal: Box::new(move |line| {
+                    tracing::warn!("{line}");
+                    (verdicts.lock().unwrap_or_else(|p| p.into_inner()))(line);
+                }),
+            };
+            let beating =
+                Liveness::start(&store, node as u32, nnodes, heartbeat, timeout, on_silence)
+                    .map(Arc::new)
+                    .map_err(|e| TrainError::Topology(format!("node {node}'s heartbeat: {e}")))?;
+            let _ = liveness.set(Arc::clone(&beating));
+            Ok(groups
+                .into_iter()
+                .map(|group| {
+                    let named = NodeEndpoint::new(group, workers, Some(Arc::clone(&beating)));
+                    Box::new(named) as Box<dyn AllReduce>
+                })
+                .collect())
+        });
+        Ok(JobMembership {
+            shard,
+            open_group,
+            straggler_behind_frac,
+            checkpoint_witness: Some(self.checkpoint_witness(move |line| {
+                (journal.lock().unwrap_or_else(|p| p.into_inner()))(line)
+            })),
+        })
+    }
+
+    /// After loading `drafter.init_from` on a fresh start: this node publishes the SHA-256 of
+    /// every weights file it loaded (`warm`; digests only, never weights), reads every node's,
+    /// and checks that all loaded node 0's files ([`check_init_from`]). `Err` is the refusal,
+    /// the same on every node. Every node of a job warm-starts or none does (the config and
+    /// the resume step agreed), so every node makes this exchange or none.
+    pub fn agree_init_from(&self, warm: Option<&WarmStart>) -> Result<(), String> {
+        let key = |n: u32| format!("start/init_from/{n}");
+        let mine = InitFromFacts {
+            node_rank: self.node(),
+            files: warm.map_or_else(Vec::new, |w| {
+                w.files
+                    .iter()
+                    .map(|f| WeightFileFact {
+                        name: f.file.file_name().map_or_else(
+                            || f.file.display().to_string(),
+                            |n| n.to_string_lossy().into_owned(),
+                        ),
+                        bytes: f.bytes,
+                        sha256: f.sha256.clone(),
+                    })
+                    .collect()
+            }),
+        };
+        let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
+        self.store.set(&key(self.node()), &bytes).map_err(|e| {
+            format!(
+                "publishing node {}'s drafter.init_from digests: {e}",
+                self.node()
+            )
+        })?;
+        let mut all = Vec::new();
+        for n in 0..self.launch.nnodes {
+            let bytes = self.store.get(&key(n), self.timeout).map_err(|e| {
+                format!(
+                    "node {n} did not publish its drafter.init_from digests within {} s (did \
+                     its warm start fail? its journal says): {e}",
+                    self.timeout.as_secs()
+                )
+            })?;
+            let facts: InitFromFacts = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("node {n}'s drafter.init_from digests are unreadable: {e}"))?;
+            all.push(facts);
+        }
+        let verdict = check_init_from(&all).map_err(|d| format!("the nodes disagree: {d}"));
+        if verdict.is_err() {
+            self.hold_the_store_until_every_node_read("start/init_from")?;
+        }
+        verdict
     }
 
     /// After every checkpoint: this node publishes a SHA-256 of its fp32 master weights and
     /// compares every node's with node 0's (the replicas must be identical after every step).
     /// Agreement is journaled through `journal`; a difference, or a node that does not answer
     /// within the timeout, fails the checkpoint (the run pauses) naming the node.
-    pub fn checkpoint_witness(
+    fn checkpoint_witness(
         &self,
         journal: impl Fn(String) + Send + 'static,
     ) -> dflash_engine::train::trainer::CheckpointWitness {
         let (store, timeout) = (Arc::clone(&self.store), self.timeout);
         let (node, nnodes) = (self.node(), self.launch.nnodes);
+        let liveness = Arc::clone(&self.liveness);
         Box::new(move |step, weights| {
             let key = |n: u32| format!("checkpoint/{step}/digest/{n}");
             let mine = state_digest(weights);
@@ -202,12 +323,17 @@ impl NodeJob {
                 .map_err(|e| format!("publishing node {node}'s state digest: {e}"))?;
             let mut reference = String::new();
             for n in 0..nnodes {
-                let theirs = store.get(&key(n), timeout).map_err(|e| {
-                    format!(
-                        "node {n} gave no state digest within {} s: {e}",
-                        timeout.as_secs()
-                    )
-                })?;
+                let theirs = get_unless_silent(&store, &key(n), timeout, liveness.get()).map_err(
+                    |e| match e {
+                        Waited::Store(e) => format!(
+                            "node {n} gave no state digest within {} s: {e}",
+                            timeout.as_secs()
+                        ),
+                        Waited::Silent(why) => {
+                            format!("node {n} gave no state digest: {why}")
+                        }
+                    },
+                )?;
                 let theirs = String::from_utf8_lossy(&theirs).into_owned();
                 if n == 0 {
                     reference = theirs;
@@ -296,58 +422,58 @@ fn state_digest(weights: &[(String, Tensor)]) -> String {
     hex::encode(h.finalize())
 }
 
-/// The job's group with its peers named as nodes: global rank `r` is worker `r mod L` of
-/// node `r / L` (`workers` = L drafter workers per node), and the operator reads "lost node
-/// 1", not a rank of a group.
-struct NodeNamed {
-    group: ProcessGroupAllReduce,
-    workers: usize,
+/// Why a wait on the store ended without the value.
+enum Waited {
+    Store(StoreError),
+    /// The heartbeat judge named a silent node meanwhile.
+    Silent(String),
 }
 
-fn named(e: AllReduceError, workers: usize) -> AllReduceError {
-    match e {
-        AllReduceError::PeerLost {
-            rank,
-            world,
-            peer,
-            detail,
-        } => AllReduceError::PeerLost {
-            peer: match peer
-                .strip_prefix("rank ")
-                .and_then(|r| r.parse::<usize>().ok())
-            {
-                Some(r) => format!("node {}", r / workers.max(1)),
-                None => peer,
-            },
-            rank,
-            world,
-            detail,
-        },
-        other => other,
+/// `key`'s value, waiting up to `timeout` as `store.get` does, but looking between polls of
+/// the key (`check`, which does not wait) for the heartbeat judge's verdict: a node the judge
+/// names meanwhile (it hung or died at the checkpoint) ends the wait within the heartbeat's
+/// bound, not the collective timeout's. Polls rather than short `get`s: c10d logs two warning
+/// lines for every wait that times out.
+fn get_unless_silent(
+    store: &TcpStore,
+    key: &str,
+    timeout: Duration,
+    liveness: Option<&Arc<Liveness>>,
+) -> Result<Vec<u8>, Waited> {
+    let Some(liveness) = liveness else {
+        return store.get(key, timeout).map_err(Waited::Store);
+    };
+    let poll = (liveness.bounds().period() / 10).clamp(Duration::from_millis(10), POLL_MAX);
+    let silent = || {
+        liveness
+            .verdict()
+            .filter(|v| v.aborts())
+            .map(|v| Waited::Silent(v.to_string()))
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match store.check(&[key]) {
+            Ok(true) => return store.get(key, timeout).map_err(Waited::Store),
+            Ok(false) => {}
+            Err(e) => return Err(silent().unwrap_or(Waited::Store(e))),
+        }
+        if let Some(why) = silent() {
+            return Err(why);
+        }
+        if Instant::now() >= deadline {
+            return Err(Waited::Store(StoreError::Timeout {
+                op: "get",
+                keys: vec![key.to_string()],
+                after: timeout,
+                detail: "no node set it".into(),
+            }));
+        }
+        std::thread::sleep(poll);
     }
 }
 
-impl AllReduce for NodeNamed {
-    fn rank(&self) -> usize {
-        self.group.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.group.world_size()
-    }
-    fn sum_tensor(&mut self, buffer: &mut Tensor) -> Result<(), AllReduceError> {
-        self.group
-            .sum_tensor(buffer)
-            .map_err(|e| named(e, self.workers))
-    }
-    fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), AllReduceError> {
-        self.group
-            .sum_f64(values)
-            .map_err(|e| named(e, self.workers))
-    }
-    fn endpoint_abort(&self) -> Option<Arc<dyn AbortGroup>> {
-        self.group.endpoint_abort()
-    }
-}
+/// The longest pause between two looks at a key the checkpoint witness waits for.
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
@@ -418,36 +544,55 @@ mod tests {
             .all(|l| l.starts_with("checkpoint step 4: the state of all 2 nodes agrees")));
     }
 
+    /// A node that never answers at a checkpoint (here: it never even beats) fails the
+    /// witness within the heartbeat's bound, naming it, not at the collective timeout.
     #[test]
-    fn checkpoint_steps_and_node_names() {
+    fn the_checkpoint_witness_names_a_silent_node_within_the_heartbeat_bound() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let timeout = Duration::from_secs(20);
+        let node1 = std::thread::spawn(move || NodeJob::rendezvous(&launch(1, port), timeout));
+        let job0 = NodeJob::rendezvous(&launch(0, port), timeout)
+            .unwrap()
+            .with_heartbeat_timeout(Duration::from_secs(1));
+        let _job1 = node1.join().unwrap().unwrap();
+        let journaled = Arc::new(Mutex::new(Vec::<String>::new()));
+        let lines = Arc::clone(&journaled);
+        let liveness = Liveness::start(
+            &job0.store,
+            0,
+            2,
+            job0.heartbeat,
+            timeout,
+            OnSilence {
+                aborts: Vec::new(),
+                journal: Box::new(move |l| lines.lock().unwrap().push(l)),
+            },
+        )
+        .unwrap();
+        let _ = job0.liveness.set(Arc::new(liveness));
+        let mut witness = job0.checkpoint_witness(|_| {});
+        let started = Instant::now();
+        let w = Tensor::zeros([2], (tch::Kind::Float, Device::Cpu));
+        let err = witness(4, &[("w".to_string(), w)]).unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            err.starts_with("node 1 gave no state digest: node 1's heartbeat has not advanced"),
+            "{err}"
+        );
+        assert!(took < Duration::from_secs(3), "{took:?}: {err}");
+        let lines = journaled.lock().unwrap().clone();
+        assert!(lines[0].starts_with("node 1's heartbeat"), "{lines:?}");
+    }
+
+    #[test]
+    fn checkpoint_steps() {
         assert_eq!(
             checkpoint_step(Path::new("/r/checkpoints/step-0000000012")),
             12
-        );
-        let lost = |peer: &str, workers| {
-            named(
-                AllReduceError::PeerLost {
-                    rank: 0,
-                    world: 2 * workers,
-                    peer: peer.into(),
-                    detail: "closed".into(),
-                },
-                workers,
-            )
-            .to_string()
-        };
-        assert_eq!(
-            lost("rank 1", 1),
-            "rank 0 of 2: lost node 1 during an all-reduce (closed)"
-        );
-        // Two drafter workers per node: global ranks 2 and 3 are node 1's.
-        assert_eq!(
-            lost("rank 3", 2),
-            "rank 0 of 4: lost node 1 during an all-reduce (closed)"
-        );
-        assert_eq!(
-            lost("the peer at [10.0.0.2]:4100", 2),
-            "rank 0 of 4: lost the peer at [10.0.0.2]:4100 during an all-reduce (closed)"
         );
     }
 }

@@ -9,7 +9,7 @@ use dflash_engine::model::target::TargetConfig;
 use dflash_engine::plan::{plan_run, ActivationPrecision, RunPlan, RunSpec, StepShape, GIB};
 use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
-use dflash_engine::train::topology::plan::{per_rank_queue, queue_config};
+use dflash_engine::train::topology::step::{per_rank_queue, queue_config};
 use dflash_shared::config::{Config, Device};
 use dflash_shared::health::healthy_record::ThroughputBasis;
 use serde::Serialize;

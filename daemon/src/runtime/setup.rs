@@ -10,6 +10,7 @@ use dflash_shared::config::{self, Config, DataFormat as CfgFormat};
 use tch::Device;
 use thiserror::Error;
 
+use super::launch_nodes::NodeJob;
 use super::memory_plan::{self, Devices, PlanInputs};
 use crate::run::paths::{resolve_path, ConfigPathError};
 use dflash_engine::data::{
@@ -23,8 +24,8 @@ use dflash_engine::train::online_eval::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_engine::train::warm_start::{DrafterSource, WarmStart};
-use dflash_engine::train::Trainer;
 use dflash_engine::train::{embedded, run_config, TrainError};
+use dflash_engine::train::{Trainer, TrainerSpec};
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const DATA_REPORT_FILE: &str = "data_report.json";
@@ -87,10 +88,11 @@ pub struct SetupInputs<'a> {
     pub device_override: Option<config::Device>,
     /// Locked keys (dotted paths) an operator's unlock lets differ from the checkpoint.
     pub unlocked_keys: Vec<String>,
-    /// The checkpoint to resume from, as the start's checkpoint gate chose it.
+    /// The checkpoint to resume from, as the start's checkpoint gate chose it (for a node of a
+    /// job, the step every node agreed on).
     pub resume: Option<PathBuf>,
-    /// Whether this start begins the run at step 0: no checkpoint is restored, here or once a
-    /// node has joined its job. Only then does `drafter.init_from` load.
+    /// Whether this start begins the run at step 0: no checkpoint is restored. Only then does
+    /// `drafter.init_from` load.
     pub fresh_start: bool,
     pub memory_plan: MemoryPlanPolicy,
     /// `--cpu-peak-flops` (`DFLASH_CPU_PEAK_FLOPS`): the CPU's MFU peak, FLOP/s, given instead
@@ -105,6 +107,13 @@ pub struct MemoryPlanPolicy {
     pub stated_gib: Option<f64>,
     /// `--ignore-memory-plan`: start even when predicted not to fit (journaled).
     pub ignore: bool,
+}
+
+/// A node of a multi-node job: what [`prepare`] builds the trainer as one node of.
+pub struct NodeOfJob<'a> {
+    pub job: &'a NodeJob,
+    /// Where the checkpoint witness journals the nodes' agreement after every checkpoint.
+    pub journal: Box<dyn Fn(String) + Send>,
 }
 
 pub struct Prepared {
@@ -169,8 +178,12 @@ fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>)
     (chosen, note)
 }
 
-/// Builds the trainer and resumes it from the checkpoint the gate chose, if any.
-pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
+/// Builds the trainer (for a node of a job, joined to the job's gradient group: the build's
+/// last step) and resumes it from the checkpoint the gate chose, if any.
+pub fn prepare(
+    inputs: &SetupInputs<'_>,
+    node: Option<NodeOfJob<'_>>,
+) -> Result<Prepared, SetupError> {
     let cfg = inputs.config;
     // Without `--device` the whole configured topology runs (the target is loaded on the
     // first target device and replicated onto the others); with it, everything runs on that
@@ -237,20 +250,32 @@ pub fn prepare(inputs: &SetupInputs<'_>) -> Result<Prepared, SetupError> {
         read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
     let mut train_cfg = run_config::train_config(cfg, samples.len());
     train_cfg.online_eval_prompts = online_prompts_path;
-    let mut trainer = Trainer::with_topology(target, drafter_cfg, samples, train_cfg, topology)?;
+    let (device_peaks, peak_notes) = crate::runtime::device_peaks::for_devices(
+        &topology.devices(),
+        device::compute_kind,
+        inputs.cpu_peak_flops,
+    );
+    // The straggler bar is this node's (`[detectors]` is node-local): the health feed's
+    // detector counts the steps of the view it names stragglers in.
+    let job = match node {
+        Some(node) => Some(node.job.membership(
+            &topology.drafter_devices,
+            train_cfg.grad_accum,
+            cfg.detectors.straggler.behind_frac,
+            node.journal,
+        )?),
+        None => None,
+    };
+    let mut trainer = Trainer::build(TrainerSpec {
+        device_peaks,
+        online_prompts,
+        job,
+        ..TrainerSpec::new(target, drafter_cfg, samples, train_cfg, topology)
+    })?;
     let warm_start = match &warm_start_source {
         Some(source) => Some(trainer.init_drafter_from(source)?),
         None => None,
     };
-    if let Some(prompts) = online_prompts {
-        trainer.set_online_prompts(prompts);
-    }
-    let (peaks, peak_notes) = crate::runtime::device_peaks::for_devices(
-        &trainer.devices(),
-        device::compute_kind,
-        inputs.cpu_peak_flops,
-    );
-    trainer.set_device_peaks(peaks);
     let unlocked = UnlockedKeys::from_keys(&inputs.unlocked_keys);
     if let Some(dir) = &inputs.resume {
         trainer.restore_checkpoint_unlocked(dir, &unlocked)?;

@@ -96,8 +96,10 @@ pub struct RegenerateRecord {
     /// The target directory, absolute.
     pub target: String,
     /// SHA-256 over the target's `config.json`, `tokenizer.json` and its weight files' names
-    /// and sizes (the weights are not read: they can be tens of GB).
-    pub target_fingerprint: String,
+    /// and sizes (the weights are not read: they can be tens of GB). On disk under its first
+    /// name.
+    #[serde(rename = "target_fingerprint")]
+    pub target_digest: String,
     /// The input file, absolute.
     pub data: String,
     /// The file the chat template came from and the SHA-256 of its text.
@@ -208,7 +210,7 @@ mod tests {
         RegenerateRecord {
             format: RECORD_FORMAT,
             target: "/m".into(),
-            target_fingerprint: "ab".into(),
+            target_digest: "ab".into(),
             data: "/d.jsonl".into(),
             chat_template: "/m/tokenizer_config.json".into(),
             chat_template_sha256: "cd".into(),
@@ -245,5 +247,12 @@ mod tests {
             ["extra: 1 → (not recorded)", "top_p: (not recorded) → null"]
         );
         assert_eq!(differences(&Value::from(1), &record()).len(), 1);
+    }
+
+    #[test]
+    fn the_target_digest_keeps_its_recorded_key() {
+        let recorded = serde_json::to_value(record()).unwrap();
+        assert_eq!(recorded["target_fingerprint"], "ab");
+        assert!(recorded.get("target_digest").is_none());
     }
 }

@@ -139,8 +139,9 @@ impl GlooGroup {
 }
 
 /// Gloo's messages, read as what happened: a closed or reset connection is a lost peer (named
-/// by rank when the group has only one other rank, else by the address gloo gives), gloo's own
-/// timeout is a timeout, anything else stays gloo's text. Pure.
+/// by rank when the group has only one other rank, else by the address gloo gives, which a
+/// node's [`super::NodeEndpoint`] then names by its heartbeat), gloo's own timeout is a
+/// timeout, anything else stays gloo's text. Pure.
 pub(crate) fn classify_failure(
     rank: usize,
     world: usize,

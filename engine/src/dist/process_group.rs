@@ -113,9 +113,14 @@ impl ProcessGroupAllReduce {
                     spec.rank,
                     spec.timeout,
                 )?;
-                let (group, endpoint) =
-                    nccl::nccl_rank_endpoint(&id, spec.rank, spec.world_size, *device)
-                        .map_err(AllReduceError::Join)?;
+                let (group, endpoint) = nccl::nccl_rank_endpoint(
+                    &id,
+                    spec.rank,
+                    spec.world_size,
+                    *device,
+                    spec.timeout,
+                )
+                .map_err(AllReduceError::Join)?;
                 Endpoint::Nccl(endpoint, group)
             }
         };

@@ -7,7 +7,7 @@
 use super::shape::{ActivationPrecision, StepShape};
 use super::Consumer;
 use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
-use crate::model::attention::chunk_plan::{choose_chunks, ContextChunk};
+use crate::model::attention::chunk_schedule::{choose_chunks, ContextChunk};
 use crate::model::attention::{chunk_costs, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use crate::model::drafter::{DrafterConfig, LayerType};
 
@@ -21,7 +21,7 @@ pub struct DrafterMemory {
     pub step: Vec<Consumer>,
     /// Which phase of the step peaks: `"loss"`, `"backward"` or `"optimizer"`.
     pub peak_phase: &'static str,
-    /// Fused attention calls per layer, per layer (the chunk plan of its rule).
+    /// Fused attention calls per layer, per layer (the chunk schedule of its rule).
     pub chunks_per_layer: Vec<usize>,
 }
 
@@ -160,10 +160,10 @@ pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
     }
 }
 
-/// The chunks `attention/block_sparse.rs::BlockSparsePlan::new` plans for `rule` (the default
+/// The chunks `attention/block_sparse.rs::ChunkSchedule::new` schedules for `rule` (the default
 /// budget, `block_sparse.rs::DEFAULT_CHUNK_SCORE_ELEMENTS`) over `batch` rows of `seq_len` context tokens and their
 /// row-major `[batch, width]` anchors and validity.
-pub(crate) fn chunk_plan(
+pub(crate) fn chunk_schedule(
     d: &DrafterConfig,
     (batch, seq_len): (i64, i64),
     anchors: &[i64],
@@ -204,19 +204,25 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
 
     let resident = resident_memory(d, rank, params);
 
-    // Attention per rule: the chunk plan (context key ranges widened to the key quantum), its
-    // masks (shared by the layers of a rule, `BlockSparsePlan::new`; off CPU their rows are
+    // Attention per rule: the chunk schedule (context key ranges widened to the key quantum), its
+    // masks (shared by the layers of a rule, `ChunkSchedule::new`; off CPU their rows are
     // repeated per query head of a group, `GroupedHeads::Folded`, replacing the unrepeated
     // ones) and the K/V copies each layer's calls save (the per-chunk `cat` of the context
     // range and the chunk's own block keys; never repeated per query head).
     let rules: Vec<LayerRule> = d.layer_types.iter().map(|&t| layer_rule(d, t)).collect();
-    let plans = chunk_plans_per_rule(d, s, &rules);
-    let plan_of = |r: LayerRule| &plans.iter().find(|(x, _)| *x == r).expect("planned").1;
+    let schedules = chunk_schedules_per_rule(d, s, &rules);
+    let schedule_of = |r: LayerRule| {
+        &schedules
+            .iter()
+            .find(|(x, _)| *x == r)
+            .expect("scheduled")
+            .1
+    };
     let chunk_keys = |c: &ContextChunk| chunk_rows_and_keys(bs, c);
     // Off CPU the group is folded into the kernel's rows (block_sparse.rs `GroupedHeads`).
     let folded = !p.native_gqa() && group > 1.0;
     let mask_fold = if folded { group } else { 1.0 };
-    let masks: f64 = plans
+    let masks: f64 = schedules
         .iter()
         .flat_map(|(_, chunks)| chunks.iter())
         .map(|c| chunk_rows_and_keys(bs, c))
@@ -229,7 +235,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
     let shared = step.clone();
 
     let (saved, kv_copies, per_layer) =
-        saved_per_layer(d, s, p, &rules, plan_of, chunk_keys, folded);
+        saved_per_layer(d, s, p, &rules, schedule_of, chunk_keys, folded);
     // Backward of one layer's MLP (`DecoderLayer::forward_with_context`): the gradient flowing in and out [Q, H]
     // twice, the gradients of silu·up and of up [Q, I], and that layer's parameter gradients.
     let mlp_backward = 2.0 * q * h * e + 2.0 * q * i * e + layer_params(d) * e;
@@ -338,20 +344,20 @@ fn chunk_rows_and_keys(block_size: f64, c: &ContextChunk) -> (f64, f64) {
     (rows, c.keys.map_or(0.0, |(lo, hi)| (hi - lo) as f64) + rows)
 }
 
-/// One chunk plan per distinct attention rule among `rules` (layers of one rule share it).
-fn chunk_plans_per_rule(
+/// One chunk schedule per distinct attention rule among `rules` (layers of one rule share it).
+fn chunk_schedules_per_rule(
     d: &DrafterConfig,
     s: &StepShape,
     rules: &[LayerRule],
 ) -> Vec<(LayerRule, Vec<ContextChunk>)> {
-    let mut plans: Vec<(LayerRule, Vec<ContextChunk>)> = Vec::new();
+    let mut schedules: Vec<(LayerRule, Vec<ContextChunk>)> = Vec::new();
     for &r in rules {
-        if !plans.iter().any(|(x, _)| *x == r) {
-            let chunks = chunk_plan(d, (s.batch, s.seq_len), &s.anchors, &s.keep, r);
-            plans.push((r, chunks));
+        if !schedules.iter().any(|(x, _)| *x == r) {
+            let chunks = chunk_schedule(d, (s.batch, s.seq_len), &s.anchors, &s.keep, r);
+            schedules.push((r, chunks));
         }
     }
-    plans
+    schedules
 }
 
 /// What the forward leaves saved for the backward: with activation checkpointing, the inputs of
@@ -568,7 +574,7 @@ fn saved_per_layer<'a>(
     s: &StepShape,
     p: ActivationPrecision,
     rules: &[LayerRule],
-    plan_of: impl Fn(LayerRule) -> &'a Vec<ContextChunk>,
+    schedule_of: impl Fn(LayerRule) -> &'a Vec<ContextChunk>,
     chunk_keys: impl Fn(&ContextChunk) -> (f64, f64),
     folded: bool,
 ) -> (Vec<f64>, Vec<f64>, Vec<usize>) {
@@ -581,7 +587,7 @@ fn saved_per_layer<'a>(
     let mut kv_copies = Vec::new();
     let mut per_layer = Vec::new();
     for (n, &rule) in rules.iter().enumerate() {
-        let chunks = plan_of(rule);
+        let chunks = schedule_of(rule);
         let keys: f64 = chunks.iter().map(|c| chunk_keys(c).1).sum();
         let kv = 2.0 * b * keys * k * e;
         // input_layernorm keeps its input: the block embeddings for layer 0 in fp32 (already

@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::attention::BlockSparsePlan;
+use crate::model::attention::ChunkSchedule;
 use crate::plan::run::tests::real_drafter;
 use tch::{Device, Kind, Tensor};
 
@@ -13,7 +13,7 @@ fn the_model_plans_the_chunks_the_engine_runs() {
         let k = Tensor::from_slice(&s.keep).view([b, n]);
         for t in [LayerType::Sliding, LayerType::Full] {
             let rule = layer_rule(&d, t);
-            let engine = BlockSparsePlan::new(
+            let engine = ChunkSchedule::new(
                 rule,
                 &a,
                 &k,
@@ -24,7 +24,7 @@ fn the_model_plans_the_chunks_the_engine_runs() {
                 (Kind::Float, Device::Cpu),
             );
             assert_eq!(
-                chunk_plan(&d, (s.batch, s.seq_len), &s.anchors, &s.keep, rule).len(),
+                chunk_schedule(&d, (s.batch, s.seq_len), &s.anchors, &s.keep, rule).len(),
                 engine.num_chunks(),
                 "S {seq}, {anchors} anchors, {rule:?}"
             );

@@ -13,11 +13,11 @@
 //!
 //! Two counts of one step: [`drafter_step_flops`] is that *model* count, what MFU divides;
 //! [`drafter_step_executed_flops`] is what the engine's kernels run for it: every key of
-//! every fused attention call (the chunk plan's context ranges, masked keys included) and the
+//! every fused attention call (the chunk schedule's context ranges, masked keys included) and the
 //! layers recomputed under activation checkpointing. The second is the one a counter of
 //! executed kernels can check (`dflash-bench --cases plan`), and model / executed is how much
 //! of the device's work was useful.
-use super::drafter::{chunk_plan, layer_rule};
+use super::drafter::{chunk_schedule, layer_rule};
 use crate::model::attention::visibility::LayerRule;
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::{param_specs, TargetConfig};
@@ -227,7 +227,7 @@ impl ExecutedFlops {
 
 /// What one step runs (`drafter/model.rs::Drafter::forward_backward`, `train/loss.rs`): the
 /// matmuls of [`drafter_step_flops`]; attention over every key each fused call is handed (per
-/// chunk of the plan `BlockSparsePlan::new` makes, `rows × (context range + rows)` for every
+/// chunk of the schedule `ChunkSchedule::new` makes, `rows × (context range + rows)` for every
 /// query head, forward q·k and p·v, backward twice that); and with `activation_checkpointing`
 /// one more forward of every layer before the last. A step with no weighted position runs
 /// the forward only (nothing to backpropagate, nothing recomputed).
@@ -247,7 +247,8 @@ pub fn drafter_step_executed_flops(
         .layer_types
         .iter()
         .map(|&t| {
-            let chunks = chunk_plan(d, (w.batch, w.seq_len), w.anchors, w.keep, layer_rule(d, t));
+            let chunks =
+                chunk_schedule(d, (w.batch, w.seq_len), w.anchors, w.keep, layer_rule(d, t));
             chunks
                 .iter()
                 .map(|c| {
@@ -287,7 +288,7 @@ pub fn drafter_step_executed_flops(
 }
 
 /// The distinct `(rows, keys)` shapes of the fused attention calls one step of `w` hands its
-/// kernel (the same chunk plans [`drafter_step_executed_flops`] counts): per layer rule and per
+/// kernel (the same chunk schedules [`drafter_step_executed_flops`] counts): per layer rule and per
 /// chunk, `rows = blocks · block_size` query rows over `keys = context range + rows`. What
 /// `model::attention::shape_log` records at the kernel, seen from the planner: the
 /// shape-bound tests hold it to `max_distinct_chunk_shapes` over many steps without running
@@ -303,7 +304,7 @@ pub fn attention_call_shapes(w: &StepWork<'_>) -> std::collections::BTreeSet<(i6
     }
     rules
         .into_iter()
-        .flat_map(|rule| chunk_plan(d, (w.batch, w.seq_len), w.anchors, w.keep, rule))
+        .flat_map(|rule| chunk_schedule(d, (w.batch, w.seq_len), w.anchors, w.keep, rule))
         .map(|c| {
             let rows = (c.end - c.start) as i64 * d.block_size;
             (rows, c.keys.map_or(0, |(lo, hi)| hi - lo) + rows)

@@ -116,9 +116,10 @@ impl NodeStep {
 }
 
 /// One node's step as the plan predicts it (`plan_run` on `spec`), with `grad_accum`
-/// micro-batches per rank per optimizer step (`train/topology/plan.rs::StepPlan`): the same
-/// model FLOPs at the same MFU as `RunPlan::tokens_per_s_at_mfu`, so `tokens / one_node_s()`
-/// is its `run` figure. `None` without a peak FLOP/s.
+/// micro-batches per rank per optimizer step
+/// (`train/topology/step.rs::MicroBatchAssignment`): the same model FLOPs at the same MFU as
+/// `RunPlan::tokens_per_s_at_mfu`, so `tokens / one_node_s()` is its `run` figure. `None`
+/// without a peak FLOP/s.
 pub fn node_step(spec: &RunSpec, plan: &RunPlan, grad_accum: usize) -> Option<NodeStep> {
     let useful = spec.peak_flops? * spec.mfu;
     let micro_tokens = (spec.step.batch * spec.step.seq_len) as f64;

@@ -40,7 +40,7 @@ pub fn split_held_out(
 
 /// SHA-256 over the samples (ids and masks), so a resumed run can tell whether its data
 /// changed underneath it, whatever file or format it came from.
-pub fn fingerprint(samples: &[Sample]) -> String {
+pub fn data_digest(samples: &[Sample]) -> String {
     let mut h = Sha256::new();
     for s in samples {
         h.update((s.input_ids.len() as u64).to_le_bytes());
@@ -175,7 +175,8 @@ impl Loader {
     }
 
     /// Continues from a checkpointed position. An index past the epoch's end (the data file
-    /// changed) is rejected by the caller's fingerprint check; here it just starts the next epoch.
+    /// changed) is rejected by the caller's data digest check; here it just starts the next
+    /// epoch.
     pub fn seek(&mut self, position: DataPosition) {
         self.position = position;
         self.order = self.epoch_order(position.epoch);
@@ -243,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_changes_with_any_token_or_mask_bit() {
+    fn the_data_digest_changes_with_any_token_or_mask_bit() {
         let a = vec![Sample {
             input_ids: vec![1, 2],
             loss_mask: vec![1, 1],
@@ -252,9 +253,9 @@ mod tests {
         b[0].loss_mask[0] = 0;
         let mut c = a.clone();
         c[0].input_ids[1] = 3;
-        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
-        assert_ne!(fingerprint(&a), fingerprint(&b));
-        assert_ne!(fingerprint(&a), fingerprint(&c));
+        assert_eq!(data_digest(&a), data_digest(&a.clone()));
+        assert_ne!(data_digest(&a), data_digest(&b));
+        assert_ne!(data_digest(&a), data_digest(&c));
     }
 
     #[test]

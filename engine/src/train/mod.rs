@@ -35,5 +35,6 @@ pub mod warm_start;
 pub use config::TrainConfig;
 pub use error::TrainError;
 pub use trainer::{
-    CollectLines, EvalLine, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, RunSummary, Trainer,
+    CollectLines, EvalLine, JobMembership, LoopEnd, LoopEvent, Next, RunHooks, RunOptions,
+    RunSummary, Trainer, TrainerSpec,
 };

@@ -24,17 +24,11 @@ pub struct OnlinePrompts {
 }
 
 impl Trainer {
-    /// Gives the run its online prompt set (the daemon loads it at setup); without one no
-    /// online evaluation runs, whatever the cadence.
-    pub fn set_online_prompts(&mut self, prompts: OnlinePrompts) {
-        self.online_prompts = Some(prompts);
-    }
-
     /// The methods a run evaluates online: the chain, then DDTree at each configured budget.
     pub fn online_methods(&self) -> Vec<Method> {
         std::iter::once(Method::Chain)
             .chain(
-                self.cfg
+                self.config()
                     .online_eval_tree_budgets
                     .iter()
                     .map(|&budget| Method::Tree { budget }),
@@ -49,15 +43,15 @@ impl Trainer {
         &self,
         offline_tau: Option<f64>,
     ) -> Result<Option<OnlineAcceptance>, TrainError> {
-        let Some(set) = &self.online_prompts else {
+        let Some(set) = self.online_prompts() else {
             return Ok(None);
         };
-        let count = set.prompts.len().min(self.cfg.online_eval_max_prompts);
+        let count = set.prompts.len().min(self.config().online_eval_max_prompts);
         if count == 0 {
             return Ok(None);
         }
         let settings = Settings {
-            max_new_tokens: self.cfg.online_eval_max_new_tokens,
+            max_new_tokens: self.config().online_eval_max_new_tokens,
             stop_tokens: set.stop_tokens.clone(),
             sampling: Sampling::Greedy,
             seed: 0,
@@ -66,7 +60,7 @@ impl Trainer {
         let methods = self.online_methods();
         let decode = |logits| {
             run_online_with(
-                &self.target,
+                self.target(),
                 self.drafter(),
                 &set.prompts[..count],
                 &settings,

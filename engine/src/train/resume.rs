@@ -3,7 +3,8 @@
 //! A checkpoint directory holds `drafter.safetensors` (fp32 master weights, HF keys),
 //! `optimizer.safetensors` (AdamW moments), `config.json` (the drafter in the HF layout) and
 //! `trainer_state.json` (step, schedule, RNG state, data position, the training config and a
-//! fingerprint of the data), all covered by the manifest's checksums.
+//! digest of the data, `train/loader.rs::data_digest`), all covered by the manifest's
+//! checksums.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -69,7 +70,9 @@ pub struct TrainerState {
     pub rng: Option<[u64; 4]>,
     pub schedule: WarmupCosine,
     pub config: TrainConfig,
-    pub data_fingerprint: String,
+    /// `train/loader.rs::data_digest` of the samples; on disk under its first name.
+    #[serde(rename = "data_fingerprint")]
+    pub data_digest: String,
     pub dtype: String,
 }
 
@@ -119,11 +122,11 @@ impl Trainer {
             step: self.step,
             optimizer_step: self.rank0.replica.optimizer().step_count(),
             position: self.data_position(),
-            micro_batches_per_step: Some(self.plan.micro_per_step()),
+            micro_batches_per_step: Some(self.assignment().micro_per_step()),
             rng: None,
-            schedule: self.schedule.clone(),
-            config: self.cfg.clone(),
-            data_fingerprint: self.data_fingerprint.clone(),
+            schedule: self.schedule().clone(),
+            config: self.config().clone(),
+            data_digest: self.data_digest().to_string(),
             dtype: format!(
                 "{:?}",
                 crate::device::compute_kind(self.rank0.replica.device())
@@ -133,10 +136,10 @@ impl Trainer {
         let optimizer = self.rank0.replica.optimizer();
         w.write_tensors(DRAFTER_FILE, &optimizer.master_weights())?;
         w.write_tensors(OPTIMIZER_FILE, &optimizer.moment_tensors())?;
-        w.write_json(CONFIG_FILE, &self.drafter_cfg.to_hf_json())?;
+        w.write_json(CONFIG_FILE, &self.drafter_config().to_hf_json())?;
         w.write_json(STATE_FILE, &state)?;
         let dir = w.commit()?;
-        checkpoint::prune(root, self.cfg.keep_checkpoints)?;
+        checkpoint::prune(root, self.config().keep_checkpoints)?;
         Ok(dir)
     }
 
@@ -162,7 +165,7 @@ impl Trainer {
         let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
         let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
         let mut saved_drafter = unlocked::flatten_drafter(&saved_drafter);
-        let drafter_now = unlocked::flatten_drafter(&self.drafter_cfg.to_hf_json());
+        let drafter_now = unlocked::flatten_drafter(&self.drafter_config().to_hf_json());
         unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)
             .map_err(incompatible)?;
         let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &DESCRIPTIVE_DRAFTER_KEYS);
@@ -174,38 +177,39 @@ impl Trainer {
         }
         let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
         let mut saved_config = as_json(&state.config);
-        unlocked::reconcile_train(&mut saved_config, &self.cfg, unlocked);
-        let config_diff = changed_keys(&saved_config, &as_json(&self.cfg), &RESUMABLE_KEYS);
+        unlocked::reconcile_train(&mut saved_config, self.config(), unlocked);
+        let config_diff = changed_keys(&saved_config, &as_json(self.config()), &RESUMABLE_KEYS);
         if !config_diff.is_empty() {
             return Err(incompatible(format!(
                 "locked training keys differ: {}",
                 describe_changes(&config_diff)
             )));
         }
-        if state.data_fingerprint != self.data_fingerprint {
+        if state.data_digest != self.data_digest() {
             return Err(incompatible(format!(
-                "the training data changed (fingerprint {} in the checkpoint, {} now); its data position would be meaningless",
-                state.data_fingerprint, self.data_fingerprint
+                "the training data changed (digest {} in the checkpoint, {} now); its data position would be meaningless",
+                state.data_digest,
+                self.data_digest()
             )));
         }
         let per_step = state
             .micro_batches_per_step
             .unwrap_or(state.config.grad_accum as u64);
-        if per_step != self.plan.micro_per_step() {
+        if per_step != self.assignment().micro_per_step() {
             return Err(incompatible(format!(
                 "the global batch differs: the checkpoint trained {per_step} micro-batches per step, \
                  this topology trains {} ({} drafter rank(s) × grad_accum {})",
-                self.plan.micro_per_step(),
-                self.plan.ranks,
-                self.plan.accum
+                self.assignment().micro_per_step(),
+                self.assignment().ranks,
+                self.assignment().accum
             )));
         }
         // With epochs unlocked the trainer's schedule (built from the new total) replaces the
         // checkpoint's; the data position below is kept either way.
-        unlocked::check_schedule(&state.schedule, &self.schedule, state.step, unlocked)
+        unlocked::check_schedule(&state.schedule, self.schedule(), state.step, unlocked)
             .map_err(incompatible)?;
         let cursor = self
-            .source
+            .source()
             .consumed_at(state.position)
             .map_err(incompatible)?;
         let master = tensor_map(checkpoint::read_tensors(dir, DRAFTER_FILE)?);
@@ -324,6 +328,26 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("dflash-tui attach"), "{text}");
+    }
+
+    #[test]
+    fn the_data_digest_keeps_its_checkpoint_key() {
+        let state = TrainerState {
+            step: 1,
+            optimizer_step: 1,
+            position: DataPosition::default(),
+            micro_batches_per_step: Some(1),
+            rng: None,
+            schedule: WarmupCosine::new(1e-4, 10, 0.1),
+            config: TrainConfig::default(),
+            data_digest: "ab".into(),
+            dtype: "Float".into(),
+        };
+        let json = serde_json::to_value(&state).unwrap();
+        assert_eq!(json["data_fingerprint"], "ab");
+        assert!(json.get("data_digest").is_none());
+        let back: TrainerState = serde_json::from_value(json).unwrap();
+        assert_eq!(back, state);
     }
 
     #[test]

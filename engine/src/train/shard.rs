@@ -3,9 +3,9 @@
 //! The single-process run already fixes the data order: micro-batch `seq` is a pure function
 //! of the seed and `seq` ([`crate::train::micro`]: batch `seq mod E` of epoch `seq / E`, in the
 //! seeded epoch order), and a step that starts at micro-batch `base` hands micro-batch `seq`
-//! to drafter rank `seq mod R` ([`StepPlan::rank_of`]). Nodes add nothing to that order: the
-//! job's `N` nodes of `L` drafter workers each are the `N·L` ranks of one global plan, node
-//! `n`'s worker `w` being global rank `n·L + w`. So
+//! to drafter rank `seq mod R` ([`MicroBatchAssignment::rank_of`]). Nodes add nothing to that
+//! order: the job's `N` nodes of `L` drafter workers each are the `N·L` ranks of one global
+//! assignment, node `n`'s worker `w` being global rank `n·L + w`. So
 //! - the nodes' shards of a step are disjoint and together are exactly the micro-batches the
 //!   single process with `N·L` workers trains in that step (2 nodes × 1 worker train what
 //!   1 node × 2 workers trains, rank for rank, in the same accumulation order);
@@ -18,7 +18,7 @@
 //! Every node must run the same number of drafter workers (the start's agreement check
 //! compares it), or the global ranks would not tile.
 use super::error::TrainError;
-use super::topology::plan::StepPlan;
+use super::topology::step::MicroBatchAssignment;
 
 /// Node `node` of `nodes`, each running `workers` drafter workers of `accum` micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,10 +94,10 @@ impl NodeShard {
         self.workers
     }
 
-    /// The job's plan: every drafter worker of every node, as one single-process run would
-    /// have them.
-    pub fn global_plan(&self) -> StepPlan {
-        StepPlan {
+    /// The job's micro-batch assignment: every drafter worker of every node, as one
+    /// single-process run would have them.
+    pub fn global_assignment(&self) -> MicroBatchAssignment {
+        MicroBatchAssignment {
             ranks: self.nodes * self.workers,
             accum: self.accum,
         }
@@ -110,21 +110,23 @@ impl NodeShard {
     }
 
     /// Where a fresh run's step `step` starts, in micro-batches. A resumed run continues from
-    /// the cursor its checkpoint stores, which equals this when the plan never changed.
+    /// the cursor its checkpoint stores, which equals this when the assignment never
+    /// changed.
     pub fn step_base(&self, step: u64) -> u64 {
-        step * self.global_plan().micro_per_step()
+        step * self.global_assignment().micro_per_step()
     }
 
     /// The micro-batches worker `worker` of this node trains in the step starting at `base`,
     /// ascending (its accumulation order).
     pub fn worker_seqs(&self, base: u64, worker: usize) -> Vec<u64> {
-        self.global_plan().rank_seqs(base, self.global_rank(worker))
+        self.global_assignment()
+            .rank_seqs(base, self.global_rank(worker))
     }
 
     /// The local worker that trains micro-batch `seq`, or `None` when another node's does.
     pub fn worker_of(&self, seq: u64) -> Option<usize> {
         let first = self.node * self.workers;
-        let rank = self.global_plan().rank_of(seq);
+        let rank = self.global_assignment().rank_of(seq);
         (first..first + self.workers)
             .contains(&rank)
             .then(|| rank - first)

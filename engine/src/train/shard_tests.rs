@@ -7,7 +7,7 @@ use crate::train::labels::LabelMaskRule;
 use crate::train::micro::{MicroSource, MicroSpec};
 
 /// Every (nodes, workers, accum) of a small grid, and several step starts, including ones
-/// that are not a multiple of the step (a resume after a plan change).
+/// that are not a multiple of the step (a resume after an assignment change).
 fn grid() -> impl Iterator<Item = (usize, usize, usize, u64)> {
     (1..=4).flat_map(|nodes| {
         (1..=3).flat_map(move |workers| {
@@ -76,13 +76,13 @@ fn each_micro_batch_of_a_step_is_routed_to_the_local_worker_that_trains_it() {
 #[test]
 fn n_nodes_of_l_workers_train_what_one_node_of_n_times_l_workers_trains() {
     for (nodes, workers, accum, base) in grid() {
-        let single = StepPlan {
+        let single = MicroBatchAssignment {
             ranks: nodes * workers,
             accum,
         };
         for n in 0..nodes {
             let shard = NodeShard::new(nodes, n, workers, accum).unwrap();
-            assert_eq!(shard.global_plan(), single);
+            assert_eq!(shard.global_assignment(), single);
             for w in 0..workers {
                 assert_eq!(
                     shard.worker_seqs(base, w),
@@ -200,7 +200,7 @@ fn a_resume_from_the_checkpointed_data_position_continues_the_same_shards() {
                 // the cursor, not the step.
                 let position = src.position_of(shard.step_base(stop));
                 let mut cursor = src.consumed_at(position).unwrap();
-                let per_step = shard.global_plan().micro_per_step();
+                let per_step = shard.global_assignment().micro_per_step();
                 for expected in &straight[stop as usize..] {
                     assert_eq!(
                         &shard.node_seqs(cursor),

@@ -12,6 +12,10 @@
 //! The loop asks [`Cadence`] when to evaluate and checkpoint, and its driver ([`RunHooks`])
 //! whether to go on; it reports every line through the same hooks.
 //!
+//! A trainer is built in one step ([`Trainer::build`] from a [`TrainerSpec`]: MFU peaks,
+//! online prompts, the job of a node); what changes it afterwards is an operation on its
+//! state, never a setting: a warm start (`warm_start.rs`) or a restore (`resume.rs`).
+//!
 //! Everything random is a pure function of the seed and the data position (anchors come from
 //! per-sample generators), so a resumed run is bit-identical to an uninterrupted one on CPU and
 //! the number of workers never changes which anchors a sample gets.
@@ -31,7 +35,7 @@ use super::config::TrainConfig;
 use super::domino::lambda_base;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
-use super::loader::{fingerprint, split_held_out, DataPosition};
+use super::loader::{data_digest, split_held_out, DataPosition};
 use super::micro::{MicroSource, MicroSpec};
 use super::replica::DrafterReplica;
 use super::schedule::WarmupCosine;
@@ -42,8 +46,8 @@ use crate::model::target::TargetModel;
 use crate::train::online_eval::OnlinePrompts;
 use crate::train::throughput::DevicePeaks;
 use crate::train::topology::pipeline::produce_item;
-use crate::train::topology::plan::{step_telemetry, StepPlan, WorkerNames};
 use crate::train::topology::rank::{RankReport, RankState};
+use crate::train::topology::step::{step_telemetry, MicroBatchAssignment, WorkerNames};
 use crate::train::topology::{
     panic_text, Cluster, QueueMonitor, TopologySpec, WorkerFailure, WorkerId, WorkerWarmup,
 };
@@ -53,46 +57,101 @@ use crate::train::topology::{
 pub const PAD_ID: i64 = 0;
 
 pub struct Trainer {
-    pub(super) cfg: TrainConfig,
-    pub(super) target: TargetModel,
-    pub(super) drafter_cfg: DrafterConfig,
+    cfg: TrainConfig,
+    target: TargetModel,
+    drafter_cfg: DrafterConfig,
     /// Drafter rank 0, trained on the calling thread (the only rank when inline).
+    /// `pub(super)`: a warm start (`warm_start.rs`) and a restore (`resume.rs`) write its
+    /// weights and optimizer state.
     pub(super) rank0: RankState,
-    pub(super) schedule: WarmupCosine,
-    pub(super) samples: Arc<Vec<Sample>>,
-    pub(super) split: HoldoutSplit,
-    pub(super) source: Arc<MicroSource>,
+    schedule: WarmupCosine,
+    samples: Arc<Vec<Sample>>,
+    split: HoldoutSplit,
+    source: Arc<MicroSource>,
+    /// Optimizer steps taken. `pub(super)`: a restore (`resume.rs`) sets it, a warm start
+    /// (`warm_start.rs`) checks it is 0.
     pub(super) step: u64,
-    /// Global index of the next micro-batch to train (the data position).
+    /// Global index of the next micro-batch to train (the data position). `pub(super)`: a
+    /// restore (`resume.rs`) sets it.
     pub(super) cursor: u64,
-    pub(super) data_fingerprint: String,
-    /// The job's plan: this process's drafter ranks, or every drafter worker of every node
-    /// once [`Self::join_nodes`] made this trainer one node of a data-parallel job.
-    pub(super) plan: StepPlan,
-    /// Rank 0's global rank in [`Self::plan`] (0 unless this is node 1.. of a job).
+    /// [`data_digest`] of the samples, which a checkpoint records and a resume compares.
+    data_digest: String,
+    /// The job's micro-batch assignment: this process's drafter ranks, or every drafter worker
+    /// of every node when this trainer is one node of a data-parallel job ([`TrainerSpec::job`]).
+    assignment: MicroBatchAssignment,
+    /// Rank 0's global rank in [`Self::assignment`] (0 unless this is node 1.. of a job).
     rank0_global: usize,
     topology: TopologySpec,
-    /// The worker threads; `None` when one device runs both roles inline.
+    /// The worker threads; `None` when one device runs both roles inline. `pub(super)`: a
+    /// warm start (`warm_start.rs`) and a restore (`resume.rs`) copy rank 0's state to the
+    /// other ranks through it.
     pub(super) cluster: Option<Cluster>,
     warmup: Option<Vec<WorkerWarmup>>,
     /// Set by the first worker failure: every later step returns it.
     failure: Option<WorkerFailure>,
-    /// Each device's dense peak, for the steps' MFU; empty until the caller sets it.
+    /// Each device's dense peak, for the steps' MFU ([`TrainerSpec::device_peaks`]).
     device_peaks: DevicePeaks,
-    /// The online evaluation's prompts; `None` until the caller sets them (no online eval).
-    pub(super) online_prompts: Option<OnlinePrompts>,
+    /// The online evaluation's prompts ([`TrainerSpec::online_prompts`]).
+    online_prompts: Option<OnlinePrompts>,
     /// Asked after every checkpoint this trainer writes (a node of a job compares its state
     /// with the other nodes'); `None` for one process.
     checkpoint_witness: Option<CheckpointWitness>,
-    /// This node's rank and the job's node count, once joined to a job ([`Self::join_nodes`]).
+    /// This node's rank and the job's node count, for a node of a job ([`TrainerSpec::job`]).
     job_node: Option<(u32, u32)>,
     /// How far behind the next slowest node a node's own work must be for the job's view to
-    /// name it the straggler (`detectors.straggler.behind_frac`;
-    /// [`Self::set_straggler_behind_frac`]).
+    /// name it the straggler ([`JobMembership::straggler_behind_frac`]).
     straggler_behind_frac: f64,
 }
 
-pub use nodes::CheckpointWitness;
+/// Everything a [`Trainer`] is built from, in one value: [`Trainer::build`] returns the
+/// trainer complete, with nothing left for the caller to set afterwards.
+/// [`TrainerSpec::new`] gives a run with no MFU peaks, no online prompts and no job; set the
+/// other fields on it for those.
+pub struct TrainerSpec {
+    /// On the topology's first target device in [`device::compute_kind`]; replicated onto
+    /// every other target device (shared when on the same device).
+    pub target: TargetModel,
+    pub drafter_cfg: DrafterConfig,
+    /// Validated against the target's vocabulary.
+    pub samples: Vec<Sample>,
+    /// `batch_size` and `grad_accum` are per drafter rank: one optimizer step trains
+    /// `ranks × grad_accum` micro-batches.
+    pub cfg: TrainConfig,
+    pub topology: TopologySpec,
+    /// Each device's dense peak, for the steps' MFU (the engine measures none itself: on CPU
+    /// the caller measures one with [`crate::peak::measure_matmul`], on CUDA it reads a
+    /// datasheet; [`TopologySpec::devices`] lists the devices). A device left out gets no MFU.
+    pub device_peaks: DevicePeaks,
+    /// The online evaluation's prompts (the daemon loads them at setup); `None`: no online
+    /// evaluation runs, whatever the cadence.
+    pub online_prompts: Option<OnlinePrompts>,
+    /// The data-parallel job this trainer is one node of (issue 23); `None` for one process.
+    pub job: Option<JobMembership>,
+}
+
+impl TrainerSpec {
+    /// A run of `samples` on `topology`: no device peaks (no MFU), no online prompts, no job.
+    pub fn new(
+        target: TargetModel,
+        drafter_cfg: DrafterConfig,
+        samples: Vec<Sample>,
+        cfg: TrainConfig,
+        topology: TopologySpec,
+    ) -> Self {
+        Self {
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            topology,
+            device_peaks: DevicePeaks::new(),
+            online_prompts: None,
+            job: None,
+        }
+    }
+}
+
+pub use nodes::{CheckpointWitness, JobMembership, OpenGroup};
 
 /// The multi-node side: joining a job, the per-step job view, the checkpoint witness.
 mod nodes;
@@ -131,11 +190,15 @@ fn check_fit(target: &TargetModel, d: &DrafterConfig) -> Result<(), TrainError> 
 }
 
 /// The warmup-cosine schedule over the run's optimizer steps: `epochs` of the training split
-/// at `plan`'s global batch, capped by `max_steps`. Steps are global: every node of a job
-/// takes the same steps at the same learning rate.
-fn schedule_for(cfg: &TrainConfig, source: &MicroSource, plan: StepPlan) -> WarmupCosine {
+/// at `assignment`'s global batch, capped by `max_steps`. Steps are global: every node of a
+/// job takes the same steps at the same learning rate.
+fn schedule_for(
+    cfg: &TrainConfig,
+    source: &MicroSource,
+    assignment: MicroBatchAssignment,
+) -> WarmupCosine {
     let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
-    let epoch_steps = epoch_micro.div_ceil(plan.micro_per_step());
+    let epoch_steps = epoch_micro.div_ceil(assignment.micro_per_step());
     let total_steps = cfg
         .max_steps
         .map_or(epoch_steps, |cap| cap.min(epoch_steps));
@@ -143,8 +206,10 @@ fn schedule_for(cfg: &TrainConfig, source: &MicroSource, plan: StepPlan) -> Warm
 }
 
 impl Trainer {
-    /// A fresh run on one device (both roles inline). `target` should already be on `device`
-    /// in [`compute_kind`]; samples must have been validated against the target's vocabulary.
+    /// A fresh run on one device (both roles inline), with no MFU peaks, no online prompts and
+    /// no job: the short form of [`Self::build`]. `target` should already be on `device` in
+    /// [`device::compute_kind`]; samples must have been validated against the target's
+    /// vocabulary.
     pub fn new(
         target: TargetModel,
         drafter_cfg: DrafterConfig,
@@ -161,10 +226,8 @@ impl Trainer {
         )
     }
 
-    /// A fresh run on `topology`. `target` is replicated onto every target device (shared
-    /// when on the same device); drafter rank 0 lives on `drafter_devices[0]` and every other
-    /// rank starts as an exact copy of it. `cfg.batch_size` and `cfg.grad_accum` are per
-    /// drafter rank: one optimizer step trains `ranks × grad_accum` micro-batches.
+    /// A fresh run on `topology`, with no MFU peaks, no online prompts and no job: the short
+    /// form of [`Self::build`] with [`TrainerSpec::new`].
     pub fn with_topology(
         target: TargetModel,
         drafter_cfg: DrafterConfig,
@@ -172,6 +235,32 @@ impl Trainer {
         cfg: TrainConfig,
         topology: TopologySpec,
     ) -> Result<Self, TrainError> {
+        Self::build(TrainerSpec::new(
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            topology,
+        ))
+    }
+
+    /// A fresh run, complete: `spec.target` is replicated onto every target device (shared
+    /// when on the same device); drafter rank 0 lives on `drafter_devices[0]` and every other
+    /// rank starts as an exact copy of it; the worker threads start. For a node of a job
+    /// ([`TrainerSpec::job`]) the last step joins the job's gradient group
+    /// ([`JobMembership::open_group`] meets the other nodes, so it runs once the workers have
+    /// started), and steps, epochs and the schedule count the job's global batch.
+    pub fn build(spec: TrainerSpec) -> Result<Self, TrainError> {
+        let TrainerSpec {
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            topology,
+            device_peaks,
+            online_prompts,
+            job,
+        } = spec;
         cfg.validate()?;
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
@@ -207,18 +296,18 @@ impl Trainer {
         );
         rank0.objective = cfg.loss_objective();
         let bs = drafter_cfg.block_size as usize;
-        let data_fingerprint = fingerprint(&samples);
+        let data_digest = data_digest(&samples);
         let samples = Arc::new(samples);
         let source = Arc::new(MicroSource::new(
             Arc::clone(&samples),
             split.train.clone(),
             MicroSpec::for_training(&cfg, bs, PAD_ID),
         ));
-        let plan = StepPlan {
+        let assignment = MicroBatchAssignment {
             ranks: topology.drafter_devices.len(),
             accum: cfg.grad_accum,
         };
-        let schedule = schedule_for(&cfg, &source, plan);
+        let schedule = schedule_for(&cfg, &source, assignment);
         let cluster = if inline {
             None
         } else {
@@ -232,8 +321,8 @@ impl Trainer {
                 0,
             )?)
         };
-        Ok(Self {
-            data_fingerprint,
+        let mut trainer = Self {
+            data_digest,
             cfg,
             target,
             drafter_cfg,
@@ -244,18 +333,22 @@ impl Trainer {
             source,
             step: 0,
             cursor: 0,
-            plan,
+            assignment,
             rank0_global: 0,
             topology,
             cluster,
             warmup: None,
             failure: None,
-            device_peaks: DevicePeaks::new(),
-            online_prompts: None,
+            device_peaks,
+            online_prompts,
             checkpoint_witness: None,
             job_node: None,
             straggler_behind_frac: dflash_shared::job::STRAGGLER_BEHIND_FRAC,
-        })
+        };
+        if let Some(job) = job {
+            trainer.join_job(job)?;
+        }
+        Ok(trainer)
     }
 
     pub fn config(&self) -> &TrainConfig {
@@ -277,33 +370,17 @@ impl Trainer {
     pub fn topology(&self) -> &TopologySpec {
         &self.topology
     }
-    /// The peaks the steps' MFU is computed against (the engine measures none itself: on CPU
-    /// the caller measures one with [`crate::peak::measure_matmul`], on CUDA it reads a
-    /// datasheet). A device left out gets no MFU.
-    pub fn set_device_peaks(&mut self, peaks: DevicePeaks) {
-        self.device_peaks = peaks;
-    }
-    /// Every device the run trains on, by engine name, targets first (each once).
+    /// Every device the run trains on, targets first (each once; [`TopologySpec::devices`]).
     pub fn devices(&self) -> Vec<Device> {
-        let mut out: Vec<Device> = Vec::new();
-        let spec = &self.topology;
-        for d in spec.target_devices.iter().chain(&spec.drafter_devices) {
-            if !out.contains(d) {
-                out.push(*d);
-            }
-        }
-        if out.is_empty() {
-            out.push(self.rank0.id.device);
-        }
-        out
+        self.topology.devices()
     }
     /// Drafter replicas (data-parallel ranks).
     pub fn drafter_ranks(&self) -> usize {
-        self.plan.ranks
+        self.assignment.ranks
     }
     /// Micro-batches (of `batch_size` sequences) per optimizer step, over all ranks.
     pub fn micro_batches_per_step(&self) -> u64 {
-        self.plan.micro_per_step()
+        self.assignment.micro_per_step()
     }
     /// Optimizer steps taken.
     pub fn step_count(&self) -> u64 {
@@ -327,6 +404,28 @@ impl Trainer {
 
     pub fn split(&self) -> &HoldoutSplit {
         &self.split
+    }
+
+    /// The learning-rate schedule: a checkpoint records it, a restore checks it (`resume.rs`).
+    pub(super) fn schedule(&self) -> &WarmupCosine {
+        &self.schedule
+    }
+    /// The training micro-batches: a restore maps the checkpoint's data position to a cursor.
+    pub(super) fn source(&self) -> &MicroSource {
+        &self.source
+    }
+    /// [`data_digest`] of the samples: a checkpoint records it, a restore compares it.
+    pub(super) fn data_digest(&self) -> &str {
+        &self.data_digest
+    }
+    /// The job's micro-batch assignment: a checkpoint records its global batch, a restore
+    /// compares it.
+    pub(super) fn assignment(&self) -> MicroBatchAssignment {
+        self.assignment
+    }
+    /// The online evaluation's prompts (`online_eval.rs`); `None`: no online evaluation.
+    pub(super) fn online_prompts(&self) -> Option<&OnlinePrompts> {
+        self.online_prompts.as_ref()
     }
     /// fp32 weights by HF key (what checkpoints and exports hold), of rank 0.
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
@@ -441,7 +540,7 @@ impl Trainer {
         lr: f64,
         lambda_base: f64,
     ) -> Result<Vec<RankReport>, TrainError> {
-        let seqs = self.plan.rank_seqs(base, self.rank0_global);
+        let seqs = self.assignment.rank_seqs(base, self.rank0_global);
         let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
         let layers = &self.drafter_cfg.target_layer_ids;
         let id = rank0.id;
@@ -465,7 +564,7 @@ impl Trainer {
         }
         let start = Instant::now();
         let base = self.cursor;
-        let n = self.plan.micro_per_step();
+        let n = self.assignment.micro_per_step();
         let lr = self.schedule.lr(self.step);
         let lambda_base = self.lambda_base();
         let end = base + self.schedule.total_steps.saturating_sub(self.step) * n;

@@ -431,7 +431,7 @@ impl Trainer {
                 )],
             ));
         }
-        source.check_config(&self.drafter_cfg)?;
+        source.check_config(self.drafter_config())?;
         let params: Vec<(String, Vec<i64>)> = self
             .rank0
             .replica
@@ -484,7 +484,7 @@ impl Trainer {
         }
         Ok(WarmStart {
             dir: source.dir().to_path_buf(),
-            head: head_name(&self.drafter_cfg.head),
+            head: head_name(&self.drafter_config().head),
             files,
             tensors: params.len(),
             not_loaded,

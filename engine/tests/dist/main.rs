@@ -4,6 +4,7 @@
 //! Each test starts this same test binary again as the ranks ([`rank_process`] is their body,
 //! chosen by the `DFLASH_DIST_*` environment), so the processes share nothing but the sockets.
 //! Rank 0 serves the store on a free port and prints it; the parent then starts rank 1 on it.
+mod node_liveness;
 mod rank;
 mod two_node_training;
 mod two_process;

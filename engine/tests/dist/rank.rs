@@ -37,6 +37,10 @@ pub fn run(rank: usize) -> Result<()> {
         TcpStore::connect("127.0.0.1", port, WORLD, timeout)?
     };
     println!("DIST PORT {}", store.port());
+    if env(SCENARIO_VAR)? == "node-loop" {
+        // A node of two ranks with its heartbeat, summing until its peers are gone.
+        return crate::node_liveness::loop_as_node(store, rank, timeout);
+    }
     if env(SCENARIO_VAR)? == "train-two-workers" {
         // A node of two drafter workers joins the job's group with two ranks of its own.
         return crate::two_workers_per_node::train_as_node_of_two_workers(&store, rank, timeout);

@@ -17,9 +17,10 @@ use dflash_engine::dist::ProcessGroupAllReduce;
 use dflash_engine::train::config::TrainConfig;
 use dflash_engine::train::embedded;
 use dflash_engine::train::shard::NodeShard;
+use dflash_engine::train::topology::allreduce::AllReduce;
 use dflash_engine::train::topology::queue::QueueConfig;
 use dflash_engine::train::topology::TopologySpec;
-use dflash_engine::train::trainer::Trainer;
+use dflash_engine::train::trainer::{JobMembership, OpenGroup, Trainer, TrainerSpec};
 use tch::{Device, Tensor};
 
 use crate::rank::{env_var, WORLD};
@@ -37,7 +38,7 @@ pub(crate) fn config() -> TrainConfig {
     cfg
 }
 
-pub(crate) fn trainer(topology: TopologySpec) -> Trainer {
+fn spec(topology: TopologySpec) -> TrainerSpec {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
@@ -45,16 +46,36 @@ pub(crate) fn trainer(topology: TopologySpec) -> Trainer {
     let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
         .unwrap()
         .0;
-    Trainer::with_topology(target, drafter_cfg, samples, cfg, topology).unwrap()
+    TrainerSpec::new(target, drafter_cfg, samples, cfg, topology)
+}
+
+pub(crate) fn trainer(topology: TopologySpec) -> Trainer {
+    Trainer::build(spec(topology)).unwrap()
+}
+
+/// A trainer on `topology` as node `shard` of a job, over this node's `endpoints` of the
+/// job's group (already open: the build's opener hands them over).
+pub(crate) fn node_trainer(
+    topology: TopologySpec,
+    shard: NodeShard,
+    endpoints: Vec<Box<dyn AllReduce>>,
+) -> Result<Trainer> {
+    let open_group: OpenGroup = Box::new(move || Ok(endpoints));
+    Ok(Trainer::build(TrainerSpec {
+        job: Some(JobMembership::new(shard, open_group)),
+        ..spec(topology)
+    })?)
 }
 
 /// The body of a node process: one inline drafter worker, global rank = node.
 pub fn train_as_node(group: ProcessGroupAllReduce) -> Result<()> {
-    use dflash_engine::train::topology::allreduce::AllReduce;
     let node = group.rank();
-    let mut t = trainer(TopologySpec::single(Device::Cpu));
     let shard = NodeShard::new(WORLD, node, 1, config().grad_accum)?;
-    t.join_nodes(shard, vec![Box::new(group)])?;
+    let mut t = node_trainer(
+        TopologySpec::single(Device::Cpu),
+        shard,
+        vec![Box::new(group)],
+    )?;
     for _ in 0..STEPS {
         t.train_step()?;
     }

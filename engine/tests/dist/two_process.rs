@@ -79,6 +79,44 @@ impl RankProcess {
         }
     }
 
+    /// The next `count` lines that start with any of `prefixes`, in the order they came,
+    /// under [`Self::expect`]'s rules (for lines whose order between them is not fixed).
+    pub(crate) fn expect_lines(&self, prefixes: &[&str], count: usize) -> Vec<(Instant, String)> {
+        let mut out = Vec::new();
+        while out.len() < count {
+            match self.lines.recv_timeout(Duration::from_secs(20)) {
+                Ok((_, line)) if line.starts_with("FAILED") => {
+                    panic!("rank {}: {line}", self.rank)
+                }
+                Ok((at, line)) if prefixes.iter().any(|p| line.starts_with(p)) => {
+                    out.push((at, line))
+                }
+                Ok(_) => continue,
+                Err(e) => panic!(
+                    "rank {}: no {prefixes:?} line after {out:?} ({e})",
+                    self.rank
+                ),
+            }
+        }
+        out
+    }
+
+    /// `kill -9`.
+    pub(crate) fn kill(&mut self) {
+        self.child.kill().unwrap();
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the process, through kill(1): the engine's tests
+    /// have no libc binding of their own.
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {pid}: {status}");
+    }
+
     pub(crate) fn wait_success(mut self) {
         let status = self.child.wait().unwrap();
         assert!(status.success(), "rank {} exited with {status}", self.rank);

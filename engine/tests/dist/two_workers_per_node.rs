@@ -28,7 +28,7 @@ use dflash_shared::metrics::{DeviceRole, StepMetrics};
 use tch::{Device, Tensor};
 
 use crate::rank::{env_var, WORLD as NODES};
-use crate::two_node_training::{config, max_abs_diff, trainer, OUT_VAR};
+use crate::two_node_training::{config, max_abs_diff, node_trainer, trainer, OUT_VAR};
 use crate::two_process::RankProcess;
 
 const WORKERS: usize = 2;
@@ -125,8 +125,8 @@ pub fn train_as_node_of_two_workers(
     let out = PathBuf::from(env_var(OUT_VAR)?);
     let root = out.join(format!("node{node}-checkpoints"));
     let shard = NodeShard::new(NODES, node, WORKERS, config().grad_accum)?;
-    let mut straight = trainer(topology(WORKERS));
-    straight.join_nodes(shard, endpoints(store, node, "drafter", timeout)?)?;
+    let group = endpoints(store, node, "drafter", timeout)?;
+    let mut straight = node_trainer(topology(WORKERS), shard, group)?;
     ensure!(straight.drafter_ranks() == NODES * WORKERS);
     let mut checkpoint = None;
     for step in 1..=STEPS {
@@ -151,8 +151,8 @@ pub fn train_as_node_of_two_workers(
     let (total_steps, position) = (straight.total_steps(), straight.data_position());
     drop(straight);
 
-    let mut resumed = trainer(topology(WORKERS));
-    resumed.join_nodes(shard, endpoints(store, node, "drafter-resumed", timeout)?)?;
+    let group = endpoints(store, node, "drafter-resumed", timeout)?;
+    let mut resumed = node_trainer(topology(WORKERS), shard, group)?;
     resumed.restore_checkpoint(&checkpoint.context("no checkpoint")?)?;
     ensure!(resumed.step_count() == CHECKPOINT_AT);
     for _ in CHECKPOINT_AT..STEPS {

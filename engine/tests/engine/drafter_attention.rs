@@ -4,8 +4,8 @@
 
 use crate::support::drafter::{max_abs_diff, random_anchors, relative_error, seeded};
 use dflash_engine::model::attention::{
-    block_sparse_attention, block_sparse_attention_planned, dense_mask_attention,
-    BlockAttentionInputs, BlockSparsePlan, GroupedHeads, LayerRule,
+    block_sparse_attention, block_sparse_attention_scheduled, dense_mask_attention,
+    BlockAttentionInputs, ChunkSchedule, GroupedHeads, LayerRule,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -197,7 +197,7 @@ fn blocks_without_any_context_are_finite_and_equal_to_dense() {
 fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
     // `GroupedHeads::Folded` is the layout off the CPU (each kv head's query heads stacked as
     // rows of one head, the mask repeated along rows); it runs here on the CPU so that it is
-    // held to the same oracle at the same tolerance. Two calls on one plan, as two layers
+    // held to the same oracle at the same tolerance. Two calls on one schedule, as two layers
     // make: the second reuses the folded masks the first built.
     let _rng = seeded(0);
     tch::manual_seed(14);
@@ -211,7 +211,7 @@ fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
     for (shuffle, budget) in [(false, 1 << 25), (true, 300), (false, 1)] {
         for rule in rules() {
             let p = problem(2, 9, 4, 23, Kind::Float, shuffle);
-            let plan = BlockSparsePlan::new(
+            let schedule = ChunkSchedule::new(
                 rule,
                 &p.anchors,
                 &p.keep,
@@ -226,7 +226,7 @@ fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
             let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
             let dense_grads = p.run(&dense, &probe);
             for layer in 0..2 {
-                let sparse = block_sparse_attention_planned(&p.inputs(rule), &plan);
+                let sparse = block_sparse_attention_scheduled(&p.inputs(rule), &schedule);
                 let diff = max_abs_diff(&sparse, &dense);
                 assert!(
                     diff < F32_TOL,

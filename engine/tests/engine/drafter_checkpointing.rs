@@ -153,7 +153,7 @@ fn checkpointed_f32_gradients_equal_the_plain_ones_for_every_parameter_and_input
     let _rng = seeded(0);
     let cfg = three_layers();
     tch::manual_seed(3);
-    // A few blocks in one chunk, and enough that the plans chunk and sort the blocks.
+    // A few blocks in one chunk, and enough that the schedules chunk and sort the blocks.
     for (blocks, context) in [(7, 22), (400, 200)] {
         let b = batch(&cfg, 2, blocks, context);
         // Summing the same per-layer terms in another order moves an f32 sum by a few ulps

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::support::drafter::{
     max_abs_diff, random_anchors, randomize, relative_error, seeded, tiny_config,
 };
-use dflash_engine::model::attention::{BlockSparsePlan, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
+use dflash_engine::model::attention::{ChunkSchedule, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use dflash_engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -168,11 +168,11 @@ fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
 }
 
 #[test]
-fn a_drafter_whose_plans_chunk_sorts_its_blocks_once_and_still_agrees_with_dense() {
+fn a_drafter_whose_schedules_chunk_sorts_its_blocks_once_and_still_agrees_with_dense() {
     let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     tch::manual_seed(4);
-    // Enough blocks that no rule's plan fits one chunk: the blocks are chunked in anchor
+    // Enough blocks that no rule's schedule fits one chunk: the blocks are chunked in anchor
     // order, so the drafter sorts them once and restores the order of its output.
     let (blocks, context) = (400, 200);
     let b = batch(&cfg, 1, blocks, context, true);
@@ -182,7 +182,7 @@ fn a_drafter_whose_plans_chunk_sorts_its_blocks_once_and_still_agrees_with_dense
             window: cfg.sliding_window.unwrap(),
         },
     ] {
-        let plan = BlockSparsePlan::new(
+        let schedule = ChunkSchedule::new(
             rule,
             &b.anchors,
             &b.keep,
@@ -193,9 +193,9 @@ fn a_drafter_whose_plans_chunk_sorts_its_blocks_once_and_still_agrees_with_dense
             (Kind::Float, Device::Cpu),
         );
         assert!(
-            plan.num_chunks() > 1 && !plan.keeps_given_order(),
-            "{rule:?}: {} chunks; the test needs a sorted multi-chunk plan",
-            plan.num_chunks()
+            schedule.num_chunks() > 1 && !schedule.keeps_given_order(),
+            "{rule:?}: {} chunks; the test needs a sorted multi-chunk schedule",
+            schedule.num_chunks()
         );
     }
     assert_backends_agree(&b, &cfg);

@@ -2,7 +2,8 @@
 //! the offline acceptance length τ rises, measurably.
 use dflash_engine::train::embedded;
 use dflash_engine::train::online_eval::OnlinePrompts;
-use dflash_engine::train::{CollectLines, RunOptions, Trainer};
+use dflash_engine::train::topology::TopologySpec;
+use dflash_engine::train::{CollectLines, RunOptions, Trainer, TrainerSpec};
 use tch::Device;
 
 #[test]
@@ -18,11 +19,20 @@ fn embedded_default_loss_falls_and_tau_rises() {
     cfg.online_eval_tree_budgets = vec![8];
     let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
-    let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
-    trainer.set_online_prompts(OnlinePrompts {
-        prompts: embedded::tiny_heldout_prompts(),
-        stop_tokens: vec![embedded::TINY_END_OF_TURN],
-    });
+    let mut trainer = Trainer::build(TrainerSpec {
+        online_prompts: Some(OnlinePrompts {
+            prompts: embedded::tiny_heldout_prompts(),
+            stop_tokens: vec![embedded::TINY_END_OF_TURN],
+        }),
+        ..TrainerSpec::new(
+            target,
+            drafter_cfg,
+            samples,
+            cfg,
+            TopologySpec::single(Device::Cpu),
+        )
+    })
+    .unwrap();
 
     let before = trainer.evaluate_held_out().unwrap().unwrap();
     let online_before = trainer.evaluate_online(Some(before.tau)).unwrap().unwrap();

@@ -7,7 +7,7 @@ use dflash_engine::decode::{run_online_with, DraftLogits, Method, Sampling, Sett
 use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
 use dflash_engine::train::embedded;
 use dflash_engine::train::online_eval::OnlinePrompts;
-use dflash_engine::train::{CollectLines, RunOptions, Trainer};
+use dflash_engine::train::{CollectLines, RunOptions, Trainer, TrainerSpec};
 use tch::Device;
 
 use crate::support::topology::cpu_topology;
@@ -29,12 +29,14 @@ fn trainer(head: DrafterHead, steps: u64) -> Trainer {
     // the correction trains from the first step, so after a few steps it moves the drafts
     cfg.lambda_base_start = 0.0;
     let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
-    let mut trainer =
-        Trainer::with_topology(target, drafter, samples, cfg, cpu_topology(1, 1)).unwrap();
-    trainer.set_online_prompts(OnlinePrompts {
-        prompts: embedded::tiny_heldout_prompts(),
-        stop_tokens: vec![embedded::TINY_END_OF_TURN],
-    });
+    let mut trainer = Trainer::build(TrainerSpec {
+        online_prompts: Some(OnlinePrompts {
+            prompts: embedded::tiny_heldout_prompts(),
+            stop_tokens: vec![embedded::TINY_END_OF_TURN],
+        }),
+        ..TrainerSpec::new(target, drafter, samples, cfg, cpu_topology(1, 1))
+    })
+    .unwrap();
     if steps > 0 {
         let options = RunOptions {
             max_steps: Some(steps),

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use crate::support::topology::{config, cpu_topology, trainer, within};
+use crate::support::topology::{config, cpu_topology, spec_with, tiny_samples, trainer, within};
 use dflash_engine::peak::measure_matmul;
 use dflash_engine::train::throughput::DevicePeaks;
+use dflash_engine::train::{Trainer, TrainerSpec};
 use dflash_shared::metrics::DeviceRole;
 use tch::{Device, Kind};
 
@@ -24,10 +25,15 @@ fn steps_report_draft_positions_and_mfu_against_the_measured_cpu_peak() {
         let blocks = positions / block;
         assert!((blocks - blocks.round()).abs() < 1e-6, "{blocks} blocks");
 
+        // The same run with the CPU's measured peak: an MFU.
         let peak = measure_matmul(Device::Cpu, Kind::Float, 512, 3).unwrap();
         let mut peaks = DevicePeaks::new();
         peaks.insert("cpu", peak.flops_per_s);
-        t.set_device_peaks(peaks);
+        let mut t = Trainer::build(TrainerSpec {
+            device_peaks: peaks,
+            ..spec_with(config(4, 1), tiny_samples(), cpu_topology(1, 1))
+        })
+        .unwrap();
         let m = t.train_step().unwrap();
         let mfu = m.mfu.expect("every device has a peak");
         assert!(mfu > 0.0 && mfu.is_finite(), "{mfu}");
@@ -44,9 +50,14 @@ fn a_topology_reports_mfu_per_worker_and_none_for_the_step_without_every_peak() 
         let m = t.train_step().unwrap();
         assert!(m.draft_positions_per_s > 0.0);
         assert!(m.mfu.is_none());
+        drop(t);
         let mut peaks = DevicePeaks::new();
         peaks.insert("cpu", 1e11);
-        t.set_device_peaks(peaks);
+        let mut t = Trainer::build(TrainerSpec {
+            device_peaks: peaks,
+            ..spec_with(config(2, 1), tiny_samples(), cpu_topology(2, 2))
+        })
+        .unwrap();
         let m = t.train_step().unwrap();
         assert_eq!(m.workers.len(), 4);
         // Every worker's device has a peak, so every worker has an MFU. Drafter ranks each

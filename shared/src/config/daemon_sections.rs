@@ -1,5 +1,5 @@
-//! The daemon-side sections: queue, telemetry, control plane, detectors, the metrics endpoint
-//! and TensorBoard output.
+//! The daemon-side sections: queue, telemetry, control plane, detectors, the metrics endpoint,
+//! TensorBoard output, and how the nodes of a multi-node job watch each other.
 use std::net::{Ipv4Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
@@ -162,6 +162,34 @@ impl Default for DetectorsSection {
             serve_gap: ServeGapConfig::default(),
             straggler: StragglerConfig::default(),
             healthy: HealthyRecordConfig::default(),
+        }
+    }
+}
+
+/// The default of `nodes.heartbeat_timeout_s`: long enough that no scheduling hiccup of a
+/// live node's heartbeat thread (a store round trip every fifth of it) reaches it, short
+/// against the collective timeout (`--collective-timeout-s`, 60 s by default) it improves on.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_S: f64 = 10.0;
+
+/// The range `nodes.heartbeat_timeout_s` may take, seconds: below 1 s a loaded host's beat
+/// could be late by that much; above an hour the collective timeout always comes first.
+pub const HEARTBEAT_TIMEOUT_RANGE_S: (f64, f64) = (1.0, 3600.0);
+
+/// `[nodes]`: how the nodes of a multi-node job (issue 23) watch each other. Every node bumps
+/// a heartbeat counter in the job's store; a node whose counter has not advanced for
+/// `heartbeat_timeout_s` is named and the others pause, within `heartbeat_timeout_s` and a
+/// fifth of it (docs/SCALING.md, "A lost or stalled node"). A job key: every node must set
+/// the same (the start's agreement compares it). Unused by a single node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodesSection {
+    pub heartbeat_timeout_s: f64,
+}
+
+impl Default for NodesSection {
+    fn default() -> Self {
+        Self {
+            heartbeat_timeout_s: DEFAULT_HEARTBEAT_TIMEOUT_S,
         }
     }
 }

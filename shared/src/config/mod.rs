@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 pub use daemon_sections::{
     parse_metrics_listen, CacheDirConfig, ControlSection, DetectorsSection, MetricsSection,
-    QueueSection, TelemetrySection, TensorboardSection, DEFAULT_MAX_CONNECTIONS,
-    MAX_CONNECTIONS_RANGE, METRICS_LISTEN_EXPECTED,
+    NodesSection, QueueSection, TelemetrySection, TensorboardSection, DEFAULT_HEARTBEAT_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS, HEARTBEAT_TIMEOUT_RANGE_S, MAX_CONNECTIONS_RANGE,
+    METRICS_LISTEN_EXPECTED,
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
@@ -65,6 +66,9 @@ pub struct Config {
     pub metrics: MetricsSection,
     #[serde(default)]
     pub tensorboard: TensorboardSection,
+    /// Absent from every config written before issue 23's heartbeat: the default then.
+    #[serde(default)]
+    pub nodes: NodesSection,
 }
 
 /// Keys that may be absent from a printed config (unset options), for "did you mean".

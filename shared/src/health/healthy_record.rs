@@ -234,6 +234,7 @@ pub fn recipe_text(config: &serde_json::Value) -> String {
         "detectors",
         "metrics",
         "tensorboard",
+        "nodes",
     ];
     const FREE_TRAINING_KEYS: &[&str] = &[
         "epochs",

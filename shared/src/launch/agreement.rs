@@ -6,6 +6,10 @@
 //! this order: the launch (node count, ranks), locked config keys (in `LOCKED_KEYS` order),
 //! the other job config keys (in key order), the config digest, the environment fingerprint,
 //! the drafter worker count, the resume step. The first difference is the refusal.
+//!
+//! A fresh start that warm-starts (`drafter.init_from`) then compares what each node loaded,
+//! after loading: every weights file's SHA-256 ([`InitFromFacts`], [`check_init_from`]). The
+//! config compares only the path, and each node reads its own copy of it.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -82,6 +86,33 @@ pub enum Disagreement {
         step: u64,
         reference: u64,
     },
+    /// A weights file of `drafter.init_from` that differs from node 0's (`None`: the node has
+    /// no such file).
+    InitFromWeights {
+        node: u32,
+        file: String,
+        digest: Option<String>,
+        reference: Option<String>,
+    },
+}
+
+/// One weights file of `drafter.init_from` as one node loaded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightFileFact {
+    /// The file's name within the drafter directory (`model.safetensors`, a shard's name).
+    pub name: String,
+    pub bytes: u64,
+    /// Lower-case hex.
+    pub sha256: String,
+}
+
+/// What one node loaded from `drafter.init_from`: digests only, a few hundred bytes through
+/// the store whatever the weights weigh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitFromFacts {
+    pub node_rank: u32,
+    /// In the order the node read them.
+    pub files: Vec<WeightFileFact>,
 }
 
 const UNSET: &str = "(unset)";
@@ -159,6 +190,26 @@ impl std::fmt::Display for Disagreement {
                  must resume from the same step; give each the checkpoint of a step all have \
                  (--resume-from step-N), or start all fresh"
             ),
+            InitFromWeights {
+                node,
+                file,
+                digest,
+                reference,
+            } => {
+                let held = |d: &Option<String>, who: &str| match d {
+                    Some(d) => format!("SHA-256 {} on {who}", short(d)),
+                    None => format!("no such file on {who}"),
+                };
+                write!(
+                    f,
+                    "node {node}'s drafter.init_from holds other weights than node 0's: {file} \
+                     has {}, {}; the nodes would start from different drafters: copy node 0's \
+                     drafter directory to every node at the path drafter.init_from names, or \
+                     point drafter.init_from at one copy every node reads",
+                    held(digest, &format!("node {node}")),
+                    held(reference, "node 0")
+                )
+            }
         }
     }
 }
@@ -272,6 +323,42 @@ fn compare(reference: &StartFacts, node: &StartFacts) -> Result<(), Disagreement
             step: node.resume_step,
             reference: reference.resume_step,
         });
+    }
+    Ok(())
+}
+
+/// `Ok` when every node loaded the same `drafter.init_from` files as node 0 (same names, same
+/// SHA-256), else the first difference, nodes in rank order, files in node 0's order and then
+/// any the node has beyond them.
+pub fn check_init_from(facts: &[InitFromFacts]) -> Result<(), Disagreement> {
+    let mut by_rank: Vec<&InitFromFacts> = facts.iter().collect();
+    by_rank.sort_by_key(|f| f.node_rank);
+    let Some((reference, others)) = by_rank.split_first() else {
+        return Ok(());
+    };
+    let digest_of = |f: &InitFromFacts, name: &str| {
+        f.files
+            .iter()
+            .find(|w| w.name == name)
+            .map(|w| w.sha256.clone())
+    };
+    for node in others {
+        let names = reference
+            .files
+            .iter()
+            .chain(&node.files)
+            .map(|w| w.name.as_str());
+        for name in names {
+            let (mine, theirs) = (digest_of(node, name), digest_of(reference, name));
+            if mine != theirs {
+                return Err(Disagreement::InitFromWeights {
+                    node: node.node_rank,
+                    file: name.to_string(),
+                    digest: mine,
+                    reference: theirs,
+                });
+            }
+        }
     }
     Ok(())
 }

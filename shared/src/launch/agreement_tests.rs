@@ -194,3 +194,64 @@ fn facts_and_refusals_travel_as_bytes() {
     let bytes = serde_json::to_vec(&d).unwrap();
     assert_eq!(serde_json::from_slice::<Disagreement>(&bytes).unwrap(), d);
 }
+
+fn weights(node_rank: u32, files: &[(&str, &str)]) -> InitFromFacts {
+    InitFromFacts {
+        node_rank,
+        files: files
+            .iter()
+            .map(|(name, sha)| WeightFileFact {
+                name: name.to_string(),
+                bytes: 1 << 20,
+                sha256: sha.repeat(32),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn init_from_weights_agree_when_every_file_matches_and_a_difference_names_node_file_and_fix() {
+    let shards = [("model-1.safetensors", "ab"), ("model-2.safetensors", "cd")];
+    let same: Vec<InitFromFacts> = (0..3).rev().map(|n| weights(n, &shards)).collect();
+    assert_eq!(check_init_from(&same), Ok(()));
+    assert_eq!(check_init_from(&[]), Ok(()));
+
+    let mut other = same.clone();
+    other[1] = weights(
+        1,
+        &[("model-1.safetensors", "ab"), ("model-2.safetensors", "ef")],
+    );
+    let e = check_init_from(&other).unwrap_err();
+    assert_eq!(
+        e,
+        Disagreement::InitFromWeights {
+            node: 1,
+            file: "model-2.safetensors".into(),
+            digest: Some("ef".repeat(32)),
+            reference: Some("cd".repeat(32)),
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "node 1's drafter.init_from holds other weights than node 0's: model-2.safetensors has \
+         SHA-256 efefefefefef on node 1, SHA-256 cdcdcdcdcdcd on node 0; the nodes would start \
+         from different drafters: copy node 0's drafter directory to every node at the path \
+         drafter.init_from names, or point drafter.init_from at one copy every node reads"
+    );
+    // A shard missing on a node, or one more than node 0 has, is a difference too.
+    let missing = [weights(0, &shards), weights(1, &shards[..1])];
+    assert!(check_init_from(&missing).unwrap_err().to_string().contains(
+        "model-2.safetensors has no such file on node 1, SHA-256 cdcdcdcdcdcd on node 0"
+    ));
+    let extra = [weights(0, &shards[..1]), weights(1, &shards)];
+    assert!(check_init_from(&extra).unwrap_err().to_string().contains(
+        "model-2.safetensors has SHA-256 cdcdcdcdcdcd on node 1, no such file on node 0"
+    ));
+    // What crosses the store is small, and reads back as it was written.
+    let bytes = serde_json::to_vec(&same[0]).unwrap();
+    assert!(bytes.len() < 400, "{} bytes", bytes.len());
+    assert_eq!(
+        serde_json::from_slice::<InitFromFacts>(&bytes).unwrap(),
+        same[0]
+    );
+}

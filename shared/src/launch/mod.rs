@@ -44,7 +44,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use agreement::{check_agreement, Disagreement, StartFacts, NODE_OWN_FINGERPRINT_FIELDS};
+pub use agreement::{
+    check_agreement, check_init_from, Disagreement, InitFromFacts, StartFacts, WeightFileFact,
+    NODE_OWN_FINGERPRINT_FIELDS,
+};
 pub use endpoint::{parse_host, parse_port, parse_rendezvous, Rendezvous, RENDEZVOUS_EXPECTED};
 pub use error::LaunchError;
 pub use job_config::{job_config, job_config_text, NODE_LOCAL_KEYS, NODE_LOCAL_SECTIONS};

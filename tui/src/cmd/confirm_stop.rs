@@ -36,7 +36,7 @@ pub struct Args {
 pub const REFUSED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub enum Decision {
     Refuse(String),
     /// Confirm this request without asking (the audited script form).
     Confirm {
@@ -52,45 +52,45 @@ pub fn is_stop(action: &Action) -> bool {
 }
 
 /// Decides what to do from the flags, the pending stops and whether a person is at a terminal.
-pub fn plan(
+pub fn decide(
     token: Option<&str>,
     yes_i_know: bool,
     pending: &[PendingAction],
     interactive: bool,
-) -> Plan {
+) -> Decision {
     let stops: Vec<PendingAction> = pending
         .iter()
         .filter(|p| is_stop(&p.action))
         .cloned()
         .collect();
     match (token, yes_i_know) {
-        (Some(_), false) => Plan::Refuse(
+        (Some(_), false) => Decision::Refuse(
             "--token needs --yes-i-know: confirming without typing the run name must be explicit; \
              nothing was confirmed"
                 .into(),
         ),
-        (None, true) => Plan::Refuse(
+        (None, true) => Decision::Refuse(
             "--yes-i-know needs --token ID naming the pending request; nothing was confirmed"
                 .into(),
         ),
         (Some(id), true) => match stops.iter().find(|p| p.id == id) {
-            Some(p) => Plan::Confirm {
+            Some(p) => Decision::Confirm {
                 action_id: p.id.clone(),
                 via: "token",
             },
-            None => Plan::Refuse(format!(
+            None => Decision::Refuse(format!(
                 "no pending stop or power-off request has id {id}; nothing was confirmed"
             )),
         },
-        (None, false) if !interactive => Plan::Refuse(
+        (None, false) if !interactive => Decision::Refuse(
             "confirm-stop needs an interactive terminal to type the run name; nothing was \
              confirmed. Scripts: dflash-tui confirm-stop --token ID --yes-i-know (audited)"
                 .into(),
         ),
-        (None, false) if stops.is_empty() => Plan::Refuse(
+        (None, false) if stops.is_empty() => Decision::Refuse(
             "no pending stop or power-off request; file one with `dflash-tui stop`".into(),
         ),
-        (None, false) => Plan::Ask(stops),
+        (None, false) => Decision::Ask(stops),
     }
 }
 
@@ -137,18 +137,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     print!("{}", describe_pending(pending, now, DisplayClock::Local));
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let run_name = status.run.name.clone();
-    let (action_id, typed, via) = match plan(
+    let (action_id, typed, via) = match decide(
         args.token.as_deref(),
         args.yes_i_know,
         pending,
         interactive,
     ) {
-        Plan::Refuse(message) => {
+        Decision::Refuse(message) => {
             eprintln!("dflash-tui: {message}");
             return Ok(ExitCode::from(REFUSED));
         }
-        Plan::Confirm { action_id, via } => (action_id, run_name.clone(), via),
-        Plan::Ask(stops) => {
+        Decision::Confirm { action_id, via } => (action_id, run_name.clone(), via),
+        Decision::Ask(stops) => {
             let chosen = if stops.len() == 1 {
                 stops[0].clone()
             } else {
@@ -268,15 +268,18 @@ mod tests {
     fn without_a_terminal_it_refuses_unless_token_and_yes_i_know() {
         let list = vec![pending("act-1", Action::StopRun)];
         assert!(
-            matches!(plan(None, false, &list, false), Plan::Refuse(m) if m.contains("interactive terminal"))
+            matches!(decide(None, false, &list, false), Decision::Refuse(m) if m.contains("interactive terminal"))
         );
         assert!(
-            matches!(plan(Some("act-1"), false, &list, false), Plan::Refuse(m) if m.contains("--yes-i-know"))
+            matches!(decide(Some("act-1"), false, &list, false), Decision::Refuse(m) if m.contains("--yes-i-know"))
         );
-        assert!(matches!(plan(None, true, &list, false), Plan::Refuse(_)));
+        assert!(matches!(
+            decide(None, true, &list, false),
+            Decision::Refuse(_)
+        ));
         assert_eq!(
-            plan(Some("act-1"), true, &list, false),
-            Plan::Confirm {
+            decide(Some("act-1"), true, &list, false),
+            Decision::Confirm {
                 action_id: "act-1".into(),
                 via: "token"
             }
@@ -295,17 +298,17 @@ mod tests {
             pending("act-2", Action::PowerOff),
         ];
         assert!(
-            matches!(plan(Some("act-1"), true, &list, false), Plan::Refuse(m) if m.contains("act-1"))
+            matches!(decide(Some("act-1"), true, &list, false), Decision::Refuse(m) if m.contains("act-1"))
         );
-        match plan(None, false, &list, true) {
-            Plan::Ask(stops) => assert_eq!(
+        match decide(None, false, &list, true) {
+            Decision::Ask(stops) => assert_eq!(
                 stops.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
                 vec!["act-2"]
             ),
             other => panic!("expected to ask, got {other:?}"),
         }
         assert!(
-            matches!(plan(None, false, &list[..1], true), Plan::Refuse(m) if m.contains("no pending"))
+            matches!(decide(None, false, &list[..1], true), Decision::Refuse(m) if m.contains("no pending"))
         );
     }
 

@@ -1,7 +1,7 @@
 //! The status checkpoint: a pure function of the daemon's snapshot, its journal and its config.
 //! `dflash-tui status` prints it as markdown (for people and for handing a run over) or JSON.
 mod markdown;
-mod plan;
+mod prose;
 pub mod timeline;
 
 use dflash_shared::actions::PendingAction;
@@ -243,15 +243,15 @@ pub fn build(input: &ReportInput) -> StatusReport {
             .map(|r| healthy_record_summary(r, input.clock)),
         files,
     };
-    report.goal = plan::goal(&report);
-    report.constraints = plan::constraints(&report, input.config);
-    report.progress = plan::progress(&report, events, input.clock);
-    let healthy = plan::healthy_environment(
+    report.goal = prose::goal(&report);
+    report.constraints = prose::constraints(&report, input.config);
+    report.progress = prose::progress(&report, events, input.clock);
+    let healthy = prose::healthy_environment(
         snapshot.and_then(|s| s.healthy_record.as_deref()),
         events,
         input.clock,
     );
-    report.next_steps = plan::next_steps(&report, events, &healthy);
+    report.next_steps = prose::next_steps(&report, events, &healthy);
     report.cache_notes = cache_notes(&report.caches, events);
     report
 }
@@ -532,6 +532,6 @@ fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
             None => input.files.journal.display().to_string(),
         },
         logs: input.files.logs_dir.display().to_string(),
-        data: input.config.map(plan::data_paths).unwrap_or_default(),
+        data: input.config.map(prose::data_paths).unwrap_or_default(),
     }
 }

@@ -10,18 +10,18 @@
 //!
 //! 1. If all blocks fit one chunk (the common training shape on small configs), they are used
 //!    in their given order. Otherwise they are sorted by anchor (a permutation restores the
-//!    order at the end), so consecutive blocks need similar context ranges. When a plan needs
+//!    order at the end), so consecutive blocks need similar context ranges. When a schedule needs
 //!    that order, the drafter sorts its blocks once per forward ([`BlockOrder`]) and rebuilds
-//!    its plans, which then find them sorted and gather nothing per layer.
+//!    its schedules, which then find them sorted and gather nothing per layer.
 //! 2. Chunks grow while their `[B, heads, C·bs, L + C·bs]` score grid stays under a budget,
 //!    and, once past a small size where call overhead dominates, only while the chunk's block
 //!    keys (of which each query sees only its own `bs`) do not outnumber its context keys.
-//! 3. The plan (order, chunks, additive masks) depends only on the anchors, the layer rule and
+//! 3. The schedule (order, chunks, additive masks) depends only on the anchors, the layer rule and
 //!    the shapes, so the drafter builds it once per forward and rule and every layer shares it
-//!    ([`BlockSparsePlan`]); the masks autograd keeps are then shared by the layers too.
+//!    ([`ChunkSchedule`]); the masks autograd keeps are then shared by the layers too.
 //! 4. The shapes of the calls come from a small set: a chunk holds `2^k` or `3·2^k` blocks and
 //!    its context range is widened (masked) to a multiple of [`context_key_quantum`] keys, so
-//!    a step's distinct (rows, keys) stay within `chunk_plan::max_distinct_chunk_shapes`
+//!    a step's distinct (rows, keys) stay within `chunk_schedule::max_distinct_chunk_shapes`
 //!    whatever the anchors ([`super::shape_log`] observes them).
 //! 5. q and the block keys/values are split into the chunks' rows once per call (one
 //!    `split_with_sizes`, whose backward is one concatenation), and grouped query heads reach
@@ -33,7 +33,7 @@
 //! probabilities exist at any time: the fused kernel works in tiles.
 use tch::{Device, Kind, Tensor};
 
-use super::chunk_plan::{choose_chunks, sort_order, ChunkCosts};
+use super::chunk_schedule::{choose_chunks, sort_order, ChunkCosts};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
 
@@ -46,7 +46,7 @@ pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 /// gradient its slice scatters back, and a parallel region when there are threads), in score
 /// elements. Measured on CPU (1 and 2 threads): 2^18 and 2^20 gave the same step times on the
 /// tiny and medium bench configs within noise, and at 1024 anchors of 32 over 2048 context
-/// keys (4 heads) 2^20 planned 65 chunks instead of 129, with 8% less memory; 2^22 slowed
+/// keys (4 heads) 2^20 scheduled 65 chunks instead of 129, with 8% less memory; 2^22 slowed
 /// the medium step.
 pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
 
@@ -60,8 +60,8 @@ pub fn context_key_quantum(block_size: i64) -> i64 {
     8 * block_size.max(1)
 }
 
-/// What the chunk planner weighs, for a plan of `batch` rows and `heads` query heads: one
-/// home for the engine (`BlockSparsePlan::new`) and the memory model (`crate::plan`).
+/// What the chunk scheduler weighs, for a schedule of `batch` rows and `heads` query heads: one
+/// home for the engine (`ChunkSchedule::new`) and the memory model (`crate::plan`).
 pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) -> ChunkCosts {
     ChunkCosts {
         block_size,
@@ -82,8 +82,8 @@ pub enum GroupedHeads {
     /// `sdpa.rs` tests).
     Native,
     /// The `g` query heads of kv head `j` become `g` stacked copies of the rows of one head:
-    /// q `[B, Hkv, g·rows, D]`, the bias repeated `g` times along rows (once per plan, shared by
-    /// its layers), an ordinary equal-heads call. For devices whose biased kernel refuses
+    /// q `[B, Hkv, g·rows, D]`, the bias repeated `g` times along rows (once per schedule,
+    /// shared by its layers), an ordinary equal-heads call. For devices whose biased kernel refuses
     /// `enable_gqa`: on CUDA with cuDNN attention off (`sdpa.rs`) a biased call goes to the
     /// memory-efficient kernel, whose dense constraints are
     /// `check_batch_size_and_num_heads_dense<false /*supports_gqa*/>` in libtorch 2.11, and
@@ -177,15 +177,15 @@ fn gather_blocks(t: &Tensor, index: &Tensor) -> Tensor {
         .view(size.as_slice())
 }
 
-/// One chunk of a plan, ready to run: its blocks and the range of context keys it reads.
-struct PlannedChunk {
+/// One chunk of a schedule, ready to run: its blocks and the range of context keys it reads.
+struct ScheduledChunk {
     count: i64,
     keys: Option<(i64, i64)>,
 }
 
 /// Everything of a block-sparse attention call that depends only on the anchors, the layer
 /// rule and the shapes: build it once per forward and rule, run it for every layer.
-pub struct BlockSparsePlan {
+pub struct ChunkSchedule {
     rule: LayerRule,
     block_size: i64,
     context_len: i64,
@@ -193,11 +193,11 @@ pub struct BlockSparsePlan {
     blocks: i64,
     /// `None` when the blocks keep their given order (one chunk, or already sorted).
     order: Option<BlockOrder>,
-    chunks: Vec<PlannedChunk>,
+    chunks: Vec<ScheduledChunk>,
     /// Per chunk its additive mask `[B, 1, f·count·bs, L + count·bs]` in the activation dtype
     /// (0 visible, `-inf` hidden), its rows repeated `f` times for [`GroupedHeads::Folded`]
     /// (`f` = [`Self::bias_fold`], 1 until a folded call first needs `g`; then replaced, so a
-    /// plan never holds both).
+    /// schedule never holds both).
     biases: std::cell::RefCell<Vec<Tensor>>,
     bias_fold: std::cell::Cell<i64>,
     grouped: GroupedHeads,
@@ -234,7 +234,7 @@ fn chunk_visibility(
     }
 }
 
-impl BlockSparsePlan {
+impl ChunkSchedule {
     /// `anchors` `[B, N]` int64, `keep` `[B, N]` bool (any device; read to the host once);
     /// `heads` query heads (for the chunk cost); masks are built in `kind` on `device`.
     #[allow(clippy::too_many_arguments)]
@@ -251,7 +251,7 @@ impl BlockSparsePlan {
         let size = anchors.size();
         assert!(
             size.len() == 2 && keep.size() == size && block_size > 0,
-            "BlockSparsePlan: anchors and keep must be [B, N] (got {size:?} and {:?}), block size > 0 (got {block_size})",
+            "ChunkSchedule: anchors and keep must be [B, N] (got {size:?} and {:?}), block size > 0 (got {block_size})",
             keep.size()
         );
         let (batch, blocks) = (size[0], size[1]);
@@ -302,7 +302,7 @@ impl BlockSparsePlan {
             .collect();
         let chunks = chunks
             .into_iter()
-            .map(|chunk| PlannedChunk {
+            .map(|chunk| ScheduledChunk {
                 count: (chunk.end - chunk.start) as i64,
                 keys: chunk.keys,
             })
@@ -321,7 +321,7 @@ impl BlockSparsePlan {
         }
     }
 
-    /// The same plan with grouped query heads passed to the kernel as `grouped` instead of
+    /// The same schedule with grouped query heads passed to the kernel as `grouped` instead of
     /// the device's choice ([`GroupedHeads::for_device`]); for tests of both layouts on one
     /// device.
     pub fn with_grouped_heads(mut self, grouped: GroupedHeads) -> Self {
@@ -336,7 +336,7 @@ impl BlockSparsePlan {
         if have != fold {
             assert!(
                 have == 1,
-                "block-sparse plan: masks folded for a group of {have} used with a group of {fold}"
+                "block-sparse schedule: masks folded for a group of {have} used with a group of {fold}"
             );
             let mut biases = self.biases.borrow_mut();
             for bias in biases.iter_mut() {
@@ -360,22 +360,22 @@ impl BlockSparsePlan {
         self.rule
     }
 
-    /// Whether the plan runs the blocks in the order it was given (one chunk of all blocks,
+    /// Whether the schedule runs the blocks in the order it was given (one chunk of all blocks,
     /// or blocks already sorted by anchor), so it gathers nothing.
     pub fn keeps_given_order(&self) -> bool {
         self.order.is_none()
     }
 }
 
-/// Block-sparse attention; `chunk_score_elements` caps one chunk's score grid. Builds a plan
-/// for this one call; the drafter shares one plan between its layers instead
-/// ([`block_sparse_attention_planned`]). Returns `[B, Q, Hq, D]` in the query dtype.
+/// Block-sparse attention; `chunk_score_elements` caps one chunk's score grid. Builds a schedule
+/// for this one call; the drafter shares one schedule between its layers instead
+/// ([`block_sparse_attention_scheduled`]). Returns `[B, Q, Hq, D]` in the query dtype.
 pub fn block_sparse_attention(
     inputs: &BlockAttentionInputs<'_>,
     chunk_score_elements: i64,
 ) -> Tensor {
     let d = inputs.dims();
-    let plan = BlockSparsePlan::new(
+    let schedule = ChunkSchedule::new(
         inputs.rule,
         inputs.anchors,
         inputs.keep,
@@ -385,29 +385,29 @@ pub fn block_sparse_attention(
         chunk_score_elements,
         (inputs.query.kind(), inputs.query.device()),
     );
-    block_sparse_attention_planned(inputs, &plan)
+    block_sparse_attention_scheduled(inputs, &schedule)
 }
 
-/// Block-sparse attention with a prepared plan. The plan must have been built for the same
+/// Block-sparse attention with a prepared schedule. The schedule must have been built for the same
 /// anchors, keep, rule and shapes (checked for the shapes and the rule).
-pub fn block_sparse_attention_planned(
+pub fn block_sparse_attention_scheduled(
     inputs: &BlockAttentionInputs<'_>,
-    plan: &BlockSparsePlan,
+    schedule: &ChunkSchedule,
 ) -> Tensor {
     let d = inputs.dims();
     let (b, n, bs, g) = (d.batch, d.num_blocks, d.block_size, d.group);
     assert!(
-        plan.rule == inputs.rule
-            && plan.batch == b
-            && plan.blocks == n
-            && plan.block_size == bs
-            && plan.context_len == d.context_len,
-        "block-sparse plan for {:?}, batch {}, {} blocks of {}, context {} used for {:?}, batch {b}, {n} blocks of {bs}, context {}",
-        plan.rule,
-        plan.batch,
-        plan.blocks,
-        plan.block_size,
-        plan.context_len,
+        schedule.rule == inputs.rule
+            && schedule.batch == b
+            && schedule.blocks == n
+            && schedule.block_size == bs
+            && schedule.context_len == d.context_len,
+        "block-sparse schedule for {:?}, batch {}, {} blocks of {}, context {} used for {:?}, batch {b}, {n} blocks of {bs}, context {}",
+        schedule.rule,
+        schedule.batch,
+        schedule.blocks,
+        schedule.block_size,
+        schedule.context_len,
         inputs.rule,
         d.context_len
     );
@@ -419,7 +419,7 @@ pub fn block_sparse_attention_planned(
             (inputs.query.kind(), device),
         );
     }
-    let sort_blocks = |t: &Tensor| match &plan.order {
+    let sort_blocks = |t: &Tensor| match &schedule.order {
         None => t.shallow_clone(),
         Some(order) => order.permute(t),
     };
@@ -429,12 +429,12 @@ pub fn block_sparse_attention_planned(
         sort_blocks(inputs.block_value),
     );
     // Folding only matters with a group; with one query head per kv head both are the same call.
-    let folded = plan.grouped == GroupedHeads::Folded && g > 1;
-    let biases = plan.biases(if folded { g } else { 1 });
+    let folded = schedule.grouped == GroupedHeads::Folded && g > 1;
+    let biases = schedule.biases(if folded { g } else { 1 });
     // One split per tensor (not a `narrow` per chunk): the chunks tile the rows in order, so
     // backward joins the chunks' gradients with one concatenation instead of zero-filling a
     // full-size gradient and accumulating into it once per chunk.
-    let rows: Vec<i64> = plan.chunks.iter().map(|c| c.count * bs).collect();
+    let rows: Vec<i64> = schedule.chunks.iter().map(|c| c.count * bs).collect();
     let split = |t: &Tensor| {
         if rows.len() == 1 {
             vec![t.shallow_clone()]
@@ -444,7 +444,7 @@ pub fn block_sparse_attention_planned(
     };
     let (q_chunks, key_chunks, value_chunks) = (split(&q), split(&block_key), split(&block_value));
     // `[B, T, Hkv, D]` keys or values of the chunk as the `[B, Hkv, T, D]` the kernel reads.
-    let keys_of = |context: &Tensor, own: &Tensor, chunk: &PlannedChunk| {
+    let keys_of = |context: &Tensor, own: &Tensor, chunk: &ScheduledChunk| {
         match chunk.keys {
             Some((lo, hi)) => Tensor::cat(&[&context.narrow(1, lo, hi - lo), own], 1),
             None => own.shallow_clone(),
@@ -452,7 +452,7 @@ pub fn block_sparse_attention_planned(
         .transpose(1, 2)
     };
     let (hkv, dim) = (d.kv_heads, d.head_dim);
-    let mut outs: Vec<Tensor> = plan
+    let mut outs: Vec<Tensor> = schedule
         .chunks
         .iter()
         .enumerate()
@@ -497,7 +497,7 @@ pub fn block_sparse_attention_planned(
     } else {
         Tensor::cat(&outs, 1)
     };
-    match &plan.order {
+    match &schedule.order {
         None => out,
         Some(order) => order.restore(&out),
     }

@@ -5,14 +5,14 @@
 //!   chunks (sorted by anchor when there is more than one) and runs one fused attention per
 //!   chunk over the context range the chunk can see plus the chunk's own block keys, masked by
 //!   the rule. Memory is bounded by the chunk budget instead of the `[N·bs, S+N·bs]` grid;
-//!   the plan (order, chunks, masks) is shared by all layers of one rule ([`BlockSparsePlan`]).
+//!   the schedule (order, chunks, masks) is shared by all layers of one rule ([`ChunkSchedule`]).
 //! - [`AttentionBackend::DenseMask`]: the full mask built from the visibility rule and one
 //!   softmax over all keys. Only for tests (the oracle) and single-block inference, where the
 //!   grid is `[bs, anchor+bs]`.
 //!
 //! The visibility rule itself lives in [`visibility`] as pure functions.
 mod block_sparse;
-pub(crate) mod chunk_plan;
+pub(crate) mod chunk_schedule;
 mod dense;
 pub mod shape_log;
 pub mod visibility;
@@ -21,10 +21,10 @@ use tch::Tensor;
 
 pub(crate) use block_sparse::chunk_costs;
 pub use block_sparse::{
-    block_sparse_attention, block_sparse_attention_planned, context_key_quantum, BlockOrder,
-    BlockSparsePlan, GroupedHeads, DEFAULT_CHUNK_SCORE_ELEMENTS,
+    block_sparse_attention, block_sparse_attention_scheduled, context_key_quantum, BlockOrder,
+    ChunkSchedule, GroupedHeads, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
-pub use chunk_plan::max_distinct_chunk_shapes;
+pub use chunk_schedule::max_distinct_chunk_shapes;
 pub use dense::dense_mask_attention;
 pub use visibility::LayerRule;
 

@@ -102,7 +102,7 @@ impl Drafter {
                 block_sin,
             };
             let layer_context = LayerContext {
-                plans: &[],
+                schedules: &[],
                 context: &unused,
                 rope: &rope,
                 anchors: &anchors,

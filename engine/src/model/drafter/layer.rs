@@ -3,8 +3,8 @@ use tch::{nn, Tensor};
 
 use super::config::{DrafterConfig, LayerType};
 use crate::model::attention::{
-    block_attention, block_sparse_attention_planned, AttentionBackend, BlockAttentionInputs,
-    BlockSparsePlan, LayerRule,
+    block_attention, block_sparse_attention_scheduled, AttentionBackend, BlockAttentionInputs,
+    ChunkSchedule, LayerRule,
 };
 use crate::model::layers::{apply_rotary, rms_norm};
 
@@ -65,9 +65,9 @@ pub(crate) struct LayerContext<'a> {
     pub keep: &'a Tensor,
     pub block_size: i64,
     pub backend: AttentionBackend,
-    /// Block-sparse plans of this forward, one per distinct layer rule (empty for the dense
+    /// Block-sparse schedules of this forward, one per distinct layer rule (empty for the dense
     /// back-end): the sort, chunking and masks depend only on the anchors and the rule.
-    pub plans: &'a [BlockSparsePlan],
+    pub schedules: &'a [ChunkSchedule],
 }
 
 pub(crate) struct DecoderLayer {
@@ -194,10 +194,10 @@ impl DecoderLayer {
             rule: self.rule,
             scale: (hd as f64).powf(-0.5),
         };
-        let plan = ctx.plans.iter().find(|p| p.rule() == self.rule);
-        let attended = match (ctx.backend, plan) {
-            (AttentionBackend::BlockSparse, Some(plan)) => {
-                block_sparse_attention_planned(&inputs, plan)
+        let schedule = ctx.schedules.iter().find(|p| p.rule() == self.rule);
+        let attended = match (ctx.backend, schedule) {
+            (AttentionBackend::BlockSparse, Some(schedule)) => {
+                block_sparse_attention_scheduled(&inputs, schedule)
             }
             _ => block_attention(&inputs, ctx.backend),
         };

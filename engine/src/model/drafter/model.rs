@@ -7,7 +7,7 @@ use super::config::DrafterConfig;
 use super::domino::DominoHead;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
 use crate::model::attention::{
-    AttentionBackend, BlockOrder, BlockSparsePlan, DEFAULT_CHUNK_SCORE_ELEMENTS,
+    AttentionBackend, BlockOrder, ChunkSchedule, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
 use crate::model::layers::Rotary;
 
@@ -189,7 +189,7 @@ impl Drafter {
     }
 
     /// What every layer of one training forward shares, built once: the anchors and blocks in
-    /// the order attention runs them, the block-sparse plans and the RoPE tables.
+    /// the order attention runs them, the block-sparse schedules and the RoPE tables.
     fn prepare(
         &self,
         target_features: &Tensor,
@@ -221,12 +221,12 @@ impl Drafter {
         let (dtype, device) = (self.dtype(), self.device());
         let anchors = anchors.to_device(device).to_kind(Kind::Int64);
         let keep = keep.to_device(device).to_kind(Kind::Bool);
-        let plans_for = |anchors: &Tensor, keep: &Tensor| -> Vec<BlockSparsePlan> {
-            let mut plans: Vec<BlockSparsePlan> = Vec::new();
+        let schedules_for = |anchors: &Tensor, keep: &Tensor| -> Vec<ChunkSchedule> {
+            let mut schedules: Vec<ChunkSchedule> = Vec::new();
             if backend == AttentionBackend::BlockSparse {
                 for layer in &self.layers {
-                    if plans.iter().all(|p| p.rule() != layer.rule()) {
-                        plans.push(BlockSparsePlan::new(
+                    if schedules.iter().all(|p| p.rule() != layer.rule()) {
+                        schedules.push(ChunkSchedule::new(
                             layer.rule(),
                             anchors,
                             keep,
@@ -239,15 +239,15 @@ impl Drafter {
                     }
                 }
             }
-            plans
+            schedules
         };
-        let mut plans = plans_for(&anchors, &keep);
+        let mut schedules = schedules_for(&anchors, &keep);
         // Attention is the only op that mixes blocks, and it does not depend on their order.
-        // When a plan chunks the blocks in anchor order, sorting them once here (and back at
+        // When a schedule chunks the blocks in anchor order, sorting them once here (and back at
         // the end) lets every layer run without gathering its queries, keys and values into
-        // that order, and without autograd keeping those sorted copies per layer. The plans
+        // that order, and without autograd keeping those sorted copies per layer. The schedules
         // are rebuilt on the sorted blocks, where they find nothing left to sort.
-        let order = plans
+        let order = schedules
             .iter()
             .any(|p| !p.keeps_given_order())
             .then(|| BlockOrder::by_anchor(&anchors, &keep))
@@ -258,7 +258,7 @@ impl Drafter {
         };
         let (anchors, keep) = (in_order(anchors), in_order(keep));
         if order.is_some() {
-            plans = plans_for(&anchors, &keep);
+            schedules = schedules_for(&anchors, &keep);
         }
         let offsets = Tensor::arange(bs, (Kind::Int64, device));
         let block_positions = (anchors.unsqueeze(-1) + offsets).view([a[0], a[1] * bs]);
@@ -273,7 +273,7 @@ impl Drafter {
                 block_cos,
                 block_sin,
             },
-            plans,
+            schedules,
             anchors,
             keep,
             order,
@@ -327,7 +327,7 @@ impl Drafter {
 /// [`Drafter::prepare`]'s result.
 struct SharedInputs {
     rope: RopeTables,
-    plans: Vec<BlockSparsePlan>,
+    schedules: Vec<ChunkSchedule>,
     anchors: Tensor,
     keep: Tensor,
     /// The blocks' order for attention, when it is not the given one.
@@ -344,7 +344,7 @@ impl SharedInputs {
         backend: AttentionBackend,
     ) -> LayerContext<'a> {
         LayerContext {
-            plans: &self.plans,
+            schedules: &self.schedules,
             context,
             rope: &self.rope,
             anchors: &self.anchors,

@@ -159,7 +159,7 @@ pub fn save(dir: &Path, req: &SaveRequest<'_>) -> Result<(), ModelError> {
         .iter()
         .map(|(name, t)| (checkpoint_name(req.layout, name), t))
         .collect();
-    let shards = plan_shards(&named, req.max_shard_bytes);
+    let shards = split_into_shards(&named, req.max_shard_bytes);
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     if shards.len() <= 1 {
         write_safetensors_atomic(&dir.join(SINGLE_FILE), &named, metadata)?;
@@ -203,7 +203,7 @@ fn byte_size(t: &Tensor) -> usize {
 }
 
 /// Greedy split in parameter order; a tensor larger than the limit gets a shard of its own.
-fn plan_shards(named: &[(String, &Tensor)], max_bytes: usize) -> Vec<Vec<usize>> {
+fn split_into_shards(named: &[(String, &Tensor)], max_bytes: usize) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = Vec::new();
     let mut current = 0usize;
     for (i, (_, t)) in named.iter().enumerate() {

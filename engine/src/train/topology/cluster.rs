@@ -8,8 +8,8 @@ use tch::Device;
 use super::allreduce::{AbortGroup, AllReduce, CpuGroup};
 use super::nccl::nccl_group;
 use super::pipeline::{Dispatcher, Inbox, ItemQueue, QueueMonitor};
-use super::plan::{per_rank_queue, WorkerNames};
 use super::rank::{RankReport, RankState};
+use super::step::{per_rank_queue, WorkerNames};
 use super::warmup::WorkerWarmup;
 use super::workers::{
     fetch_from, guarded, spawn_drafter, spawn_target, DrafterCommand, DrafterWorker,
@@ -256,7 +256,7 @@ impl Cluster {
         Ok(records)
     }
 
-    /// One optimizer step over micro-batches `base..base + plan.micro_per_step()`; `end` is
+    /// One optimizer step over micro-batches `base..base + assignment.micro_per_step()`; `end` is
     /// where the schedule's data ends (target workers stop there). Returns every rank's
     /// report, rank 0 first.
     pub fn step(
@@ -270,7 +270,7 @@ impl Cluster {
         if let Some(f) = self.tripwire.failure() {
             return Err(f.to_error());
         }
-        let n = self.shard.global_plan().micro_per_step();
+        let n = self.shard.global_assignment().micro_per_step();
         // The window counts this process's micro-batches; on a node of `N`, one index in `N`
         // is this node's, so the same lead reaches `N` times as far in global indices.
         let (_, nodes) = self.shard.node_of();

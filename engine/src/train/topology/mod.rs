@@ -21,10 +21,11 @@ pub mod allreduce;
 mod cluster;
 pub mod nccl;
 pub mod nccl_lib;
+pub mod nccl_watchdog;
 pub mod pipeline;
-pub mod plan;
 pub mod queue;
 pub mod rank;
+pub mod step;
 pub mod warmup;
 mod workers;
 
@@ -60,7 +61,7 @@ impl TopologySpec {
         Self {
             target_devices: vec![device],
             drafter_devices: vec![device],
-            queue: plan::queue_config(&QueueSection::default()),
+            queue: step::queue_config(&QueueSection::default()),
         }
     }
 
@@ -79,8 +80,20 @@ impl TopologySpec {
                 .iter()
                 .map(|&d| device::from_config(d))
                 .collect(),
-            queue: plan::queue_config(&cfg.queue),
+            queue: step::queue_config(&cfg.queue),
         }
+    }
+
+    /// Every device the run trains on, targets first (each once): the devices whose peaks
+    /// `TrainerSpec::device_peaks` wants.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        for d in self.target_devices.iter().chain(&self.drafter_devices) {
+            if !out.contains(d) {
+                out.push(*d);
+            }
+        }
+        out
     }
 
     /// One device runs both roles on the calling thread.

@@ -9,15 +9,22 @@
 //! right if a caller ever computes on a side stream (which a hard-coded legacy NULL stream is
 //! not, and which CUDA graph capture needs).
 //!
+//! A cross-process endpoint ([`nccl_rank_endpoint`]) waits for each of its collectives on the
+//! host under a watchdog ([`super::nccl_watchdog`]) that polls `ncclCommGetAsyncError` and
+//! calls `ncclCommAbort` on an asynchronous error or at the collective timeout.
+//!
 //! NOT TESTED ON A GPU: the machines this was written on have none. Opening NCCL and reading
-//! its version are tested here; the collectives and the stream lookup only run on CUDA. The
-//! CPU all-reduce ([`super::allreduce::CpuAllReduce`]) is what the tests exercise.
+//! its version are tested here, and the watchdog's decision; the collectives, the stream
+//! lookup, the watchdog's polls and its abort only run on CUDA and have never run. The CPU
+//! all-reduce ([`super::allreduce::CpuAllReduce`]) is what the tests exercise.
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 
 use super::allreduce::{AbortGroup, AllReduce, AllReduceError};
 use super::nccl_lib::{self, NcclLib, NcclResult, RawComm, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM};
+use super::nccl_watchdog::{AbortReason, AsyncPoll, Watchdog, Watched};
 
 pub use super::nccl_lib::wheel_nccl;
 
@@ -97,6 +104,48 @@ pub struct NcclAllReduce {
     world: usize,
     device: usize,
     lib: &'static NcclLib,
+    /// A cross-process endpoint's watchdog ([`super::nccl_watchdog`]): each collective is
+    /// then waited for on the host, under it. `None` for the in-process group, whose ranks
+    /// fail together through the tripwire.
+    watchdog: Option<Watchdog>,
+}
+
+/// The watchdog's view of one communicator: `ncclCommGetAsyncError` and `ncclCommAbort`
+/// under the communicator's lock, nothing once it is gone. NOT RUN ON A GPU.
+struct CommWatch {
+    comm: SharedComm,
+    lib: &'static NcclLib,
+}
+
+impl Watched for CommWatch {
+    fn poll(&self) -> Option<AsyncPoll> {
+        let c = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if c.gone {
+            return None;
+        }
+        let Some(get_async_error) = self.lib.comm_get_async_error else {
+            return Some(AsyncPoll::Unavailable);
+        };
+        let mut state: NcclResult = 0;
+        // SAFETY: the communicator is live (not gone, under its lock); NCCL documents the
+        // query as safe while a collective of it is in flight on another thread.
+        let rc = unsafe { get_async_error(c.raw, &mut state) };
+        Some(if rc == 0 {
+            AsyncPoll::State(state)
+        } else {
+            AsyncPoll::QueryFailed(rc)
+        })
+    }
+
+    fn abort(&self) {
+        let mut c = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.gone {
+            c.gone = true;
+            // SAFETY: the communicator is live; ncclCommAbort is NCCL's way to end a
+            // collective blocked on a peer, from any thread.
+            let _ = unsafe { (self.lib.comm_abort)(c.raw) };
+        }
+    }
 }
 
 /// Aborts every communicator of a group.
@@ -149,6 +198,7 @@ pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduc
             world: n,
             device: devices[rank],
             lib,
+            watchdog: None,
         })
         .collect();
     Ok((Arc::new(NcclGroup { comms, lib }), endpoints))
@@ -158,14 +208,20 @@ pub fn nccl_group(devices: &[usize]) -> Result<(Arc<NcclGroup>, Vec<NcclAllReduc
 /// `cuda:device` with the unique id rank 0 made (published through the rendezvous store,
 /// `dist::nccl_id`). Every rank of the `world` must call it; NCCL's bootstrap joins them.
 ///
-/// NOT TESTED ON A GPU. A peer that dies inside the init itself is not bounded here (the
-/// caller's store barrier just before bounds a peer that never came); NCCL's non-blocking init
+/// Every collective of the endpoint is watched ([`super::nccl_watchdog`]): waited for on the
+/// host, and aborted (`ncclCommAbort`) on an asynchronous error NCCL reports or once
+/// `timeout` (the collective timeout) has passed.
+///
+/// NOT TESTED ON A GPU: neither the init, the collectives, the watchdog's polls nor its abort
+/// have ever run. A peer that dies inside the init itself is not bounded here (the caller's
+/// store barrier just before bounds a peer that never came); NCCL's non-blocking init
 /// (`ncclCommInitRankConfig` with `blocking = 0`, polled with a deadline) is the next step.
 pub fn nccl_rank_endpoint(
     id: &nccl_lib::NcclUniqueId,
     rank: usize,
     world: usize,
     device: usize,
+    timeout: Duration,
 ) -> Result<(Arc<NcclGroup>, NcclAllReduce), String> {
     let lib = nccl_lib::nccl()?;
     let (rank_c, world_c) = match (i32::try_from(rank), i32::try_from(world)) {
@@ -190,6 +246,18 @@ pub fn nccl_rank_endpoint(
         ));
     }
     let comm = Arc::new(Mutex::new(Comm { raw, gone: false }));
+    let watched = CommWatch {
+        comm: Arc::clone(&comm),
+        lib,
+    };
+    let watchdog = match Watchdog::start(watched, timeout) {
+        Ok(w) => w,
+        Err(e) => {
+            // SAFETY: the communicator was just created and nothing else holds it yet.
+            let _ = unsafe { (lib.comm_destroy)(raw) };
+            return Err(e);
+        }
+    };
     let endpoint = NcclAllReduce {
         comm: Arc::clone(&comm),
         raw: raw as usize,
@@ -197,6 +265,7 @@ pub fn nccl_rank_endpoint(
         world,
         device,
         lib,
+        watchdog: Some(watchdog),
     };
     Ok((
         Arc::new(NcclGroup {
@@ -247,8 +316,56 @@ impl NcclAllReduce {
         Ok(())
     }
 
+    /// What the watchdog's abort reads as.
+    fn watchdog_error(&self, why: AbortReason) -> AllReduceError {
+        let what = |detail: String| {
+            AllReduceError::Nccl(format!(
+                "rank {} of {} on cuda:{}: {detail}; the watchdog aborted the communicator \
+                 (ncclCommAbort)",
+                self.rank, self.world, self.device
+            ))
+        };
+        match why {
+            AbortReason::Timeout { after } => AllReduceError::Timeout {
+                rank: self.rank,
+                world: self.world,
+                after,
+                detail: "NCCL reported no error; the watchdog aborted the communicator \
+                         (ncclCommAbort)"
+                    .into(),
+            },
+            AbortReason::AsyncError(code) => what(format!(
+                "NCCL reported an asynchronous error, {} (a peer's connection failed, or NCCL \
+                 itself did)",
+                self.lib.error_string(code)
+            )),
+            AbortReason::QueryFailed(code) => what(format!(
+                "ncclCommGetAsyncError failed, {}",
+                self.lib.error_string(code)
+            )),
+        }
+    }
+
+    /// A watched endpoint's wait for its collective: the host blocks until the device is
+    /// done, while the watchdog may abort the communicator (which ends the kernel and so the
+    /// wait). A CUDA error out of the wait reads as an NCCL failure, never a panic.
+    fn wait_watched(&self, watchdog: &Watchdog) -> Result<(), AllReduceError> {
+        let device = self.device as i64;
+        let waited = std::panic::catch_unwind(|| tch::Cuda::synchronize(device));
+        watchdog.end().map_err(|why| self.watchdog_error(why))?;
+        self.check_live()?;
+        waited.map_err(|p| {
+            AllReduceError::Nccl(format!(
+                "waiting for the all-reduce on cuda:{}: {}",
+                self.device,
+                super::panic_text(p.as_ref())
+            ))
+        })
+    }
+
     /// In-place sum of `count` elements of `dtype` at `ptr` (device memory of this rank),
-    /// enqueued on libtorch's current stream for this rank's device.
+    /// enqueued on libtorch's current stream for this rank's device; a watched endpoint then
+    /// waits for it under its watchdog.
     fn all_reduce(
         &self,
         ptr: *mut std::ffi::c_void,
@@ -257,6 +374,27 @@ impl NcclAllReduce {
     ) -> Result<(), AllReduceError> {
         self.check_live()?;
         let stream = current_cuda_stream(self.device).map_err(AllReduceError::Nccl)?;
+        if let Some(dog) = &self.watchdog {
+            dog.begin().map_err(|why| self.watchdog_error(why))?;
+        }
+        let enqueued = self.enqueue(ptr, count, dtype, stream);
+        match (&self.watchdog, enqueued) {
+            (Some(dog), Ok(())) => self.wait_watched(dog),
+            (Some(dog), Err(e)) => {
+                let _ = dog.end();
+                Err(e)
+            }
+            (None, outcome) => outcome,
+        }
+    }
+
+    fn enqueue(
+        &self,
+        ptr: *mut std::ffi::c_void,
+        count: usize,
+        dtype: std::ffi::c_int,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<(), AllReduceError> {
         // SAFETY: `ptr` points at `count` contiguous elements of `dtype` on this rank's device
         // (checked by the callers), the communicator is live, and `stream` is a live stream of
         // this device (libtorch's own).
@@ -374,7 +512,7 @@ mod tests {
         let id = nccl_lib::NcclUniqueId {
             internal: [0; nccl_lib::NCCL_UNIQUE_ID_BYTES],
         };
-        let err = match nccl_rank_endpoint(&id, 0, 2, missing) {
+        let err = match nccl_rank_endpoint(&id, 0, 2, missing, Duration::from_secs(5)) {
             Ok(_) => panic!("an NCCL rank on a missing cuda:{missing}"),
             Err(e) => e,
         };
@@ -382,7 +520,9 @@ mod tests {
             err.contains(&format!("cuda:{missing}")) || err.contains("NCCL could not be opened"),
             "{err}"
         );
-        let err = nccl_rank_endpoint(&id, 2, 2, 0).err().unwrap_or_default();
+        let err = nccl_rank_endpoint(&id, 2, 2, 0, Duration::from_secs(5))
+            .err()
+            .unwrap_or_default();
         assert!(
             err.contains("rank 2 of a world of 2") || err.contains("NCCL could not be opened"),
             "{err}"

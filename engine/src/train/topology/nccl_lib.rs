@@ -45,6 +45,8 @@ type AllReduceFn = unsafe extern "C" fn(
 type CommFn = unsafe extern "C" fn(RawComm) -> NcclResult;
 type GetUniqueIdFn = unsafe extern "C" fn(*mut NcclUniqueId) -> NcclResult;
 type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, NcclUniqueId, c_int) -> NcclResult;
+/// `ncclCommGetAsyncError(comm, &state)` (NCCL ≥ 2.4).
+pub(super) type CommGetAsyncErrorFn = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 
 /// `NCCL_UNIQUE_ID_BYTES` (`nccl.h`, 128 since NCCL 2.0).
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
@@ -90,6 +92,9 @@ pub struct NcclLib {
     pub(super) all_reduce: AllReduceFn,
     pub(super) comm_abort: CommFn,
     pub(super) comm_destroy: CommFn,
+    /// Optional: an NCCL without it is still usable, and the watchdog (`nccl_watchdog.rs`)
+    /// then aborts on the collective timeout alone.
+    pub(super) comm_get_async_error: Option<CommGetAsyncErrorFn>,
     _lib: libloading::Library,
 }
 
@@ -238,6 +243,7 @@ fn open(path: &Path) -> Result<NcclLib, String> {
         all_reduce: sym(&lib, b"ncclAllReduce")?,
         comm_abort: sym(&lib, b"ncclCommAbort")?,
         comm_destroy: sym(&lib, b"ncclCommDestroy")?,
+        comm_get_async_error: sym(&lib, b"ncclCommGetAsyncError").ok(),
         _lib: lib,
     })
 }
@@ -304,5 +310,7 @@ mod tests {
             "{}",
             lib.error_string(4)
         );
+        // The watchdog's poll: present in every NCCL since 2.4, so in the wheel's.
+        assert!(lib.comm_get_async_error.is_some());
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use dflash_shared::metrics::QueueStats;
 use tch::{Device, Tensor};
 
-use super::plan::ItemTiming;
+use super::step::ItemTiming;
 use crate::model::target::TargetModel;
 use crate::train::anchors::AnchorBatch;
 use crate::train::labels::BlockLabels;

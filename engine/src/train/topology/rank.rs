@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use super::allreduce::{sum_in_buckets, AllReduce};
 use super::pipeline::{sync, HiddenItem};
-use super::plan::RankTiming;
+use super::step::RankTiming;
 use super::WorkerId;
 use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;

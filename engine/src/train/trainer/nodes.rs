@@ -1,6 +1,7 @@
 //! A [`Trainer`] as one node of a data-parallel job (issue 23): joining the job's gradient
-//! group, the job's view summed after every step, and the witness asked after every
-//! checkpoint. The single-process trainer never touches this file's state.
+//! group (the last step of [`Trainer::build`]), the job's view summed after every step, and
+//! the witness asked after every checkpoint. The single-process trainer never touches this
+//! file's state.
 use dflash_shared::job::{self, JobView, NodeFigures};
 use dflash_shared::metrics::StepTimes;
 use tch::Tensor;
@@ -15,72 +16,117 @@ use crate::train::topology::WorkerFailure;
 /// states disagree, or a node never answered) fails the checkpoint, which pauses the run.
 pub type CheckpointWitness = Box<dyn FnMut(u64, &[(String, Tensor)]) -> Result<(), String> + Send>;
 
+/// Opens this node's endpoints of the job's gradient group: one per local drafter worker in
+/// worker order (worker `w` at `shard.global_rank(w)`), one for an inline trainer, one per
+/// `topology.drafter_devices` entry for a threaded one. It meets the other nodes (it talks to
+/// other processes), so [`Trainer::build`] calls it last, once the trainer's workers have
+/// started.
+pub type OpenGroup = Box<dyn FnOnce() -> Result<Vec<Box<dyn AllReduce>>, TrainError>>;
+
+/// A trainer as one node of a data-parallel job (issue 23), [`super::TrainerSpec::job`]: it
+/// trains `shard`'s share of every step, sums gradients and Σw over the job's one flat group
+/// of every drafter worker of every node, and counts steps, epochs and the learning-rate
+/// schedule over the global batch.
+///
+/// One flat group, each local drafter worker its own rank in it, rather than an in-process
+/// reduce followed by a cross-node one: the flat sum over `N·L` ranks is the arithmetic of
+/// one process of `N·L` drafter ranks up to the order of the additions, a lost rank is named
+/// by the collective itself, and the local workers need no new synchronisation (each sums on
+/// its own thread as it does in one process; only the endpoint differs). A two-level reduce
+/// would move less over the inter-node link per GPU and is the later optimisation
+/// (docs/SCALING.md).
+pub struct JobMembership {
+    /// This node's share of every step.
+    pub shard: NodeShard,
+    /// This node's endpoints of the job's gradient group, opened by the build ([`OpenGroup`]).
+    pub open_group: OpenGroup,
+    /// How far behind the next slowest node a node's own work must be, as a fraction of that
+    /// node's, for the job's view to name it the straggler (`detectors.straggler.behind_frac`;
+    /// [`job::STRAGGLER_BEHIND_FRAC`] from [`Self::new`]). Node-local: it only decides what
+    /// this node's view calls a straggler, never what is trained.
+    pub straggler_behind_frac: f64,
+    /// Asked after every checkpoint this trainer writes ([`CheckpointWitness`]); `None`
+    /// from [`Self::new`].
+    pub checkpoint_witness: Option<CheckpointWitness>,
+}
+
+impl JobMembership {
+    /// `shard`'s node, its group opened by `open_group`, the default straggler bar and no
+    /// checkpoint witness.
+    pub fn new(shard: NodeShard, open_group: OpenGroup) -> Self {
+        Self {
+            shard,
+            open_group,
+            straggler_behind_frac: job::STRAGGLER_BEHIND_FRAC,
+            checkpoint_witness: None,
+        }
+    }
+}
+
 impl Trainer {
-    /// Makes this fresh trainer one node of a data-parallel job (issue 23): it trains
-    /// `shard`'s share of every step, sums gradients and Σw over the job's one flat group of
-    /// every drafter worker of every node, and counts steps, epochs and the learning-rate
-    /// schedule over the global batch. `endpoints` are this node's endpoints of that group,
-    /// one per local drafter worker in worker order (worker `w` at `shard.global_rank(w)`):
-    /// one for an inline trainer, one per `topology.drafter_devices` entry for a threaded one.
-    ///
-    /// One flat group, each local drafter worker its own rank in it, rather than an
-    /// in-process reduce followed by a cross-node one: the flat sum over `N·L` ranks is the
-    /// arithmetic of one process of `N·L` drafter ranks up to the order of the additions, a
-    /// lost rank is named by the collective itself, and the local workers need no new
-    /// synchronisation (each sums on its own thread as it does in one process; only the
-    /// endpoint differs). A two-level reduce would move less over the inter-node link per GPU
-    /// and is the later optimisation (docs/SCALING.md).
-    /// Call before any step and before a restore (whose cursor check uses the global plan).
-    pub fn join_nodes(
-        &mut self,
-        shard: NodeShard,
-        endpoints: Vec<Box<dyn AllReduce>>,
-    ) -> Result<(), TrainError> {
+    /// The last step of [`Trainer::build`] for a node of a job: checks `job.shard` against
+    /// this trainer's drafter workers and training config, opens the group
+    /// ([`JobMembership::open_group`]: after the workers started, since it meets the other
+    /// nodes), checks each endpoint's rank, hands every local worker its endpoint, and counts
+    /// the schedule over the job's global batch. Before any step and any restore (whose
+    /// cursor check uses the global assignment).
+    pub(super) fn join_job(&mut self, job: JobMembership) -> Result<(), TrainError> {
+        let JobMembership {
+            shard,
+            open_group,
+            straggler_behind_frac,
+            checkpoint_witness,
+        } = job;
         let bad = |detail: String| {
             Err(TrainError::Config {
                 key: "topology.drafter_devices".into(),
                 detail,
             })
         };
-        if self.step != 0 || self.warmup.is_some() || self.job_node.is_some() {
-            return bad("a trainer joins one job, before its first step".into());
-        }
-        let local = self.plan.ranks;
-        if shard.workers() != local || endpoints.len() != local {
+        let local = self.assignment.ranks;
+        if shard.workers() != local {
             return bad(format!(
-                "lists {local} drafter worker(s) on this node, but the job's shard gives it {} \
-                 and the group {} endpoint(s): every node of a job runs the same number of \
-                 drafter workers, each with its own endpoint",
-                shard.workers(),
+                "lists {local} drafter worker(s) on this node, but the job's shard gives it {}: \
+                 every node of a job runs the same number of drafter workers",
+                shard.workers()
+            ));
+        }
+        let assignment = shard.global_assignment();
+        if assignment.accum != self.cfg.grad_accum {
+            return bad(format!(
+                "the shard trains {} micro-batches a step per worker, training.grad_accum is {}",
+                assignment.accum, self.cfg.grad_accum
+            ));
+        }
+        let endpoints = open_group()?;
+        if endpoints.len() != local {
+            return bad(format!(
+                "lists {local} drafter worker(s) on this node, but the group gave {} \
+                 endpoint(s): each drafter worker has its own endpoint",
                 endpoints.len()
             ));
         }
-        let plan = shard.global_plan();
         for (worker, endpoint) in endpoints.iter().enumerate() {
             let rank = shard.global_rank(worker);
-            if endpoint.world_size() != plan.ranks || endpoint.rank() != rank {
+            if endpoint.world_size() != assignment.ranks || endpoint.rank() != rank {
                 return bad(format!(
                     "worker {worker}'s endpoint is rank {} of {}, the shard's rank {rank} of {}",
                     endpoint.rank(),
                     endpoint.world_size(),
-                    plan.ranks
+                    assignment.ranks
                 ));
             }
-        }
-        if plan.accum != self.cfg.grad_accum {
-            return bad(format!(
-                "the shard trains {} micro-batches a step per worker, training.grad_accum is {}",
-                plan.accum, self.cfg.grad_accum
-            ));
         }
         match self.cluster.as_mut() {
             Some(cluster) => cluster.join_job(&mut self.rank0, shard, endpoints)?,
             None => self.rank0.allreduce = endpoints.into_iter().next(),
         }
-        self.plan = plan;
+        self.assignment = assignment;
         self.rank0_global = shard.global_rank(0);
         self.job_node = Some(shard.node_of());
-        self.schedule = schedule_for(&self.cfg, &self.source, plan);
+        self.schedule = schedule_for(&self.cfg, &self.source, assignment);
+        self.straggler_behind_frac = straggler_behind_frac;
+        self.checkpoint_witness = checkpoint_witness;
         Ok(())
     }
 
@@ -137,18 +183,5 @@ impl Trainer {
             job::unpack(&buffer),
             self.straggler_behind_frac,
         )))
-    }
-
-    /// The bar the job's view names a straggler by: how much longer than the next slowest
-    /// node's a node's own work must take, as a fraction of it (`detectors.straggler.behind_frac`;
-    /// [`job::STRAGGLER_BEHIND_FRAC`] until set). Node-local: it only decides what this node's
-    /// view calls a straggler, never what is trained.
-    pub fn set_straggler_behind_frac(&mut self, behind_frac: f64) {
-        self.straggler_behind_frac = behind_frac;
-    }
-
-    /// Sets what is asked after every checkpoint ([`CheckpointWitness`]).
-    pub fn set_checkpoint_witness(&mut self, witness: CheckpointWitness) {
-        self.checkpoint_witness = Some(witness);
     }
 }

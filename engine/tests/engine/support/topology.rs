@@ -7,7 +7,7 @@ use dflash_engine::train::config::TrainConfig;
 use dflash_engine::train::embedded;
 use dflash_engine::train::topology::queue::QueueConfig;
 use dflash_engine::train::topology::TopologySpec;
-use dflash_engine::train::trainer::Trainer;
+use dflash_engine::train::trainer::{Trainer, TrainerSpec};
 use tch::{Device, Tensor};
 
 /// `targets` target workers and `drafters` drafter ranks, all on the CPU.
@@ -41,11 +41,16 @@ pub fn tiny_samples() -> Vec<Sample> {
         .0
 }
 
-pub fn trainer_with(cfg: TrainConfig, samples: Vec<Sample>, topology: TopologySpec) -> Trainer {
+/// The spec of [`trainer_with`]'s trainer, for a test that sets more of it.
+pub fn spec_with(cfg: TrainConfig, samples: Vec<Sample>, topology: TopologySpec) -> TrainerSpec {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
-    Trainer::with_topology(target, drafter_cfg, samples, cfg, topology).unwrap()
+    TrainerSpec::new(target, drafter_cfg, samples, cfg, topology)
+}
+
+pub fn trainer_with(cfg: TrainConfig, samples: Vec<Sample>, topology: TopologySpec) -> Trainer {
+    Trainer::build(spec_with(cfg, samples, topology)).unwrap()
 }
 
 pub fn trainer(cfg: TrainConfig, topology: TopologySpec) -> Trainer {

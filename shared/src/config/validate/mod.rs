@@ -32,6 +32,7 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     detectors::detectors(c, &mut v);
     runtime::tensorboard(c, &mut v);
     runtime::metrics(c, &mut v);
+    runtime::nodes(c, &mut v);
     v
 }
 

@@ -1,9 +1,10 @@
-//! The daemon's own sections: topology, queue, telemetry, control, TensorBoard and /metrics.
+//! The daemon's own sections: topology, queue, telemetry, control, TensorBoard, /metrics and
+//! the nodes' heartbeat.
 use std::collections::BTreeSet;
 
 use super::positive;
 use crate::config::daemon_sections::{
-    parse_metrics_listen, MAX_CONNECTIONS_RANGE, METRICS_LISTEN_EXPECTED,
+    parse_metrics_listen, HEARTBEAT_TIMEOUT_RANGE_S, MAX_CONNECTIONS_RANGE, METRICS_LISTEN_EXPECTED,
 };
 use crate::config::device::Device;
 use crate::config::error::ConfigIssue;
@@ -165,5 +166,24 @@ pub(super) fn metrics(c: &Config, v: &mut Vec<ConfigIssue>) {
                     .with_hint("leave the key out to serve no /metrics endpoint"),
             );
         }
+    }
+}
+
+/// `[nodes]`: the heartbeat timeout within its range, with what it bounds.
+pub(super) fn nodes(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let t = c.nodes.heartbeat_timeout_s;
+    let (lo, hi) = HEARTBEAT_TIMEOUT_RANGE_S;
+    if !(t.is_finite() && (lo..=hi).contains(&t)) {
+        v.push(
+            ConfigIssue::invalid(
+                "nodes.heartbeat_timeout_s",
+                format!("a number of seconds from {lo} to {hi}, e.g. 10"),
+                t,
+            )
+            .with_hint(
+                "a node of a multi-node job whose heartbeat stops for this long is named and \
+                 the others pause, within this and a fifth of it",
+            ),
+        );
     }
 }

@@ -55,7 +55,7 @@ pub(crate) struct SortedBlocks<'a> {
 /// Whether a chunk may hold `blocks` blocks: 1, 2, 3, 4, 6, 8, 12, 16, ... (`2^k` and
 /// `3·2^k`). Why: every distinct (rows, keys) shape of a fused call is a new kernel plan and
 /// a new allocation size on CUDA, so the rows of a chunk come from this small set (at most
-/// `2·log2(N) + 1` sizes up to `N` blocks) rather than any count. Restricting the planner's
+/// `2·log2(N) + 1` sizes up to `N` blocks) rather than any count. Restricting the scheduler's
 /// choice changes which tiling it picks, never the result (any tiling is exact); the set's
 /// ratio of at most 1.5 between neighbours keeps the cost close to the unrestricted optimum.
 pub(crate) fn chunk_blocks_allowed(blocks: usize) -> bool {
@@ -84,7 +84,7 @@ pub(crate) fn padded_key_range(
 /// all layer rules, for `blocks` blocks of `block_size` per row (the anchor count; fixed when it
 /// is padded to `num_anchors`), `batch_heads` = batch × query heads, the default chunk budget
 /// and the distinct context lengths `context_lens` the steps use. A chunk holds `c` blocks,
-/// `c` allowed ([`chunk_blocks_allowed`]) or `blocks` itself (the plan that keeps every block
+/// `c` allowed ([`chunk_blocks_allowed`]) or `blocks` itself (the schedule that keeps every block
 /// in one chunk), so `rows = c·bs`; its context key count is `0`, a multiple of the quantum
 /// ([`super::block_sparse::context_key_quantum`]) below the longest context, or one of the
 /// context lengths; `keys = context + rows`; and a chunk of more than one block stays within
@@ -120,7 +120,7 @@ pub fn max_distinct_chunk_shapes(
     shapes.len()
 }
 
-/// Sizes and costs the chunk planner weighs, in score elements (`B·Hq·rows·keys`).
+/// Sizes and costs the chunk scheduler weighs, in score elements (`B·Hq·rows·keys`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkCosts {
     pub block_size: i64,
@@ -140,7 +140,7 @@ pub(crate) struct ChunkCosts {
 /// `Σ_chunks (overhead + grid)` with every multi-block grid within the budget (dynamic
 /// programming over chunk ends; a chunk only ever extends while its grid fits, so the work
 /// is `O(blocks · blocks-per-chunk · batch)`). Returns the chunks and their total cost.
-pub(crate) fn plan_context_chunks(
+pub(crate) fn schedule_context_chunks(
     rule: LayerRule,
     sorted: &SortedBlocks<'_>,
     context_len: i64,
@@ -207,7 +207,7 @@ pub(crate) fn plan_context_chunks(
     (chunks, best[blocks])
 }
 
-/// The blocks sorted by anchor, as a plan that chunks them in that order runs them.
+/// The blocks sorted by anchor, as a schedule that chunks them in that order runs them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SortedLayout {
     /// Row-major `[batch, blocks]` permutation ([`sort_order`]).
@@ -224,10 +224,10 @@ pub(crate) struct ChunkChoice {
     pub sorted: Option<SortedLayout>,
 }
 
-/// What [`super::block_sparse::BlockSparsePlan::new`] runs: the cheapest chunking of the
+/// What [`super::block_sparse::ChunkSchedule::new`] runs: the cheapest chunking of the
 /// anchor-sorted blocks, unless one chunk of all blocks in their given order is as cheap (it
 /// needs no sorting gathers, worth one more call). `anchors`/`keep` row-major `[batch,
-/// blocks]`. Pure, so the memory model (`crate::plan`) plans exactly what the engine runs.
+/// blocks]`. Pure, so the memory model (`crate::plan`) schedules exactly what the engine runs.
 pub(crate) fn choose_chunks(
     rule: LayerRule,
     anchors: &[i64],
@@ -248,7 +248,7 @@ pub(crate) fn choose_chunks(
         batch,
         blocks,
     };
-    let (sorted_chunks, sorted_cost) = plan_context_chunks(rule, &view, context_len, costs);
+    let (sorted_chunks, sorted_cost) = schedule_context_chunks(rule, &view, context_len, costs);
     // All blocks as one chunk, if that fits the budget.
     let keys = padded_key_range(
         key_range(rule, context_len, anchors.iter().zip(keep)),
@@ -307,7 +307,7 @@ mod tests {
         }
     }
 
-    fn check_plan(
+    fn check_schedule(
         rule: LayerRule,
         anchors: &[i64],
         keep: &[bool],
@@ -323,12 +323,12 @@ mod tests {
             batch,
             blocks,
         };
-        let (plan, _) = plan_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 50));
+        let (schedule, _) = schedule_context_chunks(rule, &sorted, s, costs(batch, bs, budget, 50));
         let mut next = 0;
-        for chunk in &plan {
+        for chunk in &schedule {
             assert_eq!(
                 chunk.start, next,
-                "chunks must tile the blocks in order: {plan:?}"
+                "chunks must tile the blocks in order: {schedule:?}"
             );
             assert!(chunk.end > chunk.start);
             next = chunk.end;
@@ -370,13 +370,13 @@ mod tests {
             LayerRule::Sliding { window: 4 },
         ] {
             for budget in [0, 20, 64, 200, 1000, 1 << 40] {
-                check_plan(rule, &anchors, &keep, 2, 18, 2, budget);
+                check_schedule(rule, &anchors, &keep, 2, 18, 2, budget);
             }
         }
     }
 
     #[test]
-    fn the_plan_trades_call_overhead_against_masked_keys() {
+    fn the_schedule_trades_call_overhead_against_masked_keys() {
         // 16 blocks of 8 at anchors up to 75: one chunk wastes 120 block keys per query.
         let anchors: Vec<i64> = (0..16).map(|i| 5 * i).collect();
         let keep = vec![true; 16];
@@ -387,20 +387,20 @@ mod tests {
             blocks: 16,
         };
         let whole = 128 * (75 + 128);
-        let plan = |overhead| {
-            plan_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, overhead))
+        let schedule = |overhead| {
+            schedule_context_chunks(LayerRule::Full, &sorted, 76, costs(1, 8, 1 << 23, overhead))
         };
         // Calls that cost more than the whole grid: one chunk.
-        let (one, cost) = plan(1 << 20);
+        let (one, cost) = schedule(1 << 20);
         assert_eq!(one.len(), 1, "{one:?}");
         assert_eq!(cost, whole + (1 << 20));
         // Free calls: one chunk per block (each sees only its own context and block).
-        let (many, cost) = plan(0);
+        let (many, cost) = schedule(0);
         assert_eq!(many.len(), 16, "{many:?}");
         let per_block: i64 = anchors.iter().map(|a| 8 * (a + 8)).sum();
         assert_eq!(cost, per_block);
         // In between: several chunks, cheaper than either extreme under that overhead.
-        let (some, cost) = plan(2000);
+        let (some, cost) = schedule(2000);
         assert!(some.len() > 1 && some.len() < 16, "{some:?}");
         assert!(cost < whole + 2000 && cost < per_block + 16 * 2000);
     }
@@ -413,10 +413,11 @@ mod tests {
             batch: 1,
             blocks: 3,
         };
-        let (plan, _) = plan_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, 1 << 40));
+        let (schedule, _) =
+            schedule_context_chunks(LayerRule::Full, &sorted, 10, costs(1, 1, 4, 1 << 40));
         // The two context-free blocks cost 1 and 2 (their own keys); the third would not fit.
         assert_eq!(
-            plan,
+            schedule,
             [
                 ContextChunk {
                     start: 0,
@@ -436,7 +437,7 @@ mod tests {
             batch: 1,
             blocks: 1,
         };
-        let (window_one, _) = plan_context_chunks(
+        let (window_one, _) = schedule_context_chunks(
             LayerRule::Sliding { window: 1 },
             &one,
             10,
@@ -472,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn bucketed_plans_stay_exact_and_use_a_bounded_set_of_shapes() {
+    fn bucketed_schedules_stay_exact_and_use_a_bounded_set_of_shapes() {
         // The visibility, tiling and budget checks hold with widened key ranges too.
         let anchors = [0, 0, 2, 3, 3, 9, 14, 15, 1, 4, 4, 5, 8, 8, 12, 17];
         let keep = [true; 16];
@@ -489,9 +490,12 @@ mod tests {
                     key_quantum: quantum,
                     ..costs(batch, 2, 200, 50)
                 };
-                let (plan, _) = plan_context_chunks(rule, &sorted, 18, c);
-                for chunk in &plan {
-                    assert!(chunk_blocks_allowed(chunk.end - chunk.start), "{plan:?}");
+                let (schedule, _) = schedule_context_chunks(rule, &sorted, 18, c);
+                for chunk in &schedule {
+                    assert!(
+                        chunk_blocks_allowed(chunk.end - chunk.start),
+                        "{schedule:?}"
+                    );
                     if let Some((lo, hi)) = chunk.keys {
                         assert!(0 <= lo && hi <= 18);
                         assert!((hi - lo) % quantum == 0 || hi - lo == 18, "{chunk:?}");

@@ -1,19 +1,21 @@
-//! Which micro-batches an optimizer step takes, which drafter rank trains each, and how the
-//! per-worker timings of a step add up to its telemetry. Pure functions.
+//! One optimizer step of the topology: which micro-batches it takes and which drafter rank
+//! trains each ([`MicroBatchAssignment`]), how the queue budget splits over the ranks, and how
+//! the per-worker timings of a step add up to its telemetry. Pure functions.
 use dflash_shared::config::QueueSection;
 use dflash_shared::metrics::{DeviceRole, StepTimes, WorkerThroughput};
 
 use crate::train::throughput::DevicePeaks;
 use crate::train::topology::queue::QueueConfig;
 
-/// `ranks` drafter replicas, each training `accum` micro-batches per optimizer step.
+/// The micro-batch assignment of an optimizer step: `ranks` drafter replicas, each training
+/// `accum` micro-batches per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepPlan {
+pub struct MicroBatchAssignment {
     pub ranks: usize,
     pub accum: usize,
 }
 
-impl StepPlan {
+impl MicroBatchAssignment {
     /// Micro-batches in one optimizer step (the global batch, in micro-batches).
     pub fn micro_per_step(&self) -> u64 {
         (self.ranks * self.accum) as u64
@@ -179,20 +181,20 @@ mod tests {
 
     #[test]
     fn every_micro_batch_of_a_step_goes_to_exactly_one_rank() {
-        let plan = StepPlan { ranks: 3, accum: 2 };
+        let assignment = MicroBatchAssignment { ranks: 3, accum: 2 };
         for base in [0u64, 6, 12, 7] {
-            let mut all: Vec<u64> = (0..3).flat_map(|r| plan.rank_seqs(base, r)).collect();
+            let mut all: Vec<u64> = (0..3).flat_map(|r| assignment.rank_seqs(base, r)).collect();
             for r in 0..3 {
-                let seqs = plan.rank_seqs(base, r);
+                let seqs = assignment.rank_seqs(base, r);
                 assert_eq!(seqs.len(), 2);
-                assert!(seqs.iter().all(|&s| plan.rank_of(s) == r));
+                assert!(seqs.iter().all(|&s| assignment.rank_of(s) == r));
                 assert!(seqs.windows(2).all(|w| w[0] < w[1]));
             }
             all.sort_unstable();
             assert_eq!(all, (base..base + 6).collect::<Vec<_>>());
         }
         assert_eq!(
-            StepPlan { ranks: 1, accum: 4 }.rank_seqs(8, 0),
+            MicroBatchAssignment { ranks: 1, accum: 4 }.rank_seqs(8, 0),
             vec![8, 9, 10, 11]
         );
     }
