@@ -263,6 +263,47 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Durati
     started.elapsed()
 }
 
+/// A restart of both nodes after a loss, 2 more steps each: each resumes from the newest
+/// checkpoint both hold (returned) and both end on the same weights.
+fn restart_both_and_resume(r: &[tempfile::TempDir], cfg: &dyn Fn(usize) -> String) -> u64 {
+    let common = {
+        let a = checkpoint_steps(&r[0].path().join("run"));
+        let b = checkpoint_steps(&r[1].path().join("run"));
+        *a.iter().filter(|s| b.contains(s)).max().unwrap()
+    };
+    let port = free_port();
+    let more = ["--max-steps", "2"];
+    let mut nodes: Vec<Daemon> = (0..2)
+        .map(|i| {
+            node(
+                r[i].path(),
+                i as u32,
+                port,
+                &[&["--config", &cfg(i)][..], &more].concat(),
+            )
+        })
+        .collect();
+    for d in &mut nodes {
+        exit_ok(d);
+    }
+    for d in &nodes {
+        assert!(
+            d.stdout().contains(&format!("resumed at step {common} ")),
+            "{}",
+            d.stdout()
+        );
+    }
+    let end = common + 2;
+    assert_eq!(
+        max_abs_diff(
+            &drafter_at(&nodes[0].run_dir, end),
+            &drafter_at(&nodes[1].run_dir, end)
+        ),
+        0.0
+    );
+    common
+}
+
 #[test]
 fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common_checkpoint() {
     let started = Instant::now();
@@ -297,40 +338,7 @@ fn kill_9_of_one_node_pauses_the_other_naming_it_and_both_resume_from_the_common
     n0.wait_exit();
     drop((n0, n1));
 
-    // A restart of both: each resumes from the newest checkpoint both hold.
-    let common = {
-        let a = checkpoint_steps(&r[0].path().join("run"));
-        let b = checkpoint_steps(&r[1].path().join("run"));
-        *a.iter().filter(|s| b.contains(s)).max().unwrap()
-    };
-    let port = free_port();
-    let more = ["--max-steps", "2"];
-    let mut n0 = node(
-        r[0].path(),
-        0,
-        port,
-        &[&["--config", &cfg(0)][..], &more].concat(),
-    );
-    let mut n1 = node(
-        r[1].path(),
-        1,
-        port,
-        &[&["--config", &cfg(1)][..], &more].concat(),
-    );
-    exit_ok(&mut n0);
-    exit_ok(&mut n1);
-    for d in [&n0, &n1] {
-        assert!(
-            d.stdout().contains(&format!("resumed at step {common} ")),
-            "{}",
-            d.stdout()
-        );
-    }
-    let end = common + 2;
-    assert_eq!(
-        max_abs_diff(&drafter_at(&n0.run_dir, end), &drafter_at(&n1.run_dir, end)),
-        0.0
-    );
+    let common = restart_both_and_resume(&r, &cfg);
     eprintln!(
         "kill -9: paused {paused:?} after; resumed both at {common}; {:?}",
         started.elapsed()
@@ -466,39 +474,7 @@ fn kill_9_of_a_node_of_two_drafter_workers_pauses_the_other_naming_it_and_both_r
     n0.wait_exit();
     drop((n0, n1));
 
-    let common = {
-        let a = checkpoint_steps(&r[0].path().join("run"));
-        let b = checkpoint_steps(&r[1].path().join("run"));
-        *a.iter().filter(|s| b.contains(s)).max().unwrap()
-    };
-    let port = free_port();
-    let more = ["--max-steps", "2"];
-    let mut n0 = node(
-        r[0].path(),
-        0,
-        port,
-        &[&["--config", &cfg(0)][..], &more].concat(),
-    );
-    let mut n1 = node(
-        r[1].path(),
-        1,
-        port,
-        &[&["--config", &cfg(1)][..], &more].concat(),
-    );
-    exit_ok(&mut n0);
-    exit_ok(&mut n1);
-    for d in [&n0, &n1] {
-        assert!(
-            d.stdout().contains(&format!("resumed at step {common} ")),
-            "{}",
-            d.stdout()
-        );
-    }
-    let end = common + 2;
-    assert_eq!(
-        max_abs_diff(&drafter_at(&n0.run_dir, end), &drafter_at(&n1.run_dir, end)),
-        0.0
-    );
+    let common = restart_both_and_resume(&r, &cfg);
     eprintln!(
         "kill -9 of a node of two workers: paused {paused:?} after ({reason}); resumed both at \
          {common}; {:?}",
