@@ -22,7 +22,7 @@ pub struct RunSpec {
     pub precision: ActivationPrecision,
     /// `training.activation_checkpointing`.
     pub activation_checkpointing: bool,
-    /// Items that can wait in each drafter rank's queue (`topology/plan.rs::per_rank`).
+    /// Items that can wait in each drafter rank's queue (`topology/step.rs::per_rank_queue`).
     pub queued_items_per_rank: usize,
     /// Memory of each device, bytes (NVML, `--gpu-memory-gib`, or host memory on CPU).
     pub device_memory_bytes: Option<f64>,
