@@ -8,7 +8,8 @@
 //! - [`data`]: chat / pre-tokenized JSONL → samples with loss masks, shuffle, eval split.
 //! - [`regenerate`]: chat data regenerated with the target's own replies (`dflashd regenerate`).
 //! - [`device`]: the one device vocabulary; [`atomic_write`]: the one atomic file write;
-//!   [`file_hash`]: the one file hasher.
+//!   [`file_hash`]: the one file hasher; [`global_rng`]: the one lock over libtorch's
+//!   process-wide random generator.
 //!
 //! Errors are `thiserror` enums whose messages carry their causes' text; a cause printed in a
 //! message is never also the error's `source()`, so `anyhow`'s `{:#}` prints each cause once.
@@ -22,6 +23,7 @@ pub mod decode;
 pub mod device;
 pub mod dist;
 pub mod file_hash;
+pub mod global_rng;
 pub mod model;
 pub mod peak;
 pub mod plan;

@@ -3,7 +3,6 @@
 //! and statistics) and [`DrafterReplica::apply`] (normalised, clipped AdamW update). Between
 //! them the caller sums gradients and Σw across replicas (spec §2.8b).
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -23,9 +22,6 @@ pub struct ReplicaState {
     pub moments: HashMap<String, Tensor>,
     pub optimizer_step: u64,
 }
-
-/// Serialises use of libtorch's process-wide random generator by drafter initialisation.
-static GLOBAL_GENERATOR: Mutex<()> = Mutex::new(());
 
 pub struct DrafterReplica {
     pub(crate) vs: VarStore,
@@ -50,13 +46,13 @@ impl DrafterReplica {
         adamw: AdamWConfig,
         seed: u64,
     ) -> Self {
-        let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+        let _draws = crate::global_rng::lock();
         tch::manual_seed(seed as i64);
         Self::build(cfg, embed, lm_head, device, adamw)
     }
 
     /// Builds a drafter; its random init draws from the global generator (callers hold
-    /// [`GLOBAL_GENERATOR`]).
+    /// [`crate::global_rng::lock`]).
     fn build(
         cfg: &DrafterConfig,
         embed: &Tensor,
@@ -85,7 +81,7 @@ impl DrafterReplica {
     pub fn replicate(&self, device: Device) -> Result<Self, OptimError> {
         let cfg = self.drafter.config().clone();
         let mut copy = {
-            let _draws = GLOBAL_GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+            let _draws = crate::global_rng::lock();
             Self::build(
                 &cfg,
                 &self.embed,

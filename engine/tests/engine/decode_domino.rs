@@ -11,7 +11,6 @@ use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
 use crate::support::decode::{domino_drafter, greedy, prompts, target, LOSSLESS_CASES};
-use crate::support::drafter::seeded;
 
 /// The target over `prompt` and the drafter's context after it; returns the context and the
 /// target's greedy token after the prompt (the first block's root).
@@ -113,7 +112,6 @@ impl WrittenOut {
 
 #[test]
 fn a_domino_block_is_drafted_through_its_correction_over_its_own_drafts() {
-    let _rng = seeded(0);
     let (vocab, block_size) = (64, 6);
     let target = target(vocab, 3);
     let mut changed = false;
@@ -139,7 +137,6 @@ fn a_domino_block_is_drafted_through_its_correction_over_its_own_drafts() {
 
 #[test]
 fn greedy_chain_and_ddtree_with_a_domino_drafter_equal_the_target_alone() {
-    let _rng = seeded(0);
     let (mut accepted_chain, mut accepted_tree, mut differs) = (false, false, false);
     for (vocab, block_size, seed) in LOSSLESS_CASES {
         let target = target(vocab, seed);
@@ -188,7 +185,6 @@ fn greedy_chain_and_ddtree_with_a_domino_drafter_equal_the_target_alone() {
 
 #[test]
 fn each_ddtree_node_is_scored_by_the_corrected_distribution_of_its_own_path() {
-    let _rng = seeded(0);
     let (vocab, block_size) = (64, 5);
     let target = target(vocab, 3);
     let (vs, drafter) = domino_drafter(vocab, block_size, 17, 0);

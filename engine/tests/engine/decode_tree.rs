@@ -11,7 +11,7 @@ use dflash_engine::model::target::{TargetCache, TargetModel, TreeShape};
 use tch::Tensor;
 
 use crate::support::decode::{drafter, greedy, prompts, target, LOSSLESS_CASES};
-use crate::support::drafter::{max_abs_diff, seeded};
+use crate::support::drafter::max_abs_diff;
 
 /// fp32 on CPU: the tree runs the same arithmetic as the chain in another grouping (batched by
 /// depth, masked attention), so rows agree to rounding, far below any logit gap.
@@ -51,7 +51,6 @@ fn argmax_row(logits: &Tensor, row: i64) -> i64 {
 
 #[test]
 fn tree_verification_equals_verifying_every_root_to_leaf_path_as_a_chain() {
-    let _rng = seeded(0);
     let vocab = 16;
     let target = target(vocab, 4);
     let taps = [0usize, 1, 2];
@@ -158,7 +157,6 @@ fn tree_verification_equals_verifying_every_root_to_leaf_path_as_a_chain() {
 
 #[test]
 fn an_unresolved_tree_refuses_another_forward_and_a_non_path() {
-    let _rng = seeded(0);
     let target = target(16, 5);
     let mut cache = prefilled(&target, &[1, 2, 3], &[]);
     let shape = TreeShape::new(vec![None, Some(0), Some(0), Some(1)]).unwrap();
@@ -186,7 +184,6 @@ fn an_unresolved_tree_refuses_another_forward_and_a_non_path() {
 
 #[test]
 fn greedy_ddtree_is_lossless_and_commits_the_longest_greedy_prefix_the_tree_holds() {
-    let _rng = seeded(0);
     let mut accepted_some = false;
     for (vocab, block_size, seed) in LOSSLESS_CASES {
         let target = target(vocab, seed);
@@ -235,7 +232,6 @@ fn greedy_ddtree_is_lossless_and_commits_the_longest_greedy_prefix_the_tree_hold
 
 #[test]
 fn ddtree_peer_counting_runs_the_last_round_in_full_and_the_round_after_an_exact_fill() {
-    let _rng = seeded(0);
     let (mut cut, mut exact) = (0, 0);
     // until a case has shown both a cut last round and an exact fill
     for (vocab, block_size, seed) in LOSSLESS_CASES {
@@ -283,7 +279,6 @@ fn ddtree_peer_counting_runs_the_last_round_in_full_and_the_round_after_an_exact
 
 #[test]
 fn ddtree_refuses_sampling_and_an_empty_budget() {
-    let _rng = seeded(0);
     let target = target(8, 1);
     let (_vs, drafter) = drafter(8, 4, 11);
     let greedy = greedy(4);

@@ -5,10 +5,12 @@ use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, Drafte
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use tch::{nn, Device, Kind};
 
-use super::drafter::randomize;
+use super::drafter::{randomize, seeded, single_threaded};
 
-/// A three-layer Qwen3.5 hybrid (linear, linear, full) of vocabulary `vocab`, random.
+/// A three-layer Qwen3.5 hybrid (linear, linear, full) of vocabulary `vocab`, random (its own
+/// generator, seeded by `seed`: no lock to hold). The decoding that follows runs on one thread.
 pub fn target(vocab: i64, seed: i64) -> TargetModel {
+    single_threaded();
     let TargetConfig::Qwen3_5(mut c) = TargetConfig::tiny_default() else {
         unreachable!()
     };
@@ -24,7 +26,8 @@ pub fn target(vocab: i64, seed: i64) -> TargetModel {
 }
 
 /// A two-layer drafter (sliding, full) over taps 0 and 1 of [`target`], its weights spread
-/// (`randomize`) so that its drafts vary and some are accepted.
+/// (`randomize`) so that its drafts vary and some are accepted. Its draws from libtorch's
+/// generator are under [`seeded`] (`seed`), released on return.
 pub fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter) {
     let cfg = DrafterConfig {
         hidden_size: 32,
@@ -47,7 +50,7 @@ pub fn drafter(vocab: i64, block_size: i64, seed: i64) -> (nn::VarStore, Drafter
         initializer_range: 0.02,
         head: Default::default(),
     };
-    tch::manual_seed(seed);
+    let _draws = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let d = Drafter::new(&vs.root(), &cfg);
     randomize(&vs, 0.5);
@@ -99,7 +102,7 @@ pub fn domino_drafter(
         gru_hidden_dim: 8,
         pure_draft_prefix_len,
     });
-    tch::manual_seed(seed);
+    let _draws = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let d = Drafter::new(&vs.root(), &cfg);
     randomize(&vs, 0.5);

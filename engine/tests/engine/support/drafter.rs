@@ -81,22 +81,27 @@ pub fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
     (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(f64::MIN_POSITIVE)
 }
 
-/// libtorch's RNG is process-global and tests run on parallel threads: every test that draws
-/// random numbers holds this guard so its data depend only on its own seed.
-///
-/// It also runs the test's libtorch ops on one thread. The models these tests use are tiny
-/// (hidden sizes of 32, vocabularies of 5 to 64): an op is microseconds of work, far below
-/// where intra-op threads pay, and on a loaded 2-core machine the OpenMP threads only wait on
-/// each other. Measured alone on the 2-core machine (load 2–5), one thread against libtorch's
+/// libtorch's generator is process-wide and tests run on parallel threads: a test holds this
+/// guard (the engine's [`dflash_engine::global_rng::lock`], which drafter initialisation inside
+/// a `Trainer` takes too) from its seed to its last random draw, so its data depend only on
+/// its own seed. Hold it no longer: tests that wait on it do not run. The decoding tests draw
+/// only while building their models ([`super::decode`] seeds inside its builders).
+pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
+    let guard = dflash_engine::global_rng::lock();
+    single_threaded();
+    tch::manual_seed(seed);
+    guard
+}
+
+/// Runs this process's libtorch ops on one thread. The models these tests use are tiny (hidden
+/// sizes of 32, vocabularies of 5 to 64): an op is microseconds of work, far below where
+/// intra-op threads pay, and on a loaded 2-core machine the OpenMP threads only wait on each
+/// other. Measured alone on the 2-core machine (load 2–5), one thread against libtorch's
 /// default of 2: the sampled-chain test 154 s → 13 s, the greedy chain test 62 s → 3 s, the
 /// DDTree losslessness test 27 s → 6 s. The arithmetic is the same; only its grouping may
 /// differ, which the tests' tolerances are for.
-pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+pub fn single_threaded() {
     tch::set_num_threads(1);
-    tch::manual_seed(seed);
-    guard
 }
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
