@@ -43,13 +43,13 @@ fn config_and_path(root: &Path, edit: impl FnOnce(&mut Config)) -> (PathBuf, Con
     cfg.training.online_eval_every = Some(0);
     cfg.training.checkpoint_every = 1_000_000;
     let t = &mut cfg.detectors.throughput;
-    t.warmup_s = 4.0;
+    t.warmup_s = 2.0;
     t.min_baseline_samples = 5;
     t.smoothing_samples = 3;
-    t.warn_after_s = 4.0;
+    t.warn_after_s = 2.0;
     t.crit_after_s = 2.0;
-    cfg.detectors.healthy.after_ok_s = 6.0;
-    cfg.detectors.healthy.refresh_s = 3.0;
+    cfg.detectors.healthy.after_ok_s = 4.0;
+    cfg.detectors.healthy.refresh_s = 2.0;
     cfg.telemetry.sample_interval_ms = 250;
     edit(&mut cfg);
     let path = root.join("config.toml");
