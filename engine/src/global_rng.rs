@@ -9,5 +9,7 @@ static GENERATOR: Mutex<()> = Mutex::new(());
 /// anything that takes it again (drafter initialisation in `train::replica` takes it itself).
 pub fn lock() -> MutexGuard<'static, ()> {
     // A panicking holder leaves no invariant behind: the next holder seeds anew.
-    GENERATOR.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    GENERATOR
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -229,8 +229,12 @@ fn fifty_live_and_fifty_silent_clients_cost_no_measurable_throughput_or_unbounde
         } else {
             let crowd = Crowd::arrive(&mut d, &frames);
             let at = rss.len();
-            slowest_status =
-                slowest_status.max(sample(&mut d, Instant::now() + CROWDED_PHASE, &mut rss, true));
+            slowest_status = slowest_status.max(sample(
+                &mut d,
+                Instant::now() + CROWDED_PHASE,
+                &mut rss,
+                true,
+            ));
             rss_crowded_max = rss_crowded_max.max(rss[at..].iter().copied().max().unwrap());
             crowded.push((from, now_ms()));
             dropped += crowd.leave();
