@@ -6,7 +6,8 @@ use dflash_shared::job::{self, JobView, NodeFigures};
 use dflash_shared::metrics::StepTimes;
 use tch::Tensor;
 
-use super::{schedule_for, Trainer};
+use super::build::schedule_for;
+use super::Trainer;
 use crate::train::error::TrainError;
 use crate::train::shard::NodeShard;
 use crate::train::topology::allreduce::AllReduce;
