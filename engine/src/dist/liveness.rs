@@ -338,6 +338,27 @@ impl Shared {
     fn now(&self) -> u64 {
         self.origin.elapsed().as_millis() as u64
     }
+
+    /// Sleeps until the state changes (a notify) or `limit` passes, whichever comes first.
+    fn wait<'a>(&self, st: MutexGuard<'a, State>, limit: Duration) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout(st, limit)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
+
+    /// Sleeps while `pending` holds, for at most `limit` in all.
+    fn wait_while<'a>(
+        &self,
+        st: MutexGuard<'a, State>,
+        limit: Duration,
+        pending: impl FnMut(&mut State) -> bool,
+    ) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout_while(st, limit, pending)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
 }
 
 fn beat_key(n: u32) -> String {
@@ -436,23 +457,10 @@ impl Liveness {
     /// naming its peer waits here for the judge to name the node (a killed node's heartbeat
     /// has stopped; the judge names it within the bound).
     pub fn wait_verdict(&self, limit: Duration) -> Option<Silence> {
-        let deadline = Instant::now() + limit;
-        let mut st = self.shared.lock();
-        loop {
-            if let Some(v) = st.verdict.clone().or_else(|| st.left.clone()) {
-                return Some(v);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            st = self
-                .shared
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let st = self.shared.wait_while(self.shared.lock(), limit, |st| {
+            st.verdict.is_none() && st.left.is_none()
+        });
+        st.verdict.clone().or_else(|| st.left.clone())
     }
 
     /// A collective lost `node` (its connection closed): node 0 then leaves without waiting
@@ -485,19 +493,7 @@ impl Drop for Liveness {
             let mut st = self.shared.lock();
             st.stop = true;
             self.shared.changed.notify_all();
-            let deadline = Instant::now() + limit;
-            while !st.beater_done {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                st = self
-                    .shared
-                    .changed
-                    .wait_timeout(st, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
+            drop(self.shared.wait_while(st, limit, |st| !st.beater_done));
         }
         if let Some(judge) = self.judge.take() {
             let _ = judge.join();
@@ -576,11 +572,7 @@ fn beat(shared: &Shared, store: &TcpStore) {
         }
         let mut st = shared.lock();
         if !st.stop && (st.quit.is_none() || st.quit_published) {
-            st = shared
-                .changed
-                .wait_timeout(st, period)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = shared.wait(st, period);
         }
         drop(st);
     }
@@ -624,12 +616,7 @@ fn judge(shared: &Shared, on_silence: OnSilence) {
             }
             let now = shared.now();
             let Some(v) = st.watch.as_mut().and_then(|w| w.tick(now)) else {
-                st = shared
-                    .changed
-                    .wait_timeout(st, half)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-                drop(st);
+                drop(shared.wait(st, half));
                 continue;
             };
             if !v.aborts() {
@@ -668,10 +655,7 @@ fn judge(shared: &Shared, on_silence: OnSilence) {
         if st.stop {
             return;
         }
-        let _ = shared
-            .changed
-            .wait_timeout(st, half)
-            .unwrap_or_else(|p| p.into_inner());
+        drop(shared.wait(st, half));
     }
 }
 
