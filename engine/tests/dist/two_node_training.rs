@@ -9,7 +9,7 @@
 //! partial sums in another association than rank order), and the difference would be bounded
 //! by (n−1)·2⁻²⁴ relative per gradient element per step, which AdamW's normalised update then
 //! carries; that case is not run here.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -108,6 +108,46 @@ pub(crate) fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Re
     Ok(worst)
 }
 
+/// The end of a two-node run against `reference`, the one process that trained the same global
+/// batch: both nodes report its step count and data position and exit cleanly; their replicas
+/// (written under `out`, which is then removed) are identical and within `tolerance` of its
+/// masters; and its masters moved from `initial` by more than `moved`, so the run trained.
+/// Returns the nodes' largest difference from the reference.
+pub(crate) fn assert_nodes_match(
+    nodes: [RankProcess; 2],
+    reference: &Trainer,
+    initial: &[(String, Tensor)],
+    out: &Path,
+    tolerance: f64,
+    moved: f64,
+) -> f64 {
+    let want_line = format!(
+        "TRAINED total_steps {} position {:?}",
+        reference.total_steps(),
+        reference.data_position()
+    );
+    for node in nodes {
+        assert_eq!(node.expect("TRAINED").1, want_line);
+        node.wait_success();
+    }
+    let load = |n: usize| Tensor::load_multi(out.join(format!("node{n}.ot"))).unwrap();
+    let (w0, w1) = (load(0), load(1));
+    assert_eq!(
+        max_abs_diff(&w0, &w1).unwrap(),
+        0.0,
+        "the nodes' replicas differ"
+    );
+    let single = reference.master_weights();
+    let diff = max_abs_diff(&w0, &single).unwrap();
+    assert!(
+        diff <= tolerance,
+        "max |Δparam| = {diff:e} against the one process"
+    );
+    assert!(max_abs_diff(initial, &single).unwrap() > moved);
+    let _ = std::fs::remove_dir_all(out);
+    diff
+}
+
 #[test]
 fn two_nodes_of_one_worker_train_what_one_process_of_two_drafter_ranks_trains() {
     let _serial = crate::two_process::TIMING
@@ -141,32 +181,8 @@ fn two_nodes_of_one_worker_train_what_one_process_of_two_drafter_ranks_trains() 
     for _ in 0..STEPS {
         reference.train_step().unwrap();
     }
-    let want_line = format!(
-        "TRAINED total_steps {} position {:?}",
-        reference.total_steps(),
-        reference.data_position()
-    );
-    assert_eq!(node0.expect("TRAINED").1, want_line);
-    assert_eq!(node1.expect("TRAINED").1, want_line);
-    node0.wait_success();
-    node1.wait_success();
-
-    let load = |n: usize| Tensor::load_multi(out.join(format!("node{n}.ot"))).unwrap();
-    let (w0, w1) = (load(0), load(1));
-    assert_eq!(
-        max_abs_diff(&w0, &w1).unwrap(),
-        0.0,
-        "the nodes' replicas differ"
-    );
-    let single = reference.master_weights();
-    let diff = max_abs_diff(&w0, &single).unwrap();
-    assert!(
-        diff <= TOLERANCE,
-        "max |Δparam| = {diff:e} after {STEPS} steps"
-    );
     // The run really trained: the weights moved.
-    assert!(max_abs_diff(&initial, &single).unwrap() > 1e-4);
-    let _ = std::fs::remove_dir_all(&out);
+    let diff = assert_nodes_match([node0, node1], &reference, &initial, &out, TOLERANCE, 1e-4);
     eprintln!(
         "two nodes vs one process, {STEPS} steps: max |Δ| {diff:e}, {:?}",
         started.elapsed()

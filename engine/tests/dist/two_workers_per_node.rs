@@ -28,7 +28,9 @@ use dflash_shared::metrics::{DeviceRole, StepMetrics};
 use tch::{Device, Tensor};
 
 use crate::rank::{env_var, WORLD as NODES};
-use crate::two_node_training::{config, max_abs_diff, node_trainer, trainer, OUT_VAR};
+use crate::two_node_training::{
+    assert_nodes_match, config, max_abs_diff, node_trainer, trainer, OUT_VAR,
+};
 use crate::two_process::RankProcess;
 
 const WORKERS: usize = 2;
@@ -214,32 +216,9 @@ fn two_nodes_of_two_workers_train_what_one_process_of_four_drafter_workers_train
         assert!(tokens.iter().all(|&t| t > 0 && t < *want), "{line}");
         assert_eq!(tokens.iter().sum::<u64>(), *want, "{line}");
     }
-    let want_line = format!(
-        "TRAINED total_steps {} position {:?}",
-        reference.total_steps(),
-        reference.data_position()
-    );
-    assert_eq!(node0.expect("TRAINED").1, want_line);
-    assert_eq!(node1.expect("TRAINED").1, want_line);
-    node0.wait_success();
-    node1.wait_success();
-
-    let load = |n: usize| Tensor::load_multi(out.join(format!("node{n}.ot"))).unwrap();
-    let (w0, w1) = (load(0), load(1));
-    assert_eq!(
-        max_abs_diff(&w0, &w1).unwrap(),
-        0.0,
-        "the nodes' replicas differ"
-    );
-    let single = reference.master_weights();
-    let diff = max_abs_diff(&w0, &single).unwrap();
-    assert!(
-        diff <= TOLERANCE,
-        "max |Δparam| = {diff:e} after {STEPS} steps"
-    );
     // The run really trained: the weights moved, by far more than the tolerance.
-    assert!(max_abs_diff(&initial, &single).unwrap() > 100.0 * TOLERANCE);
-    let _ = std::fs::remove_dir_all(&out);
+    let moved = 100.0 * TOLERANCE;
+    let diff = assert_nodes_match([node0, node1], &reference, &initial, &out, TOLERANCE, moved);
     eprintln!(
         "2 nodes × 2 workers vs one process of 4, {STEPS} steps and a resume: max |Δ| {diff:e}, \
          {:?}",
