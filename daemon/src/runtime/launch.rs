@@ -198,8 +198,8 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         let handle = handle.clone();
         setup::NodeOfJob {
             job,
-            journal: Box::new(move |message| {
-                handle.record_event_logged(Severity::Info, EventKind::Note { message });
+            journal: Box::new(move |severity, message| {
+                handle.record_event_logged(severity, EventKind::Note { message });
             }),
         }
     });

@@ -24,6 +24,7 @@ use dflash_engine::train::trainer::{JobMembership, OpenGroup};
 use dflash_engine::train::warm_start::WarmStart;
 use dflash_engine::train::TrainError;
 use dflash_shared::config::{Config, DEFAULT_HEARTBEAT_TIMEOUT_S};
+use dflash_shared::events::Severity;
 use dflash_shared::launch::{
     check_agreement, check_init_from, job_config, job_config_text, InitFromFacts, NodeLaunch,
     StartFacts, WeightFileFact,
@@ -31,9 +32,9 @@ use dflash_shared::launch::{
 use sha2::{Digest, Sha256};
 use tch::{Device, Tensor};
 
-/// A journal several threads of a node write through (the checkpoint witness, the heartbeat
-/// judge).
-type SharedJournal = Arc<Mutex<Box<dyn Fn(String) + Send>>>;
+/// A journal several threads of a node write through: the checkpoint witness (its agreement
+/// lines, `Info`) and the heartbeat judge (a silent peer, `Warn`: the run pauses on it).
+type SharedJournal = Arc<Mutex<Box<dyn Fn(Severity, String) + Send>>>;
 
 /// This node's place in its job, with the store every node shares.
 pub struct NodeJob {
@@ -186,13 +187,14 @@ impl NodeJob {
     /// of `N·L`, its endpoint joined on its own thread and connection
     /// (`ProcessGroupAllReduce::join_local_ranks`) when the build opens the group, once the
     /// trainer's workers have started; the straggler bar (`detectors.straggler.behind_frac`,
-    /// node-local) and the checkpoint witness, which journals through `journal`.
+    /// node-local) and the checkpoint witness, which journal through `journal` at the severity
+    /// each line has.
     pub fn membership(
         &self,
         drafter_devices: &[Device],
         accum: usize,
         straggler_behind_frac: f64,
-        journal: impl Fn(String) + Send + 'static,
+        journal: impl Fn(Severity, String) + Send + 'static,
     ) -> Result<JobMembership, TrainError> {
         let nodes = self.launch.nnodes as usize;
         let node = self.node() as usize;
@@ -228,7 +230,7 @@ impl NodeJob {
                 aborts: groups.iter().map(|g| g.abort_handle()).collect(),
                 journal: Box::new(move |line| {
                     tracing::warn!("{line}");
-                    (verdicts.lock().unwrap_or_else(|p| p.into_inner()))(line);
+                    (verdicts.lock().unwrap_or_else(|p| p.into_inner()))(Severity::Warn, line);
                 }),
             };
             let beating =
@@ -249,7 +251,7 @@ impl NodeJob {
             open_group,
             straggler_behind_frac,
             checkpoint_witness: Some(self.checkpoint_witness(move |line| {
-                (journal.lock().unwrap_or_else(|p| p.into_inner()))(line)
+                (journal.lock().unwrap_or_else(|p| p.into_inner()))(Severity::Info, line)
             })),
         })
     }

@@ -112,8 +112,9 @@ pub struct MemoryPlanPolicy {
 /// A node of a multi-node job: what [`prepare`] builds the trainer as one node of.
 pub struct NodeOfJob<'a> {
     pub job: &'a NodeJob,
-    /// Where the checkpoint witness journals the nodes' agreement after every checkpoint.
-    pub journal: Box<dyn Fn(String) + Send>,
+    /// Where the node's threads journal: the checkpoint witness the nodes' agreement after
+    /// every checkpoint, the heartbeat judge a silent peer.
+    pub journal: Box<dyn Fn(dflash_shared::events::Severity, String) + Send>,
 }
 
 pub struct Prepared {
