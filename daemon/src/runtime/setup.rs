@@ -638,6 +638,21 @@ pub fn describe_topology(topology: &TopologySpec) -> String {
 mod tests {
     use super::*;
 
+    /// A start's inputs for `cfg` with nothing given on the command line.
+    fn inputs_of(cfg: &Config) -> SetupInputs<'_> {
+        SetupInputs {
+            config: cfg,
+            config_path: None,
+            run_dir: Path::new("/r"),
+            device_override: None,
+            unlocked_keys: Vec::new(),
+            memory_plan: MemoryPlanPolicy::default(),
+            cpu_peak_flops: None,
+            resume: None,
+            fresh_start: false,
+        }
+    }
+
     /// Issue 22 part 7: a message that carries its cause does not also return it as `source()`,
     /// or `dflashd`'s `{e:#}` (anyhow's chain) prints the cause twice.
     #[test]
@@ -720,15 +735,8 @@ mod tests {
             cfg.training.online_eval_prompts = Some(prompts.into());
             cfg.training.online_eval_every = every;
             online_eval_prompts(&SetupInputs {
-                config: &cfg,
                 config_path: Some(&config_path),
-                run_dir: Path::new("/r"),
-                device_override: None,
-                unlocked_keys: Vec::new(),
-                memory_plan: MemoryPlanPolicy::default(),
-                cpu_peak_flops: None,
-                resume: None,
-                fresh_start: false,
+                ..inputs_of(&cfg)
             })
         };
         assert_eq!(
@@ -751,24 +759,14 @@ mod tests {
 
     #[test]
     fn unused_topology_devices_are_named() {
-        fn inputs(cfg: &Config) -> SetupInputs<'_> {
-            SetupInputs {
-                config: cfg,
-                config_path: None,
-                run_dir: Path::new("/r"),
-                device_override: None,
-                unlocked_keys: Vec::new(),
-                memory_plan: MemoryPlanPolicy::default(),
-                cpu_peak_flops: None,
-                resume: None,
-                fresh_start: false,
-            }
-        }
         let mut cfg = Config::embedded_default();
-        assert_eq!(training_device(&inputs(&cfg)), (config::Device::Cpu, None));
+        assert_eq!(
+            training_device(&inputs_of(&cfg)),
+            (config::Device::Cpu, None)
+        );
         cfg.topology.target_devices = vec![config::Device::Cuda(0), config::Device::Cuda(1)];
         cfg.topology.drafter_devices = vec![config::Device::Cuda(2)];
-        let (chosen, note) = training_device(&inputs(&cfg));
+        let (chosen, note) = training_device(&inputs_of(&cfg));
         assert_eq!(chosen, config::Device::Cuda(2));
         let note = note.unwrap();
         assert!(

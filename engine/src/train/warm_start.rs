@@ -138,6 +138,39 @@ fn layer_types_toml(types: &[LayerType]) -> String {
     format!("[{}]", names.join(", "))
 }
 
+/// One compared drafter key: the run config key a misfit names, and the value as the run's
+/// config would spell it.
+type ComparedKey = (&'static str, fn(&DrafterConfig) -> String);
+
+/// The keys that shape the drafter's weights, in the order a refusal lists them.
+const COMPUTE_SHAPE: [ComparedKey; 7] = [
+    ("drafter.hidden_size", |c| c.hidden_size.to_string()),
+    ("drafter.intermediate_size", |c| {
+        c.intermediate_size.to_string()
+    }),
+    ("drafter.num_layers", |c| c.num_hidden_layers.to_string()),
+    ("drafter.num_attention_heads", |c| {
+        c.num_attention_heads.to_string()
+    }),
+    ("drafter.num_key_value_heads", |c| {
+        c.num_key_value_heads.to_string()
+    }),
+    ("drafter.head_dim", |c| c.head_dim.to_string()),
+    ("drafter.layer_types", |c| layer_types_toml(&c.layer_types)),
+];
+
+/// The keys that shape no weight but change what the weights compute: the block, the mask
+/// token, the target layers tapped, and the constants of RoPE and the norms.
+const COMPUTE_CONSTANTS: [ComparedKey; 5] = [
+    ("drafter.block_size", |c| c.block_size.to_string()),
+    ("drafter.mask_token_id", |c| c.mask_token_id.to_string()),
+    ("drafter.target_layer_ids", |c| {
+        format!("{:?}", c.target_layer_ids)
+    }),
+    ("drafter.rope_theta", |c| format!("{:?}", c.rope_theta)),
+    ("drafter.rms_norm_eps", |c| format!("{:?}", c.rms_norm_eps)),
+];
+
 impl DrafterSource {
     /// Reads `dir`'s `config.json` and the headers of its weights files (no tensor data).
     pub fn open(dir: &Path) -> Result<Self, TrainError> {
@@ -191,75 +224,18 @@ impl DrafterSource {
                 });
             }
         };
-        differs(
-            "drafter.hidden_size",
-            run.hidden_size.to_string(),
-            file.hidden_size.to_string(),
-        );
-        differs(
-            "drafter.intermediate_size",
-            run.intermediate_size.to_string(),
-            file.intermediate_size.to_string(),
-        );
-        differs(
-            "drafter.num_layers",
-            run.num_hidden_layers.to_string(),
-            file.num_hidden_layers.to_string(),
-        );
-        differs(
-            "drafter.num_attention_heads",
-            run.num_attention_heads.to_string(),
-            file.num_attention_heads.to_string(),
-        );
-        differs(
-            "drafter.num_key_value_heads",
-            run.num_key_value_heads.to_string(),
-            file.num_key_value_heads.to_string(),
-        );
-        differs(
-            "drafter.head_dim",
-            run.head_dim.to_string(),
-            file.head_dim.to_string(),
-        );
-        differs(
-            "drafter.layer_types",
-            layer_types_toml(&run.layer_types),
-            layer_types_toml(&file.layer_types),
-        );
+        for (key, value) in COMPUTE_SHAPE {
+            differs(key, value(run), value(file));
+        }
         // The window shapes no weight, but it decides what each sliding layer attends to.
         if run.layer_types.contains(&LayerType::Sliding) {
-            let window = |w: Option<i64>| w.map_or("(unset)".into(), |w| w.to_string());
-            differs(
-                "drafter.sliding_window",
-                window(run.sliding_window),
-                window(file.sliding_window),
-            );
+            let window =
+                |c: &DrafterConfig| c.sliding_window.map_or("(unset)".into(), |w| w.to_string());
+            differs("drafter.sliding_window", window(run), window(file));
         }
-        differs(
-            "drafter.block_size",
-            run.block_size.to_string(),
-            file.block_size.to_string(),
-        );
-        differs(
-            "drafter.mask_token_id",
-            run.mask_token_id.to_string(),
-            file.mask_token_id.to_string(),
-        );
-        differs(
-            "drafter.target_layer_ids",
-            format!("{:?}", run.target_layer_ids),
-            format!("{:?}", file.target_layer_ids),
-        );
-        differs(
-            "drafter.rope_theta",
-            format!("{:?}", run.rope_theta),
-            format!("{:?}", file.rope_theta),
-        );
-        differs(
-            "drafter.rms_norm_eps",
-            format!("{:?}", run.rms_norm_eps),
-            format!("{:?}", file.rms_norm_eps),
-        );
+        for (key, value) in COMPUTE_CONSTANTS {
+            differs(key, value(run), value(file));
+        }
         out.extend(head_misfits(&run.head, &file.head));
         out.extend(target_misfits(run, file));
         out
