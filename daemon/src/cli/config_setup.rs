@@ -40,7 +40,6 @@ pub(super) fn check(files: &SetupFiles<'_>, facts: &mut ConfigFacts, notes: &mut
         unlocked_keys: Vec::new(),
         // Nothing is built or restored: only the files are read.
         resume: None,
-        fresh_start: false,
         memory_plan: MemoryPlanPolicy {
             stated_gib: files.gpu_memory_gib,
             ignore: false,

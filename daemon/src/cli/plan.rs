@@ -264,7 +264,6 @@ fn data_shape(
         unlocked_keys: Vec::new(),
         // Only the data is read here: no trainer is built, nothing resumes.
         resume: None,
-        fresh_start: false,
         memory_plan: MemoryPlanPolicy::default(),
         cpu_peak_flops: None,
     };

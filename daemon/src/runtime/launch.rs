@@ -192,7 +192,6 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
         // A node's trainer joins its job as the build's last step, before this restore (which
         // checks the cursor against the job's global batch).
         resume: resume.clone(),
-        fresh_start: resume.is_none(),
     };
     let node = job.as_ref().map(|job| {
         let handle = handle.clone();

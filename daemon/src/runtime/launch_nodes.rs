@@ -26,9 +26,11 @@ use dflash_engine::train::TrainError;
 use dflash_shared::config::{Config, DEFAULT_HEARTBEAT_TIMEOUT_S};
 use dflash_shared::events::Severity;
 use dflash_shared::launch::{
-    check_agreement, check_init_from, job_config, job_config_text, InitFromFacts, NodeLaunch,
-    StartFacts, WeightFileFact,
+    check_agreement, check_init_from, job_config, job_config_text, Disagreement, InitFromFacts,
+    NodeLaunch, StartFacts, WeightFileFact,
 };
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tch::{Device, Tensor};
 
@@ -94,26 +96,52 @@ impl NodeJob {
     /// Publishes this node's facts, waits for every node's and checks that they agree; `Err`
     /// is the refusal, the same on every node.
     pub fn agree(&self, facts: &StartFacts) -> Result<(), String> {
-        let key = |n: u32| format!("start/facts/{n}");
-        let bytes = serde_json::to_vec(facts).map_err(|e| e.to_string())?;
+        self.agree_on("start/facts", "start facts", "", facts, check_agreement)
+    }
+
+    /// Publishes `mine` as this node's `{prefix}/{node}` and reads every node's, in node order
+    /// (its own included), each wait bounded by the timeout. `what` names the value in the
+    /// errors; `late_hint` is added to a node's late answer, where there is a likely cause.
+    fn exchange<T: Serialize + DeserializeOwned>(
+        &self,
+        prefix: &str,
+        what: &str,
+        late_hint: &str,
+        mine: &T,
+    ) -> Result<Vec<T>, String> {
+        let key = |n: u32| format!("{prefix}/{n}");
+        let bytes = serde_json::to_vec(mine).map_err(|e| e.to_string())?;
         self.store
             .set(&key(self.node()), &bytes)
-            .map_err(|e| format!("publishing node {}'s start facts: {e}", self.node()))?;
-        let mut all = Vec::new();
-        for n in 0..self.launch.nnodes {
-            let bytes = self.store.get(&key(n), self.timeout).map_err(|e| {
-                format!(
-                    "node {n} did not publish its start facts within {} s: {e}",
-                    self.timeout.as_secs()
-                )
-            })?;
-            let facts: StartFacts = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("node {n}'s start facts are unreadable: {e}"))?;
-            all.push(facts);
-        }
-        let verdict = check_agreement(&all).map_err(|d| format!("the nodes disagree: {d}"));
+            .map_err(|e| format!("publishing node {}'s {what}: {e}", self.node()))?;
+        (0..self.launch.nnodes)
+            .map(|n| {
+                let bytes = self.store.get(&key(n), self.timeout).map_err(|e| {
+                    format!(
+                        "node {n} did not publish its {what} within {} s{late_hint}: {e}",
+                        self.timeout.as_secs()
+                    )
+                })?;
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("node {n}'s {what} are unreadable: {e}"))
+            })
+            .collect()
+    }
+
+    /// [`Self::exchange`], then `check` over every node's value: `Err` is the refusal, the
+    /// same on every node, and node 0 keeps its store up until every node has read it.
+    fn agree_on<T: Serialize + DeserializeOwned>(
+        &self,
+        prefix: &str,
+        what: &str,
+        late_hint: &str,
+        mine: &T,
+        check: impl FnOnce(&[T]) -> Result<(), Disagreement>,
+    ) -> Result<(), String> {
+        let all = self.exchange(prefix, what, late_hint, mine)?;
+        let verdict = check(&all).map_err(|d| format!("the nodes disagree: {d}"));
         if verdict.is_err() {
-            self.hold_the_store_until_every_node_read("start/facts")?;
+            self.hold_the_store_until_every_node_read(prefix)?;
         }
         verdict
     }
@@ -145,23 +173,12 @@ impl NodeJob {
     pub fn align_checkpoints(&self, root: &Path) -> Result<(Option<u64>, Vec<String>), String> {
         let listed = dflash_engine::train::checkpoint::list(root).map_err(|e| e.to_string())?;
         let mine: Vec<u64> = listed.iter().map(|(s, _)| *s).collect();
-        let key = |n: u32| format!("start/checkpoints/{n}");
-        let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
-        self.store
-            .set(&key(self.node()), &bytes)
-            .map_err(|e| format!("publishing node {}'s checkpoints: {e}", self.node()))?;
-        let mut common: Vec<u64> = mine.clone();
-        for n in (0..self.launch.nnodes).filter(|&n| n != self.node()) {
-            let bytes = self.store.get(&key(n), self.timeout).map_err(|e| {
-                format!(
-                    "node {n} did not publish its checkpoints within {} s: {e}",
-                    self.timeout.as_secs()
-                )
-            })?;
-            let theirs: Vec<u64> = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("node {n}'s checkpoint list is unreadable: {e}"))?;
-            common.retain(|s| theirs.contains(s));
-        }
+        let all = self.exchange("start/checkpoints", "checkpoints", "", &mine)?;
+        let common: Vec<u64> = mine
+            .iter()
+            .copied()
+            .filter(|s| all.iter().all(|theirs| theirs.contains(s)))
+            .collect();
         // No step in common: nothing to align to (the agreement names the resume steps).
         let Some(last_common) = common.iter().max().copied() else {
             return Ok((None, Vec::new()));
@@ -262,7 +279,6 @@ impl NodeJob {
     /// the same on every node. Every node of a job warm-starts or none does (the config and
     /// the resume step agreed), so every node makes this exchange or none.
     pub fn agree_init_from(&self, warm: Option<&WarmStart>) -> Result<(), String> {
-        let key = |n: u32| format!("start/init_from/{n}");
         let mine = InitFromFacts {
             node_rank: self.node(),
             files: warm.map_or_else(Vec::new, |w| {
@@ -279,31 +295,13 @@ impl NodeJob {
                     .collect()
             }),
         };
-        let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
-        self.store.set(&key(self.node()), &bytes).map_err(|e| {
-            format!(
-                "publishing node {}'s drafter.init_from digests: {e}",
-                self.node()
-            )
-        })?;
-        let mut all = Vec::new();
-        for n in 0..self.launch.nnodes {
-            let bytes = self.store.get(&key(n), self.timeout).map_err(|e| {
-                format!(
-                    "node {n} did not publish its drafter.init_from digests within {} s (did \
-                     its warm start fail? its journal says): {e}",
-                    self.timeout.as_secs()
-                )
-            })?;
-            let facts: InitFromFacts = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("node {n}'s drafter.init_from digests are unreadable: {e}"))?;
-            all.push(facts);
-        }
-        let verdict = check_init_from(&all).map_err(|d| format!("the nodes disagree: {d}"));
-        if verdict.is_err() {
-            self.hold_the_store_until_every_node_read("start/init_from")?;
-        }
-        verdict
+        self.agree_on(
+            "start/init_from",
+            "drafter.init_from digests",
+            " (did its warm start fail? its journal says)",
+            &mine,
+            check_init_from,
+        )
     }
 
     /// After every checkpoint: this node publishes a SHA-256 of its fp32 master weights and
@@ -388,20 +386,10 @@ pub fn start_facts(
         config_digest: hex::encode(Sha256::digest(job_config_text(config).as_bytes())),
         fingerprint,
         drafter_workers,
-        resume_step: resume.map_or(0, checkpoint_step),
+        resume_step: resume
+            .and_then(dflash_engine::train::checkpoint::checkpoint_step)
+            .unwrap_or(0),
     })
-}
-
-/// The step of a checkpoint directory (`step-0000000012` → 12).
-fn checkpoint_step(dir: &Path) -> u64 {
-    dir.file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| {
-            n.trim_start_matches(|c: char| !c.is_ascii_digit())
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
 }
 
 /// SHA-256 over the fp32 master weights, names and values in order.
@@ -588,13 +576,5 @@ mod tests {
         assert!(took < Duration::from_secs(3), "{took:?}: {err}");
         let lines = journaled.lock().unwrap().clone();
         assert!(lines[0].starts_with("node 1's heartbeat"), "{lines:?}");
-    }
-
-    #[test]
-    fn checkpoint_steps() {
-        assert_eq!(
-            checkpoint_step(Path::new("/r/checkpoints/step-0000000012")),
-            12
-        );
     }
 }

@@ -89,11 +89,9 @@ pub struct SetupInputs<'a> {
     /// Locked keys (dotted paths) an operator's unlock lets differ from the checkpoint.
     pub unlocked_keys: Vec<String>,
     /// The checkpoint to resume from, as the start's checkpoint gate chose it (for a node of a
-    /// job, the step every node agreed on).
-    pub resume: Option<PathBuf>,
-    /// Whether this start begins the run at step 0: no checkpoint is restored. Only then does
+    /// job, the step every node agreed on). `None` begins the run at step 0: only then does
     /// `drafter.init_from` load.
-    pub fresh_start: bool,
+    pub resume: Option<PathBuf>,
     pub memory_plan: MemoryPlanPolicy,
     /// `--cpu-peak-flops` (`DFLASH_CPU_PEAK_FLOPS`): the CPU's MFU peak, FLOP/s, given instead
     /// of timed at start (journaled as given, not measured).
@@ -306,7 +304,7 @@ fn warm_start_source(
     let Some(value) = inputs.config.drafter.init_from.as_deref() else {
         return Ok(None);
     };
-    if !inputs.fresh_start {
+    if inputs.resume.is_some() {
         return Ok(None);
     }
     let dir = resolve_path(
@@ -649,7 +647,6 @@ mod tests {
             memory_plan: MemoryPlanPolicy::default(),
             cpu_peak_flops: None,
             resume: None,
-            fresh_start: false,
         }
     }
 

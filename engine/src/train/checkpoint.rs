@@ -90,6 +90,16 @@ pub fn checkpoint_dir_name(step: u64) -> String {
     format!("{PREFIX}{step:010}")
 }
 
+/// The step a checkpoint directory holds, read from its name ([`checkpoint_dir_name`]'s
+/// inverse); `None` for a directory not named as a checkpoint.
+pub fn checkpoint_step(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix(PREFIX)?
+        .parse()
+        .ok()
+}
+
 /// Builds one checkpoint in a temporary directory; [`CheckpointWriter::commit`] publishes it.
 pub struct CheckpointWriter {
     root: PathBuf,
@@ -351,11 +361,7 @@ pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     };
     for entry in entries {
         let entry = entry.map_err(io_err(root))?;
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some(step) = name
-            .strip_prefix(PREFIX)
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
+        let Some(step) = checkpoint_step(&entry.path()) else {
             continue;
         };
         if entry.path().is_dir() && entry.path().join(MANIFEST).is_file() {
@@ -389,6 +395,22 @@ pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_directory_names_its_step() {
+        assert_eq!(
+            checkpoint_step(Path::new("/r/checkpoints/step-0000000012")),
+            Some(12)
+        );
+        assert_eq!(
+            checkpoint_step(&PathBuf::from(checkpoint_dir_name(7))),
+            Some(7)
+        );
+        assert_eq!(
+            checkpoint_step(Path::new("/r/checkpoints/uncommon-step-12")),
+            None
+        );
+    }
     use tch::Kind;
 
     fn write_one(root: &Path, step: u64) -> PathBuf {

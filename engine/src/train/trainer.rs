@@ -13,8 +13,9 @@
 //! whether to go on; it reports every line through the same hooks.
 //!
 //! A trainer is built in one step ([`Trainer::build`] from a [`TrainerSpec`]: MFU peaks,
-//! online prompts, the job of a node; `trainer/build.rs`); what changes it afterwards is an operation on its
-//! state, never a setting: a warm start (`warm_start.rs`) or a restore (`resume.rs`).
+//! online prompts, the job of a node; `trainer/build.rs`). What changes it afterwards is an
+//! operation on its state, never a setting: a warm start (`warm_start.rs`) or a restore
+//! (`resume.rs`).
 //!
 //! Everything random is a pure function of the seed and the data position (anchors come from
 //! per-sample generators), so a resumed run is bit-identical to an uninterrupted one on CPU and
