@@ -163,7 +163,11 @@ fn online_evaluation_defaults_on_where_there_are_prompts_and_off_where_there_are
         );
     let with_prompts = Config::from_toml_str(&text, "with prompts").unwrap();
     assert_eq!(with_prompts.training.online_eval_interval(), 1000);
-    assert_eq!(with_prompts.training.online_eval_tree_budgets, [16]);
+    assert_eq!(
+        with_prompts.training.online_eval_tree_budgets,
+        [8, 16, 32, 64]
+    );
+    assert_eq!(with_prompts.training.serve_tree_budget, 32);
 
     let embedded = EMBEDDED_DEFAULT_TOML
         .lines()

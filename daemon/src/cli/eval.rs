@@ -1,6 +1,8 @@
 //! `dflashd eval --target DIR --drafter DIR --data FILE [--json]`: offline acceptance length τ,
-//! per-position acceptance, recall@k per position and loss (spec §5), with deterministic
-//! anchors at every valid position of every sample.
+//! per-position acceptance, top-K recall per position and loss (spec §5), with deterministic
+//! anchors at every valid position of every sample, and the DDTree oracle τ at each
+//! `--tree-budget` (headline: `--serve-tree-budget`), the tree DDTree would build at each block
+//! scored by its deepest gold prefix.
 //!
 //! With `--online --prompts FILE` it decodes instead (`eval_online.rs`); this file chooses
 //! between the two and loads what both need.
@@ -14,7 +16,7 @@ use dflash_engine::device::compute_kind;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::drafter_io::{load_hf, LoadedDrafter};
-use dflash_engine::train::eval::{evaluate, EvalOptions};
+use dflash_engine::train::eval::{evaluate, EvalOptions, EvalReport};
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use tch::Kind;
 
@@ -38,6 +40,18 @@ fn attention_backend(name: &str) -> Result<AttentionBackend, String> {
         "dense-mask" => Ok(AttentionBackend::DenseMask),
         other => Err(format!(
             "expected block-sparse or dense-mask, found {other:?}"
+        )),
+    }
+}
+
+/// `--serve-tree-budget`: a positive node count.
+fn serve_tree_budget(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!(
+            "expected the DDTree node budget the drafter is served with, a positive integer \
+             (default {}), found {text:?}",
+            dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET
         )),
     }
 }
@@ -102,6 +116,10 @@ pub struct EvalArgs {
     /// D-PACE's smoothing α for `loss_dpace`, in [0, 1] (SpecForge's default 0.5).
     #[arg(long, default_value_t = dflash_shared::config::DEFAULT_DPACE_ALPHA, value_parser = dpace_alpha)]
     pub dpace_alpha: f64,
+    /// The DDTree budget the drafter is served with: the headline tree figure, `tau_tree_serve`
+    /// (offline; scored besides `--tree-budget`'s).
+    #[arg(long, default_value_t = dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET, value_parser = serve_tree_budget)]
+    pub serve_tree_budget: usize,
     /// Anchors per sequence in one forward pass (bounds memory).
     #[arg(long, default_value_t = 256)]
     pub anchors_per_forward: usize,
@@ -199,6 +217,16 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         chunk_positions: 2048,
         backend: args.attention,
         dpace_alpha: args.dpace_alpha,
+        tree_budgets: oracle_budgets(args),
+        serve_tree_budget: Some(args.serve_tree_budget),
+    }
+}
+
+/// The DDTree oracle's budgets: `--tree-budget`'s, else the configs' default.
+fn oracle_budgets(args: &EvalArgs) -> Vec<usize> {
+    match args.decoding.tree_budget.as_slice() {
+        [] => dflash_shared::config::DEFAULT_TREE_BUDGETS.to_vec(),
+        given => given.to_vec(),
     }
 }
 
@@ -211,6 +239,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
         }
         Input::Offline(data) => data.to_path_buf(),
     };
+    if args.decoding.tree_budget.contains(&0) {
+        bail!("--tree-budget 0 drafts no node; give budgets ≥ 1, e.g. --tree-budget 8,16,32,64");
+    }
     let (target, drafter) = load_models(&args)?;
     let opts = LoadOptions {
         max_length: args.max_len.unwrap_or(DEFAULT_MAX_LEN),
@@ -276,19 +307,38 @@ pub fn run(args: EvalArgs) -> Result<()> {
         "loss_dflash (γ-weighted, pooled): {:.4}   loss_dpace (α {}, mean over rows): {:.4}",
         result.loss_dflash, result.dpace_alpha, result.loss_dpace
     );
+    print_tree_oracle(&result);
     print!("{:>4} {:>10}", "k", "accept");
-    for k in result.recall_at_k.keys() {
-        print!(" {:>9}", format!("recall@{k}"));
+    for k in result.topk_recall.keys() {
+        print!(" {:>9}", format!("top{k}"));
     }
     println!();
     for (i, acc) in result.per_position_acceptance.iter().enumerate() {
         print!("{:>4} {:>10.4}", i + 1, acc);
-        for recall in result.recall_at_k.values() {
+        for recall in result.topk_recall.values() {
             print!(" {:>9.4}", recall[i]);
         }
         println!();
     }
     Ok(())
+}
+
+/// The DDTree oracle's line: the serving budget's τ first, then every budget's.
+fn print_tree_oracle(result: &EvalReport) {
+    if let (Some(budget), Some(tau)) = (result.serve_tree_budget, result.tau_tree_serve) {
+        println!(
+            "tree tau (DDTree oracle at the serving budget {budget}): {tau:.4}   chain tau: {:.4}",
+            result.tau
+        );
+    }
+    if !result.tau_tree_oracle.is_empty() {
+        let all: Vec<String> = result
+            .tau_tree_oracle
+            .iter()
+            .map(|(b, tau)| format!("{b}: {tau:.4}"))
+            .collect();
+        println!("tree tau by budget: {}", all.join("   "));
+    }
 }
 
 /// True when the first non-blank line is a JSON object with a `conversations` key.
@@ -355,6 +405,40 @@ mod tests {
         );
         let err = refusal(&["--online", "--prompts", "p", "--max-samples", "3"]);
         assert!(err.contains("--max-samples apply to the offline"), "{err}");
+    }
+
+    #[test]
+    fn tree_budgets_default_to_the_configs_and_the_serving_budget_must_be_positive() {
+        let plain = parsed(&["--data", "d.jsonl"]);
+        assert_eq!(oracle_budgets(&plain), vec![8, 16, 32, 64]);
+        assert_eq!(plain.serve_tree_budget, 32);
+        let given = parsed(&[
+            "--data",
+            "d.jsonl",
+            "--tree-budget",
+            "4,12",
+            "--serve-tree-budget",
+            "12",
+        ]);
+        assert_eq!(oracle_budgets(&given), vec![4, 12]);
+        let opts = eval_options(&given, 8);
+        assert_eq!(
+            (opts.tree_budgets, opts.serve_tree_budget),
+            (vec![4, 12], Some(12))
+        );
+        assert!(
+            choose_input(&given).is_ok(),
+            "--tree-budget is an offline flag too"
+        );
+        for bad in ["0", "-1", "x"] {
+            let flag = format!("--serve-tree-budget={bad}");
+            let argv = ["dflashd", "--target", "t", "--drafter", "d", flag.as_str()];
+            let err = Cli::try_parse_from(argv).err().unwrap().to_string();
+            assert!(
+                err.contains("a positive integer (default 32)"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

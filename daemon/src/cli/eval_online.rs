@@ -26,7 +26,8 @@ use super::eval::{eval_options, EvalArgs};
 /// `--max-new-tokens` when not given.
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
 
-/// The decoding flags; each applies to `--online` only (`eval.rs` refuses them without it).
+/// The decoding flags; each applies to `--online` only (`eval.rs` refuses them without it),
+/// but `--tree-budget`, which offline sets the DDTree oracle's budgets.
 #[derive(Args, Debug, Default)]
 pub struct OnlineArgs {
     /// New tokens per prompt at most (online; default 256). Generation also stops after a stop
@@ -49,8 +50,9 @@ pub struct OnlineArgs {
     /// Decode only the first N prompts of the file (online; every line is still checked).
     #[arg(long)]
     pub max_prompts: Option<usize>,
-    /// DDTree node budgets (online, greedy), e.g. `16,32,64`: besides the chain, one
-    /// `ddtree_<budget>` method per budget.
+    /// DDTree node budgets, e.g. `16,32,64`. Online (greedy): besides the chain, one
+    /// `ddtree_<budget>` method per budget. Offline: the budgets of the DDTree oracle τ
+    /// (default 8,16,32,64).
     #[arg(long, value_delimiter = ',')]
     pub tree_budget: Vec<usize>,
 }
@@ -65,7 +67,6 @@ impl OnlineArgs {
             (self.top_p.is_some(), "--top-p"),
             (self.seed.is_some(), "--seed"),
             (self.max_prompts.is_some(), "--max-prompts"),
-            (!self.tree_budget.is_empty(), "--tree-budget"),
         ]
         .iter()
         .filter_map(|&(given, flag)| given.then_some(flag))

@@ -199,11 +199,21 @@ fn eval_json_shape_and_bad_line_reporting() {
     // Acceptance of slot k needs every earlier slot accepted: non-increasing.
     let acc: Vec<f64> = acceptance.iter().map(|x| x.as_f64().unwrap()).collect();
     assert!(acc.windows(2).all(|w| w[1] <= w[0] + 1e-12), "{acc:?}");
-    let recall = v["recall_at_k"].as_object().unwrap();
-    let keys: Vec<&str> = recall.keys().map(String::as_str).collect();
-    assert_eq!(keys, vec!["1", "2", "4", "8"]);
+    let recall = v["topk_recall"].as_object().unwrap();
+    let mut keys: Vec<usize> = recall.keys().map(|k| k.parse().unwrap()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, vec![1, 2, 4, 8, 16]);
+    // the DDTree oracle at the default budgets, headed by the serving budget's
+    let tree = v["tau_tree_oracle"].as_object().unwrap();
+    let taus: Vec<f64> = ["8", "16", "32", "64"]
+        .iter()
+        .map(|b| tree[*b].as_f64().unwrap())
+        .collect();
+    assert!(taus.iter().all(|t| (1.0..=8.0).contains(t)), "{taus:?}");
+    assert_eq!(v["serve_tree_budget"], 32);
+    assert_eq!(v["tau_tree_serve"], tree["32"]);
     for slot in 0..7 {
-        let r: Vec<f64> = ["1", "2", "4", "8"]
+        let r: Vec<f64> = ["1", "2", "4", "8", "16"]
             .iter()
             .map(|k| recall[*k][slot].as_f64().unwrap())
             .collect();

@@ -16,6 +16,9 @@
 //! do: the last round in full, and the one more round their loop runs when the output filled
 //! `max_new_tokens` exactly (decoded for the count only). Their τ usually reads higher.
 //!
+//! The offline DDTree oracle (`tree_oracle.rs`) scores a tree against a block's gold labels,
+//! no target call: what the tree would commit had the target chosen the labels.
+//!
 //! [`run_online`] runs every [`Method`] on every prompt of a set beside the target alone and
 //! summarises it ([`OnlineReport`]).
 mod chain;
@@ -24,6 +27,7 @@ mod error;
 mod online;
 mod sampling;
 mod tree;
+mod tree_oracle;
 
 pub use chain::{generate_chain, generate_chain_with, generate_target_only, Generation, Settings};
 pub use draft::{greedy_block, BlockDraft, DraftLogits, PathState};
@@ -34,6 +38,7 @@ pub use online::{
 };
 pub use sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
 pub use tree::{
-    build_tree, generate_tree, generate_tree_with, grow_tree, top_candidates, Candidates,
-    DraftTree, TreeGeneration, TreeRound,
+    build_tree, generate_tree, generate_tree_with, grow_tree, top_candidates, top_candidates_rows,
+    Candidates, DraftTree, TreeGeneration, TreeRound, TreeSearch,
 };
+pub use tree_oracle::{accepted_drafts, accepted_per_budget, GoldSlot};

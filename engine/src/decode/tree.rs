@@ -141,60 +141,119 @@ pub fn grow_tree(
     budget: usize,
     mut children: impl FnMut(Option<usize>, &DraftTree) -> Candidates,
 ) -> DraftTree {
-    let mut tree = DraftTree {
-        tokens: Vec::new(),
-        parents: Vec::new(),
-        depths: Vec::new(),
-        scores: Vec::new(),
-    };
-    if budget == 0 {
-        return tree;
+    let mut search = TreeSearch::new(budget);
+    while let Some(parent) = search.wanted() {
+        let candidates = children(parent, search.tree());
+        search.offer(candidates);
     }
-    // `below[0]`: the root's children; `below[n + 1]`: node n's
-    let mut below = vec![children(None, &tree)];
-    let mut heap = BinaryHeap::new();
-    if let Some((_, logp)) = below[0].first() {
-        heap.push(Frontier {
-            score: *logp,
-            ranks: vec![0],
-            parent: None,
-        });
+    search.into_tree()
+}
+
+/// [`grow_tree`]'s search, turned inside out: the caller asks which node's children it needs
+/// ([`Self::wanted`]) and hands them over ([`Self::offer`]). Many trees can then be grown in
+/// lockstep with one batched drafter call per step (the offline oracle, `train/tree_metrics.rs`)
+/// while each tree is exactly the one [`grow_tree`] grows.
+pub struct TreeSearch {
+    budget: usize,
+    tree: DraftTree,
+    /// `below[0]`: the root's children; `below[n + 1]`: node n's.
+    below: Vec<Candidates>,
+    heap: BinaryHeap<Frontier>,
+    /// Each node's ranks along its path, depth 1 first.
+    ranks: Vec<Vec<usize>>,
+    /// Whose children the search needs next (`Some(None)`: the root's); `None` once done.
+    wanted: Option<Option<usize>>,
+}
+
+impl TreeSearch {
+    pub fn new(budget: usize) -> Self {
+        TreeSearch {
+            budget,
+            tree: DraftTree {
+                tokens: Vec::new(),
+                parents: Vec::new(),
+                depths: Vec::new(),
+                scores: Vec::new(),
+            },
+            below: Vec::new(),
+            heap: BinaryHeap::new(),
+            ranks: Vec::new(),
+            wanted: (budget > 0).then_some(None),
+        }
     }
-    while tree.len() < budget {
-        let Some(node) = heap.pop() else { break };
+
+    /// The node whose children the search needs next (`Some(None)`: the root's), or `None`
+    /// when the tree is complete.
+    pub fn wanted(&self) -> Option<Option<usize>> {
+        self.wanted
+    }
+
+    /// The tree so far.
+    pub fn tree(&self) -> &DraftTree {
+        &self.tree
+    }
+
+    pub fn into_tree(self) -> DraftTree {
+        self.tree
+    }
+
+    /// The candidates below [`Self::wanted`]'s node, best first; the search then adds the next
+    /// node. Ignored once the tree is complete.
+    pub fn offer(&mut self, candidates: Candidates) {
+        let Some(parent) = self.wanted.take() else {
+            return;
+        };
+        let first = candidates.first().map(|&(_, logp)| logp);
+        self.below.push(candidates);
+        if let Some(logp) = first {
+            let (score, ranks) = match parent {
+                None => (logp, vec![0]),
+                Some(node) => {
+                    let mut ranks = self.ranks[node].clone();
+                    ranks.push(0);
+                    (self.tree.scores[node] + logp, ranks)
+                }
+            };
+            self.heap.push(Frontier {
+                score,
+                ranks,
+                parent,
+            });
+        }
+        self.add_next();
+    }
+
+    /// Pops the best candidate into the tree and offers its next sibling; then wants the new
+    /// node's children unless the budget is spent or nothing is left.
+    fn add_next(&mut self) {
+        if self.tree.len() >= self.budget {
+            return;
+        }
+        let Some(node) = self.heap.pop() else { return };
         let depth = node.depth();
         let rank = *node.ranks.last().expect("a candidate has a depth");
-        let siblings = &below[node.parent.map_or(0, |p| p + 1)];
+        let siblings = &self.below[node.parent.map_or(0, |p| p + 1)];
         let (token, logp) = siblings[rank];
-        let index = tree.len();
-        tree.tokens.push(token);
-        tree.parents.push(node.parent);
-        tree.depths.push(depth);
-        tree.scores.push(node.score);
-        if let Some(&(_, next_logp)) = siblings.get(rank + 1) {
-            let mut ranks = node.ranks.clone();
+        let next = siblings.get(rank + 1).map(|&(_, next_logp)| next_logp);
+        let index = self.tree.len();
+        self.tree.tokens.push(token);
+        self.tree.parents.push(node.parent);
+        self.tree.depths.push(depth);
+        self.tree.scores.push(node.score);
+        self.ranks.push(node.ranks.clone());
+        if let Some(next_logp) = next {
+            let mut ranks = node.ranks;
             *ranks.last_mut().expect("a candidate has a depth") = rank + 1;
-            heap.push(Frontier {
+            self.heap.push(Frontier {
                 score: node.score - logp + next_logp,
                 ranks,
                 parent: node.parent,
             });
         }
-        if tree.len() == budget {
-            break;
-        }
-        below.push(children(Some(index), &tree));
-        if let Some(&(_, child_logp)) = below[index + 1].first() {
-            let mut ranks = node.ranks;
-            ranks.push(0);
-            heap.push(Frontier {
-                score: node.score + child_logp,
-                ranks,
-                parent: Some(index),
-            });
+        if self.tree.len() < self.budget {
+            self.wanted = Some(Some(index));
         }
     }
-    tree
 }
 
 /// The round's tree from the drafter's block: over per-depth candidates when its slots do not
@@ -231,7 +290,55 @@ fn draft_tree(block: &BlockDraft, root: i64, budget: usize) -> DraftTree {
 /// The `k` most likely tokens of `logits` `[V]` as `(token, log-probability)`, best first,
 /// equal log-probabilities by token id (lowest first, including at the cut).
 pub fn top_candidates(logits: &Tensor, k: usize) -> Candidates {
+    candidates_of_logp(&logits.to_kind(Kind::Float).log_softmax(-1, Kind::Float), k)
+}
+
+/// [`top_candidates`] of each row of `logits` `[m, V]`, with one top-k for all rows; a row
+/// with a tie at its cut is done alone, exactly as [`top_candidates`] does it.
+pub fn top_candidates_rows(logits: &Tensor, k: usize) -> Vec<Candidates> {
+    let rows = logits.size()[0] as usize;
     let logp = logits.to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+    let k = k.min(logp.size()[1] as usize);
+    if k == 0 || rows == 0 {
+        return vec![Vec::new(); rows];
+    }
+    let (values, ids) = logp.topk(k as i64, -1, true, true);
+    let cut = values.narrow(1, k as i64 - 1, 1);
+    let at_least = logp
+        .ge_tensor(&cut)
+        .sum_dim_intlist(1, false, Kind::Int64)
+        .to_device(tch::Device::Cpu);
+    let at_least = Vec::<i64>::try_from(&at_least).expect("a 1-d tensor");
+    let to_vec = |t: Tensor| -> Vec<f64> {
+        Vec::<f64>::try_from(
+            t.to_kind(Kind::Double)
+                .to_device(tch::Device::Cpu)
+                .reshape([-1]),
+        )
+        .expect("a tensor")
+    };
+    let values = to_vec(values);
+    let ids =
+        Vec::<i64>::try_from(ids.to_device(tch::Device::Cpu).reshape([-1])).expect("int64 indices");
+    (0..rows)
+        .map(|r| {
+            if at_least[r] as usize > k {
+                return candidates_of_logp(&logp.get(r as i64), k);
+            }
+            let span = r * k..(r + 1) * k;
+            let mut row: Candidates = ids[span.clone()]
+                .iter()
+                .copied()
+                .zip(values[span].iter().copied())
+                .collect();
+            row.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            row
+        })
+        .collect()
+}
+
+/// [`top_candidates`] over log-probabilities `logp` `[V]`.
+fn candidates_of_logp(logp: &Tensor, k: usize) -> Candidates {
     let vocab = logp.size()[0] as usize;
     let k = k.min(vocab);
     if k == 0 {

@@ -150,3 +150,59 @@ fn the_verification_shape_puts_the_root_first() {
     assert_eq!(tree.child(Some(1), 7), None);
     assert_eq!(tree.path_tokens(2), vec![5, 7]);
 }
+
+#[test]
+fn top_candidates_of_rows_equal_each_rows_own_including_ties_at_the_cut() {
+    let logits = Tensor::from_slice(&[
+        1.0f32, 3.0, 3.0, 3.0, 0.0, 3.0, // a tie at the cut of k = 2
+        0.5, -1.0, 2.0, 0.25, 4.0, -3.0, // no tie
+        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, // all tied
+    ])
+    .view([3, 6]);
+    for k in [0, 1, 2, 4, 6, 9] {
+        let rows = top_candidates_rows(&logits, k);
+        let each: Vec<Candidates> = (0..3).map(|r| top_candidates(&logits.get(r), k)).collect();
+        assert_eq!(rows, each, "k {k}");
+    }
+    assert_eq!(
+        top_candidates_rows(&logits, 3)[1]
+            .iter()
+            .map(|c| c.0)
+            .collect::<Vec<_>>(),
+        vec![4, 2, 0]
+    );
+}
+
+#[test]
+fn the_search_driven_from_outside_grows_the_tree_grow_tree_grows() {
+    // children depend on the parent's token (a path-dependent drafter): node token t has the
+    // candidates (t·3 mod 7 + 1, −0.4), (t + 2, −1.3) below it, five depths at most
+    let children = |parent: Option<usize>, tree: &DraftTree| -> Candidates {
+        let (token, depth) = parent.map_or((1, 0), |p| (tree.tokens[p], tree.depths[p]));
+        if depth == 5 {
+            return Vec::new();
+        }
+        vec![
+            ((token * 3) % 7 + 1, -0.4),
+            (token + 2 + depth as i64 * 10, -1.3),
+        ]
+    };
+    for budget in [0, 1, 3, 10, 40] {
+        let mut search = TreeSearch::new(budget);
+        let mut asked = Vec::new();
+        while let Some(parent) = search.wanted() {
+            asked.push(parent);
+            let c = children(parent, search.tree());
+            search.offer(c);
+        }
+        let tree = search.into_tree();
+        assert_eq!(tree, grow_tree(budget, children), "budget {budget}");
+        assert_eq!(tree.len(), budget.min(62));
+        // asked for the root, then every node but the last, in insertion order
+        let expected: Vec<Option<usize>> = std::iter::once(None)
+            .chain((0..tree.len().saturating_sub(1)).map(Some))
+            .take(if budget == 0 { 0 } else { tree.len().max(1) })
+            .collect();
+        assert_eq!(asked, expected, "budget {budget}");
+    }
+}

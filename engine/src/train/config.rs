@@ -59,8 +59,11 @@ pub struct TrainConfig {
     pub online_eval_max_prompts: usize,
     /// Tokens generated per prompt at most.
     pub online_eval_max_new_tokens: usize,
-    /// DDTree node budgets run beside the chain (empty: chain only).
+    /// DDTree node budgets run beside the chain (empty: chain only), and the offline DDTree
+    /// oracle's budgets.
     pub online_eval_tree_budgets: Vec<usize>,
+    /// The DDTree budget the drafter is served with: the headline tree figure.
+    pub serve_tree_budget: usize,
     /// Checkpoint every this many steps (0: only at the end of a run).
     pub checkpoint_every: u64,
     pub keep_checkpoints: usize,
@@ -100,7 +103,8 @@ impl Default for TrainConfig {
             online_eval_prompts: None,
             online_eval_max_prompts: 16,
             online_eval_max_new_tokens: 128,
-            online_eval_tree_budgets: vec![16],
+            online_eval_tree_budgets: dflash_shared::config::DEFAULT_TREE_BUDGETS.to_vec(),
+            serve_tree_budget: dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET,
             checkpoint_every: 1000,
             keep_checkpoints: 3,
             loss_chunk_positions: 2048,
@@ -201,6 +205,12 @@ impl TrainConfig {
                     "every budget must be at least 1 node, found 0".into(),
                 );
             }
+        }
+        if self.serve_tree_budget == 0 {
+            return bad(
+                "serve_tree_budget",
+                "must be at least 1 node, found 0".into(),
+            );
         }
         if self.loss_chunk_positions < 1 {
             return bad(

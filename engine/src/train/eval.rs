@@ -7,9 +7,15 @@
 //! Per block: `correct_k = (argmax_k == label_k) | !valid_k`; `accepted = Σ_k cumprod(correct)_k ·
 //! valid_k` over `k = 1..bs-1`; `τ_block = accepted + 1` (the target's bonus token); τ is the
 //! mean over blocks. `per_position_acceptance[k-1]` is the fraction of blocks with a valid label
-//! at `k` whose drafts `1..=k` are all accepted. `recall_at_k[K][k-1]` is how often the label at
-//! slot `k` is among the drafter's top-K tokens there (what a tree verifier such as DDTree can
-//! use), regardless of earlier slots.
+//! at `k` whose drafts `1..=k` are all accepted. `topk_recall[K][k-1]` is how often the label at
+//! slot `k` is among the drafter's top-K tokens there (K in [`TOPK_RECALL_KS`]: what a tree
+//! verifier such as DDTree can use), regardless of earlier slots; reports written before it was
+//! renamed read as `recall_at_k`.
+//!
+//! `tau_tree_oracle[B]` is the budgeted DDTree oracle τ (`train/tree_metrics.rs`): per block the
+//! tree of `B` nodes DDTree's decoder builds from the drafter's distributions, scored by the
+//! deepest gold prefix it holds, plus one; the same blocks as τ, the same rule for slots
+//! without a label (`decode/tree_oracle.rs`). `tau_tree_serve` is it at the serving budget.
 //!
 //! Besides `loss` it reports both objectives' losses, whatever the drafter was trained with:
 //! `loss_dflash` (γ-weighted, pooled over all positions: `loss` itself) and `loss_dpace`, the
@@ -25,11 +31,14 @@ use super::dpace::dpace_block_weights;
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::{collate, Batch};
+use super::tree_metrics::{blocks_per_group, grow_trees, scored_budgets, TreeInputs, TreeTotals};
 use crate::data::Sample;
+use crate::decode::{accepted_per_budget, GoldSlot};
 use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::TargetModel;
 
-pub const RECALL_KS: [usize; 4] = [1, 2, 4, 8];
+/// The K of per-slot top-K recall.
+pub const TOPK_RECALL_KS: [usize; 5] = [1, 2, 4, 8, 16];
 
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
@@ -41,6 +50,10 @@ pub struct EvalOptions {
     pub backend: AttentionBackend,
     /// D-PACE's α for `loss_dpace`.
     pub dpace_alpha: f64,
+    /// The DDTree budgets the oracle τ is scored at (none: no tree is built).
+    pub tree_budgets: Vec<usize>,
+    /// The budget serving uses; scored too, and reported as `tau_tree_serve`.
+    pub serve_tree_budget: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,8 +75,17 @@ pub struct EvalReport {
     pub accuracy: f64,
     /// Index `k-1` for draft slot `k = 1..bs-1`.
     pub per_position_acceptance: Vec<f64>,
-    /// `"K"` → per-slot recall@K, index `k-1`.
-    pub recall_at_k: BTreeMap<String, Vec<f64>>,
+    /// K → per-slot top-K recall of the label, index `k-1`.
+    #[serde(alias = "recall_at_k")]
+    pub topk_recall: BTreeMap<usize, Vec<f64>>,
+    /// Budget → the DDTree oracle τ on the same blocks (empty when no budget was asked for).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tau_tree_oracle: BTreeMap<usize, f64>,
+    /// The serving budget, and the oracle τ at it: the headline tree figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_tree_budget: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tau_tree_serve: Option<f64>,
     pub block_size: usize,
     pub samples: usize,
     pub blocks: u64,
@@ -118,10 +140,10 @@ fn ratio(num: u64, den: u64) -> f64 {
     }
 }
 
-/// Per valid position: CE and whether the label is within each top-K of [`RECALL_KS`].
+/// Per valid position: CE and whether the label is within each top-K of [`TOPK_RECALL_KS`].
 struct PositionScores {
     ce: Vec<f32>,
-    /// `[n, RECALL_KS.len()]` row-major.
+    /// `[n, TOPK_RECALL_KS.len()]` row-major.
     in_top: Vec<bool>,
 }
 
@@ -148,7 +170,7 @@ fn score_positions(
     let tgt = targets.reshape([-1]).index_select(0, idx);
     let n = idx.size()[0];
     let mut ce = Vec::with_capacity(n as usize);
-    let mut in_top = Vec::with_capacity(n as usize * RECALL_KS.len());
+    let mut in_top = Vec::with_capacity(n as usize * TOPK_RECALL_KS.len());
     let mut start = 0;
     while start < n {
         let len = chunk.min(n - start);
@@ -178,7 +200,7 @@ fn score_positions(
             .to_kind(Kind::Int64)
             .cumsum(1, Kind::Int64)
             .gt(0);
-        let cols: Vec<i64> = RECALL_KS
+        let cols: Vec<i64> = TOPK_RECALL_KS
             .iter()
             .map(|&k| (k as i64).min(max_k) - 1)
             .collect();
@@ -210,7 +232,7 @@ fn accumulate(
     for (i, &f) in valid_flat.iter().enumerate() {
         ce[f] = scores.ce[i] as f64;
         let k = f % block_size;
-        let in_top = &scores.in_top[i * RECALL_KS.len()..(i + 1) * RECALL_KS.len()];
+        let in_top = &scores.in_top[i * TOPK_RECALL_KS.len()..(i + 1) * TOPK_RECALL_KS.len()];
         correct[f] = in_top[0];
         for (ki, &hit) in in_top.iter().enumerate() {
             totals.hits_at[ki][k] += u64::from(hit);
@@ -254,6 +276,28 @@ pub fn evaluate(
     samples: &[&Sample],
     opts: &EvalOptions,
 ) -> Result<EvalReport, TrainError> {
+    evaluate_with(target, drafter, samples, opts, &mut |_| {})
+}
+
+/// One evaluated block's DDTree oracle: which row (index into the samples), its anchor, and
+/// the drafts its tree commits at each of [`BlockOutcome::budgets`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockOutcome<'a> {
+    pub row: usize,
+    pub anchor: i64,
+    pub budgets: &'a [usize],
+    pub tree_accepted: &'a [usize],
+}
+
+/// [`evaluate`], handing each block's oracle outcome to `on_block` (blocks in row order, then
+/// anchor order; nothing when no tree budget is asked for).
+pub fn evaluate_with(
+    target: &TargetModel,
+    drafter: &Drafter,
+    samples: &[&Sample],
+    opts: &EvalOptions,
+    on_block: &mut dyn FnMut(&BlockOutcome),
+) -> Result<EvalReport, TrainError> {
     let bs = drafter.config().block_size as usize;
     let vocab = target.config().vocab_size();
     // The drafter's device and dtype, where its output and therefore the scoring live. The LM
@@ -261,26 +305,39 @@ pub fn evaluate(
     // forward group's features once per group, not once per anchor chunk: the chunks of a
     // group share them, and the drafter finds them already in place.
     let (eval_device, eval_kind) = (drafter.device(), drafter.dtype());
+    let budgets = scored_budgets(&opts.tree_budgets, opts.serve_tree_budget);
     let scorer = BlockScorer {
         target,
         drafter,
         opts,
         bs,
-        max_k: (*RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab),
+        max_k: (*TOPK_RECALL_KS.iter().max().unwrap_or(&1) as i64).min(vocab),
         eval_device,
         eval_kind,
         lm_head: crate::device::place(target.lm_head(), eval_device, eval_kind),
+        budgets: &budgets,
     };
-    let mut totals = Totals::new(bs, RECALL_KS.len());
-    // A Domino drafter's blocks scored again on the base logits alone.
-    let mut base_totals = Totals::new(bs, RECALL_KS.len());
+    let mut tallies = Tallies {
+        totals: Totals::new(bs, TOPK_RECALL_KS.len()),
+        base_totals: Totals::new(bs, TOPK_RECALL_KS.len()),
+        trees: TreeTotals::new(budgets.len()),
+    };
+    let rows_per_forward = opts.rows_per_forward.max(1);
     tch::no_grad(|| -> Result<(), TrainError> {
-        for group in samples.chunks(opts.rows_per_forward.max(1)) {
-            scorer.score_group(group, &mut totals, &mut base_totals)?;
+        for (g, group) in samples.chunks(rows_per_forward).enumerate() {
+            scorer.score_group(group, g * rows_per_forward, &mut tallies, on_block)?;
         }
         Ok(())
     })?;
-    Ok(report(&totals, &base_totals, drafter, samples.len(), opts))
+    Ok(report(&tallies, &budgets, drafter, samples.len(), opts))
+}
+
+/// What an evaluation accumulates: the drafter's blocks, a Domino drafter's blocks scored
+/// again on the base logits alone, and the tree oracle's.
+struct Tallies {
+    totals: Totals,
+    base_totals: Totals,
+    trees: TreeTotals,
 }
 
 /// What scoring one forward group needs, fixed for the whole evaluation.
@@ -293,6 +350,19 @@ struct BlockScorer<'a> {
     eval_device: Device,
     eval_kind: Kind,
     lm_head: Tensor,
+    /// The oracle's budgets, ascending (empty: no tree).
+    budgets: &'a [usize],
+}
+
+/// One chunk's blocks as the tree oracle needs them.
+struct ChunkBlocks<'a> {
+    first_row: usize,
+    anchors: &'a AnchorBatch,
+    /// `[B, N·bs]` the block ids (slot 0: the anchor token).
+    block_ids: &'a [i64],
+    labels: &'a BlockLabels,
+    /// The drafter's output `[B, N·bs, H]`.
+    out: &'a Tensor,
 }
 
 impl BlockScorer<'_> {
@@ -300,8 +370,9 @@ impl BlockScorer<'_> {
     fn score_group(
         &self,
         group: &[&Sample],
-        totals: &mut Totals,
-        base_totals: &mut Totals,
+        first_row: usize,
+        tallies: &mut Tallies,
+        on_block: &mut dyn FnMut(&BlockOutcome),
     ) -> Result<(), TrainError> {
         let cfg = self.drafter.config();
         let batch = collate(group, 0, 0);
@@ -314,38 +385,55 @@ impl BlockScorer<'_> {
         );
         for anchors in all_anchors_chunked(&batch.masks(), self.opts.anchors_per_forward) {
             if anchors.width > 0 {
-                self.score_chunk(&batch, &features, &anchors, totals, base_totals);
+                self.score_chunk(&batch, first_row, &features, &anchors, tallies, on_block);
             }
         }
         Ok(())
     }
 
     /// One chunk of anchors: the drafter's blocks, scored against their labels (and, for a
-    /// Domino drafter, scored again without its correction into `base_totals`).
+    /// Domino drafter, scored again without its correction), and their oracle trees.
     fn score_chunk(
         &self,
         batch: &Batch,
+        first_row: usize,
         features: &Tensor,
         anchors: &AnchorBatch,
-        totals: &mut Totals,
-        base_totals: &mut Totals,
+        tallies: &mut Tallies,
+        on_block: &mut dyn FnMut(&BlockOutcome),
     ) {
         let (cfg, bs, opts) = (self.drafter.config(), self.bs, self.opts);
         let device = self.target.device();
         let rows: Rows = batch.rows();
         let block_ids = block_input_ids(rows, anchors, bs, cfg.mask_token_id);
-        let block_ids = Tensor::from_slice(&block_ids).to_device(device);
+        let block_ids_t = Tensor::from_slice(&block_ids).to_device(device);
         let q = (anchors.width * bs) as i64;
         let embeddings = self
             .target
             .embed_tokens()
-            .index_select(0, &block_ids)
+            .index_select(0, &block_ids_t)
             .view([batch.batch as i64, q, -1]);
         let (anchor_t, keep_t) = anchors.to_tensors(device);
         let out = self
             .drafter
             .forward(features, &embeddings, &anchor_t, &keep_t, opts.backend);
         let labels = block_labels(rows, anchors, bs, Some(opts.gamma), opts.rule);
+        let chunk = ChunkBlocks {
+            first_row,
+            anchors,
+            block_ids: &block_ids,
+            labels: &labels,
+            out: &out,
+        };
+        self.score_trees(&chunk, &mut tallies.trees, on_block);
+        self.score_slots(batch, &chunk, tallies);
+    }
+
+    /// Every kept block's slots against their labels: τ, acceptance, recall and losses.
+    fn score_slots(&self, batch: &Batch, chunk: &ChunkBlocks, tallies: &mut Tallies) {
+        let (bs, opts, device) = (self.bs, self.opts, self.target.device());
+        let (labels, out, anchors) = (chunk.labels, chunk.out, chunk.anchors);
+        let q = (anchors.width * bs) as i64;
         let valid_flat: Vec<usize> = (0..labels.valid.len())
             .filter(|&f| labels.valid[f])
             .collect();
@@ -353,7 +441,7 @@ impl BlockScorer<'_> {
             accumulate(
                 totals,
                 anchors,
-                &labels,
+                labels,
                 bs,
                 &valid_flat,
                 scores,
@@ -365,8 +453,8 @@ impl BlockScorer<'_> {
                 ce: vec![],
                 in_top: vec![],
             };
-            add(totals, &none);
-            add(base_totals, &none);
+            add(&mut tallies.totals, &none);
+            add(&mut tallies.base_totals, &none);
             return;
         }
         let idx = Tensor::from_slice(&valid_flat.iter().map(|&f| f as i64).collect::<Vec<_>>())
@@ -392,7 +480,7 @@ impl BlockScorer<'_> {
         });
         let score = |correction: Option<&Correction>| {
             score_positions(
-                &out,
+                out,
                 &self.lm_head,
                 &targets,
                 &idx,
@@ -401,29 +489,80 @@ impl BlockScorer<'_> {
                 correction,
             )
         };
-        add(totals, &score(correction.as_ref()));
+        add(&mut tallies.totals, &score(correction.as_ref()));
         if correction.is_some() {
-            add(base_totals, &score(None));
+            add(&mut tallies.base_totals, &score(None));
+        }
+    }
+
+    /// The DDTree oracle of every kept block: its tree at the largest budget, scored at each.
+    fn score_trees(
+        &self,
+        chunk: &ChunkBlocks,
+        trees: &mut TreeTotals,
+        on_block: &mut dyn FnMut(&BlockOutcome),
+    ) {
+        let Some(&max_budget) = self.budgets.last() else {
+            return;
+        };
+        let (bs, anchors, labels) = (self.bs, chunk.anchors, chunk.labels);
+        let kept: Vec<usize> = (0..anchors.keep.len())
+            .filter(|&blk| anchors.keep[blk])
+            .collect();
+        let hidden = chunk.out.size()[2];
+        let blocks = chunk.out.reshape([-1, bs as i64, hidden]);
+        let group_size = blocks_per_group(self.opts.chunk_positions, bs);
+        for group in kept.chunks(group_size) {
+            let index: Vec<i64> = group.iter().map(|&blk| blk as i64).collect();
+            let index = Tensor::from_slice(&index).to_device(blocks.device());
+            let inputs = TreeInputs {
+                slots: blocks.index_select(0, &index).narrow(1, 1, bs as i64 - 1),
+                roots: group.iter().map(|&blk| chunk.block_ids[blk * bs]).collect(),
+                lm_head: &self.lm_head,
+                embed: self.target.embed_tokens(),
+                head: self.drafter.domino(),
+            };
+            for (tree, &blk) in grow_trees(&inputs, max_budget).iter().zip(group) {
+                let slots = blk * bs + 1..(blk + 1) * bs;
+                let gold: Vec<GoldSlot> = slots
+                    .map(|f| GoldSlot {
+                        token: labels.targets[f],
+                        valid: labels.valid[f],
+                    })
+                    .collect();
+                let accepted = accepted_per_budget(tree, &gold, self.budgets);
+                trees.add(&accepted);
+                on_block(&BlockOutcome {
+                    row: chunk.first_row + blk / anchors.width,
+                    anchor: anchors.positions[blk],
+                    budgets: self.budgets,
+                    tree_accepted: &accepted,
+                });
+            }
         }
     }
 }
 
-/// The report of the accumulated totals: τ, both objectives' losses, and per-slot rates.
+/// The report of the accumulated totals: τ, both objectives' losses, per-slot rates, and the
+/// tree oracle at `budgets`.
 fn report(
-    totals: &Totals,
-    base_totals: &Totals,
+    tallies: &Tallies,
+    budgets: &[usize],
     drafter: &Drafter,
     samples: usize,
     opts: &EvalOptions,
 ) -> EvalReport {
+    let totals = &tallies.totals;
     let bs = drafter.config().block_size as usize;
     let per_slot =
         |num: &[u64]| -> Vec<f64> { (1..bs).map(|k| ratio(num[k], totals.valid_at[k])).collect() };
-    let recall_at_k = RECALL_KS
+    let topk_recall = TOPK_RECALL_KS
         .iter()
         .enumerate()
-        .map(|(i, k)| (k.to_string(), per_slot(&totals.hits_at[i])))
+        .map(|(i, &k)| (k, per_slot(&totals.hits_at[i])))
         .collect();
+    let tau_tree_oracle: BTreeMap<usize, f64> =
+        budgets.iter().copied().zip(tallies.trees.taus()).collect();
     let loss = if totals.weight > 0.0 {
         totals.weighted_ce / totals.weight
     } else {
@@ -441,12 +580,17 @@ fn report(
         dpace_alpha: opts.dpace_alpha,
         accuracy: ratio(totals.top1, totals.positions),
         per_position_acceptance: per_slot(&totals.accepted_at),
-        recall_at_k,
+        topk_recall,
+        tau_tree_serve: opts
+            .serve_tree_budget
+            .and_then(|b| tau_tree_oracle.get(&b).copied()),
+        serve_tree_budget: opts.serve_tree_budget,
+        tau_tree_oracle,
         block_size: bs,
         samples,
         blocks: totals.blocks,
         positions: totals.positions,
-        base_tau: drafter.domino().map(|_| base_totals.tau()),
+        base_tau: drafter.domino().map(|_| tallies.base_totals.tau()),
     }
 }
 
@@ -464,12 +608,15 @@ mod tests {
         };
         let valid_flat: Vec<usize> = (0..bs).filter(|&f| labels.valid[f]).collect();
         assert_eq!(valid_flat.len(), hits.len());
-        let in_top: Vec<bool> = hits.iter().flat_map(|&h| [h, true, true, true]).collect();
+        let in_top: Vec<bool> = hits
+            .iter()
+            .flat_map(|&h| [h, true, true, true, true])
+            .collect();
         let scores = PositionScores {
             ce: vec![1.0; hits.len()],
             in_top,
         };
-        let mut totals = Totals::new(bs, RECALL_KS.len());
+        let mut totals = Totals::new(bs, TOPK_RECALL_KS.len());
         accumulate(
             &mut totals,
             &anchors,
@@ -490,7 +637,7 @@ mod tests {
         let ln2 = std::f64::consts::LN_2;
         let run = |valid: Vec<bool>| {
             let n = valid.iter().filter(|&&v| v).count();
-            let (mut t, bs) = (Totals::new(valid.len(), RECALL_KS.len()), valid.len());
+            let (mut t, bs) = (Totals::new(valid.len(), TOPK_RECALL_KS.len()), valid.len());
             let labels = BlockLabels {
                 targets: vec![0; bs],
                 weights: vec![1.0; bs],
@@ -499,7 +646,7 @@ mod tests {
             let valid_flat: Vec<usize> = (0..bs).filter(|&f| valid[f]).collect();
             let scores = PositionScores {
                 ce: vec![ln2 as f32; n],
-                in_top: vec![true; n * RECALL_KS.len()],
+                in_top: vec![true; n * TOPK_RECALL_KS.len()],
             };
             let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
             accumulate(&mut t, &anchors, &labels, bs, &valid_flat, &scores, 0.5);
@@ -616,6 +763,8 @@ mod tests {
             chunk_positions: 256,
             backend: AttentionBackend::BlockSparse,
             dpace_alpha: 0.5,
+            tree_budgets: vec![4, 16],
+            serve_tree_budget: Some(4),
         };
         let base = evaluate(&target, &dflash, &held, &opts).unwrap();
         assert_eq!(

@@ -29,6 +29,7 @@ pub mod throughput;
 pub mod tiny_chat;
 pub mod topology;
 pub mod trainer;
+pub mod tree_metrics;
 pub mod unlocked;
 pub mod warm_start;
 

@@ -37,7 +37,7 @@ const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embedding
 /// memory for recomputation, not what is computed. `grad_accum` may
 /// change with the number of drafter ranks as long as the global batch (micro-batches per
 /// step, checked separately) stays the same.
-const RESUMABLE_KEYS: [&str; 15] = [
+const RESUMABLE_KEYS: [&str; 16] = [
     "grad_accum",
     "seq_len_multiple",
     "eval_every",
@@ -47,6 +47,7 @@ const RESUMABLE_KEYS: [&str; 15] = [
     "online_eval_max_prompts",
     "online_eval_max_new_tokens",
     "online_eval_tree_budgets",
+    "serve_tree_budget",
     "checkpoint_every",
     "keep_checkpoints",
     "eval_anchors_per_forward",

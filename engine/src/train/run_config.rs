@@ -49,6 +49,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         online_eval_max_prompts: t.online_eval_max_prompts,
         online_eval_max_new_tokens: t.online_eval_max_new_tokens,
         online_eval_tree_budgets: t.online_eval_tree_budgets.clone(),
+        serve_tree_budget: t.serve_tree_budget,
         checkpoint_every: t.checkpoint_every,
         keep_checkpoints: t.keep_checkpoints,
         loss_chunk_positions: t.loss_chunk_positions as i64,

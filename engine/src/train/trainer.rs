@@ -413,6 +413,8 @@ impl Trainer {
             chunk_positions: self.cfg.loss_chunk_positions,
             backend: self.cfg.attention,
             dpace_alpha: self.cfg.dpace_alpha,
+            tree_budgets: self.cfg.online_eval_tree_budgets.clone(),
+            serve_tree_budget: Some(self.cfg.serve_tree_budget),
         }
     }
 

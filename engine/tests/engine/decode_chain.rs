@@ -334,6 +334,8 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         chunk_positions: 2048,
         backend: AttentionBackend::BlockSparse,
         dpace_alpha: 0.5,
+        tree_budgets: vec![],
+        serve_tree_budget: None,
     };
     let offline =
         evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();

@@ -29,4 +29,5 @@ mod topology_failure;
 mod topology_queue;
 mod topology_resume;
 mod training_loop;
+mod tree_oracle;
 mod warm_start;

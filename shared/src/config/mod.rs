@@ -32,8 +32,8 @@ pub use sections::{
     paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterHead, DrafterSection,
     Dtype, LabelMask, LayerType, Objective, Precision, RunSection, TargetSection, TopologySection,
     TrainingSection, DEFAULT_DPACE_ALPHA, DEFAULT_LAMBDA_BASE_DECAY_RATIO,
-    DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY, EMBEDDED, EMBEDDED_DATA,
-    EMBEDDED_PROMPTS,
+    DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY, DEFAULT_SERVE_TREE_BUDGET,
+    DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 
 use error::{closest, translate_serde_message, Translated};

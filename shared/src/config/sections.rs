@@ -254,8 +254,13 @@ pub struct TrainingSection {
     pub online_eval_max_prompts: usize,
     /// Tokens generated per prompt at most (stop tokens end a prompt sooner).
     pub online_eval_max_new_tokens: usize,
-    /// DDTree node budgets, each run beside the chain; empty: chain only.
+    /// DDTree node budgets, each run beside the chain; empty: chain only. The offline
+    /// evaluation scores its DDTree oracle τ at the same budgets.
     pub online_eval_tree_budgets: Vec<usize>,
+    /// The DDTree node budget the drafter is served with: the headline tree figure of every
+    /// evaluation (offline oracle τ and online DDTree τ). One of `online_eval_tree_budgets`
+    /// when that list is not empty. Not locked: it changes what is measured only.
+    pub serve_tree_budget: usize,
     pub checkpoint_every: u64,
     /// Checkpoints kept besides `latest`; older ones are deleted.
     pub keep_checkpoints: usize,
@@ -307,6 +312,13 @@ impl Objective {
 /// `training.dpace_alpha` when unset: SpecForge's and the D-PACE paper's default.
 pub const DEFAULT_DPACE_ALPHA: f64 = 0.5;
 
+/// `training.online_eval_tree_budgets` when unset: DDTree's τ keeps rising with the budget
+/// while its speedup peaks in between, so the evaluation spans both sides of the serving one.
+pub const DEFAULT_TREE_BUDGETS: [usize; 4] = [8, 16, 32, 64];
+
+/// `training.serve_tree_budget` when unset.
+pub const DEFAULT_SERVE_TREE_BUDGET: usize = 32;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LabelMask {
@@ -355,7 +367,8 @@ impl Default for TrainingSection {
             online_eval_prompts: None,
             online_eval_max_prompts: 16,
             online_eval_max_new_tokens: 128,
-            online_eval_tree_budgets: vec![16],
+            online_eval_tree_budgets: DEFAULT_TREE_BUDGETS.to_vec(),
+            serve_tree_budget: DEFAULT_SERVE_TREE_BUDGET,
             checkpoint_every: 500,
             keep_checkpoints: 3,
             grad_accum: 1,

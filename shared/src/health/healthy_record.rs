@@ -245,6 +245,7 @@ pub fn recipe_text(config: &serde_json::Value) -> String {
         "online_eval_max_prompts",
         "online_eval_max_new_tokens",
         "online_eval_tree_budgets",
+        "serve_tree_budget",
         "checkpoint_every",
         "keep_checkpoints",
         "eval_max_samples",

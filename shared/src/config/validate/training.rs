@@ -248,4 +248,34 @@ pub(super) fn online_eval(c: &Config, v: &mut Vec<ConfigIssue>) {
             ));
         }
     }
+    serve_tree_budget(t.serve_tree_budget, budgets, v);
+}
+
+/// `training.serve_tree_budget`: a positive budget, and one the online evaluation decodes at
+/// (where it decodes any tree), so the headline tree figure is measured online too.
+fn serve_tree_budget(serve: usize, budgets: &[usize], v: &mut Vec<ConfigIssue>) {
+    const KEY: &str = "training.serve_tree_budget";
+    if serve == 0 {
+        v.push(
+            ConfigIssue::invalid(KEY, "a positive number of tree nodes", 0).with_hint(
+                "set it to the DDTree node budget the drafter is served with (default 32)",
+            ),
+        );
+    } else if !budgets.is_empty() && !budgets.contains(&serve) {
+        let listed: Vec<String> = budgets.iter().map(usize::to_string).collect();
+        v.push(
+            ConfigIssue::invalid(
+                KEY,
+                format!(
+                    "one of training.online_eval_tree_budgets ({})",
+                    listed.join(", ")
+                ),
+                serve,
+            )
+            .with_hint(format!(
+                "add {serve} to training.online_eval_tree_budgets, or set \
+                 training.serve_tree_budget to one of its budgets"
+            )),
+        );
+    }
 }
