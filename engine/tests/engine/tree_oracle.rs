@@ -52,6 +52,10 @@ fn oracle_matches_online_rounds(target: &TargetModel, drafter: &Drafter) -> Vec<
     .unwrap();
     assert_eq!(oracle.len() as u64, report.blocks, "one outcome per block");
     assert_eq!(report.tau_tree_serve, Some(report.tau_tree_oracle[&3]));
+    eprintln!(
+        "offline chain τ {:.3}, DDTree oracle τ per budget {:?}",
+        report.tau, report.tau_tree_oracle
+    );
     let mut checked = vec![(0, 0); BUDGETS.len()];
     for (b, &budget) in BUDGETS.iter().enumerate() {
         for (row, prompt) in prompts.iter().enumerate() {
