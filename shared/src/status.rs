@@ -148,12 +148,33 @@ pub struct Throughput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu: Option<f64>,
     pub baseline_tokens_per_s: Option<f64>,
-    /// Since when the current level has held, if stable.
+    /// Since when the run has been stable: with a healthy record kept, the healthy stretch's
+    /// start (a drop being timed does not break it, an alert does), so "stable for" and the
+    /// record's clock agree; otherwise since when the Ok level has held. `None` when not stable.
     pub stable_since_ms: Option<TimestampMs>,
     /// Where the baseline came from when this daemon did not learn it itself: the healthy
     /// record ("this recipe ran at 21.5K tok/s here on …") or the config's pinned figure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_source: Option<String>,
+    /// The healthy record's clock, where the daemon keeps a record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_clock: Option<RecordClock>,
+}
+
+/// When the run's healthy record is written (`health::healthy_stretch`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecordClock {
+    /// When the current healthy stretch began; `None` outside one.
+    pub stretch_since_ms: Option<TimestampMs>,
+    /// When the record is first written if the stretch holds; `None` outside a stretch and
+    /// once this daemon has written it.
+    pub due_ms: Option<TimestampMs>,
+    /// When this daemon last wrote the record.
+    pub written_ms: Option<TimestampMs>,
+    /// A drop below the Warn line is being timed: no alert yet; the stretch holds, but the
+    /// record learns nothing from it and is not written meanwhile.
+    #[serde(default)]
+    pub drop_timed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -355,6 +376,7 @@ mod tests {
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
                 baseline_source: None,
+                record_clock: None,
             },
             gpus: GpuTelemetry::Unavailable {
                 reason: "no NVML".into(),

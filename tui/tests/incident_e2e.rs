@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dflash_shared::config::{Config, TelemetrySection};
-use dflash_shared::health::healthy_record::HealthyRecord;
+use dflash_shared::health::healthy_record::{HealthyRecord, HealthyRecordConfig};
 use dflash_shared::health::ThroughputConfig;
 
 const TUI: &str = env!("CARGO_BIN_EXE_dflash-tui");
@@ -242,11 +242,12 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
     across_restarts(Timings::Short);
 }
 
-/// The same at the default throughput detector and telemetry timings (`warmup_s` 120,
-/// `smoothing_samples` 5, `warn_after_s` 60, 1 s sampling): the README's bounds, measured.
-/// About 12 minutes; `make soak` runs it.
+/// The same at the default throughput detector, healthy record and telemetry timings
+/// (`warmup_s` 120, `smoothing_samples` 5, `warn_after_s` 60, `after_ok_s` 300, 1 s sampling):
+/// the record is written within warmup + `after_ok_s` + [`RECORD_SLACK_S`] of the first step
+/// however noisy the steps, and the README's bounds hold. About 20 minutes; `make soak` runs it.
 #[test]
-#[ignore = "soak: about 12 minutes at the default detector timings (make soak)"]
+#[ignore = "soak: about 20 minutes at the default detector timings (make soak)"]
 fn at_the_default_detector_timings_the_collapses_are_caught_within_their_bounds() {
     across_restarts(Timings::Defaults);
 }
@@ -263,11 +264,13 @@ fn across_restarts(timings: Timings) {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let (cfg, parsed) = config_and_path(root, |c| {
+        // The run must outlive every phase, however slow the machine: the embedded default's
+        // 6 epochs end before the warmup, the healthy stretch and a collapse are through, so
+        // more epochs of the same data (each daemon is stopped by the test, never by its end).
+        c.training.epochs = 200;
         if timings == Timings::Defaults {
-            // The embedded default's 6 epochs (642 steps, about 3 minutes here) end before a
-            // 2-minute warmup and a collapse after it are through: more epochs of the same data.
-            c.training.epochs = 30;
             c.detectors.throughput = ThroughputConfig::default();
+            c.detectors.healthy = HealthyRecordConfig::default();
             c.telemetry.sample_interval_ms = TelemetrySection::default().sample_interval_ms;
         }
     });
@@ -278,10 +281,12 @@ fn across_restarts(timings: Timings) {
     let patience = |bound_s: f64| Duration::from_secs_f64(bound_s + 90.0);
     let run_a = root.join("run-a");
 
-    // 1. A healthy run, until it has written its healthy record.
+    // 1. A healthy run, until it has written its healthy record: within warmup + after_ok_s
+    // + RECORD_SLACK_S of its first step, the README's bound.
     let mut healthy = Daemon::start(root, &cfg, &run_a, None, "healthy");
     let record_path = run_a.join("healthy.json");
-    let deadline = Instant::now() + patience(throughput.warmup_s + 60.0);
+    let record_bound_s = throughput.warmup_s + parsed.detectors.healthy.after_ok_s + RECORD_SLACK_S;
+    let deadline = Instant::now() + patience(record_bound_s + 40.0);
     while !record_path.is_file() {
         assert!(
             Instant::now() < deadline,
@@ -293,6 +298,14 @@ fn across_restarts(timings: Timings) {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+    let first_step_ms = first_step_ms(&run_a).expect("a step before the record");
+    let written = HealthyRecord::parse(&std::fs::read_to_string(&record_path).unwrap()).unwrap();
+    let record_after_s = (written.recorded_ms - first_step_ms) as f64 / 1000.0;
+    eprintln!("healthy record written {record_after_s:.1} s after the first step");
+    assert!(
+        record_after_s <= record_bound_s,
+        "record written {record_after_s:.1} s after the first step, bound {record_bound_s:.1} s"
+    );
     // A collapse inside the run: the machine's CPU 0 gets busy and the running daemon, all its
     // threads, is moved onto it (`taskset -a -p`).
     let busy = Busy::on_cpu0();
@@ -447,6 +460,20 @@ fn across_restarts(timings: Timings) {
     fresh.stop();
     let journal = std::fs::read_to_string(run_b.join("journal.jsonl")).unwrap();
     assert!(journal.contains("healthy record forgotten"), "{journal}");
+}
+
+/// How late past warmup + `after_ok_s` the first healthy record may be written: the baseline's
+/// `min_baseline_samples` (a few seconds of steps), and a timed dip that holds the record back
+/// at the moment it falls due.
+const RECORD_SLACK_S: f64 = 60.0;
+
+/// The time of the run's first optimizer step, from its `metrics.jsonl`.
+fn first_step_ms(run_dir: &Path) -> Option<i64> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["step"].as_u64().is_some_and(|s| s >= 1))
+        .and_then(|v| v["ts_ms"].as_i64())
 }
 
 /// The first file called `name` under `dir`.
@@ -677,10 +704,14 @@ fn environment_watch(timings: Timings) {
             .any(|a| a.sentence().contains("demo-pkg 1.0 → 2.0")),
         "the replay shows the alert at {fired}"
     );
+    // The environment alert is gone from the replay. Only that detector's line counts: on a
+    // busy machine a throughput alert can stand at the same moment, and its "Before it" rightly
+    // names the environment change among what preceded it.
     let after = replay_at(cleared);
     let shown: Vec<String> = after
         .explained_alerts()
         .iter()
+        .filter(|a| a.detectors.iter().any(|d| d == "environment"))
         .map(|a| a.sentence())
         .collect();
     // What the recording holds around the clearing, for a failure to be read from the log.
@@ -697,9 +728,7 @@ fn environment_watch(timings: Timings) {
         .map(|line| line.chars().take(300).collect())
         .collect();
     assert!(
-        !shown
-            .iter()
-            .any(|s| s.contains("training environment changed")),
+        shown.is_empty(),
         "and its clearing at {cleared}: shown {shown:#?}\nframes around it:\n{}",
         around.join("\n")
     );

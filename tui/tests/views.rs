@@ -744,3 +744,56 @@ fn the_run_panel_of_a_job_node_names_its_place_the_jobs_rate_and_the_straggler()
     // The row it adds pushes nothing out of the panel.
     assert!(text.contains("saved   step"), "{text}");
 }
+
+/// The Throughput panel says what the healthy record's clock says: how long the stretch has
+/// held and when the record falls due, that a dip is being timed, or when it was written.
+#[test]
+fn the_throughput_panel_shows_the_healthy_records_clock() {
+    use dflash_shared::status::RecordClock;
+
+    let swap = incident::torch_swap_ms();
+    let frames: Vec<RecordedFrame> = incident_with_thresholds(Some(DetectorsSection::default()))
+        .into_iter()
+        .filter(|f| f.ts_ms < swap)
+        .collect();
+    let now = frames.last().unwrap().ts_ms;
+    let with_clock = |clock: RecordClock| {
+        let mut frames = frames.clone();
+        let status = frames
+            .iter_mut()
+            .rev()
+            .find_map(|f| match &mut f.frame {
+                Response::Status(s) => Some(s),
+                _ => None,
+            })
+            .expect("a status frame before the swap");
+        status.throughput.stable_since_ms = clock.stretch_since_ms;
+        status.throughput.record_clock = Some(clock);
+        screen::text(&render(&live_from(frames, false), WIDTH, HEIGHT))
+    };
+    let since = now - 210_000;
+    let due = with_clock(RecordClock {
+        stretch_since_ms: Some(since),
+        due_ms: Some(since + 300_000),
+        written_ms: None,
+        drop_timed: false,
+    });
+    assert!(due.contains("stable for 3 min"), "{due}");
+    assert!(due.contains("healthy record in 1 min"), "{due}");
+    let dip = with_clock(RecordClock {
+        stretch_since_ms: Some(since),
+        due_ms: Some(since + 300_000),
+        written_ms: None,
+        drop_timed: true,
+    });
+    assert!(dip.contains("stable for 3 min"), "{dip}");
+    assert!(dip.contains("a dip is being timed"), "{dip}");
+    assert!(!dip.contains("healthy record in"), "{dip}");
+    let written = with_clock(RecordClock {
+        stretch_since_ms: Some(since),
+        due_ms: None,
+        written_ms: Some(now - 60_000),
+        drop_timed: false,
+    });
+    assert!(written.contains("healthy record written"), "{written}");
+}

@@ -32,6 +32,7 @@ fn cpu_status() -> StatusSnapshot {
             baseline_tokens_per_s: None,
             stable_since_ms: None,
             baseline_source: None,
+            record_clock: None,
         },
         gpus: GpuTelemetry::Unavailable {
             reason: "NVML unavailable: libnvidia-ml.so.1 not found".into(),

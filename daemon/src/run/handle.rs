@@ -15,8 +15,8 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{
-    Alert, CheckpointInfo, DominoAcceptance, JobStatus, OnlineEvalStatus, RunInfo, RunState,
-    StatusSnapshot, Throughput,
+    Alert, CheckpointInfo, DominoAcceptance, JobStatus, OnlineEvalStatus, RecordClock, RunInfo,
+    RunState, StatusSnapshot, Throughput,
 };
 use tokio::sync::{broadcast, oneshot};
 
@@ -91,6 +91,15 @@ struct Status {
     last_metrics: Option<StepMetrics>,
 }
 
+/// What the health feed judged of throughput at the latest step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThroughputJudgement {
+    pub baseline_tokens_per_s: Option<f64>,
+    pub stable_since_ms: Option<i64>,
+    pub baseline_source: Option<String>,
+    pub record_clock: Option<RecordClock>,
+}
+
 /// Cheap to clone; every clone is the same run.
 #[derive(Debug, Clone)]
 pub struct RunHandle {
@@ -141,6 +150,7 @@ impl RunHandle {
                 baseline_tokens_per_s: None,
                 stable_since_ms: None,
                 baseline_source: None,
+                record_clock: None,
             },
             gpus: GpuTelemetry::Unavailable {
                 reason: "GPU telemetry not sampled yet".into(),
@@ -276,17 +286,15 @@ impl RunHandle {
         self.publish(Topic::Metrics, Response::Metrics(Box::new(m)));
     }
 
-    /// Baseline and stability come from the throughput detector, not from a single step.
-    pub fn set_throughput_judgement(
-        &self,
-        baseline: Option<f64>,
-        stable_since_ms: Option<i64>,
-        baseline_source: Option<String>,
-    ) {
+    /// Baseline and stability come from the throughput detector and the healthy record's
+    /// clock, not from a single step.
+    pub fn set_throughput_judgement(&self, judgement: ThroughputJudgement) {
         let mut st = write(&self.inner.status);
-        st.snapshot.throughput.baseline_tokens_per_s = baseline;
-        st.snapshot.throughput.stable_since_ms = stable_since_ms;
-        st.snapshot.throughput.baseline_source = baseline_source;
+        let t = &mut st.snapshot.throughput;
+        t.baseline_tokens_per_s = judgement.baseline_tokens_per_s;
+        t.stable_since_ms = judgement.stable_since_ms;
+        t.baseline_source = judgement.baseline_source;
+        t.record_clock = judgement.record_clock;
     }
 
     /// The healthy record this run is judged against, served in status, and the files a

@@ -47,7 +47,11 @@ fn status_and_state_view_follow_what_the_run_loop_publishes() {
     h.set_run_state(RunState::Training);
     h.publish_metrics(metrics(10, Some(3.2)));
     h.publish_metrics(metrics(11, None));
-    h.set_throughput_judgement(Some(12_900.0), Some(5), None);
+    h.set_throughput_judgement(ThroughputJudgement {
+        baseline_tokens_per_s: Some(12_900.0),
+        stable_since_ms: Some(5),
+        ..Default::default()
+    });
     let s = h.status_snapshot();
     assert_eq!(
         (s.run.step, s.run.epoch, s.last_tau, s.last_loss),

@@ -13,16 +13,18 @@ use std::time::{Duration, Instant};
 
 use chrono::{FixedOffset, Offset};
 use dflash_shared::config::DetectorsSection;
-use dflash_shared::health::{HealthMonitor, Level, Transition};
+use dflash_shared::health::{HealthMonitor, Level, ThroughputStatus, Transition};
 use dflash_shared::metrics::{GpuTelemetry, QueueStats, StepMetrics};
 use dflash_shared::status::Alert;
 
 use super::healthy_record::HealthyRecordKeeper;
-use crate::run::handle::RunHandle;
+use crate::run::handle::{RunHandle, ThroughputJudgement};
 use dflash_shared::clock::now_ms;
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::differences_since;
+use dflash_shared::health::healthy_stretch::standing;
+use dflash_shared::status::RecordClock;
 
 /// The live environment watch's alert (`telemetry/env_watch.rs`).
 pub const ENVIRONMENT_DETECTOR: &str = "environment";
@@ -122,23 +124,41 @@ impl HealthFeed {
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
         let t = self.monitor.throughput();
-        let healthy = t.level == Level::Ok && !t.learning;
-        let stable_since = healthy.then_some(t.since_ms).flatten();
-        // A drop being timed is not healthy: the record must not learn the slow rate in the
-        // minute before the alert.
-        let healthy = healthy && !t.escalating;
-        self.handle.set_throughput_judgement(
-            t.baseline_tokens_per_s,
-            stable_since,
-            t.baseline_source.clone(),
-        );
-        let healthy = healthy && !self.monitor.any_active() && self.run_alert.is_none();
+        let alert_active = self.monitor.any_active() || self.run_alert.is_some();
         if let Some(keeper) = self.record.as_mut() {
-            keeper.set_healthy(m.ts_ms, healthy);
+            keeper.observe_standing(m.ts_ms, standing(&t, alert_active));
             keeper.observe_step(m);
         }
         self.poll(!transitions.is_empty());
         self.write_record_when_due(m.step);
+        self.publish_judgement(&t);
+    }
+
+    /// The detector's baseline and, with a record kept, the record's clock: "stable since" is
+    /// the healthy stretch's start, so the console and the record agree.
+    fn publish_judgement(&self, t: &ThroughputStatus) {
+        let (stable_since_ms, record_clock) = match self.record.as_ref() {
+            Some(keeper) => {
+                let stretch = keeper.stretch();
+                let clock = RecordClock {
+                    stretch_since_ms: stretch.since_ms(),
+                    due_ms: stretch.first_due_ms(),
+                    written_ms: stretch.last_written_ms(),
+                    drop_timed: stretch.drop_timed(),
+                };
+                (stretch.since_ms(), Some(clock))
+            }
+            None => {
+                let stable = t.level == Level::Ok && !t.learning;
+                (stable.then_some(t.since_ms).flatten(), None)
+            }
+        };
+        self.handle.set_throughput_judgement(ThroughputJudgement {
+            baseline_tokens_per_s: t.baseline_tokens_per_s,
+            stable_since_ms,
+            baseline_source: t.baseline_source.clone(),
+            record_clock,
+        });
     }
 
     /// Writes this run's healthy record when it is due; the first write is journaled.

@@ -1,22 +1,24 @@
 //! The healthy record's I/O: which record a run is judged against at start, and when the
-//! record of this run is written (`dflash_shared::health::healthy_record` is the pure part).
+//! record of this run is written (`dflash_shared::health::healthy_record` and
+//! `healthy_stretch` are the pure parts).
 //!
 //! A run is judged against, in order: its own run dir's `healthy.json` (a resumed run), else
 //! the last healthy record of the same recipe in `<state_dir>/healthy/` when
 //! `detectors.healthy.use_recipe_record` is on (a new run dir of a known recipe). Once the run
 //! has been healthy for `detectors.healthy.after_ok_s` (throughput judged Ok past learning, no
-//! alert active), both files are written atomically, and rewritten every `refresh_s` while it
-//! stays healthy. Any alert resets the healthy stretch, so a record never holds a sick run.
+//! alert active; a drop being timed holds the stretch without lending it samples), both files
+//! are written atomically, and rewritten every `refresh_s` while it stays healthy. Any alert
+//! ends the healthy stretch, so a record never holds a sick run.
 use std::path::{Path, PathBuf};
 
 use chrono::FixedOffset;
 use dflash_engine::atomic_write::write_atomic;
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::{
-    expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, HealthyWindow,
-    RecordScope, ThroughputBasis, ThroughputReference, FORMAT, HEALTHY_RECORD_FILE,
-    RECIPE_RECORDS_DIR,
+    expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, RecordScope,
+    ThroughputBasis, ThroughputReference, FORMAT, HEALTHY_RECORD_FILE, RECIPE_RECORDS_DIR,
 };
+use dflash_shared::health::healthy_stretch::{HealthyStretch, Standing};
 use dflash_shared::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, TimestampMs};
 use sha2::{Digest, Sha256};
 
@@ -98,17 +100,12 @@ pub fn record_date(ts_ms: TimestampMs, offset: FixedOffset) -> String {
     }
 }
 
-/// Accumulates the healthy stretch of this run and writes its record when due.
+/// Keeps this run's healthy stretch ([`HealthyStretch`]) and writes its record when due.
 #[derive(Debug, Clone)]
 pub struct HealthyRecordKeeper {
-    cfg: HealthyRecordConfig,
     identity: RecordIdentity,
     state_dir: PathBuf,
-    window: HealthyWindow,
-    healthy_since_ms: Option<TimestampMs>,
-    last_written_ms: Option<TimestampMs>,
-    /// The last time a record was due, written or declined: the refresh clock.
-    last_attempt_ms: Option<TimestampMs>,
+    stretch: HealthyStretch,
     /// The record this run is judged against (loaded at start).
     judged_against: Option<(HealthyRecord, RecordScope)>,
 }
@@ -122,13 +119,9 @@ impl HealthyRecordKeeper {
     ) -> Self {
         let judged_against = record_to_judge_against(&cfg, &identity, &state_dir, hostname);
         HealthyRecordKeeper {
-            cfg,
+            stretch: HealthyStretch::new(cfg),
             identity,
             state_dir,
-            window: HealthyWindow::default(),
-            healthy_since_ms: None,
-            last_written_ms: None,
-            last_attempt_ms: None,
             judged_against,
         }
     }
@@ -147,10 +140,7 @@ impl HealthyRecordKeeper {
     /// raced it must not survive). Returns the files it removed.
     pub fn forget(&mut self) -> std::io::Result<Vec<PathBuf>> {
         self.judged_against = None;
-        self.healthy_since_ms = None;
-        self.last_written_ms = None;
-        self.last_attempt_ms = None;
-        self.window.reset();
+        self.stretch.reset();
         forget(
             &self.identity.run_dir,
             &self.state_dir,
@@ -173,48 +163,32 @@ impl HealthyRecordKeeper {
         )
     }
 
-    /// Whether the run is healthy at `now_ms`; a sick moment ends the healthy stretch.
-    pub fn set_healthy(&mut self, now_ms: TimestampMs, healthy: bool) {
-        if healthy {
-            self.healthy_since_ms.get_or_insert(now_ms);
-        } else if self.healthy_since_ms.take().is_some() {
-            self.window.reset();
-        }
+    /// How the run stands at `now_ms`: a healthy moment starts or continues the stretch, a
+    /// timed drop holds it without lending it samples, a sick one ends it.
+    pub fn observe_standing(&mut self, now_ms: TimestampMs, standing: Standing) {
+        self.stretch.observe(now_ms, standing);
     }
 
-    fn in_healthy_stretch(&self) -> bool {
-        self.healthy_since_ms.is_some()
+    /// The stretch's clock, for the status.
+    pub fn stretch(&self) -> &HealthyStretch {
+        &self.stretch
     }
 
     pub fn observe_step(&mut self, m: &StepMetrics) {
-        if self.in_healthy_stretch() {
-            self.window.observe_step(m);
-        }
+        self.stretch.observe_step(m);
     }
 
     pub fn observe_gpu(&mut self, g: &GpuSample) {
-        if self.in_healthy_stretch() {
-            self.window.observe_gpu(g);
-        }
+        self.stretch.observe_gpu(g);
     }
 
     pub fn observe_queue(&mut self, q: &QueueStats) {
-        if self.in_healthy_stretch() {
-            self.window.observe_queue(q);
-        }
+        self.stretch.observe_queue(q);
     }
 
-    /// Whether a record is due: healthy for `after_ok_s`, and `refresh_s` since the last one.
+    /// Whether a record is due ([`HealthyStretch::due`]).
     pub fn due(&self, now_ms: TimestampMs) -> bool {
-        let Some(since) = self.healthy_since_ms else {
-            return false;
-        };
-        let ms = |s: f64| (s * 1000.0) as i64;
-        now_ms - since >= ms(self.cfg.after_ok_s)
-            && self
-                .last_attempt_ms
-                .is_none_or(|last| now_ms - last >= ms(self.cfg.refresh_s))
-            && self.window.step_samples() > 0
+        self.stretch.due(now_ms)
     }
 
     /// Writes the run dir's record and the recipe's; returns the record and whether it was the
@@ -233,10 +207,11 @@ impl HealthyRecordKeeper {
         caches: &[CacheState],
     ) -> std::io::Result<Option<(HealthyRecord, bool)>> {
         let figures = self
-            .window
+            .stretch
+            .window()
             .figures(self.identity.basis.clone())
             .ok_or_else(|| std::io::Error::other("no healthy step to record"))?;
-        self.last_attempt_ms = Some(now_ms);
+        self.stretch.attempted(now_ms);
         let expected = self
             .reference(FixedOffset::east_opt(0).expect("UTC"))
             .map(|r| r.tokens_per_s);
@@ -247,7 +222,7 @@ impl HealthyRecordKeeper {
         let record = HealthyRecord {
             format: FORMAT,
             recorded_ms: now_ms,
-            healthy_since_ms: self.window.since_ms().unwrap_or(now_ms),
+            healthy_since_ms: self.stretch.window().since_ms().unwrap_or(now_ms),
             run_name: id.run_name.clone(),
             run_dir: id.run_dir.display().to_string(),
             recipe: id.recipe.clone(),
@@ -272,8 +247,7 @@ impl HealthyRecordKeeper {
             std::fs::create_dir_all(dir)?;
         }
         write_atomic(&recipe_path, &bytes)?;
-        let first = self.last_written_ms.is_none();
-        self.last_written_ms = Some(now_ms);
+        let first = self.stretch.written(now_ms);
         Ok(Some((record, first)))
     }
 }
@@ -354,14 +328,14 @@ mod tests {
         );
         assert!(k.judged_against().is_none());
         for s in 0..8 {
-            k.set_healthy(s * 1000, true);
+            k.observe_standing(s * 1000, Standing::Healthy);
             k.observe_step(&step(s * 1000, 1_600.0));
         }
         assert!(!k.due(8_000), "healthy for 8 s of 10");
         // An alert ends the stretch and its samples.
-        k.set_healthy(8_000, false);
+        k.observe_standing(8_000, Standing::Sick);
         for s in 9..21 {
-            k.set_healthy(s * 1000, true);
+            k.observe_standing(s * 1000, Standing::Healthy);
             k.observe_step(&step(s * 1000, 1_500.0));
         }
         assert!(!k.due(18_000));
@@ -388,7 +362,7 @@ mod tests {
         // at 1.6K refreshes it.
         let mut again = again;
         for s in 100..112 {
-            again.set_healthy(s * 1000, true);
+            again.observe_standing(s * 1000, Standing::Healthy);
             again.observe_step(&step(s * 1000, 1_400.0));
         }
         assert!(again.due(111_000));
@@ -402,9 +376,9 @@ mod tests {
         );
         let on_file = std::fs::read_to_string(run_record_path(run.path())).unwrap();
         assert!(on_file.contains("1500"), "{on_file}");
-        again.set_healthy(112_000, false);
+        again.observe_standing(112_000, Standing::Sick);
         for s in 120..132 {
-            again.set_healthy(s * 1000, true);
+            again.observe_standing(s * 1000, Standing::Healthy);
             again.observe_step(&step(s * 1000, 1_600.0));
         }
         let (faster, _) = again

@@ -8,6 +8,7 @@ pub mod explain;
 pub mod fingerprint;
 pub mod grouping;
 pub mod healthy_record;
+pub mod healthy_stretch;
 pub mod memory;
 mod monitor;
 pub mod queue;

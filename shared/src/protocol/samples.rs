@@ -125,6 +125,7 @@ pub(super) fn status() -> StatusSnapshot {
             baseline_tokens_per_s: Some(21_500.0),
             stable_since_ms: Some(1_766_999_000_000),
             baseline_source: None,
+            record_clock: None,
         },
         gpus: GpuTelemetry::Available {
             gpus: vec![gpu_sample()],

@@ -110,6 +110,9 @@ pub fn render(report: &StatusReport) -> String {
         _ => "Throughput unknown (no status from the daemon).".into(),
     };
     let _ = writeln!(out, "- {throughput}");
+    if let Some(clock) = record_clock_line(t) {
+        let _ = writeln!(out, "- {clock}");
+    }
     if let Some(record) = &report.healthy_record_summary {
         let _ = writeln!(out, "- {record}");
     }
@@ -220,4 +223,21 @@ pub fn render(report: &StatusReport) -> String {
         let _ = writeln!(out, "- Data: {}", f.data.join(", "));
     }
     out
+}
+
+/// Where the healthy record's clock stands: when the stretch began and when the record falls
+/// due, or when it was last written.
+fn record_clock_line(t: &super::Throughput) -> Option<String> {
+    let since = t.stable_since.as_deref()?;
+    let mut line = format!("Healthy since {since}");
+    if t.drop_timed {
+        line.push_str("; a drop below the Warn line is being timed, and the record waits");
+    } else if let Some(due) = &t.healthy_record_due {
+        line.push_str(&format!("; the healthy record is due at {due}"));
+    } else if let Some(written) = &t.healthy_record_written {
+        line.push_str(&format!(
+            "; the healthy record was last written at {written}"
+        ));
+    }
+    Some(format!("{line}."))
 }

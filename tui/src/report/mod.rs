@@ -106,6 +106,15 @@ pub struct Throughput {
     /// Where the baseline came from when the daemon did not learn it itself ("this recipe ran
     /// at 21.5K tok/s here on …", the pinned figure).
     pub baseline_source: Option<String>,
+    /// When the healthy record is first written if the healthy stretch holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthy_record_due: Option<String>,
+    /// When this daemon last wrote the healthy record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthy_record_written: Option<String>,
+    /// A drop below the Warn line is being timed (no alert yet; the record waits).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub drop_timed: bool,
 }
 
 /// Offline τ and, beside it, the newest online evaluation: the train-versus-serve gap in one
@@ -382,9 +391,13 @@ fn throughput_section(input: &ReportInput) -> Throughput {
             share_of_baseline: None,
             stable_since: None,
             baseline_source: None,
+            healthy_record_due: None,
+            healthy_record_written: None,
+            drop_timed: false,
         };
     };
     let t = &s.throughput;
+    let clock = t.record_clock.as_ref();
     Throughput {
         tokens_per_s: Some(t.tokens_per_s),
         draft_positions_per_s: Some(t.draft_positions_per_s),
@@ -396,6 +409,9 @@ fn throughput_section(input: &ReportInput) -> Throughput {
             .map(|b| t.tokens_per_s / b),
         stable_since: t.stable_since_ms.map(fmt::rfc3339),
         baseline_source: t.baseline_source.clone(),
+        healthy_record_due: clock.and_then(|c| c.due_ms).map(fmt::rfc3339),
+        healthy_record_written: clock.and_then(|c| c.written_ms).map(fmt::rfc3339),
+        drop_timed: clock.is_some_and(|c| c.drop_timed),
     }
 }
 

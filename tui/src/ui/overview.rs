@@ -1,6 +1,7 @@
 //! Overview: is the run healthy at a glance? Alerts first, then throughput, progress, curves.
 use dflash_shared::format::format_si;
 use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Wrap};
 use ratatui::Frame;
@@ -311,12 +312,6 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let stale = app.stale();
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let [big, baseline, history] = Layout::vertical([
-        Constraint::Length(3),
-        Constraint::Length(1),
-        Constraint::Min(0),
-    ])
-    .areas(inner);
 
     let tokens = app.tokens_per_s();
     let headline = tokens.map_or_else(|| "—".to_string(), format_si);
@@ -332,10 +327,46 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             .collect(),
         None => vec![Line::from(Span::styled(format!(" {headline}"), style))],
     };
+    let baseline_lines = baseline_lines(app, theme, style);
+    let [big, baseline, history] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(baseline_lines.len() as u16),
+        Constraint::Min(0),
+    ])
+    .areas(inner);
     frame.render_widget(Paragraph::new(big_lines), big);
+    frame.render_widget(Paragraph::new(baseline_lines), baseline);
 
+    TimeChart {
+        block: Block::default(),
+        lines: vec![chart::Line {
+            name: "tok/s".into(),
+            series: &app.telemetry.tokens_per_s,
+            style,
+        }],
+        levels: app
+            .baseline_tokens_per_s()
+            .map(|b| chart::Level {
+                name: "baseline".into(),
+                value: b,
+                style: theme.reference_line(),
+            })
+            .into_iter()
+            .collect(),
+        now_ms: app.now_ms,
+        from_zero: true,
+        format_value: format_si,
+    }
+    .draw(frame, history, theme);
+}
+
+/// Beneath the big number: the baseline and the share of it, how long the run has been
+/// stable; on a second line, only when there is something to say, the healthy record's clock,
+/// the draft rate and MFU.
+fn baseline_lines(app: &App, theme: &Theme, style: Style) -> Vec<Line<'static>> {
+    let stale = app.stale();
     let mut spans = Vec::new();
-    match (tokens, app.baseline_tokens_per_s()) {
+    match (app.tokens_per_s(), app.baseline_tokens_per_s()) {
         // A stale figure is no share of baseline: it says when it was true.
         (Some(_), base) if stale.is_some() => {
             let stale = stale.expect("matched");
@@ -366,50 +397,58 @@ fn draw_throughput(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         .shown_alerts()
         .iter()
         .any(|(a, _)| crate::app::alerts::is_throughput_detector(&a.detector));
-    if let Some(since) = app
-        .status
-        .as_ref()
-        .and_then(|s| s.throughput.stable_since_ms)
-        .filter(|_| stale.is_none() && !throughput_alert && !app.status_is_old())
-    {
-        spans.push(Span::raw(format!(
-            " · stable for {}",
-            fmt::duration_ms(app.now_ms - since)
-        )));
+    let mut second = Vec::new();
+    if stale.is_none() && !throughput_alert && !app.status_is_old() {
+        spans.extend(stable_for_span(app));
+        second.extend(record_clock_span(app, theme));
     }
     if let Some((positions, mfu)) = app.draft_rate().filter(|(p, _)| *p > 0.0) {
-        spans.push(Span::raw(format!(
-            " · {} draft pos/s",
+        let lead = if second.is_empty() { " " } else { " · " };
+        second.push(Span::raw(format!(
+            "{lead}{} draft pos/s",
             format_si(positions)
         )));
-        spans.push(match mfu {
+        second.push(match mfu {
             Some(m) => Span::raw(format!(" · MFU {:.1}%", 100.0 * m)),
             None => Span::styled(" · MFU —", theme.dim()),
         });
     }
-    frame.render_widget(Paragraph::new(Line::from(spans)), baseline);
-
-    TimeChart {
-        block: Block::default(),
-        lines: vec![chart::Line {
-            name: "tok/s".into(),
-            series: &app.telemetry.tokens_per_s,
-            style,
-        }],
-        levels: app
-            .baseline_tokens_per_s()
-            .map(|b| chart::Level {
-                name: "baseline".into(),
-                value: b,
-                style: theme.reference_line(),
-            })
-            .into_iter()
-            .collect(),
-        now_ms: app.now_ms,
-        from_zero: true,
-        format_value: format_si,
+    let mut lines = vec![Line::from(spans)];
+    if !second.is_empty() {
+        lines.push(Line::from(second));
     }
-    .draw(frame, history, theme);
+    lines
+}
+
+/// " · stable for 3 min": since when the run has been healthy without a break (the healthy
+/// record's stretch, where the daemon keeps a record).
+fn stable_for_span(app: &App) -> Option<Span<'static>> {
+    let since = app.status.as_ref()?.throughput.stable_since_ms?;
+    Some(Span::raw(format!(
+        " · stable for {}",
+        fmt::duration_ms(app.now_ms - since)
+    )))
+}
+
+/// " healthy record in 2 min": what the healthy record's clock will do next. A dip being timed
+/// holds the clock without feeding the record, and says so.
+fn record_clock_span(app: &App, theme: &Theme) -> Option<Span<'static>> {
+    let clock = app.status.as_ref()?.throughput.record_clock.as_ref()?;
+    if clock.drop_timed {
+        return Some(Span::styled(" a dip is being timed", theme.warn()));
+    }
+    if let Some(due) = clock.due_ms {
+        return Some(Span::raw(if due > app.now_ms {
+            format!(" healthy record in {}", fmt::duration_ms(due - app.now_ms))
+        } else {
+            " healthy record due".to_string()
+        }));
+    }
+    let written = clock.written_ms?;
+    Some(Span::styled(
+        format!(" healthy record written {}", app.clock.hm(written)),
+        theme.dim(),
+    ))
 }
 
 fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {

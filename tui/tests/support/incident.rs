@@ -399,6 +399,7 @@ impl Sim {
                     .then_some(detector.since_ms)
                     .flatten(),
                 baseline_source: detector.baseline_source.clone(),
+                record_clock: None,
             },
             gpus: GpuTelemetry::Available {
                 gpus: self.last_gpus.clone(),
