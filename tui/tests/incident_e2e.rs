@@ -245,9 +245,9 @@ fn a_collapse_after_a_restart_and_a_new_run_of_the_recipe_are_caught_against_the
 /// The same at the default throughput detector, healthy record and telemetry timings
 /// (`warmup_s` 120, `smoothing_samples` 5, `warn_after_s` 60, `after_ok_s` 300, 1 s sampling):
 /// the record is written within warmup + `after_ok_s` + [`RECORD_SLACK_S`] of the first step
-/// however noisy the steps, and the README's bounds hold. About 20 minutes; `make soak` runs it.
+/// however noisy the steps, and the README's bounds hold. About 13 minutes; `make soak` runs it.
 #[test]
-#[ignore = "soak: about 20 minutes at the default detector timings (make soak)"]
+#[ignore = "soak: about 13 minutes at the default detector timings (make soak)"]
 fn at_the_default_detector_timings_the_collapses_are_caught_within_their_bounds() {
     across_restarts(Timings::Defaults);
 }
