@@ -73,6 +73,15 @@ pub enum EventKind {
         path: String,
         bytes: u64,
     },
+    /// A checkpoint became the run's best: its weights scored the highest online DDTree τ at
+    /// the serving budget so far (`crate::best_checkpoint`). Written after its
+    /// `CheckpointWritten`.
+    BestCheckpoint {
+        step: u64,
+        tau_tree: f64,
+        budget: usize,
+        path: String,
+    },
     /// The operator chose (`dflashd start --resume-from`) to resume from `to_step`, an older
     /// checkpoint than the newest the run had (`from_step`), because the newer ones were
     /// damaged or missing; the steps after `to_step` are trained again.

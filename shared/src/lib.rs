@@ -6,6 +6,7 @@
 //! [`invocation::spell_sibling`] looks up the running executable and `PATH` to print hints the
 //! operator can paste.)
 pub mod actions;
+pub mod best_checkpoint;
 pub mod clock;
 pub mod config;
 pub mod events;

@@ -1,22 +1,34 @@
-//! `dflashd export --checkpoint DIR --out DIR`: the drafter of a training checkpoint in the
-//! published Hugging Face layout (`config.json` + `model.safetensors`, spec §1.3 keys), in the
-//! form SGLang, vLLM and the DFlash authors' loader take unchanged, followed by what each engine
-//! needs to be told to serve it.
+//! `dflashd export --checkpoint DIR --out DIR` (or `--best --run-dir R`): the drafter of a
+//! training checkpoint in the published Hugging Face layout (`config.json` + `model.safetensors`,
+//! spec §1.3 keys), in the form SGLang, vLLM and the DFlash authors' loader take unchanged,
+//! followed by what each engine needs to be told to serve it.
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
 use dflash_engine::model::drafter::{DominoConfig, DrafterConfig, LayerType};
 use dflash_engine::train::drafter_io::write_hf;
-use dflash_engine::train::resume::{read_checkpoint_drafter, resolve_checkpoint};
+use dflash_engine::train::resume::{
+    read_checkpoint_drafter, recorded_best, resolve_checkpoint, RecordedBest,
+};
+use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
+
+use crate::runtime::setup::CHECKPOINTS_DIR;
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
     /// A checkpoint directory (`step-…`), a checkpoints directory or a run directory (its newest
     /// checkpoint is used).
+    #[arg(long, required_unless_present = "best", conflicts_with = "best")]
+    pub checkpoint: Option<PathBuf>,
+    /// Export the run's best checkpoint (the highest online DDTree τ at the serving budget)
+    /// instead of a named one; needs `--run-dir`.
+    #[arg(long, requires = "run_dir")]
+    pub best: bool,
+    /// The run directory whose best checkpoint `--best` exports.
     #[arg(long)]
-    pub checkpoint: PathBuf,
+    pub run_dir: Option<PathBuf>,
     /// Output directory (created; existing files of the same names are replaced).
     #[arg(long)]
     pub out: PathBuf,
@@ -37,7 +49,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
         "bf16" | "bfloat16" => Kind::BFloat16,
         other => bail!("--dtype: expected `bf16` or `f32`, found `{other}`"),
     };
-    let dir = resolve_checkpoint(&args.checkpoint)?;
+    let dir = match (&args.checkpoint, &args.run_dir) {
+        (Some(checkpoint), _) => resolve_checkpoint(checkpoint)?,
+        (None, Some(run_dir)) => best_checkpoint(run_dir)?,
+        (None, None) => bail!("name a checkpoint (--checkpoint DIR) or --best --run-dir R"),
+    };
     let (mut config, weights) = read_checkpoint_drafter(&dir)?;
     if let Some(n) = args.num_target_layers {
         if let Some(recorded) = config.num_target_layers.filter(|&r| r != n) {
@@ -59,6 +75,50 @@ pub fn run(args: ExportArgs) -> Result<()> {
     );
     print!("{}", serving_hints(&config, &args.out));
     Ok(())
+}
+
+/// The best checkpoint of the run in `run_dir`, named on stdout; an error saying what to do
+/// when the run has none.
+fn best_checkpoint(run_dir: &Path) -> Result<PathBuf> {
+    match recorded_best(&run_dir.join(CHECKPOINTS_DIR))? {
+        RecordedBest::Kept { best, dir } => {
+            println!(
+                "best checkpoint: step {}, tree τ@{} {:.2}",
+                best.step, best.budget, best.tau_tree
+            );
+            Ok(dir)
+        }
+        RecordedBest::None { newest_step, why } => {
+            bail!(no_best_message(run_dir, newest_step, why))
+        }
+        RecordedBest::NoCheckpoint => bail!(
+            "{} has no checkpoint yet, so no best one: `dflashd start --run-dir {}` trains and \
+             saves them",
+            run_dir.display(),
+            run_dir.display()
+        ),
+    }
+}
+
+/// Why `--best` has nothing to export, and the two ways on: the newest checkpoint now, or a run
+/// that judges its checkpoints.
+fn no_best_message(run_dir: &Path, newest_step: u64, why: NoBestCheckpoint) -> String {
+    let dir = run_dir.display();
+    let remedy = match why {
+        NoBestCheckpoint::OnlineEvalOff => {
+            "; to have one, set training.online_eval_every (it may change on a resume) and resume"
+        }
+        NoBestCheckpoint::NoTreeBudget => {
+            "; to have one, give training.online_eval_tree_budgets the serving budget \
+             (training.serve_tree_budget) and resume"
+        }
+        NoBestCheckpoint::NotYet { .. } => "; or train on until that evaluation",
+    };
+    format!(
+        "{dir} has no best checkpoint: {}. Its newest checkpoint is step {newest_step}: \
+         `dflashd export --checkpoint {dir} --out OUT` exports it{remedy}",
+        why.words()
+    )
 }
 
 /// What each serving engine must be told to serve this drafter: the draft width it takes as a
@@ -117,6 +177,26 @@ mod tests {
     use super::*;
     use dflash_engine::train::embedded;
     use tch::Device;
+
+    #[test]
+    fn no_best_names_why_and_what_to_run_instead() {
+        let run = Path::new("/r/run");
+        let off = no_best_message(run, 120, NoBestCheckpoint::OnlineEvalOff);
+        for wanted in [
+            "/r/run has no best checkpoint: online evaluation is off",
+            "newest checkpoint is step 120",
+            "dflashd export --checkpoint /r/run --out OUT",
+            "set training.online_eval_every",
+        ] {
+            assert!(off.contains(wanted), "{wanted:?} missing from {off}");
+        }
+        let early = no_best_message(run, 20, NoBestCheckpoint::NotYet { first_at_step: 50 });
+        assert!(early.contains("due at step 50"), "{early}");
+        assert!(
+            early.ends_with("or train on until that evaluation"),
+            "{early}"
+        );
+    }
 
     #[test]
     fn hints_give_each_engine_its_draft_width_and_the_v2_runner_for_mixed_layers() {

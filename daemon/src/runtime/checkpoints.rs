@@ -1,10 +1,14 @@
 //! The run's checkpoints as status lists them: step, directory, when it was written, size.
-//! Read from each checkpoint's manifest, which already records every file's size.
+//! Read from each checkpoint's manifest, which already records every file's size. And the
+//! run's best checkpoint, as the trainer holds it.
 use std::path::Path;
 
+use dflash_shared::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
 use dflash_shared::status::CheckpointInfo;
 
+use dflash_engine::train::best_checkpoint::no_best;
 use dflash_engine::train::checkpoint::{self, Manifest, MANIFEST};
+use dflash_engine::train::Trainer;
 
 /// One published checkpoint directory, or `None` if its manifest cannot be read.
 pub fn describe(dir: &Path) -> Option<CheckpointInfo> {
@@ -29,4 +33,17 @@ pub fn on_disk(root: &Path) -> Vec<CheckpointInfo> {
         .iter()
         .filter_map(|(_, dir)| describe(dir))
         .collect()
+}
+
+/// The trainer's best checkpoint under `root` as status names it, or why it has none.
+pub fn best_standing(trainer: &Trainer, root: &Path) -> Result<BestCheckpoint, NoBestCheckpoint> {
+    match trainer.best_checkpoint() {
+        Some(best) => Ok(BestCheckpoint {
+            step: best.step,
+            tau_tree: best.tau_tree,
+            budget: best.budget,
+            path: best.dir(root).display().to_string(),
+        }),
+        None => Err(no_best(trainer.config(), trainer.step_count())),
+    }
 }

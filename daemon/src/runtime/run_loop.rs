@@ -160,6 +160,7 @@ impl RunLoop {
         let step = trainer.step_count();
         let last_saved_step = on_disk.iter().any(|c| c.step == step).then_some(step);
         handle.set_checkpoints(on_disk);
+        handle.set_best_checkpoint(checkpoints::best_standing(&trainer, &cfg.checkpoint_root));
         let mut cfg = cfg;
         // This process's workers: its queue's producers and consumers. On a node of a job
         // `drafter_ranks` counts every node's drafter workers, none of which read this queue.
@@ -271,7 +272,12 @@ impl RunHooks for DaemonHooks {
                 self.state_before_checkpoint = Some(self.handle.status_snapshot().run.state);
                 self.handle.set_run_state(RunState::Checkpointing);
             }
-            LoopEvent::CheckpointSaved { step, dir } => self.checkpoint_saved(step, dir),
+            LoopEvent::CheckpointSaved { step, dir, is_best } => {
+                self.checkpoint_saved(step, dir);
+                if is_best {
+                    self.best_saved(trainer);
+                }
+            }
         }
     }
 }
@@ -288,6 +294,13 @@ impl DaemonHooks {
 
     fn after_step(&mut self, trainer: &Trainer, m: &StepMetrics) {
         self.pace.step_done();
+        if m.online.is_some() && trainer.best_checkpoint().is_none() {
+            // No best yet: the next evaluation that could name one has moved on.
+            self.handle.set_best_checkpoint(checkpoints::best_standing(
+                trainer,
+                &self.cfg.checkpoint_root,
+            ));
+        }
         self.metrics.write(m, &self.handle);
         self.handle.publish_metrics(m.clone());
         self.health.observe_step(m);
@@ -368,6 +381,16 @@ impl DaemonHooks {
         self.handle
             .set_checkpoints(checkpoints::on_disk(&self.cfg.checkpoint_root));
         self.last_saved_step = Some(step);
+    }
+
+    /// The checkpoint just saved is the run's best: status names it and the journal records it.
+    fn best_saved(&self, trainer: &Trainer) {
+        if let Ok(best) = checkpoints::best_standing(trainer, &self.cfg.checkpoint_root) {
+            let words = best.words();
+            if let Err(e) = self.handle.add_best_checkpoint(best) {
+                tracing::error!(error = %e, "journaling the best checkpoint ({words}) failed");
+            }
+        }
     }
 
     /// The loop has ended (after its final checkpoint, when one was due): journals why, and

@@ -1,5 +1,6 @@
 //! Exact resume: N steps straight equal N/2 steps, checkpoint, restart from disk, N/2 steps —
-//! bit for bit on CPU, both in-process and across `dflashd start` processes.
+//! bit for bit on CPU, both in-process and across `dflashd start` processes (with online
+//! evaluations whose new bests write checkpoints of their own, and the best carried over).
 use std::path::Path;
 use std::process::Command;
 
@@ -73,7 +74,7 @@ fn resumed_run_is_bitwise_identical_to_a_straight_run() {
     assert!(moved);
 }
 
-fn start(run_dir: &Path, steps: u64, metrics: &Path) {
+fn start(run_dir: &Path, steps: u64, metrics: &Path, config: &Path) {
     let out = Command::new(env!("CARGO_BIN_EXE_dflashd"))
         .args([
             "start",
@@ -87,6 +88,8 @@ fn start(run_dir: &Path, steps: u64, metrics: &Path) {
             "--run-dir",
         ])
         .arg(run_dir)
+        .arg("--config")
+        .arg(config)
         .arg("--metrics-jsonl")
         .arg(metrics)
         // The daemon's socket and logs stay in the test's temp dir.
@@ -110,9 +113,16 @@ fn restarting_the_process_continues_exactly() {
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
     let metrics = b.path().join("logs/metrics.jsonl");
-    start(a.path(), 6, &a.path().join("metrics.jsonl"));
-    start(b.path(), 3, &metrics);
-    start(b.path(), 3, &metrics);
+    // Online evaluations every 2 steps: each new best is checkpointed at its step.
+    let config = a.path().join("online.toml");
+    crate::support::binary::write_config(&config, |c| {
+        c.training.online_eval_every = Some(2);
+        c.training.online_eval_max_prompts = 2;
+        c.training.online_eval_max_new_tokens = 16;
+    });
+    start(a.path(), 6, &a.path().join("metrics.jsonl"), &config);
+    start(b.path(), 3, &metrics, &config);
+    start(b.path(), 3, &metrics, &config);
     let ckpt =
         |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step-0000000006").join(f)).unwrap();
     for file in ["drafter.safetensors", "optimizer.safetensors"] {
@@ -121,6 +131,18 @@ fn restarting_the_process_continues_exactly() {
             "{file} differs between 6 straight steps and 3 + 3"
         );
     }
+    // The restarted run restored the best of step 3 and judged steps 4 and 6 against it.
+    let best = |d: &Path| {
+        let state: serde_json::Value =
+            serde_json::from_slice(&ckpt(d, "trainer_state.json")).unwrap();
+        state["best"].clone()
+    };
+    assert!(
+        best(a.path())["step"].as_u64().is_some(),
+        "{}",
+        best(a.path())
+    );
+    assert_eq!(best(a.path()), best(b.path()));
     // One JSON object per line; the restarted run continues the step count; the first line
     // is the evaluation of the untrained drafter (τ = 1: it predicts nothing yet).
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)

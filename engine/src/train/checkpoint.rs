@@ -376,11 +376,13 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     Ok(list(root)?.pop().map(|(_, p)| p))
 }
 
-/// Deletes all but the newest `keep` checkpoints.
-pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
+/// Deletes all but the newest `keep` checkpoints, and never the run's best (`best`, its step;
+/// `train/best_checkpoint.rs::steps_to_prune`).
+pub fn prune(root: &Path, keep: usize, best: Option<u64>) -> Result<(), CheckpointError> {
     let all = list(root)?;
-    let excess = all.len().saturating_sub(keep.max(1));
-    for (step, dir) in all.into_iter().take(excess) {
+    let steps: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
+    let doomed_steps = super::best_checkpoint::steps_to_prune(&steps, keep, best);
+    for (step, dir) in all.into_iter().filter(|(s, _)| doomed_steps.contains(s)) {
         let doomed = root.join(format!(
             "{PRUNING}{}-{}",
             checkpoint_dir_name(step),
@@ -520,7 +522,7 @@ mod tests {
         for s in [1, 2, 3, 3] {
             write_one(root.path(), s);
         }
-        prune(root.path(), 2).unwrap();
+        prune(root.path(), 2, None).unwrap();
         let steps: Vec<u64> = list(root.path()).unwrap().iter().map(|(s, _)| *s).collect();
         assert_eq!(steps, vec![2, 3]);
         verify(&root.path().join("step-0000000003")).unwrap();
@@ -528,6 +530,24 @@ mod tests {
             fs::read_dir(root.path()).unwrap().count(),
             3,
             "step 2, step 3, latest"
+        );
+    }
+
+    #[test]
+    fn prune_spares_the_best_beside_the_newest() {
+        let root = tempfile::tempdir().unwrap();
+        for s in [1, 2, 3, 4] {
+            write_one(root.path(), s);
+        }
+        prune(root.path(), 1, Some(2)).unwrap();
+        let steps: Vec<u64> = list(root.path()).unwrap().iter().map(|(s, _)| *s).collect();
+        assert_eq!(steps, vec![2, 4]);
+        prune(root.path(), 1, Some(4)).unwrap();
+        let steps: Vec<u64> = list(root.path()).unwrap().iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            steps,
+            vec![4],
+            "a best no longer best is rotated like any other"
         );
     }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tch::Tensor;
 
+use super::best_checkpoint::{self, BestSoFar};
 use super::checkpoint::{self, CheckpointWriter};
 use super::config::TrainConfig;
 use super::error::TrainError;
@@ -75,6 +76,10 @@ pub struct TrainerState {
     #[serde(rename = "data_fingerprint")]
     pub data_digest: String,
     pub dtype: String,
+    /// The run's best checkpoint as of this step (`train/best_checkpoint.rs`); absent before
+    /// the first online evaluation that scored one, and in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<BestSoFar>,
 }
 
 /// Keys whose values differ between two configs (top-level JSON keys), excluding `allowed`:
@@ -132,6 +137,7 @@ impl Trainer {
                 "{:?}",
                 crate::device::compute_kind(self.rank0.replica.device())
             ),
+            best: self.best,
         };
         let mut w = CheckpointWriter::begin(root, self.step)?;
         let optimizer = self.rank0.replica.optimizer();
@@ -140,7 +146,11 @@ impl Trainer {
         w.write_json(CONFIG_FILE, &self.drafter_config().to_hf_json())?;
         w.write_json(STATE_FILE, &state)?;
         let dir = w.commit()?;
-        checkpoint::prune(root, self.config().keep_checkpoints)?;
+        checkpoint::prune(
+            root,
+            self.config().keep_checkpoints,
+            self.best.map(|b| b.step),
+        )?;
         Ok(dir)
     }
 
@@ -225,6 +235,11 @@ impl Trainer {
             .map_err(|e| incompatible(e.to_string()))?;
         self.step = state.step;
         self.cursor = cursor;
+        // A best rotated away is forgotten rather than named: only a resume from an older
+        // checkpoint (`--resume-from`) can find its best gone, after a later best released it.
+        self.best = state
+            .best
+            .filter(|b| dir.parent().is_some_and(|root| b.is_on_disk(root)));
         if let Some(cluster) = self.cluster.as_mut() {
             cluster.sync_replicas(&self.rank0)?;
             cluster.restart_at(cursor);
@@ -266,6 +281,42 @@ pub fn read_checkpoint_drafter(
     let mut weights = checkpoint::read_tensors(dir, DRAFTER_FILE)?;
     weights.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((config, weights))
+}
+
+/// The best checkpoint of a run's checkpoint root, as its newest checkpoint records it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordedBest {
+    /// The root holds no checkpoint.
+    NoCheckpoint,
+    /// The newest checkpoint (`newest_step`) records no best, for this reason.
+    None {
+        newest_step: u64,
+        why: dflash_shared::best_checkpoint::NoBestCheckpoint,
+    },
+    Kept {
+        best: BestSoFar,
+        dir: PathBuf,
+    },
+}
+
+/// Reads the best from the trainer state of the newest checkpoint under `root` (checkpoint
+/// directories, not a run directory). Only that small file is read; the best's own
+/// directory is verified by whoever loads it.
+pub fn recorded_best(root: &Path) -> Result<RecordedBest, TrainError> {
+    let Some(newest) = checkpoint::latest(root)? else {
+        return Ok(RecordedBest::NoCheckpoint);
+    };
+    let state: TrainerState = checkpoint::read_json(&newest, STATE_FILE)?;
+    Ok(match state.best {
+        Some(best) => RecordedBest::Kept {
+            best,
+            dir: best.dir(root),
+        },
+        None => RecordedBest::None {
+            newest_step: state.step,
+            why: best_checkpoint::no_best(&state.config, state.step),
+        },
+    })
 }
 
 /// A checkpoint directory, or the newest checkpoint of a run's checkpoint root.
@@ -343,6 +394,11 @@ mod tests {
             config: TrainConfig::default(),
             data_digest: "ab".into(),
             dtype: "Float".into(),
+            best: Some(BestSoFar {
+                step: 1,
+                tau_tree: 2.5,
+                budget: 32,
+            }),
         };
         let json = serde_json::to_value(&state).unwrap();
         assert_eq!(json["data_fingerprint"], "ab");

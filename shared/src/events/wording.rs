@@ -91,6 +91,15 @@ impl EventKind {
                 format!("checkpoint at step {}", format_thousands(*step)),
                 format!(", {} ({path})", format_bytes(*bytes)),
             ),
+            EventKind::BestCheckpoint {
+                step,
+                tau_tree,
+                budget,
+                path,
+            } => (
+                format!("best checkpoint: step {}", format_thousands(*step)),
+                format!(", tree τ@{budget} {tau_tree:.2} ({path})"),
+            ),
             EventKind::CheckpointFallback { from_step, to_step } => (
                 format!(
                     "resumed from step {} instead of step {} (--resume-from)",
@@ -291,6 +300,12 @@ mod tests {
             EventKind::Note {
                 message: "hello".into(),
             },
+            EventKind::BestCheckpoint {
+                step: 450,
+                tau_tree: 4.4519,
+                budget: 32,
+                path: "/srv/run/checkpoints/step-0000000450".into(),
+            },
         ]
     }
 
@@ -380,6 +395,13 @@ mod tests {
         assert_eq!(said[17].1, "run paused: disk full");
         assert_eq!(said[18].1, "run stopped (operator); no checkpoint");
         assert_eq!(said[19].1, "skipped bad data line train.jsonl:7: not JSON");
+        assert_eq!(
+            said[21],
+            pair(
+                "best checkpoint: step 450",
+                "best checkpoint: step 450, tree τ@32 4.45 (/srv/run/checkpoints/step-0000000450)"
+            )
+        );
     }
 
     /// The one home: what an alert says preceded it is the console's line for the same event,

@@ -23,6 +23,7 @@ pub fn kind_tag(kind: &EventKind) -> &'static str {
         EventKind::EnvironmentChanged { .. } => "env-change",
         EventKind::CacheChanged { .. } => "cache",
         EventKind::CheckpointWritten { .. } => "checkpoint",
+        EventKind::BestCheckpoint { .. } => "best",
         EventKind::CheckpointFallback { .. } => "fallback",
         EventKind::RegressionStarted { .. } => "regression",
         EventKind::RegressionEnded { .. } => "recovered",

@@ -64,6 +64,7 @@ pub fn category(kind: &EventKind) -> Option<Category> {
         EventKind::WarmupDone { .. }
         | EventKind::AttentionKernel { .. }
         | EventKind::CheckpointWritten { .. }
+        | EventKind::BestCheckpoint { .. }
         | EventKind::BadDataLine { .. }
         | EventKind::Note { .. } => return None,
     })

@@ -258,6 +258,7 @@ impl Trainer {
             online_prompts,
             checkpoint_witness: None,
             job_node: None,
+            best: None,
             straggler_behind_frac: dflash_shared::job::STRAGGLER_BEHIND_FRAC,
         };
         if let Some(job) = job {
