@@ -133,6 +133,12 @@ pub struct BenchArgs {
     /// (`--objectives-epochs 6 --objectives-steps 642`).
     #[arg(long, default_value_t = 20)]
     pub objectives_steps: u64,
+    /// Objectives case: the contenders trained (dflash, dpace, domino, tree, domino_tree).
+    #[arg(long, value_delimiter = ',', default_values_t = ["dflash".to_string(), "dpace".to_string(), "domino".to_string(), "tree".to_string(), "domino_tree".to_string()])]
+    pub objectives_contenders: Vec<String>,
+    /// Objectives case: `training.tree.loss` of the tree contenders (margin or expected).
+    #[arg(long, default_value = "margin")]
+    pub objectives_tree_loss: String,
     /// Objectives case: the `dflashd` that trains and evaluates (default: the one beside this
     /// binary).
     #[arg(long)]
@@ -388,6 +394,23 @@ fn defaults(args: &BenchArgs) -> (Vec<String>, Vec<String>, Vec<usize>) {
     (cases, configs, anchors)
 }
 
+/// `--objectives-contenders` in the tournament's own order, each once.
+fn objectives_contenders(names: &[String]) -> Result<Vec<dflash_bench::objectives::Contender>> {
+    use dflash_bench::objectives::Contender;
+    let chosen: Vec<Contender> = names
+        .iter()
+        .map(|n| Contender::parse(n))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
+    if chosen.is_empty() {
+        bail!("--objectives-contenders: give at least one");
+    }
+    Ok(Contender::ALL
+        .into_iter()
+        .filter(|c| chosen.contains(c))
+        .collect())
+}
+
 /// The objectives case's settings: online evaluation as the embedded default's (at most 64 new
 /// tokens, DDTree budgets 8 and 32), on every held-out prompt.
 fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::ObjectivesOptions> {
@@ -420,6 +443,12 @@ fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::Obje
         tree_budgets: vec![8, 32],
         max_new_tokens: 64,
         timeout_s: args.timeout_s,
+        contenders: objectives_contenders(&args.objectives_contenders)?,
+        tree_loss: match args.objectives_tree_loss.as_str() {
+            "margin" => dflash_shared::config::TreeLoss::Margin,
+            "expected" => dflash_shared::config::TreeLoss::Expected,
+            other => bail!("--objectives-tree-loss: margin or expected, found {other:?}"),
+        },
     })
 }
 

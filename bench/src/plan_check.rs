@@ -113,6 +113,7 @@ pub fn predict(
         weighted_positions: meta.weighted_positions,
         corrected_positions: corrected,
         loss_chunk_positions: meta.loss_chunk_positions,
+        tree_budget: 0,
     };
     // The memory pass runs one process on CPU in f32: its parameters are their own masters,
     // and the tables are the case's tensors, loaded before the steps (not step memory).

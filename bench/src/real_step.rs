@@ -356,6 +356,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             weighted_positions: micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64,
             corrected_positions: corrected_positions(d, &micro.labels.weights),
             loss_chunk_positions: shape.loss_chunk_positions,
+            tree_budget: 0,
         };
         let flops = drafter_step_flops(&StepWork {
             drafter: d,

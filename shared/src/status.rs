@@ -79,6 +79,7 @@ impl RunObjective {
             (Objective::Dflash, _) => "DFlash".into(),
             (Objective::Dpace, Some(alpha)) => format!("D-PACE (α {alpha})"),
             (Objective::Dpace, None) => "D-PACE (α unknown)".into(),
+            (Objective::Tree, _) => "tree (DDTree acceptance)".into(),
         }
     }
 }

@@ -105,6 +105,7 @@ fn run_config(data: Option<RegeneratedData>, seed: u64, path: &Path) -> Result<C
         seed,
         epochs: 1,
         data,
+        tree_loss: Default::default(),
     };
     let text = run_config_toml(&recipe).map_err(|e| BenchError::case(path, e))?;
     Config::from_toml_str(&text, "objectives run config")

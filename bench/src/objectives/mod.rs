@@ -27,8 +27,10 @@ use super::process::run_json;
 use super::stats::median;
 use data::{PreparedData, Regeneration, TournamentData};
 use dflash_engine::train::embedded::tiny_heldout_prompts;
+use dflash_shared::config::TreeLoss;
 use run_config::{run_config_toml, RunRecipe};
-use summary::{summarise, verdict, Contender, ContenderSummary, RunFigures, Verdict};
+pub use summary::Contender;
+use summary::{summarise, verdict, ContenderSummary, RunFigures, Verdict};
 
 /// The embedded target's vocabulary (`TargetConfig::tiny_default()`).
 const TINY_VOCAB: i64 = 512;
@@ -50,6 +52,17 @@ pub struct ObjectivesOptions {
     pub max_new_tokens: usize,
     /// A child that runs longer than this is killed and its run reported failed.
     pub timeout_s: u64,
+    /// The contenders trained, in [`Contender::ALL`]'s order (results written before the
+    /// choice existed ran the three of then).
+    #[serde(default = "published_contenders")]
+    pub contenders: Vec<Contender>,
+    /// `training.tree.loss` of the tree contenders.
+    #[serde(default)]
+    pub tree_loss: TreeLoss,
+}
+
+fn published_contenders() -> Vec<Contender> {
+    vec![Contender::Dflash, Contender::Dpace, Contender::Domino]
 }
 
 /// Results written before the tournament had data sets ran on the embedded set.
@@ -410,7 +423,7 @@ fn tournament(
     for &seed in &opts.seeds {
         let held_out = root.join(format!("held_out-seed{seed}.jsonl"));
         prepared.write_held_out(seed, &held_out)?;
-        for contender in Contender::ALL {
+        for &contender in &opts.contenders {
             progress(&format!(
                 "objectives: {} data, {} seed {seed} ({} epoch(s), at most {} steps)",
                 prepared.data.name(),
@@ -429,6 +442,7 @@ fn tournament(
                 seed,
                 epochs: opts.epochs,
                 data: prepared.recipe_data.clone(),
+                tree_loss: opts.tree_loss,
             };
             let figures = run_one(opts, &recipe, &paths, &held_out, prompts);
             if let Some(e) = &figures.error {

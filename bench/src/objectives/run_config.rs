@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 use super::summary::Contender;
-use dflash_shared::config::{Config, EMBEDDED_DEFAULT_TOML};
+use dflash_shared::config::{Config, TreeLoss, EMBEDDED_DEFAULT_TOML};
 
 /// Domino's widths at the embedded drafter's scale (hidden 128, vocabulary 512). SpecForge's
 /// Qwen3.6-27B recipe uses `emb_dim` 256 and `gru_hidden_dim` 1024 at hidden 5120; here the GRU
@@ -27,6 +27,9 @@ pub struct RunRecipe {
     /// `data.train_file` and `data.format` when not the embedded set: regenerated chat data
     /// (with `target.model`, the directory holding the tokenizer it was rendered with).
     pub data: Option<RegeneratedData>,
+    /// `training.tree.loss` of the tree contenders.
+    #[serde(default)]
+    pub tree_loss: TreeLoss,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +59,16 @@ fn dflash_head(root: &mut Table) {
     ] {
         drafter.remove(key);
     }
+}
+
+/// `[training.tree]` of a tree contender: the recipe's loss, the serving budget's default.
+fn tree_table(recipe: &RunRecipe) -> Value {
+    let mut tree = Table::new();
+    tree.insert(
+        "loss".into(),
+        Value::String(recipe.tree_loss.as_str().into()),
+    );
+    Value::Table(tree)
 }
 
 /// The run's config as TOML text, checked by the same parser `dflashd start` uses.
@@ -90,8 +103,18 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
             training.insert("dpace_alpha".into(), Value::Float(DPACE_ALPHA));
             dflash_head(&mut root);
         }
-        Contender::Domino => {
-            training.insert("objective".into(), Value::String("dflash".into()));
+        Contender::Tree => {
+            training.insert("objective".into(), Value::String("tree".into()));
+            training.insert("tree".into(), tree_table(recipe));
+            dflash_head(&mut root);
+        }
+        Contender::Domino | Contender::DominoTree => {
+            if recipe.contender == Contender::DominoTree {
+                training.insert("objective".into(), Value::String("tree".into()));
+                training.insert("tree".into(), tree_table(recipe));
+            } else {
+                training.insert("objective".into(), Value::String("dflash".into()));
+            }
             let drafter = section(&mut root, "drafter");
             drafter.insert("head".into(), Value::String("domino".into()));
             drafter.insert("emb_dim".into(), Value::Integer(DOMINO_EMB_DIM));
@@ -132,6 +155,7 @@ mod tests {
             seed: 7,
             epochs: 2,
             data: None,
+            tree_loss: TreeLoss::Expected,
         };
         Config::from_toml_str(&run_config_toml(&recipe).unwrap(), "test").unwrap()
     }
@@ -162,6 +186,16 @@ mod tests {
         assert_eq!(domino.drafter.head, DrafterHead::Domino);
         assert_eq!(domino.drafter.gru_hidden_dim, Some(128));
         assert_eq!(parsed(Contender::Dpace).drafter.head, DrafterHead::Dflash);
+        for (c, head) in [
+            (Contender::Tree, DrafterHead::Dflash),
+            (Contender::DominoTree, DrafterHead::Domino),
+        ] {
+            let cfg = parsed(c);
+            assert_eq!(cfg.training.objective, Objective::Tree, "{c:?}");
+            assert_eq!(cfg.training.tree.loss, TreeLoss::Expected, "{c:?}");
+            assert_eq!(cfg.training.tree.budget, None, "{c:?}: the serving budget");
+            assert_eq!(cfg.drafter.head, head, "{c:?}");
+        }
         // The embedded default's head is Domino; the DFlash and D-PACE contenders train
         // DFlash's head with no Domino key left, and the Domino contender is the default's
         // own head with the widths the tournament measured.
@@ -193,6 +227,7 @@ mod tests {
             contender: Contender::Domino,
             seed: 3,
             epochs: 1,
+            tree_loss: TreeLoss::Margin,
             data: Some(RegeneratedData {
                 target_dir: "/data/tiny/target".into(),
                 train_file: "/data/tiny/regenerated.jsonl".into(),

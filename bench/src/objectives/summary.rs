@@ -23,16 +23,29 @@ pub enum Contender {
     Dpace,
     /// Domino head (`drafter.head = "domino"`) with DFlash's loss, as SpecForge's Domino trains.
     Domino,
+    /// The tree objective (`training.objective = "tree"`), DFlash head.
+    Tree,
+    /// The tree objective with a Domino head.
+    #[serde(rename = "domino_tree")]
+    DominoTree,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 3] = [Contender::Dflash, Contender::Dpace, Contender::Domino];
+    pub const ALL: [Contender; 5] = [
+        Contender::Dflash,
+        Contender::Dpace,
+        Contender::Domino,
+        Contender::Tree,
+        Contender::DominoTree,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Contender::Dflash => "dflash",
             Contender::Dpace => "dpace",
             Contender::Domino => "domino",
+            Contender::Tree => "tree",
+            Contender::DominoTree => "domino_tree",
         }
     }
 
@@ -42,7 +55,20 @@ impl Contender {
             Contender::Dflash => "DFlash",
             Contender::Dpace => "D-PACE",
             Contender::Domino => "Domino",
+            Contender::Tree => "Tree",
+            Contender::DominoTree => "Domino + Tree",
         }
+    }
+
+    /// `--objectives-contenders`' spelling: [`Self::name`].
+    pub fn parse(name: &str) -> Result<Contender, String> {
+        Contender::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Contender::ALL.iter().map(|c| c.name()).collect();
+                format!("unknown contender {name:?}: one of {}", names.join(", "))
+            })
     }
 }
 
@@ -241,7 +267,12 @@ pub fn verdict(summaries: &[ContenderSummary]) -> Verdict {
     };
     let mut lines = Vec::new();
     let mut winners = Vec::new();
-    for c in [Contender::Dpace, Contender::Domino] {
+    // Every contender the tournament ran; D-PACE and Domino, the published contenders, always.
+    let judged = Contender::ALL.into_iter().filter(|&c| {
+        matches!(c, Contender::Dpace | Contender::Domino)
+            || (c != Contender::Dflash && find(c).is_some())
+    });
+    for c in judged {
         let Some(other) = find(c).and_then(|s| s.online_chain_tau) else {
             return Verdict::Undecided {
                 sentence: format!("undecided: {}'s online chain τ was not measured", c.label()),

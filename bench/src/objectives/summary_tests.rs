@@ -49,9 +49,10 @@ fn each_objective_is_summarised_over_its_seeds_and_failed_runs_are_left_out() {
         ..RunFigures::default()
     });
     let s = summarise(&runs);
+    // The contenders that ran, in the tournament's order; the tree contenders did not.
     assert_eq!(
         s.iter().map(|s| s.contender).collect::<Vec<_>>(),
-        Contender::ALL
+        [Contender::Dflash, Contender::Dpace, Contender::Domino]
     );
     let dflash = &s[0];
     assert_eq!(dflash.seeds, [0, 1, 2]);
@@ -77,6 +78,34 @@ fn a_figure_missing_from_one_seed_is_missing_for_the_objective() {
         verdict(&summarise(&runs)),
         Verdict::Undecided { .. }
     ));
+}
+
+#[test]
+fn a_tree_contender_that_ran_is_judged_beside_the_published_ones() {
+    let mut runs = field([
+        (Contender::Dflash, [2.0, 2.2, 2.1]),
+        (Contender::Dpace, [2.0, 2.2, 2.1]),
+        (Contender::Domino, [2.0, 2.2, 2.1]),
+    ]);
+    runs.extend(
+        [2.6, 2.7, 2.8]
+            .iter()
+            .enumerate()
+            .map(|(seed, &t)| run(Contender::DominoTree, seed as u64, t)),
+    );
+    let v = verdict(&summarise(&runs));
+    let Verdict::Beats { winners, sentence } = &v else {
+        panic!("{v:?}");
+    };
+    assert_eq!(winners, &[Contender::DominoTree]);
+    assert!(
+        sentence.contains("Domino + Tree beats DFlash"),
+        "{sentence}"
+    );
+    assert!(
+        !sentence.contains("Tree 2."),
+        "the DFlash-head tree contender did not run"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use dflash_engine::plan::{plan_run, ActivationPrecision, RunPlan, RunSpec, StepS
 use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
 use dflash_engine::train::topology::step::{per_rank_queue, queue_config};
-use dflash_shared::config::{Config, Device};
+use dflash_shared::config::{Config, Device, Objective};
 use dflash_shared::health::healthy_record::ThroughputBasis;
 use serde::Serialize;
 
@@ -213,7 +213,14 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
         num_anchors as i64,
         inputs.shape.supervised_fraction,
         cfg.training.loss_chunk_positions as i64,
-    );
+    )
+    .with_tree_budget(match cfg.training.objective {
+        Objective::Tree => cfg
+            .training
+            .tree
+            .effective_budget(cfg.training.serve_tree_budget) as i64,
+        Objective::Dflash | Objective::Dpace => 0,
+    });
     let inline = inputs.devices.is_inline();
     let ranks = inputs.devices.drafter.len().max(1);
     let queue = per_rank_queue(queue_config(&cfg.queue), ranks);

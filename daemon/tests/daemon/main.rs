@@ -50,4 +50,5 @@ mod resume;
 mod target_parity;
 mod tensorboard_events;
 mod trained_artifacts;
+mod tree_objective;
 mod warm_start;

@@ -137,6 +137,17 @@ fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
     }
 }
 
+/// What the tree objective adds to a loss chunk of `c` positions
+/// (`train/tree_objective.rs::tree_chunk_weights`): per position its top `min(B, V)` logits
+/// (f32) and their indices (i64), those values as log-probabilities (f32) and in f64 on their
+/// way to the host; a Domino head does it for the corrected and the base logits, one after the
+/// other. No further vocabulary-wide tensor: the labels' log-probabilities come from the
+/// cross-entropy the chunk already holds.
+fn tree_chunk_bytes(d: &DrafterConfig, s: &StepShape, c: f64) -> f64 {
+    let k = s.tree_budget.min(d.vocab_size).max(0) as f64;
+    c * k * (4.0 + 8.0 + 4.0 + 8.0)
+}
+
 fn layer_params(d: &DrafterConfig) -> f64 {
     let (h, a, k, i) = dims(d);
     h * a + 2.0 * h * k + a * h + 3.0 * h * i + 2.0 * h + 2.0 * d.head_dim as f64
@@ -502,7 +513,8 @@ fn loss_or_backward_peak(
     let loss_chunk = vocab
         * (c * vocab_bytes.per_position + corrected * vocab_bytes.per_corrected_position)
         + 2.0 * c * h * e
-        + weighted * 20.0;
+        + weighted * 20.0
+        + tree_chunk_bytes(d, s, c);
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
     // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive

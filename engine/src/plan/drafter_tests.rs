@@ -152,3 +152,44 @@ fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_te
         "{extra} vs {expected}"
     );
 }
+
+#[test]
+fn the_tree_objective_adds_only_its_top_b_per_chunk_position_at_the_27b_shape() {
+    let d = crate::plan::reference::qwen36_27b_drafter();
+    assert_eq!(d.vocab_size, 248_320);
+    let rank = RankContext {
+        precision: ActivationPrecision::Bf16Cuda,
+        ranks: 1,
+        tables_shared_with_target: false,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    let s = StepShape::typical(&d, 1, 3072, 1024, 0.85, 2048);
+    let tree = s.clone().with_tree_budget(32);
+    let loss_chunk = |s: &StepShape| {
+        drafter_memory(&d, s, rank)
+            .step
+            .iter()
+            .filter(|c| c.name.starts_with("loss chunk"))
+            .map(|c| c.bytes)
+            .sum::<f64>()
+    };
+    // One chunk of c positions: its top 32 logits (f32), their indices (i64), as
+    // log-probabilities (f32) and in f64 for the host; no other vocabulary-wide tensor, so the
+    // chunk's fp32 logits stay the largest [positions, vocab] tensor, at c rows.
+    let c = (s.weighted_positions as f64).min(s.loss_chunk_positions as f64);
+    assert!(s.weighted_positions > s.loss_chunk_positions);
+    assert_eq!(drafter_memory(&d, &tree, rank).peak_phase, "loss");
+    let extra = loss_chunk(&tree) - loss_chunk(&s);
+    assert_eq!(extra, c * 32.0 * 24.0);
+    assert!(extra < 1e-3 * c * d.vocab_size as f64 * 4.0);
+    // A budget past the vocabulary keeps the whole vocabulary at most; none without the tree.
+    let tiny = DrafterConfig {
+        vocab_size: 16,
+        ..d.clone()
+    };
+    let wide = s.clone().with_tree_budget(1000);
+    assert_eq!(tree_chunk_bytes(&tiny, &wide, 10.0), 10.0 * 16.0 * 24.0);
+    assert_eq!(tree_chunk_bytes(&d, &s, 10.0), 0.0);
+}

@@ -50,6 +50,9 @@ pub struct StepShape {
     pub corrected_positions: i64,
     /// `training.loss_chunk_positions`.
     pub loss_chunk_positions: i64,
+    /// The tree objective's budget (`train/tree_objective.rs`: each loss chunk keeps the top
+    /// this many logits of every position); 0 under another objective.
+    pub tree_budget: i64,
 }
 
 impl StepShape {
@@ -115,6 +118,15 @@ impl StepShape {
             weighted_positions: batch * weighted,
             corrected_positions: batch * corrected,
             loss_chunk_positions,
+            tree_budget: 0,
+        }
+    }
+
+    /// The same step trained with the tree objective at `budget` nodes.
+    pub fn with_tree_budget(self, budget: i64) -> Self {
+        Self {
+            tree_budget: budget.max(0),
+            ..self
         }
     }
 

@@ -7,6 +7,7 @@ use super::dpace::LossObjective;
 use super::error::TrainError;
 use super::labels::{default_gamma, LabelMaskRule};
 use super::optim::AdamWConfig;
+use super::tree_objective::TreeObjective;
 use crate::model::drafter::AttentionBackend;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +29,9 @@ pub struct TrainConfig {
     pub objective: Objective,
     /// D-PACE's smoothing α (`training.dpace_alpha`), read when `objective` is D-PACE.
     pub dpace_alpha: f64,
+    /// The tree objective's budget, temperature and loss (`[training.tree]`), read when
+    /// `objective` is the tree objective.
+    pub tree: TreeObjective,
     /// Domino's curriculum: λ at step 0 (`training.lambda_base_start`), read with a Domino
     /// head.
     pub lambda_base_start: f64,
@@ -87,6 +91,7 @@ impl Default for TrainConfig {
             num_anchors: 512,
             objective: Objective::Dflash,
             dpace_alpha: dflash_shared::config::DEFAULT_DPACE_ALPHA,
+            tree: TreeObjective::default(),
             lambda_base_start: dflash_shared::config::DEFAULT_LAMBDA_BASE_START,
             lambda_base_decay_ratio: dflash_shared::config::DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             gamma: None,
@@ -122,7 +127,7 @@ impl TrainConfig {
 
     /// The loss the training step runs.
     pub fn loss_objective(&self) -> LossObjective {
-        LossObjective::from_config(self.objective, self.dpace_alpha)
+        LossObjective::from_config(self.objective, self.dpace_alpha, self.tree)
     }
 
     pub fn validate(&self) -> Result<(), TrainError> {
@@ -165,6 +170,15 @@ impl TrainConfig {
             return bad(
                 "dpace_alpha",
                 format!("must be in [0, 1], found {}", self.dpace_alpha),
+            );
+        }
+        if self.tree.budget == 0 {
+            return bad("tree.budget", "must be at least 1 node, found 0".into());
+        }
+        if !(self.tree.temperature.is_finite() && self.tree.temperature > 0.0) {
+            return bad(
+                "tree.temperature",
+                format!("must be a positive number, found {}", self.tree.temperature),
             );
         }
         if let Some(g) = self.gamma {
@@ -274,6 +288,23 @@ mod tests {
         assert_eq!(c.loss_objective(), LossObjective::Dflash);
         let d: TrainConfig = serde_json::from_str(r#"{"objective": "dpace"}"#).unwrap();
         assert_eq!(d.loss_objective(), LossObjective::Dpace { alpha: 0.5 });
+        let t: TrainConfig =
+            serde_json::from_str(r#"{"objective": "tree", "tree": {"budget": 8}}"#).unwrap();
+        assert_eq!(
+            t.loss_objective(),
+            LossObjective::Tree(TreeObjective {
+                budget: 8,
+                ..TreeObjective::default()
+            })
+        );
+        for (tree, key) in [
+            (r#"{"budget": 0}"#, "`tree.budget`"),
+            (r#"{"temperature": 0.0}"#, "`tree.temperature`"),
+        ] {
+            let c: TrainConfig = serde_json::from_str(&format!(r#"{{"tree": {tree}}}"#)).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{err}");
+        }
         // Checkpoints written before the objective existed trained DFlash.
         let old: TrainConfig = serde_json::from_str(r#"{"epochs": 6}"#).unwrap();
         assert_eq!(old.objective, Objective::Dflash);

@@ -8,9 +8,11 @@
 //!   correction is noise and `base` keeps the backbone learning what DFlash would; λ falls
 //!   linearly from `lambda_base_start` to 0 over the first `lambda_base_decay_ratio` of the
 //!   run's steps ([`lambda_base`]), then the drafter is trained on what it serves.
-//! - **Both objectives.** With DFlash, both terms are `Σ w·CE` over the γ-weighted slots and
+//! - **Every objective.** With DFlash, both terms are `Σ w·CE` over the γ-weighted slots and
 //!   share the divisor Σw (SpecForge's `loss_terms`). With D-PACE each term's weights come from
-//!   its own logits' confidence (`train/dpace.rs`), both divided by the sequences. SpecForge's
+//!   its own logits' confidence (`train/dpace.rs`), both divided by the sequences; with the
+//!   tree objective each term is its own logits' tree loss (`train/tree_objective.rs`), divided
+//!   by the sequences. SpecForge's
 //!   Domino trains DFlash's loss only; the D-PACE blend is dflashd's, the same curriculum over
 //!   D-PACE's terms.
 //! - **Acceptance.** `accept_len` and `base_accept_len` are SpecForge's: per block with a
@@ -23,7 +25,7 @@
 //! output and of the GRU states, which then backpropagate once into the drafter and the GRU.
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::dpace::{block_aligned_chunks, chunk_weights, LossObjective};
+use super::dpace::{block_aligned_chunks, block_objective_weights, LossObjective};
 use super::loss::{weighted_positions, LossSums};
 use crate::model::drafter::DominoHead;
 
@@ -143,9 +145,10 @@ fn chunked_terms(
     let tgt = batch.targets.reshape([-1]).index_select(0, &idx);
     let lambda = backward.map_or(0.0, |(l, _)| l);
     let mut sums = LossSums {
-        normaliser: match objective {
-            LossObjective::Dflash => 0.0,
-            LossObjective::Dpace { .. } => sequences as f64,
+        normaliser: if objective.is_block_objective() {
+            sequences as f64
+        } else {
+            0.0
         },
         ..LossSums::default()
     };
@@ -178,27 +181,31 @@ fn chunked_terms(
             logits.cross_entropy_loss::<Tensor>(&t, None, Reduction::None, -100, 0.0)
         };
         let (ce_final, ce_base) = (ce(&corrected_logits), ce(&base));
-        let (w_final, w_base) = match objective {
-            LossObjective::Dflash => {
-                let wc = w.narrow(0, start, len);
-                (wc.shallow_clone(), wc)
-            }
-            LossObjective::Dpace { alpha } => {
-                let first_block = positions[start as usize] / bs;
-                let blocks = positions[(start + len - 1) as usize] / bs - first_block + 1;
-                let local = &rows - first_block * bs;
-                (
-                    chunk_weights(&ce_final, &local, blocks, bs, alpha),
-                    chunk_weights(&ce_base, &local, blocks, bs, alpha),
-                )
-            }
+        let first_block = positions[start as usize] / bs;
+        let blocks = positions[(start + len - 1) as usize] / bs - first_block + 1;
+        let local = &rows - first_block * bs;
+        // Each term's weights from its own logits (D-PACE, the tree objective), or DFlash's γ
+        // decay for both.
+        let weigh = |logits: &Tensor, ce: &Tensor| {
+            block_objective_weights(objective, logits, ce, &t, &local, blocks, bs)
+                .unwrap_or_else(|| (w.narrow(0, start, len), None))
         };
+        let (w_final, reported_final) = weigh(&corrected_logits, &ce_final);
+        let (w_base, reported_base) = weigh(&base, &ce_base);
         let final_num = (&ce_final * &w_final).sum(Kind::Float);
         let base_num = (&ce_base * &w_base).sum(Kind::Float);
         let blended = &final_num * (1.0 - lambda) + &base_num * lambda;
         if let Some((_, denominator)) = backward {
             (&blended / denominator).backward();
         }
+        let (final_value, base_value, blended_value) = match (reported_final, reported_base) {
+            (Some(f), Some(b)) => (f, b, f * (1.0 - lambda) + b * lambda),
+            _ => (
+                final_num.double_value(&[]),
+                base_num.double_value(&[]),
+                blended.double_value(&[]),
+            ),
+        };
         tch::no_grad(|| {
             let final_eq = corrected_logits.argmax(-1, false).eq_tensor(&t);
             let base_eq = base.argmax(-1, false).eq_tensor(&t);
@@ -206,9 +213,9 @@ fn chunked_terms(
             let _ = base_hit.index_copy_(0, &rows, &base_eq);
             sums.correct += final_eq.sum(Kind::Int64).int64_value(&[]) as u64;
         });
-        sums.weighted_ce += blended.double_value(&[]);
-        sums.final_ce += final_num.double_value(&[]);
-        sums.base_ce += base_num.double_value(&[]);
+        sums.weighted_ce += blended_value;
+        sums.final_ce += final_value;
+        sums.base_ce += base_value;
         sums.weight += w_final.sum(Kind::Double).double_value(&[]);
         sums.counted += len as u64;
     }

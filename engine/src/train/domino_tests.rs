@@ -1,6 +1,8 @@
 use super::*;
 use crate::model::drafter::DominoConfig;
 use crate::train::dpace::dpace_block_weights;
+use crate::train::tree_objective::tests::dense_tree_loss;
+use crate::train::tree_objective::{TreeLoss, TreeObjective};
 use tch::nn::VarStore;
 
 const BS: i64 = 4;
@@ -135,6 +137,18 @@ impl Setup {
                 };
                 (weigh(&ce_final), weigh(&ce_base), Tensor::from(B as f64))
             }
+            LossObjective::Tree(tree) => {
+                let targets = Vec::<i64>::try_from(&t).unwrap();
+                let mask: Vec<bool> = Vec::<f64>::try_from(&w)
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v > 0.0)
+                    .collect();
+                let loss =
+                    |logits: &Tensor| dense_tree_loss(logits, &targets, &mask, BS as usize, &tree);
+                let blend = loss(&corrected) * (1.0 - lambda) + loss(&base) * lambda;
+                return blend / B as f64;
+            }
         };
         let final_loss = (&ce_final * &w_final).sum(Kind::Double);
         let base_loss = (&ce_base * &w_base).sum(Kind::Double);
@@ -156,7 +170,7 @@ fn check_against_the_dense_formula(objective: LossObjective, weights: &[f64], la
     let w = s.weights.shallow_clone();
     let denominator = match objective {
         LossObjective::Dflash => w.sum(Kind::Double).double_value(&[]),
-        LossObjective::Dpace { .. } => B as f64,
+        LossObjective::Dpace { .. } | LossObjective::Tree(_) => B as f64,
     };
     // Chunks of 3 positions: whole blocks, several chunks, the leaves' path.
     let sums = domino_ce_backward(&s.out(), &s.batch(&w), objective, lambda, denominator, 3);
@@ -184,6 +198,20 @@ fn the_dflash_curriculum_gradient_is_the_dense_formulas() {
 #[test]
 fn the_dpace_curriculum_gradient_is_the_dense_formulas() {
     check_against_the_dense_formula(LossObjective::Dpace { alpha: 0.5 }, &DPACE_MASK, 0.7);
+}
+
+#[test]
+fn the_tree_objectives_curriculum_gradient_is_the_dense_formulas() {
+    for loss in [TreeLoss::Margin, TreeLoss::Expected] {
+        // A budget and scale at which the deepest slot, the one whose GRU state has read two
+        // tokens (the only one `weight_hh` reaches), still has its parent in the tree.
+        let tree = TreeObjective {
+            budget: 40,
+            temperature: 3.0,
+            loss,
+        };
+        check_against_the_dense_formula(LossObjective::Tree(tree), &DPACE_MASK, 0.4);
+    }
 }
 
 #[test]

@@ -23,6 +23,7 @@ use dflash_shared::config::Objective;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use super::loss::{weighted_positions, LossSums};
+use super::tree_objective::{tree_chunk_weights, TreeObjective};
 
 /// What a training step minimises.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -32,14 +33,49 @@ pub enum LossObjective {
     Dflash,
     /// [`dpace_ce_backward`] with smoothing `alpha`, normalised by the number of sequences.
     Dpace { alpha: f64 },
+    /// `train/tree_objective.rs`, normalised by the number of sequences.
+    Tree(TreeObjective),
 }
 
 impl LossObjective {
-    /// `training.objective` with its `training.dpace_alpha`.
-    pub fn from_config(objective: Objective, dpace_alpha: f64) -> Self {
+    /// `training.objective` with its `training.dpace_alpha` or `[training.tree]`.
+    pub fn from_config(objective: Objective, dpace_alpha: f64, tree: TreeObjective) -> Self {
         match objective {
             Objective::Dflash => LossObjective::Dflash,
             Objective::Dpace => LossObjective::Dpace { alpha: dpace_alpha },
+            Objective::Tree => LossObjective::Tree(tree),
+        }
+    }
+
+    /// Whether the objective weighs slots from the drafter's own output, block by block, and
+    /// divides by the number of sequences (D-PACE, the tree objective); DFlash's weights are
+    /// the γ decay, fixed in advance, and it divides by their sum.
+    pub fn is_block_objective(&self) -> bool {
+        !matches!(self, LossObjective::Dflash)
+    }
+}
+
+/// A block objective's detached weights for one chunk of whole blocks (`chunk_weights`'s
+/// arguments, with the chunk's `logits` and `targets`), and the loss it reports for the chunk
+/// where that is not `Σ CE·w` (the tree objective's). `None` for DFlash, whose weights are the
+/// γ decay the caller holds.
+pub(crate) fn block_objective_weights(
+    objective: LossObjective,
+    logits: &Tensor,
+    ce: &Tensor,
+    targets: &Tensor,
+    local: &Tensor,
+    blocks: i64,
+    block_size: i64,
+) -> Option<(Tensor, Option<f64>)> {
+    match objective {
+        LossObjective::Dflash => None,
+        LossObjective::Dpace { alpha } => {
+            Some((chunk_weights(ce, local, blocks, block_size, alpha), None))
+        }
+        LossObjective::Tree(tree) => {
+            let (w, loss) = tree_chunk_weights(logits, ce, targets, local, block_size, &tree);
+            Some((w, Some(loss)))
         }
     }
 }
@@ -146,6 +182,33 @@ pub fn dpace_ce_backward(
     denominator: f64,
     chunk_positions: i64,
 ) -> LossSums {
+    block_objective_backward(
+        drafter_out,
+        lm_head,
+        targets,
+        mask,
+        block_size,
+        LossObjective::Dpace { alpha },
+        denominator,
+        chunk_positions,
+    )
+}
+
+/// [`dpace_ce_backward`] for any block objective (D-PACE, the tree objective): per chunk of
+/// whole blocks, the logits, their cross-entropies, the objective's detached weights
+/// ([`block_objective_weights`]) and the backward of `Σ CE·w / denominator`. `weighted_ce` is
+/// the objective's reported numerator (`Σ CE·w` for D-PACE, `Σ L` for the tree objective).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_objective_backward(
+    drafter_out: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    block_size: i64,
+    objective: LossObjective,
+    denominator: f64,
+    chunk_positions: i64,
+) -> LossSums {
     let size = drafter_out.size();
     let (sequences, hidden) = (size[0], size.last().copied().unwrap_or(0));
     let (idx, _) = weighted_positions(mask);
@@ -173,11 +236,15 @@ pub fn dpace_ce_backward(
         let t = tgt.narrow(0, start as i64, len as i64);
         let ce = logits.cross_entropy_loss::<Tensor>(&t, None, Reduction::None, -100, 0.0);
         let local = &rows - first_block * block_size;
-        let w = chunk_weights(&ce, &local, blocks, block_size, alpha);
+        let Some((w, reported)) =
+            block_objective_weights(objective, &logits, &ce, &t, &local, blocks, block_size)
+        else {
+            continue;
+        };
         let numerator = (&ce * &w).sum(Kind::Float);
         (&numerator / denominator).backward();
         let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&t).sum(Kind::Int64));
-        sums.weighted_ce += numerator.double_value(&[]);
+        sums.weighted_ce += reported.unwrap_or_else(|| numerator.double_value(&[]));
         sums.weight += w.sum(Kind::Double).double_value(&[]);
         sums.correct += correct.int64_value(&[]) as u64;
         sums.counted += len as u64;

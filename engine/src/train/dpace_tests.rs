@@ -2,6 +2,7 @@
 //! block, an f64 loop oracle on dense masks, the α = 1 closed form, and the normalisation
 //! (duplicated rows, micro-batches summed then divided once).
 use super::*;
+use crate::train::tree_objective::TreeObjective;
 use tch::Device;
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -379,11 +380,19 @@ fn nothing_valid_trains_nothing_and_still_counts_the_sequences() {
 #[test]
 fn the_objective_follows_the_config() {
     assert_eq!(
-        LossObjective::from_config(Objective::Dflash, 0.5),
+        LossObjective::from_config(Objective::Dflash, 0.5, TreeObjective::default()),
         LossObjective::Dflash
     );
     assert_eq!(
-        LossObjective::from_config(Objective::Dpace, 0.25),
+        LossObjective::from_config(Objective::Dpace, 0.25, TreeObjective::default()),
         LossObjective::Dpace { alpha: 0.25 }
+    );
+    let tree = TreeObjective {
+        budget: 8,
+        ..TreeObjective::default()
+    };
+    assert_eq!(
+        LossObjective::from_config(Objective::Tree, 0.25, tree),
+        LossObjective::Tree(tree)
     );
 }

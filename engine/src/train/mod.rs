@@ -30,6 +30,7 @@ pub mod tiny_chat;
 pub mod topology;
 pub mod trainer;
 pub mod tree_metrics;
+pub mod tree_objective;
 pub mod unlocked;
 pub mod warm_start;
 

@@ -13,6 +13,7 @@ use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
 use super::micro::PreparedMicro;
 use super::optim::{AdamW, AdamWConfig, OptimError, StepReport};
+use super::tree_objective::tree_ce_backward;
 use crate::device::compute_kind;
 use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig};
 
@@ -158,11 +159,11 @@ impl DrafterReplica {
         let targets = Tensor::from_slice(&micro.labels.targets)
             .view([b, q])
             .to_device(self.device);
-        // DFlash weighs each slot by its γ decay; D-PACE by its mask alone and computes its
-        // own weights from the drafter's output.
+        // DFlash weighs each slot by its γ decay; D-PACE and the tree objective by its mask
+        // alone and compute their own weights from the drafter's output.
         let weights: Vec<f32> = match objective {
             LossObjective::Dflash => micro.labels.weights.clone(),
-            LossObjective::Dpace { .. } => micro
+            LossObjective::Dpace { .. } | LossObjective::Tree(_) => micro
                 .labels
                 .valid
                 .iter()
@@ -211,6 +212,16 @@ impl DrafterReplica {
                     &weights,
                     bs as i64,
                     alpha,
+                    1.0,
+                    chunk_positions,
+                ),
+                (None, LossObjective::Tree(tree)) => tree_ce_backward(
+                    out,
+                    &self.lm_head,
+                    &targets,
+                    &weights,
+                    bs as i64,
+                    tree,
                     1.0,
                     chunk_positions,
                 ),

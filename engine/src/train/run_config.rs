@@ -23,6 +23,10 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         num_anchors: t.num_anchors,
         objective: t.objective,
         dpace_alpha: t.dpace_alpha,
+        tree: crate::train::tree_objective::TreeObjective::from_section(
+            &t.tree,
+            t.serve_tree_budget,
+        ),
         lambda_base_start: t.lambda_base_start,
         lambda_base_decay_ratio: t.lambda_base_decay_ratio,
         gamma: Some(cfg.loss_decay_gamma()),
@@ -187,6 +191,36 @@ mod tests {
         assert_eq!(
             train_config(&cfg, 100).loss_objective(),
             crate::train::dpace::LossObjective::Dpace { alpha: 0.25 }
+        );
+    }
+
+    #[test]
+    fn the_tree_objectives_keys_carry_over_and_the_budget_defaults_to_the_serving_one() {
+        use crate::train::tree_objective::{TreeLoss, TreeObjective};
+        let mut cfg = Config::embedded_default();
+        cfg.training.objective = dflash_shared::config::Objective::Tree;
+        let tree = |cfg: &Config| match train_config(cfg, 100).loss_objective() {
+            crate::train::dpace::LossObjective::Tree(t) => t,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(tree(&cfg), TreeObjective::default());
+        assert_eq!(tree(&cfg).budget, 32);
+        cfg.training.serve_tree_budget = 16;
+        assert_eq!(
+            tree(&cfg).budget,
+            16,
+            "unset, it follows the serving budget"
+        );
+        cfg.training.tree.budget = Some(8);
+        cfg.training.tree.temperature = 0.5;
+        cfg.training.tree.loss = TreeLoss::Expected;
+        assert_eq!(
+            tree(&cfg),
+            TreeObjective {
+                budget: 8,
+                temperature: 0.5,
+                loss: TreeLoss::Expected
+            }
         );
     }
 }

@@ -164,6 +164,16 @@ fn a_dpace_run_resumes_bit_for_bit_too() {
     resume_lands_where_a_straight_run_lands(cfg);
 }
 
+#[test]
+fn a_tree_objective_run_resumes_bit_for_bit_with_either_head() {
+    let mut cfg = config(4, 1);
+    cfg.checkpoint_every = 4;
+    cfg.objective = Objective::Tree;
+    cfg.tree.budget = 8;
+    resume_lands_where_a_straight_run_lands(cfg.clone());
+    resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
+}
+
 /// The embedded default's drafter with a Domino head, on one device.
 fn one_domino_device(cfg: TrainConfig) -> Trainer {
     tch::set_num_threads(1);

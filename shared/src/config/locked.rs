@@ -17,6 +17,9 @@ pub const BLOCK_SIZE: &str = "drafter.block_size";
 pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
 pub const OBJECTIVE: &str = "training.objective";
 pub const DPACE_ALPHA: &str = "training.dpace_alpha";
+pub const TREE_BUDGET: &str = "training.tree.budget";
+pub const TREE_TEMPERATURE: &str = "training.tree.temperature";
+pub const TREE_LOSS: &str = "training.tree.loss";
 pub const HEAD: &str = "drafter.head";
 pub const EMB_DIM: &str = "drafter.emb_dim";
 pub const GRU_HIDDEN_DIM: &str = "drafter.gru_hidden_dim";
@@ -34,6 +37,9 @@ pub const LOCKED_KEYS: &[&str] = &[
     TARGET_LAYER_IDS,
     OBJECTIVE,
     DPACE_ALPHA,
+    TREE_BUDGET,
+    TREE_TEMPERATURE,
+    TREE_LOSS,
     HEAD,
     EMB_DIM,
     GRU_HIDDEN_DIM,
@@ -102,10 +108,10 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `drafter.head` and its Domino keys: the widths shape the GRU and `embed_proj`, the prefix
 ///   and label shift decide which slots the correction trains.
 /// - `training.lambda_base_start`, `training.lambda_base_decay_ratio`: Domino's curriculum.
-/// - `training.objective`, `training.dpace_alpha`: the loss decides what the drafter is
-///   rewarded for and the scale of its gradient (DFlash averages per weighted position,
-///   D-PACE sums per sequence), so a run switching midway is neither experiment and its loss
-///   curve breaks at the switch. The engine refuses the checkpoint for the same reason.
+/// - `training.objective`, `training.dpace_alpha`, `training.tree.*`: the loss decides what the
+///   drafter is rewarded for and the scale of its gradient (DFlash averages per weighted
+///   position, D-PACE and the tree objective sum per sequence), so a run switching midway is
+///   neither experiment and its loss curve breaks at the switch. The engine refuses the checkpoint for the same reason.
 /// - `drafter.init_from`: where the run's weights started. A resume continues from its
 ///   checkpoint and never reads the key again, so another value could change nothing but the
 ///   record of where the weights came from.
@@ -144,13 +150,17 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
                 value_at(old, key)
             ))
         }
-        OBJECTIVE | DPACE_ALPHA if value_at(old, key) != value_at(new, key) => Some(format!(
-            "the training objective decides what the drafter learns and the scale of its \
-             gradient (DFlash averages per weighted position, D-PACE sums per sequence): a run \
-             that changes it midway is neither experiment. Keep {key} = {}, or start a new run \
-             in another run dir",
-            value_at(old, key)
-        )),
+        OBJECTIVE | DPACE_ALPHA | TREE_BUDGET | TREE_TEMPERATURE | TREE_LOSS
+            if value_at(old, key) != value_at(new, key) =>
+        {
+            Some(format!(
+                "the training objective decides what the drafter learns and the scale of its \
+                 gradient (DFlash averages per weighted position, D-PACE and the tree \
+                 objective sum per sequence): a run that changes it midway is neither \
+                 experiment. Keep {key} = {}, or start a new run in another run dir",
+                value_at(old, key)
+            ))
+        }
         "training.precision" if old.training.precision != new.training.precision => Some(
             "BF16 is the only training precision and FP8 is never allowed: DFlash drafters \
              train in BF16 on FP32 master weights"
@@ -312,5 +322,32 @@ mod tests {
         assert!(unlock_refusal(&old, &new, DPACE_ALPHA)
             .unwrap()
             .contains("training.dpace_alpha = 0.5"));
+    }
+
+    #[test]
+    fn the_tree_objectives_keys_are_locked_and_no_unlock_carries_a_change() {
+        let mut old = Config::embedded_default();
+        old.training.objective = super::super::Objective::Tree;
+        let mut new = old.clone();
+        new.training.tree.budget = Some(8);
+        new.training.tree.temperature = 0.5;
+        new.training.tree.loss = super::super::TreeLoss::Expected;
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                "training.tree.budget is locked: (unset) → 8",
+                "training.tree.temperature is locked: (unset) → 0.5",
+                "training.tree.loss is locked: (unset) → \"expected\"",
+            ]
+        );
+        for key in [TREE_BUDGET, TREE_TEMPERATURE, TREE_LOSS] {
+            let why = unlock_refusal(&old, &new, key).unwrap();
+            assert!(why.contains(&format!("Keep {key} = ")), "{why}");
+            assert_eq!(unlock_refusal(&old, &old, key), None);
+        }
     }
 }

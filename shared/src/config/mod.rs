@@ -11,6 +11,7 @@ mod locate;
 pub mod locked;
 pub mod paths;
 pub mod sections;
+pub mod tree_objective;
 mod validate;
 
 pub use validate::{ConfigFacts, InitFromMisfit, SetupCheck, SetupRefusal, TargetShape};
@@ -35,6 +36,8 @@ pub use sections::{
     DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY, DEFAULT_SERVE_TREE_BUDGET,
     DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
+
+pub use tree_objective::{TreeLoss, TreeSection, DEFAULT_TREE_TEMPERATURE};
 
 use error::{closest, translate_serde_message, Translated};
 use locate::SourceMap;

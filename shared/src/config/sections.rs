@@ -2,6 +2,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::device::Device;
+use super::tree_objective::TreeSection;
 
 /// `[run]`: what the run is called and where it lives.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,12 +211,16 @@ pub struct TrainingSection {
     pub adam_beta1: f64,
     pub adam_beta2: f64,
     pub adam_eps: f64,
-    /// What the drafter minimises: `"dflash"` (the γ-decayed cross-entropy) or `"dpace"`.
-    /// Locked for a run: the two losses differ in what they reward and in their scale.
+    /// What the drafter minimises: `"dflash"` (the γ-decayed cross-entropy), `"dpace"` or
+    /// `"tree"`. Locked for a run: the losses differ in what they reward and in their scale.
     pub objective: Objective,
     /// D-PACE's smoothing α of the drafter's confidence, `s_k = (1−α)·q_k + α`, in [0, 1]
     /// (SpecForge's `dpace_alpha`). Read only when `objective = "dpace"`; locked all the same.
     pub dpace_alpha: f64,
+    /// The tree objective's knobs (`[training.tree]`). Read only when `objective = "tree"`;
+    /// locked all the same.
+    #[serde(skip_serializing_if = "TreeSection::is_default")]
+    pub tree: TreeSection,
     /// Domino's base-anchored curriculum, `loss = (1−λ)·final + λ·base`: λ at step 0
     /// (SpecForge's `lambda_base_start`, default 1), in [0, 1]. Read only with
     /// `drafter.head = "domino"`; locked all the same.
@@ -297,6 +302,10 @@ pub enum Objective {
     /// weighted by the detached acceptance-gradient weight of its block, summed, divided by the
     /// number of sequences.
     Dpace,
+    /// Trained for the DDTree it is served with (`engine/src/train/tree_objective.rs`): each
+    /// gold prefix's path score against the budget-B best-first frontier, summed per block,
+    /// divided by the number of sequences.
+    Tree,
 }
 
 impl Objective {
@@ -305,6 +314,7 @@ impl Objective {
         match self {
             Objective::Dflash => "dflash",
             Objective::Dpace => "dpace",
+            Objective::Tree => "tree",
         }
     }
 }
@@ -356,6 +366,7 @@ impl Default for TrainingSection {
             adam_eps: 1e-8,
             objective: Objective::Dflash,
             dpace_alpha: DEFAULT_DPACE_ALPHA,
+            tree: TreeSection::default(),
             lambda_base_start: DEFAULT_LAMBDA_BASE_START,
             lambda_base_decay_ratio: DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             loss_decay_gamma: None,

@@ -9,6 +9,7 @@ pub(super) fn training(c: &Config, v: &mut Vec<ConfigIssue>) {
     length_and_cadence(c, v);
     optimizer(c, v);
     objective(c, v);
+    tree_objective(c, v);
 }
 
 /// Epochs, steps, batch shape and the evaluation/checkpoint cadences.
@@ -191,6 +192,32 @@ fn objective(c: &Config, v: &mut Vec<ConfigIssue>) {
             .with_hint("the paper uses 7 for block 16, 5 for block 10, 4 for block 8"),
         ),
         _ => {}
+    }
+}
+
+/// `[training.tree]`: the budget the tree objective trains for and its margin's scale. Checked
+/// whatever the objective, as `dpace_alpha` is, so switching to it later cannot surprise.
+fn tree_objective(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let tree = &c.training.tree;
+    if tree.budget == Some(0) {
+        v.push(
+            ConfigIssue::invalid(
+                "training.tree.budget",
+                "a positive integer (the DDTree node budget the drafter is trained for)",
+                0,
+            )
+            .with_hint("remove the key to train for the serving budget"),
+        );
+    }
+    if !(tree.temperature.is_finite() && tree.temperature > 0.0) {
+        v.push(
+            ConfigIssue::invalid(
+                "training.tree.temperature",
+                "a positive number (the margin's scale in nats of path log-probability)",
+                tree.temperature,
+            )
+            .with_hint("remove the key for 1.0"),
+        );
     }
 }
 
