@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use online::{OnlineAcceptance, OnlineBase, ONLINE_KEY_PREFIX};
+pub use tree::{chain_and_tree_words, tree_label, TreeOracleTau};
 
 /// Unix time in milliseconds (UTC).
 pub type TimestampMs = i64;
@@ -51,6 +52,12 @@ pub struct StepMetrics {
     /// Offline acceptance length; only on evaluation steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tau: Option<f64>,
+    /// The same evaluation's DDTree oracle τ by budget, and the budget the drafter is served
+    /// with; written flat, as `serve_tree_budget` and `tau_tree_oracle_<budget>` (see
+    /// [`TreeOracleTau`]). Only on evaluation steps that scored trees; absent in files written
+    /// before it.
+    #[serde(flatten)]
+    pub tau_tree: Option<TreeOracleTau>,
     #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub lr: f64,
     #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
@@ -127,6 +134,7 @@ pub struct DominoStepMetrics {
 }
 
 mod online;
+mod tree;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -40,6 +40,7 @@ fn step(ts_ms: TimestampMs, step: u64, tokens_per_s: f64) -> StepMetrics {
         loss: 1.0,
         accuracy: 0.5,
         tau: None,
+        tau_tree: None,
         lr: 1e-4,
         grad_norm: 1.0,
         tokens_per_s,

@@ -2,7 +2,7 @@
 //! filters. Pure; the command does the I/O.
 use dflash_shared::events::{Event, Severity};
 use dflash_shared::format::format_si;
-use dflash_shared::metrics::{StepMetrics, TimestampMs};
+use dflash_shared::metrics::{StepMetrics, TimestampMs, TreeOracleTau};
 use serde_json::json;
 
 use crate::app::wording;
@@ -141,6 +141,15 @@ pub fn human(item: &Item) -> String {
         ),
         Item::Metrics(m) => {
             let tau = m.tau.map_or("-".into(), |t| format!("{t:.2}"));
+            // The same evaluation's tree figures by their metrics-line names.
+            let tree: String = m.tau_tree.as_ref().map_or(String::new(), |tree| {
+                let taus: String = tree
+                    .by_budget
+                    .iter()
+                    .map(|(b, t)| format!(" {}={t:.2}", TreeOracleTau::key(*b)))
+                    .collect();
+                format!(" serve_tree_budget={}{taus}", tree.serve_budget)
+            });
             let mfu = m.mfu.map_or("-".into(), |u| format!("{:.1}%", 100.0 * u));
             // The online figures by their metrics-line names, only on lines that have them.
             let online: String = m.online.as_ref().map_or(String::new(), |o| {
@@ -149,14 +158,17 @@ pub fn human(item: &Item) -> String {
                     .iter()
                     .map(|(method, t)| format!(" online_tau_{method}={t:.2}"))
                     .collect();
+                let serve = o
+                    .serve_tree_budget
+                    .map_or(String::new(), |b| format!(" online_serve_tree_budget={b}"));
                 format!(
-                    "{taus} online_eval_prompts={} online_eval_s={:.1}",
+                    "{taus}{serve} online_eval_prompts={} online_eval_s={:.1}",
                     o.prompts, o.seconds
                 )
             });
             format!(
                 "{at} {level:<5} metric step={} epoch={} tok/s={} loss={:.4} acc={:.3} tau={tau}\
-                 {online} lr={:.2e} grad_norm={:.3} draft_pos/s={} mfu={mfu}",
+                 {tree}{online} lr={:.2e} grad_norm={:.3} draft_pos/s={} mfu={mfu}",
                 m.step,
                 m.epoch,
                 format_si(m.tokens_per_s),
@@ -298,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn a_metrics_line_shows_its_online_figures_by_their_names_and_keeps_them_in_json() {
+    fn a_metrics_line_shows_its_tree_and_online_figures_by_their_names_and_keeps_them_in_json() {
         let mut m = StepMetrics {
             ts_ms: NOW,
             step: 50,
@@ -306,6 +318,7 @@ mod tests {
             loss: 2.0,
             accuracy: 0.5,
             tau: Some(3.5),
+            tau_tree: None,
             lr: 1e-3,
             grad_norm: 0.25,
             tokens_per_s: 900.0,
@@ -318,9 +331,14 @@ mod tests {
             job: None,
         };
         assert!(!human(&Item::Metrics(Box::new(m.clone()))).contains("online"));
+        m.tau_tree = Some(TreeOracleTau {
+            serve_budget: 16,
+            by_budget: [(8, 3.25), (16, 3.75)].into_iter().collect(),
+        });
         m.online = Some(dflash_shared::metrics::OnlineAcceptance {
             tau_chain: 2.5,
             tau_ddtree: [(16, 3.0)].into_iter().collect(),
+            serve_tree_budget: Some(16),
             offline_tau: Some(3.5),
             base: None,
             prompts: 8,
@@ -329,14 +347,17 @@ mod tests {
         let item = Item::Metrics(Box::new(m));
         assert!(
             human(&item).contains(
-                " tau=3.50 online_tau_chain=2.50 online_tau_ddtree_16=3.00 \
-                 online_eval_prompts=8 online_eval_s=1.2 lr="
+                " tau=3.50 serve_tree_budget=16 tau_tree_oracle_8=3.25 \
+                 tau_tree_oracle_16=3.75 online_tau_chain=2.50 online_tau_ddtree_16=3.00 \
+                 online_serve_tree_budget=16 online_eval_prompts=8 online_eval_s=1.2 lr="
             ),
             "{}",
             human(&item)
         );
         let value: serde_json::Value = serde_json::from_str(&json_line(&item)).unwrap();
         assert_eq!(value["data"]["online_tau_ddtree_16"], 3.0);
+        assert_eq!(value["data"]["tau_tree_oracle_16"], 3.75);
+        assert_eq!(value["data"]["serve_tree_budget"], 16);
     }
 
     #[test]

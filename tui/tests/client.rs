@@ -47,6 +47,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         loss: 1.9,
         accuracy: 0.41,
         tau: None,
+        tau_tree: None,
         lr: 1.6e-4,
         grad_norm: 0.9,
         tokens_per_s,

@@ -218,6 +218,90 @@ fn a_run_that_trained_to_the_end_is_finished_not_something_to_restart() {
 }
 
 #[test]
+fn the_report_puts_tree_tau_at_the_serving_budget_beside_chain_tau_offline_and_online() {
+    use dflash_shared::metrics::{OnlineAcceptance, TreeOracleTau};
+    use dflash_shared::status::OnlineEvalStatus;
+    let (mut status, events) = incident_data();
+    let files = files();
+    status.last_tau_tree = Some(TreeOracleTau {
+        serve_budget: 32,
+        by_budget: [(8, 3.5), (32, 4.5)].into_iter().collect(),
+    });
+    let build = |status: &StatusSnapshot| {
+        report::build(&ReportInput {
+            snapshot: Some(status),
+            events: &events,
+            config: None,
+            files: &files,
+            daemon_error: None,
+            now_ms: incident::end_ms(),
+            clock: DisplayClock::utc(),
+        })
+    };
+    let before = report::render_markdown(&build(&status));
+    assert!(
+        before.contains(
+            "- Acceptance: offline τ chain 3.91 · tree@32 4.50; no online evaluation yet."
+        ),
+        "{before}"
+    );
+    status.last_online = Some(OnlineEvalStatus {
+        step: 31_000,
+        ts_ms: incident::end_ms() - 60_000,
+        acceptance: OnlineAcceptance {
+            tau_chain: 2.5,
+            tau_ddtree: [(8, 3.0), (32, 3.25), (64, 3.5)].into_iter().collect(),
+            serve_tree_budget: Some(32),
+            offline_tau: Some(4.0),
+            base: None,
+            prompts: 16,
+            seconds: 41.5,
+        },
+    });
+    let report = build(&status);
+    let markdown = report::render_markdown(&report);
+    assert!(
+        markdown.contains(
+            "- Acceptance: offline τ chain 3.91 · tree@32 4.50; online at step 31,000 (16 \
+             prompts, 41.5 s): chain 2.50 · tree@32 3.25; also ddtree_8 3.00, ddtree_64 3.50, \
+             38% below the offline τ 4.00 of its moment."
+        ),
+        "{markdown}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    let acceptance = &json["acceptance"];
+    assert_eq!(
+        acceptance["offline_serve_tree"],
+        serde_json::json!({"budget": 32, "tau": 4.5})
+    );
+    assert_eq!(
+        acceptance["offline_tree_oracle"],
+        serde_json::json!({"8": 3.5, "32": 4.5})
+    );
+    assert_eq!(
+        acceptance["online"]["serve_tree"],
+        serde_json::json!({"budget": 32, "tau": 3.25})
+    );
+    // Every method is still listed by its name in JSON.
+    assert_eq!(acceptance["online"]["methods"][2]["method"], "ddtree_32");
+
+    // A Domino drafter's serving-budget figure carries its base like every other method.
+    let online = status.last_online.as_mut().unwrap();
+    online.acceptance.base = Some(dflash_shared::metrics::OnlineBase {
+        tau_chain: 2.125,
+        tau_ddtree: [(8, 2.5), (32, 2.75), (64, 2.875)].into_iter().collect(),
+    });
+    let markdown = report::render_markdown(&build(&status));
+    assert!(
+        markdown.contains(
+            "chain 2.50 (base 2.12) · tree@32 3.25 (base 2.75); also ddtree_8 3.00 (base \
+             2.50), ddtree_64 3.50 (base 2.88), 38% below"
+        ),
+        "{markdown}"
+    );
+}
+
+#[test]
 fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
     use dflash_shared::metrics::OnlineAcceptance;
     use dflash_shared::status::OnlineEvalStatus;
@@ -245,6 +329,7 @@ fn the_report_puts_online_tau_beside_offline_tau_with_the_gap() {
         acceptance: OnlineAcceptance {
             tau_chain: 2.5,
             tau_ddtree: [(64, 3.25), (16, 3.0)].into_iter().collect(),
+            serve_tree_budget: None,
             offline_tau: Some(4.0),
             base: None,
             prompts: 16,

@@ -57,6 +57,7 @@ fn after_the_restart(last_step: u64) -> Vec<RecordedFrame> {
                     loss: 1.9,
                     accuracy: 0.41,
                     tau: None,
+                    tau_tree: None,
                     lr: 1.6e-4,
                     grad_norm: 0.9,
                     tokens_per_s: 4_300.0 + (i % 3) as f64 * 40.0,

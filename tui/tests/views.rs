@@ -538,6 +538,7 @@ fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures(
             let online = OnlineAcceptance {
                 tau_chain: chain,
                 tau_ddtree: [(16, chain + 0.4), (64, chain + 0.6)].into_iter().collect(),
+                serve_tree_budget: None,
                 offline_tau: Some(3.9),
                 base: None,
                 prompts: 16,
@@ -587,6 +588,107 @@ fn online_tau_sits_beside_offline_tau_and_the_serve_gap_alert_gives_its_figures(
         assert!(text.contains(want), "{want:?} missing from\n{text}");
     }
     snapshot("overview_online_tau", &app);
+}
+
+/// The incident with tree figures: every evaluation line carries the DDTree oracle τ
+/// (serving budget 32) and every fifth line an online evaluation that decoded budget 32 too.
+fn incident_with_tree_figures() -> Vec<RecordedFrame> {
+    use dflash_shared::metrics::{OnlineAcceptance, TreeOracleTau};
+    let swap = incident::torch_swap_ms();
+    let mut frames: Vec<RecordedFrame> =
+        incident_with_thresholds(Some(DetectorsSection::default()))
+            .into_iter()
+            .filter(|f| f.ts_ms < swap)
+            .collect();
+    let (mut n, mut newest_tree) = (0, None);
+    for frame in &mut frames {
+        match &mut frame.frame {
+            Response::Metrics(m) => {
+                if let Some(tau) = m.tau {
+                    m.tau_tree = Some(TreeOracleTau {
+                        serve_budget: 32,
+                        by_budget: [(8, tau + 0.25), (32, tau + 0.5)].into_iter().collect(),
+                    });
+                    newest_tree = m.tau_tree.clone();
+                }
+                n += 1;
+                if n % 5 == 0 {
+                    m.online = Some(OnlineAcceptance {
+                        tau_chain: 2.5,
+                        tau_ddtree: [(8, 2.75), (32, 3.25), (64, 3.5)].into_iter().collect(),
+                        serve_tree_budget: Some(32),
+                        offline_tau: Some(3.9),
+                        base: None,
+                        prompts: 16,
+                        seconds: 41.5,
+                    });
+                }
+            }
+            Response::Status(status) => status.last_tau_tree = newest_tree.clone(),
+            _ => {}
+        }
+    }
+    frames
+}
+
+/// Wherever chain τ is shown, the tree τ at the serving budget stands beside it, labelled
+/// with the budget: the Run panel's held-out and online rows, the τ chart and the run-ending
+/// panel.
+#[test]
+fn tree_tau_at_the_serving_budget_sits_beside_chain_tau_labelled_with_its_budget() {
+    use dflash_shared::events::{Event, EventKind, Severity};
+    let frames = incident_with_tree_figures();
+    let status = frames
+        .iter()
+        .rev()
+        .find_map(|f| match &f.frame {
+            Response::Status(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a status frame");
+    let chain = status.last_tau.expect("the incident evaluates");
+    let mut app = live_from(frames, false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    for want in [
+        format!("τ chain {chain:.2} · tree@32 {:.2}", chain + 0.5),
+        "online  chain 2.50 · tree@32 3.25".to_string(),
+        "offline tree@32".to_string(),
+        "online tree@32".to_string(),
+        "saved   step".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want:?} missing from\n{text}");
+    }
+    assert!(
+        !text.contains("ddtree_64"),
+        "the other budgets are left to dflash-tui status: {text}"
+    );
+    snapshot("overview_tree_tau", &app);
+
+    let event = Event {
+        seq: 1_000_001,
+        ts_ms: app.now_ms,
+        severity: Severity::Info,
+        kind: EventKind::RunStopped {
+            reason: "training complete: 6 epochs, 642 steps".into(),
+            checkpoint: Some("/runs/qwen27b-run1/checkpoints/step-0000031682".into()),
+        },
+    };
+    app.handle(AppEvent::Link(LinkEvent::Frame(Response::Event(Box::new(
+        event,
+    )))));
+    app.handle(AppEvent::Link(LinkEvent::Lost {
+        reason: format!("no dflashd is listening at {SOCKET} (Connection refused)"),
+        retry_in: Duration::from_secs(2),
+    }));
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    let last = app.telemetry.last_metrics.as_ref().unwrap();
+    let held_out = last.tau.unwrap_or(chain);
+    let want = format!(
+        "final τ: held-out chain {held_out:.2} · tree@32 {:.2}; online chain 2.50 · tree@32 3.25 \
+         (step ",
+        held_out + 0.5
+    );
+    assert!(text.contains(&want), "{want:?} missing from\n{text}");
 }
 
 /// The incident as a D-PACE run with a Domino head would stream it: its status names both,
@@ -664,6 +766,7 @@ fn the_run_panel_shows_a_domino_runs_online_base_against_final_chain_tau() {
                     m.online = Some(OnlineAcceptance {
                         tau_chain: 2.504,
                         tau_ddtree: [(16, 2.9)].into_iter().collect(),
+                        serve_tree_budget: None,
                         offline_tau: Some(3.9),
                         base: base.clone(),
                         prompts: 8,

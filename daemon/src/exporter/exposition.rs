@@ -306,16 +306,45 @@ fn training(e: &mut Exposition, s: &Scrape<'_>) {
     set(&duration, seconds(t.total_ms));
 }
 
+/// The `mode` of the held-out evaluation's DDTree oracle τ.
+const OFFLINE_TREE_ORACLE: &str = "offline_tree_oracle";
+
 fn evaluation(e: &mut Exposition, s: &Scrape<'_>) {
     let tau = e.gauge(
         "eval_acceptance_length",
         "Acceptance length tau of the last evaluation; mode=\"offline\": held-out data, an \
-         anchor at every valid position; mode=\"online\": speculative decoding against the \
-         target, tokens per target forward, method=\"chain\" or \"ddtree_<budget>\" (the \
-         metrics line's online_tau_chain and online_tau_ddtree_<budget>)",
+         anchor at every valid position, chain; mode=\"offline_tree_oracle\": the same blocks, \
+         the best-first DDTree of <budget> nodes built from the drafter's distributions, \
+         method=\"ddtree_<budget>\" (the metrics line's tau_tree_oracle_<budget>); \
+         mode=\"online\": speculative decoding against the target, tokens per target forward, \
+         method=\"chain\" or \"ddtree_<budget>\" (the metrics line's online_tau_chain and \
+         online_tau_ddtree_<budget>)",
+    );
+    let serve_tree = e.gauge(
+        "eval_serve_tree_acceptance_length",
+        "Tree acceptance length tau at the DDTree budget the drafter is served with \
+         (training.serve_tree_budget, the budget label), the figure a run is judged by; \
+         mode=\"offline_tree_oracle\" or \"online\" as for dflash_eval_acceptance_length",
     );
     if let Some(t) = s.status.last_tau {
         set_labelled(&tau, vec![("mode", "offline".to_string())], t);
+    }
+    if let Some(tree) = &s.status.last_tau_tree {
+        for (budget, t) in &tree.by_budget {
+            let method = format!("ddtree_{budget}");
+            let labels = vec![
+                ("mode", OFFLINE_TREE_ORACLE.to_string()),
+                ("method", method),
+            ];
+            set_labelled(&tau, labels, *t);
+        }
+        if let Some((budget, t)) = tree.at_serve_budget() {
+            let labels = vec![
+                ("mode", OFFLINE_TREE_ORACLE.to_string()),
+                ("budget", budget.to_string()),
+            ];
+            set_labelled(&serve_tree, labels, t);
+        }
     }
     let Some(online) = &s.status.last_online else {
         return;
@@ -323,6 +352,13 @@ fn evaluation(e: &mut Exposition, s: &Scrape<'_>) {
     for (method, t) in online.acceptance.methods() {
         let labels = vec![("mode", "online".to_string()), ("method", method)];
         set_labelled(&tau, labels, t);
+    }
+    if let Some((budget, t)) = online.acceptance.serve_tau_ddtree() {
+        let labels = vec![
+            ("mode", "online".to_string()),
+            ("budget", budget.to_string()),
+        ];
+        set_labelled(&serve_tree, labels, t);
     }
     let step = e.gauge(
         "eval_online_step",

@@ -22,6 +22,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         loss: 1.5,
         accuracy: 0.5,
         tau,
+        tau_tree: None,
         lr: 1e-4,
         grad_norm: 1.0,
         tokens_per_s: 12_800.0,
@@ -74,6 +75,7 @@ fn the_newest_online_evaluation_stays_in_status_until_the_next_one() {
     first.online = Some(OnlineAcceptance {
         tau_chain: 2.5,
         tau_ddtree: [(16, 2.75)].into_iter().collect(),
+        serve_tree_budget: None,
         offline_tau: Some(3.0),
         base: None,
         prompts: 8,
@@ -97,6 +99,26 @@ fn the_newest_online_evaluation_stays_in_status_until_the_next_one() {
         ),
         Err(e) => panic!("no frame: {e}"),
     }
+}
+
+#[test]
+fn the_newest_tree_oracle_stays_in_status_beside_offline_tau_until_the_next_evaluation() {
+    use dflash_shared::metrics::TreeOracleTau;
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let mut evaluated = metrics(50, Some(3.0));
+    evaluated.tau_tree = Some(TreeOracleTau {
+        serve_budget: 32,
+        by_budget: [(8, 3.5), (32, 4.25)].into_iter().collect(),
+    });
+    h.publish_metrics(evaluated.clone());
+    h.publish_metrics(metrics(51, None));
+    let s = h.status_snapshot();
+    assert_eq!(
+        (s.last_tau, &s.last_tau_tree),
+        (Some(3.0), &evaluated.tau_tree)
+    );
+    assert_eq!(s.last_tau_tree.unwrap().at_serve_budget(), Some((32, 4.25)));
 }
 
 #[test]

@@ -349,6 +349,7 @@ mod tests {
             loss: 2.0,
             accuracy: 0.3,
             tau,
+            tau_tree: None,
             lr: 1e-3,
             grad_norm: if step == 0 { 0.0 } else { 0.5 },
             tokens_per_s: if step == 0 { 0.0 } else { 900.0 },
@@ -359,6 +360,7 @@ mod tests {
             online: online_chain.map(|tau_chain| OnlineAcceptance {
                 tau_chain,
                 tau_ddtree: [(16, tau_chain + 0.25)].into_iter().collect(),
+                serve_tree_budget: None,
                 offline_tau: tau,
                 base: None,
                 prompts: 8,

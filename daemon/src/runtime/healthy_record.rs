@@ -298,6 +298,7 @@ mod tests {
             loss: 1.0,
             accuracy: 0.5,
             tau: None,
+            tau_tree: None,
             lr: 1e-4,
             grad_norm: 1.0,
             tokens_per_s,

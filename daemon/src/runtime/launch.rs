@@ -13,6 +13,7 @@ use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
 use dflash_shared::last_run::LastRun;
+use dflash_shared::metrics::{tree_label, TreeOracleTau};
 use dflash_shared::run_dir;
 use dflash_shared::status::RunState;
 
@@ -740,11 +741,20 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<
     text
 }
 
+/// "tau chain 3.7200 · tree@32 4.4500": the held-out chain τ and, beside it, the oracle tree τ
+/// at the serving budget, the figure the drafter is judged by when served with DDTree.
+fn held_out_words(tau: Option<f64>, tree: Option<&TreeOracleTau>) -> Option<String> {
+    let chain = format!("tau chain {:.4}", tau?);
+    Some(match tree.and_then(TreeOracleTau::at_serve_budget) {
+        Some((budget, t)) => format!("{chain} · {} {t:.4}", tree_label(budget)),
+        None => chain,
+    })
+}
+
 fn farewell(ending: &Ending, handle: &RunHandle) -> String {
     let s = handle.status_snapshot();
-    let tau = s
-        .last_tau
-        .map(|t| format!("; last held-out tau {t:.4}"))
+    let tau = held_out_words(s.last_tau, s.last_tau_tree.as_ref())
+        .map(|words| format!("; last held-out {words}"))
         .unwrap_or_default();
     let what = match ending {
         Ending::Finished { .. } => TRAINING_COMPLETE.to_string(),
@@ -760,4 +770,26 @@ fn farewell(ending: &Ending, handle: &RunHandle) -> String {
         "{what} at step {}/{}; checkpoint {checkpoint}{tau}",
         s.run.step, s.run.total_steps
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_farewell_names_the_tree_figure_with_its_budget_beside_chain_tau() {
+        let tree = TreeOracleTau {
+            serve_budget: 32,
+            by_budget: [(8, 3.25), (32, 4.4531)].into_iter().collect(),
+        };
+        assert_eq!(
+            held_out_words(Some(3.72), Some(&tree)).as_deref(),
+            Some("tau chain 3.7200 · tree@32 4.4531")
+        );
+        assert_eq!(
+            held_out_words(Some(3.72), None).as_deref(),
+            Some("tau chain 3.7200")
+        );
+        assert_eq!(held_out_words(None, Some(&tree)), None);
+    }
 }

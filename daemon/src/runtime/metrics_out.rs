@@ -13,7 +13,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use dflash_shared::events::{EventKind, Severity};
-use dflash_shared::metrics::StepMetrics;
+use dflash_shared::metrics::{tree_label, StepMetrics, TreeOracleTau};
 
 use super::tensorboard::TensorBoardOut;
 use crate::run::handle::RunHandle;
@@ -130,15 +130,23 @@ pub fn say(line: &str) {
 }
 
 /// The stdout line for a step: every `log_every` steps and on every evaluation, offline or
-/// online.
+/// online. The tree τ at the serving budget stands beside chain τ as `tree@<budget>`, offline
+/// (the oracle) and online (that budget's DDTree method).
 pub fn progress_line(m: &StepMetrics, total_steps: u64, log_every: u64) -> Option<String> {
     let show = m.tau.is_some() || m.online.is_some() || (log_every > 0 && m.step % log_every == 0);
     show.then(|| {
         let mut tau = m.tau.map(|t| format!(" tau {t:.3}")).unwrap_or_default();
+        if let Some((budget, t)) = m.tau_tree.as_ref().and_then(TreeOracleTau::at_serve_budget) {
+            tau.push_str(&format!(" {} {t:.3}", tree_label(budget)));
+        }
         if let Some(online) = &m.online {
             tau.push_str(" online");
             for (method, t) in online.methods() {
-                tau.push_str(&format!(" {method} {t:.3}"));
+                let name = match online.serve_tree_budget {
+                    Some(budget) if method == format!("ddtree_{budget}") => tree_label(budget),
+                    _ => method,
+                };
+                tau.push_str(&format!(" {name} {t:.3}"));
             }
             tau.push_str(&format!(
                 " ({} prompts, {:.1} s)",
@@ -204,6 +212,7 @@ mod tests {
             loss: 2.0,
             accuracy: 0.25,
             tau: None,
+            tau_tree: None,
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 1500.0,
@@ -226,11 +235,22 @@ mod tests {
         assert_eq!(progress_line(&m, 600, 10), None);
         assert_eq!(progress_line(&m, 600, 0), None);
         m.tau = Some(2.5);
-        assert!(progress_line(&m, 600, 0).unwrap().contains(" tau 2.500 "));
+        assert!(progress_line(&m, 600, 0)
+            .unwrap()
+            .contains(" tau 2.500 lr "));
+        m.tau_tree = Some(dflash_shared::metrics::TreeOracleTau {
+            serve_budget: 32,
+            by_budget: [(8, 2.75), (32, 3.125)].into_iter().collect(),
+        });
+        assert!(progress_line(&m, 600, 0)
+            .unwrap()
+            .contains(" tau 2.500 tree@32 3.125 lr "));
         m.tau = None;
+        m.tau_tree = None;
         m.online = Some(dflash_shared::metrics::OnlineAcceptance {
             tau_chain: 2.25,
             tau_ddtree: [(8, 2.5), (32, 2.75)].into_iter().collect(),
+            serve_tree_budget: None,
             offline_tau: None,
             base: None,
             prompts: 8,
@@ -239,6 +259,14 @@ mod tests {
         assert!(
             progress_line(&m, 600, 0).unwrap().contains(
                 " acc 0.250 online chain 2.250 ddtree_8 2.500 ddtree_32 2.750 (8 prompts, 1.2 s) lr "
+            ),
+            "{:?}",
+            progress_line(&m, 600, 0)
+        );
+        m.online.as_mut().unwrap().serve_tree_budget = Some(32);
+        assert!(
+            progress_line(&m, 600, 0).unwrap().contains(
+                " online chain 2.250 ddtree_8 2.500 tree@32 2.750 (8 prompts, 1.2 s) lr "
             ),
             "{:?}",
             progress_line(&m, 600, 0)

@@ -16,6 +16,7 @@ fn metrics(step: u64) -> StepMetrics {
         loss: 2.5,
         accuracy: 0.4,
         tau: None,
+        tau_tree: None,
         lr: 1e-4,
         grad_norm: 0.9,
         tokens_per_s: 21_500.0,

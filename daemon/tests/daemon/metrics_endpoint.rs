@@ -86,6 +86,7 @@ fn step(step: u64, tokens_per_s: f64) -> StepMetrics {
         loss: 2.5,
         accuracy: 0.25,
         tau: (step == 20).then_some(3.5),
+        tau_tree: None,
         lr: 0.0006,
         grad_norm: 0.75,
         tokens_per_s,

@@ -201,12 +201,17 @@ fn tensorboard_reads_every_metrics_value_of_a_run_and_its_resume() {
     let wrong = compare(&want, &got);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     // The contract's names, and the lines it had to cover: the step-0 evaluation, the τ of
-    // steps 4 and 8, and the resumed steps 6..9.
+    // steps 4 and 8 with the tree oracle's beside it at the embedded default's budgets (8 and
+    // the serving 32), and the resumed steps 6..9.
     for (tag, step) in [
         ("loss", 0),
         ("tau", 0),
         ("tau", 4),
         ("tau", 8),
+        ("tau_tree_oracle_32", 0),
+        ("tau_tree_oracle_8", 4),
+        ("tau_tree_oracle_32", 8),
+        ("serve_tree_budget", 8),
         ("lr", 9),
         ("times/total_ms", 6),
         ("workers/0.cpu.both/tokens_per_s", 2),

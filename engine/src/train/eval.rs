@@ -23,6 +23,7 @@
 //! the evaluation's anchors at every valid position and `dpace_alpha`.
 use std::collections::BTreeMap;
 
+use dflash_shared::metrics::TreeOracleTau;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
@@ -95,6 +96,18 @@ pub struct EvalReport {
     /// DFlash drafter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_tau: Option<f64>,
+}
+
+impl EvalReport {
+    /// The oracle tree τ as a metrics line carries it beside `tau`: every scored budget and the
+    /// serving budget. `None` when no tree was scored or the serving budget is not known.
+    pub fn tree_oracle_tau(&self) -> Option<TreeOracleTau> {
+        let serve_budget = self.serve_tree_budget?;
+        (!self.tau_tree_oracle.is_empty()).then(|| TreeOracleTau {
+            serve_budget,
+            by_budget: self.tau_tree_oracle.clone(),
+        })
+    }
 }
 
 #[derive(Default)]
@@ -793,6 +806,27 @@ mod tests {
             base,
             "a zero correction scores as the DFlash drafter"
         );
+    }
+
+    #[test]
+    fn the_metrics_lines_tree_figures_are_every_scored_budget_with_the_serving_one() {
+        let report = |tree: serde_json::Value, serve: serde_json::Value| -> EvalReport {
+            serde_json::from_value(serde_json::json!({
+                "tau": 2.5, "loss": 1.0, "accuracy": 0.5, "per_position_acceptance": [],
+                "topk_recall": {}, "tau_tree_oracle": tree, "serve_tree_budget": serve,
+                "block_size": 4, "samples": 1, "blocks": 1, "positions": 3,
+            }))
+            .unwrap()
+        };
+        let scored = report(serde_json::json!({"8": 3.0, "32": 3.5}), 32.into());
+        let tree = scored.tree_oracle_tau().expect("trees were scored");
+        assert_eq!(tree.serve_budget, 32);
+        assert_eq!(tree.by_budget, BTreeMap::from([(8, 3.0), (32, 3.5)]));
+        assert_eq!(tree.at_serve_budget(), Some((32, 3.5)));
+        let unscored = report(serde_json::json!({}), 32.into());
+        assert_eq!(unscored.tree_oracle_tau(), None, "no tree, no tree figures");
+        let unknown_budget = report(serde_json::json!({"8": 3.0}), serde_json::Value::Null);
+        assert_eq!(unknown_budget.tree_oracle_tau(), None);
     }
 
     #[test]

@@ -85,6 +85,7 @@ impl Trainer {
         Ok(Some(OnlineAcceptance {
             tau_chain,
             tau_ddtree,
+            serve_tree_budget: Some(self.config().serve_tree_budget),
             offline_tau,
             base,
             prompts: count,

@@ -17,6 +17,7 @@ fn embedded_default_loss_falls_and_tau_rises() {
     cfg.online_eval_max_prompts = 6;
     cfg.online_eval_max_new_tokens = 32;
     cfg.online_eval_tree_budgets = vec![8];
+    cfg.serve_tree_budget = 8;
     let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut trainer = Trainer::build(TrainerSpec {
@@ -107,4 +108,14 @@ fn embedded_default_loss_falls_and_tau_rises() {
         online_after.tau_chain
     );
     assert!(online_after.tau_ddtree.contains_key(&8));
+    // The serving budget rides with the online figures, and the held-out evaluation scores the
+    // tree oracle at it beside chain τ.
+    assert_eq!(
+        online_after.serve_tau_ddtree(),
+        Some((8, online_after.tau_ddtree[&8]))
+    );
+    let tree = after
+        .tree_oracle_tau()
+        .expect("the serving budget is scored");
+    assert_eq!(tree.at_serve_budget(), Some((8, after.tau_tree_oracle[&8])));
 }

@@ -237,6 +237,7 @@ mod tests {
             loss: 1.0,
             accuracy: 0.1,
             tau: None,
+            tau_tree: None,
             lr: 1e-4,
             grad_norm: 1.0,
             tokens_per_s,
@@ -296,6 +297,7 @@ mod tests {
         let online = |tau_chain: f64, offline_tau: Option<f64>| OnlineAcceptance {
             tau_chain,
             tau_ddtree: Default::default(),
+            serve_tree_budget: None,
             offline_tau,
             base: None,
             prompts: 8,

@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `online_tau_chain` | mean over prompts of tokens per target forward, chain decoding |
 //! | `online_tau_ddtree_<budget>` | the same with a DDTree of `<budget>` nodes, one per budget |
+//! | `online_serve_tree_budget` | the DDTree budget the drafter is served with: its `online_tau_ddtree_<budget>` is the headline tree figure |
 //! | `online_base_tau_chain` | a Domino drafter's chain τ drafting from the LM head alone |
 //! | `online_base_tau_ddtree_<budget>` | the same with a DDTree, one per budget |
 //! | `online_eval_offline_tau` | the offline τ of the same moment, when known |
@@ -32,6 +33,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const ONLINE_KEY_PREFIX: &str = "online_";
 const TAU_CHAIN: &str = "online_tau_chain";
 const TAU_DDTREE_PREFIX: &str = "online_tau_ddtree_";
+const SERVE_TREE_BUDGET: &str = "online_serve_tree_budget";
 const BASE_TAU_CHAIN: &str = "online_base_tau_chain";
 const BASE_TAU_DDTREE_PREFIX: &str = "online_base_tau_ddtree_";
 const OFFLINE_TAU: &str = "online_eval_offline_tau";
@@ -46,6 +48,9 @@ pub struct OnlineAcceptance {
     pub tau_chain: f64,
     /// DDTree decoding, by node budget. Empty when only the chain ran.
     pub tau_ddtree: BTreeMap<usize, f64>,
+    /// `training.serve_tree_budget`, the budget the drafter is served with, so the figure at
+    /// it can be named without the config. `None` in lines written before it.
+    pub serve_tree_budget: Option<usize>,
     /// The offline τ (anchors at every position) of the same drafter at the same moment, when
     /// one is known: what the train-versus-serve gap is measured against.
     pub offline_tau: Option<f64>,
@@ -86,6 +91,13 @@ impl OnlineAcceptance {
             .collect()
     }
 
+    /// The headline tree figure: the serving budget and the DDTree τ decoded at it; `None`
+    /// when the budget is unknown or was not decoded.
+    pub fn serve_tau_ddtree(&self) -> Option<(usize, f64)> {
+        let budget = self.serve_tree_budget?;
+        Some((budget, *self.tau_ddtree.get(&budget)?))
+    }
+
     /// The base figures by the same names as [`Self::methods`], in the same order; empty for
     /// a DFlash drafter.
     pub fn base_methods(&self) -> Vec<(String, f64)> {
@@ -117,6 +129,9 @@ impl Serialize for OnlineAcceptance {
         map.serialize_entry(TAU_CHAIN, &self.tau_chain)?;
         for (budget, tau) in &self.tau_ddtree {
             map.serialize_entry(&Self::ddtree_key(*budget), tau)?;
+        }
+        if let Some(budget) = self.serve_tree_budget {
+            map.serialize_entry(SERVE_TREE_BUDGET, &budget)?;
         }
         if let Some(base) = &self.base {
             map.serialize_entry(BASE_TAU_CHAIN, &base.tau_chain)?;
@@ -168,6 +183,7 @@ impl<'de> Visitor<'de> for OnlineVisitor {
         let mut out = OnlineAcceptance {
             tau_chain: f64::NAN,
             tau_ddtree: BTreeMap::new(),
+            serve_tree_budget: None,
             offline_tau: None,
             base: None,
             prompts: 0,
@@ -180,6 +196,7 @@ impl<'de> Visitor<'de> for OnlineVisitor {
                 TAU_CHAIN => tau_chain = Some(number_or_nan(&mut map)?),
                 BASE_TAU_CHAIN => base_chain = Some(number_or_nan(&mut map)?),
                 OFFLINE_TAU => out.offline_tau = map.next_value::<Option<f64>>()?,
+                SERVE_TREE_BUDGET => out.serve_tree_budget = map.next_value()?,
                 PROMPTS => out.prompts = map.next_value()?,
                 SECONDS => out.seconds = number_or_nan(&mut map)?,
                 k => {
@@ -219,6 +236,7 @@ mod tests {
             loss: 2.0,
             accuracy: 0.4,
             tau: Some(3.5),
+            tau_tree: None,
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 900.0,
@@ -236,6 +254,7 @@ mod tests {
         OnlineAcceptance {
             tau_chain: 2.75,
             tau_ddtree: BTreeMap::from([(8, 3.0), (32, 3.25)]),
+            serve_tree_budget: Some(32),
             offline_tau: Some(3.5),
             base: None,
             prompts: 8,
@@ -260,12 +279,36 @@ mod tests {
         assert_eq!(value["online_tau_chain"], 2.75);
         assert_eq!(value["online_tau_ddtree_8"], 3.0);
         assert_eq!(value["online_tau_ddtree_32"], 3.25);
+        assert_eq!(value["online_serve_tree_budget"], 32);
         assert_eq!(value["online_eval_offline_tau"], 3.5);
         assert_eq!(value["online_eval_prompts"], 8);
         assert_eq!(value["online_eval_s"], 1.5);
         assert!(value.get("online").is_none(), "flat, not nested: {value}");
         let back: StepMetrics = serde_json::from_value(value).unwrap();
         assert_eq!(back, m);
+        assert_eq!(back.online.unwrap().serve_tau_ddtree(), Some((32, 3.25)));
+    }
+
+    #[test]
+    fn the_headline_tree_figure_needs_the_serving_budget_decoded_and_older_lines_lack_it() {
+        let unknown = OnlineAcceptance {
+            serve_tree_budget: None,
+            ..acceptance()
+        };
+        assert_eq!(unknown.serve_tau_ddtree(), None);
+        let undecoded = OnlineAcceptance {
+            serve_tree_budget: Some(64),
+            ..acceptance()
+        };
+        assert_eq!(undecoded.serve_tau_ddtree(), None);
+        let mut value = serde_json::to_value(line(Some(acceptance()))).unwrap();
+        value
+            .as_object_mut()
+            .unwrap()
+            .remove("online_serve_tree_budget");
+        let read: StepMetrics = serde_json::from_value(value).unwrap();
+        let online = read.online.expect("still an online evaluation");
+        assert_eq!((online.serve_tree_budget, online.tau_chain), (None, 2.75));
     }
 
     #[test]
@@ -287,6 +330,7 @@ mod tests {
     fn chain_only_has_no_tree_keys_and_a_nan_reads_back_as_nan() {
         let chain_only = OnlineAcceptance {
             tau_ddtree: BTreeMap::new(),
+            serve_tree_budget: None,
             offline_tau: None,
             tau_chain: f64::NAN,
             ..acceptance()

@@ -9,7 +9,7 @@ use dflash_shared::health::{
     Level, MemoryConfig, MemoryFlatness, MemoryVerdict, QueueDiagnoser, QueueDiagnosis, Transition,
 };
 use dflash_shared::metrics::{
-    DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs,
+    DeviceRole, GpuSample, GpuTelemetry, QueueStats, StepMetrics, TimestampMs, TreeOracleTau,
 };
 
 use dflash_shared::status::{Alert, OnlineEvalStatus};
@@ -129,10 +129,16 @@ pub struct Telemetry {
     pub loss: Series,
     /// Offline τ (held-out data, an anchor at every position).
     pub tau: Series,
+    /// The same evaluations' DDTree oracle τ at the serving budget, by that budget (a resume
+    /// may serve with another).
+    pub offline_tree: BTreeMap<usize, Series>,
     /// Online chain τ (speculative decoding against the target).
     pub online_chain: Series,
     /// Online DDTree τ by node budget.
     pub online_ddtree: BTreeMap<usize, Series>,
+    /// The serving budget the newest online evaluation named (`online_serve_tree_budget`);
+    /// `None` before one, and from a daemon older than the field.
+    pub online_serve_budget: Option<usize>,
     /// The newest online evaluation a metrics line carried, with its step.
     pub last_online: Option<OnlineEvalStatus>,
     /// Set when the daemon reports no GPU telemetry, with its reason.
@@ -154,8 +160,10 @@ impl Default for Telemetry {
             steps: series(),
             loss: series(),
             tau: series(),
+            offline_tree: BTreeMap::new(),
             online_chain: series(),
             online_ddtree: BTreeMap::new(),
+            online_serve_budget: None,
             last_online: None,
             gpu_unavailable: None,
             gpus: BTreeMap::new(),
@@ -205,6 +213,16 @@ impl Telemetry {
         if let Some(tau) = metrics.tau {
             self.tau.push(metrics.ts_ms, tau);
         }
+        if let Some((budget, tau)) = metrics
+            .tau_tree
+            .as_ref()
+            .and_then(TreeOracleTau::at_serve_budget)
+        {
+            self.offline_tree
+                .entry(budget)
+                .or_insert_with(series)
+                .push(metrics.ts_ms, tau);
+        }
         if let Some(online) = &metrics.online {
             self.online_chain.push(metrics.ts_ms, online.tau_chain);
             for (&budget, &tau) in &online.tau_ddtree {
@@ -218,6 +236,7 @@ impl Telemetry {
                 .as_ref()
                 .is_none_or(|o| metrics.ts_ms >= o.ts_ms);
             if newest {
+                self.online_serve_budget = online.serve_tree_budget;
                 self.last_online = Some(OnlineEvalStatus {
                     step: metrics.step,
                     ts_ms: metrics.ts_ms,

@@ -1,5 +1,6 @@
 //! Pure drawing: every function here reads the app state and draws into a frame; nothing
 //! here changes state or does I/O.
+mod acceptance;
 pub mod bignum;
 mod caches;
 mod chart;

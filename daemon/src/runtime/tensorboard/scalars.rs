@@ -127,6 +127,7 @@ mod tests {
             loss: 2.5,
             accuracy: 0.25,
             tau: Some(3.5),
+            tau_tree: None,
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 1500.0,
@@ -181,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn an_online_evaluation_becomes_scalars_under_the_metrics_line_names() {
+    fn an_evaluations_tree_and_online_figures_become_scalars_under_the_metrics_line_names() {
         let m = StepMetrics {
             ts_ms: 1_000,
             step: 50,
@@ -189,6 +190,10 @@ mod tests {
             loss: 2.5,
             accuracy: 0.25,
             tau: Some(3.5),
+            tau_tree: Some(dflash_shared::metrics::TreeOracleTau {
+                serve_budget: 32,
+                by_budget: [(8, 3.75), (32, 4.25)].into_iter().collect(),
+            }),
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_s: 1500.0,
@@ -199,6 +204,7 @@ mod tests {
             online: Some(dflash_shared::metrics::OnlineAcceptance {
                 tau_chain: 2.5,
                 tau_ddtree: [(8, 2.75), (32, 3.0)].into_iter().collect(),
+                serve_tree_budget: Some(32),
                 offline_tau: Some(3.5),
                 base: None,
                 prompts: 8,
@@ -216,7 +222,11 @@ mod tests {
             ("online_eval_offline_tau", 3.5),
             ("online_eval_prompts", 8.0),
             ("online_eval_s", 1.5),
+            ("online_serve_tree_budget", 32.0),
             ("tau", 3.5),
+            ("tau_tree_oracle_8", 3.75),
+            ("tau_tree_oracle_32", 4.25),
+            ("serve_tree_budget", 32.0),
         ] {
             assert!(got.contains(&want), "{want:?} missing from {got:?}");
         }
