@@ -22,6 +22,8 @@ EXCEPTIONS=(
   "engine/src/train/online_eval.rs|decode|ARCHITECTURE.md: the in-training online evaluation runs decode::run_online"
   "engine/src/train/continuation_eval.rs|decode|ARCHITECTURE.md: offline tau on decode::run_online's reference outputs"
   "engine/src/train/error.rs|decode|ARCHITECTURE.md: TrainError carries decode's DecodeError from the online evaluation"
+  "engine/src/train/tree_metrics.rs|decode|ARCHITECTURE.md: the offline DDTree oracle builds decode's own tree and scores it with decode::tree_oracle"
+  "engine/src/train/eval.rs|decode|ARCHITECTURE.md: the offline evaluation hands tree_metrics decode's GoldSlot and tree types"
   "engine/src/train/throughput.rs|plan|ARCHITECTURE.md: the one arrow from train/ into plan/ (the step's FLOPs for MFU)"
 )
 
@@ -80,7 +82,7 @@ rule engine/src/decode "train data plan regenerate" \
 rule engine/src/plan "train decode data regenerate" \
   "plan/ is pure: it uses model/'s configs, parameter specs and the chunk planner"
 rule engine/src/train "decode plan regenerate" \
-  "train/ uses decode/ only in online_eval.rs, continuation_eval.rs and error.rs, and plan/ only in throughput.rs"
+  "train/ uses decode/ only in online_eval.rs, continuation_eval.rs, error.rs, tree_metrics.rs and eval.rs, and plan/ only in throughput.rs"
 for dir in model data decode plan train; do
   rule "engine/src/$dir" "regenerate" "nothing else in the engine uses regenerate.rs"
 done

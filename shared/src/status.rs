@@ -2,11 +2,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::actions::PendingAction;
+use crate::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
 use crate::config::{DetectorsSection, DrafterHead, Objective};
 use crate::events::Severity;
 use crate::health::healthy_record::HealthyRecord;
 use crate::metrics::{
-    CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs,
+    CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs, TreeOracleTau,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,8 +213,34 @@ pub struct StatusSnapshot {
     pub alerts: Vec<Alert>,
     pub pending_actions: Vec<PendingAction>,
     pub checkpoints: Vec<CheckpointInfo>,
+    /// The run's best checkpoint by online DDTree τ at the serving budget; kept on disk beside
+    /// the newest ones whatever `keep_checkpoints` says. Absent before the first online
+    /// evaluation that scored one, and from a daemon that does not send it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub best_checkpoint: Option<BestCheckpoint>,
+    /// Why there is no best checkpoint, once the daemon knows the run's config; absent while
+    /// `best_checkpoint` is set.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub no_best_checkpoint: Option<NoBestCheckpoint>,
     pub last_loss: Option<f64>,
     pub last_tau: Option<f64>,
+    /// The newest held-out evaluation's DDTree oracle τ by budget, with the budget the drafter
+    /// is served with: the tree figure beside `last_tau`. Absent before the first evaluation
+    /// that scored trees, and from a daemon that does not send it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub last_tau_tree: Option<TreeOracleTau>,
     /// The newest online evaluation (speculative decoding against the target) and the step it
     /// ran at; absent before the first, and from a daemon that does not run them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -388,8 +415,11 @@ mod tests {
             alerts: Vec::new(),
             pending_actions: Vec::new(),
             checkpoints: Vec::new(),
+            best_checkpoint: None,
+            no_best_checkpoint: None,
             last_loss: None,
             last_tau: None,
+            last_tau_tree: None,
             last_online: None,
             last_domino: None,
             detectors: None,
@@ -427,6 +457,7 @@ mod tests {
             acceptance: OnlineAcceptance {
                 tau_chain: 2.5,
                 tau_ddtree: [(16, 3.0)].into_iter().collect(),
+                serve_tree_budget: None,
                 offline_tau: Some(3.1),
                 base: None,
                 prompts: 8,

@@ -43,8 +43,11 @@ fn cpu_status() -> StatusSnapshot {
         alerts: Vec::new(),
         pending_actions: Vec::new(),
         checkpoints: Vec::new(),
+        best_checkpoint: None,
+        no_best_checkpoint: None,
         last_loss: Some(3.25),
         last_tau: None,
+        last_tau_tree: None,
         last_online: None,
         last_domino: None,
         detectors: None,
@@ -61,6 +64,7 @@ fn step(step: u64) -> StepMetrics {
         loss: 3.25,
         accuracy: 0.375,
         tau: None,
+        tau_tree: None,
         lr: 0.0006,
         grad_norm: 1.5,
         tokens_per_s: 900.0,
@@ -175,12 +179,17 @@ fn gpu_status() -> StatusSnapshot {
         },
     ];
     s.last_tau = Some(4.625);
+    s.last_tau_tree = Some(dflash_shared::metrics::TreeOracleTau {
+        serve_budget: 16,
+        by_budget: BTreeMap::from([(16, 5.125), (64, 5.5)]),
+    });
     s.last_online = Some(dflash_shared::status::OnlineEvalStatus {
         step: 3000,
         ts_ms: 1_767_000_050_000,
         acceptance: dflash_shared::metrics::OnlineAcceptance {
             tau_chain: 3.0,
             tau_ddtree: BTreeMap::from([(16, 4.25), (64, 4.75)]),
+            serve_tree_budget: Some(16),
             // The offline τ of the step-3000 evaluation (4.625 is a later one's).
             offline_tau: Some(4.0),
             base: None,
@@ -353,6 +362,18 @@ fn gpus_queue_alerts_caches_checkpoints_and_the_environment_are_series() {
         format!(
             "dflash_eval_acceptance_length{{{run},mode=\"online\",method=\"ddtree_64\"}} 4.75"
         ),
+        format!(
+            "dflash_eval_acceptance_length{{{run},mode=\"offline_tree_oracle\",method=\"ddtree_16\"}} 5.125"
+        ),
+        format!(
+            "dflash_eval_acceptance_length{{{run},mode=\"offline_tree_oracle\",method=\"ddtree_64\"}} 5.5"
+        ),
+        format!(
+            "dflash_eval_serve_tree_acceptance_length{{{run},mode=\"offline_tree_oracle\",budget=\"16\"}} 5.125"
+        ),
+        format!(
+            "dflash_eval_serve_tree_acceptance_length{{{run},mode=\"online\",budget=\"16\"}} 4.25"
+        ),
         format!("dflash_eval_online_step{{{run}}} 3000.0"),
         format!("dflash_eval_online_prompts{{{run}}} 16.0"),
         format!("dflash_eval_online_duration_seconds{{{run}}} 42.5"),
@@ -452,6 +473,7 @@ fn every_metric_the_dashboard_queries_is_one_the_exporter_serves() {
         "dflash_train_tokens_per_second",
         "dflash_train_loss",
         "dflash_eval_acceptance_length",
+        "dflash_eval_serve_tree_acceptance_length",
         "dflash_gpu_memory_used_bytes",
         "dflash_queue_depth",
         "dflash_checkpoint_age_seconds",

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 
+use dflash_shared::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::health::healthy_record::HealthyRecord;
@@ -161,8 +162,11 @@ impl RunHandle {
             alerts: Vec::new(),
             pending_actions: Vec::new(),
             checkpoints: Vec::new(),
+            best_checkpoint: None,
+            no_best_checkpoint: None,
             last_loss: None,
             last_tau: None,
+            last_tau_tree: None,
             last_online: None,
             last_domino: None,
             detectors: None,
@@ -265,6 +269,9 @@ impl RunHandle {
             s.last_loss = Some(m.loss);
             if m.tau.is_some() {
                 s.last_tau = m.tau;
+            }
+            if m.tau_tree.is_some() {
+                s.last_tau_tree = m.tau_tree.clone();
             }
             if let Some(d) = &m.domino {
                 s.last_domino = Some(DominoAcceptance {
@@ -441,6 +448,31 @@ impl RunHandle {
                 step: c.step,
                 path: c.path,
                 bytes: c.bytes,
+            },
+        )
+    }
+
+    /// Sets the run's best checkpoint in status (or why there is none), without journaling.
+    pub fn set_best_checkpoint(&self, standing: Result<BestCheckpoint, NoBestCheckpoint>) {
+        let mut st = write(&self.inner.status);
+        let (best, none) = match standing {
+            Ok(best) => (Some(best), None),
+            Err(why) => (None, Some(why)),
+        };
+        st.snapshot.best_checkpoint = best;
+        st.snapshot.no_best_checkpoint = none;
+    }
+
+    /// A checkpoint became the run's best: status names it and the journal records it.
+    pub fn add_best_checkpoint(&self, best: BestCheckpoint) -> Result<Event, JournalError> {
+        self.set_best_checkpoint(Ok(best.clone()));
+        self.record_event(
+            Severity::Info,
+            EventKind::BestCheckpoint {
+                step: best.step,
+                tau_tree: best.tau_tree,
+                budget: best.budget,
+                path: best.path,
             },
         )
     }

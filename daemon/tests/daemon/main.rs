@@ -5,7 +5,7 @@
 //! - `metrics_endpoint`: the Prometheus `/metrics` server in-process on loopback;
 //!   `prometheus_e2e`: the real binary scraped by a real Prometheus server
 //!   ([`support::prometheus`]).
-//! - `daemon_*`, `doctor`, `eval_online`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`,
+//! - `daemon_*`, `best_checkpoint`, `doctor`, `eval_online`, `resume`, `checkpoint_corrupt`, `checkpoint_recovery`,
 //!   `target_parity`, `tensorboard_events`, `trained_artifacts`, `regenerate`, `warm_start`: the real `dflashd` binary as a
 //!   child process in a temp dir ([`support::binary`]); `multi_node_launch` too (issue 23's
 //!   launch flags and variables) and `multi_node_training` (two real nodes on loopback).
@@ -19,6 +19,7 @@
 mod support;
 
 mod alloc_conf;
+mod best_checkpoint;
 mod campaign_clients;
 mod campaign_confirm;
 mod campaign_fuzz;

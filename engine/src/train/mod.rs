@@ -2,6 +2,7 @@
 //! schedule and cadences, checkpoints, resume, evaluation, the multi-device [`topology`] and
 //! the [`trainer`] (the step and the one training loop).
 pub mod anchors;
+pub mod best_checkpoint;
 pub mod cadence;
 pub mod checkpoint;
 pub mod config;

@@ -30,6 +30,7 @@ use dflash_shared::metrics::{
 };
 use tch::{nn::VarStore, Device, Tensor};
 
+use super::best_checkpoint::BestSoFar;
 use super::cadence::Cadence;
 use super::checkpoint;
 use super::config::TrainConfig;
@@ -98,6 +99,9 @@ pub struct Trainer {
     checkpoint_witness: Option<CheckpointWitness>,
     /// This node's rank and the job's node count, for a node of a job ([`TrainerSpec::job`]).
     job_node: Option<(u32, u32)>,
+    /// The run's best checkpoint so far (`train/best_checkpoint.rs`). `pub(super)`: a
+    /// checkpoint records it and a restore (`resume.rs`) sets it.
+    pub(super) best: Option<BestSoFar>,
     /// How far behind the next slowest node a node's own work must be for the job's view to
     /// name it the straggler ([`JobMembership::straggler_behind_frac`]).
     straggler_behind_frac: f64,
@@ -116,6 +120,10 @@ mod build;
 impl Trainer {
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
+    }
+    /// The run's best checkpoint so far, by online DDTree τ at the serving budget.
+    pub fn best_checkpoint(&self) -> Option<BestSoFar> {
+        self.best
     }
     pub fn drafter_config(&self) -> &DrafterConfig {
         &self.drafter_cfg
@@ -370,6 +378,7 @@ impl Trainer {
             loss: first.sums.loss(),
             accuracy: first.sums.accuracy(),
             tau: None,
+            tau_tree: None,
             lr,
             grad_norm: report.grad_norm,
             tokens_per_s,
@@ -484,16 +493,21 @@ impl Trainer {
             if cadence.eval_due(self.step, self.is_finished()) {
                 if let Some(report) = self.evaluate_held_out()? {
                     metrics.tau = Some(report.tau);
+                    metrics.tau_tree = report.tree_oracle_tau();
                     summary.last_eval = Some(report);
                 }
             }
             if cadence.online_eval_due(self.step, self.is_finished()) {
                 metrics.online = self.evaluate_online(metrics.tau)?;
             }
+            let new_best = self.judge_best(metrics.online.as_ref());
             hooks.on_event(self, LoopEvent::Stepped(&metrics));
             summary.last_metrics = Some(metrics);
             if let Some(root) = &opts.checkpoint_root {
-                if cadence.checkpoint_due(self.step, last_saved) {
+                // A new best is saved at its own step: the cadence may not land on it.
+                if cadence.checkpoint_due(self.step, last_saved)
+                    || (new_best && last_saved != Some(self.step))
+                {
                     let dir = self.checkpoint_with(root, hooks).map_err(|e| {
                         TrainError::CheckpointWrite {
                             step: self.step,
@@ -520,6 +534,20 @@ impl Trainer {
         Ok(summary)
     }
 
+    /// Makes this step the best when its online evaluation beats the best so far
+    /// (`BestSoFar::beats`); whether it did.
+    fn judge_best(&mut self, online: Option<&OnlineAcceptance>) -> bool {
+        let candidate =
+            online.and_then(|o| BestSoFar::candidate(self.step, o, self.cfg.serve_tree_budget));
+        match candidate {
+            Some(c) if c.beats(self.best.as_ref()) => {
+                self.best = Some(c);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Writes a checkpoint of the current step, telling `hooks` before and after.
     fn checkpoint_with(
         &mut self,
@@ -539,6 +567,7 @@ impl Trainer {
             LoopEvent::CheckpointSaved {
                 step: self.step,
                 dir: &dir,
+                is_best: self.best.is_some_and(|b| b.step == self.step),
             },
         );
         Ok(dir)
@@ -585,8 +614,9 @@ pub enum LoopEvent<'a> {
     /// An evaluation that is not part of a step (before the first step of a fresh run);
     /// `online` is set when the online evaluation ran with it.
     Evaluated(&'a EvalLine),
-    /// An optimizer step; `tau` is set when the cadence evaluated after it, `online` when the
-    /// online cadence ([`Cadence::online_eval_due`]) did.
+    /// An optimizer step; `tau` (and `tau_tree`, the same evaluation's tree oracle) is set when
+    /// the cadence evaluated after it, `online` when the online cadence
+    /// ([`Cadence::online_eval_due`]) did.
     Stepped(&'a StepMetrics),
     CheckpointStarted {
         step: u64,
@@ -594,6 +624,10 @@ pub enum LoopEvent<'a> {
     CheckpointSaved {
         step: u64,
         dir: &'a Path,
+        /// This checkpoint is the run's best ([`Trainer::best_checkpoint`]): its step's online
+        /// evaluation beat every earlier one. Only the checkpoint of the step that set the best
+        /// says so, once.
+        is_best: bool,
     },
 }
 
@@ -643,8 +677,8 @@ pub struct EvalLine {
 }
 
 impl EvalLine {
-    /// As a `metrics.jsonl` / bus line: no throughput, no gradient, `tau` set (and the online
-    /// figures, when the online evaluation ran with it).
+    /// As a `metrics.jsonl` / bus line: no throughput, no gradient, `tau` and `tau_tree` set
+    /// (and the online figures, when the online evaluation ran with it).
     pub fn metrics_line(&self) -> StepMetrics {
         StepMetrics {
             ts_ms: self.ts_ms,
@@ -653,6 +687,7 @@ impl EvalLine {
             loss: self.report.loss,
             accuracy: self.report.accuracy,
             tau: Some(self.report.tau),
+            tau_tree: self.report.tree_oracle_tau(),
             lr: self.lr,
             grad_norm: 0.0,
             tokens_per_s: 0.0,

@@ -2,6 +2,7 @@
 use std::fmt::Write;
 
 use dflash_shared::format::{format_bytes, format_si};
+use dflash_shared::metrics::{chain_and_tree_words, tree_label};
 
 use super::StatusReport;
 use crate::app::wording;
@@ -25,26 +26,24 @@ fn recipe_line(run: &super::Run) -> String {
     )
 }
 
-/// "Acceptance: offline τ 3.50; online at step 1,200 (8 prompts, 1.2 s): chain 2.50,
-/// ddtree_16 3.00, 29% below the offline τ 3.50 of its moment." (for a Domino drafter each
-/// method with its base: "chain 2.50 (base 2.10)").
+/// "Acceptance: offline τ chain 3.72 · tree@32 4.45; online at step 1,200 (8 prompts, 1.2 s):
+/// chain 2.50 · tree@32 3.10; also ddtree_16 3.00, 29% below the offline τ 3.50 of its
+/// moment." The tree τ at the serving budget stands beside chain τ, labelled with the budget;
+/// a run without tree figures reads "offline τ 3.72" and lists every online method. A Domino
+/// drafter's each method comes with its base: "chain 2.50 (base 2.10)".
 fn acceptance_line(a: &super::Acceptance) -> String {
-    let offline = a.offline_tau.map_or("offline τ unknown".to_string(), |t| {
-        format!("offline τ {t:.2}")
-    });
+    let offline = match (a.offline_tau, a.offline_serve_tree) {
+        (Some(t), Some(tree)) => format!(
+            "offline τ {}",
+            chain_and_tree_words(t, Some((tree.budget, tree.tau)))
+        ),
+        (Some(t), None) => format!("offline τ {t:.2}"),
+        (None, _) => "offline τ unknown".to_string(),
+    };
     let Some(o) = &a.online else {
         return format!("Acceptance: {offline}; no online evaluation yet.");
     };
-    // A Domino drafter's each method also decoded from the LM head alone: "chain 2.50 (base
-    // 2.10)", the corrected figure first, as everywhere else.
-    let methods: Vec<String> = o
-        .methods
-        .iter()
-        .map(|m| match m.base_tau {
-            Some(base) => format!("{} {:.2} (base {base:.2})", m.method, m.tau),
-            None => format!("{} {:.2}", m.method, m.tau),
-        })
-        .collect();
+    let methods = online_methods(o);
     let gap = match (o.gap_fraction, o.offline_tau) {
         (Some(g), Some(off)) if g > 0.0 => {
             format!(
@@ -56,12 +55,43 @@ fn acceptance_line(a: &super::Acceptance) -> String {
         _ => String::new(),
     };
     format!(
-        "Acceptance: {offline}; online at step {} ({} prompts, {:.1} s): {}{gap}.",
+        "Acceptance: {offline}; online at step {} ({} prompts, {:.1} s): {methods}{gap}.",
         crate::fmt::thousands(o.step),
         o.prompts,
         o.seconds,
-        methods.join(", ")
     )
+}
+
+/// "chain 2.50 · tree@32 3.10; also ddtree_16 3.00, ddtree_64 3.25" where the serving budget
+/// was decoded, else "chain 2.50, ddtree_16 3.00". A Domino drafter's each method also decoded
+/// from the LM head alone: "chain 2.50 (base 2.10)", the corrected figure first, as everywhere
+/// else.
+fn online_methods(o: &super::OnlineReport) -> String {
+    let words = |name: &str, m: &super::MethodTau| match m.base_tau {
+        Some(base) => format!("{name} {:.2} (base {base:.2})", m.tau),
+        None => format!("{name} {:.2}", m.tau),
+    };
+    let Some(serve) = o.serve_tree else {
+        let all: Vec<String> = o.methods.iter().map(|m| words(&m.method, m)).collect();
+        return all.join(", ");
+    };
+    let serve_method = format!("ddtree_{}", serve.budget);
+    // `methods` lists the chain first, so the headline reads chain, then the tree.
+    let (mut headline, mut rest) = (Vec::new(), Vec::new());
+    for m in &o.methods {
+        if m.method == "chain" {
+            headline.push(words(&m.method, m));
+        } else if m.method == serve_method {
+            headline.push(words(&tree_label(serve.budget), m));
+        } else {
+            rest.push(words(&m.method, m));
+        }
+    }
+    if rest.is_empty() {
+        headline.join(" · ")
+    } else {
+        format!("{}; also {}", headline.join(" · "), rest.join(", "))
+    }
 }
 
 pub fn render(report: &StatusReport) -> String {
@@ -215,6 +245,12 @@ pub fn render(report: &StatusReport) -> String {
         f.checkpoints.len(),
         f.latest_checkpoint.clone().unwrap_or_else(|| "none".into())
     );
+    let best = match (&f.best_checkpoint, &f.no_best_checkpoint) {
+        (Some(b), _) => format!("{} ({})", b.words(), b.path),
+        (None, Some(why)) => format!("none, {why}"),
+        (None, None) => "none recorded".into(),
+    };
+    let _ = writeln!(out, "- Best checkpoint: {best}");
     let _ = writeln!(out, "- Journal: {}", f.journal);
     let _ = writeln!(out, "- Logs: {}", f.logs);
     if f.data.is_empty() {

@@ -4,11 +4,16 @@ mod markdown;
 mod prose;
 pub mod timeline;
 
+use std::collections::BTreeMap;
+
 use dflash_shared::actions::PendingAction;
+use dflash_shared::best_checkpoint::BestCheckpoint;
 use dflash_shared::events::{Event, EventKind};
 use dflash_shared::format::format_si;
 use dflash_shared::health;
-use dflash_shared::metrics::{CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs};
+use dflash_shared::metrics::{
+    CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs, TreeOracleTau,
+};
 use dflash_shared::status::{
     head_name, CheckpointInfo, DominoAcceptance, RunObjective, StatusSnapshot,
 };
@@ -123,6 +128,14 @@ pub struct Throughput {
 pub struct Acceptance {
     /// The last held-out (offline) τ.
     pub offline_tau: Option<f64>,
+    /// The same evaluation's DDTree oracle τ at the budget the drafter is served with: the tree
+    /// figure beside `offline_tau`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offline_serve_tree: Option<ServeTreeTau>,
+    /// That evaluation's DDTree oracle τ by budget (the metrics line's
+    /// `tau_tree_oracle_<budget>`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub offline_tree_oracle: BTreeMap<usize, f64>,
     pub online: Option<OnlineReport>,
     /// A Domino run's newest training-batch acceptance, base and corrected.
     pub domino: Option<DominoAcceptance>,
@@ -135,12 +148,28 @@ pub struct OnlineReport {
     /// `chain` first, then `ddtree_<budget>` by budget, as `dflashd eval --online` names them
     /// (the metrics line's `online_tau_chain`, `online_tau_ddtree_<budget>`).
     pub methods: Vec<MethodTau>,
+    /// The DDTree τ at the budget the drafter is served with, when that budget was decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serve_tree: Option<ServeTreeTau>,
     /// The offline τ it was compared with, when known.
     pub offline_tau: Option<f64>,
     /// `(offline − online chain) / offline`.
     pub gap_fraction: Option<f64>,
     pub prompts: usize,
     pub seconds: f64,
+}
+
+/// A tree τ at the budget the drafter is served with (`training.serve_tree_budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ServeTreeTau {
+    pub budget: usize,
+    pub tau: f64,
+}
+
+impl ServeTreeTau {
+    fn of((budget, tau): (usize, f64)) -> Self {
+        ServeTreeTau { budget, tau }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -190,6 +219,12 @@ pub struct Files {
     pub run_dir: Option<String>,
     pub latest_checkpoint: Option<String>,
     pub checkpoints: Vec<String>,
+    /// The run's best checkpoint (online DDTree τ at the serving budget): the daemon's, or with
+    /// the daemon down the journal's last.
+    pub best_checkpoint: Option<BestCheckpoint>,
+    /// Why there is none, when the daemon says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_best_checkpoint: Option<String>,
     pub journal: String,
     pub logs: String,
     pub data: Vec<String>,
@@ -418,7 +453,7 @@ fn throughput_section(input: &ReportInput) -> Throughput {
 fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
     let online = snapshot.and_then(|s| s.last_online.as_ref()).map(|o| {
         let a = &o.acceptance;
-        let base: std::collections::BTreeMap<String, f64> = a.base_methods().into_iter().collect();
+        let base: BTreeMap<String, f64> = a.base_methods().into_iter().collect();
         OnlineReport {
             step: o.step,
             at: fmt::rfc3339(o.ts_ms),
@@ -431,14 +466,20 @@ fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
                     tau,
                 })
                 .collect(),
+            serve_tree: a.serve_tau_ddtree().map(ServeTreeTau::of),
             offline_tau: a.offline_tau,
             gap_fraction: a.gap_fraction(),
             prompts: a.prompts,
             seconds: a.seconds,
         }
     });
+    let tree = snapshot.and_then(|s| s.last_tau_tree.as_ref());
     Acceptance {
         offline_tau: snapshot.and_then(|s| s.last_tau),
+        offline_serve_tree: tree
+            .and_then(TreeOracleTau::at_serve_budget)
+            .map(ServeTreeTau::of),
+        offline_tree_oracle: tree.map_or_else(BTreeMap::new, |t| t.by_budget.clone()),
         online,
         domino: snapshot.and_then(|s| s.last_domino),
     }
@@ -497,6 +538,27 @@ fn checkpoint_list(snapshot: Option<&StatusSnapshot>, events: &[Event]) -> Vec<C
     list
 }
 
+/// The daemon's best checkpoint, or with the daemon down the last one the journal records.
+fn best_checkpoint(snapshot: Option<&StatusSnapshot>, events: &[Event]) -> Option<BestCheckpoint> {
+    match snapshot {
+        Some(s) => s.best_checkpoint.clone(),
+        None => events.iter().rev().find_map(|e| match &e.kind {
+            EventKind::BestCheckpoint {
+                step,
+                tau_tree,
+                budget,
+                path,
+            } => Some(BestCheckpoint {
+                step: *step,
+                tau_tree: *tau_tree,
+                budget: *budget,
+                path: path.clone(),
+            }),
+            _ => None,
+        }),
+    }
+}
+
 fn queue_section(snapshot: Option<&StatusSnapshot>) -> Queue {
     match snapshot.map(|s| &s.queue) {
         Some(q) => Queue {
@@ -541,6 +603,11 @@ fn files_section(input: &ReportInput, checkpoints: &[CheckpointInfo]) -> Files {
         }),
         latest_checkpoint: checkpoints.last().map(|c| c.path.clone()),
         checkpoints: checkpoints.iter().map(|c| c.path.clone()).collect(),
+        best_checkpoint: best_checkpoint(input.snapshot, input.events),
+        no_best_checkpoint: input
+            .snapshot
+            .and_then(|s| s.no_best_checkpoint)
+            .map(|why| why.words()),
         journal: match run {
             Some(r) => dflash_shared::run_dir::journal_path(std::path::Path::new(&r.run_dir))
                 .display()

@@ -1,11 +1,13 @@
 //! Overview: is the run healthy at a glance? Alerts first, then throughput, progress, curves.
 use dflash_shared::format::format_si;
+use dflash_shared::metrics::tree_label;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Wrap};
 use ratatui::Frame;
 
+use super::acceptance;
 use super::bignum;
 use super::chart::{self, TimeChart};
 use super::theme::Theme;
@@ -123,8 +125,10 @@ fn stale_lines(app: &App, width: usize, theme: &Theme) -> Vec<Line<'static>> {
     ])]
 }
 
-/// Offline τ, and beside it online τ per method once an online evaluation has run (the legend
-/// names them; with offline τ alone there is none).
+/// Offline τ and the offline tree τ at the serving budget ("offline tree@32"), and beside them
+/// online chain τ and the online tree τ at the serving budget ("online tree@32"; every budget
+/// where the serving one is unknown) once an online evaluation has run. The legend names them;
+/// with offline τ alone there is none.
 fn tau_lines<'a>(app: &'a App, theme: &Theme) -> Vec<chart::Line<'a>> {
     let t = &app.telemetry;
     let mut lines = vec![chart::Line {
@@ -132,15 +136,32 @@ fn tau_lines<'a>(app: &'a App, theme: &Theme) -> Vec<chart::Line<'a>> {
         series: &t.tau,
         style: theme.accent(),
     }];
+    for (budget, series) in &t.offline_tree {
+        lines.push(chart::Line {
+            name: format!("offline {}", tree_label(*budget)),
+            series,
+            style: theme.warn(),
+        });
+    }
     if t.online_chain.iter().next().is_some() {
         lines.push(chart::Line {
             name: "online chain".into(),
             series: &t.online_chain,
             style: theme.ok(),
         });
+        // The serving budget's tree alone where it is known, so the legend stays small enough
+        // to be drawn; the other budgets are in `dflash-tui status`.
+        let serve = t
+            .online_serve_budget
+            .filter(|b| t.online_ddtree.contains_key(b));
         for (budget, series) in &t.online_ddtree {
+            let name = match serve {
+                Some(serve) if serve == *budget => format!("online {}", tree_label(*budget)),
+                Some(_) => continue,
+                None => format!("online ddtree_{budget}"),
+            };
             lines.push(chart::Line {
-                name: format!("online ddtree_{budget}"),
+                name,
                 series,
                 style: theme.text(),
             });
@@ -149,8 +170,9 @@ fn tau_lines<'a>(app: &'a App, theme: &Theme) -> Vec<chart::Line<'a>> {
     lines
 }
 
-/// The newest online evaluation, two rows: "online  chain 2.50 · ddtree_16 2.75" and "gap
-/// 29% below offline 3.50 (step 1,200)". The gap is in the warning style once it exceeds the
+/// The newest online evaluation, two rows: "online  chain 2.50 · tree@32 3.10" (the tree τ at
+/// the serving budget; every method where that budget is unknown) and "gap 29% below offline
+/// 3.50 (step 1,200)". The gap is in the warning style once it exceeds the
 /// daemon's serve-gap threshold.
 fn online_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
     let Some(online) = app.last_online() else {
@@ -158,15 +180,10 @@ fn online_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
     };
     let a = &online.acceptance;
     let label = |text: &'static str| Span::styled(text, theme.dim());
-    let methods: Vec<String> = a
-        .methods()
-        .iter()
-        .map(|(m, t)| format!("{m} {t:.2}"))
-        .collect();
     let step = fmt::thousands(online.step);
     let mut lines = vec![Line::from(vec![
         label("online  "),
-        Span::raw(methods.join(" · ")),
+        Span::raw(acceptance::online_words(a)),
     ])];
     let (gap, style) = match (a.gap_fraction(), a.offline_tau) {
         (Some(gap), Some(offline)) => {
@@ -223,19 +240,16 @@ fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> V
     let last = app.telemetry.last_metrics.as_ref();
     let step = last.map(|m| m.step).or(status.map(|s| s.run.step));
     let loss = last.map(|m| m.loss).or(status.and_then(|s| s.last_loss));
-    let tau = last.and_then(|m| m.tau).or(status.and_then(|s| s.last_tau));
-    let online = app
-        .last_online()
-        .map(|o| format!(" (online chain {:.2})", o.acceptance.tau_chain))
-        .unwrap_or_default();
     let figures = format!(
-        "final: step {}, loss {}, τ {}{online}; checkpoint {}",
+        "final: step {}, loss {}; checkpoint {}",
         step.map_or("—".into(), fmt::thousands),
         loss.map_or("—".into(), |l| format!("{l:.3}")),
-        tau.map_or("—".into(), |t| format!("{t:.2}")),
         ending.checkpoint.as_deref().unwrap_or("none")
     );
     lines.push(Line::from(fit(&figures, width)));
+    if let Some(tau) = acceptance::ending_words(app) {
+        lines.push(Line::from(fit(&tau, width)));
+    }
     let run_dir = status.map_or("RUN_DIR".to_string(), |s| s.run.run_dir.clone());
     for step in next_steps(ending, &run_dir) {
         lines.push(Line::from(Span::styled(
@@ -499,10 +513,10 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             };
             lines.push(Line::from(vec![label("ETA     "), Span::raw(eta)]));
             let loss = status.last_loss.map_or("—".into(), |l| format!("{l:.3}"));
-            let tau = status.last_tau.map_or("—".into(), |t| format!("{t:.2}"));
+            let tau = acceptance::held_out_words(status.last_tau, status.last_tau_tree.as_ref());
             lines.push(Line::from(vec![
                 label("loss    "),
-                Span::raw(format!("{loss}   τ {tau}")),
+                Span::raw(format!("{loss}   {tau}")),
             ]));
             lines.extend(online_lines(app, theme));
             let checkpoint = status
@@ -531,6 +545,7 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     None => "no checkpoint yet".into(),
                 }),
             ]));
+            lines.extend(best_line(status, theme));
             for pending in &status.pending_actions {
                 lines.push(Line::from(vec![
                     Span::styled("pending ", theme.warn()),
@@ -552,6 +567,28 @@ fn draw_run(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Paragraph::new(lines).block(block).wrap(Wrap { trim: true }),
         area,
     );
+}
+
+/// The run's best checkpoint: "best    step 450 · tree τ@32 4.45", or why there is none;
+/// nothing from a daemon that says neither.
+fn best_line(
+    status: &dflash_shared::status::StatusSnapshot,
+    theme: &Theme,
+) -> Option<Line<'static>> {
+    let words = match (&status.best_checkpoint, &status.no_best_checkpoint) {
+        (Some(best), _) => format!(
+            "step {} · tree τ@{} {:.2}",
+            fmt::thousands(best.step),
+            best.budget,
+            best.tau_tree
+        ),
+        (None, Some(why)) => format!("none, {}", why.words()),
+        (None, None) => return None,
+    };
+    Some(Line::from(vec![
+        Span::styled("best    ", theme.dim()),
+        Span::raw(words),
+    ]))
 }
 
 /// What the run trains: "objective D-PACE (α 0.5), Domino head" and, for a Domino head, its
