@@ -85,8 +85,8 @@ test: provision test-deps
 # (6 kill -9 rounds, 10,000 fuzzed frames, two crowded phases; `full` is the issue's 20 rounds).
 # `make test` checks each of these behaviours at its shortest telling length.
 soak: provision test-deps
-	DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release -- --ignored
-	DFLASH_CAMPAIGN=soak $(CARGO) test --release -p dflashd --test daemon -- campaign_
+	DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release -- --ignored --skip campaign_
+	DFLASH_CAMPAIGN=soak $(CARGO) test --release -p dflashd --test daemon -- --include-ignored campaign_
 
 lint: provision
 	cargo fmt --all -- --check

@@ -139,6 +139,14 @@ pub struct BenchArgs {
     /// Objectives case: `training.tree.loss` of the tree contenders (margin or expected).
     #[arg(long, default_value = "margin")]
     pub objectives_tree_loss: String,
+    /// Objectives case: the DDTree budgets every drafter is decoded and scored (oracle) at.
+    #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32, 64])]
+    pub objectives_tree_budgets: Vec<usize>,
+    /// Objectives case: the figure objectives are ranked and judged by: `chain` (online chain
+    /// τ) or `ddtree_<B>` (online DDTree τ at budget B, one of --objectives-tree-budgets; the
+    /// default is the serving budget, `training.serve_tree_budget`'s default).
+    #[arg(long, default_value = "ddtree_32")]
+    pub rank_by: String,
     /// Objectives case: the `dflashd` that trains and evaluates (default: the one beside this
     /// binary).
     #[arg(long)]
@@ -411,8 +419,8 @@ fn objectives_contenders(names: &[String]) -> Result<Vec<dflash_bench::objective
         .collect())
 }
 
-/// The objectives case's settings: online evaluation as the embedded default's (at most 64 new
-/// tokens, DDTree budgets 8 and 32), on every held-out prompt.
+/// The objectives case's settings: online evaluation at most 64 new tokens (the embedded
+/// default's), at every `--objectives-tree-budgets` budget, on every held-out prompt.
 fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::ObjectivesOptions> {
     let dflashd = match &args.dflashd {
         Some(path) => path.clone(),
@@ -429,6 +437,19 @@ fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::Obje
     if args.objectives_epochs == 0 || args.objectives_steps == 0 {
         bail!("--objectives-epochs and --objectives-steps must be at least 1");
     }
+    let rank_by = dflash_bench::objectives::RankBy::parse(&args.rank_by)
+        .map_err(|e| anyhow::anyhow!("--rank-by: {e}"))?;
+    if args.objectives_tree_budgets.contains(&0) {
+        bail!("--objectives-tree-budgets: every budget is a positive node count");
+    }
+    if let dflash_bench::objectives::RankBy::Ddtree(b) = rank_by {
+        if !args.objectives_tree_budgets.contains(&b) {
+            bail!(
+                "--rank-by ddtree_{b}: budget {b} is not decoded; add it to --objectives-tree-budgets ({:?})",
+                args.objectives_tree_budgets
+            );
+        }
+    }
     Ok(dflash_bench::objectives::ObjectivesOptions {
         dflashd,
         seeds: args.objectives_seeds.clone(),
@@ -440,7 +461,7 @@ fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::Obje
             .map_err(anyhow::Error::msg)?,
         epochs: args.objectives_epochs,
         max_steps: args.objectives_steps,
-        tree_budgets: vec![8, 32],
+        tree_budgets: args.objectives_tree_budgets.clone(),
         max_new_tokens: 64,
         timeout_s: args.timeout_s,
         contenders: objectives_contenders(&args.objectives_contenders)?,
@@ -449,6 +470,7 @@ fn objectives_options(args: &BenchArgs) -> Result<dflash_bench::objectives::Obje
             "expected" => dflash_shared::config::TreeLoss::Expected,
             other => bail!("--objectives-tree-loss: margin or expected, found {other:?}"),
         },
+        rank_by,
     })
 }
 

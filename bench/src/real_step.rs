@@ -23,7 +23,7 @@ use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
 use dflash_engine::plan::flops::{corrected_positions, drafter_step_flops, StepWork};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
-use dflash_engine::train::dpace::LossObjective;
+use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;

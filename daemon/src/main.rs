@@ -21,7 +21,7 @@ enum Command {
     /// Validate a run config, or print the effective one.
     Config(cli::config::ConfigArgs),
     /// Offline evaluation of a drafter: τ, per-position acceptance, recall@k, loss.
-    Eval(cli::eval::EvalArgs),
+    Eval(cli::eval_args::EvalArgs),
     /// Write a checkpoint's drafter in the Hugging Face layout.
     Export(cli::export::ExportArgs),
     /// Target hidden states at tap layers for a token sequence, written as safetensors.

@@ -2,7 +2,7 @@
 //! run, and the verdict.
 use std::fmt::Write;
 
-use super::summary::{LossCurve, Spread};
+use super::summary::{ContenderSummary, LossCurve, Spread};
 use super::ObjectivesResult;
 
 fn spread(s: Option<Spread>, digits: usize) -> String {
@@ -48,27 +48,53 @@ fn loss_by_epoch(r: &ObjectivesResult) -> String {
     md
 }
 
-pub fn render(r: &ObjectivesResult) -> String {
-    let mut md = String::new();
+/// One row per objective, best first by the figure the tournament ranks by (an objective
+/// without it last, in the tournament's order).
+fn summary_table(r: &ObjectivesResult) -> String {
     let o = &r.options;
     let budgets = &o.tree_budgets;
-    let _ = writeln!(
-        md,
-        "### Objective tournament ({} data; {}; seeds {:?}; {} epoch(s), at most {} steps per run)\n",
-        r.data, r.dflashd_version, o.seeds, o.epochs, o.max_steps
+    let oracle_budgets: Vec<usize> = r
+        .summaries
+        .iter()
+        .flat_map(|s| s.offline_tree_oracle.keys().copied())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let recall_ks = [1usize, 2, 4];
+    let mut head = format!(
+        "| rank ({}) | objective | seeds | held-out offline τ | online chain τ |",
+        String::from(o.rank_by)
     );
-    let mut head = String::from("| objective | seeds | held-out offline τ | online chain τ |");
     for b in budgets {
         let _ = write!(head, " online ddtree_{b} τ |");
     }
+    for b in &oracle_budgets {
+        let _ = write!(head, " oracle τ@{b} |");
+    }
+    let _ = write!(
+        head,
+        " top-{} recall |",
+        recall_ks.map(|k| k.to_string()).join(" / ")
+    );
     head.push_str(
         " loss first / median / last | step ms (median) | peak RSS MiB | Domino base τ offline / online chain |",
     );
-    let _ = writeln!(md, "{head}");
-    let _ = writeln!(md, "|{}", "---|".repeat(8 + budgets.len()));
-    for s in &r.summaries {
+    let mut md = format!(
+        "{head}\n|{}\n",
+        "---|".repeat(10 + budgets.len() + oracle_budgets.len())
+    );
+    let mut order: Vec<_> = r.summaries.iter().collect();
+    let key = |s: &&ContenderSummary| s.ranked(o.rank_by).map(|x| x.median);
+    order.sort_by(|a, b| match (key(a), key(b)) {
+        (Some(x), Some(y)) => y.total_cmp(&x),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    for (rank, s) in order.into_iter().enumerate() {
         let mut row = format!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
+            rank + 1,
             s.contender.label(),
             s.seeds.len(),
             spread(s.offline_tau, 3),
@@ -77,9 +103,21 @@ pub fn render(r: &ObjectivesResult) -> String {
         for b in budgets {
             let _ = write!(row, " {} |", spread(s.online_ddtree_tau.get(b).copied(), 3));
         }
+        for b in &oracle_budgets {
+            let _ = write!(
+                row,
+                " {} |",
+                spread(s.offline_tree_oracle.get(b).copied(), 3)
+            );
+        }
+        let recalls: Vec<String> = recall_ks
+            .iter()
+            .map(|k| opt(s.offline_topk_recall.get(k).map(|x| x.median), 3))
+            .collect();
         let _ = write!(
             row,
-            " {} / {} / {} | {} | {} | {} / {} |",
+            " {} | {} / {} / {} | {} | {} | {} / {} |",
+            recalls.join(" / "),
             spread(s.loss_first, 3),
             spread(s.loss_median, 3),
             spread(s.loss_last, 3),
@@ -90,27 +128,14 @@ pub fn render(r: &ObjectivesResult) -> String {
         );
         let _ = writeln!(md, "{row}");
     }
-    let _ = writeln!(md, "\n**Verdict:** {}.\n", r.verdict.sentence());
-    if let Some(g) = &r.regeneration {
-        let _ = writeln!(
-            md,
-            "Regenerated data: `{}` ({:.0} s): {} of {} conversations changed; {} rows loaded; \
-             supervised tokens {} → {}.\n",
-            g.command,
-            g.wall_s,
-            g.rows_changed,
-            g.conversations,
-            g.rows,
-            g.supervised_tokens_original,
-            g.supervised_tokens_regenerated
-        );
-    }
-    md.push_str(&loss_by_epoch(r));
-    let _ = writeln!(
-        md,
-        "| objective | seed | steps | offline τ (trainer's last, at step) | online chain τ | lossless | loss first / median / last | step ms | peak RSS MiB | wall s | error |"
+    md
+}
+
+/// One row per training run.
+fn runs_table(r: &ObjectivesResult) -> String {
+    let mut md = String::from(
+        "| objective | seed | steps | offline τ (trainer's last, at step) | online chain τ | lossless | loss first / median / last | step ms | peak RSS MiB | wall s | error |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
     for run in &r.runs {
         let curve = LossCurve::of(&run.loss).map_or("–".into(), |l| {
             format!("{:.3} / {:.3} / {:.3}", l.first, l.median, l.last)
@@ -133,6 +158,44 @@ pub fn render(r: &ObjectivesResult) -> String {
             run.error.as_deref().unwrap_or("")
         );
     }
+    md
+}
+
+pub fn render(r: &ObjectivesResult) -> String {
+    let o = &r.options;
+    let mut md = format!(
+        "### Objective tournament ({} data; {}; seeds {:?}; {} epoch(s), at most {} steps per run; ranked by {})\n\n",
+        r.data,
+        r.dflashd_version,
+        o.seeds,
+        o.epochs,
+        o.max_steps,
+        o.rank_by.figure()
+    );
+    md.push_str(&summary_table(r));
+    let _ = writeln!(md, "\n**Verdict:** {}.\n", r.verdict.sentence());
+    for gain in &r.tree_gains {
+        let _ = writeln!(md, "- {gain}.");
+    }
+    if !r.tree_gains.is_empty() {
+        md.push('\n');
+    }
+    if let Some(g) = &r.regeneration {
+        let _ = writeln!(
+            md,
+            "Regenerated data: `{}` ({:.0} s): {} of {} conversations changed; {} rows loaded; \
+             supervised tokens {} → {}.\n",
+            g.command,
+            g.wall_s,
+            g.rows_changed,
+            g.conversations,
+            g.rows,
+            g.supervised_tokens_original,
+            g.supervised_tokens_regenerated
+        );
+    }
+    md.push_str(&loss_by_epoch(r));
+    md.push_str(&runs_table(r));
     md.push('\n');
     md
 }

@@ -30,7 +30,8 @@ use dflash_engine::train::embedded::tiny_heldout_prompts;
 use dflash_shared::config::TreeLoss;
 use run_config::{run_config_toml, RunRecipe};
 pub use summary::Contender;
-use summary::{summarise, verdict, ContenderSummary, RunFigures, Verdict};
+pub use summary::RankBy;
+use summary::{summarise, tree_objective_gains, verdict, ContenderSummary, RunFigures, Verdict};
 
 /// The embedded target's vocabulary (`TargetConfig::tiny_default()`).
 const TINY_VOCAB: i64 = 512;
@@ -59,6 +60,9 @@ pub struct ObjectivesOptions {
     /// `training.tree.loss` of the tree contenders.
     #[serde(default)]
     pub tree_loss: TreeLoss,
+    /// The figure objectives are ranked and judged by.
+    #[serde(default)]
+    pub rank_by: RankBy,
 }
 
 fn published_contenders() -> Vec<Contender> {
@@ -84,6 +88,9 @@ pub struct ObjectivesResult {
     pub runs: Vec<RunFigures>,
     pub summaries: Vec<ContenderSummary>,
     pub verdict: Verdict,
+    /// The tree objective against the same head on DFlash's loss, one sentence per pair.
+    #[serde(default)]
+    pub tree_gains: Vec<String>,
 }
 
 fn process_error(program: &str, detail: impl Into<String>) -> BenchError {
@@ -303,12 +310,17 @@ fn train_and_score(
         .arg("--drafter")
         .arg(&paths.export);
     eval.arg("--data").arg(held_out);
+    let budgets: Vec<String> = opts.tree_budgets.iter().map(usize::to_string).collect();
+    if !budgets.is_empty() {
+        eval.args(["--tree-budget", &budgets.join(",")]);
+    }
+    if let RankBy::Ddtree(serve) = opts.rank_by {
+        eval.args(["--serve-tree-budget", &serve.to_string()]);
+    }
     let offline: Value = run_json(eval, timeout)?;
     save_json(&paths.dir.join("eval.json"), &offline)?;
-    figures.offline_tau = offline["tau"].as_f64();
-    figures.offline_base_tau = offline["base_tau"].as_f64();
+    read_offline(&offline, figures);
 
-    let budgets: Vec<String> = opts.tree_budgets.iter().map(usize::to_string).collect();
     let mut online = dflashd(opts, &["eval", "--online", "--json", "--threads", "1"]);
     online
         .arg("--target")
@@ -324,6 +336,37 @@ fn train_and_score(
     read_online(&decoded, figures);
     // The per-prompt outputs are kept beside the run; results.json holds the figures only.
     save_json(&paths.dir.join("online.json"), &decoded)
+}
+
+/// `dflashd eval --json`'s τ, base τ, DDTree oracle τ per budget and top-K recall per K (the
+/// mean over the slots it reports).
+fn read_offline(offline: &Value, figures: &mut RunFigures) {
+    figures.offline_tau = offline["tau"].as_f64();
+    figures.offline_base_tau = offline["base_tau"].as_f64();
+    let by_key = |v: &Value| -> Vec<(usize, Value)> {
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.parse().ok()?, v.clone())))
+            .collect()
+    };
+    for (budget, tau) in by_key(&offline["tau_tree_oracle"]) {
+        if let Some(tau) = tau.as_f64() {
+            figures.offline_tree_oracle.insert(budget, tau);
+        }
+    }
+    for (k, per_slot) in by_key(&offline["topk_recall"]) {
+        let slots: Vec<f64> = per_slot
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .collect();
+        if !slots.is_empty() {
+            let mean = slots.iter().sum::<f64>() / slots.len() as f64;
+            figures.offline_topk_recall.insert(k, mean);
+        }
+    }
 }
 
 fn read_online(decoded: &Value, figures: &mut RunFigures) {
@@ -397,7 +440,8 @@ pub fn run(
         }
         let runs = tournament(opts, &prepared, &root, &prompts, progress)?;
         let summaries = summarise(&runs);
-        let verdict = verdict(&summaries);
+        let verdict = verdict(&summaries, opts.rank_by);
+        let tree_gains = tree_objective_gains(&summaries, opts.rank_by);
         results.push(ObjectivesResult {
             options: opts.clone(),
             data: data.name().into(),
@@ -406,6 +450,7 @@ pub fn run(
             runs,
             summaries,
             verdict,
+            tree_gains,
         });
     }
     Ok(results)
@@ -452,4 +497,29 @@ fn tournament(
         }
     }
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_offline_eval_gives_the_oracle_per_budget_and_the_mean_recall_per_k() {
+        let eval = serde_json::json!({
+            "tau": 2.5,
+            "tau_tree_oracle": {"8": 2.9, "32": 3.4},
+            "topk_recall": {"1": [0.5, 0.3, null], "4": [0.9, 0.7, null]},
+        });
+        let mut figures = RunFigures::default();
+        read_offline(&eval, &mut figures);
+        assert_eq!(figures.offline_tau, Some(2.5));
+        assert_eq!(figures.offline_base_tau, None);
+        assert_eq!(
+            figures.offline_tree_oracle,
+            [(8, 2.9), (32, 3.4)].into_iter().collect()
+        );
+        assert_eq!(figures.offline_topk_recall.len(), 2);
+        assert!((figures.offline_topk_recall[&1] - 0.4).abs() < 1e-12);
+        assert!((figures.offline_topk_recall[&4] - 0.8).abs() < 1e-12);
+    }
 }

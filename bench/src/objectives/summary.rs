@@ -1,9 +1,12 @@
 //! The objective tournament's arithmetic, pure: each run's figures, the median and min–max
 //! spread of each figure across seeds per objective, and the verdict against DFlash.
 //!
-//! The verdict compares online chain τ, the served figure: an objective beats DFlash only when
-//! its median over seeds exceeds DFlash's by more than the wider of the two min–max spreads,
-//! so a gain inside seed-to-seed noise is never called a win.
+//! The verdict compares the figure the tournament ranks by ([`RankBy`]: online DDTree τ at the
+//! serving budget by default, since DDTree is what users serve with; or online chain τ): an
+//! objective beats DFlash only when its median over seeds exceeds DFlash's by more than the
+//! wider of the two min–max spreads, so a gain inside seed-to-seed noise is never called a win.
+//! The tree objective is also judged against the same head trained on DFlash's loss, with its
+//! chain τ beside.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -97,6 +100,11 @@ pub struct RunFigures {
     pub online_ddtree_tau: BTreeMap<usize, f64>,
     /// Whether every online method's output equalled the target alone's.
     pub online_lossless: Option<bool>,
+    /// The offline eval's DDTree oracle τ (`tau_tree_oracle`), by budget.
+    pub offline_tree_oracle: BTreeMap<usize, f64>,
+    /// The offline eval's top-K recall of the gold token (`topk_recall`), by K, averaged
+    /// over the block's slots.
+    pub offline_topk_recall: BTreeMap<usize, f64>,
     /// The training loss of every step, in order.
     pub loss: Vec<f64>,
     /// The mean training loss of each epoch (`epoch` of the metrics lines), in order: the
@@ -165,6 +173,10 @@ pub struct ContenderSummary {
     pub online_chain_tau: Option<Spread>,
     pub online_chain_base_tau: Option<Spread>,
     pub online_ddtree_tau: BTreeMap<usize, Spread>,
+    #[serde(default)]
+    pub offline_tree_oracle: BTreeMap<usize, Spread>,
+    #[serde(default)]
+    pub offline_topk_recall: BTreeMap<usize, Spread>,
     pub loss_first: Option<Spread>,
     pub loss_median: Option<Spread>,
     pub loss_last: Option<Spread>,
@@ -175,9 +187,88 @@ pub struct ContenderSummary {
     pub peak_rss_mib: Option<Spread>,
 }
 
+impl ContenderSummary {
+    /// The figure the tournament ranks by.
+    pub fn ranked(&self, by: RankBy) -> Option<Spread> {
+        match by {
+            RankBy::Chain => self.online_chain_tau,
+            RankBy::Ddtree(budget) => self.online_ddtree_tau.get(&budget).copied(),
+        }
+    }
+}
+
+/// What the tournament ranks and judges objectives by: `--rank-by chain|ddtree_B`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum RankBy {
+    /// Online chain τ.
+    Chain,
+    /// Online DDTree τ at this node budget (the serving budget, `training.serve_tree_budget`).
+    Ddtree(usize),
+}
+
+impl Default for RankBy {
+    /// Results written before ranking was a choice were judged on the chain.
+    fn default() -> Self {
+        RankBy::Chain
+    }
+}
+
+impl RankBy {
+    pub fn parse(text: &str) -> Result<RankBy, String> {
+        if text == "chain" {
+            return Ok(RankBy::Chain);
+        }
+        match text.strip_prefix("ddtree_").map(str::parse::<usize>) {
+            Some(Ok(b)) if b > 0 => Ok(RankBy::Ddtree(b)),
+            _ => Err(format!(
+                "expected chain or ddtree_<budget> (e.g. ddtree_32, the serving budget), found {text:?}"
+            )),
+        }
+    }
+
+    /// How the verdict names the figure.
+    pub fn figure(self) -> String {
+        match self {
+            RankBy::Chain => "online chain τ".into(),
+            RankBy::Ddtree(b) => format!("online DDTree τ at budget {b}"),
+        }
+    }
+}
+
+impl TryFrom<String> for RankBy {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        RankBy::parse(&text)
+    }
+}
+
+impl From<RankBy> for String {
+    fn from(by: RankBy) -> String {
+        match by {
+            RankBy::Chain => "chain".into(),
+            RankBy::Ddtree(b) => format!("ddtree_{b}"),
+        }
+    }
+}
+
 fn spread_of(runs: &[&RunFigures], figure: impl Fn(&RunFigures) -> Option<f64>) -> Option<Spread> {
     let values: Option<Vec<f64>> = runs.iter().map(|r| figure(r)).collect();
     Spread::of(&values?)
+}
+
+/// Per key of the first run's `map`, the spread over the runs (keys some run lacks are left
+/// out).
+fn spreads_by_key(
+    runs: &[&RunFigures],
+    map: impl Fn(&RunFigures) -> &BTreeMap<usize, f64>,
+) -> BTreeMap<usize, Spread> {
+    let keys: Vec<usize> = runs
+        .first()
+        .map_or_else(Vec::new, |r| map(r).keys().copied().collect());
+    keys.into_iter()
+        .filter_map(|k| spread_of(runs, |r| map(r).get(&k).copied()).map(|s| (k, s)))
+        .collect()
 }
 
 /// Per objective, in [`Contender::ALL`]'s order, over the runs without an error. A figure
@@ -194,13 +285,6 @@ pub fn summarise(runs: &[RunFigures]) -> Vec<ContenderSummary> {
             if mine.is_empty() {
                 return None;
             }
-            let budgets: Vec<usize> = mine[0].online_ddtree_tau.keys().copied().collect();
-            let online_ddtree_tau = budgets
-                .into_iter()
-                .filter_map(|b| {
-                    spread_of(&mine, |r| r.online_ddtree_tau.get(&b).copied()).map(|s| (b, s))
-                })
-                .collect();
             let curve = |f: fn(&LossCurve) -> f64| {
                 spread_of(&mine, move |r| LossCurve::of(&r.loss).map(|l| f(&l)))
             };
@@ -211,7 +295,9 @@ pub fn summarise(runs: &[RunFigures]) -> Vec<ContenderSummary> {
                 offline_base_tau: spread_of(&mine, |r| r.offline_base_tau),
                 online_chain_tau: spread_of(&mine, |r| r.online_chain_tau),
                 online_chain_base_tau: spread_of(&mine, |r| r.online_chain_base_tau),
-                online_ddtree_tau,
+                online_ddtree_tau: spreads_by_key(&mine, |r| &r.online_ddtree_tau),
+                offline_tree_oracle: spreads_by_key(&mine, |r| &r.offline_tree_oracle),
+                offline_topk_recall: spreads_by_key(&mine, |r| &r.offline_topk_recall),
                 loss_first: curve(|l| l.first),
                 loss_median: curve(|l| l.median),
                 loss_last: curve(|l| l.last),
@@ -229,7 +315,7 @@ pub fn summarise(runs: &[RunFigures]) -> Vec<ContenderSummary> {
         .collect()
 }
 
-/// The tournament's conclusion on online chain τ.
+/// The tournament's conclusion on the figure it ranks by.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Verdict {
@@ -241,7 +327,7 @@ pub enum Verdict {
     NoneBeats {
         sentence: String,
     },
-    /// Too few seeds, or DFlash's or a contender's online chain τ is missing.
+    /// Too few seeds, or DFlash's or a contender's figure is missing.
     Undecided {
         sentence: String,
     },
@@ -257,12 +343,41 @@ impl Verdict {
     }
 }
 
-/// Judges every objective's online chain τ against DFlash's (see the module docs).
-pub fn verdict(summaries: &[ContenderSummary]) -> Verdict {
+/// `ours` against `base`: the median gain and the wider spread it must exceed.
+struct Gain {
+    ours: f64,
+    base: f64,
+    gain: f64,
+    spread: f64,
+}
+
+impl Gain {
+    fn of(ours: Spread, base: Spread) -> Gain {
+        Gain {
+            ours: ours.median,
+            base: base.median,
+            gain: ours.median - base.median,
+            spread: ours.width().max(base.width()),
+        }
+    }
+
+    fn beyond_spread(&self) -> bool {
+        self.gain > self.spread
+    }
+
+    /// `+4.1 %` of the base.
+    fn percent(&self) -> f64 {
+        100.0 * self.gain / self.base
+    }
+}
+
+/// Judges every objective's ranked figure against DFlash's (see the module docs).
+pub fn verdict(summaries: &[ContenderSummary], by: RankBy) -> Verdict {
     let find = |c: Contender| summaries.iter().find(|s| s.contender == c);
-    let Some(base) = find(Contender::Dflash).and_then(|s| s.online_chain_tau) else {
+    let figure = by.figure();
+    let Some(base) = find(Contender::Dflash).and_then(|s| s.ranked(by)) else {
         return Verdict::Undecided {
-            sentence: "undecided: DFlash's online chain τ was not measured".into(),
+            sentence: format!("undecided: DFlash's {figure} was not measured"),
         };
     };
     let mut lines = Vec::new();
@@ -273,9 +388,9 @@ pub fn verdict(summaries: &[ContenderSummary]) -> Verdict {
             || (c != Contender::Dflash && find(c).is_some())
     });
     for c in judged {
-        let Some(other) = find(c).and_then(|s| s.online_chain_tau) else {
+        let Some(other) = find(c).and_then(|s| s.ranked(by)) else {
             return Verdict::Undecided {
-                sentence: format!("undecided: {}'s online chain τ was not measured", c.label()),
+                sentence: format!("undecided: {}'s {figure} was not measured", c.label()),
             };
         };
         let seeds = base.n.min(other.n);
@@ -286,30 +401,33 @@ pub fn verdict(summaries: &[ContenderSummary]) -> Verdict {
                 ),
             };
         }
-        let gain = other.median - base.median;
-        let spread = base.width().max(other.width());
-        if gain > spread {
+        let g = Gain::of(other, base);
+        if g.beyond_spread() {
             winners.push(c);
             lines.push(format!(
-                "{} beats DFlash's online chain τ by more than the seed spread \
-                 ({:.3} vs {:.3}: +{gain:.3} > spread {spread:.3})",
+                "{} beats DFlash's {figure} by more than the seed spread \
+                 ({:.3} vs {:.3}: +{:.3} > spread {:.3})",
                 c.label(),
-                other.median,
-                base.median
+                g.ours,
+                g.base,
+                g.gain,
+                g.spread
             ));
         } else {
             lines.push(format!(
-                "{} {:.3} vs DFlash {:.3}: {gain:+.3}, within the seed spread {spread:.3}",
+                "{} {:.3} vs DFlash {:.3}: {:+.3}, within the seed spread {:.3}",
                 c.label(),
-                other.median,
-                base.median
+                g.ours,
+                g.base,
+                g.gain,
+                g.spread
             ));
         }
     }
     if winners.is_empty() {
         Verdict::NoneBeats {
             sentence: format!(
-                "no objective beats DFlash's online chain τ by more than the seed spread ({})",
+                "no objective beats DFlash's {figure} by more than the seed spread ({})",
                 lines.join("; ")
             ),
         }
@@ -319,6 +437,56 @@ pub fn verdict(summaries: &[ContenderSummary]) -> Verdict {
             sentence: lines.join("; "),
         }
     }
+}
+
+/// The tree objective against the same head trained on DFlash's loss (Tree against DFlash,
+/// Domino + Tree against Domino): the ranked figure's gain in percent and whether it is beyond
+/// the seed spread, and the chain τ's change beside it. One sentence per pair that ran.
+pub fn tree_objective_gains(summaries: &[ContenderSummary], by: RankBy) -> Vec<String> {
+    let find = |c: Contender| summaries.iter().find(|s| s.contender == c);
+    [
+        (Contender::Tree, Contender::Dflash),
+        (Contender::DominoTree, Contender::Domino),
+    ]
+    .into_iter()
+    .filter_map(|(tree, base)| {
+        let (t, b) = (find(tree)?, find(base)?);
+        let ranked = Gain::of(t.ranked(by)?, b.ranked(by)?);
+        let chain = match (t.online_chain_tau, b.online_chain_tau) {
+            (Some(tc), Some(bc)) => {
+                let c = Gain::of(tc, bc);
+                let worse = -c.gain > c.spread;
+                format!(
+                    "chain τ {:.3} vs {:.3} ({:+.1} %, {})",
+                    c.ours,
+                    c.base,
+                    c.percent(),
+                    if worse {
+                        "worse beyond the spread"
+                    } else {
+                        "no worse beyond the spread"
+                    }
+                )
+            }
+            _ => "chain τ not measured".into(),
+        };
+        Some(format!(
+            "{} vs {}: {} {:.3} vs {:.3} ({:+.1} %, {} the seed spread {:.3}); {chain}",
+            tree.label(),
+            base.label(),
+            by.figure(),
+            ranked.ours,
+            ranked.base,
+            ranked.percent(),
+            if ranked.beyond_spread() {
+                "beyond"
+            } else {
+                "within"
+            },
+            ranked.spread
+        ))
+    })
+    .collect()
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ fn a_figure_missing_from_one_seed_is_missing_for_the_objective() {
     runs[1].online_chain_tau = None;
     assert_eq!(summarise(&runs)[0].online_chain_tau, None);
     assert!(matches!(
-        verdict(&summarise(&runs)),
+        verdict(&summarise(&runs), RankBy::Chain),
         Verdict::Undecided { .. }
     ));
 }
@@ -93,7 +93,7 @@ fn a_tree_contender_that_ran_is_judged_beside_the_published_ones() {
             .enumerate()
             .map(|(seed, &t)| run(Contender::DominoTree, seed as u64, t)),
     );
-    let v = verdict(&summarise(&runs));
+    let v = verdict(&summarise(&runs), RankBy::Chain);
     let Verdict::Beats { winners, sentence } = &v else {
         panic!("{v:?}");
     };
@@ -116,7 +116,7 @@ fn a_gain_beyond_the_wider_spread_beats_dflash() {
         (Contender::Dpace, [2.5, 2.7, 2.6]),
         (Contender::Domino, [2.0, 2.3, 2.15]),
     ]);
-    let v = verdict(&summarise(&runs));
+    let v = verdict(&summarise(&runs), RankBy::Chain);
     let Verdict::Beats { winners, sentence } = &v else {
         panic!("{v:?}");
     };
@@ -136,7 +136,7 @@ fn a_gain_inside_the_spread_is_no_win() {
         (Contender::Dpace, [2.05, 2.65, 2.35]),
         (Contender::Domino, [1.0, 1.1, 1.2]),
     ]);
-    let v = verdict(&summarise(&runs));
+    let v = verdict(&summarise(&runs), RankBy::Chain);
     assert!(matches!(v, Verdict::NoneBeats { .. }), "{v:?}");
     assert!(v
         .sentence()
@@ -156,14 +156,14 @@ fn fewer_than_three_seeds_or_no_baseline_leaves_it_undecided() {
     .into_iter()
     .filter(|r| r.seed < 2)
     .collect();
-    let v = verdict(&summarise(&runs));
+    let v = verdict(&summarise(&runs), RankBy::Chain);
     assert_eq!(v.sentence(), "undecided: 2 seed(s); the verdict needs 3");
     let no_base: Vec<RunFigures> = runs
         .into_iter()
         .filter(|r| r.contender != Some(Contender::Dflash))
         .collect();
     assert_eq!(
-        verdict(&summarise(&no_base)).sentence(),
+        verdict(&summarise(&no_base), RankBy::Chain).sentence(),
         "undecided: DFlash's online chain τ was not measured"
     );
 }
@@ -188,4 +188,94 @@ fn the_loss_curve_by_epoch_spans_the_epochs_every_run_reached() {
         (6.0, 5.0, 7.0)
     );
     assert_eq!(s[1].loss_by_epoch.len(), 3);
+}
+
+#[test]
+fn rank_by_parses_chain_and_a_budget_and_round_trips_through_json() {
+    assert_eq!(RankBy::parse("chain"), Ok(RankBy::Chain));
+    assert_eq!(RankBy::parse("ddtree_32"), Ok(RankBy::Ddtree(32)));
+    for bad in ["ddtree_0", "ddtree_", "tree_32", "DDTree_32", ""] {
+        let e = RankBy::parse(bad).unwrap_err();
+        assert!(e.contains("chain or ddtree_<budget>"), "{bad:?}: {e}");
+    }
+    let json = serde_json::to_string(&RankBy::Ddtree(16)).unwrap();
+    assert_eq!(json, "\"ddtree_16\"");
+    assert_eq!(
+        serde_json::from_str::<RankBy>(&json).unwrap(),
+        RankBy::Ddtree(16)
+    );
+    assert_eq!(
+        RankBy::default(),
+        RankBy::Chain,
+        "older results were judged on the chain"
+    );
+}
+
+/// `run`, with DDTree τ at budget 32 set apart from the chain.
+fn tree_run(c: Contender, seed: u64, chain: f64, ddtree_32: f64) -> RunFigures {
+    let mut r = run(c, seed, chain);
+    r.online_ddtree_tau.insert(32, ddtree_32);
+    r
+}
+
+#[test]
+fn ranked_by_the_serving_budget_the_verdict_judges_ddtree_tau_not_the_chain() {
+    // Domino + Tree loses on the chain but wins at budget 32 beyond the spread.
+    let mut runs = Vec::new();
+    for (seed, (d, t)) in [(3.0, 3.3), (3.1, 3.4), (3.2, 3.5)].into_iter().enumerate() {
+        let seed = seed as u64;
+        runs.push(tree_run(Contender::Dflash, seed, 2.0 + d / 10.0, d));
+        runs.push(tree_run(Contender::Dpace, seed, 2.0, d));
+        runs.push(tree_run(Contender::Domino, seed, 2.5, d));
+        runs.push(tree_run(Contender::DominoTree, seed, 2.1, t + 0.3));
+    }
+    let summaries = summarise(&runs);
+    let by = RankBy::Ddtree(32);
+    let v = verdict(&summaries, by);
+    let Verdict::Beats { winners, sentence } = &v else {
+        panic!("{v:?}");
+    };
+    assert_eq!(winners, &[Contender::DominoTree]);
+    assert!(
+        sentence.contains("Domino + Tree beats DFlash's online DDTree τ at budget 32 by more than the seed spread (3.700 vs 3.100: +0.600 > spread 0.200)"),
+        "{sentence}"
+    );
+    let chain = verdict(&summaries, RankBy::Chain);
+    assert!(
+        !matches!(&chain, Verdict::Beats { winners, .. } if winners.contains(&Contender::DominoTree)),
+        "{chain:?}"
+    );
+    let gains = tree_objective_gains(&summaries, by);
+    assert_eq!(
+        gains.len(),
+        1,
+        "only Domino + Tree ran of the tree pairs: {gains:?}"
+    );
+    assert_eq!(
+        gains[0],
+        "Domino + Tree vs Domino: online DDTree τ at budget 32 3.700 vs 3.100 (+19.4 %, beyond \
+         the seed spread 0.200); chain τ 2.100 vs 2.500 (-16.0 %, worse beyond the spread)"
+    );
+    let missing = verdict(&summaries, RankBy::Ddtree(64));
+    assert_eq!(
+        missing.sentence(),
+        "undecided: DFlash's online DDTree τ at budget 64 was not measured"
+    );
+}
+
+#[test]
+fn offline_tree_figures_are_summarised_per_budget_and_k() {
+    let runs: Vec<RunFigures> = [(0u64, 2.0, 0.5), (1, 2.4, 0.7), (2, 2.2, 0.6)]
+        .into_iter()
+        .map(|(seed, oracle, recall)| {
+            let mut r = run(Contender::Dflash, seed, 2.0);
+            r.offline_tree_oracle.insert(32, oracle);
+            r.offline_topk_recall.insert(1, recall);
+            r
+        })
+        .collect();
+    let s = &summarise(&runs)[0];
+    let oracle = s.offline_tree_oracle[&32];
+    assert_eq!((oracle.median, oracle.min, oracle.max), (2.2, 2.0, 2.4));
+    assert_eq!(s.offline_topk_recall[&1].median, 0.6);
 }

@@ -7,131 +7,22 @@
 //! With `--online --prompts FILE` it decodes instead (`eval_online.rs`); this file chooses
 //! between the two and loads what both need.
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
 use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, Sample};
 use dflash_engine::device::compute_kind;
-use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::drafter_io::{load_hf, LoadedDrafter};
-use dflash_engine::train::eval::{evaluate, EvalOptions, EvalReport};
-use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
+use dflash_engine::train::eval::{evaluate, EvalReport};
 use tch::Kind;
 
-use super::eval_online::{self, OnlineArgs};
+use super::eval_args::{eval_options, EvalArgs, FormatArg};
+use super::eval_online;
 use super::parse_device;
 
 /// `--max-len` when not given (offline only).
 const DEFAULT_MAX_LEN: usize = 4096;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum FormatArg {
-    Auto,
-    Pretokenized,
-    Chat,
-}
-
-/// `--attention`: `block-sparse` or `dense-mask`.
-fn attention_backend(name: &str) -> Result<AttentionBackend, String> {
-    match name {
-        "block-sparse" => Ok(AttentionBackend::BlockSparse),
-        "dense-mask" => Ok(AttentionBackend::DenseMask),
-        other => Err(format!(
-            "expected block-sparse or dense-mask, found {other:?}"
-        )),
-    }
-}
-
-/// `--serve-tree-budget`: a positive node count.
-fn serve_tree_budget(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(b) if b > 0 => Ok(b),
-        _ => Err(format!(
-            "expected the DDTree node budget the drafter is served with, a positive integer \
-             (default {}), found {text:?}",
-            dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET
-        )),
-    }
-}
-
-/// `--dpace-alpha`: a number in [0, 1].
-fn dpace_alpha(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(a) if a.is_finite() && (0.0..=1.0).contains(&a) => Ok(a),
-        _ => Err(format!(
-            "expected a number in [0, 1] (D-PACE smooths the drafter's confidence as \
-             (1−α)·q + α; SpecForge uses 0.5), found {text:?}"
-        )),
-    }
-}
-
-#[derive(Args, Debug)]
-pub struct EvalArgs {
-    /// Target model directory (HF layout).
-    #[arg(long)]
-    pub target: PathBuf,
-    /// Drafter directory in the published DFlash layout (`config.json` + safetensors).
-    #[arg(long)]
-    pub drafter: PathBuf,
-    /// JSONL data for the offline evaluation: pre-tokenized (`input_ids` + `loss_mask`) or chat
-    /// (`conversations`, rendered with the target's `tokenizer.json` and chat template).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Decode prompts with the drafter against the target (speculative decoding) and report the
-    /// served acceptance; needs `--prompts`.
-    #[arg(long)]
-    pub online: bool,
-    /// JSONL prompts for `--online`: `{"input_ids": [...]}` or a chat row (`conversations`; the
-    /// prompt is the row without its closing assistant answer, with the generation prompt).
-    #[arg(long)]
-    pub prompts: Option<PathBuf>,
-    #[command(flatten)]
-    pub decoding: OnlineArgs,
-    /// Data format (offline); `auto` looks at the first non-blank line.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub format: FormatArg,
-    /// Chat template file for chat data (default: the target directory's template).
-    #[arg(long)]
-    pub chat_template: Option<PathBuf>,
-    /// Print exactly one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// `cpu` or `cuda:N`.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// Compute dtype `f32` or `bf16` (default: bf16 on CUDA, f32 on CPU).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Evaluate only the first N samples (offline).
-    #[arg(long)]
-    pub max_samples: Option<usize>,
-    /// Truncate samples to this many tokens (offline; default 4096).
-    #[arg(long)]
-    pub max_len: Option<usize>,
-    /// Loss decay γ (default: the paper value for the drafter's block size).
-    #[arg(long)]
-    pub gamma: Option<f64>,
-    /// D-PACE's smoothing α for `loss_dpace`, in [0, 1] (SpecForge's default 0.5).
-    #[arg(long, default_value_t = dflash_shared::config::DEFAULT_DPACE_ALPHA, value_parser = dpace_alpha)]
-    pub dpace_alpha: f64,
-    /// The DDTree budget the drafter is served with: the headline tree figure, `tau_tree_serve`
-    /// (offline; scored besides `--tree-budget`'s).
-    #[arg(long, default_value_t = dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET, value_parser = serve_tree_budget)]
-    pub serve_tree_budget: usize,
-    /// Anchors per sequence in one forward pass (bounds memory).
-    #[arg(long, default_value_t = 256)]
-    pub anchors_per_forward: usize,
-    /// Sequences per forward pass.
-    #[arg(long, default_value_t = 4)]
-    pub rows_per_forward: usize,
-    #[arg(long, default_value = "block-sparse", value_parser = attention_backend)]
-    pub attention: AttentionBackend,
-    /// CPU threads for libtorch (default: libtorch's choice).
-    #[arg(long)]
-    pub threads: Option<i32>,
-}
 
 /// Which evaluation the arguments ask for, with its input file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,29 +96,6 @@ fn load_models(args: &EvalArgs) -> Result<(TargetModel, LoadedDrafter)> {
     let target = TargetModel::load(&args.target, device, Some(kind))?;
     let drafter = load_hf(&args.drafter, device, kind)?;
     Ok((target, drafter))
-}
-
-/// The offline options, shared by `--data` and the offline τ of `--online`'s continuations.
-pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
-    EvalOptions {
-        anchors_per_forward: args.anchors_per_forward,
-        rows_per_forward: args.rows_per_forward,
-        gamma: args.gamma.unwrap_or_else(|| default_gamma(block_size)),
-        rule: LabelMaskRule::Independent,
-        chunk_positions: 2048,
-        backend: args.attention,
-        dpace_alpha: args.dpace_alpha,
-        tree_budgets: oracle_budgets(args),
-        serve_tree_budget: Some(args.serve_tree_budget),
-    }
-}
-
-/// The DDTree oracle's budgets: `--tree-budget`'s, else the configs' default.
-fn oracle_budgets(args: &EvalArgs) -> Vec<usize> {
-    match args.decoding.tree_budget.as_slice() {
-        [] => dflash_shared::config::DEFAULT_TREE_BUDGETS.to_vec(),
-        given => given.to_vec(),
-    }
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -360,6 +228,7 @@ fn looks_like_chat(path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::eval_args::oracle_budgets;
     use clap::Parser;
 
     #[derive(Parser)]

@@ -8,7 +8,6 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use dflash_engine::data::{
     load_stop_tokens, read_prompt_rows, tokenize_prompts, ChatEncoder, ChatOptions, Prompt,
     PromptRow, StopTokens,
@@ -21,82 +20,10 @@ use dflash_engine::train::continuation_eval::{evaluate_greedy_continuations, Con
 use dflash_engine::train::drafter_io::LoadedDrafter;
 use serde_json::{json, Value};
 
-use super::eval::{eval_options, EvalArgs};
+use super::eval_args::{eval_options, EvalArgs, OnlineArgs};
 
 /// `--max-new-tokens` when not given.
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
-
-/// The decoding flags; each applies to `--online` only (`eval.rs` refuses them without it),
-/// but `--tree-budget`, which offline sets the DDTree oracle's budgets.
-#[derive(Args, Debug, Default)]
-pub struct OnlineArgs {
-    /// New tokens per prompt at most (online; default 256). Generation also stops after a stop
-    /// token of the target (`eos_token_id` of its `generation_config.json`, else `config.json`).
-    #[arg(long)]
-    pub max_new_tokens: Option<usize>,
-    /// Sampling temperature (online); 0 or absent is greedy, where the output must equal the
-    /// target's own greedy output token for token.
-    #[arg(long)]
-    pub temperature: Option<f64>,
-    /// Sample from the K most likely tokens only (online, with --temperature > 0).
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Sample from the smallest set of tokens whose mass reaches P (online, with --temperature).
-    #[arg(long)]
-    pub top_p: Option<f64>,
-    /// Seed of the draws (online); prompt i uses seed + i. Default 0.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Decode only the first N prompts of the file (online; every line is still checked).
-    #[arg(long)]
-    pub max_prompts: Option<usize>,
-    /// DDTree node budgets, e.g. `16,32,64`. Online (greedy): besides the chain, one
-    /// `ddtree_<budget>` method per budget. Offline: the budgets of the DDTree oracle τ
-    /// (default 8,16,32,64).
-    #[arg(long, value_delimiter = ',')]
-    pub tree_budget: Vec<usize>,
-}
-
-impl OnlineArgs {
-    /// The flags given, by name (for the error when they come without `--online`).
-    pub fn given_flags(&self) -> Vec<&'static str> {
-        [
-            (self.max_new_tokens.is_some(), "--max-new-tokens"),
-            (self.temperature.is_some(), "--temperature"),
-            (self.top_k.is_some(), "--top-k"),
-            (self.top_p.is_some(), "--top-p"),
-            (self.seed.is_some(), "--seed"),
-            (self.max_prompts.is_some(), "--max-prompts"),
-        ]
-        .iter()
-        .filter_map(|&(given, flag)| given.then_some(flag))
-        .collect()
-    }
-
-    /// Greedy for no or a zero temperature; top-k / top-p need sampling.
-    fn sampling(&self) -> Result<Sampling> {
-        let sampling = match self.temperature {
-            None | Some(0.0) => {
-                if self.top_k.is_some() || self.top_p.is_some() {
-                    bail!(
-                        "--top-k and --top-p shape sampling; greedy decoding ignores them, so \
-                         give --temperature > 0 with them (or drop them)"
-                    );
-                }
-                Sampling::Greedy
-            }
-            Some(temperature) => Sampling::Sample {
-                temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-            },
-        };
-        sampling
-            .validate()
-            .map_err(|e| anyhow::anyhow!("{e} (--temperature / --top-k / --top-p)"))?;
-        Ok(sampling)
-    }
-}
 
 /// The methods `--online` runs: the chain, then DDTree at each `--tree-budget` (greedy only;
 /// each budget once, in the order given).

@@ -4,6 +4,7 @@ pub mod config;
 mod config_setup;
 pub mod doctor;
 pub mod eval;
+pub mod eval_args;
 pub mod eval_online;
 pub mod export;
 pub mod features;

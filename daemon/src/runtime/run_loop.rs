@@ -563,7 +563,6 @@ impl DaemonHooks {
         );
         self.journal_failure(&failure);
         let error = failure.error;
-        self.handle.set_run_state(RunState::Paused);
         self.handle.record_event_logged(
             Severity::Crit,
             EventKind::RunPaused {
@@ -572,6 +571,8 @@ impl DaemonHooks {
         );
         eprintln!("dflashd: {reason}");
         notify::status(&format!("paused: step {} failed", step + 1));
+        // The alert goes up before the state changes, so that a status that reads "paused"
+        // always carries why.
         self.health.set_run_alert(Some(Alert {
             detector: "run".into(),
             level: Severity::Crit,
@@ -580,6 +581,7 @@ impl DaemonHooks {
             preceded_by: Vec::new(),
             since_healthy: Vec::new(),
         }));
+        self.handle.set_run_state(RunState::Paused);
         let last_path = last.map(|c| c.path);
         let stopped = |how: &str| {
             format!("{how} while paused after a failed step; no new checkpoint (the trainer's state after a failure is not trusted)")

@@ -20,7 +20,7 @@ use dflash_engine::data::{
 use dflash_engine::device::{self, compute_kind};
 use dflash_engine::model::error::ModelError;
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::online_eval::OnlinePrompts;
+use dflash_engine::train::online_prompts::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_engine::train::warm_start::{DrafterSource, WarmStart};

@@ -2,8 +2,9 @@
 //! reading every frame) and 50 that subscribe and never read, on a training `dflashd`.
 //!
 //! - **No measurable cost.** The run's `tokens_per_s` (from `metrics.jsonl`) is measured in
-//!   phases of the same run, quiet (5 s) and crowded (10 s) in turn (A B A in `make test`,
-//!   A B A B A in `make soak`: [`crowd_phases`]), so a slow spell of the machine falls on both
+//!   phases of the same run, quiet (5 s) and crowded (10 s) in turn (A B A B A in `make soak`,
+//!   which alone runs this test: a throughput comparison needs a quiet machine, and
+//!   `make test` must pass on a busy one; [`crowd_phases`]), so a slow spell of the machine falls on both
 //!   kinds. "Measurably worse" means the median over the crowded phases' steps is below the
 //!   median over the quiet phases' steps by more than the noise band: the larger of the
 //!   spread between the quiet phases' medians (what the same configuration varies by on this
@@ -192,6 +193,7 @@ fn was_closed(c: &mut Client) -> bool {
 }
 
 #[test]
+#[ignore = "soak: it measures throughput, which needs a quiet machine; `make soak` runs it"]
 fn fifty_live_and_fifty_silent_clients_cost_no_measurable_throughput_or_unbounded_memory() {
     let _one = crate::support::campaign::one_at_a_time();
     let tmp = tempfile::tempdir().unwrap();

@@ -2,7 +2,8 @@
 //! campaign runs, its seeded random source, and the readers of what a run leaves behind.
 //!
 //! Three sizes, by `DFLASH_CAMPAIGN`: unset, the short campaign `make test` runs (2 kill
-//! rounds, 1,000 fuzzed frames, one crowded phase), each check at the least length that still
+//! rounds, 1,000 fuzzed frames; the crowd test, one crowded phase, runs only under `make soak`
+//! or by hand, as it needs a quiet machine), each check at the least length that still
 //! catches its defect; `soak`, what `make soak` runs (6 rounds, 10,000 frames, two crowded
 //! phases); `full`, the (20 rounds, 10,000 frames, two crowded phases):
 //! `DFLASH_CAMPAIGN=full cargo test --release -p dflashd --test daemon campaign_`.

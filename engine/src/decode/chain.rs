@@ -5,7 +5,7 @@ use tch::Tensor;
 
 use super::draft::{BlockDraft, DraftLogits};
 use super::error::DecodeError;
-use super::sampling::{distribution, sample_index, verify_draft, Sampling, Verdict};
+use super::sampling::{argmax, distribution, sample_index, verify_draft, Sampling, Verdict};
 use crate::model::drafter::{Drafter, DrafterCache};
 use crate::model::target::{TargetCache, TargetModel};
 
@@ -176,10 +176,6 @@ fn push_tokens(out: &mut Vec<i64>, tokens: &[i64], settings: &Settings) -> (usiz
         }
     }
     (appended, out.len() >= settings.max_new_tokens)
-}
-
-pub(super) fn argmax(logits: &Tensor) -> i64 {
-    logits.argmax(-1, false).int64_value(&[])
 }
 
 /// The token chosen from `logits` `[V]` by `sampling`.

@@ -150,7 +150,7 @@ pub fn greedy_block(
     let mut state = block.start(last);
     let mut drafts = Vec::with_capacity(block.slots() as usize);
     for slot in 1..=block.slots() {
-        let token = super::chain::argmax(&block.slot_logits(slot, &state));
+        let token = super::sampling::argmax(&block.slot_logits(slot, &state));
         drafts.push(token);
         if slot < block.slots() {
             state = block.read(&state, token);

@@ -38,6 +38,11 @@ impl Sampling {
     }
 }
 
+/// The greedy token of `logits` `[V]` (ties: the lowest token id, as `torch.argmax`).
+pub(super) fn argmax(logits: &Tensor) -> i64 {
+    logits.argmax(-1, false).int64_value(&[])
+}
+
 /// `logits` `[V]` → the distribution tokens are drawn from (`Greedy`: one-hot on the argmax).
 pub fn distribution(logits: &Tensor, sampling: Sampling) -> Vec<f64> {
     let logits = Vec::<f64>::try_from(logits.to_kind(Kind::Double).to_device(tch::Device::Cpu))

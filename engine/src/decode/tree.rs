@@ -31,9 +31,10 @@ use std::collections::BinaryHeap;
 
 use tch::{Kind, Tensor};
 
-use super::chain::{argmax, check_fit, prefill, Generation, PeerCount, Settings};
+use super::chain::{check_fit, prefill, Generation, PeerCount, Settings};
 use super::draft::{BlockDraft, DraftLogits, PathState};
 use super::error::DecodeError;
+use super::sampling::argmax;
 use super::sampling::Sampling;
 use crate::model::drafter::Drafter;
 use crate::model::target::{TargetModel, TreeShape};

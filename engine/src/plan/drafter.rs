@@ -172,7 +172,7 @@ pub(crate) fn layer_rule(d: &DrafterConfig, t: LayerType) -> LayerRule {
 }
 
 /// The chunks `attention/block_sparse.rs::ChunkSchedule::new` schedules for `rule` (the default
-/// budget, `block_sparse.rs::DEFAULT_CHUNK_SCORE_ELEMENTS`) over `batch` rows of `seq_len` context tokens and their
+/// budget, `chunk_schedule.rs::DEFAULT_CHUNK_SCORE_ELEMENTS`) over `batch` rows of `seq_len` context tokens and their
 /// row-major `[batch, width]` anchors and validity.
 pub(crate) fn chunk_schedule(
     d: &DrafterConfig,

@@ -60,18 +60,6 @@ impl BestSoFar {
     }
 }
 
-/// The steps rotation deletes from `steps` (oldest first): all but the newest `keep` (at
-/// least one), never `best`.
-pub fn steps_to_prune(steps: &[u64], keep: usize, best: Option<u64>) -> Vec<u64> {
-    let excess = steps.len().saturating_sub(keep.max(1));
-    steps
-        .iter()
-        .take(excess)
-        .copied()
-        .filter(|&s| Some(s) != best)
-        .collect()
-}
-
 /// Why a run of this config has no best yet, with `step` the step it stands at.
 pub fn no_best(cfg: &TrainConfig, step: u64) -> NoBestCheckpoint {
     if cfg.online_eval_every == 0 {
@@ -133,20 +121,6 @@ mod tests {
             best(100, 3.0, 16).beats(Some(&so_far)),
             "a changed serving budget judges anew"
         );
-    }
-
-    #[test]
-    fn rotation_keeps_the_newest_and_the_best() {
-        let steps = [100, 200, 300, 400, 500];
-        assert_eq!(steps_to_prune(&steps, 2, None), vec![100, 200, 300]);
-        assert_eq!(steps_to_prune(&steps, 2, Some(200)), vec![100, 300]);
-        assert_eq!(
-            steps_to_prune(&steps, 2, Some(500)),
-            vec![100, 200, 300],
-            "a best among the newest takes no extra place"
-        );
-        assert_eq!(steps_to_prune(&steps, 0, Some(100)), vec![200, 300, 400]);
-        assert!(steps_to_prune(&steps, 9, Some(100)).is_empty());
     }
 
     #[test]

@@ -377,11 +377,11 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
 }
 
 /// Deletes all but the newest `keep` checkpoints, and never the run's best (`best`, its step;
-/// `train/best_checkpoint.rs::steps_to_prune`).
+/// [`steps_to_prune`]).
 pub fn prune(root: &Path, keep: usize, best: Option<u64>) -> Result<(), CheckpointError> {
     let all = list(root)?;
     let steps: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
-    let doomed_steps = super::best_checkpoint::steps_to_prune(&steps, keep, best);
+    let doomed_steps = steps_to_prune(&steps, keep, best);
     for (step, dir) in all.into_iter().filter(|(s, _)| doomed_steps.contains(s)) {
         let doomed = root.join(format!(
             "{PRUNING}{}-{}",
@@ -394,9 +394,35 @@ pub fn prune(root: &Path, keep: usize, best: Option<u64>) -> Result<(), Checkpoi
     Ok(())
 }
 
+/// The steps rotation deletes from `steps` (oldest first): all but the newest `keep` (at
+/// least one), never `best`.
+pub fn steps_to_prune(steps: &[u64], keep: usize, best: Option<u64>) -> Vec<u64> {
+    let excess = steps.len().saturating_sub(keep.max(1));
+    steps
+        .iter()
+        .take(excess)
+        .copied()
+        .filter(|&s| Some(s) != best)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rotation_keeps_the_newest_and_the_best() {
+        let steps = [100, 200, 300, 400, 500];
+        assert_eq!(steps_to_prune(&steps, 2, None), vec![100, 200, 300]);
+        assert_eq!(steps_to_prune(&steps, 2, Some(200)), vec![100, 300]);
+        assert_eq!(
+            steps_to_prune(&steps, 2, Some(500)),
+            vec![100, 200, 300],
+            "a best among the newest takes no extra place"
+        );
+        assert_eq!(steps_to_prune(&steps, 0, Some(100)), vec![200, 300, 400]);
+        assert!(steps_to_prune(&steps, 9, Some(100)).is_empty());
+    }
 
     #[test]
     fn a_checkpoint_directory_names_its_step() {

@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 
 pub use dflash_shared::config::Objective;
 
-use super::dpace::LossObjective;
+use super::block_objective::LossObjective;
 use super::error::TrainError;
 use super::labels::{default_gamma, LabelMaskRule};
 use super::optim::AdamWConfig;

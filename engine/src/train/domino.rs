@@ -25,7 +25,7 @@
 //! output and of the GRU states, which then backpropagate once into the drafter and the GRU.
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::dpace::{block_aligned_chunks, block_objective_weights, LossObjective};
+use super::block_objective::{block_aligned_chunks, block_objective_weights, LossObjective};
 use super::loss::{weighted_positions, LossSums};
 use crate::model::drafter::DominoHead;
 

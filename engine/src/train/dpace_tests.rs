@@ -2,8 +2,38 @@
 //! block, an f64 loop oracle on dense masks, the α = 1 closed form, and the normalisation
 //! (duplicated rows, micro-batches summed then divided once).
 use super::*;
+use crate::train::block_objective::{
+    block_aligned_chunks, block_objective_backward, LossObjective,
+};
+use crate::train::loss::LossSums;
 use crate::train::tree_objective::TreeObjective;
+use dflash_shared::config::Objective;
 use tch::Device;
+
+/// D-PACE through the shared block-objective backward, with the test's arguments.
+#[allow(clippy::too_many_arguments)]
+fn dpace_ce_backward(
+    out: &Tensor,
+    head: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    block: i64,
+    alpha: f64,
+    denominator: f64,
+    chunk: i64,
+) -> LossSums {
+    let objective = LossObjective::Dpace { alpha };
+    block_objective_backward(
+        out,
+        head,
+        targets,
+        mask,
+        block,
+        objective,
+        denominator,
+        chunk,
+    )
+}
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
 

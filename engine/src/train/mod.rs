@@ -3,6 +3,7 @@
 //! the [`trainer`] (the step and the one training loop).
 pub mod anchors;
 pub mod best_checkpoint;
+pub mod block_objective;
 pub mod cadence;
 pub mod checkpoint;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod loader;
 pub mod loss;
 pub mod micro;
 pub mod online_eval;
+pub mod online_prompts;
 pub mod optim;
 pub mod recovery;
 pub mod replica;

@@ -16,13 +16,6 @@ use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::decode::{run_online_with, DraftLogits, Method, OnlineReport, Sampling, Settings};
 
-/// The prompts an online evaluation decodes and the tokens that end a generation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OnlinePrompts {
-    pub prompts: Vec<Vec<i64>>,
-    pub stop_tokens: Vec<i64>,
-}
-
 impl Trainer {
     /// The methods a run evaluates online: the chain, then DDTree at each configured budget.
     pub fn online_methods(&self) -> Vec<Method> {

@@ -6,14 +6,13 @@ use std::collections::HashMap;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
+use super::block_objective::{block_objective_backward, LossObjective};
 use super::domino::{domino_ce_backward, DominoBatch};
-use super::dpace::{dpace_ce_backward, LossObjective};
 use super::drafter_io::named_parameters;
 use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
 use super::micro::PreparedMicro;
 use super::optim::{AdamW, AdamWConfig, OptimError, StepReport};
-use super::tree_objective::tree_ce_backward;
 use crate::device::compute_kind;
 use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig};
 
@@ -205,26 +204,18 @@ impl DrafterReplica {
                     1.0,
                     chunk_positions,
                 ),
-                (None, LossObjective::Dpace { alpha }) => dpace_ce_backward(
-                    out,
-                    &self.lm_head,
-                    &targets,
-                    &weights,
-                    bs as i64,
-                    alpha,
-                    1.0,
-                    chunk_positions,
-                ),
-                (None, LossObjective::Tree(tree)) => tree_ce_backward(
-                    out,
-                    &self.lm_head,
-                    &targets,
-                    &weights,
-                    bs as i64,
-                    tree,
-                    1.0,
-                    chunk_positions,
-                ),
+                (None, block @ (LossObjective::Dpace { .. } | LossObjective::Tree(_))) => {
+                    block_objective_backward(
+                        out,
+                        &self.lm_head,
+                        &targets,
+                        &weights,
+                        bs as i64,
+                        block,
+                        1.0,
+                        chunk_positions,
+                    )
+                }
             },
         )
     }

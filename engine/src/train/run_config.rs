@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(train.online_eval_prompts.as_deref(), Some("embedded"));
         assert_eq!(
             train.loss_objective(),
-            crate::train::dpace::LossObjective::Dflash,
+            crate::train::block_objective::LossObjective::Dflash,
             "the embedded default trains DFlash"
         );
         let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
@@ -190,7 +190,7 @@ mod tests {
         cfg.training.dpace_alpha = 0.25;
         assert_eq!(
             train_config(&cfg, 100).loss_objective(),
-            crate::train::dpace::LossObjective::Dpace { alpha: 0.25 }
+            crate::train::block_objective::LossObjective::Dpace { alpha: 0.25 }
         );
     }
 
@@ -200,7 +200,7 @@ mod tests {
         let mut cfg = Config::embedded_default();
         cfg.training.objective = dflash_shared::config::Objective::Tree;
         let tree = |cfg: &Config| match train_config(cfg, 100).loss_objective() {
-            crate::train::dpace::LossObjective::Tree(t) => t,
+            crate::train::block_objective::LossObjective::Tree(t) => t,
             other => panic!("{other:?}"),
         };
         assert_eq!(tree(&cfg), TreeObjective::default());

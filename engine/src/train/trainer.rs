@@ -44,7 +44,7 @@ use crate::data::{HoldoutSplit, Sample};
 use crate::device;
 use crate::model::drafter::{Drafter, DrafterConfig};
 use crate::model::target::TargetModel;
-use crate::train::online_eval::OnlinePrompts;
+use crate::train::online_prompts::OnlinePrompts;
 use crate::train::throughput::DevicePeaks;
 use crate::train::topology::pipeline::produce_item;
 use crate::train::topology::rank::{RankReport, RankState};

@@ -25,7 +25,7 @@
 //! with `m_k = 0` (a loss-mask hole, a label past the row's end) is transparent, as in D-PACE: it
 //! adds nothing to `S` and no depth to the frontier. Either loss is then the cross-entropy of each
 //! supervised slot weighted by `w_i = −∂L/∂ℓ_i`, detached, and is backpropagated as such
-//! (`dpace.rs::block_objective_backward`); the loss reported is `L` itself, summed over blocks
+//! (`block_objective.rs::block_objective_backward`); the loss reported is `L` itself, summed over blocks
 //! and divided by the number of sequences, as D-PACE's.
 //!
 //! With a Domino head it applies to the corrected logits, teacher-forced: each depth's
@@ -41,8 +41,6 @@ use std::collections::BinaryHeap;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::dpace::{block_objective_backward, LossObjective};
-use super::loss::LossSums;
 pub use dflash_shared::config::TreeLoss;
 use dflash_shared::config::{TreeSection, DEFAULT_SERVE_TREE_BUDGET, DEFAULT_TREE_TEMPERATURE};
 
@@ -254,33 +252,6 @@ pub(crate) fn tree_chunk_weights(
             .to_device(logits.device());
         (weights, loss)
     })
-}
-
-/// Computes the tree objective over `drafter_out` and backpropagates `Σ L / denominator` into
-/// the drafter, chunk by chunk of whole blocks: `dpace.rs::dpace_ce_backward`'s arguments and
-/// sums (`normaliser` = the micro-batch's sequences), with `tree` for α. `weighted_ce` is
-/// `Σ L`, `weight` the sum of the weights.
-#[allow(clippy::too_many_arguments)]
-pub fn tree_ce_backward(
-    drafter_out: &Tensor,
-    lm_head: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-    block_size: i64,
-    tree: TreeObjective,
-    denominator: f64,
-    chunk_positions: i64,
-) -> LossSums {
-    block_objective_backward(
-        drafter_out,
-        lm_head,
-        targets,
-        mask,
-        block_size,
-        LossObjective::Tree(tree),
-        denominator,
-        chunk_positions,
-    )
 }
 
 #[cfg(test)]

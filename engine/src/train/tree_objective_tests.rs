@@ -3,6 +3,8 @@
 //! backward against a dense autograd oracle (a loss-mask hole inside a block, a block running
 //! past the row's end, budgets below, at and above the vocabulary, every chunk size).
 use super::*;
+use crate::train::block_objective::{block_objective_backward, LossObjective};
+use crate::train::loss::LossSums;
 use tch::{Device, Kind, Tensor};
 
 /// Deterministic, irregular values (no global generator: tests run in parallel).
@@ -238,13 +240,13 @@ impl Case {
     fn chunked(&self, tree: TreeObjective, chunk: i64) -> (LossSums, Vec<f64>) {
         let x = self.leaf();
         let head = Tensor::eye(VOCAB as i64, (Kind::Float, Device::Cpu));
-        let sums = tree_ce_backward(
+        let sums = block_objective_backward(
             &(&x * 1.0),
             &head,
             &self.targets(),
             &self.mask(),
             BLOCK as i64,
-            tree,
+            LossObjective::Tree(tree),
             ROWS as f64,
             chunk,
         );

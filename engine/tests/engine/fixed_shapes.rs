@@ -9,7 +9,7 @@ use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::anchors::sample_anchors_per_sample;
-use dflash_engine::train::dpace::LossObjective;
+use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::embedded;
 use dflash_engine::train::labels::{block_labels, LabelMaskRule};
 use dflash_engine::train::loader::collate;

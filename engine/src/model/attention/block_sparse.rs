@@ -33,44 +33,9 @@
 //! probabilities exist at any time: the fused kernel works in tiles.
 use tch::{Device, Kind, Tensor};
 
-use super::chunk_schedule::{choose_chunks, sort_order, ChunkCosts};
+use super::chunk_schedule::{choose_chunks, chunk_costs, sort_order};
 use super::visibility::{context_mask, own_block_mask, LayerRule};
 use super::BlockAttentionInputs;
-
-/// Default cap on one chunk's score grid (`B·Hq·C·bs·(L + C·bs)` elements). The fused kernel
-/// never materialises it; what scales with it is the chunk's mask (`1/Hq` of it) and key/value
-/// copies, kept for backward.
-pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
-
-/// Modelled fixed cost of one more fused call (its key/value copies, mask slice, the context
-/// gradient its slice scatters back, and a parallel region when there are threads), in score
-/// elements. Measured on CPU (1 and 2 threads): 2^18 and 2^20 gave the same step times on the
-/// tiny and medium bench configs within noise, and at 1024 anchors of 32 over 2048 context
-/// keys (4 heads) 2^20 scheduled 65 chunks instead of 129, with 8% less memory; 2^22 slowed
-/// the medium step.
-pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
-
-/// Context key ranges of a chunk are widened to a multiple of this many keys (masked), so a
-/// step's fused calls come from a small set of key counts (piece 4 of issue 11: every new shape
-/// is a new kernel plan and allocation size on CUDA). `8·bs`: at block 32 that is 256 keys,
-/// about 6 % more keys on the real structure's ~2K-key sliding chunks, and with `bs` a multiple
-/// of 16 every call's key count is too (the memory-efficient CUDA kernel pads its bias to that
-/// alignment otherwise, and keeps the padded copy for backward).
-pub fn context_key_quantum(block_size: i64) -> i64 {
-    8 * block_size.max(1)
-}
-
-/// What the chunk scheduler weighs, for a schedule of `batch` rows and `heads` query heads: one
-/// home for the engine (`ChunkSchedule::new`) and the memory model (`crate::plan`).
-pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) -> ChunkCosts {
-    ChunkCosts {
-        block_size,
-        per_row_key: batch * heads,
-        budget,
-        overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
-        key_quantum: context_key_quantum(block_size),
-    }
-}
 
 /// How the query heads of a GQA group meet their shared key/value head at the kernel. Both are
 /// exact; neither repeats K/V (HF `repeat_kv` would copy each chunk's keys and values `g`

@@ -3,6 +3,41 @@
 //! validity flags, the layer rule and the sizes.
 use super::visibility::LayerRule;
 
+/// Default cap on one chunk's score grid (`B·Hq·C·bs·(L + C·bs)` elements). The fused kernel
+/// never materialises it; what scales with it is the chunk's mask (`1/Hq` of it) and key/value
+/// copies, kept for backward.
+pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
+
+/// Modelled fixed cost of one more fused call (its key/value copies, mask slice, the context
+/// gradient its slice scatters back, and a parallel region when there are threads), in score
+/// elements. Measured on CPU (1 and 2 threads): 2^18 and 2^20 gave the same step times on the
+/// tiny and medium bench configs within noise, and at 1024 anchors of 32 over 2048 context
+/// keys (4 heads) 2^20 scheduled 65 chunks instead of 129, with 8% less memory; 2^22 slowed
+/// the medium step.
+pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
+
+/// Context key ranges of a chunk are widened to a multiple of this many keys (masked), so a
+/// step's fused calls come from a small set of key counts (piece 4 of issue 11: every new shape
+/// is a new kernel plan and allocation size on CUDA). `8·bs`: at block 32 that is 256 keys,
+/// about 6 % more keys on the real structure's ~2K-key sliding chunks, and with `bs` a multiple
+/// of 16 every call's key count is too (the memory-efficient CUDA kernel pads its bias to that
+/// alignment otherwise, and keeps the padded copy for backward).
+pub fn context_key_quantum(block_size: i64) -> i64 {
+    8 * block_size.max(1)
+}
+
+/// What the chunk scheduler weighs, for a schedule of `batch` rows and `heads` query heads: one
+/// home for the engine (`ChunkSchedule::new`) and the memory model (`crate::plan`).
+pub(crate) fn chunk_costs(block_size: i64, batch: i64, heads: i64, budget: i64) -> ChunkCosts {
+    ChunkCosts {
+        block_size,
+        per_row_key: batch * heads,
+        budget,
+        overhead: CHUNK_OVERHEAD_SCORE_ELEMENTS,
+        key_quantum: context_key_quantum(block_size),
+    }
+}
+
 /// A run of (sorted) blocks `start..end` attending to context keys `keys.0..keys.1`
 /// (`None`: none of them sees any context) and to their own blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,7 +121,7 @@ pub(crate) fn padded_key_range(
 /// and the distinct context lengths `context_lens` the steps use. A chunk holds `c` blocks,
 /// `c` allowed ([`chunk_blocks_allowed`]) or `blocks` itself (the schedule that keeps every block
 /// in one chunk), so `rows = c·bs`; its context key count is `0`, a multiple of the quantum
-/// ([`super::block_sparse::context_key_quantum`]) below the longest context, or one of the
+/// ([`context_key_quantum`]) below the longest context, or one of the
 /// context lengths; `keys = context + rows`; and a chunk of more than one block stays within
 /// the budget. This counts those (rows, keys) pairs. It is the bound the shape-observer test
 /// holds the engine to ([`super::shape_log`]).
@@ -96,7 +131,7 @@ pub fn max_distinct_chunk_shapes(
     batch_heads: i64,
     context_lens: &[i64],
 ) -> usize {
-    let quantum = super::block_sparse::context_key_quantum(block_size);
+    let quantum = context_key_quantum(block_size);
     let longest = context_lens.iter().copied().max().unwrap_or(0);
     let mut contexts: Vec<i64> = std::iter::once(0)
         .chain((1..).map(|m| m * quantum).take_while(|&k| k < longest))
@@ -107,7 +142,7 @@ pub fn max_distinct_chunk_shapes(
     let mut counts: Vec<usize> = (1..=blocks).filter(|&c| chunk_blocks_allowed(c)).collect();
     counts.push(blocks);
     counts.dedup();
-    let budget = super::block_sparse::DEFAULT_CHUNK_SCORE_ELEMENTS;
+    let budget = DEFAULT_CHUNK_SCORE_ELEMENTS;
     let mut shapes = std::collections::BTreeSet::new();
     for &c in &counts {
         let rows = c as i64 * block_size;
@@ -515,12 +550,7 @@ mod tests {
             a.sort_unstable();
             let k: Vec<bool> = (0..blocks).map(|i| i % 7 != 0).collect();
             for rule in [LayerRule::Full, LayerRule::Sliding { window: 2048 }] {
-                let c = super::super::block_sparse::chunk_costs(
-                    bs,
-                    1,
-                    heads,
-                    super::super::block_sparse::DEFAULT_CHUNK_SCORE_ELEMENTS,
-                );
+                let c = super::chunk_costs(bs, 1, heads, super::DEFAULT_CHUNK_SCORE_ELEMENTS);
                 let choice = choose_chunks(rule, &a, &k, (1, blocks), s, c);
                 for chunk in &choice.chunks {
                     let rows = (chunk.end - chunk.start) as i64 * bs;

@@ -19,12 +19,14 @@ pub mod visibility;
 
 use tch::Tensor;
 
-pub(crate) use block_sparse::chunk_costs;
 pub use block_sparse::{
-    block_sparse_attention, block_sparse_attention_scheduled, context_key_quantum, BlockOrder,
-    ChunkSchedule, GroupedHeads, DEFAULT_CHUNK_SCORE_ELEMENTS,
+    block_sparse_attention, block_sparse_attention_scheduled, BlockOrder, ChunkSchedule,
+    GroupedHeads,
 };
-pub use chunk_schedule::max_distinct_chunk_shapes;
+pub(crate) use chunk_schedule::chunk_costs;
+pub use chunk_schedule::{
+    context_key_quantum, max_distinct_chunk_shapes, DEFAULT_CHUNK_SCORE_ELEMENTS,
+};
 pub use dense::dense_mask_attention;
 pub use visibility::LayerRule;
 

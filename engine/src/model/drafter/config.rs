@@ -1,8 +1,6 @@
 //! Drafter hyper-parameters and their validation.
 use thiserror::Error;
 
-pub use super::domino::{DominoConfig, DrafterHead};
-
 /// Attention kind of one drafter layer (`layer_types` in the HF config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -293,6 +291,44 @@ fn invalid_field(
         expected: expected.to_string(),
         found,
     })
+}
+
+/// The Domino head's widths (SpecForge's `dflash_config` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DominoConfig {
+    /// `emb_dim`: width of `embed_proj`'s middle layer.
+    pub emb_dim: i64,
+    /// `gru_hidden_dim`: the GRU's state size.
+    pub gru_hidden_dim: i64,
+    /// `pure_draft_prefix_len`: slots after the anchor that keep the base logits.
+    pub pure_draft_prefix_len: i64,
+}
+
+impl DominoConfig {
+    /// The first slot the correction applies to (SpecForge's `suffix_start` with
+    /// `shift_label = false`).
+    pub fn suffix_start(&self) -> i64 {
+        1 + self.pure_draft_prefix_len
+    }
+}
+
+/// What turns the drafter's hidden states into logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DrafterHead {
+    /// The target's frozen LM head alone.
+    #[default]
+    Dflash,
+    /// The LM head plus Domino's correction.
+    Domino(DominoConfig),
+}
+
+impl DrafterHead {
+    pub fn domino(&self) -> Option<&DominoConfig> {
+        match self {
+            DrafterHead::Dflash => None,
+            DrafterHead::Domino(c) => Some(c),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -37,45 +37,8 @@
 //! `shift_label = false`, which its Qwen3.6-27B recipe uses.
 use tch::{nn, Kind, Tensor};
 
+use super::config::DominoConfig;
 use super::layer::Linear;
-
-/// The Domino head's widths (SpecForge's `dflash_config` keys).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DominoConfig {
-    /// `emb_dim`: width of `embed_proj`'s middle layer.
-    pub emb_dim: i64,
-    /// `gru_hidden_dim`: the GRU's state size.
-    pub gru_hidden_dim: i64,
-    /// `pure_draft_prefix_len`: slots after the anchor that keep the base logits.
-    pub pure_draft_prefix_len: i64,
-}
-
-impl DominoConfig {
-    /// The first slot the correction applies to (SpecForge's `suffix_start` with
-    /// `shift_label = false`).
-    pub fn suffix_start(&self) -> i64 {
-        1 + self.pure_draft_prefix_len
-    }
-}
-
-/// What turns the drafter's hidden states into logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum DrafterHead {
-    /// The target's frozen LM head alone.
-    #[default]
-    Dflash,
-    /// The LM head plus Domino's correction.
-    Domino(DominoConfig),
-}
-
-impl DrafterHead {
-    pub fn domino(&self) -> Option<&DominoConfig> {
-        match self {
-            DrafterHead::Dflash => None,
-            DrafterHead::Domino(c) => Some(c),
-        }
-    }
-}
 
 /// Domino's trainable parameters: the prefix GRU and `embed_proj`.
 pub struct DominoHead {

@@ -8,7 +8,7 @@ mod layer;
 mod model;
 
 pub use crate::model::attention::AttentionBackend;
-pub use config::{DrafterConfig, DrafterError, LayerType};
-pub use domino::{DominoConfig, DominoHead, DrafterHead};
+pub use config::{DominoConfig, DrafterConfig, DrafterError, DrafterHead, LayerType};
+pub use domino::DominoHead;
 pub use inference::DrafterCache;
 pub use model::Drafter;

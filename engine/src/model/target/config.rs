@@ -1,11 +1,6 @@
 //! Target configurations (parsed from `config.json` in `hf_config`), validated so that a model
 //! built from them cannot fail on a shape mismatch later, and written back as HF JSON.
-use std::path::Path;
-
 use serde_json::{json, Value};
-
-use super::hf_config::{read_hf_config, read_hf_config_file};
-use crate::model::error::ModelError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Qwen3_5LayerKind {
@@ -107,15 +102,6 @@ impl CheckpointLayout {
 }
 
 impl TargetConfig {
-    pub fn from_hf_dir(dir: &Path) -> Result<Self, ModelError> {
-        Ok(read_hf_config(dir)?.0)
-    }
-
-    /// A `config.json` file by its own path (the checkpoint's directory need not exist).
-    pub fn from_hf_config_file(path: &Path) -> Result<Self, ModelError> {
-        Ok(read_hf_config_file(path)?.0)
-    }
-
     /// Embedded tiny default: a Qwen3.5-style hybrid with both layer kinds (6 layers, full
     /// attention every 3rd), hidden 128, vocab 512, small heads; cheap on 2 CPU cores.
     pub fn tiny_default() -> Self {

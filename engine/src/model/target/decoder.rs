@@ -4,36 +4,11 @@ use tch::Tensor;
 use super::cache::{DeltaNetCache, KvCache, LayerCache};
 use super::gated_deltanet::GatedDeltaNet;
 use super::mlp::SwiGluMlp;
-use super::params::{Init, ParamSpec, Params};
+pub use super::norm::NormStyle;
+use super::params::{ParamSpec, Params};
 use super::self_attention::SelfAttention;
 use super::tree::TreeShape;
 use crate::model::error::ModelError;
-use crate::model::layers::{rms_norm, rms_norm_zero_centered};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormStyle {
-    /// Qwen3.5: `x̂·(1+w)`.
-    ZeroCentered,
-    /// Qwen3: `w·x̂`.
-    Plain,
-}
-
-impl NormStyle {
-    pub fn apply(self, x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-        match self {
-            Self::ZeroCentered => rms_norm_zero_centered(x, weight, eps),
-            Self::Plain => rms_norm(x, weight, eps),
-        }
-    }
-
-    /// How a fresh (non-loaded) weight of this norm starts: near the identity.
-    pub fn init(self) -> Init {
-        match self {
-            Self::ZeroCentered => Init::ZeroCenteredNorm,
-            Self::Plain => Init::UnitNorm,
-        }
-    }
-}
 
 pub enum Mixer {
     DeltaNet(GatedDeltaNet),

@@ -14,6 +14,18 @@ const SUPPORTED: &str =
     "Qwen3_5ForConditionalGeneration (qwen3_5), Qwen3_5ForCausalLM (qwen3_5_text), \
                          Qwen3ForCausalLM (qwen3)";
 
+impl TargetConfig {
+    /// The `config.json` of a Hugging Face checkpoint directory.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, ModelError> {
+        Ok(read_hf_config(dir)?.0)
+    }
+
+    /// A `config.json` file by its own path (the checkpoint's directory need not exist).
+    pub fn from_hf_config_file(path: &Path) -> Result<Self, ModelError> {
+        Ok(read_hf_config_file(path)?.0)
+    }
+}
+
 /// Reads `dir/config.json`: the config, the checkpoint layout, and the raw JSON (kept so that a
 /// loaded model is saved back with its original config).
 pub fn read_hf_config(dir: &Path) -> Result<(TargetConfig, CheckpointLayout, Value), ModelError> {

@@ -9,6 +9,7 @@ mod gated_deltanet;
 mod hf_config;
 mod hf_io;
 mod mlp;
+mod norm;
 mod params;
 mod qwen3;
 mod qwen3_5;

@@ -12,7 +12,7 @@ use super::step::RankTiming;
 use super::WorkerId;
 use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;
-use crate::train::dpace::LossObjective;
+use crate::train::block_objective::LossObjective;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};

@@ -13,7 +13,7 @@ use crate::train::config::TrainConfig;
 use crate::train::error::TrainError;
 use crate::train::loader::{data_digest, split_held_out};
 use crate::train::micro::{MicroSource, MicroSpec};
-use crate::train::online_eval::OnlinePrompts;
+use crate::train::online_prompts::OnlinePrompts;
 use crate::train::replica::DrafterReplica;
 use crate::train::schedule::WarmupCosine;
 use crate::train::throughput::DevicePeaks;
