@@ -417,17 +417,20 @@ fn locked_keys_changes_are_listed_on_resume() {
     new.training.epochs = 3;
     new.training.num_anchors = 1024;
     new.drafter.target_layer_ids = vec![1, 2];
-    new.training.lr = 1e-3; // not locked
+    new.training.lr = 1e-3; // locked too: the optimiser is part of what is learned
+    new.training.eval_every = 7; // free: a cadence
     let changes: Vec<String> = locked_key_changes(&old, &new)
         .iter()
         .map(|c| c.to_string())
         .collect();
+    // In the key table's order (`shared/src/config/keys.rs`).
     assert_eq!(
         changes,
         [
+            "drafter.target_layer_ids is locked: [1, 3] → [1, 2]",
             "training.epochs is locked: 6 → 3",
             "training.num_anchors is locked: 16 → 1024",
-            "drafter.target_layer_ids is locked: [1, 3] → [1, 2]",
+            "training.lr is locked: 0.002 → 0.001",
         ]
     );
 }

@@ -6,7 +6,7 @@ use dflash_shared::actions::{Action, PendingAction};
 use dflash_shared::protocol::{Request, Response};
 
 /// Keys the daemon refuses to change without an unlock, as dotted config paths.
-pub use dflash_shared::config::LOCKED_KEYS;
+pub use dflash_shared::config::UNLOCKABLE_KEYS;
 
 /// How the console tells the daemon who confirmed.
 pub const VIA_TUI: &str = "tui";
@@ -100,11 +100,11 @@ impl ActionFlow {
                     FlowStep::Stay
                 }
                 KeyCode::Down | KeyCode::Char('j') => {
-                    *index = (*index + 1).min(LOCKED_KEYS.len() - 1);
+                    *index = (*index + 1).min(UNLOCKABLE_KEYS.len() - 1);
                     FlowStep::Stay
                 }
                 KeyCode::Enter => {
-                    let key = LOCKED_KEYS[*index].to_string();
+                    let key = UNLOCKABLE_KEYS[*index].to_string();
                     self.action = Action::UnlockKey { key };
                     self.stage = Stage::Requesting;
                     FlowStep::Send(Request::RequestAction {
@@ -294,7 +294,7 @@ mod tests {
             flow.on_key(key(KeyCode::Enter)),
             FlowStep::Send(Request::RequestAction {
                 action: Action::UnlockKey {
-                    key: LOCKED_KEYS[2].into()
+                    key: UNLOCKABLE_KEYS[2].into()
                 }
             })
         );

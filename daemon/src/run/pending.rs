@@ -16,7 +16,7 @@ use dflash_shared::format::{format_ago, format_bytes, format_duration_ms, format
 
 /// Keys that cannot change on resume or at run time without a confirmed unlock: the config's
 /// dotted paths (`training.epochs`), which is what consoles send.
-pub use dflash_shared::config::LOCKED_KEYS;
+pub use dflash_shared::config::UNLOCKABLE_KEYS;
 pub const DEFAULT_TTL_MS: i64 = 5 * 60_000;
 /// Ids of recently expired actions, kept to tell "expired" apart from "never existed".
 const EXPIRED_MEMORY: usize = 64;
@@ -34,7 +34,9 @@ pub struct ActionPolicy {
     pub ttl_ms: i64,
     /// argv of the power-off command; `None` disables power-off (the default).
     pub poweroff_command: Option<Vec<String>>,
-    pub locked_keys: Vec<String>,
+    /// The locked keys an unlock may name: those it can carry a run across
+    /// (`dflash_shared::config::keys`, `Unlockable`).
+    pub unlockable_keys: Vec<String>,
     pub max_pending_per_client: usize,
     pub max_pending_total: usize,
 }
@@ -45,7 +47,7 @@ impl ActionPolicy {
             run_name: run_name.into(),
             ttl_ms: DEFAULT_TTL_MS,
             poweroff_command: None,
-            locked_keys: LOCKED_KEYS.iter().map(|k| k.to_string()).collect(),
+            unlockable_keys: UNLOCKABLE_KEYS.iter().map(|k| k.to_string()).collect(),
             max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
             max_pending_total: DEFAULT_MAX_PENDING_TOTAL,
         }
@@ -56,12 +58,12 @@ impl ActionPolicy {
     /// The dotted locked key `key` names: the key itself, its last segment (`epochs` for
     /// `training.epochs`) or `anchors` for `training.num_anchors`. `None` if it names none.
     pub fn canonical_locked_key(&self, key: &str) -> Option<String> {
-        if self.locked_keys.iter().any(|k| k == key) {
+        if self.unlockable_keys.iter().any(|k| k == key) {
             return Some(key.to_string());
         }
         let short = if key == "anchors" { "num_anchors" } else { key };
         let mut matches = self
-            .locked_keys
+            .unlockable_keys
             .iter()
             .filter(|k| k.rsplit('.').next() == Some(short));
         match (matches.next(), matches.next()) {
@@ -379,9 +381,16 @@ fn check(
         }
         Action::UnlockKey { key } => {
             let Some(canonical) = policy.canonical_locked_key(key) else {
+                let named = |k: &&str| *k == key || k.rsplit('.').next() == Some(key);
+                let why = if dflash_shared::config::LOCKED_KEYS.iter().any(named) {
+                    "is fixed for the run: no unlock can carry a change of it (start a new run \
+                     in another run dir)"
+                } else {
+                    "is not a locked key"
+                };
                 return refuse(format!(
-                    "{key:?} is not a locked key; locked keys are {}",
-                    policy.locked_keys.join(", ")
+                    "{key:?} {why}; the keys an unlock can carry are {}",
+                    policy.unlockable_keys.join(", ")
                 ));
             };
             let already = view
@@ -474,18 +483,12 @@ pub fn consequences(action: &Action, view: &StateView, policy: &ActionPolicy) ->
                 "{key:?} may then change on resume; the change is journaled"
             ));
             // What an unlock cannot admit, said before the operator confirms it.
-            match policy.canonical_locked_key(key).as_deref() {
-                Some("training.precision") => out.push(
-                    "BF16 stays the only training precision: FP8 is never allowed, so a resume \
-                     with another precision is still refused"
-                        .into(),
-                ),
-                Some("drafter.target_layer_ids") => out.push(
+            if policy.canonical_locked_key(key).as_deref() == Some("drafter.target_layer_ids") {
+                out.push(
                     "tap layers may move, but their number may not: it sets the drafter's fc \
                      input width, and a resume with another count is still refused"
                         .into(),
-                ),
-                _ => {}
+                );
             }
             out.push(
                 "a run resumed with a different value is no longer comparable to its history"

@@ -22,6 +22,7 @@ use super::schedule::WarmupCosine;
 use super::trainer::Trainer;
 use super::unlocked::{self, UnlockedKeys};
 use crate::model::drafter::DrafterConfig;
+use dflash_shared::config::keys::{keys_on_resume, OnResume};
 
 pub const DRAFTER_FILE: &str = "drafter.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -33,29 +34,17 @@ pub const STATE_FILE: &str = "trainer_state.json";
 /// position limit now follows the target) still resumes.
 const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
 
-/// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: they decide
-/// when and how to evaluate (offline and online) or save and how to chunk or pad work or trade
-/// memory for recomputation, not what is computed. `grad_accum` may
-/// change with the number of drafter ranks as long as the global batch (micro-batches per
-/// step, checked separately) stays the same.
-const RESUMABLE_KEYS: [&str; 16] = [
-    "grad_accum",
-    "seq_len_multiple",
-    "eval_every",
-    "eval_max_samples",
-    "online_eval_every",
-    "online_eval_prompts",
-    "online_eval_max_prompts",
-    "online_eval_max_new_tokens",
-    "online_eval_tree_budgets",
-    "serve_tree_budget",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "eval_anchors_per_forward",
-    "loss_chunk_positions",
-    "attention",
-    "activation_checkpointing",
-];
+/// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: the free
+/// rows of the config's key table under `[training]` (`dflash_shared::config::keys`), which
+/// decide when and how to evaluate or save and how to chunk or pad work, not what is computed.
+/// Every other field, named as its key or derived from keys the table fixes, is refused.
+/// `grad_accum` may change with the number of drafter ranks as long as the global batch
+/// (micro-batches per step, checked separately) stays the same.
+fn resumable_keys() -> Vec<&'static str> {
+    keys_on_resume(OnResume::Free)
+        .filter_map(|k| k.strip_prefix("training."))
+        .collect()
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
@@ -107,6 +96,44 @@ fn changed_keys(saved: &Value, now: &Value, allowed: &[&str]) -> Vec<(String, St
             (k.clone(), text)
         })
         .collect()
+}
+
+/// A checkpoint's configs, or a trainer's: the training config and the drafter in the HF
+/// layout.
+pub struct SavedConfigs<'a> {
+    pub train: &'a TrainConfig,
+    pub drafter_hf: &'a Value,
+}
+
+/// The checkpoint check of the configs alone: `Err(detail)` when the drafter or a training
+/// key differs beyond what is free or `unlocked`. The daemon's locked-key gate gives the same
+/// verdict for every key both see (`engine/tests/engine/resume_verdicts.rs`).
+pub fn config_verdict(
+    saved: &SavedConfigs,
+    now: &SavedConfigs,
+    unlocked: &UnlockedKeys,
+) -> Result<(), String> {
+    let mut saved_drafter = unlocked::flatten_drafter(saved.drafter_hf);
+    let drafter_now = unlocked::flatten_drafter(now.drafter_hf);
+    unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)?;
+    let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &DESCRIPTIVE_DRAFTER_KEYS);
+    if !drafter_diff.is_empty() {
+        return Err(format!(
+            "the drafter config differs: {}",
+            describe_changes(&drafter_diff)
+        ));
+    }
+    let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
+    let mut saved_config = as_json(saved.train);
+    unlocked::reconcile_train(&mut saved_config, now.train, unlocked);
+    let config_diff = changed_keys(&saved_config, &as_json(now.train), &resumable_keys());
+    if !config_diff.is_empty() {
+        return Err(format!(
+            "locked training keys differ: {}",
+            describe_changes(&config_diff)
+        ));
+    }
+    Ok(())
 }
 
 /// "`epochs`: checkpoint 6 vs now 3; `training.epochs` is locked: … unlock …".
@@ -175,27 +202,16 @@ impl Trainer {
         };
         let state: TrainerState = checkpoint::read_json(dir, STATE_FILE)?;
         let saved_drafter: Value = checkpoint::read_json(dir, CONFIG_FILE)?;
-        let mut saved_drafter = unlocked::flatten_drafter(&saved_drafter);
-        let drafter_now = unlocked::flatten_drafter(&self.drafter_config().to_hf_json());
-        unlocked::reconcile_drafter(&mut saved_drafter, &drafter_now, unlocked)
-            .map_err(incompatible)?;
-        let drafter_diff = changed_keys(&saved_drafter, &drafter_now, &DESCRIPTIVE_DRAFTER_KEYS);
-        if !drafter_diff.is_empty() {
-            return Err(incompatible(format!(
-                "the drafter config differs: {}",
-                describe_changes(&drafter_diff)
-            )));
-        }
-        let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
-        let mut saved_config = as_json(&state.config);
-        unlocked::reconcile_train(&mut saved_config, self.config(), unlocked);
-        let config_diff = changed_keys(&saved_config, &as_json(self.config()), &RESUMABLE_KEYS);
-        if !config_diff.is_empty() {
-            return Err(incompatible(format!(
-                "locked training keys differ: {}",
-                describe_changes(&config_diff)
-            )));
-        }
+        let saved = SavedConfigs {
+            train: &state.config,
+            drafter_hf: &saved_drafter,
+        };
+        let now_drafter = self.drafter_config().to_hf_json();
+        let now = SavedConfigs {
+            train: self.config(),
+            drafter_hf: &now_drafter,
+        };
+        config_verdict(&saved, &now, unlocked).map_err(incompatible)?;
         if state.data_digest != self.data_digest() {
             return Err(incompatible(format!(
                 "the training data changed (digest {} in the checkpoint, {} now); its data position would be meaningless",
@@ -408,9 +424,11 @@ mod tests {
     }
 
     #[test]
-    fn runtime_keys_exist_in_the_config() {
+    fn the_free_training_keys_of_the_table_are_fields_of_the_train_config() {
         let keys = serde_json::to_value(TrainConfig::default()).unwrap();
-        for k in RESUMABLE_KEYS {
+        let resumable = resumable_keys();
+        assert!(resumable.len() >= 16, "{resumable:?}");
+        for k in resumable {
             assert!(keys.get(k).is_some(), "{k}");
         }
     }

@@ -23,9 +23,14 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         num_anchors: t.num_anchors,
         objective: t.objective,
         dpace_alpha: t.dpace_alpha,
+        // Only the tree objective trains for the serving budget; another objective's record
+        // of `[training.tree]` must not move when the serving budget does (a free key).
         tree: crate::train::tree_objective::TreeObjective::from_section(
             &t.tree,
-            t.serve_tree_budget,
+            match t.objective {
+                dflash_shared::config::Objective::Tree => t.serve_tree_budget,
+                _ => dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET,
+            },
         ),
         lambda_base_start: t.lambda_base_start,
         lambda_base_decay_ratio: t.lambda_base_decay_ratio,

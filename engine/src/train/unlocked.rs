@@ -24,8 +24,9 @@ pub struct UnlockedKeys {
 }
 
 impl UnlockedKeys {
-    /// From dotted config paths; keys the engine has no say over (e.g. early stopping) are
-    /// ignored here, the daemon's gate handles them.
+    /// From dotted config paths; other unlocked keys are ignored here: the config's key table
+    /// (`dflash_shared::config::keys`) makes only these four unlockable, and the daemon's gate
+    /// refuses a change of any other locked key whatever was unlocked.
     pub fn from_keys<S: AsRef<str>>(keys: &[S]) -> Self {
         let has = |k: &str| keys.iter().any(|x| x.as_ref() == k);
         Self {

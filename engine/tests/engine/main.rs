@@ -22,6 +22,7 @@ mod fixed_shapes;
 mod learning;
 mod online_eval_domino;
 mod resume_unlocked;
+mod resume_verdicts;
 mod target_decode_parity;
 mod throughput;
 mod topology_equivalence;

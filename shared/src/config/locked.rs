@@ -5,9 +5,12 @@
 //! daemon compares the checkpoint's config with the new one and refuses on any change unless
 //! an operator confirmed an unlock of that key. Even unlocked, some changes can never apply to
 //! a running experiment: [`unlock_refusal`] says which and why.
+use std::sync::LazyLock;
+
 use serde::{Deserialize, Serialize};
 
-use super::Config;
+use super::keys::{keys_on_resume, OnResume, KEYS};
+use super::{Config, Objective};
 
 /// Dotted paths of the locked keys.
 pub const PRECISION: &str = "training.precision";
@@ -28,27 +31,20 @@ pub const SHIFT_LABEL: &str = "drafter.shift_label";
 pub const LAMBDA_BASE_START: &str = "training.lambda_base_start";
 pub const LAMBDA_BASE_DECAY_RATIO: &str = "training.lambda_base_decay_ratio";
 pub const INIT_FROM: &str = "drafter.init_from";
+pub const HELD_OUT_FRACTION: &str = "data.held_out_fraction";
 
-pub const LOCKED_KEYS: &[&str] = &[
-    PRECISION,
-    EPOCHS,
-    NUM_ANCHORS,
-    BLOCK_SIZE,
-    TARGET_LAYER_IDS,
-    OBJECTIVE,
-    DPACE_ALPHA,
-    TREE_BUDGET,
-    TREE_TEMPERATURE,
-    TREE_LOSS,
-    HEAD,
-    EMB_DIM,
-    GRU_HIDDEN_DIM,
-    PURE_DRAFT_PREFIX_LEN,
-    SHIFT_LABEL,
-    LAMBDA_BASE_START,
-    LAMBDA_BASE_DECAY_RATIO,
-    INIT_FROM,
-];
+/// The keys whose change a resume refuses without an unlock: the table's fixed and unlockable
+/// rows (`keys.rs`), in its order.
+pub static LOCKED_KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    KEYS.iter()
+        .filter(|k| k.on_resume != OnResume::Free)
+        .map(|k| k.key)
+        .collect()
+});
+
+/// The locked keys an operator's unlock can carry a run across (the unlock picker's list).
+pub static UNLOCKABLE_KEYS: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| keys_on_resume(OnResume::Unlockable).collect());
 
 /// The Domino head's keys: its widths shape the drafter's weights, and the prefix and label
 /// shift decide which slots the correction trains.
@@ -61,7 +57,7 @@ const HEAD_KEYS: [&str; 5] = [
 ];
 
 pub fn is_locked_key(key: &str) -> bool {
-    LOCKED_KEYS.contains(&key)
+    super::keys::refused_on_resume(key) && super::keys::kind_of(key).is_some()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +78,8 @@ impl std::fmt::Display for LockedKeyChange {
 }
 
 /// The locked keys whose values differ, in [`LOCKED_KEYS`] order. Values are compared as
-/// they serialize, so they read the way the config file writes them.
+/// they serialize, so they read the way the config file writes them; the tree objective's
+/// budget as the budget it trains for (`training.serve_tree_budget` when it is unset).
 pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
     LOCKED_KEYS
         .iter()
@@ -180,11 +177,36 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
                 )
             })
         }
+        _ if super::keys::kind_of(key).is_some_and(|k| k.on_resume == OnResume::Fixed)
+            && value_at(old, key) != value_at(new, key) =>
+        {
+            Some(format!(
+                "{key} is part of what the drafter learns (its data order and split, its \
+                 architecture, the optimiser or the loss): a run that changes it midway is \
+                 neither experiment, and the engine refuses the checkpoint for it too. Keep \
+                 {key} = {}, or start a new run in another run dir",
+                value_at(old, key)
+            ))
+        }
         _ => None,
     }
 }
 
+/// `key`'s value as TOML writes it, or as the run reads it where the two differ: the tree
+/// objective's budget defaults to the serving budget, an unset label shift is no shift, and
+/// the held-out fraction is not read when a held-out count is set.
 fn value_at(config: &Config, key: &str) -> String {
+    match key {
+        TREE_BUDGET if config.training.objective == Objective::Tree => {
+            let serve = config.training.serve_tree_budget;
+            return config.training.tree.effective_budget(serve).to_string();
+        }
+        SHIFT_LABEL => return config.drafter.shift_label.unwrap_or(false).to_string(),
+        HELD_OUT_FRACTION if config.data.held_out_samples.is_some() => {
+            return "(not read: data.held_out_samples is set)".into();
+        }
+        _ => {}
+    }
     let Ok(mut value) = toml::Value::try_from(config) else {
         return "?".into();
     };
@@ -209,7 +231,7 @@ mod tests {
         moved.drafter.target_layer_ids = (0..n).collect();
         moved.training.epochs = 2;
         moved.drafter.block_size = old.drafter.block_size * 2;
-        for key in LOCKED_KEYS {
+        for key in LOCKED_KEYS.iter() {
             assert_eq!(unlock_refusal(&old, &moved, key), None, "{key}");
         }
         assert_eq!(
@@ -339,7 +361,7 @@ mod tests {
         assert_eq!(
             changes,
             [
-                "training.tree.budget is locked: (unset) → 8",
+                "training.tree.budget is locked: 32 → 8",
                 "training.tree.temperature is locked: (unset) → 0.5",
                 "training.tree.loss is locked: (unset) → \"expected\"",
             ]
@@ -349,5 +371,43 @@ mod tests {
             assert!(why.contains(&format!("Keep {key} = ")), "{why}");
             assert_eq!(unlock_refusal(&old, &old, key), None);
         }
+    }
+
+    #[test]
+    fn with_the_tree_objective_and_no_tree_budget_a_serving_budget_change_changes_the_trained_one()
+    {
+        let mut old = Config::embedded_default();
+        old.training.objective = super::super::Objective::Tree;
+        let mut new = old.clone();
+        new.training.serve_tree_budget = 8;
+        new.training.online_eval_tree_budgets = vec![8];
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(changes, ["training.tree.budget is locked: 32 → 8"]);
+        // The DFlash objective reads no tree budget: the serving budget is free.
+        let (mut old, mut new) = (old, new);
+        old.training.objective = super::super::Objective::Dflash;
+        new.training.objective = super::super::Objective::Dflash;
+        assert!(locked_key_changes(&old, &new).is_empty());
+    }
+
+    #[test]
+    fn a_fixed_key_without_a_reason_of_its_own_is_refused_naming_it() {
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.training.lr = 1e-3;
+        let changes: Vec<String> = locked_key_changes(&old, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(changes, ["training.lr is locked: 0.002 → 0.001"]);
+        let why = unlock_refusal(&old, &new, "training.lr").unwrap();
+        assert!(
+            why.contains("Keep training.lr = 0.002") && why.contains("new run"),
+            "{why}"
+        );
+        assert!(UNLOCKABLE_KEYS.contains(&EPOCHS) && !UNLOCKABLE_KEYS.contains(&"training.lr"));
     }
 }

@@ -7,6 +7,7 @@ pub mod bytesize;
 pub mod daemon_sections;
 pub mod device;
 mod error;
+pub mod keys;
 mod locate;
 pub mod locked;
 pub mod paths;
@@ -27,7 +28,10 @@ pub use daemon_sections::{
 };
 pub use device::{Device, DeviceParseError};
 pub use error::{ConfigError, ConfigIssue, Problem};
-pub use locked::{is_locked_key, locked_key_changes, unlock_refusal, LockedKeyChange, LOCKED_KEYS};
+pub use locked::{
+    is_locked_key, locked_key_changes, unlock_refusal, LockedKeyChange, LOCKED_KEYS,
+    UNLOCKABLE_KEYS,
+};
 pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use sections::{
     paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterHead, DrafterSection,
@@ -73,25 +77,6 @@ pub struct Config {
     #[serde(default)]
     pub nodes: NodesSection,
 }
-
-/// Keys that may be absent from a printed config (unset options), for "did you mean".
-const OPTIONAL_KEYS: &[&str] = &[
-    "run.run_dir",
-    "data.tokenizer",
-    "data.chat_template",
-    "data.held_out_samples",
-    "drafter.sliding_window",
-    "drafter.init_from",
-    "training.max_steps",
-    "training.loss_decay_gamma",
-    "training.online_eval_every",
-    "training.online_eval_prompts",
-    "telemetry.python",
-    "control.socket",
-    "control.poweroff_command",
-    "detectors.throughput.pinned_baseline_tokens_per_s",
-    "metrics.listen",
-];
 
 impl Config {
     /// Parses, fills derived defaults and validates. `origin` names the file in errors.
@@ -219,27 +204,22 @@ impl Config {
         }
     }
 
-    /// Every key path a config can have, for suggestions.
+    /// Every key path a config can have, for suggestions: the key table's leaves and the
+    /// sections above them.
     fn known_keys() -> Vec<String> {
-        let mut keys: Vec<String> = OPTIONAL_KEYS.iter().map(|k| k.to_string()).collect();
-        if let Ok(toml::Value::Table(t)) = toml::Value::try_from(Config::embedded_default()) {
-            collect_keys(&t, "", &mut keys);
+        let mut keys: Vec<String> = Vec::new();
+        for row in keys::KEYS {
+            let mut at = 0;
+            while let Some(dot) = row.key[at..].find('.') {
+                at += dot;
+                keys.push(row.key[..at].to_string());
+                at += 1;
+            }
+            keys.push(row.key.to_string());
         }
+        keys.sort();
+        keys.dedup();
         keys
-    }
-}
-
-fn collect_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
-    for (k, v) in table {
-        let path = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        if let toml::Value::Table(t) = v {
-            collect_keys(t, &path, out);
-        }
-        out.push(path);
     }
 }
 

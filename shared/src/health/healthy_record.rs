@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::cache::cache_label;
 use super::fingerprint::{diff_fingerprints, Fingerprint};
 use super::stats::median;
+use crate::config::keys::{in_recipe, KEYS};
 use crate::events::{Event, EventKind};
 use crate::format::{format_bytes, format_tokens_per_s};
 use crate::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, StepTimes, TimestampMs};
@@ -227,42 +228,36 @@ pub fn expected_throughput(
 /// change between runs of the same recipe without changing what a step costs (names, paths of
 /// the run, schedule length, evaluation and checkpoint cadence, monitoring, the control plane).
 pub fn recipe_text(config: &serde_json::Value) -> String {
-    const FREE_SECTIONS: &[&str] = &[
-        "run",
-        "telemetry",
-        "control",
-        "detectors",
-        "metrics",
-        "tensorboard",
-        "nodes",
-    ];
-    const FREE_TRAINING_KEYS: &[&str] = &[
-        "epochs",
-        "max_steps",
-        "eval_every",
-        "online_eval_every",
-        "online_eval_prompts",
-        "online_eval_max_prompts",
-        "online_eval_max_new_tokens",
-        "online_eval_tree_budgets",
-        "serve_tree_budget",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "eval_max_samples",
-        "early_stopping",
-    ];
-    let mut value = config.clone();
-    if let Some(map) = value.as_object_mut() {
-        for s in FREE_SECTIONS {
-            map.remove(*s);
+    canonical(&recipe_part(config, "").unwrap_or(serde_json::Value::Null))
+}
+
+/// `value` at the dotted `path` without the leaves outside the recipe (`config/keys.rs`); an
+/// object whose every leaf was left out goes too (`None`), and so does an empty section none
+/// of whose keys is in the recipe.
+fn recipe_part(value: &serde_json::Value, path: &str) -> Option<serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) if map.is_empty() => {
+            let below = format!("{path}.");
+            KEYS.iter()
+                .any(|k| k.recipe && k.key.starts_with(&below))
+                .then(|| value.clone())
         }
-        if let Some(training) = map.get_mut("training").and_then(|t| t.as_object_mut()) {
-            for k in FREE_TRAINING_KEYS {
-                training.remove(*k);
-            }
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            let kept: serde_json::Map<String, serde_json::Value> = map
+                .iter()
+                .filter_map(|(k, v)| {
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    recipe_part(v, &child).map(|v| (k.clone(), v))
+                })
+                .collect();
+            (!kept.is_empty()).then_some(serde_json::Value::Object(kept))
         }
+        leaf => in_recipe(path).then(|| leaf.clone()),
     }
-    canonical(&value)
 }
 
 /// JSON with every object's keys sorted, whatever order the map keeps them in (serde_json's

@@ -74,12 +74,12 @@ fn a_locked_key_is_named_with_both_values() {
 #[test]
 fn an_unlocked_job_key_and_the_digest_are_compared_too() {
     let mut nodes = job(2);
-    let mut faster = Config::embedded_default();
-    faster.training.lr *= 2.0;
-    nodes[1] = facts(1, 2, &faster);
+    let mut sooner = Config::embedded_default();
+    sooner.training.eval_every += 1;
+    nodes[1] = facts(1, 2, &sooner);
     let err = refusal(&nodes);
     assert!(
-        err.starts_with("node 1's training.lr = ") && !err.contains("locked"),
+        err.starts_with("node 1's training.eval_every = ") && !err.contains("locked"),
         "{err}"
     );
     let mut nodes = job(2);

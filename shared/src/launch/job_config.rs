@@ -7,38 +7,22 @@
 //! (`[control]`), its telemetry, detectors, metrics listener and TensorBoard directory.
 use std::collections::BTreeMap;
 
+use crate::config::keys::in_job;
 use crate::config::Config;
 
-/// Sections that belong to one node's daemon, not to the job.
-pub const NODE_LOCAL_SECTIONS: &[&str] = &[
-    "topology",
-    "queue",
-    "telemetry",
-    "control",
-    "detectors",
-    "metrics",
-    "tensorboard",
-];
-
-/// Keys outside those sections that still belong to one node.
-pub const NODE_LOCAL_KEYS: &[&str] = &["run.run_dir"];
-
 /// Every leaf of the job's part of `config`: dotted key → the value as TOML writes it (an
-/// array is one leaf), node-local sections and keys left out; unset options are absent.
+/// array is one leaf), the keys one node owns (`config/keys.rs`: `job = false`) left out;
+/// unset options are absent.
 pub fn job_config(config: &Config) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     // A `Config` always serializes (it came from TOML); an empty map would only make every
     // node agree on nothing, and the digest beside it still differs.
     if let Ok(toml::Value::Table(root)) = toml::Value::try_from(config) {
         for (section, value) in root {
-            if !NODE_LOCAL_SECTIONS.contains(&section.as_str()) {
-                flatten(&section, &value, &mut out);
-            }
+            flatten(&section, &value, &mut out);
         }
     }
-    for key in NODE_LOCAL_KEYS {
-        out.remove(*key);
-    }
+    out.retain(|key, _| in_job(key));
     out
 }
 

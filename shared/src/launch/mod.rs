@@ -50,7 +50,7 @@ pub use agreement::{
 };
 pub use endpoint::{parse_host, parse_port, parse_rendezvous, Rendezvous, RENDEZVOUS_EXPECTED};
 pub use error::LaunchError;
-pub use job_config::{job_config, job_config_text, NODE_LOCAL_KEYS, NODE_LOCAL_SECTIONS};
+pub use job_config::{job_config, job_config_text};
 pub use resolve::resolve;
 
 /// The variables [`resolve`] reads; the daemon copies exactly these from its environment.

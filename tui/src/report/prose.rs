@@ -8,7 +8,7 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::health::{diff_fingerprints, Fingerprint};
 
 use super::{timeline, StatusReport};
-use crate::actions::LOCKED_KEYS;
+use crate::actions::UNLOCKABLE_KEYS;
 use crate::app::wording;
 use crate::fmt::{self, DisplayClock};
 
@@ -42,7 +42,7 @@ pub fn constraints(report: &StatusReport, config: Option<&serde_json::Value>) ->
             report.run.epochs.unwrap_or(6)
         ),
     ];
-    let locked: Vec<String> = LOCKED_KEYS
+    let locked: Vec<String> = UNLOCKABLE_KEYS
         .iter()
         .filter_map(|key| {
             let value = config.and_then(|c| value_at(c, key))?;
@@ -52,7 +52,7 @@ pub fn constraints(report: &StatusReport, config: Option<&serde_json::Value>) ->
     if locked.is_empty() {
         lines.push(format!(
             "Locked keys ({}) change only through a confirmed, audited unlock.",
-            LOCKED_KEYS.join(", ")
+            UNLOCKABLE_KEYS.join(", ")
         ));
     } else {
         lines.push(format!(
@@ -60,6 +60,11 @@ pub fn constraints(report: &StatusReport, config: Option<&serde_json::Value>) ->
             locked.join(", ")
         ));
     }
+    lines.push(
+        "The training signal (data order and split, architecture, optimiser, loss) never changes \
+         within a run."
+            .into(),
+    );
     lines.push(
         "Destructive actions (stop, kill, power off, delete a cache, unlock) need the run name \
          typed; scripts use --token ID --yes-i-know, which the journal records."

@@ -5,7 +5,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
 use super::theme::Theme;
-use crate::actions::{ActionFlow, Stage, LOCKED_KEYS};
+use crate::actions::{ActionFlow, Stage, UNLOCKABLE_KEYS};
 use crate::app::App;
 use crate::fmt;
 
@@ -37,7 +37,7 @@ pub fn draw(frame: &mut Frame, area: Rect, flow: &ActionFlow, app: &App, theme: 
     match &flow.stage {
         Stage::ChoosingKey { index } => {
             lines.push(Line::from(Span::styled("Which locked key?", theme.title())));
-            for (i, key) in LOCKED_KEYS.iter().enumerate() {
+            for (i, key) in UNLOCKABLE_KEYS.iter().enumerate() {
                 let style = if i == *index {
                     theme.selected()
                 } else {
