@@ -177,19 +177,45 @@ fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>)
     (chosen, note)
 }
 
-/// Builds the trainer (for a node of a job, joined to the job's gradient group: the build's
-/// last step) and resumes it from the checkpoint the gate chose, if any.
+/// What `start` learns and checks before it reads a weight: the topology, the target's
+/// shapes (its `config.json`), the drafter, the warm-start source, the data, the memory plan
+/// and the online prompts. A run any of these refuses is refused before the first weight
+/// shard is opened; [`build`] then loads the weights.
+pub struct Checked {
+    topology: TopologySpec,
+    topology_note: Option<String>,
+    /// The target's directory; `None` for the embedded target.
+    target_dir: Option<PathBuf>,
+    target_config: dflash_engine::model::target::TargetConfig,
+    drafter_cfg: dflash_engine::model::drafter::DrafterConfig,
+    warm_start_source: Option<DrafterSource>,
+    samples: Vec<Sample>,
+    report: LoadReport,
+    data_source: String,
+    memory_plan_note: Option<String>,
+    throughput_basis: Option<dflash_shared::health::healthy_record::ThroughputBasis>,
+    train_cfg: dflash_engine::train::config::TrainConfig,
+    online_prompts: Option<OnlinePrompts>,
+}
+
+/// Builds the trainer `inputs` describe ([`check`], then [`build`]).
 pub fn prepare(
     inputs: &SetupInputs<'_>,
     node: Option<NodeOfJob<'_>>,
 ) -> Result<Prepared, SetupError> {
+    let checked = check(inputs)?;
+    build(inputs, node, checked)
+}
+
+/// The topology this start drives: the configured one, or everything on `--device`.
+fn topology(inputs: &SetupInputs<'_>) -> Result<(TopologySpec, Option<String>), SetupError> {
     let cfg = inputs.config;
     // Without `--device` the whole configured topology runs (the target is loaded on the
     // first target device and replicated onto the others); with it, everything runs on that
     // one device and the note names the devices left idle.
     let (chosen, override_note) = training_device(inputs);
-    let (topology, topology_note) = match inputs.device_override {
-        Some(_) => (TopologySpec::single(tch_device(chosen)?), override_note),
+    match inputs.device_override {
+        Some(_) => Ok((TopologySpec::single(tch_device(chosen)?), override_note)),
         None => {
             for &d in cfg
                 .topology
@@ -199,11 +225,15 @@ pub fn prepare(
             {
                 tch_device(d)?;
             }
-            (TopologySpec::from_config(cfg), None)
+            Ok((TopologySpec::from_config(cfg), None))
         }
-    };
-    let device = topology.drafter_devices[0];
-    let target_device = topology.target_devices[0];
+    }
+}
+
+/// Everything `start` refuses without reading a weight ([`Checked`]). Writes nothing.
+pub fn check(inputs: &SetupInputs<'_>) -> Result<Checked, SetupError> {
+    let cfg = inputs.config;
+    let (topology, topology_note) = topology(inputs)?;
     let target_dir = if cfg.target.is_embedded() {
         None
     } else {
@@ -214,6 +244,75 @@ pub fn prepare(
             inputs.run_dir,
         )?)
     };
+    let target_config = match &target_dir {
+        None => embedded::tiny_target_config(),
+        Some(dir) => {
+            dflash_engine::model::target::TargetConfig::from_hf_dir(dir).map_err(|source| {
+                SetupError::Target {
+                    path: dir.clone(),
+                    cause: Box::new(source),
+                }
+            })?
+        }
+    };
+    let drafter_cfg = run_config::drafter_config(&cfg.drafter, &target_config);
+    let warm_start_source = warm_start_source(inputs, &drafter_cfg)?;
+    let vocab = target_config.vocab_size();
+    let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
+    cfg.check_against_dataset(samples.len())?;
+    let memory_plan_note = check_memory_plan(inputs, &target_config, &samples, &data_source)?;
+    let throughput_basis = memory_plan::throughput_basis(
+        cfg,
+        &target_config,
+        Devices::of(cfg, inputs.device_override),
+        &samples,
+    );
+    let (online_prompts_path, online_prompts) =
+        read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
+    let mut train_cfg = run_config::train_config(cfg, samples.len());
+    train_cfg.online_eval_prompts = online_prompts_path;
+    Ok(Checked {
+        topology,
+        topology_note,
+        target_dir,
+        target_config,
+        drafter_cfg,
+        warm_start_source,
+        samples,
+        report,
+        data_source,
+        memory_plan_note,
+        throughput_basis,
+        train_cfg,
+        online_prompts,
+    })
+}
+
+/// Loads the target's weights and builds the trainer of a [`check`]ed run: its data report
+/// written, the warm start loaded or the checkpoint restored.
+pub fn build(
+    inputs: &SetupInputs<'_>,
+    node: Option<NodeOfJob<'_>>,
+    checked: Checked,
+) -> Result<Prepared, SetupError> {
+    let cfg = inputs.config;
+    let Checked {
+        topology,
+        topology_note,
+        target_dir,
+        target_config,
+        drafter_cfg,
+        warm_start_source,
+        samples,
+        report,
+        data_source,
+        memory_plan_note,
+        throughput_basis,
+        train_cfg,
+        online_prompts,
+    } = checked;
+    let device = topology.drafter_devices[0];
+    let target_device = topology.target_devices[0];
     let target = match &target_dir {
         None => embedded::tiny_target(Some(inputs.run_dir), target_device)?,
         Some(dir) => TargetModel::load(dir, target_device, Some(compute_kind(target_device)))
@@ -222,13 +321,7 @@ pub fn prepare(
                 cause: Box::new(source),
             })?,
     };
-    let drafter_cfg = run_config::drafter_config(&cfg.drafter, target.config());
-    // Before this start writes anything of its own (the data report; the effective config,
-    // which would lock the refused value): a refused warm start leaves the run dir as it was.
-    let warm_start_source = warm_start_source(inputs, &drafter_cfg)?;
-    let vocab = target.config().vocab_size();
-    let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
-    cfg.check_against_dataset(samples.len())?;
+    debug_assert_eq!(target.config(), &target_config);
     let report_path = inputs.run_dir.join(DATA_REPORT_FILE);
     let bytes = serde_json::to_vec_pretty(&report.to_json(&data_source));
     bytes
@@ -238,17 +331,6 @@ pub fn prepare(
             path: report_path,
             cause: source,
         })?;
-    let memory_plan_note = check_memory_plan(inputs, target.config(), &samples, &data_source)?;
-    let throughput_basis = memory_plan::throughput_basis(
-        cfg,
-        target.config(),
-        Devices::of(cfg, inputs.device_override),
-        &samples,
-    );
-    let (online_prompts_path, online_prompts) =
-        read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
-    let mut train_cfg = run_config::train_config(cfg, samples.len());
-    train_cfg.online_eval_prompts = online_prompts_path;
     let (device_peaks, peak_notes) = crate::runtime::device_peaks::for_devices(
         &topology.devices(),
         device::compute_kind,
@@ -279,13 +361,12 @@ pub fn prepare(
     if let Some(dir) = &inputs.resume {
         trainer.restore_checkpoint_unlocked(dir, &unlocked)?;
     }
-    let resumed_from = inputs.resume.clone();
     Ok(Prepared {
         trainer,
         device,
         data_source,
         report,
-        resumed_from,
+        resumed_from: inputs.resume.clone(),
         topology_note,
         memory_plan_note,
         peak_notes,

@@ -249,3 +249,45 @@ fn validate_runs_starts_memory_plan_where_the_devices_memory_is_known() {
         assert_has(&out, &["pass --gpu-memory-gib", "start checks it"]);
     }
 }
+
+#[test]
+fn a_run_the_memory_plan_refuses_is_refused_before_a_weight_is_read() {
+    // The target's weight file is not a safetensors file: a start that read it first would
+    // name it. The plan (a billion-wide MLP against the host's memory) must be what refuses.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let target = tiny_target_dir(root, "target", &["tokenizer.json"]);
+    std::fs::write(target.join("model.safetensors"), b"not a safetensors file").unwrap();
+    let (file, _) = config(root, "huge.toml", |c| {
+        c.target.model = target.display().to_string();
+        c.training.online_eval_every = Some(0);
+        c.drafter.intermediate_size = 1_000_000_000;
+    });
+    let ((code, validated), (start, started)) = validate_and_start(root, &file);
+    assert_eq!(code, 1, "{validated}");
+    assert_eq!(start, Some(1), "{started}");
+    assert_has(
+        &started,
+        &["the memory plan predicts this run does not fit"],
+    );
+    assert!(
+        !started.contains("model.safetensors") && !started.contains("safetensors"),
+        "start read the weights before the plan refused:\n{started}"
+    );
+    let need = started
+        .lines()
+        .find(|l| l.contains("cpu (target_and_drafter): needs "))
+        .unwrap_or_else(|| panic!("no device line from start:\n{started}"))
+        .trim();
+    assert_has(&validated, &[need]);
+
+    // The plan satisfied, the same unreadable weights are what refuses, naming the file.
+    let (file, _) = config(root, "fits.toml", |c| {
+        c.target.model = target.display().to_string();
+        c.training.online_eval_every = Some(0);
+    });
+    let ((code, validated), (start, started)) = validate_and_start(root, &file);
+    assert_eq!(code, 0, "config validate reads no weight:\n{validated}");
+    assert_ne!(start, Some(0), "{started}");
+    assert_has(&started, &["model.safetensors"]);
+}
