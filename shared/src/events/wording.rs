@@ -76,16 +76,7 @@ impl EventKind {
                 " (informational; resume not held)".into(),
             ),
             EventKind::CacheChanged { name, path, change } => {
-                // `change` is the kind's word, then maybe "(was 2.1 GB, 418 entries)"
-                // (`health/cache.rs::CacheChange::to_event_kind`): the word is the headline's.
-                let (word, was) = match change.split_once(" (") {
-                    Some((word, rest)) => (word, format!(" ({rest}")),
-                    None => (change.as_str(), String::new()),
-                };
-                (
-                    format!("{} {word}", cache_label(name)),
-                    format!("{was} ({path})"),
-                )
+                cache_changed_wording(name, path, change)
             }
             EventKind::CheckpointWritten { step, path, bytes } => (
                 format!("checkpoint at step {}", format_thousands(*step)),
@@ -100,44 +91,22 @@ impl EventKind {
                 format!("best checkpoint: step {}", format_thousands(*step)),
                 format!(", tree τ@{budget} {tau_tree:.2} ({path})"),
             ),
-            EventKind::CheckpointFallback { from_step, to_step } => (
-                format!(
-                    "resumed from step {} instead of step {} (--resume-from)",
-                    format_thousands(*to_step),
-                    format_thousands(*from_step)
-                ),
-                "; the steps after it are trained again".into(),
-            ),
-            // A detector's message is its headline, a colon, then the figures:
-            // "GPU 0 memory volatile: range …".
+            EventKind::CheckpointFallback { from_step, to_step } => {
+                checkpoint_fallback_wording(*from_step, *to_step)
+            }
             EventKind::RegressionStarted { message, .. }
-            | EventKind::RegressionEnded { message, .. } => match message.split_once(": ") {
-                Some((headline, rest)) => (headline.to_string(), format!(": {rest}")),
-                None => bare(message.clone()),
-            },
+            | EventKind::RegressionEnded { message, .. } => regression_wording(message),
             EventKind::OperatorRequest {
                 uid,
                 request,
                 action_id,
-            } => (
-                format!("uid {uid} requested {request}"),
-                match action_id {
-                    Some(id) => format!(" (pending {id})"),
-                    None => String::new(),
-                },
-            ),
+            } => operator_request_wording(*uid, request, action_id.as_deref()),
             EventKind::OperatorConfirmed {
                 uid,
                 action_id,
                 via,
                 client_says,
-            } => (
-                format!("uid {uid} confirmed {action_id}"),
-                match client_says {
-                    Some(says) => format!(" via {via} (the client says {says})"),
-                    None => format!(" via {via}"),
-                },
-            ),
+            } => operator_confirmed_wording(*uid, action_id, via, client_says.as_deref()),
             EventKind::ActionExecuted { action_id, outcome } => {
                 bare(format!("operator action {action_id}: {outcome}"))
             }
@@ -162,6 +131,64 @@ impl EventKind {
             EventKind::Note { message } => bare(message.clone()),
         }
     }
+}
+
+fn cache_changed_wording(name: &str, path: &str, change: &str) -> (String, String) {
+    // `change` is the kind's word, then maybe "(was 2.1 GB, 418 entries)"
+    // (`health/cache.rs::CacheChange::to_event_kind`): the word is the headline's.
+    let (word, was) = match change.split_once(" (") {
+        Some((word, rest)) => (word, format!(" ({rest}")),
+        None => (change, String::new()),
+    };
+    (
+        format!("{} {word}", cache_label(name)),
+        format!("{was} ({path})"),
+    )
+}
+
+fn checkpoint_fallback_wording(from_step: u64, to_step: u64) -> (String, String) {
+    (
+        format!(
+            "resumed from step {} instead of step {} (--resume-from)",
+            format_thousands(to_step),
+            format_thousands(from_step)
+        ),
+        "; the steps after it are trained again".into(),
+    )
+}
+
+/// A detector's message is its headline, a colon, then the figures:
+/// "GPU 0 memory volatile: range …".
+fn regression_wording(message: &str) -> (String, String) {
+    match message.split_once(": ") {
+        Some((headline, rest)) => (headline.to_string(), format!(": {rest}")),
+        None => (message.to_string(), String::new()),
+    }
+}
+
+fn operator_request_wording(uid: u32, request: &str, action_id: Option<&str>) -> (String, String) {
+    (
+        format!("uid {uid} requested {request}"),
+        match action_id {
+            Some(id) => format!(" (pending {id})"),
+            None => String::new(),
+        },
+    )
+}
+
+fn operator_confirmed_wording(
+    uid: u32,
+    action_id: &str,
+    via: &str,
+    client_says: Option<&str>,
+) -> (String, String) {
+    (
+        format!("uid {uid} confirmed {action_id}"),
+        match client_says {
+            Some(says) => format!(" via {via} (the client says {says})"),
+            None => format!(" via {via}"),
+        },
+    )
 }
 
 /// "target worker 1 on cuda:3", or "worker on cuda:3" when the role or rank is unknown.

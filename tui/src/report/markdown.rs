@@ -105,28 +105,44 @@ pub fn render(report: &StatusReport) -> String {
     let _ = writeln!(out, "## Constraints & Preferences\n");
     list(&mut out, &report.constraints, "none recorded");
 
-    let _ = writeln!(out, "\n## Progress\n\n### Done\n");
-    list(&mut out, &report.progress.done, "nothing recorded yet");
-    let _ = writeln!(out, "\n### In Progress\n");
-    list(&mut out, &report.progress.in_progress, "nothing running");
-    let _ = writeln!(out, "\n### Blocked\n");
-    list(&mut out, &report.progress.blocked, "nothing");
+    write_progress(&mut out, report);
+    write_key_decisions(&mut out, report);
+    let _ = writeln!(out, "\n## Next Steps\n");
+    list(&mut out, &report.next_steps, "none");
 
+    write_critical_context(&mut out, report);
+    write_alerts(&mut out, report);
+    write_resources(&mut out, report);
+    write_timeline(&mut out, report);
+    write_relevant_files(&mut out, report);
+    out
+}
+
+fn write_progress(out: &mut String, report: &StatusReport) {
+    let _ = writeln!(out, "\n## Progress\n\n### Done\n");
+    list(out, &report.progress.done, "nothing recorded yet");
+    let _ = writeln!(out, "\n### In Progress\n");
+    list(out, &report.progress.in_progress, "nothing running");
+    let _ = writeln!(out, "\n### Blocked\n");
+    list(out, &report.progress.blocked, "nothing");
+}
+
+fn write_key_decisions(out: &mut String, report: &StatusReport) {
     let _ = writeln!(out, "\n## Key Decisions\n");
     let decisions: Vec<String> = report
         .key_decisions
         .iter()
         .map(|e| format!("{}: {}", e.at, e.text))
         .collect();
-    list(&mut out, &decisions, "no operator action recorded");
+    list(out, &decisions, "no operator action recorded");
     if !report.unconfirmed_requests.is_empty() {
         let _ = writeln!(out, "\n### Requested, never confirmed (no decision)\n");
-        list(&mut out, &report.unconfirmed_requests, "none");
+        list(out, &report.unconfirmed_requests, "none");
     }
+}
 
-    let _ = writeln!(out, "\n## Next Steps\n");
-    list(&mut out, &report.next_steps, "none");
-
+/// Throughput, the recipe, the job and the acceptance: the first lines of Critical Context.
+fn write_critical_context(out: &mut String, report: &StatusReport) {
     let _ = writeln!(out, "\n## Critical Context\n");
     let t = &report.throughput;
     let throughput = match (t.tokens_per_s, t.baseline_tokens_per_s) {
@@ -167,8 +183,11 @@ pub fn render(report: &StatusReport) -> String {
             crate::fmt::thousands(d.step)
         );
     }
-    // The worst alert with what preceded it; the others by their headline (Progress lists
-    // them all).
+}
+
+/// The worst alert with what preceded it; the others by their headline (Progress lists them
+/// all).
+fn write_alerts(out: &mut String, report: &StatusReport) {
     for (i, alert) in report.alerts.iter().enumerate() {
         let text = if i == 0 {
             &alert.explanation
@@ -182,6 +201,10 @@ pub fn render(report: &StatusReport) -> String {
             text
         );
     }
+}
+
+/// GPUs, the queue and the caches.
+fn write_resources(out: &mut String, report: &StatusReport) {
     match &report.gpus_unavailable {
         Some(reason) => {
             let _ = writeln!(out, "- GPUs: {reason}.");
@@ -213,6 +236,9 @@ pub fn render(report: &StatusReport) -> String {
             if cache.warm { "warm" } else { "cold" }
         );
     }
+}
+
+fn write_timeline(out: &mut String, report: &StatusReport) {
     let _ = writeln!(
         out,
         "\n### Timeline of changes (environment, caches, restarts, throughput)\n"
@@ -222,8 +248,10 @@ pub fn render(report: &StatusReport) -> String {
         .iter()
         .map(|e| format!("{} [{}] {}", e.at, e.category.word(), e.text))
         .collect();
-    list(&mut out, &timeline, "no change recorded in the journal");
+    list(out, &timeline, "no change recorded in the journal");
+}
 
+fn write_relevant_files(out: &mut String, report: &StatusReport) {
     let _ = writeln!(out, "\n## Relevant Files\n");
     let f = &report.files;
     let unknown = || "unknown".to_string();
@@ -258,7 +286,6 @@ pub fn render(report: &StatusReport) -> String {
     } else {
         let _ = writeln!(out, "- Data: {}", f.data.join(", "));
     }
-    out
 }
 
 /// Where the healthy record's clock stands: when the stretch began and when the record falls

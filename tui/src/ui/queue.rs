@@ -1,6 +1,7 @@
 //! Queue: depth against the watermarks, producer and consumer rates, and which side bounds the run.
 use dflash_shared::format::format_bytes;
 use dflash_shared::health::QueueBound;
+use dflash_shared::metrics::QueueStats;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
@@ -36,24 +37,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         queue.high_watermark,
         bar_width,
     );
-    let (verdict, style) = match app.telemetry.queue_diagnosis() {
-        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
-        Judged::Verdict(None) => ("needs two samples".to_string(), theme.dim()),
-        Judged::Verdict(Some(d)) => {
-            let side = match d.bound {
-                QueueBound::Balanced => {
-                    "balanced: neither side waits much on the other".to_string()
-                }
-                QueueBound::TargetBound => "the TARGET side bounds the run".to_string(),
-                QueueBound::DrafterBound => "the DRAFTER side bounds the run".to_string(),
-            };
-            let style = match d.bound {
-                QueueBound::Balanced => theme.ok(),
-                _ => theme.warn(),
-            };
-            (format!("{side} ({})", d.explanation), style)
-        }
-    };
+    let (verdict, style) = verdict(app, theme);
     let label = |t: &'static str| Span::styled(t, theme.dim());
     let lines = vec![
         Line::from(vec![label("depth     "), Span::raw(depth_bar)]),
@@ -89,6 +73,40 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ]),
         Line::from(vec![label("verdict   "), Span::styled(verdict, style)]),
     ];
+    let block = Block::bordered().title(Line::from(title(app, theme)));
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(ratatui::widgets::Wrap { trim: false }),
+        facts,
+    );
+
+    depth_history(frame, history, app, queue, theme);
+}
+
+/// The diagnosis of which side bounds the run, and the style that flags it.
+fn verdict(app: &App, theme: &Theme) -> (String, ratatui::style::Style) {
+    match app.telemetry.queue_diagnosis() {
+        Judged::AwaitingThresholds => (AWAITING_THRESHOLDS.to_string(), theme.dim()),
+        Judged::Verdict(None) => ("needs two samples".to_string(), theme.dim()),
+        Judged::Verdict(Some(d)) => {
+            let side = match d.bound {
+                QueueBound::Balanced => {
+                    "balanced: neither side waits much on the other".to_string()
+                }
+                QueueBound::TargetBound => "the TARGET side bounds the run".to_string(),
+                QueueBound::DrafterBound => "the DRAFTER side bounds the run".to_string(),
+            };
+            let style = match d.bound {
+                QueueBound::Balanced => theme.ok(),
+                _ => theme.warn(),
+            };
+            (format!("{side} ({})", d.explanation), style)
+        }
+    }
+}
+
+fn title(app: &App, theme: &Theme) -> Vec<Span<'static>> {
     let mut title = vec![Span::styled(" Hidden-state queue ", theme.title())];
     if let Some(stale) = app.queue_freshness().filter(|f| f.is_stale()) {
         title.push(Span::styled(
@@ -100,14 +118,10 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             theme.warn(),
         ));
     }
-    let block = Block::bordered().title(Line::from(title));
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .wrap(ratatui::widgets::Wrap { trim: false }),
-        facts,
-    );
+    title
+}
 
+fn depth_history(frame: &mut Frame, area: Rect, app: &App, queue: &QueueStats, theme: &Theme) {
     TimeChart {
         block: Block::bordered().title(Span::styled(" Depth over time ", theme.title())),
         lines: vec![chart::Line {
@@ -131,7 +145,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         from_zero: true,
         format_value: |v| format!("{v:.0}"),
     }
-    .draw(frame, history, theme);
+    .draw(frame, area, theme);
 }
 
 /// `[█████░░░|░░░░░|░░]` with the watermarks marked by `|`.
