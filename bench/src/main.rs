@@ -6,7 +6,7 @@
 //! memory is measured per process. The last stdout line is one JSON summary; the full results
 //! go to `<out-dir>/results.json` and `<out-dir>/results.md`.
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -219,31 +219,21 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
     let to_value = |v: serde_json::Result<Value>| {
         v.map_err(|e| BenchError::case(&dir, format!("cannot serialise the result: {e}")))
     };
-    let usage = |what: &str| BenchError::case(&dir, format!("child task {task:?} needs {what}"));
+    let child = ChildCall {
+        task,
+        args,
+        dir: &dir,
+        warmup,
+        steps,
+    };
+    let usage = |what: &str| child.usage(what);
     match task {
         ChildTask::PrepareStep => {
             let preset = step_preset(args.config.as_deref().ok_or_else(|| usage("--config"))?)?;
             to_value(serde_json::to_value(prepare_step_case(&preset, &dir)?))
         }
         ChildTask::RunStep => {
-            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
-            let kind = parse_kind(&args.dtype).map_err(|e| usage(&e.to_string()))?;
-            let backend = match args.backend.as_deref() {
-                None | Some("block_sparse") => AttentionBackend::BlockSparse,
-                Some("dense_mask") => AttentionBackend::DenseMask,
-                Some(_) => return Err(usage("--backend block_sparse|dense_mask")),
-            };
-            let opts = StepOptions {
-                warmup,
-                steps,
-                device,
-                kind,
-                forward_only: args.forward_only,
-                memory_steps: args.memory_steps,
-                backend,
-                activation_checkpointing: args.activation_checkpointing,
-                count_flops: args.count_flops,
-            };
+            let opts = child.step_options()?;
             to_value(serde_json::to_value(run_engine_step(&dir, &opts)?))
         }
         ChildTask::PrepareAttention => {
@@ -292,26 +282,7 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
             )?;
             Ok(json!({ "clients": args.clients }))
         }
-        ChildTask::RealStep => {
-            let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
-            let shape = if args.reduced {
-                real_step::reduced_structure()
-            } else {
-                real_step::real_structure()
-            };
-            let (shape, note) = real_step::fit_vocab(shape, device);
-            let opts = real_step::RealStepOptions {
-                shape,
-                device,
-                warmup,
-                steps,
-                peak_flops: args.datasheet_peak_tflops.map(|t| t * 1e12),
-                seed: 1,
-            };
-            let mut summary = real_step::run_real_step(&dir, &opts)?;
-            summary.vocab_note = note;
-            to_value(serde_json::to_value(summary))
-        }
+        ChildTask::RealStep => to_value(serde_json::to_value(child.real_step()?)),
         ChildTask::TargetLayers => {
             let device = parse_device(&args.device).map_err(|e| usage(&e.to_string()))?;
             let opts = target_layers::TargetLayersOptions {
@@ -327,29 +298,92 @@ fn child_value(task: ChildTask, args: &BenchArgs) -> Result<Value, BenchError> {
                 &opts,
             )?))
         }
-        ChildTask::MultiGpu => {
-            let devices = args
-                .devices
-                .iter()
-                .map(|d| parse_device(d))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| usage(&e.to_string()))?;
-            let [a, b] = devices[..] else {
-                return Err(usage("--devices with two devices (cuda:0,cuda:1)"));
-            };
-            let shape = if args.reduced {
-                real_step::reduced_structure()
-            } else {
-                real_step::real_structure()
-            };
-            let elements = dflash_engine::plan::drafter::drafter_params(&shape.drafter) as i64;
-            let all_reduce = multi_gpu::measure_all_reduce(&[a, b], elements, warmup, steps)?;
-            let parity = multi_gpu::two_rank_parity([a, b], 3)?;
-            Ok(json!({ "all_reduce": all_reduce, "two_rank_step": parity, "ok": parity.ok }))
-        }
+        ChildTask::MultiGpu => child.multi_gpu(),
         ChildTask::Queue => to_value(serde_json::to_value(run_queue(QueueCase::default_for(
             args.steps.unwrap_or(2000),
         ))?)),
+    }
+}
+
+/// One child task's arguments, with the defaults `child_value` filled in.
+struct ChildCall<'a> {
+    task: ChildTask,
+    args: &'a BenchArgs,
+    dir: &'a Path,
+    warmup: usize,
+    steps: usize,
+}
+
+impl ChildCall<'_> {
+    fn usage(&self, what: &str) -> BenchError {
+        let task = self.task;
+        BenchError::case(self.dir, format!("child task {task:?} needs {what}"))
+    }
+
+    fn step_options(&self) -> Result<StepOptions, BenchError> {
+        let args = self.args;
+        let device = parse_device(&args.device).map_err(|e| self.usage(&e.to_string()))?;
+        let kind = parse_kind(&args.dtype).map_err(|e| self.usage(&e.to_string()))?;
+        let backend = match args.backend.as_deref() {
+            None | Some("block_sparse") => AttentionBackend::BlockSparse,
+            Some("dense_mask") => AttentionBackend::DenseMask,
+            Some(_) => return Err(self.usage("--backend block_sparse|dense_mask")),
+        };
+        Ok(StepOptions {
+            warmup: self.warmup,
+            steps: self.steps,
+            device,
+            kind,
+            forward_only: args.forward_only,
+            memory_steps: args.memory_steps,
+            backend,
+            activation_checkpointing: args.activation_checkpointing,
+            count_flops: args.count_flops,
+        })
+    }
+
+    fn real_step(&self) -> Result<real_step::RealStepSummary, BenchError> {
+        let args = self.args;
+        let device = parse_device(&args.device).map_err(|e| self.usage(&e.to_string()))?;
+        let shape = if args.reduced {
+            real_step::reduced_structure()
+        } else {
+            real_step::real_structure()
+        };
+        let (shape, note) = real_step::fit_vocab(shape, device);
+        let opts = real_step::RealStepOptions {
+            shape,
+            device,
+            warmup: self.warmup,
+            steps: self.steps,
+            peak_flops: args.datasheet_peak_tflops.map(|t| t * 1e12),
+            seed: 1,
+        };
+        let mut summary = real_step::run_real_step(self.dir, &opts)?;
+        summary.vocab_note = note;
+        Ok(summary)
+    }
+
+    fn multi_gpu(&self) -> Result<Value, BenchError> {
+        let args = self.args;
+        let devices = args
+            .devices
+            .iter()
+            .map(|d| parse_device(d))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.usage(&e.to_string()))?;
+        let [a, b] = devices[..] else {
+            return Err(self.usage("--devices with two devices (cuda:0,cuda:1)"));
+        };
+        let shape = if args.reduced {
+            real_step::reduced_structure()
+        } else {
+            real_step::real_structure()
+        };
+        let elements = dflash_engine::plan::drafter::drafter_params(&shape.drafter) as i64;
+        let all_reduce = multi_gpu::measure_all_reduce(&[a, b], elements, self.warmup, self.steps)?;
+        let parity = multi_gpu::two_rank_parity([a, b], 3)?;
+        Ok(json!({ "all_reduce": all_reduce, "two_rank_step": parity, "ok": parity.ok }))
     }
 }
 

@@ -167,150 +167,12 @@ pub const PARITY_MULTI_CHUNK: &str = "small";
 
 /// The drafter-step preset called `name`.
 pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
-    use LayerType::{Full, Sliding};
     let preset = match name {
-        // The embedded default `dflashd start` trains, with DFlash's head: the one head the
-        // Python reference implements, so the engine and the reference run the same step
-        // (the bench's step trains whichever head its drafter has).
-        "tiny" => {
-            let target = tiny_target_config();
-            let train = tiny_train_config();
-            StepPreset {
-                name: "tiny",
-                drafter: tiny_dflash_drafter_config(&target),
-                features: FeatureSource::Target(target),
-                tokens: TokenSource::TinyDataset,
-                batch: train.batch_size,
-                seq_len: train.max_len,
-                num_anchors: train.num_anchors,
-                loss_chunk_positions: train.loss_chunk_positions,
-                lr: train.lr,
-                seed: 1,
-                bf16_files: false,
-            }
-        }
-        "small" => {
-            let (vocab, target_layers) = (4096, 8);
-            let shape = DrafterShape {
-                hidden: 256,
-                layers: vec![Sliding, Full],
-                heads: 8,
-                kv_heads: 2,
-                head_dim: 32,
-                block_size: 16,
-                window: Some(256),
-            };
-            StepPreset {
-                name: "small",
-                drafter: drafter(shape, target_layers, 2, vocab),
-                features: FeatureSource::Target(qwen3_5_target(
-                    256,
-                    target_layers,
-                    vocab,
-                    4,
-                    2,
-                    64,
-                )),
-                tokens: TokenSource::Random { prompt_len: 64 },
-                batch: 2,
-                seq_len: 512,
-                num_anchors: 32,
-                loss_chunk_positions: 2048,
-                lr: 6e-4,
-                seed: 2,
-                bf16_files: false,
-            }
-        }
-        "medium" => {
-            let (vocab, target_layers) = (16384, 8);
-            let shape = DrafterShape {
-                hidden: 512,
-                layers: vec![Sliding, Full, Full],
-                heads: 8,
-                kv_heads: 4,
-                head_dim: 64,
-                block_size: 16,
-                window: Some(512),
-            };
-            StepPreset {
-                name: "medium",
-                drafter: drafter(shape, target_layers, 3, vocab),
-                features: FeatureSource::Target(qwen3_5_target(
-                    512,
-                    target_layers,
-                    vocab,
-                    8,
-                    2,
-                    64,
-                )),
-                tokens: TokenSource::Random { prompt_len: 128 },
-                batch: 1,
-                seq_len: 1024,
-                num_anchors: 64,
-                loss_chunk_positions: 2048,
-                lr: 6e-4,
-                seed: 3,
-                bf16_files: false,
-            }
-        }
-        // One large GPU (H200 class): a Qwen3-8B-sized DFlash drafter (hidden 4096, 5 layers,
-        // 32/8 heads of 128) at the spec's training shape (4096 tokens, 512 anchors, block 16).
-        // The vocabulary is cut to 64K so the case files stay small; the LM head is then a
-        // smaller share of the step than with a 152K-248K vocabulary.
-        "gpu-large" => {
-            let vocab = 65536;
-            let shape = DrafterShape {
-                hidden: 4096,
-                layers: vec![Full; 5],
-                heads: 32,
-                kv_heads: 8,
-                head_dim: 128,
-                block_size: 16,
-                window: None,
-            };
-            StepPreset {
-                name: "gpu-large",
-                drafter: drafter(shape, 36, 5, vocab),
-                features: FeatureSource::Random { vocab_size: vocab },
-                tokens: TokenSource::Random { prompt_len: 256 },
-                batch: 1,
-                seq_len: 4096,
-                num_anchors: 512,
-                loss_chunk_positions: 2048,
-                lr: 6e-4,
-                seed: 4,
-                bf16_files: true,
-            }
-        }
-        // The real drafter's structure (configs/qwen3.6-27b-8gpu.toml: 1024 anchors of 32 over
-        // 3072 tokens, 4 sliding layers of window 2048 + 1 full, GQA 4:1, head_dim 128) with
-        // hidden 256, 4/1 heads and a 8K vocabulary, so a CPU step fits a few GB and minutes
-        // (the `plan` case's memory check at the real anchor layout).
-        "real-structure" => {
-            let vocab = 8192;
-            let shape = DrafterShape {
-                hidden: 256,
-                layers: vec![Sliding, Sliding, Sliding, Sliding, Full],
-                heads: 4,
-                kv_heads: 1,
-                head_dim: 128,
-                block_size: 32,
-                window: Some(2048),
-            };
-            StepPreset {
-                name: "real-structure",
-                drafter: drafter(shape, 8, 5, vocab),
-                features: FeatureSource::Random { vocab_size: vocab },
-                tokens: TokenSource::Random { prompt_len: 460 },
-                batch: 1,
-                seq_len: 3072,
-                num_anchors: 1024,
-                loss_chunk_positions: 2048,
-                lr: 6e-4,
-                seed: 5,
-                bf16_files: false,
-            }
-        }
+        "tiny" => tiny_step_preset(),
+        "small" => small_step_preset(),
+        "medium" => medium_step_preset(),
+        "gpu-large" => gpu_large_step_preset(),
+        "real-structure" => real_structure_step_preset(),
         "small-domino" => small_domino()?,
         other => {
             return Err(BenchError::Unknown {
@@ -321,6 +183,143 @@ pub fn step_preset(name: &str) -> Result<StepPreset, BenchError> {
         }
     };
     Ok(preset)
+}
+
+/// The embedded default `dflashd start` trains, with DFlash's head: the one head the
+/// Python reference implements, so the engine and the reference run the same step
+/// (the bench's step trains whichever head its drafter has).
+fn tiny_step_preset() -> StepPreset {
+    let target = tiny_target_config();
+    let train = tiny_train_config();
+    StepPreset {
+        name: "tiny",
+        drafter: tiny_dflash_drafter_config(&target),
+        features: FeatureSource::Target(target),
+        tokens: TokenSource::TinyDataset,
+        batch: train.batch_size,
+        seq_len: train.max_len,
+        num_anchors: train.num_anchors,
+        loss_chunk_positions: train.loss_chunk_positions,
+        lr: train.lr,
+        seed: 1,
+        bf16_files: false,
+    }
+}
+
+fn small_step_preset() -> StepPreset {
+    use LayerType::{Full, Sliding};
+    let (vocab, target_layers) = (4096, 8);
+    let shape = DrafterShape {
+        hidden: 256,
+        layers: vec![Sliding, Full],
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 32,
+        block_size: 16,
+        window: Some(256),
+    };
+    StepPreset {
+        name: "small",
+        drafter: drafter(shape, target_layers, 2, vocab),
+        features: FeatureSource::Target(qwen3_5_target(256, target_layers, vocab, 4, 2, 64)),
+        tokens: TokenSource::Random { prompt_len: 64 },
+        batch: 2,
+        seq_len: 512,
+        num_anchors: 32,
+        loss_chunk_positions: 2048,
+        lr: 6e-4,
+        seed: 2,
+        bf16_files: false,
+    }
+}
+
+fn medium_step_preset() -> StepPreset {
+    use LayerType::{Full, Sliding};
+    let (vocab, target_layers) = (16384, 8);
+    let shape = DrafterShape {
+        hidden: 512,
+        layers: vec![Sliding, Full, Full],
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 64,
+        block_size: 16,
+        window: Some(512),
+    };
+    StepPreset {
+        name: "medium",
+        drafter: drafter(shape, target_layers, 3, vocab),
+        features: FeatureSource::Target(qwen3_5_target(512, target_layers, vocab, 8, 2, 64)),
+        tokens: TokenSource::Random { prompt_len: 128 },
+        batch: 1,
+        seq_len: 1024,
+        num_anchors: 64,
+        loss_chunk_positions: 2048,
+        lr: 6e-4,
+        seed: 3,
+        bf16_files: false,
+    }
+}
+
+/// One large GPU (H200 class): a Qwen3-8B-sized DFlash drafter (hidden 4096, 5 layers,
+/// 32/8 heads of 128) at the spec's training shape (4096 tokens, 512 anchors, block 16).
+/// The vocabulary is cut to 64K so the case files stay small; the LM head is then a
+/// smaller share of the step than with a 152K-248K vocabulary.
+fn gpu_large_step_preset() -> StepPreset {
+    use LayerType::Full;
+    let vocab = 65536;
+    let shape = DrafterShape {
+        hidden: 4096,
+        layers: vec![Full; 5],
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        block_size: 16,
+        window: None,
+    };
+    StepPreset {
+        name: "gpu-large",
+        drafter: drafter(shape, 36, 5, vocab),
+        features: FeatureSource::Random { vocab_size: vocab },
+        tokens: TokenSource::Random { prompt_len: 256 },
+        batch: 1,
+        seq_len: 4096,
+        num_anchors: 512,
+        loss_chunk_positions: 2048,
+        lr: 6e-4,
+        seed: 4,
+        bf16_files: true,
+    }
+}
+
+/// The real drafter's structure (configs/qwen3.6-27b-8gpu.toml: 1024 anchors of 32 over
+/// 3072 tokens, 4 sliding layers of window 2048 + 1 full, GQA 4:1, head_dim 128) with
+/// hidden 256, 4/1 heads and a 8K vocabulary, so a CPU step fits a few GB and minutes
+/// (the `plan` case's memory check at the real anchor layout).
+fn real_structure_step_preset() -> StepPreset {
+    use LayerType::{Full, Sliding};
+    let vocab = 8192;
+    let shape = DrafterShape {
+        hidden: 256,
+        layers: vec![Sliding, Sliding, Sliding, Sliding, Full],
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 128,
+        block_size: 32,
+        window: Some(2048),
+    };
+    StepPreset {
+        name: "real-structure",
+        drafter: drafter(shape, 8, 5, vocab),
+        features: FeatureSource::Random { vocab_size: vocab },
+        tokens: TokenSource::Random { prompt_len: 460 },
+        batch: 1,
+        seq_len: 3072,
+        num_anchors: 1024,
+        loss_chunk_positions: 2048,
+        lr: 6e-4,
+        seed: 5,
+        bf16_files: false,
+    }
 }
 
 /// The attention case (spec §2.5 at the training shape, heads and dims scaled down).

@@ -301,19 +301,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         shape.max_seq_len,
         if shape.max_seq_len >= 2048 { 256 } else { 32 },
     );
-    let samples = Arc::new(synthetic_samples(shape, &buckets, opts.seed));
-    let spec = MicroSpec {
-        seed: opts.seed,
-        batch_size: 1,
-        num_anchors: shape.num_anchors,
-        block_size: d.block_size as usize,
-        gamma: default_gamma(d.block_size as usize),
-        rule: LabelMaskRule::default(),
-        pad_id: 0,
-        // The synthetic rows already come in `seq_buckets` lengths.
-        seq_len_multiple: 1,
-    };
-    let source = MicroSource::new(samples.clone(), (0..samples.len()).collect(), spec);
+    let source = micro_source(shape, &buckets, opts.seed);
     let opts_t = (kind, opts.device);
     let (embed, lm_head) = tch::no_grad(|| {
         (
@@ -332,14 +320,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         AdamWConfig::default(),
         opts.seed,
     );
-    let mut nvml = match opts.device {
-        Device::Cuda(i) => {
-            let mut s = GpuSampler::new();
-            s.set_roles_by_cuda_index(&[(i, dflash_shared::metrics::DeviceRole::Drafter)]);
-            Some(s)
-        }
-        _ => None,
-    };
+    let mut nvml = drafter_sampler(opts.device);
     let feature_width = d.target_hidden_size * d.target_layer_ids.len() as i64;
     let mut records = Vec::new();
     for step in 0..opts.warmup + opts.steps {
@@ -348,27 +329,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         let features = tch::no_grad(|| {
             Tensor::randn([micro.batch.batch as i64, seq_len, feature_width], opts_t)
         });
-        let step_shape = StepShape {
-            batch: micro.batch.batch as i64,
-            seq_len,
-            anchors: micro.anchors.positions.clone(),
-            keep: micro.anchors.keep.clone(),
-            weighted_positions: micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64,
-            corrected_positions: corrected_positions(d, &micro.labels.weights),
-            loss_chunk_positions: shape.loss_chunk_positions,
-            tree_budget: 0,
-        };
-        let flops = drafter_step_flops(&StepWork {
-            drafter: d,
-            batch: step_shape.batch,
-            seq_len,
-            anchors: &step_shape.anchors,
-            keep: &step_shape.keep,
-            weighted_positions: step_shape.weighted_positions,
-            corrected_positions: step_shape.corrected_positions,
-            vocab_size: d.vocab_size,
-        })
-        .total();
+        let step_shape = step_shape(d, &micro, shape.loss_chunk_positions);
+        let flops = step_flops(d, &step_shape);
         sync(opts.device);
         let started = Instant::now();
         let sums = replica.forward_backward(
@@ -402,26 +364,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             ..StepRecord::default()
         };
         r.rates(step_shape.batch * seq_len, opts.peak_flops);
-        if let Device::Cuda(i) = opts.device {
-            if let Ok(a) = allocator::cuda_stats(i) {
-                r.allocated_mb = Some(a.allocated_bytes as f64 / MIB);
-                r.reserved_mb = Some(a.reserved_bytes as f64 / MIB);
-                r.peak_allocated_mb = Some(a.peak_allocated_bytes as f64 / MIB);
-                r.num_alloc_retries = Some(a.alloc_retries);
-            }
-            let _ = allocator::reset_peak(i);
-        }
-        if let Some(s) = nvml.as_mut() {
-            if let dflash_shared::metrics::GpuTelemetry::Available { gpus } =
-                s.sample(dflash_shared::clock::now_ms())
-            {
-                r.nvml_used_mb = gpus
-                    .iter()
-                    .find(|g| g.role == dflash_shared::metrics::DeviceRole::Drafter)
-                    .and_then(|g| g.memory_used_bytes)
-                    .map(|b| b as f64 / MIB);
-            }
-        }
+        read_device_memory(&mut r, opts.device, nvml.as_mut());
         let line = serde_json::to_string(&r).map_err(|e| BenchError::case(dir, e.to_string()))?;
         writeln!(log, "{line}")
             .and_then(|_| log.flush())
@@ -437,6 +380,87 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         sdpa.name(),
         records,
     ))
+}
+
+fn micro_source(shape: &RealStepShape, buckets: &[i64], seed: u64) -> MicroSource {
+    let d = &shape.drafter;
+    let samples = Arc::new(synthetic_samples(shape, buckets, seed));
+    let spec = MicroSpec {
+        seed,
+        batch_size: 1,
+        num_anchors: shape.num_anchors,
+        block_size: d.block_size as usize,
+        gamma: default_gamma(d.block_size as usize),
+        rule: LabelMaskRule::default(),
+        pad_id: 0,
+        // The synthetic rows already come in `seq_buckets` lengths.
+        seq_len_multiple: 1,
+    };
+    MicroSource::new(samples.clone(), (0..samples.len()).collect(), spec)
+}
+
+/// NVML's view of the drafter's device (CUDA only), for the steps' used-memory readings.
+fn drafter_sampler(device: Device) -> Option<GpuSampler> {
+    match device {
+        Device::Cuda(i) => {
+            let mut s = GpuSampler::new();
+            s.set_roles_by_cuda_index(&[(i, dflash_shared::metrics::DeviceRole::Drafter)]);
+            Some(s)
+        }
+        _ => None,
+    }
+}
+
+fn step_shape(d: &DrafterConfig, micro: &PreparedMicro, loss_chunk_positions: i64) -> StepShape {
+    StepShape {
+        batch: micro.batch.batch as i64,
+        seq_len: (micro.batch.seq_len) as i64,
+        anchors: micro.anchors.positions.clone(),
+        keep: micro.anchors.keep.clone(),
+        weighted_positions: micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64,
+        corrected_positions: corrected_positions(d, &micro.labels.weights),
+        loss_chunk_positions,
+        tree_budget: 0,
+    }
+}
+
+fn step_flops(d: &DrafterConfig, step_shape: &StepShape) -> f64 {
+    drafter_step_flops(&StepWork {
+        drafter: d,
+        batch: step_shape.batch,
+        seq_len: step_shape.seq_len,
+        anchors: &step_shape.anchors,
+        keep: &step_shape.keep,
+        weighted_positions: step_shape.weighted_positions,
+        corrected_positions: step_shape.corrected_positions,
+        vocab_size: d.vocab_size,
+    })
+    .total()
+}
+
+/// The CUDA allocator's readings after a step (its peak reset for the next one) and NVML's
+/// used memory; nothing on the CPU.
+fn read_device_memory(r: &mut StepRecord, device: Device, nvml: Option<&mut GpuSampler>) {
+    if let Device::Cuda(i) = device {
+        if let Ok(a) = allocator::cuda_stats(i) {
+            r.allocated_mb = Some(a.allocated_bytes as f64 / MIB);
+            r.reserved_mb = Some(a.reserved_bytes as f64 / MIB);
+            r.peak_allocated_mb = Some(a.peak_allocated_bytes as f64 / MIB);
+            r.num_alloc_retries = Some(a.alloc_retries);
+        }
+        let _ = allocator::reset_peak(i);
+    }
+    if let Some(s) = nvml {
+        if let dflash_shared::metrics::GpuTelemetry::Available { gpus } =
+            s.sample(dflash_shared::clock::now_ms())
+        {
+            r.nvml_used_mb = gpus
+                .iter()
+                .find(|g| g.role == dflash_shared::metrics::DeviceRole::Drafter)
+                .and_then(|g| g.memory_used_bytes)
+                .map(|b| b as f64 / MIB);
+        }
+    }
 }
 
 fn summarise(

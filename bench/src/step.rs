@@ -10,9 +10,9 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
-use super::case::{read_meta, CaseTensors, DRAFTER_DIR};
+use super::case::{read_meta, CaseTensors, StepMeta, DRAFTER_DIR};
 use super::error::BenchError;
 use super::flop_counter::{count_flops, CountedFlops};
 use super::memory;
@@ -23,7 +23,7 @@ use dflash_engine::model::drafter::{AttentionBackend, Drafter};
 use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::domino::{domino_ce, domino_ce_backward, DominoBatch};
 use dflash_engine::train::drafter_io::{load_hf, named_parameters};
-use dflash_engine::train::loss::{weighted_ce, weighted_ce_backward};
+use dflash_engine::train::loss::{weighted_ce, weighted_ce_backward, LossSums};
 use dflash_engine::train::optim::AdamW;
 use dflash_shared::metrics::AllocatorStats;
 use dflashd::telemetry::allocator;
@@ -187,9 +187,90 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
     let block_ids = t.get("block_input_ids")?;
     let targets = t.get("targets")?;
     let weights = t.get("weights")?;
-    let denominator = weights.sum(Kind::Double).double_value(&[]);
+    let losses_of = StepLoss {
+        lm_head,
+        targets,
+        weights,
+        denominator: weights.sum(Kind::Double).double_value(&[]),
+        chunk_positions: meta.loss_chunk_positions,
+    };
     let (b, q) = (block_ids.size()[0], block_ids.size()[1]);
 
+    let mut run = engine_run(opts, &meta, &drafter, features);
+    let mut losses = Vec::new();
+    let mut norms = Vec::new();
+    let mut phases: [Vec<f64>; 3] = Default::default();
+    let mut lap = Lap::new(opts.device);
+    let timed_steps = opts.warmup + opts.steps;
+    let mut step = |i: usize| {
+        lap.restart();
+        let embeddings = lookup(embed, block_ids, b, q);
+        // A Domino head's GRU reads each block's true tokens, the slots' labels (teacher
+        // forcing, as `train/replica.rs` feeds it), looked up per step as the trainer does.
+        let label_embeddings = drafter.domino().map(|_| lookup(embed, targets, b, q));
+        let domino = losses_of.domino(&drafter, label_embeddings.as_ref());
+        let forward_pass = || drafter.forward(features, &embeddings, anchors, &keep, opts.backend);
+        let (loss, norm) = if opts.forward_only {
+            let sums = tch::no_grad(|| losses_of.forward(&forward_pass(), domino.as_ref()));
+            (sums.loss(), None)
+        } else {
+            // The forward split is taken when the output exists; the backward one includes
+            // the layers' recomputation under checkpointing.
+            let (forward, sums) = drafter.forward_backward(
+                features,
+                &embeddings,
+                anchors,
+                &keep,
+                opts.backend,
+                opts.activation_checkpointing,
+                |out| {
+                    let forward = lap.split();
+                    (forward, losses_of.backward(out, domino.as_ref()))
+                },
+            );
+            let backward = lap.split();
+            let report = optimizer.step(meta.lr);
+            optimizer.zero_grad();
+            if (opts.warmup..timed_steps).contains(&i) {
+                for (phase, ms) in phases.iter_mut().zip([forward, backward, lap.split()]) {
+                    phase.push(ms);
+                }
+            }
+            (sums.loss(), Some(report?.grad_norm))
+        };
+        if i < timed_steps {
+            losses.push(loss.is_finite().then_some(loss));
+            norms.push(norm.filter(|n| n.is_finite()));
+        }
+        Ok(())
+    };
+    // The peak must be this run's steps', not the loading's.
+    reset_cuda_peak(opts.device);
+    let timed = timed_loop(opts.warmup, opts.steps, opts.device, &mut step)?;
+    fill_device_memory(&mut run, opts.device, allocator::cuda_stats);
+    if memory_pass {
+        run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
+    }
+    if opts.count_flops {
+        let (counted_step, counted) = count_flops(|| step(timed_steps + opts.memory_steps));
+        counted_step?;
+        run.counted_flops = Some(counted);
+    }
+    run.losses = losses;
+    run.grad_norms = norms;
+    [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
+    run.absorb(timed);
+    Ok(run)
+}
+
+/// The run's description before any step: which engine, on what, at which case size, and
+/// the SDPA kernel its attention gets.
+fn engine_run(
+    opts: &StepOptions,
+    meta: &StepMeta,
+    drafter: &Drafter,
+    features: &Tensor,
+) -> StepRun {
     let mut run = StepRun {
         implementation: match opts.backend {
             AttentionBackend::BlockSparse => "engine".into(),
@@ -222,129 +303,87 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
             .name()
             .into(),
     );
-    let mut losses = Vec::new();
-    let mut norms = Vec::new();
-    let mut phases: [Vec<f64>; 3] = Default::default();
-    let mut lap = Lap::new(opts.device);
-    let timed_steps = opts.warmup + opts.steps;
-    let mut step = |i: usize| {
-        lap.restart();
-        let embeddings = tch::no_grad(|| {
-            embed
-                .index_select(0, &block_ids.reshape([-1]))
-                .view([b, q, -1])
-        });
-        // A Domino head's GRU reads each block's true tokens, the slots' labels (teacher
-        // forcing, as `train/replica.rs` feeds it), looked up per step as the trainer does.
-        let label_embeddings = drafter.domino().map(|_| {
-            tch::no_grad(|| {
-                embed
-                    .index_select(0, &targets.reshape([-1]))
-                    .view([b, q, -1])
-            })
-        });
-        let domino =
-            drafter
-                .domino()
-                .zip(label_embeddings.as_ref())
-                .map(|(head, label_embeddings)| DominoBatch {
-                    head,
-                    lm_head,
-                    label_embeddings,
-                    targets,
-                    weights,
-                    block_size: dc.block_size,
-                });
-        let forward_pass = || drafter.forward(features, &embeddings, anchors, &keep, opts.backend);
-        let (loss, norm) = if opts.forward_only {
-            let sums = tch::no_grad(|| {
-                let out = forward_pass();
-                match &domino {
-                    Some(batch) => domino_ce(
-                        &out,
-                        batch,
-                        LossObjective::Dflash,
-                        meta.loss_chunk_positions,
-                    ),
-                    None => weighted_ce(&out, lm_head, targets, weights, meta.loss_chunk_positions),
-                }
-            });
-            (sums.loss(), None)
-        } else {
-            // The forward split is taken when the output exists; the backward one includes
-            // the layers' recomputation under checkpointing.
-            let (forward, sums) = drafter.forward_backward(
-                features,
-                &embeddings,
-                anchors,
-                &keep,
-                opts.backend,
-                opts.activation_checkpointing,
-                |out| {
-                    let forward = lap.split();
-                    // The trainer's loss for the drafter's head (`train/replica.rs`). A
-                    // Domino head's curriculum runs at λ = 0, the corrected logits alone (what
-                    // the trainer passes without a schedule): λ only weighs the two terms,
-                    // both computed and backpropagated whatever it is, so the kernels and the
-                    // memory are the same at any λ.
-                    let sums = match &domino {
-                        Some(batch) => domino_ce_backward(
-                            out,
-                            batch,
-                            LossObjective::Dflash,
-                            0.0,
-                            denominator,
-                            meta.loss_chunk_positions,
-                        ),
-                        None => weighted_ce_backward(
-                            out,
-                            lm_head,
-                            targets,
-                            weights,
-                            denominator,
-                            meta.loss_chunk_positions,
-                        ),
-                    };
-                    (forward, sums)
-                },
-            );
-            let backward = lap.split();
-            let report = optimizer.step(meta.lr);
-            optimizer.zero_grad();
-            if (opts.warmup..timed_steps).contains(&i) {
-                for (phase, ms) in phases.iter_mut().zip([forward, backward, lap.split()]) {
-                    phase.push(ms);
-                }
-            }
-            (sums.loss(), Some(report?.grad_norm))
-        };
-        if i < timed_steps {
-            losses.push(loss.is_finite().then_some(loss));
-            norms.push(norm.filter(|n| n.is_finite()));
-        }
-        Ok(())
-    };
-    if let Device::Cuda(index) = opts.device {
-        // The peak must be this run's steps', not the loading's.
+    run
+}
+
+fn reset_cuda_peak(device: Device) {
+    if let Device::Cuda(index) = device {
         if let Err(e) = allocator::reset_peak(index) {
             eprintln!("cuda:{index}: allocator peak not reset ({e}); the peak includes loading");
         }
     }
-    let timed = timed_loop(opts.warmup, opts.steps, opts.device, &mut step)?;
-    fill_device_memory(&mut run, opts.device, allocator::cuda_stats);
-    if memory_pass {
-        run.live_step_mb = live_step_memory(timed_steps, opts.memory_steps, &mut step)?;
+}
+
+/// The frozen embedding rows of `ids`, shaped `[b, q, hidden]`.
+fn lookup(embed: &Tensor, ids: &Tensor, b: i64, q: i64) -> Tensor {
+    tch::no_grad(|| embed.index_select(0, &ids.reshape([-1])).view([b, q, -1]))
+}
+
+/// The trainer's loss for the drafter's head (`train/replica.rs`) on the case's labels.
+struct StepLoss<'a> {
+    lm_head: &'a Tensor,
+    targets: &'a Tensor,
+    weights: &'a Tensor,
+    denominator: f64,
+    chunk_positions: i64,
+}
+
+impl StepLoss<'_> {
+    /// A Domino head's batch over this step's label embeddings; `None` for DFlash's head.
+    fn domino<'b>(
+        &'b self,
+        drafter: &'b Drafter,
+        label_embeddings: Option<&'b Tensor>,
+    ) -> Option<DominoBatch<'b>> {
+        drafter
+            .domino()
+            .zip(label_embeddings)
+            .map(|(head, label_embeddings)| DominoBatch {
+                head,
+                lm_head: self.lm_head,
+                label_embeddings,
+                targets: self.targets,
+                weights: self.weights,
+                block_size: drafter.config().block_size,
+            })
     }
-    if opts.count_flops {
-        let (counted_step, counted) = count_flops(|| step(timed_steps + opts.memory_steps));
-        counted_step?;
-        run.counted_flops = Some(counted);
+
+    fn forward(&self, out: &Tensor, domino: Option<&DominoBatch>) -> LossSums {
+        match domino {
+            Some(batch) => domino_ce(out, batch, LossObjective::Dflash, self.chunk_positions),
+            None => weighted_ce(
+                out,
+                self.lm_head,
+                self.targets,
+                self.weights,
+                self.chunk_positions,
+            ),
+        }
     }
-    run.losses = losses;
-    run.grad_norms = norms;
-    [run.forward_ms, run.backward_ms, run.optimizer_ms] = phases.map(|p| median(&p));
-    run.absorb(timed);
-    Ok(run)
+
+    /// A Domino head's curriculum runs at λ = 0, the corrected logits alone (what the trainer
+    /// passes without a schedule): λ only weighs the two terms, both computed and
+    /// backpropagated whatever it is, so the kernels and the memory are the same at any λ.
+    fn backward(&self, out: &Tensor, domino: Option<&DominoBatch>) -> LossSums {
+        match domino {
+            Some(batch) => domino_ce_backward(
+                out,
+                batch,
+                LossObjective::Dflash,
+                0.0,
+                self.denominator,
+                self.chunk_positions,
+            ),
+            None => weighted_ce_backward(
+                out,
+                self.lm_head,
+                self.targets,
+                self.weights,
+                self.denominator,
+                self.chunk_positions,
+            ),
+        }
+    }
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
