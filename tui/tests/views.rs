@@ -393,6 +393,8 @@ fn delete_cache_names_the_path_and_size() {
 fn unlock_asks_for_the_key_first() {
     let mut app = live(false);
     assert!(app.handle(key('U')).is_empty());
+    // The keys an unlock can carry, in the key table's order: block size, tap layers, epochs.
+    app.handle(key('j'));
     app.handle(key('j'));
     snapshot("modal_unlock_choose_key", &app);
     let effects = app.handle(code(KeyCode::Enter));
