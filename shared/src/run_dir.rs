@@ -139,8 +139,7 @@ pub fn resolve_state_dirs(env: &XdgEnv<'_>) -> Option<StateDirs> {
 /// `$HOME` (else the password database's entry: `std::env::home_dir`, which finds the home
 /// exactly as `directories` does), `$XDG_STATE_HOME` and `$XDG_DATA_HOME`. The one read of these
 /// variables for `dflashd` and `dflash-tui`, so the two cannot disagree on where the files are.
-/// It is this crate's only look at the process environment, and it only reads. `None` without
-/// a home directory.
+/// It only reads the environment. `None` without a home directory.
 pub fn default_state_dirs() -> Option<StateDirs> {
     let home = std::env::home_dir();
     let (state, data) = (

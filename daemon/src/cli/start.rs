@@ -56,7 +56,7 @@ pub struct StartArgs {
     /// With --detach: if a dflashd already answers on the socket, say so and exit 0.
     #[arg(long, requires = "detach")]
     pub reuse_running: bool,
-    /// Stop after this many optimizer steps in this invocation (default: until 6 epochs are done).
+    /// Stop after this many optimizer steps in this invocation (default: until `training.epochs` are done).
     #[arg(long)]
     pub max_steps: Option<u64>,
     /// Append one JSON object per step here (default: <run-dir>/metrics.jsonl).

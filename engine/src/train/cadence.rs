@@ -10,8 +10,8 @@ pub struct Cadence {
     pub eval_every: u64,
     /// Checkpoint every this many steps (0: only when the loop ends).
     pub checkpoint_every: u64,
-    /// Evaluate online (speculative decoding against the target) every this many steps,
-    /// before the first step of a fresh run and at the end (0: never).
+    /// Evaluate online (speculative decoding against the target) every this many steps and
+    /// at the end, never before the first step (0: never).
     pub online_eval_every: u64,
 }
 

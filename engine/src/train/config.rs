@@ -54,8 +54,8 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Evaluate only the first this many held-out samples (0: all).
     pub eval_max_samples: usize,
-    /// Online evaluation (speculative decoding against the target) every this many steps,
-    /// before the first step of a fresh run and after the last (0: never).
+    /// Online evaluation (speculative decoding against the target) every this many steps and
+    /// after the last, never before the first (0: never).
     pub online_eval_every: u64,
     /// A JSONL prompt file or `"embedded"`; required when `online_eval_every > 0`.
     pub online_eval_prompts: Option<String>,

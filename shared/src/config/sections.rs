@@ -243,8 +243,8 @@ pub struct TrainingSection {
     /// Evaluate τ on the held-out split every this many optimizer steps.
     pub eval_every: u64,
     /// Online evaluation (chain and DDTree speculative decoding against the target, on one
-    /// device, between steps) every this many optimizer steps, before the first step of a
-    /// fresh run and after the last; 0 turns it off. Unset: [`DEFAULT_ONLINE_EVAL_EVERY`]
+    /// device, between steps) every this many optimizer steps and after the last; 0 turns it
+    /// off. It never runs before the first step (the offline evaluation gives that baseline). Unset: [`DEFAULT_ONLINE_EVAL_EVERY`]
     /// where there are prompts (`online_eval_prompts`), off where there are none. Not locked:
     /// it changes what is measured, never what is trained.
     #[serde(skip_serializing_if = "Option::is_none")]
