@@ -81,6 +81,9 @@ impl TimeChart<'_> {
         };
         let pad = ((hi - lo).abs() * 0.1).max(hi.abs() * 0.01).max(1e-9);
         let (y_lo, y_hi) = (if self.from_zero { lo } else { lo - pad }, hi + pad);
+        // The padding never takes an axis of non-negative figures (a loss, a rate, τ) below
+        // zero, where its label would read as a negative value.
+        let y_lo = if lo >= 0.0 { y_lo.max(0.0) } else { y_lo };
 
         let mut datasets = Vec::new();
         for (level, points) in self.levels.iter().zip(&level_data) {
@@ -136,5 +139,55 @@ impl TimeChart<'_> {
                 ratatui::layout::Constraint::Percentage(60),
             ));
         frame.render_widget(chart, area);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::history::Series;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    /// The chart of `values`, one a second up to `now`, as text.
+    fn rendered(values: &[f64]) -> String {
+        let now = 1_000_000;
+        let mut series = Series::new(1000, 3_600_000);
+        for (i, &v) in values.iter().enumerate() {
+            series.push(now - (values.len() - i) as i64 * 1000, v);
+        }
+        let mut terminal = Terminal::new(TestBackend::new(60, 12)).unwrap();
+        let theme = Theme::plain();
+        terminal
+            .draw(|frame| {
+                TimeChart {
+                    block: Block::bordered(),
+                    lines: vec![Line {
+                        name: "loss".into(),
+                        series: &series,
+                        style: Style::default(),
+                    }],
+                    levels: vec![],
+                    now_ms: now,
+                    from_zero: false,
+                    format_value: |v| format!("{v:.3}"),
+                }
+                .draw(frame, frame.area(), &theme)
+            })
+            .unwrap();
+        let buffer = terminal.backend().buffer();
+        buffer.content().iter().map(|c| c.symbol()).collect()
+    }
+
+    #[test]
+    fn an_axis_of_non_negative_values_does_not_run_below_zero() {
+        // A loss falling from 4.8 to 0.05: a 10 % pad below would label the axis -0.425.
+        let falling: Vec<f64> = (0..40).map(|i| 4.8 * 0.9_f64.powi(i) + 0.05).collect();
+        let text = rendered(&falling);
+        assert!(text.contains("0.000"), "{text}");
+        assert!(!text.contains("-0."), "{text}");
+        // Values below zero keep their padding.
+        let text = rendered(&[-1.0, 1.0]);
+        assert!(text.contains("-1.2"), "{text}");
     }
 }
