@@ -47,6 +47,16 @@ fn validate(root: &Path, file: &Path, extra: &[&str]) -> (i32, String) {
     (code, format!("{stderr}{stdout}"))
 }
 
+/// `config validate` states the CPU device's need in the very line `start` refused with.
+fn assert_same_device_need(started: &str, validated: &str) {
+    let need = started
+        .lines()
+        .find(|l| l.contains("cpu (target_and_drafter): needs "))
+        .unwrap_or_else(|| panic!("no device line from start:\n{started}"))
+        .trim();
+    assert_has(validated, &[need]);
+}
+
 fn assert_has(out: &str, needles: &[&str]) {
     for needle in needles {
         assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
@@ -218,12 +228,7 @@ fn validate_runs_starts_memory_plan_where_the_devices_memory_is_known() {
         ],
     );
     // The same need against the same memory, in start's words.
-    let need = started
-        .lines()
-        .find(|l| l.contains("cpu (target_and_drafter): needs "))
-        .unwrap_or_else(|| panic!("no device line from start:\n{started}"))
-        .trim();
-    assert_has(&validated, &[need]);
+    assert_same_device_need(&started, &validated);
 
     // A GPU topology on a machine that may have no GPU: the memory stated as `start` takes it.
     let (file, _) = config(root, "cuda.toml", |c| {
@@ -274,12 +279,7 @@ fn a_run_the_memory_plan_refuses_is_refused_before_a_weight_is_read() {
         !started.contains("model.safetensors") && !started.contains("safetensors"),
         "start read the weights before the plan refused:\n{started}"
     );
-    let need = started
-        .lines()
-        .find(|l| l.contains("cpu (target_and_drafter): needs "))
-        .unwrap_or_else(|| panic!("no device line from start:\n{started}"))
-        .trim();
-    assert_has(&validated, &[need]);
+    assert_same_device_need(&started, &validated);
 
     // The plan satisfied, the same unreadable weights are what refuses, naming the file.
     let (file, _) = config(root, "fits.toml", |c| {
