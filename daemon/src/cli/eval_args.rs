@@ -200,6 +200,8 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         dpace_alpha: args.dpace_alpha,
         tree_budgets: oracle_budgets(args),
         serve_tree_budget: Some(args.serve_tree_budget),
+        // `dflashd eval` is the figure of record: its oracle scores every block.
+        tree_block_subsample: 1,
     }
 }
 

@@ -54,6 +54,8 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Evaluate only the first this many held-out samples (0: all).
     pub eval_max_samples: usize,
+    /// The held-out evaluation's DDTree oracle at anchors that are a multiple of this.
+    pub eval_tree_block_subsample: usize,
     /// Online evaluation (speculative decoding against the target) every this many steps and
     /// after the last, never before the first (0: never).
     pub online_eval_every: u64,
@@ -104,6 +106,7 @@ impl Default for TrainConfig {
             held_out: 64,
             eval_every: 500,
             eval_max_samples: 0,
+            eval_tree_block_subsample: 1,
             online_eval_every: 0,
             online_eval_prompts: None,
             online_eval_max_prompts: 16,
@@ -149,6 +152,7 @@ impl TrainConfig {
             ("num_anchors", self.num_anchors),
             ("max_len", self.max_len),
             ("eval_anchors_per_forward", self.eval_anchors_per_forward),
+            ("eval_tree_block_subsample", self.eval_tree_block_subsample),
         ] {
             if v == 0 {
                 return bad(key, "must be at least 1, found 0".into());

@@ -38,6 +38,25 @@ use crate::decode::{accepted_per_budget, GoldSlot};
 use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::TargetModel;
 
+fn every_block() -> usize {
+    1
+}
+
+/// Whether the oracle scores the block of held-out row `row` at `anchor` when it scores one
+/// block in `one_in`: a fixed hash of the two (splitmix64's finalizer), so the subset is the
+/// same at every evaluation of a run and of every run, and owes nothing to where blocks sit.
+/// Every `k`-th anchor would: prompt headers of one length put response starts, where a
+/// drafter is weakest, at regular positions, and a stride in step with them is biased.
+pub fn in_tree_subsample(row: usize, anchor: i64, one_in: usize) -> bool {
+    if one_in <= 1 {
+        return true;
+    }
+    let mut z = ((row as u64) << 32 ^ anchor as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) % one_in as u64 == 0
+}
+
 /// The K of per-slot top-K recall.
 pub const TOPK_RECALL_KS: [usize; 5] = [1, 2, 4, 8, 16];
 
@@ -55,6 +74,9 @@ pub struct EvalOptions {
     pub tree_budgets: Vec<usize>,
     /// The budget serving uses; scored too, and reported as `tau_tree_serve`.
     pub serve_tree_budget: Option<usize>,
+    /// The oracle is scored at one block in this many ([`in_tree_subsample`]; 1: every
+    /// block).
+    pub tree_block_subsample: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +104,12 @@ pub struct EvalReport {
     /// Budget → the DDTree oracle τ on the same blocks (empty when no budget was asked for).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tau_tree_oracle: BTreeMap<usize, f64>,
+    /// The blocks the oracle scored, and the one-in-N subsample that chose them (1: every
+    /// block τ was scored at; [`in_tree_subsample`]).
+    #[serde(default)]
+    pub tree_blocks: u64,
+    #[serde(default = "every_block")]
+    pub tree_block_subsample: usize,
     /// The serving budget, and the oracle τ at it: the headline tree figure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_tree_budget: Option<usize>,
@@ -519,8 +547,12 @@ impl BlockScorer<'_> {
             return;
         };
         let (bs, anchors, labels) = (self.bs, chunk.anchors, chunk.labels);
+        let one_in = self.opts.tree_block_subsample;
         let kept: Vec<usize> = (0..anchors.keep.len())
-            .filter(|&blk| anchors.keep[blk])
+            .filter(|&blk| {
+                let row = chunk.first_row + blk / anchors.width;
+                anchors.keep[blk] && in_tree_subsample(row, anchors.positions[blk], one_in)
+            })
             .collect();
         let hidden = chunk.out.size()[2];
         let blocks = chunk.out.reshape([-1, bs as i64, hidden]);
@@ -599,6 +631,8 @@ fn report(
             .and_then(|b| tau_tree_oracle.get(&b).copied()),
         serve_tree_budget: opts.serve_tree_budget,
         tau_tree_oracle,
+        tree_blocks: tallies.trees.blocks,
+        tree_block_subsample: opts.tree_block_subsample.max(1),
         block_size: bs,
         samples,
         blocks: totals.blocks,
@@ -778,6 +812,7 @@ mod tests {
             dpace_alpha: 0.5,
             tree_budgets: vec![4, 16],
             serve_tree_budget: Some(4),
+            tree_block_subsample: 1,
         };
         let base = evaluate(&target, &dflash, &held, &opts).unwrap();
         assert_eq!(
@@ -805,6 +840,85 @@ mod tests {
             },
             base,
             "a zero correction scores as the DFlash drafter"
+        );
+    }
+
+    /// The in-training subsample scores the oracle at the blocks the hash picks, exactly as
+    /// the every-block oracle scores them, and leaves every chain figure alone.
+    #[test]
+    fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
+        use crate::train::embedded;
+        let device = tch::Device::Cpu;
+        let target = embedded::tiny_target(None, device).unwrap();
+        let cfg = embedded::tiny_dflash_drafter_config(target.config());
+        tch::manual_seed(5);
+        let vs = tch::nn::VarStore::new(device);
+        let drafter = Drafter::new(&vs.root(), &cfg);
+        let train = embedded::tiny_train_config();
+        let (samples, _) =
+            embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
+        let held: Vec<&Sample> = samples.iter().take(3).collect();
+        let every = EvalOptions {
+            anchors_per_forward: 64,
+            rows_per_forward: 2,
+            gamma: 4.0,
+            rule: LabelMaskRule::Independent,
+            chunk_positions: 256,
+            backend: AttentionBackend::BlockSparse,
+            dpace_alpha: 0.5,
+            tree_budgets: vec![4, 16],
+            serve_tree_budget: Some(16),
+            tree_block_subsample: 1,
+        };
+        let mut outcomes: Vec<(usize, i64, Vec<usize>)> = Vec::new();
+        let full = evaluate_with(&target, &drafter, &held, &every, &mut |b| {
+            outcomes.push((b.row, b.anchor, b.tree_accepted.to_vec()))
+        })
+        .unwrap();
+        assert_eq!(full.tree_blocks, full.blocks);
+        let one_in = 3;
+        let mut subsampled_seen = 0u64;
+        let subsampled = evaluate_with(
+            &target,
+            &drafter,
+            &held,
+            &EvalOptions {
+                tree_block_subsample: one_in,
+                ..every.clone()
+            },
+            &mut |b| {
+                assert!(in_tree_subsample(b.row, b.anchor, one_in));
+                subsampled_seen += 1;
+            },
+        )
+        .unwrap();
+        let kept: Vec<&Vec<usize>> = outcomes
+            .iter()
+            .filter(|(row, anchor, _)| in_tree_subsample(*row, *anchor, one_in))
+            .map(|(_, _, accepted)| accepted)
+            .collect();
+        assert!(!kept.is_empty() && kept.len() < outcomes.len());
+        assert_eq!(subsampled.tree_blocks, kept.len() as u64);
+        assert_eq!(subsampled_seen, kept.len() as u64);
+        assert_eq!(subsampled.tree_block_subsample, one_in);
+        for (i, budget) in [4usize, 16].iter().enumerate() {
+            let mean = kept.iter().map(|a| (a[i] + 1) as f64).sum::<f64>() / kept.len() as f64;
+            let got = subsampled.tau_tree_oracle[budget];
+            assert!(
+                (got - mean).abs() < 1e-12,
+                "budget {budget}: {got} vs {mean}"
+            );
+        }
+        assert_eq!(
+            EvalReport {
+                tau_tree_oracle: full.tau_tree_oracle.clone(),
+                tau_tree_serve: full.tau_tree_serve,
+                tree_blocks: full.tree_blocks,
+                tree_block_subsample: 1,
+                ..subsampled
+            },
+            full,
+            "the chain figures are every block's"
         );
     }
 

@@ -53,6 +53,7 @@ pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
         held_out: cfg.data.held_out_count(n_samples),
         eval_every: t.eval_every,
         eval_max_samples: t.eval_max_samples,
+        eval_tree_block_subsample: t.eval_tree_block_subsample,
         online_eval_every: t.online_eval_interval(),
         online_eval_prompts: t.online_eval_prompts.clone(),
         online_eval_max_prompts: t.online_eval_max_prompts,

@@ -424,6 +424,7 @@ impl Trainer {
             dpace_alpha: self.cfg.dpace_alpha,
             tree_budgets: self.cfg.online_eval_tree_budgets.clone(),
             serve_tree_budget: Some(self.cfg.serve_tree_budget),
+            tree_block_subsample: self.cfg.eval_tree_block_subsample,
         }
     }
 

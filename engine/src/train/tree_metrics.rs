@@ -86,6 +86,9 @@ fn path_dependent_trees(inputs: &TreeInputs, head: &DominoHead, budget: usize) -
     let (m, depths, hidden) = (size[0] as usize, size[1], size[2]);
     let (kind, device) = (inputs.slots.kind(), inputs.slots.device());
     let flat_slots = inputs.slots.reshape([-1, hidden]);
+    // The LM head's part of every slot's logits does not depend on the path: once per slot
+    // here (the group's `[m·(bs−1), V]`, as the independent trees hold), not once per node.
+    let slot_logits = base_logits(&flat_slots, inputs.lm_head);
     let mut searches: Vec<TreeSearch> = (0..m).map(|_| TreeSearch::new(budget)).collect();
     // rows b·stride: block b's root state; b·stride + n + 1: node n's; the last row stays 0
     let stride = budget as i64 + 1;
@@ -116,8 +119,9 @@ fn path_dependent_trees(inputs: &TreeInputs, head: &DominoHead, budget: usize) -
                 let v: Vec<i64> = drafting.iter().map(|&i| f(&requests[i])).collect();
                 Tensor::from_slice(&v).to_device(device)
             };
-            let z = flat_slots.index_select(0, &rows(&|r| r.block as i64 * depths + r.slot - 1));
-            let mut logits = base_logits(&z, inputs.lm_head);
+            let slot_rows = rows(&|r| r.block as i64 * depths + r.slot - 1);
+            let z = flat_slots.index_select(0, &slot_rows);
+            let mut logits = slot_logits.index_select(0, &slot_rows);
             let corrected: Vec<i64> = (0..drafting.len() as i64)
                 .filter(|&j| head.corrects_slot(requests[drafting[j as usize]].slot))
                 .collect();

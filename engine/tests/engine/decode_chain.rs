@@ -336,6 +336,7 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         dpace_alpha: 0.5,
         tree_budgets: vec![],
         serve_tree_budget: None,
+        tree_block_subsample: 1,
     };
     let offline =
         evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();

@@ -42,6 +42,7 @@ fn oracle_matches_online_rounds(target: &TargetModel, drafter: &Drafter) -> Vec<
         dpace_alpha: 0.5,
         tree_budgets: BUDGETS.to_vec(),
         serve_tree_budget: Some(3),
+        tree_block_subsample: 1,
     };
     let held: Vec<_> = samples.iter().collect();
     let mut oracle: HashMap<(usize, i64), Vec<usize>> = HashMap::new();

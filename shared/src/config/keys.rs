@@ -119,6 +119,7 @@ pub const KEYS: &[KeyKind] = &[
     cadence("training.seq_len_multiple", true),
     cadence("training.eval_every", false),
     cadence("training.eval_max_samples", false),
+    cadence("training.eval_tree_block_subsample", false),
     cadence("training.online_eval_every", false),
     cadence("training.online_eval_prompts", false),
     cadence("training.online_eval_max_prompts", false),

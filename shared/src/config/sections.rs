@@ -275,6 +275,11 @@ pub struct TrainingSection {
     pub label_mask: LabelMask,
     /// Evaluate only the first this many held-out samples (0: all of them).
     pub eval_max_samples: usize,
+    /// The in-training evaluation scores its DDTree oracle τ on one held-out block in this
+    /// many, the same fixed subset at every evaluation (1: every block, as `dflashd eval`
+    /// always does). For a run whose evaluation costs more than its steps, as the embedded
+    /// default's on a CPU (docs/training.md#tree-metrics-offline).
+    pub eval_tree_block_subsample: usize,
     /// Weighted positions per LM-head + cross-entropy chunk (bounds logits memory).
     pub loss_chunk_positions: usize,
     /// Anchors per row in one evaluation forward.
@@ -385,6 +390,7 @@ impl Default for TrainingSection {
             grad_accum: 1,
             label_mask: LabelMask::Independent,
             eval_max_samples: 0,
+            eval_tree_block_subsample: 1,
             loss_chunk_positions: 2048,
             eval_anchors_per_forward: 256,
             attention: AttentionBackend::BlockSparse,

@@ -50,6 +50,11 @@ fn length_and_cadence(c: &Config, v: &mut Vec<ConfigIssue>) {
         "training.eval_anchors_per_forward",
         t.eval_anchors_per_forward,
     );
+    positive(
+        v,
+        "training.eval_tree_block_subsample",
+        t.eval_tree_block_subsample,
+    );
     if t.eval_every == 0 {
         v.push(ConfigIssue::invalid(
             "training.eval_every",
