@@ -186,6 +186,26 @@ struct PositionScores {
     ce: Vec<f32>,
     /// `[n, TOPK_RECALL_KS.len()]` row-major.
     in_top: Vec<bool>,
+    /// With a correction: whether the LM head's logits alone put the label first, from the
+    /// same matmul (a Domino drafter's base τ needs nothing else of the base logits).
+    base_top1: Vec<bool>,
+}
+
+impl PositionScores {
+    /// The base logits' top-1 hits as scores that [`accumulate`] can take for τ: every
+    /// recall column holds the top-1 hit and CE is zero, so nothing but τ may be read of
+    /// the totals they go into.
+    fn base_for_tau(&self) -> PositionScores {
+        PositionScores {
+            ce: vec![0.0; self.base_top1.len()],
+            in_top: self
+                .base_top1
+                .iter()
+                .flat_map(|&hit| [hit; TOPK_RECALL_KS.len()])
+                .collect(),
+            base_top1: Vec::new(),
+        }
+    }
 }
 
 /// A Domino drafter's head and the GRU state each slot reads (`[B, N·bs, G]`), for scoring
@@ -212,13 +232,25 @@ fn score_positions(
     let n = idx.size()[0];
     let mut ce = Vec::with_capacity(n as usize);
     let mut in_top = Vec::with_capacity(n as usize * TOPK_RECALL_KS.len());
+    let mut base_top1 = Vec::new();
     let mut start = 0;
     while start < n {
         let len = chunk.min(n - start);
         let rows = idx.narrow(0, start, len);
         let z = flat.index_select(0, &rows);
         let mut logits = z.matmul(&lm_head.tr()).to_kind(Kind::Float);
+        let t = tgt.narrow(0, start, len);
         if let (Some(c), Some(states)) = (correction, &flat_states) {
+            let (_, first) = logits.topk(1, -1, true, true);
+            base_top1.extend(
+                Vec::<bool>::try_from(
+                    &first
+                        .squeeze_dim(1)
+                        .eq_tensor(&t)
+                        .to_device(tch::Device::Cpu),
+                )
+                .unwrap_or_default(),
+            );
             let corrected = rows
                 .remainder(c.block_size)
                 .ge(c.head.config().suffix_start())
@@ -230,7 +262,6 @@ fn score_positions(
             );
             logits = logits.index_add(0, &corrected, &delta.to_kind(Kind::Float));
         }
-        let t = tgt.narrow(0, start, len);
         let nll = -logits
             .log_softmax(-1, Kind::Float)
             .gather(1, &t.unsqueeze(1), false)
@@ -253,7 +284,11 @@ fn score_positions(
         );
         start += len;
     }
-    PositionScores { ce, in_top }
+    PositionScores {
+        ce,
+        in_top,
+        base_top1,
+    }
 }
 
 fn accumulate(
@@ -493,6 +528,7 @@ impl BlockScorer<'_> {
             let none = PositionScores {
                 ce: vec![],
                 in_top: vec![],
+                base_top1: vec![],
             };
             add(&mut tallies.totals, &none);
             add(&mut tallies.base_totals, &none);
@@ -519,20 +555,18 @@ impl BlockScorer<'_> {
                 block_size: bs as i64,
             }
         });
-        let score = |correction: Option<&Correction>| {
-            score_positions(
-                out,
-                &self.lm_head,
-                &targets,
-                &idx,
-                opts.chunk_positions.max(1),
-                self.max_k,
-                correction,
-            )
-        };
-        add(&mut tallies.totals, &score(correction.as_ref()));
+        let scores = score_positions(
+            out,
+            &self.lm_head,
+            &targets,
+            &idx,
+            opts.chunk_positions.max(1),
+            self.max_k,
+            correction.as_ref(),
+        );
+        add(&mut tallies.totals, &scores);
         if correction.is_some() {
-            add(&mut tallies.base_totals, &score(None));
+            add(&mut tallies.base_totals, &scores.base_for_tau());
         }
     }
 
@@ -662,6 +696,7 @@ mod tests {
         let scores = PositionScores {
             ce: vec![1.0; hits.len()],
             in_top,
+            base_top1: Vec::new(),
         };
         let mut totals = Totals::new(bs, TOPK_RECALL_KS.len());
         accumulate(
@@ -694,6 +729,7 @@ mod tests {
             let scores = PositionScores {
                 ce: vec![ln2 as f32; n],
                 in_top: vec![true; n * TOPK_RECALL_KS.len()],
+                base_top1: Vec::new(),
             };
             let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
             accumulate(&mut t, &anchors, &labels, bs, &valid_flat, &scores, 0.5);
