@@ -29,7 +29,7 @@ pub async fn execute(
             None => Err(format!("no directory recorded for the {name} cache")),
         },
         Action::UnlockKey { key } => unlock_key(handle, key, &id),
-        Action::ForgetHealthyRecord => forget_healthy_record(handle),
+        Action::ForgetHealthyRecord => forget_healthy_record(handle, &id, command_timeout).await,
     };
     let outcome = match &result {
         Ok(o) => o.clone(),
@@ -71,28 +71,30 @@ fn unlock_key(handle: &RunHandle, key: &str, id: &str) -> Result<String, String>
     ))
 }
 
-/// Deletes the healthy record's files and tells the health feed to judge throughput anew.
-/// The feed is told first, so a record it writes meanwhile is removed again when it takes the
-/// word (`runtime::health_feed`), never left behind as if the forget had not happened.
-fn forget_healthy_record(handle: &RunHandle) -> Result<String, String> {
-    handle.forget_healthy_record();
-    let mut removed = Vec::new();
-    for path in handle.healthy_record_files() {
-        match std::fs::remove_file(&path) {
-            Ok(()) => removed.push(path.display().to_string()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("deleting {}: {e}", path.display())),
-        }
-    }
-    let files = if removed.is_empty() {
-        "no record file was on disk".to_string()
-    } else {
-        format!("deleted {}", removed.join(" and "))
+/// Hands the forget to the run loop, whose health feed writes the record and so removes it
+/// (`RunCommand::ForgetHealthyRecord`); answers with the files it removed.
+async fn forget_healthy_record(
+    handle: &RunHandle,
+    id: &str,
+    command_timeout: Duration,
+) -> Result<String, String> {
+    let (reply, rx) = oneshot::channel::<CommandOutcome>();
+    let command = RunCommand::ForgetHealthyRecord {
+        action_id: id.to_string(),
+        reply,
     };
-    Ok(format!(
-        "healthy record forgotten ({files}); throughput is now judged against this run's own \
-         rate"
-    ))
+    if handle.send_command(command).is_err() {
+        return Err("no training loop is running: there is no record being judged against".into());
+    }
+    match tokio::time::timeout(command_timeout, rx).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) => Err("the run loop ended without answering; check the journal".into()),
+        Err(_) => Err(format!(
+            "the run loop did not answer within {} s (a long step or evaluation); the forget \
+             is still queued and happens at its next step",
+            command_timeout.as_secs()
+        )),
+    }
 }
 
 async fn stop_run_loop(

@@ -49,6 +49,12 @@ pub enum RunCommand {
         action_id: String,
         reply: oneshot::Sender<CommandOutcome>,
     },
+    /// Forget the healthy record: the health feed, which writes it, removes its files and
+    /// judges throughput anew. Reply with what was removed.
+    ForgetHealthyRecord {
+        action_id: String,
+        reply: oneshot::Sender<CommandOutcome>,
+    },
 }
 
 /// What the summary of kept-back filings counts.
@@ -72,8 +78,6 @@ struct Shared {
     /// The healthy record's files (the run dir's and its recipe's in the state dir), set by
     /// the health feed: what a confirmed forget removes.
     healthy_record_files: Mutex<Vec<PathBuf>>,
-    /// Set by a confirmed forget; the health feed takes it and judges throughput anew.
-    healthy_record_forgotten: AtomicBool,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
     queue_monitor: Mutex<Option<QueueMonitor>>,
     bus: FrameBus,
@@ -192,7 +196,6 @@ impl RunHandle {
                 unlocked_keys: Mutex::new(Vec::new()),
                 live_environment: Mutex::new(Vec::new()),
                 healthy_record_files: Mutex::new(Vec::new()),
-                healthy_record_forgotten: AtomicBool::new(false),
                 queue_monitor: Mutex::new(None),
                 bus,
                 recorder: recorder.map(Mutex::new),
@@ -318,22 +321,6 @@ impl RunHandle {
             .filter(|p| p.is_file())
             .cloned()
             .collect()
-    }
-
-    /// A confirmed forget: status no longer shows the record, and the health feed is told to
-    /// judge throughput anew ([`RunHandle::take_healthy_record_forgotten`]).
-    pub fn forget_healthy_record(&self) {
-        write(&self.inner.status).snapshot.healthy_record = None;
-        self.inner
-            .healthy_record_forgotten
-            .store(true, Ordering::SeqCst);
-    }
-
-    /// Whether a forget was confirmed since the last call.
-    pub fn take_healthy_record_forgotten(&self) -> bool {
-        self.inner
-            .healthy_record_forgotten
-            .swap(false, Ordering::SeqCst)
     }
 
     pub fn publish_queue(&self, q: QueueStats) {

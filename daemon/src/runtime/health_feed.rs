@@ -9,6 +9,7 @@
 //! With a [`HealthyRecordKeeper`] the feed also judges throughput against the run's healthy
 //! record (or its recipe's), explains every alert with what differs from that record, and
 //! writes this run's record once it has been healthy long enough.
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chrono::{FixedOffset, Offset};
@@ -92,15 +93,14 @@ impl HealthFeed {
         self
     }
 
-    /// Acts on a confirmed forget of the healthy record (`control::actions`), once.
-    fn take_forget(&mut self, ts_ms: i64) {
-        if !self.handle.take_healthy_record_forgotten() {
-            return;
-        }
+    /// A confirmed forget of the healthy record (`RunCommand::ForgetHealthyRecord`, on the run
+    /// loop's thread, so no record write can race it): its files are removed, the stretch
+    /// starts over and throughput is judged against this run's own rate. Returns the files
+    /// removed; an error leaves the record judged against as it was.
+    pub fn forget_record(&mut self, ts_ms: i64) -> std::io::Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
         if let Some(keeper) = self.record.as_mut() {
-            if let Err(e) = keeper.forget() {
-                tracing::warn!(error = %e, "removing the healthy record files after a forget");
-            }
+            removed = keeper.forget()?;
             self.handle.set_healthy_record(None, keeper.files());
         }
         let transition = self.monitor.forget_throughput_reference(ts_ms);
@@ -115,12 +115,12 @@ impl HealthFeed {
             },
         );
         self.refresh_alerts();
+        Ok(removed)
     }
 
     /// One optimizer step (not the pre-training evaluation line): throughput, and the serve
     /// gap when the step carries an online evaluation.
     pub fn observe_step(&mut self, m: &StepMetrics) {
-        self.take_forget(m.ts_ms);
         let transitions = self.monitor.observe_step(m);
         self.journal(&transitions);
         let t = self.monitor.throughput();

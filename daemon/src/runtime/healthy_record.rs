@@ -135,17 +135,18 @@ impl HealthyRecordKeeper {
         ]
     }
 
-    /// A confirmed forget: no record to judge against, the healthy stretch starts over, and
-    /// the record files are removed (again: the control plane removed them, and a write that
-    /// raced it must not survive). Returns the files it removed.
+    /// A confirmed forget: the record files are removed, then there is no record to judge
+    /// against and the healthy stretch starts over. Returns the files it removed; when a file
+    /// cannot be removed, the error names it and the record is still judged against.
     pub fn forget(&mut self) -> std::io::Result<Vec<PathBuf>> {
-        self.judged_against = None;
-        self.stretch.reset();
-        forget(
+        let removed = forget(
             &self.identity.run_dir,
             &self.state_dir,
             Some(&self.identity.recipe),
-        )
+        )?;
+        self.judged_against = None;
+        self.stretch.reset();
+        Ok(removed)
     }
 
     pub fn judged_against(&self) -> Option<&HealthyRecord> {
@@ -268,7 +269,12 @@ pub fn forget(
         match std::fs::remove_file(&p) {
             Ok(()) => removed.push(p),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("deleting {}: {e}", p.display()),
+                ))
+            }
         }
     }
     Ok(removed)
@@ -310,6 +316,56 @@ mod tests {
             domino: None,
             job: None,
         }
+    }
+
+    /// The one remover: a forget deletes the run dir's record and the recipe's and says which;
+    /// one it cannot delete is named, and the record is still judged against.
+    #[test]
+    fn a_forget_removes_both_records_and_a_failed_one_keeps_judging() {
+        let run = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let cfg = HealthyRecordConfig {
+            after_ok_s: 2.0,
+            refresh_s: 1.0,
+            use_recipe_record: true,
+        };
+        let open = || {
+            HealthyRecordKeeper::open(
+                cfg.clone(),
+                identity(run.path()),
+                state.path().to_path_buf(),
+                None,
+            )
+        };
+        let mut writer = open();
+        for s in 0..4 {
+            writer.observe_standing(s * 1000, Standing::Healthy);
+            writer.observe_step(&step(s * 1000, 1_000.0));
+        }
+        writer
+            .write(3_000, 4, &Fingerprint::default(), &[])
+            .unwrap()
+            .unwrap();
+        let mut keeper = open();
+        assert!(keeper.judged_against().is_some());
+        let [run_record, recipe_record] = [0, 1].map(|i| keeper.files()[i].clone());
+        std::fs::remove_file(&run_record).unwrap();
+        std::fs::create_dir(&run_record).unwrap();
+        let err = keeper.forget().unwrap_err();
+        assert!(
+            err.to_string().contains(&run_record.display().to_string()),
+            "{err}"
+        );
+        assert!(
+            keeper.judged_against().is_some(),
+            "a failed forget keeps it"
+        );
+        assert!(recipe_record.is_file());
+        std::fs::remove_dir(&run_record).unwrap();
+        std::fs::write(&run_record, "{}").unwrap();
+        assert_eq!(keeper.forget().unwrap(), vec![run_record, recipe_record]);
+        assert!(keeper.judged_against().is_none());
+        assert!(keeper.files().iter().all(|f| !f.exists()));
     }
 
     #[test]

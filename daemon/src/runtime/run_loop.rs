@@ -245,6 +245,10 @@ impl RunHooks for DaemonHooks {
                     self.killed = Some((action_id, reply));
                     return Next::Stop { checkpoint: false };
                 }
+                Ok(RunCommand::ForgetHealthyRecord { reply, .. }) => {
+                    let _ = reply.send(self.forget_healthy_record());
+                    None
+                }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
             }
         };
@@ -604,6 +608,10 @@ impl DaemonHooks {
                         }));
                         format!("stopped by operator ({action_id})")
                     }
+                    Ok(RunCommand::ForgetHealthyRecord { reply, .. }) => {
+                        let _ = reply.send(self.forget_healthy_record());
+                        continue;
+                    }
                     Err(_) if self.handle.is_shutdown_requested() => "the daemon shut down".into(),
                     Err(_) => continue,
                 }
@@ -611,6 +619,24 @@ impl DaemonHooks {
             self.journal_stop(&stopped(&how), last_path.clone());
             return Ending::Failed { error };
         }
+    }
+
+    /// A confirmed forget of the healthy record: the health feed removes the files it writes.
+    fn forget_healthy_record(&mut self) -> CommandOutcome {
+        let removed = self
+            .health
+            .forget_record(dflash_shared::clock::now_ms())
+            .map_err(|e| e.to_string())?;
+        let files = if removed.is_empty() {
+            "no record file was on disk".to_string()
+        } else {
+            let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+            format!("deleted {}", names.join(" and "))
+        };
+        Ok(format!(
+            "healthy record forgotten ({files}); throughput is now judged against this run's own \
+             rate"
+        ))
     }
 
     fn notify_progress(&mut self) {
