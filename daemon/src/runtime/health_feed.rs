@@ -115,6 +115,8 @@ impl HealthFeed {
             },
         );
         self.refresh_alerts();
+        // Status says what throughput is judged against now, not at the next step.
+        self.publish_judgement(&self.monitor.throughput());
         Ok(removed)
     }
 
