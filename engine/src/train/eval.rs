@@ -834,22 +834,9 @@ mod tests {
         let mut dflash_vs = tch::nn::VarStore::new(device);
         let dflash = Drafter::new(&dflash_vs.root(), &dflash_cfg);
         dflash_vs.copy(&domino_vs).unwrap();
-        let train = embedded::tiny_train_config();
-        let (samples, _) =
-            embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
-        let held: Vec<&Sample> = samples.iter().take(3).collect();
-        let opts = EvalOptions {
-            anchors_per_forward: 64,
-            rows_per_forward: 2,
-            gamma: 4.0,
-            rule: LabelMaskRule::Independent,
-            chunk_positions: 256,
-            backend: AttentionBackend::BlockSparse,
-            dpace_alpha: 0.5,
-            tree_budgets: vec![4, 16],
-            serve_tree_budget: Some(4),
-            tree_block_subsample: 1,
-        };
+        let samples = first_tiny_samples(&target, 3);
+        let held: Vec<&Sample> = samples.iter().collect();
+        let opts = tiny_eval_options(4);
         let base = evaluate(&target, &dflash, &held, &opts).unwrap();
         assert_eq!(
             base.base_tau, None,
@@ -879,6 +866,32 @@ mod tests {
         );
     }
 
+    /// The embedded data's first `n` samples, for the tests that evaluate on the tiny target.
+    fn first_tiny_samples(target: &TargetModel, n: usize) -> Vec<Sample> {
+        let train = crate::train::embedded::tiny_train_config();
+        let (mut samples, _) =
+            crate::train::embedded::tiny_samples(target.config().vocab_size(), train.max_len)
+                .unwrap();
+        samples.truncate(n);
+        samples
+    }
+
+    /// Small chunks and the oracle at budgets 4 and 16, every block scored, headed by `serve`.
+    fn tiny_eval_options(serve: usize) -> EvalOptions {
+        EvalOptions {
+            anchors_per_forward: 64,
+            rows_per_forward: 2,
+            gamma: 4.0,
+            rule: LabelMaskRule::Independent,
+            chunk_positions: 256,
+            backend: AttentionBackend::BlockSparse,
+            dpace_alpha: 0.5,
+            tree_budgets: vec![4, 16],
+            serve_tree_budget: Some(serve),
+            tree_block_subsample: 1,
+        }
+    }
+
     /// The in-training subsample scores the oracle at the blocks the hash picks, exactly as
     /// the every-block oracle scores them, and leaves every chain figure alone.
     #[test]
@@ -890,22 +903,9 @@ mod tests {
         tch::manual_seed(5);
         let vs = tch::nn::VarStore::new(device);
         let drafter = Drafter::new(&vs.root(), &cfg);
-        let train = embedded::tiny_train_config();
-        let (samples, _) =
-            embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
-        let held: Vec<&Sample> = samples.iter().take(3).collect();
-        let every = EvalOptions {
-            anchors_per_forward: 64,
-            rows_per_forward: 2,
-            gamma: 4.0,
-            rule: LabelMaskRule::Independent,
-            chunk_positions: 256,
-            backend: AttentionBackend::BlockSparse,
-            dpace_alpha: 0.5,
-            tree_budgets: vec![4, 16],
-            serve_tree_budget: Some(16),
-            tree_block_subsample: 1,
-        };
+        let samples = first_tiny_samples(&target, 3);
+        let held: Vec<&Sample> = samples.iter().collect();
+        let every = tiny_eval_options(16);
         let mut outcomes: Vec<(usize, i64, Vec<usize>)> = Vec::new();
         let full = evaluate_with(&target, &drafter, &held, &every, &mut |b| {
             outcomes.push((b.row, b.anchor, b.tree_accepted.to_vec()))
