@@ -1,0 +1,308 @@
+//! The offline evaluation's tests: block acceptance, D-PACE's sum, the Domino correction, the
+//! tree oracle's subsample and the metrics line's tree figures.
+use super::*;
+
+fn one_block(valid: Vec<bool>, hits: &[bool]) -> (Totals, usize) {
+    let bs = valid.len();
+    let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
+    let labels = BlockLabels {
+        targets: vec![0; bs],
+        weights: valid.iter().map(|v| f32::from(u8::from(*v))).collect(),
+        valid,
+    };
+    let valid_flat: Vec<usize> = (0..bs).filter(|&f| labels.valid[f]).collect();
+    assert_eq!(valid_flat.len(), hits.len());
+    let in_top: Vec<bool> = hits
+        .iter()
+        .flat_map(|&h| [h, true, true, true, true])
+        .collect();
+    let scores = PositionScores {
+        ce: vec![1.0; hits.len()],
+        in_top,
+        base_top1: Vec::new(),
+    };
+    let mut totals = Totals::new(bs, TOPK_RECALL_KS.len());
+    accumulate(
+        &mut totals,
+        &anchors,
+        &labels,
+        bs,
+        &valid_flat,
+        &scores,
+        0.5,
+    );
+    (totals, bs)
+}
+
+#[test]
+fn the_dpace_sum_weights_each_valid_slot_by_its_blocks_acceptance_weight() {
+    // Slots 1..3 valid with CE = ln 2 (q = 1/2), α = 1/2: s = 0.75 and
+    // w = (1.734375, 0.984375, 0.421875), so Σ CE·w = ln 2 · 3.140625. The invalid slot 2
+    // of the second case is a no-op in the product: w = (0.75 + 0.5625, 0.5625).
+    let ln2 = std::f64::consts::LN_2;
+    let run = |valid: Vec<bool>| {
+        let n = valid.iter().filter(|&&v| v).count();
+        let (mut t, bs) = (Totals::new(valid.len(), TOPK_RECALL_KS.len()), valid.len());
+        let labels = BlockLabels {
+            targets: vec![0; bs],
+            weights: vec![1.0; bs],
+            valid: valid.clone(),
+        };
+        let valid_flat: Vec<usize> = (0..bs).filter(|&f| valid[f]).collect();
+        let scores = PositionScores {
+            ce: vec![ln2 as f32; n],
+            in_top: vec![true; n * TOPK_RECALL_KS.len()],
+            base_top1: Vec::new(),
+        };
+        let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
+        accumulate(&mut t, &anchors, &labels, bs, &valid_flat, &scores, 0.5);
+        t.dpace_ce
+    };
+    let full = run(vec![false, true, true, true]);
+    assert!((full - ln2 * 3.140625).abs() < 1e-6, "{full}");
+    let gap = run(vec![false, true, false, true]);
+    assert!((gap - ln2 * (1.3125 + 0.5625)).abs() < 1e-6, "{gap}");
+}
+
+#[test]
+fn acceptance_stops_at_the_first_miss() {
+    // slots 1..4 valid; hits: yes, yes, no, yes -> accepted 2, τ 3.
+    let (t, _) = one_block(
+        vec![false, true, true, true, true],
+        &[true, true, false, true],
+    );
+    assert_eq!(t.blocks, 1);
+    assert_eq!(t.accepted_plus_one, 3.0);
+    assert_eq!(t.accepted_at, vec![0, 1, 1, 0, 0]);
+    assert_eq!(t.valid_at, vec![0, 1, 1, 1, 1]);
+    assert_eq!(t.hits_at[0], vec![0, 1, 1, 0, 1]);
+    assert_eq!(t.top1, 3);
+}
+
+#[test]
+fn invalid_slots_neither_count_nor_break_the_chain() {
+    // slot 2 is unsupervised (e.g. a user token inside the block): treated as correct.
+    let (t, _) = one_block(vec![false, true, false, true], &[true, true]);
+    assert_eq!(t.accepted_plus_one, 3.0);
+    assert_eq!(t.valid_at, vec![0, 1, 0, 1]);
+}
+
+#[test]
+fn a_domino_drafter_is_scored_on_its_corrected_logits() {
+    use crate::model::drafter::DominoConfig;
+    tch::manual_seed(6);
+    let (bs, h, v) = (4i64, 8i64, 11i64);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let cfg = DominoConfig {
+        emb_dim: 5,
+        gru_hidden_dim: 6,
+        pure_draft_prefix_len: 1,
+    };
+    let head = DominoHead::new(&vs.root(), &cfg, h, v, 0.5);
+    let opts = (Kind::Float, tch::Device::Cpu);
+    let out = Tensor::randn([1, 2 * bs, h], opts);
+    let lm_head = Tensor::randn([v, h], opts);
+    let states = head.slot_states(&Tensor::randn([1, 2 * bs, h], opts), bs);
+    let targets = Tensor::randint(v, [2 * bs], (Kind::Int64, tch::Device::Cpu));
+    let idx = Tensor::from_slice(&[1i64, 2, 3, 5, 6, 7]);
+    let correction = Correction {
+        head: &head,
+        states: states.shallow_clone(),
+        block_size: bs,
+    };
+    let scores =
+        tch::no_grad(|| score_positions(&out, &lm_head, &targets, &idx, 4, 4, Some(&correction)));
+    let dense = tch::no_grad(|| head.dense_logits(&out, &states, &lm_head, bs))
+        .view([-1, v])
+        .index_select(0, &idx);
+    let expected = dense
+        .cross_entropy_loss::<Tensor>(
+            &targets.index_select(0, &idx),
+            None,
+            tch::Reduction::None,
+            -100,
+            0.0,
+        )
+        .to_kind(Kind::Float);
+    let got = Tensor::from_slice(&scores.ce);
+    assert!(
+        got.allclose(&expected, 1e-5, 1e-5, false),
+        "{got:?} vs {expected:?}"
+    );
+    let base = tch::no_grad(|| score_positions(&out, &lm_head, &targets, &idx, 4, 4, None));
+    assert_eq!(base.ce[0], scores.ce[0], "slot 1 is the pure-draft prefix");
+    assert!(
+        base.ce[1..] != scores.ce[1..],
+        "the later slots are corrected"
+    );
+}
+
+#[test]
+fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_nothing() {
+    use crate::model::drafter::{DominoConfig, DrafterHead};
+    use crate::train::embedded;
+    let device = tch::Device::Cpu;
+    let target = embedded::tiny_target(None, device).unwrap();
+    let dflash_cfg = embedded::tiny_dflash_drafter_config(target.config());
+    let mut domino_cfg = dflash_cfg.clone();
+    domino_cfg.head = DrafterHead::Domino(DominoConfig {
+        emb_dim: 8,
+        gru_hidden_dim: 8,
+        pure_draft_prefix_len: 0,
+    });
+    tch::manual_seed(2);
+    let domino_vs = tch::nn::VarStore::new(device);
+    let domino = Drafter::new(&domino_vs.root(), &domino_cfg);
+    let mut dflash_vs = tch::nn::VarStore::new(device);
+    let dflash = Drafter::new(&dflash_vs.root(), &dflash_cfg);
+    dflash_vs.copy(&domino_vs).unwrap();
+    let samples = first_tiny_samples(&target, 3);
+    let held: Vec<&Sample> = samples.iter().collect();
+    let opts = tiny_eval_options(4);
+    let base = evaluate(&target, &dflash, &held, &opts).unwrap();
+    assert_eq!(
+        base.base_tau, None,
+        "a DFlash drafter has no base τ of its own"
+    );
+    let corrected = evaluate(&target, &domino, &held, &opts).unwrap();
+    assert_ne!(base.loss, corrected.loss, "the correction is applied");
+    assert_eq!(
+        corrected.base_tau,
+        Some(base.tau),
+        "its base τ is the backbone's alone"
+    );
+    tch::no_grad(|| {
+        let _ = domino_vs.variables()["embed_proj.2.weight"]
+            .shallow_clone()
+            .zero_();
+    });
+    let zeroed = evaluate(&target, &domino, &held, &opts).unwrap();
+    assert_eq!(zeroed.base_tau, Some(zeroed.tau));
+    assert_eq!(
+        EvalReport {
+            base_tau: None,
+            ..zeroed
+        },
+        base,
+        "a zero correction scores as the DFlash drafter"
+    );
+}
+
+/// The embedded data's first `n` samples, for the tests that evaluate on the tiny target.
+fn first_tiny_samples(target: &TargetModel, n: usize) -> Vec<Sample> {
+    let train = crate::train::embedded::tiny_train_config();
+    let (mut samples, _) =
+        crate::train::embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
+    samples.truncate(n);
+    samples
+}
+
+/// Small chunks and the oracle at budgets 4 and 16, every block scored, headed by `serve`.
+fn tiny_eval_options(serve: usize) -> EvalOptions {
+    EvalOptions {
+        anchors_per_forward: 64,
+        rows_per_forward: 2,
+        gamma: 4.0,
+        rule: LabelMaskRule::Independent,
+        chunk_positions: 256,
+        backend: AttentionBackend::BlockSparse,
+        dpace_alpha: 0.5,
+        tree_budgets: vec![4, 16],
+        serve_tree_budget: Some(serve),
+        tree_block_subsample: 1,
+    }
+}
+
+/// The in-training subsample scores the oracle at the blocks the hash picks, exactly as
+/// the every-block oracle scores them, and leaves every chain figure alone.
+#[test]
+fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
+    use crate::train::embedded;
+    let device = tch::Device::Cpu;
+    let target = embedded::tiny_target(None, device).unwrap();
+    let cfg = embedded::tiny_dflash_drafter_config(target.config());
+    tch::manual_seed(5);
+    let vs = tch::nn::VarStore::new(device);
+    let drafter = Drafter::new(&vs.root(), &cfg);
+    let samples = first_tiny_samples(&target, 3);
+    let held: Vec<&Sample> = samples.iter().collect();
+    let every = tiny_eval_options(16);
+    let mut outcomes: Vec<(usize, i64, Vec<usize>)> = Vec::new();
+    let full = evaluate_with(&target, &drafter, &held, &every, &mut |b| {
+        outcomes.push((b.row, b.anchor, b.tree_accepted.to_vec()))
+    })
+    .unwrap();
+    assert_eq!(full.tree_blocks, full.blocks);
+    let one_in = 3;
+    let mut subsampled_seen = 0u64;
+    let subsampled = evaluate_with(
+        &target,
+        &drafter,
+        &held,
+        &EvalOptions {
+            tree_block_subsample: one_in,
+            ..every.clone()
+        },
+        &mut |b| {
+            assert!(in_tree_subsample(b.row, b.anchor, one_in));
+            subsampled_seen += 1;
+        },
+    )
+    .unwrap();
+    let kept: Vec<&Vec<usize>> = outcomes
+        .iter()
+        .filter(|(row, anchor, _)| in_tree_subsample(*row, *anchor, one_in))
+        .map(|(_, _, accepted)| accepted)
+        .collect();
+    assert!(!kept.is_empty() && kept.len() < outcomes.len());
+    assert_eq!(subsampled.tree_blocks, kept.len() as u64);
+    assert_eq!(subsampled_seen, kept.len() as u64);
+    assert_eq!(subsampled.tree_block_subsample, one_in);
+    for (i, budget) in [4usize, 16].iter().enumerate() {
+        let mean = kept.iter().map(|a| (a[i] + 1) as f64).sum::<f64>() / kept.len() as f64;
+        let got = subsampled.tau_tree_oracle[budget];
+        assert!(
+            (got - mean).abs() < 1e-12,
+            "budget {budget}: {got} vs {mean}"
+        );
+    }
+    assert_eq!(
+        EvalReport {
+            tau_tree_oracle: full.tau_tree_oracle.clone(),
+            tau_tree_serve: full.tau_tree_serve,
+            tree_blocks: full.tree_blocks,
+            tree_block_subsample: 1,
+            ..subsampled
+        },
+        full,
+        "the chain figures are every block's"
+    );
+}
+
+#[test]
+fn the_metrics_lines_tree_figures_are_every_scored_budget_with_the_serving_one() {
+    let report = |tree: serde_json::Value, serve: serde_json::Value| -> EvalReport {
+        serde_json::from_value(serde_json::json!({
+            "tau": 2.5, "loss": 1.0, "accuracy": 0.5, "per_position_acceptance": [],
+            "topk_recall": {}, "tau_tree_oracle": tree, "serve_tree_budget": serve,
+            "block_size": 4, "samples": 1, "blocks": 1, "positions": 3,
+        }))
+        .unwrap()
+    };
+    let scored = report(serde_json::json!({"8": 3.0, "32": 3.5}), 32.into());
+    let tree = scored.tree_oracle_tau().expect("trees were scored");
+    assert_eq!(tree.serve_budget, 32);
+    assert_eq!(tree.by_budget, BTreeMap::from([(8, 3.0), (32, 3.5)]));
+    assert_eq!(tree.at_serve_budget(), Some((32, 3.5)));
+    let unscored = report(serde_json::json!({}), 32.into());
+    assert_eq!(unscored.tree_oracle_tau(), None, "no tree, no tree figures");
+    let unknown_budget = report(serde_json::json!({"8": 3.0}), serde_json::Value::Null);
+    assert_eq!(unknown_budget.tree_oracle_tau(), None);
+}
+
+#[test]
+fn a_first_miss_gives_tau_one() {
+    let (t, _) = one_block(vec![false, true, true], &[false, true]);
+    assert_eq!(t.accepted_plus_one, 1.0);
+    assert_eq!(t.hits_at[0], vec![0, 0, 1]);
+}
