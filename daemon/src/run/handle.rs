@@ -76,7 +76,7 @@ struct Shared {
     /// What the live environment watch sees differ from the start, worded (empty: nothing).
     live_environment: Mutex<Vec<String>>,
     /// The healthy record's files (the run dir's and its recipe's in the state dir), set by
-    /// the health feed: what a confirmed forget removes.
+    /// the health feed: what a forget's consequences name (the feed itself removes them).
     healthy_record_files: Mutex<Vec<PathBuf>>,
     /// The run's hidden-state queues, read by the telemetry timer between steps.
     queue_monitor: Mutex<Option<QueueMonitor>>,
