@@ -34,6 +34,8 @@ pub fn text(backend: &TestBackend) -> String {
 pub fn redacted() -> insta::Settings {
     let mut settings = insta::Settings::clone_current();
     settings.set_prepend_module_to_snapshot(false);
+    // One folder for every test binary's screens, wherever its source files sit.
+    settings.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots"));
     for (pattern, replacement) in [
         (r"\d{4}-\d{2}-\d{2}", "[date]"),
         (r"\b\d{2}-\d{2} ", "[date] "),
