@@ -19,12 +19,13 @@ violations=0
 EXCEPTIONS=(
   "daemon/src/runtime/guard_rails.rs|control|ARCHITECTURE.md: the one runtime/ file that imports control/ (it binds the control socket)"
   "daemon/src/runtime/guard_rails.rs|exporter|ARCHITECTURE.md: the one runtime/ file that imports exporter/ (it binds the metrics listener)"
-  "engine/src/train/online_eval.rs|decode|ARCHITECTURE.md: the in-training online evaluation runs decode::run_online"
+  "engine/src/train/trainer/online_eval.rs|decode|ARCHITECTURE.md: the in-training online evaluation runs decode::run_online"
   "engine/src/train/continuation_eval.rs|decode|ARCHITECTURE.md: offline tau on decode::run_online's reference outputs"
   "engine/src/train/error.rs|decode|ARCHITECTURE.md: TrainError carries decode's DecodeError from the online evaluation"
   "engine/src/train/tree_metrics.rs|decode|ARCHITECTURE.md: the offline DDTree oracle builds decode's own tree and scores it with decode::tree_oracle"
   "engine/src/train/eval.rs|decode|ARCHITECTURE.md: the offline evaluation hands tree_metrics decode's GoldSlot and tree types"
-  "engine/src/train/throughput.rs|plan|ARCHITECTURE.md: the one arrow from train/ into plan/ (the step's FLOPs for MFU)"
+  "engine/src/train/throughput.rs|plan|ARCHITECTURE.md: train/ reaches plan/ only for MFU's FLOP counts (the step's)"
+  "engine/src/train/peak.rs|plan|ARCHITECTURE.md: train/ reaches plan/ only for MFU's FLOP counts (the measured peak's matmul)"
 )
 
 is_exception() { # file module
@@ -72,20 +73,34 @@ for dir in runtime control exporter run telemetry; do
   rule "daemon/src/$dir" "cli" "nothing imports cli/ but main.rs"
 done
 
-# --- dflash-engine
-rule engine/src/model "train decode data plan regenerate" \
-  "model/ and data/ use neither train/ nor each other; nothing in model/ uses decode/ or plan/"
-rule engine/src/data "train decode model plan regenerate" \
-  "model/ and data/ use neither train/ nor each other; nothing in data/ uses decode/ or plan/"
-rule engine/src/decode "train data plan regenerate" \
-  "decode/ uses model/ only; decode/ never uses train/"
-rule engine/src/plan "train decode data regenerate" \
-  "plan/ is pure: it uses model/'s configs, parameter specs and the chunk planner"
-rule engine/src/train "decode plan regenerate" \
-  "train/ uses decode/ only in online_eval.rs, continuation_eval.rs, error.rs, tree_metrics.rs and eval.rs, and plan/ only in throughput.rs"
-for dir in model data decode plan train; do
-  rule "engine/src/$dir" "regenerate" "nothing else in the engine uses regenerate.rs"
-done
+# --- dflash-engine, bottom to top: {files/, device/} → collective/ → {model/, data/} →
+# {decode/, plan/} → train/ ; dist/ beside train/ ; {embedded/, regenerate/} on top.
+ENGINE_ROOMS="files device collective model data decode plan train dist embedded regenerate"
+engine_rule() { # ROOM ALLOWED RULE_TEXT: ROOM may import only itself and ALLOWED
+  local room=$1 allowed=$2 text=$3 forbidden="" r
+  for r in $ENGINE_ROOMS; do
+    [[ "$r" == "$room" || " $allowed " == *" $r "* ]] || forbidden="$forbidden $r"
+  done
+  rule "engine/src/$room" "$forbidden" "$text"
+}
+engine_rule files "" "files/ (the atomic write, the file hasher) imports no other room"
+engine_rule device "" "device/ (the device vocabulary, the process-wide generator, panic text) imports no other room"
+engine_rule collective "device" "collective/ (the all-reduce contract and its in-process endpoints) stands on device/ alone"
+engine_rule model "files device" "model/ uses files/ and device/ only: never data/, decode/, plan/ or train/"
+engine_rule data "files device" "data/ uses neither model/ nor train/"
+engine_rule decode "model files device" "decode/ uses model/ only; decode/ never uses train/ or data/"
+engine_rule plan "model collective files device" \
+  "plan/ is pure: model/'s configs, parameter specs and the chunk planner, and collective/'s bucket size"
+engine_rule train "files device collective model data decode plan" \
+  "train/ uses everything below it but no room beside or above it (dist/, embedded/, regenerate/)"
+rule engine/src/train "decode plan" \
+  "train/ uses decode/ only in the evaluations (trainer/online_eval.rs, continuation_eval.rs, error.rs, tree_metrics.rs, eval.rs), and plan/ only for MFU's FLOP counts (throughput.rs, peak.rs)"
+engine_rule dist "files device collective" \
+  "dist/ (the cross-process groups) stands on collective/, never on train/ or the model"
+engine_rule embedded "files device collective model data decode plan train" \
+  "embedded/ (the built-in default) is a top room: nothing but the binaries imports it"
+engine_rule regenerate "files device model data decode" \
+  "regenerate/ drives decode/ over data/; it uses no training code"
 
 # --- between crates: dflash-engine depends on no tokio, ratatui, nvml-wrapper, sysinfo or daemon code
 if tree=$(cargo tree -p dflash-engine -e normal --prefix none --offline 2>/dev/null); then

@@ -12,9 +12,9 @@ use super::compare::loss_tolerance;
 use super::error::BenchError;
 use super::stats::median;
 use super::timing::sync;
-use dflash_engine::train::embedded;
-use dflash_engine::train::topology::allreduce::{AllReduce, CpuGroup};
-use dflash_engine::train::topology::nccl::nccl_group;
+use dflash_engine::collective::allreduce::{AllReduce, CpuGroup};
+use dflash_engine::collective::nccl::nccl_group;
+use dflash_engine::embedded;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::trainer::Trainer;
 

@@ -20,9 +20,7 @@ use super::error::BenchError;
 use super::process::engine_command;
 use super::stats::median;
 use super::timing::thread_cpu_ms;
-use dflash_engine::train::embedded::{
-    tiny_drafter_config, tiny_samples, tiny_target, tiny_train_config,
-};
+use dflash_engine::embedded::{tiny_drafter_config, tiny_samples, tiny_target, tiny_train_config};
 use dflash_engine::train::Trainer;
 use dflashd::control::server::{ControlServer, ServerConfig};
 use dflashd::run::bus::FrameBus;

@@ -1,10 +1,8 @@
 //! The benchmark configurations, by name. Pure data: the same name always means the same
 //! shapes, seeds and data, so runs on different days (and the engine vs the reference) compare.
+use dflash_engine::embedded::{tiny_dflash_drafter_config, tiny_target_config, tiny_train_config};
 use dflash_engine::model::drafter::{DrafterConfig, LayerType};
 use dflash_engine::model::target::{Qwen3_5LayerKind, Qwen3_5TextConfig, TargetConfig};
-use dflash_engine::train::embedded::{
-    tiny_dflash_drafter_config, tiny_target_config, tiny_train_config,
-};
 
 use super::error::BenchError;
 
@@ -459,8 +457,8 @@ mod tests {
 
     #[test]
     fn tiny_is_the_embedded_default_with_dflashs_head() {
+        use dflash_engine::embedded::tiny_drafter_config;
         use dflash_engine::model::drafter::DrafterHead;
-        use dflash_engine::train::embedded::tiny_drafter_config;
         let p = step_preset("tiny").unwrap();
         let default = tiny_drafter_config(&tiny_target_config());
         assert_eq!(

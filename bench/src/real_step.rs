@@ -309,9 +309,9 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             Tensor::randn([d.vocab_size, d.hidden_size], opts_t) * 0.02,
         )
     });
-    dflash_engine::sdpa::choose_backends();
-    let site = dflash_engine::sdpa::drafter_site(d, opts.device);
-    let sdpa = dflash_engine::sdpa::backend_for(&site, opts.device, kind);
+    dflash_engine::model::sdpa::choose_backends();
+    let site = dflash_engine::model::sdpa::drafter_site(d, opts.device);
+    let sdpa = dflash_engine::model::sdpa::backend_for(&site, opts.device, kind);
     let mut replica = DrafterReplica::seeded(
         d,
         &embed,

@@ -286,7 +286,7 @@ fn engine_run(
         ..StepRun::default()
     };
     let dc = drafter.config();
-    let site = dflash_engine::sdpa::CallSite {
+    let site = dflash_engine::model::sdpa::CallSite {
         name: "drafter block-sparse (bias)",
         q_heads: dc.num_attention_heads,
         kv_heads: dc.num_key_value_heads,
@@ -297,9 +297,9 @@ fn engine_run(
         causal: false,
         gqa: false,
     };
-    dflash_engine::sdpa::choose_backends();
+    dflash_engine::model::sdpa::choose_backends();
     run.sdpa_backend = Some(
-        dflash_engine::sdpa::backend_for(&site, opts.device, opts.kind)
+        dflash_engine::model::sdpa::backend_for(&site, opts.device, opts.kind)
             .name()
             .into(),
     );

@@ -20,7 +20,7 @@ use shape_support::{
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use dflash_engine::train::embedded;
+use dflash_engine::embedded;
 use dflash_engine::train::micro::{MicroSource, MicroSpec};
 use dflash_engine::train::trainer::Trainer;
 use tch::Device;

@@ -12,9 +12,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use dflash_engine::decode::{generate_chain, generate_target_only, Sampling, Settings};
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::Drafter;
 use dflash_engine::train::drafter_io::load_hf;
-use dflash_engine::train::embedded;
 use tch::{nn, Device, Kind};
 
 /// The task of a prompt's last user turn: the token after its last `USER` (3).

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use dflash_engine::train::embedded;
+use dflash_engine::embedded;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::trainer::Trainer;
 use tch::Device;

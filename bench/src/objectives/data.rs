@@ -13,11 +13,11 @@ use super::run_config::{run_config_toml, RegeneratedData, RunRecipe};
 use super::summary::Contender;
 use super::{process_error, run_measured, ObjectivesOptions, TINY_VOCAB};
 use crate::error::BenchError;
-use dflash_engine::data::regenerate::SOURCE_LINE_KEY;
 use dflash_engine::data::{load, ChatEncoder, ChatOptions, DataFormat, LoadOptions, Sample};
-use dflash_engine::train::embedded::{tiny_samples, tiny_train_config, write_tiny_target};
+use dflash_engine::embedded::tiny_chat::tiny_chat_line;
+use dflash_engine::embedded::{tiny_samples, tiny_train_config, write_tiny_target};
+use dflash_engine::regenerate::rows::SOURCE_LINE_KEY;
 use dflash_engine::train::loader::split_held_out;
-use dflash_engine::train::tiny_chat::tiny_chat_line;
 use dflash_shared::config::Config;
 
 /// Which data a tournament trains on.

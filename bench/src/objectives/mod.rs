@@ -26,7 +26,7 @@ use super::error::BenchError;
 use super::process::run_json;
 use super::stats::median;
 use data::{PreparedData, Regeneration, TournamentData};
-use dflash_engine::train::embedded::tiny_heldout_prompts;
+use dflash_engine::embedded::tiny_heldout_prompts;
 use dflash_shared::config::TreeLoss;
 use run_config::{run_config_toml, RunRecipe};
 pub use summary::Contender;

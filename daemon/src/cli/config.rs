@@ -17,9 +17,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use dflash_engine::embedded;
 use dflash_engine::model::target::TargetConfig;
 use dflash_engine::train::warm_start::DrafterSource;
-use dflash_engine::train::{embedded, run_config, TrainError};
+use dflash_engine::train::{run_config, TrainError};
 use dflash_shared::config::{
     Config, ConfigFacts, InitFromMisfit, TargetShape, EMBEDDED_DATA, EMBEDDED_ORIGIN,
     EMBEDDED_PROMPTS,

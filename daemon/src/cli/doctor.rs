@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use crate::telemetry::{allocator, fingerprint, gpu::GpuSampler};
-use dflash_engine::train::topology::nccl;
+use dflash_engine::collective::nccl;
 
 fn or_unknown(value: Option<String>, why: &str) -> String {
     value.unwrap_or_else(|| format!("unknown ({why})"))
@@ -112,7 +112,7 @@ fn print_allocator_readings() {
 /// Which SDPA kernel each attention call site gets here, read from libtorch at the real
 /// Qwen3.6-27B / drafter head shapes (a block-sparse chunk: 128 rows, 2048 + 128 keys).
 fn print_sdpa_backends(cuda: bool) {
-    use dflash_engine::sdpa::{backend_for, choose_backends, CallSite};
+    use dflash_engine::model::sdpa::{backend_for, choose_backends, CallSite};
     let choice = choose_backends();
     let (device, kind) = if cuda {
         (tch::Device::Cuda(0), tch::Kind::BFloat16)

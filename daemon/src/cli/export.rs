@@ -175,7 +175,7 @@ fn domino_hints(domino: &DominoConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dflash_engine::train::embedded;
+    use dflash_engine::embedded;
     use tch::Device;
 
     #[test]

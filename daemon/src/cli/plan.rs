@@ -13,10 +13,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use dflash_engine::embedded;
 use dflash_engine::model::target::TargetConfig;
 use dflash_engine::plan::scaling::{self, ScalingInput, ScalingPlan, Verdict};
 use dflash_engine::plan::{plan_run, RunPlan};
-use dflash_engine::train::embedded;
 use dflash_shared::config::Config;
 use serde::Serialize;
 

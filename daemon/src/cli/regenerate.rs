@@ -3,7 +3,7 @@
 //! conversation), as DFlash recipes train on, written as a chat `--data` file for training.
 //!
 //! The rows and turns are the engine's ([`dflash_engine::regenerate`],
-//! [`dflash_engine::data::regenerate`]); this file does the I/O around them: the settings
+//! [`dflash_engine::regenerate::rows`]); this file does the I/O around them: the settings
 //! record beside the output, resuming from what an earlier run wrote, the ordered and synced
 //! writes, and the progress line.
 use std::fs::{File, OpenOptions};
@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dflash_engine::atomic_write::write_atomic;
-use dflash_engine::data::regenerate_output::{
-    differences, scan_output, RegenerateRecord, RECORD_FORMAT,
-};
 use dflash_engine::data::{load_stop_tokens, ChatEncoder, ChatOptions};
 use dflash_engine::decode::{Sampling, Settings};
 use dflash_engine::device::{compute_kind, kind_name, name as device_name};
+use dflash_engine::files::atomic_write::write_atomic;
 use dflash_engine::model::target::{parse_dtype, TargetModel};
+use dflash_engine::regenerate::output::{
+    differences, scan_output, RegenerateRecord, RECORD_FORMAT,
+};
 use dflash_engine::regenerate::{run as regenerate, Finished, Job, Outcome};
 use sha2::{Digest, Sha256};
 
@@ -274,7 +274,7 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
 }
 
 fn file_sha256(path: &Path) -> Result<String> {
-    let digest = dflash_engine::file_hash::sha256_file(path)
+    let digest = dflash_engine::files::hash::sha256_file(path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     Ok(digest.sha256)
 }

@@ -18,7 +18,7 @@ use dflash_shared::metrics::TimestampMs;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use dflash_engine::atomic_write::write_atomic;
+use dflash_engine::files::atomic_write::write_atomic;
 
 pub const EFFECTIVE_CONFIG_FILE: &str = "config.effective.toml";
 pub const UNLOCKS_FILE: &str = "unlocked-keys.json";

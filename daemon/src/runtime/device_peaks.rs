@@ -6,7 +6,7 @@
 //! replaces the measurement, and the journal says it was given, not measured: the test suite's
 //! daemons start that way, so each start does not spend a second timing matmuls.
 use dflash_engine::device;
-use dflash_engine::peak::measure_matmul;
+use dflash_engine::train::peak::measure_matmul;
 use dflash_engine::train::throughput::DevicePeaks;
 use dflash_shared::gpu_peaks::datasheet_peak;
 use tch::{Device, Kind};

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use chrono::FixedOffset;
-use dflash_engine::atomic_write::write_atomic;
+use dflash_engine::files::atomic_write::write_atomic;
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::{
     expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, RecordScope,

@@ -697,7 +697,7 @@ fn record_last_run(spec: &LaunchSpec) {
     let path = dflash_shared::run_dir::last_run_path(&spec.paths.state_dir);
     let written = serde_json::to_vec_pretty(&record)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| dflash_engine::atomic_write::write_atomic(&path, &bytes));
+        .and_then(|bytes| dflash_engine::files::atomic_write::write_atomic(&path, &bytes));
     if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "could not record the last run");
     }

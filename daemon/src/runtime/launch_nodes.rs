@@ -14,12 +14,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use dflash_engine::collective::allreduce::AllReduce;
 use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, Liveness, LivenessBounds, NodeEndpoint, OnSilence,
     ProcessGroupAllReduce, StoreError, TcpStore,
 };
 use dflash_engine::train::shard::NodeShard;
-use dflash_engine::train::topology::allreduce::AllReduce;
 use dflash_engine::train::trainer::{JobMembership, OpenGroup};
 use dflash_engine::train::warm_start::WarmStart;
 use dflash_engine::train::TrainError;

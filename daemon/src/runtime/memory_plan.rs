@@ -365,7 +365,7 @@ pub fn refusal(plan: &RunPlan, inputs: &PlanInputs<'_>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dflash_engine::train::embedded;
+    use dflash_engine::embedded;
 
     fn sample(len: usize, supervised: usize) -> Sample {
         Sample {

@@ -34,7 +34,7 @@ use super::{notify, signals};
 use crate::run::handle::{CommandOutcome, RunCommand, RunHandle};
 use crate::telemetry::fingerprint::digest;
 use crate::telemetry::warmup::{WarmupDevice, WarmupRecord};
-use dflash_engine::train::topology::panic_text;
+use dflash_engine::device::torch_panic::panic_text;
 use dflash_engine::train::{
     EvalLine, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, RunSummary, TrainError, Trainer,
 };
@@ -339,7 +339,7 @@ impl DaemonHooks {
             );
         }
         // Once, on the devices the workers really run on: which SDPA kernel each attention
-        // call site gets (issue 12, defect 7; cuDNN is turned off on CUDA, `dflash_engine::sdpa`).
+        // call site gets (issue 12, defect 7; cuDNN is turned off on CUDA, `dflash_engine::model::sdpa`).
         for w in trainer.sdpa_backends() {
             self.handle.record_event_logged(
                 Severity::Info,

@@ -18,13 +18,14 @@ use dflash_engine::data::{
     ChatEncoder, ChatOptions, DataError, DataFormat, LoadOptions, LoadReport, PromptRow, Sample,
 };
 use dflash_engine::device::{self, compute_kind};
+use dflash_engine::embedded;
 use dflash_engine::model::error::ModelError;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::online_prompts::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_engine::train::warm_start::{DrafterSource, WarmStart};
-use dflash_engine::train::{embedded, run_config, TrainError};
+use dflash_engine::train::{run_config, TrainError};
 use dflash_engine::train::{Trainer, TrainerSpec};
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -326,7 +327,7 @@ pub fn build(
     let bytes = serde_json::to_vec_pretty(&report.to_json(&data_source));
     bytes
         .map_err(std::io::Error::other)
-        .and_then(|b| dflash_engine::atomic_write::write_atomic(&report_path, &b))
+        .and_then(|b| dflash_engine::files::atomic_write::write_atomic(&report_path, &b))
         .map_err(|source| SetupError::Io {
             path: report_path,
             cause: source,

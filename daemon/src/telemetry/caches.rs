@@ -232,7 +232,7 @@ pub fn load_inventory(run_dir: &Path) -> (Vec<CacheState>, TimestampMs) {
 
 pub fn save_inventory(run_dir: &Path, states: &[CacheState]) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(states).map_err(std::io::Error::other)?;
-    dflash_engine::atomic_write::write_atomic(&run_dir.join(INVENTORY_FILE_NAME), &bytes)
+    dflash_engine::files::atomic_write::write_atomic(&run_dir.join(INVENTORY_FILE_NAME), &bytes)
 }
 
 #[cfg(test)]

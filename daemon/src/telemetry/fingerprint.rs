@@ -223,7 +223,7 @@ pub fn load(run_dir: &Path) -> Result<Option<Fingerprint>, FingerprintError> {
 pub fn save(run_dir: &Path, fp: &Fingerprint) -> Result<(), FingerprintError> {
     let path = run_dir.join(FINGERPRINT_FILE_NAME);
     let bytes = serde_json::to_vec_pretty(fp).expect("a fingerprint always serializes");
-    dflash_engine::atomic_write::write_atomic(&path, &bytes).map_err(|source| {
+    dflash_engine::files::atomic_write::write_atomic(&path, &bytes).map_err(|source| {
         FingerprintError::Io {
             action: "writing",
             path,
@@ -262,7 +262,7 @@ pub fn hash_data_files(files: &[PathBuf]) -> Result<String, FingerprintError> {
 }
 
 fn sha256_file(path: &Path, what: &'static str) -> Result<String, FingerprintError> {
-    dflash_engine::file_hash::sha256_file(path)
+    dflash_engine::files::hash::sha256_file(path)
         .map(|digest| digest.sha256)
         .map_err(|source| FingerprintError::Hash {
             what,

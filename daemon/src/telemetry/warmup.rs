@@ -41,7 +41,7 @@ impl WarmupRecord {
 
     pub fn save(&self, run_dir: &Path) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        dflash_engine::atomic_write::write_atomic(&run_dir.join(WARMUP_FILE_NAME), &bytes)
+        dflash_engine::files::atomic_write::write_atomic(&run_dir.join(WARMUP_FILE_NAME), &bytes)
     }
 
     /// Whether this record was made under the given environment.

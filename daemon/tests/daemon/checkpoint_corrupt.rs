@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use dflash_engine::train::embedded;
+use dflash_engine::embedded;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use dflash_engine::train::{TrainConfig, TrainError};
 use tch::Device;

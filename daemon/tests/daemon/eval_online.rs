@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use dflash_engine::embedded::tiny_dflash_drafter_config;
 use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterHead};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use dflash_engine::train::drafter_io::{named_parameters, write_hf};
-use dflash_engine::train::embedded::tiny_dflash_drafter_config;
 use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 

@@ -490,9 +490,9 @@ fn kill_9_of_a_node_of_two_drafter_workers_pauses_the_other_naming_it_and_both_r
 /// A drafter of the embedded default's shape with the weights of `seed`, in `dflashd export`'s
 /// layout (`config.json`, an f32 `model.safetensors`), for `drafter.init_from`.
 fn write_drafter(dir: &Path, seed: i64) {
+    use dflash_engine::embedded;
     use dflash_engine::model::drafter::Drafter;
     use dflash_engine::train::drafter_io::{named_parameters, write_hf};
-    use dflash_engine::train::embedded;
     let cfg = embedded::tiny_drafter_config(&embedded::tiny_target_config());
     tch::manual_seed(seed);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);

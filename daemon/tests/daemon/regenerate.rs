@@ -7,11 +7,11 @@
 //! this one can, and the embedded default's drafter fits it for the training check.
 use std::path::{Path, PathBuf};
 
-use dflash_engine::data::regenerate::split_reasoning;
 use dflash_engine::data::{load_chat_template, load_tokenizer, parse_chat_line, RenderArgs};
 use dflash_engine::decode::{generate_target_only, Sampling, Settings};
+use dflash_engine::embedded::tiny_target_config;
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::embedded::tiny_target_config;
+use dflash_engine::regenerate::rows::split_reasoning;
 
 /// Any fixed seed: the test needs a target of the tiny shape, not a trained one.
 const TARGET_SEED: i64 = 20_260_601;

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use dflash_engine::train::embedded;
+use dflash_engine::embedded;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use tch::{Device, Tensor};
 

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use dflash_engine::embedded::TINY_DATASET;
 use dflash_engine::train::drafter_io::{load_hf, named_parameters};
-use dflash_engine::train::embedded::TINY_DATASET;
 use dflash_engine::train::resume::read_checkpoint_drafter;
 use tch::{Device, Kind};
 

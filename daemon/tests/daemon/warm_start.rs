@@ -6,10 +6,10 @@
 //! config. (The engine's `warm_start` tests hold the step-0 weights to the file's, bit for bit.)
 use std::path::Path;
 
-use dflash_engine::file_hash::sha256_file;
+use dflash_engine::embedded;
+use dflash_engine::files::hash::sha256_file;
 use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, DrafterHead};
 use dflash_engine::train::drafter_io::{load_hf, named_parameters, write_hf};
-use dflash_engine::train::embedded;
 use dflash_engine::train::resume::read_checkpoint_drafter;
 use dflash_shared::events::EventKind;
 use tch::{nn::VarStore, Device, Kind};

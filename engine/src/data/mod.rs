@@ -3,9 +3,7 @@
 //! JSONL; a deterministic per-epoch order and a held-out evaluation split.
 //!
 //! Entry points: [`ChatEncoder::from_model_dir`] (chat data only), [`load`], [`holdout_split`],
-//! [`epoch_order`]; [`regenerate`] and [`regenerate_output`] are the pure parts of
-//! `dflashd regenerate` (the driver is [`crate::regenerate`]);
-//! for generation, [`read_prompt_rows`] + [`tokenize_prompts`] (prompt files)
+//! [`epoch_order`]; for generation, [`read_prompt_rows`] + [`tokenize_prompts`] (prompt files)
 //! and [`load_stop_tokens`] (`generation_config.json`, else `config.json`).
 mod chat;
 mod dataset;
@@ -17,8 +15,6 @@ mod order;
 mod pretokenized;
 mod prompts;
 mod pyjson;
-pub mod regenerate;
-pub mod regenerate_output;
 mod sample;
 mod template;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 use super::store::TcpStore;
-use crate::train::topology::allreduce::{AbortGroup, AllReduceError};
+use crate::collective::allreduce::{AbortGroup, AllReduceError};
 
 /// What a build without the headers answers.
 pub const GLOO_MISSING: &str = "this dflashd was built without gloo headers, so the CPU \

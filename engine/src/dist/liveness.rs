@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::store::{StoreError, TcpStore};
-use crate::train::topology::allreduce::AbortGroup;
+use crate::collective::allreduce::AbortGroup;
 
 /// The smallest heartbeat period: a timeout of one second beats every 200 ms, and none beats
 /// faster than this, whatever the timeout.

@@ -4,9 +4,9 @@
 //! - [`store`]: libtorch's `c10d::TCPStore`, the rendezvous (rank 0 serves it).
 //! - [`gloo`]: the CPU collective, libtorch's own `c10d::ProcessGroupGloo`.
 //! - [`nccl_id`]: NCCL's unique id through the store, for `ncclCommInitRank`
-//!   ([`crate::train::topology::nccl::nccl_rank_endpoint`]).
+//!   ([`crate::collective::nccl::nccl_rank_endpoint`]).
 //! - [`process_group`]: [`ProcessGroupAllReduce`], one rank's
-//!   [`AllReduce`](crate::train::topology::allreduce::AllReduce) over either backend.
+//!   [`AllReduce`](crate::collective::allreduce::AllReduce) over either backend.
 //! - [`liveness`]: each node's heartbeat through the store and the judge that names a node
 //!   that died or hung, within a bound of its own (liveness only, no collective).
 //! - [`node_group`]: [`NodeEndpoint`], a local rank's endpoint with its peers named as nodes.

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::store::TcpStore;
-use crate::train::topology::allreduce::AllReduceError;
-use crate::train::topology::nccl_lib::{self, NcclUniqueId};
+use crate::collective::allreduce::AllReduceError;
+use crate::collective::nccl_lib::{self, NcclUniqueId};
 
 /// Rank 0: a fresh id, published under `key`. Others: the id read from `key`.
 pub fn exchange_unique_id(

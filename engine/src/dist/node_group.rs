@@ -14,7 +14,7 @@ use tch::Tensor;
 
 use super::liveness::Liveness;
 use super::process_group::ProcessGroupAllReduce;
-use crate::train::topology::allreduce::{AbortGroup, AllReduce, AllReduceError};
+use crate::collective::allreduce::{AbortGroup, AllReduce, AllReduceError};
 
 /// One local rank's endpoint of the job's group.
 pub struct NodeEndpoint {

@@ -14,8 +14,8 @@ use tch::{Kind, Tensor};
 use super::gloo::{GlooGroup, GlooTransport};
 use super::nccl_id;
 use super::store::{StoreError, TcpStore};
-use crate::train::topology::allreduce::{AbortGroup, AllReduce, AllReduceError};
-use crate::train::topology::nccl::{self, NcclAllReduce};
+use crate::collective::allreduce::{AbortGroup, AllReduce, AllReduceError};
+use crate::collective::nccl::{self, NcclAllReduce};
 
 /// Which engine sums the tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,9 +169,9 @@ impl ProcessGroupAllReduce {
                 .into_iter()
                 .map(|t| {
                     t.join().unwrap_or_else(|p| {
-                        Err(AllReduceError::Join(crate::train::topology::panic_text(
-                            p.as_ref(),
-                        )))
+                        Err(AllReduceError::Join(
+                            crate::device::torch_panic::panic_text(p.as_ref()),
+                        ))
                     })
                 })
                 .collect()

@@ -3,5 +3,6 @@ pub mod attention;
 pub mod drafter;
 pub mod error;
 pub mod layers;
+pub mod sdpa;
 pub mod target;
 pub mod weights;

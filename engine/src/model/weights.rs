@@ -5,7 +5,7 @@
 //! tensor is copied out of the map into its own tensor and moved to the target device, then the map
 //! is dropped. At most one tensor's bytes sit in host memory at a time (besides the page cache), so
 //! several replicas of a 54 GB model can load on one box.
-use crate::atomic_write::{write_atomic, write_atomic_with};
+use crate::files::atomic_write::{write_atomic, write_atomic_with};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};

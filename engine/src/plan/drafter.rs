@@ -6,7 +6,7 @@
 //! the hidden size, `A = Hq·D`, `K = Hkv·D`, `I` the intermediate size, `V` the vocabulary.
 use super::shape::{ActivationPrecision, StepShape};
 use super::Consumer;
-use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
+use crate::collective::bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::attention::chunk_schedule::{choose_chunks, ContextChunk};
 use crate::model::attention::{chunk_costs, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
 use crate::model::drafter::{DrafterConfig, LayerType};

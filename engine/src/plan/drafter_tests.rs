@@ -37,7 +37,7 @@ fn the_plan_counts_a_domino_heads_parameters_as_the_model_holds_them() {
     use crate::model::drafter::{DominoConfig, Drafter, DrafterHead};
     use crate::model::target::TargetConfig;
     // From DFlash's head (the embedded default's is Domino) to a Domino head.
-    let mut d = crate::train::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+    let mut d = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
     let count = |d: &DrafterConfig| {
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let _drafter = Drafter::new(&vs.root(), d);

@@ -13,7 +13,7 @@
 //! - **What crosses.** The drafter's trainable parameters ([`super::drafter::drafter_params`];
 //!   the frozen embedding and LM head are not reduced) at the all-reduce's element size. Today's
 //!   code copies the gradients (bf16 on CUDA) into an fp32 bucket and sums that
-//!   (`train/topology/allreduce.rs::sum_in_buckets`, `allreduce_bucket.rs`), so the element size
+//!   (`collective/allreduce.rs::sum_in_buckets`, `collective/bucket.rs`), so the element size
 //!   is [`ALLREDUCE_BYTES_PER_ELEMENT`]: 4 bytes, not bf16's 2.
 //! - **How it crosses.** Hierarchical: the drafter GPUs of a node reduce among themselves over
 //!   NVLink (not counted: an order of magnitude faster than the network, and a cost the
@@ -41,7 +41,7 @@
 use serde::Serialize;
 
 use super::run::{RunPlan, RunSpec};
-use crate::allreduce_bucket::{ALLREDUCE_BUCKET_BYTES, ALLREDUCE_BUCKET_ELEMENTS};
+use crate::collective::bucket::{ALLREDUCE_BUCKET_BYTES, ALLREDUCE_BUCKET_ELEMENTS};
 
 /// Bytes of one gradient element as the all-reduce moves it: the bucket's (fp32 today).
 pub const ALLREDUCE_BYTES_PER_ELEMENT: f64 =

@@ -139,7 +139,7 @@ impl StepShape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::embedded;
+    use crate::embedded;
 
     #[test]
     fn typical_anchors_are_valid_sorted_and_spread_over_the_supervised_span() {

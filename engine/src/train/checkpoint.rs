@@ -73,7 +73,7 @@ pub struct Manifest {
 }
 
 fn hash_file(path: &Path) -> Result<FileEntry, CheckpointError> {
-    let digest = crate::file_hash::sha256_file(path).map_err(io_err(path))?;
+    let digest = crate::files::hash::sha256_file(path).map_err(io_err(path))?;
     Ok(FileEntry {
         bytes: digest.bytes,
         sha256: digest.sha256,

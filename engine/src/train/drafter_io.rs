@@ -1,7 +1,7 @@
 //! The drafter in the layout published for DFlash drafters: `config.json` (Qwen3 fields plus
 //! `block_size`, `layer_types`, `dflash_config`) and `model.safetensors` with the spec §1.3 keys.
 //! `dflashd export` writes it; `dflashd eval --drafter` and serving engines read it.
-use crate::atomic_write::write_atomic;
+use crate::files::atomic_write::write_atomic;
 use crate::model::weights::write_safetensors_atomic;
 use std::collections::HashMap;
 use std::fs;
@@ -205,9 +205,9 @@ pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedded::tiny_drafter_config;
     use crate::model::drafter::{DominoConfig, DrafterHead};
     use crate::model::target::TargetConfig;
-    use crate::train::embedded::tiny_drafter_config;
 
     fn domino_config() -> DrafterConfig {
         let mut cfg = tiny_drafter_config(&TargetConfig::tiny_default());
@@ -281,8 +281,7 @@ mod tests {
 
     #[test]
     fn a_domino_config_without_the_heads_weights_is_refused_by_name() {
-        let dflash =
-            crate::train::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+        let dflash = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let vs = VarStore::new(Device::Cpu);
         let _drafter = Drafter::new(&vs.root(), &dflash);
         let dir = tempfile::tempdir().unwrap();

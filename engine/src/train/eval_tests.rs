@@ -139,8 +139,8 @@ fn a_domino_drafter_is_scored_on_its_corrected_logits() {
 
 #[test]
 fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_nothing() {
+    use crate::embedded;
     use crate::model::drafter::{DominoConfig, DrafterHead};
-    use crate::train::embedded;
     let device = tch::Device::Cpu;
     let target = embedded::tiny_target(None, device).unwrap();
     let dflash_cfg = embedded::tiny_dflash_drafter_config(target.config());
@@ -190,9 +190,9 @@ fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_not
 
 /// The embedded data's first `n` samples, for the tests that evaluate on the tiny target.
 fn first_tiny_samples(target: &TargetModel, n: usize) -> Vec<Sample> {
-    let train = crate::train::embedded::tiny_train_config();
+    let train = crate::embedded::tiny_train_config();
     let (mut samples, _) =
-        crate::train::embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
+        crate::embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
     samples.truncate(n);
     samples
 }
@@ -217,7 +217,7 @@ fn tiny_eval_options(serve: usize) -> EvalOptions {
 /// the every-block oracle scores them, and leaves every chain figure alone.
 #[test]
 fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
-    use crate::train::embedded;
+    use crate::embedded;
     let device = tch::Device::Cpu;
     let target = embedded::tiny_target(None, device).unwrap();
     let cfg = embedded::tiny_dflash_drafter_config(target.config());

@@ -46,13 +46,13 @@ impl DrafterReplica {
         adamw: AdamWConfig,
         seed: u64,
     ) -> Self {
-        let _draws = crate::global_rng::lock();
+        let _draws = crate::device::global_rng::lock();
         tch::manual_seed(seed as i64);
         Self::build(cfg, embed, lm_head, device, adamw)
     }
 
     /// Builds a drafter; its random init draws from the global generator (callers hold
-    /// [`crate::global_rng::lock`]).
+    /// [`crate::device::global_rng::lock`]).
     fn build(
         cfg: &DrafterConfig,
         embed: &Tensor,
@@ -81,7 +81,7 @@ impl DrafterReplica {
     pub fn replicate(&self, device: Device) -> Result<Self, OptimError> {
         let cfg = self.drafter.config().clone();
         let mut copy = {
-            let _draws = crate::global_rng::lock();
+            let _draws = crate::device::global_rng::lock();
             Self::build(
                 &cfg,
                 &self.embed,
@@ -301,8 +301,8 @@ impl DrafterReplica {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedded;
     use crate::model::target::{TargetConfig, TargetModel};
-    use crate::train::embedded;
 
     #[test]
     fn a_replica_has_the_same_weights_and_moments() {

@@ -12,18 +12,14 @@
 //! target's frozen tables ([`SHARED_WITH_TARGET`]) keeps the target's: the drafter reads the
 //! target's embedding and LM head in training and in serving. A stored RoPE `inv_freq` buffer
 //! is recomputed from `rope_theta`, as every load does.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use tch::{Device, Kind, Tensor};
-
 use super::drafter_io::CONFIG_FILE;
 use super::error::TrainError;
-use super::trainer::Trainer;
-use crate::file_hash::sha256_file;
 use crate::model::drafter::{DrafterConfig, DrafterHead, LayerType};
-use crate::model::weights::{CheckpointIndex, StoredTensor, TensorRequest};
+use crate::model::weights::{CheckpointIndex, StoredTensor};
 
 /// Tensors a drafter file may carry that are the target's own: the frozen embedding and LM
 /// head the drafter shares with its target. They are never loaded from `init_from`.
@@ -38,7 +34,7 @@ const DERIVED_BUFFER_SUFFIX: &str = "rotary_emb.inv_freq";
 pub struct DrafterSource {
     dir: PathBuf,
     config: DrafterConfig,
-    index: CheckpointIndex,
+    pub(crate) index: CheckpointIndex,
     stored: BTreeMap<String, StoredTensor>,
 }
 
@@ -116,14 +112,14 @@ impl WarmStart {
     }
 }
 
-fn refused(dir: &Path, problems: Vec<String>) -> TrainError {
+pub(crate) fn refused(dir: &Path, problems: Vec<String>) -> TrainError {
     TrainError::InitFrom {
         dir: dir.to_path_buf(),
         problems,
     }
 }
 
-fn head_name(head: &DrafterHead) -> &'static str {
+pub(crate) fn head_name(head: &DrafterHead) -> &'static str {
     match head {
         DrafterHead::Dflash => "dflash",
         DrafterHead::Domino(_) => "domino",
@@ -255,7 +251,10 @@ impl DrafterSource {
 
     /// The run's parameters (`name`, shape) against the stored tensors: the problems (missing,
     /// extra, shape, dtype), and the stored tensors that are deliberately not loaded.
-    fn tensor_problems(&self, params: &[(String, Vec<i64>)]) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn tensor_problems(
+        &self,
+        params: &[(String, Vec<i64>)],
+    ) -> (Vec<String>, Vec<String>) {
         let mut problems = Vec::new();
         let shown = |file: &Path| file.display().to_string();
         for (name, shape) in params {
@@ -388,92 +387,13 @@ fn target_misfits(run: &DrafterConfig, file: &DrafterConfig) -> Vec<Misfit> {
     out
 }
 
-impl Trainer {
-    /// Initialises the drafter's trainable weights from `source` (a warm start): rank 0's
-    /// fp32 masters take the file's values exactly (converted to fp32; bit-exact from an f32
-    /// file), every other rank copies rank 0, the optimizer's moments stay zero. Only before
-    /// the first step. Every check runs first (config, tensor headers, finite values) and
-    /// reports every problem it found; on `Err` the trainer is as it was.
-    ///
-    /// The weights pass through host memory once, in fp32.
-    pub fn init_drafter_from(&mut self, source: &DrafterSource) -> Result<WarmStart, TrainError> {
-        if self.step != 0 || self.rank0.replica.optimizer().step_count() != 0 {
-            return Err(refused(
-                source.dir(),
-                vec![format!(
-                    "the run is at step {}: a drafter initialises a fresh run, before its first \
-                     step (a resumed run continues from its checkpoint)",
-                    self.step
-                )],
-            ));
-        }
-        source.check_config(self.drafter_config())?;
-        let params: Vec<(String, Vec<i64>)> = self
-            .rank0
-            .replica
-            .optimizer()
-            .master_weights()
-            .into_iter()
-            .map(|(name, t)| (name, t.size()))
-            .collect();
-        let (problems, not_loaded) = source.tensor_problems(&params);
-        if !problems.is_empty() {
-            return Err(refused(source.dir(), problems));
-        }
-        let mut files = Vec::new();
-        for file in source.index.files() {
-            let digest = sha256_file(&file).map_err(TrainError::io(&file))?;
-            files.push(WeightFileDigest {
-                file,
-                bytes: digest.bytes,
-                sha256: digest.sha256,
-            });
-        }
-        let requests: Vec<TensorRequest> = params
-            .iter()
-            .map(|(name, shape)| TensorRequest {
-                name: name.clone(),
-                shape: shape.clone(),
-            })
-            .collect();
-        let weights: HashMap<String, Tensor> = source
-            .index
-            .load(&requests, Device::Cpu, Kind::Float)
-            .map_err(|e| refused(source.dir(), vec![e.to_string()]))?;
-        let mut non_finite: Vec<String> = weights
-            .iter()
-            .filter(|(_, t)| t.isfinite().all().int64_value(&[]) == 0)
-            .map(|(name, _)| {
-                format!("tensor `{name}` holds NaN or infinite values: a drafter to start from must be finite")
-            })
-            .collect();
-        if !non_finite.is_empty() {
-            non_finite.sort();
-            return Err(refused(source.dir(), non_finite));
-        }
-        self.rank0
-            .replica
-            .initialise_weights(&weights)
-            .map_err(|e| refused(source.dir(), vec![e.to_string()]))?;
-        if let Some(cluster) = self.cluster.as_mut() {
-            cluster.sync_replicas(&self.rank0)?;
-        }
-        Ok(WarmStart {
-            dir: source.dir().to_path_buf(),
-            head: head_name(&self.drafter_config().head),
-            files,
-            tensors: params.len(),
-            not_loaded,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedded::tiny_drafter_config;
     use crate::model::drafter::DominoConfig;
     use crate::model::target::TargetConfig;
-    use crate::train::embedded::tiny_drafter_config;
+    use tch::Kind;
 
     /// A source of `config` whose weights list is empty: `misfits` and `tensor_problems` read
     /// no file, so the index only has to exist.

@@ -8,11 +8,11 @@ use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use dflash_engine::collective::allreduce::AllReduce;
 use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, Liveness, LivenessBounds, NodeEndpoint, OnSilence,
     ProcessGroupAllReduce, TcpStore,
 };
-use dflash_engine::train::topology::allreduce::AllReduce;
 
 use crate::rank::{contribution, env_var, WORLD as NODES};
 use crate::two_process::RankProcess;

@@ -3,10 +3,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use dflash_engine::collective::allreduce::{sum_in_buckets, AllReduce};
 use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, ProcessGroupAllReduce, TcpStore,
 };
-use dflash_engine::train::topology::allreduce::{sum_in_buckets, AllReduce};
 use tch::{Device, Kind, Tensor};
 
 pub const RANK_VAR: &str = "DFLASH_DIST_RANK";

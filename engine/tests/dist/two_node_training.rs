@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use dflash_engine::collective::allreduce::AllReduce;
 use dflash_engine::dist::ProcessGroupAllReduce;
+use dflash_engine::embedded;
 use dflash_engine::train::config::TrainConfig;
-use dflash_engine::train::embedded;
 use dflash_engine::train::shard::NodeShard;
-use dflash_engine::train::topology::allreduce::AllReduce;
 use dflash_engine::train::topology::queue::QueueConfig;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::trainer::{JobMembership, OpenGroup, Trainer, TrainerSpec};

@@ -5,10 +5,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
+use dflash_engine::collective::allreduce::{AllReduce, AllReduceError};
 use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, ProcessGroupAllReduce, TcpStore,
 };
-use dflash_engine::train::topology::allreduce::{AllReduce, AllReduceError};
 use tch::{Device, Kind, Tensor};
 
 use crate::rank::{PORT_VAR, RANK_VAR, SCENARIO_VAR, TIMEOUT_VAR};

@@ -17,11 +17,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use dflash_engine::collective::allreduce::AllReduce;
 use dflash_engine::dist::{
     CollectiveBackend, GlooTransport, GroupSpec, ProcessGroupAllReduce, TcpStore,
 };
 use dflash_engine::train::shard::NodeShard;
-use dflash_engine::train::topology::allreduce::AllReduce;
 use dflash_engine::train::topology::queue::QueueConfig;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_shared::metrics::{DeviceRole, StepMetrics};

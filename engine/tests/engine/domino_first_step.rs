@@ -3,8 +3,9 @@
 //! `lambda_base_start` (default 1), so the loss is the base logits' alone: the head receives
 //! no gradient and the backbone receives DFlash's. The first norm is then the randomly
 //! initialised backbone's own, the same as a DFlash run's first step from the same weights.
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
-use dflash_engine::train::{embedded, CollectLines, RunOptions, Trainer};
+use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use tch::Device;
 
 use crate::support::topology::cpu_topology;

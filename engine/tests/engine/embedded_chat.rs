@@ -4,10 +4,10 @@
 //! masks as the pre-tokenized path.
 use dflash_engine::data::{ChatEncoder, ChatOptions};
 use dflash_engine::decode::{generate_target_only, Sampling, Settings};
+use dflash_engine::embedded;
+use dflash_engine::embedded::tiny_chat::tiny_chat_line;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::regenerate::{regenerate_row, Job, Outcome};
-use dflash_engine::train::embedded;
-use dflash_engine::train::tiny_chat::tiny_chat_line;
 use tch::{Device, Kind};
 
 fn tiny_target_dir() -> tempfile::TempDir {

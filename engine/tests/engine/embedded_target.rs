@@ -3,9 +3,9 @@
 //! well as `assets/tiny/README.md` states, its run-dir copy is what `eval --target` loads, and
 //! chain speculative decoding against it (the real Gated DeltaNet cached path) is lossless.
 use dflash_engine::decode::{generate_chain, generate_target_only, Sampling, Settings};
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::Drafter;
 use dflash_engine::model::target::TargetModel;
-use dflash_engine::train::embedded;
 use tch::{nn, Device, Kind, Tensor};
 
 /// The first samples of train.jsonl the accuracy is measured on (all 900 take too long for a

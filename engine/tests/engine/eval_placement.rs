@@ -1,8 +1,8 @@
 //! Evaluation places the LM head on the evaluating device once per evaluation and each forward
 //! group's features once per group, however many anchor chunks the group is split into.
 use dflash_engine::device::placements_on_this_thread;
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::DrafterHead;
-use dflash_engine::train::embedded;
 use dflash_engine::train::eval::{evaluate, EvalReport};
 use dflash_engine::train::trainer::Trainer;
 use tch::Device;

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use dflash_engine::data::Sample;
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::anchors::sample_anchors_per_sample;
 use dflash_engine::train::block_objective::LossObjective;
-use dflash_engine::train::embedded;
 use dflash_engine::train::labels::{block_labels, LabelMaskRule};
 use dflash_engine::train::loader::collate;
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};

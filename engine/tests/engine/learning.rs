@@ -1,6 +1,6 @@
 //! The embedded default really learns: within 100 optimizer steps the held-out loss falls and
 //! the offline acceptance length τ rises, measurably.
-use dflash_engine::train::embedded;
+use dflash_engine::embedded;
 use dflash_engine::train::online_prompts::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer, TrainerSpec};

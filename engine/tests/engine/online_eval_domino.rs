@@ -4,8 +4,8 @@
 //! `decode::run_online_with(.., DraftLogits::LmHeadOnly)` decodes them. A DFlash drafter has
 //! no base figures.
 use dflash_engine::decode::{run_online_with, DraftLogits, Method, Sampling, Settings};
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
-use dflash_engine::train::embedded;
 use dflash_engine::train::online_prompts::OnlinePrompts;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer, TrainerSpec};
 use tch::Device;

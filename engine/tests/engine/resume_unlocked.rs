@@ -4,8 +4,8 @@
 //! is refused even unlocked, because the drafter's fc input width changes.
 use std::path::PathBuf;
 
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::DrafterConfig;
-use dflash_engine::train::embedded;
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_engine::train::TrainConfig;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer};

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::support::topology::{config, cpu_topology, spec_with, tiny_samples, trainer, within};
-use dflash_engine::peak::measure_matmul;
+use dflash_engine::train::peak::measure_matmul;
 use dflash_engine::train::throughput::DevicePeaks;
 use dflash_engine::train::{Trainer, TrainerSpec};
 use dflash_shared::metrics::DeviceRole;

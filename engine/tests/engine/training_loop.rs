@@ -10,8 +10,8 @@ use dflash_engine::train::{
     CollectLines, LoopEnd, LoopEvent, Next, RunHooks, RunOptions, TrainConfig, Trainer,
 };
 
+use dflash_engine::embedded;
 use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
-use dflash_engine::train::embedded;
 use tch::Device;
 
 use crate::support::topology::{config, cpu_topology, tiny_samples, trainer};

@@ -5,11 +5,12 @@
 //! name, and the trainer is left as it was.
 use std::path::Path;
 
-use dflash_engine::file_hash::sha256_file;
+use dflash_engine::embedded;
+use dflash_engine::files::hash::sha256_file;
 use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, DrafterHead};
 use dflash_engine::train::drafter_io::{named_parameters, write_hf};
 use dflash_engine::train::warm_start::DrafterSource;
-use dflash_engine::train::{embedded, CollectLines, RunOptions, Trainer};
+use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use crate::support::drafter::randomize;

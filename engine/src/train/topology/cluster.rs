@@ -5,8 +5,6 @@ use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
-use super::allreduce::{AbortGroup, AllReduce, CpuGroup};
-use super::nccl::nccl_group;
 use super::pipeline::{Dispatcher, Inbox, ItemQueue, QueueMonitor};
 use super::rank::{RankReport, RankState};
 use super::step::{per_rank_queue, WorkerNames};
@@ -16,6 +14,8 @@ use super::workers::{
     ProducerShared, TargetCommand, TargetWorker,
 };
 use super::{TopologySpec, Tripwire, WorkerFailure, WorkerId};
+use crate::collective::allreduce::{AbortGroup, AllReduce, CpuGroup};
+use crate::collective::nccl::nccl_group;
 use crate::device;
 use crate::model::target::TargetModel;
 use crate::train::error::TrainError;

@@ -17,11 +17,7 @@
 //! - A worker error or panic stops everything: the first failure is kept, queues are shut
 //!   down, the all-reduce group is aborted, and every later step returns the error naming the
 //!   worker and its device. Training never continues with fewer devices.
-pub mod allreduce;
 mod cluster;
-pub mod nccl;
-pub mod nccl_lib;
-pub mod nccl_watchdog;
 pub mod pipeline;
 pub mod queue;
 pub mod rank;
@@ -40,8 +36,8 @@ pub use cluster::Cluster;
 pub use pipeline::QueueMonitor;
 pub use warmup::WorkerWarmup;
 
-use self::allreduce::AbortGroup;
 use self::pipeline::{Dispatcher, ItemQueue};
+use crate::collective::allreduce::AbortGroup;
 use crate::device;
 use crate::train::error::{TrainError, WorkerFailed};
 use crate::train::topology::queue::QueueConfig;
@@ -203,32 +199,6 @@ impl WorkerFailure {
     }
 }
 
-/// A panic payload as text, without libtorch's C++ stack trace.
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        String::new()
-    };
-    // Torch errors carry "Exception raised from ..." and frames, as real newlines or (inside a
-    // Debug-formatted error) as `\n` escapes.
-    let mut text = text
-        .split("Exception raised from")
-        .next()
-        .unwrap_or_default()
-        .trim();
-    while let Some(rest) = text.strip_suffix("\\n") {
-        text = rest.trim_end();
-    }
-    if text.is_empty() {
-        "panicked".into()
-    } else {
-        format!("panicked: {text}")
-    }
-}
-
 /// The first failure of any worker, and what it takes down with it.
 pub(crate) struct Tripwire {
     first: Mutex<Option<WorkerFailure>>,
@@ -307,25 +277,6 @@ mod tests {
             err.contains("cuda:63") && err.contains("topology.target_devices"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn panic_texts_drop_the_cpp_backtrace() {
-        let text = |s: &str| {
-            let payload: Box<dyn std::any::Any + Send> = Box::new(s.to_string());
-            panic_text(payload.as_ref())
-        };
-        assert_eq!(
-            text("bad shape\nException raised from x\nframe #0: y"),
-            "panicked: bad shape"
-        );
-        assert_eq!(
-            text(r#"unwrap: Torch("size mismatch\nException raised from f\nframe #0")"#),
-            r#"panicked: unwrap: Torch("size mismatch"#
-        );
-        assert_eq!(text("no match in"), "panicked: no match in");
-        let opaque: Box<dyn std::any::Any + Send> = Box::new(7u8);
-        assert_eq!(panic_text(opaque.as_ref()), "panicked");
     }
 
     /// Counts the aborts it receives.

@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use super::allreduce::{sum_in_buckets, AllReduce};
 use super::pipeline::{sync, HiddenItem};
 use super::step::RankTiming;
 use super::WorkerId;
-use crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS;
+use crate::collective::allreduce::{sum_in_buckets, AllReduce};
+use crate::collective::bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;
 use crate::train::block_objective::LossObjective;
 use crate::train::loss::LossSums;

@@ -10,10 +10,11 @@ use std::time::Instant;
 
 use tch::{Device, Tensor};
 
-use super::allreduce::AllReduce;
 use super::pipeline::{produce_item, Dispatcher, Inbox, ItemQueue};
 use super::rank::{RankReport, RankState};
-use super::{panic_text, Tripwire, WorkerFailure, WorkerId};
+use super::{Tripwire, WorkerFailure, WorkerId};
+use crate::collective::allreduce::AllReduce;
+use crate::device::torch_panic::panic_text;
 use crate::model::target::TargetModel;
 use crate::train::micro::{MicroSource, PreparedMicro};
 use crate::train::replica::ReplicaState;

@@ -39,7 +39,7 @@ pub struct TrainerSpec {
     pub cfg: TrainConfig,
     pub topology: TopologySpec,
     /// Each device's dense peak, for the steps' MFU (the engine measures none itself: on CPU
-    /// the caller measures one with [`crate::peak::measure_matmul`], on CUDA it reads a
+    /// the caller measures one with [`crate::train::peak::measure_matmul`], on CUDA it reads a
     /// datasheet; [`TopologySpec::devices`] lists the devices). A device left out gets no MFU.
     pub device_peaks: DevicePeaks,
     /// The online evaluation's prompts (the daemon loads them at setup); `None`: no online
@@ -180,8 +180,8 @@ impl Trainer {
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
         topology.validate()?;
-        // The deliberate SDPA kernel choice, before any attention runs (see `crate::sdpa`).
-        crate::sdpa::choose_backends();
+        // The deliberate SDPA kernel choice, before any attention runs (see `crate::model::sdpa`).
+        crate::model::sdpa::choose_backends();
         let split = split_held_out(samples.len(), cfg.held_out, cfg.seed)?;
         let device = topology.drafter_devices[0];
         let replica = DrafterReplica::seeded(

@@ -8,9 +8,9 @@ use tch::Tensor;
 
 use super::build::schedule_for;
 use super::Trainer;
+use crate::collective::allreduce::AllReduce;
 use crate::train::error::TrainError;
 use crate::train::shard::NodeShard;
-use crate::train::topology::allreduce::AllReduce;
 use crate::train::topology::WorkerFailure;
 
 /// Given a checkpoint's step and the fp32 master weights it holds; an `Err` (the nodes'

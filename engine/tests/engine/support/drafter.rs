@@ -82,12 +82,12 @@ pub fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// libtorch's generator is process-wide and tests run on parallel threads: a test holds this
-/// guard (the engine's [`dflash_engine::global_rng::lock`], which drafter initialisation inside
+/// guard (the engine's [`dflash_engine::device::global_rng::lock`], which drafter initialisation inside
 /// a `Trainer` takes too) from its seed to its last random draw, so its data depend only on
 /// its own seed. Hold it no longer: tests that wait on it do not run. The decoding tests draw
 /// only while building their models ([`super::decode`] seeds inside its builders).
 pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
-    let guard = dflash_engine::global_rng::lock();
+    let guard = dflash_engine::device::global_rng::lock();
     single_threaded();
     tch::manual_seed(seed);
     guard

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use dflash_engine::data::Sample;
+use dflash_engine::embedded;
 use dflash_engine::train::config::TrainConfig;
-use dflash_engine::train::embedded;
 use dflash_engine::train::topology::queue::QueueConfig;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::trainer::{Trainer, TrainerSpec};

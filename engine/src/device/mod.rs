@@ -1,5 +1,8 @@
 //! The one device vocabulary: parsing a device name, checking it against what libtorch sees,
 //! naming it, the compute dtype it trains in, and which libtorch this process loaded.
+pub mod global_rng;
+pub mod torch_panic;
+
 use std::path::{Path, PathBuf};
 
 use dflash_shared::config::Device as ConfigDevice;

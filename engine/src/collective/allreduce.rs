@@ -7,7 +7,7 @@
 //! waiting in it return [`AllReduceError::Aborted`] instead of waiting for a dead peer forever.
 //!
 //! Gradients go through [`sum_in_buckets`]: one fixed fp32 bucket of
-//! [`ALLREDUCE_BUCKET_ELEMENTS`](crate::allreduce_bucket::ALLREDUCE_BUCKET_ELEMENTS) reused for slice after slice of the gradients, the sums written back into the gradients
+//! [`ALLREDUCE_BUCKET_ELEMENTS`](crate::collective::bucket::ALLREDUCE_BUCKET_ELEMENTS) reused for slice after slice of the gradients, the sums written back into the gradients
 //! themselves, instead of an fp32 flat copy of every gradient (6.4 GiB at the Qwen3.6-27B
 //! drafter's 1.7 G parameters).
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -72,7 +72,7 @@ fn sharegpt_rows_keep_their_spelling_and_trailing_turns_stay_verbatim() {
     assert!(m[1].get("content").is_none());
     assert_eq!(m[2]["value"], "more?");
     // and the output is a row training reads
-    chat::parse_line(&serde_json::to_string(&out).unwrap(), None).unwrap();
+    parse_chat_line(&serde_json::to_string(&out).unwrap(), None).unwrap();
 }
 
 #[test]

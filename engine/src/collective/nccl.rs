@@ -358,7 +358,7 @@ impl NcclAllReduce {
             AllReduceError::Nccl(format!(
                 "waiting for the all-reduce on cuda:{}: {}",
                 self.device,
-                super::panic_text(p.as_ref())
+                crate::device::torch_panic::panic_text(p.as_ref())
             ))
         })
     }

@@ -1,7 +1,7 @@
 //! Regenerating chat data with the target (`dflashd regenerate`), the parts that are neither
 //! I/O nor tensors: which assistant turns of a row are regenerated, the prompt each one sees,
 //! how a generated text goes back into the row and per-turn seeds (the stop tokens are
-//! [`super::load_stop_tokens`]'s, as for every generation).
+//! [`crate::data::load_stop_tokens`]'s, as for every generation).
 //!
 //! The rule, as DFlash recipes regenerate: **every assistant turn, in order**. Each turn's
 //! prompt is the conversation before it, later turns seeing the earlier ones as regenerated,
@@ -13,9 +13,7 @@
 use minijinja::Value as TemplateValue;
 use serde_json::{Map, Value};
 
-use super::chat::{self, Conversation};
-use super::encoder::ChatOptions;
-use super::template::{ChatTemplate, RenderArgs};
+use crate::data::{parse_chat_line, ChatOptions, ChatTemplate, Conversation, RenderArgs};
 
 /// The key each output row carries: the 1-based line number of its input row.
 pub const SOURCE_LINE_KEY: &str = "source_line";
@@ -50,7 +48,7 @@ impl RegenRow {
     pub fn parse(line: &str) -> Result<Self, String> {
         // The training loader's checks first, so a row is refused here exactly when training
         // would refuse it (and with the same words).
-        chat::parse_line(line, None)?;
+        parse_chat_line(line, None)?;
         let row: Map<String, Value> = serde_json::from_str(line)
             .map_err(|e| format!("not a JSON object ({e}); expected a chat row"))?;
         let key = if row.contains_key("conversations") {
@@ -97,7 +95,7 @@ impl RegenRow {
     pub fn prompt(&self, turn: usize) -> Result<Conversation, String> {
         let end = self.turns[turn];
         let text = serde_json::to_string(&self.row).map_err(|e| e.to_string())?;
-        let full = chat::parse_line(&text, None)?;
+        let full = parse_chat_line(&text, None)?;
         let messages: Vec<TemplateValue> = full
             .messages
             .try_iter()
@@ -230,5 +228,5 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "regenerate_tests.rs"]
+#[path = "rows_tests.rs"]
 mod tests;

@@ -6,8 +6,8 @@ use std::io::BufRead;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::chat;
-use super::regenerate::SOURCE_LINE_KEY;
+use super::rows::SOURCE_LINE_KEY;
+use crate::data::parse_chat_line;
 
 /// What an earlier run left in the output file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub fn scan_output(mut reader: impl BufRead) -> Result<OutputScan, ScanError> {
                 "comes from input line {source}, not after the line before it ({last})"
             )));
         }
-        chat::parse_line(text, None).map_err(|e| damaged(format!("is not a chat row: {e}")))?;
+        parse_chat_line(text, None).map_err(|e| damaged(format!("is not a chat row: {e}")))?;
         scan.rows += 1;
         scan.last_source_line = Some(source);
         scan.kept_bytes += read as u64;

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use dflash_shared::metrics::{OnlineAcceptance, OnlineBase};
 
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::decode::{run_online_with, DraftLogits, Method, OnlineReport, Sampling, Settings};
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
 
 impl Trainer {
     /// The methods a run evaluates online: the chain, then DDTree at each configured budget.

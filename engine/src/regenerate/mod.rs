@@ -1,5 +1,5 @@
 //! Regenerating chat data with the target: each row's assistant turns replaced, in order, by
-//! the target's own greedy or sampled replies ([`crate::data::regenerate`] says which turns and
+//! the target's own greedy or sampled replies ([`rows`] says which turns and
 //! how; [`crate::decode::generate_target_only`] generates), on a pool of worker threads.
 //!
 //! "Batched" here means `workers` conversations in flight at once: one thread each, with its
@@ -8,17 +8,20 @@
 //! sequence length per call, so sequences are not stacked into one forward). Rows come back in
 //! input order whatever finishes first, and each turn's draws are seeded from the seed, the
 //! row's line and the turn alone, so neither the worker count nor a resume changes the output.
+pub mod output;
+pub mod rows;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Mutex;
 
-use crate::data::regenerate::{render_prompt, split_reasoning, turn_seed, RegenRow};
+use self::rows::{render_prompt, split_reasoning, turn_seed, RegenRow};
 use crate::data::ChatEncoder;
 use crate::decode::{generate_target_only, DecodeError, Settings};
+use crate::device::torch_panic::panic_text;
 use crate::model::error::ModelError;
 use crate::model::target::TargetModel;
-use crate::train::topology::panic_text;
 
 /// Why a worker could not finish a job.
 enum Failure {

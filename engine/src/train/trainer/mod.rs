@@ -42,6 +42,7 @@ use super::micro::MicroSource;
 use super::schedule::WarmupCosine;
 use crate::data::{HoldoutSplit, Sample};
 use crate::device;
+use crate::device::torch_panic::panic_text;
 use crate::model::drafter::{Drafter, DrafterConfig};
 use crate::model::target::TargetModel;
 use crate::train::online_prompts::OnlinePrompts;
@@ -49,9 +50,7 @@ use crate::train::throughput::DevicePeaks;
 use crate::train::topology::pipeline::produce_item;
 use crate::train::topology::rank::{RankReport, RankState};
 use crate::train::topology::step::{step_telemetry, MicroBatchAssignment, WorkerNames};
-use crate::train::topology::{
-    panic_text, Cluster, QueueMonitor, TopologySpec, WorkerFailure, WorkerWarmup,
-};
+use crate::train::topology::{Cluster, QueueMonitor, TopologySpec, WorkerFailure, WorkerWarmup};
 
 /// Token id used to pad rows (loss mask 0, after every real token, so causal features of real
 /// positions never see it).
@@ -116,6 +115,15 @@ pub use build::TrainerSpec;
 
 /// Building a trainer: its spec, the checks, the replicas and workers, the schedule.
 mod build;
+
+/// Writing and restoring the trainer's checkpoints.
+mod checkpointing;
+
+/// The online evaluation between steps: speculative decoding against the target.
+mod online_eval;
+
+/// A fresh run's drafter initialised from another drafter's weights.
+mod warm_start;
 
 impl Trainer {
     pub fn config(&self) -> &TrainConfig {
@@ -234,15 +242,15 @@ impl Trainer {
     }
 
     /// Which SDPA kernel each attention call site gets on each warmed-up worker's device (read
-    /// from libtorch at the sites' shapes in the device's compute dtype; `crate::sdpa`). Empty
+    /// from libtorch at the sites' shapes in the device's compute dtype; `crate::model::sdpa`). Empty
     /// before the warmup ran.
-    pub fn sdpa_backends(&self) -> Vec<crate::sdpa::WorkerSdpa> {
+    pub fn sdpa_backends(&self) -> Vec<crate::model::sdpa::WorkerSdpa> {
         let workers: Vec<_> = self
             .warmup_records()
             .iter()
             .filter_map(|r| device::parse(&r.device).ok().map(|d| (d, r.role)))
             .collect();
-        crate::sdpa::worker_backends(&workers, self.drafter_config(), self.target().config())
+        crate::model::sdpa::worker_backends(&workers, self.drafter_config(), self.target().config())
     }
 
     /// Runs the serialized warmup if it has not run: every worker's first forward (target) or

@@ -2,19 +2,21 @@
 //! Qwen3.5-style hybrid target pre-trained on the synthetic language of `assets/tiny/`, a small
 //! drafter, and that language's dataset and held-out prompts (all compiled into the binary, so it
 //! runs from any directory).
+pub mod tiny_chat;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dflash_shared::config::Config;
 use tch::Device;
 
-use super::config::TrainConfig;
-use super::error::TrainError;
-use super::run_config;
 use crate::data::{has_consecutive_supervised, parse_pretokenized_line, LoadReport, Sample};
 use crate::device::compute_kind;
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::{TargetConfig, TargetModel};
+use crate::train::config::TrainConfig;
+use crate::train::error::TrainError;
+use crate::train::run_config;
 
 /// `assets/tiny/train.jsonl`, written by `assets/tiny/make_tiny_dataset.py`.
 pub const TINY_DATASET: &str = include_str!("../../../assets/tiny/train.jsonl");
@@ -171,7 +173,7 @@ pub fn write_tiny_target(dir: &Path) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
     for (name, bytes) in TINY_TARGET_FILES {
         let path = dir.join(name);
-        crate::atomic_write::write_atomic(&path, bytes).map_err(TrainError::io(&path))?;
+        crate::files::atomic_write::write_atomic(&path, bytes).map_err(TrainError::io(&path))?;
     }
     Ok(())
 }

@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn each_role_is_probed_at_its_own_call_sites_on_its_device() {
         let target = TargetConfig::tiny_default();
-        let drafter = crate::train::embedded::tiny_drafter_config(&target);
+        let drafter = crate::embedded::tiny_drafter_config(&target);
         let got = worker_backends(
             &[
                 (Device::Cpu, DeviceRole::Both),
