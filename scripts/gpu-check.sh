@@ -48,8 +48,8 @@ set -u
 BUDGET_S=${BUDGET_S:-540}
 STARTUP_S=30
 STEP_NAMES=(doctor parity drafter_step target_layers multi_gpu two_node)
-# two_node's 45 s came out of the others (parity 150 -> 140, drafter_step 200 -> 185,
-# target_layers 70 -> 60, multi_gpu 60 -> 50) to keep the 540 s budget; none has run on a GPU.
+# The limits share the 540 s budget (how they were split: docs/development.md#gpu-check); none
+# has run on a GPU yet, so they are estimates, not timings.
 declare -A LIMIT=([doctor]=30 [parity]=140 [drafter_step]=185 [target_layers]=60 [multi_gpu]=50 [two_node]=45)
 
 budget_sum() {

@@ -282,7 +282,8 @@ impl Harness {
                 if forward_only { "-forward" } else { "" }
             );
             // Uncompiled `create_block_mask` (CPU) evaluates the mask over the whole grid with
-            // int64 intermediates: 10.7 bytes per grid element measured at 512 anchors.
+            // int64 intermediates: more than the estimate's 8 bytes per grid element
+            // (docs/BENCHMARKS.md#dense-mask-memory-per-grid-element).
             let need = if attention == "flex" {
                 need * 7 / 4
             } else {

@@ -358,8 +358,8 @@ impl AttentionPreset {
     }
 
     /// An estimate of the dense-mask path's peak bytes (forward + backward), with margin:
-    /// 8 bytes per grid element. Measured here at 512 anchors (302 M elements): the engine's
-    /// dense SDPA path grew by 5.1 bytes per element, the reference's eager path by 6.1.
+    /// 8 bytes per grid element, above what both dense paths were measured to grow by
+    /// (docs/BENCHMARKS.md#dense-mask-memory-per-grid-element).
     pub fn dense_bytes_estimate(&self) -> u64 {
         self.dense_grid_elements() as u64 * 8
     }

@@ -33,12 +33,13 @@ const SOAK_STEPS: usize = 200;
 /// state (thread pools, kernel caches, the optimizer's moments on the first update).
 const WARMUP: usize = 20;
 /// Flatness: after warmup the resident set after each step, free heap pages trimmed, may
-/// spread by at most this much (MiB; measured 1.47 over 200 steps). A leak of one micro-batch's
+/// spread by at most this much (MiB; a few times the measured spread:
+/// docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests). A leak of one micro-batch's
 /// tensors per step (~1 MiB) leaves this band within a few steps; the live heap is held to
 /// bytes ([`HEAP_KNOWN_SHAPE_TOLERANCE`]).
 const FLAT_TOLERANCE_MIB: f64 = 4.0;
-/// A step's peak above the resident set before it differs by row length (four buckets:
-/// 32–37 MiB measured) and is smaller on the short last batch of an epoch (16 MiB), so it is
+/// A step's peak above the resident set before it differs by row length (four buckets) and is
+/// smaller on the short last batch of an epoch ({S}), so it is
 /// not one value; it must not grow: the peaks of the second half stay within this much
 /// (MiB) of the largest peak of the first half after warmup (the halves of the steps after
 /// warmup).

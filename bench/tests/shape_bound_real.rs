@@ -40,8 +40,8 @@ use shape_support::{
 use tch::Device;
 
 const REAL_CONFIG: &str = include_str!("../../configs/qwen3.6-27b-8gpu.toml");
-/// Steps `make soak` trains: about 14 s a step on one core of this 2-core machine (measured),
-/// so about 90 s.
+/// Steps `make soak` trains: a step of the real structure takes seconds on one core, so a few
+/// steps keep the soak short (docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests).
 const DEFAULT_STEPS: usize = 6;
 /// Steps whose micro-batches the scheduler-level test schedules (the full run's count).
 const SCHEDULED_STEPS: u64 = 200;
@@ -49,16 +49,17 @@ const SCHEDULED_STEPS: u64 = 200;
 /// moments (created on the first update) fault in during the first steps.
 const WARMUP: usize = 2;
 /// Flatness after warmup: the resident set after each step, free heap pages trimmed, may spread
-/// by at most this much (MiB; measured 0.61 over 40 steps. Untrimmed it had spread 1.2 over 10
-/// steps, 3.0 over 60 and 3.9 over 200: free chunks stranded in glibc's arenas, not a leak; see
-/// BENCHMARKS.md). The live heap is held tighter still ([`HEAP_KNOWN_SHAPE_TOLERANCE`]). One
+/// by at most this much (MiB; several times the measured spread, which untrimmed grew with the
+/// steps: free chunks stranded in glibc's arenas, not a leak;
+/// docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests). The live heap is held
+/// tighter still ([`HEAP_KNOWN_SHAPE_TOLERANCE`]). One
 /// leaked micro-batch (features
 /// `[1, 3072, 5·32]` f32, 1.9 MiB, plus the anchors' labels and weights over 32,768 positions,
 /// about 1 MiB) leaves this band within two steps.
 const FLAT_TOLERANCE_MIB: f64 = 4.0;
-/// A step's peak above the resident set before it depends on the row length (about 30 MiB
-/// more per 256-token bucket) and, within one length, on the anchors' chunk schedule (26 MiB
-/// measured between two draws at 2560, peaks 630–720 MiB), so it is compared within one row
+/// A step's peak above the resident set before it depends on the row length (each 256-token
+/// bucket adds to it) and, within one length, on the anchors' chunk schedule
+/// (docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests), so it is compared within one row
 /// length: after warmup the peaks of the steps of one length may spread by at most this much
 /// (MiB), about a tenth of a peak.
 const PEAK_TOLERANCE_MIB: f64 = 64.0;

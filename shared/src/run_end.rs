@@ -73,14 +73,45 @@ pub fn run_ending(events: &[Event]) -> Option<RunEnding> {
     })
 }
 
+/// Where the embedded default's run keeps its target, inside the run dir (the engine's
+/// `train::embedded::TARGET_SUBDIR`): `dflashd eval --target RUN/target`.
+pub const EMBEDDED_TARGET_SUBDIR: &str = "target";
+
+/// The embedded default's held-out prompts as a checkout has them (the file the binary
+/// compiles in): the online evaluation's input, none of them a training prompt. Its offline
+/// held-out split is drawn from the compiled-in training data and has no file.
+pub const EMBEDDED_HELD_OUT_PROMPTS: &str = "assets/tiny/heldout_prompts.jsonl";
+
+/// What the run was started from, as far as the caller knows: it decides whether the evaluate
+/// line can name the target and the held-out input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSource {
+    /// `dflashd start` without `--config` (the status's `config_path` is `None`).
+    EmbeddedDefault,
+    /// A config file, or not known (the daemon is down): the target and the held-out data are
+    /// the config's, which the caller does not hold, so the line names them as placeholders.
+    ConfigOrUnknown,
+}
+
+/// The `dflashd eval` command for a run's exported drafter in `{run_dir}/export`.
+pub fn eval_command(run_dir: &str, source: RunSource) -> String {
+    match source {
+        RunSource::EmbeddedDefault => format!(
+            "dflashd eval --target {run_dir}/{EMBEDDED_TARGET_SUBDIR} --drafter {run_dir}/export \
+             --online --prompts {EMBEDDED_HELD_OUT_PROMPTS}"
+        ),
+        RunSource::ConfigOrUnknown => format!(
+            "dflashd eval --target TARGET_DIR --drafter {run_dir}/export --data HELD_OUT.jsonl"
+        ),
+    }
+}
+
 /// What an operator does next after `ending`, as commands to paste: export and evaluate a
 /// finished run, resume a stopped one, or look at why it failed and resume from the last
 /// checkpoint. `run_dir` is the run's directory.
-pub fn next_steps(ending: &RunEnding, run_dir: &str) -> Vec<String> {
+pub fn next_steps(ending: &RunEnding, run_dir: &str, source: RunSource) -> Vec<String> {
     let export = format!("dflashd export --checkpoint {run_dir} --out {run_dir}/export");
-    let eval = format!(
-        "dflashd eval --target TARGET_DIR --drafter {run_dir}/export --data HELD_OUT.jsonl"
-    );
+    let eval = eval_command(run_dir, source);
     let resume = format!("dflashd start --run-dir {run_dir} (resumes from its newest checkpoint)");
     match ending.kind {
         EndKind::Finished => vec![
@@ -141,10 +172,32 @@ mod tests {
         ];
         let e = run_ending(&done).unwrap();
         assert_eq!((e.kind, e.at_ms), (EndKind::Finished, 2000));
-        assert!(next_steps(&e, "/r")[0].contains("dflashd export --checkpoint /r"));
+        let steps = next_steps(&e, "/r", RunSource::ConfigOrUnknown);
+        assert!(steps[0].contains("dflashd export --checkpoint /r"));
 
         let stop = [started(1), stopped(2, "SIGTERM received at step 40")];
         assert_eq!(run_ending(&stop).unwrap().kind, EndKind::Stopped);
+    }
+
+    #[test]
+    fn the_evaluate_line_names_the_embedded_defaults_target_and_held_out_prompts() {
+        let done = [
+            started(1),
+            stopped(2, "training complete: 6 epochs, 642 steps"),
+        ];
+        let e = run_ending(&done).unwrap();
+        let embedded = next_steps(&e, "runs/default", RunSource::EmbeddedDefault);
+        assert_eq!(
+            embedded[1],
+            "evaluate it: dflashd eval --target runs/default/target --drafter \
+             runs/default/export --online --prompts assets/tiny/heldout_prompts.jsonl"
+        );
+        let config = next_steps(&e, "/r", RunSource::ConfigOrUnknown);
+        assert!(config[1].contains("--target TARGET_DIR"), "{}", config[1]);
+        assert!(config[1].contains("--data HELD_OUT.jsonl"), "{}", config[1]);
+        // The prompts the line names are the checkout's own file.
+        let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        assert!(checkout.join(EMBEDDED_HELD_OUT_PROMPTS).is_file());
     }
 
     #[test]

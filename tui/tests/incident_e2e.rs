@@ -53,8 +53,8 @@ fn config_and_path(root: &Path, edit: impl FnOnce(&mut Config)) -> (PathBuf, Con
     // steps to be the run's pace, not its first fast moments; a drop must hold a few steps to
     // become an alert; and an alert clears after a few steps back near the pace. With the
     // defaults' 80/90 % thresholds and two-minute clear, a noise alert against a baseline a
-    // tenth above the run's steady pace never cleared, and no healthy record was written (CI,
-    // session 16). The slowdowns this test makes (a core shared with three busy loops) run at
+    // tenth above the run's steady pace never cleared, and no healthy record was written (seen
+    // in CI). The slowdowns this test makes (a core shared with three busy loops) run at
     // a quarter to a third of the pace, below `warn_below` here.
     let t = &mut cfg.detectors.throughput;
     t.warmup_s = 2.0;

@@ -54,8 +54,9 @@ pub fn run_steps(trainer: &mut Trainer, steps: usize) -> StepMemory {
         m.after_untrimmed.push(memory::rss_mb().unwrap());
         m.heap.push(memory::heap_usage().unwrap());
         // Free chunks stranded between live ones keep their pages resident: without the tcache
-        // the real structure's arenas kept 1.4 MiB more of them each step while the live heap
-        // stayed within ±100 B (measured). What must stay flat is what cannot be given back.
+        // the real structure's arenas kept more of them each step while the live heap stayed
+        // flat (docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests). What must stay
+        // flat is what cannot be given back.
         assert!(memory::release_free_heap_pages());
         m.after.push(memory::rss_mb().unwrap());
         m.shapes_seen.push(shape_log::seen());
@@ -81,9 +82,9 @@ fn heap_sees_a_small_leak() {
 }
 
 /// The live heap's growth after `warmup`, split by whether a step met an attention call
-/// shape not seen before. A new shape fills libtorch's per-shape kernel caches once (measured
-/// on the embedded default: 64 KiB for the CPU flash kernel's, then about 7 KiB once more),
-/// so that growth is bounded by the shape bound, not by the run's length; a leak grows on
+/// shape not seen before. A new shape fills libtorch's per-shape kernel caches once
+/// (docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests), so that growth is
+/// bounded by the shape bound, not by the run's length; a leak grows on
 /// every step. Bytes.
 pub struct HeapGrowth {
     /// Summed in-use growth of the steps that met only known attention shapes.
@@ -142,9 +143,9 @@ impl std::fmt::Display for HeapGrowth {
 }
 
 /// How much the live heap may grow, in all, over the steps that met no new attention shape
-/// (bytes; tcache off). Measured on the embedded default over 240 steps: every such step
-/// within ±64 B but one, 7.2 KiB once, the step after a new shape's first. A leak of 100 B
-/// a step fails it within 200 steps.
+/// (bytes; tcache off): about twice the one step after a new shape's first that grew at all
+/// (docs/BENCHMARKS.md#shape-bound-and-flat-memory-tests). A leak of 100 B a step
+/// fails it within 200 steps.
 pub const HEAP_KNOWN_SHAPE_TOLERANCE: i64 = 16 * 1024;
 
 /// Environment marker of the child [`run_without_tcache`] starts.

@@ -37,8 +37,8 @@ const SILENT: usize = 50;
 /// A crowded phase: long enough for the silent clients that owe replies to be given up on
 /// (the daemon's write timeout is 5 s).
 const CROWDED_PHASE: Duration = Duration::from_secs(10);
-/// A quiet phase: its median needs steps, not time (about 20 here at 6 steps a second, after
-/// the settle; 50 gave medians within 0.5 % of each other). The test's other core idles while
+/// A quiet phase: its median needs steps, not time (a few dozen steps settle it:
+/// docs/development.md#where-the-suites-time-goes). The test's other core idles while
 /// it runs, so every second of it is a second of `make test`.
 const QUIET_PHASE: Duration = Duration::from_secs(5);
 /// Steps right after a phase change are left out of its median (clients still connecting).
@@ -161,8 +161,8 @@ impl Crowd {
         // the connection for those the daemon gave up on.
         // A client the daemon kept is live again once read: on a fast machine its metrics
         // frames never pause for the read timeout, so the drain is bounded in time too. Each
-        // drains on its own thread: one after another, the kept ones' 500 ms added up to
-        // about 10 s of every crowded phase.
+        // drains on its own thread: one after another, the kept ones' waits added up to a
+        // large part of every crowded phase (docs/development.md#where-the-suites-time-goes).
         std::thread::scope(|scope| {
             let drains: Vec<_> = self
                 .silent

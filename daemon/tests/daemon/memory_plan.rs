@@ -62,9 +62,9 @@ fn the_27b_plan_fits_96_gib_with_activation_checkpointing_as_configured() {
 
 #[test]
 fn the_27b_plan_without_activation_checkpointing_says_its_drafter_does_not_fit_80_gib() {
-    // At 80 GiB only checkpointing makes the drafter fit (predicted at S = 4096 with the
-    // Domino head: 107.8 GiB without, 67.5 GiB with; DFlash's head alone needed 94.8 GiB
-    // without).
+    // At 80 GiB only checkpointing makes the drafter fit, at S = 4096 with the Domino head as
+    // with DFlash's (the predictions:
+    // docs/BENCHMARKS.md#the-real-qwen36-27b-run-predictions-not-measurements).
     let tmp = tempfile::tempdir().unwrap();
     let shipped = std::fs::read_to_string(repo_file("configs/qwen3.6-27b-8gpu.toml")).unwrap();
     let off = shipped.replace(

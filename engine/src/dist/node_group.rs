@@ -55,7 +55,8 @@ impl NodeEndpoint {
 /// Only a lost peer named by address waits for one, for at most twice the heartbeat's bound:
 /// its node died (its sockets closed), so its heartbeat has stopped and the judge names it
 /// within the bound; the second bound is for a judge starved of the CPU, which restarts its
-/// count (measured: on a loaded 2-core machine one wait in five ran past a single bound). An abort or a timeout takes only a verdict already given: the judge gives its
+/// count: on a loaded machine a single bound is often too short
+/// (docs/BENCHMARKS.md#naming-a-lost-node-under-load). An abort or a timeout takes only a verdict already given: the judge gives its
 /// verdict before it aborts, and an abort without one is this node's own failure.
 pub fn name_failure(
     e: AllReduceError,

@@ -37,8 +37,9 @@ fn real_spec(seq_len: i64, memory_gib: f64) -> RunSpec {
 
 #[test]
 fn at_the_real_shape_the_plain_drafter_needs_most_of_a_96_gb_card_and_the_target_fits() {
-    // Without checkpointing: before the attention levers (K/V repeated per query head, 51 GiB
-    // of copies at S = 4096) this did not fit; now the drafter fits with little to spare.
+    // Without checkpointing the drafter fits with little to spare: K/V is never repeated per
+    // query head
+    // (docs/BENCHMARKS-history.md#lean-attention-for-the-real-shape-issue-11-branch-lean-attn).
     let plan = plan_run(&real_spec(4096, 96.0));
     let tight = plan_run(&real_spec(4096, 80.0));
     assert_eq!(tight.fits, Some(false), "{:#?}", tight.devices);

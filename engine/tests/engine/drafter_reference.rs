@@ -19,9 +19,10 @@ fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/drafter_fixtures/reference")
 }
 
-/// libtorch's first use of its CPU kernels races when two threads make it at once: in about one
-/// cold start in 40, one of two concurrent first forwards of this fixture came out 2e-4 off,
-/// while 2 × 300 concurrent forwards after a first one never differed by a bit. It is the race
+/// libtorch's first use of its CPU kernels races when two threads make it at once: now and then
+/// one of two concurrent first forwards of this fixture comes out off, while concurrent
+/// forwards after a first one never differ by a bit
+/// (docs/development.md#where-the-suites-time-goes). It is the race
 /// `dflashd` guards against with its serialized warmup; these tests run in parallel threads, so
 /// they warm up the same way: one forward, alone, before any test computes.
 fn load() -> (

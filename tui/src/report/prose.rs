@@ -337,7 +337,9 @@ pub fn next_steps(
     let ending = dflash_shared::run_end::run_ending(events).filter(|_| !report.daemon.reachable);
     if let Some(ending) = ending {
         let run_dir = report.files.run_dir.as_deref().unwrap_or("RUN_DIR");
-        for step in dflash_shared::run_end::next_steps(&ending, run_dir) {
+        // The daemon is down, so what it was started from is not known here.
+        let source = dflash_shared::run_end::RunSource::ConfigOrUnknown;
+        for step in dflash_shared::run_end::next_steps(&ending, run_dir, source) {
             steps.push(format!("{}{}.", step[..1].to_uppercase(), &step[1..]));
         }
     } else if !report.daemon.reachable {

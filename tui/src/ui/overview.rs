@@ -14,7 +14,7 @@ use super::theme::Theme;
 use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
-use dflash_shared::run_end::{next_steps, EndKind, RunEnding};
+use dflash_shared::run_end::{next_steps, EndKind, RunEnding, RunSource};
 use dflash_shared::status::{head_name, RunObjective};
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
@@ -251,7 +251,13 @@ fn ending_lines(app: &App, ending: &RunEnding, width: usize, theme: &Theme) -> V
         lines.push(Line::from(fit(&tau, width)));
     }
     let run_dir = status.map_or("RUN_DIR".to_string(), |s| s.run.run_dir.clone());
-    for step in next_steps(ending, &run_dir) {
+    // A daemon started without a config trained the embedded default: its target and held-out
+    // prompts have paths the evaluate line can name.
+    let source = match status {
+        Some(s) if s.run.config_path.is_none() => RunSource::EmbeddedDefault,
+        _ => RunSource::ConfigOrUnknown,
+    };
+    for step in next_steps(ending, &run_dir, source) {
         lines.push(Line::from(Span::styled(
             fit(&format!("next: {step}"), width),
             theme.dim(),

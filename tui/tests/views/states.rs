@@ -211,3 +211,39 @@ fn a_run_that_ended_reads_as_finished_stopped_or_failed_not_as_an_outage() {
         snapshot(name, &app);
     }
 }
+
+/// A run of the embedded default (a daemon started without a config) ends with an evaluate line
+/// that names its real target and held-out prompts; a config run keeps the placeholders for the
+/// config's own paths, which the console does not hold.
+#[test]
+fn the_embedded_defaults_ending_names_its_target_and_held_out_prompts() {
+    use dflash_shared::events::{Event, EventKind, Severity};
+    let mut app = live(false);
+    if let Some(status) = app.status.as_mut() {
+        status.run.config_path = None;
+    }
+    let event = Event {
+        seq: 1_000_001,
+        ts_ms: app.now_ms,
+        severity: Severity::Info,
+        kind: EventKind::RunStopped {
+            reason: "training complete: 6 epochs, 642 steps".into(),
+            checkpoint: Some("/runs/default/checkpoints/step-0000000642".into()),
+        },
+    };
+    app.handle(AppEvent::Link(LinkEvent::Frame(Response::Event(Box::new(
+        event,
+    )))));
+    app.handle(AppEvent::Link(LinkEvent::Lost {
+        reason: format!("no dflashd is listening at {SOCKET} (Connection refused)"),
+        retry_in: Duration::from_secs(2),
+    }));
+    let run_dir = app.status.as_ref().unwrap().run.run_dir.clone();
+    let text = screen::text(&render(&app, 240, HEIGHT));
+    let evaluate = format!(
+        "next: evaluate it: dflashd eval --target {run_dir}/target --drafter {run_dir}/export \
+         --online --prompts assets/tiny/heldout_prompts.jsonl"
+    );
+    assert!(text.contains(&evaluate), "{text}");
+    assert!(!text.contains("TARGET_DIR"), "{text}");
+}

@@ -10,10 +10,9 @@ pub const DEFAULT_CHUNK_SCORE_ELEMENTS: i64 = 1 << 23;
 
 /// Modelled fixed cost of one more fused call (its key/value copies, mask slice, the context
 /// gradient its slice scatters back, and a parallel region when there are threads), in score
-/// elements. Measured on CPU (1 and 2 threads): 2^18 and 2^20 gave the same step times on the
-/// tiny and medium bench configs within noise, and at 1024 anchors of 32 over 2048 context
-/// keys (4 heads) 2^20 scheduled 65 chunks instead of 129, with 8% less memory; 2^22 slowed
-/// the medium step.
+/// elements. The largest value that did not slow a step: it halves the chunk count of the
+/// training shape against a smaller one and saves memory, where a larger one slowed the medium
+/// bench step (docs/BENCHMARKS.md#chunk-schedule-the-cost-of-one-more-fused-call).
 pub(crate) const CHUNK_OVERHEAD_SCORE_ELEMENTS: i64 = 1 << 20;
 
 /// Context key ranges of a chunk are widened to a multiple of this many keys (masked), so a

@@ -96,10 +96,9 @@ pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
 /// Runs this process's libtorch ops on one thread. The models these tests use are tiny (hidden
 /// sizes of 32, vocabularies of 5 to 64): an op is microseconds of work, far below where
 /// intra-op threads pay, and on a loaded 2-core machine the OpenMP threads only wait on each
-/// other. Measured alone on the 2-core machine (load 2–5), one thread against libtorch's
-/// default of 2: the sampled-chain test 154 s → 13 s, the greedy chain test 62 s → 3 s, the
-/// DDTree losslessness test 27 s → 6 s. The arithmetic is the same; only its grouping may
-/// differ, which the tests' tolerances are for.
+/// other, so one thread makes these tests several times faster
+/// (docs/development.md#where-the-suites-time-goes). The arithmetic is the same; only its
+/// grouping may differ, which the tests' tolerances are for.
 pub fn single_threaded() {
     tch::set_num_threads(1);
 }
