@@ -129,8 +129,6 @@ fn read_facts(
         config,
         config_path,
         run_dir: &run_dir,
-        target_dir: target_dir.as_ref().and_then(|dir| dir.as_deref().ok()),
-        target: target.as_ref().ok(),
         gpu_memory_gib,
     };
     config_setup::check(&files, &mut facts, &mut notes);

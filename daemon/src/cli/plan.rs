@@ -25,7 +25,7 @@ use crate::run::paths::{resolve, resolve_path, PathInputs};
 use crate::runtime::memory_plan::{
     self, DataShape, DeviceMemory, Devices, PlanInputs, ASSUMED_SUPERVISED_FRACTION,
 };
-use crate::runtime::setup::{load_samples, MemoryPlanPolicy, SetupInputs};
+use crate::runtime::setup::{read_training_data, MemoryPlanPolicy, SetupInputs};
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -267,8 +267,8 @@ fn data_shape(
         memory_plan: MemoryPlanPolicy::default(),
         cpu_peak_flops: None,
     };
-    let (samples, _, source) =
-        load_samples(&inputs, target.vocab_size() as usize).with_context(|| {
+    let (samples, _, source) = read_training_data(&inputs, target.vocab_size() as usize)
+        .with_context(|| {
             "reading the data for its p95 row length; pass --seq-len N to plan without it"
         })?;
     memory_plan::data_shape(&samples, &source).context("the data has no rows; pass --seq-len N")

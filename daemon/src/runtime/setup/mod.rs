@@ -11,7 +11,6 @@ use tch::Device;
 use thiserror::Error;
 
 use super::launch_nodes::NodeJob;
-use super::memory_plan::{self, Devices, PlanInputs};
 use crate::run::paths::{resolve_path, ConfigPathError};
 use dflash_engine::data::{
     load, load_chat_template, load_stop_tokens, load_tokenizer, read_prompt_rows, tokenize_prompts,
@@ -24,8 +23,8 @@ use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::online_prompts::OnlinePrompts;
 use dflash_engine::train::topology::TopologySpec;
 use dflash_engine::train::unlocked::UnlockedKeys;
-use dflash_engine::train::warm_start::{DrafterSource, WarmStart};
-use dflash_engine::train::{run_config, TrainError};
+use dflash_engine::train::warm_start::WarmStart;
+use dflash_engine::train::TrainError;
 use dflash_engine::train::{Trainer, TrainerSpec};
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -138,66 +137,9 @@ pub struct Prepared {
     pub warm_start: Option<WarmStart>,
 }
 
-/// A config device as a libtorch device, checked against what libtorch sees.
-fn tch_device(d: config::Device) -> Result<Device, SetupError> {
-    let device = device::from_config(d);
-    device::check(device).map_err(|e| SetupError::Device {
-        name: d.to_string(),
-        detail: e.to_string(),
-    })?;
-    Ok(device)
-}
+mod checks;
 
-/// The training device: `--device`, else the first drafter device of the topology.
-fn training_device(inputs: &SetupInputs<'_>) -> (config::Device, Option<String>) {
-    let topo = &inputs.config.topology;
-    let chosen = inputs
-        .device_override
-        .or_else(|| topo.drafter_devices.first().copied())
-        .unwrap_or(config::Device::Cpu);
-    let mut listed: Vec<config::Device> = topo
-        .target_devices
-        .iter()
-        .chain(&topo.drafter_devices)
-        .copied()
-        .collect();
-    listed.sort();
-    listed.dedup();
-    let unused: Vec<String> = listed
-        .iter()
-        .filter(|d| **d != chosen)
-        .map(|d| d.to_string())
-        .collect();
-    let note = (!unused.is_empty()).then(|| {
-        format!(
-            "the topology lists {} device(s); this trainer runs target and drafter on {chosen} only, {} stay(s) idle",
-            listed.len(),
-            unused.join(", ")
-        )
-    });
-    (chosen, note)
-}
-
-/// What `start` learns and checks before it reads a weight: the topology, the target's
-/// shapes (its `config.json`), the drafter, the warm-start source, the data, the memory plan
-/// and the online prompts. A run any of these refuses is refused before the first weight
-/// shard is opened; [`build`] then loads the weights.
-pub struct Checked {
-    topology: TopologySpec,
-    topology_note: Option<String>,
-    /// The target's directory; `None` for the embedded target.
-    target_dir: Option<PathBuf>,
-    target_config: dflash_engine::model::target::TargetConfig,
-    drafter_cfg: dflash_engine::model::drafter::DrafterConfig,
-    warm_start_source: Option<DrafterSource>,
-    samples: Vec<Sample>,
-    report: LoadReport,
-    data_source: String,
-    memory_plan_note: Option<String>,
-    throughput_basis: Option<dflash_shared::health::healthy_record::ThroughputBasis>,
-    train_cfg: dflash_engine::train::config::TrainConfig,
-    online_prompts: Option<OnlinePrompts>,
-}
+pub use checks::{check, run_checks, CheckSink, CheckStep, Checked};
 
 /// Builds the trainer `inputs` describe ([`check`], then [`build`]).
 pub fn prepare(
@@ -206,87 +148,6 @@ pub fn prepare(
 ) -> Result<Prepared, SetupError> {
     let checked = check(inputs)?;
     build(inputs, node, checked)
-}
-
-/// The topology this start drives: the configured one, or everything on `--device`.
-fn topology(inputs: &SetupInputs<'_>) -> Result<(TopologySpec, Option<String>), SetupError> {
-    let cfg = inputs.config;
-    // Without `--device` the whole configured topology runs (the target is loaded on the
-    // first target device and replicated onto the others); with it, everything runs on that
-    // one device and the note names the devices left idle.
-    let (chosen, override_note) = training_device(inputs);
-    match inputs.device_override {
-        Some(_) => Ok((TopologySpec::single(tch_device(chosen)?), override_note)),
-        None => {
-            for &d in cfg
-                .topology
-                .target_devices
-                .iter()
-                .chain(&cfg.topology.drafter_devices)
-            {
-                tch_device(d)?;
-            }
-            Ok((TopologySpec::from_config(cfg), None))
-        }
-    }
-}
-
-/// Everything `start` refuses without reading a weight ([`Checked`]). Writes nothing.
-pub fn check(inputs: &SetupInputs<'_>) -> Result<Checked, SetupError> {
-    let cfg = inputs.config;
-    let (topology, topology_note) = topology(inputs)?;
-    let target_dir = if cfg.target.is_embedded() {
-        None
-    } else {
-        Some(resolve_path(
-            "target.model",
-            &cfg.target.model,
-            inputs.config_path,
-            inputs.run_dir,
-        )?)
-    };
-    let target_config = match &target_dir {
-        None => embedded::tiny_target_config(),
-        Some(dir) => {
-            dflash_engine::model::target::TargetConfig::from_hf_dir(dir).map_err(|source| {
-                SetupError::Target {
-                    path: dir.clone(),
-                    cause: Box::new(source),
-                }
-            })?
-        }
-    };
-    let drafter_cfg = run_config::drafter_config(&cfg.drafter, &target_config);
-    let warm_start_source = warm_start_source(inputs, &drafter_cfg)?;
-    let vocab = target_config.vocab_size();
-    let (samples, report, data_source) = load_samples(inputs, vocab as usize)?;
-    cfg.check_against_dataset(samples.len())?;
-    let memory_plan_note = check_memory_plan(inputs, &target_config, &samples, &data_source)?;
-    let throughput_basis = memory_plan::throughput_basis(
-        cfg,
-        &target_config,
-        Devices::of(cfg, inputs.device_override),
-        &samples,
-    );
-    let (online_prompts_path, online_prompts) =
-        read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
-    let mut train_cfg = run_config::train_config(cfg, samples.len());
-    train_cfg.online_eval_prompts = online_prompts_path;
-    Ok(Checked {
-        topology,
-        topology_note,
-        target_dir,
-        target_config,
-        drafter_cfg,
-        warm_start_source,
-        samples,
-        report,
-        data_source,
-        memory_plan_note,
-        throughput_basis,
-        train_cfg,
-        online_prompts,
-    })
 }
 
 /// Loads the target's weights and builds the trainer of a [`check`]ed run: its data report
@@ -376,96 +237,6 @@ pub fn build(
     })
 }
 
-/// `drafter.init_from` on a fresh start: the directory read (its config and its tensors'
-/// headers) and its config checked against the run's drafter. `None` when the key is unset,
-/// or when the run resumes: its checkpoint carries the weights on.
-fn warm_start_source(
-    inputs: &SetupInputs<'_>,
-    drafter: &dflash_engine::model::drafter::DrafterConfig,
-) -> Result<Option<DrafterSource>, SetupError> {
-    let Some(value) = inputs.config.drafter.init_from.as_deref() else {
-        return Ok(None);
-    };
-    if inputs.resume.is_some() {
-        return Ok(None);
-    }
-    let dir = resolve_path(
-        "drafter.init_from",
-        value,
-        inputs.config_path,
-        inputs.run_dir,
-    )?;
-    let source = DrafterSource::open(&dir)?;
-    source.check_config(drafter)?;
-    Ok(Some(source))
-}
-
-/// The memory plan of this run at the data's p95 row length, before the drafter is built:
-/// `Err` with the refusal when a device is predicted over capacity (unless ignored), `Ok`
-/// with a note to journal for an override or when no device memory is known.
-fn check_memory_plan(
-    inputs: &SetupInputs<'_>,
-    target: &dflash_engine::model::target::TargetConfig,
-    samples: &[Sample],
-    data_source: &str,
-) -> Result<Option<String>, SetupError> {
-    let devices = Devices::of(inputs.config, inputs.device_override);
-    let memory = memory_plan::device_memory(&devices, inputs.memory_plan.stated_gib);
-    match memory_plan_verdict(inputs.config, devices, memory, target, samples, data_source) {
-        MemoryPlanVerdict::Fits => Ok(None),
-        MemoryPlanVerdict::NotChecked(why) => Ok(Some(format!("memory plan not checked: {why}"))),
-        MemoryPlanVerdict::DoesNotFit(refusal) if inputs.memory_plan.ignore => Ok(Some(format!(
-            "--ignore-memory-plan: starting against the memory plan, which says {}",
-            refusal.replace('\n', " ")
-        ))),
-        MemoryPlanVerdict::DoesNotFit(refusal) => Err(SetupError::MemoryPlan(refusal)),
-    }
-}
-
-/// What the memory plan says of a run on `devices` of `memory` each.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum MemoryPlanVerdict {
-    /// Predicted to fit (or no row to plan at: the data check refuses that).
-    Fits,
-    /// No device memory is known: why, and what would give one.
-    NotChecked(String),
-    /// A device is predicted over capacity: `start`'s whole refusal, remedies included.
-    DoesNotFit(String),
-}
-
-/// The memory plan at the data's p95 row length, as `start` judges it before it builds the
-/// drafter; `config validate` calls it with the same samples (read by [`load_samples`]) and
-/// the target's `config.json`, so the two refuse the same runs in the same words.
-pub(crate) fn memory_plan_verdict(
-    cfg: &Config,
-    devices: Devices,
-    memory: Result<memory_plan::DeviceMemory, String>,
-    target: &dflash_engine::model::target::TargetConfig,
-    samples: &[Sample],
-    data_source: &str,
-) -> MemoryPlanVerdict {
-    let Some(shape) = memory_plan::data_shape(samples, data_source) else {
-        return MemoryPlanVerdict::Fits;
-    };
-    let plan_inputs = PlanInputs {
-        config: cfg,
-        target,
-        devices,
-        shape,
-        memory: memory.as_ref().ok().cloned(),
-        peak_flops: None,
-        mfu: memory_plan::DEFAULT_MFU,
-    };
-    let plan = dflash_engine::plan::plan_run(&memory_plan::run_spec(&plan_inputs));
-    match (plan.fits, memory) {
-        (Some(false), _) => {
-            MemoryPlanVerdict::DoesNotFit(memory_plan::refusal(&plan, &plan_inputs))
-        }
-        (_, Err(why)) => MemoryPlanVerdict::NotChecked(why),
-        _ => MemoryPlanVerdict::Fits,
-    }
-}
-
 /// How every refusal of the online evaluation's inputs ends: the way out that needs no file.
 const WITHOUT_ONLINE_EVAL: &str =
     "or set training.online_eval_every = 0 to train without online evaluation";
@@ -475,7 +246,7 @@ const WITHOUT_ONLINE_EVAL: &str =
 /// online evaluation. `config validate` runs this same reader with the vocabulary of the
 /// target's `config.json` (no weight loaded), so it refuses every prompt file and stop token
 /// `start` refuses, in the same words.
-pub(crate) fn read_online_prompts(
+fn read_online_prompts(
     inputs: &SetupInputs<'_>,
     target_dir: Option<&Path>,
     vocab: i64,
@@ -587,10 +358,31 @@ fn load_online_prompts(
     }))
 }
 
-/// The samples of the config's data (`data.train_file`), as training reads them.
-pub(crate) fn load_samples(
+/// The config's data as training reads it (chat rows with the tokenizer and template it
+/// names), for `dflashd plan`'s row lengths.
+pub fn read_training_data(
     inputs: &SetupInputs<'_>,
     vocab: usize,
+) -> Result<(Vec<Sample>, LoadReport, String), SetupError> {
+    let encoder = chat_encoder_of_data(inputs)?;
+    load_samples(inputs, vocab, encoder.as_ref())
+}
+
+/// The encoder chat data is read with; `None` for pre-tokenized data and the embedded set.
+fn chat_encoder_of_data(inputs: &SetupInputs<'_>) -> Result<Option<ChatEncoder>, SetupError> {
+    let data = &inputs.config.data;
+    if data.train_file == config::EMBEDDED_DATA || data.format == CfgFormat::Pretokenized {
+        return Ok(None);
+    }
+    chat_encoder(inputs).map(Some)
+}
+
+/// The samples of the config's data (`data.train_file`), as training reads them, chat rows
+/// with `encoder`.
+fn load_samples(
+    inputs: &SetupInputs<'_>,
+    vocab: usize,
+    encoder: Option<&ChatEncoder>,
 ) -> Result<(Vec<Sample>, LoadReport, String), SetupError> {
     let cfg = inputs.config;
     let max_len = cfg.training.max_length;
@@ -610,11 +402,7 @@ pub(crate) fn load_samples(
         threads: 0,
         max_line_bytes: cfg.data.max_line_bytes.bytes(),
     };
-    let encoder = match cfg.data.format {
-        CfgFormat::Pretokenized => None,
-        CfgFormat::Chat => Some(chat_encoder(inputs)?),
-    };
-    let format = match &encoder {
+    let format = match encoder {
         Some(e) => DataFormat::Chat(e),
         None => DataFormat::Pretokenized,
     };
@@ -633,7 +421,7 @@ pub(crate) fn load_samples(
 /// directory's `tokenizer.json`, and the chat template of `data.chat_template`, else the target
 /// directory's. A missing or broken file is refused naming the key that chose it.
 /// `config validate` builds the same encoder (no weight loaded), so it refuses the same files.
-pub(crate) fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
+fn chat_encoder(inputs: &SetupInputs<'_>) -> Result<ChatEncoder, SetupError> {
     let cfg = inputs.config;
     let (config_path, run_dir) = (inputs.config_path, inputs.run_dir);
     if cfg.target.is_embedded() {
@@ -716,6 +504,7 @@ pub fn describe_topology(topology: &TopologySpec) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::checks::training_device;
     use super::*;
 
     /// A start's inputs for `cfg` with nothing given on the command line.
