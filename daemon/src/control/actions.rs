@@ -86,14 +86,28 @@ async fn forget_healthy_record(
     if handle.send_command(command).is_err() {
         return Err("no training loop is running: there is no record being judged against".into());
     }
-    match tokio::time::timeout(command_timeout, rx).await {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(_)) => Err("the run loop ended without answering; check the journal".into()),
-        Err(_) => Err(format!(
+    await_reply(rx, command_timeout, |waited| {
+        format!(
             "the run loop did not answer within {} s (a long step or evaluation); the forget \
              is still queued and happens at its next step",
-            command_timeout.as_secs()
-        )),
+            waited.as_secs()
+        )
+    })
+    .await?
+}
+
+/// Waits up to `timeout` for the run loop's reply to a command it was handed. `Err` is the
+/// sentence for a reply that never came: the run loop ended without one, or `timed_out` words
+/// what the caller's command still does after the wait.
+async fn await_reply(
+    rx: oneshot::Receiver<CommandOutcome>,
+    timeout: Duration,
+    timed_out: impl FnOnce(Duration) -> String,
+) -> Result<CommandOutcome, String> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(outcome)) => Ok(outcome),
+        Ok(Err(_)) => Err("the run loop ended without answering; check the journal".into()),
+        Err(_) => Err(timed_out(timeout)),
     }
 }
 
@@ -128,24 +142,21 @@ async fn stop_run_loop(
             );
             outcome
         }
-        Ok(()) => match tokio::time::timeout(command_timeout, rx).await {
-            Ok(Ok(Ok(outcome))) => outcome,
-            Ok(Ok(Err(e))) => {
-                return Err(format!(
+        Ok(()) => {
+            let reply = await_reply(rx, command_timeout, |waited| {
+                format!(
+                    "the run loop did not answer within {}; it may still be checkpointing",
+                    format_duration_ms(waited.as_millis() as i64)
+                )
+            })
+            .await?;
+            reply.map_err(|e| {
+                format!(
                     "the run loop could not {}: {e}",
                     if kill { "stop" } else { "checkpoint and stop" }
-                ))
-            }
-            Ok(Err(_)) => {
-                return Err("the run loop ended without answering; check the journal".into())
-            }
-            Err(_) => {
-                return Err(format!(
-                    "the run loop did not answer within {}; it may still be checkpointing",
-                    format_duration_ms(command_timeout.as_millis() as i64)
-                ))
-            }
-        },
+                )
+            })?
+        }
     };
     handle.request_shutdown(format!("run {verb} by operator ({id})"));
     Ok(outcome)

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dflash_shared::clock::now_ms;
-use dflash_shared::health::Fingerprint;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
@@ -132,7 +131,7 @@ impl MetricsServer {
 /// The text of one scrape of `handle`.
 pub fn scrape(handle: &RunHandle) -> String {
     let (status, last) = handle.status_and_last_metrics();
-    let environment: Option<Fingerprint> = serde_json::from_value(handle.fingerprint()).ok();
+    let environment = handle.fingerprint();
     exposition::render(&Scrape {
         status: &status,
         last: last.as_ref(),

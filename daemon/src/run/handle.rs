@@ -7,11 +7,12 @@
 //! [`RunHandle::record_event`], which `fsync`s one journal line.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use dflash_shared::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
 use dflash_shared::config::DetectorsSection;
 use dflash_shared::events::{Event, EventKind, Severity};
+use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
@@ -60,32 +61,28 @@ pub enum RunCommand {
 /// What the summary of kept-back filings counts.
 const WITHDRAWN: &str = "requests filed and withdrawn (cancelled or expired) unconfirmed";
 
+/// The run's state, grouped by who writes it together, one lock per group (mini-redis's
+/// `Shared { state: Mutex<State> }`): a reader never sees half of one writer's update, and no
+/// method holds two of these locks at once.
 #[derive(Debug)]
 struct Shared {
     run_name: String,
     run_dir: PathBuf,
-    status: RwLock<Status>,
-    config: RwLock<serde_json::Value>,
-    fingerprint: RwLock<serde_json::Value>,
-    journal: Mutex<Journal>,
-    pending: Mutex<PendingActions>,
-    refusals: Mutex<RefusalThrottle>,
-    withdrawn: Mutex<WithdrawnRequests>,
     policy: ActionPolicy,
-    unlocked_keys: Mutex<Vec<String>>,
-    /// What the live environment watch sees differ from the start, worded (empty: nothing).
-    live_environment: Mutex<Vec<String>>,
-    /// The healthy record's files (the run dir's and its recipe's in the state dir), set by
-    /// the health feed: what a forget's consequences name (the feed itself removes them).
-    healthy_record_files: Mutex<Vec<PathBuf>>,
-    /// The run's hidden-state queues, read by the telemetry timer between steps.
-    queue_monitor: Mutex<Option<QueueMonitor>>,
     bus: FrameBus,
+    /// What the run loop, its health feed and the telemetry timer publish.
+    status: RwLock<Status>,
+    /// What the run started in, and what the live environment watch has seen change since.
+    environment: RwLock<Environment>,
+    /// Operator requests in flight and the bookkeeping that keeps their journal lines bounded.
+    requests: Mutex<Requests>,
+    /// What the run loop hands over when it starts: its command channel and its queues.
+    run_loop: Mutex<RunLoopLink>,
+    /// Apart from the rest: an append `fsync`s, and no reader of status should wait on a disk.
+    journal: Mutex<Journal>,
+    /// Apart for the same reason: recording writes a file.
     recorder: Option<Mutex<Recorder>>,
-    commands: Mutex<Option<mpsc::Sender<RunCommand>>>,
-    shutdown_tx: broadcast::Sender<()>,
-    shutdown_requested: AtomicBool,
-    shutdown_reason: Mutex<Option<String>>,
+    shutdown: ShutdownSignal,
 }
 
 #[derive(Debug)]
@@ -94,6 +91,46 @@ struct Status {
     /// The last line the run loop published (a step, or the evaluation before the first step):
     /// what `/metrics` serves of loss, accuracy, lr, grad norm and step times. `None` before it.
     last_metrics: Option<StepMetrics>,
+    /// The healthy record's files (the run dir's and its recipe's in the state dir), set with
+    /// the record by the health feed: what a forget's consequences name (the feed itself
+    /// removes them).
+    healthy_record_files: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Environment {
+    /// The run's config as the `config` request serves it; it is only ever served, never read
+    /// back, so it is kept in its wire form.
+    config: serde_json::Value,
+    /// The fingerprint taken at start, with the Python packages as the live watch last saw
+    /// them. `None` until guard rails take it.
+    fingerprint: Option<Fingerprint>,
+    /// What the live environment watch sees differ from the start, worded (empty: nothing).
+    drift: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct Requests {
+    pending: PendingActions,
+    refusals: RefusalThrottle,
+    withdrawn: WithdrawnRequests,
+    /// Keys an operator unlocked in this daemon's lifetime.
+    unlocked_keys: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct RunLoopLink {
+    commands: Option<mpsc::Sender<RunCommand>>,
+    /// The run's hidden-state queues, read by the telemetry timer between steps.
+    queue_monitor: Option<QueueMonitor>,
+}
+
+#[derive(Debug)]
+struct ShutdownSignal {
+    tx: broadcast::Sender<()>,
+    requested: AtomicBool,
+    /// The first reason given; later requests keep it.
+    reason: OnceLock<String>,
 }
 
 /// What the health feed judged of throughput at the latest step.
@@ -182,27 +219,27 @@ impl RunHandle {
             inner: Arc::new(Shared {
                 run_name: policy.run_name.clone(),
                 run_dir,
+                policy,
+                bus,
                 status: RwLock::new(Status {
                     snapshot,
                     last_metrics: None,
+                    healthy_record_files: Vec::new(),
                 }),
-                config: RwLock::new(serde_json::Value::Null),
-                fingerprint: RwLock::new(serde_json::Value::Null),
+                environment: RwLock::new(Environment {
+                    config: serde_json::Value::Null,
+                    fingerprint: None,
+                    drift: Vec::new(),
+                }),
+                requests: Mutex::new(Requests::default()),
+                run_loop: Mutex::new(RunLoopLink::default()),
                 journal: Mutex::new(journal),
-                pending: Mutex::new(PendingActions::default()),
-                refusals: Mutex::new(RefusalThrottle::default()),
-                withdrawn: Mutex::new(WithdrawnRequests::default()),
-                policy,
-                unlocked_keys: Mutex::new(Vec::new()),
-                live_environment: Mutex::new(Vec::new()),
-                healthy_record_files: Mutex::new(Vec::new()),
-                queue_monitor: Mutex::new(None),
-                bus,
                 recorder: recorder.map(Mutex::new),
-                commands: Mutex::new(None),
-                shutdown_tx,
-                shutdown_requested: AtomicBool::new(false),
-                shutdown_reason: Mutex::new(None),
+                shutdown: ShutdownSignal {
+                    tx: shutdown_tx,
+                    requested: AtomicBool::new(false),
+                    reason: OnceLock::new(),
+                },
             }),
         }
     }
@@ -228,7 +265,7 @@ impl RunHandle {
     /// The run loop calls this once and polls the receiver between steps.
     pub fn attach_run_loop(&self) -> mpsc::Receiver<RunCommand> {
         let (tx, rx) = mpsc::channel();
-        *lock(&self.inner.commands) = Some(tx);
+        lock(&self.inner.run_loop).commands = Some(tx);
         rx
     }
 
@@ -310,17 +347,15 @@ impl RunHandle {
     /// The healthy record this run is judged against, served in status, and the files a
     /// confirmed forget would remove (whether or not they exist yet).
     pub fn set_healthy_record(&self, record: Option<HealthyRecord>, files: Vec<PathBuf>) {
-        write(&self.inner.status).snapshot.healthy_record = record.map(Box::new);
-        *lock(&self.inner.healthy_record_files) = files;
+        let mut st = write(&self.inner.status);
+        st.snapshot.healthy_record = record.map(Box::new);
+        st.healthy_record_files = files;
     }
 
     /// The healthy record's files that exist now.
     pub fn healthy_record_files(&self) -> Vec<PathBuf> {
-        lock(&self.inner.healthy_record_files)
-            .iter()
-            .filter(|p| p.is_file())
-            .cloned()
-            .collect()
+        let files = read(&self.inner.status).healthy_record_files.clone();
+        files.into_iter().filter(|p| p.is_file()).collect()
     }
 
     pub fn publish_queue(&self, q: QueueStats) {
@@ -330,14 +365,14 @@ impl RunHandle {
 
     /// Hands the run's queues to the telemetry timer (`None`: the topology has no queue).
     pub fn set_queue_monitor(&self, monitor: Option<QueueMonitor>) {
-        *lock(&self.inner.queue_monitor) = monitor;
+        lock(&self.inner.run_loop).queue_monitor = monitor;
     }
 
     /// Publishes a fresh reading of the hidden-state queue, if the run has one. The telemetry
     /// timer calls it, so a stalled producer or consumer still shows its depth, bytes and
     /// blocked/starved time while no step completes.
     pub fn publish_queue_reading(&self) -> Option<QueueStats> {
-        let stats = lock(&self.inner.queue_monitor).as_ref()?.stats();
+        let stats = lock(&self.inner.run_loop).queue_monitor.as_ref()?.stats();
         self.publish_queue(stats.clone());
         Some(stats)
     }
@@ -392,32 +427,31 @@ impl RunHandle {
     }
 
     pub fn set_config(&self, config: serde_json::Value) {
-        *write(&self.inner.config) = config;
+        write(&self.inner.environment).config = config;
     }
 
-    pub fn set_fingerprint(&self, fingerprint: serde_json::Value) {
-        *write(&self.inner.fingerprint) = fingerprint;
+    /// The environment fingerprint guard rails took at start.
+    pub fn set_fingerprint(&self, fingerprint: Fingerprint) {
+        write(&self.inner.environment).fingerprint = Some(fingerprint);
     }
 
     /// The live environment watch's standing differences from the start, and the packages as
-    /// they are now (folded into the fingerprint the healthy record is compared with).
+    /// they are now (folded into the fingerprint the healthy record is compared with; before
+    /// a fingerprint is taken there is nothing to fold them into).
     pub fn set_live_environment(
         &self,
         differences: Vec<String>,
         packages_now: std::collections::BTreeMap<String, String>,
     ) {
-        *lock(&self.inner.live_environment) = differences;
-        let mut fp = write(&self.inner.fingerprint);
-        if let Some(map) = fp.as_object_mut() {
-            map.insert(
-                "python_packages".into(),
-                serde_json::to_value(packages_now).unwrap_or_default(),
-            );
+        let mut env = write(&self.inner.environment);
+        env.drift = differences;
+        if let Some(fingerprint) = env.fingerprint.as_mut() {
+            fingerprint.python_packages = packages_now;
         }
     }
 
     pub fn live_environment(&self) -> Vec<String> {
-        lock(&self.inner.live_environment).clone()
+        read(&self.inner.environment).drift.clone()
     }
 
     /// Lists a checkpoint in status and journals it.
@@ -498,7 +532,7 @@ impl RunHandle {
     pub fn record_refused_request(&self, uid: u32, request: String, action_id: Option<String>) {
         let now = now_ms();
         let (summaries, verdict) = {
-            let mut throttle = lock(&self.inner.refusals);
+            let throttle = &mut lock(&self.inner.requests).refusals;
             (
                 throttle.take_summaries(now, false),
                 throttle.admit(uid, now, &request),
@@ -546,16 +580,15 @@ impl RunHandle {
     /// cycles must not grow the journal without bound).
     pub fn record_filed_request(&self, uid: u32, request: String, action_id: String) {
         let now = now_ms();
-        let pending: Vec<String> = lock(&self.inner.pending)
-            .list()
-            .into_iter()
-            .map(|p| p.id)
-            .collect();
         let (summaries, filing) = {
-            let mut w = lock(&self.inner.withdrawn);
+            let mut requests = lock(&self.inner.requests);
+            let Requests {
+                pending, withdrawn, ..
+            } = &mut *requests;
+            let pending: Vec<String> = pending.list().into_iter().map(|p| p.id).collect();
             (
-                w.take_summaries(now, false),
-                w.filed(uid, now, &action_id, &request, |id| {
+                withdrawn.take_summaries(now, false),
+                withdrawn.filed(uid, now, &action_id, &request, |id| {
                     pending.iter().any(|p| p == id)
                 }),
             )
@@ -576,13 +609,15 @@ impl RunHandle {
     /// `action_id` was cancelled or expired unconfirmed (`how` says which): whether its line
     /// is to be journaled (its filing was) or it is only counted (its filing was kept back).
     pub fn withdrawal_gets_a_line(&self, action_id: &str, how: &str) -> bool {
-        lock(&self.inner.withdrawn).withdrawn(now_ms(), action_id, how)
+        lock(&self.inner.requests)
+            .withdrawn
+            .withdrawn(now_ms(), action_id, how)
     }
 
     /// Before a granted confirmation of `action_id` is journaled: its filing, if that was
     /// kept back, so every confirmed action has both lines.
     pub fn journal_filing_before_confirmation(&self, action_id: &str) {
-        let deferred = lock(&self.inner.withdrawn).confirmed(action_id);
+        let deferred = lock(&self.inner.requests).withdrawn.confirmed(action_id);
         if let Some(d) = deferred {
             self.record_event_logged(
                 Severity::Info,
@@ -608,8 +643,12 @@ impl RunHandle {
 
     pub fn status_snapshot(&self) -> StatusSnapshot {
         let mut s = read(&self.inner.status).snapshot.clone();
-        s.pending_actions = lock(&self.inner.pending).list();
+        s.pending_actions = self.pending_list();
         s
+    }
+
+    fn pending_list(&self) -> Vec<dflash_shared::actions::PendingAction> {
+        lock(&self.inner.requests).pending.list()
     }
 
     /// The status snapshot and the last published metrics line, read together so a scrape
@@ -619,16 +658,18 @@ impl RunHandle {
             let st = read(&self.inner.status);
             (st.snapshot.clone(), st.last_metrics.clone())
         };
-        s.pending_actions = lock(&self.inner.pending).list();
+        s.pending_actions = self.pending_list();
         (s, m)
     }
 
     pub fn config(&self) -> serde_json::Value {
-        read(&self.inner.config).clone()
+        read(&self.inner.environment).config.clone()
     }
 
-    pub fn fingerprint(&self) -> serde_json::Value {
-        read(&self.inner.fingerprint).clone()
+    /// The environment as the daemon knows it now: the start's fingerprint with the packages
+    /// the live watch last saw. `None` before guard rails take it.
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        read(&self.inner.environment).fingerprint.clone()
     }
 
     pub fn gpus(&self) -> GpuTelemetry {
@@ -644,6 +685,12 @@ impl RunHandle {
     }
 
     pub fn state_view(&self) -> StateView {
+        let unlocked_keys = self.unlocked_keys();
+        let healthy_record_files = self
+            .healthy_record_files()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
         let st = read(&self.inner.status);
         let s = &st.snapshot;
         StateView {
@@ -657,18 +704,14 @@ impl RunHandle {
                 .then_some(s.throughput.tokens_per_s),
             stable_since_ms: s.throughput.stable_since_ms,
             caches: s.caches.clone(),
-            unlocked_keys: lock(&self.inner.unlocked_keys).clone(),
+            unlocked_keys,
             healthy_record: s.healthy_record.as_deref().map(|r| HealthyRecordView {
                 tokens_per_s: r.throughput.tokens_per_s,
                 recorded_ms: r.recorded_ms,
                 run_name: r.run_name.clone(),
                 step: r.step,
             }),
-            healthy_record_files: self
-                .healthy_record_files()
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect(),
+            healthy_record_files,
         }
     }
 
@@ -677,11 +720,11 @@ impl RunHandle {
     }
 
     pub fn with_pending<T>(&self, f: impl FnOnce(&mut PendingActions) -> T) -> T {
-        f(&mut lock(&self.inner.pending))
+        f(&mut lock(&self.inner.requests).pending)
     }
 
     pub fn unlock_key(&self, key: &str) {
-        let mut keys = lock(&self.inner.unlocked_keys);
+        let keys = &mut lock(&self.inner.requests).unlocked_keys;
         if !keys.iter().any(|k| k == key) {
             keys.push(key.to_string());
         }
@@ -689,13 +732,13 @@ impl RunHandle {
 
     /// Keys an operator unlocked in this daemon's lifetime; resume logic consults this.
     pub fn unlocked_keys(&self) -> Vec<String> {
-        lock(&self.inner.unlocked_keys).clone()
+        lock(&self.inner.requests).unlocked_keys.clone()
     }
 
     /// Hands a command to the run loop; `Err` returns it when no run loop is attached.
     pub fn send_command(&self, cmd: RunCommand) -> Result<(), RunCommand> {
-        let guard = lock(&self.inner.commands);
-        match guard.as_ref() {
+        let link = lock(&self.inner.run_loop);
+        match link.commands.as_ref() {
             Some(tx) => tx.send(cmd).map_err(|e| e.0),
             None => Err(cmd),
         }
@@ -706,30 +749,34 @@ impl RunHandle {
     /// Tells every part of the daemon to wind down. Idempotent; the first reason is kept.
     pub fn request_shutdown(&self, reason: impl Into<String>) {
         // Refusals still being counted get their summary line before the daemon goes.
-        let summaries = lock(&self.inner.refusals).take_summaries(now_ms(), true);
-        self.journal_refusal_summaries(summaries);
-        let summaries = lock(&self.inner.withdrawn).take_summaries(now_ms(), true);
-        self.journal_summaries(summaries, WITHDRAWN);
-        let mut r = lock(&self.inner.shutdown_reason);
-        if r.is_none() {
-            *r = Some(reason.into());
-        }
-        self.inner.shutdown_requested.store(true, Ordering::SeqCst);
-        let _ = self.inner.shutdown_tx.send(());
+        let (refused, withdrawn) = {
+            let mut requests = lock(&self.inner.requests);
+            let now = now_ms();
+            (
+                requests.refusals.take_summaries(now, true),
+                requests.withdrawn.take_summaries(now, true),
+            )
+        };
+        self.journal_refusal_summaries(refused);
+        self.journal_summaries(withdrawn, WITHDRAWN);
+        // A later request finds the first reason set and leaves it.
+        let _ = self.inner.shutdown.reason.set(reason.into());
+        self.inner.shutdown.requested.store(true, Ordering::SeqCst);
+        let _ = self.inner.shutdown.tx.send(());
     }
 
     pub fn is_shutdown_requested(&self) -> bool {
-        self.inner.shutdown_requested.load(Ordering::SeqCst)
+        self.inner.shutdown.requested.load(Ordering::SeqCst)
     }
 
     pub fn shutdown_reason(&self) -> Option<String> {
-        lock(&self.inner.shutdown_reason).clone()
+        self.inner.shutdown.reason.get().cloned()
     }
 
     /// A [`Shutdown`] listener; it also fires if shutdown was requested before subscribing.
     pub fn shutdown_listener(&self) -> Shutdown {
         Shutdown {
-            rx: self.inner.shutdown_tx.subscribe(),
+            rx: self.inner.shutdown.tx.subscribe(),
             handle: self.clone(),
         }
     }

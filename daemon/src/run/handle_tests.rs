@@ -214,3 +214,56 @@ fn shutdown_is_sticky_and_keeps_the_first_reason() {
             .unwrap()
     });
 }
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint {
+        captured_ms: 7,
+        hostname: Some("trainer-1".into()),
+        gpu_models: vec!["NVIDIA H200".into()],
+        cuda_alloc_conf: Some("expandable_segments:True".into()),
+        python_packages: [("torch".to_string(), "2.11.0".to_string())].into(),
+        ..Fingerprint::default()
+    }
+}
+
+#[test]
+fn the_fingerprint_is_kept_typed_and_the_live_watch_patches_only_its_packages() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let packages_now: std::collections::BTreeMap<_, _> =
+        [("torch".to_string(), "2.12.0".to_string())].into();
+    // Before guard rails take it there is no fingerprint, not an empty one, and the live watch
+    // has nothing to fold its packages into.
+    h.set_live_environment(vec![], packages_now.clone());
+    assert_eq!(h.fingerprint(), None);
+
+    h.set_fingerprint(fingerprint());
+    assert_eq!(h.fingerprint(), Some(fingerprint()));
+    h.set_live_environment(vec!["torch 2.11.0 → 2.12.0".into()], packages_now.clone());
+    let expected = Fingerprint {
+        python_packages: packages_now,
+        ..fingerprint()
+    };
+    assert_eq!(h.fingerprint(), Some(expected));
+    assert_eq!(
+        h.live_environment(),
+        vec!["torch 2.11.0 → 2.12.0".to_string()]
+    );
+}
+
+#[test]
+fn a_forget_names_the_record_files_that_exist_and_keys_unlocked_stay_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = handle(dir.path(), false);
+    let present = dir.path().join("healthy_record.json");
+    std::fs::write(&present, "{}").unwrap();
+    h.set_healthy_record(None, vec![present.clone(), dir.path().join("absent.json")]);
+    h.unlock_key("block_size");
+    h.unlock_key("block_size");
+    let view = h.state_view();
+    assert_eq!(
+        view.healthy_record_files,
+        vec![present.display().to_string()]
+    );
+    assert_eq!(view.unlocked_keys, vec!["block_size".to_string()]);
+}

@@ -255,7 +255,7 @@ async fn fingerprint_gate(
         &current,
         opts.accepted_drift_token.as_deref(),
     );
-    handle.set_fingerprint(serde_json::to_value(&current).unwrap_or_default());
+    handle.set_fingerprint(current.clone());
     handle.record_event(
         Severity::Info,
         EventKind::Fingerprint {

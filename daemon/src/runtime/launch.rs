@@ -33,7 +33,6 @@ use crate::run::handle::RunHandle;
 use crate::run::locked_keys::{self as locked, Gate};
 use crate::run::paths::DaemonPaths;
 use crate::telemetry::fingerprint::{ConfigSource, FingerprintInputs, ResumeDecision};
-use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::launch::NodeLaunch;
 
 pub const EXIT_FAILURE: u8 = 1;
@@ -665,7 +664,8 @@ fn healthy_record_keeper(
     placement: &str,
     handle: &RunHandle,
 ) -> HealthyRecordKeeper {
-    let fingerprint: Fingerprint = serde_json::from_value(handle.fingerprint()).unwrap_or_default();
+    // Guard rails took the fingerprint before the launch got here.
+    let fingerprint = handle.fingerprint().unwrap_or_default();
     let config = serde_json::to_value(&spec.config).unwrap_or_default();
     let identity = RecordIdentity {
         run_name: spec.config.run.name.clone(),

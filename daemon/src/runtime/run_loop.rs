@@ -351,9 +351,7 @@ impl DaemonHooks {
                 },
             );
         }
-        let env_digest = serde_json::from_value(self.handle.fingerprint())
-            .ok()
-            .map(|fp| hex::encode(digest(&fp)));
+        let env_digest = self.handle.fingerprint().map(|fp| hex::encode(digest(&fp)));
         let record = WarmupRecord {
             fingerprint_digest: env_digest,
             devices: records

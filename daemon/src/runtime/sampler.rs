@@ -14,7 +14,6 @@ use crate::telemetry::env_watch::{EnvChange, EnvWatch};
 use crate::telemetry::{GpuSampler, HostSampler};
 use dflash_shared::clock::now_ms;
 use dflash_shared::events::EventKind;
-use dflash_shared::health::fingerprint::Fingerprint;
 
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
@@ -49,8 +48,9 @@ impl TelemetrySampler {
         caches: CacheMonitor,
         cfg: SamplerConfig,
     ) -> Self {
-        let fingerprint: Fingerprint =
-            serde_json::from_value(handle.fingerprint()).unwrap_or_default();
+        // Guard rails take the fingerprint before the sampler starts; without one (tests that
+        // build no guard rails) the watch has no start to compare with.
+        let fingerprint = handle.fingerprint().unwrap_or_default();
         let libtorch = dflash_engine::device::loaded_libtorch_dir();
         let env = EnvWatch::from_fingerprint(&fingerprint, libtorch.as_deref());
         TelemetrySampler {

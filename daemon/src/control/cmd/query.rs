@@ -16,9 +16,8 @@ pub(super) fn answer(handle: &RunHandle, req: &Request) -> Response {
         Request::Config => Response::Json {
             value: handle.config(),
         },
-        Request::Fingerprint => Response::Json {
-            value: handle.fingerprint(),
-        },
+        // Typed everywhere inside the daemon; serialized only here, for the reply.
+        Request::Fingerprint => to_json(&handle.fingerprint()),
         Request::Caches => to_json(&handle.caches()),
         Request::Checkpoints => to_json(&handle.checkpoints()),
         other => error(ErrorCode::Internal, format!("not a query: {other:?}")),
@@ -78,19 +77,46 @@ mod tests {
     use super::*;
     use dflash_shared::actions::{Action, PendingAction};
 
-    #[test]
-    fn a_status_too_big_for_a_frame_is_summarised_and_says_so() {
-        use crate::run::handle::{RunHandle, RunHandleParts};
-        let dir = tempfile::tempdir().unwrap();
-        let (journal, _) = crate::run::journal::Journal::open(dir.path()).unwrap();
-        let handle = RunHandle::new(RunHandleParts {
+    fn handle(dir: &std::path::Path) -> RunHandle {
+        use crate::run::handle::RunHandleParts;
+        let (journal, _) = crate::run::journal::Journal::open(dir).unwrap();
+        RunHandle::new(RunHandleParts {
             policy: crate::run::pending::ActionPolicy::new("r"),
-            run_dir: dir.path().to_path_buf(),
+            run_dir: dir.to_path_buf(),
             journal,
             bus: crate::run::bus::FrameBus::new(4),
             recorder: None,
             config_path: None,
-        });
+        })
+    }
+
+    #[test]
+    fn the_fingerprint_reply_serializes_the_typed_fingerprint_or_says_none_was_taken() {
+        use dflash_shared::health::Fingerprint;
+        let dir = tempfile::tempdir().unwrap();
+        let handle = handle(dir.path());
+        let reply = |handle: &RunHandle| match answer(handle, &Request::Fingerprint) {
+            Response::Json { value } => value,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(reply(&handle), serde_json::Value::Null);
+        let taken = Fingerprint {
+            hostname: Some("trainer-1".into()),
+            cuda_alloc_conf: Some("expandable_segments:True".into()),
+            python_packages: [("torch".to_string(), "2.11.0".to_string())].into(),
+            ..Fingerprint::default()
+        };
+        handle.set_fingerprint(taken.clone());
+        let value = reply(&handle);
+        assert_eq!(value["python_packages"]["torch"], "2.11.0");
+        let decoded: Fingerprint = serde_json::from_value(value).unwrap();
+        assert_eq!(decoded, taken);
+    }
+
+    #[test]
+    fn a_status_too_big_for_a_frame_is_summarised_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = handle(dir.path());
         let mut s = handle.status_snapshot();
         let pending = |i: i64| PendingAction {
             id: format!("stop-{i}"),
