@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 
 use chrono::FixedOffset;
 use dflash_engine::atomic_write::write_atomic;
+use dflash_shared::config::recipe::recipe_text;
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::{
-    expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, RecordScope,
-    ThroughputBasis, ThroughputReference, FORMAT, HEALTHY_RECORD_FILE, RECIPE_RECORDS_DIR,
+    expected_throughput, HealthyRecord, HealthyRecordConfig, RecordScope, ThroughputBasis,
+    ThroughputReference, FORMAT, HEALTHY_RECORD_FILE, RECIPE_RECORDS_DIR,
 };
 use dflash_shared::health::healthy_stretch::{HealthyStretch, Standing};
 use dflash_shared::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, TimestampMs};
