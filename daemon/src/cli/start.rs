@@ -177,7 +177,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     }
     let metrics_path = match &args.metrics_jsonl {
         Some(p) => absolute(p)?,
-        None => run_dir.join("metrics.jsonl"),
+        None => run_dir.join(dflash_shared::run_dir::METRICS_FILE_NAME),
     };
     let spec = LaunchSpec {
         config,

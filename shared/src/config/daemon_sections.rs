@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
-use crate::run_dir::TENSORBOARD_DIR_NAME;
+use crate::run_dir::{TENSORBOARD_DIR_NAME, WARMUP_FILE_NAME};
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
 ///
@@ -69,6 +69,7 @@ impl Default for TelemetrySection {
 /// variable is unset: TorchInductor `<tmp>/torchinductor_<user>`, Triton `~/.triton/cache`,
 /// CUDA's JIT ComputeCache `~/.nv/ComputeCache`, and dflashd's own warmup record.
 pub fn default_caches() -> Vec<CacheDirConfig> {
+    let warmup = format!("{{run_dir}}/{WARMUP_FILE_NAME}");
     [
         (
             "torchinductor",
@@ -79,7 +80,7 @@ pub fn default_caches() -> Vec<CacheDirConfig> {
             "cuda_compute_cache",
             "${CUDA_CACHE_PATH:-~/.nv/ComputeCache}",
         ),
-        ("dflash_warmup", "{run_dir}/warmup.json"),
+        ("dflash_warmup", warmup.as_str()),
     ]
     .into_iter()
     .map(|(name, path)| CacheDirConfig {

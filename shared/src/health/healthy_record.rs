@@ -26,10 +26,6 @@ use crate::events::{Event, EventKind};
 use crate::format::{format_bytes, format_tokens_per_s};
 use crate::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, StepTimes, TimestampMs};
 
-/// The file name of the record inside a run dir.
-pub const HEALTHY_RECORD_FILE: &str = "healthy.json";
-/// The folder of per-recipe records inside the state dir.
-pub const RECIPE_RECORDS_DIR: &str = "healthy";
 /// Bumped when a field's meaning changes; a record of another format is ignored, not misread.
 pub const FORMAT: u32 = 1;
 
