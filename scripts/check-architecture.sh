@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The allowed dependency directions of docs/ARCHITECTURE.md, checked mechanically.
 #
-# Inside dflashd (daemon/src) and dflash-engine (engine/src) it reads every `crate::<module>`
-# path of the code that ships (comments stripped; a file's `#[cfg(test)]` tail and `*_tests.rs`
-# files are test code and exempt) and fails on any against the directions the page states,
-# naming the file, the import and the rule. Between crates it checks that dflash-engine has no
-# tokio, ratatui, nvml-wrapper, sysinfo or daemon dependency (`cargo tree -p dflash-engine -e
-# normal`; skipped with a note when cargo cannot answer offline).
+# Inside dflashd (daemon/src), dflash-engine (engine/src), dflash-shared (shared/src) and
+# dflash-tui (tui/src) it reads every `crate::<module>` path of the code that ships (comments
+# stripped; a file's `#[cfg(test)]` tail and `*_tests.rs` files are test code and exempt) and
+# fails on any against the directions the page states, naming the file, the import and the
+# rule. Between crates it checks with `cargo tree -e normal` (skipped with a note when cargo
+# cannot answer offline) that dflash-engine has no tokio, ratatui, nvml-wrapper, sysinfo or
+# daemon dependency, dflash-shared none on tokio, ratatui, tch, nvml-wrapper or another crate
+# of the workspace, and dflash-tui none on tch or the engine.
 #
 # Usage: scripts/check-architecture.sh   (from anywhere; `make lint` runs it)
 set -euo pipefail
@@ -42,8 +44,8 @@ imports_of() {
     grep -o 'crate::[a-z_]\+' | sed 's/^crate:://' | sort -u || true
 }
 
-# rule FILE_GLOB_ROOT FORBIDDEN_MODULES RULE_TEXT: every shipping file under ROOT (a directory
-# or a single file) may not refer to crate::<m> for m in FORBIDDEN_MODULES.
+# rule ROOT FORBIDDEN_MODULES RULE_TEXT: every shipping file under ROOT (a directory or a single
+# file) may not refer to crate::<m> for m in FORBIDDEN_MODULES.
 rule() {
   local root=$1 forbidden=$2 text=$3 file module
   while IFS= read -r file; do
@@ -102,20 +104,104 @@ engine_rule embedded "files device collective model data decode plan train" \
 engine_rule regenerate "files device model data decode" \
   "regenerate/ drives decode/ over data/; it uses no training code"
 
-# --- between crates: dflash-engine depends on no tokio, ratatui, nvml-wrapper, sysinfo or daemon code
-if tree=$(cargo tree -p dflash-engine -e normal --prefix none --offline 2>/dev/null); then
-  for dep in tokio ratatui nvml-wrapper sysinfo dflashd dflash-tui; do
-    if printf '%s\n' "$tree" | awk '{print $1}' | grep -qx "$dep"; then
-      echo "check-architecture: dflash-engine depends on $dep — against: dflash-engine depends on no tokio, ratatui, nvml-wrapper, sysinfo or daemon code"
+# --- dflash-shared, bottom up: the vocabulary (metrics, job, format, clock, run_dir, ...) →
+# events/ (their words too) → health/ → config/ → launch/ → status → protocol/, run_end →
+# recording. A module is a file and, where it has one, the folder beside it.
+shared_rule() { # MODULE FORBIDDEN RULE_TEXT (a module may always use itself)
+  local root forbidden=" $2 "
+  forbidden=${forbidden// $1 / }
+  shared_placed+=" $1 "
+  for root in "shared/src/$1.rs" "shared/src/$1"; do
+    if [ -e "$root" ]; then rule "$root" "$forbidden" "$3"; fi
+  done
+}
+shared_placed=" lib "
+shared_above_vocabulary="events health config launch status protocol run_end recording"
+for module in serde_util job metrics clock format actions last_run socket_path run_dir \
+  invocation gpu_peaks best_checkpoint; do
+  shared_rule "$module" "$shared_above_vocabulary" \
+    "inside dflash-shared the vocabulary (metrics, formats, the clock, run-dir names) imports no module above it"
+done
+shared_rule events "health config launch status protocol run_end recording" \
+  "events/ and their words sit below health/: a detector may word its events, never the reverse"
+shared_rule health "config launch status protocol run_end recording" \
+  "health/ sits below config/: the detectors own their thresholds and config/ composes them"
+shared_rule config "launch status protocol run_end recording" \
+  "config/ imports only the vocabulary, events/ and health/"
+shared_rule launch "status protocol run_end recording" \
+  "launch/ imports only config/, health/ and what is below them"
+shared_rule status "protocol run_end recording" \
+  "status imports neither the protocol that carries it nor what reads it back"
+for module in protocol run_end; do
+  shared_rule "$module" "recording" "protocol/ and run_end sit below recording"
+done
+shared_rule recording "" "recording is the top floor"
+
+# --- dflash-tui: cmd/ → console, terminal → ui/, feed, report/, replay → app/ → client/ →
+# paths, actions, fmt
+tui_placed=" lib main "
+tui_rule() { # MODULE FORBIDDEN RULE_TEXT (a module may always use itself)
+  local root forbidden=" $2 "
+  forbidden=${forbidden// $1 / }
+  tui_placed+=" $1 "
+  for root in "tui/src/$1.rs" "tui/src/$1"; do
+    if [ -e "$root" ]; then rule "$root" "$forbidden" "$3"; fi
+  done
+}
+for module in paths actions fmt; do
+  tui_rule "$module" "client app ui feed report replay console terminal cmd paths actions fmt" \
+    "inside dflash-tui paths, actions and fmt are the floor: they import no other module of the console"
+done
+tui_rule client "app ui feed report replay console terminal cmd" \
+  "client/ imports only paths, actions and fmt"
+tui_rule app "ui feed report replay console terminal cmd" \
+  "app/ is below the views: it imports client/, paths, actions and fmt only"
+for module in ui feed report replay; do
+  tui_rule "$module" "client ui feed report replay console terminal cmd" \
+    "ui/, feed, report/ and replay read app/'s state, never client/ nor each other"
+done
+for module in console terminal; do
+  tui_rule "$module" "cmd console terminal" "console and terminal import neither cmd/ nor each other"
+done
+
+tui_rule cmd "" "cmd/ is the top floor"
+
+# A module no rule above names would go unchecked: every module file or folder must be on a floor.
+for crate in shared tui; do
+  placed_var="${crate}_placed"
+  for path in "$crate"/src/*; do
+    module=$(basename "$path" .rs)
+    if [[ "${!placed_var}" != *" $module "* ]]; then
+      echo "check-architecture: $path is on no floor — against: docs/ARCHITECTURE.md names every module's floor"
       violations=$((violations + 1))
     fi
   done
-else
-  echo "check-architecture: note: cargo tree -p dflash-engine failed offline; the crate-dependency check was skipped"
-fi
+done
+
+# --- between crates
+# crate_deps CRATE "FORBIDDEN..." RULE_TEXT: fails when CRATE depends on any of FORBIDDEN.
+crate_deps() {
+  local crate=$1 forbidden=$2 text=$3 tree dep
+  if ! tree=$(cargo tree -p "$crate" -e normal --prefix none --offline 2>/dev/null); then
+    echo "check-architecture: note: cargo tree -p $crate failed offline; its crate-dependency check was skipped"
+    return 0
+  fi
+  for dep in $forbidden; do
+    if printf '%s\n' "$tree" | awk '{print $1}' | grep -qx "$dep"; then
+      echo "check-architecture: $crate depends on $dep — against: $text"
+      violations=$((violations + 1))
+    fi
+  done
+}
+crate_deps dflash-engine "tokio ratatui nvml-wrapper sysinfo dflashd dflash-tui" \
+  "dflash-engine depends on no tokio, ratatui, nvml-wrapper, sysinfo or daemon code"
+crate_deps dflash-shared "tokio ratatui tch torch-sys nvml-wrapper sysinfo dflash-engine dflashd dflash-tui" \
+  "dflash-shared is pure: no tokio, ratatui, libtorch, NVML, nor another crate of the workspace"
+crate_deps dflash-tui "tch torch-sys dflash-engine dflashd" \
+  "dflash-tui links no libtorch: no tch, no engine, no daemon"
 
 if [ "$violations" -gt 0 ]; then
-  echo "check-architecture: $violations import(s) against docs/ARCHITECTURE.md"
+  echo "check-architecture: $violations violation(s) of docs/ARCHITECTURE.md"
   exit 1
 fi
 echo "check-architecture: ok (dependency directions of docs/ARCHITECTURE.md hold)"

@@ -7,8 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::metrics::TimestampMs;
 
-pub const LAST_RUN_FILE: &str = "last-run.json";
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastRun {
     pub run_name: String,

@@ -1,14 +1,17 @@
 //! What `dflashd` keeps where, outside the control socket: one contract for the daemon (which
-//! writes these files) and `dflash-tui` (which reads them, also when the daemon is down). The
-//! socket's own rule is [`crate::socket_path`].
+//! writes these files) and `dflash-tui` (which reads them, also when the daemon is down). Every
+//! name of a file or folder in the run dir, the state dir and the data dir is a constant here;
+//! the socket's own rule is [`crate::socket_path`]. A checkpoint's own layout (its manifest and
+//! tensors) is the engine's (`train/checkpoint.rs`, `train/resume.rs`).
 //!
-//! - **Run dir** (`--run-dir`, else `run.run_dir`, else [`StateDirs::default_run_dir`]):
-//!   [`JOURNAL_FILE_NAME`] (one event per line) and [`RECORDING_FILE_NAME`] (one recorded frame
-//!   per line, for `dflash-tui replay`), and [`TENSORBOARD_DIR_NAME`]`/` with the TensorBoard
-//!   event files ([`tensorboard_event_file_name`]) unless `[tensorboard] dir` puts them elsewhere.
+//! - **Run dir** (`--run-dir`, else `run.run_dir`, else [`StateDirs::default_run_dir`]): the
+//!   journal, the recording, the metrics lines, the checkpoints, the TensorBoard event files
+//!   ([`tensorboard_event_file_name`]) unless `[tensorboard] dir` puts them elsewhere, and the
+//!   daemon's records of the run (lock, fingerprint, caches, warmup, healthy record, data
+//!   report, effective config, unlocks).
 //! - **State dir**: [`LOGS_DIR_NAME`]`/` with the daily-rolling logs
-//!   (`dflashd.2026-03-14.log` and `dflashd.2026-03-14.jsonl`, see [`LOG_FILE_PREFIX`]) and the
-//!   last-run record ([`crate::last_run::LAST_RUN_FILE`]).
+//!   (`dflashd.2026-03-14.log` and `dflashd.2026-03-14.jsonl`, see [`LOG_FILE_PREFIX`]) and a
+//!   detached daemon's stdio, the last-run record, and the per-recipe healthy records.
 //!
 //! Where the state and data dirs are by default is [`resolve_state_dirs`], a pure function of the
 //! environment, which [`default_state_dirs`] reads for both programs: the XDG base-directory rule exactly as the `directories` crate
@@ -24,15 +27,65 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use crate::last_run::LAST_RUN_FILE;
 use crate::socket_path::APP_DIR;
 
-/// The journal, in the run dir.
+// --- In the run dir.
+
+/// The journal, one event per line; the daemon's `run/journal.rs` appends, the console reads.
 pub const JOURNAL_FILE_NAME: &str = "journal.jsonl";
-/// The telemetry recording, in the run dir.
+/// The telemetry recording, one streamed frame per line for `dflash-tui replay`; the daemon's
+/// `run/recorder.rs` writes it.
 pub const RECORDING_FILE_NAME: &str = "recording.jsonl";
-/// The log directory, in the state dir.
+/// One metrics line per step unless `--metrics-jsonl` says where; the daemon's
+/// `runtime/metrics_out.rs` writes it, the bench's objective tournament reads it.
+pub const METRICS_FILE_NAME: &str = "metrics.jsonl";
+/// The checkpoint root: the engine's trainer writes `step-*` checkpoints there, `dflashd
+/// export` and the engine's `resolve_checkpoint` look there when handed a run dir.
+pub const CHECKPOINTS_DIR_NAME: &str = "checkpoints";
+/// The embedded default's target model, which the engine's `tiny_target` writes there unless
+/// one is there, and loads.
+pub const TARGET_DIR_NAME: &str = "target";
+/// The one-daemon-per-run-dir lock, holding the holder's pid; the daemon's
+/// `runtime/run_dir_lock.rs` takes it.
+pub const LOCK_FILE_NAME: &str = "dflashd.lock";
+/// The environment fingerprint taken at the first start and compared on resume; the daemon's
+/// `telemetry/fingerprint.rs` writes it.
+pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
+/// The last compile and kernel cache inventory, so a change while the daemon was down shows;
+/// the daemon's `telemetry/caches.rs` writes it.
+pub const CACHE_INVENTORY_FILE_NAME: &str = "caches.json";
+/// The warmup record, one entry per warmed device (the `dflash_warmup` cache of
+/// `[telemetry] caches`); the daemon's `telemetry/warmup.rs` writes it.
+pub const WARMUP_FILE_NAME: &str = "warmup.json";
+/// The run's healthy record, which a resumed run is judged against; the daemon's
+/// `runtime/healthy_record.rs` writes it (`health/healthy_record.rs` is its shape).
+pub const HEALTHY_RECORD_FILE_NAME: &str = "healthy.json";
+/// The training data's report at setup (what was read, kept and dropped); the daemon's
+/// `runtime/setup.rs` writes it.
+pub const DATA_REPORT_FILE_NAME: &str = "data_report.json";
+/// The config the run was started with, effective values filled in, which a resume compares
+/// its locked keys against; the daemon's `run/locked_keys.rs` writes it.
+pub const EFFECTIVE_CONFIG_FILE_NAME: &str = "config.effective.toml";
+/// Locked keys an operator unlocked for the next resume; the daemon's `run/locked_keys.rs`
+/// writes it.
+pub const UNLOCKS_FILE_NAME: &str = "unlocked-keys.json";
+/// Unlocks an earlier resume used, which later checkpoint checks still let differ; the daemon's
+/// `run/locked_keys.rs` writes it.
+pub const APPLIED_UNLOCKS_FILE_NAME: &str = "applied-unlocks.json";
+
+// --- In the state dir.
+
+/// The last started run (`crate::last_run`), so the console finds the journal while no daemon
+/// answers; the daemon's `runtime/launch.rs` writes it.
+pub const LAST_RUN_FILE_NAME: &str = "last-run.json";
+/// The healthy record of each recipe, `<recipe digest>.json`, which a new run dir of the same
+/// recipe is judged against; the daemon's `runtime/healthy_record.rs` writes them.
+pub const RECIPE_RECORDS_DIR_NAME: &str = "healthy";
+/// The log directory; the daemon's `runtime/logging.rs` writes the rolling logs there.
 pub const LOGS_DIR_NAME: &str = "logs";
+/// A detached daemon's stdout and stderr, in the log directory; the daemon's
+/// `runtime/detach.rs` redirects them there.
+pub const STDIO_LOG_FILE_NAME: &str = "dflashd-stdio.out";
 /// Every rolled log file's name starts with this: `dflashd.<date>.<extension>`.
 pub const LOG_FILE_PREFIX: &str = "dflashd";
 /// The human-readable log files end in `.log`.
@@ -40,12 +93,17 @@ pub const HUMAN_LOG_EXTENSION: &str = "log";
 /// The JSON-lines log files (one `tracing` JSON object per line) end in `.jsonl`; they carry the
 /// same lines as the human ones, with exact levels and times.
 pub const JSON_LOG_EXTENSION: &str = "jsonl";
+// --- In the data dir.
+
 /// Under the data dir, the parent of the default run dir.
 pub const RUNS_DIR_NAME: &str = "runs";
 /// The default run dir's name under [`RUNS_DIR_NAME`].
 pub const DEFAULT_RUN_NAME: &str = "default";
 
-/// The TensorBoard event files' directory in the run dir, when `[tensorboard] dir` is not set.
+// --- TensorBoard, in the run dir unless `[tensorboard] dir` is absolute.
+
+/// The TensorBoard event files' directory in the run dir, when `[tensorboard] dir` is not set;
+/// the daemon's `runtime/tensorboard/` writes them.
 pub const TENSORBOARD_DIR_NAME: &str = "tensorboard";
 /// Every event file's name starts with this; TensorBoard reads only files whose name contains
 /// `tfevents`.
@@ -82,7 +140,7 @@ pub fn logs_dir(state_dir: &Path) -> PathBuf {
 
 /// `<state dir>/last-run.json`.
 pub fn last_run_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(LAST_RUN_FILE)
+    state_dir.join(LAST_RUN_FILE_NAME)
 }
 
 /// `<data dir>/runs/default`.

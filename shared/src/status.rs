@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 use crate::actions::PendingAction;
 use crate::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
 use crate::config::{DetectorsSection, DrafterHead, Objective};
-use crate::events::Severity;
 use crate::health::healthy_record::HealthyRecord;
 use crate::metrics::{
     CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs, TreeOracleTau,
@@ -179,19 +178,8 @@ pub struct RecordClock {
     pub drop_timed: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Alert {
-    pub detector: String,
-    pub level: Severity,
-    pub since_ms: TimestampMs,
-    pub message: String,
-    /// Journal lines just before the alert began, already worded for people.
-    pub preceded_by: Vec<String>,
-    /// What differs between the run's healthy record and now (environment, caches, restarts,
-    /// worker failures since), worded for people; empty without a record.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub since_healthy: Vec<String>,
-}
+/// An active alert as the snapshot carries it; the health monitor makes it (`health/monitor.rs`).
+pub use crate::health::Alert;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointInfo {

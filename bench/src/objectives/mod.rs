@@ -28,6 +28,7 @@ use super::stats::median;
 use data::{PreparedData, Regeneration, TournamentData};
 use dflash_engine::embedded::tiny_heldout_prompts;
 use dflash_shared::config::TreeLoss;
+use dflash_shared::run_dir::METRICS_FILE_NAME;
 use run_config::{run_config_toml, RunRecipe};
 pub use summary::Contender;
 pub use summary::RankBy;
@@ -287,7 +288,7 @@ fn train_and_score(
             format!("exited {code}; its output: {}", log.display()),
         ));
     }
-    read_metrics(&paths.run.join("metrics.jsonl"), figures)?;
+    read_metrics(&paths.run.join(METRICS_FILE_NAME), figures)?;
 
     let mut export = dflashd(opts, &["export", "--dtype", "f32"]);
     export

@@ -14,7 +14,7 @@ use dflash_engine::train::resume::{
 use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
 
-use crate::runtime::setup::CHECKPOINTS_DIR;
+use dflash_shared::run_dir::CHECKPOINTS_DIR_NAME;
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -80,7 +80,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
 /// The best checkpoint of the run in `run_dir`, named on stdout; an error saying what to do
 /// when the run has none.
 fn best_checkpoint(run_dir: &Path) -> Result<PathBuf> {
-    match recorded_best(&run_dir.join(CHECKPOINTS_DIR))? {
+    match recorded_best(&run_dir.join(CHECKPOINTS_DIR_NAME))? {
         RecordedBest::Kept { best, dir } => {
             println!(
                 "best checkpoint: step {}, tree τ@{} {:.2}",

@@ -56,7 +56,9 @@ pub struct StartArgs {
     /// With --detach: if a dflashd already answers on the socket, say so and exit 0.
     #[arg(long, requires = "detach")]
     pub reuse_running: bool,
-    /// Stop after this many optimizer steps in this invocation (default: until `training.epochs` are done).
+    /// Stop after this many optimizer steps of this invocation, checkpointing there; a resume
+    /// counts afresh. Default: until the schedule ends (`training.epochs`, capped by
+    /// `training.max_steps` when set).
     #[arg(long)]
     pub max_steps: Option<u64>,
     /// Append one JSON object per step here (default: <run-dir>/metrics.jsonl).
@@ -177,7 +179,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     }
     let metrics_path = match &args.metrics_jsonl {
         Some(p) => absolute(p)?,
-        None => run_dir.join("metrics.jsonl"),
+        None => run_dir.join(dflash_shared::run_dir::METRICS_FILE_NAME),
     };
     let spec = LaunchSpec {
         config,

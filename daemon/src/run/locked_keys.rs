@@ -20,9 +20,9 @@ use thiserror::Error;
 
 use dflash_engine::files::atomic_write::write_atomic;
 
-pub const EFFECTIVE_CONFIG_FILE: &str = "config.effective.toml";
-pub const UNLOCKS_FILE: &str = "unlocked-keys.json";
-pub const APPLIED_UNLOCKS_FILE: &str = "applied-unlocks.json";
+use dflash_shared::run_dir::{
+    APPLIED_UNLOCKS_FILE_NAME, EFFECTIVE_CONFIG_FILE_NAME, UNLOCKS_FILE_NAME,
+};
 
 #[derive(Debug, Error)]
 pub enum LockedError {
@@ -125,7 +125,7 @@ pub fn refusal_message(changes: &[LockedKeyChange], unlocked: &[String], run_dir
          the previous values (recorded in {}), or unlock each key while the run is up: in \
          `dflash-tui attach` press U (unlock), pick the key and type the run name. The unlock \
          is journaled and covers the next start.",
-        run_dir.join(EFFECTIVE_CONFIG_FILE).display()
+        run_dir.join(EFFECTIVE_CONFIG_FILE_NAME).display()
     ));
     out
 }
@@ -145,7 +145,7 @@ pub fn cannot_carry_message(refusals: &[(LockedKeyChange, String)], run_dir: &Pa
     }
     out.push_str(&format!(
         "Start with the previous values (recorded in {}).",
-        run_dir.join(EFFECTIVE_CONFIG_FILE).display()
+        run_dir.join(EFFECTIVE_CONFIG_FILE_NAME).display()
     ));
     out
 }
@@ -154,7 +154,7 @@ pub fn cannot_carry_message(refusals: &[(LockedKeyChange, String)], run_dir: &Pa
 /// (`used`) and those an earlier start already applied. Only meaningful when the gate compared
 /// against a previous effective config.
 pub fn carried_keys(run_dir: &Path, used: &[Unlock]) -> Result<Vec<String>, LockedError> {
-    let mut keys: Vec<String> = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE)?
+    let mut keys: Vec<String> = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE_NAME)?
         .into_iter()
         .chain(used.iter().cloned())
         .map(|u| u.key)
@@ -166,7 +166,7 @@ pub fn carried_keys(run_dir: &Path, used: &[Unlock]) -> Result<Vec<String>, Lock
 
 /// The effective config recorded by the last start that trained, if any.
 pub fn load_effective(run_dir: &Path) -> Result<Option<Config>, LockedError> {
-    let path = run_dir.join(EFFECTIVE_CONFIG_FILE);
+    let path = run_dir.join(EFFECTIVE_CONFIG_FILE_NAME);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -188,7 +188,7 @@ pub fn load_effective(run_dir: &Path) -> Result<Option<Config>, LockedError> {
 }
 
 pub fn save_effective(run_dir: &Path, config: &Config) -> Result<(), LockedError> {
-    let path = run_dir.join(EFFECTIVE_CONFIG_FILE);
+    let path = run_dir.join(EFFECTIVE_CONFIG_FILE_NAME);
     let text = format!(
         "# The effective config of this run (every default filled in), written by dflashd at \
          start.\n# Locked keys are checked against it on resume; do not edit.\n{}",
@@ -202,7 +202,7 @@ pub fn save_effective(run_dir: &Path, config: &Config) -> Result<(), LockedError
 }
 
 pub fn load_unlocks(run_dir: &Path) -> Result<Vec<Unlock>, LockedError> {
-    load_unlock_list(run_dir, UNLOCKS_FILE)
+    load_unlock_list(run_dir, UNLOCKS_FILE_NAME)
 }
 
 fn load_unlock_list(run_dir: &Path, file: &str) -> Result<Vec<Unlock>, LockedError> {
@@ -222,7 +222,7 @@ fn load_unlock_list(run_dir: &Path, file: &str) -> Result<Vec<Unlock>, LockedErr
 }
 
 fn save_unlocks(run_dir: &Path, unlocks: &[Unlock]) -> Result<(), LockedError> {
-    save_unlock_list(run_dir, UNLOCKS_FILE, unlocks)
+    save_unlock_list(run_dir, UNLOCKS_FILE_NAME, unlocks)
 }
 
 fn save_unlock_list(run_dir: &Path, file: &str, unlocks: &[Unlock]) -> Result<(), LockedError> {
@@ -253,9 +253,9 @@ pub fn record_unlock(run_dir: &Path, unlock: Unlock) -> Result<(), LockedError> 
 
 /// Moves the unlocks a resume used from the pending list to the applied one.
 pub fn consume_unlocks(run_dir: &Path, used: &[Unlock]) -> Result<(), LockedError> {
-    let mut applied = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE)?;
+    let mut applied = load_unlock_list(run_dir, APPLIED_UNLOCKS_FILE_NAME)?;
     applied.extend(used.iter().cloned());
-    save_unlock_list(run_dir, APPLIED_UNLOCKS_FILE, &applied)?;
+    save_unlock_list(run_dir, APPLIED_UNLOCKS_FILE_NAME, &applied)?;
     let mut all = load_unlocks(run_dir)?;
     all.retain(|u| !used.iter().any(|x| x.key == u.key));
     save_unlocks(run_dir, &all)
@@ -352,7 +352,7 @@ mod tests {
             vec![unlock("drafter.block_size")]
         );
         consume_unlocks(dir.path(), &[unlock("drafter.block_size")]).unwrap();
-        assert!(!dir.path().join(UNLOCKS_FILE).exists());
+        assert!(!dir.path().join(UNLOCKS_FILE_NAME).exists());
         assert_eq!(
             carried_keys(dir.path(), &[unlock("training.num_anchors")]).unwrap(),
             [
@@ -363,7 +363,11 @@ mod tests {
             "applied unlocks stay known to later starts"
         );
 
-        std::fs::write(dir.path().join(EFFECTIVE_CONFIG_FILE), "[run]\nname = 3\n").unwrap();
+        std::fs::write(
+            dir.path().join(EFFECTIVE_CONFIG_FILE_NAME),
+            "[run]\nname = 3\n",
+        )
+        .unwrap();
         let err = load_effective(dir.path()).unwrap_err().to_string();
         assert!(err.contains("does not parse"), "{err}");
     }

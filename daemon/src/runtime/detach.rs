@@ -168,7 +168,7 @@ fn redirect_stdio(log: &File) -> io::Result<()> {
 
 /// Where a detached daemon's stdout/stderr go: next to the tracing logs.
 pub fn stdio_log_path(log_dir: &Path) -> PathBuf {
-    log_dir.join("dflashd-stdio.out")
+    log_dir.join(dflash_shared::run_dir::STDIO_LOG_FILE_NAME)
 }
 
 #[cfg(test)]

@@ -13,13 +13,15 @@ use std::path::{Path, PathBuf};
 
 use chrono::FixedOffset;
 use dflash_engine::files::atomic_write::write_atomic;
+use dflash_shared::config::recipe::recipe_text;
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::{
-    expected_throughput, recipe_text, HealthyRecord, HealthyRecordConfig, RecordScope,
-    ThroughputBasis, ThroughputReference, FORMAT, HEALTHY_RECORD_FILE, RECIPE_RECORDS_DIR,
+    expected_throughput, HealthyRecord, HealthyRecordConfig, RecordScope, ThroughputBasis,
+    ThroughputReference, FORMAT,
 };
 use dflash_shared::health::healthy_stretch::{HealthyStretch, Standing};
 use dflash_shared::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, TimestampMs};
+use dflash_shared::run_dir::{HEALTHY_RECORD_FILE_NAME, RECIPE_RECORDS_DIR_NAME};
 use sha2::{Digest, Sha256};
 
 /// What a record says about the run it was taken from, fixed at start.
@@ -52,12 +54,12 @@ pub fn recipe_digest(
 }
 
 pub fn run_record_path(run_dir: &Path) -> PathBuf {
-    run_dir.join(HEALTHY_RECORD_FILE)
+    run_dir.join(HEALTHY_RECORD_FILE_NAME)
 }
 
 pub fn recipe_record_path(state_dir: &Path, recipe: &str) -> PathBuf {
     state_dir
-        .join(RECIPE_RECORDS_DIR)
+        .join(RECIPE_RECORDS_DIR_NAME)
         .join(format!("{recipe}.json"))
 }
 

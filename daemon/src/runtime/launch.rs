@@ -26,7 +26,7 @@ use super::launch_nodes::{self, NodeJob};
 use super::logging::{self, LoggingConfig, StderrFormat};
 use super::metrics_out::say;
 use super::run_loop::{RunLoop, RunLoopConfig};
-use super::setup::{self, MemoryPlanPolicy, Prepared, SetupInputs, CHECKPOINTS_DIR};
+use super::setup::{self, MemoryPlanPolicy, Prepared, SetupInputs};
 use super::{checkpoint_gate, signals, telemetry_specs};
 use crate::run::bus::FrameBus;
 use crate::run::handle::RunHandle;
@@ -170,7 +170,7 @@ fn gate_and_prepare(spec: &LaunchSpec, cp: &GuardRails) -> Result<(RunLoop, Stri
     let unlocked = locked_gate(spec, handle)
         .map_err(|text| Refusal::new(EXIT_LOCKED_KEY, text, Some(RunState::Paused)))?;
     let failed = |text: String| Refusal::new(EXIT_FAILURE, text, Some(RunState::Failed));
-    let checkpoint_root = spec.run_dir.join(CHECKPOINTS_DIR);
+    let checkpoint_root = spec.run_dir.join(run_dir::CHECKPOINTS_DIR_NAME);
     let job = meet_the_job(spec, handle).map_err(failed)?;
     let resume_from = match &job {
         Some(job) => common_checkpoint(job, spec, handle, &checkpoint_root).map_err(failed)?,
@@ -591,7 +591,7 @@ fn journal_start(handle: &RunHandle, p: &Prepared, spec: &LaunchSpec) {
     let message = if extra > 0 {
         format!(
             "{summary}; {extra} more bad lines are listed in {}",
-            spec.run_dir.join(setup::DATA_REPORT_FILE).display()
+            spec.run_dir.join(run_dir::DATA_REPORT_FILE_NAME).display()
         )
     } else {
         summary

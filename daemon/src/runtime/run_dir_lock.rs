@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub const LOCK_FILE_NAME: &str = "dflashd.lock";
+use dflash_shared::run_dir::LOCK_FILE_NAME;
 
 #[derive(Debug, Error)]
 pub enum LockError {

@@ -12,9 +12,7 @@ use std::time::UNIX_EPOCH;
 use dflash_shared::health::{CacheChange, CacheWatcher, Transition};
 use dflash_shared::metrics::{CacheState, TimestampMs};
 
-use super::warmup::WARMUP_FILE_NAME;
-
-pub const INVENTORY_FILE_NAME: &str = "caches.json";
+use dflash_shared::run_dir::{CACHE_INVENTORY_FILE_NAME, WARMUP_FILE_NAME};
 pub const WARMUP_CACHE_NAME: &str = "dflash_warmup";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +216,7 @@ impl CacheMonitor {
 
 /// The inventory saved by the previous daemon and when it was written.
 pub fn load_inventory(run_dir: &Path) -> (Vec<CacheState>, TimestampMs) {
-    let path = run_dir.join(INVENTORY_FILE_NAME);
+    let path = run_dir.join(CACHE_INVENTORY_FILE_NAME);
     let saved_ms = std::fs::metadata(&path)
         .ok()
         .and_then(|m| mtime_ms(&m))
@@ -232,7 +230,10 @@ pub fn load_inventory(run_dir: &Path) -> (Vec<CacheState>, TimestampMs) {
 
 pub fn save_inventory(run_dir: &Path, states: &[CacheState]) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(states).map_err(std::io::Error::other)?;
-    dflash_engine::files::atomic_write::write_atomic(&run_dir.join(INVENTORY_FILE_NAME), &bytes)
+    dflash_engine::files::atomic_write::write_atomic(
+        &run_dir.join(CACHE_INVENTORY_FILE_NAME),
+        &bytes,
+    )
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::{git, python_env, GpuSampler};
 
-pub const FINGERPRINT_FILE_NAME: &str = "fingerprint.json";
+use dflash_shared::run_dir::FINGERPRINT_FILE_NAME;
 
 #[derive(Debug, Error)]
 pub enum FingerprintError {

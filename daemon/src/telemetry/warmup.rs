@@ -6,7 +6,7 @@ use std::path::Path;
 use dflash_shared::metrics::{DeviceRole, TimestampMs};
 use serde::{Deserialize, Serialize};
 
-pub const WARMUP_FILE_NAME: &str = "warmup.json";
+use dflash_shared::run_dir::WARMUP_FILE_NAME;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WarmupDevice {

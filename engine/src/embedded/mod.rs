@@ -55,7 +55,7 @@ pub const TINY_END_OF_TURN: i64 = 2;
 /// Row 511 never occurs in the tiny dataset; the drafter uses it as its mask token.
 pub const TINY_MASK_TOKEN_ID: i64 = 511;
 /// Where a run directory keeps the target it trained against (HF layout, for `eval --target`).
-pub const TARGET_SUBDIR: &str = "target";
+pub const TARGET_SUBDIR: &str = dflash_shared::run_dir::TARGET_DIR_NAME;
 
 pub fn tiny_target_config() -> TargetConfig {
     TargetConfig::tiny_default()

@@ -20,6 +20,7 @@ use super::schedule::WarmupCosine;
 use super::unlocked::{self, UnlockedKeys};
 use crate::model::drafter::DrafterConfig;
 use dflash_shared::config::keys::{keys_on_resume, OnResume};
+use dflash_shared::run_dir::CHECKPOINTS_DIR_NAME;
 
 pub const DRAFTER_FILE: &str = "drafter.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -195,7 +196,7 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, TrainError> {
     if path.join(checkpoint::MANIFEST).is_file() {
         return Ok(path.to_path_buf());
     }
-    for root in [path.join("checkpoints"), path.to_path_buf()] {
+    for root in [path.join(CHECKPOINTS_DIR_NAME), path.to_path_buf()] {
         if let Some(dir) = checkpoint::latest(&root)? {
             return Ok(dir);
         }

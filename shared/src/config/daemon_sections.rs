@@ -5,11 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::bytesize::ByteSize;
-use crate::health::healthy_record::HealthyRecordConfig;
-use crate::health::{
-    MemoryConfig, QueueThresholds, ServeGapConfig, StragglerConfig, ThroughputConfig,
-};
-use crate::run_dir::TENSORBOARD_DIR_NAME;
+use crate::run_dir::{TENSORBOARD_DIR_NAME, WARMUP_FILE_NAME};
 
 /// `[queue]`: the bounded hidden-state queue between target and drafter workers.
 ///
@@ -73,6 +69,7 @@ impl Default for TelemetrySection {
 /// variable is unset: TorchInductor `<tmp>/torchinductor_<user>`, Triton `~/.triton/cache`,
 /// CUDA's JIT ComputeCache `~/.nv/ComputeCache`, and dflashd's own warmup record.
 pub fn default_caches() -> Vec<CacheDirConfig> {
+    let warmup = format!("{{run_dir}}/{WARMUP_FILE_NAME}");
     [
         (
             "torchinductor",
@@ -83,7 +80,7 @@ pub fn default_caches() -> Vec<CacheDirConfig> {
             "cuda_compute_cache",
             "${CUDA_CACHE_PATH:-~/.nv/ComputeCache}",
         ),
-        ("dflash_warmup", "{run_dir}/warmup.json"),
+        ("dflash_warmup", warmup.as_str()),
     ]
     .into_iter()
     .map(|(name, path)| CacheDirConfig {
@@ -134,37 +131,9 @@ impl Default for ControlSection {
     }
 }
 
-/// `[detectors]`: thresholds of the health detectors (see `crate::health`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DetectorsSection {
-    /// How far before an alert the journal is searched for what changed.
-    pub explain_lookback_s: u64,
-    pub throughput: ThroughputConfig,
-    pub memory: MemoryConfig,
-    pub queue: QueueThresholds,
-    /// Online chain τ against offline τ (`crate::health::serve_gap`).
-    pub serve_gap: ServeGapConfig,
-    /// When a node of a multi-node job is named as holding it back (`crate::job`,
-    /// `crate::health::straggler`).
-    pub straggler: StragglerConfig,
-    /// When a run is remembered as healthy (`crate::health::healthy_record`).
-    pub healthy: HealthyRecordConfig,
-}
-
-impl Default for DetectorsSection {
-    fn default() -> Self {
-        Self {
-            explain_lookback_s: 3600,
-            throughput: ThroughputConfig::default(),
-            memory: MemoryConfig::default(),
-            queue: QueueThresholds::default(),
-            serve_gap: ServeGapConfig::default(),
-            straggler: StragglerConfig::default(),
-            healthy: HealthyRecordConfig::default(),
-        }
-    }
-}
+/// `[detectors]`: declared beside the monitor that reads it (`health/monitor.rs`), since the
+/// detectors sit below the config.
+pub use crate::health::DetectorsSection;
 
 /// The default of `nodes.heartbeat_timeout_s`: long enough that no scheduling hiccup of a
 /// live node's heartbeat thread (a store round trip every fifth of it) reaches it, short

@@ -11,6 +11,7 @@ pub mod keys;
 mod locate;
 pub mod locked;
 pub mod paths;
+pub mod recipe;
 pub mod sections;
 pub mod tree_objective;
 mod validate;

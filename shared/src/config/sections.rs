@@ -199,7 +199,8 @@ pub struct TrainingSection {
     /// `false` only, the value old configs carry: the recipe trains 6 full epochs and has no
     /// early stopping, so validation refuses `true` rather than ignore it.
     pub early_stopping: bool,
-    /// Optional cap on optimizer steps (SpecForge caps its Qwen3.6-27B recipe at 10000).
+    /// Optional cap on the schedule's optimizer steps: it ends at this step or after
+    /// `epochs`, whichever comes first (SpecForge caps its Qwen3.6-27B recipe at 10000).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
     /// Anchors (draft blocks) sampled per sequence.
@@ -244,9 +245,9 @@ pub struct TrainingSection {
     pub eval_every: u64,
     /// Online evaluation (chain and DDTree speculative decoding against the target, on one
     /// device, between steps) every this many optimizer steps and after the last; 0 turns it
-    /// off. It never runs before the first step (the offline evaluation gives that baseline). Unset: [`DEFAULT_ONLINE_EVAL_EVERY`]
-    /// where there are prompts (`online_eval_prompts`), off where there are none. Not locked:
-    /// it changes what is measured, never what is trained.
+    /// off. It never runs before the first step (the offline evaluation gives that baseline).
+    /// Unset: [`DEFAULT_ONLINE_EVAL_EVERY`] where there are prompts (`online_eval_prompts`), off
+    /// where there are none. Not locked: it changes what is measured, never what is trained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub online_eval_every: Option<u64>,
     /// A JSONL prompt file (`input_ids`, or a chat `conversations` list whose prompt is

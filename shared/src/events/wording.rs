@@ -13,8 +13,6 @@
 //! truncation; which kinds explain an alert (`health/explain.rs`).
 use super::EventKind;
 use crate::format::{format_bytes, format_duration_ms, format_thousands};
-use crate::health::cache::cache_label;
-use crate::health::fingerprint::drift_sentence;
 use crate::metrics::DeviceRole;
 
 impl EventKind {
@@ -221,6 +219,53 @@ pub fn worker_failed_sentence(
 /// "run paused: …": a `RunPaused` event's sentence.
 pub fn run_paused_sentence(reason: &str) -> String {
     format!("run paused: {reason}")
+}
+
+/// Human name of a configured cache: "TorchInductor compile cache" for `torchinductor`.
+pub fn cache_label(name: &str) -> String {
+    match name {
+        "torchinductor" => "TorchInductor compile cache".into(),
+        "triton" => "Triton kernel cache".into(),
+        "cuda_compute_cache" => "CUDA ComputeCache".into(),
+        "dflash_warmup" => "warmup record".into(),
+        other => format!("{other} cache"),
+    }
+}
+
+/// Human wording of an environment drift (`health/fingerprint.rs`), shared by the drift's own
+/// sentence and the `EnvironmentDrift` event.
+pub fn drift_sentence(field: &str, before: &str, after: &str) -> String {
+    let label = match field {
+        "libtorch" => "libtorch",
+        "tch" => "tch",
+        "cuda_runtime" => "CUDA runtime",
+        "cuda_driver" => "CUDA driver",
+        "gpu_models" => "GPUs",
+        "hostname" => "host",
+        "dflashd" => "dflashd",
+        "code_git_commit" => "code commit",
+        "config_git_commit" => "config commit",
+        "config_hash" => "config",
+        "data_hash" => "training data",
+        "python_executable" => "Python",
+        "cuda_alloc_conf" => "CUDA allocator config",
+        other => other.strip_prefix("python.").unwrap_or(other),
+    };
+    let (before, after) = match field {
+        "code_git_commit" | "config_git_commit" | "config_hash" | "data_hash" => {
+            (short_hash(before), short_hash(after))
+        }
+        _ => (before.to_string(), after.to_string()),
+    };
+    format!("{label} {before} → {after}")
+}
+
+fn short_hash(h: &str) -> String {
+    if h.len() > 12 && h.chars().all(|c| c.is_ascii_hexdigit()) {
+        h[..12].to_string()
+    } else {
+        h.to_string()
+    }
 }
 
 #[cfg(test)]

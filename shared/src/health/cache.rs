@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Level, Transition};
+use crate::events::wording::cache_label;
 use crate::events::EventKind;
 use crate::format::format_bytes;
 use crate::metrics::{CacheState, TimestampMs};
@@ -65,17 +66,6 @@ impl CacheChange {
             path: self.path.clone(),
             change,
         }
-    }
-}
-
-/// Human name of a configured cache: "TorchInductor compile cache" for `torchinductor`.
-pub fn cache_label(name: &str) -> String {
-    match name {
-        "torchinductor" => "TorchInductor compile cache".into(),
-        "triton" => "Triton kernel cache".into(),
-        "cuda_compute_cache" => "CUDA ComputeCache".into(),
-        "dflash_warmup" => "warmup record".into(),
-        other => format!("{other} cache"),
     }
 }
 

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::events::wording::drift_sentence;
 use crate::events::EventKind;
 use crate::metrics::TimestampMs;
 
@@ -130,41 +131,6 @@ impl EnvironmentDrift {
             self.before.as_deref().unwrap_or(ABSENT),
             self.after.as_deref().unwrap_or(ABSENT),
         )
-    }
-}
-
-/// Human wording of a drift, shared with the journal explanation of `EnvironmentDrift` events.
-pub fn drift_sentence(field: &str, before: &str, after: &str) -> String {
-    let label = match field {
-        "libtorch" => "libtorch",
-        "tch" => "tch",
-        "cuda_runtime" => "CUDA runtime",
-        "cuda_driver" => "CUDA driver",
-        "gpu_models" => "GPUs",
-        "hostname" => "host",
-        "dflashd" => "dflashd",
-        "code_git_commit" => "code commit",
-        "config_git_commit" => "config commit",
-        "config_hash" => "config",
-        "data_hash" => "training data",
-        "python_executable" => "Python",
-        "cuda_alloc_conf" => "CUDA allocator config",
-        other => other.strip_prefix("python.").unwrap_or(other),
-    };
-    let (before, after) = match field {
-        "code_git_commit" | "config_git_commit" | "config_hash" | "data_hash" => {
-            (short_hash(before), short_hash(after))
-        }
-        _ => (before.to_string(), after.to_string()),
-    };
-    format!("{label} {before} → {after}")
-}
-
-fn short_hash(h: &str) -> String {
-    if h.len() > 12 && h.chars().all(|c| c.is_ascii_hexdigit()) {
-        h[..12].to_string()
-    } else {
-        h.to_string()
     }
 }
 

@@ -19,18 +19,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::cache::cache_label;
 use super::fingerprint::{diff_fingerprints, Fingerprint};
 use super::stats::median;
-use crate::config::keys::{in_recipe, KEYS};
+use crate::events::wording::cache_label;
 use crate::events::{Event, EventKind};
 use crate::format::{format_bytes, format_tokens_per_s};
 use crate::metrics::{CacheState, GpuSample, QueueStats, StepMetrics, StepTimes, TimestampMs};
 
-/// The file name of the record inside a run dir.
-pub const HEALTHY_RECORD_FILE: &str = "healthy.json";
-/// The folder of per-recipe records inside the state dir.
-pub const RECIPE_RECORDS_DIR: &str = "healthy";
 /// Bumped when a field's meaning changes; a record of another format is ignored, not misread.
 pub const FORMAT: u32 = 1;
 
@@ -111,7 +106,8 @@ pub struct HealthyRecord {
     pub healthy_since_ms: TimestampMs,
     pub run_name: String,
     pub run_dir: String,
-    /// The recipe digest ([`recipe_text`] hashed, with the topology and device models).
+    /// The recipe digest ([`crate::config::recipe::recipe_text`] hashed, with the topology and
+    /// device models).
     pub recipe: String,
     pub step: u64,
     pub throughput: HealthyThroughput,
@@ -222,69 +218,6 @@ pub fn expected_throughput(
         source,
         adjustment,
     })
-}
-
-/// The recipe's canonical text: the config as JSON without the sections and keys that may
-/// change between runs of the same recipe without changing what a step costs (names, paths of
-/// the run, schedule length, evaluation and checkpoint cadence, monitoring, the control plane).
-pub fn recipe_text(config: &serde_json::Value) -> String {
-    canonical(&recipe_part(config, "").unwrap_or(serde_json::Value::Null))
-}
-
-/// `value` at the dotted `path` without the leaves outside the recipe (`config/keys.rs`); an
-/// object whose every leaf was left out goes too (`None`), and so does an empty section none
-/// of whose keys is in the recipe.
-fn recipe_part(value: &serde_json::Value, path: &str) -> Option<serde_json::Value> {
-    match value {
-        serde_json::Value::Object(map) if map.is_empty() => {
-            let below = format!("{path}.");
-            KEYS.iter()
-                .any(|k| k.recipe && k.key.starts_with(&below))
-                .then(|| value.clone())
-        }
-        serde_json::Value::Object(map) if !map.is_empty() => {
-            let kept: serde_json::Map<String, serde_json::Value> = map
-                .iter()
-                .filter_map(|(k, v)| {
-                    let child = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    recipe_part(v, &child).map(|v| (k.clone(), v))
-                })
-                .collect();
-            (!kept.is_empty()).then_some(serde_json::Value::Object(kept))
-        }
-        leaf => in_recipe(path).then(|| leaf.clone()),
-    }
-}
-
-/// JSON with every object's keys sorted, whatever order the map keeps them in (serde_json's
-/// `preserve_order` may be enabled by another crate of the build).
-fn canonical(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let fields: Vec<String> = keys
-                .into_iter()
-                .map(|k| {
-                    format!(
-                        "{}:{}",
-                        serde_json::Value::from(k.as_str()),
-                        canonical(&map[k])
-                    )
-                })
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        serde_json::Value::Array(items) => {
-            let items: Vec<String> = items.iter().map(canonical).collect();
-            format!("[{}]", items.join(","))
-        }
-        other => other.to_string(),
-    }
 }
 
 /// Accumulates the samples of a healthy stretch of a run; [`HealthyWindow::record`] turns them

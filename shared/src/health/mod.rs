@@ -28,7 +28,7 @@ pub use fingerprint::{
     diff_fingerprints, drift_impact, DriftImpact, EnvironmentDrift, Fingerprint,
 };
 pub use memory::{MemoryConfig, MemoryFlatness, MemoryStats, MemoryVerdict};
-pub use monitor::HealthMonitor;
+pub use monitor::{Alert, DetectorsSection, HealthMonitor};
 pub use queue::{QueueBound, QueueDiagnoser, QueueDiagnosis, QueueThresholds};
 pub use serve_gap::{ServeGapConfig, ServeGapDetector, ServeGapReading};
 pub use straggler::{StragglerConfig, StragglerDetector, STRAGGLER_DETECTOR};

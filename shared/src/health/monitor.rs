@@ -2,17 +2,64 @@
 use std::collections::BTreeMap;
 
 use chrono::FixedOffset;
+use serde::{Deserialize, Serialize};
 
-use super::healthy_record::ThroughputReference;
+use super::healthy_record::{HealthyRecordConfig, ThroughputReference};
 use super::{
-    explain_alert, CacheChange, CacheWatcher, Level, MemoryFlatness, QueueDiagnoser,
-    QueueDiagnosis, ServeGapDetector, ServeGapReading, StragglerDetector, ThroughputDetector,
-    ThroughputStatus, Transition,
+    explain_alert, CacheChange, CacheWatcher, Level, MemoryConfig, MemoryFlatness, QueueDiagnoser,
+    QueueDiagnosis, QueueThresholds, ServeGapConfig, ServeGapDetector, ServeGapReading,
+    StragglerConfig, StragglerDetector, ThroughputConfig, ThroughputDetector, ThroughputStatus,
+    Transition,
 };
-use crate::config::DetectorsSection;
-use crate::events::Event;
+use crate::events::{Event, Severity};
 use crate::metrics::{CacheState, GpuTelemetry, QueueStats, StepMetrics, TimestampMs};
-use crate::status::Alert;
+
+/// `[detectors]` of the run config (`crate::config` re-exports it): every detector's thresholds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectorsSection {
+    /// How far before an alert the journal is searched for what changed.
+    pub explain_lookback_s: u64,
+    pub throughput: ThroughputConfig,
+    pub memory: MemoryConfig,
+    pub queue: QueueThresholds,
+    /// Online chain τ against offline τ (`crate::health::serve_gap`).
+    pub serve_gap: ServeGapConfig,
+    /// When a node of a multi-node job is named as holding it back (`crate::job`,
+    /// `crate::health::straggler`).
+    pub straggler: StragglerConfig,
+    /// When a run is remembered as healthy (`crate::health::healthy_record`).
+    pub healthy: HealthyRecordConfig,
+}
+
+impl Default for DetectorsSection {
+    fn default() -> Self {
+        Self {
+            explain_lookback_s: 3600,
+            throughput: ThroughputConfig::default(),
+            memory: MemoryConfig::default(),
+            queue: QueueThresholds::default(),
+            serve_gap: ServeGapConfig::default(),
+            straggler: StragglerConfig::default(),
+            healthy: HealthyRecordConfig::default(),
+        }
+    }
+}
+
+/// An active alert as a status snapshot carries it (`crate::status`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    pub detector: String,
+    pub level: Severity,
+    pub since_ms: TimestampMs,
+    pub message: String,
+    /// Journal lines just before the alert began, already worded for people.
+    pub preceded_by: Vec<String>,
+    /// What differs between the run's healthy record and now (environment, caches, restarts,
+    /// worker failures since), worded for people; empty without a record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub since_healthy: Vec<String>,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 struct Active {

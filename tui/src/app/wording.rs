@@ -10,7 +10,7 @@ pub fn severity_word(level: Severity) -> &'static str {
     }
 }
 
-pub use dflash_shared::health::cache::cache_label;
+pub use dflash_shared::events::wording::cache_label;
 
 /// The short kind tag used in the events view and `tail`.
 pub fn kind_tag(kind: &EventKind) -> &'static str {

@@ -27,8 +27,7 @@ use dflash_engine::train::warm_start::WarmStart;
 use dflash_engine::train::TrainError;
 use dflash_engine::train::{Trainer, TrainerSpec};
 
-pub const CHECKPOINTS_DIR: &str = "checkpoints";
-pub const DATA_REPORT_FILE: &str = "data_report.json";
+use dflash_shared::run_dir::DATA_REPORT_FILE_NAME;
 
 #[derive(Debug, Error)]
 pub enum SetupError {
@@ -184,7 +183,7 @@ pub fn build(
             })?,
     };
     debug_assert_eq!(target.config(), &target_config);
-    let report_path = inputs.run_dir.join(DATA_REPORT_FILE);
+    let report_path = inputs.run_dir.join(DATA_REPORT_FILE_NAME);
     let bytes = serde_json::to_vec_pretty(&report.to_json(&data_source));
     bytes
         .map_err(std::io::Error::other)
