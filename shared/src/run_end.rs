@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::{Event, EventKind, TRAINING_COMPLETE};
 use crate::metrics::TimestampMs;
+use crate::run_dir::TARGET_DIR_NAME;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,10 +74,6 @@ pub fn run_ending(events: &[Event]) -> Option<RunEnding> {
     })
 }
 
-/// Where the embedded default's run keeps its target, inside the run dir (the engine's
-/// `train::embedded::TARGET_SUBDIR`): `dflashd eval --target RUN/target`.
-pub const EMBEDDED_TARGET_SUBDIR: &str = "target";
-
 /// The embedded default's held-out prompts as a checkout has them (the file the binary
 /// compiles in): the online evaluation's input, none of them a training prompt. Its offline
 /// held-out split is drawn from the compiled-in training data and has no file.
@@ -97,7 +94,7 @@ pub enum RunSource {
 pub fn eval_command(run_dir: &str, source: RunSource) -> String {
     match source {
         RunSource::EmbeddedDefault => format!(
-            "dflashd eval --target {run_dir}/{EMBEDDED_TARGET_SUBDIR} --drafter {run_dir}/export \
+            "dflashd eval --target {run_dir}/{TARGET_DIR_NAME} --drafter {run_dir}/export \
              --online --prompts {EMBEDDED_HELD_OUT_PROMPTS}"
         ),
         RunSource::ConfigOrUnknown => format!(
