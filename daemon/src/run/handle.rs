@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use dflash_shared::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
-use dflash_shared::config::DetectorsSection;
+use dflash_shared::config::{Config, DetectorsSection};
 use dflash_shared::events::{Event, EventKind, Severity};
 use dflash_shared::health::fingerprint::Fingerprint;
 use dflash_shared::health::healthy_record::HealthyRecord;
@@ -99,9 +99,9 @@ struct Status {
 
 #[derive(Debug)]
 struct Environment {
-    /// The run's config as the `config` request serves it; it is only ever served, never read
-    /// back, so it is kept in its wire form.
-    config: serde_json::Value,
+    /// The run's effective config, as the `config` request serves it. `None` until guard
+    /// rails set it.
+    config: Option<Arc<Config>>,
     /// The fingerprint taken at start, with the Python packages as the live watch last saw
     /// them. `None` until guard rails take it.
     fingerprint: Option<Fingerprint>,
@@ -227,7 +227,7 @@ impl RunHandle {
                     healthy_record_files: Vec::new(),
                 }),
                 environment: RwLock::new(Environment {
-                    config: serde_json::Value::Null,
+                    config: None,
                     fingerprint: None,
                     drift: Vec::new(),
                 }),
@@ -426,8 +426,8 @@ impl RunHandle {
         self.record_status_frame();
     }
 
-    pub fn set_config(&self, config: serde_json::Value) {
-        write(&self.inner.environment).config = config;
+    pub fn set_config(&self, config: Arc<Config>) {
+        write(&self.inner.environment).config = Some(config);
     }
 
     /// The environment fingerprint guard rails took at start.
@@ -662,7 +662,7 @@ impl RunHandle {
         (s, m)
     }
 
-    pub fn config(&self) -> serde_json::Value {
+    pub fn config(&self) -> Option<Arc<Config>> {
         read(&self.inner.environment).config.clone()
     }
 

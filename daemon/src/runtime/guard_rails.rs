@@ -5,9 +5,11 @@
 //! [`GuardRails::resume_allowed`] says so.
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use dflash_shared::config::Config;
 use dflash_shared::events::{EventKind, Severity};
 use dflash_shared::status::RunState;
 use thiserror::Error;
@@ -46,7 +48,7 @@ pub struct DaemonOptions {
     /// The token an operator gave to accept an environment drift (`--accept-drift`).
     pub accepted_drift_token: Option<String>,
     /// The effective config, served by the `config` query.
-    pub config_json: serde_json::Value,
+    pub config: Arc<Config>,
     pub config_path: Option<String>,
 }
 
@@ -206,7 +208,7 @@ fn open_run(opts: &DaemonOptions) -> Result<(RunDirLock, RunHandle), StartError>
         recorder,
         config_path: opts.config_path.clone(),
     });
-    handle.set_config(opts.config_json.clone());
+    handle.set_config(Arc::clone(&opts.config));
     if let Some(notice) = takeover {
         tracing::warn!("{notice}");
         handle.record_event_logged(Severity::Warn, EventKind::Note { message: notice });

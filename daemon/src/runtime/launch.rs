@@ -7,6 +7,7 @@
 //! locked key changed; 3 when the environment drifted and `--accept-drift` was not given.
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
@@ -446,7 +447,7 @@ fn daemon_options(spec: &LaunchSpec, bus: FrameBus) -> DaemonOptions {
             cuda_alloc_conf: alloc_conf::in_effect(),
         },
         accepted_drift_token: spec.accept_drift.clone(),
-        config_json: serde_json::to_value(cfg).unwrap_or_default(),
+        config: Arc::new(cfg.clone()),
         config_path: spec.config_path.as_ref().map(|p| p.display().to_string()),
     }
 }

@@ -49,7 +49,7 @@ fn options(root: &Path, accepted: Option<String>) -> DaemonOptions {
             cuda_alloc_conf: None,
         },
         accepted_drift_token: accepted,
-        config_json: serde_json::json!({"training": {"epochs": 6}}),
+        config: std::sync::Arc::new(dflash_shared::config::Config::embedded_default()),
         config_path: None,
     }
 }

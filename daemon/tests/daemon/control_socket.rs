@@ -40,8 +40,9 @@ fn hello_then_queries() {
         Response::Status(s) => assert_eq!(s.run.name, RUN_NAME),
         other => panic!("{other:?}"),
     }
-    d.handle
-        .set_config(serde_json::json!({"training": {"epochs": 6}}));
+    d.handle.set_config(std::sync::Arc::new(
+        dflash_shared::config::Config::embedded_default(),
+    ));
     match c.request(&Request::Config) {
         Response::Json { value } => assert_eq!(value["training"]["epochs"], 6),
         other => panic!("{other:?}"),

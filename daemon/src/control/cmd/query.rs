@@ -13,10 +13,8 @@ pub(super) fn answer(handle: &RunHandle, req: &Request) -> Response {
             handle.status_snapshot(),
             MAX_FRAME_BYTES,
         ))),
-        Request::Config => Response::Json {
-            value: handle.config(),
-        },
         // Typed everywhere inside the daemon; serialized only here, for the reply.
+        Request::Config => to_json(&handle.config().as_deref()),
         Request::Fingerprint => to_json(&handle.fingerprint()),
         Request::Caches => to_json(&handle.caches()),
         Request::Checkpoints => to_json(&handle.checkpoints()),
