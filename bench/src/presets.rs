@@ -85,16 +85,10 @@ fn qwen3_5_target(
         linear_value_head_dim: head_dim,
         linear_num_key_heads: kv_heads * 2,
         linear_num_value_heads: kv_heads * 4,
-        // Qwen3.5's pattern: full attention every 4th layer, Gated DeltaNet elsewhere.
-        layer_types: (0..layers)
-            .map(|i| {
-                if (i + 1) % 4 == 0 {
-                    Qwen3_5LayerKind::FullAttention
-                } else {
-                    Qwen3_5LayerKind::LinearAttention
-                }
-            })
-            .collect(),
+        layer_types: Qwen3_5LayerKind::hybrid_stack(
+            layers,
+            Qwen3_5LayerKind::DEFAULT_FULL_ATTENTION_INTERVAL,
+        ),
         rms_norm_eps: 1e-6,
         rope_theta: 10_000_000.0,
         partial_rotary_factor: 0.25,

@@ -27,7 +27,7 @@ use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
-use dflash_engine::train::replica::DrafterReplica;
+use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
 use dflashd::telemetry::{allocator, GpuSampler};
 
 /// The Qwen3.6-27B vocabulary, what the real drafter's LM head projects onto.
@@ -333,14 +333,14 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
         let flops = step_flops(d, &step_shape);
         sync(opts.device);
         let started = Instant::now();
-        let sums = replica.forward_backward(
-            &features,
-            &micro,
-            AttentionBackend::BlockSparse,
-            shape.loss_chunk_positions,
-            shape.activation_checkpointing,
-            LossObjective::Dflash,
-        );
+        let options = MicroStepOptions {
+            backend: AttentionBackend::BlockSparse,
+            chunk_positions: shape.loss_chunk_positions,
+            activation_checkpointing: shape.activation_checkpointing,
+            objective: LossObjective::Dflash,
+            lambda_base: 0.0,
+        };
+        let sums = replica.forward_backward(&features, &micro, &options);
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica
             .apply(1e-4, None, 1.0 / weight)

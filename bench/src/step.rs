@@ -19,7 +19,7 @@ use super::memory;
 use super::stats::median;
 use super::timing::{live_step_memory, sync, timed_loop, Timed};
 use dflash_engine::device;
-use dflash_engine::model::drafter::{AttentionBackend, Drafter};
+use dflash_engine::model::drafter::{AttentionBackend, Drafter, DrafterInputs};
 use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::domino::{domino_ce, domino_ce_backward, DominoBatch};
 use dflash_engine::train::drafter_io::{load_hf, named_parameters};
@@ -216,11 +216,14 @@ pub fn run_engine_step(dir: &Path, opts: &StepOptions) -> Result<StepRun, BenchE
         } else {
             // The forward split is taken when the output exists; the backward one includes
             // the layers' recomputation under checkpointing.
-            let (forward, sums) = drafter.forward_backward(
-                features,
-                &embeddings,
+            let inputs = DrafterInputs {
+                target_features: features,
+                block_embeddings: &embeddings,
                 anchors,
-                &keep,
+                keep: &keep,
+            };
+            let (forward, sums) = drafter.forward_backward(
+                &inputs,
                 opts.backend,
                 opts.activation_checkpointing,
                 |out| {

@@ -8,6 +8,7 @@ pub mod eval_args;
 pub mod eval_online;
 pub mod export;
 pub mod features;
+pub mod memory_plan_args;
 pub mod plan;
 pub mod regenerate;
 pub mod start;

@@ -21,6 +21,7 @@ use dflash_shared::config::Config;
 use serde::Serialize;
 
 use super::config::load_config;
+use super::memory_plan_args::MemoryPlanArgs;
 use crate::run::paths::{resolve, resolve_path, PathInputs};
 use crate::runtime::memory_plan::{
     self, DataShape, DeviceMemory, Devices, PlanInputs, ASSUMED_SUPERVISED_FRACTION,
@@ -39,10 +40,8 @@ pub struct PlanArgs {
     /// otherwise).
     #[arg(long, value_name = "F", default_value_t = ASSUMED_SUPERVISED_FRACTION)]
     pub supervised_fraction: f64,
-    /// Memory of each device, GiB. Default: NVML's figure for the topology's GPUs, the host's
-    /// memory on a CPU topology.
-    #[arg(long, value_name = "GIB")]
-    pub gpu_memory_gib: Option<f64>,
+    #[command(flatten)]
+    pub memory_plan: MemoryPlanArgs,
     /// The target's Hugging Face config.json, when `target.model` is not on this machine.
     #[arg(long, value_name = "FILE")]
     pub target_config: Option<PathBuf>,
@@ -52,9 +51,6 @@ pub struct PlanArgs {
     /// Model FLOP utilisation assumed for tokens/s.
     #[arg(long, default_value_t = memory_plan::DEFAULT_MFU)]
     pub mfu: f64,
-    /// `cpu` or `cuda:N`: plan the whole run on this one device, as `start --device` runs it.
-    #[arg(long)]
-    pub device: Option<String>,
     /// Predict the cross-node gradient all-reduce for this many data-parallel nodes (with
     /// --inter-node-gbps). A prediction only: the hierarchical reduce it models is not built.
     #[arg(long, value_name = "N")]
@@ -115,7 +111,7 @@ fn scaling_flags(args: &PlanArgs) -> Result<Option<(usize, f64)>> {
 
 pub fn run(args: PlanArgs) -> Result<()> {
     let scaling_request = scaling_flags(&args)?;
-    positive("--gpu-memory-gib", args.gpu_memory_gib)?;
+    args.memory_plan.check_gpu_memory()?;
     positive("--peak-tflops", args.peak_tflops)?;
     if !(args.mfu > 0.0 && args.mfu <= 1.0) {
         bail!("--mfu: expected a fraction in (0, 1], found {}", args.mfu);
@@ -159,16 +155,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
         },
         None => data_shape(&config, config_path.as_deref(), &run_dir, &target)?,
     };
-    let device_override = args
-        .device
-        .as_deref()
-        .map(|d| {
-            dflash_engine::device::parse_config_device(d)
-                .map_err(|e| anyhow::anyhow!("--device: {e}"))
-        })
-        .transpose()?;
-    let devices = Devices::of(&config, device_override);
-    let memory = memory_plan::device_memory(&devices, args.gpu_memory_gib);
+    let devices = Devices::of(&config, args.memory_plan.device_override()?);
+    let memory = memory_plan::device_memory(&devices, args.memory_plan.gpu_memory_gib);
     let inputs = PlanInputs {
         config: &config,
         target: &target,

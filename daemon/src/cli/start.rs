@@ -24,6 +24,7 @@ use dflash_shared::config::{
 };
 
 use super::config::load_config;
+use super::memory_plan_args::MemoryPlanArgs;
 use super::start_launch::{launch_environment, startable_launch, LaunchArgs};
 use crate::run::paths::resolve_path;
 use crate::run::paths::{resolve, PathInputs};
@@ -73,9 +74,6 @@ pub struct StartArgs {
     /// directories are moved to `checkpoints/corrupt-step-…` and the choice is journaled.
     #[arg(long, value_name = "STEP")]
     pub resume_from: Option<String>,
-    /// `cpu` or `cuda:N`, overriding the topology's device.
-    #[arg(long)]
-    pub device: Option<String>,
     /// CPU threads for libtorch's intra-op parallelism. The tiny default's tensors are too small
     /// to gain from more than one, and spinning threads collapse throughput on a shared machine.
     #[arg(long, default_value_t = 1)]
@@ -83,10 +81,8 @@ pub struct StartArgs {
     /// Print a progress line every this many steps (0: only evaluations).
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
-    /// Memory of each device for the memory plan, GiB, instead of NVML's figure (or, on a
-    /// CPU topology, the host's memory).
-    #[arg(long, value_name = "GIB")]
-    pub gpu_memory_gib: Option<f64>,
+    #[command(flatten)]
+    pub memory_plan: MemoryPlanArgs,
     /// Start even when the memory plan predicts a device over capacity; the override is
     /// journaled.
     #[arg(long)]
@@ -151,14 +147,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
     };
     let socket_is_default = args.socket.is_none() && config.control.socket.is_none();
     let socket = absolute(&socket)?;
-    let device_override = args
-        .device
-        .as_deref()
-        .map(|d| {
-            dflash_engine::device::parse_config_device(d)
-                .map_err(|e| anyhow::anyhow!("--device: {e}"))
-        })
-        .transpose()?;
+    let device_override = args.memory_plan.device_override()?;
     let metrics_listen = metrics_listen(&args, &config)?;
     let resume_from = args
         .resume_from
@@ -195,7 +184,7 @@ pub fn run(args: StartArgs) -> Result<ExitCode> {
         accept_drift: args.accept_drift,
         threads: args.threads,
         memory_plan: MemoryPlanPolicy {
-            stated_gib: args.gpu_memory_gib,
+            stated_gib: args.memory_plan.gpu_memory_gib,
             ignore: args.ignore_memory_plan,
         },
         cpu_peak_flops: args.cpu_peak_flops,
@@ -213,11 +202,7 @@ fn check_numeric_flags(args: &StartArgs) -> Result<()> {
     if args.threads < 1 {
         bail!("--threads: expected at least 1, found {}", args.threads);
     }
-    if let Some(gib) = args.gpu_memory_gib {
-        if !(gib.is_finite() && gib > 0.0) {
-            bail!("--gpu-memory-gib: expected a positive number of GiB, found {gib}");
-        }
-    }
+    args.memory_plan.check_gpu_memory()?;
     if let Some(flops) = args.cpu_peak_flops {
         if !(flops.is_finite() && flops > 0.0) {
             bail!(

@@ -321,7 +321,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
 }
 
 /// The step's tensors shared by all layers (`Drafter::prepare` and `Drafter::context`, and the
-/// labels and weights `Replica::forward_backward_with_lambda` builds), with `masks` the
+/// labels and weights `DrafterReplica::forward_backward` builds), with `masks` the
 /// attention masks' bytes.
 fn shared_by_all_layers(
     d: &DrafterConfig,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::attention::ChunkSchedule;
+use crate::model::attention::{ChunkSchedule, ScheduledBlocks};
 use crate::plan::run::tests::real_drafter;
 use tch::{Device, Kind, Tensor};
 
@@ -13,13 +13,16 @@ fn the_model_plans_the_chunks_the_engine_runs() {
         let k = Tensor::from_slice(&s.keep).view([b, n]);
         for t in [LayerType::Sliding, LayerType::Full] {
             let rule = layer_rule(&d, t);
-            let engine = ChunkSchedule::new(
+            let blocks = ScheduledBlocks {
                 rule,
-                &a,
-                &k,
-                d.block_size,
-                seq,
-                d.num_attention_heads,
+                anchors: &a,
+                keep: &k,
+                block_size: d.block_size,
+                context_len: seq,
+                heads: d.num_attention_heads,
+            };
+            let engine = ChunkSchedule::new(
+                &blocks,
                 DEFAULT_CHUNK_SCORE_ELEMENTS,
                 (Kind::Float, Device::Cpu),
             );

@@ -22,15 +22,10 @@ pub fn qwen36_27b_text() -> Qwen3_5TextConfig {
         linear_value_head_dim: 128,
         linear_num_key_heads: 16,
         linear_num_value_heads: 48,
-        layer_types: (0..64)
-            .map(|i| {
-                if (i + 1) % 4 == 0 {
-                    Qwen3_5LayerKind::FullAttention
-                } else {
-                    Qwen3_5LayerKind::LinearAttention
-                }
-            })
-            .collect(),
+        layer_types: Qwen3_5LayerKind::hybrid_stack(
+            64,
+            Qwen3_5LayerKind::DEFAULT_FULL_ATTENTION_INTERVAL,
+        ),
         rms_norm_eps: 1e-6,
         rope_theta: 10_000_000.0,
         partial_rotary_factor: 0.25,

@@ -98,13 +98,24 @@ pub(crate) fn block_aligned_chunks(
     chunks
 }
 
+/// The inputs of a block objective of one micro-batch besides the drafter's output.
+#[derive(Clone, Copy)]
+pub struct BlockObjectiveBatch<'a> {
+    /// `[V, H]`, frozen.
+    pub lm_head: &'a Tensor,
+    /// `[B, N·bs]` int64.
+    pub targets: &'a Tensor,
+    /// `[B, N·bs]`, positive where `m_k = 1`.
+    pub mask: &'a Tensor,
+    pub block_size: i64,
+}
+
 /// Computes a block objective (D-PACE, the tree objective) over `drafter_out` and backpropagates
 /// `numerator / denominator` into the drafter: per chunk of whole blocks, the logits, their
 /// cross-entropies, the objective's detached weights ([`block_objective_weights`]) and the
 /// backward of `Σ CE·w / denominator`.
 ///
-/// - `drafter_out`: `[B, N·bs, H]`, part of the autograd graph; `lm_head`: `[V, H]`, frozen.
-/// - `targets`: `[B, N·bs]` int64; `mask`: `[B, N·bs]`, positive where `m_k = 1`.
+/// - `drafter_out`: `[B, N·bs, H]`, part of the autograd graph; `batch`: the head and labels.
 /// - `denominator`: the global number of sequences of the optimizer step, or 1 when the caller
 ///   divides the summed gradient once itself (as `RankState::step` does).
 /// - `chunk_positions`: how many positions go through the head at once (rounded to whole
@@ -114,17 +125,19 @@ pub(crate) fn block_aligned_chunks(
 /// over micro-batches and ranks they give SpecForge's per-sequence normalisation of the whole
 /// batch. `weighted_ce` is the objective's reported numerator (`Σ CE·w` for D-PACE, `Σ L` for the
 /// tree objective).
-#[allow(clippy::too_many_arguments)]
 pub fn block_objective_backward(
     drafter_out: &Tensor,
-    lm_head: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-    block_size: i64,
+    batch: &BlockObjectiveBatch,
     objective: LossObjective,
     denominator: f64,
     chunk_positions: i64,
 ) -> LossSums {
+    let BlockObjectiveBatch {
+        lm_head,
+        targets,
+        mask,
+        block_size,
+    } = *batch;
     let size = drafter_out.size();
     let (sequences, hidden) = (size[0], size.last().copied().unwrap_or(0));
     let (idx, _) = weighted_positions(mask);

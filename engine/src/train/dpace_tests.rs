@@ -3,37 +3,12 @@
 //! (duplicated rows, micro-batches summed then divided once).
 use super::*;
 use crate::train::block_objective::{
-    block_aligned_chunks, block_objective_backward, LossObjective,
+    block_aligned_chunks, block_objective_backward, BlockObjectiveBatch, LossObjective,
 };
 use crate::train::loss::LossSums;
 use crate::train::tree_objective::TreeObjective;
 use dflash_shared::config::Objective;
 use tch::Device;
-
-/// D-PACE through the shared block-objective backward, with the test's arguments.
-#[allow(clippy::too_many_arguments)]
-fn dpace_ce_backward(
-    out: &Tensor,
-    head: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-    block: i64,
-    alpha: f64,
-    denominator: f64,
-    chunk: i64,
-) -> LossSums {
-    let objective = LossObjective::Dpace { alpha };
-    block_objective_backward(
-        out,
-        head,
-        targets,
-        mask,
-        block,
-        objective,
-        denominator,
-        chunk,
-    )
-}
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
 
@@ -168,13 +143,17 @@ impl Case {
     /// Runs [`dpace_ce_backward`] with the whole batch's denominator; loss and gradient.
     fn run(&self, alpha: f64, chunk: i64) -> (LossSums, Vec<f64>) {
         let out = self.out();
-        let sums = dpace_ce_backward(
+        let (head, targets, mask) = (self.head(), self.targets(), self.mask());
+        let batch = BlockObjectiveBatch {
+            lm_head: &head,
+            targets: &targets,
+            mask: &mask,
+            block_size: self.block as i64,
+        };
+        let sums = block_objective_backward(
             &out,
-            &self.head(),
-            &self.targets(),
-            &self.mask(),
-            self.block as i64,
-            alpha,
+            &batch,
+            LossObjective::Dpace { alpha },
             self.rows as f64,
             chunk,
         );
@@ -327,13 +306,17 @@ fn doubling_the_rows_by_duplication_leaves_the_loss_and_gradient_unchanged() {
             let _ = proj.grad().zero_();
         }
         let out = c.out().detach().matmul(&proj);
-        let sums = dpace_ce_backward(
+        let (head, targets, mask) = (c.head(), c.targets(), c.mask());
+        let batch = BlockObjectiveBatch {
+            lm_head: &head,
+            targets: &targets,
+            mask: &mask,
+            block_size: c.block as i64,
+        };
+        let sums = block_objective_backward(
             &out,
-            &c.head(),
-            &c.targets(),
-            &c.mask(),
-            c.block as i64,
-            0.5,
+            &batch,
+            LossObjective::Dpace { alpha: 0.5 },
             c.rows as f64,
             5,
         );
@@ -360,13 +343,18 @@ fn micro_batches_summed_then_divided_once_give_the_whole_batchs_gradient() {
     let (targets, mask) = (case.targets(), case.mask());
     let mut total = LossSums::default();
     for (start, len) in [(0, 1), (1, 3)] {
-        total.add(&dpace_ce_backward(
+        let head = case.head();
+        let (targets, mask) = (targets.narrow(0, start, len), mask.narrow(0, start, len));
+        let batch = BlockObjectiveBatch {
+            lm_head: &head,
+            targets: &targets,
+            mask: &mask,
+            block_size: case.block as i64,
+        };
+        total.add(&block_objective_backward(
             &out.narrow(0, start, len),
-            &case.head(),
-            &targets.narrow(0, start, len),
-            &mask.narrow(0, start, len),
-            case.block as i64,
-            0.5,
+            &batch,
+            LossObjective::Dpace { alpha: 0.5 },
             1.0,
             4,
         ));

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
-use super::block_objective::{block_objective_backward, LossObjective};
+use super::block_objective::{block_objective_backward, BlockObjectiveBatch, LossObjective};
 use super::domino::{domino_ce_backward, DominoBatch};
 use super::drafter_io::named_parameters;
 use super::labels::block_input_ids;
@@ -14,13 +14,28 @@ use super::loss::{weighted_ce_backward, LossSums};
 use super::micro::PreparedMicro;
 use super::optim::{AdamW, AdamWConfig, OptimError, StepReport};
 use crate::device::compute_kind;
-use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig};
+use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig, DrafterInputs};
 
 /// Weights, moments and step counter of a replica (deep copies, on the CPU).
 pub struct ReplicaState {
     pub master: HashMap<String, Tensor>,
     pub moments: HashMap<String, Tensor>,
     pub optimizer_step: u64,
+}
+
+/// How [`DrafterReplica::forward_backward`] trains one micro-batch.
+#[derive(Clone, Copy, Debug)]
+pub struct MicroStepOptions {
+    pub backend: AttentionBackend,
+    /// How many positions go through the LM head at once (the loss is computed per chunk).
+    pub chunk_positions: i64,
+    /// The drafter recomputes its layers in the backward ([`Drafter::forward_backward`]).
+    pub activation_checkpointing: bool,
+    pub objective: LossObjective,
+    /// Domino's curriculum weight: the loss is `(1−λ)·final + λ·base` (`train/domino.rs`); a
+    /// drafter without a Domino head ignores it. λ = 0 trains the corrected logits alone, as
+    /// SpecForge does without a schedule.
+    pub lambda_base: f64,
 }
 
 pub struct DrafterReplica {
@@ -106,47 +121,23 @@ impl DrafterReplica {
         &self.optimizer
     }
 
-    /// Forward and backward of one micro-batch: accumulates the gradient of the `objective`'s
+    /// Forward and backward of one micro-batch: accumulates the gradient of the objective's
     /// numerator (`Σ w·CE`, not yet divided by anything: the returned `normaliser`, summed
     /// over the step, is what divides it) into the parameters' gradients. `features` are the
-    /// target's tap-layer states of the micro-batch's rows, on any device. With
-    /// `activation_checkpointing` the drafter recomputes its layers in the backward
-    /// ([`Drafter::forward_backward`]).
+    /// target's tap-layer states of the micro-batch's rows, on any device.
     pub fn forward_backward(
         &self,
         features: &Tensor,
         micro: &PreparedMicro,
-        backend: AttentionBackend,
-        chunk_positions: i64,
-        activation_checkpointing: bool,
-        objective: LossObjective,
+        options: &MicroStepOptions,
     ) -> LossSums {
-        self.forward_backward_with_lambda(
-            features,
-            micro,
+        let MicroStepOptions {
             backend,
             chunk_positions,
             activation_checkpointing,
             objective,
-            0.0,
-        )
-    }
-
-    /// [`Self::forward_backward`] with Domino's curriculum weight `lambda_base` (the loss is
-    /// `(1−λ)·final + λ·base`, `train/domino.rs`); a drafter without a Domino head ignores it.
-    /// λ = 0, what [`Self::forward_backward`] passes, trains the corrected logits alone, as
-    /// SpecForge does without a schedule.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_backward_with_lambda(
-        &self,
-        features: &Tensor,
-        micro: &PreparedMicro,
-        backend: AttentionBackend,
-        chunk_positions: i64,
-        activation_checkpointing: bool,
-        objective: LossObjective,
-        lambda_base: f64,
-    ) -> LossSums {
+            lambda_base,
+        } = *options;
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
         let b = micro.batch.batch as i64;
@@ -172,52 +163,57 @@ impl DrafterReplica {
         let weights = Tensor::from_slice(&weights)
             .view([b, q])
             .to_device(self.device);
-        self.drafter.forward_backward(
-            features,
-            &embeddings,
-            &anchors,
-            &keep,
-            backend,
-            activation_checkpointing,
-            |out| match (self.drafter.domino(), objective) {
-                (Some(head), _) => {
-                    // Teacher forcing: the GRU reads each block's true tokens, which are the
-                    // slots' labels (slot 0's is the anchor).
-                    let label_embeddings =
-                        tch::no_grad(|| self.embed.index_select(0, &targets.view([-1])))
-                            .view([b, q, -1]);
-                    let batch = DominoBatch {
-                        head,
-                        lm_head: &self.lm_head,
-                        label_embeddings: &label_embeddings,
-                        targets: &targets,
-                        weights: &weights,
-                        block_size: bs as i64,
-                    };
-                    domino_ce_backward(out, &batch, objective, lambda_base, 1.0, chunk_positions)
-                }
-                (None, LossObjective::Dflash) => weighted_ce_backward(
-                    out,
-                    &self.lm_head,
-                    &targets,
-                    &weights,
-                    1.0,
-                    chunk_positions,
-                ),
-                (None, block @ (LossObjective::Dpace { .. } | LossObjective::Tree(_))) => {
-                    block_objective_backward(
+        let inputs = DrafterInputs {
+            target_features: features,
+            block_embeddings: &embeddings,
+            anchors: &anchors,
+            keep: &keep,
+        };
+        self.drafter
+            .forward_backward(&inputs, backend, activation_checkpointing, |out| {
+                match (self.drafter.domino(), objective) {
+                    (Some(head), _) => {
+                        // Teacher forcing: the GRU reads each block's true tokens, which are the
+                        // slots' labels (slot 0's is the anchor).
+                        let label_embeddings =
+                            tch::no_grad(|| self.embed.index_select(0, &targets.view([-1])))
+                                .view([b, q, -1]);
+                        let batch = DominoBatch {
+                            head,
+                            lm_head: &self.lm_head,
+                            label_embeddings: &label_embeddings,
+                            targets: &targets,
+                            weights: &weights,
+                            block_size: bs as i64,
+                        };
+                        domino_ce_backward(
+                            out,
+                            &batch,
+                            objective,
+                            lambda_base,
+                            1.0,
+                            chunk_positions,
+                        )
+                    }
+                    (None, LossObjective::Dflash) => weighted_ce_backward(
                         out,
                         &self.lm_head,
                         &targets,
                         &weights,
-                        bs as i64,
-                        block,
                         1.0,
                         chunk_positions,
-                    )
+                    ),
+                    (None, block @ (LossObjective::Dpace { .. } | LossObjective::Tree(_))) => {
+                        let batch = BlockObjectiveBatch {
+                            lm_head: &self.lm_head,
+                            targets: &targets,
+                            mask: &weights,
+                            block_size: bs as i64,
+                        };
+                        block_objective_backward(out, &batch, block, 1.0, chunk_positions)
+                    }
                 }
-            },
-        )
+            })
     }
 
     /// Elements of all parameters.

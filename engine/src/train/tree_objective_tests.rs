@@ -3,7 +3,7 @@
 //! backward against a dense autograd oracle (a loss-mask hole inside a block, a block running
 //! past the row's end, budgets below, at and above the vocabulary, every chunk size).
 use super::*;
-use crate::train::block_objective::{block_objective_backward, LossObjective};
+use crate::train::block_objective::{block_objective_backward, BlockObjectiveBatch, LossObjective};
 use crate::train::loss::LossSums;
 use tch::{Device, Kind, Tensor};
 
@@ -240,12 +240,16 @@ impl Case {
     fn chunked(&self, tree: TreeObjective, chunk: i64) -> (LossSums, Vec<f64>) {
         let x = self.leaf();
         let head = Tensor::eye(VOCAB as i64, (Kind::Float, Device::Cpu));
+        let (targets, mask) = (self.targets(), self.mask());
+        let batch = BlockObjectiveBatch {
+            lm_head: &head,
+            targets: &targets,
+            mask: &mask,
+            block_size: BLOCK as i64,
+        };
         let sums = block_objective_backward(
             &(&x * 1.0),
-            &head,
-            &self.targets(),
-            &self.mask(),
-            BLOCK as i64,
+            &batch,
             LossObjective::Tree(tree),
             ROWS as f64,
             chunk,

@@ -5,7 +5,7 @@
 use crate::support::drafter::{max_abs_diff, random_anchors, relative_error, seeded};
 use dflash_engine::model::attention::{
     block_sparse_attention, block_sparse_attention_scheduled, dense_mask_attention,
-    BlockAttentionInputs, ChunkSchedule, GroupedHeads, LayerRule,
+    BlockAttentionInputs, ChunkSchedule, GroupedHeads, LayerRule, ScheduledBlocks,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -211,17 +211,16 @@ fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
     for (shuffle, budget) in [(false, 1 << 25), (true, 300), (false, 1)] {
         for rule in rules() {
             let p = problem(2, 9, 4, 23, Kind::Float, shuffle);
-            let schedule = ChunkSchedule::new(
+            let blocks = ScheduledBlocks {
                 rule,
-                &p.anchors,
-                &p.keep,
-                p.block_size,
-                23,
-                4,
-                budget,
-                (Kind::Float, Device::Cpu),
-            )
-            .with_grouped_heads(GroupedHeads::Folded);
+                anchors: &p.anchors,
+                keep: &p.keep,
+                block_size: p.block_size,
+                context_len: 23,
+                heads: 4,
+            };
+            let schedule = ChunkSchedule::new(&blocks, budget, (Kind::Float, Device::Cpu))
+                .with_grouped_heads(GroupedHeads::Folded);
             let dense = dense_mask_attention(&p.inputs(rule));
             let probe = Tensor::randn(dense.size(), (Kind::Float, Device::Cpu));
             let dense_grads = p.run(&dense, &probe);

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::support::drafter::{max_abs_diff, random_anchors, randomize, seeded, tiny_config};
-use dflash_engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
+use dflash_engine::model::drafter::{
+    AttentionBackend, Drafter, DrafterConfig, DrafterInputs, LayerType,
+};
 use dflash_engine::train::loss::weighted_ce_backward;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -69,19 +71,17 @@ fn gradients(
     let (features, embeddings) = (leaf(&b.features), leaf(&b.embeddings));
     let head = b.head.to_kind(kind);
     let denominator = b.weights.sum(Kind::Double).double_value(&[]);
-    let out = drafter.forward_backward(
-        &features,
-        &embeddings,
-        &b.anchors,
-        &b.keep,
-        backend,
-        checkpointing,
-        |out| {
-            let sums = weighted_ce_backward(out, &head, &b.targets, &b.weights, denominator, 3);
-            assert!(sums.counted > 3, "the loss must run in several chunks");
-            out.detach().copy()
-        },
-    );
+    let inputs = DrafterInputs {
+        target_features: &features,
+        block_embeddings: &embeddings,
+        anchors: &b.anchors,
+        keep: &b.keep,
+    };
+    let out = drafter.forward_backward(&inputs, backend, checkpointing, |out| {
+        let sums = weighted_ce_backward(out, &head, &b.targets, &b.weights, denominator, 3);
+        assert!(sums.counted > 3, "the loss must run in several chunks");
+        out.detach().copy()
+    });
     // A copy, as the next run zeroes the parameters' gradients in place; none stays none.
     let copied = |grad: Tensor| if grad.defined() { grad.copy() } else { grad };
     let mut grads: BTreeMap<String, Tensor> = vs
@@ -208,15 +208,13 @@ fn a_one_layer_drafter_and_a_loss_without_gradient_run_checkpointed() {
     let cfg = three_layers();
     let (vs, drafter) = build(&cfg, 6);
     let b = batch(&cfg, 1, 5, 16);
-    drafter.forward_backward(
-        &b.features,
-        &b.embeddings,
-        &b.anchors,
-        &b.keep,
-        AttentionBackend::BlockSparse,
-        true,
-        |_| (),
-    );
+    let inputs = DrafterInputs {
+        target_features: &b.features,
+        block_embeddings: &b.embeddings,
+        anchors: &b.anchors,
+        keep: &b.keep,
+    };
+    drafter.forward_backward(&inputs, AttentionBackend::BlockSparse, true, |_| ());
     for (name, var) in vs.variables() {
         assert!(!var.grad().defined(), "{name} got a gradient from no loss");
     }

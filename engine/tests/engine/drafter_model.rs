@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use crate::support::drafter::{
     max_abs_diff, random_anchors, randomize, relative_error, seeded, tiny_config,
 };
-use dflash_engine::model::attention::{ChunkSchedule, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
+use dflash_engine::model::attention::{
+    ChunkSchedule, LayerRule, ScheduledBlocks, DEFAULT_CHUNK_SCORE_ELEMENTS,
+};
 use dflash_engine::model::drafter::{AttentionBackend, Drafter, DrafterConfig, LayerType};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -182,13 +184,16 @@ fn a_drafter_whose_schedules_chunk_sorts_its_blocks_once_and_still_agrees_with_d
             window: cfg.sliding_window.unwrap(),
         },
     ] {
-        let schedule = ChunkSchedule::new(
+        let blocks = ScheduledBlocks {
             rule,
-            &b.anchors,
-            &b.keep,
-            cfg.block_size,
-            context,
-            cfg.num_attention_heads,
+            anchors: &b.anchors,
+            keep: &b.keep,
+            block_size: cfg.block_size,
+            context_len: context,
+            heads: cfg.num_attention_heads,
+        };
+        let schedule = ChunkSchedule::new(
+            &blocks,
             DEFAULT_CHUNK_SCORE_ELEMENTS,
             (Kind::Float, Device::Cpu),
         );

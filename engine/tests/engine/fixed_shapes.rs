@@ -15,7 +15,7 @@ use dflash_engine::train::labels::{block_labels, LabelMaskRule};
 use dflash_engine::train::loader::collate;
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
-use dflash_engine::train::replica::DrafterReplica;
+use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
 use tch::{Device, Kind, Tensor};
 
 use crate::support::drafter::relative_error;
@@ -95,14 +95,14 @@ fn loss_and_grads(
     let ids = Tensor::from_slice(&micro.batch.input_ids).view([b, s]);
     let layers = replica.drafter().config().target_layer_ids.clone();
     let features = target.features(&ids, &layers).unwrap();
-    let sums = replica.forward_backward(
-        &features,
-        micro,
-        AttentionBackend::BlockSparse,
-        2048,
-        false,
-        LossObjective::Dflash,
-    );
+    let options = MicroStepOptions {
+        backend: AttentionBackend::BlockSparse,
+        chunk_positions: 2048,
+        activation_checkpointing: false,
+        objective: LossObjective::Dflash,
+        lambda_base: 0.0,
+    };
+    let sums = replica.forward_backward(&features, micro, &options);
     let grads = replica
         .optimizer()
         .param_grads()

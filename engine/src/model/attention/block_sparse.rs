@@ -199,20 +199,37 @@ fn chunk_visibility(
     }
 }
 
+/// The blocks a [`ChunkSchedule`] is built for: which anchors, which of them are kept, and the
+/// shapes the chunk costs depend on.
+#[derive(Clone, Copy)]
+pub struct ScheduledBlocks<'a> {
+    pub rule: LayerRule,
+    /// `[B, N]` int64, on any device (read to the host once).
+    pub anchors: &'a Tensor,
+    /// `[B, N]` bool, on any device (read to the host once).
+    pub keep: &'a Tensor,
+    pub block_size: i64,
+    pub context_len: i64,
+    /// Query heads, for the chunk cost.
+    pub heads: i64,
+}
+
 impl ChunkSchedule {
-    /// `anchors` `[B, N]` int64, `keep` `[B, N]` bool (any device; read to the host once);
-    /// `heads` query heads (for the chunk cost); masks are built in `kind` on `device`.
-    #[allow(clippy::too_many_arguments)]
+    /// The schedule of `blocks` with one chunk's score grid capped at `chunk_score_elements`;
+    /// masks are built in `kind` on `device`.
     pub fn new(
-        rule: LayerRule,
-        anchors: &Tensor,
-        keep: &Tensor,
-        block_size: i64,
-        context_len: i64,
-        heads: i64,
+        blocks: &ScheduledBlocks<'_>,
         chunk_score_elements: i64,
         (kind, device): (Kind, Device),
     ) -> Self {
+        let ScheduledBlocks {
+            rule,
+            anchors,
+            keep,
+            block_size,
+            context_len,
+            heads,
+        } = *blocks;
         let size = anchors.size();
         assert!(
             size.len() == 2 && keep.size() == size && block_size > 0,
@@ -340,13 +357,16 @@ pub fn block_sparse_attention(
     chunk_score_elements: i64,
 ) -> Tensor {
     let d = inputs.dims();
+    let blocks = ScheduledBlocks {
+        rule: inputs.rule,
+        anchors: inputs.anchors,
+        keep: inputs.keep,
+        block_size: d.block_size,
+        context_len: d.context_len,
+        heads: d.kv_heads * d.group,
+    };
     let schedule = ChunkSchedule::new(
-        inputs.rule,
-        inputs.anchors,
-        inputs.keep,
-        d.block_size,
-        d.context_len,
-        d.kv_heads * d.group,
+        &blocks,
         chunk_score_elements,
         (inputs.query.kind(), inputs.query.device()),
     );

@@ -21,7 +21,7 @@ use tch::Tensor;
 
 pub use block_sparse::{
     block_sparse_attention, block_sparse_attention_scheduled, BlockOrder, ChunkSchedule,
-    GroupedHeads,
+    GroupedHeads, ScheduledBlocks,
 };
 pub(crate) use chunk_schedule::chunk_costs;
 pub use chunk_schedule::{

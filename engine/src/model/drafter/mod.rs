@@ -11,4 +11,4 @@ pub use crate::model::attention::AttentionBackend;
 pub use config::{DominoConfig, DrafterConfig, DrafterError, DrafterHead, LayerType};
 pub use domino::DominoHead;
 pub use inference::DrafterCache;
-pub use model::Drafter;
+pub use model::{Drafter, DrafterInputs};

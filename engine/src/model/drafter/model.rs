@@ -7,9 +7,23 @@ use super::config::DrafterConfig;
 use super::domino::DominoHead;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
 use crate::model::attention::{
-    AttentionBackend, BlockOrder, ChunkSchedule, DEFAULT_CHUNK_SCORE_ELEMENTS,
+    AttentionBackend, BlockOrder, ChunkSchedule, ScheduledBlocks, DEFAULT_CHUNK_SCORE_ELEMENTS,
 };
 use crate::model::layers::Rotary;
+
+/// What one training pass of the drafter reads, as [`Drafter::forward`] describes each tensor:
+/// the target's features, the blocks' embeddings, and the blocks' anchors and keep flags.
+#[derive(Clone, Copy)]
+pub struct DrafterInputs<'a> {
+    /// `[B, S, n·Ht]`.
+    pub target_features: &'a Tensor,
+    /// `[B, N·bs, H]`.
+    pub block_embeddings: &'a Tensor,
+    /// `[B, N]` int64.
+    pub anchors: &'a Tensor,
+    /// `[B, N]` bool.
+    pub keep: &'a Tensor,
+}
 
 pub struct Drafter {
     pub(super) config: DrafterConfig,
@@ -110,17 +124,19 @@ impl Drafter {
     /// are the plain forward's: every layer's parameter gradients bit for bit (the recompute
     /// runs the same kernels on the same inputs), `fc` and `hidden_norm` up to float rounding,
     /// since the context's gradient is summed over the layers one layer at a time.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_backward<R>(
         &self,
-        target_features: &Tensor,
-        block_embeddings: &Tensor,
-        anchors: &Tensor,
-        keep: &Tensor,
+        inputs: &DrafterInputs<'_>,
         backend: AttentionBackend,
         activation_checkpointing: bool,
         backward_from_output: impl FnOnce(&Tensor) -> R,
     ) -> R {
+        let DrafterInputs {
+            target_features,
+            block_embeddings,
+            anchors,
+            keep,
+        } = *inputs;
         if !activation_checkpointing {
             let out = self.forward(target_features, block_embeddings, anchors, keep, backend);
             return backward_from_output(&out);
@@ -226,13 +242,16 @@ impl Drafter {
             if backend == AttentionBackend::BlockSparse {
                 for layer in &self.layers {
                     if schedules.iter().all(|p| p.rule() != layer.rule()) {
-                        schedules.push(ChunkSchedule::new(
-                            layer.rule(),
+                        let blocks = ScheduledBlocks {
+                            rule: layer.rule(),
                             anchors,
                             keep,
-                            bs,
-                            f[1],
-                            cfg.num_attention_heads,
+                            block_size: bs,
+                            context_len: f[1],
+                            heads: cfg.num_attention_heads,
+                        };
+                        schedules.push(ChunkSchedule::new(
+                            &blocks,
                             DEFAULT_CHUNK_SCORE_ELEMENTS,
                             (dtype, device),
                         ));

@@ -11,6 +11,25 @@ pub enum Qwen3_5LayerKind {
 }
 
 impl Qwen3_5LayerKind {
+    /// Qwen3.5's and Qwen3.6's pattern, HF's default `full_attention_interval`: full attention
+    /// on every 4th layer.
+    pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
+
+    /// The hybrid stack of `layers` layers as HF derives it from `full_attention_interval`: full
+    /// attention on every `full_attention_interval`-th layer (counting from 1), Gated DeltaNet
+    /// on the others.
+    pub fn hybrid_stack(layers: usize, full_attention_interval: usize) -> Vec<Self> {
+        (1..=layers)
+            .map(|layer| {
+                if layer % full_attention_interval == 0 {
+                    Self::FullAttention
+                } else {
+                    Self::LinearAttention
+                }
+            })
+            .collect()
+    }
+
     pub fn hf_name(self) -> &'static str {
         match self {
             Self::LinearAttention => "linear_attention",
@@ -105,15 +124,7 @@ impl TargetConfig {
     /// Embedded tiny default: a Qwen3.5-style hybrid with both layer kinds (6 layers, full
     /// attention every 3rd), hidden 128, vocab 512, small heads; cheap on 2 CPU cores.
     pub fn tiny_default() -> Self {
-        let layer_types = (0..6)
-            .map(|i| {
-                if (i + 1) % 3 == 0 {
-                    Qwen3_5LayerKind::FullAttention
-                } else {
-                    Qwen3_5LayerKind::LinearAttention
-                }
-            })
-            .collect();
+        let layer_types = Qwen3_5LayerKind::hybrid_stack(6, 3);
         Self::Qwen3_5(Qwen3_5TextConfig {
             vocab_size: 512,
             hidden_size: 128,

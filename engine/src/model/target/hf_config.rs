@@ -102,16 +102,9 @@ fn parse_qwen3_5_text(f: &Fields<'_>) -> Result<Qwen3_5TextConfig, ModelError> {
     let num_hidden_layers = f.positive("num_hidden_layers", Some(32))? as usize;
     let layer_types = match f.obj.get("layer_types") {
         None | Some(Value::Null) => {
-            let interval = f.positive("full_attention_interval", Some(4))? as usize;
-            (0..num_hidden_layers)
-                .map(|i| {
-                    if (i + 1) % interval == 0 {
-                        Qwen3_5LayerKind::FullAttention
-                    } else {
-                        Qwen3_5LayerKind::LinearAttention
-                    }
-                })
-                .collect()
+            let default = Qwen3_5LayerKind::DEFAULT_FULL_ATTENTION_INTERVAL as i64;
+            let interval = f.positive("full_attention_interval", Some(default))? as usize;
+            Qwen3_5LayerKind::hybrid_stack(num_hidden_layers, interval)
         }
         Some(Value::Array(items)) => items
             .iter()

@@ -35,6 +35,18 @@ use self::params::Params;
 use crate::model::error::ModelError;
 use crate::model::layers::Rotary;
 
+/// What a [`TargetModel`] is assembled from: its config and its parameters, named as in the
+/// checkpoint, for decoder layers `0..layers`.
+struct ModelParts<'a> {
+    config: TargetConfig,
+    layout: CheckpointLayout,
+    /// The config.json the model was loaded from, if any.
+    raw_config: Option<Value>,
+    params: Params,
+    specs: &'a [ParamSpec],
+    layers: usize,
+}
+
 pub struct TargetModel {
     config: TargetConfig,
     layout: CheckpointLayout,
@@ -69,16 +81,15 @@ impl TargetModel {
             check_float_kind(kind)?;
         }
         let loaded = hf_io::load(dir, options)?;
-        Self::assemble(
-            loaded.config,
-            loaded.layout,
-            Some(loaded.raw_config),
-            loaded.params,
-            &loaded.specs,
-            loaded.layers,
-            options.device,
-            loaded.kind,
-        )
+        let parts = ModelParts {
+            config: loaded.config,
+            layout: loaded.layout,
+            raw_config: Some(loaded.raw_config),
+            params: loaded.params,
+            specs: &loaded.specs,
+            layers: loaded.layers,
+        };
+        Self::assemble(parts, options.device, loaded.kind)
     }
 
     /// A freshly initialised model (HF-like init; norms slightly perturbed), deterministic in `seed`.
@@ -92,21 +103,28 @@ impl TargetModel {
         let params = Params::random(&specs, device, dtype, seed);
         let layout = CheckpointLayout::default_for(&cfg);
         // Every spec was just generated, so assembling cannot miss a tensor.
-        Self::assemble(cfg, layout, None, params, &specs, layers, device, dtype)
+        let parts = ModelParts {
+            config: cfg,
+            layout,
+            raw_config: None,
+            params,
+            specs: &specs,
+            layers,
+        };
+        Self::assemble(parts, device, dtype)
             .unwrap_or_else(|e| unreachable!("random parameters cover every spec: {e}"))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        config: TargetConfig,
-        layout: CheckpointLayout,
-        raw_config: Option<Value>,
-        mut params: Params,
-        specs: &[params::ParamSpec],
-        layers: usize,
-        device: Device,
-        kind: Kind,
-    ) -> Result<Self, ModelError> {
+    /// The model of `parts` on `device`, its parameters in `kind`.
+    fn assemble(parts: ModelParts<'_>, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let ModelParts {
+            config,
+            layout,
+            raw_config,
+            mut params,
+            specs,
+            layers,
+        } = parts;
         let named = specs
             .iter()
             .map(|spec| Ok((spec.name.clone(), params.get(&spec.name)?.shallow_clone())))
@@ -167,16 +185,15 @@ impl TargetModel {
                 (name.clone(), t)
             })
             .collect();
-        Self::assemble(
-            self.config.clone(),
-            self.layout,
-            self.raw_config.clone(),
-            Params::new(tensors),
-            &specs,
+        let parts = ModelParts {
+            config: self.config.clone(),
+            layout: self.layout,
+            raw_config: self.raw_config.clone(),
+            params: Params::new(tensors),
+            specs: &specs,
             layers,
-            device,
-            self.kind,
-        )
+        };
+        Self::assemble(parts, device, self.kind)
     }
 
     /// Writes `config.json` and `model.safetensors` in the HF layout (Qwen3.5 as

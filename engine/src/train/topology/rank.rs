@@ -16,7 +16,7 @@ use crate::train::block_objective::LossObjective;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
-use crate::train::replica::DrafterReplica;
+use crate::train::replica::{DrafterReplica, MicroStepOptions};
 use crate::train::throughput::drafter_flops;
 
 /// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
@@ -66,18 +66,25 @@ impl RankState {
         }
     }
 
+    /// How this rank trains a micro-batch, with Domino's curriculum weight `lambda_base`.
+    fn micro_step_options(&self, lambda_base: f64) -> MicroStepOptions {
+        MicroStepOptions {
+            backend: self.backend,
+            chunk_positions: self.chunk_positions,
+            activation_checkpointing: self.activation_checkpointing,
+            objective: self.objective,
+            lambda_base,
+        }
+    }
+
     /// The serialized warmup: one forward/backward alone, gradients discarded. Returns its
     /// wall time in ms.
     pub fn warmup(&mut self, features: &Tensor, micro: &PreparedMicro) -> f64 {
         let t = Instant::now();
-        let _ = self.replica.forward_backward(
-            features,
-            micro,
-            self.backend,
-            self.chunk_positions,
-            self.activation_checkpointing,
-            self.objective,
-        );
+        // λ = 0: the warmup's gradients are discarded, whatever the step's curriculum.
+        let _ = self
+            .replica
+            .forward_backward(features, micro, &self.micro_step_options(0.0));
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
         self.replica.zero_grad();
@@ -104,14 +111,10 @@ impl RankState {
             let (item, waited_ms) = fetch(seq)?;
             timing.queue_wait_ms += waited_ms;
             let t = Instant::now();
-            sums.add(&self.replica.forward_backward_with_lambda(
+            sums.add(&self.replica.forward_backward(
                 &item.features,
                 &item.micro,
-                self.backend,
-                self.chunk_positions,
-                self.activation_checkpointing,
-                self.objective,
-                lambda_base,
+                &self.micro_step_options(lambda_base),
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;
