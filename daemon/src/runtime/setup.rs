@@ -271,7 +271,7 @@ pub fn check(inputs: &SetupInputs<'_>) -> Result<Checked, SetupError> {
     let (online_prompts_path, online_prompts) =
         read_online_prompts(inputs, target_dir.as_deref(), vocab)?;
     let mut train_cfg = run_config::train_config(cfg, samples.len());
-    train_cfg.online_eval_prompts = online_prompts_path;
+    train_cfg.training.online_eval_prompts = online_prompts_path;
     Ok(Checked {
         topology,
         topology_note,
@@ -342,7 +342,7 @@ pub fn build(
     let job = match node {
         Some(node) => Some(node.job.membership(
             &topology.drafter_devices,
-            train_cfg.grad_accum,
+            train_cfg.training.grad_accum,
             cfg.detectors.straggler.behind_frac,
             node.journal,
         )?),
