@@ -133,12 +133,13 @@ fn losses(
 ) -> Result<Vec<f64>, BenchError> {
     let target = embedded::tiny_target(None, target_device)?;
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
+    cfg.training.eval_every = 0;
     // The same global batch of 8 sequences: micro-batches of 4, 2 per rank on one rank, 1 on
     // each of two.
-    cfg.batch_size = 4;
-    cfg.grad_accum = 2 / drafters.len();
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
+    cfg.training.batch_size = 4;
+    cfg.training.grad_accum = 2 / drafters.len();
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length)?;
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut topology = TopologySpec::single(target_device);
     topology.drafter_devices = drafters;

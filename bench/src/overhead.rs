@@ -116,7 +116,7 @@ pub fn run_overhead(
     std::fs::create_dir_all(run_dir).map_err(BenchError::io(run_dir))?;
     let target = tiny_target(None, Device::Cpu)?;
     let train = tiny_train_config();
-    let (samples, _) = tiny_samples(target.config().vocab_size(), train.max_len)?;
+    let (samples, _) = tiny_samples(target.config().vocab_size(), train.training.max_length)?;
     let drafter = tiny_drafter_config(target.config());
     let mut trainer = Trainer::new(target, drafter, samples, train, Device::Cpu)?;
 

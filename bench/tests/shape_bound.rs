@@ -67,24 +67,27 @@ fn bounded_shapes_and_flat_memory(steps: usize) {
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
+    cfg.training.eval_every = 0;
+    let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length)
         .unwrap()
         .0;
     // Outside attention: rows in at most `max_len / seq_len_multiple` lengths, always
     // `num_anchors` blocks; a batch is full or an epoch's short last one. The micro-batches
     // are the trainer's (`MicroSource` is a pure function of the spec and the index; built
     // here over the whole set, the trainer's own omits the held-out rows).
-    let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
+    let lengths = cfg
+        .training
+        .max_length
+        .div_ceil(cfg.training.seq_len_multiple);
     // The chunk scheduler's set of shapes (`attention/chunk_schedule.rs`), for every row length the
     // buckets allow, at batch 1 (the loosest budget: a smaller batch fits wider chunks), once
     // per batch size (a full batch and an epoch's short last one differ in q's and k's first
     // size).
     let row_lengths: Vec<i64> = (1..=lengths)
-        .map(|m| ((m * cfg.seq_len_multiple).min(cfg.max_len)) as i64)
+        .map(|m| ((m * cfg.training.seq_len_multiple).min(cfg.training.max_length)) as i64)
         .collect();
     let bound = 2 * max_distinct_chunk_shapes(
-        cfg.num_anchors,
+        cfg.training.num_anchors,
         drafter_cfg.block_size,
         drafter_cfg.num_attention_heads,
         &row_lengths,
@@ -107,7 +110,9 @@ fn bounded_shapes_and_flat_memory(steps: usize) {
         "{} micro-batch shapes, more than 2 × {lengths}: {micro_shapes:?}",
         micro_shapes.len()
     );
-    assert!(micro_shapes.iter().all(|&(_, _, w)| w == cfg.num_anchors));
+    assert!(micro_shapes
+        .iter()
+        .all(|&(_, _, w)| w == cfg.training.num_anchors));
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
     let m = run_steps(&mut trainer, steps);
     log_steps(&m);

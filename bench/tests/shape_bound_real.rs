@@ -122,12 +122,16 @@ fn samples(vocab: i64) -> Vec<Sample> {
 fn real_train_config() -> TrainConfig {
     let run = Config::from_toml_str(REAL_CONFIG, "configs/qwen3.6-27b-8gpu.toml").unwrap();
     let mut cfg = run_config::train_config(&run, SAMPLES);
-    cfg.eval_every = 0;
+    cfg.training.eval_every = 0;
     // No held-out rows: the trainer's micro-batch `i` is then `source.prepare(i)` below, which
     // gives each step's row length.
     cfg.held_out = 0;
     assert_eq!(
-        (cfg.num_anchors, cfg.batch_size, cfg.seq_len_multiple),
+        (
+            cfg.training.num_anchors,
+            cfg.training.batch_size,
+            cfg.training.seq_len_multiple
+        ),
         (1024, 1, 256),
         "the real training section changed; restate this test's bound"
     );
@@ -138,12 +142,15 @@ fn real_train_config() -> TrainConfig {
 /// (`attention/chunk_schedule.rs`). Batch 1 makes an epoch's last batch a full one, so there is
 /// one batch size (the embedded default's test doubles its bound for two).
 fn shape_bound(cfg: &TrainConfig, drafter_cfg: &DrafterConfig) -> usize {
-    let lengths = cfg.max_len.div_ceil(cfg.seq_len_multiple);
+    let lengths = cfg
+        .training
+        .max_length
+        .div_ceil(cfg.training.seq_len_multiple);
     let row_lengths: Vec<i64> = (1..=lengths)
-        .map(|m| ((m * cfg.seq_len_multiple).min(cfg.max_len)) as i64)
+        .map(|m| ((m * cfg.training.seq_len_multiple).min(cfg.training.max_length)) as i64)
         .collect();
     let bound = max_distinct_chunk_shapes(
-        cfg.num_anchors,
+        cfg.training.num_anchors,
         drafter_cfg.block_size,
         drafter_cfg.num_attention_heads,
         &row_lengths,
@@ -175,7 +182,7 @@ fn the_real_structures_scheduled_attention_shapes_stay_within_the_bound() {
         let m = source.prepare(seq);
         let (batch, seq_len) = (m.batch.batch, m.batch.seq_len);
         assert!(
-            batch == 1 && seq_len % cfg.seq_len_multiple == 0 && m.anchors.width == 1024,
+            batch == 1 && seq_len % cfg.training.seq_len_multiple == 0 && m.anchors.width == 1024,
             "micro-batch {seq}: ({batch}, {seq_len}, {})",
             m.anchors.width
         );
@@ -232,7 +239,7 @@ fn the_real_structure_sees_bounded_attention_shapes_and_flat_live_memory() {
     eprintln!("micro-batch (rows, row length, anchors) shapes: {distinct:?}");
     assert!(micro_shapes
         .iter()
-        .all(|&(rows, len, w)| rows == 1 && len % cfg.seq_len_multiple == 0 && w == 1024));
+        .all(|&(rows, len, w)| rows == 1 && len % cfg.training.seq_len_multiple == 0 && w == 1024));
 
     let mut trainer = Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap();
     let started = std::time::Instant::now();

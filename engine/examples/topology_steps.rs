@@ -38,10 +38,11 @@ fn main() -> Result<()> {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu)?;
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    cfg.batch_size = 4;
-    cfg.grad_accum = 2 / drafters;
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)?;
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = 4;
+    cfg.training.grad_accum = 2 / drafters;
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length)?;
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut topology = TopologySpec::single(Device::Cpu);
     topology.target_devices = vec![Device::Cpu; targets];

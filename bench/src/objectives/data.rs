@@ -113,7 +113,7 @@ fn run_config(data: Option<RegeneratedData>, seed: u64, path: &Path) -> Result<C
 }
 
 fn embedded_samples() -> Result<Vec<Sample>, BenchError> {
-    Ok(tiny_samples(TINY_VOCAB, tiny_train_config().max_len)?.0)
+    Ok(tiny_samples(TINY_VOCAB, tiny_train_config().training.max_length)?.0)
 }
 
 /// Prepares `data` under `root` (its own directory).

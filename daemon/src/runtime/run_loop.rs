@@ -196,9 +196,12 @@ impl RunLoop {
             mut trainer,
             mut hooks,
         } = self;
-        let (total, epochs) = (trainer.total_steps(), trainer.config().epochs);
+        let (total, epochs) = (trainer.total_steps(), trainer.config().training.epochs);
         let (step, epoch) = (trainer.step_count(), trainer.epoch_in_progress());
-        let objective = RunObjective::new(trainer.config().objective, trainer.config().dpace_alpha);
+        let objective = RunObjective::new(
+            trainer.config().training.objective,
+            trainer.config().training.dpace_alpha,
+        );
         let head = match trainer.drafter_config().head.domino() {
             Some(_) => DrafterHead::Domino,
             None => DrafterHead::Dflash,
@@ -428,7 +431,7 @@ impl DaemonHooks {
             (LoopEnd::Complete, _) => (
                 format!(
                     "{TRAINING_COMPLETE}: {} epochs, {step} steps",
-                    trainer.config().epochs
+                    trainer.config().training.epochs
                 ),
                 Ending::Finished {
                     checkpoint: checkpoint.clone(),

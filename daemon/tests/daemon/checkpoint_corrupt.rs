@@ -11,17 +11,17 @@ use tch::Device;
 fn trainer_with(cfg: TrainConfig) -> Trainer {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap()
 }
 
 fn small_config() -> TrainConfig {
-    TrainConfig {
-        eval_every: 0,
-        batch_size: 2,
-        ..embedded::tiny_train_config()
-    }
+    let mut cfg = embedded::tiny_train_config();
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = 2;
+    cfg
 }
 
 /// A run dir with one checkpoint after 2 steps; returns (tempdir, checkpoint dir).
@@ -136,21 +136,19 @@ fn missing_manifest_and_corrupt_state_are_refused() {
 #[test]
 fn a_changed_locked_key_blocks_resume() {
     let (_dir, ckpt) = checkpointed();
-    let mut other = trainer_with(TrainConfig {
-        lr: 1e-3,
-        ..small_config()
-    });
+    let mut cfg = small_config();
+    cfg.training.lr = 1e-3;
+    let mut other = trainer_with(cfg);
     let err = other.restore_checkpoint(&ckpt).unwrap_err().to_string();
     assert!(
-        err.contains("`lr`") && err.contains("0.002") && err.contains("0.001"),
+        err.contains("`training.lr`") && err.contains("0.002") && err.contains("0.001"),
         "{err}"
     );
     // Runtime keys may change.
-    let mut relaxed = trainer_with(TrainConfig {
-        eval_every: 7,
-        checkpoint_every: 3,
-        ..small_config()
-    });
+    let mut cfg = small_config();
+    cfg.training.eval_every = 7;
+    cfg.training.checkpoint_every = 3;
+    let mut relaxed = trainer_with(cfg);
     relaxed.restore_checkpoint(&ckpt).unwrap();
     assert_eq!(relaxed.step_count(), 2);
 }

@@ -12,9 +12,10 @@ fn trainer() -> Trainer {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    cfg.batch_size = 4;
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = 4;
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap()
 }

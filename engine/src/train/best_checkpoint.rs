@@ -62,15 +62,16 @@ impl BestSoFar {
 
 /// Why a run of this config has no best yet, with `step` the step it stands at.
 pub fn no_best(cfg: &TrainConfig, step: u64) -> NoBestCheckpoint {
-    if cfg.online_eval_every == 0 {
+    let every = cfg.online_eval_every();
+    if every == 0 {
         NoBestCheckpoint::OnlineEvalOff
     } else if !cfg
+        .training
         .online_eval_tree_budgets
-        .contains(&cfg.serve_tree_budget)
+        .contains(&cfg.training.serve_tree_budget)
     {
         NoBestCheckpoint::NoTreeBudget
     } else {
-        let every = cfg.online_eval_every;
         NoBestCheckpoint::NotYet {
             first_at_step: (step / every + 1) * every,
         }
@@ -125,12 +126,11 @@ mod tests {
 
     #[test]
     fn no_best_says_why_from_the_config() {
-        let mut cfg = TrainConfig {
-            online_eval_every: 50,
-            online_eval_tree_budgets: vec![8, 32],
-            serve_tree_budget: 32,
-            ..TrainConfig::default()
-        };
+        let mut cfg = TrainConfig::default();
+        cfg.training.online_eval_every = Some(50);
+        cfg.training.online_eval_prompts = Some("embedded".into());
+        cfg.training.online_eval_tree_budgets = vec![8, 32];
+        cfg.training.serve_tree_budget = 32;
         assert_eq!(
             no_best(&cfg, 0),
             NoBestCheckpoint::NotYet { first_at_step: 50 }
@@ -139,9 +139,9 @@ mod tests {
             no_best(&cfg, 50),
             NoBestCheckpoint::NotYet { first_at_step: 100 }
         );
-        cfg.online_eval_tree_budgets.clear();
+        cfg.training.online_eval_tree_budgets.clear();
         assert_eq!(no_best(&cfg, 0), NoBestCheckpoint::NoTreeBudget);
-        cfg.online_eval_every = 0;
+        cfg.training.online_eval_every = Some(0);
         assert_eq!(no_best(&cfg, 0), NoBestCheckpoint::OnlineEvalOff);
     }
 }

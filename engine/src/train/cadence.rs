@@ -18,9 +18,9 @@ pub struct Cadence {
 impl Cadence {
     pub fn of(cfg: &TrainConfig) -> Self {
         Self {
-            eval_every: cfg.eval_every,
-            checkpoint_every: cfg.checkpoint_every,
-            online_eval_every: cfg.online_eval_every,
+            eval_every: cfg.training.eval_every,
+            checkpoint_every: cfg.training.checkpoint_every,
+            online_eval_every: cfg.online_eval_every(),
         }
     }
 

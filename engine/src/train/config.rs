@@ -1,124 +1,80 @@
-//! Training hyper-parameters (spec §2.8 defaults) and the attention backend choice.
-use serde::{Deserialize, Serialize};
+//! The engine's training config: the run config's `[training]` section as it is, the seed, and
+//! the few values derived from other sections. Every key is documented and validated once, in
+//! `dflash_shared::config` (`sections.rs`, `validate/training.rs`); the engine reads the
+//! section and never restates it.
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
 
-pub use dflash_shared::config::Objective;
+pub use dflash_shared::config::{Objective, TrainingSection};
 
 use super::block_objective::LossObjective;
-use super::error::TrainError;
 use super::labels::{default_gamma, LabelMaskRule};
 use super::optim::AdamWConfig;
 use super::tree_objective::TreeObjective;
-use crate::model::drafter::AttentionBackend;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+mod legacy;
+#[cfg(test)]
+pub(crate) use legacy::tests as legacy_tests;
+
+/// What a trainer runs with (`train/run_config.rs::train_config` builds it from a validated
+/// run config). Checkpoints store it in `trainer_state.json`; checkpoints written before it held
+/// the section (a flat copy of its keys) load through `legacy.rs`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrainConfig {
-    /// Seeds drafter init, anchor sampling, the shuffle and the held-out split.
+    /// `[training]` as the config declares it, with `online_eval_prompts` resolved by the
+    /// daemon (a file relative to the config becomes its path).
+    pub training: TrainingSection,
+    /// `[run].seed`.
     pub seed: u64,
-    /// Full passes over the training split (no early stopping).
-    pub epochs: u32,
-    /// Caps the schedule's length (SpecForge caps its Qwen3.6-27B recipe at 10000 steps).
-    pub max_steps: Option<u64>,
-    /// Sequences per micro-batch.
-    pub batch_size: usize,
-    /// Micro-batches per optimizer step.
-    pub grad_accum: usize,
-    /// Anchors (draft blocks) sampled per sequence.
-    pub num_anchors: usize,
-    /// What the drafter minimises (`training.objective`).
-    pub objective: Objective,
-    /// D-PACE's smoothing α (`training.dpace_alpha`), read when `objective` is D-PACE.
-    pub dpace_alpha: f64,
-    /// The tree objective's budget, temperature and loss (`[training.tree]`), read when
-    /// `objective` is the tree objective.
-    pub tree: TreeObjective,
-    /// Domino's curriculum: λ at step 0 (`training.lambda_base_start`), read with a Domino
-    /// head.
-    pub lambda_base_start: f64,
-    /// The fraction of the schedule over which λ falls to 0 (`training.lambda_base_decay_ratio`).
-    pub lambda_base_decay_ratio: f64,
-    /// Loss decay γ; `None` takes the paper default for the block size.
-    pub gamma: Option<f64>,
-    pub label_mask_rule: LabelMaskRule,
-    /// Peak learning rate.
-    pub lr: f64,
-    pub warmup_ratio: f64,
-    pub adamw: AdamWConfig,
-    /// Longer sequences are truncated.
-    pub max_len: usize,
-    /// Training rows are right-padded to a multiple of this many tokens (1: not padded).
-    pub seq_len_multiple: usize,
-    /// Samples held out for evaluation.
+    /// Samples held out for evaluation: `[data]`'s count for the run's samples
+    /// (`DataSection::held_out_count`).
     pub held_out: usize,
-    /// Evaluate τ every this many steps (0: never).
-    pub eval_every: u64,
-    /// Evaluate only the first this many held-out samples (0: all).
-    pub eval_max_samples: usize,
-    /// The held-out evaluation's DDTree oracle at anchors that are a multiple of this.
-    pub eval_tree_block_subsample: usize,
-    /// Online evaluation (speculative decoding against the target) every this many steps and
-    /// after the last, never before the first (0: never).
-    pub online_eval_every: u64,
-    /// A JSONL prompt file or `"embedded"`; required when `online_eval_every > 0`.
-    pub online_eval_prompts: Option<String>,
-    /// Prompts decoded per online evaluation at most.
-    pub online_eval_max_prompts: usize,
-    /// Tokens generated per prompt at most.
-    pub online_eval_max_new_tokens: usize,
-    /// DDTree node budgets run beside the chain (empty: chain only), and the offline DDTree
-    /// oracle's budgets.
-    pub online_eval_tree_budgets: Vec<usize>,
-    /// The DDTree budget the drafter is served with: the headline tree figure.
-    pub serve_tree_budget: usize,
-    /// Checkpoint every this many steps (0: only at the end of a run).
-    pub checkpoint_every: u64,
-    pub keep_checkpoints: usize,
-    /// Weighted positions per LM-head chunk.
-    pub loss_chunk_positions: i64,
-    /// Anchors per row in one evaluation forward.
-    pub eval_anchors_per_forward: usize,
-    pub attention: AttentionBackend,
-    /// Recompute every drafter layer but the last in the backward (`training.activation_checkpointing`).
-    pub activation_checkpointing: bool,
+    /// Loss decay γ: `Config::loss_decay_gamma` (the section's, or the paper's for the block
+    /// size). `None` only in configs built without a run config: then the paper's value for
+    /// the drafter's block size.
+    pub gamma: Option<f64>,
 }
 
 impl Default for TrainConfig {
+    /// The section's defaults (the paper's values), seed 0, 64 held-out samples.
     fn default() -> Self {
         Self {
+            training: TrainingSection::default(),
             seed: 0,
-            epochs: 6,
-            max_steps: None,
-            batch_size: 1,
-            grad_accum: 1,
-            num_anchors: 512,
-            objective: Objective::Dflash,
-            dpace_alpha: dflash_shared::config::DEFAULT_DPACE_ALPHA,
-            tree: TreeObjective::default(),
-            lambda_base_start: dflash_shared::config::DEFAULT_LAMBDA_BASE_START,
-            lambda_base_decay_ratio: dflash_shared::config::DEFAULT_LAMBDA_BASE_DECAY_RATIO,
-            gamma: None,
-            label_mask_rule: LabelMaskRule::Independent,
-            lr: 6e-4,
-            warmup_ratio: 0.04,
-            adamw: AdamWConfig::default(),
-            max_len: 4096,
-            seq_len_multiple: 64,
             held_out: 64,
-            eval_every: 500,
-            eval_max_samples: 0,
-            eval_tree_block_subsample: 1,
-            online_eval_every: 0,
-            online_eval_prompts: None,
-            online_eval_max_prompts: 16,
-            online_eval_max_new_tokens: 128,
-            online_eval_tree_budgets: dflash_shared::config::DEFAULT_TREE_BUDGETS.to_vec(),
-            serve_tree_budget: dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET,
-            checkpoint_every: 1000,
-            keep_checkpoints: 3,
-            loss_chunk_positions: 2048,
-            eval_anchors_per_forward: 256,
-            attention: AttentionBackend::BlockSparse,
-            activation_checkpointing: false,
+            gamma: None,
+        }
+    }
+}
+
+/// The stored shape of [`TrainConfig`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stored {
+    training: TrainingSection,
+    seed: u64,
+    held_out: usize,
+    #[serde(default)]
+    gamma: Option<f64>,
+}
+
+impl<'de> Deserialize<'de> for TrainConfig {
+    /// The current shape, or the flat one checkpoints were written in before (`legacy.rs`).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        match value {
+            Value::Object(map) if !map.contains_key("training") => {
+                legacy::from_flat(map).map_err(serde::de::Error::custom)
+            }
+            other => {
+                let s: Stored = serde_json::from_value(other).map_err(serde::de::Error::custom)?;
+                Ok(Self {
+                    training: s.training,
+                    seed: s.seed,
+                    held_out: s.held_out,
+                    gamma: s.gamma,
+                })
+            }
         }
     }
 }
@@ -130,113 +86,92 @@ impl TrainConfig {
 
     /// The loss the training step runs.
     pub fn loss_objective(&self) -> LossObjective {
-        LossObjective::from_config(self.objective, self.dpace_alpha, self.tree)
+        let t = &self.training;
+        LossObjective::from_config(t.objective, t.dpace_alpha, self.tree_objective())
     }
 
-    pub fn validate(&self) -> Result<(), TrainError> {
-        let bad = |key: &str, detail: String| {
-            Err(TrainError::Config {
-                key: key.into(),
-                detail,
-            })
+    /// `[training.tree]` with its budget resolved. Only the tree objective trains for the
+    /// serving budget; another objective's record of it must not move when the serving budget
+    /// does (a free key).
+    pub fn tree_objective(&self) -> TreeObjective {
+        let t = &self.training;
+        let serve = match t.objective {
+            Objective::Tree => t.serve_tree_budget,
+            _ => dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET,
         };
-        if self.max_steps == Some(0) {
-            return bad("max_steps", "must be at least 1 when set, found 0".into());
+        TreeObjective::from_section(&t.tree, serve)
+    }
+
+    /// The optimizer's settings from `training.adam_*`, `weight_decay` and `grad_clip`
+    /// (0: no clipping).
+    pub fn adamw(&self) -> AdamWConfig {
+        let t = &self.training;
+        AdamWConfig {
+            beta1: t.adam_beta1,
+            beta2: t.adam_beta2,
+            eps: t.adam_eps,
+            weight_decay: t.weight_decay,
+            max_grad_norm: (t.grad_clip > 0.0).then_some(t.grad_clip),
         }
-        if self.epochs == 0 {
-            return bad("epochs", "must be at least 1, found 0".into());
+    }
+
+    /// `training.label_mask` as the labels read it.
+    pub fn label_mask_rule(&self) -> LabelMaskRule {
+        match self.training.label_mask {
+            dflash_shared::config::LabelMask::Independent => LabelMaskRule::Independent,
+            dflash_shared::config::LabelMask::Cumulative => LabelMaskRule::Cumulative,
         }
-        for (key, v) in [
-            ("batch_size", self.batch_size),
-            ("grad_accum", self.grad_accum),
-            ("num_anchors", self.num_anchors),
-            ("max_len", self.max_len),
-            ("eval_anchors_per_forward", self.eval_anchors_per_forward),
-            ("eval_tree_block_subsample", self.eval_tree_block_subsample),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1, found 0".into());
+    }
+
+    /// Steps between online evaluations (`TrainingSection::online_eval_interval`; 0: off).
+    pub fn online_eval_every(&self) -> u64 {
+        self.training.online_eval_interval()
+    }
+
+    /// The values a resume compares, one per leaf key of the config's key table
+    /// (`dflash_shared::config::keys`), named as the table names it. Derived values stand at
+    /// the key they realise: `run.seed`, `data.held_out_samples` (the count held out),
+    /// `training.loss_decay_gamma` (γ in effect), `training.tree.budget` (the budget trained
+    /// for) and `training.online_eval_every` (the interval in effect).
+    pub fn resume_view(&self) -> Value {
+        let mut out = Map::new();
+        if let Ok(Value::Object(section)) = serde_json::to_value(&self.training) {
+            flatten_into(&mut out, "training", section);
+        }
+        let tree = self.tree_objective();
+        let derived = [
+            ("run.seed", Value::from(self.seed)),
+            ("data.held_out_samples", Value::from(self.held_out)),
+            ("training.loss_decay_gamma", serde_json::json!(self.gamma)),
+            ("training.tree.budget", Value::from(tree.budget)),
+            ("training.tree.temperature", Value::from(tree.temperature)),
+            (
+                "training.tree.loss",
+                Value::from(tree.loss.as_str().to_string()),
+            ),
+            (
+                "training.online_eval_every",
+                Value::from(self.online_eval_every()),
+            ),
+        ];
+        for (key, value) in derived {
+            out.insert(key.to_string(), value);
+        }
+        Value::Object(out)
+    }
+}
+
+/// `section`'s leaves into `out` under `prefix.`: a table is walked, anything else (an array
+/// included) is one leaf, as the key table counts them.
+fn flatten_into(out: &mut Map<String, Value>, prefix: &str, section: Map<String, Value>) {
+    for (key, value) in section {
+        let path = format!("{prefix}.{key}");
+        match value {
+            Value::Object(inner) => flatten_into(out, &path, inner),
+            leaf => {
+                out.insert(path, leaf);
             }
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad(
-                "lr",
-                format!("must be a positive number, found {}", self.lr),
-            );
-        }
-        if !(0.0..=1.0).contains(&self.warmup_ratio) {
-            return bad(
-                "warmup_ratio",
-                format!("must be in [0, 1], found {}", self.warmup_ratio),
-            );
-        }
-        if !(self.dpace_alpha.is_finite() && (0.0..=1.0).contains(&self.dpace_alpha)) {
-            return bad(
-                "dpace_alpha",
-                format!("must be in [0, 1], found {}", self.dpace_alpha),
-            );
-        }
-        if self.tree.budget == 0 {
-            return bad("tree.budget", "must be at least 1 node, found 0".into());
-        }
-        if !(self.tree.temperature.is_finite() && self.tree.temperature > 0.0) {
-            return bad(
-                "tree.temperature",
-                format!("must be a positive number, found {}", self.tree.temperature),
-            );
-        }
-        if let Some(g) = self.gamma {
-            if !(g.is_finite() && g > 0.0) {
-                return bad("gamma", format!("must be a positive number, found {g}"));
-            }
-        }
-        if self.seq_len_multiple < 1 {
-            return bad(
-                "seq_len_multiple",
-                format!("must be at least 1, found {}", self.seq_len_multiple),
-            );
-        }
-        if self.online_eval_every > 0 {
-            if self.online_eval_prompts.is_none() {
-                return bad(
-                    "online_eval_prompts",
-                    format!(
-                        "must name a prompt file when online_eval_every is {}, found none",
-                        self.online_eval_every
-                    ),
-                );
-            }
-            for (key, v) in [
-                ("online_eval_max_prompts", self.online_eval_max_prompts),
-                (
-                    "online_eval_max_new_tokens",
-                    self.online_eval_max_new_tokens,
-                ),
-            ] {
-                if v == 0 {
-                    return bad(key, "must be at least 1, found 0".into());
-                }
-            }
-            if self.online_eval_tree_budgets.contains(&0) {
-                return bad(
-                    "online_eval_tree_budgets",
-                    "every budget must be at least 1 node, found 0".into(),
-                );
-            }
-        }
-        if self.serve_tree_budget == 0 {
-            return bad(
-                "serve_tree_budget",
-                "must be at least 1 node, found 0".into(),
-            );
-        }
-        if self.loss_chunk_positions < 1 {
-            return bad(
-                "loss_chunk_positions",
-                format!("must be at least 1, found {}", self.loss_chunk_positions),
-            );
-        }
-        Ok(())
     }
 }
 
@@ -245,98 +180,101 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_are_the_paper_values_and_valid() {
+    fn defaults_are_the_paper_values() {
         let c = TrainConfig::default();
-        c.validate().unwrap();
         assert_eq!(
-            (c.epochs, c.num_anchors, c.lr, c.warmup_ratio),
+            (
+                c.training.epochs,
+                c.training.num_anchors,
+                c.training.lr,
+                c.training.warmup_ratio
+            ),
             (6, 512, 6e-4, 0.04)
         );
-        assert_eq!(c.adamw.weight_decay, 0.0);
-        assert_eq!(c.adamw.max_grad_norm, Some(1.0));
+        assert_eq!(c.adamw(), AdamWConfig::default());
         assert_eq!(c.gamma_for(16), 7.0);
+        assert_eq!(c.label_mask_rule(), LabelMaskRule::Independent);
     }
 
     #[test]
-    fn bad_values_name_the_key() {
-        let c = TrainConfig {
-            batch_size: 0,
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("`batch_size`"));
-        let c = TrainConfig {
-            lr: -1.0,
-            ..Default::default()
-        };
-        assert!(c.validate().unwrap_err().to_string().contains("`lr`"));
-        for alpha in [-0.1, 1.5, f64::NAN] {
-            let c = TrainConfig {
-                dpace_alpha: alpha,
-                ..Default::default()
-            };
-            let err = c.validate().unwrap_err().to_string();
-            assert!(
-                err.contains("`dpace_alpha`") && err.contains("[0, 1]"),
-                "{err}"
-            );
-        }
+    fn a_zero_grad_clip_turns_clipping_off() {
+        let mut c = TrainConfig::default();
+        c.training.grad_clip = 0.0;
+        assert_eq!(c.adamw().max_grad_norm, None);
     }
 
     #[test]
     fn the_objective_defaults_to_dflash_and_reads_its_alpha_for_dpace() {
-        let c = TrainConfig::default();
+        let mut c = TrainConfig::default();
         assert_eq!(c.loss_objective(), LossObjective::Dflash);
-        let d: TrainConfig = serde_json::from_str(r#"{"objective": "dpace"}"#).unwrap();
-        assert_eq!(d.loss_objective(), LossObjective::Dpace { alpha: 0.5 });
-        let t: TrainConfig =
-            serde_json::from_str(r#"{"objective": "tree", "tree": {"budget": 8}}"#).unwrap();
+        c.training.objective = Objective::Dpace;
+        assert_eq!(c.loss_objective(), LossObjective::Dpace { alpha: 0.5 });
+        c.training.objective = Objective::Tree;
+        c.training.tree.budget = Some(8);
         assert_eq!(
-            t.loss_objective(),
+            c.loss_objective(),
             LossObjective::Tree(TreeObjective {
                 budget: 8,
                 ..TreeObjective::default()
             })
         );
-        for (tree, key) in [
-            (r#"{"budget": 0}"#, "`tree.budget`"),
-            (r#"{"temperature": 0.0}"#, "`tree.temperature`"),
-        ] {
-            let c: TrainConfig = serde_json::from_str(&format!(r#"{{"tree": {tree}}}"#)).unwrap();
-            let err = c.validate().unwrap_err().to_string();
-            assert!(err.contains(key), "{err}");
-        }
-        // Checkpoints written before the objective existed trained DFlash.
-        let old: TrainConfig = serde_json::from_str(r#"{"epochs": 6}"#).unwrap();
-        assert_eq!(old.objective, Objective::Dflash);
     }
 
     #[test]
-    fn online_evaluation_needs_prompts_only_when_it_is_on() {
+    fn online_evaluation_is_off_without_prompts() {
         let mut c = TrainConfig::default();
         assert_eq!(
-            c.online_eval_every, 0,
+            c.online_eval_every(),
+            0,
             "off unless the run config turns it on"
         );
-        c.validate().unwrap();
-        c.online_eval_every = 10;
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("`online_eval_prompts`"), "{err}");
-        c.online_eval_prompts = Some("embedded".into());
-        c.validate().unwrap();
-        c.online_eval_tree_budgets = vec![8, 0];
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("`online_eval_tree_budgets`"), "{err}");
+        c.training.online_eval_every = Some(10);
+        assert_eq!(c.online_eval_every(), 0, "no prompts, no online evaluation");
+        c.training.online_eval_prompts = Some("embedded".into());
+        assert_eq!(c.online_eval_every(), 10);
     }
 
     #[test]
-    fn unknown_keys_are_rejected_and_missing_keys_default() {
-        let c: TrainConfig = serde_json::from_str(r#"{"epochs": 2}"#).unwrap();
-        assert_eq!(c.epochs, 2);
-        assert_eq!(c.num_anchors, 512);
-        assert!(serde_json::from_str::<TrainConfig>(r#"{"epoch": 2}"#).is_err());
+    fn it_round_trips_and_unknown_keys_are_rejected() {
+        let mut c = TrainConfig::default();
+        c.training.epochs = 2;
+        c.gamma = Some(4.0);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["training"]["epochs"], 2);
+        assert_eq!(
+            serde_json::from_value::<TrainConfig>(json.clone()).unwrap(),
+            c
+        );
+        let mut bad = json.clone();
+        bad["training"]["epoch"] = 2.into();
+        assert!(serde_json::from_value::<TrainConfig>(bad).is_err());
+        let mut bad = json;
+        bad["epoch"] = 2.into();
+        assert!(serde_json::from_value::<TrainConfig>(bad).is_err());
+    }
+
+    #[test]
+    fn the_resume_view_names_the_key_tables_leaves() {
+        let mut c = TrainConfig::default();
+        c.training.max_steps = Some(10);
+        c.training.online_eval_prompts = Some("embedded".into());
+        let view = c.resume_view();
+        let keys: Vec<&String> = view.as_object().unwrap().keys().collect();
+        for key in &keys {
+            assert!(
+                dflash_shared::config::keys::kind_of(key).is_some(),
+                "{key} has no row in the key table"
+            );
+        }
+        for row in dflash_shared::config::keys::KEYS {
+            if row.key.starts_with("training.") {
+                assert!(
+                    view.get(row.key).is_some(),
+                    "{} is not in the view",
+                    row.key
+                );
+            }
+        }
+        assert_eq!(view["training.tree.budget"], 32, "the budget in effect");
     }
 }

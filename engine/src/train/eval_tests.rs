@@ -192,7 +192,8 @@ fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_not
 fn first_tiny_samples(target: &TargetModel, n: usize) -> Vec<Sample> {
     let train = crate::embedded::tiny_train_config();
     let (mut samples, _) =
-        crate::embedded::tiny_samples(target.config().vocab_size(), train.max_len).unwrap();
+        crate::embedded::tiny_samples(target.config().vocab_size(), train.training.max_length)
+            .unwrap();
     samples.truncate(n);
     samples
 }

@@ -35,13 +35,13 @@ impl MicroSpec {
     pub fn for_training(cfg: &TrainConfig, block_size: usize, pad_id: i64) -> Self {
         MicroSpec {
             seed: cfg.seed,
-            batch_size: cfg.batch_size,
-            num_anchors: cfg.num_anchors,
+            batch_size: cfg.training.batch_size,
+            num_anchors: cfg.training.num_anchors,
             block_size,
             gamma: cfg.gamma_for(block_size),
-            rule: cfg.label_mask_rule,
+            rule: cfg.label_mask_rule(),
             pad_id,
-            seq_len_multiple: cfg.seq_len_multiple,
+            seq_len_multiple: cfg.training.seq_len_multiple,
         }
     }
 }

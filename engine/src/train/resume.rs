@@ -32,16 +32,14 @@ pub const STATE_FILE: &str = "trainer_state.json";
 /// position limit now follows the target) still resumes.
 const DESCRIPTIVE_DRAFTER_KEYS: [&str; 2] = ["auto_map", "max_position_embeddings"];
 
-/// Keys of [`TrainConfig`] that may change between a checkpoint and its resume: the free
-/// rows of the config's key table under `[training]` (`dflash_shared::config::keys`), which
-/// decide when and how to evaluate or save and how to chunk or pad work, not what is computed.
-/// Every other field, named as its key or derived from keys the table fixes, is refused.
-/// `grad_accum` may change with the number of drafter ranks as long as the global batch
-/// (micro-batches per step, checked separately) stays the same.
+/// Keys of [`TrainConfig::resume_view`] that may change between a checkpoint and its resume:
+/// the free rows of the config's key table (`dflash_shared::config::keys`), by their exact
+/// names, which decide when and how to evaluate or save and how to chunk or pad work, not what
+/// is computed. Every other leaf, a key or a value derived from keys the table fixes, is
+/// refused. `training.grad_accum` may change with the number of drafter ranks as long as the
+/// global batch (micro-batches per step, checked separately) stays the same.
 fn resumable_keys() -> Vec<&'static str> {
-    keys_on_resume(OnResume::Free)
-        .filter_map(|k| k.strip_prefix("training."))
-        .collect()
+    keys_on_resume(OnResume::Free).collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,10 +119,10 @@ pub fn config_verdict(
             describe_changes(&drafter_diff)
         ));
     }
-    let as_json = |c: &TrainConfig| serde_json::to_value(c).unwrap_or(Value::Null);
-    let mut saved_config = as_json(saved.train);
-    unlocked::reconcile_train(&mut saved_config, now.train, unlocked);
-    let config_diff = changed_keys(&saved_config, &as_json(now.train), &resumable_keys());
+    let mut saved_config = saved.train.resume_view();
+    let config_now = now.train.resume_view();
+    unlocked::reconcile_train(&mut saved_config, &config_now, unlocked);
+    let config_diff = changed_keys(&saved_config, &config_now, &resumable_keys());
     if !config_diff.is_empty() {
         return Err(format!(
             "locked training keys differ: {}",
@@ -134,7 +132,7 @@ pub fn config_verdict(
     Ok(())
 }
 
-/// "`epochs`: checkpoint 6 vs now 3; `training.epochs` is locked: … unlock …".
+/// "`training.epochs`: checkpoint 6 vs now 3. `training.epochs` is locked: … unlock …".
 fn describe_changes(changes: &[(String, String)]) -> String {
     let listed: Vec<&str> = changes.iter().map(|(_, text)| text.as_str()).collect();
     let mut remedies: Vec<String> = changes.iter().map(|(k, _)| unlocked::remedy(k)).collect();
@@ -232,23 +230,25 @@ mod tests {
 
     #[test]
     fn changed_keys_lists_only_locked_differences() {
-        let a = json!({"lr": 1.0, "eval_every": 5, "epochs": 6});
-        let b = json!({"lr": 2.0, "eval_every": 7, "epochs": 6});
-        let diff = changed_keys(&a, &b, &["eval_every"]);
+        let a = json!({"training.lr": 1.0, "training.eval_every": 5, "training.epochs": 6});
+        let b = json!({"training.lr": 2.0, "training.eval_every": 7, "training.epochs": 6});
+        let diff = changed_keys(&a, &b, &["training.eval_every"]);
         assert_eq!(
             diff,
             vec![(
-                "lr".to_string(),
-                "`lr`: checkpoint 1.0 vs now 2.0".to_string()
+                "training.lr".to_string(),
+                "`training.lr`: checkpoint 1.0 vs now 2.0".to_string()
             )]
         );
         let text = describe_changes(&changed_keys(
             &a,
-            &json!({"epochs": 3}),
-            &["lr", "eval_every"],
+            &json!({"training.epochs": 3}),
+            &["training.lr", "training.eval_every"],
         ));
         assert!(
-            text.starts_with("`epochs`: checkpoint 6 vs now 3. `training.epochs` is locked"),
+            text.starts_with(
+                "`training.epochs`: checkpoint 6 vs now 3. `training.epochs` is locked"
+            ),
             "{text}"
         );
         assert!(text.contains("dflash-tui attach"), "{text}");
@@ -280,12 +280,74 @@ mod tests {
     }
 
     #[test]
-    fn the_free_training_keys_of_the_table_are_fields_of_the_train_config() {
-        let keys = serde_json::to_value(TrainConfig::default()).unwrap();
+    fn the_free_training_keys_of_the_table_are_leaves_of_the_resume_view() {
+        let mut config = TrainConfig::default();
+        config.training.max_steps = Some(10);
+        config.training.online_eval_prompts = Some("embedded".into());
+        let view = config.resume_view();
         let resumable = resumable_keys();
-        assert!(resumable.len() >= 16, "{resumable:?}");
-        for k in resumable {
-            assert!(keys.get(k).is_some(), "{k}");
+        let training: Vec<&str> = resumable
+            .iter()
+            .copied()
+            .filter(|k| k.starts_with("training."))
+            .collect();
+        assert!(training.len() >= 16, "{training:?}");
+        for k in training {
+            assert!(view.get(k).is_some(), "{k}");
         }
+    }
+
+    /// The embedded default's drafter, in the HF layout.
+    fn tiny_drafter_hf() -> Value {
+        let target = crate::embedded::tiny_target(None, tch::Device::Cpu).unwrap();
+        crate::embedded::tiny_drafter_config(target.config()).to_hf_json()
+    }
+
+    /// A checkpoint's `trainer_state.json` as the code before `TrainConfig` held the section
+    /// wrote it (the flat config) resumes under the embedded default, and a changed locked key
+    /// in it is refused under the key's name.
+    #[test]
+    fn a_checkpoint_with_the_flat_config_resumes_and_refuses_a_changed_locked_key() {
+        use crate::train::config::legacy_tests::EMBEDDED_FLAT;
+        let drafter = tiny_drafter_hf();
+        let state = |config: Value| {
+            json!({"step": 4, "optimizer_step": 4,
+                "position": serde_json::to_value(DataPosition::default()).unwrap(),
+                "micro_batches_per_step": 1,
+                "schedule": serde_json::to_value(WarmupCosine::new(2e-3, 10, 0.04)).unwrap(),
+                "config": config, "data_fingerprint": "ab", "dtype": "Float"})
+        };
+        let flat: Value = serde_json::from_str(EMBEDDED_FLAT).unwrap();
+        let old: TrainerState = serde_json::from_value(state(flat.clone())).unwrap();
+        let now = crate::embedded::tiny_train_config();
+        let configs = |train| SavedConfigs {
+            train,
+            drafter_hf: &drafter,
+        };
+        let none = UnlockedKeys::default();
+        config_verdict(&configs(&old.config), &configs(&now), &none).unwrap();
+
+        let mut changed = flat.clone();
+        changed["lr"] = json!(0.003);
+        let old: TrainerState = serde_json::from_value(state(changed)).unwrap();
+        let err = config_verdict(&configs(&old.config), &configs(&now), &none).unwrap_err();
+        assert!(
+            err.contains("`training.lr`: checkpoint 0.003 vs now 0.002"),
+            "{err}"
+        );
+
+        let mut changed = flat.clone();
+        changed["max_len"] = json!(128);
+        let old: TrainerState = serde_json::from_value(state(changed)).unwrap();
+        let err = config_verdict(&configs(&old.config), &configs(&now), &none).unwrap_err();
+        assert!(err.contains("`training.max_length`"), "{err}");
+
+        let mut changed = flat;
+        changed["epochs"] = json!(3);
+        let old: TrainerState = serde_json::from_value(state(changed)).unwrap();
+        let err = config_verdict(&configs(&old.config), &configs(&now), &none).unwrap_err();
+        assert!(err.contains("`training.epochs` is locked"), "{err}");
+        let epochs = UnlockedKeys::from_keys(&[unlocked::EPOCHS]);
+        config_verdict(&configs(&old.config), &configs(&now), &epochs).unwrap();
     }
 }

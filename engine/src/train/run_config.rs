@@ -2,70 +2,20 @@
 //! training hyper-parameters and the drafter architecture. The embedded default is the same
 //! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
 use dflash_shared::config::{
-    Config, DrafterHead as CfgHead, DrafterSection, LabelMask, LayerType as CfgLayerType,
+    Config, DrafterHead as CfgHead, DrafterSection, LayerType as CfgLayerType,
 };
 
 use super::config::TrainConfig;
-use super::labels::LabelMaskRule;
-use super::optim::AdamWConfig;
 use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, LayerType};
 use crate::model::target::TargetConfig;
 
-/// `[training]`, `[run].seed` and the held-out count of `[data]` for `n_samples` samples.
+/// `[training]`, `[run].seed`, γ and the held-out count of `[data]` for `n_samples` samples.
 pub fn train_config(cfg: &Config, n_samples: usize) -> TrainConfig {
-    let t = &cfg.training;
     TrainConfig {
+        training: cfg.training.clone(),
         seed: cfg.run.seed,
-        epochs: t.epochs,
-        max_steps: t.max_steps,
-        batch_size: t.batch_size,
-        grad_accum: t.grad_accum,
-        num_anchors: t.num_anchors,
-        objective: t.objective,
-        dpace_alpha: t.dpace_alpha,
-        // Only the tree objective trains for the serving budget; another objective's record
-        // of `[training.tree]` must not move when the serving budget does (a free key).
-        tree: crate::train::tree_objective::TreeObjective::from_section(
-            &t.tree,
-            match t.objective {
-                dflash_shared::config::Objective::Tree => t.serve_tree_budget,
-                _ => dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET,
-            },
-        ),
-        lambda_base_start: t.lambda_base_start,
-        lambda_base_decay_ratio: t.lambda_base_decay_ratio,
-        gamma: Some(cfg.loss_decay_gamma()),
-        label_mask_rule: match t.label_mask {
-            LabelMask::Independent => LabelMaskRule::Independent,
-            LabelMask::Cumulative => LabelMaskRule::Cumulative,
-        },
-        lr: t.lr,
-        warmup_ratio: t.warmup_ratio,
-        adamw: AdamWConfig {
-            beta1: t.adam_beta1,
-            beta2: t.adam_beta2,
-            eps: t.adam_eps,
-            weight_decay: t.weight_decay,
-            max_grad_norm: (t.grad_clip > 0.0).then_some(t.grad_clip),
-        },
-        max_len: t.max_length,
-        seq_len_multiple: t.seq_len_multiple,
         held_out: cfg.data.held_out_count(n_samples),
-        eval_every: t.eval_every,
-        eval_max_samples: t.eval_max_samples,
-        eval_tree_block_subsample: t.eval_tree_block_subsample,
-        online_eval_every: t.online_eval_interval(),
-        online_eval_prompts: t.online_eval_prompts.clone(),
-        online_eval_max_prompts: t.online_eval_max_prompts,
-        online_eval_max_new_tokens: t.online_eval_max_new_tokens,
-        online_eval_tree_budgets: t.online_eval_tree_budgets.clone(),
-        serve_tree_budget: t.serve_tree_budget,
-        checkpoint_every: t.checkpoint_every,
-        keep_checkpoints: t.keep_checkpoints,
-        loss_chunk_positions: t.loss_chunk_positions as i64,
-        eval_anchors_per_forward: t.eval_anchors_per_forward,
-        attention: t.attention,
-        activation_checkpointing: t.activation_checkpointing,
+        gamma: Some(cfg.loss_decay_gamma()),
     }
 }
 
@@ -123,12 +73,14 @@ mod tests {
     fn the_embedded_config_maps_onto_valid_engine_configs() {
         let cfg = Config::embedded_default();
         let train = train_config(&cfg, 900);
-        train.validate().unwrap();
         assert_eq!(train.held_out, 48);
         assert_eq!(train.gamma, Some(4.0));
-        assert_eq!(train.adamw.max_grad_norm, Some(1.0));
-        assert_eq!(train.online_eval_every, 50);
-        assert_eq!(train.online_eval_prompts.as_deref(), Some("embedded"));
+        assert_eq!(train.adamw().max_grad_norm, Some(1.0));
+        assert_eq!(train.online_eval_every(), 50);
+        assert_eq!(
+            train.training.online_eval_prompts.as_deref(),
+            Some("embedded")
+        );
         assert_eq!(
             train.loss_objective(),
             crate::train::block_objective::LossObjective::Dflash,
@@ -164,7 +116,10 @@ mod tests {
         );
         let train = train_config(&cfg, 900);
         assert_eq!(
-            (train.lambda_base_start, train.lambda_base_decay_ratio),
+            (
+                train.training.lambda_base_start,
+                train.training.lambda_base_decay_ratio
+            ),
             (0.75, 0.25)
         );
     }
@@ -178,15 +133,15 @@ mod tests {
         let train = train_config(&cfg, 100);
         assert_eq!(
             (
-                train.lr,
-                train.warmup_ratio,
-                train.epochs,
-                train.num_anchors
+                train.training.lr,
+                train.training.warmup_ratio,
+                train.training.epochs,
+                train.training.num_anchors
             ),
             (6e-4, 0.04, 6, 512)
         );
         assert_eq!(train.gamma, Some(7.0));
-        assert_eq!(train.adamw, AdamWConfig::default());
+        assert_eq!(train.adamw(), crate::train::optim::AdamWConfig::default());
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! their number stays, because the number sets the width of the drafter's `fc` input.
 use serde_json::Value;
 
-use super::config::TrainConfig;
 use super::schedule::WarmupCosine;
 
 /// Dotted config paths of the keys the engine can carry across a resume when unlocked.
@@ -38,12 +37,13 @@ impl UnlockedKeys {
     }
 }
 
-/// The dotted config path of an engine-level key, when it is a locked key an operator can
-/// unlock (`epochs` → `training.epochs`, `dflash_config` → tap layers).
+/// The dotted config path of a key the checkpoint check names, when it is a locked key an
+/// operator can unlock: a training key is named by its path already, a drafter key by its
+/// name in the HF layout (`block_size`, `dflash_config` → tap layers).
 pub fn locked_key_path(engine_key: &str) -> Option<&'static str> {
     match engine_key {
-        "epochs" => Some(EPOCHS),
-        "num_anchors" => Some(NUM_ANCHORS),
+        EPOCHS => Some(EPOCHS),
+        NUM_ANCHORS => Some(NUM_ANCHORS),
         "block_size" => Some(BLOCK_SIZE),
         "target_layer_ids" => Some(TARGET_LAYER_IDS),
         _ => None,
@@ -107,20 +107,18 @@ pub fn reconcile_drafter(
     Ok(())
 }
 
-/// Makes the checkpoint's training config agree with `now` on the unlocked keys.
-pub fn reconcile_train(saved: &mut Value, now: &TrainConfig, unlocked: &UnlockedKeys) {
-    let Ok(now) = serde_json::to_value(now) else {
-        return;
-    };
+/// Makes the checkpoint's training config agree with `now` on the unlocked keys (both as
+/// `TrainConfig::resume_view` gives them).
+pub fn reconcile_train(saved: &mut Value, now: &Value, unlocked: &UnlockedKeys) {
     if unlocked.epochs {
-        copy_field(saved, &now, &["epochs"]);
+        copy_field(saved, now, &[EPOCHS]);
     }
     if unlocked.num_anchors {
-        copy_field(saved, &now, &["num_anchors"]);
+        copy_field(saved, now, &[NUM_ANCHORS]);
     }
     if unlocked.block_size {
         // The default loss decay γ is a function of the block size and moves with it.
-        copy_field(saved, &now, &["gamma"]);
+        copy_field(saved, now, &["training.loss_decay_gamma"]);
     }
 }
 
@@ -147,7 +145,7 @@ pub fn check_schedule(
         return Ok(());
     }
     let hint = if only_length {
-        format!("; {}", remedy("epochs"))
+        format!("; {}", remedy(EPOCHS))
     } else {
         String::new()
     };
@@ -218,19 +216,17 @@ mod tests {
     fn unlocked_training_keys_and_the_schedule_length() {
         let unlocked = UnlockedKeys::from_keys(&[EPOCHS, NUM_ANCHORS]);
         assert!(unlocked.epochs && unlocked.num_anchors && !unlocked.block_size);
-        let now = TrainConfig {
-            epochs: 3,
-            num_anchors: 8,
-            lr: 1e-3,
-            ..TrainConfig::default()
-        };
-        let mut saved = serde_json::to_value(TrainConfig::default()).unwrap();
-        reconcile_train(&mut saved, &now, &unlocked);
+        let mut now = crate::train::TrainConfig::default();
+        now.training.epochs = 3;
+        now.training.num_anchors = 8;
+        now.training.lr = 1e-3;
+        let mut saved = crate::train::TrainConfig::default().resume_view();
+        reconcile_train(&mut saved, &now.resume_view(), &unlocked);
         assert_eq!(
-            (saved["epochs"].clone(), saved["num_anchors"].clone()),
+            (saved[EPOCHS].clone(), saved[NUM_ANCHORS].clone()),
             (json!(3), json!(8))
         );
-        assert_eq!(saved["lr"], json!(6e-4), "lr is not unlockable");
+        assert_eq!(saved["training.lr"], json!(6e-4), "lr is not unlockable");
 
         let (six, three) = (
             WarmupCosine::new(1e-3, 600, 0.04),
@@ -257,11 +253,11 @@ mod tests {
 
     #[test]
     fn remedies_name_the_unlock_only_for_locked_keys() {
-        assert!(remedy("num_anchors").contains("press U, pick training.num_anchors"));
+        assert!(remedy(NUM_ANCHORS).contains("press U, pick training.num_anchors"));
         assert!(remedy("target_layer_ids").contains(TARGET_LAYER_IDS));
         assert!(remedy("mask_token_id").contains("new run"));
         let flat = flatten_drafter(&json!({"a": 1, "dflash_config": {"target_layer_ids": [1]}}));
         assert_eq!(flat, json!({"a": 1, "target_layer_ids": [1]}));
-        assert!(remedy("lr").contains("new run"));
+        assert!(remedy("training.lr").contains("new run"));
     }
 }

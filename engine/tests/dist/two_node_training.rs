@@ -32,9 +32,9 @@ pub(crate) const OUT_VAR: &str = "DFLASH_DIST_OUT";
 
 pub(crate) fn config() -> TrainConfig {
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    cfg.batch_size = 4;
-    cfg.grad_accum = 1;
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = 4;
+    cfg.training.grad_accum = 1;
     cfg
 }
 
@@ -43,7 +43,7 @@ fn spec(topology: TopologySpec) -> TrainerSpec {
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let cfg = config();
-    let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
+    let samples = embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length)
         .unwrap()
         .0;
     TrainerSpec::new(target, drafter_cfg, samples, cfg, topology)
@@ -70,7 +70,7 @@ pub(crate) fn node_trainer(
 /// The body of a node process: one inline drafter worker, global rank = node.
 pub fn train_as_node(group: ProcessGroupAllReduce) -> Result<()> {
     let node = group.rank();
-    let shard = NodeShard::new(WORLD, node, 1, config().grad_accum)?;
+    let shard = NodeShard::new(WORLD, node, 1, config().training.grad_accum)?;
     let mut t = node_trainer(
         TopologySpec::single(Device::Cpu),
         shard,

@@ -126,7 +126,7 @@ pub fn train_as_node_of_two_workers(
 ) -> Result<()> {
     let out = PathBuf::from(env_var(OUT_VAR)?);
     let root = out.join(format!("node{node}-checkpoints"));
-    let shard = NodeShard::new(NODES, node, WORKERS, config().grad_accum)?;
+    let shard = NodeShard::new(NODES, node, WORKERS, config().training.grad_accum)?;
     let group = endpoints(store, node, "drafter", timeout)?;
     let mut straight = node_trainer(topology(WORKERS), shard, group)?;
     ensure!(straight.drafter_ranks() == NODES * WORKERS);

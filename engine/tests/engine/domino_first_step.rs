@@ -25,10 +25,11 @@ fn first_step_grad_norm(domino: bool) -> f64 {
     }
     let cfg = embedded::tiny_train_config();
     assert_eq!(
-        cfg.lambda_base_start, 1.0,
+        cfg.training.lambda_base_start, 1.0,
         "the embedded default's λ at step 0"
     );
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let mut trainer =
         Trainer::with_topology(target, drafter, samples, cfg, cpu_topology(1, 1)).unwrap();
     let mut lines = CollectLines::default();

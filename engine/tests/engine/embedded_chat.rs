@@ -26,8 +26,11 @@ fn every_conversation_of_the_embedded_data_renders_and_tokenizes_back_to_its_ids
     let dir = tiny_target_dir();
     let encoder = encoder(dir.path());
     let cfg = embedded::tiny_target_config();
-    let (samples, _) =
-        embedded::tiny_samples(cfg.vocab_size(), embedded::tiny_train_config().max_len).unwrap();
+    let (samples, _) = embedded::tiny_samples(
+        cfg.vocab_size(),
+        embedded::tiny_train_config().training.max_length,
+    )
+    .unwrap();
     for (i, sample) in samples.iter().enumerate() {
         let line = tiny_chat_line(&sample.input_ids, encoder.tokenizer()).unwrap();
         let encoded = encoder.encode_line(&line).unwrap().sample;
@@ -84,8 +87,11 @@ fn a_regenerated_row_holds_exactly_the_targets_greedy_reply() {
         seed: 0,
     };
     let cfg = embedded::tiny_target_config();
-    let (samples, _) =
-        embedded::tiny_samples(cfg.vocab_size(), embedded::tiny_train_config().max_len).unwrap();
+    let (samples, _) = embedded::tiny_samples(
+        cfg.vocab_size(),
+        embedded::tiny_train_config().training.max_length,
+    )
+    .unwrap();
     // Single-turn conversations: the whole reply follows one prompt.
     let single: Vec<_> = samples
         .iter()

@@ -48,7 +48,7 @@ fn the_embedded_target_predicts_the_supervised_tokens_as_the_readme_states() {
     assert_eq!(target.config(), &embedded::tiny_target_config());
     let (samples, _) = embedded::tiny_samples(
         target.config().vocab_size(),
-        embedded::tiny_train_config().max_len,
+        embedded::tiny_train_config().training.max_length,
     )
     .unwrap();
     let (hits, total) = supervised_hits(&target, &samples[..ACCURACY_SAMPLES]);
@@ -128,7 +128,7 @@ fn the_held_out_prompts_are_new_prompts_of_the_tiny_language() {
     const ASSISTANT_HEADER: i64 = 4;
     let (samples, _) = embedded::tiny_samples(
         embedded::tiny_target_config().vocab_size(),
-        embedded::tiny_train_config().max_len,
+        embedded::tiny_train_config().training.max_length,
     )
     .unwrap();
     // Every prefix of a training conversation that ends where a response starts.

@@ -11,14 +11,15 @@ fn embedded_default_loss_falls_and_tau_rises() {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0; // evaluated explicitly below
-                        // online: after the 100th step (the cadence's), and explicitly before the first
-    cfg.online_eval_every = 100;
-    cfg.online_eval_max_prompts = 6;
-    cfg.online_eval_max_new_tokens = 32;
-    cfg.online_eval_tree_budgets = vec![8];
-    cfg.serve_tree_budget = 8;
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    cfg.training.eval_every = 0; // evaluated explicitly below
+                                 // online: after the 100th step (the cadence's), and explicitly before the first
+    cfg.training.online_eval_every = Some(100);
+    cfg.training.online_eval_max_prompts = 6;
+    cfg.training.online_eval_max_new_tokens = 32;
+    cfg.training.online_eval_tree_budgets = vec![8];
+    cfg.training.serve_tree_budget = 8;
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let drafter_cfg = embedded::tiny_drafter_config(target.config());
     let mut trainer = Trainer::build(TrainerSpec {
         online_prompts: Some(OnlinePrompts {

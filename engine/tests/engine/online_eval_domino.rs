@@ -21,14 +21,15 @@ fn trainer(head: DrafterHead, steps: u64) -> Trainer {
     let mut drafter = embedded::tiny_drafter_config(target.config());
     drafter.head = head;
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    cfg.online_eval_every = 0; // evaluated explicitly below
-    cfg.online_eval_max_prompts = PROMPTS;
-    cfg.online_eval_max_new_tokens = NEW_TOKENS;
-    cfg.online_eval_tree_budgets = vec![8];
+    cfg.training.eval_every = 0;
+    cfg.training.online_eval_every = Some(0); // evaluated explicitly below
+    cfg.training.online_eval_max_prompts = PROMPTS;
+    cfg.training.online_eval_max_new_tokens = NEW_TOKENS;
+    cfg.training.online_eval_tree_budgets = vec![8];
     // the correction trains from the first step, so after a few steps it moves the drafts
-    cfg.lambda_base_start = 0.0;
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    cfg.training.lambda_base_start = 0.0;
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let mut trainer = Trainer::build(TrainerSpec {
         online_prompts: Some(OnlinePrompts {
             prompts: embedded::tiny_heldout_prompts(),

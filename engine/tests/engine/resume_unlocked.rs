@@ -14,18 +14,18 @@ use tch::Device;
 fn trainer(cfg: TrainConfig, edit_drafter: impl FnOnce(&mut DrafterConfig)) -> Trainer {
     tch::set_num_threads(1);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-    let (samples, _) = embedded::tiny_samples(target.config().vocab_size(), cfg.max_len).unwrap();
+    let (samples, _) =
+        embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length).unwrap();
     let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
     edit_drafter(&mut drafter_cfg);
     Trainer::new(target, drafter_cfg, samples, cfg, Device::Cpu).unwrap()
 }
 
 fn small() -> TrainConfig {
-    TrainConfig {
-        eval_every: 0,
-        batch_size: 2,
-        ..embedded::tiny_train_config()
-    }
+    let mut cfg = embedded::tiny_train_config();
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = 2;
+    cfg
 }
 
 /// A checkpoint after 2 steps, and the weights it holds.
@@ -60,31 +60,27 @@ fn unlocked_changes_carry_the_checkpoint_over_and_locked_ones_say_how_to_unlock(
     assert_ne!(moved, taps, "the test moves the taps");
 
     type Edit = Box<dyn Fn(&mut DrafterConfig)>;
+    let with = |edit: &dyn Fn(&mut TrainConfig)| {
+        let mut cfg = base.clone();
+        edit(&mut cfg);
+        cfg
+    };
     let cases: Vec<(&str, TrainConfig, Edit, &str)> = vec![
         (
             "training.epochs",
-            TrainConfig {
-                epochs: base.epochs + 2,
-                ..base.clone()
-            },
+            with(&|c| c.training.epochs += 2),
             Box::new(|_| {}),
-            "`epochs`",
+            "`training.epochs`",
         ),
         (
             "training.num_anchors",
-            TrainConfig {
-                num_anchors: base.num_anchors / 2,
-                ..base.clone()
-            },
+            with(&|c| c.training.num_anchors /= 2),
             Box::new(|_| {}),
-            "`num_anchors`",
+            "`training.num_anchors`",
         ),
         (
             "drafter.block_size",
-            TrainConfig {
-                gamma: None,
-                ..base.clone()
-            },
+            with(&|c| c.gamma = None),
             Box::new(|d| d.block_size *= 2),
             "`block_size`",
         ),
@@ -131,13 +127,9 @@ fn unlocked_changes_carry_the_checkpoint_over_and_locked_ones_say_how_to_unlock(
 fn epochs_unlocked_recompute_the_schedule_from_the_new_total() {
     let (_dir, ckpt, _) = checkpointed();
     let six = trainer(small(), |_| {}).total_steps();
-    let mut more = trainer(
-        TrainConfig {
-            epochs: small().epochs * 2,
-            ..small()
-        },
-        |_| {},
-    );
+    let mut cfg = small();
+    cfg.training.epochs *= 2;
+    let mut more = trainer(cfg, |_| {});
     more.restore_checkpoint_unlocked(&ckpt, &keys(&["training.epochs"]))
         .unwrap();
     assert_eq!(more.total_steps(), six * 2);

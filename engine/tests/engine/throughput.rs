@@ -15,7 +15,7 @@ fn steps_report_draft_positions_and_mfu_against_the_measured_cpu_peak() {
     within(Duration::from_secs(120), || {
         let mut t = trainer(config(4, 1), cpu_topology(1, 1));
         let block = t.drafter_config().block_size as f64;
-        let most = (4 * t.config().num_anchors) as f64 * block;
+        let most = (4 * t.config().training.num_anchors) as f64 * block;
 
         // No peak set: tokens and positions, but no MFU (never a guessed one).
         let m = t.train_step().unwrap();

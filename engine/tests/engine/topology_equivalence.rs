@@ -100,7 +100,7 @@ fn two_plus_two_trains_dpace_exactly_as_one_device_does() {
     within(Duration::from_secs(120), || {
         let dpace = |batch, accum| {
             let mut cfg = config(batch, accum);
-            cfg.objective = Objective::Dpace;
+            cfg.training.objective = Objective::Dpace;
             cfg
         };
         let mut single = trainer(dpace(4, 2), cpu_topology(1, 1));

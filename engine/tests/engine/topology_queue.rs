@@ -15,7 +15,7 @@ fn drafter_bound_producers_block_at_the_high_watermark() {
     within(Duration::from_secs(90), || {
         // Two target workers feed one drafter that trains 4x the tiny default's anchors.
         let mut cfg = config(4, 1);
-        cfg.num_anchors = 64;
+        cfg.training.num_anchors = 64;
         let mut topo = cpu_topology(2, 1);
         topo.queue = QueueConfig {
             capacity: 2,
@@ -86,7 +86,7 @@ fn target_bound_consumers_starve_and_wait() {
     within(Duration::from_secs(90), || {
         // One target worker feeds two drafter ranks that each train a single anchor per row.
         let mut cfg = config(4, 1);
-        cfg.num_anchors = 1;
+        cfg.training.num_anchors = 1;
         let mut t = trainer(cfg, cpu_topology(1, 2));
         let mut queue_wait = 0.0;
         for _ in 0..5 {

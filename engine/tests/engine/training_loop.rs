@@ -63,9 +63,9 @@ impl RunHooks for StopAt {
 #[test]
 fn the_loop_evaluates_and_checkpoints_on_its_cadence_and_saves_the_rest_when_stopped() {
     let mut cfg = config(4, 1);
-    cfg.eval_every = 3;
-    cfg.checkpoint_every = 2;
-    cfg.eval_max_samples = 4;
+    cfg.training.eval_every = 3;
+    cfg.training.checkpoint_every = 2;
+    cfg.training.eval_max_samples = 4;
     let mut t = one_device(cfg);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("checkpoints");
@@ -105,7 +105,7 @@ fn the_loop_evaluates_and_checkpoints_on_its_cadence_and_saves_the_rest_when_sto
 #[test]
 fn a_stop_without_checkpoint_leaves_the_unsaved_steps_unsaved() {
     let mut cfg = config(4, 1);
-    cfg.checkpoint_every = 2;
+    cfg.training.checkpoint_every = 2;
     let mut t = one_device(cfg);
     let dir = tempfile::tempdir().unwrap();
     let opts = RunOptions {
@@ -127,8 +127,8 @@ fn a_stop_without_checkpoint_leaves_the_unsaved_steps_unsaved() {
 #[test]
 fn the_evaluation_line_is_its_own_type_and_reads_as_an_evaluation_on_the_wire() {
     let mut cfg = config(4, 1);
-    cfg.eval_every = 100;
-    cfg.eval_max_samples = 4;
+    cfg.training.eval_every = 100;
+    cfg.training.eval_max_samples = 4;
     let mut t = one_device(cfg);
     let mut lines = CollectLines::default();
     let opts = RunOptions {
@@ -151,25 +151,25 @@ fn the_evaluation_line_is_its_own_type_and_reads_as_an_evaluation_on_the_wire() 
 #[test]
 fn stopping_and_resuming_through_the_loop_lands_where_a_straight_run_lands() {
     let mut cfg = config(4, 1);
-    cfg.checkpoint_every = 4;
+    cfg.training.checkpoint_every = 4;
     resume_lands_where_a_straight_run_lands(cfg);
 }
 
 #[test]
 fn a_dpace_run_resumes_bit_for_bit_too() {
     let mut cfg = config(4, 1);
-    cfg.checkpoint_every = 4;
-    cfg.objective = Objective::Dpace;
-    cfg.dpace_alpha = 0.5;
+    cfg.training.checkpoint_every = 4;
+    cfg.training.objective = Objective::Dpace;
+    cfg.training.dpace_alpha = 0.5;
     resume_lands_where_a_straight_run_lands(cfg);
 }
 
 #[test]
 fn a_tree_objective_run_resumes_bit_for_bit_with_either_head() {
     let mut cfg = config(4, 1);
-    cfg.checkpoint_every = 4;
-    cfg.objective = Objective::Tree;
-    cfg.tree.budget = 8;
+    cfg.training.checkpoint_every = 4;
+    cfg.training.objective = Objective::Tree;
+    cfg.training.tree.budget = Some(8);
     resume_lands_where_a_straight_run_lands(cfg.clone());
     resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
 }
@@ -190,8 +190,8 @@ fn one_domino_device(cfg: TrainConfig) -> Trainer {
 #[test]
 fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_objective() {
     let mut cfg = config(4, 1);
-    cfg.checkpoint_every = 4;
-    cfg.lambda_base_start = 0.8;
+    cfg.training.checkpoint_every = 4;
+    cfg.training.lambda_base_start = 0.8;
     let mut lines = CollectLines::default();
     let mut trainer = one_domino_device(cfg.clone());
     trainer
@@ -204,7 +204,7 @@ fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_obje
         )
         .unwrap();
     let total = trainer.total_steps() as f64;
-    let decay_steps = (total * cfg.lambda_base_decay_ratio).floor();
+    let decay_steps = (total * cfg.training.lambda_base_decay_ratio).floor();
     for (i, line) in lines.steps.iter().enumerate() {
         let d = line.domino.expect("a Domino step reports its curriculum");
         let expected = 0.8 * (1.0 - i as f64 / decay_steps);
@@ -233,7 +233,7 @@ fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_obje
     }
 
     resume_lands_where_a_straight_run_lands_with(cfg.clone(), one_domino_device);
-    cfg.objective = Objective::Dpace;
+    cfg.training.objective = Objective::Dpace;
     resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
 }
 

@@ -165,7 +165,7 @@ pub fn run_checks(
         &samples,
     );
     let mut train_cfg = run_config::train_config(cfg, samples.len());
-    train_cfg.online_eval_prompts = online_prompts_path;
+    train_cfg.training.online_eval_prompts = online_prompts_path;
     Ok(Some(Checked {
         topology,
         topology_note,

@@ -202,7 +202,7 @@ pub fn build(
     let job = match node {
         Some(node) => Some(node.job.membership(
             &topology.drafter_devices,
-            train_cfg.grad_accum,
+            train_cfg.training.grad_accum,
             cfg.detectors.straggler.behind_frac,
             node.journal,
         )?),

@@ -112,12 +112,13 @@ pub(super) fn schedule_for(
     source: &MicroSource,
     assignment: MicroBatchAssignment,
 ) -> WarmupCosine {
-    let epoch_micro = u64::from(cfg.epochs) * source.batches_per_epoch();
+    let epoch_micro = u64::from(cfg.training.epochs) * source.batches_per_epoch();
     let epoch_steps = epoch_micro.div_ceil(assignment.micro_per_step());
     let total_steps = cfg
+        .training
         .max_steps
         .map_or(epoch_steps, |cap| cap.min(epoch_steps));
-    WarmupCosine::new(cfg.lr, total_steps, cfg.warmup_ratio)
+    WarmupCosine::new(cfg.training.lr, total_steps, cfg.training.warmup_ratio)
 }
 
 impl Trainer {
@@ -176,7 +177,6 @@ impl Trainer {
             online_prompts,
             job,
         } = spec;
-        cfg.validate()?;
         drafter_cfg.validate("drafter config")?;
         check_fit(&target, &drafter_cfg)?;
         topology.validate()?;
@@ -189,7 +189,7 @@ impl Trainer {
             target.embed_tokens(),
             target.lm_head(),
             device,
-            cfg.adamw.clone(),
+            cfg.adamw(),
             cfg.seed,
         );
         let inline = topology.is_inline();
@@ -205,9 +205,9 @@ impl Trainer {
         let mut rank0 = RankState::new(
             id,
             replica,
-            cfg.attention,
-            cfg.loss_chunk_positions,
-            cfg.activation_checkpointing,
+            cfg.training.attention,
+            cfg.training.loss_chunk_positions as i64,
+            cfg.training.activation_checkpointing,
         );
         rank0.objective = cfg.loss_objective();
         let bs = drafter_cfg.block_size as usize;
@@ -220,7 +220,7 @@ impl Trainer {
         ));
         let assignment = MicroBatchAssignment {
             ranks: topology.drafter_devices.len(),
-            accum: cfg.grad_accum,
+            accum: cfg.training.grad_accum,
         };
         let schedule = schedule_for(&cfg, &source, assignment);
         let cluster = if inline {
@@ -228,7 +228,7 @@ impl Trainer {
         } else {
             Some(Cluster::start(
                 &topology,
-                cfg.grad_accum,
+                cfg.training.grad_accum,
                 &target,
                 Arc::clone(&source),
                 drafter_cfg.target_layer_ids.clone(),

@@ -44,7 +44,7 @@ impl Trainer {
         let dir = w.commit()?;
         checkpoint::prune(
             root,
-            self.config().keep_checkpoints,
+            self.config().training.keep_checkpoints,
             self.best.map(|b| b.step),
         )?;
         Ok(dir)
@@ -90,7 +90,7 @@ impl Trainer {
         }
         let per_step = state
             .micro_batches_per_step
-            .unwrap_or(state.config.grad_accum as u64);
+            .unwrap_or(state.config.training.grad_accum as u64);
         if per_step != self.assignment().micro_per_step() {
             return Err(incompatible(format!(
                 "the global batch differs: the checkpoint trained {per_step} micro-batches per step, \

@@ -178,7 +178,7 @@ impl Trainer {
     /// The epoch the next step trains on, counted from 1 as operators do; the last epoch once
     /// the run is complete.
     pub fn epoch_in_progress(&self) -> u32 {
-        (self.data_position().epoch + 1).min(self.config().epochs)
+        (self.data_position().epoch + 1).min(self.config().training.epochs)
     }
 
     pub fn split(&self) -> &HoldoutSplit {
@@ -413,8 +413,8 @@ impl Trainer {
             Some(_) => lambda_base(
                 self.step,
                 self.schedule.total_steps,
-                self.cfg.lambda_base_start,
-                self.cfg.lambda_base_decay_ratio,
+                self.cfg.training.lambda_base_start,
+                self.cfg.training.lambda_base_decay_ratio,
             ),
             None => 0.0,
         }
@@ -423,25 +423,25 @@ impl Trainer {
     pub fn eval_options(&self) -> EvalOptions {
         let bs = self.drafter_cfg.block_size as usize;
         EvalOptions {
-            anchors_per_forward: self.cfg.eval_anchors_per_forward,
-            rows_per_forward: self.cfg.batch_size,
+            anchors_per_forward: self.cfg.training.eval_anchors_per_forward,
+            rows_per_forward: self.cfg.training.batch_size,
             gamma: self.cfg.gamma_for(bs),
-            rule: self.cfg.label_mask_rule,
-            chunk_positions: self.cfg.loss_chunk_positions,
-            backend: self.cfg.attention,
-            dpace_alpha: self.cfg.dpace_alpha,
-            tree_budgets: self.cfg.online_eval_tree_budgets.clone(),
-            serve_tree_budget: Some(self.cfg.serve_tree_budget),
-            tree_block_subsample: self.cfg.eval_tree_block_subsample,
+            rule: self.cfg.label_mask_rule(),
+            chunk_positions: self.cfg.training.loss_chunk_positions as i64,
+            backend: self.cfg.training.attention,
+            dpace_alpha: self.cfg.training.dpace_alpha,
+            tree_budgets: self.cfg.training.online_eval_tree_budgets.clone(),
+            serve_tree_budget: Some(self.cfg.training.serve_tree_budget),
+            tree_block_subsample: self.cfg.training.eval_tree_block_subsample,
         }
     }
 
     /// Evaluates on the held-out split (`None` when nothing is held out).
     pub fn evaluate_held_out(&self) -> Result<Option<EvalReport>, TrainError> {
-        let limit = if self.cfg.eval_max_samples == 0 {
+        let limit = if self.cfg.training.eval_max_samples == 0 {
             usize::MAX
         } else {
-            self.cfg.eval_max_samples
+            self.cfg.training.eval_max_samples
         };
         let held: Vec<&Sample> = self
             .split
@@ -546,8 +546,8 @@ impl Trainer {
     /// Makes this step the best when its online evaluation beats the best so far
     /// (`BestSoFar::beats`); whether it did.
     fn judge_best(&mut self, online: Option<&OnlineAcceptance>) -> bool {
-        let candidate =
-            online.and_then(|o| BestSoFar::candidate(self.step, o, self.cfg.serve_tree_budget));
+        let candidate = online
+            .and_then(|o| BestSoFar::candidate(self.step, o, self.cfg.training.serve_tree_budget));
         match candidate {
             Some(c) if c.beats(self.best.as_ref()) => {
                 self.best = Some(c);

@@ -93,10 +93,10 @@ impl Trainer {
             ));
         }
         let assignment = shard.global_assignment();
-        if assignment.accum != self.cfg.grad_accum {
+        if assignment.accum != self.cfg.training.grad_accum {
             return bad(format!(
                 "the shard trains {} micro-batches a step per worker, training.grad_accum is {}",
-                assignment.accum, self.cfg.grad_accum
+                assignment.accum, self.cfg.training.grad_accum
             ));
         }
         let endpoints = open_group()?;

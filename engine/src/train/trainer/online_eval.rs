@@ -22,6 +22,7 @@ impl Trainer {
         std::iter::once(Method::Chain)
             .chain(
                 self.config()
+                    .training
                     .online_eval_tree_budgets
                     .iter()
                     .map(|&budget| Method::Tree { budget }),
@@ -39,12 +40,15 @@ impl Trainer {
         let Some(set) = self.online_prompts() else {
             return Ok(None);
         };
-        let count = set.prompts.len().min(self.config().online_eval_max_prompts);
+        let count = set
+            .prompts
+            .len()
+            .min(self.config().training.online_eval_max_prompts);
         if count == 0 {
             return Ok(None);
         }
         let settings = Settings {
-            max_new_tokens: self.config().online_eval_max_new_tokens,
+            max_new_tokens: self.config().training.online_eval_max_new_tokens,
             stop_tokens: set.stop_tokens.clone(),
             sampling: Sampling::Greedy,
             seed: 0,
@@ -78,7 +82,7 @@ impl Trainer {
         Ok(Some(OnlineAcceptance {
             tau_chain,
             tau_ddtree,
-            serve_tree_budget: Some(self.config().serve_tree_budget),
+            serve_tree_budget: Some(self.config().training.serve_tree_budget),
             offline_tau,
             base,
             prompts: count,

@@ -27,16 +27,16 @@ pub fn cpu_topology(targets: usize, drafters: usize) -> TopologySpec {
 /// The embedded default's config, no evaluation, `batch_size` sequences per micro-batch.
 pub fn config(batch_size: usize, grad_accum: usize) -> TrainConfig {
     let mut cfg = embedded::tiny_train_config();
-    cfg.eval_every = 0;
-    cfg.batch_size = batch_size;
-    cfg.grad_accum = grad_accum;
+    cfg.training.eval_every = 0;
+    cfg.training.batch_size = batch_size;
+    cfg.training.grad_accum = grad_accum;
     cfg
 }
 
 pub fn tiny_samples() -> Vec<Sample> {
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let cfg = embedded::tiny_train_config();
-    embedded::tiny_samples(target.config().vocab_size(), cfg.max_len)
+    embedded::tiny_samples(target.config().vocab_size(), cfg.training.max_length)
         .unwrap()
         .0
 }
