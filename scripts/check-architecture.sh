@@ -166,6 +166,16 @@ done
 
 tui_rule cmd "" "cmd/ is the top floor"
 
+# --- dflash-bench: the harness's modules, and objectives/ (the tournament) beside them. The
+# tournament stands on stats and error alone, and only report.rs (its tables) reads it.
+bench_modules=$(for path in bench/src/*; do basename "$path" .rs; done | grep -vx 'lib\|main\|stats\|error\|objectives' | tr '\n' ' ')
+rule bench/src/objectives "$bench_modules" \
+  "objectives/ (the tournament) uses only stats and error of the harness"
+for path in bench/src/*.rs; do
+  [ "$path" = bench/src/report.rs ] && continue
+  rule "$path" "objectives" "only report.rs (and main.rs) reads objectives/"
+done
+
 # A module no rule above names would go unchecked: every module file or folder must be on a floor.
 for crate in shared tui; do
   placed_var="${crate}_placed"
