@@ -107,14 +107,17 @@ engine_rule regenerate "files device model data decode" \
 # --- dflash-shared, bottom up: the vocabulary (metrics, job, format, clock, run_dir, ...) →
 # events/ (their words too) → health/ → config/ → launch/ → status → protocol/, run_end →
 # recording. A module is a file and, where it has one, the folder beside it.
-shared_rule() { # MODULE FORBIDDEN RULE_TEXT (a module may always use itself)
-  local root forbidden=" $2 "
-  forbidden=${forbidden// $1 / }
-  shared_placed+=" $1 "
-  for root in "shared/src/$1.rs" "shared/src/$1"; do
-    if [ -e "$root" ]; then rule "$root" "$forbidden" "$3"; fi
+# module_rule CRATE MODULE FORBIDDEN RULE_TEXT: the module's file and folder under CRATE/src may
+# not import FORBIDDEN (a module may always use itself); the module counts as placed.
+module_rule() {
+  local crate=$1 module=$2 root forbidden=" $3 " placed_var="${1}_placed"
+  forbidden=${forbidden// $module / }
+  printf -v "$placed_var" '%s %s ' "${!placed_var}" "$module"
+  for root in "$crate/src/$module.rs" "$crate/src/$module"; do
+    if [ -e "$root" ]; then rule "$root" "$forbidden" "$4"; fi
   done
 }
+shared_rule() { module_rule shared "$@"; }
 shared_placed=" lib "
 shared_above_vocabulary="events health config launch status protocol run_end recording"
 for module in serde_util job metrics clock format actions last_run socket_path run_dir \
@@ -140,14 +143,7 @@ shared_rule recording "" "recording is the top floor"
 # --- dflash-tui: cmd/ → console, terminal → ui/, feed, report/, replay → app/ → client/ →
 # paths, actions, fmt
 tui_placed=" lib main "
-tui_rule() { # MODULE FORBIDDEN RULE_TEXT (a module may always use itself)
-  local root forbidden=" $2 "
-  forbidden=${forbidden// $1 / }
-  tui_placed+=" $1 "
-  for root in "tui/src/$1.rs" "tui/src/$1"; do
-    if [ -e "$root" ]; then rule "$root" "$forbidden" "$3"; fi
-  done
-}
+tui_rule() { module_rule tui "$@"; }
 for module in paths actions fmt; do
   tui_rule "$module" "client app ui feed report replay console terminal cmd paths actions fmt" \
     "inside dflash-tui paths, actions and fmt are the floor: they import no other module of the console"
