@@ -12,7 +12,6 @@ use dflash_shared::protocol::Response;
 use dflash_shared::recording::RecordedFrame;
 use dflash_tui::app::{App, AppEvent, Source};
 use dflash_tui::client::supervisor::LinkEvent;
-use dflash_tui::client::Welcome;
 use dflash_tui::fmt::DisplayClock;
 use support::incident::{self, at};
 use support::screen::{self, redacted, render, replayed, HEIGHT, WIDTH};
@@ -194,23 +193,7 @@ fn when_samples_resume_the_chart_shows_the_gap_not_a_ramp_across_it() {
 #[test]
 fn attached_the_header_says_what_the_daemon_last_said_once_it_is_gone() {
     let frames = until_the_crash();
-    let mut app = App::new(
-        Source::Live {
-            socket: "/run/user/1000/dflash/dflashd.sock".into(),
-        },
-        false,
-        frames[0].ts_ms,
-        DisplayClock::utc(),
-    );
-    app.handle(AppEvent::Link(LinkEvent::Connected(Welcome {
-        version: 1,
-        run_name: incident::RUN_NAME.into(),
-        daemon_pid: 4242,
-    })));
-    for frame in frames {
-        app.handle(AppEvent::Tick(frame.ts_ms));
-        app.handle(AppEvent::Link(LinkEvent::Frame(frame.frame)));
-    }
+    let mut app = incident::live_from(frames, false);
     // The daemon goes; the wall clock moves on a second at a time (`terminal::spawn_ticker`).
     app.handle(AppEvent::Link(LinkEvent::Lost {
         reason: "connection reset by peer".into(),

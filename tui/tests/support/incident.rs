@@ -28,6 +28,10 @@ use dflash_shared::recording::RecordedFrame;
 use dflash_shared::status::{
     CheckpointInfo, RunInfo, RunObjective, RunState, StatusSnapshot, Throughput,
 };
+use dflash_tui::app::{App, AppEvent, Source};
+use dflash_tui::client::supervisor::LinkEvent;
+use dflash_tui::client::Welcome;
+use dflash_tui::fmt::DisplayClock;
 
 pub const SEED: u64 = 0x2026_0314_2103;
 pub const RUN_NAME: &str = "qwen36-27b-dflash";
@@ -510,4 +514,29 @@ pub fn to_jsonl(frames: &[RecordedFrame]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The socket path the console tests attach to (redacted nowhere: it is the XDG default's shape).
+pub const SOCKET: &str = "/run/user/1000/dflash/dflashd.sock";
+
+/// A console attached over the socket that has received `frames`.
+pub fn live_from(frames: Vec<RecordedFrame>, read_only: bool) -> App {
+    let mut app = App::new(
+        Source::Live {
+            socket: SOCKET.into(),
+        },
+        read_only,
+        frames[0].ts_ms,
+        DisplayClock::utc(),
+    );
+    app.handle(AppEvent::Link(LinkEvent::Connected(Welcome {
+        version: 1,
+        run_name: RUN_NAME.into(),
+        daemon_pid: 4242,
+    })));
+    for frame in frames {
+        app.handle(AppEvent::Tick(frame.ts_ms));
+        app.handle(AppEvent::Link(LinkEvent::Frame(frame.frame)));
+    }
+    app
 }

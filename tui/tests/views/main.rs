@@ -18,12 +18,9 @@ use dflash_shared::protocol::{Request, Response};
 use dflash_shared::recording::RecordedFrame;
 use dflash_tui::app::{App, AppEvent, Effect, Source, View};
 use dflash_tui::client::supervisor::LinkEvent;
-use dflash_tui::client::Welcome;
 use dflash_tui::fmt::DisplayClock;
-use support::incident;
+use support::incident::{self, live_from, SOCKET};
 use support::screen::{self, redacted, render, HEIGHT, WIDTH};
-
-const SOCKET: &str = "/run/user/1000/dflash/dflashd.sock";
 
 fn key(c: char) -> AppEvent {
     AppEvent::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
@@ -35,28 +32,6 @@ fn code(code: KeyCode) -> AppEvent {
 
 fn live(read_only: bool) -> App {
     live_from(incident::generate(incident::SEED), read_only)
-}
-
-/// A console attached over the socket that has received `frames`.
-fn live_from(frames: Vec<RecordedFrame>, read_only: bool) -> App {
-    let mut app = App::new(
-        Source::Live {
-            socket: SOCKET.into(),
-        },
-        read_only,
-        frames[0].ts_ms,
-        DisplayClock::utc(),
-    );
-    app.handle(AppEvent::Link(LinkEvent::Connected(Welcome {
-        version: 1,
-        run_name: incident::RUN_NAME.into(),
-        daemon_pid: 4242,
-    })));
-    for frame in frames {
-        app.handle(AppEvent::Tick(frame.ts_ms));
-        app.handle(AppEvent::Link(LinkEvent::Frame(frame.frame)));
-    }
-    app
 }
 
 fn snapshot(name: &str, app: &App) {
