@@ -93,11 +93,12 @@ pub fn objective_words(objective: Option<&RunObjective>) -> String {
     format!("objective: {what}")
 }
 
-/// "DFlash", "Domino": the drafter head by its paper's name.
+/// "DFlash", "Domino", "DSpark": the drafter head by its paper's name.
 pub fn head_name(head: DrafterHead) -> &'static str {
     match head {
         DrafterHead::Dflash => "DFlash",
         DrafterHead::Domino => "Domino",
+        DrafterHead::Dspark => "DSpark",
     }
 }
 
@@ -511,8 +512,8 @@ mod tests {
     #[test]
     fn an_objective_or_head_this_build_does_not_know_reads_as_unknown_not_as_a_lost_frame() {
         let mut value = serde_json::to_value(snapshot()).unwrap();
-        value["run"]["objective"] = serde_json::json!({"objective": "dspark"});
-        value["run"]["drafter_head"] = serde_json::json!("dspark");
+        value["run"]["objective"] = serde_json::json!({"objective": "medusa"});
+        value["run"]["drafter_head"] = serde_json::json!("medusa");
         let read: StatusSnapshot = serde_json::from_value(value).unwrap();
         assert_eq!((read.run.objective, read.run.drafter_head), (None, None));
         assert_eq!(read.run.name, "r");

@@ -2,11 +2,11 @@
 //! training hyper-parameters and the drafter architecture. The embedded default is the same
 //! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
 use dflash_shared::config::{
-    Config, DrafterHead as CfgHead, DrafterSection, LayerType as CfgLayerType,
+    Config, DrafterHead as CfgHead, DrafterSection, LayerType as CfgLayerType, DEFAULT_MARKOV_RANK,
 };
 
 use super::config::TrainConfig;
-use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, LayerType};
+use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, DsparkConfig, LayerType};
 use crate::model::target::TargetConfig;
 
 /// `[training]`, `[run].seed`, γ and the held-out count of `[data]` for `n_samples` samples.
@@ -62,6 +62,17 @@ fn drafter_head(d: &DrafterSection) -> DrafterHead {
             gru_hidden_dim: d.gru_hidden_dim.unwrap_or(0) as i64,
             pure_draft_prefix_len: d.pure_draft_prefix_len.unwrap_or(0) as i64,
         }),
+        CfgHead::Dspark => {
+            let markov_rank = d.markov_rank.unwrap_or(DEFAULT_MARKOV_RANK) as i64;
+            DrafterHead::Dspark(DsparkConfig {
+                markov_rank,
+                markov_head_type: d.markov_head_type.unwrap_or_default(),
+                confidence_head: d.enable_confidence_head.unwrap_or(true),
+                confidence_head_with_markov: d
+                    .confidence_head_with_markov
+                    .unwrap_or(markov_rank > 0 && d.enable_confidence_head != Some(false)),
+            })
+        }
     }
 }
 
@@ -122,6 +133,32 @@ mod tests {
             ),
             (0.75, 0.25)
         );
+    }
+
+    #[test]
+    fn a_dspark_head_takes_specforges_configured_defaults() {
+        let mut cfg = Config::embedded_default();
+        cfg.drafter.head = CfgHead::Dspark;
+        cfg.drafter.emb_dim = None;
+        cfg.drafter.gru_hidden_dim = None;
+        cfg.drafter.pure_draft_prefix_len = None;
+        let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
+        drafter.validate("dspark").unwrap();
+        assert_eq!(
+            drafter.head,
+            DrafterHead::Dspark(DsparkConfig {
+                markov_rank: 256,
+                markov_head_type: dflash_shared::config::MarkovHeadType::Vanilla,
+                confidence_head: true,
+                confidence_head_with_markov: true,
+            })
+        );
+        // Without a Markov head the confidence head reads the hidden state alone.
+        cfg.drafter.markov_rank = Some(0);
+        let drafter = drafter_config(&cfg.drafter, &TargetConfig::tiny_default());
+        drafter.validate("dspark without a Markov head").unwrap();
+        let d = drafter.head.dspark().unwrap();
+        assert!(!d.has_markov_head() && d.confidence_head && !d.confidence_head_with_markov);
     }
 
     #[test]

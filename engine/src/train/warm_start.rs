@@ -123,6 +123,7 @@ pub(crate) fn head_name(head: &DrafterHead) -> &'static str {
     match head {
         DrafterHead::Dflash => "dflash",
         DrafterHead::Domino(_) => "domino",
+        DrafterHead::Dspark(_) => "dspark",
     }
 }
 

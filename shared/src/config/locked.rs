@@ -28,6 +28,13 @@ pub const EMB_DIM: &str = "drafter.emb_dim";
 pub const GRU_HIDDEN_DIM: &str = "drafter.gru_hidden_dim";
 pub const PURE_DRAFT_PREFIX_LEN: &str = "drafter.pure_draft_prefix_len";
 pub const SHIFT_LABEL: &str = "drafter.shift_label";
+pub const MARKOV_RANK: &str = "drafter.markov_rank";
+pub const MARKOV_HEAD_TYPE: &str = "drafter.markov_head_type";
+pub const ENABLE_CONFIDENCE_HEAD: &str = "drafter.enable_confidence_head";
+pub const CONFIDENCE_HEAD_WITH_MARKOV: &str = "drafter.confidence_head_with_markov";
+pub const DSPARK_CE: &str = "training.dspark.ce";
+pub const DSPARK_L1: &str = "training.dspark.l1";
+pub const DSPARK_CONFIDENCE: &str = "training.dspark.confidence";
 pub const LAMBDA_BASE_START: &str = "training.lambda_base_start";
 pub const LAMBDA_BASE_DECAY_RATIO: &str = "training.lambda_base_decay_ratio";
 pub const INIT_FROM: &str = "drafter.init_from";
@@ -46,14 +53,18 @@ pub static LOCKED_KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 pub static UNLOCKABLE_KEYS: LazyLock<Vec<&'static str>> =
     LazyLock::new(|| keys_on_resume(OnResume::Unlockable).collect());
 
-/// The Domino head's keys: its widths shape the drafter's weights, and the prefix and label
-/// shift decide which slots the correction trains.
-const HEAD_KEYS: [&str; 5] = [
+/// The head and its keys (Domino's and DSpark's): their widths shape the drafter's weights,
+/// and the prefix and label shift decide which slots the correction trains.
+const HEAD_KEYS: [&str; 9] = [
     HEAD,
     EMB_DIM,
     GRU_HIDDEN_DIM,
     PURE_DRAFT_PREFIX_LEN,
     SHIFT_LABEL,
+    MARKOV_RANK,
+    MARKOV_HEAD_TYPE,
+    ENABLE_CONFIDENCE_HEAD,
+    CONFIDENCE_HEAD_WITH_MARKOV,
 ];
 
 pub fn is_locked_key(key: &str) -> bool {
@@ -105,10 +116,11 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `drafter.head` and its Domino keys: the widths shape the GRU and `embed_proj`, the prefix
 ///   and label shift decide which slots the correction trains.
 /// - `training.lambda_base_start`, `training.lambda_base_decay_ratio`: Domino's curriculum.
-/// - `training.objective`, `training.dpace_alpha`, `training.tree.*`: the loss decides what the
-///   drafter is rewarded for and the scale of its gradient (DFlash averages per weighted
-///   position, D-PACE and the tree objective sum per sequence), so a run switching midway is
-///   neither experiment and its loss curve breaks at the switch. The engine refuses the checkpoint for the same reason.
+/// - `training.objective`, `training.dpace_alpha`, `training.tree.*`, `training.dspark.*`: the
+///   loss decides what the drafter is rewarded for and the scale of its gradient (DFlash
+///   averages per weighted position, D-PACE and the tree objective sum per sequence), so a run
+///   switching midway is neither experiment and its loss curve breaks at the switch. The
+///   engine refuses the checkpoint for the same reason.
 /// - `drafter.init_from`: where the run's weights started. A resume continues from its
 ///   checkpoint and never reads the key again, so another value could change nothing but the
 ///   record of where the weights came from.
@@ -134,8 +146,8 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
             ))
         }
         _ if HEAD_KEYS.contains(&key) && value_at(old, key) != value_at(new, key) => Some(format!(
-            "the drafter's head decides its weights (the Domino GRU and embed_proj widths) \
-                 and which slots its correction trains: the checkpoint cannot carry over. Keep \
+            "the drafter's head decides its weights (the Domino GRU and embed_proj widths, \
+                 the DSpark Markov and confidence heads) and which slots its correction trains: the checkpoint cannot carry over. Keep \
                  {key} = {}, or start a new run in another run dir",
             value_at(old, key)
         )),
@@ -147,7 +159,8 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
                 value_at(old, key)
             ))
         }
-        OBJECTIVE | DPACE_ALPHA | TREE_BUDGET | TREE_TEMPERATURE | TREE_LOSS
+        OBJECTIVE | DPACE_ALPHA | TREE_BUDGET | TREE_TEMPERATURE | TREE_LOSS | DSPARK_CE
+        | DSPARK_L1 | DSPARK_CONFIDENCE
             if value_at(old, key) != value_at(new, key) =>
         {
             Some(format!(

@@ -6,6 +6,7 @@
 pub mod bytesize;
 pub mod daemon_sections;
 pub mod device;
+pub mod dspark;
 mod error;
 pub mod keys;
 mod locate;
@@ -42,6 +43,7 @@ pub use sections::{
     DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 
+pub use dspark::{DsparkSection, MarkovHeadType, DEFAULT_MARKOV_RANK};
 pub use tree_objective::{TreeLoss, TreeSection, DEFAULT_TREE_TEMPERATURE};
 
 use error::{closest, translate_serde_message, Translated};

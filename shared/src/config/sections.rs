@@ -2,6 +2,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::device::Device;
+use super::dspark::{DsparkSection, MarkovHeadType};
 use super::tree_objective::TreeSection;
 
 /// `[run]`: what the run is called and where it lives.
@@ -86,9 +87,12 @@ pub struct DrafterSection {
     #[serde(default = "default_rms_norm_eps")]
     pub rms_norm_eps: f64,
     /// The drafter's output head: `"dflash"` (the target's LM head on the drafter's output)
-    /// or `"domino"` (Domino, arXiv 2605.29707: plus a GRU logit correction over the block's
-    /// previous tokens, SpecForge's `DominoDraftModel`). Locked for a run: it decides the
-    /// drafter's weights.
+    /// `"domino"` (Domino, arXiv 2605.29707: plus a GRU logit correction over the block's
+    /// previous tokens, SpecForge's `DominoDraftModel`) or `"dspark"` (SpecForge's
+    /// `DSparkDraftModel`: slot k drafts the token after anchor + k, a Markov head biases its
+    /// logits by the previous token, a confidence head predicts its acceptance, and the loss
+    /// distils the target's own distribution). Locked for a run: it decides the drafter's
+    /// weights.
     #[serde(default)]
     pub head: DrafterHead,
     /// Domino: width of `embed_proj`'s middle layer (SpecForge `dflash_config.emb_dim`;
@@ -108,6 +112,24 @@ pub struct DrafterSection {
     /// labels do not implement, so validation refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shift_label: Option<bool>,
+    /// DSpark: rank of the Markov head's bigram table (`markov_w1` `[V, r]`, `markov_w2`
+    /// `[V, r]`); 0 drafts without one (SpecForge `dflash_config.markov_rank`). Unset with
+    /// `head = "dspark"`: 256, SpecForge's checked-in DSpark configs. Refused with another head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markov_rank: Option<usize>,
+    /// DSpark: how the previous token biases a slot's logits, `"vanilla"`, `"gated"` or
+    /// `"rnn"` (SpecForge `dflash_config.markov_head_type`). Unset: `"vanilla"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markov_head_type: Option<MarkovHeadType>,
+    /// DSpark: a confidence head predicts each slot's acceptance probability (SpecForge
+    /// `dflash_config.enable_confidence_head`). Unset: true, as SpecForge's DSpark configs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_confidence_head: Option<bool>,
+    /// DSpark: the confidence head also reads the previous token's Markov embedding
+    /// (SpecForge `dflash_config.confidence_head_with_markov`; needs a Markov head). Unset:
+    /// true when there is a Markov head, as SpecForge's DSpark configs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_head_with_markov: Option<bool>,
     /// A drafter directory a fresh run starts from (a warm start) instead of random weights:
     /// `config.json` and `model.safetensors` (or its shards) as `dflashd export` writes them or
     /// SpecForge saves them, with a DFlash or a Domino head. Its config must match this
@@ -128,6 +150,8 @@ pub enum DrafterHead {
     Dflash,
     /// The LM head plus Domino's GRU logit correction on the slots after the pure-draft prefix.
     Domino,
+    /// DSpark: next-token slots, a Markov bias and a confidence head, trained by distillation.
+    Dspark,
 }
 
 impl DrafterHead {
@@ -136,6 +160,7 @@ impl DrafterHead {
         match self {
             DrafterHead::Dflash => "dflash",
             DrafterHead::Domino => "domino",
+            DrafterHead::Dspark => "dspark",
         }
     }
 }
@@ -222,6 +247,10 @@ pub struct TrainingSection {
     /// locked all the same.
     #[serde(skip_serializing_if = "TreeSection::is_default")]
     pub tree: TreeSection,
+    /// DSpark's loss weights (`[training.dspark]`). Read only with `drafter.head = "dspark"`;
+    /// locked all the same.
+    #[serde(skip_serializing_if = "DsparkSection::is_default")]
+    pub dspark: DsparkSection,
     /// Domino's base-anchored curriculum, `loss = (1−λ)·final + λ·base`: λ at step 0
     /// (SpecForge's `lambda_base_start`, default 1), in [0, 1]. Read only with
     /// `drafter.head = "domino"`; locked all the same.
@@ -373,6 +402,7 @@ impl Default for TrainingSection {
             objective: Objective::Dflash,
             dpace_alpha: DEFAULT_DPACE_ALPHA,
             tree: TreeSection::default(),
+            dspark: DsparkSection::default(),
             lambda_base_start: DEFAULT_LAMBDA_BASE_START,
             lambda_base_decay_ratio: DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             loss_decay_gamma: None,

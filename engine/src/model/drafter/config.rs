@@ -1,4 +1,5 @@
 //! Drafter hyper-parameters and their validation.
+pub use dflash_shared::config::MarkovHeadType;
 use thiserror::Error;
 
 /// Attention kind of one drafter layer (`layer_types` in the HF config).
@@ -85,8 +86,9 @@ pub struct DrafterConfig {
     pub num_target_layers: Option<usize>,
     /// Std of the `N(0, σ)` init of every linear weight (HF `initializer_range`).
     pub initializer_range: f64,
-    /// What turns the drafter's output into logits: the LM head alone, or with Domino's
-    /// correction (`dflash_config.projector_type = "domino"`).
+    /// What turns the drafter's output into logits: the LM head alone, with Domino's
+    /// correction (`dflash_config.projector_type = "domino"`), or DSpark's heads
+    /// (`projector_type = "dspark"`).
     pub head: DrafterHead,
 }
 
@@ -267,6 +269,22 @@ impl DrafterConfig {
                 );
             }
         }
+        if let Some(d) = self.head.dspark() {
+            if d.markov_rank < 0 {
+                return invalid(
+                    "dflash_config.markov_rank",
+                    "a non-negative integer (0: no Markov head)",
+                    d.markov_rank.to_string(),
+                );
+            }
+            if d.confidence_head_with_markov && !(d.confidence_head && d.markov_rank > 0) {
+                return invalid(
+                    "dflash_config.confidence_head_with_markov",
+                    "false unless there are a confidence head and a Markov head (markov_rank > 0)",
+                    "true".into(),
+                );
+            }
+        }
         if self.mask_token_id < 0 || self.mask_token_id >= self.vocab_size {
             return invalid(
                 "dflash_config.mask_token_id",
@@ -312,6 +330,26 @@ impl DominoConfig {
     }
 }
 
+/// DSpark's heads (SpecForge's `dflash_config` keys of `DSparkDraftModel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DsparkConfig {
+    /// `markov_rank`: rank of the Markov head's bigram table; 0: no Markov head.
+    pub markov_rank: i64,
+    /// `markov_head_type`.
+    pub markov_head_type: MarkovHeadType,
+    /// `enable_confidence_head`.
+    pub confidence_head: bool,
+    /// `confidence_head_with_markov`: the confidence head reads `[h ; W₁[prev]]`, not `h`.
+    pub confidence_head_with_markov: bool,
+}
+
+impl DsparkConfig {
+    /// Whether the drafter has a Markov head.
+    pub fn has_markov_head(&self) -> bool {
+        self.markov_rank > 0
+    }
+}
+
 /// What turns the drafter's hidden states into logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DrafterHead {
@@ -320,13 +358,23 @@ pub enum DrafterHead {
     Dflash,
     /// The LM head plus Domino's correction.
     Domino(DominoConfig),
+    /// The LM head plus DSpark's Markov bias, beside its confidence head; slot `k` drafts the
+    /// token after `anchor + k`.
+    Dspark(DsparkConfig),
 }
 
 impl DrafterHead {
     pub fn domino(&self) -> Option<&DominoConfig> {
         match self {
-            DrafterHead::Dflash => None,
             DrafterHead::Domino(c) => Some(c),
+            DrafterHead::Dflash | DrafterHead::Dspark(_) => None,
+        }
+    }
+
+    pub fn dspark(&self) -> Option<&DsparkConfig> {
+        match self {
+            DrafterHead::Dspark(c) => Some(c),
+            DrafterHead::Dflash | DrafterHead::Domino(_) => None,
         }
     }
 }

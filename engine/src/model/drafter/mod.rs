@@ -8,7 +8,9 @@ mod layer;
 mod model;
 
 pub use crate::model::attention::AttentionBackend;
-pub use config::{DominoConfig, DrafterConfig, DrafterError, DrafterHead, LayerType};
+pub use config::{
+    DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
+};
 pub use domino::DominoHead;
 pub use inference::DrafterCache;
 pub use model::{Drafter, DrafterInputs};

@@ -2,8 +2,9 @@
 use std::collections::BTreeSet;
 
 use super::{in_range, positive};
+use crate::config::dspark::DsparkSection;
 use crate::config::error::ConfigIssue;
-use crate::config::sections::{DrafterHead, LayerType};
+use crate::config::sections::{DrafterHead, LayerType, Objective};
 use crate::config::Config;
 
 pub(super) fn drafter(c: &Config, v: &mut Vec<ConfigIssue>) {
@@ -109,6 +110,74 @@ pub(super) fn drafter(c: &Config, v: &mut Vec<ConfigIssue>) {
         );
     }
     domino_head(c, v);
+    dspark_head(c, v);
+}
+
+/// The DSpark keys: each only with `head = "dspark"`, and the confidence head reading the
+/// Markov embedding only where there is a Markov head (SpecForge raises there too).
+fn dspark_head(c: &Config, v: &mut Vec<ConfigIssue>) {
+    let d = &c.drafter;
+    let dspark_keys = [
+        ("drafter.markov_rank", d.markov_rank.is_some()),
+        ("drafter.markov_head_type", d.markov_head_type.is_some()),
+        (
+            "drafter.enable_confidence_head",
+            d.enable_confidence_head.is_some(),
+        ),
+        (
+            "drafter.confidence_head_with_markov",
+            d.confidence_head_with_markov.is_some(),
+        ),
+    ];
+    if d.head != DrafterHead::Dspark {
+        for (key, set) in dspark_keys {
+            if set {
+                v.push(
+                    ConfigIssue::invalid(
+                        key,
+                        "no value unless drafter.head = \"dspark\"",
+                        "a value",
+                    )
+                    .with_hint("set drafter.head = \"dspark\", or remove the key"),
+                );
+            }
+        }
+        if c.training.dspark != DsparkSection::default() {
+            v.push(
+                ConfigIssue::invalid(
+                    "training.dspark",
+                    "no section unless drafter.head = \"dspark\"",
+                    "a section",
+                )
+                .with_hint("set drafter.head = \"dspark\", or remove [training.dspark]"),
+            );
+        }
+        return;
+    }
+    if d.confidence_head_with_markov == Some(true)
+        && (d.markov_rank == Some(0) || d.enable_confidence_head == Some(false))
+    {
+        v.push(
+            ConfigIssue::invalid(
+                "drafter.confidence_head_with_markov",
+                "false unless there are a confidence head and a Markov head \
+                 (drafter.enable_confidence_head, drafter.markov_rank > 0)",
+                true,
+            )
+            .with_hint("remove the key: it follows the two heads when unset"),
+        );
+    }
+    if c.training.objective != Objective::Dflash {
+        v.push(
+            ConfigIssue::invalid(
+                "training.objective",
+                "\"dflash\" with drafter.head = \"dspark\" (DSpark trains its own loss, \
+                 weighted by [training.dspark])",
+                format!("\"{}\"", c.training.objective.as_str()),
+            )
+            .with_hint("remove training.objective, or pick another head"),
+        );
+    }
 }
 
 /// `drafter.head` and the Domino keys: each Domino key only with `head = "domino"`, the two

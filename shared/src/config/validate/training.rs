@@ -177,6 +177,29 @@ fn objective(c: &Config, v: &mut Vec<ConfigIssue>) {
             );
         }
     }
+    let dspark = &t.dspark;
+    for (key, value) in [
+        ("training.dspark.ce", dspark.ce),
+        ("training.dspark.l1", dspark.l1),
+        ("training.dspark.confidence", dspark.confidence),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            v.push(
+                ConfigIssue::invalid(key, "a non-negative number", value)
+                    .with_hint("SpecForge weighs DSpark's terms ce 0.1, l1 0.9, confidence 1.0"),
+            );
+        }
+    }
+    if dspark.ce + dspark.l1 == 0.0 {
+        v.push(
+            ConfigIssue::invalid(
+                "training.dspark",
+                "a positive ce or l1 (with both 0 nothing trains the drafter's logits)",
+                "ce = 0, l1 = 0",
+            )
+            .with_hint("SpecForge weighs DSpark's terms ce 0.1, l1 0.9, confidence 1.0"),
+        );
+    }
     match t.loss_decay_gamma {
         Some(g) if !(g.is_finite() && g > 0.0) => {
             v.push(ConfigIssue::invalid(
