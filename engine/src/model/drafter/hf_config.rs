@@ -12,11 +12,17 @@
 //! `architectures: ["DominoDraftModel"]` and `dflash_config.projector_type = "domino"`,
 //! `emb_dim`, `gru_hidden_dim`, `pure_draft_prefix_len`, `shift_label`. SpecForge's recipe
 //! config names `DFlashDraftModel` with `projector_type = "domino"`; either reads as Domino.
+//! A DSpark drafter (`DSparkDraftModel`) is the layout with `projector_type = "dspark"`,
+//! `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`
+//! and `attention_mode` in `dflash_config`; SGLang's normalised copy (`Qwen3DSparkModel`, the
+//! keys at the top level) reads the same.
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::config::{DominoConfig, DrafterConfig, DrafterError, DrafterHead, LayerType};
+use super::config::{
+    DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
+};
 
 /// Qwen3Config defaults for keys that published drafter configs sometimes omit.
 const QWEN3_DEFAULT_MAX_POSITION_EMBEDDINGS: i64 = 32768;
@@ -280,32 +286,63 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// The head: Domino when `dflash_config.projector_type` is `"domino"` or the
-    /// architecture is `DominoDraftModel` (SpecForge fills the projector type in then), plain
-    /// DFlash when neither names one. Another projector (DSpark, …) is refused: its weights
+    /// Whether `architectures` lists `name`.
+    fn names_architecture(&self, name: &str) -> bool {
+        self.top("architectures")
+            .and_then(Value::as_array)
+            .is_some_and(|list| list.iter().any(|a| a.as_str() == Some(name)))
+    }
+
+    /// The head: the projector `dflash_config.projector_type` names (`"domino"`, `"dspark"`),
+    /// else the one the architecture names (SpecForge fills the projector type in from
+    /// `DominoDraftModel` / `DSparkDraftModel`; SGLang's `Qwen3DSparkModel` is DSpark with its
+    /// keys at the top level), else plain DFlash. An architecture and a projector that name
+    /// different heads, or a projector dflashd does not implement, are refused: its weights
     /// would be ignored.
     fn head(&self) -> Result<DrafterHead, DrafterError> {
-        let domino_architecture = self
-            .top("architectures")
-            .and_then(Value::as_array)
-            .is_some_and(|list| list.iter().any(|a| a.as_str() == Some("DominoDraftModel")));
-        let projector = self.dflash_value("projector_type");
-        match projector {
-            Some((_, v)) if v.as_str() == Some("domino") => {}
-            None if domino_architecture => {}
-            None => return Ok(DrafterHead::Dflash),
+        let architecture = if self.names_architecture("DominoDraftModel") {
+            Some(("DominoDraftModel", "domino"))
+        } else if self.names_architecture("DSparkDraftModel") {
+            Some(("DSparkDraftModel", "dspark"))
+        } else if self.names_architecture("Qwen3DSparkModel") {
+            Some(("Qwen3DSparkModel", "dspark"))
+        } else {
+            None
+        };
+        let projector = match self.dflash_value("projector_type") {
+            None => architecture.map(|(_, projector)| projector),
             Some((key, v)) => {
-                return Err(self.unsupported(
-                    &key,
-                    v,
-                    if domino_architecture {
-                        "DominoDraftModel requires projector_type \"domino\""
-                    } else {
-                        "only the DFlash head and Domino's (\"domino\") are implemented"
-                    },
-                ))
+                let name = v.as_str().filter(|n| matches!(*n, "domino" | "dspark"));
+                match (name, architecture) {
+                    (Some(name), Some((_, wanted))) if name == wanted => Some(name),
+                    (Some(name), None) => Some(name),
+                    (_, Some((model, wanted))) => {
+                        return Err(self.unsupported(
+                            &key,
+                            v,
+                            &format!("{model} requires projector_type \"{wanted}\""),
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(self.unsupported(
+                            &key,
+                            v,
+                            "only the DFlash head, Domino's (\"domino\") and DSpark's \
+                             (\"dspark\") are implemented",
+                        ))
+                    }
+                }
             }
+        };
+        match projector {
+            Some("domino") => self.domino_head(),
+            Some(_) => self.dspark_head(),
+            None => Ok(DrafterHead::Dflash),
         }
+    }
+
+    /// Domino's widths and slots (SpecForge's `DominoDraftModel` keys).
+    fn domino_head(&self) -> Result<DrafterHead, DrafterError> {
         let required = |key: &str| -> Result<i64, DrafterError> {
             match self.dflash_value(key) {
                 Some((found, v)) => self.as_int(&found, v),
@@ -337,6 +374,81 @@ impl<'a> Reader<'a> {
             emb_dim: required("emb_dim")?,
             gru_hidden_dim: required("gru_hidden_dim")?,
             pure_draft_prefix_len,
+        }))
+    }
+
+    /// A DFlash key that must be true or false, when present.
+    fn dflash_bool(&self, key: &str) -> Result<Option<bool>, DrafterError> {
+        match self.dflash_value(key) {
+            None => Ok(None),
+            Some((found, v)) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.invalid(&found, "true or false", v)),
+        }
+    }
+
+    /// DSpark's heads, with the defaults SpecForge's `DSparkDraftModel` applies to a key a
+    /// file leaves out (`specforge/modeling/draft/dspark.py:254-279, 345-364`): no Markov head
+    /// (`markov_rank` 0), `"vanilla"`, a confidence head when `confidence_head_alpha > 0`
+    /// (`enable_confidence_head` overrides it), not reading the Markov embedding. The
+    /// `attention_mode` check is SpecForge's too (`dspark.py:288-312`): `"gqa"` (its default)
+    /// needs fewer key/value heads than query heads, `"mha"` as many.
+    fn dspark_head(&self) -> Result<DrafterHead, DrafterError> {
+        let markov_rank = match self.dflash_value("markov_rank") {
+            Some((key, v)) => self.as_count(&key, v)? as i64,
+            None => 0,
+        };
+        let markov_head_type = match self.dflash_value("markov_head_type") {
+            None => MarkovHeadType::Vanilla,
+            Some((key, v)) => v
+                .as_str()
+                .and_then(|name| MarkovHeadType::from_name(&name.to_lowercase()))
+                .ok_or_else(|| self.invalid(&key, "\"vanilla\", \"gated\" or \"rnn\"", v))?,
+        };
+        let confidence_alpha = match self.dflash_value("confidence_head_alpha") {
+            Some((key, v)) => self.as_float(&key, v)?,
+            None => 0.0,
+        };
+        let confidence_head = self
+            .dflash_bool("enable_confidence_head")?
+            .unwrap_or(confidence_alpha > 0.0);
+        let confidence_head_with_markov = self
+            .dflash_bool("confidence_head_with_markov")?
+            .unwrap_or(false);
+        if confidence_head_with_markov && markov_rank == 0 {
+            return Err(self.unsupported(
+                "dflash_config.confidence_head_with_markov",
+                &json!(true),
+                "it needs a Markov head (markov_rank > 0), as in SpecForge",
+            ));
+        }
+        if let Some((key, v)) = self.dflash_value("attention_mode") {
+            let heads = self.int("num_attention_heads")?;
+            let kv_heads = self.int_or("num_key_value_heads", heads)?;
+            match v.as_str().map(str::to_lowercase).as_deref() {
+                Some("gqa") if kv_heads < heads => {}
+                Some("mha") if kv_heads == heads => {}
+                Some("gqa" | "mha") => {
+                    return Err(self.unsupported(
+                        &key,
+                        v,
+                        &format!(
+                            "\"gqa\" needs num_key_value_heads < num_attention_heads and \
+                             \"mha\" needs them equal; this config has {kv_heads} and {heads}"
+                        ),
+                    ))
+                }
+                _ => return Err(self.invalid(&key, "\"gqa\" or \"mha\"", v)),
+            }
+        }
+        Ok(DrafterHead::Dspark(DsparkConfig {
+            markov_rank,
+            markov_head_type,
+            // With `enable_confidence_head` false, `confidence_head_with_markov` shapes
+            // nothing (SpecForge builds no confidence head at all).
+            confidence_head,
+            confidence_head_with_markov: confidence_head && confidence_head_with_markov,
         }))
     }
 
@@ -465,8 +577,8 @@ impl DrafterConfig {
     }
 
     /// The published DFlash layout (architectures `DFlashDraftModel`, model_type `qwen3`,
-    /// `dflash_config`, ...; a Domino drafter `DominoDraftModel` with its `dflash_config`
-    /// keys). No `auto_map`: it would point transformers'
+    /// `dflash_config`, ...; a Domino drafter `DominoDraftModel`, a DSpark drafter
+    /// `DSparkDraftModel`, each with its `dflash_config` keys as SpecForge writes them). No `auto_map`: it would point transformers'
     /// `trust_remote_code` path at a `dflash.py` that is not shipped beside the weights
     /// (SGLang and vLLM select the model by `architectures` and never read it). RoPE is written both as `rope_theta` and as
     /// transformers 5 `rope_parameters`. `dtype` is left to the exporter, which knows the
@@ -521,6 +633,30 @@ impl DrafterConfig {
                 json!(d.pure_draft_prefix_len),
             );
             dflash.insert("shift_label".into(), json!(false));
+        }
+        if let Some(d) = self.head.dspark() {
+            map.insert("architectures".into(), json!(["DSparkDraftModel"]));
+            let dflash = map
+                .get_mut("dflash_config")
+                .and_then(Value::as_object_mut)
+                .expect("literal object");
+            dflash.insert("projector_type".into(), json!("dspark"));
+            let attention_mode = if self.num_key_value_heads == self.num_attention_heads {
+                "mha"
+            } else {
+                "gqa"
+            };
+            dflash.insert("attention_mode".into(), json!(attention_mode));
+            dflash.insert("markov_rank".into(), json!(d.markov_rank));
+            dflash.insert(
+                "markov_head_type".into(),
+                json!(d.markov_head_type.as_str()),
+            );
+            dflash.insert("enable_confidence_head".into(), json!(d.confidence_head));
+            dflash.insert(
+                "confidence_head_with_markov".into(),
+                json!(d.confidence_head_with_markov),
+            );
         }
         if self.target_hidden_size != self.hidden_size {
             // Not read by serving engines (they assume fc input = n·hidden_size); kept so our
@@ -646,7 +782,14 @@ mod tests {
             "dflash_config.shift_label",
         );
         refuse(
-            &|v| v["dflash_config"]["projector_type"] = json!("dspark"),
+            &|v| v["dflash_config"]["projector_type"] = json!("eagle3"),
+            "dflash_config.projector_type",
+        );
+        refuse(
+            &|v| {
+                v["architectures"] = json!(["DominoDraftModel"]);
+                v["dflash_config"]["projector_type"] = json!("dspark");
+            },
             "dflash_config.projector_type",
         );
         refuse(
@@ -661,6 +804,191 @@ mod tests {
         refuse(
             &|v| v["dflash_config"]["pure_draft_prefix_len"] = json!(15),
             "dflash_config.pure_draft_prefix_len",
+        );
+    }
+
+    /// SpecForge's `configs/qwen3-8b-dspark.json` (a6b6b023), key for key.
+    fn specforge_dspark() -> Value {
+        json!({
+            "architectures": ["DSparkDraftModel"],
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
+            "block_size": 7,
+            "bos_token_id": 151643,
+            "dflash_config": {
+                "attention_mode": "gqa",
+                "confidence_head_alpha": 1.0,
+                "confidence_head_with_markov": true,
+                "enable_confidence_head": true,
+                "markov_head_type": "vanilla",
+                "markov_rank": 256,
+                "mask_token_id": 151669,
+                "projector_type": "dspark",
+                "target_layer_ids": [1, 9, 17, 25, 33]
+            },
+            "dtype": "bfloat16",
+            "eos_token_id": 151645,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "initializer_range": 0.02,
+            "intermediate_size": 12288,
+            "layer_types": ["full_attention", "full_attention", "full_attention",
+                            "full_attention", "full_attention"],
+            "max_position_embeddings": 40960,
+            "max_window_layers": 5,
+            "model_type": "qwen3",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 5,
+            "num_key_value_heads": 8,
+            "num_target_layers": 36,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": null,
+            "rope_theta": 1000000,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "use_cache": true,
+            "use_sliding_window": false,
+            "vocab_size": 151936
+        })
+    }
+
+    fn dspark(value: &Value) -> Result<DsparkConfig, DrafterError> {
+        let cfg = DrafterConfig::from_hf_value(value, "test")?;
+        Ok(*cfg.head.dspark().expect("a DSpark head"))
+    }
+
+    #[test]
+    fn specforges_dspark_config_reads_as_dspark_and_writes_back_as_dspark_draft_model() {
+        let value = specforge_dspark();
+        let cfg = DrafterConfig::from_hf_value(&value, "test").unwrap();
+        assert_eq!(cfg.block_size, 7);
+        assert_eq!(
+            *cfg.head.dspark().unwrap(),
+            DsparkConfig {
+                markov_rank: 256,
+                markov_head_type: MarkovHeadType::Vanilla,
+                confidence_head: true,
+                confidence_head_with_markov: true,
+            }
+        );
+        let written = cfg.to_hf_json();
+        assert_eq!(written["architectures"], json!(["DSparkDraftModel"]));
+        let d = &written["dflash_config"];
+        for key in [
+            "attention_mode",
+            "confidence_head_with_markov",
+            "enable_confidence_head",
+            "markov_head_type",
+            "markov_rank",
+            "projector_type",
+        ] {
+            assert_eq!(d[key], value["dflash_config"][key], "{key}");
+        }
+        assert_eq!(
+            DrafterConfig::from_hf_value(&written, "written").unwrap(),
+            cfg
+        );
+    }
+
+    #[test]
+    fn a_dspark_file_without_its_head_keys_takes_specforges_code_defaults() {
+        let mut value = specforge_dspark();
+        let d = value["dflash_config"].as_object_mut().unwrap();
+        for key in [
+            "attention_mode",
+            "confidence_head_alpha",
+            "confidence_head_with_markov",
+            "enable_confidence_head",
+            "markov_head_type",
+            "markov_rank",
+            "projector_type",
+        ] {
+            d.remove(key);
+        }
+        // `DSparkDraftModel` alone names the head; each left-out key is SpecForge's default:
+        // no Markov head, and no confidence head without `confidence_head_alpha > 0`.
+        let got = dspark(&value).unwrap();
+        assert_eq!(
+            got,
+            DsparkConfig {
+                markov_rank: 0,
+                markov_head_type: MarkovHeadType::Vanilla,
+                confidence_head: false,
+                confidence_head_with_markov: false,
+            }
+        );
+        value["dflash_config"]["confidence_head_alpha"] = json!(0.5);
+        assert!(dspark(&value).unwrap().confidence_head);
+    }
+
+    #[test]
+    fn sglangs_normalised_dspark_config_reads_its_keys_from_the_top_level() {
+        // SpecForge's `scripts/gates/normalize_dflash_export.py` copies the head keys to the
+        // top level and names SGLang's entry class.
+        let mut value = specforge_dspark();
+        value["architectures"] = json!(["Qwen3DSparkModel"]);
+        let d = value["dflash_config"].as_object_mut().unwrap();
+        let mut moved = Vec::new();
+        for key in [
+            "markov_rank",
+            "markov_head_type",
+            "enable_confidence_head",
+            "confidence_head_with_markov",
+            "projector_type",
+        ] {
+            moved.push((key, d.remove(key).unwrap()));
+        }
+        for (key, v) in moved {
+            if key != "projector_type" {
+                value[key] = v;
+            }
+        }
+        assert_eq!(
+            dspark(&value).unwrap(),
+            dspark(&specforge_dspark()).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_dspark_config_specforge_would_refuse_is_refused_by_name() {
+        let refuse = |edit: &dyn Fn(&mut Value), key: &str| {
+            let mut value = specforge_dspark();
+            edit(&mut value);
+            let err = DrafterConfig::from_hf_value(&value, "test")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        };
+        refuse(
+            &|v| v["dflash_config"]["projector_type"] = json!("domino"),
+            "dflash_config.projector_type",
+        );
+        refuse(
+            &|v| v["dflash_config"]["markov_head_type"] = json!("lstm"),
+            "dflash_config.markov_head_type",
+        );
+        refuse(
+            &|v| v["dflash_config"]["markov_rank"] = json!(0),
+            "dflash_config.confidence_head_with_markov",
+        );
+        refuse(
+            &|v| v["num_key_value_heads"] = json!(32),
+            "dflash_config.attention_mode",
+        );
+        refuse(
+            &|v| v["dflash_config"]["attention_mode"] = json!("mqa"),
+            "dflash_config.attention_mode",
+        );
+        // Equal head counts are fine once the file opts into MHA.
+        let mut mha = specforge_dspark();
+        mha["num_key_value_heads"] = json!(32);
+        mha["dflash_config"]["attention_mode"] = json!("mha");
+        let cfg = DrafterConfig::from_hf_value(&mha, "mha").unwrap();
+        assert_eq!(
+            cfg.to_hf_json()["dflash_config"]["attention_mode"],
+            json!("mha")
         );
     }
 }
