@@ -87,6 +87,11 @@ pub struct StepMetrics {
     /// `base_accept_len`). Absent for a DFlash drafter and in files written before it.
     #[serde(flatten)]
     pub domino: Option<DominoStepMetrics>,
+    /// A DSpark drafter's loss terms, acceptance and confidence calibration at this step,
+    /// written flat under SpecForge's names (`ce_loss`, `l1_loss`, `confidence_loss`,
+    /// `tau_probabilistic`, …). Absent for another head and in files written before it.
+    #[serde(flatten)]
+    pub dspark: Option<DsparkStepMetrics>,
     /// On a node of a multi-node job: every node's figures for this step, the job's totals and
     /// the node holding it back, if one is ([`crate::job`]). Absent for a single node and in
     /// files written before it.
@@ -131,6 +136,39 @@ pub struct DominoStepMetrics {
     /// The same from the base logits: what the correction adds is the difference.
     #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
     pub base_accept_len: f64,
+}
+
+/// What a DSpark step reports besides its loss (SpecForge's `OnlineDSparkModel` metrics,
+/// `dflash_family_model.py:1031-1063`), each a Σw-weighted mean over the step's slots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DsparkStepMetrics {
+    /// The cross-entropy of the Markov-corrected logits against the data token.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub ce_loss: f64,
+    /// Σ_v |q − p|: the drafter's distance from the target's own distribution.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub l1_loss: f64,
+    /// The confidence head's binary cross-entropy against `a = 1 − L1/2` (0 without a head).
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub confidence_loss: f64,
+    /// Mean over blocks of `1 + Σ_k Π_{i≤k} a_i`: the expected accepted length when the target
+    /// samples, from the corrected logits.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub tau_probabilistic: f64,
+    /// The same from the LM head's logits alone (the Markov head off): what the head adds is
+    /// the difference, and a head that is silently ignored shows as none.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub base_tau_probabilistic: f64,
+    /// Mean `a`: the acceptance probability the confidence head is trained to predict.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub acceptance_mean: f64,
+    /// Mean σ(confidence logit): the confidence head's prediction of `a`. `None` without a
+    /// confidence head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_mean: Option<f64>,
+    /// Mean |σ(confidence logit) − a|. `None` without a confidence head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_abs_error: Option<f64>,
 }
 
 mod online;
@@ -265,5 +303,60 @@ mod domino_line_tests {
         }
         let back: StepMetrics = serde_json::from_value(json).unwrap();
         assert_eq!(back, line);
+    }
+}
+
+#[cfg(test)]
+mod dspark_line_tests {
+    use super::*;
+
+    #[test]
+    fn a_dspark_step_writes_specforges_names_flat_and_another_line_has_none() {
+        let mut line: StepMetrics = serde_json::from_str(
+            r#"{"ts_ms":1,"step":2,"epoch":1,"loss":2.0,"accuracy":0.5,"lr":0.001,
+                "grad_norm":1.0,"tokens_per_s":10.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            line.dspark, None,
+            "a line without the keys has no DSpark figures"
+        );
+        line.dspark = Some(DsparkStepMetrics {
+            ce_loss: 2.5,
+            l1_loss: 0.75,
+            confidence_loss: 0.5,
+            tau_probabilistic: 3.25,
+            base_tau_probabilistic: 2.75,
+            acceptance_mean: 0.625,
+            confidence_mean: Some(0.5),
+            confidence_abs_error: Some(0.125),
+        });
+        let json = serde_json::to_value(&line).unwrap();
+        for (key, value) in [
+            ("ce_loss", 2.5),
+            ("l1_loss", 0.75),
+            ("confidence_loss", 0.5),
+            ("tau_probabilistic", 3.25),
+            ("base_tau_probabilistic", 2.75),
+            ("acceptance_mean", 0.625),
+            ("confidence_mean", 0.5),
+            ("confidence_abs_error", 0.125),
+        ] {
+            assert_eq!(json[key].as_f64(), Some(value), "{key}");
+        }
+        let back: StepMetrics = serde_json::from_value(json).unwrap();
+        assert_eq!(back, line);
+        // Without a confidence head the two keys are left out, and the line still reads back.
+        let mut headless = line.clone();
+        if let Some(d) = headless.dspark.as_mut() {
+            d.confidence_mean = None;
+            d.confidence_abs_error = None;
+        }
+        let json = serde_json::to_value(&headless).unwrap();
+        assert!(json.get("confidence_mean").is_none());
+        assert_eq!(
+            serde_json::from_value::<StepMetrics>(json).unwrap(),
+            headless
+        );
     }
 }

@@ -136,6 +136,61 @@ impl DominoAcceptance {
     }
 }
 
+/// A DSpark drafter's acceptance on its training batch at one step (SpecForge's
+/// `tau_probabilistic`, from the Markov-corrected logits and from the LM head's alone) and how
+/// well its confidence head predicts each slot's acceptance.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DsparkAcceptance {
+    pub step: u64,
+    pub ts_ms: TimestampMs,
+    /// `tau_probabilistic` from the corrected logits.
+    pub tau: f64,
+    /// The same with the Markov head off.
+    pub base_tau: f64,
+    /// Mean acceptance probability `a` of the step's slots.
+    pub acceptance_mean: f64,
+    /// Mean σ(confidence logit); `None` without a confidence head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_mean: Option<f64>,
+    /// Mean |σ(confidence logit) − a|; `None` without a confidence head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_abs_error: Option<f64>,
+}
+
+impl DsparkAcceptance {
+    /// The figures of a step's metrics line.
+    pub fn from_step(step: u64, ts_ms: TimestampMs, m: &crate::metrics::DsparkStepMetrics) -> Self {
+        Self {
+            step,
+            ts_ms,
+            tau: m.tau_probabilistic,
+            base_tau: m.base_tau_probabilistic,
+            acceptance_mean: m.acceptance_mean,
+            confidence_mean: m.confidence_mean,
+            confidence_abs_error: m.confidence_abs_error,
+        }
+    }
+
+    /// "τ base 2.31 → Markov 2.87 (+0.56)": the head's gain is the difference of the two
+    /// rounded figures, so the line adds up.
+    pub fn acceptance_words(&self) -> String {
+        let (base, last) = (round2(self.base_tau), round2(self.tau));
+        format!("τ base {base:.2} → Markov {last:.2} ({:+.2})", last - base)
+    }
+
+    /// "0.61 for 0.58 accepted (err 0.07)": the confidence head's mean prediction, the mean
+    /// acceptance it predicts and its mean absolute error; "no head (0.58 accepted)".
+    pub fn calibration_words(&self) -> String {
+        match (self.confidence_mean, self.confidence_abs_error) {
+            (Some(mean), Some(error)) => format!(
+                "{mean:.2} for {:.2} accepted (err {error:.2})",
+                self.acceptance_mean
+            ),
+            _ => format!("no head ({:.2} accepted)", self.acceptance_mean),
+        }
+    }
+}
+
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -242,6 +297,14 @@ pub struct StatusSnapshot {
         deserialize_with = "crate::serde_util::none_if_unreadable"
     )]
     pub last_domino: Option<DominoAcceptance>,
+    /// A DSpark run's newest training-batch acceptance and confidence calibration. `None` for
+    /// another head, before the first step, and from a daemon that does not report it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub last_dspark: Option<DsparkAcceptance>,
     /// The thresholds the daemon's health detectors judge this run by: the run's effective
     /// `[detectors]` section. A console judges memory flatness and the queue with these, never
     /// with defaults of its own. `None` until the daemon's detectors run, and from a daemon
@@ -411,6 +474,7 @@ mod tests {
             last_tau_tree: None,
             last_online: None,
             last_domino: None,
+            last_dspark: None,
             detectors: None,
             healthy_record: None,
             job: None,

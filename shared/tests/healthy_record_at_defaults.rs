@@ -50,6 +50,7 @@ fn step(ts_ms: TimestampMs, step: u64, tokens_per_s: f64) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

@@ -328,6 +328,7 @@ mod tests {
             times: Default::default(),
             online: None,
             domino: None,
+            dspark: None,
             job: None,
         };
         assert!(!human(&Item::Metrics(Box::new(m.clone()))).contains("online"));

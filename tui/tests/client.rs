@@ -57,6 +57,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         times: Default::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }))
 }

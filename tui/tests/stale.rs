@@ -66,6 +66,7 @@ fn after_the_restart(last_step: u64) -> Vec<RecordedFrame> {
                     times: Default::default(),
                     online: None,
                     domino: None,
+                    dspark: None,
                     job: None,
                 })),
             }

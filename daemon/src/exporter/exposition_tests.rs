@@ -50,6 +50,7 @@ fn cpu_status() -> StatusSnapshot {
         last_tau_tree: None,
         last_online: None,
         last_domino: None,
+        last_dspark: None,
         detectors: None,
         healthy_record: None,
         job: None,
@@ -87,6 +88,7 @@ fn step(step: u64) -> StepMetrics {
         },
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

@@ -17,8 +17,8 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{
-    Alert, CheckpointInfo, DominoAcceptance, JobStatus, OnlineEvalStatus, RecordClock, RunInfo,
-    RunState, StatusSnapshot, Throughput,
+    Alert, CheckpointInfo, DominoAcceptance, DsparkAcceptance, JobStatus, OnlineEvalStatus,
+    RecordClock, RunInfo, RunState, StatusSnapshot, Throughput,
 };
 use tokio::sync::{broadcast, oneshot};
 
@@ -210,6 +210,7 @@ impl RunHandle {
             last_tau_tree: None,
             last_online: None,
             last_domino: None,
+            last_dspark: None,
             detectors: None,
             healthy_record: None,
             job: None,
@@ -320,6 +321,9 @@ impl RunHandle {
                     accept_len: d.accept_len,
                     base_accept_len: d.base_accept_len,
                 });
+            }
+            if let Some(d) = &m.dspark {
+                s.last_dspark = Some(DsparkAcceptance::from_step(m.step, m.ts_ms, d));
             }
             if let Some(online) = &m.online {
                 s.last_online = Some(OnlineEvalStatus {

@@ -32,6 +32,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

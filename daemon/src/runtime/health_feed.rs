@@ -370,6 +370,7 @@ mod tests {
                 seconds: 0.5,
             }),
             domino: None,
+            dspark: None,
             job: None,
         }
     }

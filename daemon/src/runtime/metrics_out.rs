@@ -222,6 +222,7 @@ mod tests {
             times: StepTimes::default(),
             online: None,
             domino: None,
+            dspark: None,
             job: None,
         };
         assert_eq!(

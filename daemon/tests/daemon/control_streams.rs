@@ -26,6 +26,7 @@ fn metrics(step: u64) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

@@ -96,6 +96,7 @@ fn step(step: u64, tokens_per_s: f64) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

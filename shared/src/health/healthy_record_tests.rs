@@ -166,6 +166,7 @@ fn step_at(ts_ms: i64, tokens_per_s: f64) -> StepMetrics {
         times: StepTimes::default(),
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }

@@ -294,6 +294,7 @@ mod tests {
             times: StepTimes::default(),
             online: None,
             domino: None,
+            dspark: None,
             job: None,
         }
     }

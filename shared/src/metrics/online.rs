@@ -246,6 +246,7 @@ mod tests {
             times: StepTimes::default(),
             online,
             domino: None,
+            dspark: None,
             job: None,
         }
     }

@@ -39,6 +39,7 @@ pub(super) fn step_metrics() -> StepMetrics {
         },
         online: None,
         domino: None,
+        dspark: None,
         job: None,
     }
 }
@@ -180,6 +181,7 @@ pub(super) fn status() -> StatusSnapshot {
             accept_len: 2.87,
             base_accept_len: 2.31,
         }),
+        last_dspark: None,
         detectors: Some(crate::config::DetectorsSection::default()),
         healthy_record: None,
         job: None,

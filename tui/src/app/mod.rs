@@ -13,7 +13,7 @@ use crossterm::event::KeyEvent;
 use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::{Request, Response};
 use dflash_shared::run_end::{run_ending, RunEnding};
-use dflash_shared::status::{DominoAcceptance, OnlineEvalStatus, StatusSnapshot};
+use dflash_shared::status::{DominoAcceptance, DsparkAcceptance, OnlineEvalStatus, StatusSnapshot};
 
 use crate::actions::ActionFlow;
 use crate::client::supervisor::LinkEvent;
@@ -410,6 +410,21 @@ impl App {
             })
         });
         let from_status = self.status.as_ref().and_then(|s| s.last_domino);
+        match (from_metrics, from_status) {
+            (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A DSpark run's newest training-batch acceptance and confidence calibration: from the
+    /// metrics stream or the last status, whichever is newer.
+    pub fn last_dspark(&self) -> Option<DsparkAcceptance> {
+        let from_metrics = self.telemetry.last_metrics.as_ref().and_then(|m| {
+            m.dspark
+                .as_ref()
+                .map(|d| DsparkAcceptance::from_step(m.step, m.ts_ms, d))
+        });
+        let from_status = self.status.as_ref().and_then(|s| s.last_dspark);
         match (from_metrics, from_status) {
             (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
             (a, b) => a.or(b),

@@ -183,6 +183,16 @@ fn write_critical_context(out: &mut String, report: &StatusReport) {
             crate::fmt::thousands(d.step)
         );
     }
+    if let Some(d) = &report.acceptance.dspark {
+        let _ = writeln!(
+            out,
+            "- DSpark {}; {} on the training batch at step {} (the metrics' \
+             `base_tau_probabilistic` → `tau_probabilistic`).",
+            d.acceptance_words(),
+            d.calibration_words(),
+            crate::fmt::thousands(d.step)
+        );
+    }
 }
 
 /// The worst alert with what preceded it; the others by their headline (Progress lists them

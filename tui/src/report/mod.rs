@@ -15,7 +15,7 @@ use dflash_shared::metrics::{
     CacheState, GpuSample, GpuTelemetry, HostSample, TimestampMs, TreeOracleTau,
 };
 use dflash_shared::status::{
-    head_name, CheckpointInfo, DominoAcceptance, RunObjective, StatusSnapshot,
+    head_name, CheckpointInfo, DominoAcceptance, DsparkAcceptance, RunObjective, StatusSnapshot,
 };
 use serde::Serialize;
 
@@ -139,6 +139,10 @@ pub struct Acceptance {
     pub online: Option<OnlineReport>,
     /// A Domino run's newest training-batch acceptance, base and corrected.
     pub domino: Option<DominoAcceptance>,
+    /// A DSpark run's newest training-batch acceptance, with and without its Markov head, and
+    /// its confidence head's calibration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dspark: Option<DsparkAcceptance>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -482,6 +486,7 @@ fn acceptance_section(snapshot: Option<&StatusSnapshot>) -> Acceptance {
         offline_tree_oracle: tree.map_or_else(BTreeMap::new, |t| t.by_budget.clone()),
         online,
         domino: snapshot.and_then(|s| s.last_domino),
+        dspark: snapshot.and_then(|s| s.last_dspark),
     }
 }
 

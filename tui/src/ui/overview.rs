@@ -14,8 +14,9 @@ use super::theme::Theme;
 use crate::app::alerts::Explanation;
 use crate::app::{wording, App};
 use crate::fmt;
+use dflash_shared::config::DrafterHead;
 use dflash_shared::run_end::{next_steps, EndKind, RunEnding, RunSource};
-use dflash_shared::status::{head_name, RunObjective};
+use dflash_shared::status::head_name;
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let inner_width = area.width.saturating_sub(2) as usize;
@@ -607,10 +608,13 @@ fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
         return Vec::new();
     };
     let run = &status.run;
-    let objective = run
-        .objective
-        .as_ref()
-        .map_or_else(|| "unknown (not reported)".to_string(), RunObjective::words);
+    // A DSpark head trains its own loss whatever `training.objective` says (validation keeps
+    // that at "dflash"), so the panel names the loss it trains.
+    let objective = match (run.drafter_head, run.objective.as_ref()) {
+        (Some(DrafterHead::Dspark), _) => "DSpark distillation".into(),
+        (_, Some(objective)) => objective.words(),
+        (_, None) => "unknown (not reported)".to_string(),
+    };
     let head = run
         .drafter_head
         .map_or(String::new(), |h| format!(", {} head", head_name(h)));
@@ -636,6 +640,16 @@ fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
         lines.push(Line::from(vec![
             Span::styled("accept  ", theme.dim()),
             Span::raw(domino.short_words()),
+        ]));
+    }
+    if let Some(dspark) = app.last_dspark() {
+        lines.push(Line::from(vec![
+            Span::styled("accept  ", theme.dim()),
+            Span::raw(dspark.acceptance_words()),
+        ]));
+        lines.push(Line::from(vec![
+            Span::styled("confid. ", theme.dim()),
+            Span::raw(dspark.calibration_words()),
         ]));
     }
     // The same pair served: the newest online evaluation's chain τ from the LM head alone and

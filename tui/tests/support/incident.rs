@@ -183,6 +183,7 @@ impl Sim {
             },
             online: None,
             domino: None,
+            dspark: None,
             job: None,
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));
@@ -428,6 +429,7 @@ impl Sim {
             last_tau_tree: None,
             last_online: None,
             last_domino: None,
+            last_dspark: None,
             detectors: Some(self.detectors.clone()),
             healthy_record: None,
             job: None,

@@ -1,5 +1,5 @@
 //! The Run and Throughput panels: offline and online τ, tree τ at the serving budget, the
-//! Domino head's base and final acceptance, a job node's place, the healthy record's clock.
+//! Domino head's base and final acceptance, the DSpark head's and its confidence calibration, a job node's place, the healthy record's clock.
 use super::*;
 
 #[test]
@@ -389,4 +389,62 @@ fn the_throughput_panel_shows_the_healthy_records_clock() {
         drop_timed: false,
     });
     assert!(written.contains("healthy record written"), "{written}");
+}
+
+/// The incident as a DSpark run would stream it: its status names the head, its metrics lines
+/// carry SpecForge's DSpark figures.
+fn incident_as_dspark(confidence_head: bool) -> Vec<RecordedFrame> {
+    use dflash_shared::config::{DrafterHead, Objective};
+    use dflash_shared::metrics::DsparkStepMetrics;
+    use dflash_shared::status::RunObjective;
+    let mut frames = incident_with_thresholds(Some(DetectorsSection::default()));
+    for frame in &mut frames {
+        match &mut frame.frame {
+            Response::Status(status) => {
+                status.run.objective = Some(RunObjective::new(Objective::Dflash, 0.5));
+                status.run.drafter_head = Some(DrafterHead::Dspark);
+            }
+            Response::Metrics(m) => {
+                m.dspark = Some(DsparkStepMetrics {
+                    ce_loss: m.loss,
+                    l1_loss: 0.8,
+                    confidence_loss: 0.6,
+                    tau_probabilistic: 3.126,
+                    base_tau_probabilistic: 2.904,
+                    acceptance_mean: 0.583,
+                    confidence_mean: confidence_head.then_some(0.612),
+                    confidence_abs_error: confidence_head.then_some(0.071),
+                });
+            }
+            _ => {}
+        }
+    }
+    frames
+}
+
+#[test]
+fn the_run_panel_shows_a_dspark_heads_base_and_markov_tau_and_its_confidence_calibration() {
+    let app = live_from(incident_as_dspark(true), false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(
+        text.contains("objective DSpark distillation, DSpark head"),
+        "{text}"
+    );
+    assert!(
+        text.contains("accept  τ base 2.90 → Markov 3.13 (+0.23)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("confid. 0.61 for 0.58 accepted (err 0.07)"),
+        "{text}"
+    );
+    // The rows it adds push nothing out of the panel.
+    assert!(text.contains("saved   step"), "{text}");
+
+    let headless = live_from(incident_as_dspark(false), false);
+    let text = screen::text(&render(&headless, WIDTH, HEIGHT));
+    assert!(
+        text.contains("confid. no head (0.58 accepted)"),
+        "{text}"
+    );
 }

@@ -153,6 +153,7 @@ mod tests {
             },
             online: None,
             domino: None,
+            dspark: None,
             job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
@@ -211,6 +212,7 @@ mod tests {
                 seconds: 1.5,
             }),
             domino: None,
+            dspark: None,
             job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();

@@ -402,6 +402,8 @@ impl Trainer {
                 accept_len: first.sums.accept_len(),
                 base_accept_len: first.sums.base_accept_len(),
             }),
+            // Filled from the DSpark loss's sums once the step trains the DSpark head.
+            dspark: None,
             job,
         })
     }
@@ -706,6 +708,7 @@ impl EvalLine {
             times: StepTimes::default(),
             online: self.online.clone(),
             domino: None,
+            dspark: None,
             job: None,
         }
     }
