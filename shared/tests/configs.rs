@@ -5,8 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use dflash_shared::config::{
-    locked_key_changes, unlock_refusal, Config, DataFormat, Device, DrafterHead, LayerType,
-    Objective, Precision, EMBEDDED_DEFAULT_TOML,
+    locked_key_changes, unlock_refusal, Config, DataFormat, Device, DpaceNormalization,
+    DrafterHead, LayerType, Objective, Precision, EMBEDDED_DEFAULT_TOML,
 };
 use dflash_shared::job;
 
@@ -449,6 +449,76 @@ fn warnings_say_when_the_recipe_is_left() {
         ]
     );
     c.validate().unwrap();
+}
+
+#[test]
+fn the_dpace_normalization_parses_defaults_to_the_sequences_and_is_locked_on_resume() {
+    let minimal =
+        fs::read_to_string(repo_root().join("shared/tests/configs/valid/minimal.toml")).unwrap();
+    let c = Config::from_toml_str(&minimal, "minimal.toml").unwrap();
+    // The default is the division every run before the key trained with.
+    assert_eq!(
+        c.training.dpace_normalization,
+        DpaceNormalization::Sequences
+    );
+    assert!(
+        !c.to_toml_string().contains("dpace_normalization"),
+        "the default is left out, so older configs record as they did"
+    );
+    let with = |value: &str, objective: &str| {
+        let text = minimal.replace(
+            "[data]",
+            &format!(
+                "[training]\nobjective = \"{objective}\"\ndpace_normalization = \"{value}\"\n\n[data]"
+            ),
+        );
+        Config::from_toml_str(&text, "run.toml")
+    };
+    for n in DpaceNormalization::ALL {
+        let parsed = with(n.as_str(), "dpace").unwrap();
+        assert_eq!(parsed.training.dpace_normalization, n);
+        assert_eq!(DpaceNormalization::from_name(n.as_str()), Some(n));
+        let shown = parsed.to_toml_string();
+        assert_eq!(
+            Config::from_toml_str(&shown, "shown.toml").unwrap(),
+            parsed,
+            "{shown}"
+        );
+    }
+    // As `dpace_alpha`: read only with D-PACE, accepted (and locked) with another objective.
+    let dflash = with("weight_sum", "dflash").unwrap();
+    assert_eq!(
+        dflash.training.dpace_normalization,
+        DpaceNormalization::WeightSum
+    );
+    let err = with("per_token", "dpace").unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "run.toml: training.dpace_normalization (line 21): expected one of \"sequences\", \
+         \"weight_sum\", \"anchors_per_sequence\" or \"tokens_per_sequence\", found \"per_token\""
+    );
+    let old = with("sequences", "dpace").unwrap();
+    let new = with("tokens_per_sequence", "dpace").unwrap();
+    let changes: Vec<String> = locked_key_changes(&old, &new)
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(
+        changes,
+        ["training.dpace_normalization is locked: \"sequences\" → \"tokens_per_sequence\""]
+    );
+    let why = unlock_refusal(&old, &new, "training.dpace_normalization").unwrap();
+    assert!(
+        why.contains("Keep training.dpace_normalization = \"sequences\"")
+            && why.contains("new run"),
+        "{why}"
+    );
+    // A config that leaves the key out is the default's run: nothing to refuse.
+    assert!(
+        locked_key_changes(&c, &with("sequences", "dflash").unwrap())
+            .iter()
+            .all(|c| c.key != "training.dpace_normalization")
+    );
 }
 
 #[test]

@@ -172,8 +172,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
         result.loss, result.accuracy
     );
     println!(
-        "loss_dflash (γ-weighted, pooled): {:.4}   loss_dpace (α {}, mean over rows): {:.4}",
-        result.loss_dflash, result.dpace_alpha, result.loss_dpace
+        "loss_dflash (γ-weighted, pooled): {:.4}   loss_dpace (α {}, divided by {}): {:.4}",
+        result.loss_dflash,
+        result.dpace_alpha,
+        result.dpace_normalization.as_str(),
+        result.loss_dpace
     );
     print_tree_oracle(&result);
     print!("{:>4} {:>10}", "k", "accept");
@@ -308,6 +311,34 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn dpace_normalization_defaults_to_the_sequences_and_names_its_choices() {
+        use dflash_shared::config::DpaceNormalization;
+        assert_eq!(
+            parsed(&[]).dpace_normalization,
+            DpaceNormalization::Sequences
+        );
+        assert_eq!(
+            parsed(&["--dpace-normalization", "anchors_per_sequence"]).dpace_normalization,
+            DpaceNormalization::AnchorsPerSequence
+        );
+        let argv = [
+            "dflashd",
+            "--target",
+            "t",
+            "--drafter",
+            "d",
+            "--dpace-normalization=rows",
+        ];
+        let err = Cli::try_parse_from(argv).err().unwrap().to_string();
+        assert!(
+            err.contains(
+                "expected one of sequences, weight_sum, anchors_per_sequence, tokens_per_sequence"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

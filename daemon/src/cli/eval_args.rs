@@ -8,6 +8,7 @@ use dflash_engine::decode::Sampling;
 use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::train::eval::EvalOptions;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
+use dflash_shared::config::DpaceNormalization;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -48,6 +49,18 @@ fn dpace_alpha(text: &str) -> Result<f64, String> {
              (1−α)·q + α; SpecForge uses 0.5), found {text:?}"
         )),
     }
+}
+
+/// `--dpace-normalization`: one of `training.dpace_normalization`'s values.
+fn dpace_normalization(text: &str) -> Result<DpaceNormalization, String> {
+    DpaceNormalization::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = DpaceNormalization::ALL.iter().map(|n| n.as_str()).collect();
+        format!(
+            "expected one of {} (what D-PACE's sum is divided by, as \
+             training.dpace_normalization names it), found {text:?}",
+            names.join(", ")
+        )
+    })
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +112,10 @@ pub struct EvalArgs {
     /// D-PACE's smoothing α for `loss_dpace`, in [0, 1] (SpecForge's default 0.5).
     #[arg(long, default_value_t = dflash_shared::config::DEFAULT_DPACE_ALPHA, value_parser = dpace_alpha)]
     pub dpace_alpha: f64,
+    /// What `loss_dpace` divides the rows' D-PACE sums by, as `training.dpace_normalization`
+    /// names it: sequences (default), weight_sum, anchors_per_sequence, tokens_per_sequence.
+    #[arg(long, default_value = "sequences", value_parser = dpace_normalization)]
+    pub dpace_normalization: DpaceNormalization,
     /// The DDTree budget the drafter is served with: the headline tree figure, `tau_tree_serve`
     /// (offline; scored besides `--tree-budget`'s).
     #[arg(long, default_value_t = dflash_shared::config::DEFAULT_SERVE_TREE_BUDGET, value_parser = serve_tree_budget)]
@@ -198,6 +215,7 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         chunk_positions: 2048,
         backend: args.attention,
         dpace_alpha: args.dpace_alpha,
+        dpace_normalization: args.dpace_normalization,
         tree_budgets: oracle_budgets(args),
         serve_tree_budget: Some(args.serve_tree_budget),
         // `dflashd eval` is the figure of record: its oracle scores every block.

@@ -6,10 +6,10 @@
 //! blocks at a time (as SpecForge chunks its objective by blocks): each chunk's logits give its
 //! cross-entropies and, detached, what its weights need, and the chunk is backpropagated at once.
 //! The head runs once per position, as for DFlash.
-use dflash_shared::config::Objective;
+use dflash_shared::config::{DpaceNormalization, Objective};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::dpace::chunk_weights;
+use super::dpace::{chunk_weights, dpace_normaliser, dpace_row_scale, row_support};
 use super::loss::{weighted_positions, LossSums};
 use super::tree_objective::{tree_chunk_weights, TreeObjective};
 
@@ -19,27 +19,34 @@ pub enum LossObjective {
     /// `train/loss.rs::weighted_ce_backward` with the γ-decayed weights, normalised by Σ w.
     #[default]
     Dflash,
-    /// [`dpace_ce_backward`] with smoothing `alpha`, normalised by the number of sequences.
-    Dpace { alpha: f64 },
-    /// `train/tree_objective.rs`, normalised by the number of sequences.
+    /// [`block_objective_backward`] with D-PACE's weights at smoothing `alpha`, divided as
+    /// `normalization` says (`train/dpace.rs`).
+    Dpace {
+        alpha: f64,
+        normalization: DpaceNormalization,
+    },
+    /// `train/tree_objective.rs`, normalised by the number of sequences (whatever
+    /// `training.dpace_normalization` says: its loss is reported per chunk, not per sequence).
     Tree(TreeObjective),
 }
 
 impl LossObjective {
-    /// `training.objective` with its `training.dpace_alpha` or `[training.tree]`.
-    pub fn from_config(objective: Objective, dpace_alpha: f64, tree: TreeObjective) -> Self {
+    /// `training.objective` with its `training.dpace_alpha` and `training.dpace_normalization`,
+    /// or `[training.tree]`.
+    pub fn from_config(
+        objective: Objective,
+        dpace_alpha: f64,
+        dpace_normalization: DpaceNormalization,
+        tree: TreeObjective,
+    ) -> Self {
         match objective {
             Objective::Dflash => LossObjective::Dflash,
-            Objective::Dpace => LossObjective::Dpace { alpha: dpace_alpha },
+            Objective::Dpace => LossObjective::Dpace {
+                alpha: dpace_alpha,
+                normalization: dpace_normalization,
+            },
             Objective::Tree => LossObjective::Tree(tree),
         }
-    }
-
-    /// Whether the objective weighs slots from the drafter's own output, block by block, and
-    /// divides by the number of sequences (D-PACE, the tree objective); DFlash's weights are
-    /// the γ decay, fixed in advance, and it divides by their sum.
-    pub fn is_block_objective(&self) -> bool {
-        !matches!(self, LossObjective::Dflash)
     }
 }
 
@@ -58,12 +65,83 @@ pub(crate) fn block_objective_weights(
 ) -> Option<(Tensor, Option<f64>)> {
     match objective {
         LossObjective::Dflash => None,
-        LossObjective::Dpace { alpha } => {
+        LossObjective::Dpace { alpha, .. } => {
             Some((chunk_weights(ce, local, blocks, block_size, alpha), None))
         }
         LossObjective::Tree(tree) => {
             let (w, loss) = tree_chunk_weights(logits, ce, targets, local, block_size, &tree);
             Some((w, Some(loss)))
+        }
+    }
+}
+
+/// How one micro-batch's numerator is divided: the factor each weighted position's weight
+/// carries (its sequence's, under `training.dpace_normalization`) and the micro-batch's part of
+/// the normaliser. DFlash divides by Σ w, the tree objective by the sequences, D-PACE as its
+/// normalisation says (`train/dpace.rs`).
+pub(crate) struct MicroNormaliser {
+    objective: LossObjective,
+    /// `[P]`: the factor of each weighted position's sequence, in `weighted_positions` order;
+    /// `None` where every factor is 1.
+    scales: Option<Tensor>,
+    /// Per sequence, its blocks with a supervised slot (D-PACE only; else empty).
+    anchors: Vec<u64>,
+    sequences: usize,
+}
+
+impl MicroNormaliser {
+    /// For `objective` over a `[B, N·bs]` `mask` (positive where a slot is supervised) whose
+    /// weighted positions are `idx` (flat indices, `weighted_positions`'s).
+    pub(crate) fn new(
+        objective: LossObjective,
+        mask: &Tensor,
+        idx: &Tensor,
+        block_size: i64,
+    ) -> Self {
+        let size = mask.size();
+        let (sequences, slots) = (size[0], size.get(1).copied().unwrap_or(0));
+        let mut division = Self {
+            objective,
+            scales: None,
+            anchors: Vec::new(),
+            sequences: sequences as usize,
+        };
+        let LossObjective::Dpace { normalization, .. } = objective else {
+            return division;
+        };
+        let (anchors, tokens) = row_support(mask, block_size);
+        let per_row: Vec<f32> = anchors
+            .iter()
+            .zip(&tokens)
+            .map(|(&a, &t)| dpace_row_scale(normalization, a, t) as f32)
+            .collect();
+        if per_row.iter().any(|&f| f != 1.0) {
+            let device = idx.device();
+            let row_of = idx.floor_divide_scalar(slots.max(1));
+            let per_row = Tensor::from_slice(&per_row).to_device(device);
+            division.scales = Some(per_row.index_select(0, &row_of));
+        }
+        division.anchors = anchors;
+        division
+    }
+
+    /// The weights `w` of the weighted positions `start..start + len`, each times its
+    /// sequence's factor.
+    pub(crate) fn scaled(&self, w: Tensor, start: i64, len: i64) -> Tensor {
+        match &self.scales {
+            Some(scales) => w * scales.narrow(0, start, len),
+            None => w,
+        }
+    }
+
+    /// The micro-batch's normaliser, given the sum of its (unscaled) weights.
+    pub(crate) fn normaliser(&self, weight_sum: f64) -> f64 {
+        match self.objective {
+            LossObjective::Dflash => weight_sum,
+            LossObjective::Dpace { normalization, .. } => {
+                dpace_normaliser(normalization, &self.anchors, weight_sum)
+            }
+            LossObjective::Tree(_) => self.sequences as f64,
         }
     }
 }
@@ -112,19 +190,20 @@ pub struct BlockObjectiveBatch<'a> {
 
 /// Computes a block objective (D-PACE, the tree objective) over `drafter_out` and backpropagates
 /// `numerator / denominator` into the drafter: per chunk of whole blocks, the logits, their
-/// cross-entropies, the objective's detached weights ([`block_objective_weights`]) and the
-/// backward of `Σ CE·w / denominator`.
+/// cross-entropies, the objective's detached weights ([`block_objective_weights`]), each times
+/// its sequence's factor ([`MicroNormaliser`]), and the backward of `Σ CE·w / denominator`.
 ///
 /// - `drafter_out`: `[B, N·bs, H]`, part of the autograd graph; `batch`: the head and labels.
-/// - `denominator`: the global number of sequences of the optimizer step, or 1 when the caller
-///   divides the summed gradient once itself (as `RankState::step` does).
+/// - `denominator`: 1 when the caller divides the summed gradient once itself by the summed
+///   normaliser (as `RankState::step` does), or that global normaliser when it is known.
 /// - `chunk_positions`: how many positions go through the head at once (rounded to whole
 ///   blocks; a block is never split).
 ///
-/// The returned sums carry `normaliser = B`, the sequences of this micro-batch, so that summed
-/// over micro-batches and ranks they give SpecForge's per-sequence normalisation of the whole
-/// batch. `weighted_ce` is the objective's reported numerator (`Σ CE·w` for D-PACE, `Σ L` for the
-/// tree objective).
+/// The returned sums carry this micro-batch's part of the normaliser (the sequences for the
+/// tree objective; what `training.dpace_normalization` names for D-PACE), so that summed over
+/// micro-batches and ranks they give the whole batch's. `weighted_ce` is the objective's
+/// reported numerator (`Σ CE·w`, with the sequences' factors, for D-PACE, `Σ L` for the tree
+/// objective); `weight` is `Σ w` without them.
 pub fn block_objective_backward(
     drafter_out: &Tensor,
     batch: &BlockObjectiveBatch,
@@ -138,9 +217,9 @@ pub fn block_objective_backward(
         mask,
         block_size,
     } = *batch;
-    let size = drafter_out.size();
-    let (sequences, hidden) = (size[0], size.last().copied().unwrap_or(0));
+    let hidden = drafter_out.size().last().copied().unwrap_or(0);
     let (idx, _) = weighted_positions(mask);
+    let division = MicroNormaliser::new(objective, mask, &idx, block_size);
     let positions = Vec::<i64>::try_from(&idx.to_device(Device::Cpu)).unwrap_or_default();
     let chunks = block_aligned_chunks(&positions, block_size, chunk_positions);
     let tgt = targets.reshape([-1]).index_select(0, &idx);
@@ -150,10 +229,7 @@ pub fn block_objective_backward(
         .as_ref()
         .unwrap_or(drafter_out)
         .reshape([-1, hidden]);
-    let mut sums = LossSums {
-        normaliser: sequences as f64,
-        ..LossSums::default()
-    };
+    let mut sums = LossSums::default();
     for (start, len) in chunks {
         let rows = idx.narrow(0, start as i64, len as i64);
         let first_block = positions[start] / block_size;
@@ -170,16 +246,18 @@ pub fn block_objective_backward(
         else {
             continue;
         };
+        sums.weight += w.sum(Kind::Double).double_value(&[]);
+        let w = division.scaled(w, start as i64, len as i64);
         let numerator = (&ce * &w).sum(Kind::Float);
         (&numerator / denominator).backward();
         let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&t).sum(Kind::Int64));
         sums.weighted_ce += reported.unwrap_or_else(|| numerator.double_value(&[]));
-        sums.weight += w.sum(Kind::Double).double_value(&[]);
         sums.correct += correct.int64_value(&[]) as u64;
         sums.counted += len as u64;
     }
     if let Some(grad) = detached.map(|d| d.grad()).filter(Tensor::defined) {
         (drafter_out * grad.detach()).sum(Kind::Float).backward();
     }
+    sums.normaliser = division.normaliser(sums.weight);
     sums
 }

@@ -87,7 +87,12 @@ impl TrainConfig {
     /// The loss the training step runs.
     pub fn loss_objective(&self) -> LossObjective {
         let t = &self.training;
-        LossObjective::from_config(t.objective, t.dpace_alpha, self.tree_objective())
+        LossObjective::from_config(
+            t.objective,
+            t.dpace_alpha,
+            t.dpace_normalization,
+            self.tree_objective(),
+        )
     }
 
     /// `[training.tree]` with its budget resolved. Only the tree objective trains for the
@@ -132,7 +137,9 @@ impl TrainConfig {
     /// (`dflash_shared::config::keys`), named as the table names it. Derived values stand at
     /// the key they realise: `run.seed`, `data.held_out_samples` (the count held out),
     /// `training.loss_decay_gamma` (γ in effect), `training.tree.budget` (the budget trained
-    /// for) and `training.online_eval_every` (the interval in effect).
+    /// for), `training.dpace_normalization` (the one in effect, which a written section
+    /// leaves out at its default, as checkpoints from before the key do) and
+    /// `training.online_eval_every` (the interval in effect).
     pub fn resume_view(&self) -> Value {
         let mut out = Map::new();
         if let Ok(Value::Object(section)) = serde_json::to_value(&self.training) {
@@ -148,6 +155,10 @@ impl TrainConfig {
             (
                 "training.tree.loss",
                 Value::from(tree.loss.as_str().to_string()),
+            ),
+            (
+                "training.dpace_normalization",
+                Value::from(self.training.dpace_normalization.as_str()),
             ),
             (
                 "training.online_eval_every",
@@ -178,6 +189,7 @@ fn flatten_into(out: &mut Map<String, Value>, prefix: &str, section: Map<String,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dflash_shared::config::DpaceNormalization;
 
     #[test]
     fn defaults_are_the_paper_values() {
@@ -208,7 +220,21 @@ mod tests {
         let mut c = TrainConfig::default();
         assert_eq!(c.loss_objective(), LossObjective::Dflash);
         c.training.objective = Objective::Dpace;
-        assert_eq!(c.loss_objective(), LossObjective::Dpace { alpha: 0.5 });
+        assert_eq!(
+            c.loss_objective(),
+            LossObjective::Dpace {
+                alpha: 0.5,
+                normalization: DpaceNormalization::Sequences
+            }
+        );
+        c.training.dpace_normalization = DpaceNormalization::WeightSum;
+        assert_eq!(
+            c.loss_objective(),
+            LossObjective::Dpace {
+                alpha: 0.5,
+                normalization: DpaceNormalization::WeightSum
+            }
+        );
         c.training.objective = Objective::Tree;
         c.training.tree.budget = Some(8);
         assert_eq!(
@@ -217,6 +243,28 @@ mod tests {
                 budget: 8,
                 ..TreeObjective::default()
             })
+        );
+    }
+
+    #[test]
+    fn the_dpace_normalization_is_in_the_resume_view_set_or_not() {
+        let mut c = TrainConfig::default();
+        let json = serde_json::to_value(&c).unwrap();
+        assert!(
+            json["training"].get("dpace_normalization").is_none(),
+            "a checkpoint at the default records what one from before the key did"
+        );
+        assert_eq!(c.resume_view()["training.dpace_normalization"], "sequences");
+        c.training.dpace_normalization = DpaceNormalization::AnchorsPerSequence;
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            json["training"]["dpace_normalization"],
+            "anchors_per_sequence"
+        );
+        assert_eq!(serde_json::from_value::<TrainConfig>(json).unwrap(), c);
+        assert_eq!(
+            c.resume_view()["training.dpace_normalization"],
+            "anchors_per_sequence"
         );
     }
 

@@ -10,9 +10,12 @@
 //!   run's steps ([`lambda_base`]), then the drafter is trained on what it serves.
 //! - **Every objective.** With DFlash, both terms are `Σ w·CE` over the γ-weighted slots and
 //!   share the divisor Σw (SpecForge's `loss_terms`). With D-PACE each term's weights come from
-//!   its own logits' confidence (`train/dpace.rs`), both divided by the sequences; with the
-//!   tree objective each term is its own logits' tree loss (`train/tree_objective.rs`), divided
-//!   by the sequences. SpecForge's
+//!   its own logits' confidence (`train/dpace.rs`), each sequence's times the same factor of
+//!   `training.dpace_normalization` (it reads only the mask), and both share one divisor: the
+//!   sequences (or those with a supervised anchor), or with `weight_sum` the blend's own weight
+//!   sum `(1−λ)·Σw_final + λ·Σw_base` (one divisor, as the step divides the summed gradient
+//!   once; at λ = 0 it is the corrected term's `Σw`). With the tree objective each term is its
+//!   own logits' tree loss (`train/tree_objective.rs`), divided by the sequences. SpecForge's
 //!   Domino trains DFlash's loss only; the D-PACE blend is dflashd's, the same curriculum over
 //!   D-PACE's terms.
 //! - **Acceptance.** `accept_len` and `base_accept_len` are SpecForge's: per block with a
@@ -25,7 +28,9 @@
 //! output and of the GRU states, which then backpropagate once into the drafter and the GRU.
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::block_objective::{block_aligned_chunks, block_objective_weights, LossObjective};
+use super::block_objective::{
+    block_aligned_chunks, block_objective_weights, LossObjective, MicroNormaliser,
+};
 use super::loss::{weighted_positions, LossSums};
 use crate::model::drafter::DominoHead;
 
@@ -59,8 +64,8 @@ pub struct DominoBatch<'a> {
 /// Computes the curriculum's numerator `(1−λ)·final + λ·base` over `drafter_out`
 /// (`[B, N·bs, H]`, in the graph) and backpropagates it divided by `denominator` into the
 /// drafter and the head, chunk by chunk of whole blocks. The sums carry both terms
-/// (`final_ce`, `base_ce`), the objective's normaliser (Σw for DFlash, `B` for D-PACE) and
-/// the acceptance counts.
+/// (`final_ce`, `base_ce`), the objective's normaliser (Σw for DFlash, D-PACE's as
+/// `training.dpace_normalization` says, `B` for the tree objective) and the acceptance counts.
 pub fn domino_ce_backward(
     drafter_out: &Tensor,
     batch: &DominoBatch,
@@ -141,17 +146,12 @@ fn chunked_terms(
     let flat = out.reshape([-1, hidden]);
     let flat_states = states.reshape([-1, states.size()[2]]);
     let (idx, w) = weighted_positions(batch.weights);
+    let division = MicroNormaliser::new(objective, batch.weights, &idx, bs);
     let positions = Vec::<i64>::try_from(&idx.to_device(Device::Cpu)).unwrap_or_default();
     let tgt = batch.targets.reshape([-1]).index_select(0, &idx);
     let lambda = backward.map_or(0.0, |(l, _)| l);
-    let mut sums = LossSums {
-        normaliser: if objective.is_block_objective() {
-            sequences as f64
-        } else {
-            0.0
-        },
-        ..LossSums::default()
-    };
+    let mut sums = LossSums::default();
+    let mut base_weight = 0.0;
     let slots = sequences * q;
     let mut final_hit = Tensor::zeros([slots], (Kind::Bool, device));
     let mut base_hit = Tensor::zeros([slots], (Kind::Bool, device));
@@ -192,6 +192,10 @@ fn chunked_terms(
         };
         let (w_final, reported_final) = weigh(&corrected_logits, &ce_final);
         let (w_base, reported_base) = weigh(&base, &ce_base);
+        sums.weight += w_final.sum(Kind::Double).double_value(&[]);
+        base_weight += w_base.sum(Kind::Double).double_value(&[]);
+        let w_final = division.scaled(w_final, start, len);
+        let w_base = division.scaled(w_base, start, len);
         let final_num = (&ce_final * &w_final).sum(Kind::Float);
         let base_num = (&ce_base * &w_base).sum(Kind::Float);
         let blended = &final_num * (1.0 - lambda) + &base_num * lambda;
@@ -216,12 +220,14 @@ fn chunked_terms(
         sums.weighted_ce += blended_value;
         sums.final_ce += final_value;
         sums.base_ce += base_value;
-        sums.weight += w_final.sum(Kind::Double).double_value(&[]);
         sums.counted += len as u64;
     }
-    if matches!(objective, LossObjective::Dflash) {
-        sums.normaliser = sums.weight;
-    }
+    // DFlash's terms share their weights, so Σw is both terms' and the blend's.
+    let weight_sum = match objective {
+        LossObjective::Dflash => sums.weight,
+        _ => (1.0 - lambda) * sums.weight + lambda * base_weight,
+    };
+    sums.normaliser = division.normaliser(weight_sum);
     let supervised = batch.weights.reshape([-1, bs]).gt(0.0);
     let (accepted, blocks) = accepted_counts(&final_hit.view([-1, bs]), &supervised);
     let (base_accepted, _) = accepted_counts(&base_hit.view([-1, bs]), &supervised);

@@ -3,6 +3,7 @@ use crate::model::drafter::DominoConfig;
 use crate::train::dpace::dpace_block_weights;
 use crate::train::tree_objective::tests::dense_tree_loss;
 use crate::train::tree_objective::{TreeLoss, TreeObjective};
+use dflash_shared::config::DpaceNormalization;
 use tch::nn::VarStore;
 
 const BS: i64 = 4;
@@ -56,6 +57,11 @@ const DPACE_MASK: [f64; 16] = [
     0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, //
     0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0,
 ];
+/// Row 1 has no supervised slot at all (every anchor padding).
+const DPACE_MASK_ROW_WITHOUT_ANCHOR: [f64; 16] = [
+    0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, //
+    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+];
 
 impl Setup {
     fn batch<'a>(&'a self, weights: &'a Tensor) -> DominoBatch<'a> {
@@ -102,10 +108,70 @@ impl Setup {
         }
     }
 
+    /// D-PACE's weights of both terms from their own cross-entropies, each sequence's times
+    /// its normalisation's factor, and the divisor, written out per sequence: `A` its blocks
+    /// with a supervised slot, `T` its supervised slots.
+    fn dense_dpace_weights(
+        &self,
+        ce_final: &Tensor,
+        ce_base: &Tensor,
+        (alpha, normalization): (f64, DpaceNormalization),
+        lambda: f64,
+    ) -> (Tensor, Tensor, Tensor) {
+        let m: Vec<bool> = Vec::<f64>::try_from(self.weights.view([-1]))
+            .unwrap()
+            .iter()
+            .map(|&v| v > 0.0)
+            .collect();
+        let weigh = |ce: &Tensor| {
+            let q = Vec::<f64>::try_from(ce.detach().neg().exp()).unwrap();
+            let mut all = Vec::new();
+            for (qb, mb) in q.chunks(BS as usize).zip(m.chunks(BS as usize)) {
+                all.extend(dpace_block_weights(qb, mb, alpha));
+            }
+            all
+        };
+        let (w_final, w_base) = (weigh(ce_final), weigh(ce_base));
+        let slots = (N * BS) as usize;
+        let anchors: Vec<f64> = m
+            .chunks(slots)
+            .map(|row| {
+                row.chunks(BS as usize)
+                    .filter(|b| b.contains(&true))
+                    .count() as f64
+            })
+            .collect();
+        let tokens: Vec<f64> = m
+            .chunks(slots)
+            .map(|row| row.iter().filter(|&&v| v).count() as f64)
+            .collect();
+        let rows = B as f64;
+        let (factor, divisor): (Vec<f64>, f64) = match normalization {
+            DpaceNormalization::Sequences => (vec![1.0; B as usize], rows),
+            DpaceNormalization::WeightSum => (
+                vec![1.0; B as usize],
+                (1.0 - lambda) * w_final.iter().sum::<f64>() + lambda * w_base.iter().sum::<f64>(),
+            ),
+            DpaceNormalization::AnchorsPerSequence => (
+                anchors
+                    .iter()
+                    .map(|&a| if a > 0.0 { 1.0 / a } else { 0.0 })
+                    .collect(),
+                anchors.iter().filter(|&&a| a > 0.0).count() as f64,
+            ),
+            DpaceNormalization::TokensPerSequence => {
+                (tokens.iter().map(|&t| 1.0 / (t + 1e-5)).collect(), rows)
+            }
+        };
+        let per_slot: Vec<f64> = (0..m.len()).map(|i| factor[i / slots]).collect();
+        let scaled = |w: Vec<f64>| Tensor::from_slice(&w) * Tensor::from_slice(&per_slot);
+        (scaled(w_final), scaled(w_base), Tensor::from(divisor))
+    }
+
     /// The written-out formula, dense and in f64: every slot's base logits and, from slot
     /// `1 + pure_draft_prefix_len` on, the correction added; their cross-entropies, the
-    /// objective's weights, `(1−λ)·final + λ·base` over the divisor.
-    fn dense_loss(&self, objective: LossObjective, lambda: f64) -> Tensor {
+    /// objective's weights, `(1−λ)·final + λ·base` over the divisor; and the divisor.
+    fn dense_loss(&self, objective: LossObjective, lambda: f64) -> (Tensor, f64) {
         let z = self.out();
         let states = self.head.slot_states(&self.embeddings, BS);
         let base = z.matmul(&self.lm_head.tr()).view([-1, V]);
@@ -121,22 +187,10 @@ impl Setup {
         let w = self.weights.view([-1]);
         let (w_final, w_base, divisor) = match objective {
             LossObjective::Dflash => (w.shallow_clone(), w.shallow_clone(), w.sum(Kind::Double)),
-            LossObjective::Dpace { alpha } => {
-                let weigh = |ce: &Tensor| {
-                    let q = Vec::<f64>::try_from(ce.detach().neg().exp()).unwrap();
-                    let m: Vec<bool> = Vec::<f64>::try_from(self.weights.view([-1]))
-                        .unwrap()
-                        .iter()
-                        .map(|&v| v > 0.0)
-                        .collect();
-                    let mut all = Vec::new();
-                    for (qb, mb) in q.chunks(BS as usize).zip(m.chunks(BS as usize)) {
-                        all.extend(dpace_block_weights(qb, mb, alpha));
-                    }
-                    Tensor::from_slice(&all)
-                };
-                (weigh(&ce_final), weigh(&ce_base), Tensor::from(B as f64))
-            }
+            LossObjective::Dpace {
+                alpha,
+                normalization,
+            } => self.dense_dpace_weights(&ce_final, &ce_base, (alpha, normalization), lambda),
             LossObjective::Tree(tree) => {
                 let targets = Vec::<i64>::try_from(&t).unwrap();
                 let mask: Vec<bool> = Vec::<f64>::try_from(&w)
@@ -147,12 +201,13 @@ impl Setup {
                 let loss =
                     |logits: &Tensor| dense_tree_loss(logits, &targets, &mask, BS as usize, &tree);
                 let blend = loss(&corrected) * (1.0 - lambda) + loss(&base) * lambda;
-                return blend / B as f64;
+                return (blend / B as f64, B as f64);
             }
         };
         let final_loss = (&ce_final * &w_final).sum(Kind::Double);
         let base_loss = (&ce_base * &w_base).sum(Kind::Double);
-        (final_loss * (1.0 - lambda) + base_loss * lambda) / divisor
+        let divided = (final_loss * (1.0 - lambda) + base_loss * lambda) / &divisor;
+        (divided, divisor.double_value(&[]))
     }
 }
 
@@ -165,24 +220,32 @@ fn assert_close(chunked: &[(String, Tensor)], dense: &[(String, Tensor)]) {
     }
 }
 
+/// The chunked backward of the numerator (denominator 1, as `RankState::step` runs it), its
+/// gradients divided by the normaliser it reports, against the dense formula's.
 fn check_against_the_dense_formula(objective: LossObjective, weights: &[f64], lambda: f64) {
     let s = setup(11, weights);
     let w = s.weights.shallow_clone();
-    let denominator = match objective {
-        LossObjective::Dflash => w.sum(Kind::Double).double_value(&[]),
-        LossObjective::Dpace { .. } | LossObjective::Tree(_) => B as f64,
-    };
     // Chunks of 3 positions: whole blocks, several chunks, the leaves' path.
-    let sums = domino_ce_backward(&s.out(), &s.batch(&w), objective, lambda, denominator, 3);
-    let chunked = s.grads();
+    let sums = domino_ce_backward(&s.out(), &s.batch(&w), objective, lambda, 1.0, 3);
+    let chunked: Vec<(String, Tensor)> = s
+        .grads()
+        .into_iter()
+        .map(|(name, g)| (name, g / sums.normaliser))
+        .collect();
     s.zero_grads();
-    let dense = s.dense_loss(objective, lambda);
+    let (dense, divisor) = s.dense_loss(objective, lambda);
     dense.backward();
     let expected = dense.double_value(&[]);
+    // D-PACE's weights are computed in f32 in the chunks: their sum agrees to f32 rounding.
     assert!(
-        (sums.weighted_ce / denominator - expected).abs() < 1e-5 * expected.abs().max(1.0),
-        "{} vs {expected}",
-        sums.weighted_ce / denominator
+        (sums.normaliser - divisor).abs() < 1e-6 * divisor,
+        "{objective:?}: normaliser {} vs {divisor}",
+        sums.normaliser
+    );
+    assert!(
+        (sums.loss() - expected).abs() < 1e-5 * expected.abs().max(1.0),
+        "{objective:?}: {} vs {expected}",
+        sums.loss()
     );
     // Each chunk's blend is one f32 sum: the blend of the totals agrees to f32 rounding.
     let blend = (1.0 - lambda) * sums.final_ce + lambda * sums.base_ce;
@@ -197,7 +260,26 @@ fn the_dflash_curriculum_gradient_is_the_dense_formulas() {
 
 #[test]
 fn the_dpace_curriculum_gradient_is_the_dense_formulas() {
-    check_against_the_dense_formula(LossObjective::Dpace { alpha: 0.5 }, &DPACE_MASK, 0.7);
+    let dpace = LossObjective::Dpace {
+        alpha: 0.5,
+        normalization: DpaceNormalization::Sequences,
+    };
+    check_against_the_dense_formula(dpace, &DPACE_MASK, 0.7);
+}
+
+#[test]
+fn every_dpace_normalization_of_the_curriculum_is_the_dense_formulas() {
+    for normalization in DpaceNormalization::ALL {
+        let dpace = LossObjective::Dpace {
+            alpha: 0.5,
+            normalization,
+        };
+        for mask in [&DPACE_MASK, &DPACE_MASK_ROW_WITHOUT_ANCHOR] {
+            for lambda in [0.0, 0.7] {
+                check_against_the_dense_formula(dpace, mask, lambda);
+            }
+        }
+    }
 }
 
 #[test]
@@ -241,7 +323,8 @@ fn the_gru_gradient_agrees_with_finite_differences() {
                 let mut entry = param.get(index[0]).get(index[1]);
                 let _ = entry.g_add_scalar_(delta);
             });
-            let loss = tch::no_grad(|| s.dense_loss(LossObjective::Dflash, 0.25)).double_value(&[]);
+            let loss =
+                tch::no_grad(|| s.dense_loss(LossObjective::Dflash, 0.25).0).double_value(&[]);
             tch::no_grad(|| {
                 let mut entry = param.get(index[0]).get(index[1]);
                 let _ = entry.g_add_scalar_(-delta);

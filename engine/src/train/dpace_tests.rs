@@ -7,7 +7,7 @@ use crate::train::block_objective::{
 };
 use crate::train::loss::LossSums;
 use crate::train::tree_objective::TreeObjective;
-use dflash_shared::config::Objective;
+use dflash_shared::config::{DpaceNormalization, Objective};
 use tch::Device;
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -153,7 +153,10 @@ impl Case {
         let sums = block_objective_backward(
             &out,
             &batch,
-            LossObjective::Dpace { alpha },
+            LossObjective::Dpace {
+                alpha,
+                normalization: DpaceNormalization::Sequences,
+            },
             self.rows as f64,
             chunk,
         );
@@ -316,7 +319,10 @@ fn doubling_the_rows_by_duplication_leaves_the_loss_and_gradient_unchanged() {
         let sums = block_objective_backward(
             &out,
             &batch,
-            LossObjective::Dpace { alpha: 0.5 },
+            LossObjective::Dpace {
+                alpha: 0.5,
+                normalization: DpaceNormalization::Sequences,
+            },
             c.rows as f64,
             5,
         );
@@ -354,7 +360,10 @@ fn micro_batches_summed_then_divided_once_give_the_whole_batchs_gradient() {
         total.add(&block_objective_backward(
             &out.narrow(0, start, len),
             &batch,
-            LossObjective::Dpace { alpha: 0.5 },
+            LossObjective::Dpace {
+                alpha: 0.5,
+                normalization: DpaceNormalization::Sequences,
+            },
             1.0,
             4,
         ));
@@ -397,20 +406,24 @@ fn nothing_valid_trains_nothing_and_still_counts_the_sequences() {
 
 #[test]
 fn the_objective_follows_the_config() {
+    let weight_sum = DpaceNormalization::WeightSum;
     assert_eq!(
-        LossObjective::from_config(Objective::Dflash, 0.5, TreeObjective::default()),
+        LossObjective::from_config(Objective::Dflash, 0.5, weight_sum, TreeObjective::default()),
         LossObjective::Dflash
     );
     assert_eq!(
-        LossObjective::from_config(Objective::Dpace, 0.25, TreeObjective::default()),
-        LossObjective::Dpace { alpha: 0.25 }
+        LossObjective::from_config(Objective::Dpace, 0.25, weight_sum, TreeObjective::default()),
+        LossObjective::Dpace {
+            alpha: 0.25,
+            normalization: weight_sum
+        }
     );
     let tree = TreeObjective {
         budget: 8,
         ..TreeObjective::default()
     };
     assert_eq!(
-        LossObjective::from_config(Objective::Tree, 0.25, tree),
+        LossObjective::from_config(Objective::Tree, 0.25, weight_sum, tree),
         LossObjective::Tree(tree)
     );
 }

@@ -19,8 +19,9 @@
 //!
 //! Besides `loss` it reports both objectives' losses, whatever the drafter was trained with:
 //! `loss_dflash` (γ-weighted, pooled over all positions: `loss` itself) and `loss_dpace`, the
-//! mean over rows of each row's D-PACE sum `Σ CE·m·w` over its blocks (`train/dpace.rs`), with
-//! the evaluation's anchors at every valid position and `dpace_alpha`.
+//! rows' D-PACE sums `Σ CE·m·w` over their blocks divided as `dpace_normalization` says
+//! (`train/dpace.rs`; by default the mean over rows), with the evaluation's anchors at every
+//! valid position and `dpace_alpha`.
 use std::collections::BTreeMap;
 
 use dflash_shared::metrics::TreeOracleTau;
@@ -28,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::anchors::{all_anchors_chunked, AnchorBatch};
-use super::dpace::dpace_block_weights;
+use super::dpace::{dpace_block_weights, dpace_normaliser, dpace_row_scale};
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::{collate, Batch};
@@ -37,6 +38,7 @@ use crate::data::Sample;
 use crate::decode::{accepted_per_budget, GoldSlot};
 use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::TargetModel;
+use dflash_shared::config::DpaceNormalization;
 
 fn every_block() -> usize {
     1
@@ -70,6 +72,8 @@ pub struct EvalOptions {
     pub backend: AttentionBackend,
     /// D-PACE's α for `loss_dpace`.
     pub dpace_alpha: f64,
+    /// What `loss_dpace` divides the rows' D-PACE sums by.
+    pub dpace_normalization: DpaceNormalization,
     /// The DDTree budgets the oracle τ is scored at (none: no tree is built).
     pub tree_budgets: Vec<usize>,
     /// The budget serving uses; scored too, and reported as `tau_tree_serve`.
@@ -88,12 +92,17 @@ pub struct EvalReport {
     /// figure as `loss`, named for the objective).
     #[serde(default)]
     pub loss_dflash: f64,
-    /// D-PACE's loss: per row, `Σ CE·m·w` over the row's blocks; the mean over rows.
+    /// D-PACE's loss: per row, `Σ CE·m·w` over the row's blocks, divided as
+    /// `dpace_normalization` says (by default the mean over rows).
     #[serde(default)]
     pub loss_dpace: f64,
     /// The α `loss_dpace` was computed with.
     #[serde(default)]
     pub dpace_alpha: f64,
+    /// The normalisation `loss_dpace` was computed with (reports from before it: the
+    /// default, the only one there was).
+    #[serde(default)]
+    pub dpace_normalization: DpaceNormalization,
     /// Top-1 accuracy over all valid draft positions (unweighted).
     pub accuracy: f64,
     /// Index `k-1` for draft slot `k = 1..bs-1`.
@@ -147,8 +156,8 @@ struct Totals {
     hits_at: Vec<Vec<u64>>,
     weighted_ce: f64,
     weight: f64,
-    /// Σ over blocks of `Σ_k CE_k·m_k·w_k` (D-PACE's numerator).
-    dpace_ce: f64,
+    /// Per evaluated row (its index among the samples), D-PACE's sums.
+    dpace_rows: Vec<DpaceRow>,
     top1: u64,
     positions: u64,
 }
@@ -170,6 +179,37 @@ impl Totals {
             hits_at: vec![vec![0; block_size]; ks],
             ..Default::default()
         }
+    }
+}
+
+/// One evaluated row's D-PACE sums, what every normalisation reads (`train/dpace.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct DpaceRow {
+    /// `Σ CE·m·w` over the row's blocks.
+    numerator: f64,
+    /// `Σ m·w`.
+    weight: f64,
+    /// Blocks with a supervised slot (`A_b`).
+    anchors: u64,
+    /// Supervised slots (`T_b`).
+    tokens: u64,
+}
+
+/// D-PACE's loss over `samples` rows (those missing from `rows` had no block) under
+/// `normalization`: the rows' numerators, each times its factor, over the rows' normaliser.
+fn dpace_loss(rows: &[DpaceRow], samples: usize, normalization: DpaceNormalization) -> f64 {
+    let mut anchors: Vec<u64> = rows.iter().map(|r| r.anchors).collect();
+    anchors.resize(samples.max(rows.len()), 0);
+    let numerator: f64 = rows
+        .iter()
+        .map(|r| r.numerator * dpace_row_scale(normalization, r.anchors, r.tokens))
+        .sum();
+    let weight: f64 = rows.iter().map(|r| r.weight).sum();
+    let normaliser = dpace_normaliser(normalization, &anchors, weight);
+    if normaliser > 0.0 {
+        numerator / normaliser
+    } else {
+        0.0
     }
 }
 
@@ -291,15 +331,27 @@ fn score_positions(
     }
 }
 
+/// One anchor chunk's blocks as [`accumulate`] reads them: the anchors, their labels, and the
+/// index among the samples of the chunk's first row.
+struct ChunkLabels<'a> {
+    anchors: &'a AnchorBatch,
+    labels: &'a BlockLabels,
+    first_row: usize,
+}
+
 fn accumulate(
     totals: &mut Totals,
-    anchors: &AnchorBatch,
-    labels: &BlockLabels,
+    chunk: &ChunkLabels,
     block_size: usize,
     valid_flat: &[usize],
     scores: &PositionScores,
     dpace_alpha: f64,
 ) {
+    let ChunkLabels {
+        anchors,
+        labels,
+        first_row,
+    } = *chunk;
     let n_blocks = anchors.batch * anchors.width;
     // correct[block][k]: true where the label is invalid (spec §5) or the argmax hits.
     let mut correct = vec![true; n_blocks * block_size];
@@ -327,8 +379,18 @@ fn accumulate(
         let base = blk * block_size;
         let slots = base..base + block_size;
         let q: Vec<f64> = ce[slots.clone()].iter().map(|c| (-c).exp()).collect();
-        let w = dpace_block_weights(&q, &labels.valid[slots.clone()], dpace_alpha);
-        totals.dpace_ce += w.iter().zip(&ce[slots]).map(|(w, c)| w * c).sum::<f64>();
+        let valid = &labels.valid[slots.clone()];
+        let w = dpace_block_weights(&q, valid, dpace_alpha);
+        let row = first_row + blk / anchors.width;
+        if totals.dpace_rows.len() <= row {
+            totals.dpace_rows.resize(row + 1, DpaceRow::default());
+        }
+        let sums = &mut totals.dpace_rows[row];
+        sums.numerator += w.iter().zip(&ce[slots]).map(|(w, c)| w * c).sum::<f64>();
+        sums.weight += w.iter().sum::<f64>();
+        let supervised = valid.iter().filter(|&&v| v).count() as u64;
+        sums.tokens += supervised;
+        sums.anchors += u64::from(supervised > 0);
         let mut alive = true;
         let mut accepted = 0u64;
         for k in 1..block_size {
@@ -513,16 +575,13 @@ impl BlockScorer<'_> {
         let valid_flat: Vec<usize> = (0..labels.valid.len())
             .filter(|&f| labels.valid[f])
             .collect();
+        let at = ChunkLabels {
+            anchors,
+            labels,
+            first_row: chunk.first_row,
+        };
         let add = |totals: &mut Totals, scores: &PositionScores| {
-            accumulate(
-                totals,
-                anchors,
-                labels,
-                bs,
-                &valid_flat,
-                scores,
-                opts.dpace_alpha,
-            );
+            accumulate(totals, &at, bs, &valid_flat, scores, opts.dpace_alpha);
         };
         if valid_flat.is_empty() {
             let none = PositionScores {
@@ -651,12 +710,9 @@ fn report(
         tau: totals.tau(),
         loss,
         loss_dflash: loss,
-        loss_dpace: if samples == 0 {
-            0.0
-        } else {
-            totals.dpace_ce / samples as f64
-        },
+        loss_dpace: dpace_loss(&totals.dpace_rows, samples, opts.dpace_normalization),
         dpace_alpha: opts.dpace_alpha,
+        dpace_normalization: opts.dpace_normalization,
         accuracy: ratio(totals.top1, totals.positions),
         per_position_acceptance: per_slot(&totals.accepted_at),
         topk_recall,

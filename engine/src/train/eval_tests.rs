@@ -22,15 +22,12 @@ fn one_block(valid: Vec<bool>, hits: &[bool]) -> (Totals, usize) {
         base_top1: Vec::new(),
     };
     let mut totals = Totals::new(bs, TOPK_RECALL_KS.len());
-    accumulate(
-        &mut totals,
-        &anchors,
-        &labels,
-        bs,
-        &valid_flat,
-        &scores,
-        0.5,
-    );
+    let chunk = ChunkLabels {
+        anchors: &anchors,
+        labels: &labels,
+        first_row: 0,
+    };
+    accumulate(&mut totals, &chunk, bs, &valid_flat, &scores, 0.5);
     (totals, bs)
 }
 
@@ -55,13 +52,97 @@ fn the_dpace_sum_weights_each_valid_slot_by_its_blocks_acceptance_weight() {
             base_top1: Vec::new(),
         };
         let anchors = AnchorBatch::from_rows(&[vec![0]], 1);
-        accumulate(&mut t, &anchors, &labels, bs, &valid_flat, &scores, 0.5);
-        t.dpace_ce
+        let chunk = ChunkLabels {
+            anchors: &anchors,
+            labels: &labels,
+            first_row: 0,
+        };
+        accumulate(&mut t, &chunk, bs, &valid_flat, &scores, 0.5);
+        t.dpace_rows[0].numerator
     };
     let full = run(vec![false, true, true, true]);
     assert!((full - ln2 * 3.140625).abs() < 1e-6, "{full}");
     let gap = run(vec![false, true, false, true]);
     assert!((gap - ln2 * (1.3125 + 0.5625)).abs() < 1e-6, "{gap}");
+}
+
+#[test]
+fn each_dpace_normalization_divides_the_rows_sums_as_written() {
+    // Three rows, CE = ln 2 at every supervised slot, α = 1/2, blocks of 4. Row 0: a full
+    // block (w = 1.734375, 0.984375, 0.421875) in the first anchor chunk and, in the second,
+    // a block with a hole at slot 2 (w = 1.3125, 0.5625) and a block past the end (no
+    // supervised slot). Row 1: blocks with no supervised slot only. Row 2: a full block.
+    let ln2 = std::f64::consts::LN_2;
+    let (full, hole, none) = (
+        vec![false, true, true, true],
+        vec![false, true, false, true],
+        vec![false; 4],
+    );
+    let mut totals = Totals::new(4, TOPK_RECALL_KS.len());
+    let mut add = |blocks: Vec<Vec<bool>>, rows: usize, first_row: usize| {
+        let valid: Vec<bool> = blocks.concat();
+        let n = valid.iter().filter(|&&v| v).count();
+        let labels = BlockLabels {
+            targets: vec![0; valid.len()],
+            weights: vec![1.0; valid.len()],
+            valid: valid.clone(),
+        };
+        let valid_flat: Vec<usize> = (0..valid.len()).filter(|&f| valid[f]).collect();
+        let scores = PositionScores {
+            ce: vec![ln2 as f32; n],
+            in_top: vec![true; n * TOPK_RECALL_KS.len()],
+            base_top1: Vec::new(),
+        };
+        let width = blocks.len() / rows;
+        let anchors = AnchorBatch::from_rows(&vec![vec![0; width]; rows], width);
+        let chunk = ChunkLabels {
+            anchors: &anchors,
+            labels: &labels,
+            first_row,
+        };
+        accumulate(&mut totals, &chunk, 4, &valid_flat, &scores, 0.5);
+    };
+    // As `score_group` hands them over: the group of rows 0 and 1 in two anchor chunks, then
+    // the group of row 2 alone.
+    add(vec![full.clone(), none.clone()], 2, 0);
+    add(vec![hole, none.clone(), none.clone(), none], 2, 0);
+    add(vec![full], 1, 2);
+    let (w_full, w_hole) = (3.140625, 1.875);
+    let row0 = ln2 * (w_full + w_hole);
+    let row2 = ln2 * w_full;
+    assert_eq!(totals.dpace_rows[0].anchors, 2);
+    assert_eq!(totals.dpace_rows[0].tokens, 5);
+    assert_eq!(totals.dpace_rows[1], DpaceRow::default());
+    assert_eq!(
+        (totals.dpace_rows[2].anchors, totals.dpace_rows[2].tokens),
+        (1, 3)
+    );
+    let eps = crate::train::dpace::TOKENS_PER_SEQUENCE_EPSILON;
+    for (normalization, want) in [
+        (DpaceNormalization::Sequences, (row0 + row2) / 3.0),
+        (
+            DpaceNormalization::WeightSum,
+            (row0 + row2) / (2.0 * w_full + w_hole),
+        ),
+        (
+            DpaceNormalization::AnchorsPerSequence,
+            (row0 / 2.0 + row2 / 1.0) / 2.0,
+        ),
+        (
+            DpaceNormalization::TokensPerSequence,
+            (row0 / (5.0 + eps) + row2 / (3.0 + eps)) / 3.0,
+        ),
+    ] {
+        let got = dpace_loss(&totals.dpace_rows, 3, normalization);
+        assert!(
+            (got - want).abs() < 1e-6 * want,
+            "{normalization:?}: {got} vs {want}"
+        );
+    }
+    assert_eq!(
+        dpace_loss(&[], 0, DpaceNormalization::AnchorsPerSequence),
+        0.0
+    );
 }
 
 #[test]
@@ -208,6 +289,7 @@ fn tiny_eval_options(serve: usize) -> EvalOptions {
         chunk_positions: 256,
         backend: AttentionBackend::BlockSparse,
         dpace_alpha: 0.5,
+        dpace_normalization: DpaceNormalization::Sequences,
         tree_budgets: vec![4, 16],
         serve_tree_budget: Some(serve),
         tree_block_subsample: 1,

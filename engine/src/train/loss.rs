@@ -15,9 +15,9 @@ pub struct LossSums {
     /// Σ w.
     pub weight: f64,
     /// What the objective divides `weighted_ce` by once every micro-batch of the optimizer step
-    /// is summed: Σ w for DFlash (a weighted mean), the number of sequences for D-PACE
-    /// (`train/dpace.rs`). Additive, so summing it over micro-batches and ranks gives the
-    /// global divisor.
+    /// is summed: Σ w for DFlash (a weighted mean), what `training.dpace_normalization` names
+    /// for D-PACE (`train/dpace.rs`), the number of sequences for the tree objective. Additive,
+    /// so summing it over micro-batches and ranks gives the global divisor.
     pub normaliser: f64,
     /// Positions with w > 0 whose argmax equals the label.
     pub correct: u64,

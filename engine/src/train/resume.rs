@@ -350,4 +350,39 @@ mod tests {
         let epochs = UnlockedKeys::from_keys(&[unlocked::EPOCHS]);
         config_verdict(&configs(&old.config), &configs(&now), &epochs).unwrap();
     }
+
+    /// A checkpoint from before `training.dpace_normalization` trained with its default: it
+    /// resumes under the default, and another value is refused naming both, even unlocked.
+    #[test]
+    fn a_changed_dpace_normalization_is_refused_and_a_checkpoint_from_before_it_reads_as_the_default(
+    ) {
+        use dflash_shared::config::{DpaceNormalization, Objective};
+        let drafter = tiny_drafter_hf();
+        let configs = |train| SavedConfigs {
+            train,
+            drafter_hf: &drafter,
+        };
+        let mut before = crate::embedded::tiny_train_config();
+        before.training.objective = Objective::Dpace;
+        let mut written = serde_json::to_value(&before).unwrap();
+        assert!(written["training"]
+            .as_object_mut()
+            .unwrap()
+            .remove("dpace_normalization")
+            .is_none());
+        let old: TrainConfig = serde_json::from_value(written).unwrap();
+        let none = UnlockedKeys::default();
+        config_verdict(&configs(&old), &configs(&before), &none).unwrap();
+        let mut now = before.clone();
+        now.training.dpace_normalization = DpaceNormalization::WeightSum;
+        let err = config_verdict(&configs(&old), &configs(&now), &none).unwrap_err();
+        assert!(
+            err.contains(
+                "`training.dpace_normalization`: checkpoint \"sequences\" vs now \"weight_sum\""
+            ) && err.contains("restore the checkpoint's value"),
+            "{err}"
+        );
+        let unlocked = UnlockedKeys::from_keys(&["training.dpace_normalization"]);
+        assert!(config_verdict(&configs(&old), &configs(&now), &unlocked).is_err());
+    }
 }

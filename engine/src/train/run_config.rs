@@ -182,13 +182,18 @@ mod tests {
     }
 
     #[test]
-    fn the_objective_and_its_alpha_carry_over() {
+    fn the_objective_its_alpha_and_its_normalization_carry_over() {
         let mut cfg = Config::embedded_default();
         cfg.training.objective = dflash_shared::config::Objective::Dpace;
         cfg.training.dpace_alpha = 0.25;
+        cfg.training.dpace_normalization =
+            dflash_shared::config::DpaceNormalization::TokensPerSequence;
         assert_eq!(
             train_config(&cfg, 100).loss_objective(),
-            crate::train::block_objective::LossObjective::Dpace { alpha: 0.25 }
+            crate::train::block_objective::LossObjective::Dpace {
+                alpha: 0.25,
+                normalization: dflash_shared::config::DpaceNormalization::TokensPerSequence
+            }
         );
     }
 

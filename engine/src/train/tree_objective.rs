@@ -26,7 +26,8 @@
 //! adds nothing to `S` and no depth to the frontier. Either loss is then the cross-entropy of each
 //! supervised slot weighted by `w_i = −∂L/∂ℓ_i`, detached, and is backpropagated as such
 //! (`block_objective.rs::block_objective_backward`); the loss reported is `L` itself, summed over blocks
-//! and divided by the number of sequences, as D-PACE's.
+//! and divided by the number of sequences, as D-PACE's default (`training.dpace_normalization`
+//! is not read here).
 //!
 //! With a Domino head it applies to the corrected logits, teacher-forced: each depth's
 //! candidates are those below the gold prefix, and the frontier is computed as if they held for

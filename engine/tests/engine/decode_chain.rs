@@ -334,6 +334,7 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         chunk_positions: 2048,
         backend: AttentionBackend::BlockSparse,
         dpace_alpha: 0.5,
+        dpace_normalization: Default::default(),
         tree_budgets: vec![],
         serve_tree_budget: None,
         tree_block_subsample: 1,

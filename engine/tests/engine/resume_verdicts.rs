@@ -61,6 +61,7 @@ fn hand_change(key: &str) -> Option<toml::Value> {
         "queue.byte_cap" => s("2 GiB"),
         "drafter.target_layer_ids" => toml::Value::Array(vec![i(0), i(3)]),
         "training.objective" => s("dpace"),
+        "training.dpace_normalization" => s("weight_sum"),
         "training.max_steps" => i(10),
         "training.tree.budget" => i(8),
         "training.tree.temperature" => toml::Value::Float(2.0),

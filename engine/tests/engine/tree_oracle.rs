@@ -40,6 +40,7 @@ fn oracle_matches_online_rounds(target: &TargetModel, drafter: &Drafter) -> Vec<
         chunk_positions: 64,
         backend: AttentionBackend::BlockSparse,
         dpace_alpha: 0.5,
+        dpace_normalization: Default::default(),
         tree_budgets: BUDGETS.to_vec(),
         serve_tree_budget: Some(3),
         tree_block_subsample: 1,

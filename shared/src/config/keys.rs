@@ -109,6 +109,7 @@ pub const KEYS: &[KeyKind] = &[
     signal("training.adam_eps"),
     signal("training.objective"),
     signal("training.dpace_alpha"),
+    signal("training.dpace_normalization"),
     signal("training.tree.budget"),
     signal("training.tree.temperature"),
     signal("training.tree.loss"),

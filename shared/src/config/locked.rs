@@ -20,6 +20,7 @@ pub const BLOCK_SIZE: &str = "drafter.block_size";
 pub const TARGET_LAYER_IDS: &str = "drafter.target_layer_ids";
 pub const OBJECTIVE: &str = "training.objective";
 pub const DPACE_ALPHA: &str = "training.dpace_alpha";
+pub const DPACE_NORMALIZATION: &str = "training.dpace_normalization";
 pub const TREE_BUDGET: &str = "training.tree.budget";
 pub const TREE_TEMPERATURE: &str = "training.tree.temperature";
 pub const TREE_LOSS: &str = "training.tree.loss";
@@ -116,9 +117,10 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `drafter.head` and its Domino keys: the widths shape the GRU and `embed_proj`, the prefix
 ///   and label shift decide which slots the correction trains.
 /// - `training.lambda_base_start`, `training.lambda_base_decay_ratio`: Domino's curriculum.
-/// - `training.objective`, `training.dpace_alpha`, `training.tree.*`, `training.dspark.*`: the
-///   loss decides what the drafter is rewarded for and the scale of its gradient (DFlash
-///   averages per weighted position, D-PACE and the tree objective sum per sequence), so a run
+/// - `training.objective`, `training.dpace_alpha`, `training.dpace_normalization`,
+///   `training.tree.*`, `training.dspark.*`: the loss decides what the drafter is rewarded for
+///   and the scale of its gradient (DFlash averages per weighted position, D-PACE divides its
+///   sum by what `training.dpace_normalization` names, the tree objective by the sequences), so a run
 ///   switching midway is neither experiment and its loss curve breaks at the switch. The
 ///   engine refuses the checkpoint for the same reason.
 /// - `drafter.init_from`: where the run's weights started. A resume continues from its
@@ -159,15 +161,16 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
                 value_at(old, key)
             ))
         }
-        OBJECTIVE | DPACE_ALPHA | TREE_BUDGET | TREE_TEMPERATURE | TREE_LOSS | DSPARK_CE
-        | DSPARK_L1 | DSPARK_CONFIDENCE
+        OBJECTIVE | DPACE_ALPHA | DPACE_NORMALIZATION | TREE_BUDGET | TREE_TEMPERATURE
+        | TREE_LOSS | DSPARK_CE | DSPARK_L1 | DSPARK_CONFIDENCE
             if value_at(old, key) != value_at(new, key) =>
         {
             Some(format!(
                 "the training objective decides what the drafter learns and the scale of its \
-                 gradient (DFlash averages per weighted position, D-PACE and the tree \
-                 objective sum per sequence): a run that changes it midway is neither \
-                 experiment. Keep {key} = {}, or start a new run in another run dir",
+                 gradient (DFlash averages per weighted position, D-PACE divides its sum by \
+                 what training.dpace_normalization names, the tree objective by the \
+                 sequences): a run that changes it midway is neither experiment. Keep \
+                 {key} = {}, or start a new run in another run dir",
                 value_at(old, key)
             ))
         }
@@ -206,10 +209,14 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
 }
 
 /// `key`'s value as TOML writes it, or as the run reads it where the two differ: the tree
-/// objective's budget defaults to the serving budget, an unset label shift is no shift, and
-/// the held-out fraction is not read when a held-out count is set.
+/// objective's budget defaults to the serving budget, an unset label shift is no shift, an
+/// unset D-PACE normalisation is its default, and the held-out fraction is not read when a
+/// held-out count is set.
 fn value_at(config: &Config, key: &str) -> String {
     match key {
+        DPACE_NORMALIZATION => {
+            return format!("{:?}", config.training.dpace_normalization.as_str());
+        }
         TREE_BUDGET if config.training.objective == Objective::Tree => {
             let serve = config.training.serve_tree_budget;
             return config.training.tree.effective_budget(serve).to_string();
@@ -357,6 +364,36 @@ mod tests {
         assert!(unlock_refusal(&old, &new, DPACE_ALPHA)
             .unwrap()
             .contains("training.dpace_alpha = 0.5"));
+    }
+
+    #[test]
+    fn the_dpace_normalization_is_locked_whatever_the_objective_and_named_by_its_value() {
+        assert!(is_locked_key(DPACE_NORMALIZATION));
+        for objective in [
+            super::super::Objective::Dpace,
+            super::super::Objective::Dflash,
+        ] {
+            let mut old = Config::embedded_default();
+            old.training.objective = objective;
+            let mut new = old.clone();
+            new.training.dpace_normalization = super::super::DpaceNormalization::AnchorsPerSequence;
+            let changes: Vec<String> = locked_key_changes(&old, &new)
+                .iter()
+                .map(|c| c.to_string())
+                .collect();
+            assert_eq!(
+                changes,
+                ["training.dpace_normalization is locked: \"sequences\" → \
+                     \"anchors_per_sequence\""]
+            );
+            let why = unlock_refusal(&old, &new, DPACE_NORMALIZATION).unwrap();
+            assert!(
+                why.contains("Keep training.dpace_normalization = \"sequences\"")
+                    && why.contains("new run"),
+                "{why}"
+            );
+            assert_eq!(unlock_refusal(&old, &old, DPACE_NORMALIZATION), None);
+        }
     }
 
     #[test]

@@ -36,11 +36,11 @@ pub use locked::{
 };
 pub use paths::{expand_path, PathContext, PathTemplateError};
 pub use sections::{
-    paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DrafterHead, DrafterSection,
-    Dtype, LabelMask, LayerType, Objective, Precision, RunSection, TargetSection, TopologySection,
-    TrainingSection, DEFAULT_DPACE_ALPHA, DEFAULT_LAMBDA_BASE_DECAY_RATIO,
-    DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY, DEFAULT_SERVE_TREE_BUDGET,
-    DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
+    paper_loss_decay_gamma, AttentionBackend, DataFormat, DataSection, DpaceNormalization,
+    DrafterHead, DrafterSection, Dtype, LabelMask, LayerType, Objective, Precision, RunSection,
+    TargetSection, TopologySection, TrainingSection, DEFAULT_DPACE_ALPHA,
+    DEFAULT_LAMBDA_BASE_DECAY_RATIO, DEFAULT_LAMBDA_BASE_START, DEFAULT_ONLINE_EVAL_EVERY,
+    DEFAULT_SERVE_TREE_BUDGET, DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 
 pub use dspark::{DsparkSection, MarkovHeadType, DEFAULT_MARKOV_RANK};

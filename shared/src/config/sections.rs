@@ -243,6 +243,14 @@ pub struct TrainingSection {
     /// D-PACE's smoothing α of the drafter's confidence, `s_k = (1−α)·q_k + α`, in [0, 1]
     /// (SpecForge's `dpace_alpha`). Read only when `objective = "dpace"`; locked all the same.
     pub dpace_alpha: f64,
+    /// What D-PACE's summed `Σ CE·m·w` is divided by: `"sequences"` (the default),
+    /// `"weight_sum"`, `"anchors_per_sequence"` or `"tokens_per_sequence"`
+    /// ([`DpaceNormalization`] says which framework each matches). Read only when
+    /// `objective = "dpace"`; locked all the same: it sets the gradient's scale and how
+    /// sequences and blocks weigh against each other. Left out of a written config at its
+    /// default, so a config without it records as it did before the key existed.
+    #[serde(skip_serializing_if = "DpaceNormalization::is_default")]
+    pub dpace_normalization: DpaceNormalization,
     /// The tree objective's knobs (`[training.tree]`). Read only when `objective = "tree"`;
     /// locked all the same.
     #[serde(skip_serializing_if = "TreeSection::is_default")]
@@ -334,8 +342,8 @@ pub enum Objective {
     #[default]
     Dflash,
     /// D-PACE (arXiv 2605.18810, SpecForge `loss_type = "dpace"`): each slot's cross-entropy
-    /// weighted by the detached acceptance-gradient weight of its block, summed, divided by the
-    /// number of sequences.
+    /// weighted by the detached acceptance-gradient weight of its block, summed, divided as
+    /// `training.dpace_normalization` says (by default by the number of sequences).
     Dpace,
     /// Trained for the DDTree it is served with (`engine/src/train/tree_objective.rs`): each
     /// gold prefix's path score against the budget-B best-first frontier, summed per block,
@@ -351,6 +359,57 @@ impl Objective {
             Objective::Dpace => "dpace",
             Objective::Tree => "tree",
         }
+    }
+}
+
+/// `training.dpace_normalization`: what D-PACE's numerator `Σ CE·m·w` (summed over every block
+/// of the optimizer batch) is divided by. Each choice is a numerator and a normaliser that add
+/// up over micro-batches and drafter ranks before the one division, so any topology trains what
+/// one device does on the same global batch. "Supervised" slots are those with `m = 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DpaceNormalization {
+    /// The number of sequences, those without a supervised slot included: SpecForge at
+    /// `a6b6b023` (the division by the batch size its PR #578 tests).
+    #[default]
+    Sequences,
+    /// The sum of the D-PACE weights `Σ m·w`: SpecForge after DFlash2 and before PR #848
+    /// (`loss_den = loss_weights.sum()`).
+    WeightSum,
+    /// Each sequence's sum divided by its anchors with at least one supervised slot, then the
+    /// mean over the sequences that have such an anchor: SpecForge PR #848.
+    AnchorsPerSequence,
+    /// Each sequence's sum divided by its supervised slots (+1e-5), then the mean over all
+    /// sequences: vLLM speculators' per-row token mean.
+    TokensPerSequence,
+}
+
+impl DpaceNormalization {
+    /// Every value, in the order the docs list them.
+    pub const ALL: [DpaceNormalization; 4] = [
+        DpaceNormalization::Sequences,
+        DpaceNormalization::WeightSum,
+        DpaceNormalization::AnchorsPerSequence,
+        DpaceNormalization::TokensPerSequence,
+    ];
+
+    /// The value as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DpaceNormalization::Sequences => "sequences",
+            DpaceNormalization::WeightSum => "weight_sum",
+            DpaceNormalization::AnchorsPerSequence => "anchors_per_sequence",
+            DpaceNormalization::TokensPerSequence => "tokens_per_sequence",
+        }
+    }
+
+    /// The value the config spells `text`, if any.
+    pub fn from_name(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|n| n.as_str() == text)
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 
@@ -401,6 +460,7 @@ impl Default for TrainingSection {
             adam_eps: 1e-8,
             objective: Objective::Dflash,
             dpace_alpha: DEFAULT_DPACE_ALPHA,
+            dpace_normalization: DpaceNormalization::Sequences,
             tree: TreeSection::default(),
             dspark: DsparkSection::default(),
             lambda_base_start: DEFAULT_LAMBDA_BASE_START,

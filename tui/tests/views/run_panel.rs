@@ -443,8 +443,5 @@ fn the_run_panel_shows_a_dspark_heads_base_and_markov_tau_and_its_confidence_cal
 
     let headless = live_from(incident_as_dspark(false), false);
     let text = screen::text(&render(&headless, WIDTH, HEIGHT));
-    assert!(
-        text.contains("confid. no head (0.58 accepted)"),
-        "{text}"
-    );
+    assert!(text.contains("confid. no head (0.58 accepted)"), "{text}");
 }

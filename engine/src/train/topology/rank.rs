@@ -145,7 +145,8 @@ impl RankState {
 
         let t = Instant::now();
         // The gradient of Σw·CE / normaliser over the whole optimizer batch (spec §2.7; Σw for
-        // DFlash, the sequences for D-PACE): the backward ran on numerators, so one division
+        // DFlash, what `training.dpace_normalization` names for D-PACE, the sequences for the
+        // tree objective): the backward ran on numerators, so one division
         // by the global normaliser gives the gradient one device would compute on the batch.
         let scale = if global.normaliser > 0.0 {
             1.0 / global.normaliser

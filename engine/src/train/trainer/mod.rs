@@ -432,6 +432,7 @@ impl Trainer {
             chunk_positions: self.cfg.training.loss_chunk_positions as i64,
             backend: self.cfg.training.attention,
             dpace_alpha: self.cfg.training.dpace_alpha,
+            dpace_normalization: self.cfg.training.dpace_normalization,
             tree_budgets: self.cfg.training.online_eval_tree_budgets.clone(),
             serve_tree_budget: Some(self.cfg.training.serve_tree_budget),
             tree_block_subsample: self.cfg.training.eval_tree_block_subsample,
