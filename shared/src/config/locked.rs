@@ -120,9 +120,9 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 /// - `training.objective`, `training.dpace_alpha`, `training.dpace_normalization`,
 ///   `training.tree.*`, `training.dspark.*`: the loss decides what the drafter is rewarded for
 ///   and the scale of its gradient (DFlash averages per weighted position, D-PACE divides its
-///   sum by what `training.dpace_normalization` names, the tree objective by the sequences), so a run
-///   switching midway is neither experiment and its loss curve breaks at the switch. The
-///   engine refuses the checkpoint for the same reason.
+///   sum by what `training.dpace_normalization` names, the tree objective by the sequences),
+///   so a run switching midway is neither experiment and its loss curve breaks at the switch.
+///   The engine refuses the checkpoint for the same reason.
 /// - `drafter.init_from`: where the run's weights started. A resume continues from its
 ///   checkpoint and never reads the key again, so another value could change nothing but the
 ///   record of where the weights came from.
