@@ -21,7 +21,9 @@ use super::timing::sync;
 use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
-use dflash_engine::plan::flops::{corrected_positions, drafter_step_flops, StepWork};
+use dflash_engine::plan::flops::{
+    corrected_positions, drafter_step_flops, teacher_positions, StepWork,
+};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
@@ -433,6 +435,7 @@ fn step_flops(d: &DrafterConfig, step_shape: &StepShape) -> f64 {
         keep: &step_shape.keep,
         weighted_positions: step_shape.weighted_positions,
         corrected_positions: step_shape.corrected_positions,
+        teacher_positions: teacher_positions(d, step_shape.weighted_positions),
         vocab_size: d.vocab_size,
     })
     .total()

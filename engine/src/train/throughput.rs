@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::TargetConfig;
-use crate::plan::flops::{corrected_positions, drafter_step_flops, target_forward_flops, StepWork};
+use crate::plan::flops::{
+    corrected_positions, drafter_step_flops, target_forward_flops, teacher_positions, StepWork,
+};
 use crate::train::micro::PreparedMicro;
 
 /// Draft positions the drafter trains on in `micro`: block_size per kept anchor. Padding
@@ -16,7 +18,8 @@ pub fn draft_positions(micro: &PreparedMicro, block_size: i64) -> u64 {
 }
 
 /// Forward + backward FLOPs of the drafter on `micro` (useful work only: visible attention
-/// pairs of kept blocks, the LM head over weighted positions).
+/// pairs of kept blocks, the LM head over weighted positions, and the teacher's LM head
+/// there when the head distils the target).
 pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
     let weighted = micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64;
     drafter_step_flops(&StepWork {
@@ -27,6 +30,7 @@ pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
         keep: &micro.anchors.keep,
         weighted_positions: weighted,
         corrected_positions: corrected_positions(cfg, &micro.labels.weights),
+        teacher_positions: teacher_positions(cfg, weighted),
         vocab_size: cfg.vocab_size,
     })
     .total()
