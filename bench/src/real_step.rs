@@ -29,7 +29,7 @@ use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
-use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
+use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
 use dflashd::telemetry::{allocator, GpuSampler};
 
 /// The Qwen3.6-27B vocabulary, what the real drafter's LM head projects onto.
@@ -342,7 +342,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             objective: LossObjective::Dflash,
             lambda_base: 0.0,
         };
-        let sums = replica.forward_backward(&features, &micro, &options);
+        let sums =
+            replica.forward_backward(TargetStates::features_only(&features), &micro, &options);
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica
             .apply(1e-4, None, 1.0 / weight)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::drafter::DrafterConfig;
-use crate::model::target::TargetConfig;
+use crate::model::target::{FeatureRequest, TargetConfig};
 use crate::plan::flops::{
     corrected_positions, drafter_step_flops, target_forward_flops, teacher_positions, StepWork,
 };
@@ -36,14 +36,15 @@ pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
     .total()
 }
 
-/// Forward FLOPs of the target's feature pass on `micro`, over the batch as its kernels see
-/// it (`[B, S]`, right padding included: the target has no mask to skip it).
-pub fn target_flops(target: &TargetConfig, taps: &[usize], micro: &PreparedMicro) -> f64 {
+/// Forward FLOPs of the target's pass for `request` on `micro`, over the batch as its
+/// kernels see it (`[B, S]`, right padding included: the target has no mask to skip it), up
+/// to the last layer it reads.
+pub fn target_flops(target: &TargetConfig, request: &FeatureRequest, micro: &PreparedMicro) -> f64 {
     let (b, s) = (micro.batch.batch as i64, micro.batch.seq_len as i64);
     if b == 0 || s == 0 {
         return 0.0;
     }
-    target_forward_flops(target, taps, b, s)
+    target_forward_flops(target, &request.layers_read(target.num_layers()), b, s)
 }
 
 /// Dense peak FLOP/s of each device a run uses, keyed by the engine's device name (`cpu`,
