@@ -20,7 +20,7 @@ use super::presets::step_preset;
 use crate::flop_counter::CountedFlops;
 use dflash_engine::plan::drafter::RankContext;
 use dflash_engine::plan::flops::{
-    corrected_positions, drafter_step_executed_flops, ExecutedFlops, StepWork,
+    corrected_positions, drafter_step_executed_flops, teacher_positions, ExecutedFlops, StepWork,
 };
 use dflash_engine::plan::{drafter_memory, ActivationPrecision, StepShape};
 
@@ -101,6 +101,7 @@ pub fn predict(
             keep: &keep,
             weighted_positions: meta.weighted_positions,
             corrected_positions: corrected,
+            teacher_positions: teacher_positions(&preset.drafter, meta.weighted_positions),
             vocab_size: preset.drafter.vocab_size,
         },
         activation_checkpointing,

@@ -21,13 +21,15 @@ use super::timing::sync;
 use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
-use dflash_engine::plan::flops::{corrected_positions, drafter_step_flops, StepWork};
+use dflash_engine::plan::flops::{
+    corrected_positions, drafter_step_flops, teacher_positions, StepWork,
+};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::block_objective::LossObjective;
 use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
-use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
+use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
 use dflashd::telemetry::{allocator, GpuSampler};
 
 /// The Qwen3.6-27B vocabulary, what the real drafter's LM head projects onto.
@@ -340,7 +342,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             objective: LossObjective::Dflash,
             lambda_base: 0.0,
         };
-        let sums = replica.forward_backward(&features, &micro, &options);
+        let sums =
+            replica.forward_backward(TargetStates::features_only(&features), &micro, &options);
         let weight = sums.weight.max(f64::MIN_POSITIVE);
         replica
             .apply(1e-4, None, 1.0 / weight)
@@ -433,6 +436,7 @@ fn step_flops(d: &DrafterConfig, step_shape: &StepShape) -> f64 {
         keep: &step_shape.keep,
         weighted_positions: step_shape.weighted_positions,
         corrected_positions: step_shape.corrected_positions,
+        teacher_positions: teacher_positions(d, step_shape.weighted_positions),
         vocab_size: d.vocab_size,
     })
     .total()

@@ -6,6 +6,7 @@
 //! Pure apart from [`device_memory`], which reads NVML or the host's memory.
 use dflash_engine::data::Sample;
 use dflash_engine::model::target::TargetConfig;
+use dflash_engine::plan::run::queue_item_bytes;
 use dflash_engine::plan::{plan_run, ActivationPrecision, RunPlan, RunSpec, StepShape, GIB};
 use dflash_engine::train::loader::bucketed_len;
 use dflash_engine::train::run_config;
@@ -224,7 +225,8 @@ fn run_spec_at(inputs: &PlanInputs<'_>, seq_len: i64, num_anchors: usize) -> Run
     let inline = inputs.devices.is_inline();
     let ranks = inputs.devices.drafter.len().max(1);
     let queue = per_rank_queue(queue_config(&cfg.queue), ranks);
-    let item_bytes = (batch * seq_len * drafter.feature_size()) as f64 * precision.bytes();
+    let carries_last_hidden = drafter.head.needs_target_last_hidden();
+    let item_bytes = queue_item_bytes(&drafter, batch, seq_len, precision, carries_last_hidden);
     // A rank's queue holds at most `capacity` items and at most `byte_cap` bytes of them.
     let by_bytes = (queue.byte_cap as f64 / item_bytes.max(1.0)).floor() as usize;
     let names = |list: &[Device]| list.iter().map(ToString::to_string).collect::<Vec<_>>();

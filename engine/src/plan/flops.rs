@@ -10,6 +10,10 @@
 //! block's tokens (the input projection's backward is its weight gradient only: the GRU reads
 //! frozen embeddings; the hidden projection's first step has no state gradient: it starts
 //! from the constant zero) and `embed_proj` over the corrected positions ([`DominoTerms`]).
+//! A head that distils the target's own distribution adds the teacher's logits: the frozen
+//! LM head over the target's last hidden state at every weighted position, forward only
+//! ([`teacher_head_flops`]); and its target pass runs every layer, to the last
+//! (`FeatureRequest::layers_read`).
 //!
 //! Two counts of one step: [`drafter_step_flops`] is that *model* count, what MFU divides;
 //! [`drafter_step_executed_flops`] is what the engine's kernels run for it: every key of
@@ -68,6 +72,9 @@ pub struct StepWork<'a> {
     /// Of those, the ones a Domino head corrects (their slot ≥ `1 + pure_draft_prefix_len`,
     /// [`corrected_positions`]): what `embed_proj` runs over. 0 without a Domino head.
     pub corrected_positions: i64,
+    /// Positions whose teacher distribution the frozen LM head computes from the target's
+    /// last hidden state ([`teacher_positions`]). 0 unless the head distils the target.
+    pub teacher_positions: i64,
     pub vocab_size: i64,
 }
 
@@ -88,6 +95,25 @@ pub fn corrected_positions(d: &DrafterConfig, weights: &[f32]) -> i64 {
         .count() as i64
 }
 
+/// The positions whose teacher distribution a step computes: every weighted position when
+/// the head distils the target's own distribution
+/// ([`DrafterHead::needs_target_last_hidden`](crate::model::drafter::DrafterHead::needs_target_last_hidden)),
+/// none otherwise.
+pub fn teacher_positions(d: &DrafterConfig, weighted_positions: i64) -> i64 {
+    if d.head.needs_target_last_hidden() {
+        weighted_positions
+    } else {
+        0
+    }
+}
+
+/// FLOPs of the teacher's logits: the target's frozen LM head `[V, H]` over its last hidden
+/// state at `positions` positions, counted as the drafter's own LM head is (2 per
+/// multiply-add). Forward only: the teacher takes no gradient.
+pub fn teacher_head_flops(positions: i64, hidden: i64, vocab: i64) -> f64 {
+    2.0 * positions as f64 * hidden as f64 * vocab as f64
+}
+
 /// Forward and backward FLOPs of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepFlops {
@@ -102,11 +128,13 @@ impl StepFlops {
 }
 
 /// The forward matmuls of one step: `fc` over the context, one layer's projections (the same
-/// for every layer), and the LM head over the weighted positions.
+/// for every layer), the LM head over the weighted positions, and the teacher's LM head
+/// (forward only, [`teacher_head_flops`]).
 struct MatmulTerms {
     fc: f64,
     layer_projections: f64,
     head: f64,
+    teacher: f64,
 }
 
 fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
@@ -127,6 +155,7 @@ fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
             + 2.0 * q * hq * hd * h                     // o_proj
             + 3.0 * 2.0 * q * h * inter, // gate, up, down
         head: 2.0 * w.weighted_positions as f64 * h * w.vocab_size as f64,
+        teacher: teacher_head_flops(w.teacher_positions, d.target_hidden_size, w.vocab_size),
     }
 }
 
@@ -200,7 +229,12 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
         .sum();
     let domino = domino_terms(w);
     StepFlops {
-        forward: m.fc + layers_fwd + attention_fwd + m.head + domino.map_or(0.0, |t| t.forward()),
+        forward: m.fc
+            + layers_fwd
+            + attention_fwd
+            + m.head
+            + m.teacher
+            + domino.map_or(0.0, |t| t.forward()),
         backward: m.fc
             + 2.0 * layers_fwd
             + 2.0 * attention_fwd
@@ -261,8 +295,11 @@ pub fn drafter_step_executed_flops(
         .collect();
     let forward_attention: f64 = attention.iter().sum();
     let domino = domino_terms(w);
-    let forward_matmul =
-        m.fc + layers as f64 * m.layer_projections + m.head + domino.map_or(0.0, |t| t.forward());
+    let forward_matmul = m.fc
+        + layers as f64 * m.layer_projections
+        + m.head
+        + m.teacher
+        + domino.map_or(0.0, |t| t.forward());
     if w.weighted_positions == 0 {
         return ExecutedFlops {
             matmul: forward_matmul,
@@ -313,8 +350,10 @@ pub fn attention_call_shapes(w: &StepWork<'_>) -> std::collections::BTreeSet<(i6
 }
 
 /// Forward FLOPs of the target's feature pass over `batch × seq_len` tokens: the matmuls of
-/// the layers it runs (`model/target/mod.rs::features` stops after the last tap layer, so
-/// layers `0..=max(taps)`), 2 per weight per token, plus causal attention on its
+/// the layers it runs (`model/target/mod.rs::hidden_states` stops after the last layer it
+/// reads, so layers `0..=max(taps)`; `taps` are the layers read,
+/// `FeatureRequest::layers_read`, the last one included when the last hidden state is asked
+/// for), 2 per weight per token, plus causal attention on its
 /// full-attention layers (q·k and p·v over the `(S+1)/2` keys a token sees on average). The
 /// Gated DeltaNet chunk recurrence (under 1 % at Qwen3.6-27B's shape) and the depthwise conv
 /// are left out, as norms and elementwise work are.

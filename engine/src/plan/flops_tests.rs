@@ -66,6 +66,7 @@ fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
         keep: &[true, true],
         weighted_positions: 2,
         corrected_positions: corrected_positions(d, &[0.0, 1.0, 0.0, 1.0]),
+        teacher_positions: 0,
         vocab_size: 10,
     }
 }
@@ -203,6 +204,7 @@ fn the_gru_backpropagates_into_every_state_but_the_first() {
         weighted_positions: 6,
         // Slots 1..=3 of both blocks weighted, slot 1 in the pure-draft prefix.
         corrected_positions: corrected_positions(&d, &[0., 1., 1., 1., 0., 1., 1., 1.]),
+        teacher_positions: 0,
         vocab_size: 10,
     };
     assert_eq!(w.corrected_positions, 4);
@@ -257,6 +259,7 @@ fn executed_attention_covers_at_least_the_useful_pairs() {
         keep: &keep,
         weighted_positions: 0,
         corrected_positions: 0,
+        teacher_positions: 0,
         vocab_size: 10,
     };
     let useful = drafter_step_flops(&w).forward
@@ -267,4 +270,65 @@ fn executed_attention_covers_at_least_the_useful_pairs() {
         executed >= useful && useful > 0.0,
         "executed {executed} < useful {useful}"
     );
+}
+
+#[test]
+fn no_current_head_distils_the_target() {
+    let plain = one_layer_drafter();
+    for d in [plain.clone(), with_domino(&plain, 5, 3, 0)] {
+        assert!(!d.head.needs_target_last_hidden());
+        assert!(!d.feature_request().last_hidden);
+        assert_eq!(teacher_positions(&d, 7), 0);
+        assert_eq!(two_blocks_in_six_tokens(&d).teacher_positions, 0);
+    }
+}
+
+#[test]
+fn the_teacher_head_is_a_forward_lm_head_over_the_targets_width_by_hand() {
+    // A drafter narrower than its target: the teacher reads the target's width, not its own.
+    let d = DrafterConfig {
+        target_hidden_size: 6,
+        ..one_layer_drafter()
+    };
+    let plain = two_blocks_in_six_tokens(&d);
+    let distilled = StepWork {
+        teacher_positions: plain.weighted_positions,
+        ..plain.clone()
+    };
+    // 2 weighted positions × [V = 10, H = 6].
+    let teacher = 2.0 * 2.0 * 6.0 * 10.0;
+    assert_eq!(teacher_head_flops(2, 6, 10), teacher);
+    let (with, without) = (drafter_step_flops(&distilled), drafter_step_flops(&plain));
+    assert_eq!(with.forward - without.forward, teacher);
+    assert_eq!(with.backward, without.backward);
+    for checkpointing in [false, true] {
+        let (with, without) = (
+            drafter_step_executed_flops(&distilled, checkpointing),
+            drafter_step_executed_flops(&plain, checkpointing),
+        );
+        assert_eq!(with.matmul - without.matmul, teacher);
+        assert_eq!(with.attention_forward, without.attention_forward);
+        assert_eq!(with.attention_backward, without.attention_backward);
+    }
+}
+
+#[test]
+fn reading_the_last_hidden_state_costs_the_whole_target_forward() {
+    use crate::model::target::FeatureRequest;
+    let t = TargetConfig::tiny_default();
+    let n = t.num_layers();
+    let taps = FeatureRequest::taps(&[0, 1]);
+    let with_last = FeatureRequest {
+        last_hidden: true,
+        ..taps.clone()
+    };
+    assert_eq!(with_last.layers_read(n), vec![0, 1, n - 1]);
+    assert_eq!(taps.layers_read(n), vec![0, 1]);
+    let all: Vec<usize> = (0..n).collect();
+    let full = target_forward_flops(&t, &all, 2, 16);
+    assert_eq!(
+        target_forward_flops(&t, &with_last.layers_read(n), 2, 16),
+        full
+    );
+    assert!(target_forward_flops(&t, &taps.layers_read(n), 2, 16) < full);
 }

@@ -8,7 +8,7 @@ use super::shape::{ActivationPrecision, StepShape};
 use super::target::target_memory;
 use super::{top_consumers, Consumer, GIB};
 use crate::model::drafter::DrafterConfig;
-use crate::model::target::TargetConfig;
+use crate::model::target::{FeatureRequest, TargetConfig};
 
 /// What a run is, for the model.
 #[derive(Debug, Clone)]
@@ -149,11 +149,24 @@ pub fn best_split(total: usize, target_cost: f64, drafter_cost: f64) -> Option<(
 }
 
 pub fn plan_run(spec: &RunSpec) -> RunPlan {
+    plan_carrying(spec, spec.drafter.head.needs_target_last_hidden())
+}
+
+/// [`plan_run`] for a run whose items carry the target's last hidden state beside the
+/// features (`carries_last_hidden`, which the head decides): the target's pass then runs to
+/// its last layer and keeps one more state, the queued items grow by it, and the drafter
+/// computes the teacher's logits at every weighted position.
+fn plan_carrying(spec: &RunSpec, carries_last_hidden: bool) -> RunPlan {
     let d = &spec.drafter;
     let s = &spec.step;
     let inline = spec.target_devices.is_empty();
-    let drafter = drafter_memory(d, s, rank_context(spec));
-    let devices = device_plans(spec, &drafter);
+    let layers_read = FeatureRequest {
+        layer_ids: d.target_layer_ids.clone(),
+        last_hidden: carries_last_hidden,
+    }
+    .layers_read(spec.target.num_layers());
+    let drafter = drafter_memory(d, s, rank_context(spec, carries_last_hidden));
+    let devices = device_plans(spec, &drafter, &layers_read);
     let fits = spec
         .device_memory_bytes
         .map(|_| devices.iter().all(|d| d.fits == Some(true)));
@@ -167,6 +180,11 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
         keep: &s.keep,
         weighted_positions: s.weighted_positions,
         corrected_positions: s.corrected_positions,
+        teacher_positions: if carries_last_hidden {
+            s.weighted_positions
+        } else {
+            0
+        },
         vocab_size: d.vocab_size,
     };
     let per_sequence = |total: f64| total / s.batch.max(1) as f64;
@@ -174,7 +192,7 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
     let drafter_step = drafter_flops.total();
     let drafter_executed =
         drafter_step_executed_flops(&work, spec.activation_checkpointing).total();
-    let target_fwd = target_forward_flops(&spec.target, &d.target_layer_ids, s.batch, s.seq_len);
+    let target_fwd = target_forward_flops(&spec.target, &layers_read, s.batch, s.seq_len);
     let flops_per_token = SideFlops {
         target: target_fwd / tokens,
         drafter: drafter_step / tokens,
@@ -207,13 +225,36 @@ pub fn plan_run(spec: &RunSpec) -> RunPlan {
     }
 }
 
+/// Bytes of one hidden-state item on its drafter rank (`topology/pipeline.rs::HiddenItem`):
+/// the tap features `[B, S, n·H]` and, when the item carries it, the target's last hidden
+/// state `[B, S, H]`, in the activation precision.
+pub fn queue_item_bytes(
+    d: &DrafterConfig,
+    batch: i64,
+    seq_len: i64,
+    precision: ActivationPrecision,
+    carries_last_hidden: bool,
+) -> f64 {
+    let last_hidden = if carries_last_hidden {
+        d.target_hidden_size
+    } else {
+        0
+    };
+    (batch * seq_len * (d.feature_size() + last_hidden)) as f64 * precision.bytes()
+}
+
 /// What a drafter rank holds besides its own model: how many ranks split the optimizer's
 /// work, whether the tables are the target's (inline), and the queue's waiting items.
-fn rank_context(spec: &RunSpec) -> RankContext {
-    let d = &spec.drafter;
+fn rank_context(spec: &RunSpec, carries_last_hidden: bool) -> RankContext {
     let s = &spec.step;
     let inline = spec.target_devices.is_empty();
-    let item_bytes = (s.batch * s.seq_len * d.feature_size()) as f64 * spec.precision.bytes();
+    let item_bytes = queue_item_bytes(
+        &spec.drafter,
+        s.batch,
+        s.seq_len,
+        spec.precision,
+        carries_last_hidden,
+    );
     RankContext {
         precision: spec.precision,
         ranks: if inline {
@@ -234,10 +275,16 @@ fn rank_context(spec: &RunSpec) -> RankContext {
 
 /// Each device's consumers, peak and fit: one device with both sides inline, else every
 /// target device and every drafter device with its own side (and the runtime allowance).
-fn device_plans(spec: &RunSpec, drafter: &DrafterMemory) -> Vec<DevicePlan> {
+/// `layers_read` are the target layers whose states its pass keeps.
+fn device_plans(spec: &RunSpec, drafter: &DrafterMemory, layers_read: &[usize]) -> Vec<DevicePlan> {
     let s = &spec.step;
-    let taps = &spec.drafter.target_layer_ids;
-    let target = target_memory(&spec.target, taps, s.batch, s.seq_len, spec.precision);
+    let target = target_memory(
+        &spec.target,
+        layers_read,
+        s.batch,
+        s.seq_len,
+        spec.precision,
+    );
     let reserve = (spec.runtime_reserve_bytes > 0.0).then(|| {
         Consumer::new(
             "runtime context and workspaces (allowance)",

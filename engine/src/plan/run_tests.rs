@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::flops::teacher_head_flops;
 
 #[test]
 fn the_best_split_balances_the_two_sides() {
@@ -108,4 +109,80 @@ fn activation_checkpointing_keeps_the_activations_of_one_layer_at_the_real_shape
     assert!(saved > 35.0 && saved < 45.0, "{saved} GiB saved");
     // The loss chunk still peaks after the last layer's forward.
     assert_eq!(recomputed.drafter_peak_phase, "loss");
+}
+
+fn consumer_bytes(plan: &RunPlan, role: Role, prefix: &str) -> f64 {
+    let device = plan.devices.iter().find(|d| d.role == role).unwrap();
+    device
+        .consumers
+        .iter()
+        .find(|c| c.name.starts_with(prefix))
+        .map_or(0.0, |c| c.gib * GIB)
+}
+
+#[test]
+fn no_current_head_carries_the_last_hidden_state_so_the_plan_is_as_before() {
+    let spec = real_spec(4096, 96.0);
+    assert!(!spec.drafter.head.needs_target_last_hidden());
+    let plan = plan_run(&spec);
+    assert_eq!(plan, plan_carrying(&spec, false));
+    // The counts as they were before the carry existed: the taps' forward, the features
+    // alone in each queued item, no teacher.
+    let (d, s) = (&spec.drafter, &spec.step);
+    let tokens = (s.batch * s.seq_len) as f64;
+    let target = target_forward_flops(&spec.target, &d.target_layer_ids, s.batch, s.seq_len);
+    assert_eq!(plan.flops_per_token.target, target / tokens);
+    assert_eq!(
+        queue_item_bytes(d, s.batch, s.seq_len, spec.precision, false),
+        (s.batch * s.seq_len * d.feature_size()) as f64 * spec.precision.bytes()
+    );
+    let queued = consumer_bytes(&plan, Role::Drafter, "queued hidden-state items");
+    let item = (s.batch * s.seq_len * d.feature_size()) as f64 * 2.0;
+    assert!(
+        (queued - 5.0 * item).abs() < 1.0,
+        "{queued} vs {}",
+        5.0 * item
+    );
+}
+
+#[test]
+fn carrying_the_last_hidden_state_adds_the_target_tail_the_teacher_and_one_state_per_item() {
+    let spec = real_spec(4096, 96.0);
+    let (d, s) = (&spec.drafter, &spec.step);
+    let (plain, carried) = (plan_carrying(&spec, false), plan_carrying(&spec, true));
+    let n = spec.target.num_layers();
+    let h = spec.target.hidden_size();
+    assert_eq!(d.target_hidden_size, h);
+    let tokens = (s.batch * s.seq_len) as f64;
+    // The target runs all its layers, not only up to the highest tap.
+    let all: Vec<usize> = (0..n).collect();
+    let full = target_forward_flops(&spec.target, &all, s.batch, s.seq_len);
+    let taps = target_forward_flops(&spec.target, &d.target_layer_ids, s.batch, s.seq_len);
+    assert!(full > taps);
+    assert_eq!(carried.flops_per_token.target, full / tokens);
+    assert_eq!(
+        carried.flops_per_sequence.target - plain.flops_per_sequence.target,
+        (full - taps) / s.batch as f64
+    );
+    // The drafter computes the teacher's logits at every weighted position, forward only.
+    let teacher = teacher_head_flops(s.weighted_positions, h, d.vocab_size);
+    assert!(teacher > 0.0);
+    let drafter_gain = carried.flops_per_sequence.drafter - plain.flops_per_sequence.drafter;
+    assert!((drafter_gain - teacher / s.batch as f64).abs() <= 1e-6 * teacher);
+    assert_eq!(
+        carried.drafter_backward_flops_per_token,
+        plain.drafter_backward_flops_per_token
+    );
+    // Each queued item holds one more `[B, S, H]`, and so does the target's pass.
+    let state = tokens * h as f64 * spec.precision.bytes();
+    assert_eq!(
+        queue_item_bytes(d, s.batch, s.seq_len, spec.precision, true)
+            - queue_item_bytes(d, s.batch, s.seq_len, spec.precision, false),
+        state
+    );
+    let gain = |role: Role, name: &str| {
+        consumer_bytes(&carried, role, name) - consumer_bytes(&plain, role, name)
+    };
+    assert!((gain(Role::Drafter, "queued hidden-state items") - 5.0 * state).abs() < 1.0);
+    assert!((gain(Role::Target, "tapped hidden states") - state).abs() < 1.0);
 }

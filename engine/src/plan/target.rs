@@ -10,7 +10,9 @@ use super::shape::ActivationPrecision;
 use super::Consumer;
 use crate::model::target::{param_specs, Qwen3_5LayerKind, TargetConfig};
 
-/// Consumers of one target replica for a `batch × seq_len` feature pass with `taps` tapped.
+/// Consumers of one target replica for a `batch × seq_len` feature pass that keeps the
+/// states of `taps` (the layers it reads, `FeatureRequest::layers_read`: the last hidden
+/// state counts as one more).
 pub fn target_memory(
     t: &TargetConfig,
     taps: &[usize],

@@ -33,11 +33,12 @@ use super::dpace::{dpace_block_weights, dpace_normaliser, dpace_row_scale};
 use super::error::TrainError;
 use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::{collate, Batch};
+use super::replica::TargetStates;
 use super::tree_metrics::{blocks_per_group, grow_trees, scored_budgets, TreeInputs, TreeTotals};
 use crate::data::Sample;
 use crate::decode::{accepted_per_budget, GoldSlot};
 use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
-use crate::model::target::TargetModel;
+use crate::model::target::{FeatureRequest, TargetHidden, TargetModel};
 use dflash_shared::config::DpaceNormalization;
 
 fn every_block() -> usize {
@@ -470,6 +471,22 @@ pub fn evaluate_with(
     Ok(report(&tallies, &budgets, drafter, samples.len(), opts))
 }
 
+/// The target's states of one forward group's rows `ids` for `request`, placed once on the
+/// drafter's device in its dtype (`place`), where every anchor chunk of the group reads them.
+fn placed_states(
+    target: &TargetModel,
+    ids: &Tensor,
+    request: &FeatureRequest,
+    (device, kind): (Device, Kind),
+) -> Result<TargetHidden, TrainError> {
+    let hidden = target.hidden_states(ids, request)?;
+    let place = |t: &Tensor| crate::device::place(t, device, kind);
+    Ok(TargetHidden {
+        features: place(&hidden.features),
+        last_hidden: hidden.last_hidden.as_ref().map(place),
+    })
+}
+
 /// What an evaluation accumulates: the drafter's blocks, a Domino drafter's blocks scored
 /// again on the base logits alone, and the tree oracle's.
 struct Tallies {
@@ -516,14 +533,16 @@ impl BlockScorer<'_> {
         let batch = collate(group, 0, 0);
         let ids =
             Tensor::from_slice(&batch.input_ids).view([batch.batch as i64, batch.seq_len as i64]);
-        let features = crate::device::place(
-            &self.target.features(&ids, &cfg.target_layer_ids)?,
-            self.eval_device,
-            self.eval_kind,
-        );
+        let hidden = placed_states(
+            self.target,
+            &ids,
+            &cfg.feature_request(),
+            (self.eval_device, self.eval_kind),
+        )?;
+        let states = TargetStates::from(&hidden);
         for anchors in all_anchors_chunked(&batch.masks(), self.opts.anchors_per_forward) {
             if anchors.width > 0 {
-                self.score_chunk(&batch, first_row, &features, &anchors, tallies, on_block);
+                self.score_chunk(&batch, first_row, states, &anchors, tallies, on_block);
             }
         }
         Ok(())
@@ -535,7 +554,7 @@ impl BlockScorer<'_> {
         &self,
         batch: &Batch,
         first_row: usize,
-        features: &Tensor,
+        states: TargetStates<'_>,
         anchors: &AnchorBatch,
         tallies: &mut Tallies,
         on_block: &mut dyn FnMut(&BlockOutcome),
@@ -552,9 +571,13 @@ impl BlockScorer<'_> {
             .index_select(0, &block_ids_t)
             .view([batch.batch as i64, q, -1]);
         let (anchor_t, keep_t) = anchors.to_tensors(device);
-        let out = self
-            .drafter
-            .forward(features, &embeddings, &anchor_t, &keep_t, opts.backend);
+        let out = self.drafter.forward(
+            states.features,
+            &embeddings,
+            &anchor_t,
+            &keep_t,
+            opts.backend,
+        );
         let labels = block_labels(rows, anchors, bs, Some(opts.gamma), opts.rule);
         let chunk = ChunkBlocks {
             first_row,

@@ -389,3 +389,33 @@ fn a_first_miss_gives_tau_one() {
     assert_eq!(t.accepted_plus_one, 1.0);
     assert_eq!(t.hits_at[0], vec![0, 0, 1]);
 }
+
+/// A forward group's states go to the drafter's device and dtype once: the features alone
+/// for today's heads, the last hidden state beside them (one more placement) when asked.
+#[test]
+fn a_forward_groups_last_hidden_state_is_placed_beside_its_features_when_asked() {
+    use crate::model::target::{FeatureRequest, TargetConfig};
+    let target = TargetModel::random(TargetConfig::tiny_default(), Device::Cpu, Kind::Float, 3);
+    let last = target.config().num_layers() - 1;
+    let ids = Tensor::arange(24, (Kind::Int64, Device::Cpu)).view([2, 12]);
+    let taps = FeatureRequest::taps(&[1, 3]);
+    let eval = (Device::Cpu, Kind::Float);
+    let before = crate::device::placements_on_this_thread();
+    let alone = placed_states(&target, &ids, &taps, eval).unwrap();
+    assert_eq!(crate::device::placements_on_this_thread() - before, 1);
+    assert!(alone.last_hidden.is_none());
+    assert!(alone
+        .features
+        .equal(&target.features(&ids, &[1, 3]).unwrap()));
+
+    let request = FeatureRequest {
+        last_hidden: true,
+        ..taps
+    };
+    let before = crate::device::placements_on_this_thread();
+    let both = placed_states(&target, &ids, &request, eval).unwrap();
+    assert_eq!(crate::device::placements_on_this_thread() - before, 2);
+    assert!(both.features.equal(&alone.features));
+    let last_hidden = both.last_hidden.as_ref().expect("asked for");
+    assert!(last_hidden.equal(&target.features(&ids, &[last]).unwrap()));
+}

@@ -15,12 +15,44 @@ use super::micro::PreparedMicro;
 use super::optim::{AdamW, AdamWConfig, OptimError, StepReport};
 use crate::device::compute_kind;
 use crate::model::drafter::{AttentionBackend, Drafter, DrafterConfig, DrafterInputs};
+use crate::model::target::TargetHidden;
 
 /// Weights, moments and step counter of a replica (deep copies, on the CPU).
 pub struct ReplicaState {
     pub master: HashMap<String, Tensor>,
     pub moments: HashMap<String, Tensor>,
     pub optimizer_step: u64,
+}
+
+/// The target's states of one micro-batch's rows, what [`DrafterReplica::forward_backward`]
+/// trains on.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetStates<'a> {
+    /// `[B, S, n·H]` tap-layer features, on any device.
+    pub features: &'a Tensor,
+    /// `[B, S, H]` the target's final-normed last hidden state, what its frozen LM head turns
+    /// into the teacher's distribution; present exactly when the head needs it
+    /// ([`DrafterHead::needs_target_last_hidden`](crate::model::drafter::DrafterHead::needs_target_last_hidden)).
+    pub last_hidden: Option<&'a Tensor>,
+}
+
+impl<'a> TargetStates<'a> {
+    /// The tap features alone (every head that does not distil the target).
+    pub fn features_only(features: &'a Tensor) -> Self {
+        Self {
+            features,
+            last_hidden: None,
+        }
+    }
+}
+
+impl<'a> From<&'a TargetHidden> for TargetStates<'a> {
+    fn from(hidden: &'a TargetHidden) -> Self {
+        Self {
+            features: &hidden.features,
+            last_hidden: hidden.last_hidden.as_ref(),
+        }
+    }
 }
 
 /// How [`DrafterReplica::forward_backward`] trains one micro-batch.
@@ -123,11 +155,11 @@ impl DrafterReplica {
 
     /// Forward and backward of one micro-batch: accumulates the gradient of the objective's
     /// numerator (`Σ w·CE`, not yet divided by anything: the returned `normaliser`, summed
-    /// over the step, is what divides it) into the parameters' gradients. `features` are the
-    /// target's tap-layer states of the micro-batch's rows, on any device.
+    /// over the step, is what divides it) into the parameters' gradients. `states` are the
+    /// target's states of the micro-batch's rows.
     pub fn forward_backward(
         &self,
-        features: &Tensor,
+        states: TargetStates<'_>,
         micro: &PreparedMicro,
         options: &MicroStepOptions,
     ) -> LossSums {
@@ -164,7 +196,7 @@ impl DrafterReplica {
             .view([b, q])
             .to_device(self.device);
         let inputs = DrafterInputs {
-            target_features: features,
+            target_features: states.features,
             block_embeddings: &embeddings,
             anchors: &anchors,
             keep: &keep,

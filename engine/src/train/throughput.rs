@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use crate::model::drafter::DrafterConfig;
-use crate::model::target::TargetConfig;
-use crate::plan::flops::{corrected_positions, drafter_step_flops, target_forward_flops, StepWork};
+use crate::model::target::{FeatureRequest, TargetConfig};
+use crate::plan::flops::{
+    corrected_positions, drafter_step_flops, target_forward_flops, teacher_positions, StepWork,
+};
 use crate::train::micro::PreparedMicro;
 
 /// Draft positions the drafter trains on in `micro`: block_size per kept anchor. Padding
@@ -16,7 +18,8 @@ pub fn draft_positions(micro: &PreparedMicro, block_size: i64) -> u64 {
 }
 
 /// Forward + backward FLOPs of the drafter on `micro` (useful work only: visible attention
-/// pairs of kept blocks, the LM head over weighted positions).
+/// pairs of kept blocks, the LM head over weighted positions, and the teacher's LM head
+/// there when the head distils the target).
 pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
     let weighted = micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64;
     drafter_step_flops(&StepWork {
@@ -27,19 +30,21 @@ pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
         keep: &micro.anchors.keep,
         weighted_positions: weighted,
         corrected_positions: corrected_positions(cfg, &micro.labels.weights),
+        teacher_positions: teacher_positions(cfg, weighted),
         vocab_size: cfg.vocab_size,
     })
     .total()
 }
 
-/// Forward FLOPs of the target's feature pass on `micro`, over the batch as its kernels see
-/// it (`[B, S]`, right padding included: the target has no mask to skip it).
-pub fn target_flops(target: &TargetConfig, taps: &[usize], micro: &PreparedMicro) -> f64 {
+/// Forward FLOPs of the target's pass for `request` on `micro`, over the batch as its
+/// kernels see it (`[B, S]`, right padding included: the target has no mask to skip it), up
+/// to the last layer it reads.
+pub fn target_flops(target: &TargetConfig, request: &FeatureRequest, micro: &PreparedMicro) -> f64 {
     let (b, s) = (micro.batch.batch as i64, micro.batch.seq_len as i64);
     if b == 0 || s == 0 {
         return 0.0;
     }
-    target_forward_flops(target, taps, b, s)
+    target_forward_flops(target, &request.layers_read(target.num_layers()), b, s)
 }
 
 /// Dense peak FLOP/s of each device a run uses, keyed by the engine's device name (`cpu`,

@@ -15,7 +15,7 @@ use dflash_engine::train::labels::{block_labels, LabelMaskRule};
 use dflash_engine::train::loader::collate;
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
-use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
+use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
 use tch::{Device, Kind, Tensor};
 
 use crate::support::drafter::relative_error;
@@ -102,7 +102,7 @@ fn loss_and_grads(
         objective: LossObjective::Dflash,
         lambda_base: 0.0,
     };
-    let sums = replica.forward_backward(&features, micro, &options);
+    let sums = replica.forward_backward(TargetStates::features_only(&features), micro, &options);
     let grads = replica
         .optimizer()
         .param_grads()

@@ -2,6 +2,8 @@
 pub use dflash_shared::config::MarkovHeadType;
 use thiserror::Error;
 
+use crate::model::target::FeatureRequest;
+
 /// Attention kind of one drafter layer (`layer_types` in the HF config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -121,6 +123,15 @@ impl DrafterConfig {
     /// Width of one feature row: `len(target_layer_ids) · target_hidden_size`.
     pub fn feature_size(&self) -> i64 {
         self.target_layer_ids.len() as i64 * self.target_hidden_size
+    }
+
+    /// What training asks of the target's pass: the tap layers, and the last hidden state
+    /// when the head needs it ([`DrafterHead::needs_target_last_hidden`]).
+    pub fn feature_request(&self) -> FeatureRequest {
+        FeatureRequest {
+            layer_ids: self.target_layer_ids.clone(),
+            last_hidden: self.head.needs_target_last_hidden(),
+        }
     }
 
     /// Checks the relations the model relies on. `source` names the config in the error
@@ -375,6 +386,16 @@ impl DrafterHead {
         match self {
             DrafterHead::Dspark(c) => Some(c),
             DrafterHead::Dflash | DrafterHead::Domino(_) => None,
+        }
+    }
+
+    /// Whether training needs the target's final-normed last hidden state beside the tap
+    /// features: a head whose loss distils the target's own next-token distribution (its
+    /// frozen LM head over that state). It decides what the target's pass returns, what the
+    /// hidden-state queue carries, and what the memory plan and the FLOP model count.
+    pub fn needs_target_last_hidden(&self) -> bool {
+        match self {
+            DrafterHead::Dflash | DrafterHead::Domino(_) => false,
         }
     }
 }

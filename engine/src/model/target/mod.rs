@@ -270,11 +270,28 @@ impl TargetModel {
     /// default taps never include it. There is no attention mask: rows are unpadded sequences
     /// starting at position 0 (right padding is harmless, everything is causal; left padding is not).
     pub fn features(&self, input_ids: &Tensor, layer_ids: &[usize]) -> Result<Tensor, ModelError> {
-        let Some(&last) = layer_ids.iter().max() else {
+        Ok(self
+            .hidden_states(input_ids, &FeatureRequest::taps(layer_ids))?
+            .features)
+    }
+
+    /// As [`Self::features`] for `request.layer_ids`, and with `request.last_hidden` also the
+    /// final-normed output of the last decoder layer `[B,S,hidden]` (what the target's LM head
+    /// reads), from the same pass: the layers run once, up to the last one when it is asked
+    /// for. The features are bit for bit what [`Self::features`] returns for the taps alone.
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        request: &FeatureRequest,
+    ) -> Result<TargetHidden, ModelError> {
+        let layer_ids = request.layer_ids.as_slice();
+        if layer_ids.is_empty() {
             return Err(ModelError::BadInput {
                 what: "no layer ids requested".into(),
             });
-        };
+        }
+        let read = request.layers_read(self.config.num_layers());
+        let last = read.iter().copied().max().unwrap_or(0);
         if last >= self.layers.len() {
             return Err(ModelError::LayerOutOfRange {
                 layer: last,
@@ -292,6 +309,7 @@ impl TargetModel {
                 sin: &sin,
             };
             let mut taps: Vec<Option<Tensor>> = layer_ids.iter().map(|_| None).collect();
+            let mut last_hidden = None;
             let final_layer = self.config.num_layers() - 1;
             let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (index, layer) in self.layers[..=last].iter().enumerate() {
@@ -306,9 +324,15 @@ impl TargetModel {
                 for (slot, _) in layer_ids.iter().enumerate().filter(|(_, &l)| l == index) {
                     taps[slot] = Some(tap.shallow_clone());
                 }
+                if request.last_hidden && index == final_layer {
+                    last_hidden = Some(tap);
+                }
             }
             let taps: Vec<Tensor> = taps.into_iter().flatten().collect();
-            Tensor::cat(&taps, -1)
+            TargetHidden {
+                features: Tensor::cat(&taps, -1),
+                last_hidden,
+            }
         }))
     }
 
@@ -468,6 +492,55 @@ impl TargetModel {
             });
         }
         Ok(ids.to_device(self.device))
+    }
+}
+
+/// What a feature pass asks of the target: the tap layers, whose states are concatenated as
+/// the drafter's features, and whether the final-normed last hidden state comes with them (a
+/// drafter head that distils the target's own distribution needs it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FeatureRequest {
+    pub layer_ids: Vec<usize>,
+    pub last_hidden: bool,
+}
+
+impl FeatureRequest {
+    /// The tap layers' features alone.
+    pub fn taps(layer_ids: &[usize]) -> Self {
+        Self {
+            layer_ids: layer_ids.to_vec(),
+            last_hidden: false,
+        }
+    }
+
+    /// The decoder layers whose outputs the pass reads from a target of `num_layers` layers:
+    /// the taps, then the last layer when the last hidden state is asked for. The pass runs
+    /// every layer up to the highest of them, so this is what its cost and its memory follow.
+    pub fn layers_read(&self, num_layers: usize) -> Vec<usize> {
+        let mut layers = self.layer_ids.clone();
+        if self.last_hidden {
+            layers.push(num_layers.saturating_sub(1));
+        }
+        layers
+    }
+}
+
+/// What one [`TargetModel::hidden_states`] pass gives.
+#[derive(Debug)]
+pub struct TargetHidden {
+    /// `[B,S,len(layer_ids)·hidden]`, the tap layers' states in the requested order.
+    pub features: Tensor,
+    /// `[B,S,hidden]`, the last decoder layer's final-normed output, when it was asked for.
+    pub last_hidden: Option<Tensor>,
+}
+
+impl TargetHidden {
+    /// Both tensors on `device` (the same tensors where they already are).
+    pub fn to_device(&self, device: Device) -> Self {
+        Self {
+            features: self.features.to_device(device),
+            last_hidden: self.last_hidden.as_ref().map(|t| t.to_device(device)),
+        }
     }
 }
 

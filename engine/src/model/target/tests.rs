@@ -62,6 +62,68 @@ fn features_shape_order_and_truncation() {
     assert!(max_diff(&single(0), &single(2)) > 1e-3);
 }
 
+/// The last hidden state comes from the same pass as the taps: bit for bit the final-normed
+/// state `features` gives for the last layer's id, with the taps bit for bit those asked alone.
+#[test]
+fn the_last_hidden_state_comes_with_the_taps_and_changes_nothing_in_them() {
+    for cfg in [small_qwen3_5(), small_qwen3(false)] {
+        let model = TargetModel::random(cfg, Device::Cpu, Kind::Float, 11);
+        let last = model.config().num_layers() - 1;
+        let input = ids(2, 40, 64);
+        let taps = [1, 0];
+        let alone = model.features(&input, &taps).unwrap();
+        let both = model
+            .hidden_states(
+                &input,
+                &FeatureRequest {
+                    layer_ids: taps.to_vec(),
+                    last_hidden: true,
+                },
+            )
+            .unwrap();
+        assert!(both.features.equal(&alone));
+        let last_hidden = both.last_hidden.expect("asked for");
+        assert_eq!(last_hidden.size(), vec![2, 40, 32]);
+        assert!(last_hidden.equal(&model.features(&input, &[last]).unwrap()));
+        // It is what the LM head reads: its logits are a decoding forward's, up to rounding.
+        let mut cache = model.new_cache();
+        let step = model.forward_cached(&input, &mut cache, &[]).unwrap();
+        let logits = last_hidden.linear::<Tensor>(model.lm_head(), None);
+        assert!(max_diff(&logits, &step.logits) < 1e-4);
+        let taps_only = model
+            .hidden_states(&input, &FeatureRequest::taps(&taps))
+            .unwrap();
+        assert!(taps_only.last_hidden.is_none());
+        assert!(taps_only.features.equal(&alone));
+    }
+}
+
+#[test]
+fn the_last_hidden_state_needs_every_layer_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = TargetModel::random(small_qwen3(true), Device::Cpu, Kind::Float, 12);
+    model.save_hf(dir.path()).unwrap();
+    let partial = TargetModel::load_with(
+        dir.path(),
+        LoadOptions {
+            device: Device::Cpu,
+            dtype: None,
+            max_layers: Some(2),
+        },
+    )
+    .unwrap();
+    let request = FeatureRequest {
+        layer_ids: vec![1],
+        last_hidden: true,
+    };
+    assert_eq!(request.layers_read(3), vec![1, 2]);
+    let err = partial
+        .hidden_states(&ids(1, 5, 64), &request)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer id 2"), "{err}");
+}
+
 #[test]
 fn features_are_causal() {
     let model = TargetModel::random(small_qwen3_5(), Device::Cpu, Kind::Float, 2);

@@ -17,9 +17,10 @@ use super::{TopologySpec, Tripwire, WorkerFailure, WorkerId};
 use crate::collective::allreduce::{AbortGroup, AllReduce, CpuGroup};
 use crate::collective::nccl::nccl_group;
 use crate::device;
-use crate::model::target::TargetModel;
+use crate::model::target::{FeatureRequest, TargetModel};
 use crate::train::error::TrainError;
 use crate::train::micro::MicroSource;
+use crate::train::replica::TargetStates;
 use crate::train::shard::NodeShard;
 use dflash_shared::metrics::DeviceRole;
 
@@ -84,7 +85,7 @@ impl Cluster {
         accum: usize,
         target: &TargetModel,
         source: Arc<MicroSource>,
-        layer_ids: Vec<usize>,
+        request: FeatureRequest,
         rank0: &mut RankState,
         next: u64,
     ) -> Result<Self, TrainError> {
@@ -161,7 +162,7 @@ impl Cluster {
         }
         let shared = Arc::new(ProducerShared {
             source,
-            layer_ids,
+            request,
             dispatcher: Arc::clone(&cluster.dispatcher),
             queues: cluster.queues.clone(),
             drafter_devices: spec.drafter_devices.clone(),
@@ -227,20 +228,20 @@ impl Cluster {
             if let Some(c) = &w.commands {
                 let _ = c.send(TargetCommand::Warmup { seq, reply: tx });
             }
-            let (micro, features, ms) = self.receive(w.id, rx)?;
+            let (micro, hidden, ms) = self.receive(w.id, rx)?;
             records.push(WorkerWarmup::new(w.id, ms));
-            first.get_or_insert((micro, features));
+            first.get_or_insert((micro, hidden));
         }
-        let (micro, features) = first.ok_or_else(|| topology_error("no target worker"))?;
-        let own = features.to_device(rank0.replica.device());
-        let ms = guarded(|| Ok(rank0.warmup(&own, &micro)))
+        let (micro, hidden) = first.ok_or_else(|| topology_error("no target worker"))?;
+        let own = hidden.to_device(rank0.replica.device());
+        let ms = guarded(|| Ok(rank0.warmup(TargetStates::from(&own), &micro)))
             .map_err(|detail| self.fail(rank0.id, detail))?;
         records.push(WorkerWarmup::new(rank0.id, ms));
         for w in &self.drafters {
             let (tx, rx) = channel();
             if let Some(c) = &w.commands {
                 let _ = c.send(DrafterCommand::Warmup {
-                    features: features.to_device(w.id.device),
+                    hidden: hidden.to_device(w.id.device),
                     micro: micro.clone(),
                     reply: tx,
                 });

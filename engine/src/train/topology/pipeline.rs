@@ -9,11 +9,12 @@ use dflash_shared::metrics::QueueStats;
 use tch::{Device, Tensor};
 
 use super::step::ItemTiming;
-use crate::model::target::TargetModel;
+use crate::model::target::{FeatureRequest, TargetModel};
 use crate::train::anchors::AnchorBatch;
 use crate::train::labels::BlockLabels;
 use crate::train::loader::collate;
 use crate::train::micro::{MicroSource, PreparedMicro};
+use crate::train::replica::TargetStates;
 use crate::train::shard::NodeShard;
 use crate::train::throughput;
 use crate::train::topology::queue::{ByteSized, HiddenStateQueue};
@@ -24,6 +25,10 @@ pub struct HiddenItem {
     pub micro: PreparedMicro,
     /// `[B, S, n·H]` on the drafter rank's device.
     pub features: Tensor,
+    /// `[B, S, H]` the target's final-normed last hidden state, on the drafter rank's device
+    /// in the features' dtype; only when the head needs it
+    /// ([`DrafterHead::needs_target_last_hidden`](crate::model::drafter::DrafterHead::needs_target_last_hidden)).
+    pub last_hidden: Option<Tensor>,
     pub timing: ItemTiming,
 }
 
@@ -44,6 +49,7 @@ impl HiddenItem {
                 },
             },
             features,
+            last_hidden: None,
             timing: ItemTiming {
                 producer: 0,
                 tokens: 0,
@@ -54,11 +60,20 @@ impl HiddenItem {
             },
         }
     }
+
+    /// What the drafter rank trains on: the features and, when carried, the last hidden state.
+    pub fn target_states(&self) -> TargetStates<'_> {
+        TargetStates {
+            features: &self.features,
+            last_hidden: self.last_hidden.as_ref(),
+        }
+    }
 }
 
 impl ByteSized for HiddenItem {
     fn byte_size(&self) -> u64 {
-        self.features.byte_size() + self.micro.host_bytes()
+        let last_hidden = self.last_hidden.as_ref().map_or(0, ByteSized::byte_size);
+        self.features.byte_size() + last_hidden + self.micro.host_bytes()
     }
 }
 
@@ -71,12 +86,13 @@ pub fn sync(device: Device) {
     }
 }
 
-/// Builds micro-batch `seq`, runs the target on it (no grad) and moves the features to
-/// `dest`. `producer` is the target worker's index (for telemetry).
+/// Builds micro-batch `seq`, runs the target on it (no grad) for what `request` asks and
+/// moves the features (and the last hidden state, when asked) to `dest`. `producer` is the
+/// target worker's index (for telemetry).
 pub fn produce_item(
     target: &TargetModel,
     source: &MicroSource,
-    layer_ids: &[usize],
+    request: &FeatureRequest,
     seq: u64,
     dest: Device,
     producer: usize,
@@ -87,10 +103,14 @@ pub fn produce_item(
     let t = Instant::now();
     let (b, s) = (micro.batch.batch as i64, micro.batch.seq_len as i64);
     let ids = Tensor::from_slice(&micro.batch.input_ids).view([b, s]);
-    let features = target
-        .features(&ids, layer_ids)
+    let hidden = target
+        .hidden_states(&ids, request)
         .map_err(|e| format!("target forward of micro-batch {seq}: {e}"))?;
-    let features = hand_over(&features, target.device(), dest);
+    let features = hand_over(&hidden.features, target.device(), dest);
+    let last_hidden = hidden
+        .last_hidden
+        .as_ref()
+        .map(|state| hand_over(state, target.device(), dest));
     // Waits for the target's own device only (its forward, for the timing); the copy onto
     // `dest` is merely enqueued there (see `hand_over`).
     sync(target.device());
@@ -100,12 +120,13 @@ pub fn produce_item(
             producer,
             tokens: micro.batch.tokens as u64,
             draft_positions: throughput::draft_positions(&micro, source.spec().block_size as i64),
-            target_flops: throughput::target_flops(target.config(), layer_ids, &micro),
+            target_flops: throughput::target_flops(target.config(), request, &micro),
             data_ms,
             target_ms,
         },
         micro,
         features,
+        last_hidden,
     })
 }
 
@@ -371,6 +392,80 @@ mod tests {
             })
             .unwrap(),
         )
+    }
+
+    fn tiny_source() -> MicroSource {
+        use crate::data::Sample;
+        use crate::train::labels::LabelMaskRule;
+        use crate::train::micro::MicroSpec;
+        let samples: Vec<Sample> = (0..4)
+            .map(|i| Sample {
+                input_ids: (0..(9 + i) as i64).map(|t| 7 * t + i as i64).collect(),
+                loss_mask: vec![1; 9 + i],
+            })
+            .collect();
+        let spec = MicroSpec {
+            seed: 5,
+            batch_size: 2,
+            num_anchors: 2,
+            block_size: 4,
+            gamma: 4.0,
+            rule: LabelMaskRule::Independent,
+            pad_id: 0,
+            seq_len_multiple: 1,
+        };
+        MicroSource::new(Arc::new(samples), (0..4).collect(), spec)
+    }
+
+    /// Today's heads ask for the taps alone: the item carries no last hidden state, and the
+    /// target's FLOPs are its forward up to the highest tap, as before.
+    #[test]
+    fn an_item_carries_the_last_hidden_state_only_when_asked() {
+        use crate::model::target::TargetConfig;
+        use crate::plan::flops::target_forward_flops;
+        let target = TargetModel::random(TargetConfig::tiny_default(), Device::Cpu, Kind::Float, 4);
+        let n = target.config().num_layers();
+        let drafter = crate::embedded::tiny_drafter_config(target.config());
+        assert!(!drafter.head.needs_target_last_hidden());
+        let (source, cpu) = (tiny_source(), Device::Cpu);
+        let taps = drafter.feature_request();
+        let plain = produce_item(&target, &source, &taps, 1, cpu, 0).unwrap();
+        assert!(plain.last_hidden.is_none());
+        assert!(plain.target_states().last_hidden.is_none());
+        let (b, s) = (
+            plain.micro.batch.batch as i64,
+            plain.micro.batch.seq_len as i64,
+        );
+        let ids = Tensor::from_slice(&plain.micro.batch.input_ids).view([b, s]);
+        assert!(plain
+            .features
+            .equal(&target.features(&ids, &drafter.target_layer_ids).unwrap()));
+        let taps_flops = target_forward_flops(target.config(), &drafter.target_layer_ids, b, s);
+        assert_eq!(plain.timing.target_flops, taps_flops);
+
+        let request = FeatureRequest {
+            last_hidden: true,
+            ..taps
+        };
+        let carried = produce_item(&target, &source, &request, 1, cpu, 0).unwrap();
+        assert!(carried.features.equal(&plain.features));
+        let last_hidden = carried.last_hidden.as_ref().expect("asked for");
+        assert!(last_hidden.equal(&target.features(&ids, &[n - 1]).unwrap()));
+        let states = carried.target_states();
+        assert_eq!(
+            states.last_hidden.map(Tensor::data_ptr),
+            Some(last_hidden.data_ptr())
+        );
+        let all: Vec<usize> = (0..n).collect();
+        let full = target_forward_flops(target.config(), &all, b, s);
+        assert!(full > taps_flops);
+        assert_eq!(carried.timing.target_flops, full);
+        // The queue's byte bound sees the carried state: exactly `B · S · H` elements more.
+        let h = target.config().hidden_size();
+        assert_eq!(
+            carried.byte_size() - plain.byte_size(),
+            (b * s * h) as u64 * Kind::Float.elt_size_in_bytes() as u64
+        );
     }
 
     #[test]

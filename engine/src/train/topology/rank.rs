@@ -16,7 +16,7 @@ use crate::train::block_objective::LossObjective;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
-use crate::train::replica::{DrafterReplica, MicroStepOptions};
+use crate::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
 use crate::train::throughput::drafter_flops;
 
 /// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
@@ -79,12 +79,12 @@ impl RankState {
 
     /// The serialized warmup: one forward/backward alone, gradients discarded. Returns its
     /// wall time in ms.
-    pub fn warmup(&mut self, features: &Tensor, micro: &PreparedMicro) -> f64 {
+    pub fn warmup(&mut self, states: TargetStates<'_>, micro: &PreparedMicro) -> f64 {
         let t = Instant::now();
         // λ = 0: the warmup's gradients are discarded, whatever the step's curriculum.
         let _ = self
             .replica
-            .forward_backward(features, micro, &self.micro_step_options(0.0));
+            .forward_backward(states, micro, &self.micro_step_options(0.0));
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
         self.replica.zero_grad();
@@ -112,7 +112,7 @@ impl RankState {
             timing.queue_wait_ms += waited_ms;
             let t = Instant::now();
             sums.add(&self.replica.forward_backward(
-                &item.features,
+                item.target_states(),
                 &item.micro,
                 &self.micro_step_options(lambda_base),
             ));

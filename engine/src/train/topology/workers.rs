@@ -15,9 +15,9 @@ use super::rank::{RankReport, RankState};
 use super::{Tripwire, WorkerFailure, WorkerId};
 use crate::collective::allreduce::AllReduce;
 use crate::device::torch_panic::panic_text;
-use crate::model::target::TargetModel;
+use crate::model::target::{FeatureRequest, TargetHidden, TargetModel};
 use crate::train::micro::{MicroSource, PreparedMicro};
-use crate::train::replica::ReplicaState;
+use crate::train::replica::{ReplicaState, TargetStates};
 use crate::train::shard::NodeShard;
 
 /// Runs `body`, turning a panic into an error text.
@@ -31,7 +31,9 @@ pub(crate) fn guarded<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, 
 /// What every target worker shares.
 pub(crate) struct ProducerShared {
     pub source: Arc<MicroSource>,
-    pub layer_ids: Vec<usize>,
+    /// What every item asks of the target (the drafter's taps, and its last hidden state
+    /// when the head needs it).
+    pub request: FeatureRequest,
     pub dispatcher: Arc<Dispatcher>,
     /// One queue per drafter rank.
     pub queues: Vec<Arc<ItemQueue>>,
@@ -39,11 +41,11 @@ pub(crate) struct ProducerShared {
     pub tripwire: Arc<Tripwire>,
 }
 
-/// The warmup's output: the micro-batch and its features on the worker's device.
-pub(crate) type WarmupOutput = Result<(PreparedMicro, Tensor, f64), String>;
+/// The warmup's output: the micro-batch and the target's states on the worker's device.
+pub(crate) type WarmupOutput = Result<(PreparedMicro, TargetHidden, f64), String>;
 
 pub(crate) enum TargetCommand {
-    /// Run the target once on micro-batch `seq`, alone; reply with the features.
+    /// Run the target once on micro-batch `seq`, alone; reply with its states.
     Warmup {
         seq: u64,
         reply: Sender<WarmupOutput>,
@@ -104,12 +106,16 @@ fn target_main(
                     let item = produce_item(
                         &target,
                         &shared.source,
-                        &shared.layer_ids,
+                        &shared.request,
                         seq,
                         id.device,
                         id.index,
                     )?;
-                    Ok((item.micro, item.features, t.elapsed().as_secs_f64() * 1e3))
+                    let hidden = TargetHidden {
+                        features: item.features,
+                        last_hidden: item.last_hidden,
+                    };
+                    Ok((item.micro, hidden, t.elapsed().as_secs_f64() * 1e3))
                 });
                 if let Err(e) = &outcome {
                     fail(e.clone());
@@ -127,7 +133,7 @@ fn target_main(
                         produce_item(
                             &target,
                             &shared.source,
-                            &shared.layer_ids,
+                            &shared.request,
                             seq,
                             dest,
                             id.index,
@@ -150,7 +156,7 @@ fn target_main(
 
 pub(crate) enum DrafterCommand {
     Warmup {
-        features: Tensor,
+        hidden: TargetHidden,
         micro: PreparedMicro,
         reply: Sender<Result<f64, String>>,
     },
@@ -258,11 +264,11 @@ fn drafter_main(
     while let Ok(command) = commands.recv() {
         let end = match command {
             DrafterCommand::Warmup {
-                features,
+                hidden,
                 micro,
                 reply,
             } => {
-                let outcome = guarded(|| Ok(state.warmup(&features, &micro)));
+                let outcome = guarded(|| Ok(state.warmup(TargetStates::from(&hidden), &micro)));
                 answer(&tripwire, id, outcome, &reply)
             }
             DrafterCommand::Step {

@@ -231,7 +231,7 @@ impl Trainer {
                 cfg.training.grad_accum,
                 &target,
                 Arc::clone(&source),
-                drafter_cfg.target_layer_ids.clone(),
+                drafter_cfg.feature_request(),
                 &mut rank0,
                 0,
             )?)

@@ -273,10 +273,10 @@ impl Trainer {
             Some(c) => c.warmup(&mut self.rank0, seq),
             None => {
                 let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
-                let layers = &self.drafter_cfg.target_layer_ids;
+                let request = self.drafter_cfg.feature_request();
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
-                    let item = produce_item(target, source, layers, seq, rank0.id.device, 0)?;
-                    let ms = rank0.warmup(&item.features, &item.micro);
+                    let item = produce_item(target, source, &request, seq, rank0.id.device, 0)?;
+                    let ms = rank0.warmup(item.target_states(), &item.micro);
                     Ok::<_, String>(item.timing.data_ms + item.timing.target_ms + ms)
                 }))
                 .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
@@ -321,11 +321,11 @@ impl Trainer {
     ) -> Result<Vec<RankReport>, TrainError> {
         let seqs = self.assignment.rank_seqs(base, self.rank0_global);
         let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
-        let layers = &self.drafter_cfg.target_layer_ids;
+        let request = self.drafter_cfg.feature_request();
         let id = rank0.id;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             rank0.step(&seqs, lr, lambda_base, &mut |seq| {
-                produce_item(target, source, layers, seq, id.device, 0).map(|item| (item, 0.0))
+                produce_item(target, source, &request, seq, id.device, 0).map(|item| (item, 0.0))
             })
         }))
         .unwrap_or_else(|p| Err(panic_text(p.as_ref())));
