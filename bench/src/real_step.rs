@@ -24,7 +24,7 @@ use dflash_engine::plan::drafter::{drafter_memory, RankContext};
 use dflash_engine::plan::flops::{corrected_positions, drafter_step_flops, StepWork};
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::block_objective::LossObjective;
-use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
+use dflash_engine::train::labels::{default_gamma, LabelAlignment, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
 use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions};
@@ -392,6 +392,7 @@ fn micro_source(shape: &RealStepShape, buckets: &[i64], seed: u64) -> MicroSourc
         block_size: d.block_size as usize,
         gamma: default_gamma(d.block_size as usize),
         rule: LabelMaskRule::default(),
+        alignment: LabelAlignment::SamePosition,
         pad_id: 0,
         // The synthetic rows already come in `seq_buckets` lengths.
         seq_len_multiple: 1,
