@@ -60,7 +60,8 @@ impl BiasedLinear {
     }
 }
 
-/// `t` in f32, or left in f64: the precision DSpark's logits and confidences are formed in.
+/// `t` in f32, or left in f64 (the tests' precision): the precision DSpark's logits and
+/// confidences are formed in.
 pub(crate) fn at_least_f32(t: &Tensor) -> Tensor {
     if t.kind() == Kind::Double {
         t.shallow_clone()

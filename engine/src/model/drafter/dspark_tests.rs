@@ -46,7 +46,10 @@ fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
     assert_eq!(a.size(), b.size(), "{what}: shapes");
     let diff = (a - b).abs().max().double_value(&[]);
     let scale = b.abs().max().double_value(&[]).max(1e-12);
-    assert!(diff <= 1e-10 * scale.max(1.0), "{what}: {diff} against {scale}");
+    assert!(
+        diff <= 1e-10 * scale.max(1.0),
+        "{what}: {diff} against {scale}"
+    );
 }
 
 fn shapes(cfg: &DsparkConfig) -> Vec<(String, Vec<i64>)> {
@@ -175,8 +178,8 @@ fn the_gated_bias_gates_the_embedding_by_the_slots_state() {
     for (n, k, token) in [(0, 0, 4i64), (0, 1, 9), (1, 0, 1), (1, 1, 4)] {
         let e = w1.get(token);
         // σ(G·[h ; e] + g) ⊙ e, the hidden state first (dspark.py:134).
-        let gate = (g.matmul(&Tensor::cat(&[hidden.get(n).get(k), e.shallow_clone()], 0)) + gb)
-            .sigmoid();
+        let gate =
+            (g.matmul(&Tensor::cat(&[hidden.get(n).get(k), e.shallow_clone()], 0)) + gb).sigmoid();
         let expected = w2.matmul(&(gate * e));
         assert_close(&bias.get(n).get(k), &expected, "gated bias");
     }
@@ -189,7 +192,7 @@ fn the_rnn_steps_by_hand_from_a_zero_state() {
     let vs = VarStore::new(Device::Cpu);
     let head = DsparkHead::new(&vs.root(), &cfg, 1, 3, 0.02);
     let (w1, w2) = ([0.5, -1.0, 2.0], [1.5, -0.5, 0.25]); // [V = 3, r = 1]
-    // joint_proj rows γ, c, o; columns s, W₁[prev], h (dspark.py:162).
+                                                          // joint_proj rows γ, c, o; columns s, W₁[prev], h (dspark.py:162).
     let j = [[0.3, -0.7, 1.1], [0.9, 0.4, -0.6], [-1.2, 0.8, 0.5]];
     let jb = [0.1, -0.2, 0.05];
     tch::no_grad(|| {
@@ -262,7 +265,10 @@ fn the_rnn_carries_its_state_within_a_block_only() {
     assert_close(&together.narrow(0, 1, 1), &alone, "block 1");
     // Slot 1 differs from a fresh block's first slot: the state matters.
     let fresh = markov.block_bias(&prev.narrow(1, 1, 1), &hidden.narrow(1, 1, 1));
-    let diff = (together.narrow(1, 1, 1) - fresh).abs().max().double_value(&[]);
+    let diff = (together.narrow(1, 1, 1) - fresh)
+        .abs()
+        .max()
+        .double_value(&[]);
     assert!(diff > 1e-3, "the recurrence must carry something: {diff}");
 }
 
@@ -279,7 +285,9 @@ fn the_confidence_logit_reads_the_hidden_state_and_optionally_the_markov_embeddi
         } else {
             hidden.shallow_clone()
         };
-        let expected = input.matmul(&v["confidence_head.proj.weight"].tr()).view([3])
+        let expected = input
+            .matmul(&v["confidence_head.proj.weight"].tr())
+            .view([3])
             + &v["confidence_head.proj.bias"];
         let got = head.confidence_logit(&hidden, &prev).unwrap();
         assert_close(&got, &expected, "confidence logit");
@@ -325,7 +333,11 @@ fn a_dspark_drafter_has_the_dflash_drafters_backbone_and_its_heads_after_it() {
     assert_eq!(order[..backbone.len()], backbone[..]);
     let all = vs.variables();
     for name in &backbone {
-        assert_eq!(all[name].size(), plain_vs.variables()[name].size(), "{name}");
+        assert_eq!(
+            all[name].size(),
+            plain_vs.variables()[name].size(),
+            "{name}"
+        );
     }
     let heads = &order[backbone.len()..];
     assert!(heads

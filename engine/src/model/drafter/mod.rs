@@ -13,6 +13,7 @@ pub use config::{
     DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
 };
 pub use domino::DominoHead;
+pub(crate) use dspark::at_least_f32;
 pub use dspark::{DsparkHead, MarkovHead};
 pub use inference::DrafterCache;
 pub use model::{Drafter, DrafterInputs};
