@@ -26,7 +26,7 @@ use dflash_engine::plan::flops::{
 };
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::block_objective::LossObjective;
-use dflash_engine::train::labels::{default_gamma, LabelMaskRule};
+use dflash_engine::train::labels::{default_gamma, LabelAlignment, LabelMaskRule};
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
 use dflash_engine::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
@@ -395,6 +395,7 @@ fn micro_source(shape: &RealStepShape, buckets: &[i64], seed: u64) -> MicroSourc
         block_size: d.block_size as usize,
         gamma: default_gamma(d.block_size as usize),
         rule: LabelMaskRule::default(),
+        alignment: LabelAlignment::SamePosition,
         pad_id: 0,
         // The synthetic rows already come in `seq_buckets` lengths.
         seq_len_multiple: 1,

@@ -96,7 +96,7 @@ fn bounded_shapes_and_flat_memory(steps: usize) {
     let source = MicroSource::new(
         Arc::new(samples.clone()),
         (0..samples.len()).collect(),
-        MicroSpec::for_training(&cfg, drafter_cfg.block_size as usize, 0),
+        MicroSpec::for_training(&cfg, &drafter_cfg, 0),
     );
     let micro_shapes: BTreeSet<(usize, usize, usize)> = (0..steps as u64)
         .map(|seq| {

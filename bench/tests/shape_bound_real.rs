@@ -165,7 +165,7 @@ fn micro_source(cfg: &TrainConfig, drafter_cfg: &DrafterConfig, samples: &[Sampl
     MicroSource::new(
         Arc::new(samples.to_vec()),
         (0..samples.len()).collect(),
-        MicroSpec::for_training(cfg, drafter_cfg.block_size as usize, PAD_ID),
+        MicroSpec::for_training(cfg, drafter_cfg, PAD_ID),
     )
 }
 

@@ -146,10 +146,16 @@ impl TrainConfig {
             flatten_into(&mut out, "training", section);
         }
         let tree = self.tree_objective();
+        // `[training.dspark]` is left out of the serialised section when default (as the tree's
+        // section is): its keys are written here so every locked key has a value.
+        let dspark = &self.training.dspark;
         let derived = [
             ("run.seed", Value::from(self.seed)),
             ("data.held_out_samples", Value::from(self.held_out)),
             ("training.loss_decay_gamma", serde_json::json!(self.gamma)),
+            ("training.dspark.ce", Value::from(dspark.ce)),
+            ("training.dspark.l1", Value::from(dspark.l1)),
+            ("training.dspark.confidence", Value::from(dspark.confidence)),
             ("training.tree.budget", Value::from(tree.budget)),
             ("training.tree.temperature", Value::from(tree.temperature)),
             (

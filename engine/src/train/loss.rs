@@ -32,6 +32,117 @@ pub struct LossSums {
     pub accepted: f64,
     pub base_accepted: f64,
     pub accept_blocks: f64,
+    /// DSpark only (`train/dspark.rs`), else zeros: its terms and telemetry. `weighted_ce` is
+    /// then DSpark's weighted numerator, `weight` and `normaliser` Σw, `correct` and
+    /// `counted` the corrected logits' hits over the supervised slots.
+    pub dspark: DsparkSums,
+}
+
+/// DSpark's additive sums over one micro-batch's supervised slots (`m_k = 1`, weight `w_k`):
+/// SpecForge's `ratio_metrics` numerators (`dflash_family_model.py:1031-1054`), and the same
+/// acceptance from the LM head's logits alone, so a Markov head that changes nothing shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DsparkSums {
+    /// Σ w·CE of the Markov-corrected logits.
+    pub ce: f64,
+    /// Σ w·L1, `L1 = Σ_v |q − p|` between the drafter's and the target's distributions.
+    pub l1: f64,
+    /// Σ w·BCE of the confidence logit against `a = clamp(1 − L1/2, 0, 1)`.
+    pub confidence: f64,
+    /// Σ w·|σ(c) − a|.
+    pub confidence_abs_error: f64,
+    /// Σ σ(c) over the supervised slots.
+    pub confidence_probability: f64,
+    /// Σ a over the supervised slots.
+    pub accept_probability: f64,
+    /// Supervised slots whose corrected argmax is the target's argmax.
+    pub teacher_agreement: f64,
+    /// Σ max_v p over the supervised slots.
+    pub teacher_top1: f64,
+    /// Σ max_v q over the supervised slots.
+    pub draft_top1: f64,
+    /// Σ over blocks with a supervised slot of `1 + Σ_k Π_{i≤k} a_i·m_i` (corrected logits).
+    pub tau: f64,
+    /// The same from the base logits `lm_head(h)`.
+    pub base_tau: f64,
+    /// Blocks with a supervised slot.
+    pub tau_blocks: f64,
+    /// Supervised slots whose base argmax is the label.
+    pub base_correct: f64,
+}
+
+impl DsparkSums {
+    /// How many numbers [`Self::to_array`] writes.
+    pub const LEN: usize = 13;
+
+    pub fn add(&mut self, other: &DsparkSums) {
+        let mut sum = self.to_array();
+        for (a, b) in sum.iter_mut().zip(other.to_array()) {
+            *a += b;
+        }
+        *self = Self::from_array(sum);
+    }
+
+    pub fn to_array(&self) -> [f64; Self::LEN] {
+        [
+            self.ce,
+            self.l1,
+            self.confidence,
+            self.confidence_abs_error,
+            self.confidence_probability,
+            self.accept_probability,
+            self.teacher_agreement,
+            self.teacher_top1,
+            self.draft_top1,
+            self.tau,
+            self.base_tau,
+            self.tau_blocks,
+            self.base_correct,
+        ]
+    }
+
+    pub fn from_array(a: [f64; Self::LEN]) -> Self {
+        Self {
+            ce: a[0],
+            l1: a[1],
+            confidence: a[2],
+            confidence_abs_error: a[3],
+            confidence_probability: a[4],
+            accept_probability: a[5],
+            teacher_agreement: a[6],
+            teacher_top1: a[7],
+            draft_top1: a[8],
+            tau: a[9],
+            base_tau: a[10],
+            tau_blocks: a[11],
+            base_correct: a[12],
+        }
+    }
+}
+
+/// DSpark's logged ratios ([`LossSums::dspark_metrics`]), named as SpecForge logs them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DsparkMetrics {
+    /// `acc`: corrected argmax = label, over the supervised slots.
+    pub acc: f64,
+    /// The base logits' accuracy over the same slots.
+    pub base_acc: f64,
+    /// `ce_loss`, `l1_loss`, `confidence_loss`, `confidence_abs_error`: over Σw.
+    pub ce_loss: f64,
+    pub l1_loss: f64,
+    pub confidence_loss: f64,
+    pub confidence_abs_error: f64,
+    /// Mean σ(c) and mean `a` over the supervised slots: the head's calibration at a glance.
+    pub confidence_mean: f64,
+    pub accept_probability_mean: f64,
+    /// `teacher_agreement`, `teacher_top1_prob`, `draft_top1_prob`: over the supervised slots.
+    pub teacher_agreement: f64,
+    pub teacher_top1_prob: f64,
+    pub draft_top1_prob: f64,
+    /// `tau_probabilistic`: mean expected accepted length per block, corrected logits.
+    pub tau_probabilistic: f64,
+    /// The same from the base logits.
+    pub base_tau_probabilistic: f64,
 }
 
 impl LossSums {
@@ -46,10 +157,15 @@ impl LossSums {
         self.accepted += other.accepted;
         self.base_accepted += other.base_accepted;
         self.accept_blocks += other.accept_blocks;
+        self.dspark.add(&other.dspark);
     }
 
+    /// How many numbers [`Self::to_array`] writes.
+    pub const LEN: usize = 10 + DsparkSums::LEN;
+
     /// The additive sums as one list (for summing across ranks) and back.
-    pub fn to_array(&self) -> [f64; 10] {
+    pub fn to_array(&self) -> [f64; Self::LEN] {
+        let d = self.dspark.to_array();
         [
             self.weighted_ce,
             self.weight,
@@ -61,10 +177,25 @@ impl LossSums {
             self.accepted,
             self.base_accepted,
             self.accept_blocks,
+            d[0],
+            d[1],
+            d[2],
+            d[3],
+            d[4],
+            d[5],
+            d[6],
+            d[7],
+            d[8],
+            d[9],
+            d[10],
+            d[11],
+            d[12],
         ]
     }
 
-    pub fn from_array(a: [f64; 10]) -> Self {
+    pub fn from_array(a: [f64; Self::LEN]) -> Self {
+        let mut dspark = [0.0; DsparkSums::LEN];
+        dspark.copy_from_slice(&a[10..]);
         Self {
             weighted_ce: a[0],
             weight: a[1],
@@ -76,6 +207,28 @@ impl LossSums {
             accepted: a[7],
             base_accepted: a[8],
             accept_blocks: a[9],
+            dspark: DsparkSums::from_array(dspark),
+        }
+    }
+
+    /// DSpark's ratios from the (summed) sums; zeros where a denominator is.
+    pub fn dspark_metrics(&self) -> DsparkMetrics {
+        let d = &self.dspark;
+        let slots = self.counted as f64;
+        DsparkMetrics {
+            acc: ratio(self.correct as f64, slots),
+            base_acc: ratio(d.base_correct, slots),
+            ce_loss: ratio(d.ce, self.weight),
+            l1_loss: ratio(d.l1, self.weight),
+            confidence_loss: ratio(d.confidence, self.weight),
+            confidence_abs_error: ratio(d.confidence_abs_error, self.weight),
+            confidence_mean: ratio(d.confidence_probability, slots),
+            accept_probability_mean: ratio(d.accept_probability, slots),
+            teacher_agreement: ratio(d.teacher_agreement, slots),
+            teacher_top1_prob: ratio(d.teacher_top1, slots),
+            draft_top1_prob: ratio(d.draft_top1, slots),
+            tau_probabilistic: ratio(d.tau, d.tau_blocks),
+            base_tau_probabilistic: ratio(d.base_tau, d.tau_blocks),
         }
     }
 
@@ -327,6 +480,26 @@ mod tests {
         assert_eq!(sums, LossSums::default());
         assert!(!x.grad().defined() || x.grad().abs().sum(Kind::Float).double_value(&[]) == 0.0);
         assert!(!head.grad().defined());
+    }
+
+    #[test]
+    fn the_array_round_trip_carries_every_sum_dsparks_included() {
+        let mut values = [0.0; LossSums::LEN];
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = (i + 1) as f64;
+        }
+        let sums = LossSums::from_array(values);
+        assert_eq!(sums.to_array(), values);
+        assert_eq!(sums.dspark.base_correct, LossSums::LEN as f64);
+        let mut doubled = sums;
+        doubled.add(&sums);
+        let twice: Vec<f64> = values.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(doubled.to_array().to_vec(), twice);
+        // DFlash leaves DSpark's sums at zero, and its ratios with them.
+        assert_eq!(
+            LossSums::default().dspark_metrics(),
+            DsparkMetrics::default()
+        );
     }
 
     #[test]

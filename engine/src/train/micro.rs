@@ -10,9 +10,13 @@ use std::sync::{Arc, Mutex};
 
 use super::anchors::{sample_anchors_per_sample, AnchorBatch};
 use super::config::TrainConfig;
-use super::labels::{block_labels, BlockLabels, LabelMaskRule};
+use super::labels::{
+    block_labels, next_token_block_labels, next_token_prev_ids, BlockLabels, LabelAlignment,
+    LabelMaskRule,
+};
 use super::loader::{bucketed_len, collate_to, longest, Batch, DataPosition, Loader};
 use crate::data::Sample;
+use crate::model::drafter::DrafterConfig;
 
 /// What decides anchors and labels, besides the rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,7 +26,11 @@ pub struct MicroSpec {
     pub num_anchors: usize,
     pub block_size: usize,
     pub gamma: f64,
+    /// Read by [`LabelAlignment::SamePosition`] only: DSpark's next-token labels are always
+    /// prefix-cumulative.
     pub rule: LabelMaskRule,
+    /// Which token each slot is trained on: set by the drafter's head.
+    pub alignment: LabelAlignment,
     pub pad_id: i64,
     /// Rows are right-padded to a multiple of this (`training.seq_len_multiple`; 1: to the
     /// longest row only).
@@ -30,9 +38,10 @@ pub struct MicroSpec {
 }
 
 impl MicroSpec {
-    /// What a training run of `cfg` builds its micro-batches with, for a drafter of
-    /// `block_size`; rows are padded with `pad_id`.
-    pub fn for_training(cfg: &TrainConfig, block_size: usize, pad_id: i64) -> Self {
+    /// What a training run of `cfg` builds its micro-batches with, for `drafter` (its block
+    /// size, and its head's label alignment); rows are padded with `pad_id`.
+    pub fn for_training(cfg: &TrainConfig, drafter: &DrafterConfig, pad_id: i64) -> Self {
+        let block_size = drafter.block_size as usize;
         MicroSpec {
             seed: cfg.seed,
             batch_size: cfg.training.batch_size,
@@ -40,6 +49,7 @@ impl MicroSpec {
             block_size,
             gamma: cfg.gamma_for(block_size),
             rule: cfg.label_mask_rule(),
+            alignment: LabelAlignment::for_head(&drafter.head),
             pad_id,
             seq_len_multiple: cfg.training.seq_len_multiple,
         }
@@ -62,6 +72,12 @@ impl PreparedMicro {
     /// Σ w of this micro-batch.
     pub fn weight_sum(&self) -> f64 {
         self.labels.weight_sum()
+    }
+
+    /// The token before each slot, `[B, N*bs]`: what DSpark's Markov head reads
+    /// ([`next_token_prev_ids`]), for blocks of `block_size`.
+    pub fn prev_token_ids(&self, block_size: usize) -> Vec<i64> {
+        next_token_prev_ids(self.batch.rows(), &self.anchors, block_size)
     }
 
     /// Host memory held by the rows, anchors and labels.
@@ -177,13 +193,19 @@ impl MicroSource {
             &ids,
         )
         .padded_to(self.spec.num_anchors);
-        let labels = block_labels(
-            batch.rows(),
-            &anchors,
-            self.spec.block_size,
-            Some(self.spec.gamma),
-            self.spec.rule,
-        );
+        let gamma = Some(self.spec.gamma);
+        let labels = match self.spec.alignment {
+            LabelAlignment::SamePosition => block_labels(
+                batch.rows(),
+                &anchors,
+                self.spec.block_size,
+                gamma,
+                self.spec.rule,
+            ),
+            LabelAlignment::NextToken => {
+                next_token_block_labels(batch.rows(), &anchors, self.spec.block_size, gamma)
+            }
+        };
         PreparedMicro {
             seq,
             samples: ids,
@@ -217,6 +239,7 @@ mod tests {
             block_size: 4,
             gamma: 4.0,
             rule: LabelMaskRule::Independent,
+            alignment: LabelAlignment::SamePosition,
             pad_id: 0,
             seq_len_multiple: 1,
         }
@@ -248,6 +271,28 @@ mod tests {
         let first: Vec<usize> = (0..5).flat_map(|s| forward[s].samples.clone()).collect();
         assert_eq!(first.len(), 9);
         assert!(forward[5].batch.epoch == 1);
+    }
+
+    #[test]
+    fn a_dspark_spec_builds_next_token_labels_over_the_same_rows_and_anchors() {
+        let data = samples(7);
+        let same = MicroSource::new(Arc::clone(&data), (0..7).collect(), spec(2));
+        let next_spec = MicroSpec {
+            alignment: LabelAlignment::NextToken,
+            ..spec(2)
+        };
+        let next = MicroSource::new(data, (0..7).collect(), next_spec);
+        for seq in 0..4u64 {
+            let (a, b) = (same.prepare(seq), next.prepare(seq));
+            assert_eq!((&a.batch, &a.anchors), (&b.batch, &b.anchors));
+            let expected = next_token_block_labels(b.batch.rows(), &b.anchors, 4, Some(4.0));
+            assert_eq!(b.labels, expected);
+            assert_ne!(a.labels, b.labels);
+            assert_eq!(
+                b.prev_token_ids(4),
+                next_token_prev_ids(b.batch.rows(), &b.anchors, 4)
+            );
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod continuation_eval;
 pub mod domino;
 pub mod dpace;
 pub mod drafter_io;
+pub mod dspark;
 pub mod error;
 pub mod eval;
 pub mod labels;

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::data::Sample;
-use crate::train::labels::LabelMaskRule;
+use crate::train::labels::{LabelAlignment, LabelMaskRule};
 use crate::train::micro::{MicroSource, MicroSpec};
 
 /// Every (nodes, workers, accum) of a small grid, and several step starts, including ones
@@ -125,6 +125,7 @@ fn source(n_samples: usize, seed: u64, batch_size: usize) -> MicroSource {
         block_size: 2,
         gamma: 2.0,
         rule: LabelMaskRule::Independent,
+        alignment: LabelAlignment::SamePosition,
         pad_id: 0,
         seq_len_multiple: 1,
     };

@@ -11,7 +11,7 @@ use dflash_engine::model::drafter::AttentionBackend;
 use dflash_engine::model::target::TargetModel;
 use dflash_engine::train::anchors::sample_anchors_per_sample;
 use dflash_engine::train::block_objective::LossObjective;
-use dflash_engine::train::labels::{block_labels, LabelMaskRule};
+use dflash_engine::train::labels::{block_labels, LabelAlignment, LabelMaskRule};
 use dflash_engine::train::loader::collate;
 use dflash_engine::train::micro::{MicroSource, MicroSpec, PreparedMicro};
 use dflash_engine::train::optim::AdamWConfig;
@@ -48,6 +48,7 @@ fn spec(block_size: usize) -> MicroSpec {
         block_size,
         gamma: 4.0,
         rule: LabelMaskRule::Independent,
+        alignment: LabelAlignment::SamePosition,
         pad_id: 0,
         seq_len_multiple: MULTIPLE,
     }

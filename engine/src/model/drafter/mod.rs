@@ -1,7 +1,8 @@
 //! The DFlash drafter (spec §1): config in the published HF layout, the model, its layers, and
-//! the optional Domino head (`domino.rs`).
+//! the optional Domino head (`domino.rs`) and DSpark's heads (`dspark.rs`).
 mod config;
 mod domino;
+mod dspark;
 mod hf_config;
 mod inference;
 mod layer;
@@ -12,5 +13,7 @@ pub use config::{
     DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
 };
 pub use domino::DominoHead;
+pub(crate) use dspark::at_least_f32;
+pub use dspark::{DsparkHead, MarkovHead};
 pub use inference::DrafterCache;
 pub use model::{Drafter, DrafterInputs};

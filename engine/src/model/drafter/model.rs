@@ -5,6 +5,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::config::DrafterConfig;
 use super::domino::DominoHead;
+use super::dspark::DsparkHead;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
 use crate::model::attention::{
     AttentionBackend, BlockOrder, ChunkSchedule, ScheduledBlocks, DEFAULT_CHUNK_SCORE_ELEMENTS,
@@ -34,13 +35,16 @@ pub struct Drafter {
     pub(super) rotary: Rotary,
     /// Domino's GRU and `embed_proj` when `config.head` is Domino.
     pub(super) domino: Option<DominoHead>,
+    /// DSpark's Markov and confidence heads when `config.head` is DSpark.
+    pub(super) dspark: Option<DsparkHead>,
 }
 
 impl Drafter {
     /// Parameters named exactly as spec §1.3 relative to `vs` (`fc.weight`,
     /// `hidden_norm.weight`, `layers.{i}.self_attn.q_proj.weight`, ..., `norm.weight`; with a
-    /// Domino head also `prefix_gru.*` and `embed_proj.*`, SpecForge's names), so a
-    /// VarStore saves/loads the HF keys. Initialised as HF Qwen3 (linear `N(0, σ)`, norms 1).
+    /// Domino head also `prefix_gru.*` and `embed_proj.*`, with a DSpark head `markov_head.*`
+    /// and `confidence_head.*`, SpecForge's names), so a VarStore saves/loads the HF keys.
+    /// Initialised as HF Qwen3 (linear `N(0, σ)`, norms 1).
     /// `cfg` must be valid ([`DrafterConfig::validate`]; `from_hf_json` already checks).
     /// Parameters take the VarStore's kind; call `VarStore::set_kind` (e.g. bf16) afterwards
     /// to change it: activations follow the parameters' dtype.
@@ -68,12 +72,22 @@ impl Drafter {
                 .head
                 .domino()
                 .map(|d| DominoHead::new(vs, d, h, cfg.vocab_size, cfg.initializer_range)),
+            // Likewise after the backbone (and Domino's slot: the heads are exclusive).
+            dspark: cfg
+                .head
+                .dspark()
+                .map(|d| DsparkHead::new(vs, d, h, cfg.vocab_size, cfg.initializer_range)),
         }
     }
 
     /// Domino's head, when the drafter has one.
     pub fn domino(&self) -> Option<&DominoHead> {
         self.domino.as_ref()
+    }
+
+    /// DSpark's heads, when the drafter has them.
+    pub fn dspark(&self) -> Option<&DsparkHead> {
+        self.dspark.as_ref()
     }
 
     pub fn config(&self) -> &DrafterConfig {

@@ -210,13 +210,12 @@ impl Trainer {
             cfg.training.activation_checkpointing,
         );
         rank0.objective = cfg.loss_objective();
-        let bs = drafter_cfg.block_size as usize;
         let data_digest = data_digest(&samples);
         let samples = Arc::new(samples);
         let source = Arc::new(MicroSource::new(
             Arc::clone(&samples),
             split.train.clone(),
-            MicroSpec::for_training(&cfg, bs, PAD_ID),
+            MicroSpec::for_training(&cfg, &drafter_cfg, PAD_ID),
         ));
         let assignment = MicroBatchAssignment {
             ranks: topology.drafter_devices.len(),
