@@ -341,6 +341,7 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             activation_checkpointing: shape.activation_checkpointing,
             objective: LossObjective::Dflash,
             lambda_base: 0.0,
+            dspark: Default::default(),
         };
         let sums =
             replica.forward_backward(TargetStates::features_only(&features), &micro, &options);

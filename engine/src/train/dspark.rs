@@ -50,6 +50,13 @@ pub struct DsparkLossWeights {
     pub confidence: f64,
 }
 
+impl Default for DsparkLossWeights {
+    /// SpecForge's: `[training.dspark]` left out.
+    fn default() -> Self {
+        Self::from(&DsparkSection::default())
+    }
+}
+
 impl From<&DsparkSection> for DsparkLossWeights {
     fn from(section: &DsparkSection) -> Self {
         Self {

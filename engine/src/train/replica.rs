@@ -8,6 +8,7 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::block_objective::{block_objective_backward, BlockObjectiveBatch, LossObjective};
 use super::domino::{domino_ce_backward, DominoBatch};
+use super::dspark::{dspark_backward, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
 use super::drafter_io::named_parameters;
 use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
@@ -68,6 +69,9 @@ pub struct MicroStepOptions {
     /// drafter without a Domino head ignores it. λ = 0 trains the corrected logits alone, as
     /// SpecForge does without a schedule.
     pub lambda_base: f64,
+    /// DSpark's loss weights (`[training.dspark]`); a drafter without a DSpark head ignores
+    /// them.
+    pub dspark: DsparkLossWeights,
 }
 
 pub struct DrafterReplica {
@@ -169,6 +173,7 @@ impl DrafterReplica {
             activation_checkpointing,
             objective,
             lambda_base,
+            dspark,
         } = *options;
         let cfg = self.drafter.config();
         let bs = cfg.block_size as usize;
@@ -201,6 +206,15 @@ impl DrafterReplica {
             anchors: &anchors,
             keep: &keep,
         };
+        if self.drafter.dspark().is_some() {
+            let batch = self.dspark_inputs(states, micro, &anchors, &keep, &targets, dspark);
+            return self.drafter.forward_backward(
+                &inputs,
+                backend,
+                activation_checkpointing,
+                |out| dspark_backward(out, &batch.batch(self), 1.0, chunk_positions),
+            );
+        }
         self.drafter
             .forward_backward(&inputs, backend, activation_checkpointing, |out| {
                 match (self.drafter.domino(), objective) {
@@ -246,6 +260,47 @@ impl DrafterReplica {
                     }
                 }
             })
+    }
+
+    /// What DSpark's loss reads of a micro-batch besides the drafter's output: the next-token
+    /// labels and weights the micro-batch was built with, the tokens before each slot, and the
+    /// target's last hidden state at each slot's label − 1, on this replica's device.
+    fn dspark_inputs(
+        &self,
+        states: TargetStates<'_>,
+        micro: &PreparedMicro,
+        anchors: &Tensor,
+        keep: &Tensor,
+        targets: &Tensor,
+        loss_weights: DsparkLossWeights,
+    ) -> DsparkTensors {
+        let bs = self.drafter.config().block_size;
+        let shape = [micro.batch.batch as i64, micro.anchors.width as i64 * bs];
+        let on_device = |t: Tensor| t.view(shape).to_device(self.device);
+        let last_hidden = states.last_hidden.expect(
+            "a DSpark drafter's micro-batches carry the target's last hidden state \
+             (DrafterHead::needs_target_last_hidden)",
+        );
+        let teacher_hidden = tch::no_grad(|| {
+            teacher_hidden_for_slots(
+                &last_hidden
+                    .to_device(self.device)
+                    .to_kind(self.lm_head.kind()),
+                anchors,
+                keep,
+                bs,
+            )
+        });
+        let valid: Vec<u8> = micro.labels.valid.iter().map(|&v| u8::from(v)).collect();
+        DsparkTensors {
+            targets: targets.shallow_clone(),
+            prev_tokens: on_device(Tensor::from_slice(&micro.prev_token_ids(bs as usize))),
+            weights: on_device(Tensor::from_slice(&micro.labels.weights)),
+            valid: on_device(Tensor::from_slice(&valid).to_kind(Kind::Bool)),
+            teacher_hidden,
+            block_size: bs,
+            loss_weights,
+        }
     }
 
     /// Elements of all parameters.
@@ -323,6 +378,36 @@ impl DrafterReplica {
     pub fn load_state(&mut self, state: &ReplicaState) -> Result<(), OptimError> {
         self.optimizer
             .restore(&state.master, &state.moments, state.optimizer_step)
+    }
+}
+
+/// The tensors of [`DrafterReplica::dspark_inputs`], owned, lent as a [`DsparkBatch`].
+struct DsparkTensors {
+    targets: Tensor,
+    prev_tokens: Tensor,
+    weights: Tensor,
+    valid: Tensor,
+    teacher_hidden: Tensor,
+    block_size: i64,
+    loss_weights: DsparkLossWeights,
+}
+
+impl DsparkTensors {
+    fn batch<'a>(&'a self, replica: &'a DrafterReplica) -> DsparkBatch<'a> {
+        DsparkBatch {
+            head: replica
+                .drafter
+                .dspark()
+                .expect("built for a drafter with a DSpark head"),
+            lm_head: &replica.lm_head,
+            targets: &self.targets,
+            prev_tokens: &self.prev_tokens,
+            weights: &self.weights,
+            valid: &self.valid,
+            teacher_hidden: &self.teacher_hidden,
+            block_size: self.block_size,
+            loss_weights: self.loss_weights,
+        }
     }
 }
 

@@ -102,6 +102,7 @@ fn loss_and_grads(
         activation_checkpointing: false,
         objective: LossObjective::Dflash,
         lambda_base: 0.0,
+        dspark: Default::default(),
     };
     let sums = replica.forward_backward(TargetStates::features_only(&features), micro, &options);
     let grads = replica

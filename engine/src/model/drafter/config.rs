@@ -396,6 +396,7 @@ impl DrafterHead {
     pub fn needs_target_last_hidden(&self) -> bool {
         match self {
             DrafterHead::Dflash | DrafterHead::Domino(_) => false,
+            DrafterHead::Dspark(_) => true,
         }
     }
 }

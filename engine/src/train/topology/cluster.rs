@@ -154,6 +154,7 @@ impl Cluster {
                 rank0.activation_checkpointing,
             );
             state.objective = rank0.objective;
+            state.dspark = rank0.dspark;
             state.allreduce = endpoints.next();
             let inbox = Inbox::new(Arc::clone(&cluster.queues[rank]));
             let worker = spawn_drafter(state, inbox, shard, rank, Arc::clone(&cluster.tripwire))

@@ -413,6 +413,7 @@ mod tests {
             rule: LabelMaskRule::Independent,
             pad_id: 0,
             seq_len_multiple: 1,
+            alignment: Default::default(),
         };
         MicroSource::new(Arc::new(samples), (0..4).collect(), spec)
     }

@@ -13,6 +13,7 @@ use crate::collective::allreduce::{sum_in_buckets, AllReduce};
 use crate::collective::bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::drafter::AttentionBackend;
 use crate::train::block_objective::LossObjective;
+use crate::train::dspark::DsparkLossWeights;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
@@ -44,6 +45,8 @@ pub struct RankState {
     pub activation_checkpointing: bool,
     /// `training.objective` (DFlash unless the trainer sets it).
     pub objective: LossObjective,
+    /// `[training.dspark]` (SpecForge's weights unless the trainer sets them).
+    pub dspark: DsparkLossWeights,
 }
 
 impl RankState {
@@ -63,6 +66,7 @@ impl RankState {
             chunk_positions,
             activation_checkpointing,
             objective: LossObjective::Dflash,
+            dspark: DsparkLossWeights::default(),
         }
     }
 
@@ -74,6 +78,7 @@ impl RankState {
             activation_checkpointing: self.activation_checkpointing,
             objective: self.objective,
             lambda_base,
+            dspark: self.dspark,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::train::error::TrainError;
 use crate::train::loader::{data_digest, split_held_out};
 use crate::train::micro::{MicroSource, MicroSpec};
 use crate::train::online_prompts::OnlinePrompts;
+use crate::train::dspark::DsparkLossWeights;
 use crate::train::replica::DrafterReplica;
 use crate::train::schedule::WarmupCosine;
 use crate::train::throughput::DevicePeaks;
@@ -210,6 +211,7 @@ impl Trainer {
             cfg.training.activation_checkpointing,
         );
         rank0.objective = cfg.loss_objective();
+        rank0.dspark = DsparkLossWeights::from(&cfg.training.dspark);
         let data_digest = data_digest(&samples);
         let samples = Arc::new(samples);
         let source = Arc::new(MicroSource::new(

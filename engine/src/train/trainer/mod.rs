@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dflash_shared::metrics::{
-    DominoStepMetrics, OnlineAcceptance, QueueStats, StepMetrics, StepTimes,
+    DominoStepMetrics, DsparkStepMetrics, OnlineAcceptance, QueueStats, StepMetrics, StepTimes,
 };
 use tch::{nn::VarStore, Device, Tensor};
 
@@ -402,8 +402,20 @@ impl Trainer {
                 accept_len: first.sums.accept_len(),
                 base_accept_len: first.sums.base_accept_len(),
             }),
-            // Filled from the DSpark loss's sums once the step trains the DSpark head.
-            dspark: None,
+            dspark: self.drafter_cfg.head.dspark().map(|head| {
+                let m = first.sums.dspark_metrics();
+                let confidence = head.confidence_head;
+                DsparkStepMetrics {
+                    ce_loss: m.ce_loss,
+                    l1_loss: m.l1_loss,
+                    confidence_loss: m.confidence_loss,
+                    tau_probabilistic: m.tau_probabilistic,
+                    base_tau_probabilistic: m.base_tau_probabilistic,
+                    acceptance_mean: m.accept_probability_mean,
+                    confidence_mean: confidence.then_some(m.confidence_mean),
+                    confidence_abs_error: confidence.then_some(m.confidence_abs_error),
+                }
+            }),
             job,
         })
     }
