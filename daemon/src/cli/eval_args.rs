@@ -220,6 +220,9 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         serve_tree_budget: Some(args.serve_tree_budget),
         // `dflashd eval` is the figure of record: its oracle scores every block.
         tree_block_subsample: 1,
+        // A DSpark drafter is scored at SpecForge's loss weights: a drafter directory does not
+        // record the run's.
+        dspark: Default::default(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use dflash_engine::model::drafter::{DominoConfig, DrafterConfig, LayerType};
+use dflash_engine::model::drafter::{DominoConfig, DrafterConfig, DsparkConfig, LayerType};
 use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{
     read_checkpoint_drafter, recorded_best, resolve_checkpoint, RecordedBest,
@@ -124,6 +124,9 @@ fn no_best_message(run_dir: &Path, newest_step: u64, why: NoBestCheckpoint) -> S
 /// What each serving engine must be told to serve this drafter: the draft width it takes as a
 /// flag, how vLLM recognises the method, and the runner vLLM needs for mixed layer types.
 pub fn serving_hints(cfg: &DrafterConfig, out: &Path) -> String {
+    if let Some(dspark) = cfg.head.dspark() {
+        return dspark_hints(dspark, cfg.block_size, out);
+    }
     let block = cfg.block_size;
     let mixed =
         cfg.layer_types.contains(&LayerType::Sliding) && cfg.layer_types.contains(&LayerType::Full);
@@ -169,6 +172,28 @@ fn domino_hints(domino: &DominoConfig) -> String {
          vLLM: no merged Domino support found (RFC vllm-project/vllm#46707 open, \
          vllm-project/vllm#47627 closed): not verified; do not expect the correction there.\n",
         domino.emb_dim, domino.gru_hidden_dim, domino.pure_draft_prefix_len
+    )
+}
+
+/// What is known of serving a DSpark drafter. SpecForge's layout keeps the heads' keys in
+/// `dflash_config`; SGLang's and vLLM's DSpark loaders read them at the top level under their
+/// own architecture name, the copy SpecForge's `scripts/gates/normalize_dflash_export.py`
+/// makes, which this export does not write yet.
+fn dspark_hints(dspark: &DsparkConfig, block: i64, out: &Path) -> String {
+    format!(
+        "serve it: written in SpecForge's DSpark layout (architectures [\"DSparkDraftModel\"], \
+         dflash_config.projector_type \"dspark\", markov_rank {}, markov_head_type \"{}\", \
+         enable_confidence_head {}, confidence_head_with_markov {}) in {dir}: SpecForge's keys \
+         for key, not loaded by SpecForge here.\n  Each of its {block} slots drafts the token after its position (slot 0 the \
+         token after the anchor), the Markov head reading the token drafted before it.\n  \
+         SGLang and vLLM read a DSpark drafter's head keys at the top level (SGLang as \
+         Qwen3DSparkModel): dflashd export does not write that form yet, so neither is \
+         verified here.\n",
+        dspark.markov_rank,
+        dspark.markov_head_type.as_str(),
+        dspark.confidence_head,
+        dspark.confidence_head_with_markov,
+        dir = out.display(),
     )
 }
 

@@ -265,6 +265,9 @@ pub(super) fn check_fit(target: &TargetModel, drafter: &Drafter) -> Result<(), D
             t.vocab_size()
         ));
     }
+    if d.head.dspark().is_some() {
+        return Err(DecodeError::DsparkNotDecoded);
+    }
     if d.block_size < 2 {
         return mismatch(format!(
             "block_size {} drafts nothing; need ≥ 2",

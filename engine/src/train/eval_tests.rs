@@ -293,6 +293,7 @@ fn tiny_eval_options(serve: usize) -> EvalOptions {
         tree_budgets: vec![4, 16],
         serve_tree_budget: Some(serve),
         tree_block_subsample: 1,
+        dspark: Default::default(),
     }
 }
 
@@ -324,6 +325,7 @@ fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
         &held,
         &EvalOptions {
             tree_block_subsample: one_in,
+            dspark: Default::default(),
             ..every.clone()
         },
         &mut |b| {
@@ -355,6 +357,7 @@ fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
             tau_tree_serve: full.tau_tree_serve,
             tree_blocks: full.tree_blocks,
             tree_block_subsample: 1,
+            dspark: Default::default(),
             ..subsampled
         },
         full,

@@ -8,8 +8,8 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::block_objective::{block_objective_backward, BlockObjectiveBatch, LossObjective};
 use super::domino::{domino_ce_backward, DominoBatch};
-use super::dspark::{dspark_backward, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
 use super::drafter_io::named_parameters;
+use super::dspark::{dspark_backward, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
 use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
 use super::micro::PreparedMicro;

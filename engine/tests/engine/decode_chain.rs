@@ -338,6 +338,7 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         tree_budgets: vec![],
         serve_tree_budget: None,
         tree_block_subsample: 1,
+        dspark: Default::default(),
     };
     let offline =
         evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();

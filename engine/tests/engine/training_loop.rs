@@ -11,7 +11,7 @@ use dflash_engine::train::{
 };
 
 use dflash_engine::embedded;
-use dflash_engine::model::drafter::{DominoConfig, DrafterHead};
+use dflash_engine::model::drafter::{DominoConfig, DrafterHead, DsparkConfig, MarkovHeadType};
 use tch::Device;
 
 use crate::support::topology::{config, cpu_topology, tiny_samples, trainer};
@@ -235,6 +235,66 @@ fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_obje
     resume_lands_where_a_straight_run_lands_with(cfg.clone(), one_domino_device);
     cfg.training.objective = Objective::Dpace;
     resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
+}
+
+/// The embedded default's drafter with a DSpark head (a gated Markov head, the confidence
+/// head reading its embedding), on one device.
+fn one_dspark_device(cfg: TrainConfig) -> Trainer {
+    tch::set_num_threads(1);
+    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
+    drafter_cfg.head = DrafterHead::Dspark(DsparkConfig {
+        markov_rank: 16,
+        markov_head_type: MarkovHeadType::Gated,
+        confidence_head: true,
+        confidence_head_with_markov: true,
+    });
+    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
+}
+
+#[test]
+fn a_dspark_run_reports_its_terms_and_calibration_and_resumes_bit_for_bit() {
+    let mut cfg = config(4, 1);
+    cfg.training.checkpoint_every = 4;
+    let mut lines = CollectLines::default();
+    let mut trainer = one_dspark_device(cfg.clone());
+    trainer
+        .run(
+            &RunOptions {
+                max_steps: Some(2),
+                checkpoint_root: None,
+            },
+            &mut lines,
+        )
+        .unwrap();
+    let w = &cfg.training.dspark;
+    for line in &lines.steps {
+        let d = line.dspark.expect("a DSpark step reports its terms");
+        assert!(line.domino.is_none());
+        // The loss is the three terms at their weights, each over the same Σw.
+        let blend = w.ce * d.ce_loss + w.l1 * d.l1_loss + w.confidence * d.confidence_loss;
+        assert!(
+            (line.loss - blend).abs() < 1e-4 * line.loss,
+            "step {}: {} vs {blend}",
+            line.step,
+            line.loss
+        );
+        assert!(d.tau_probabilistic >= 1.0 && d.base_tau_probabilistic >= 1.0);
+        assert!((0.0..=1.0).contains(&d.acceptance_mean));
+        assert!(d.confidence_mean.is_some() && d.confidence_abs_error.is_some());
+    }
+    let json = serde_json::to_value(&lines.steps[0]).unwrap();
+    for key in [
+        "ce_loss",
+        "l1_loss",
+        "confidence_loss",
+        "tau_probabilistic",
+        "base_tau_probabilistic",
+        "confidence_mean",
+    ] {
+        assert!(json.get(key).is_some(), "{key} in the metrics line");
+    }
+    resume_lands_where_a_straight_run_lands_with(cfg, one_dspark_device);
 }
 
 fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {

@@ -44,6 +44,7 @@ fn oracle_matches_online_rounds(target: &TargetModel, drafter: &Drafter) -> Vec<
         tree_budgets: BUDGETS.to_vec(),
         serve_tree_budget: Some(3),
         tree_block_subsample: 1,
+        dspark: Default::default(),
     };
     let held: Vec<_> = samples.iter().collect();
     let mut oracle: HashMap<(usize, i64), Vec<usize>> = HashMap::new();

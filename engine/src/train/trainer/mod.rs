@@ -35,6 +35,7 @@ use super::cadence::Cadence;
 use super::checkpoint;
 use super::config::TrainConfig;
 use super::domino::lambda_base;
+use super::dspark::DsparkLossWeights;
 use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
 use super::loader::DataPosition;
@@ -448,6 +449,7 @@ impl Trainer {
             tree_budgets: self.cfg.training.online_eval_tree_budgets.clone(),
             serve_tree_budget: Some(self.cfg.training.serve_tree_budget),
             tree_block_subsample: self.cfg.training.eval_tree_block_subsample,
+            dspark: DsparkLossWeights::from(&self.cfg.training.dspark),
         }
     }
 

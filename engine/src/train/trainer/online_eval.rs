@@ -30,8 +30,8 @@ impl Trainer {
             .collect()
     }
 
-    /// Runs the online evaluation now (`None` without prompts, or when no prompt produced a
-    /// verification round: every output ended at its first token). `offline_tau` is the offline
+    /// Runs the online evaluation now (`None` without prompts, for a DSpark drafter, or when no
+    /// prompt produced a verification round: every output ended at its first token). `offline_tau` is the offline
     /// τ of the same moment, when the caller has one.
     pub fn evaluate_online(
         &self,
@@ -40,6 +40,11 @@ impl Trainer {
         let Some(set) = self.online_prompts() else {
             return Ok(None);
         };
+        // The decoders do not draft from a DSpark head yet (`DecodeError::DsparkNotDecoded`):
+        // its run is judged by the offline evaluation's `tau_probabilistic` until they do.
+        if self.drafter().dspark().is_some() {
+            return Ok(None);
+        }
         let count = set
             .prompts
             .len()
