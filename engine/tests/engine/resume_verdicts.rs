@@ -2,7 +2,8 @@
 //! resume with one changed key, for every key of the config's key table
 //! (`dflash_shared::config::keys`): both refuse it, or both let it through; with an operator's
 //! unlock, both carry an unlockable key across. Each key is changed from the embedded default
-//! (and, for the tree objective's keys, from the default with `training.objective = "tree"`).
+//! (and, for the tree objective's keys, from the default with `training.objective = "tree"`;
+//! for the DSpark head's, from the default with `drafter.head = "dspark"`).
 use dflash_engine::model::target::TargetConfig;
 use dflash_engine::train::resume::{config_verdict, SavedConfigs};
 use dflash_engine::train::run_config::{drafter_config, train_config};
@@ -87,6 +88,13 @@ fn hand_change(key: &str) -> Option<toml::Value> {
         "control.allowed_uids" => toml::Value::Array(vec![i(1000)]),
         "metrics.listen" => s("127.0.0.1:9400"),
         "tensorboard.dir" => s("tb"),
+        "drafter.markov_rank" => i(32),
+        "drafter.markov_head_type" => s("gated"),
+        "drafter.enable_confidence_head" => toml::Value::Boolean(false),
+        "drafter.confidence_head_with_markov" => toml::Value::Boolean(false),
+        "training.dspark.ce" => toml::Value::Float(0.2),
+        "training.dspark.l1" => toml::Value::Float(0.5),
+        "training.dspark.confidence" => toml::Value::Float(0.5),
         _ => return None,
     })
 }
@@ -170,17 +178,43 @@ fn verdicts(old: &Config, new: &Config, key: &str) -> Verdicts {
     }
 }
 
+/// The DSpark head's keys, which only a DSpark drafter may set.
+fn is_dspark_key(key: &str) -> bool {
+    key.starts_with("training.dspark.")
+        || [
+            "drafter.markov_rank",
+            "drafter.markov_head_type",
+            "drafter.enable_confidence_head",
+            "drafter.confidence_head_with_markov",
+        ]
+        .contains(&key)
+}
+
+/// The embedded default with a DSpark head (its DSpark keys left to their defaults).
+fn dspark_default() -> Config {
+    let mut cfg = Config::embedded_default();
+    cfg.drafter.head = dflash_shared::config::DrafterHead::Dspark;
+    cfg.drafter.emb_dim = None;
+    cfg.drafter.gru_hidden_dim = None;
+    cfg.drafter.pure_draft_prefix_len = None;
+    let text = cfg.to_toml_string();
+    Config::from_toml_str(&text, "dspark default").unwrap()
+}
+
 #[test]
 fn the_gate_and_the_engine_agree_on_every_key_of_the_table() {
     let default = Config::embedded_default();
     let mut tree = default.clone();
     tree.training.objective = dflash_shared::config::Objective::Tree;
+    let dspark = dspark_default();
     let mut disagreements = Vec::new();
     let mut checked = 0;
     for row in KEYS {
         let base =
             if row.key.starts_with("training.tree.") || row.key == "training.serve_tree_budget" {
                 &tree
+            } else if is_dspark_key(row.key) {
+                &dspark
             } else {
                 &default
             };
