@@ -265,9 +265,6 @@ pub(super) fn check_fit(target: &TargetModel, drafter: &Drafter) -> Result<(), D
             t.vocab_size()
         ));
     }
-    if d.head.dspark().is_some() {
-        return Err(DecodeError::DsparkNotDecoded);
-    }
     if d.block_size < 2 {
         return mismatch(format!(
             "block_size {} drafts nothing; need ≥ 2",
@@ -319,7 +316,7 @@ pub fn generate_chain_with(
     settings.sampling.validate()?;
     check_fit(target, drafter)?;
     let cfg = drafter.config();
-    let (bs, taps) = (cfg.block_size, cfg.target_layer_ids.as_slice());
+    let taps = cfg.target_layer_ids.as_slice();
     let device = target.device();
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let mut cache = target.new_cache();
@@ -335,10 +332,11 @@ pub fn generate_chain_with(
     while count.another_round() {
         // draft
         let block = BlockDraft::new(target, drafter, &context, last, logits);
+        let drafted = block.slots();
         let mut state = block.start(last);
-        let mut proposals = Vec::with_capacity(bs as usize - 1);
-        let mut drafts = Vec::with_capacity(bs as usize - 1);
-        for slot in 1..bs {
+        let mut proposals = Vec::with_capacity(drafted as usize);
+        let mut drafts = Vec::with_capacity(drafted as usize);
+        for slot in 1..=drafted {
             let logits = block.slot_logits(slot, &state);
             let draft = match settings.sampling {
                 Sampling::Greedy => argmax(&logits),
@@ -350,8 +348,8 @@ pub fn generate_chain_with(
                 }
             };
             drafts.push(draft);
-            if slot + 1 < bs {
-                state = block.read(&state, draft);
+            if slot < drafted {
+                state = block.read(&state, slot, draft);
             }
         }
 
@@ -359,7 +357,7 @@ pub fn generate_chain_with(
         let mut verify_ids = vec![last];
         verify_ids.extend_from_slice(&drafts);
         let input = Tensor::from_slice(&verify_ids)
-            .view([1, bs])
+            .view([1, drafted + 1])
             .to_device(device);
         let start = cache.len();
         let step = target.forward_cached(&input, &mut cache, taps)?;
@@ -390,7 +388,7 @@ pub fn generate_chain_with(
         }
         let bonus = match next {
             Some(t) => t,
-            None => choose(&logits.get(bs - 1), settings.sampling, &mut rng),
+            None => choose(&logits.get(drafted), settings.sampling, &mut rng),
         };
 
         // commit

@@ -11,35 +11,64 @@
 //! computed once; for `token_position` 1, 2, … the corrected logits of that slot over the
 //! tokens completed so far, sampled, written into the block). A tree's nodes each carry
 //! their own path's state ([`BlockDraft::read`] from their parent's).
+//!
+//! A DSpark drafter (`model/drafter/dspark.rs`) drafts from every slot of its block, slot `k`
+//! the token after the anchor's position + `k`, as SGLang's and vLLM's DSpark workers do (and
+//! as it is trained; SpecForge's own HF `spec_generate` reads slots `1..bs−1`, one slot off).
+//! Its Markov head adds to slot `k`'s logits a bias from the token before it (the root for slot
+//! 0, then each draft) and, for the RNN head, a state carried along the block.
 use tch::{Kind, Tensor};
 
-use crate::model::drafter::{DominoHead, Drafter, DrafterCache};
+use crate::model::drafter::{DominoHead, Drafter, DrafterCache, MarkovHead};
 use crate::model::target::TargetModel;
 
 /// Which logits a drafter drafts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DraftLogits {
-    /// The drafter's own: a Domino drafter's corrected logits, a DFlash drafter's LM-head
-    /// logits. What serving uses.
+    /// The drafter's own: a Domino drafter's corrected logits, a DSpark drafter's
+    /// Markov-corrected ones, a DFlash drafter's LM-head logits. What serving uses.
     #[default]
     Drafter,
-    /// The target's LM head over the drafter's output alone, a Domino correction left out
-    /// (Domino's `base_accept_len`; the same as [`DraftLogits::Drafter`] for DFlash).
+    /// The target's LM head over the drafter's output alone, a Domino correction or a DSpark
+    /// Markov head left out (Domino's `base_accept_len`, DSpark's base τ; the same as
+    /// [`DraftLogits::Drafter`] for DFlash).
     LmHeadOnly,
 }
 
-/// The GRU state a slot's correction reads (`[1, G]`); `None` for a drafter without a
-/// correction, whose slots need none.
-pub type PathState = Option<Tensor>;
+/// What a slot's correction reads of the tokens drafted before it.
+pub enum PathState {
+    /// A drafter without a correction: its slots read nothing.
+    Free,
+    /// Domino: the GRU's state after the block's tokens so far (`[1, G]`).
+    Gru(Tensor),
+    /// DSpark: the token before the slot and the Markov head's recurrent state (`[1, r]`; the
+    /// vanilla and gated heads carry zeros through).
+    Markov { prev: i64, state: Tensor },
+}
+
+/// A drafter's correction of its LM-head logits, with the drafted slots' outputs it reads.
+enum Correction<'a> {
+    /// The GRU and the target's embedding table it reads tokens through (as in training).
+    Domino {
+        head: &'a DominoHead,
+        slots: Tensor,
+        embed: &'a Tensor,
+    },
+    Markov {
+        head: &'a MarkovHead,
+        slots: Tensor,
+    },
+}
 
 /// The drafter's block at one anchor: base logits and, for a corrected drafter, what its
-/// correction needs.
+/// correction needs. Drafted slot `n` (`1..=slots()`) drafts the token at the anchor's
+/// position + `n`: a DFlash or Domino drafter's slot `n` (slot 0 holds the anchor), a DSpark
+/// drafter's slot `n − 1` (its slot 0 drafts the token after the anchor), as SGLang's and
+/// vLLM's DSpark workers draft it.
 pub struct BlockDraft<'a> {
-    /// `[bs−1, V]` f32: the LM head over slots `1..bs−1`.
+    /// `[slots, V]` f32: the LM head over the drafted slots.
     base: Tensor,
-    /// The correction, when applied: the head, its slots' drafter outputs `[bs−1, H]`, and
-    /// the target's embedding table the GRU reads tokens through (as in training).
-    correction: Option<(&'a DominoHead, Tensor, &'a Tensor)>,
+    correction: Option<Correction<'a>>,
 }
 
 impl<'a> BlockDraft<'a> {
@@ -59,24 +88,33 @@ impl<'a> BlockDraft<'a> {
             .view([1, bs])
             .to_device(target.device());
         let embedded = Tensor::embedding(target.embed_tokens(), &block, -1, false, false);
-        let slots = drafter
-            .draft_block(context, &embedded)
-            .get(0)
-            .narrow(0, 1, bs - 1);
+        let out = drafter.draft_block(context, &embedded).get(0);
+        let dspark = drafter.dspark();
+        // A DSpark drafter drafts from every slot, the others from the slots after the anchor.
+        let slots = if dspark.is_some() {
+            out
+        } else {
+            out.narrow(0, 1, bs - 1)
+        };
         let base = tch::no_grad(|| {
             slots
                 .to_kind(target.kind())
                 .linear::<Tensor>(target.lm_head(), None)
                 .to_kind(Kind::Float)
         });
-        let correction = match (drafter.domino(), logits) {
-            (Some(head), DraftLogits::Drafter) => Some((head, slots, target.embed_tokens())),
-            _ => None,
+        let correction = match (drafter.domino(), dspark.and_then(|d| d.markov()), logits) {
+            (_, _, DraftLogits::LmHeadOnly) | (None, None, _) => None,
+            (Some(head), _, DraftLogits::Drafter) => Some(Correction::Domino {
+                head,
+                slots,
+                embed: target.embed_tokens(),
+            }),
+            (None, Some(head), DraftLogits::Drafter) => Some(Correction::Markov { head, slots }),
         };
         BlockDraft { base, correction }
     }
 
-    /// Slots drafted: `bs − 1`.
+    /// Tokens drafted: `bs − 1` (DFlash, Domino) or `bs` (DSpark).
     pub fn slots(&self) -> i64 {
         self.base.size()[0]
     }
@@ -86,53 +124,79 @@ impl<'a> BlockDraft<'a> {
         self.correction.is_some()
     }
 
-    /// Every slot's logits `[bs−1, V]`, for a drafter whose slots do not depend on the path.
+    /// Every slot's logits `[slots, V]`, for a drafter whose slots do not depend on the path.
     pub fn independent_logits(&self) -> Option<&Tensor> {
         (!self.path_dependent()).then_some(&self.base)
     }
 
-    /// The state after reading `token` from `state`; the root's from [`Self::start`].
-    pub fn read(&self, state: &PathState, token: i64) -> PathState {
-        let (head, slots, embed) = self.correction.as_ref()?;
-        tch::no_grad(|| {
-            let x = embed
-                .get(token)
-                .to_device(slots.device())
-                .to_kind(slots.kind())
-                .unsqueeze(0);
-            let h = match state {
-                Some(h) => h.shallow_clone(),
-                None => Tensor::zeros([1, head.config().gru_hidden_dim], (x.kind(), x.device())),
-            };
-            Some(head.gru_step(&x, &h))
+    /// The state drafted slot 1 reads: Domino's GRU after the root alone, from `h₀ = 0`;
+    /// DSpark's Markov head with the root as the token before it, from a zero state.
+    pub fn start(&self, root: i64) -> PathState {
+        match &self.correction {
+            None => PathState::Free,
+            Some(Correction::Domino { head, slots, .. }) => {
+                let zero = Tensor::zeros(
+                    [1, head.config().gru_hidden_dim],
+                    (slots.kind(), slots.device()),
+                );
+                self.read(&PathState::Gru(zero), 0, root)
+            }
+            Some(Correction::Markov { head, slots }) => PathState::Markov {
+                prev: root,
+                state: head.initial_state(1, slots),
+            },
+        }
+    }
+
+    /// The state after drafted slot `slot` (from `state`, the one it read) drafted `token`.
+    pub fn read(&self, state: &PathState, slot: i64, token: i64) -> PathState {
+        tch::no_grad(|| match (&self.correction, state) {
+            (Some(Correction::Domino { head, slots, embed }), PathState::Gru(h)) => {
+                let x = embed
+                    .get(token)
+                    .to_device(slots.device())
+                    .to_kind(slots.kind())
+                    .unsqueeze(0);
+                PathState::Gru(head.gru_step(&x, h))
+            }
+            (Some(Correction::Markov { head, slots }), PathState::Markov { prev, state }) => {
+                let (_, next) = head.step_latent(
+                    &Tensor::from_slice(&[*prev]).to_device(slots.device()),
+                    &slots.get(slot - 1).unsqueeze(0),
+                    state,
+                );
+                PathState::Markov {
+                    prev: token,
+                    state: next,
+                }
+            }
+            _ => PathState::Free,
         })
     }
 
-    /// The state slot 1 reads: the GRU's after the root alone, from `h₀ = 0`.
-    pub fn start(&self, root: i64) -> PathState {
-        self.read(&None, root)
-    }
-
-    /// The logits `[V]` (f32) slot `slot` (`1..bs`) drafts from, given the state after the
-    /// block's tokens before it (`state`: from [`Self::start`] and [`Self::read`]).
+    /// The logits `[V]` (f32) drafted slot `slot` (`1..=slots()`) drafts from, given the state
+    /// after the block's tokens before it (`state`: from [`Self::start`] and [`Self::read`]).
     pub fn slot_logits(&self, slot: i64, state: &PathState) -> Tensor {
         let base = self.base.get(slot - 1);
-        let Some((head, slots, _)) = &self.correction else {
-            return base;
-        };
-        if !head.corrects_slot(slot) {
-            return base;
-        }
-        let h = state
-            .as_ref()
-            .expect("a corrected slot is given the state of its path");
-        let correction = tch::no_grad(|| {
-            head.correction(&slots.get(slot - 1).unsqueeze(0), h)
-                .get(0)
-                .to_kind(Kind::Float)
-                .to_device(base.device())
+        let correction = tch::no_grad(|| match (&self.correction, state) {
+            (Some(Correction::Domino { head, slots, .. }), PathState::Gru(h)) => head
+                .corrects_slot(slot)
+                .then(|| head.correction(&slots.get(slot - 1).unsqueeze(0), h)),
+            (Some(Correction::Markov { head, slots }), PathState::Markov { prev, state }) => {
+                let (bias, _) = head.step(
+                    &Tensor::from_slice(&[*prev]).to_device(slots.device()),
+                    &slots.get(slot - 1).unsqueeze(0),
+                    state,
+                );
+                Some(bias)
+            }
+            (None, _) => None,
+            _ => panic!("a corrected slot is given the state of its path"),
         });
-        base + correction
+        match correction {
+            Some(c) => base + c.get(0).to_kind(Kind::Float).to_device(self.base.device()),
+            None => base,
+        }
     }
 }
 
@@ -153,7 +217,7 @@ pub fn greedy_block(
         let token = super::sampling::argmax(&block.slot_logits(slot, &state));
         drafts.push(token);
         if slot < block.slots() {
-            state = block.read(&state, token);
+            state = block.read(&state, slot, token);
         }
     }
     drafts

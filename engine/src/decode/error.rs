@@ -16,12 +16,6 @@ pub enum DecodeError {
     TreeNeedsGreedy,
     #[error("decoding: a tree budget of {budget} nodes drafts nothing; use ≥ 1")]
     BadBudget { budget: usize },
-    #[error(
-        "decoding: a DSpark drafter is not decoded yet (its slot k drafts the token after \
-         anchor + k, and its Markov head reads each draft before the next); score it offline \
-         with `dflashd eval --data`"
-    )]
-    DsparkNotDecoded,
     #[error(transparent)]
     Model(#[from] ModelError),
 }

@@ -269,14 +269,15 @@ fn draft_tree(block: &BlockDraft, root: i64, budget: usize) -> DraftTree {
         return build_tree(&per_depth, budget);
     }
     let root_state = block.start(root);
-    // node n's state: the GRU after the root and the tokens of the path down to n
+    // node n's state: what its children's slot reads of the root and the path down to n (the
+    // GRU's state; the Markov head's previous token and state)
     let mut states: Vec<PathState> = Vec::new();
     grow_tree(budget, |parent, tree| match parent {
         None => top_candidates(&block.slot_logits(1, &root_state), budget),
         Some(node) => {
             let from = tree.parents[node].map_or(&root_state, |p| &states[p]);
-            let state = block.read(from, tree.tokens[node]);
             let depth = tree.depths[node] as i64;
+            let state = block.read(from, depth, tree.tokens[node]);
             let candidates = if depth < block.slots() {
                 top_candidates(&block.slot_logits(depth + 1, &state), budget)
             } else {

@@ -8,6 +8,7 @@ mod data_fixture_tokenizer;
 mod data_pretokenized;
 mod decode_chain;
 mod decode_domino;
+mod decode_dspark;
 mod decode_tree;
 mod domino_first_step;
 mod drafter_attention;

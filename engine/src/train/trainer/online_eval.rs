@@ -3,8 +3,8 @@
 //! two steps on the device that holds both (rank 0's, where the offline evaluation runs too).
 //! Greedy, so its figures are reproducible and comparable with offline τ.
 //!
-//! A Domino drafter is decoded twice: with its correction (what serving gets) and from its LM
-//! head's logits alone (`base`), method for method, as `dflashd eval --online` reports
+//! A Domino drafter, or a DSpark drafter with a Markov head, is decoded twice: with its
+//! correction (what serving gets) and from its LM head's logits alone (`base`), method for method, as `dflashd eval --online` reports
 //! `base_tau` and SpecForge logs `base_accept_len` beside `accept_len`. The second decoding
 //! doubles the evaluation's time for a Domino run; `online_eval_s` counts both.
 use std::collections::BTreeMap;
@@ -30,8 +30,8 @@ impl Trainer {
             .collect()
     }
 
-    /// Runs the online evaluation now (`None` without prompts, for a DSpark drafter, or when no
-    /// prompt produced a verification round: every output ended at its first token). `offline_tau` is the offline
+    /// Runs the online evaluation now (`None` without prompts, or when no prompt produced a
+    /// verification round: every output ended at its first token). `offline_tau` is the offline
     /// τ of the same moment, when the caller has one.
     pub fn evaluate_online(
         &self,
@@ -40,11 +40,6 @@ impl Trainer {
         let Some(set) = self.online_prompts() else {
             return Ok(None);
         };
-        // The decoders do not draft from a DSpark head yet (`DecodeError::DsparkNotDecoded`):
-        // its run is judged by the offline evaluation's `tau_probabilistic` until they do.
-        if self.drafter().dspark().is_some() {
-            return Ok(None);
-        }
         let count = set
             .prompts
             .len()
@@ -73,16 +68,20 @@ impl Trainer {
         let Some((tau_chain, tau_ddtree)) = method_taus(&decode(DraftLogits::Drafter)?) else {
             return Ok(None);
         };
-        let base = match self.drafter().domino() {
-            Some(_) => {
-                method_taus(&decode(DraftLogits::LmHeadOnly)?).map(|(tau_chain, tau_ddtree)| {
-                    OnlineBase {
-                        tau_chain,
-                        tau_ddtree,
-                    }
-                })
-            }
-            None => None,
+        let corrected = self.drafter().domino().is_some()
+            || self
+                .drafter()
+                .dspark()
+                .is_some_and(|d| d.markov().is_some());
+        let base = if corrected {
+            method_taus(&decode(DraftLogits::LmHeadOnly)?).map(|(tau_chain, tau_ddtree)| {
+                OnlineBase {
+                    tau_chain,
+                    tau_ddtree,
+                }
+            })
+        } else {
+            None
         };
         Ok(Some(OnlineAcceptance {
             tau_chain,

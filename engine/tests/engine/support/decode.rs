@@ -1,7 +1,9 @@
 //! The tiny hybrid target (Gated DeltaNet + gated attention), drafter and prompts of the
 //! decoding tests (chain and DDTree).
 use dflash_engine::decode::{Sampling, Settings};
-use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, DrafterHead, LayerType};
+use dflash_engine::model::drafter::{
+    DominoConfig, Drafter, DrafterConfig, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
+};
 use dflash_engine::model::target::{TargetConfig, TargetModel};
 use tch::{nn, Device, Kind};
 
@@ -101,6 +103,30 @@ pub fn domino_drafter(
         emb_dim: 16,
         gru_hidden_dim: 8,
         pure_draft_prefix_len,
+    });
+    let _draws = seeded(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    randomize(&vs, 0.5);
+    (vs, d)
+}
+
+/// A DFlash drafter's backbone with a DSpark head of `kind` (rank 8, a confidence head), its
+/// weights drawn large enough that the Markov bias moves drafts.
+pub fn dspark_drafter(
+    vocab: i64,
+    block_size: i64,
+    seed: i64,
+    kind: MarkovHeadType,
+) -> (nn::VarStore, Drafter) {
+    let (plain_vs, plain) = drafter(vocab, block_size, seed);
+    let mut cfg = plain.config().clone();
+    drop((plain_vs, plain));
+    cfg.head = DrafterHead::Dspark(DsparkConfig {
+        markov_rank: 8,
+        markov_head_type: kind,
+        confidence_head: true,
+        confidence_head_with_markov: true,
     });
     let _draws = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);

@@ -1,0 +1,170 @@
+//! Decoding with a DSpark drafter, as SGLang's and vLLM's DSpark workers draft: every slot of
+//! the block drafts (slot `k` the token after the anchor's position + `k`), the Markov head
+//! reading the token before each slot (the root, then each draft) and, for the RNN head, its
+//! state along the block. Checked against a written-out reference from the head's weights, and
+//! greedy chain and tree decoding stay lossless against the target alone.
+use dflash_engine::decode::{
+    generate_chain, generate_chain_with, generate_target_only, generate_tree, greedy_block,
+    DraftLogits,
+};
+use dflash_engine::model::drafter::{Drafter, DrafterCache, MarkovHeadType};
+use dflash_engine::model::target::TargetModel;
+use tch::{nn, Kind, Tensor};
+
+use crate::support::decode::{dspark_drafter, greedy, prompts, target, LOSSLESS_CASES};
+
+const KINDS: [MarkovHeadType; 3] = [
+    MarkovHeadType::Vanilla,
+    MarkovHeadType::Gated,
+    MarkovHeadType::Rnn,
+];
+
+/// The target over `prompt` and the drafter's context after it; returns the context and the
+/// target's greedy token after the prompt (the first block's root).
+fn prefilled(target: &TargetModel, drafter: &Drafter, prompt: &[i64]) -> (DrafterCache, i64) {
+    let mut cache = target.new_cache();
+    let ids = Tensor::from_slice(prompt).view([1, prompt.len() as i64]);
+    let taps = &drafter.config().target_layer_ids;
+    let step = target.forward_cached(&ids, &mut cache, taps).unwrap();
+    let mut context = drafter.new_cache();
+    drafter.extend_context(&mut context, &step.taps);
+    let last = step
+        .logits
+        .get(0)
+        .get(prompt.len() as i64 - 1)
+        .argmax(-1, false);
+    (context, last.int64_value(&[]))
+}
+
+/// The greedy block written out from the checkpoint's tensors by SpecForge's names: the
+/// drafter's outputs `z` of all `bs` slots and their LM-head logits once, then slot by slot
+/// the Markov bias of the token before it (`W₂·W₁[prev]`, gated by
+/// `σ(gate_proj([z ; W₁[prev]]))`, or the RNN's `W₂·tanh(o)` with its state along the block).
+fn written_out_block(
+    target: &TargetModel,
+    drafter: &Drafter,
+    vs: &nn::VarStore,
+    context: &DrafterCache,
+    root: i64,
+    kind: MarkovHeadType,
+) -> Vec<i64> {
+    let cfg = drafter.config();
+    let bs = cfg.block_size;
+    let mut ids = vec![cfg.mask_token_id; bs as usize];
+    ids[0] = root;
+    let block = Tensor::from_slice(&ids).view([1, bs]);
+    let embedded = Tensor::embedding(target.embed_tokens(), &block, -1, false, false);
+    let z = drafter.draft_block(context, &embedded).get(0);
+    let base = z.matmul(&target.lm_head().tr()).to_kind(Kind::Float);
+    let w = vs.variables();
+    let get = |name: &str| w[name].shallow_clone();
+    let (w1, w2) = (
+        get("markov_head.markov_w1.weight"),
+        get("markov_head.markov_w2.weight"),
+    );
+    let rank = w1.size()[1];
+    let mut state = Tensor::zeros([rank], (Kind::Float, z.device()));
+    let mut prev = root;
+    let mut drafts = Vec::new();
+    for k in 0..bs {
+        let e = w1.get(prev);
+        let h = z.get(k);
+        let latent = match kind {
+            MarkovHeadType::Vanilla => e,
+            MarkovHeadType::Gated => {
+                let gate = Tensor::cat(&[&h, &e], 0)
+                    .matmul(&get("markov_head.gate_proj.weight").tr())
+                    + get("markov_head.gate_proj.bias");
+                gate.sigmoid() * e
+            }
+            MarkovHeadType::Rnn => {
+                let parts = (Tensor::cat(&[&state, &e, &h], 0)
+                    .matmul(&get("markov_head.joint_proj.weight").tr())
+                    + get("markov_head.joint_proj.bias"))
+                .chunk(3, 0);
+                let out = parts[2].tanh();
+                let keep = parts[0].sigmoid();
+                state = &keep * &state + (1.0 - &keep) * parts[1].tanh();
+                out
+            }
+        };
+        let logits = base.get(k) + latent.matmul(&w2.tr());
+        let token = logits.argmax(-1, false).int64_value(&[]);
+        drafts.push(token);
+        prev = token;
+    }
+    drafts
+}
+
+#[test]
+fn a_dspark_block_drafts_every_slot_through_its_markov_head_over_its_own_drafts() {
+    let (vocab, block_size) = (64, 6);
+    let target = target(vocab, 3);
+    let mut changed = false;
+    for kind in KINDS {
+        let (vs, drafter) = dspark_drafter(vocab, block_size, 13, kind);
+        for prompt in prompts(vocab) {
+            let (context, root) = prefilled(&target, &drafter, &prompt);
+            let corrected = greedy_block(&target, &drafter, &context, root, DraftLogits::Drafter);
+            let base = greedy_block(&target, &drafter, &context, root, DraftLogits::LmHeadOnly);
+            assert_eq!(
+                corrected.len(),
+                block_size as usize,
+                "{kind:?}: every slot drafts"
+            );
+            let reference = written_out_block(&target, &drafter, &vs, &context, root, kind);
+            assert_eq!(corrected, reference, "{kind:?}");
+            changed |= corrected != base;
+        }
+    }
+    assert!(
+        changed,
+        "the Markov head never changed a draft: it went untested"
+    );
+}
+
+#[test]
+fn greedy_chain_and_ddtree_with_a_dspark_drafter_equal_the_target_alone() {
+    let (mut accepted_chain, mut accepted_tree) = (false, false);
+    for (vocab, block_size, seed) in LOSSLESS_CASES {
+        let target = target(vocab, seed);
+        for kind in KINDS {
+            let (_vs, drafter) = dspark_drafter(vocab, block_size, seed + 10, kind);
+            let settings = greedy(24);
+            for prompt in prompts(vocab) {
+                let at = format!("vocab {vocab} block {block_size} {kind:?}");
+                let plain = generate_target_only(&target, &prompt, &settings).unwrap();
+                let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
+                assert_eq!(chain.output_ids, plain.output_ids, "{at}");
+                // A round commits at most every slot's draft and the bonus.
+                assert!(chain
+                    .acceptance_lengths
+                    .iter()
+                    .all(|&a| a <= block_size as usize + 1));
+                let base = generate_chain_with(
+                    &target,
+                    &drafter,
+                    &prompt,
+                    &settings,
+                    DraftLogits::LmHeadOnly,
+                )
+                .unwrap();
+                assert_eq!(base.output_ids, plain.output_ids, "{at}");
+                accepted_chain |= chain.acceptance_lengths.iter().any(|&a| a > 1);
+                for budget in [1usize, 4, 16] {
+                    let tree = generate_tree(&target, &drafter, &prompt, &settings, budget);
+                    let tree = tree.unwrap();
+                    assert_eq!(
+                        tree.generation.output_ids, plain.output_ids,
+                        "{at} {budget}"
+                    );
+                    accepted_tree |= tree.rounds.iter().any(|r| !r.accepted.is_empty());
+                }
+            }
+        }
+    }
+    assert!(
+        accepted_chain && accepted_tree,
+        "no draft accepted: untested"
+    );
+}
