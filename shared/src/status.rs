@@ -93,12 +93,13 @@ pub fn objective_words(objective: Option<&RunObjective>) -> String {
     format!("objective: {what}")
 }
 
-/// "DFlash", "Domino", "DSpark": the drafter head by its paper's name.
+/// "DFlash", "Domino", "DSpark", "DFlash2": the drafter head by its paper's name.
 pub fn head_name(head: DrafterHead) -> &'static str {
     match head {
         DrafterHead::Dflash => "DFlash",
         DrafterHead::Domino => "Domino",
         DrafterHead::Dspark => "DSpark",
+        DrafterHead::Dflash2 => "DFlash2",
     }
 }
 

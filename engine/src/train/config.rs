@@ -146,9 +146,11 @@ impl TrainConfig {
             flatten_into(&mut out, "training", section);
         }
         let tree = self.tree_objective();
-        // `[training.dspark]` is left out of the serialised section when default (as the tree's
-        // section is): its keys are written here so every locked key has a value.
+        // `[training.dspark]` and `[training.dflash2]` are left out of the serialised section
+        // when default (as the tree's section is): their keys are written here so every locked
+        // key has a value.
         let dspark = &self.training.dspark;
+        let dflash2 = &self.training.dflash2;
         let derived = [
             ("run.seed", Value::from(self.seed)),
             ("data.held_out_samples", Value::from(self.held_out)),
@@ -156,6 +158,22 @@ impl TrainConfig {
             ("training.dspark.ce", Value::from(dspark.ce)),
             ("training.dspark.l1", Value::from(dspark.l1)),
             ("training.dspark.confidence", Value::from(dspark.confidence)),
+            (
+                "training.dflash2.selector_loss_alpha",
+                Value::from(dflash2.selector_loss_alpha),
+            ),
+            (
+                "training.dflash2.selector_warmup_ratio",
+                Value::from(dflash2.selector_warmup_ratio),
+            ),
+            (
+                "training.dflash2.selector_ramp_ratio",
+                Value::from(dflash2.selector_ramp_ratio),
+            ),
+            (
+                "training.dflash2.selector_stop_gradient",
+                Value::from(dflash2.selector_stop_gradient),
+            ),
             ("training.tree.budget", Value::from(tree.budget)),
             ("training.tree.temperature", Value::from(tree.temperature)),
             (

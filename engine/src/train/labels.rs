@@ -27,7 +27,9 @@ impl LabelAlignment {
     /// The alignment a drafter with `head` trains with.
     pub fn for_head(head: &DrafterHead) -> Self {
         match head {
-            DrafterHead::Dflash | DrafterHead::Domino(_) => LabelAlignment::SamePosition,
+            DrafterHead::Dflash | DrafterHead::Domino(_) | DrafterHead::Dflash2(_) => {
+                LabelAlignment::SamePosition
+            }
             DrafterHead::Dspark(_) => LabelAlignment::NextToken,
         }
     }

@@ -2,11 +2,15 @@
 //! training hyper-parameters and the drafter architecture. The embedded default is the same
 //! path applied to `configs/tiny-cpu.toml`, so its numbers live in one place.
 use dflash_shared::config::{
-    Config, DrafterHead as CfgHead, DrafterSection, LayerType as CfgLayerType, DEFAULT_MARKOV_RANK,
+    Config, DrafterHead as CfgHead, DrafterSection, LayerType as CfgLayerType,
+    DEFAULT_CONV_GROUP_SIZE, DEFAULT_CONV_KERNEL_SIZE, DEFAULT_MARKOV_RANK, DEFAULT_SELECTOR_RANK,
+    DEFAULT_SELECTOR_TOP_K,
 };
 
 use super::config::TrainConfig;
-use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, DsparkConfig, LayerType};
+use crate::model::drafter::{
+    Dflash2Config, DominoConfig, DrafterConfig, DrafterHead, DsparkConfig, LayerType,
+};
 use crate::model::target::TargetConfig;
 
 /// `[training]`, `[run].seed`, γ and the held-out count of `[data]` for `n_samples` samples.
@@ -73,6 +77,14 @@ fn drafter_head(d: &DrafterSection) -> DrafterHead {
                     .unwrap_or(markov_rank > 0 && d.enable_confidence_head != Some(false)),
             })
         }
+        CfgHead::Dflash2 => DrafterHead::Dflash2(Dflash2Config {
+            conv_kernel_size: d.conv_kernel_size.unwrap_or(DEFAULT_CONV_KERNEL_SIZE) as i64,
+            conv_group_size: d.conv_group_size.unwrap_or(DEFAULT_CONV_GROUP_SIZE) as i64,
+            selector_rank: d.selector_rank.unwrap_or(DEFAULT_SELECTOR_RANK) as i64,
+            selector_top_k: d.selector_top_k.unwrap_or(DEFAULT_SELECTOR_TOP_K) as i64,
+            output_multiplier: d.output_multiplier.unwrap_or(1.0),
+            final_logit_softcapping: d.final_logit_softcapping,
+        }),
     }
 }
 

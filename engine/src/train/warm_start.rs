@@ -124,6 +124,7 @@ pub(crate) fn head_name(head: &DrafterHead) -> &'static str {
         DrafterHead::Dflash => "dflash",
         DrafterHead::Domino(_) => "domino",
         DrafterHead::Dspark(_) => "dspark",
+        DrafterHead::Dflash2(_) => "dflash2",
     }
 }
 

@@ -36,6 +36,16 @@ pub const CONFIDENCE_HEAD_WITH_MARKOV: &str = "drafter.confidence_head_with_mark
 pub const DSPARK_CE: &str = "training.dspark.ce";
 pub const DSPARK_L1: &str = "training.dspark.l1";
 pub const DSPARK_CONFIDENCE: &str = "training.dspark.confidence";
+pub const CONV_KERNEL_SIZE: &str = "drafter.conv_kernel_size";
+pub const CONV_GROUP_SIZE: &str = "drafter.conv_group_size";
+pub const SELECTOR_RANK: &str = "drafter.selector_rank";
+pub const SELECTOR_TOP_K: &str = "drafter.selector_top_k";
+pub const OUTPUT_MULTIPLIER: &str = "drafter.output_multiplier";
+pub const FINAL_LOGIT_SOFTCAPPING: &str = "drafter.final_logit_softcapping";
+pub const SELECTOR_LOSS_ALPHA: &str = "training.dflash2.selector_loss_alpha";
+pub const SELECTOR_WARMUP_RATIO: &str = "training.dflash2.selector_warmup_ratio";
+pub const SELECTOR_RAMP_RATIO: &str = "training.dflash2.selector_ramp_ratio";
+pub const SELECTOR_STOP_GRADIENT: &str = "training.dflash2.selector_stop_gradient";
 pub const LAMBDA_BASE_START: &str = "training.lambda_base_start";
 pub const LAMBDA_BASE_DECAY_RATIO: &str = "training.lambda_base_decay_ratio";
 pub const INIT_FROM: &str = "drafter.init_from";
@@ -54,9 +64,10 @@ pub static LOCKED_KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 pub static UNLOCKABLE_KEYS: LazyLock<Vec<&'static str>> =
     LazyLock::new(|| keys_on_resume(OnResume::Unlockable).collect());
 
-/// The head and its keys (Domino's and DSpark's): their widths shape the drafter's weights,
-/// and the prefix and label shift decide which slots the correction trains.
-const HEAD_KEYS: [&str; 9] = [
+/// The head and its keys (Domino's, DSpark's and DFlash2's): their widths shape the drafter's
+/// weights, the prefix and label shift decide which slots the correction trains, and DFlash2's
+/// logit transform what its unary logits are.
+const HEAD_KEYS: [&str; 15] = [
     HEAD,
     EMB_DIM,
     GRU_HIDDEN_DIM,
@@ -66,6 +77,12 @@ const HEAD_KEYS: [&str; 9] = [
     MARKOV_HEAD_TYPE,
     ENABLE_CONFIDENCE_HEAD,
     CONFIDENCE_HEAD_WITH_MARKOV,
+    CONV_KERNEL_SIZE,
+    CONV_GROUP_SIZE,
+    SELECTOR_RANK,
+    SELECTOR_TOP_K,
+    OUTPUT_MULTIPLIER,
+    FINAL_LOGIT_SOFTCAPPING,
 ];
 
 pub fn is_locked_key(key: &str) -> bool {
@@ -118,7 +135,7 @@ pub fn locked_key_changes(old: &Config, new: &Config) -> Vec<LockedKeyChange> {
 ///   and label shift decide which slots the correction trains.
 /// - `training.lambda_base_start`, `training.lambda_base_decay_ratio`: Domino's curriculum.
 /// - `training.objective`, `training.dpace_alpha`, `training.dpace_normalization`,
-///   `training.tree.*`, `training.dspark.*`: the loss decides what the drafter is rewarded for
+///   `training.tree.*`, `training.dspark.*`, `training.dflash2.*`: the loss decides what the drafter is rewarded for
 ///   and the scale of its gradient (DFlash averages per weighted position, D-PACE divides its
 ///   sum by what `training.dpace_normalization` names, the tree objective by the sequences),
 ///   so a run switching midway is neither experiment and its loss curve breaks at the switch.
@@ -149,7 +166,7 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
         }
         _ if HEAD_KEYS.contains(&key) && value_at(old, key) != value_at(new, key) => Some(format!(
             "the drafter's head decides its weights (the Domino GRU and embed_proj widths, \
-                 the DSpark Markov and confidence heads) and which slots its correction trains: the checkpoint cannot carry over. Keep \
+                 the DSpark Markov and confidence heads, the DFlash2 convolution and selector) and which slots its correction trains: the checkpoint cannot carry over. Keep \
                  {key} = {}, or start a new run in another run dir",
             value_at(old, key)
         )),
@@ -162,7 +179,8 @@ pub fn unlock_refusal(old: &Config, new: &Config, key: &str) -> Option<String> {
             ))
         }
         OBJECTIVE | DPACE_ALPHA | DPACE_NORMALIZATION | TREE_BUDGET | TREE_TEMPERATURE
-        | TREE_LOSS | DSPARK_CE | DSPARK_L1 | DSPARK_CONFIDENCE
+        | TREE_LOSS | DSPARK_CE | DSPARK_L1 | DSPARK_CONFIDENCE | SELECTOR_LOSS_ALPHA
+        | SELECTOR_WARMUP_RATIO | SELECTOR_RAMP_RATIO | SELECTOR_STOP_GRADIENT
             if value_at(old, key) != value_at(new, key) =>
         {
             Some(format!(

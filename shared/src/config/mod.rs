@@ -6,6 +6,7 @@
 pub mod bytesize;
 pub mod daemon_sections;
 pub mod device;
+pub mod dflash2;
 pub mod dspark;
 mod error;
 pub mod keys;
@@ -43,6 +44,10 @@ pub use sections::{
     DEFAULT_SERVE_TREE_BUDGET, DEFAULT_TREE_BUDGETS, EMBEDDED, EMBEDDED_DATA, EMBEDDED_PROMPTS,
 };
 
+pub use dflash2::{
+    Dflash2Section, DEFAULT_CONV_GROUP_SIZE, DEFAULT_CONV_KERNEL_SIZE, DEFAULT_SELECTOR_RANK,
+    DEFAULT_SELECTOR_TOP_K,
+};
 pub use dspark::{DsparkSection, MarkovHeadType, DEFAULT_MARKOV_RANK};
 pub use tree_objective::{TreeLoss, TreeSection, DEFAULT_TREE_TEMPERATURE};
 

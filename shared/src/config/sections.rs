@@ -2,6 +2,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::device::Device;
+use super::dflash2::Dflash2Section;
 use super::dspark::{DsparkSection, MarkovHeadType};
 use super::tree_objective::TreeSection;
 
@@ -88,11 +89,13 @@ pub struct DrafterSection {
     pub rms_norm_eps: f64,
     /// The drafter's output head: `"dflash"` (the target's LM head on the drafter's output)
     /// `"domino"` (Domino, arXiv 2605.29707: plus a GRU logit correction over the block's
-    /// previous tokens, SpecForge's `DominoDraftModel`) or `"dspark"` (SpecForge's
+    /// previous tokens, SpecForge's `DominoDraftModel`), `"dspark"` (SpecForge's
     /// `DSparkDraftModel`: slot k drafts the token after anchor + k, a Markov head biases its
     /// logits by the previous token, a confidence head predicts its acceptance, and the loss
-    /// distils the target's own distribution). Locked for a run: it decides the drafter's
-    /// weights.
+    /// distils the target's own distribution) or `"dflash2"` (SpecForge's `DFlash2DraftModel`:
+    /// a grouped dynamic convolution around every attention and MLP, and a candidate selector
+    /// that rescores the unary top-K by the previous token). Locked for a run: it decides the
+    /// drafter's weights.
     #[serde(default)]
     pub head: DrafterHead,
     /// Domino: width of `embed_proj`'s middle layer (SpecForge `dflash_config.emb_dim`;
@@ -130,6 +133,31 @@ pub struct DrafterSection {
     /// true when there is a Markov head, as SpecForge's DSpark configs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence_head_with_markov: Option<bool>,
+    /// DFlash2: taps of the grouped dynamic convolution around every attention and MLP, in
+    /// 1..=block_size (SpecForge `dflash_config.conv_kernel_size`). Unset with
+    /// `head = "dflash2"`: 2. Refused with another head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_kernel_size: Option<usize>,
+    /// DFlash2: channels that share one dynamic kernel coefficient; divides hidden_size
+    /// (SpecForge `dflash_config.conv_group_size`). Unset: 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_group_size: Option<usize>,
+    /// DFlash2: rank of the candidate selector's codebooks (SpecForge
+    /// `dflash_config.selector_rank`). Unset: 256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector_rank: Option<usize>,
+    /// DFlash2: the unary top-K candidates the selector rescores at each slot (SpecForge
+    /// `dflash_config.selector_top_k`), at most the vocabulary. Unset: 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector_top_k: Option<usize>,
+    /// DFlash2: the unary logits are the LM head's times this (SpecForge
+    /// `dflash_config.output_multiplier`), positive. Unset: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_multiplier: Option<f64>,
+    /// DFlash2: then soft-capped to `s·tanh(U/s)` (SpecForge
+    /// `dflash_config.final_logit_softcapping`), positive. Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcapping: Option<f64>,
     /// A drafter directory a fresh run starts from (a warm start) instead of random weights:
     /// `config.json` and `model.safetensors` (or its shards) as `dflashd export` writes them or
     /// SpecForge saves them, with a DFlash or a Domino head. Its config must match this
@@ -152,6 +180,9 @@ pub enum DrafterHead {
     Domino,
     /// DSpark: next-token slots, a Markov bias and a confidence head, trained by distillation.
     Dspark,
+    /// DFlash2: a grouped dynamic convolution in every layer, and a selector that rescores the
+    /// unary top-K candidates by the previous token.
+    Dflash2,
 }
 
 impl DrafterHead {
@@ -161,6 +192,7 @@ impl DrafterHead {
             DrafterHead::Dflash => "dflash",
             DrafterHead::Domino => "domino",
             DrafterHead::Dspark => "dspark",
+            DrafterHead::Dflash2 => "dflash2",
         }
     }
 }
@@ -259,6 +291,10 @@ pub struct TrainingSection {
     /// locked all the same.
     #[serde(skip_serializing_if = "DsparkSection::is_default")]
     pub dspark: DsparkSection,
+    /// DFlash2's selector loss and its schedule (`[training.dflash2]`). Read only with
+    /// `drafter.head = "dflash2"`; locked all the same.
+    #[serde(skip_serializing_if = "Dflash2Section::is_default")]
+    pub dflash2: Dflash2Section,
     /// Domino's base-anchored curriculum, `loss = (1−λ)·final + λ·base`: λ at step 0
     /// (SpecForge's `lambda_base_start`, default 1), in [0, 1]. Read only with
     /// `drafter.head = "domino"`; locked all the same.
@@ -463,6 +499,7 @@ impl Default for TrainingSection {
             dpace_normalization: DpaceNormalization::Sequences,
             tree: TreeSection::default(),
             dspark: DsparkSection::default(),
+            dflash2: Dflash2Section::default(),
             lambda_base_start: DEFAULT_LAMBDA_BASE_START,
             lambda_base_decay_ratio: DEFAULT_LAMBDA_BASE_DECAY_RATIO,
             loss_decay_gamma: None,

@@ -296,12 +296,68 @@ impl DrafterConfig {
                 );
             }
         }
+        if let Some(d) = self.head.dflash2() {
+            self.validate_dflash2(d, source)?;
+        }
         if self.mask_token_id < 0 || self.mask_token_id >= self.vocab_size {
             return invalid(
                 "dflash_config.mask_token_id",
                 &format!("a token id in 0..{} (vocab_size)", self.vocab_size),
                 self.mask_token_id.to_string(),
             );
+        }
+        Ok(())
+    }
+}
+
+impl DrafterConfig {
+    /// DFlash2's ranges, as SpecForge's `DFlashGroupedConv` and `CandidateSelector` check them.
+    fn validate_dflash2(&self, d: &Dflash2Config, source: &str) -> Result<(), DrafterError> {
+        let invalid =
+            |key: &str, expected: &str, found: String| invalid_field(source, key, expected, found);
+        if d.conv_kernel_size < 1 || d.conv_kernel_size > self.block_size {
+            return invalid(
+                "dflash_config.conv_kernel_size",
+                &format!("1..={} (block_size)", self.block_size),
+                d.conv_kernel_size.to_string(),
+            );
+        }
+        if d.conv_group_size < 1 || self.hidden_size % d.conv_group_size != 0 {
+            return invalid(
+                "dflash_config.conv_group_size",
+                &format!("a divisor of hidden_size ({})", self.hidden_size),
+                d.conv_group_size.to_string(),
+            );
+        }
+        if d.selector_rank < 1 {
+            return invalid(
+                "dflash_config.selector_rank",
+                "at least 1",
+                d.selector_rank.to_string(),
+            );
+        }
+        if d.selector_top_k < 1 || d.selector_top_k > self.vocab_size {
+            return invalid(
+                "dflash_config.selector_top_k",
+                &format!("1..={} (vocab_size)", self.vocab_size),
+                d.selector_top_k.to_string(),
+            );
+        }
+        if !(d.output_multiplier.is_finite() && d.output_multiplier > 0.0) {
+            return invalid(
+                "dflash_config.output_multiplier",
+                "a positive number",
+                d.output_multiplier.to_string(),
+            );
+        }
+        if let Some(cap) = d.final_logit_softcapping {
+            if !(cap.is_finite() && cap > 0.0) {
+                return invalid(
+                    "dflash_config.final_logit_softcapping",
+                    "a positive number",
+                    cap.to_string(),
+                );
+            }
         }
         Ok(())
     }
@@ -361,8 +417,33 @@ impl DsparkConfig {
     }
 }
 
+/// DFlash2's convolution and selector (SpecForge's `dflash_config` keys of
+/// `DFlash2DraftModel`, `specforge/modeling/draft/dflash2.py` at 0dcf8859).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dflash2Config {
+    /// `conv_kernel_size`: taps of the grouped dynamic convolution, in 1..=block_size.
+    pub conv_kernel_size: i64,
+    /// `conv_group_size`: channels sharing one dynamic coefficient; divides hidden_size.
+    pub conv_group_size: i64,
+    /// `selector_rank`: width of the selector's codebooks.
+    pub selector_rank: i64,
+    /// `selector_top_k`: candidates per slot, in 1..=vocab_size.
+    pub selector_top_k: i64,
+    /// `output_multiplier`: the unary logits are the LM head's times this.
+    pub output_multiplier: f64,
+    /// `final_logit_softcapping`: then `s·tanh(U/s)`, when set.
+    pub final_logit_softcapping: Option<f64>,
+}
+
+impl Dflash2Config {
+    /// Groups of channels of a `hidden_size`-wide state (`H / conv_group_size`).
+    pub fn conv_groups(&self, hidden_size: i64) -> i64 {
+        hidden_size / self.conv_group_size
+    }
+}
+
 /// What turns the drafter's hidden states into logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub enum DrafterHead {
     /// The target's frozen LM head alone.
     #[default]
@@ -372,20 +453,31 @@ pub enum DrafterHead {
     /// The LM head plus DSpark's Markov bias, beside its confidence head; slot `k` drafts the
     /// token after `anchor + k`.
     Dspark(DsparkConfig),
+    /// The LM head's logits, transformed, as unary scores; a selector rescores their top-K by
+    /// the previous token; every layer convolves its sublayers' inputs and outputs inside the
+    /// block.
+    Dflash2(Dflash2Config),
 }
 
 impl DrafterHead {
     pub fn domino(&self) -> Option<&DominoConfig> {
         match self {
             DrafterHead::Domino(c) => Some(c),
-            DrafterHead::Dflash | DrafterHead::Dspark(_) => None,
+            DrafterHead::Dflash | DrafterHead::Dspark(_) | DrafterHead::Dflash2(_) => None,
         }
     }
 
     pub fn dspark(&self) -> Option<&DsparkConfig> {
         match self {
             DrafterHead::Dspark(c) => Some(c),
-            DrafterHead::Dflash | DrafterHead::Domino(_) => None,
+            DrafterHead::Dflash | DrafterHead::Domino(_) | DrafterHead::Dflash2(_) => None,
+        }
+    }
+
+    pub fn dflash2(&self) -> Option<&Dflash2Config> {
+        match self {
+            DrafterHead::Dflash2(c) => Some(c),
+            DrafterHead::Dflash | DrafterHead::Domino(_) | DrafterHead::Dspark(_) => None,
         }
     }
 
@@ -395,7 +487,7 @@ impl DrafterHead {
     /// hidden-state queue carries, and what the memory plan and the FLOP model count.
     pub fn needs_target_last_hidden(&self) -> bool {
         match self {
-            DrafterHead::Dflash | DrafterHead::Domino(_) => false,
+            DrafterHead::Dflash | DrafterHead::Domino(_) | DrafterHead::Dflash2(_) => false,
             DrafterHead::Dspark(_) => true,
         }
     }

@@ -2,6 +2,7 @@
 use tch::{nn, Tensor};
 
 use super::config::{DrafterConfig, LayerType};
+use super::dflash2::GroupedConv;
 use crate::model::attention::{
     block_attention, block_sparse_attention_scheduled, AttentionBackend, BlockAttentionInputs,
     ChunkSchedule, LayerRule,
@@ -82,6 +83,8 @@ pub(crate) struct DecoderLayer {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// DFlash2's convolutions around the attention and the MLP (`attention_conv`, `mlp_conv`).
+    pub(crate) convs: Option<[GroupedConv; 2]>,
     rule: LayerRule,
     heads: i64,
     kv_heads: i64,
@@ -124,6 +127,11 @@ impl DecoderLayer {
             gate_proj: Linear::new(&(&mlp / "gate_proj"), cfg.intermediate_size, h, std),
             up_proj: Linear::new(&(&mlp / "up_proj"), cfg.intermediate_size, h, std),
             down_proj: Linear::new(&(&mlp / "down_proj"), h, cfg.intermediate_size, std),
+            // Constant-initialised: the backbone's draws are the same with or without them.
+            convs: cfg.head.dflash2().map(|d| {
+                ["attention_conv", "mlp_conv"]
+                    .map(|name| GroupedConv::new(&(vs / name), d, h, cfg.block_size))
+            }),
             rule,
             heads,
             kv_heads,
@@ -170,6 +178,13 @@ impl DecoderLayer {
         let (b, q_len) = (size[0], size[1]);
         let hd = self.head_dim;
         let x = self.input_layernorm.forward(hidden);
+        let (x, attention_kernel) = match &self.convs {
+            Some([attention_conv, _]) => {
+                let (x, kernel) = attention_conv.prepare(&x);
+                (x, Some(kernel))
+            }
+            None => (x, None),
+        };
         let rope = ctx.rope;
 
         let q = self
@@ -201,14 +216,29 @@ impl DecoderLayer {
             }
             _ => block_attention(&inputs, ctx.backend),
         };
-        let hidden = hidden
-            + self
-                .o_proj
-                .forward(&attended.reshape([b, q_len, self.heads * hd]));
+        let attention = self
+            .o_proj
+            .forward(&attended.reshape([b, q_len, self.heads * hd]));
+        let hidden = match (&self.convs, &attention_kernel) {
+            (Some([attention_conv, _]), Some(kernel)) => {
+                hidden + attention_conv.finish(&attention, kernel)
+            }
+            _ => hidden + attention,
+        };
         let y = self.post_attention_layernorm.forward(&hidden);
+        let (y, mlp_kernel) = match &self.convs {
+            Some([_, mlp_conv]) => {
+                let (y, kernel) = mlp_conv.prepare(&y);
+                (y, Some(kernel))
+            }
+            None => (y, None),
+        };
         let mlp = self
             .down_proj
             .forward(&(self.gate_proj.forward(&y).silu() * self.up_proj.forward(&y)));
-        hidden + mlp
+        match (&self.convs, &mlp_kernel) {
+            (Some([_, mlp_conv]), Some(kernel)) => hidden + mlp_conv.finish(&mlp, kernel),
+            _ => hidden + mlp,
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The DFlash drafter (spec §1): config in the published HF layout, the model, its layers, and
-//! the optional Domino head (`domino.rs`) and DSpark's heads (`dspark.rs`).
+//! the optional Domino head (`domino.rs`), DSpark's heads (`dspark.rs`) and DFlash2's
+//! convolutions and selector (`dflash2.rs`).
 mod config;
+mod dflash2;
 mod domino;
 mod dspark;
 mod hf_config;
@@ -10,8 +12,10 @@ mod model;
 
 pub use crate::model::attention::AttentionBackend;
 pub use config::{
-    DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
+    Dflash2Config, DominoConfig, DrafterConfig, DrafterError, DrafterHead, DsparkConfig, LayerType,
+    MarkovHeadType,
 };
+pub use dflash2::{unary_logits, CandidateSelector, GroupedConv};
 pub use domino::DominoHead;
 pub(crate) use dspark::at_least_f32;
 pub use dspark::{DsparkHead, MarkovHead};

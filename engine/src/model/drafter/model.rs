@@ -4,6 +4,7 @@
 use tch::{nn, Device, Kind, Tensor};
 
 use super::config::DrafterConfig;
+use super::dflash2::CandidateSelector;
 use super::domino::DominoHead;
 use super::dspark::DsparkHead;
 use super::layer::{DecoderLayer, LayerContext, Linear, RmsNorm, RopeTables};
@@ -37,13 +38,17 @@ pub struct Drafter {
     pub(super) domino: Option<DominoHead>,
     /// DSpark's Markov and confidence heads when `config.head` is DSpark.
     pub(super) dspark: Option<DsparkHead>,
+    /// DFlash2's candidate selector when `config.head` is DFlash2 (its convolutions live in
+    /// the layers).
+    pub(super) selector: Option<CandidateSelector>,
 }
 
 impl Drafter {
     /// Parameters named exactly as spec §1.3 relative to `vs` (`fc.weight`,
     /// `hidden_norm.weight`, `layers.{i}.self_attn.q_proj.weight`, ..., `norm.weight`; with a
     /// Domino head also `prefix_gru.*` and `embed_proj.*`, with a DSpark head `markov_head.*`
-    /// and `confidence_head.*`, SpecForge's names), so a VarStore saves/loads the HF keys.
+    /// and `confidence_head.*`, with DFlash2's `layers.{i}.{attention,mlp}_conv.*` and
+    /// `candidate_selector.*`, SpecForge's names), so a VarStore saves/loads the HF keys.
     /// Initialised as HF Qwen3 (linear `N(0, σ)`, norms 1).
     /// `cfg` must be valid ([`DrafterConfig::validate`]; `from_hf_json` already checks).
     /// Parameters take the VarStore's kind; call `VarStore::set_kind` (e.g. bf16) afterwards
@@ -77,6 +82,10 @@ impl Drafter {
                 .head
                 .dspark()
                 .map(|d| DsparkHead::new(vs, d, h, cfg.vocab_size, cfg.initializer_range)),
+            selector: cfg
+                .head
+                .dflash2()
+                .map(|d| CandidateSelector::new(vs, d, h, cfg.vocab_size, cfg.initializer_range)),
         }
     }
 
@@ -88,6 +97,11 @@ impl Drafter {
     /// DSpark's heads, when the drafter has them.
     pub fn dspark(&self) -> Option<&DsparkHead> {
         self.dspark.as_ref()
+    }
+
+    /// DFlash2's candidate selector, when the drafter has one.
+    pub fn selector(&self) -> Option<&CandidateSelector> {
+        self.selector.as_ref()
     }
 
     pub fn config(&self) -> &DrafterConfig {

@@ -1,5 +1,5 @@
 //! Shared fixtures of the drafter tests: a tiny config, random weights, random anchors.
-use dflash_engine::model::drafter::{DrafterConfig, LayerType};
+use dflash_engine::model::drafter::{Dflash2Config, DrafterConfig, DrafterHead, LayerType};
 use tch::{nn, Device, Kind, Tensor};
 
 /// Small but complete: GQA (4 query heads on 2 kv heads), both layer types, a window (5)
@@ -25,6 +25,22 @@ pub fn tiny_config(layer_types: Vec<LayerType>) -> DrafterConfig {
         num_target_layers: Some(6),
         initializer_range: 0.02,
         head: Default::default(),
+    }
+}
+
+/// [`tiny_config`] with DFlash2's convolution (2 taps over groups of 8 channels) and selector
+/// (rank 5 over the top 6), its unary logits scaled and soft-capped.
+pub fn tiny_dflash2_config(layer_types: Vec<LayerType>) -> DrafterConfig {
+    DrafterConfig {
+        head: DrafterHead::Dflash2(Dflash2Config {
+            conv_kernel_size: 2,
+            conv_group_size: 8,
+            selector_rank: 5,
+            selector_top_k: 6,
+            output_multiplier: 0.7,
+            final_logit_softcapping: Some(9.0),
+        }),
+        ..tiny_config(layer_types)
     }
 }
 

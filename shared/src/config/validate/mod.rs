@@ -2,14 +2,15 @@
 //! was found; all failures are collected so one run of `config validate` shows them all.
 //!
 //! One file per part of the config: the drafter's shape (`model`), the training signal and
-//! schedule (`training`), the data and what can be learnt from disk (`facts`), the daemon's
-//! own sections (`runtime`) and the detectors (`detectors`).
+//! schedule (`training`), the DFlash2 head (`dflash2`), the data and what can be learnt from
+//! disk (`facts`), the daemon's own sections (`runtime`) and the detectors (`detectors`).
 use std::collections::BTreeSet;
 
 use super::error::ConfigIssue;
 use super::Config;
 
 mod detectors;
+mod dflash2;
 mod facts;
 mod model;
 mod runtime;
@@ -24,6 +25,7 @@ pub(crate) fn validate(c: &Config) -> Vec<ConfigIssue> {
     let mut v = Vec::new();
     run(c, &mut v);
     model::drafter(c, &mut v);
+    dflash2::dflash2_head(c, &mut v);
     training::training(c, &mut v);
     training::online_eval(c, &mut v);
     facts::data(c, &mut v);
