@@ -340,7 +340,8 @@ pub fn run_real_step(dir: &Path, opts: &RealStepOptions) -> Result<RealStepSumma
             chunk_positions: shape.loss_chunk_positions,
             activation_checkpointing: shape.activation_checkpointing,
             objective: LossObjective::Dflash,
-            lambda_base: 0.0,
+            schedule: Default::default(),
+            selector_stop_gradient: false,
             dspark: Default::default(),
         };
         let sums =

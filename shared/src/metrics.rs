@@ -92,6 +92,11 @@ pub struct StepMetrics {
     /// `tau_probabilistic`, …). Absent for another head and in files written before it.
     #[serde(flatten)]
     pub dspark: Option<DsparkStepMetrics>,
+    /// A DFlash2 drafter's base and selector terms and acceptance at this step, written flat
+    /// (`selector_alpha`, `selector_loss`, `unary_topk_recall`, `serving_accepted_length`, …).
+    /// Absent for another head and in files written before it.
+    #[serde(flatten)]
+    pub dflash2: Option<Dflash2StepMetrics>,
     /// On a node of a multi-node job: every node's figures for this step, the job's totals and
     /// the node holding it back, if one is ([`crate::job`]). Absent for a single node and in
     /// files written before it.
@@ -169,6 +174,38 @@ pub struct DsparkStepMetrics {
     /// Mean |σ(confidence logit) − a|. `None` without a confidence head.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence_abs_error: Option<f64>,
+}
+
+/// What a DFlash2 step reports besides its loss (SpecForge's `dflash/hard_label/...` and
+/// `dflash2/selector/...` metrics), each over the step's training batch, teacher-forced.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Dflash2StepMetrics {
+    /// `α_eff`: the selector term's weight at this step.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub selector_alpha: f64,
+    /// The base term alone (the unary scores' weighted cross-entropy).
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub base_loss: f64,
+    /// The selector's cross-entropy over the slots whose gold is a candidate.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub selector_loss: f64,
+    /// The share of supervised slots whose gold is among the unary top-K.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub unary_topk_recall: f64,
+    /// Mean over blocks of 1 + the slots up to the first whose gold is no candidate: what a
+    /// perfect selector would accept.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub oracle_accepted_length: f64,
+    /// The share of supervised slots where the greedy walk from the anchor picks the gold.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub serving_accuracy: f64,
+    /// Mean over blocks of 1 + the walk's leading hits: the selector's chain τ.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub serving_accepted_length: f64,
+    /// The same from the unary argmax: the chain τ without the selector, so what the selector
+    /// adds is the difference.
+    #[serde(deserialize_with = "crate::serde_util::f64_or_nan")]
+    pub unary_accepted_length: f64,
 }
 
 mod online;

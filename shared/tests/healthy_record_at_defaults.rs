@@ -51,6 +51,7 @@ fn step(ts_ms: TimestampMs, step: u64, tokens_per_s: f64) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

@@ -329,6 +329,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         };
         assert!(!human(&Item::Metrics(Box::new(m.clone()))).contains("online"));

@@ -58,6 +58,7 @@ fn metrics(ts_ms: i64, tokens_per_s: f64) -> Response {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }))
 }

@@ -67,6 +67,7 @@ fn after_the_restart(last_step: u64) -> Vec<RecordedFrame> {
                     online: None,
                     domino: None,
                     dspark: None,
+                    dflash2: None,
                     job: None,
                 })),
             }

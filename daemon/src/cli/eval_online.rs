@@ -80,17 +80,19 @@ pub fn run(
     };
     let ids: Vec<Vec<i64>> = prompts.iter().map(|p| p.input_ids.clone()).collect();
     let report = run_online(target, &drafter.drafter, &ids, &settings, &methods)?;
-    // Domino: the same methods drafting from the LM head alone, what the correction adds
-    let base = match drafter.drafter.domino() {
-        Some(_) => Some(run_online_with(
+    // Domino, DSpark with a Markov head, DFlash2: the same methods drafting from the LM head
+    // alone, what the correction (the Markov head, the selector) adds
+    let base = if drafter.drafter.corrects_lm_head() {
+        Some(run_online_with(
             target,
             &drafter.drafter,
             &ids,
             &settings,
             &methods,
             DraftLogits::LmHeadOnly,
-        )?),
-        None => None,
+        )?)
+    } else {
+        None
     };
     let opts = eval_options(args, drafter.config.block_size as usize);
     let offline = evaluate_greedy_continuations(target, &drafter.drafter, &ids, &report, &opts)?;

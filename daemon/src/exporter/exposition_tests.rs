@@ -89,6 +89,7 @@ fn step(step: u64) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

@@ -33,6 +33,7 @@ fn metrics(step: u64, tau: Option<f64>) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

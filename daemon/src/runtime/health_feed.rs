@@ -371,6 +371,7 @@ mod tests {
             }),
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

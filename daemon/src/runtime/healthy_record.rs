@@ -317,6 +317,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

@@ -223,6 +223,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         };
         assert_eq!(

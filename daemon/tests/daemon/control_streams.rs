@@ -27,6 +27,7 @@ fn metrics(step: u64) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

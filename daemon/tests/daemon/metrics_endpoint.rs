@@ -97,6 +97,7 @@ fn step(step: u64, tokens_per_s: f64) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

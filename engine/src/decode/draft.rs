@@ -17,9 +17,15 @@
 //! as it is trained; SpecForge's own HF `spec_generate` reads slots `1..bs−1`, one slot off).
 //! Its Markov head adds to slot `k`'s logits a bias from the token before it (the root for slot
 //! 0, then each draft) and, for the RNN head, a state carried along the block.
+//!
+//! A DFlash2 drafter (`model/drafter/dflash2.rs`) drafts slot `k` from its unary top-K
+//! candidates only, scored by its selector given the token before the slot (the root for slot
+//! 1, then each draft): the slot's logits are those scores on the candidates and −∞ elsewhere,
+//! so the chain's argmax is the selector's greedy walk (SpecForge's `greedy_path`) and a tree
+//! grows each node's children from its own path's scores.
 use tch::{Kind, Tensor};
 
-use crate::model::drafter::{DominoHead, Drafter, DrafterCache, MarkovHead};
+use crate::model::drafter::{CandidateSelector, DominoHead, Drafter, DrafterCache, MarkovHead};
 use crate::model::target::TargetModel;
 
 /// Which logits a drafter drafts from.
@@ -44,6 +50,8 @@ pub enum PathState {
     /// DSpark: the token before the slot and the Markov head's recurrent state (`[1, r]`; the
     /// vanilla and gated heads carry zeros through).
     Markov { prev: i64, state: Tensor },
+    /// DFlash2: the token before the slot.
+    Selector { prev: i64 },
 }
 
 /// A drafter's correction of its LM-head logits, with the drafted slots' outputs it reads.
@@ -57,6 +65,13 @@ enum Correction<'a> {
     Markov {
         head: &'a MarkovHead,
         slots: Tensor,
+    },
+    /// DFlash2: each drafted slot's unary top-K (`[slots, K]` scores and ids) and output.
+    Selector {
+        selector: &'a CandidateSelector,
+        slots: Tensor,
+        unary_top: Tensor,
+        candidates: Tensor,
     },
 }
 
@@ -102,6 +117,20 @@ impl<'a> BlockDraft<'a> {
                 .linear::<Tensor>(target.lm_head(), None)
                 .to_kind(Kind::Float)
         });
+        if let (Some(selector), DraftLogits::Drafter) = (drafter.selector(), logits) {
+            let (unary_top, candidates) =
+                tch::no_grad(|| selector.candidates(&selector.unary(&base)));
+            let correction = Correction::Selector {
+                selector,
+                slots,
+                unary_top,
+                candidates,
+            };
+            return BlockDraft {
+                base,
+                correction: Some(correction),
+            };
+        }
         let correction = match (drafter.domino(), dspark.and_then(|d| d.markov()), logits) {
             (_, _, DraftLogits::LmHeadOnly) | (None, None, _) => None,
             (Some(head), _, DraftLogits::Drafter) => Some(Correction::Domino {
@@ -145,6 +174,7 @@ impl<'a> BlockDraft<'a> {
                 prev: root,
                 state: head.initial_state(1, slots),
             },
+            Some(Correction::Selector { .. }) => PathState::Selector { prev: root },
         }
     }
 
@@ -170,6 +200,9 @@ impl<'a> BlockDraft<'a> {
                     state: next,
                 }
             }
+            (Some(Correction::Selector { .. }), PathState::Selector { .. }) => {
+                PathState::Selector { prev: token }
+            }
             _ => PathState::Free,
         })
     }
@@ -178,6 +211,9 @@ impl<'a> BlockDraft<'a> {
     /// after the block's tokens before it (`state`: from [`Self::start`] and [`Self::read`]).
     pub fn slot_logits(&self, slot: i64, state: &PathState) -> Tensor {
         let base = self.base.get(slot - 1);
+        if let (Some(selector), PathState::Selector { prev }) = (&self.correction, state) {
+            return self.selector_logits(selector, slot, *prev);
+        }
         let correction = tch::no_grad(|| match (&self.correction, state) {
             (Some(Correction::Domino { head, slots, .. }), PathState::Gru(h)) => head
                 .corrects_slot(slot)
@@ -197,6 +233,35 @@ impl<'a> BlockDraft<'a> {
             Some(c) => base + c.get(0).to_kind(Kind::Float).to_device(self.base.device()),
             None => base,
         }
+    }
+}
+
+impl BlockDraft<'_> {
+    /// DFlash2's slot `slot` after `prev`: the selector's scores on the slot's candidates, −∞
+    /// on every other token.
+    fn selector_logits(&self, correction: &Correction, slot: i64, prev: i64) -> Tensor {
+        let Correction::Selector {
+            selector,
+            slots,
+            unary_top,
+            candidates,
+        } = correction
+        else {
+            unreachable!("called with the selector's correction")
+        };
+        tch::no_grad(|| {
+            let ids = candidates.get(slot - 1).unsqueeze(0);
+            let scores = selector.score(
+                &ids,
+                &unary_top.get(slot - 1).unsqueeze(0),
+                &slots.get(slot - 1).unsqueeze(0),
+                &Tensor::from_slice(&[prev]).to_device(ids.device()),
+            );
+            self.base
+                .get(slot - 1)
+                .full_like(f64::NEG_INFINITY)
+                .scatter(0, &ids.get(0), &scores.get(0).to_kind(Kind::Float))
+        })
     }
 }
 

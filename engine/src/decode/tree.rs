@@ -290,7 +290,8 @@ fn draft_tree(block: &BlockDraft, root: i64, budget: usize) -> DraftTree {
 }
 
 /// The `k` most likely tokens of `logits` `[V]` as `(token, log-probability)`, best first,
-/// equal log-probabilities by token id (lowest first, including at the cut).
+/// equal log-probabilities by token id (lowest first, including at the cut); fewer where fewer
+/// have a positive probability.
 pub fn top_candidates(logits: &Tensor, k: usize) -> Candidates {
     candidates_of_logp(&logits.to_kind(Kind::Float).log_softmax(-1, Kind::Float), k)
 }
@@ -359,6 +360,8 @@ fn candidates_of_logp(logp: &Tensor, k: usize) -> Candidates {
     let values = Vec::<f64>::try_from(chosen.to_kind(Kind::Double)).expect("a 1-d tensor");
     let mut candidates: Vec<(i64, f64)> = ids.into_iter().zip(values).collect();
     candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    // A token of probability 0 (a DFlash2 slot's non-candidates) is never a child.
+    candidates.retain(|c| c.1.is_finite());
     candidates.truncate(k);
     candidates
 }

@@ -7,6 +7,8 @@
 //! single backward. Only positions with a non-zero weight are projected at all.
 use tch::{Kind, Reduction, Tensor};
 
+pub use super::dflash2::Dflash2Sums;
+
 /// Sums over the weighted positions of one micro-batch (not yet divided by anything).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LossSums {
@@ -36,6 +38,10 @@ pub struct LossSums {
     /// then DSpark's weighted numerator, `weight` and `normaliser` Σw, `correct` and
     /// `counted` the corrected logits' hits over the supervised slots.
     pub dspark: DsparkSums,
+    /// DFlash2 only (`train/dflash2.rs`), else zeros: its base and selector terms and its
+    /// acceptance telemetry. `weighted_ce` is then the whole numerator (base + α_eff·selector),
+    /// `correct` the unary argmax's hits.
+    pub dflash2: Dflash2Sums,
 }
 
 /// DSpark's additive sums over one micro-batch's supervised slots (`m_k = 1`, weight `w_k`):
@@ -158,15 +164,15 @@ impl LossSums {
         self.base_accepted += other.base_accepted;
         self.accept_blocks += other.accept_blocks;
         self.dspark.add(&other.dspark);
+        self.dflash2.add(&other.dflash2);
     }
 
     /// How many numbers [`Self::to_array`] writes.
-    pub const LEN: usize = 10 + DsparkSums::LEN;
+    pub const LEN: usize = 10 + DsparkSums::LEN + Dflash2Sums::LEN;
 
     /// The additive sums as one list (for summing across ranks) and back.
     pub fn to_array(&self) -> [f64; Self::LEN] {
-        let d = self.dspark.to_array();
-        [
+        let own = [
             self.weighted_ce,
             self.weight,
             self.normaliser,
@@ -177,25 +183,23 @@ impl LossSums {
             self.accepted,
             self.base_accepted,
             self.accept_blocks,
-            d[0],
-            d[1],
-            d[2],
-            d[3],
-            d[4],
-            d[5],
-            d[6],
-            d[7],
-            d[8],
-            d[9],
-            d[10],
-            d[11],
-            d[12],
-        ]
+        ];
+        let mut out = [0.0; Self::LEN];
+        let values = own
+            .into_iter()
+            .chain(self.dspark.to_array())
+            .chain(self.dflash2.to_array());
+        for (slot, value) in out.iter_mut().zip(values) {
+            *slot = value;
+        }
+        out
     }
 
     pub fn from_array(a: [f64; Self::LEN]) -> Self {
         let mut dspark = [0.0; DsparkSums::LEN];
-        dspark.copy_from_slice(&a[10..]);
+        dspark.copy_from_slice(&a[10..10 + DsparkSums::LEN]);
+        let mut dflash2 = [0.0; Dflash2Sums::LEN];
+        dflash2.copy_from_slice(&a[10 + DsparkSums::LEN..]);
         Self {
             weighted_ce: a[0],
             weight: a[1],
@@ -208,6 +212,7 @@ impl LossSums {
             base_accepted: a[8],
             accept_blocks: a[9],
             dspark: DsparkSums::from_array(dspark),
+            dflash2: Dflash2Sums::from_array(dflash2),
         }
     }
 
@@ -483,14 +488,15 @@ mod tests {
     }
 
     #[test]
-    fn the_array_round_trip_carries_every_sum_dsparks_included() {
+    fn the_array_round_trip_carries_every_sum_dsparks_and_dflash2s_included() {
         let mut values = [0.0; LossSums::LEN];
         for (i, v) in values.iter_mut().enumerate() {
             *v = (i + 1) as f64;
         }
         let sums = LossSums::from_array(values);
         assert_eq!(sums.to_array(), values);
-        assert_eq!(sums.dspark.base_correct, LossSums::LEN as f64);
+        assert_eq!(sums.dspark.base_correct, (10 + DsparkSums::LEN) as f64);
+        assert_eq!(sums.dflash2.blocks, LossSums::LEN as f64);
         let mut doubled = sums;
         doubled.add(&sums);
         let twice: Vec<f64> = values.iter().map(|v| 2.0 * v).collect();

@@ -8,6 +8,7 @@ pub mod cadence;
 pub mod checkpoint;
 pub mod config;
 pub mod continuation_eval;
+pub mod dflash2;
 pub mod domino;
 pub mod dpace;
 pub mod drafter_io;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::block_objective::{block_objective_backward, BlockObjectiveBatch, LossObjective};
+use super::dflash2::{dflash2_backward, Dflash2Batch};
 use super::domino::{domino_ce_backward, DominoBatch};
 use super::drafter_io::named_parameters;
 use super::dspark::{dspark_backward, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
@@ -56,6 +57,19 @@ impl<'a> From<&'a TargetHidden> for TargetStates<'a> {
     }
 }
 
+/// The weights a run's schedules set step by step (each computed from the steps done and the
+/// run's total): every rank of every node computes the same ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepSchedule {
+    /// Domino's curriculum weight: the loss is `(1−λ)·final + λ·base` (`train/domino.rs`); a
+    /// drafter without a Domino head ignores it. λ = 0 trains the corrected logits alone, as
+    /// SpecForge does without a schedule.
+    pub lambda_base: f64,
+    /// DFlash2's `α_eff`, the selector term's weight (`Dflash2Section::effective_alpha`); a
+    /// drafter without a selector ignores it. At 0 the selector is measured, not trained.
+    pub selector_alpha: f64,
+}
+
 /// How [`DrafterReplica::forward_backward`] trains one micro-batch.
 #[derive(Clone, Copy, Debug)]
 pub struct MicroStepOptions {
@@ -65,10 +79,11 @@ pub struct MicroStepOptions {
     /// The drafter recomputes its layers in the backward ([`Drafter::forward_backward`]).
     pub activation_checkpointing: bool,
     pub objective: LossObjective,
-    /// Domino's curriculum weight: the loss is `(1−λ)·final + λ·base` (`train/domino.rs`); a
-    /// drafter without a Domino head ignores it. λ = 0 trains the corrected logits alone, as
-    /// SpecForge does without a schedule.
-    pub lambda_base: f64,
+    /// This step's scheduled weights.
+    pub schedule: StepSchedule,
+    /// DFlash2's selector term sees the unary scores and hidden states detached
+    /// (`training.dflash2.selector_stop_gradient`); ignored without a selector.
+    pub selector_stop_gradient: bool,
     /// DSpark's loss weights (`[training.dspark]`); a drafter without a DSpark head ignores
     /// them.
     pub dspark: DsparkLossWeights,
@@ -172,7 +187,8 @@ impl DrafterReplica {
             chunk_positions,
             activation_checkpointing,
             objective,
-            lambda_base,
+            schedule,
+            selector_stop_gradient,
             dspark,
         } = *options;
         let cfg = self.drafter.config();
@@ -215,6 +231,23 @@ impl DrafterReplica {
                 |out| dspark_backward(out, &batch.batch(self), 1.0, chunk_positions),
             );
         }
+        if let Some(selector) = self.drafter.selector() {
+            let batch = Dflash2Batch {
+                selector,
+                lm_head: &self.lm_head,
+                targets: &targets,
+                weights: &weights,
+                block_size: bs as i64,
+                selector_alpha: schedule.selector_alpha,
+                stop_gradient: selector_stop_gradient,
+            };
+            return self.drafter.forward_backward(
+                &inputs,
+                backend,
+                activation_checkpointing,
+                |out| dflash2_backward(out, &batch, objective, 1.0, chunk_positions),
+            );
+        }
         self.drafter
             .forward_backward(&inputs, backend, activation_checkpointing, |out| {
                 match (self.drafter.domino(), objective) {
@@ -236,7 +269,7 @@ impl DrafterReplica {
                             out,
                             &batch,
                             objective,
-                            lambda_base,
+                            schedule.lambda_base,
                             1.0,
                             chunk_positions,
                         )

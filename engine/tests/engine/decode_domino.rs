@@ -10,24 +10,7 @@ use dflash_engine::model::drafter::{Drafter, DrafterCache};
 use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
-use crate::support::decode::{domino_drafter, greedy, prompts, target, LOSSLESS_CASES};
-
-/// The target over `prompt` and the drafter's context after it; returns the context and the
-/// target's greedy token after the prompt (the first block's root).
-fn prefilled(target: &TargetModel, drafter: &Drafter, prompt: &[i64]) -> (DrafterCache, i64) {
-    let mut cache = target.new_cache();
-    let ids = Tensor::from_slice(prompt).view([1, prompt.len() as i64]);
-    let taps = &drafter.config().target_layer_ids;
-    let step = target.forward_cached(&ids, &mut cache, taps).unwrap();
-    let mut context = drafter.new_cache();
-    drafter.extend_context(&mut context, &step.taps);
-    let last = step
-        .logits
-        .get(0)
-        .get(prompt.len() as i64 - 1)
-        .argmax(-1, false);
-    (context, last.int64_value(&[]))
-}
+use crate::support::decode::{domino_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES};
 
 /// SpecForge's Domino head written out from the checkpoint's tensors (by their SpecForge
 /// names): the block's drafter outputs and base logits once, then per slot the GRU's state

@@ -11,30 +11,13 @@ use dflash_engine::model::drafter::{Drafter, DrafterCache, MarkovHeadType};
 use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
-use crate::support::decode::{dspark_drafter, greedy, prompts, target, LOSSLESS_CASES};
+use crate::support::decode::{dspark_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES};
 
 const KINDS: [MarkovHeadType; 3] = [
     MarkovHeadType::Vanilla,
     MarkovHeadType::Gated,
     MarkovHeadType::Rnn,
 ];
-
-/// The target over `prompt` and the drafter's context after it; returns the context and the
-/// target's greedy token after the prompt (the first block's root).
-fn prefilled(target: &TargetModel, drafter: &Drafter, prompt: &[i64]) -> (DrafterCache, i64) {
-    let mut cache = target.new_cache();
-    let ids = Tensor::from_slice(prompt).view([1, prompt.len() as i64]);
-    let taps = &drafter.config().target_layer_ids;
-    let step = target.forward_cached(&ids, &mut cache, taps).unwrap();
-    let mut context = drafter.new_cache();
-    drafter.extend_context(&mut context, &step.taps);
-    let last = step
-        .logits
-        .get(0)
-        .get(prompt.len() as i64 - 1)
-        .argmax(-1, false);
-    (context, last.int64_value(&[]))
-}
 
 /// The greedy block written out from the checkpoint's tensors by SpecForge's names: the
 /// drafter's outputs `z` of all `bs` slots and their LM-head logits once, then slot by slot

@@ -101,7 +101,8 @@ fn loss_and_grads(
         chunk_positions: 2048,
         activation_checkpointing: false,
         objective: LossObjective::Dflash,
-        lambda_base: 0.0,
+        schedule: Default::default(),
+        selector_stop_gradient: false,
         dspark: Default::default(),
     };
     let sums = replica.forward_backward(TargetStates::features_only(&features), micro, &options);

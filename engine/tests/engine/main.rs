@@ -7,6 +7,7 @@ mod data_chat;
 mod data_fixture_tokenizer;
 mod data_pretokenized;
 mod decode_chain;
+mod decode_dflash2;
 mod decode_domino;
 mod decode_dspark;
 mod decode_tree;

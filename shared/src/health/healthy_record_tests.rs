@@ -167,6 +167,7 @@ fn step_at(ts_ms: i64, tokens_per_s: f64) -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

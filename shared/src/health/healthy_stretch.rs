@@ -228,6 +228,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

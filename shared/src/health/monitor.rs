@@ -295,6 +295,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

@@ -247,6 +247,7 @@ mod tests {
             online,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

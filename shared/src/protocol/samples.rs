@@ -40,6 +40,7 @@ pub(super) fn step_metrics() -> StepMetrics {
         online: None,
         domino: None,
         dspark: None,
+        dflash2: None,
         job: None,
     }
 }

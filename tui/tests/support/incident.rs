@@ -184,6 +184,7 @@ impl Sim {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         };
         self.frame(ts, Response::Metrics(Box::new(metrics.clone())));

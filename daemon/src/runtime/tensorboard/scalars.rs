@@ -154,6 +154,7 @@ mod tests {
             online: None,
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();
@@ -213,6 +214,7 @@ mod tests {
             }),
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         };
         let line = scalar_line(&serde_json::to_value(&m).unwrap()).unwrap();

@@ -11,9 +11,10 @@
 //!   selector adds a low-rank transition from the previous token,
 //!   `S(c) = U(c) + ⟨A[prev] ⊙ W_h·h, B[c]⟩`. `B` starts at zero, so a fresh selector ranks the
 //!   candidates as the LM head does.
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use super::config::Dflash2Config;
+use super::dspark::at_least_f32;
 use super::layer::Linear;
 
 /// One grouped dynamic convolution (`layers.{i}.attention_conv` or `.mlp_conv`):
@@ -131,7 +132,7 @@ impl CandidateSelector {
         self.config.selector_top_k
     }
 
-    /// The unary scores of the LM head's `logits` (`[..., V]`, any float kind) in fp32
+    /// The unary scores of the LM head's `logits` (`[..., V]`, any float kind) in fp32 or wider
     /// ([`unary_logits`] with this drafter's multiplier and cap).
     pub fn unary(&self, logits: &Tensor) -> Tensor {
         unary_logits(logits, &self.config)
@@ -144,7 +145,7 @@ impl CandidateSelector {
     }
 
     /// `S(c) = U(c) + ⟨A[prev] ⊙ W_h·h, B[c]⟩` for each candidate: `candidate_ids` and
-    /// `unary` `[..., K]`, `hidden` `[..., H]`, `predecessor_ids` `[...]`. fp32.
+    /// `unary` `[..., K]`, `hidden` `[..., H]`, `predecessor_ids` `[...]`. fp32 (or wider).
     pub fn score(
         &self,
         candidate_ids: &Tensor,
@@ -167,13 +168,10 @@ impl CandidateSelector {
                 .hidden_projection
                 .forward(&hidden.to_kind(self.hidden_projection.weight.kind()))
                 .view([-1, r]);
-        let transition = successor
-            .matmul(&context.unsqueeze(-1))
-            .squeeze_dim(-1)
-            .to_kind(Kind::Float);
+        let transition = successor.matmul(&context.unsqueeze(-1)).squeeze_dim(-1);
         let mut shape = lead;
         shape.push(self.top_k());
-        unary.to_kind(Kind::Float) + transition.view(shape.as_slice())
+        at_least_f32(unary) + at_least_f32(&transition.view(shape.as_slice()))
     }
 
     /// The greedy walk a serving engine takes through one block's candidates: slot by slot,
@@ -208,9 +206,10 @@ impl CandidateSelector {
 }
 
 /// The unary scores of DFlash2 (SpecForge `transform_unary_logits`): the LM head's logits in
-/// fp32 times `output_multiplier`, then `s·tanh(U/s)` where `final_logit_softcapping` is `s`.
+/// fp32 (f64 stays f64) times `output_multiplier`, then `s·tanh(U/s)` where
+/// `final_logit_softcapping` is `s`.
 pub fn unary_logits(logits: &Tensor, cfg: &Dflash2Config) -> Tensor {
-    let scaled = logits.to_kind(Kind::Float) * cfg.output_multiplier;
+    let scaled = at_least_f32(logits) * cfg.output_multiplier;
     match cfg.final_logit_softcapping {
         Some(cap) => (scaled / cap).tanh() * cap,
         None => scaled,

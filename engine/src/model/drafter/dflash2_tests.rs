@@ -1,6 +1,6 @@
 use super::*;
 use crate::model::drafter::{Drafter, DrafterConfig, DrafterHead};
-use tch::{nn::VarStore, Device};
+use tch::{nn::VarStore, Device, Kind};
 
 const H: i64 = 8;
 const V: i64 = 11;

@@ -104,6 +104,15 @@ impl Drafter {
         self.selector.as_ref()
     }
 
+    /// Whether the drafter drafts from more than the LM head's logits over its output:
+    /// Domino's correction, DSpark's Markov head, DFlash2's selector. Decoding from the LM head
+    /// alone then measures what that part adds.
+    pub fn corrects_lm_head(&self) -> bool {
+        self.domino.is_some()
+            || self.selector.is_some()
+            || self.dspark.as_ref().is_some_and(|d| d.markov().is_some())
+    }
+
     pub fn config(&self) -> &DrafterConfig {
         &self.config
     }

@@ -20,7 +20,7 @@ use crate::device;
 use crate::model::target::{FeatureRequest, TargetModel};
 use crate::train::error::TrainError;
 use crate::train::micro::MicroSource;
-use crate::train::replica::TargetStates;
+use crate::train::replica::{StepSchedule, TargetStates};
 use crate::train::shard::NodeShard;
 use dflash_shared::metrics::DeviceRole;
 
@@ -155,6 +155,7 @@ impl Cluster {
             );
             state.objective = rank0.objective;
             state.dspark = rank0.dspark;
+            state.selector_stop_gradient = rank0.selector_stop_gradient;
             state.allreduce = endpoints.next();
             let inbox = Inbox::new(Arc::clone(&cluster.queues[rank]));
             let worker = spawn_drafter(state, inbox, shard, rank, Arc::clone(&cluster.tripwire))
@@ -266,7 +267,7 @@ impl Cluster {
         rank0: &mut RankState,
         base: u64,
         lr: f64,
-        lambda_base: f64,
+        schedule: StepSchedule,
         end: u64,
     ) -> Result<Vec<RankReport>, TrainError> {
         if let Some(f) = self.tripwire.failure() {
@@ -286,7 +287,7 @@ impl Cluster {
                 let _ = c.send(DrafterCommand::Step {
                     base,
                     lr,
-                    lambda_base,
+                    schedule,
                     reply: tx,
                 });
             }
@@ -294,7 +295,7 @@ impl Cluster {
         }
         let seqs = self.shard.worker_seqs(base, 0);
         let inbox = &mut self.rank0_inbox;
-        let own = guarded(|| rank0.step(&seqs, lr, lambda_base, &mut |seq| fetch_from(inbox, seq)));
+        let own = guarded(|| rank0.step(&seqs, lr, schedule, &mut |seq| fetch_from(inbox, seq)));
         let mut reports = Vec::with_capacity(self.shard.workers());
         match own {
             Ok(r) => reports.push(r),

@@ -17,7 +17,7 @@ use crate::train::dspark::DsparkLossWeights;
 use crate::train::loss::LossSums;
 use crate::train::micro::PreparedMicro;
 use crate::train::optim::{OptimError, StepReport};
-use crate::train::replica::{DrafterReplica, MicroStepOptions, TargetStates};
+use crate::train::replica::{DrafterReplica, MicroStepOptions, StepSchedule, TargetStates};
 use crate::train::throughput::drafter_flops;
 
 /// What a rank reports after a step. `sums` and the optimizer outcome are global (identical on
@@ -47,6 +47,8 @@ pub struct RankState {
     pub objective: LossObjective,
     /// `[training.dspark]` (SpecForge's weights unless the trainer sets them).
     pub dspark: DsparkLossWeights,
+    /// `training.dflash2.selector_stop_gradient` (false unless the trainer sets it).
+    pub selector_stop_gradient: bool,
 }
 
 impl RankState {
@@ -67,17 +69,19 @@ impl RankState {
             activation_checkpointing,
             objective: LossObjective::Dflash,
             dspark: DsparkLossWeights::default(),
+            selector_stop_gradient: false,
         }
     }
 
-    /// How this rank trains a micro-batch, with Domino's curriculum weight `lambda_base`.
-    fn micro_step_options(&self, lambda_base: f64) -> MicroStepOptions {
+    /// How this rank trains a micro-batch, with the step's scheduled weights.
+    fn micro_step_options(&self, schedule: StepSchedule) -> MicroStepOptions {
         MicroStepOptions {
             backend: self.backend,
             chunk_positions: self.chunk_positions,
             activation_checkpointing: self.activation_checkpointing,
             objective: self.objective,
-            lambda_base,
+            schedule,
+            selector_stop_gradient: self.selector_stop_gradient,
             dspark: self.dspark,
         }
     }
@@ -86,10 +90,15 @@ impl RankState {
     /// wall time in ms.
     pub fn warmup(&mut self, states: TargetStates<'_>, micro: &PreparedMicro) -> f64 {
         let t = Instant::now();
-        // λ = 0: the warmup's gradients are discarded, whatever the step's curriculum.
+        // The warmup's gradients are discarded, whatever the step's curriculum (λ = 0); a
+        // selector term in the graph gives it a trained step's memory and kernels.
+        let warmup = StepSchedule {
+            lambda_base: 0.0,
+            selector_alpha: 1.0,
+        };
         let _ = self
             .replica
-            .forward_backward(states, micro, &self.micro_step_options(0.0));
+            .forward_backward(states, micro, &self.micro_step_options(warmup));
         sync(self.replica.device());
         let ms = t.elapsed().as_secs_f64() * 1e3;
         self.replica.zero_grad();
@@ -97,15 +106,15 @@ impl RankState {
     }
 
     /// Trains micro-batches `seqs` (ascending), fetched by `fetch` (which returns the item and
-    /// how long it waited for it), then reduces and applies the update at `lr`. `lambda_base`
-    /// is Domino's curriculum weight of this step (`train/domino.rs`; ignored without a
-    /// Domino head). An `Err` is a
-    /// failure of this worker (or of its queue or group, after another worker failed).
+    /// how long it waited for it), then reduces and applies the update at `lr`. `schedule`
+    /// holds this step's scheduled weights (Domino's λ, DFlash2's α_eff; each ignored without
+    /// its head). An `Err` is a failure of this worker (or of its queue or group, after another
+    /// worker failed).
     pub fn step(
         &mut self,
         seqs: &[u64],
         lr: f64,
-        lambda_base: f64,
+        schedule: StepSchedule,
         fetch: &mut dyn FnMut(u64) -> Result<(HiddenItem, f64), String>,
     ) -> Result<RankReport, String> {
         let mut sums = LossSums::default();
@@ -119,7 +128,7 @@ impl RankState {
             sums.add(&self.replica.forward_backward(
                 item.target_states(),
                 &item.micro,
-                &self.micro_step_options(lambda_base),
+                &self.micro_step_options(schedule),
             ));
             sync(device);
             timing.forward_backward_ms += t.elapsed().as_secs_f64() * 1e3;

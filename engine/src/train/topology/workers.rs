@@ -17,7 +17,7 @@ use crate::collective::allreduce::AllReduce;
 use crate::device::torch_panic::panic_text;
 use crate::model::target::{FeatureRequest, TargetHidden, TargetModel};
 use crate::train::micro::{MicroSource, PreparedMicro};
-use crate::train::replica::{ReplicaState, TargetStates};
+use crate::train::replica::{ReplicaState, StepSchedule, TargetStates};
 use crate::train::shard::NodeShard;
 
 /// Runs `body`, turning a panic into an error text.
@@ -163,8 +163,8 @@ pub(crate) enum DrafterCommand {
     Step {
         base: u64,
         lr: f64,
-        /// Domino's curriculum weight of this step.
-        lambda_base: f64,
+        /// This step's scheduled weights.
+        schedule: StepSchedule,
         reply: Sender<Result<RankReport, String>>,
     },
     Load {
@@ -274,14 +274,12 @@ fn drafter_main(
             DrafterCommand::Step {
                 base,
                 lr,
-                lambda_base,
+                schedule,
                 reply,
             } => {
                 let seqs = shard.worker_seqs(base, worker);
                 let outcome = guarded(|| {
-                    state.step(&seqs, lr, lambda_base, &mut |seq| {
-                        fetch_from(&mut inbox, seq)
-                    })
+                    state.step(&seqs, lr, schedule, &mut |seq| fetch_from(&mut inbox, seq))
                 });
                 answer(&tripwire, id, outcome, &reply)
             }

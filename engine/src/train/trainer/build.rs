@@ -212,6 +212,7 @@ impl Trainer {
         );
         rank0.objective = cfg.loss_objective();
         rank0.dspark = DsparkLossWeights::from(&cfg.training.dspark);
+        rank0.selector_stop_gradient = cfg.training.dflash2.selector_stop_gradient;
         let data_digest = data_digest(&samples);
         let samples = Arc::new(samples);
         let source = Arc::new(MicroSource::new(

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dflash_shared::metrics::{
-    DominoStepMetrics, DsparkStepMetrics, OnlineAcceptance, QueueStats, StepMetrics, StepTimes,
+    Dflash2StepMetrics, DominoStepMetrics, DsparkStepMetrics, OnlineAcceptance, QueueStats,
+    StepMetrics, StepTimes,
 };
 use tch::{nn::VarStore, Device, Tensor};
 
@@ -40,6 +41,7 @@ use super::error::TrainError;
 use super::eval::{evaluate, EvalOptions, EvalReport};
 use super::loader::DataPosition;
 use super::micro::MicroSource;
+use super::replica::StepSchedule;
 use super::schedule::WarmupCosine;
 use crate::data::{HoldoutSplit, Sample};
 use crate::device;
@@ -318,14 +320,14 @@ impl Trainer {
         &mut self,
         base: u64,
         lr: f64,
-        lambda_base: f64,
+        schedule: StepSchedule,
     ) -> Result<Vec<RankReport>, TrainError> {
         let seqs = self.assignment.rank_seqs(base, self.rank0_global);
         let (target, source, rank0) = (&self.target, &self.source, &mut self.rank0);
         let request = self.drafter_cfg.feature_request();
         let id = rank0.id;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            rank0.step(&seqs, lr, lambda_base, &mut |seq| {
+            rank0.step(&seqs, lr, schedule, &mut |seq| {
                 produce_item(target, source, &request, seq, id.device, 0).map(|item| (item, 0.0))
             })
         }))
@@ -346,11 +348,11 @@ impl Trainer {
         let base = self.cursor;
         let n = self.assignment.micro_per_step();
         let lr = self.schedule.lr(self.step);
-        let lambda_base = self.lambda_base();
+        let schedule = self.step_schedule();
         let end = base + self.schedule.total_steps.saturating_sub(self.step) * n;
         let result = match self.cluster.as_mut() {
-            Some(c) => c.step(&mut self.rank0, base, lr, lambda_base, end),
-            None => self.inline_step(base, lr, lambda_base),
+            Some(c) => c.step(&mut self.rank0, base, lr, schedule, end),
+            None => self.inline_step(base, lr, schedule),
         };
         let mut reports = result.map_err(|e| self.note_failure(e))?;
         // The micro-batches are consumed even if the update is refused (non-finite gradients),
@@ -397,7 +399,7 @@ impl Trainer {
             times: telemetry.times,
             online: None,
             domino: self.drafter_cfg.head.domino().map(|_| DominoStepMetrics {
-                lambda_base,
+                lambda_base: schedule.lambda_base,
                 final_loss: first.sums.final_loss(),
                 base_loss: first.sums.base_loss(),
                 accept_len: first.sums.accept_len(),
@@ -417,8 +419,36 @@ impl Trainer {
                     confidence_abs_error: confidence.then_some(m.confidence_abs_error),
                 }
             }),
+            dflash2: self.drafter_cfg.head.dflash2().map(|_| {
+                let m = first.sums.dflash2.metrics(first.sums.normaliser);
+                Dflash2StepMetrics {
+                    selector_alpha: schedule.selector_alpha,
+                    base_loss: m.base_loss,
+                    selector_loss: m.selector_loss,
+                    unary_topk_recall: m.unary_topk_recall,
+                    oracle_accepted_length: m.oracle_accepted_length,
+                    serving_accuracy: m.serving_accuracy,
+                    serving_accepted_length: m.serving_accepted_length,
+                    unary_accepted_length: m.unary_accepted_length,
+                }
+            }),
             job,
         })
+    }
+
+    /// The scheduled weights of the next step: Domino's λ and DFlash2's α_eff.
+    pub fn step_schedule(&self) -> StepSchedule {
+        StepSchedule {
+            lambda_base: self.lambda_base(),
+            selector_alpha: match self.drafter_cfg.head.dflash2() {
+                Some(_) => self
+                    .cfg
+                    .training
+                    .dflash2
+                    .effective_alpha(self.step, self.schedule.total_steps),
+                None => 0.0,
+            },
+        }
     }
 
     /// Domino's curriculum weight for the next step (`train/domino.rs::lambda_base` at the
@@ -724,6 +754,7 @@ impl EvalLine {
             online: self.online.clone(),
             domino: None,
             dspark: None,
+            dflash2: None,
             job: None,
         }
     }

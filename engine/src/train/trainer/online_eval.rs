@@ -68,12 +68,7 @@ impl Trainer {
         let Some((tau_chain, tau_ddtree)) = method_taus(&decode(DraftLogits::Drafter)?) else {
             return Ok(None);
         };
-        let corrected = self.drafter().domino().is_some()
-            || self
-                .drafter()
-                .dspark()
-                .is_some_and(|d| d.markov().is_some());
-        let base = if corrected {
+        let base = if self.drafter().corrects_lm_head() {
             method_taus(&decode(DraftLogits::LmHeadOnly)?).map(|(tau_chain, tau_ddtree)| {
                 OnlineBase {
                     tau_chain,

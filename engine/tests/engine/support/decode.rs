@@ -2,10 +2,11 @@
 //! decoding tests (chain and DDTree).
 use dflash_engine::decode::{Sampling, Settings};
 use dflash_engine::model::drafter::{
-    DominoConfig, Drafter, DrafterConfig, DrafterHead, DsparkConfig, LayerType, MarkovHeadType,
+    Dflash2Config, DominoConfig, Drafter, DrafterCache, DrafterConfig, DrafterHead, DsparkConfig,
+    LayerType, MarkovHeadType,
 };
 use dflash_engine::model::target::{TargetConfig, TargetModel};
-use tch::{nn, Device, Kind};
+use tch::{nn, Device, Kind, Tensor};
 
 use super::drafter::{randomize, seeded, single_threaded};
 
@@ -127,6 +128,50 @@ pub fn dspark_drafter(
         markov_head_type: kind,
         confidence_head: true,
         confidence_head_with_markov: true,
+    });
+    let _draws = seeded(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    randomize(&vs, 0.5);
+    (vs, d)
+}
+
+/// The target over `prompt` and the drafter's context after it; returns the context and the
+/// target's greedy token after the prompt (the first block's root).
+pub fn prefilled(target: &TargetModel, drafter: &Drafter, prompt: &[i64]) -> (DrafterCache, i64) {
+    let mut cache = target.new_cache();
+    let ids = Tensor::from_slice(prompt).view([1, prompt.len() as i64]);
+    let taps = &drafter.config().target_layer_ids;
+    let step = target.forward_cached(&ids, &mut cache, taps).unwrap();
+    let mut context = drafter.new_cache();
+    drafter.extend_context(&mut context, &step.taps);
+    let last = step
+        .logits
+        .get(0)
+        .get(prompt.len() as i64 - 1)
+        .argmax(-1, false);
+    (context, last.int64_value(&[]))
+}
+
+/// A DFlash drafter's backbone with DFlash2's convolutions (2 taps over groups of 8) and
+/// selector (rank 4 over the unary top `top_k`), every weight drawn so the convolutions' dynamic
+/// branch and the selector's transition are live and move drafts.
+pub fn dflash2_drafter(
+    vocab: i64,
+    block_size: i64,
+    seed: i64,
+    top_k: i64,
+) -> (nn::VarStore, Drafter) {
+    let (plain_vs, plain) = drafter(vocab, block_size, seed);
+    let mut cfg = plain.config().clone();
+    drop((plain_vs, plain));
+    cfg.head = DrafterHead::Dflash2(Dflash2Config {
+        conv_kernel_size: 2,
+        conv_group_size: 8,
+        selector_rank: 4,
+        selector_top_k: top_k,
+        output_multiplier: 0.8,
+        final_logit_softcapping: Some(6.0),
     });
     let _draws = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);
