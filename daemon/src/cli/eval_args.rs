@@ -223,6 +223,8 @@ pub(super) fn eval_options(args: &EvalArgs, block_size: usize) -> EvalOptions {
         // A DSpark drafter is scored at SpecForge's loss weights: a drafter directory does not
         // record the run's.
         dspark: Default::default(),
+        // A DFlash2 drafter at SpecForge's default α, likewise.
+        selector_alpha: dflash_shared::config::DEFAULT_SELECTOR_LOSS_ALPHA,
     }
 }
 

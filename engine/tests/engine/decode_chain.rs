@@ -339,6 +339,7 @@ fn run_online_is_the_one_prompt_calls_with_their_figures() {
         serve_tree_budget: None,
         tree_block_subsample: 1,
         dspark: Default::default(),
+        selector_alpha: 1.0,
     };
     let offline =
         evaluate_greedy_continuations(&target, &drafter, &prompts, &report, &opts).unwrap();

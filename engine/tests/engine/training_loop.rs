@@ -11,7 +11,9 @@ use dflash_engine::train::{
 };
 
 use dflash_engine::embedded;
-use dflash_engine::model::drafter::{DominoConfig, DrafterHead, DsparkConfig, MarkovHeadType};
+use dflash_engine::model::drafter::{
+    Dflash2Config, DominoConfig, DrafterHead, DsparkConfig, MarkovHeadType,
+};
 use tch::Device;
 
 use crate::support::topology::{config, cpu_topology, tiny_samples, trainer};
@@ -295,6 +297,74 @@ fn a_dspark_run_reports_its_terms_and_calibration_and_resumes_bit_for_bit() {
         assert!(json.get(key).is_some(), "{key} in the metrics line");
     }
     resume_lands_where_a_straight_run_lands_with(cfg, one_dspark_device);
+}
+
+/// The embedded default's drafter with DFlash2's convolutions and selector, on one device.
+fn one_dflash2_device(cfg: TrainConfig) -> Trainer {
+    tch::set_num_threads(1);
+    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
+    drafter_cfg.head = DrafterHead::Dflash2(Dflash2Config {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 16,
+        selector_top_k: 8,
+        output_multiplier: 0.5,
+        final_logit_softcapping: Some(20.0),
+    });
+    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
+}
+
+#[test]
+fn a_dflash2_run_warms_its_selector_up_reports_its_figures_and_resumes_bit_for_bit() {
+    let mut cfg = config(4, 1);
+    cfg.training.checkpoint_every = 4;
+    // One warm-up step, then a ramp of two: α_eff is 0, 0, α/2, α from step 0.
+    let total = one_dflash2_device(cfg.clone()).total_steps();
+    cfg.training.dflash2.selector_warmup_ratio = 1.5 / total as f64;
+    cfg.training.dflash2.selector_ramp_ratio = 1.5 / total as f64;
+    let mut lines = CollectLines::default();
+    let mut trainer = one_dflash2_device(cfg.clone());
+    trainer
+        .run(
+            &RunOptions {
+                max_steps: Some(3),
+                checkpoint_root: None,
+            },
+            &mut lines,
+        )
+        .unwrap();
+    for line in &lines.steps {
+        let d = line.dflash2.expect("a DFlash2 step reports its figures");
+        assert!(line.domino.is_none() && line.dspark.is_none());
+        let alpha = cfg.training.dflash2.effective_alpha(line.step - 1, total);
+        assert_eq!(d.selector_alpha, alpha, "step {}", line.step);
+        if alpha == 0.0 {
+            assert!((line.loss - d.base_loss).abs() < 1e-9 * line.loss);
+        }
+        assert!(d.selector_loss > 0.0);
+        assert!((0.0..=1.0).contains(&d.unary_topk_recall));
+        assert!(d.oracle_accepted_length >= d.serving_accepted_length.max(1.0));
+        assert!(d.unary_accepted_length >= 1.0);
+    }
+    let alphas: Vec<f64> = lines
+        .steps
+        .iter()
+        .map(|l| l.dflash2.unwrap().selector_alpha)
+        .collect();
+    assert_eq!(alphas, [0.0, 0.0, 0.5]);
+    let json = serde_json::to_value(&lines.steps[0]).unwrap();
+    for key in [
+        "selector_alpha",
+        "selector_loss",
+        "unary_topk_recall",
+        "oracle_accepted_length",
+        "serving_accepted_length",
+    ] {
+        assert!(json.get(key).is_some(), "{key} in the metrics line");
+    }
+    // The warm-up and the ramp cross the resume at step 3.
+    resume_lands_where_a_straight_run_lands_with(cfg, one_dflash2_device);
 }
 
 fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {

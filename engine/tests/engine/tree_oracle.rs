@@ -45,6 +45,7 @@ fn oracle_matches_online_rounds(target: &TargetModel, drafter: &Drafter) -> Vec<
         serve_tree_budget: Some(3),
         tree_block_subsample: 1,
         dspark: Default::default(),
+        selector_alpha: 1.0,
     };
     let held: Vec<_> = samples.iter().collect();
     let mut oracle: HashMap<(usize, i64), Vec<usize>> = HashMap::new();

@@ -45,8 +45,8 @@ pub use sections::{
 };
 
 pub use dflash2::{
-    Dflash2Section, DEFAULT_CONV_GROUP_SIZE, DEFAULT_CONV_KERNEL_SIZE, DEFAULT_SELECTOR_RANK,
-    DEFAULT_SELECTOR_TOP_K,
+    Dflash2Section, DEFAULT_CONV_GROUP_SIZE, DEFAULT_CONV_KERNEL_SIZE, DEFAULT_SELECTOR_LOSS_ALPHA,
+    DEFAULT_SELECTOR_RANK, DEFAULT_SELECTOR_TOP_K,
 };
 pub use dspark::{DsparkSection, MarkovHeadType, DEFAULT_MARKOV_RANK};
 pub use tree_objective::{TreeLoss, TreeSection, DEFAULT_TREE_TEMPERATURE};

@@ -480,6 +480,7 @@ impl Trainer {
             serve_tree_budget: Some(self.cfg.training.serve_tree_budget),
             tree_block_subsample: self.cfg.training.eval_tree_block_subsample,
             dspark: DsparkLossWeights::from(&self.cfg.training.dspark),
+            selector_alpha: self.cfg.training.dflash2.selector_loss_alpha,
         }
     }
 

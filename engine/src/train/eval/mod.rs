@@ -30,19 +30,16 @@ use tch::{Device, Kind, Tensor};
 
 use super::anchors::{all_anchors_chunked, AnchorBatch};
 use super::dpace::{dpace_block_weights, dpace_normaliser, dpace_row_scale};
-use super::dspark::{dspark_loss, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
+use super::dspark::DsparkLossWeights;
 use super::error::TrainError;
-use super::labels::{
-    block_input_ids, block_labels, next_token_block_labels, next_token_prev_ids, BlockLabels,
-    LabelMaskRule, Rows,
-};
+use super::labels::{block_input_ids, block_labels, BlockLabels, LabelMaskRule, Rows};
 use super::loader::{collate, Batch};
 use super::loss::LossSums;
 use super::replica::TargetStates;
 use super::tree_metrics::{blocks_per_group, grow_trees, scored_budgets, TreeInputs, TreeTotals};
 use crate::data::Sample;
 use crate::decode::{accepted_per_budget, GoldSlot};
-use crate::model::drafter::{AttentionBackend, DominoHead, Drafter, DsparkHead};
+use crate::model::drafter::{AttentionBackend, DominoHead, Drafter};
 use crate::model::target::{FeatureRequest, TargetHidden, TargetModel};
 use dflash_shared::config::DpaceNormalization;
 
@@ -89,6 +86,8 @@ pub struct EvalOptions {
     pub tree_block_subsample: usize,
     /// DSpark's loss weights, for a drafter with a DSpark head.
     pub dspark: DsparkLossWeights,
+    /// DFlash2's selector weight α (the schedule's end value), for a drafter with a selector.
+    pub selector_alpha: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -147,30 +146,13 @@ pub struct EvalReport {
     /// its `acc`; the per-slot rates and the tree oracle, which read DFlash's slots, are empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dspark: Option<DsparkEval>,
-}
-
-/// [`EvalReport::dspark`]: DSpark's loss, its three terms and what they measure.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DsparkEval {
-    /// `(ce·Σ CE·w + l1·Σ L1·w + confidence·Σ BCE·w) / Σ w` at the weights it was computed with.
-    pub loss: f64,
-    pub ce_loss: f64,
-    pub l1_loss: f64,
-    pub confidence_loss: f64,
-    pub tau_probabilistic: f64,
-    /// `tau_probabilistic` from the LM head's logits alone (the Markov head off).
-    pub base_tau_probabilistic: f64,
-    /// `acc`: the corrected logits' argmax against the label, over the supervised slots.
-    pub acc: f64,
-    pub base_acc: f64,
-    /// Mean acceptance probability `a = 1 − L1/2` of the supervised slots.
-    pub acceptance_mean: f64,
-    /// Mean σ(confidence logit) and its mean absolute error against `a`; `None` without a
-    /// confidence head.
-    pub confidence_mean: Option<f64>,
-    pub confidence_abs_error: Option<f64>,
-    /// The loss weights `loss` was computed with.
-    pub weights: [f64; 3],
+    /// A DFlash2 drafter's figures as SpecForge's `OnlineDFlashModel` names them, every valid
+    /// position an anchor. For such a drafter `tau` is the selector's serving accepted length
+    /// (the chain a serving engine walks, teacher-forced), `base_tau` the unary argmax's,
+    /// `loss` the objective at α and `accuracy` the unary argmax's; the per-slot rates and the
+    /// tree oracle, which read the LM head's slots, are empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dflash2: Option<Dflash2Eval>,
 }
 
 impl EvalReport {
@@ -497,7 +479,7 @@ pub fn evaluate_with(
         totals: Totals::new(bs, TOPK_RECALL_KS.len()),
         base_totals: Totals::new(bs, TOPK_RECALL_KS.len()),
         trees: TreeTotals::new(budgets.len()),
-        dspark: LossSums::default(),
+        own_objective: LossSums::default(),
     };
     let rows_per_forward = opts.rows_per_forward.max(1);
     tch::no_grad(|| -> Result<(), TrainError> {
@@ -531,8 +513,8 @@ struct Tallies {
     totals: Totals,
     base_totals: Totals,
     trees: TreeTotals,
-    /// A DSpark drafter's loss sums.
-    dspark: LossSums,
+    /// A DSpark or DFlash2 drafter's loss sums (`heads.rs`).
+    own_objective: LossSums,
 }
 
 /// What scoring one forward group needs, fixed for the whole evaluation.
@@ -618,17 +600,15 @@ impl BlockScorer<'_> {
             &keep_t,
             opts.backend,
         );
-        if let Some(head) = self.drafter.dspark() {
-            let inputs = DsparkChunk {
-                rows,
-                anchors,
-                anchor_t: &anchor_t,
-                keep_t: &keep_t,
-                out: &out,
-            };
-            tallies
-                .dspark
-                .add(&self.score_dspark(head, states, &inputs));
+        let own = OwnObjectiveChunk {
+            rows,
+            anchors,
+            anchor_t: &anchor_t,
+            keep_t: &keep_t,
+            out: &out,
+        };
+        if let Some(sums) = self.score_own_objective(states, &own) {
+            tallies.own_objective.add(&sums);
             return;
         }
         let labels = block_labels(rows, anchors, bs, Some(opts.gamma), opts.rule);
@@ -641,50 +621,6 @@ impl BlockScorer<'_> {
         };
         self.score_trees(&chunk, &mut tallies.trees, on_block);
         self.score_slots(batch, &chunk, tallies);
-    }
-
-    /// A DSpark drafter's chunk: its loss sums on the next-token labels, every slot's teacher
-    /// the target's last hidden state at the slot's label − 1.
-    fn score_dspark(
-        &self,
-        head: &DsparkHead,
-        states: TargetStates<'_>,
-        chunk: &DsparkChunk,
-    ) -> LossSums {
-        let (bs, opts) = (self.bs, self.opts);
-        let device = chunk.out.device();
-        let shape = [chunk.rows.batch as i64, (chunk.anchors.width * bs) as i64];
-        let on_device = |t: Tensor| t.view(shape).to_device(device);
-        let labels = next_token_block_labels(chunk.rows, chunk.anchors, bs, Some(opts.gamma));
-        let prev = next_token_prev_ids(chunk.rows, chunk.anchors, bs);
-        let valid: Vec<u8> = labels.valid.iter().map(|&v| u8::from(v)).collect();
-        let last_hidden = states
-            .last_hidden
-            .expect("a DSpark drafter's evaluation asks the target for its last hidden state");
-        let (targets, prev_tokens, weights, valid) = (
-            on_device(Tensor::from_slice(&labels.targets)),
-            on_device(Tensor::from_slice(&prev)),
-            on_device(Tensor::from_slice(&labels.weights)),
-            on_device(Tensor::from_slice(&valid).to_kind(Kind::Bool)),
-        );
-        let teacher_hidden = teacher_hidden_for_slots(
-            last_hidden,
-            &chunk.anchor_t.to_device(device),
-            &chunk.keep_t.to_device(device),
-            bs as i64,
-        );
-        let batch = DsparkBatch {
-            head,
-            lm_head: &self.lm_head,
-            targets: &targets,
-            prev_tokens: &prev_tokens,
-            weights: &weights,
-            valid: &valid,
-            teacher_hidden: &teacher_hidden,
-            block_size: bs as i64,
-            loss_weights: opts.dspark,
-        };
-        dspark_loss(chunk.out, &batch, opts.chunk_positions.max(1))
     }
 
     /// Every kept block's slots against their labels: τ, acceptance, recall and losses.
@@ -801,64 +737,6 @@ impl BlockScorer<'_> {
     }
 }
 
-/// What [`BlockScorer::score_dspark`] reads of one anchor chunk.
-struct DsparkChunk<'a> {
-    rows: Rows<'a>,
-    anchors: &'a AnchorBatch,
-    anchor_t: &'a Tensor,
-    keep_t: &'a Tensor,
-    out: &'a Tensor,
-}
-
-/// A DSpark drafter's report: SpecForge's figures in [`EvalReport::dspark`] and the headline
-/// fields; nothing of DFlash's slots.
-fn dspark_report(
-    sums: &LossSums,
-    drafter: &Drafter,
-    samples: usize,
-    opts: &EvalOptions,
-) -> EvalReport {
-    let m = sums.dspark_metrics();
-    let confidence = drafter.dspark().is_some_and(|h| h.has_confidence_head());
-    let w = opts.dspark;
-    let dspark = DsparkEval {
-        loss: sums.loss(),
-        ce_loss: m.ce_loss,
-        l1_loss: m.l1_loss,
-        confidence_loss: m.confidence_loss,
-        tau_probabilistic: m.tau_probabilistic,
-        base_tau_probabilistic: m.base_tau_probabilistic,
-        acc: m.acc,
-        base_acc: m.base_acc,
-        acceptance_mean: m.accept_probability_mean,
-        confidence_mean: confidence.then_some(m.confidence_mean),
-        confidence_abs_error: confidence.then_some(m.confidence_abs_error),
-        weights: [w.ce, w.l1, w.confidence],
-    };
-    EvalReport {
-        tau: m.tau_probabilistic,
-        loss: dspark.loss,
-        loss_dflash: 0.0,
-        loss_dpace: 0.0,
-        dpace_alpha: opts.dpace_alpha,
-        dpace_normalization: opts.dpace_normalization,
-        accuracy: m.acc,
-        per_position_acceptance: Vec::new(),
-        topk_recall: BTreeMap::new(),
-        tau_tree_oracle: BTreeMap::new(),
-        tree_blocks: 0,
-        tree_block_subsample: opts.tree_block_subsample.max(1),
-        serve_tree_budget: opts.serve_tree_budget,
-        tau_tree_serve: None,
-        block_size: drafter.config().block_size as usize,
-        samples,
-        blocks: sums.dspark.tau_blocks as u64,
-        positions: sums.counted,
-        base_tau: Some(m.base_tau_probabilistic),
-        dspark: Some(dspark),
-    }
-}
-
 /// The report of the accumulated totals: τ, both objectives' losses, per-slot rates, and the
 /// tree oracle at `budgets`.
 fn report(
@@ -868,8 +746,8 @@ fn report(
     samples: usize,
     opts: &EvalOptions,
 ) -> EvalReport {
-    if drafter.dspark().is_some() {
-        return dspark_report(&tallies.dspark, drafter, samples, opts);
+    if let Some(report) = own_objective_report(&tallies.own_objective, drafter, samples, opts) {
+        return report;
     }
     let totals = &tallies.totals;
     let bs = drafter.config().block_size as usize;
@@ -910,9 +788,13 @@ fn report(
         positions: totals.positions,
         base_tau: drafter.domino().map(|_| tallies.base_totals.tau()),
         dspark: None,
+        dflash2: None,
     }
 }
 
+mod heads;
 #[cfg(test)]
-#[path = "eval_tests.rs"]
 mod tests;
+
+use heads::{own_objective_report, OwnObjectiveChunk};
+pub use heads::{Dflash2Eval, DsparkEval};

@@ -269,6 +269,77 @@ fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_not
     );
 }
 
+/// A fresh DFlash2 drafter (identity convolutions, a selector whose successor codebook is
+/// zero, multiplier 1, no cap) is its DFlash backbone: its serving walk is the unary argmax, so
+/// its τ, base τ and base loss are the DFlash scorer's on the same blocks (every valid position
+/// an anchor, the same labels). A live selector moves its figures and leaves the base ones.
+#[test]
+fn evaluating_a_dflash2_drafter_scores_its_selector_and_a_fresh_one_scores_as_dflash() {
+    use crate::embedded;
+    use crate::model::drafter::{Dflash2Config, DrafterHead};
+    let device = tch::Device::Cpu;
+    let target = embedded::tiny_target(None, device).unwrap();
+    let dflash_cfg = embedded::tiny_dflash_drafter_config(target.config());
+    let mut dflash2_cfg = dflash_cfg.clone();
+    dflash2_cfg.head = DrafterHead::Dflash2(Dflash2Config {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+        output_multiplier: 1.0,
+        final_logit_softcapping: None,
+    });
+    tch::manual_seed(3);
+    let dflash2_vs = tch::nn::VarStore::new(device);
+    let dflash2 = Drafter::new(&dflash2_vs.root(), &dflash2_cfg);
+    let mut dflash_vs = tch::nn::VarStore::new(device);
+    let dflash = Drafter::new(&dflash_vs.root(), &dflash_cfg);
+    dflash_vs.copy(&dflash2_vs).unwrap();
+    let samples = first_tiny_samples(&target, 3);
+    let held: Vec<&Sample> = samples.iter().collect();
+    let opts = tiny_eval_options(4);
+    let plain = evaluate(&target, &dflash, &held, &opts).unwrap();
+    let fresh = evaluate(&target, &dflash2, &held, &opts).unwrap();
+    let d = fresh
+        .dflash2
+        .expect("a DFlash2 drafter reports its figures");
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b.abs().max(1.0);
+    assert!(
+        close(fresh.tau, plain.tau),
+        "{} vs {}",
+        fresh.tau,
+        plain.tau
+    );
+    assert_eq!(fresh.base_tau, Some(fresh.tau));
+    // The loss sums per chunk in f32 where the DFlash scorer sums per position in f64.
+    assert!(
+        (d.base_loss - plain.loss).abs() < 1e-6 * plain.loss,
+        "{} vs {}",
+        d.base_loss,
+        plain.loss
+    );
+    assert!(close(fresh.accuracy, plain.accuracy));
+    assert_eq!(
+        (fresh.blocks, fresh.positions),
+        (plain.blocks, plain.positions)
+    );
+    assert!(d.unary_topk_recall > 0.0 && d.unary_topk_recall <= 1.0);
+    assert!(d.oracle_accepted_length >= fresh.tau);
+    // α = 1: the loss carries the selector's term on top of the base one.
+    assert!(d.loss > d.base_loss && d.selector_alpha == 1.0);
+    // A live selector rescores the candidates (its loss moves; an untrained backbone accepts
+    // nothing either way, so τ stays 1); the unary figures stay.
+    tch::no_grad(|| {
+        let mut b = dflash2_vs.variables()["candidate_selector.successor_codebook"].shallow_clone();
+        b.copy_(&(tch::Tensor::randn(b.size(), (Kind::Float, device)) * 3.0));
+    });
+    let live = evaluate(&target, &dflash2, &held, &opts).unwrap();
+    let l = live.dflash2.unwrap();
+    assert_eq!(live.base_tau, fresh.base_tau);
+    assert!(close(l.base_loss, d.base_loss) && close(l.unary_topk_recall, d.unary_topk_recall));
+    assert_ne!(l.selector_loss, d.selector_loss);
+}
+
 /// The embedded data's first `n` samples, for the tests that evaluate on the tiny target.
 fn first_tiny_samples(target: &TargetModel, n: usize) -> Vec<Sample> {
     let train = crate::embedded::tiny_train_config();
@@ -294,6 +365,7 @@ fn tiny_eval_options(serve: usize) -> EvalOptions {
         serve_tree_budget: Some(serve),
         tree_block_subsample: 1,
         dspark: Default::default(),
+        selector_alpha: 1.0,
     }
 }
 
