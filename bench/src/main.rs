@@ -133,7 +133,8 @@ pub struct BenchArgs {
     /// (`--objectives-epochs 6 --objectives-steps 642`).
     #[arg(long, default_value_t = 20)]
     pub objectives_steps: u64,
-    /// Objectives case: the contenders trained (dflash, dpace, domino, tree, domino_tree).
+    /// Objectives case: the contenders trained (dflash, dpace, domino, tree, domino_tree,
+    /// dspark, dflash2).
     #[arg(long, value_delimiter = ',', default_values_t = ["dflash".to_string(), "dpace".to_string(), "domino".to_string(), "tree".to_string(), "domino_tree".to_string()])]
     pub objectives_contenders: Vec<String>,
     /// Objectives case: `training.tree.loss` of the tree contenders (margin or expected).

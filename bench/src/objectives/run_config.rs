@@ -16,6 +16,13 @@ pub const DOMINO_GRU_HIDDEN_DIM: i64 = 128;
 pub const DOMINO_PURE_DRAFT_PREFIX_LEN: i64 = 1;
 /// D-PACE's α: SpecForge's and the paper's default.
 pub const DPACE_ALPHA: f64 = 0.5;
+/// DSpark's Markov rank at the embedded drafter's scale: a quarter of SpecForge's 256 (its
+/// configs' hidden sizes are tens of times this drafter's), as `configs/tiny-cpu-dspark.toml`.
+pub const DSPARK_MARKOV_RANK: i64 = 64;
+/// DFlash2's selector rank at this scale, likewise a quarter of SpecForge's 256; its top-K,
+/// taps and group size are SpecForge's documented ones (16, 2, 16), as
+/// `configs/tiny-cpu-dflash2.toml`.
+pub const DFLASH2_SELECTOR_RANK: i64 = 64;
 
 /// What one run varies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,6 +114,23 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
             training.insert("objective".into(), Value::String("tree".into()));
             training.insert("tree".into(), tree_table(recipe));
             dflash_head(&mut root);
+        }
+        Contender::Dspark => {
+            training.insert("objective".into(), Value::String("dflash".into()));
+            dflash_head(&mut root);
+            let drafter = section(&mut root, "drafter");
+            drafter.insert("head".into(), Value::String("dspark".into()));
+            drafter.insert("markov_rank".into(), Value::Integer(DSPARK_MARKOV_RANK));
+        }
+        Contender::Dflash2 => {
+            training.insert("objective".into(), Value::String("dflash".into()));
+            dflash_head(&mut root);
+            let drafter = section(&mut root, "drafter");
+            drafter.insert("head".into(), Value::String("dflash2".into()));
+            drafter.insert(
+                "selector_rank".into(),
+                Value::Integer(DFLASH2_SELECTOR_RANK),
+            );
         }
         Contender::Domino | Contender::DominoTree => {
             if recipe.contender == Contender::DominoTree {
@@ -200,7 +224,18 @@ mod tests {
         // DFlash's head with no Domino key left, and the Domino contender is the default's
         // own head with the widths the tournament measured.
         assert_eq!(base.drafter.head, DrafterHead::Domino);
-        for c in [Contender::Dflash, Contender::Dpace] {
+        let dspark = parsed(Contender::Dspark).drafter;
+        assert_eq!(dspark.head, DrafterHead::Dspark);
+        assert_eq!(dspark.markov_rank, Some(DSPARK_MARKOV_RANK as usize));
+        let dflash2 = parsed(Contender::Dflash2).drafter;
+        assert_eq!(dflash2.head, DrafterHead::Dflash2);
+        assert_eq!(dflash2.selector_rank, Some(DFLASH2_SELECTOR_RANK as usize));
+        for c in [
+            Contender::Dflash,
+            Contender::Dpace,
+            Contender::Dspark,
+            Contender::Dflash2,
+        ] {
             let d = parsed(c).drafter;
             assert_eq!(
                 (d.emb_dim, d.gru_hidden_dim, d.pure_draft_prefix_len),

@@ -31,15 +31,22 @@ pub enum Contender {
     /// The tree objective with a Domino head.
     #[serde(rename = "domino_tree")]
     DominoTree,
+    /// DSpark's head and loss (`drafter.head = "dspark"`), as SpecForge's DSpark trains.
+    Dspark,
+    /// DFlash2's convolutions and selector (`drafter.head = "dflash2"`), DFlash's loss plus
+    /// the selector's, as SpecForge trains DFlash2.
+    Dflash2,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 5] = [
+    pub const ALL: [Contender; 7] = [
         Contender::Dflash,
         Contender::Dpace,
         Contender::Domino,
         Contender::Tree,
         Contender::DominoTree,
+        Contender::Dspark,
+        Contender::Dflash2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +56,8 @@ impl Contender {
             Contender::Domino => "domino",
             Contender::Tree => "tree",
             Contender::DominoTree => "domino_tree",
+            Contender::Dspark => "dspark",
+            Contender::Dflash2 => "dflash2",
         }
     }
 
@@ -60,6 +69,8 @@ impl Contender {
             Contender::Domino => "Domino",
             Contender::Tree => "Tree",
             Contender::DominoTree => "Domino + Tree",
+            Contender::Dspark => "DSpark",
+            Contender::Dflash2 => "DFlash2",
         }
     }
 
