@@ -46,6 +46,7 @@ fn every_shipped_config_validates_and_prints_back_to_itself() {
             "qwen3-8b-8gpu.toml",
             "qwen3.6-27b-8gpu.toml",
             "tiny-cpu-dflash.toml",
+            "tiny-cpu-dflash2.toml",
             "tiny-cpu-dspark.toml",
             "tiny-cpu.toml"
         ]

@@ -77,7 +77,7 @@ fn summary_table(r: &ObjectivesResult) -> String {
         recall_ks.map(|k| k.to_string()).join(" / ")
     );
     head.push_str(
-        " loss first / median / last | step ms (median) | peak RSS MiB | Domino base τ offline / online chain |",
+        " loss first / median / last | step ms (median) | peak RSS MiB | base τ (LM head alone) offline / online chain |",
     );
     let mut md = format!(
         "{head}\n|{}\n",

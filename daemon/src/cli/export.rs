@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use dflash_engine::model::drafter::{DominoConfig, DrafterConfig, DsparkConfig, LayerType};
+use dflash_engine::model::drafter::{
+    Dflash2Config, DominoConfig, DrafterConfig, DsparkConfig, LayerType,
+};
 use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{
     read_checkpoint_drafter, recorded_best, resolve_checkpoint, RecordedBest,
@@ -154,7 +156,33 @@ pub fn serving_hints(cfg: &DrafterConfig, out: &Path) -> String {
     if let Some(domino) = cfg.head.domino() {
         text.push_str(&domino_hints(domino));
     }
+    if let Some(dflash2) = cfg.head.dflash2() {
+        text.push_str(&dflash2_hints(dflash2));
+    }
     text
+}
+
+/// What is known of serving a DFlash2 drafter: SpecForge serves it as SGLang's `DFLASH`
+/// algorithm, whose `DFlash2DraftModel` reads the same names (`docs/concepts/DFlash2.md`);
+/// z-lab's `DFlash2DraftModel` loads it too. Neither loader runs here.
+fn dflash2_hints(dflash2: &Dflash2Config) -> String {
+    format!(
+        "          DFlash2 (architectures [\"DFlash2DraftModel\"]: conv_kernel_size {}, \
+         conv_group_size {}, selector_rank {}, selector_top_k {}, output_multiplier {}{}): \
+         SpecForge serves it with SGLang's DFLASH algorithm, whose DFlash2DraftModel reads these \
+         keys and the candidate_selector.* and layers.*.{{attention,mlp}}_conv.* tensors \
+         (SpecForge's names, written as they are); vLLM's dflash method does not read them. \
+         Neither SGLang nor z-lab's loader is run on this export here.\n",
+        dflash2.conv_kernel_size,
+        dflash2.conv_group_size,
+        dflash2.selector_rank,
+        dflash2.selector_top_k,
+        dflash2.output_multiplier,
+        dflash2
+            .final_logit_softcapping
+            .map(|c| format!(", final_logit_softcapping {c}"))
+            .unwrap_or_default(),
+    )
 }
 
 /// What is known of serving a Domino drafter, with its sources: an engine that loads it as a
@@ -265,6 +293,31 @@ mod tests {
             "emb_dim 24, gru_hidden_dim 12, pure_draft_prefix_len 1",
             "sgl-project/sglang#36899",
             "not verified",
+        ] {
+            assert!(text.contains(wanted), "{wanted:?} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn a_dflash2_export_names_its_architecture_keys_and_that_no_loader_ran() {
+        use dflash_engine::model::drafter::DrafterHead;
+        let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+        let mut cfg = embedded::tiny_drafter_config(target.config());
+        cfg.head = DrafterHead::Dflash2(Dflash2Config {
+            conv_kernel_size: 2,
+            conv_group_size: 16,
+            selector_rank: 64,
+            selector_top_k: 16,
+            output_multiplier: 1.0,
+            final_logit_softcapping: Some(30.0),
+        });
+        let text = serving_hints(&cfg, Path::new("/x/dflash2"));
+        for wanted in [
+            "--speculative-algorithm DFLASH",
+            "[\"DFlash2DraftModel\"]",
+            "conv_kernel_size 2, conv_group_size 16, selector_rank 64, selector_top_k 16",
+            "final_logit_softcapping 30",
+            "not run on this export",
         ] {
             assert!(text.contains(wanted), "{wanted:?} missing from {text}");
         }

@@ -14,10 +14,24 @@ const DFLASHD: &str = env!("CARGO_BIN_EXE_dflashd");
 
 /// A run dir after `steps` steps of the embedded default.
 fn trained_run(steps: u32) -> tempfile::TempDir {
+    trained_run_of(None, steps)
+}
+
+/// A run dir after `steps` steps of `config` (a file under `configs/`; the embedded default
+/// without one).
+fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
     let run = tempfile::tempdir().unwrap();
-    let o = Command::new(DFLASHD)
+    let mut start = Command::new(DFLASHD);
+    if let Some(name) = config {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../configs")
+            .join(name);
+        start.arg("start").arg("--config").arg(file);
+    } else {
+        start.arg("start");
+    }
+    let o = start
         .args([
-            "start",
             "--threads",
             "1",
             "--max-steps",
@@ -98,6 +112,63 @@ fn export_round_trips_the_checkpoint_drafter() {
     let tensors = tch::Tensor::read_safetensors(out16.join("model.safetensors")).unwrap();
     assert!(tensors.iter().all(|(_, t)| t.kind() == Kind::BFloat16));
     assert_eq!(tensors.len(), ckpt_weights.len());
+}
+
+/// A DFlash2 drafter exports in SpecForge's `DFlash2DraftModel` layout, its convolutions and
+/// selector under SpecForge's names, and loads back to exactly the checkpoint's weights.
+#[test]
+fn a_dflash2_export_round_trips_bit_for_bit_in_specforges_layout() {
+    let run = trained_run_of(Some("tiny-cpu-dflash2.toml"), 2);
+    let out = run.path().join("export");
+    let o = export(run.path(), &out, &["--dtype", "f32"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("DFlash2DraftModel"), "{stdout}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "DFlash2DraftModel");
+    let d = &config["dflash_config"];
+    assert_eq!(
+        (
+            &d["conv_kernel_size"],
+            &d["conv_group_size"],
+            &d["selector_rank"],
+            &d["selector_top_k"]
+        ),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!(16),
+            &serde_json::json!(64),
+            &serde_json::json!(16)
+        )
+    );
+    let (ckpt_cfg, ckpt_weights) =
+        read_checkpoint_drafter(&run.path().join("checkpoints/step-0000000002")).unwrap();
+    let loaded = load_hf(&out, Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(loaded.config, ckpt_cfg);
+    let exported = named_parameters(&loaded.vs);
+    let names: Vec<&str> = exported.iter().map(|(n, _)| n.as_str()).collect();
+    for key in [
+        "candidate_selector.predecessor_codebook",
+        "candidate_selector.successor_codebook",
+        "candidate_selector.hidden_projection.weight",
+        "layers.0.attention_conv.base_kernel",
+        "layers.1.mlp_conv.kernel_projection.weight",
+    ] {
+        assert!(names.contains(&key), "missing {key} in {names:?}");
+    }
+    assert_eq!(exported.len(), ckpt_weights.len());
+    for ((na, a), (nb, b)) in exported.iter().zip(&ckpt_weights) {
+        assert_eq!(na, nb);
+        assert!(a.equal(b), "{na} differs");
+    }
+    // Two steps moved the zero-initialised successor codebook: the selector trains.
+    let b = &exported
+        .iter()
+        .find(|(n, _)| n == "candidate_selector.successor_codebook")
+        .unwrap()
+        .1;
+    assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0);
 }
 
 #[test]
