@@ -273,3 +273,96 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
         );
     }
 }
+
+/// The plan's Markov latents (`plan/drafter.rs::dspark_activations`: what each variant keeps
+/// for backward over every slot) against what the teacher-forced latents of a step hold once
+/// formed on CPU (`MarkovHead::block_latents`, as `train/dspark.rs` forms them): the plan's
+/// `DSpark` consumer less its teacher states, its inputs and the latents' gradient, which the
+/// loss writes later. The RNN's peak also holds its last state `[blocks, r]` while the slots'
+/// latents are stacked, freed on return, so before the loss (1.4 % here).
+#[test]
+fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
+    use dflash_engine::model::drafter::{DrafterHead, DsparkHead, MarkovHeadType};
+    use dflash_engine::plan::drafter::{drafter_memory, RankContext};
+    use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+    use tch::{nn, Device, Kind, Tensor};
+    let _alone = PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::set_num_threads(1);
+    assert!(dflash_bench::memory::follow_live_allocations());
+    let target = dflash_engine::model::target::TargetConfig::tiny_default();
+    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    // 4,096 blocks of the tiny drafter's 8 slots, wide enough that the latents are megabytes.
+    let (bs, blocks, r) = (tiny.block_size, 4096i64, 256i64);
+    let d = DrafterConfig {
+        hidden_size: 512,
+        ..tiny.clone()
+    };
+    let shape = StepShape {
+        batch: 1,
+        seq_len: blocks + bs,
+        anchors: (0..blocks).collect(),
+        keep: vec![true; blocks as usize],
+        weighted_positions: 0,
+        corrected_positions: 0,
+        loss_chunk_positions: 1,
+        tree_budget: 0,
+    };
+    let rank = RankContext {
+        precision: ActivationPrecision::Fp32Cpu,
+        ranks: 1,
+        tables_shared_with_target: true,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    let q = (blocks * bs) as f64;
+    for kind in [
+        MarkovHeadType::Vanilla,
+        MarkovHeadType::Gated,
+        MarkovHeadType::Rnn,
+    ] {
+        let config = DsparkConfig {
+            markov_rank: r,
+            markov_head_type: kind,
+            confidence_head: false,
+            confidence_head_with_markov: false,
+        };
+        let d = DrafterConfig {
+            head: DrafterHead::Dspark(config),
+            ..d.clone()
+        };
+        let consumer = drafter_memory(&d, &shape, rank)
+            .step
+            .iter()
+            .find(|c| c.name.starts_with("DSpark"))
+            .unwrap()
+            .bytes;
+        let others = q * d.target_hidden_size as f64 * 4.0 + q * 13.0 + q * r as f64 * 4.0;
+        let predicted = (consumer - others) / (1024.0 * 1024.0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let head = DsparkHead::new(&vs.root(), &config, d.hidden_size, d.vocab_size, 0.02);
+        let opts = (Kind::Float, Device::Cpu);
+        let hidden = Tensor::randn([blocks, bs, d.hidden_size], opts).set_requires_grad(true);
+        let prev = Tensor::randint(d.vocab_size, [blocks, bs], (Kind::Int64, Device::Cpu));
+        // One warmup: the first call's one-time initialisation is not the latents'.
+        drop(head.markov().unwrap().block_latents(&prev, &hidden));
+        let mut held = Vec::new();
+        let measured = live_step_memory(1, 1, |_| {
+            held.push(head.markov().unwrap().block_latents(&prev, &hidden));
+            Ok(())
+        })
+        .unwrap()
+        .expect("Linux with glibc separates the live peak");
+        let error = rel_error(predicted, measured).expect("the latents hold memory");
+        eprintln!(
+            "{kind:?} latents: predicted {predicted:.1} MiB, measured {measured:.1} MiB ({:+.1} %)",
+            error * 100.0
+        );
+        assert!(
+            error.abs() <= 0.05,
+            "{kind:?}: predicted {predicted:.1} MiB against {measured:.1} MiB"
+        );
+    }
+}
