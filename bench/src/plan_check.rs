@@ -388,6 +388,8 @@ mod tests {
         };
         use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
         use tch::{nn, Tensor};
+        // Random inputs and heads: no other test may reseed or draw in between.
+        let _rng = crate::torch_rng_lock();
         let tiny =
             dflash_engine::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let (v, h, bs, blocks) = (300, tiny.hidden_size, tiny.block_size, 6);
