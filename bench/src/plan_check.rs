@@ -372,6 +372,106 @@ mod tests {
         assert_the_count_equals_the_executed_flop_model("small-domino");
     }
 
+    /// DSpark's loss (`train/dspark.rs::dspark_backward`) for every Markov variant, with and
+    /// without a Markov head, over blocks whose last slots are unsupervised: the kernels it runs
+    /// (the LM head forward and its input gradient, the teacher's forward, the Markov latents
+    /// over every slot, `W₂` and the confidence head over the supervised ones, each backward)
+    /// equal the executed FLOP model's DSpark terms, the teacher's and the LM head's.
+    #[test]
+    fn the_executed_flop_model_equals_the_count_of_dsparks_loss() {
+        use dflash_engine::model::drafter::{
+            DrafterConfig, DrafterHead, DsparkConfig, DsparkHead, MarkovHeadType,
+        };
+        use dflash_engine::model::target::TargetConfig;
+        use dflash_engine::plan::flops::{
+            drafter_step_executed_flops, teacher_positions, StepWork,
+        };
+        use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
+        use tch::{nn, Tensor};
+        // Random inputs and heads: no other test may reseed or draw in between.
+        let _rng = crate::torch_rng_lock();
+        let tiny =
+            dflash_engine::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+        let (v, h, bs, blocks) = (300, tiny.hidden_size, tiny.block_size, 6);
+        let q = bs * blocks;
+        let anchors: Vec<i64> = (0..blocks).map(|j| 10 * j).collect();
+        let keep = vec![true; blocks as usize];
+        // Slots 0..5 of every block supervised: 30 of 48.
+        let valid: Vec<bool> = (0..q).map(|i| i % bs < 5).collect();
+        let weighted = valid.iter().filter(|v| **v).count() as i64;
+        let opts = (Kind::Float, Device::Cpu);
+        let row = |t: Tensor| t.view([1, q]);
+        let weights = row(Tensor::from_slice(&valid).to_kind(Kind::Float));
+        let valid = row(Tensor::from_slice(&valid));
+        let ids = || Tensor::randint(v, [1, q], (Kind::Int64, Device::Cpu));
+        let (targets, prev) = (ids(), ids());
+        let lm_head = Tensor::randn([v, h], opts);
+        let teacher = Tensor::randn([1, q, tiny.target_hidden_size], opts);
+        let plain = DrafterConfig {
+            vocab_size: v,
+            ..tiny.clone()
+        };
+        let work = |d: &DrafterConfig, teacher: i64| {
+            drafter_step_executed_flops(
+                &StepWork {
+                    drafter: d,
+                    batch: 1,
+                    seq_len: 100,
+                    anchors: &anchors,
+                    keep: &keep,
+                    weighted_positions: weighted,
+                    corrected_positions: 0,
+                    teacher_positions: teacher,
+                    vocab_size: v,
+                },
+                false,
+            )
+            .matmul
+        };
+        let heads = [
+            (4, MarkovHeadType::Vanilla, true),
+            (4, MarkovHeadType::Gated, true),
+            (4, MarkovHeadType::Rnn, false),
+            (0, MarkovHeadType::Vanilla, false),
+        ];
+        for (markov_rank, markov_head_type, confidence_head_with_markov) in heads {
+            let config = DsparkConfig {
+                markov_rank,
+                markov_head_type,
+                confidence_head: true,
+                confidence_head_with_markov,
+            };
+            let d = DrafterConfig {
+                head: DrafterHead::Dspark(config),
+                ..plain.clone()
+            };
+            let vs = nn::VarStore::new(Device::Cpu);
+            let head = DsparkHead::new(&vs.root(), &config, h, v, 0.02);
+            let batch = DsparkBatch {
+                head: &head,
+                lm_head: &lm_head,
+                targets: &targets,
+                prev_tokens: &prev,
+                weights: &weights,
+                valid: &valid,
+                teacher_hidden: &teacher,
+                block_size: bs,
+                loss_weights: DsparkLossWeights::default(),
+            };
+            let out = Tensor::randn([1, q, h], opts).set_requires_grad(true);
+            // Two chunks of whole blocks.
+            let (_, counted) =
+                crate::flop_counter::count_flops(|| dspark_backward(&out, &batch, 1.0, 15));
+            // The LM head's forward and input gradient over the supervised slots, which the
+            // model counts outside the head's own terms.
+            let lm_head_flops = 2.0 * 2.0 * (weighted * h * v) as f64;
+            let predicted =
+                work(&d, teacher_positions(&d, weighted)) - work(&plain, 0) + lm_head_flops;
+            assert_eq!(counted.matmul, predicted, "{config:?}");
+            assert_eq!(counted.attention_forward + counted.attention_backward, 0.0);
+        }
+    }
+
     #[test]
     fn the_real_structure_config_has_the_real_drafters_shape() {
         let p = step_preset("real-structure").unwrap();

@@ -7,6 +7,7 @@ use dflash_bench::presets::step_preset;
 use dflash_bench::step::{run_engine_step, StepOptions};
 use dflash_bench::timing::live_step_memory;
 use dflash_engine::model::attention::AttentionBackend;
+use dflash_engine::model::drafter::{DrafterConfig, DsparkConfig};
 use std::sync::Mutex;
 
 /// Every test here resets and reads the process-wide peak; they must not overlap.
@@ -154,4 +155,214 @@ fn the_memory_plan_predicts_a_dflash_steps_live_memory() {
 #[test]
 fn the_memory_plan_predicts_a_domino_steps_live_memory() {
     assert_the_plan_predicts_the_live_step_memory("small-domino");
+}
+
+/// Live memory of DSpark's loss over `q` positions in chunks of `chunk` (`train/dspark.rs`,
+/// every slot supervised) at a vocabulary large enough that its `[c, V]` tensors are nearly
+/// all of it, parameters' gradients released between steps as the trainer's `zero_grad` does.
+fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i64) -> f64 {
+    use dflash_engine::model::drafter::DsparkHead;
+    use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
+    use tch::{nn, Device, Kind, Tensor};
+    let (v, h, ht) = (d.vocab_size, d.hidden_size, d.target_hidden_size);
+    // Before the warmup: a `[c, V]` tensor under glibc's largest dynamic mmap threshold that
+    // the warmup freed would otherwise come from the heap and stay resident.
+    assert!(dflash_bench::memory::follow_live_allocations());
+    let opts = (Kind::Float, Device::Cpu);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let head = DsparkHead::new(&vs.root(), head, h, v, d.initializer_range);
+    let mut releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).unwrap();
+    for p in vs.trainable_variables() {
+        releaser.add_parameters(&p, 0).unwrap();
+    }
+    let lm_head = Tensor::randn([v, h], opts);
+    let ids = || Tensor::randint(v, [1, q], (Kind::Int64, Device::Cpu));
+    let (targets, prev) = (ids(), ids());
+    let weights = Tensor::ones([1, q], opts);
+    let valid = Tensor::ones([1, q], (Kind::Bool, Device::Cpu));
+    let teacher = Tensor::randn([1, q, ht], opts);
+    let batch = DsparkBatch {
+        head: &head,
+        lm_head: &lm_head,
+        targets: &targets,
+        prev_tokens: &prev,
+        weights: &weights,
+        valid: &valid,
+        teacher_hidden: &teacher,
+        block_size: d.block_size,
+        loss_weights: DsparkLossWeights::default(),
+    };
+    let step = |_: usize| {
+        let out = Tensor::randn([1, q, h], opts).set_requires_grad(true);
+        let _ = dspark_backward(&out, &batch, 1.0, chunk);
+        releaser.zero_grad().unwrap();
+        Ok(())
+    };
+    step(0).unwrap();
+    live_step_memory(1, 1, step)
+        .unwrap()
+        .expect("Linux with glibc separates the live peak")
+}
+
+/// The plan's DSpark loss chunk (`plan/drafter.rs::loss_chunk_vocab_bytes` and
+/// `dspark_chunk_bytes`: nine fp32 `[c, V]` tensors at its peak, eight without a Markov head)
+/// against what DSpark's loss holds at once on CPU. Two chunks: the second's peak also holds
+/// `W₂`'s gradient, which the first's backward wrote.
+#[test]
+fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
+    use dflash_engine::model::drafter::{DrafterHead, DsparkConfig, MarkovHeadType};
+    use dflash_engine::plan::drafter::{drafter_memory, RankContext};
+    use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+    let _alone = PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::set_num_threads(1);
+    let target = dflash_engine::model::target::TargetConfig::tiny_default();
+    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    // 8 whole blocks of 8 supervised slots, two loss chunks of 4 blocks.
+    let (blocks, q) = (8, 8 * tiny.block_size);
+    let shape = StepShape {
+        batch: 1,
+        seq_len: 100,
+        anchors: (0..blocks).map(|j| 10 * j).collect(),
+        keep: vec![true; blocks as usize],
+        weighted_positions: q,
+        corrected_positions: 0,
+        loss_chunk_positions: q / 2,
+        tree_budget: 0,
+    };
+    let rank = RankContext {
+        precision: ActivationPrecision::Fp32Cpu,
+        ranks: 1,
+        tables_shared_with_target: true,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    for markov_rank in [4, 0] {
+        let head = DsparkConfig {
+            markov_rank,
+            markov_head_type: MarkovHeadType::Vanilla,
+            confidence_head: true,
+            confidence_head_with_markov: markov_rank > 0,
+        };
+        let d = DrafterConfig {
+            vocab_size: 200_000,
+            head: DrafterHead::Dspark(head),
+            ..tiny.clone()
+        };
+        let plan = drafter_memory(&d, &shape, rank);
+        assert_eq!(plan.peak_phase, "loss");
+        let predicted = plan
+            .step
+            .iter()
+            .find(|c| c.name.starts_with("loss chunk"))
+            .unwrap()
+            .bytes
+            / (1024.0 * 1024.0);
+        let measured = dspark_loss_live_mib(&d, &head, q, q / 2);
+        let error = rel_error(predicted, measured).expect("a step holds memory");
+        eprintln!(
+            "DSpark loss chunk, rank {markov_rank}: predicted {predicted:.1} MiB, measured \
+             {measured:.1} MiB ({:+.1} %)",
+            error * 100.0
+        );
+        assert!(
+            error.abs() <= 0.03,
+            "rank {markov_rank}: predicted {predicted:.1} MiB against {measured:.1} MiB"
+        );
+    }
+}
+
+/// The plan's Markov latents (`plan/drafter.rs::dspark_activations`: what each variant keeps
+/// for backward over every slot) against what the teacher-forced latents of a step hold once
+/// formed on CPU (`MarkovHead::block_latents`, as `train/dspark.rs` forms them): the plan's
+/// `DSpark` consumer less its teacher states, its inputs and the latents' gradient, which the
+/// loss writes later. The RNN's peak also holds its last state `[blocks, r]` while the slots'
+/// latents are stacked, freed on return, so before the loss (1.4 % here).
+#[test]
+fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
+    use dflash_engine::model::drafter::{DrafterHead, DsparkHead, MarkovHeadType};
+    use dflash_engine::plan::drafter::{drafter_memory, RankContext};
+    use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+    use tch::{nn, Device, Kind, Tensor};
+    let _alone = PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::set_num_threads(1);
+    assert!(dflash_bench::memory::follow_live_allocations());
+    let target = dflash_engine::model::target::TargetConfig::tiny_default();
+    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    // 4,096 blocks of the tiny drafter's 8 slots, wide enough that the latents are megabytes.
+    let (bs, blocks, r) = (tiny.block_size, 4096i64, 256i64);
+    let d = DrafterConfig {
+        hidden_size: 512,
+        ..tiny.clone()
+    };
+    let shape = StepShape {
+        batch: 1,
+        seq_len: blocks + bs,
+        anchors: (0..blocks).collect(),
+        keep: vec![true; blocks as usize],
+        weighted_positions: 0,
+        corrected_positions: 0,
+        loss_chunk_positions: 1,
+        tree_budget: 0,
+    };
+    let rank = RankContext {
+        precision: ActivationPrecision::Fp32Cpu,
+        ranks: 1,
+        tables_shared_with_target: true,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    let q = (blocks * bs) as f64;
+    for kind in [
+        MarkovHeadType::Vanilla,
+        MarkovHeadType::Gated,
+        MarkovHeadType::Rnn,
+    ] {
+        let config = DsparkConfig {
+            markov_rank: r,
+            markov_head_type: kind,
+            confidence_head: false,
+            confidence_head_with_markov: false,
+        };
+        let d = DrafterConfig {
+            head: DrafterHead::Dspark(config),
+            ..d.clone()
+        };
+        let consumer = drafter_memory(&d, &shape, rank)
+            .step
+            .iter()
+            .find(|c| c.name.starts_with("DSpark"))
+            .unwrap()
+            .bytes;
+        let others = q * d.target_hidden_size as f64 * 4.0 + q * 13.0 + q * r as f64 * 4.0;
+        let predicted = (consumer - others) / (1024.0 * 1024.0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let head = DsparkHead::new(&vs.root(), &config, d.hidden_size, d.vocab_size, 0.02);
+        let opts = (Kind::Float, Device::Cpu);
+        let hidden = Tensor::randn([blocks, bs, d.hidden_size], opts).set_requires_grad(true);
+        let prev = Tensor::randint(d.vocab_size, [blocks, bs], (Kind::Int64, Device::Cpu));
+        // One warmup: the first call's one-time initialisation is not the latents'.
+        drop(head.markov().unwrap().block_latents(&prev, &hidden));
+        let mut held = Vec::new();
+        let measured = live_step_memory(1, 1, |_| {
+            held.push(head.markov().unwrap().block_latents(&prev, &hidden));
+            Ok(())
+        })
+        .unwrap()
+        .expect("Linux with glibc separates the live peak");
+        let error = rel_error(predicted, measured).expect("the latents hold memory");
+        eprintln!(
+            "{kind:?} latents: predicted {predicted:.1} MiB, measured {measured:.1} MiB ({:+.1} %)",
+            error * 100.0
+        );
+        assert!(
+            error.abs() <= 0.05,
+            "{kind:?}: predicted {predicted:.1} MiB against {measured:.1} MiB"
+        );
+    }
 }

@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::actions::PendingAction;
 use crate::best_checkpoint::{BestCheckpoint, NoBestCheckpoint};
-use crate::config::{DetectorsSection, DrafterHead, Objective};
+use crate::config::{DetectorsSection, DpaceNormalization, DrafterHead, Objective};
 use crate::health::healthy_record::HealthyRecord;
 use crate::metrics::{
     CacheState, GpuTelemetry, HostSample, OnlineAcceptance, QueueStats, TimestampMs, TreeOracleTau,
@@ -54,13 +54,21 @@ pub struct RunInfo {
     pub drafter_head: Option<DrafterHead>,
 }
 
-/// `training.objective` and, for D-PACE, its α.
+/// `training.objective` and, for D-PACE, its α and normalisation.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RunObjective {
     pub objective: Objective,
     /// `training.dpace_alpha`; `None` for DFlash, whose loss has no α.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpace_alpha: Option<f64>,
+    /// `training.dpace_normalization`; `None` off D-PACE, and from a daemon that does not
+    /// report it (or reports one this build does not know).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub dpace_normalization: Option<DpaceNormalization>,
 }
 
 impl RunObjective {
@@ -70,15 +78,29 @@ impl RunObjective {
         RunObjective {
             objective,
             dpace_alpha,
+            dpace_normalization: None,
         }
     }
 
-    /// "DFlash", "D-PACE (α 0.5)".
+    /// The same with D-PACE's normalisation, kept only where the objective reads it.
+    pub fn with_dpace_normalization(self, normalization: DpaceNormalization) -> Self {
+        RunObjective {
+            dpace_normalization: (self.objective == Objective::Dpace).then_some(normalization),
+            ..self
+        }
+    }
+
+    /// "DFlash", "D-PACE (α 0.5)", and D-PACE's normalisation where it is not the default:
+    /// "D-PACE (α 0.5, normalised by weight_sum)".
     pub fn words(&self) -> String {
+        let normalised = match self.dpace_normalization {
+            Some(n) if !n.is_default() => format!(", normalised by {}", n.as_str()),
+            _ => String::new(),
+        };
         match (self.objective, self.dpace_alpha) {
             (Objective::Dflash, _) => "DFlash".into(),
-            (Objective::Dpace, Some(alpha)) => format!("D-PACE (α {alpha})"),
-            (Objective::Dpace, None) => "D-PACE (α unknown)".into(),
+            (Objective::Dpace, Some(alpha)) => format!("D-PACE (α {alpha}{normalised})"),
+            (Objective::Dpace, None) => format!("D-PACE (α unknown{normalised})"),
             (Objective::Tree, _) => "tree (DDTree acceptance)".into(),
         }
     }
@@ -597,6 +619,40 @@ mod tests {
         );
         assert_eq!(head_name(DrafterHead::Dflash), "DFlash");
         assert_eq!(head_name(DrafterHead::Domino), "Domino");
+    }
+
+    #[test]
+    fn dpace_names_its_normalisation_unless_it_is_the_default() {
+        let dpace = |n| RunObjective::new(Objective::Dpace, 0.5).with_dpace_normalization(n);
+        assert_eq!(
+            dpace(DpaceNormalization::Sequences).words(),
+            "D-PACE (α 0.5)"
+        );
+        assert_eq!(
+            dpace(DpaceNormalization::WeightSum).words(),
+            "D-PACE (α 0.5, normalised by weight_sum)"
+        );
+        assert_eq!(
+            dpace(DpaceNormalization::TokensPerSequence).words(),
+            "D-PACE (α 0.5, normalised by tokens_per_sequence)"
+        );
+        // Kept only where D-PACE reads it.
+        let dflash = RunObjective::new(Objective::Dflash, 0.5)
+            .with_dpace_normalization(DpaceNormalization::WeightSum);
+        assert_eq!(dflash.dpace_normalization, None);
+        // Over the wire, and from a daemon that names one this build does not know.
+        let sent = dpace(DpaceNormalization::AnchorsPerSequence);
+        let json = serde_json::to_value(sent).unwrap();
+        assert_eq!(json["dpace_normalization"], "anchors_per_sequence");
+        assert_eq!(
+            serde_json::from_value::<RunObjective>(json.clone()).unwrap(),
+            sent
+        );
+        let mut newer = json;
+        newer["dpace_normalization"] = serde_json::json!("per_galaxy");
+        let read: RunObjective = serde_json::from_value(newer).unwrap();
+        assert_eq!(read.dpace_normalization, None);
+        assert_eq!(read.words(), "D-PACE (α 0.5)");
     }
 
     #[test]

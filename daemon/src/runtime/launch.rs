@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dflash_shared::config::{Config, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
+use dflash_shared::config::{Config, DrafterHead, EMBEDDED_DATA, EMBEDDED_DEFAULT_TOML};
 use dflash_shared::events::{EventKind, Severity, TRAINING_COMPLETE};
 use dflash_shared::invocation;
 use dflash_shared::last_run::LastRun;
@@ -743,9 +743,21 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<
 }
 
 /// "tau chain 3.7200 · tree@32 4.4500": the held-out chain τ and, beside it, the oracle tree τ
-/// at the serving budget, the figure the drafter is judged by when served with DDTree.
-fn held_out_words(tau: Option<f64>, tree: Option<&TreeOracleTau>) -> Option<String> {
-    let chain = format!("tau chain {:.4}", tau?);
+/// at the serving budget, the figure the drafter is judged by when served with DDTree. A
+/// DSpark drafter's held-out τ is SpecForge's `tau_probabilistic` (`train/eval.rs`), the
+/// expected accepted length from each slot's acceptance probability, not a decoded chain's.
+fn held_out_words(
+    tau: Option<f64>,
+    tree: Option<&TreeOracleTau>,
+    head: Option<DrafterHead>,
+) -> Option<String> {
+    let tau = tau?;
+    let chain = match head {
+        Some(DrafterHead::Dspark) => {
+            format!("tau_probabilistic {tau:.4} (expected accepted length)")
+        }
+        _ => format!("tau chain {tau:.4}"),
+    };
     Some(match tree.and_then(TreeOracleTau::at_serve_budget) {
         Some((budget, t)) => format!("{chain} · {} {t:.4}", tree_label(budget)),
         None => chain,
@@ -754,7 +766,7 @@ fn held_out_words(tau: Option<f64>, tree: Option<&TreeOracleTau>) -> Option<Stri
 
 fn farewell(ending: &Ending, handle: &RunHandle) -> String {
     let s = handle.status_snapshot();
-    let tau = held_out_words(s.last_tau, s.last_tau_tree.as_ref())
+    let tau = held_out_words(s.last_tau, s.last_tau_tree.as_ref(), s.run.drafter_head)
         .map(|words| format!("; last held-out {words}"))
         .unwrap_or_default();
     let what = match ending {
@@ -783,14 +795,23 @@ mod tests {
             serve_budget: 32,
             by_budget: [(8, 3.25), (32, 4.4531)].into_iter().collect(),
         };
+        let domino = Some(DrafterHead::Domino);
         assert_eq!(
-            held_out_words(Some(3.72), Some(&tree)).as_deref(),
+            held_out_words(Some(3.72), Some(&tree), domino).as_deref(),
             Some("tau chain 3.7200 · tree@32 4.4531")
         );
         assert_eq!(
-            held_out_words(Some(3.72), None).as_deref(),
+            held_out_words(Some(3.72), None, None).as_deref(),
             Some("tau chain 3.7200")
         );
-        assert_eq!(held_out_words(None, Some(&tree)), None);
+        assert_eq!(held_out_words(None, Some(&tree), domino), None);
+    }
+
+    #[test]
+    fn a_dspark_farewell_names_its_tau_as_tau_probabilistic() {
+        assert_eq!(
+            held_out_words(Some(3.72), None, Some(DrafterHead::Dspark)).as_deref(),
+            Some("tau_probabilistic 3.7200 (expected accepted length)")
+        );
     }
 }

@@ -198,14 +198,10 @@ impl RunLoop {
         } = self;
         let (total, epochs) = (trainer.total_steps(), trainer.config().training.epochs);
         let (step, epoch) = (trainer.step_count(), trainer.epoch_in_progress());
-        let objective = RunObjective::new(
-            trainer.config().training.objective,
-            trainer.config().training.dpace_alpha,
-        );
-        let head = match trainer.drafter_config().head.domino() {
-            Some(_) => DrafterHead::Domino,
-            None => DrafterHead::Dflash,
-        };
+        let training = &trainer.config().training;
+        let objective = RunObjective::new(training.objective, training.dpace_alpha)
+            .with_dpace_normalization(training.dpace_normalization);
+        let head = status_head(&trainer.drafter_config().head);
         hooks.handle.update_run(|r| {
             r.total_steps = total;
             r.epochs = epochs;
@@ -656,10 +652,33 @@ impl DaemonHooks {
     }
 }
 
+/// The head the status reports: the console names the loss and the figures by it.
+fn status_head(head: &dflash_engine::model::drafter::DrafterHead) -> DrafterHead {
+    use dflash_engine::model::drafter::DrafterHead as Built;
+    match head {
+        Built::Dflash => DrafterHead::Dflash,
+        Built::Domino(_) => DrafterHead::Domino,
+        Built::Dspark(_) => DrafterHead::Dspark,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use dflash_engine::train::error::WorkerFailed;
+
+    #[test]
+    fn a_dspark_drafter_is_reported_as_dspark() {
+        use dflash_engine::model::drafter::{DrafterHead as Built, DsparkConfig, MarkovHeadType};
+        let dspark = Built::Dspark(DsparkConfig {
+            markov_rank: 4,
+            markov_head_type: MarkovHeadType::Vanilla,
+            confidence_head: false,
+            confidence_head_with_markov: false,
+        });
+        assert_eq!(status_head(&dspark), DrafterHead::Dspark);
+        assert_eq!(status_head(&Built::Dflash), DrafterHead::Dflash);
+    }
     use dflash_shared::metrics::DeviceRole;
 
     #[test]

@@ -9,7 +9,7 @@ use super::Consumer;
 use crate::collective::bucket::ALLREDUCE_BUCKET_ELEMENTS;
 use crate::model::attention::chunk_schedule::{choose_chunks, ContextChunk};
 use crate::model::attention::{chunk_costs, LayerRule, DEFAULT_CHUNK_SCORE_ELEMENTS};
-use crate::model::drafter::{DrafterConfig, LayerType};
+use crate::model::drafter::{DrafterConfig, DrafterHead, DsparkConfig, LayerType, MarkovHeadType};
 
 /// What a drafter rank holds: `resident` exists between steps (parameters, optimizer state,
 /// tables, buffers, queued items), `step` is what one step allocates at its peak (what the
@@ -57,7 +57,7 @@ pub struct RankContext {
 }
 
 /// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`),
-/// a Domino head's included.
+/// a Domino or DSpark head's included.
 pub fn drafter_params(d: &DrafterConfig) -> f64 {
     let (h, a, k, i) = dims(d);
     let per_layer = h * a + 2.0 * h * k + a * h + 3.0 * h * i + 2.0 * h + 2.0 * d.head_dim as f64;
@@ -65,6 +65,7 @@ pub fn drafter_params(d: &DrafterConfig) -> f64 {
         + 2.0 * h
         + d.layer_types.len() as f64 * per_layer
         + domino_params(d)
+        + dspark_params(d)
 }
 
 /// The Domino head's parameters (`drafter/domino.rs::DominoHead::new`): the GRU's
@@ -80,6 +81,48 @@ pub fn domino_params(d: &DrafterConfig) -> f64 {
         m.emb_dim as f64,
     );
     3.0 * g * h + 3.0 * g * g + e * (h + g) + d.vocab_size as f64 * e
+}
+
+/// DSpark's heads' parameters (`drafter/dspark.rs::DsparkHead::new`): the Markov head's
+/// `markov_w1` and `markov_w2`, `[V, r]` each, with the gated variant's `gate_proj` `[r, H + r]`
+/// and its bias `[r]`, or the RNN's `joint_proj` `[3r, 2r + H]` and its bias `[3r]`; the
+/// confidence head's `proj` `[1, H]` (`[1, H + r]` when it reads the Markov embedding too) and
+/// its bias `[1]`. 0 without the head.
+pub fn dspark_params(d: &DrafterConfig) -> f64 {
+    let Some(c) = d.head.dspark() else {
+        return 0.0;
+    };
+    let (h, r, v) = (
+        d.hidden_size as f64,
+        c.markov_rank as f64,
+        d.vocab_size as f64,
+    );
+    let markov = if c.has_markov_head() {
+        2.0 * v * r
+            + match c.markov_head_type {
+                MarkovHeadType::Vanilla => 0.0,
+                MarkovHeadType::Gated => r * (h + r) + r,
+                MarkovHeadType::Rnn => 3.0 * r * (2.0 * r + h) + 3.0 * r,
+            }
+    } else {
+        0.0
+    };
+    let confidence = if c.confidence_head {
+        confidence_input_width(d, c) + 1.0
+    } else {
+        0.0
+    };
+    markov + confidence
+}
+
+/// The confidence head's input width: `H`, or `H + r` when it reads `[h ; W₁[prev]]`.
+pub(crate) fn confidence_input_width(d: &DrafterConfig, c: &DsparkConfig) -> f64 {
+    let h = d.hidden_size as f64;
+    if c.confidence_head_with_markov {
+        h + c.markov_rank as f64
+    } else {
+        h
+    }
 }
 
 /// What a Domino head adds to a step's activations outside the loss chunks
@@ -106,6 +149,37 @@ fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
     ))
 }
 
+/// What a DSpark head adds to a step's activations outside the loss chunks
+/// (`train/replica.rs::dspark_inputs`, `train/dspark.rs::markov_latents`), for `q` draft
+/// positions: the target's last hidden state gathered per slot `[Q, H_target]`; the previous
+/// tokens (i64), weights (f32) and validity (bool) DSpark's loss reads; and, with a Markov head,
+/// the teacher-forced latents of every slot with what their variant keeps for backward, and
+/// the latents' detached leaf's gradient `[Q, r]` (the leaf shares the latents' storage).
+/// Vanilla keeps the latents `W₁[prev]` `[Q, r]` alone; gated keeps the embedding, the gate's
+/// input `[Q, H + r]`, the gate and the latents; the RNN keeps per slot its input
+/// `[., 2r + H]`, the keep gate, the candidate, `s − candidate` and the latent (`[., r]`
+/// each), and the latents stacked once more.
+fn dspark_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
+    let c = d.head.dspark()?;
+    let (h, r) = (d.hidden_size as f64, c.markov_rank as f64);
+    let teacher = q * d.target_hidden_size as f64 * e;
+    let inputs = q * (8.0 + 4.0 + 1.0);
+    let markov = if c.has_markov_head() {
+        let kept = match c.markov_head_type {
+            MarkovHeadType::Vanilla => r,
+            MarkovHeadType::Gated => h + 4.0 * r,
+            MarkovHeadType::Rnn => h + 7.0 * r,
+        };
+        q * (kept + r) * e
+    } else {
+        0.0
+    };
+    Some(Consumer::new(
+        "DSpark teacher states and Markov latents",
+        teacher + inputs + markov,
+    ))
+}
+
 /// Bytes of a loss chunk's vocabulary-wide tensors per position (`train/loss.rs::weighted_ce`
 /// and `weighted_ce_backward`): the logits (e), their fp32 copy off fp32, the saved
 /// log-softmax, the nll gradient and the log-softmax gradient; and, with a Domino head
@@ -117,6 +191,13 @@ fn domino_activations(d: &DrafterConfig, q: f64, e: f64) -> Option<Consumer> {
 /// gradient, 8 bytes; the second branch's log-softmax and two gradients take the places of
 /// DFlash's. Per corrected position it adds the logit delta `embed_proj` writes (e) and its
 /// fp32 copy off fp32.
+///
+/// A DSpark head's chunk (`train/dspark.rs::chunk_terms`) peaks in its telemetry, before its
+/// backward: alive then are the base logits and the corrected ones (fp32; one tensor without a
+/// Markov head), the cross-entropy's log-softmax, the teacher's distribution, `q`, the
+/// `q − p` the L1's `abs` keeps, and the base logits' softmax, `p` difference and its `abs`;
+/// nine fp32 tensors, eight without a Markov head. Its bf16 matmul outputs are cast and
+/// released earlier, and its backward holds fewer.
 struct LossChunkVocabBytes {
     per_position: f64,
     per_corrected_position: f64,
@@ -125,16 +206,46 @@ struct LossChunkVocabBytes {
 fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
     let fp32_copy = if e == 4.0 { 0.0 } else { 4.0 };
     let dflash = e + fp32_copy + 12.0;
-    match d.head.domino() {
-        None => LossChunkVocabBytes {
+    match d.head {
+        DrafterHead::Dflash => LossChunkVocabBytes {
             per_position: dflash,
             per_corrected_position: 0.0,
         },
-        Some(_) => LossChunkVocabBytes {
+        DrafterHead::Domino(_) => LossChunkVocabBytes {
             per_position: dflash + 4.0 + 4.0,
             per_corrected_position: e + fp32_copy,
         },
+        DrafterHead::Dspark(c) => LossChunkVocabBytes {
+            per_position: if c.has_markov_head() { 36.0 } else { 32.0 },
+            per_corrected_position: 0.0,
+        },
     }
+}
+
+/// What a DSpark head adds to a loss chunk of `c` positions besides its vocabulary-wide
+/// tensors (`train/dspark.rs::chunked_terms`, `chunk_terms`): the chunk's teacher states
+/// `[c, H_target]`; with a Markov head, its latents `[c, r]` (kept by `W₂` for its weight
+/// gradient) and their gradient, and `W₂`'s gradient `[V, r]`, which the first chunk's
+/// backward writes and every later chunk's peak holds; with a confidence head reading the
+/// Markov embedding, its input `[c, H + r]` and `W₁`'s gradient `[V, r]` (the first chunk's
+/// backward writes it too). 0 without a DSpark head.
+fn dspark_chunk_bytes(d: &DrafterConfig, c: f64, e: f64) -> f64 {
+    let Some(head) = d.head.dspark() else {
+        return 0.0;
+    };
+    let (r, v) = (head.markov_rank as f64, d.vocab_size as f64);
+    let teacher = c * d.target_hidden_size as f64 * e;
+    let markov = if head.has_markov_head() {
+        2.0 * c * r * e + v * r * e
+    } else {
+        0.0
+    };
+    let confidence = if head.confidence_head && head.confidence_head_with_markov {
+        c * confidence_input_width(d, head) * e + v * r * e
+    } else {
+        0.0
+    };
+    teacher + markov + confidence
 }
 
 /// What the tree objective adds to a loss chunk of `c` positions
@@ -279,6 +390,7 @@ pub fn drafter_memory(d: &DrafterConfig, s: &StepShape, rank: RankContext) -> Dr
         norm_saved(p, q, h) + q * h * e,
     ));
     step.extend(domino_activations(d, q, e));
+    step.extend(dspark_activations(d, q, e));
 
     let (step_peak_extra, peak_phase) =
         loss_or_backward_peak(d, s, rank, mlp_backward, context_grad);
@@ -499,8 +611,9 @@ fn loss_or_backward_peak(
     let weighted = s.weighted_positions as f64;
     let c = weighted.min(s.loss_chunk_positions.max(1) as f64);
     // More than one chunk backpropagates into a detached copy of the drafter's output; a
-    // Domino head's loss always does (`train/domino.rs::domino_ce_backward`).
-    let detached = weighted > s.loss_chunk_positions as f64 || d.head.domino().is_some();
+    // Domino or DSpark head's loss always does (`train/domino.rs::domino_ce_backward`,
+    // `train/dspark.rs::dspark_backward`).
+    let detached = weighted > s.loss_chunk_positions as f64 || d.head != DrafterHead::Dflash;
     // Of them, the ones a Domino head corrects, at the step's share.
     let corrected = if weighted > 0.0 {
         c * s.corrected_positions as f64 / weighted
@@ -514,7 +627,8 @@ fn loss_or_backward_peak(
         * (c * vocab_bytes.per_position + corrected * vocab_bytes.per_corrected_position)
         + 2.0 * c * h * e
         + weighted * 20.0
-        + tree_chunk_bytes(d, s, c);
+        + tree_chunk_bytes(d, s, c)
+        + dspark_chunk_bytes(d, c, e);
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
     // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
@@ -654,7 +768,16 @@ fn largest_param(d: &DrafterConfig) -> f64 {
         let g = m.gru_hidden_dim as f64;
         (d.vocab_size as f64 * m.emb_dim as f64).max(3.0 * g * h)
     });
-    [d.feature_size() as f64 * h, h * a, h * i, domino]
+    let dspark = d.head.dspark().map_or(0.0, |c| {
+        let r = c.markov_rank as f64;
+        let variant = match c.markov_head_type {
+            MarkovHeadType::Vanilla => 0.0,
+            MarkovHeadType::Gated => r * (h + r),
+            MarkovHeadType::Rnn => 3.0 * r * (2.0 * r + h),
+        };
+        (d.vocab_size as f64 * r).max(variant)
+    });
+    [d.feature_size() as f64 * h, h * a, h * i, domino, dspark]
         .into_iter()
         .fold(0.0, f64::max)
 }

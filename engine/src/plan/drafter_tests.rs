@@ -196,3 +196,185 @@ fn the_tree_objective_adds_only_its_top_b_per_chunk_position_at_the_27b_shape() 
     assert_eq!(tree_chunk_bytes(&tiny, &wide, 10.0), 10.0 * 16.0 * 24.0);
     assert_eq!(tree_chunk_bytes(&d, &s, 10.0), 0.0);
 }
+
+fn dspark(
+    markov_rank: i64,
+    kind: MarkovHeadType,
+    confidence: bool,
+    with_markov: bool,
+) -> DsparkConfig {
+    DsparkConfig {
+        markov_rank,
+        markov_head_type: kind,
+        confidence_head: confidence,
+        confidence_head_with_markov: with_markov,
+    }
+}
+
+#[test]
+fn the_plan_counts_a_dspark_heads_parameters_as_the_model_holds_them() {
+    use crate::model::drafter::Drafter;
+    use crate::model::target::TargetConfig;
+    let plain = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+    let count = |d: &DrafterConfig| {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let _drafter = Drafter::new(&vs.root(), d);
+        vs.variables()
+            .values()
+            .map(|t| t.numel() as f64)
+            .sum::<f64>()
+    };
+    assert_eq!(dspark_params(&plain), 0.0);
+    let (h, v, r) = (plain.hidden_size as f64, plain.vocab_size as f64, 5.0);
+    // By hand, per variant: W₁ and W₂ [V, r]; the gate [r, H + r] + [r]; the RNN's joint
+    // projection [3r, 2r + H] + [3r]; the confidence head [1, H (+ r)] + [1].
+    let w = 2.0 * v * r;
+    let cases = [
+        (dspark(5, MarkovHeadType::Vanilla, false, false), w),
+        (dspark(5, MarkovHeadType::Vanilla, true, false), w + h + 1.0),
+        (
+            dspark(5, MarkovHeadType::Vanilla, true, true),
+            w + h + r + 1.0,
+        ),
+        (
+            dspark(5, MarkovHeadType::Gated, true, true),
+            w + r * (h + r) + r + h + r + 1.0,
+        ),
+        (
+            dspark(5, MarkovHeadType::Rnn, false, false),
+            w + 3.0 * r * (2.0 * r + h) + 3.0 * r,
+        ),
+        (dspark(0, MarkovHeadType::Rnn, true, false), h + 1.0),
+        (dspark(0, MarkovHeadType::Vanilla, false, false), 0.0),
+    ];
+    for (head, by_hand) in cases {
+        let d = DrafterConfig {
+            head: DrafterHead::Dspark(head),
+            ..plain.clone()
+        };
+        d.validate("test").unwrap();
+        assert_eq!(dspark_params(&d), by_hand, "{head:?}");
+        assert_eq!(drafter_params(&d), count(&d), "{head:?}");
+        assert_eq!(drafter_params(&d) - drafter_params(&plain), by_hand);
+    }
+}
+
+#[test]
+fn a_dspark_head_adds_its_parameters_teacher_states_latents_and_distillation_tensors() {
+    // The 27B drafter with SpecForge's DSpark configs' heads: rank 256, vanilla, a confidence
+    // head reading the Markov embedding.
+    let plain = real_drafter();
+    let head = dspark(256, MarkovHeadType::Vanilla, true, true);
+    let d = DrafterConfig {
+        head: DrafterHead::Dspark(head),
+        ..plain.clone()
+    };
+    let (h, v, r) = (5120.0, 248_320.0, 256.0);
+    let params = dspark_params(&d);
+    assert_eq!(params, 2.0 * v * r + (h + r) + 1.0);
+    assert_eq!(params, 127_145_217.0);
+    let rank = RankContext {
+        precision: ActivationPrecision::Bf16Cuda,
+        ranks: 1,
+        tables_shared_with_target: false,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    // One step shape for both, DSpark's (slot 0 weighted too).
+    let s = StepShape::typical(&d, 1, 3072, 1024, 0.85, 2048);
+    let (a, b) = (
+        drafter_memory(&plain, &s, rank),
+        drafter_memory(&d, &s, rank),
+    );
+    // bf16 parameters, fp32 masters, two fp32 Adam moments
+    assert_eq!(
+        b.resident_bytes() - a.resident_bytes(),
+        params * (2.0 + 4.0 + 8.0)
+    );
+    let bytes = |m: &DrafterMemory, name: &str| {
+        m.step
+            .iter()
+            .filter(|c| c.name.starts_with(name))
+            .map(|c| c.bytes)
+            .sum::<f64>()
+    };
+    // Outside the loss: the teacher's states per slot (bf16), the previous tokens, weights
+    // and validity, the latents W₁[prev] and their leaf's gradient.
+    let q = s.draft_positions(d.block_size) as f64;
+    assert_eq!(bytes(&a, "DSpark"), 0.0);
+    assert_eq!(
+        bytes(&b, "DSpark"),
+        q * h * 2.0 + q * 13.0 + 2.0 * q * r * 2.0
+    );
+    assert_eq!((a.peak_phase, b.peak_phase), ("loss", "loss"));
+    // The loss chunk of c positions: DSpark's nine fp32 [c, V] tensors in place of DFlash's
+    // bf16 logits, their fp32 copy and three fp32 tensors; the chunk's teacher states, its
+    // latents and their gradient, the confidence head's input [c, H + r] (bf16), and the
+    // gradients [V, r] of W₂ and of W₁ (which the confidence head reads) that the first
+    // chunk's backward writes and the later chunks' peaks hold.
+    let c = (s.weighted_positions as f64).min(s.loss_chunk_positions as f64);
+    assert!(s.weighted_positions > s.loss_chunk_positions);
+    let extra = bytes(&b, "loss chunk") - bytes(&a, "loss chunk");
+    let expected = c * v * (36.0 - (2.0 + 4.0 + 12.0))
+        + c * h * 2.0
+        + 2.0 * c * r * 2.0
+        + 2.0 * v * r * 2.0
+        + c * (h + r) * 2.0;
+    assert!(
+        (extra - expected).abs() < 1e-9 * expected,
+        "{extra} vs {expected}"
+    );
+    // Without a Markov head the corrected logits are the base ones: one fp32 [c, V] fewer,
+    // no latents, no W₂.
+    let bare = DrafterConfig {
+        head: DrafterHead::Dspark(dspark(0, MarkovHeadType::Vanilla, true, false)),
+        ..plain.clone()
+    };
+    let m = drafter_memory(&bare, &s, rank);
+    assert_eq!(bytes(&m, "DSpark"), q * h * 2.0 + q * 13.0);
+    let extra = bytes(&m, "loss chunk") - bytes(&a, "loss chunk");
+    let expected = c * v * (32.0 - 18.0) + c * h * 2.0;
+    assert!(
+        (extra - expected).abs() < 1e-9 * expected,
+        "{extra} vs {expected}"
+    );
+}
+
+#[test]
+fn the_markov_variants_keep_what_their_backward_reads() {
+    let plain = real_drafter();
+    let rank = RankContext {
+        precision: ActivationPrecision::Fp32Cpu,
+        ranks: 1,
+        tables_shared_with_target: true,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    let memory = |kind| {
+        let d = DrafterConfig {
+            head: DrafterHead::Dspark(dspark(64, kind, false, false)),
+            ..plain.clone()
+        };
+        let s = StepShape::typical(&d, 1, 1024, 64, 0.85, 2048);
+        let q = s.draft_positions(d.block_size) as f64;
+        let m = drafter_memory(&d, &s, rank);
+        let latents = m
+            .step
+            .iter()
+            .find(|c| c.name.starts_with("DSpark"))
+            .unwrap()
+            .bytes;
+        (latents, q)
+    };
+    let (h, r) = (5120.0, 64.0);
+    let (vanilla, q) = memory(MarkovHeadType::Vanilla);
+    let (gated, _) = memory(MarkovHeadType::Gated);
+    let (rnn, _) = memory(MarkovHeadType::Rnn);
+    // Gated: the embedding, the gate's input [H + r] and the gate besides the latents; the
+    // RNN: per slot its input [2r + H], keep, candidate and s − candidate, and the latents
+    // stacked once more (fp32).
+    assert_eq!(gated - vanilla, q * (h + 3.0 * r) * 4.0);
+    assert_eq!(rnn - vanilla, q * (h + 6.0 * r) * 4.0);
+}

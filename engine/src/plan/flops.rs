@@ -10,6 +10,9 @@
 //! block's tokens (the input projection's backward is its weight gradient only: the GRU reads
 //! frozen embeddings; the hidden projection's first step has no state gradient: it starts
 //! from the constant zero) and `embed_proj` over the corrected positions ([`DominoTerms`]).
+//! A DSpark head adds its Markov head's latents over every slot (the gated variant's gate, the
+//! RNN's joint projection; the vanilla one is a lookup), `W₂` over the weighted positions and
+//! its confidence head there, each with its input and weight gradients ([`DsparkTerms`]).
 //! A head that distils the target's own distribution adds the teacher's logits: the frozen
 //! LM head over the target's last hidden state at every weighted position, forward only
 //! ([`teacher_head_flops`]); and its target pass runs every layer, to the last
@@ -21,9 +24,9 @@
 //! layers recomputed under activation checkpointing. The second is the one a counter of
 //! executed kernels can check (`dflash-bench --cases plan`), and model / executed is how much
 //! of the device's work was useful.
-use super::drafter::{chunk_schedule, layer_rule};
+use super::drafter::{chunk_schedule, confidence_input_width, layer_rule};
 use crate::model::attention::visibility::LayerRule;
-use crate::model::drafter::DrafterConfig;
+use crate::model::drafter::{DrafterConfig, MarkovHeadType};
 use crate::model::target::{param_specs, TargetConfig};
 
 /// Visible (query, key) pairs of one drafter layer over a batch of blocks: context keys plus
@@ -208,6 +211,64 @@ pub fn domino_terms(w: &StepWork<'_>) -> Option<DominoTerms> {
     })
 }
 
+/// A DSpark head's forward matmuls (`drafter/dspark.rs`, `train/dspark.rs`): the Markov
+/// latents of every slot (`markov_latents`, padding blocks included): the gated variant's
+/// `gate_proj` `[., H + r] × [H + r, r]`, the RNN's `joint_proj` `[., 2r + H] × [2r + H, 3r]`
+/// per slot, nothing for the vanilla one (a lookup of `W₁`); `W₂` (`[r] → [V]`) over the
+/// weighted positions; and the confidence head (`[H] → 1`, `[H + r] → 1` reading the Markov
+/// embedding) there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DsparkTerms {
+    pub markov_latents: f64,
+    pub projection: f64,
+    pub confidence: f64,
+}
+
+impl DsparkTerms {
+    pub fn forward(&self) -> f64 {
+        self.markov_latents + self.projection + self.confidence
+    }
+
+    /// Every matmul's input and weight gradients: the latents read the drafter's output and
+    /// `W₁`'s rows (both trained; the RNN's `[s ; W₁[prev] ; h]` is one matmul, so its input
+    /// gradient spans the state even at slot 0, where it is the constant zero), `W₂` reads the
+    /// latents through a leaf that takes a gradient, the confidence head reads the drafter's
+    /// output.
+    pub fn backward(&self) -> f64 {
+        2.0 * self.forward()
+    }
+}
+
+pub fn dspark_terms(w: &StepWork<'_>) -> Option<DsparkTerms> {
+    let d = w.drafter;
+    let c = d.head.dspark()?;
+    let (h, r) = (d.hidden_size as f64, c.markov_rank as f64);
+    let q = draft_positions(w);
+    let weighted = w.weighted_positions as f64;
+    let markov = c.has_markov_head();
+    let markov_latents = match c.markov_head_type {
+        _ if !markov => 0.0,
+        MarkovHeadType::Vanilla => 0.0,
+        MarkovHeadType::Gated => 2.0 * q * (h + r) * r,
+        MarkovHeadType::Rnn => 2.0 * q * (2.0 * r + h) * 3.0 * r,
+    };
+    let projection = if markov {
+        2.0 * weighted * r * w.vocab_size as f64
+    } else {
+        0.0
+    };
+    let confidence = if c.confidence_head {
+        2.0 * weighted * confidence_input_width(d, c)
+    } else {
+        0.0
+    };
+    Some(DsparkTerms {
+        markov_latents,
+        projection,
+        confidence,
+    })
+}
+
 /// `B · N · bs`, padding blocks included (they run through every projection).
 fn draft_positions(w: &StepWork<'_>) -> f64 {
     let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
@@ -227,19 +288,21 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
             4.0 * hd * hq * pairs as f64 // q·k and p·v
         })
         .sum();
-    let domino = domino_terms(w);
+    let (domino, dspark) = (domino_terms(w), dspark_terms(w));
     StepFlops {
         forward: m.fc
             + layers_fwd
             + attention_fwd
             + m.head
             + m.teacher
-            + domino.map_or(0.0, |t| t.forward()),
+            + domino.map_or(0.0, |t| t.forward())
+            + dspark.map_or(0.0, |t| t.forward()),
         backward: m.fc
             + 2.0 * layers_fwd
             + 2.0 * attention_fwd
             + m.head
-            + domino.map_or(0.0, |t| t.backward()),
+            + domino.map_or(0.0, |t| t.backward())
+            + dspark.map_or(0.0, |t| t.backward()),
     }
 }
 
@@ -294,12 +357,13 @@ pub fn drafter_step_executed_flops(
         })
         .collect();
     let forward_attention: f64 = attention.iter().sum();
-    let domino = domino_terms(w);
+    let (domino, dspark) = (domino_terms(w), dspark_terms(w));
     let forward_matmul = m.fc
         + layers as f64 * m.layer_projections
         + m.head
         + m.teacher
-        + domino.map_or(0.0, |t| t.forward());
+        + domino.map_or(0.0, |t| t.forward())
+        + dspark.map_or(0.0, |t| t.forward());
     if w.weighted_positions == 0 {
         return ExecutedFlops {
             matmul: forward_matmul,
@@ -318,6 +382,7 @@ pub fn drafter_step_executed_flops(
             + 2.0 * layers as f64 * m.layer_projections
             + m.head
             + domino.map_or(0.0, |t| t.backward())
+            + dspark.map_or(0.0, |t| t.backward())
             + recomputed as f64 * m.layer_projections,
         attention_forward: forward_attention + attention[..recomputed].iter().sum::<f64>(),
         attention_backward: 2.0 * forward_attention,

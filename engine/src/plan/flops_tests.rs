@@ -1,6 +1,6 @@
 use super::*;
 use crate::model::attention::visibility::{context_visible, own_block_visible};
-use crate::model::drafter::LayerType;
+use crate::model::drafter::{LayerType, MarkovHeadType};
 
 fn brute_force(rule: LayerRule, anchors: &[i64], keep: &[bool], bs: i64, s: i64) -> u64 {
     let mut n = 0;
@@ -331,4 +331,98 @@ fn reading_the_last_hidden_state_costs_the_whole_target_forward() {
         full
     );
     assert!(target_forward_flops(&t, &taps.layers_read(n), 2, 16) < full);
+}
+
+fn with_dspark(
+    d: &DrafterConfig,
+    markov_rank: i64,
+    kind: MarkovHeadType,
+    confidence_head_with_markov: bool,
+) -> DrafterConfig {
+    use crate::model::drafter::{DrafterHead, DsparkConfig};
+    DrafterConfig {
+        head: DrafterHead::Dspark(DsparkConfig {
+            markov_rank,
+            markov_head_type: kind,
+            confidence_head: true,
+            confidence_head_with_markov,
+        }),
+        ..d.clone()
+    }
+}
+
+#[test]
+fn a_dspark_head_adds_its_markov_and_confidence_heads_and_the_teacher_by_hand() {
+    let plain = one_layer_drafter();
+    // DSpark's slot k predicts a + k + 1: in a row of 6 tokens the block at anchor 2 trains
+    // both slots (labels 3, 4), the one at 4 slot 0 only (label 5): 3 weighted positions.
+    fn work(d: &DrafterConfig, distils: bool) -> StepWork<'_> {
+        StepWork {
+            weighted_positions: 3,
+            corrected_positions: 0,
+            teacher_positions: if distils { teacher_positions(d, 3) } else { 0 },
+            ..two_blocks_in_six_tokens(d)
+        }
+    }
+    let without = drafter_step_flops(&work(&plain, false));
+    let executed = |w: &StepWork<'_>| drafter_step_executed_flops(w, false).matmul;
+    // H = 4, V = 10, r = 3, Q = 4 slots (the latents), 3 weighted (W₂ and the confidence head).
+    let teacher = 2.0 * 3.0 * 4.0 * 10.0;
+    let projection = 2.0 * 3.0 * 3.0 * 10.0;
+    let cases = [
+        // Vanilla: W₁ is a lookup; the confidence head reads h alone.
+        (
+            with_dspark(&plain, 3, MarkovHeadType::Vanilla, false),
+            0.0,
+            projection,
+            2.0 * 3.0 * 4.0,
+        ),
+        // Gated: gate_proj [H + r] → r over every slot; the confidence head reads [h ; W₁].
+        (
+            with_dspark(&plain, 3, MarkovHeadType::Gated, true),
+            2.0 * 4.0 * 7.0 * 3.0,
+            projection,
+            2.0 * 3.0 * 7.0,
+        ),
+        // RNN: joint_proj [2r + H] → 3r over every slot.
+        (
+            with_dspark(&plain, 3, MarkovHeadType::Rnn, true),
+            2.0 * 4.0 * 10.0 * 9.0,
+            projection,
+            2.0 * 3.0 * 7.0,
+        ),
+        // No Markov head: the confidence head alone.
+        (
+            with_dspark(&plain, 0, MarkovHeadType::Rnn, false),
+            0.0,
+            0.0,
+            2.0 * 3.0 * 4.0,
+        ),
+    ];
+    for (d, latents, projection, confidence) in cases {
+        let w = work(&d, true);
+        assert_eq!(w.teacher_positions, 3);
+        let t = dspark_terms(&w).unwrap();
+        assert_eq!(
+            (t.markov_latents, t.projection, t.confidence),
+            (latents, projection, confidence),
+            "{:?}",
+            d.head
+        );
+        let with = drafter_step_flops(&w);
+        let head = latents + projection + confidence;
+        assert_eq!(
+            with.forward - without.forward,
+            head + teacher,
+            "{:?}",
+            d.head
+        );
+        // Input and weight gradients of every matmul; none for the teacher.
+        assert_eq!(with.backward - without.backward, 2.0 * head, "{:?}", d.head);
+        assert_eq!(
+            executed(&w) - executed(&work(&plain, false)),
+            with.total() - without.total()
+        );
+    }
+    assert!(dspark_terms(&work(&plain, false)).is_none());
 }

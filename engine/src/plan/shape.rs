@@ -71,8 +71,8 @@ impl StepShape {
     /// drawn from the valid positions (`train/anchors.rs`: `p` and `p + 1` supervised). A
     /// uniform draw without replacement has its order statistics evenly spread on average,
     /// so the anchors are placed at those expected positions. Loss weights are positive on
-    /// the block slots after the anchor whose label lies inside the row
-    /// (`train/labels.rs`).
+    /// the block slots after the anchor whose label lies inside the row, and on slot 0 too with
+    /// a DSpark head (`train/labels.rs`).
     pub fn typical(
         drafter: &DrafterConfig,
         batch: i64,
@@ -102,8 +102,16 @@ impl StepShape {
             keep.extend(std::iter::repeat_n(false, (width - count) as usize));
         }
         // Slots 1..=n of a block are weighted, n = min(bs − 1, S − 1 − anchor); a Domino head
-        // corrects those from its suffix start on.
-        let weighted_slots = |a: i64| (bs - 1).min(seq_len - 1 - a);
+        // corrects those from its suffix start on. DSpark's slot k predicts a + k + 1, so its
+        // slots 0..n are (`train/labels.rs::next_token_block_labels`), n + 1 = min(bs, S − 1 − a).
+        let dspark = drafter.head.dspark().is_some();
+        let weighted_slots = |a: i64| {
+            if dspark {
+                bs.min(seq_len - 1 - a)
+            } else {
+                (bs - 1).min(seq_len - 1 - a)
+            }
+        };
         let weighted: i64 = row.iter().map(|&a| weighted_slots(a)).sum();
         let corrected: i64 = drafter.head.domino().map_or(0, |m| {
             row.iter()
@@ -158,5 +166,63 @@ mod tests {
         assert_eq!(short.kept(), 4);
         assert_eq!(short.width(), 64);
         assert!(short.anchors[4..].iter().all(|&a| a == 0) && !short.keep[4..].contains(&true));
+    }
+    #[test]
+    fn a_dspark_step_weights_slot_zero_as_its_labels_do() {
+        use crate::model::drafter::{DrafterHead, DsparkConfig, MarkovHeadType};
+        use crate::train::anchors::AnchorBatch;
+        use crate::train::labels::{next_token_block_labels, Rows};
+        let target = crate::model::target::TargetConfig::tiny_default();
+        let d = DrafterConfig {
+            head: DrafterHead::Dspark(DsparkConfig {
+                markov_rank: 4,
+                markov_head_type: MarkovHeadType::Vanilla,
+                confidence_head: true,
+                confidence_head_with_markov: false,
+            }),
+            ..embedded::tiny_dflash_drafter_config(&target)
+        };
+        let bs = d.block_size;
+        // Anchors up to the row's end, where the blocks lose their last slots.
+        let (seq, supervised) = (40, 0.5);
+        let s = StepShape::typical(&d, 2, seq, 12, supervised, 2048);
+        let first = seq - (seq as f64 * supervised).round() as i64;
+        let ids = vec![7i64; (2 * seq) as usize];
+        let mask: Vec<u8> = (0..2 * seq).map(|i| u8::from(i % seq >= first)).collect();
+        let rows = Rows {
+            input_ids: &ids,
+            loss_mask: &mask,
+            batch: 2,
+            seq_len: seq as usize,
+        };
+        let width = s.width() as usize;
+        let per_row: Vec<Vec<i64>> = (0..2)
+            .map(|b| {
+                (0..width)
+                    .filter(|&j| s.keep[b * width + j])
+                    .map(|j| s.anchors[b * width + j])
+                    .collect()
+            })
+            .collect();
+        let anchors = AnchorBatch::from_rows(&per_row, width);
+        let labels = next_token_block_labels(rows, &anchors, bs as usize, Some(4.0));
+        let weighted = labels.weights.iter().filter(|w| **w > 0.0).count() as i64;
+        assert_eq!(s.weighted_positions, weighted);
+        // DFlash's slots 1..bs − 1: one fewer per block whose row holds all DSpark's slots.
+        let dflash = StepShape::typical(
+            &embedded::tiny_dflash_drafter_config(&target),
+            2,
+            seq,
+            12,
+            supervised,
+            2048,
+        );
+        let whole = per_row
+            .iter()
+            .flatten()
+            .filter(|&&a| seq - 1 - a >= bs)
+            .count() as i64;
+        assert!(whole > 0 && whole < s.kept() as i64);
+        assert_eq!(s.weighted_positions - dflash.weighted_positions, whole);
     }
 }

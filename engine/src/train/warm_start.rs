@@ -1,8 +1,10 @@
 //! Warm start (`drafter.init_from`): a fresh run's trainable drafter weights read from an
 //! existing drafter directory instead of drawn at random. The directory is what `dflashd
 //! export` writes and what SpecForge saves, one layout (`drafter_io.rs`): `config.json` and
-//! `model.safetensors`, or the shards `model.safetensors.index.json` lists, with a DFlash head
-//! or a Domino one (`DominoDraftModel`).
+//! `model.safetensors`, or the shards `model.safetensors.index.json` lists, with a DFlash head,
+//! a Domino one (`DominoDraftModel`) or DSpark's (`DSparkDraftModel`). A DSpark run may also
+//! start from a DFlash drafter: the backbone loads and the DSpark heads keep the run's own
+//! initialisation ([`DrafterSource::leaves_fresh`]).
 //!
 //! Everything is checked before a weight is copied, and every problem found is reported at
 //! once: the directory's drafter config against the run's ([`DrafterSource::misfits`]: head,
@@ -18,12 +20,16 @@ use std::path::{Path, PathBuf};
 
 use super::drafter_io::CONFIG_FILE;
 use super::error::TrainError;
-use crate::model::drafter::{DrafterConfig, DrafterHead, LayerType};
+use crate::model::drafter::{DominoConfig, DrafterConfig, DrafterHead, DsparkConfig, LayerType};
 use crate::model::weights::{CheckpointIndex, StoredTensor};
 
 /// Tensors a drafter file may carry that are the target's own: the frozen embedding and LM
 /// head the drafter shares with its target. They are never loaded from `init_from`.
 pub const SHARED_WITH_TARGET: [&str; 2] = ["embed_tokens.weight", "lm_head.weight"];
+
+/// Where DSpark's heads keep their parameters (`model/drafter/dspark.rs`, SpecForge's names):
+/// what a DSpark run started from a DFlash drafter leaves as it drew them.
+const DSPARK_HEAD_PREFIXES: [&str; 2] = ["markov_head.", "confidence_head."];
 
 /// A buffer some writers store (PyTorch's persistent `inv_freq`): derived from `rope_theta`,
 /// not learned, so it is not loaded.
@@ -72,11 +78,15 @@ pub struct WeightFileDigest {
 #[derive(Debug, Clone, PartialEq)]
 pub struct WarmStart {
     pub dir: PathBuf,
-    /// `"dflash"` or `"domino"`.
+    /// The run's head: `"dflash"`, `"domino"` or `"dspark"`.
     pub head: &'static str,
     pub files: Vec<WeightFileDigest>,
-    /// Parameters initialised (every trainable parameter of the drafter).
+    /// Parameters initialised from the files (every trainable parameter of the drafter but
+    /// those in `fresh`).
     pub tensors: usize,
+    /// The run's parameters the directory has none of by design, kept as the run drew them:
+    /// the DSpark heads of a DSpark run started from a DFlash drafter.
+    pub fresh: Vec<String>,
     /// Tensors of the files left unloaded: the target's own tables, derived buffers.
     pub not_loaded: Vec<String>,
 }
@@ -106,6 +116,12 @@ impl WarmStart {
             text.push_str(&format!(
                 "; not loaded (the target's own, or derived): {}",
                 self.not_loaded.join(", ")
+            ));
+        }
+        if !self.fresh.is_empty() {
+            text.push_str(&format!(
+                "; freshly initialised (the drafter has no DSpark heads): {}",
+                self.fresh.join(", ")
             ));
         }
         text
@@ -239,6 +255,16 @@ impl DrafterSource {
         out
     }
 
+    /// Whether the run's parameter `name` stays as the run drew it rather than load: a DSpark
+    /// run started from a DFlash drafter takes the backbone, and its DSpark heads, which a
+    /// DFlash drafter does not have, start from their own initialisation.
+    pub fn leaves_fresh(&self, run: &DrafterConfig, name: &str) -> bool {
+        matches!(
+            (&run.head, &self.config.head),
+            (DrafterHead::Dspark(_), DrafterHead::Dflash)
+        ) && DSPARK_HEAD_PREFIXES.iter().any(|p| name.starts_with(p))
+    }
+
     /// [`Self::misfits`] as the refusal `start` gives.
     pub fn check_config(&self, run: &DrafterConfig) -> Result<(), TrainError> {
         let misfits = self.misfits(run);
@@ -299,36 +325,16 @@ impl DrafterSource {
     }
 }
 
-/// The head kind, and the Domino widths when both heads are Domino (otherwise the kind is
-/// the one difference worth reading).
+/// The head kind, and the Domino widths or the DSpark heads when both heads are of that kind
+/// (otherwise the kind is the one difference worth reading). A DSpark run fits a DFlash
+/// drafter: its backbone loads, its heads start fresh ([`DrafterSource::leaves_fresh`]).
 fn head_misfits(run: &DrafterHead, file: &DrafterHead) -> Vec<Misfit> {
-    match (run.domino(), file.domino()) {
-        (Some(r), Some(f)) => {
-            let mut out = Vec::new();
-            for (key, run, drafter) in [
-                ("drafter.emb_dim", r.emb_dim, f.emb_dim),
-                ("drafter.gru_hidden_dim", r.gru_hidden_dim, f.gru_hidden_dim),
-                (
-                    "drafter.pure_draft_prefix_len",
-                    r.pure_draft_prefix_len,
-                    f.pure_draft_prefix_len,
-                ),
-            ] {
-                if run != drafter {
-                    out.push(Misfit {
-                        key,
-                        run: run.to_string(),
-                        drafter: drafter.to_string(),
-                        fix: format!(
-                            "set {key} = {drafter}, or name a Domino drafter of the run's widths"
-                        ),
-                    });
-                }
-            }
-            out
-        }
-        (None, None) => Vec::new(),
-        (Some(_), None) => vec![Misfit {
+    match (run, file) {
+        (DrafterHead::Domino(r), DrafterHead::Domino(f)) => domino_misfits(r, f),
+        (DrafterHead::Dspark(r), DrafterHead::Dspark(f)) => dspark_misfits(r, f),
+        (DrafterHead::Dflash, DrafterHead::Dflash)
+        | (DrafterHead::Dspark(_), DrafterHead::Dflash) => Vec::new(),
+        (DrafterHead::Domino(_), DrafterHead::Dflash) => vec![Misfit {
             key: "drafter.head",
             run: "\"domino\"".into(),
             drafter: "\"dflash\" (no Domino head: DFlashDraftModel without \
@@ -339,18 +345,133 @@ fn head_misfits(run: &DrafterHead, file: &DrafterHead) -> Vec<Misfit> {
                   drafter"
                 .into(),
         }],
-        (None, Some(f)) => vec![Misfit {
+        (DrafterHead::Dflash, DrafterHead::Domino(f)) => vec![Misfit {
             key: "drafter.head",
             run: "\"dflash\"".into(),
             drafter: "\"domino\" (DominoDraftModel)".into(),
             fix: format!(
-                "set drafter.head = \"domino\" with drafter.emb_dim = {}, \
-                 drafter.gru_hidden_dim = {} and drafter.pure_draft_prefix_len = {}, or name a \
-                 DFlash drafter",
-                f.emb_dim, f.gru_hidden_dim, f.pure_draft_prefix_len
+                "set drafter.head = \"domino\" with {}, or name a DFlash drafter",
+                domino_keys(f)
+            ),
+        }],
+        (DrafterHead::Dflash, DrafterHead::Dspark(f)) => vec![Misfit {
+            key: "drafter.head",
+            run: "\"dflash\"".into(),
+            drafter: DSPARK_FILE_HEAD.into(),
+            fix: format!(
+                "set drafter.head = \"dspark\" with {}, or name a DFlash drafter",
+                dspark_keys(f)
+            ),
+        }],
+        (DrafterHead::Domino(_), DrafterHead::Dspark(f)) => vec![Misfit {
+            key: "drafter.head",
+            run: "\"domino\"".into(),
+            drafter: DSPARK_FILE_HEAD.into(),
+            fix: format!(
+                "set drafter.head = \"dspark\" with {} and remove drafter.emb_dim, \
+                 drafter.gru_hidden_dim and drafter.pure_draft_prefix_len, or name a Domino \
+                 drafter",
+                dspark_keys(f)
+            ),
+        }],
+        (DrafterHead::Dspark(_), DrafterHead::Domino(f)) => vec![Misfit {
+            key: "drafter.head",
+            run: "\"dspark\"".into(),
+            drafter: "\"domino\" (DominoDraftModel)".into(),
+            fix: format!(
+                "set drafter.head = \"domino\" with {} and remove the DSpark keys \
+                 (drafter.markov_rank, drafter.markov_head_type, drafter.enable_confidence_head, \
+                 drafter.confidence_head_with_markov), or name a DSpark or DFlash drafter",
+                domino_keys(f)
             ),
         }],
     }
+}
+
+const DSPARK_FILE_HEAD: &str = "\"dspark\" (DSparkDraftModel)";
+
+/// The Domino keys of `f` as a config sets them.
+fn domino_keys(f: &DominoConfig) -> String {
+    format!(
+        "drafter.emb_dim = {}, drafter.gru_hidden_dim = {} and \
+         drafter.pure_draft_prefix_len = {}",
+        f.emb_dim, f.gru_hidden_dim, f.pure_draft_prefix_len
+    )
+}
+
+/// The DSpark keys of `f` as a config sets them.
+fn dspark_keys(f: &DsparkConfig) -> String {
+    format!(
+        "drafter.markov_rank = {}, drafter.markov_head_type = \"{}\", \
+         drafter.enable_confidence_head = {} and drafter.confidence_head_with_markov = {}",
+        f.markov_rank,
+        f.markov_head_type.as_str(),
+        f.confidence_head,
+        f.confidence_head_with_markov
+    )
+}
+
+/// Both heads Domino: each width or prefix that differs.
+fn domino_misfits(r: &DominoConfig, f: &DominoConfig) -> Vec<Misfit> {
+    let mut out = Vec::new();
+    for (key, run, drafter) in [
+        ("drafter.emb_dim", r.emb_dim, f.emb_dim),
+        ("drafter.gru_hidden_dim", r.gru_hidden_dim, f.gru_hidden_dim),
+        (
+            "drafter.pure_draft_prefix_len",
+            r.pure_draft_prefix_len,
+            f.pure_draft_prefix_len,
+        ),
+    ] {
+        if run != drafter {
+            out.push(Misfit {
+                key,
+                run: run.to_string(),
+                drafter: drafter.to_string(),
+                fix: format!("set {key} = {drafter}, or name a Domino drafter of the run's widths"),
+            });
+        }
+    }
+    out
+}
+
+/// Both heads DSpark: each key of the Markov and confidence heads that differs. The heads'
+/// weights only load into heads of their own shape and function.
+fn dspark_misfits(r: &DsparkConfig, f: &DsparkConfig) -> Vec<Misfit> {
+    let kind = |c: &DsparkConfig| format!("\"{}\"", c.markov_head_type.as_str());
+    let mut out = Vec::new();
+    for (key, run, drafter) in [
+        (
+            "drafter.markov_rank",
+            r.markov_rank.to_string(),
+            f.markov_rank.to_string(),
+        ),
+        ("drafter.markov_head_type", kind(r), kind(f)),
+        (
+            "drafter.enable_confidence_head",
+            r.confidence_head.to_string(),
+            f.confidence_head.to_string(),
+        ),
+        (
+            "drafter.confidence_head_with_markov",
+            r.confidence_head_with_markov.to_string(),
+            f.confidence_head_with_markov.to_string(),
+        ),
+    ] {
+        if run != drafter {
+            let fix = format!(
+                "set {key} = {drafter}, or name a DSpark drafter of the run's heads (or a DFlash \
+                 drafter: its backbone loads and the DSpark heads start fresh)"
+            );
+            out.push(Misfit {
+                key,
+                run,
+                drafter,
+                fix,
+            });
+        }
+    }
+    out
 }
 
 /// What the target decides: its vocabulary, its hidden width (the `fc` input) and its depth
@@ -393,7 +514,7 @@ fn target_misfits(run: &DrafterConfig, file: &DrafterConfig) -> Vec<Misfit> {
 mod tests {
     use super::*;
     use crate::embedded::tiny_drafter_config;
-    use crate::model::drafter::DominoConfig;
+    use crate::model::drafter::MarkovHeadType;
     use crate::model::target::TargetConfig;
     use tch::Kind;
 
@@ -476,6 +597,120 @@ mod tests {
         assert_eq!(misfits[0].key, "drafter.head");
         assert!(
             misfits[0].fix.contains("drafter.head = \"dflash\""),
+            "{}",
+            misfits[0]
+        );
+    }
+
+    fn dspark_run(markov_rank: i64, kind: MarkovHeadType, confidence: bool) -> DrafterConfig {
+        DrafterConfig {
+            head: DrafterHead::Dspark(DsparkConfig {
+                markov_rank,
+                markov_head_type: kind,
+                confidence_head: confidence,
+                confidence_head_with_markov: confidence && markov_rank > 0,
+            }),
+            ..run_config()
+        }
+    }
+
+    #[test]
+    fn a_dspark_run_fits_a_dflash_drafter_backbone_and_a_dspark_drafter_of_its_heads() {
+        let run = dspark_run(16, MarkovHeadType::Gated, true);
+        let dflash = source_with(DrafterConfig {
+            head: DrafterHead::Dflash,
+            ..run.clone()
+        });
+        assert!(dflash.misfits(&run).is_empty());
+        // Over a DFlash drafter the DSpark heads start fresh, and nothing else does.
+        for name in [
+            "markov_head.markov_w1.weight",
+            "markov_head.gate_proj.bias",
+            "confidence_head.proj.weight",
+        ] {
+            assert!(dflash.leaves_fresh(&run, name), "{name}");
+        }
+        for name in ["fc.weight", "layers.0.mlp.up_proj.weight", "norm.weight"] {
+            assert!(!dflash.leaves_fresh(&run, name), "{name}");
+        }
+        // A DSpark drafter of the same heads loads them all.
+        let same = source_with(run.clone());
+        assert!(same.misfits(&run).is_empty());
+        assert!(!same.leaves_fresh(&run, "markov_head.markov_w1.weight"));
+        // A DFlash run keeps every parameter to load.
+        let dflash_run = DrafterConfig {
+            head: DrafterHead::Dflash,
+            ..run.clone()
+        };
+        assert!(!dflash.leaves_fresh(&dflash_run, "markov_head.markov_w1.weight"));
+    }
+
+    #[test]
+    fn dspark_heads_that_differ_are_named_with_the_value_to_set() {
+        let run = dspark_run(16, MarkovHeadType::Gated, true);
+        let text: Vec<String> = source_with(dspark_run(8, MarkovHeadType::Rnn, false))
+            .misfits(&run)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let tail =
+            "or name a DSpark drafter of the run's heads (or a DFlash drafter: its backbone \
+                    loads and the DSpark heads start fresh)";
+        assert_eq!(
+            text,
+            [
+                format!(
+                    "drafter.markov_rank: the run has 16, the drafter has 8; set \
+                     drafter.markov_rank = 8, {tail}"
+                ),
+                format!(
+                    "drafter.markov_head_type: the run has \"gated\", the drafter has \"rnn\"; \
+                     set drafter.markov_head_type = \"rnn\", {tail}"
+                ),
+                format!(
+                    "drafter.enable_confidence_head: the run has true, the drafter has false; \
+                     set drafter.enable_confidence_head = false, {tail}"
+                ),
+                format!(
+                    "drafter.confidence_head_with_markov: the run has true, the drafter has \
+                     false; set drafter.confidence_head_with_markov = false, {tail}"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dspark_drafter_under_another_head_is_refused_with_its_keys() {
+        let file = dspark_run(8, MarkovHeadType::Rnn, true);
+        let keys = "drafter.markov_rank = 8, drafter.markov_head_type = \"rnn\", \
+                    drafter.enable_confidence_head = true and \
+                    drafter.confidence_head_with_markov = true";
+        let dflash_run = DrafterConfig {
+            head: DrafterHead::Dflash,
+            ..run_config()
+        };
+        let domino_run = run_config();
+        assert!(domino_run.head.domino().is_some());
+        for (run, name) in [(&dflash_run, "dflash"), (&domino_run, "domino")] {
+            let misfits = source_with(file.clone()).misfits(run);
+            assert_eq!(misfits.len(), 1, "{misfits:?}");
+            let text = misfits[0].to_string();
+            assert!(
+                text.starts_with(&format!(
+                    "drafter.head: the run has \"{name}\", the drafter has \"dspark\" \
+                     (DSparkDraftModel); set drafter.head = \"dspark\" with {keys}"
+                )),
+                "{text}"
+            );
+        }
+        // A DSpark run over a Domino drafter: the kind, and the Domino keys to set.
+        let misfits = source_with(run_config()).misfits(&file);
+        assert_eq!(misfits.len(), 1, "{misfits:?}");
+        assert!(
+            misfits[0]
+                .fix
+                .starts_with("set drafter.head = \"domino\" with drafter.emb_dim = ")
+                && misfits[0].fix.contains("remove the DSpark keys"),
             "{}",
             misfits[0]
         );

@@ -1,20 +1,23 @@
 //! Issue 21: a run starts from an existing drafter (`drafter.init_from`,
 //! `train/warm_start.rs`). A Domino drafter in SpecForge's layout initialises a trainer: its
 //! step-0 weights are the file's, bit for bit in f32, on every drafter rank, and it trains on
-//! from there. A head, a width or a tensor that does not fit the run's drafter is refused by
-//! name, and the trainer is left as it was.
+//! from there. A DSpark run starts from a DFlash drafter's backbone with its own DSpark heads,
+//! or from a DSpark drafter of its heads. A head, a width or a tensor that does not fit the
+//! run's drafter is refused by name, and the trainer is left as it was.
 use std::path::Path;
 
 use dflash_engine::embedded;
 use dflash_engine::files::hash::sha256_file;
-use dflash_engine::model::drafter::{DominoConfig, Drafter, DrafterConfig, DrafterHead};
+use dflash_engine::model::drafter::{
+    DominoConfig, Drafter, DrafterConfig, DrafterHead, DsparkConfig, MarkovHeadType,
+};
 use dflash_engine::train::drafter_io::{named_parameters, write_hf};
 use dflash_engine::train::warm_start::DrafterSource;
 use dflash_engine::train::{CollectLines, RunOptions, Trainer};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use crate::support::drafter::randomize;
-use crate::support::topology::{config, copies, cpu_topology, trainer};
+use crate::support::topology::{config, copies, cpu_topology, tiny_samples, trainer};
 
 /// The run's drafter: the embedded default's (a Domino head, emb 64, GRU 128, prefix 1).
 fn run_drafter() -> DrafterConfig {
@@ -228,4 +231,135 @@ fn the_targets_own_tables_in_a_drafter_file_are_left_to_the_target() {
     assert!(record
         .summary()
         .contains("not loaded (the target's own, or derived): lm_head.weight"));
+}
+
+/// The embedded default's drafter with a DSpark head: a gated Markov head of `markov_rank`,
+/// the confidence head reading its embedding.
+fn dspark_drafter(markov_rank: i64) -> DrafterConfig {
+    DrafterConfig {
+        head: DrafterHead::Dspark(DsparkConfig {
+            markov_rank,
+            markov_head_type: MarkovHeadType::Gated,
+            confidence_head: true,
+            confidence_head_with_markov: true,
+        }),
+        ..run_drafter()
+    }
+}
+
+fn dspark_trainer(drafters: usize) -> Trainer {
+    tch::set_num_threads(1);
+    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+    Trainer::with_topology(
+        target,
+        dspark_drafter(16),
+        tiny_samples(),
+        config(4, 1),
+        cpu_topology(1, drafters),
+    )
+    .unwrap()
+}
+
+fn is_dspark_head(name: &str) -> bool {
+    name.starts_with("markov_head.") || name.starts_with("confidence_head.")
+}
+
+#[test]
+fn a_dspark_run_starts_from_a_dflash_drafters_backbone_with_fresh_dspark_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let dflash = DrafterConfig {
+        head: DrafterHead::Dflash,
+        ..dspark_drafter(16)
+    };
+    let written = write_specforge_drafter(dir.path(), &dflash, 35, |_| {});
+    let source = DrafterSource::open(dir.path()).unwrap();
+    assert!(source.misfits(&dspark_drafter(16)).is_empty());
+
+    let mut t = dspark_trainer(2);
+    let seeded = copies(t.master_weights());
+    let record = t.init_drafter_from(&source).unwrap();
+    assert_eq!(record.head, "dspark");
+    assert_eq!(record.tensors, written.len());
+    let heads: Vec<String> = seeded
+        .iter()
+        .map(|(n, _)| n.clone())
+        .filter(|n| is_dspark_head(n))
+        .collect();
+    // Both heads of a gated Markov head with a confidence head: W₁, W₂, the gate and its
+    // bias, the confidence projection and its bias.
+    assert_eq!(heads.len(), 6, "{heads:?}");
+    assert_eq!(record.fresh, heads);
+    assert_eq!(record.tensors + record.fresh.len(), seeded.len());
+    assert!(
+        record
+            .summary()
+            .contains("freshly initialised (the drafter has no DSpark heads): confidence_head."),
+        "{}",
+        record.summary()
+    );
+    // The backbone is the file's, bit for bit; the heads are the run's own draw; every rank
+    // holds the same.
+    let expected: Vec<(String, Tensor)> = seeded
+        .iter()
+        .map(
+            |(name, seeded)| match written.iter().find(|(n, _)| n == name) {
+                Some((_, file)) => (name.clone(), file.shallow_clone()),
+                None => {
+                    assert!(is_dspark_head(name), "{name} is neither loaded nor a head");
+                    (name.clone(), seeded.shallow_clone())
+                }
+            },
+        )
+        .collect();
+    for (rank, weights) in t.replica_weights().unwrap().iter().enumerate() {
+        assert_same(weights, &expected, &format!("rank {rank}'s step-0 masters"));
+    }
+    // It trains on, heads included.
+    let options = RunOptions {
+        max_steps: Some(1),
+        checkpoint_root: None,
+    };
+    t.run(&options, &mut CollectLines::default()).unwrap();
+    let after = t.replica_weights().unwrap();
+    assert_same(&after[1], &after[0], "rank 1 after a step");
+    let moved = |name: &str| {
+        let find = |w: &[(String, Tensor)]| w.iter().find(|(n, _)| n == name).unwrap().1.copy();
+        !find(&after[0]).equal(&find(&expected))
+    };
+    assert!(moved("markov_head.markov_w2.weight") && moved("fc.weight"));
+}
+
+#[test]
+fn a_dspark_drafter_loads_whole_into_a_run_of_its_heads_and_is_refused_by_another() {
+    let root = tempfile::tempdir().unwrap();
+    let same = root.path().join("same");
+    let written = write_specforge_drafter(&same, &dspark_drafter(16), 36, |_| {});
+    let mut t = dspark_trainer(1);
+    let record = t
+        .init_drafter_from(&DrafterSource::open(&same).unwrap())
+        .unwrap();
+    assert!(record.fresh.is_empty(), "{:?}", record.fresh);
+    assert_eq!(record.tensors, written.len());
+    assert!(written.iter().any(|(n, _)| is_dspark_head(n)));
+    assert_same(&t.master_weights(), &written, "step-0 masters");
+
+    // Another rank: refused by the key, with the value to set, and nothing loads.
+    let other = root.path().join("rank-8");
+    write_specforge_drafter(&other, &dspark_drafter(8), 37, |_| {});
+    let mut t = dspark_trainer(1);
+    let before = copies(t.master_weights());
+    let err = t
+        .init_drafter_from(&DrafterSource::open(&other).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("drafter.init_from ")
+            && err.contains("drafter.markov_rank: the run has 16, the drafter has 8; set drafter.markov_rank = 8"),
+        "{err}"
+    );
+    assert_same(
+        &t.master_weights(),
+        &before,
+        "the refused trainer's weights",
+    );
 }

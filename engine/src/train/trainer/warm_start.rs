@@ -14,7 +14,9 @@ use crate::train::warm_start::{head_name, refused, DrafterSource, WarmStart, Wei
 impl Trainer {
     /// Initialises the drafter's trainable weights from `source` (a warm start): rank 0's
     /// fp32 masters take the file's values exactly (converted to fp32; bit-exact from an f32
-    /// file), every other rank copies rank 0, the optimizer's moments stay zero. Only before
+    /// file), but for the DSpark heads of a DSpark run over a DFlash drafter, which keep rank
+    /// 0's own draw ([`DrafterSource::leaves_fresh`]); every other rank copies rank 0, the
+    /// optimizer's moments stay zero. Only before
     /// the first step. Every check runs first (config, tensor headers, finite values) and
     /// reports every problem it found; on `Err` the trainer is as it was.
     ///
@@ -31,13 +33,19 @@ impl Trainer {
             ));
         }
         source.check_config(self.drafter_config())?;
-        let params: Vec<(String, Vec<i64>)> = self
+        // The parameters the directory has none of by design (a DSpark run's heads over a
+        // DFlash drafter) keep rank 0's own initialisation: they go to `initialise_weights`
+        // as they are, so every rank still starts from rank 0's weights.
+        let (fresh, loaded): (Vec<_>, Vec<_>) = self
             .rank0
             .replica
             .optimizer()
             .master_weights()
             .into_iter()
-            .map(|(name, t)| (name, t.size()))
+            .partition(|(name, _)| source.leaves_fresh(self.drafter_config(), name));
+        let params: Vec<(String, Vec<i64>)> = loaded
+            .iter()
+            .map(|(name, t)| (name.clone(), t.size()))
             .collect();
         let (problems, not_loaded) = source.tensor_problems(&params);
         if !problems.is_empty() {
@@ -59,7 +67,7 @@ impl Trainer {
                 shape: shape.clone(),
             })
             .collect();
-        let weights: HashMap<String, Tensor> = source
+        let mut weights: HashMap<String, Tensor> = source
             .index
             .load(&requests, Device::Cpu, Kind::Float)
             .map_err(|e| refused(source.dir(), vec![e.to_string()]))?;
@@ -74,6 +82,8 @@ impl Trainer {
             non_finite.sort();
             return Err(refused(source.dir(), non_finite));
         }
+        let fresh_names: Vec<String> = fresh.iter().map(|(name, _)| name.clone()).collect();
+        weights.extend(fresh.into_iter().map(|(name, t)| (name, t.copy())));
         self.rank0
             .replica
             .initialise_weights(&weights)
@@ -86,6 +96,7 @@ impl Trainer {
             head: head_name(&self.drafter_config().head),
             files,
             tensors: params.len(),
+            fresh: fresh_names,
             not_loaded,
         })
     }
