@@ -659,6 +659,7 @@ fn status_head(head: &dflash_engine::model::drafter::DrafterHead) -> DrafterHead
         Built::Dflash => DrafterHead::Dflash,
         Built::Domino(_) => DrafterHead::Domino,
         Built::Dspark(_) => DrafterHead::Dspark,
+        Built::Dflash2(_) => DrafterHead::Dflash2,
     }
 }
 

@@ -66,6 +66,25 @@ pub fn drafter_params(d: &DrafterConfig) -> f64 {
         + d.layer_types.len() as f64 * per_layer
         + domino_params(d)
         + dspark_params(d)
+        + dflash2_params(d)
+}
+
+/// DFlash2's parameters (`drafter/dflash2.rs`): per layer two convolutions, each a
+/// `base_kernel` `[2, taps, H]` and a `kernel_projection` `[2·taps·G, H]` (`G = H / group`);
+/// the selector's codebooks `[V, r]` each and `hidden_projection` `[r, H]`. 0 without the head.
+pub fn dflash2_params(d: &DrafterConfig) -> f64 {
+    let Some(c) = d.head.dflash2() else {
+        return 0.0;
+    };
+    let (h, v, r) = (
+        d.hidden_size as f64,
+        d.vocab_size as f64,
+        c.selector_rank as f64,
+    );
+    let taps = c.conv_kernel_size as f64;
+    let groups = c.conv_groups(d.hidden_size) as f64;
+    let conv = 2.0 * taps * h + 2.0 * taps * groups * h;
+    d.layer_types.len() as f64 * 2.0 * conv + 2.0 * v * r + r * h
 }
 
 /// The Domino head's parameters (`drafter/domino.rs::DominoHead::new`): the GRU's
@@ -219,7 +238,43 @@ fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
             per_position: if c.has_markov_head() { 36.0 } else { 32.0 },
             per_corrected_position: 0.0,
         },
+        // `train/dflash2.rs`: a chunk runs the head over every slot of its blocks, slot 0 and
+        // unsupervised slots included (bs/(bs−1) of its weighted positions when its blocks are
+        // whole), and keeps the fp32 unary scores beside the logits (the multiplier's product,
+        // and with a soft cap its quotient, tanh and product). Counted from the code, not yet
+        // measured against a live step.
+        DrafterHead::Dflash2(c) => {
+            let bs = d.block_size as f64;
+            let slots = bs / (bs - 1.0).max(1.0);
+            let cap = if c.final_logit_softcapping.is_some() {
+                12.0
+            } else {
+                0.0
+            };
+            LossChunkVocabBytes {
+                per_position: slots * (dflash + 4.0 + cap),
+                per_corrected_position: 0.0,
+            }
+        }
     }
+}
+
+/// What a DFlash2 selector adds to a loss chunk of `c` weighted positions besides its
+/// vocabulary-wide tensors: per slot of the chunk's blocks, the candidates' successor rows
+/// `[K, r]` and their gradient, and the codebooks' dense gradients `[V, r]` each, which the
+/// first chunk's backward writes and every later chunk's peak holds. 0 without the head.
+fn dflash2_chunk_bytes(d: &DrafterConfig, c: f64, e: f64) -> f64 {
+    let Some(head) = d.head.dflash2() else {
+        return 0.0;
+    };
+    let bs = d.block_size as f64;
+    let slots = c * bs / (bs - 1.0).max(1.0);
+    let (k, r, v) = (
+        head.selector_top_k as f64,
+        head.selector_rank as f64,
+        d.vocab_size as f64,
+    );
+    2.0 * slots * k * r * e + 2.0 * v * r * e
 }
 
 /// What a DSpark head adds to a loss chunk of `c` positions besides its vocabulary-wide
@@ -628,7 +683,8 @@ fn loss_or_backward_peak(
         + 2.0 * c * h * e
         + weighted * 20.0
         + tree_chunk_bytes(d, s, c)
-        + dspark_chunk_bytes(d, c, e);
+        + dspark_chunk_bytes(d, c, e)
+        + dflash2_chunk_bytes(d, c, e);
     let out_grad = if detached { q * h * e } else { 0.0 };
     let loss_phase = loss_chunk + out_grad + if detached { q * h * e } else { 0.0 };
     // Backward of the last layer's MLP. With one loss chunk the head's logits are still alive
@@ -777,9 +833,20 @@ fn largest_param(d: &DrafterConfig) -> f64 {
         };
         (d.vocab_size as f64 * r).max(variant)
     });
-    [d.feature_size() as f64 * h, h * a, h * i, domino, dspark]
-        .into_iter()
-        .fold(0.0, f64::max)
+    let dflash2 = d
+        .head
+        .dflash2()
+        .map_or(0.0, |c| d.vocab_size as f64 * c.selector_rank as f64);
+    [
+        d.feature_size() as f64 * h,
+        h * a,
+        h * i,
+        domino,
+        dspark,
+        dflash2,
+    ]
+    .into_iter()
+    .fold(0.0, f64::max)
 }
 
 #[cfg(test)]

@@ -256,13 +256,23 @@ impl DrafterSource {
     }
 
     /// Whether the run's parameter `name` stays as the run drew it rather than load: a DSpark
-    /// run started from a DFlash drafter takes the backbone, and its DSpark heads, which a
-    /// DFlash drafter does not have, start from their own initialisation.
+    /// or DFlash2 run started from a DFlash drafter takes the backbone, and its DSpark heads
+    /// (DFlash2's convolutions and selector), which a DFlash drafter does not have, start from
+    /// their own initialisation (DFlash2's: the identity and a unary-ranking selector, so the
+    /// run starts from exactly the DFlash drafter's output).
     pub fn leaves_fresh(&self, run: &DrafterConfig, name: &str) -> bool {
-        matches!(
-            (&run.head, &self.config.head),
-            (DrafterHead::Dspark(_), DrafterHead::Dflash)
-        ) && DSPARK_HEAD_PREFIXES.iter().any(|p| name.starts_with(p))
+        match (&run.head, &self.config.head) {
+            (DrafterHead::Dspark(_), DrafterHead::Dflash) => {
+                DSPARK_HEAD_PREFIXES.iter().any(|p| name.starts_with(p))
+            }
+            // DFlash2's convolutions (`layers.{i}.{attention,mlp}_conv.*`) and selector.
+            (DrafterHead::Dflash2(_), DrafterHead::Dflash) => {
+                name.starts_with("candidate_selector.")
+                    || name.contains(".attention_conv.")
+                    || name.contains(".mlp_conv.")
+            }
+            _ => false,
+        }
     }
 
     /// [`Self::misfits`] as the refusal `start` gives.
@@ -333,7 +343,19 @@ fn head_misfits(run: &DrafterHead, file: &DrafterHead) -> Vec<Misfit> {
         (DrafterHead::Domino(r), DrafterHead::Domino(f)) => domino_misfits(r, f),
         (DrafterHead::Dspark(r), DrafterHead::Dspark(f)) => dspark_misfits(r, f),
         (DrafterHead::Dflash, DrafterHead::Dflash)
-        | (DrafterHead::Dspark(_), DrafterHead::Dflash) => Vec::new(),
+        | (DrafterHead::Dspark(_), DrafterHead::Dflash)
+        | (DrafterHead::Dflash2(_), DrafterHead::Dflash) => Vec::new(),
+        (DrafterHead::Dflash2(r), DrafterHead::Dflash2(f)) if r == f => Vec::new(),
+        (DrafterHead::Dflash2(_), _) | (_, DrafterHead::Dflash2(_)) => vec![Misfit {
+            key: "drafter.head",
+            run: dflash2_words(run),
+            drafter: dflash2_words(file),
+            fix: "name a DFlash drafter (its backbone loads, DFlash2's convolutions and \
+                  selector start fresh) or a DFlash2 drafter of the run's keys \
+                  (drafter.conv_kernel_size, conv_group_size, selector_rank, selector_top_k, \
+                  output_multiplier, final_logit_softcapping)"
+                .into(),
+        }],
         (DrafterHead::Domino(_), DrafterHead::Dflash) => vec![Misfit {
             key: "drafter.head",
             run: "\"domino\"".into(),
@@ -389,6 +411,24 @@ fn head_misfits(run: &DrafterHead, file: &DrafterHead) -> Vec<Misfit> {
 }
 
 const DSPARK_FILE_HEAD: &str = "\"dspark\" (DSparkDraftModel)";
+
+/// A head beside a DFlash2 one, as a refusal names it: DFlash2's keys in full.
+fn dflash2_words(head: &DrafterHead) -> String {
+    match head {
+        DrafterHead::Dflash2(c) => format!(
+            "\"dflash2\" (conv_kernel_size {}, conv_group_size {}, selector_rank {}, \
+             selector_top_k {}, output_multiplier {}, final_logit_softcapping {})",
+            c.conv_kernel_size,
+            c.conv_group_size,
+            c.selector_rank,
+            c.selector_top_k,
+            c.output_multiplier,
+            c.final_logit_softcapping
+                .map_or_else(|| "unset".to_string(), |v| v.to_string())
+        ),
+        other => format!("\"{}\"", head_name(other)),
+    }
+}
 
 /// The Domino keys of `f` as a config sets them.
 fn domino_keys(f: &DominoConfig) -> String {
