@@ -214,6 +214,62 @@ impl DsparkAcceptance {
     }
 }
 
+/// A DFlash2 drafter's acceptance on its training batch at one step: the greedy chain walked
+/// by its selector and by the unary argmax alone (teacher-forced), and how much the selector
+/// could reach (the unary top-K's recall and the oracle chain).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Dflash2Acceptance {
+    pub step: u64,
+    pub ts_ms: TimestampMs,
+    /// `serving_accepted_length`.
+    pub tau: f64,
+    /// `unary_accepted_length`: the selector off.
+    pub base_tau: f64,
+    /// `oracle_accepted_length`: a perfect selector.
+    pub oracle_tau: f64,
+    pub topk_recall: f64,
+    /// `α_eff` at this step.
+    pub selector_alpha: f64,
+}
+
+impl Dflash2Acceptance {
+    /// The figures of a step's metrics line.
+    pub fn from_step(
+        step: u64,
+        ts_ms: TimestampMs,
+        m: &crate::metrics::Dflash2StepMetrics,
+    ) -> Self {
+        Self {
+            step,
+            ts_ms,
+            tau: m.serving_accepted_length,
+            base_tau: m.unary_accepted_length,
+            oracle_tau: m.oracle_accepted_length,
+            topk_recall: m.unary_topk_recall,
+            selector_alpha: m.selector_alpha,
+        }
+    }
+
+    /// "τ unary 2.31 → selector 2.87 (+0.56)": the selector's gain is the difference of the two
+    /// rounded figures, so the line adds up.
+    pub fn acceptance_words(&self) -> String {
+        let (base, last) = (round2(self.base_tau), round2(self.tau));
+        format!(
+            "τ unary {base:.2} → selector {last:.2} ({:+.2})",
+            last - base
+        )
+    }
+
+    /// "top-K 0.82, oracle τ 3.90, α 1.00": the unary top-K's recall and the oracle chain (what
+    /// the selector could reach) and its weight at this step.
+    pub fn reach_words(&self) -> String {
+        format!(
+            "top-K {:.2}, oracle τ {:.2}, α {:.2}",
+            self.topk_recall, self.oracle_tau, self.selector_alpha
+        )
+    }
+}
+
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -328,6 +384,14 @@ pub struct StatusSnapshot {
         deserialize_with = "crate::serde_util::none_if_unreadable"
     )]
     pub last_dspark: Option<DsparkAcceptance>,
+    /// A DFlash2 run's newest training-batch acceptance (selector against unary argmax). `None`
+    /// for another head, before the first step, and from a daemon that does not report it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::serde_util::none_if_unreadable"
+    )]
+    pub last_dflash2: Option<Dflash2Acceptance>,
     /// The thresholds the daemon's health detectors judge this run by: the run's effective
     /// `[detectors]` section. A console judges memory flatness and the queue with these, never
     /// with defaults of its own. `None` until the daemon's detectors run, and from a daemon
@@ -498,6 +562,7 @@ mod tests {
             last_online: None,
             last_domino: None,
             last_dspark: None,
+            last_dflash2: None,
             detectors: None,
             healthy_record: None,
             job: None,

@@ -51,6 +51,7 @@ fn cpu_status() -> StatusSnapshot {
         last_online: None,
         last_domino: None,
         last_dspark: None,
+        last_dflash2: None,
         detectors: None,
         healthy_record: None,
         job: None,

@@ -17,8 +17,8 @@ use dflash_shared::health::healthy_record::HealthyRecord;
 use dflash_shared::metrics::{CacheState, GpuTelemetry, HostSample, QueueStats, StepMetrics};
 use dflash_shared::protocol::{Response, Topic};
 use dflash_shared::status::{
-    Alert, CheckpointInfo, DominoAcceptance, DsparkAcceptance, JobStatus, OnlineEvalStatus,
-    RecordClock, RunInfo, RunState, StatusSnapshot, Throughput,
+    Alert, CheckpointInfo, Dflash2Acceptance, DominoAcceptance, DsparkAcceptance, JobStatus,
+    OnlineEvalStatus, RecordClock, RunInfo, RunState, StatusSnapshot, Throughput,
 };
 use tokio::sync::{broadcast, oneshot};
 
@@ -211,6 +211,7 @@ impl RunHandle {
             last_online: None,
             last_domino: None,
             last_dspark: None,
+            last_dflash2: None,
             detectors: None,
             healthy_record: None,
             job: None,
@@ -324,6 +325,9 @@ impl RunHandle {
             }
             if let Some(d) = &m.dspark {
                 s.last_dspark = Some(DsparkAcceptance::from_step(m.step, m.ts_ms, d));
+            }
+            if let Some(d) = &m.dflash2 {
+                s.last_dflash2 = Some(Dflash2Acceptance::from_step(m.step, m.ts_ms, d));
             }
             if let Some(online) = &m.online {
                 s.last_online = Some(OnlineEvalStatus {

@@ -183,6 +183,7 @@ pub(super) fn status() -> StatusSnapshot {
             base_accept_len: 2.31,
         }),
         last_dspark: None,
+        last_dflash2: None,
         detectors: Some(crate::config::DetectorsSection::default()),
         healthy_record: None,
         job: None,

@@ -13,7 +13,9 @@ use crossterm::event::KeyEvent;
 use dflash_shared::metrics::TimestampMs;
 use dflash_shared::protocol::{Request, Response};
 use dflash_shared::run_end::{run_ending, RunEnding};
-use dflash_shared::status::{DominoAcceptance, DsparkAcceptance, OnlineEvalStatus, StatusSnapshot};
+use dflash_shared::status::{
+    Dflash2Acceptance, DominoAcceptance, DsparkAcceptance, OnlineEvalStatus, StatusSnapshot,
+};
 
 use crate::actions::ActionFlow;
 use crate::client::supervisor::LinkEvent;
@@ -425,6 +427,21 @@ impl App {
                 .map(|d| DsparkAcceptance::from_step(m.step, m.ts_ms, d))
         });
         let from_status = self.status.as_ref().and_then(|s| s.last_dspark);
+        match (from_metrics, from_status) {
+            (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A DFlash2 run's newest training-batch acceptance: from the metrics stream or the last
+    /// status, whichever is newer.
+    pub fn last_dflash2(&self) -> Option<Dflash2Acceptance> {
+        let from_metrics = self.telemetry.last_metrics.as_ref().and_then(|m| {
+            m.dflash2
+                .as_ref()
+                .map(|d| Dflash2Acceptance::from_step(m.step, m.ts_ms, d))
+        });
+        let from_status = self.status.as_ref().and_then(|s| s.last_dflash2);
         match (from_metrics, from_status) {
             (Some(a), Some(b)) => Some(if a.ts_ms >= b.ts_ms { a } else { b }),
             (a, b) => a.or(b),

@@ -652,6 +652,16 @@ fn recipe_lines(app: &App, theme: &Theme) -> Vec<Line<'static>> {
             Span::raw(dspark.calibration_words()),
         ]));
     }
+    if let Some(dflash2) = app.last_dflash2() {
+        lines.push(Line::from(vec![
+            Span::styled("accept  ", theme.dim()),
+            Span::raw(dflash2.acceptance_words()),
+        ]));
+        lines.push(Line::from(vec![
+            Span::styled("select  ", theme.dim()),
+            Span::raw(dflash2.reach_words()),
+        ]));
+    }
     // The same pair served: the newest online evaluation's chain τ from the LM head alone and
     // with the correction. Its own row, so the teacher-forced batch figures above keep theirs.
     if let Some((base, last)) = app.last_online().and_then(|o| {

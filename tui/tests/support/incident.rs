@@ -431,6 +431,7 @@ impl Sim {
             last_online: None,
             last_domino: None,
             last_dspark: None,
+            last_dflash2: None,
             detectors: Some(self.detectors.clone()),
             healthy_record: None,
             job: None,

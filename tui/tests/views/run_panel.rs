@@ -422,6 +422,53 @@ fn incident_as_dspark(confidence_head: bool) -> Vec<RecordedFrame> {
     frames
 }
 
+/// The incident as a DFlash2 run would stream it: its status names the head, its metrics lines
+/// carry the selector's figures.
+fn incident_as_dflash2() -> Vec<RecordedFrame> {
+    use dflash_shared::config::{DrafterHead, Objective};
+    use dflash_shared::metrics::Dflash2StepMetrics;
+    use dflash_shared::status::RunObjective;
+    let mut frames = incident_with_thresholds(Some(DetectorsSection::default()));
+    for frame in &mut frames {
+        match &mut frame.frame {
+            Response::Status(status) => {
+                status.run.objective = Some(RunObjective::new(Objective::Dflash, 0.5));
+                status.run.drafter_head = Some(DrafterHead::Dflash2);
+            }
+            Response::Metrics(m) => {
+                m.dflash2 = Some(Dflash2StepMetrics {
+                    selector_alpha: 0.5,
+                    base_loss: m.loss,
+                    selector_loss: 1.2,
+                    unary_topk_recall: 0.817,
+                    oracle_accepted_length: 4.912,
+                    serving_accuracy: 0.61,
+                    serving_accepted_length: 3.354,
+                    unary_accepted_length: 3.104,
+                });
+            }
+            _ => {}
+        }
+    }
+    frames
+}
+
+#[test]
+fn the_run_panel_shows_a_dflash2_heads_unary_and_selector_tau_and_its_reach() {
+    let app = live_from(incident_as_dflash2(), false);
+    let text = screen::text(&render(&app, WIDTH, HEIGHT));
+    assert!(text.contains("objective DFlash, DFlash2 head"), "{text}");
+    assert!(
+        text.contains("accept  τ unary 3.10 → selector 3.35 (+0.25)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("select  top-K 0.82, oracle τ 4.91, α 0.50"),
+        "{text}"
+    );
+    assert!(text.contains("saved   step"), "{text}");
+}
+
 #[test]
 fn the_run_panel_shows_a_dspark_heads_base_and_markov_tau_and_its_confidence_calibration() {
     let app = live_from(incident_as_dspark(true), false);
