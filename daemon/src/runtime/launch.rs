@@ -743,9 +743,9 @@ fn banner(spec: &LaunchSpec, p: &Prepared, placement: &str, metrics_url: Option<
 }
 
 /// "tau chain 3.7200 · tree@32 4.4500": the held-out chain τ and, beside it, the oracle tree τ
-/// at the serving budget, the figure the drafter is judged by when served with DDTree. A
-/// DSpark drafter's held-out τ is SpecForge's `tau_probabilistic` (`train/eval.rs`), the
-/// expected accepted length from each slot's acceptance probability, not a decoded chain's.
+/// at the serving budget, the figure the drafter is judged by when served with DDTree. Every
+/// head's held-out τ is the teacher-forced greedy chain's (a DSpark drafter's too:
+/// `train/eval/heads.rs`; its `tau_probabilistic` is in the evaluation's `dspark` figures).
 fn held_out_words(
     tau: Option<f64>,
     tree: Option<&TreeOracleTau>,
@@ -753,9 +753,7 @@ fn held_out_words(
 ) -> Option<String> {
     let tau = tau?;
     let chain = match head {
-        Some(DrafterHead::Dspark) => {
-            format!("tau_probabilistic {tau:.4} (expected accepted length)")
-        }
+        Some(DrafterHead::Dspark) => format!("tau chain {tau:.4} (every slot drafting)"),
         _ => format!("tau chain {tau:.4}"),
     };
     Some(match tree.and_then(TreeOracleTau::at_serve_budget) {
@@ -808,10 +806,10 @@ mod tests {
     }
 
     #[test]
-    fn a_dspark_farewell_names_its_tau_as_tau_probabilistic() {
+    fn a_dspark_farewell_names_its_tau_as_the_chain_of_every_slot() {
         assert_eq!(
             held_out_words(Some(3.72), None, Some(DrafterHead::Dspark)).as_deref(),
-            Some("tau_probabilistic 3.7200 (expected accepted length)")
+            Some("tau chain 3.7200 (every slot drafting)")
         );
     }
 }

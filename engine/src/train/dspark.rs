@@ -226,6 +226,8 @@ fn chunked_terms(
     let mut stats = Tensor::zeros([stat::LEN], (Kind::Double, device));
     let mut accept = Tensor::zeros([slots], (Kind::Double, device));
     let mut base_accept = Tensor::zeros([slots], (Kind::Double, device));
+    let mut hit = Tensor::zeros([slots], (Kind::Double, device));
+    let mut base_hit = Tensor::zeros([slots], (Kind::Double, device));
     for (start, len) in block_aligned_chunks(&positions, bs, chunk_positions) {
         let (start, len) = (start as i64, len as i64);
         let rows = idx.narrow(0, start, len);
@@ -245,17 +247,23 @@ fn chunked_terms(
             stats += &terms.stats;
             let _ = accept.index_copy_(0, &rows, &terms.accept);
             let _ = base_accept.index_copy_(0, &rows, &terms.base_accept);
+            let _ = hit.index_copy_(0, &rows, &terms.hit);
+            let _ = base_hit.index_copy_(0, &rows, &terms.base_hit);
         });
     }
     let mask = valid.to_kind(Kind::Double).view([-1, bs]);
     let (tau, tau_blocks) = expected_accepted(&accept.view([-1, bs]), &mask);
     let (base_tau, _) = expected_accepted(&base_accept.view([-1, bs]), &mask);
+    // The same chain over 0/1 hits is the teacher-forced greedy acceptance.
+    let (greedy_tau, _) = expected_accepted(&hit.view([-1, bs]), &mask);
+    let (base_greedy_tau, _) = expected_accepted(&base_hit.view([-1, bs]), &mask);
     let stats = Vec::<f64>::try_from(&stats.to_device(Device::Cpu)).unwrap_or_default();
     let mut dspark = [0.0; DsparkSums::LEN];
     dspark[..9].copy_from_slice(&stats[stat::CE as usize..stat::CE as usize + 9]);
     let mut dspark = DsparkSums::from_array(dspark);
     (dspark.tau, dspark.base_tau, dspark.tau_blocks) = (tau, base_tau, tau_blocks);
     dspark.base_correct = stats[stat::BASE_CORRECT as usize];
+    (dspark.greedy_tau, dspark.base_greedy_tau) = (greedy_tau, base_greedy_tau);
     LossSums {
         weighted_ce: stats[stat::NUMERATOR as usize],
         weight: stats[stat::WEIGHT as usize],
@@ -295,12 +303,15 @@ struct ChunkInputs {
 }
 
 /// What one chunk contributes: the numerator (in the graph), the telemetry (`[stat::LEN]`,
-/// f64) and each row's acceptance probability from the corrected and from the base logits.
+/// f64), each row's acceptance probability and whether its argmax is the label, from the
+/// corrected and from the base logits.
 struct ChunkTerms {
     numerator: Tensor,
     stats: Tensor,
     accept: Tensor,
     base_accept: Tensor,
+    hit: Tensor,
+    base_hit: Tensor,
 }
 
 /// The module doc's formulas at one chunk's rows.
@@ -372,6 +383,11 @@ fn chunk_terms(chunk: &ChunkInputs, batch: &DsparkBatch) -> ChunkTerms {
             stats,
             accept: accept.to_kind(Kind::Double),
             base_accept: (base_l1 * -0.5 + 1.0).clamp(0.0, 1.0).to_kind(Kind::Double),
+            hit: predicted.eq_tensor(targets).to_kind(Kind::Double),
+            base_hit: base
+                .argmax(-1, false)
+                .eq_tensor(targets)
+                .to_kind(Kind::Double),
         }
     })
 }

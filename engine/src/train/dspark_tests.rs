@@ -286,6 +286,9 @@ struct Dense {
     counted: f64,
     tau: f64,
     base_tau: f64,
+    /// The teacher-forced greedy chain: `tau_of` over 0/1 hits.
+    greedy_tau: f64,
+    base_greedy_tau: f64,
     confidence_abs_error: f64,
     confidence_mean: f64,
 }
@@ -380,10 +383,17 @@ fn dense(s: &Setup, loss_weights: DsparkLossWeights) -> Dense {
         numerator: numerator.double_value(&[]),
         loss: numerator / weight.max(1e-300),
         weight,
-        correct: (hits * &mask).sum(Kind::Double).double_value(&[]),
+        correct: (&hits * &mask).sum(Kind::Double).double_value(&[]),
         counted,
         tau: tau_of(&a),
         base_tau: tau_of(&base_a),
+        greedy_tau: tau_of(&hits),
+        base_greedy_tau: tau_of(
+            &base
+                .argmax(-1, false)
+                .eq_tensor(&target)
+                .to_kind(Kind::Double),
+        ),
         confidence_abs_error: abs_error / weight.max(1e-300),
         confidence_mean: confidence_sum / counted.max(1.0),
     }
@@ -442,6 +452,13 @@ fn every_layouts_loss_and_gradients_are_the_dense_formulas() {
             "{what}"
         );
         let m = sums.dspark_metrics();
+        assert!(
+            close(m.greedy_tau, expected.greedy_tau)
+                && close(m.base_greedy_tau, expected.base_greedy_tau),
+            "{what}: greedy tau {} vs {}",
+            m.greedy_tau,
+            expected.greedy_tau
+        );
         assert!(
             close(m.tau_probabilistic, expected.tau),
             "{what}: tau {} vs {}",

@@ -75,11 +75,16 @@ pub struct DsparkSums {
     pub tau_blocks: f64,
     /// Supervised slots whose base argmax is the label.
     pub base_correct: f64,
+    /// Σ over the same blocks of `1 + Σ_k Π_{i≤k} [argmax_i = label_i]·m_i`: the greedy chain
+    /// a decoder accepts, teacher-forced (every head's τ), from the corrected logits and the
+    /// base ones.
+    pub greedy_tau: f64,
+    pub base_greedy_tau: f64,
 }
 
 impl DsparkSums {
     /// How many numbers [`Self::to_array`] writes.
-    pub const LEN: usize = 13;
+    pub const LEN: usize = 15;
 
     pub fn add(&mut self, other: &DsparkSums) {
         let mut sum = self.to_array();
@@ -104,6 +109,8 @@ impl DsparkSums {
             self.base_tau,
             self.tau_blocks,
             self.base_correct,
+            self.greedy_tau,
+            self.base_greedy_tau,
         ]
     }
 
@@ -122,6 +129,8 @@ impl DsparkSums {
             base_tau: a[10],
             tau_blocks: a[11],
             base_correct: a[12],
+            greedy_tau: a[13],
+            base_greedy_tau: a[14],
         }
     }
 }
@@ -149,6 +158,10 @@ pub struct DsparkMetrics {
     pub tau_probabilistic: f64,
     /// The same from the base logits.
     pub base_tau_probabilistic: f64,
+    /// The teacher-forced greedy chain τ per block (comparable with online chain τ), corrected
+    /// and base logits.
+    pub greedy_tau: f64,
+    pub base_greedy_tau: f64,
 }
 
 impl LossSums {
@@ -234,6 +247,8 @@ impl LossSums {
             draft_top1_prob: ratio(d.draft_top1, slots),
             tau_probabilistic: ratio(d.tau, d.tau_blocks),
             base_tau_probabilistic: ratio(d.base_tau, d.tau_blocks),
+            greedy_tau: ratio(d.greedy_tau, d.tau_blocks),
+            base_greedy_tau: ratio(d.base_greedy_tau, d.tau_blocks),
         }
     }
 
@@ -495,7 +510,7 @@ mod tests {
         }
         let sums = LossSums::from_array(values);
         assert_eq!(sums.to_array(), values);
-        assert_eq!(sums.dspark.base_correct, (10 + DsparkSums::LEN) as f64);
+        assert_eq!(sums.dspark.base_greedy_tau, (10 + DsparkSums::LEN) as f64);
         assert_eq!(sums.dflash2.blocks, LossSums::LEN as f64);
         let mut doubled = sums;
         doubled.add(&sums);

@@ -28,6 +28,13 @@ pub struct DsparkEval {
     pub tau_probabilistic: f64,
     /// `tau_probabilistic` from the LM head's logits alone (the Markov head off).
     pub base_tau_probabilistic: f64,
+    /// The teacher-forced greedy chain τ (1 + the leading slots whose argmax is the label),
+    /// with and without the Markov head: the report's `tau` and `base_tau`, comparable with
+    /// online chain τ. Reports from before them read 0.
+    #[serde(default)]
+    pub greedy_tau: f64,
+    #[serde(default)]
+    pub base_greedy_tau: f64,
     /// `acc`: the corrected logits' argmax against the label, over the supervised slots.
     pub acc: f64,
     pub base_acc: f64,
@@ -255,6 +262,8 @@ fn dspark_report(
         confidence_loss: m.confidence_loss,
         tau_probabilistic: m.tau_probabilistic,
         base_tau_probabilistic: m.base_tau_probabilistic,
+        greedy_tau: m.greedy_tau,
+        base_greedy_tau: m.base_greedy_tau,
         acc: m.acc,
         base_acc: m.base_acc,
         acceptance_mean: m.accept_probability_mean,
@@ -263,11 +272,11 @@ fn dspark_report(
         weights: [w.ce, w.l1, w.confidence],
     };
     EvalReport {
-        tau: m.tau_probabilistic,
+        tau: m.greedy_tau,
         loss: dspark.loss,
         accuracy: m.acc,
         blocks: sums.dspark.tau_blocks as u64,
-        base_tau: Some(m.base_tau_probabilistic),
+        base_tau: Some(m.base_greedy_tau),
         dspark: Some(dspark),
         ..headline_only(sums, drafter, samples, opts)
     }

@@ -142,7 +142,8 @@ pub struct EvalReport {
     pub base_tau: Option<f64>,
     /// A DSpark drafter's figures as SpecForge's `OnlineDSparkModel` computes them, every
     /// valid position an anchor. For such a drafter `tau` and `base_tau` are its
-    /// `tau_probabilistic` with and without the Markov head, `loss` its loss and `accuracy`
+    /// teacher-forced greedy chain τ with and without the Markov head (as every head's `tau`,
+    /// comparable with online chain τ; `tau_probabilistic` is in `dspark`), `loss` its loss and `accuracy`
     /// its `acc`; the per-slot rates and the tree oracle, which read DFlash's slots, are empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dspark: Option<DsparkEval>,
