@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use super::error::BenchError;
-use super::flops::{corrected_positions, step_flops, teacher_positions, StepWork};
+use super::flops::{corrected_positions, head_positions, step_flops, teacher_positions, StepWork};
 use super::presets::{FeatureSource, StepPreset, TokenSource};
 use dflash_engine::data::Sample;
 use dflash_engine::embedded::tiny_samples;
@@ -202,6 +202,7 @@ pub fn prepare_step_case(preset: &StepPreset, dir: &Path) -> Result<StepMeta, Be
         keep: &anchors.keep,
         weighted_positions,
         corrected_positions: corrected_positions(d, &labels.weights),
+        head_positions: head_positions(d, &labels.weights),
         teacher_positions: teacher_positions(d, weighted_positions),
         vocab_size: preset.vocab_size(),
     });

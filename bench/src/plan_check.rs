@@ -20,7 +20,8 @@ use super::presets::step_preset;
 use crate::flop_counter::CountedFlops;
 use dflash_engine::plan::drafter::RankContext;
 use dflash_engine::plan::flops::{
-    corrected_positions, drafter_step_executed_flops, teacher_positions, ExecutedFlops, StepWork,
+    corrected_positions, drafter_step_executed_flops, head_positions, teacher_positions,
+    ExecutedFlops, StepWork,
 };
 use dflash_engine::plan::{drafter_memory, ActivationPrecision, StepShape};
 
@@ -92,6 +93,7 @@ pub fn predict(
     let keep: Vec<bool> = Vec::try_from(t.get("keep")?.flatten(0, -1).to_kind(Kind::Bool))?;
     let weights: Vec<f32> = Vec::try_from(t.get("weights")?.flatten(0, -1).to_kind(Kind::Float))?;
     let corrected = corrected_positions(&preset.drafter, &weights);
+    let head = head_positions(&preset.drafter, &weights);
     let executed = drafter_step_executed_flops(
         &StepWork {
             drafter: &preset.drafter,
@@ -101,6 +103,7 @@ pub fn predict(
             keep: &keep,
             weighted_positions: meta.weighted_positions,
             corrected_positions: corrected,
+            head_positions: head,
             teacher_positions: teacher_positions(&preset.drafter, meta.weighted_positions),
             vocab_size: preset.drafter.vocab_size,
         },
@@ -113,6 +116,7 @@ pub fn predict(
         keep,
         weighted_positions: meta.weighted_positions,
         corrected_positions: corrected,
+        head_positions: head,
         loss_chunk_positions: meta.loss_chunk_positions,
         tree_budget: 0,
     };
@@ -421,6 +425,7 @@ mod tests {
                     keep: &keep,
                     weighted_positions: weighted,
                     corrected_positions: 0,
+                    head_positions: weighted,
                     teacher_positions: teacher,
                     vocab_size: v,
                 },
@@ -470,6 +475,103 @@ mod tests {
             assert_eq!(counted.matmul, predicted, "{config:?}");
             assert_eq!(counted.attention_forward + counted.attention_backward, 0.0);
         }
+    }
+
+    /// DFlash2's loss (`train/dflash2.rs::dflash2_backward`) with a trained selector, over
+    /// blocks of which one holds no weighted slot (the LM head skips it) and one a single
+    /// weighted slot, in three chunks: the kernels it runs (the LM head over every slot of the
+    /// other five blocks and its input gradient, the selector's `hidden_projection` and
+    /// candidate scoring there with both gradients, and the greedy walk's, forward only) equal
+    /// the executed FLOP model's DFlash2 terms less the layers' kernel projections (the
+    /// convolutions run in the drafter's forward, not in the loss), plus the LM head's.
+    #[test]
+    fn the_executed_flop_model_equals_the_count_of_dflash2s_loss() {
+        use dflash_engine::model::drafter::{
+            CandidateSelector, Dflash2Config, DrafterConfig, DrafterHead,
+        };
+        use dflash_engine::model::target::TargetConfig;
+        use dflash_engine::plan::flops::dflash2_terms;
+        use dflash_engine::train::block_objective::LossObjective;
+        use dflash_engine::train::dflash2::{dflash2_backward, Dflash2Batch};
+        use tch::{nn, Tensor};
+        // Random inputs and selector: no other test may reseed or draw in between.
+        let _rng = crate::torch_rng_lock();
+        let tiny =
+            dflash_engine::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+        let (v, h, bs, blocks) = (300, tiny.hidden_size, tiny.block_size, 6);
+        let q = bs * blocks;
+        let anchors: Vec<i64> = (0..blocks).map(|j| 10 * j).collect();
+        let keep = vec![true; blocks as usize];
+        // Slots 1..=4 of blocks 0, 1, 3 and 4, slot 1 of block 5, none of block 2.
+        let weights: Vec<f32> = (0..q)
+            .map(|i| {
+                let (block, slot) = (i / bs, i % bs);
+                let weighted = match block {
+                    2 => false,
+                    5 => slot == 1,
+                    _ => (1..=4).contains(&slot),
+                };
+                if weighted {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let weighted = weights.iter().filter(|w| **w > 0.0).count() as i64;
+        let config = Dflash2Config {
+            conv_kernel_size: 2,
+            conv_group_size: 4,
+            selector_rank: 5,
+            selector_top_k: 4,
+            output_multiplier: 1.0,
+            final_logit_softcapping: Some(30.0),
+        };
+        let d = DrafterConfig {
+            vocab_size: v,
+            head: DrafterHead::Dflash2(config),
+            ..tiny.clone()
+        };
+        let head = head_positions(&d, &weights);
+        assert_eq!((weighted, head), (17, 5 * bs));
+        let t = dflash2_terms(&StepWork {
+            drafter: &d,
+            batch: 1,
+            seq_len: 100,
+            anchors: &anchors,
+            keep: &keep,
+            weighted_positions: weighted,
+            corrected_positions: 0,
+            head_positions: head,
+            teacher_positions: 0,
+            vocab_size: v,
+        })
+        .unwrap();
+        let opts = (Kind::Float, Device::Cpu);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let selector = CandidateSelector::new(&vs.root(), &config, h, v, 0.02);
+        let lm_head = Tensor::randn([v, h], opts);
+        let targets = Tensor::randint(v, [1, q], (Kind::Int64, Device::Cpu));
+        let weights = Tensor::from_slice(&weights).view([1, q]);
+        let batch = Dflash2Batch {
+            selector: &selector,
+            lm_head: &lm_head,
+            targets: &targets,
+            weights: &weights,
+            block_size: bs,
+            selector_alpha: 1.0,
+            stop_gradient: false,
+        };
+        let out = Tensor::randn([1, q, h], opts).set_requires_grad(true);
+        // Chunks of at most 9 weighted positions: blocks 0–1, 3–4, then 5.
+        let (_, counted) = crate::flop_counter::count_flops(|| {
+            dflash2_backward(&out, &batch, LossObjective::Dflash, 1.0, 9)
+        });
+        let convolutions = 3.0 * t.layers * t.layer_conv_projections;
+        let lm_head_flops = 2.0 * 2.0 * (head * h * v) as f64;
+        let predicted = t.forward() + t.backward() - convolutions + lm_head_flops;
+        assert_eq!(counted.matmul, predicted);
+        assert_eq!(counted.attention_forward + counted.attention_backward, 0.0);
     }
 
     #[test]

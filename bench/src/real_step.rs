@@ -22,7 +22,7 @@ use dflash_engine::data::Sample;
 use dflash_engine::model::drafter::{AttentionBackend, DrafterConfig, LayerType};
 use dflash_engine::plan::drafter::{drafter_memory, RankContext};
 use dflash_engine::plan::flops::{
-    corrected_positions, drafter_step_flops, teacher_positions, StepWork,
+    corrected_positions, drafter_step_flops, head_positions, teacher_positions, StepWork,
 };
 use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
 use dflash_engine::train::block_objective::LossObjective;
@@ -425,6 +425,7 @@ fn step_shape(d: &DrafterConfig, micro: &PreparedMicro, loss_chunk_positions: i6
         keep: micro.anchors.keep.clone(),
         weighted_positions: micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64,
         corrected_positions: corrected_positions(d, &micro.labels.weights),
+        head_positions: head_positions(d, &micro.labels.weights),
         loss_chunk_positions,
         tree_budget: 0,
     }
@@ -439,6 +440,7 @@ fn step_flops(d: &DrafterConfig, step_shape: &StepShape) -> f64 {
         keep: &step_shape.keep,
         weighted_positions: step_shape.weighted_positions,
         corrected_positions: step_shape.corrected_positions,
+        head_positions: step_shape.head_positions,
         teacher_positions: teacher_positions(d, step_shape.weighted_positions),
         vocab_size: d.vocab_size,
     })

@@ -228,6 +228,7 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
         keep: vec![true; blocks as usize],
         weighted_positions: q,
         corrected_positions: 0,
+        head_positions: q,
         loss_chunk_positions: q / 2,
         tree_budget: 0,
     };
@@ -306,6 +307,7 @@ fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
         keep: vec![true; blocks as usize],
         weighted_positions: 0,
         corrected_positions: 0,
+        head_positions: 0,
         loss_chunk_positions: 1,
         tree_budget: 0,
     };

@@ -195,6 +195,7 @@ fn the_real_structures_scheduled_attention_shapes_stay_within_the_bound() {
             keep: &m.anchors.keep,
             weighted_positions: 0,
             corrected_positions: 0,
+            head_positions: 0,
             teacher_positions: 0,
             vocab_size: drafter_cfg.vocab_size,
         }));

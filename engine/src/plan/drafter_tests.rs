@@ -197,6 +197,50 @@ fn the_tree_objective_adds_only_its_top_b_per_chunk_position_at_the_27b_shape() 
     assert_eq!(tree_chunk_bytes(&d, &s, 10.0), 0.0);
 }
 
+#[test]
+fn the_plan_counts_a_dflash2_heads_parameters_as_the_model_holds_them() {
+    use crate::model::drafter::{Dflash2Config, Drafter};
+    use crate::model::target::TargetConfig;
+    let plain = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
+    let count = |d: &DrafterConfig| {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let _drafter = Drafter::new(&vs.root(), d);
+        vs.variables()
+            .values()
+            .map(|t| t.numel() as f64)
+            .sum::<f64>()
+    };
+    assert_eq!(dflash2_params(&plain), 0.0);
+    let (h, v, layers) = (
+        plain.hidden_size as f64,
+        plain.vocab_size as f64,
+        plain.layer_types.len() as f64,
+    );
+    for (taps, group, rank) in [(2, 4, 5), (3, 8, 2)] {
+        let head = Dflash2Config {
+            conv_kernel_size: taps,
+            conv_group_size: group,
+            selector_rank: rank,
+            selector_top_k: 4,
+            output_multiplier: 1.0,
+            final_logit_softcapping: Some(30.0),
+        };
+        let d = DrafterConfig {
+            head: DrafterHead::Dflash2(head),
+            ..plain.clone()
+        };
+        d.validate("test").unwrap();
+        // By hand: per layer two convolutions, each base_kernel [2, taps, H] and
+        // kernel_projection [2·taps·G, H]; the codebooks [V, r] and hidden_projection [r, H].
+        let (taps, groups, r) = (taps as f64, (plain.hidden_size / group) as f64, rank as f64);
+        let conv = 2.0 * taps * h + 2.0 * taps * groups * h;
+        let by_hand = layers * 2.0 * conv + 2.0 * v * r + r * h;
+        assert_eq!(dflash2_params(&d), by_hand, "{head:?}");
+        assert_eq!(drafter_params(&d), count(&d), "{head:?}");
+        assert_eq!(drafter_params(&d) - drafter_params(&plain), by_hand);
+    }
+}
+
 fn dspark(
     markov_rank: i64,
     kind: MarkovHeadType,

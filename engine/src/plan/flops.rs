@@ -13,6 +13,11 @@
 //! A DSpark head adds its Markov head's latents over every slot (the gated variant's gate, the
 //! RNN's joint projection; the vanilla one is a lookup), `W₂` over the weighted positions and
 //! its confidence head there, each with its input and weight gradients ([`DsparkTerms`]).
+//! A DFlash2 head runs the LM head over every slot of each block holding a weighted position
+//! ([`head_positions`]) and adds its convolutions' kernel projections over every draft
+//! position, its selector's `hidden_projection` and candidate scoring over the head positions,
+//! each with its input and weight gradients, and the metrics walk's, forward only
+//! ([`Dflash2Terms`]).
 //! A head that distils the target's own distribution adds the teacher's logits: the frozen
 //! LM head over the target's last hidden state at every weighted position, forward only
 //! ([`teacher_head_flops`]); and its target pass runs every layer, to the last
@@ -70,8 +75,11 @@ pub struct StepWork<'a> {
     /// Row-major `[batch, blocks]`.
     pub anchors: &'a [i64],
     pub keep: &'a [bool],
-    /// Positions projected through the LM head (weight > 0).
+    /// Positions with a positive loss weight.
     pub weighted_positions: i64,
+    /// Positions the LM head runs over: the weighted ones, or for DFlash2 every slot of each
+    /// block holding one ([`head_positions`]).
+    pub head_positions: i64,
     /// Of those, the ones a Domino head corrects (their slot ≥ `1 + pure_draft_prefix_len`,
     /// [`corrected_positions`]): what `embed_proj` runs over. 0 without a Domino head.
     pub corrected_positions: i64,
@@ -96,6 +104,22 @@ pub fn corrected_positions(d: &DrafterConfig, weights: &[f32]) -> i64 {
         .enumerate()
         .filter(|&(i, &w)| w > 0.0 && i % bs >= first)
         .count() as i64
+}
+
+/// The positions the LM head runs over, from the loss weights (row-major `[B, N·bs]`, as
+/// [`corrected_positions`] reads them): those with a positive weight, or with a DFlash2 head
+/// every slot of each block holding one (`train/dflash2.rs::chunk_blocks` projects whole
+/// blocks, slot 0 and unsupervised slots included, for the selector and its greedy walk).
+pub fn head_positions(d: &DrafterConfig, weights: &[f32]) -> i64 {
+    if d.head.dflash2().is_none() {
+        return weights.iter().filter(|&&w| w > 0.0).count() as i64;
+    }
+    let bs = d.block_size.max(1) as usize;
+    let blocks = weights
+        .chunks(bs)
+        .filter(|block| block.iter().any(|&w| w > 0.0))
+        .count();
+    (blocks * bs) as i64
 }
 
 /// The positions whose teacher distribution a step computes: every weighted position when
@@ -131,7 +155,7 @@ impl StepFlops {
 }
 
 /// The forward matmuls of one step: `fc` over the context, one layer's projections (the same
-/// for every layer), the LM head over the weighted positions, and the teacher's LM head
+/// for every layer), the LM head over the head positions ([`StepWork::head_positions`]), and the teacher's LM head
 /// (forward only, [`teacher_head_flops`]).
 struct MatmulTerms {
     fc: f64,
@@ -157,7 +181,7 @@ fn matmul_terms(w: &StepWork<'_>) -> MatmulTerms {
             + 2.0 * 2.0 * (b * s + q) * h * hkv * hd    // k_proj, v_proj over context and block
             + 2.0 * q * hq * hd * h                     // o_proj
             + 3.0 * 2.0 * q * h * inter, // gate, up, down
-        head: 2.0 * w.weighted_positions as f64 * h * w.vocab_size as f64,
+        head: 2.0 * w.head_positions as f64 * h * w.vocab_size as f64,
         teacher: teacher_head_flops(w.teacher_positions, d.target_hidden_size, w.vocab_size),
     }
 }
@@ -269,6 +293,78 @@ pub fn dspark_terms(w: &StepWork<'_>) -> Option<DsparkTerms> {
     })
 }
 
+/// A DFlash2 head's forward matmuls (`drafter/dflash2.rs`, `train/dflash2.rs`):
+///
+/// - per layer, both convolutions' `kernel_projection` (`[., H] × [H, 2·taps·G]`) over every
+///   draft position (`GroupedConv::prepare`, padding blocks included); the convolution itself
+///   (`convolve`: per tap a product and a sum with shifted inputs) is elementwise;
+/// - the selector's teacher-forced scores over every head position
+///   ([`StepWork::head_positions`], `selector_term`): `hidden_projection` (`[., H] × [H, r]`)
+///   and the candidates' transition `B[cand] [K, r] · context [r]` (a batched matmul); the
+///   codebook rows are gathers and `A[prev] ⊙ W_h·h` is elementwise, so neither counts;
+/// - the greedy walk that measures serving (`measure`, `CandidateSelector::greedy_path`, under
+///   no_grad): one more `score` per slot ≥ 1 of each head block, the same two matmuls.
+///
+/// Counted for a step that trains the selector (`α_eff > 0`, no
+/// `training.dflash2.selector_stop_gradient`). At `α_eff = 0` the selector's scores run under
+/// no_grad (forward only); with the stop-gradient its `hidden_projection` reads a detached
+/// state (its weight gradient only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dflash2Terms {
+    /// One layer's two kernel projections (every layer has the same).
+    pub layer_conv_projections: f64,
+    pub layers: f64,
+    pub hidden_projection: f64,
+    pub candidate_scores: f64,
+    /// The walk's `hidden_projection` and scoring, forward only.
+    pub walk: f64,
+}
+
+impl Dflash2Terms {
+    pub fn forward(&self) -> f64 {
+        self.trained() + self.walk
+    }
+
+    /// Every trained matmul's input and weight gradients: the kernel projections read a normed
+    /// layer input and `hidden_projection` the drafter's output (both in the graph), and the
+    /// transition's operands are rows of the two trained codebooks (`A[prev]` scaling the
+    /// context). The walk takes none.
+    pub fn backward(&self) -> f64 {
+        2.0 * self.trained()
+    }
+
+    fn trained(&self) -> f64 {
+        self.layers * self.layer_conv_projections + self.hidden_projection + self.candidate_scores
+    }
+}
+
+pub fn dflash2_terms(w: &StepWork<'_>) -> Option<Dflash2Terms> {
+    let d = w.drafter;
+    let c = d.head.dflash2()?;
+    let (h, r, k) = (
+        d.hidden_size as f64,
+        c.selector_rank as f64,
+        c.selector_top_k as f64,
+    );
+    let q = draft_positions(w);
+    let taps = c.conv_kernel_size as f64;
+    let groups = c.conv_groups(d.hidden_size) as f64;
+    let head = w.head_positions as f64;
+    let bs = d.block_size.max(1) as f64;
+    // Slots 1..bs of every head block: `greedy_path` walks the block after its anchor.
+    let walked = head / bs * (bs - 1.0);
+    let score = |rows: f64| (2.0 * rows * h * r, 2.0 * rows * k * r);
+    let (hidden_projection, candidate_scores) = score(head);
+    let (walk_projection, walk_scores) = score(walked);
+    Some(Dflash2Terms {
+        layer_conv_projections: 2.0 * 2.0 * q * h * 2.0 * taps * groups,
+        layers: d.layer_types.len() as f64,
+        hidden_projection,
+        candidate_scores,
+        walk: walk_projection + walk_scores,
+    })
+}
+
 /// `B · N · bs`, padding blocks included (they run through every projection).
 fn draft_positions(w: &StepWork<'_>) -> f64 {
     let blocks = (w.anchors.len() as i64 / w.batch.max(1)) as f64;
@@ -288,7 +384,7 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
             4.0 * hd * hq * pairs as f64 // q·k and p·v
         })
         .sum();
-    let (domino, dspark) = (domino_terms(w), dspark_terms(w));
+    let (domino, dspark, dflash2) = (domino_terms(w), dspark_terms(w), dflash2_terms(w));
     StepFlops {
         forward: m.fc
             + layers_fwd
@@ -296,13 +392,15 @@ pub fn drafter_step_flops(w: &StepWork<'_>) -> StepFlops {
             + m.head
             + m.teacher
             + domino.map_or(0.0, |t| t.forward())
-            + dspark.map_or(0.0, |t| t.forward()),
+            + dspark.map_or(0.0, |t| t.forward())
+            + dflash2.map_or(0.0, |t| t.forward()),
         backward: m.fc
             + 2.0 * layers_fwd
             + 2.0 * attention_fwd
             + m.head
             + domino.map_or(0.0, |t| t.backward())
-            + dspark.map_or(0.0, |t| t.backward()),
+            + dspark.map_or(0.0, |t| t.backward())
+            + dflash2.map_or(0.0, |t| t.backward()),
     }
 }
 
@@ -326,7 +424,8 @@ impl ExecutedFlops {
 /// matmuls of [`drafter_step_flops`]; attention over every key each fused call is handed (per
 /// chunk of the schedule `ChunkSchedule::new` makes, `rows × (context range + rows)` for every
 /// query head, forward q·k and p·v, backward twice that); and with `activation_checkpointing`
-/// one more forward of every layer before the last. A step with no weighted position runs
+/// one more forward of every layer before the last (a DFlash2 layer's kernel projections
+/// with it). A step with no weighted position runs
 /// the forward only (nothing to backpropagate, nothing recomputed).
 pub fn drafter_step_executed_flops(
     w: &StepWork<'_>,
@@ -357,13 +456,14 @@ pub fn drafter_step_executed_flops(
         })
         .collect();
     let forward_attention: f64 = attention.iter().sum();
-    let (domino, dspark) = (domino_terms(w), dspark_terms(w));
+    let (domino, dspark, dflash2) = (domino_terms(w), dspark_terms(w), dflash2_terms(w));
     let forward_matmul = m.fc
         + layers as f64 * m.layer_projections
         + m.head
         + m.teacher
         + domino.map_or(0.0, |t| t.forward())
-        + dspark.map_or(0.0, |t| t.forward());
+        + dspark.map_or(0.0, |t| t.forward())
+        + dflash2.map_or(0.0, |t| t.forward());
     if w.weighted_positions == 0 {
         return ExecutedFlops {
             matmul: forward_matmul,
@@ -383,7 +483,9 @@ pub fn drafter_step_executed_flops(
             + m.head
             + domino.map_or(0.0, |t| t.backward())
             + dspark.map_or(0.0, |t| t.backward())
-            + recomputed as f64 * m.layer_projections,
+            + dflash2.map_or(0.0, |t| t.backward())
+            + recomputed as f64 * m.layer_projections
+            + recomputed as f64 * dflash2.map_or(0.0, |t| t.layer_conv_projections),
         attention_forward: forward_attention + attention[..recomputed].iter().sum::<f64>(),
         attention_backward: 2.0 * forward_attention,
     }

@@ -66,6 +66,7 @@ fn two_blocks_in_six_tokens(d: &DrafterConfig) -> StepWork<'_> {
         keep: &[true, true],
         weighted_positions: 2,
         corrected_positions: corrected_positions(d, &[0.0, 1.0, 0.0, 1.0]),
+        head_positions: head_positions(d, &[0.0, 1.0, 0.0, 1.0]),
         teacher_positions: 0,
         vocab_size: 10,
     }
@@ -204,6 +205,7 @@ fn the_gru_backpropagates_into_every_state_but_the_first() {
         weighted_positions: 6,
         // Slots 1..=3 of both blocks weighted, slot 1 in the pure-draft prefix.
         corrected_positions: corrected_positions(&d, &[0., 1., 1., 1., 0., 1., 1., 1.]),
+        head_positions: 6,
         teacher_positions: 0,
         vocab_size: 10,
     };
@@ -259,6 +261,7 @@ fn executed_attention_covers_at_least_the_useful_pairs() {
         keep: &keep,
         weighted_positions: 0,
         corrected_positions: 0,
+        head_positions: 0,
         teacher_positions: 0,
         vocab_size: 10,
     };
@@ -360,6 +363,7 @@ fn a_dspark_head_adds_its_markov_and_confidence_heads_and_the_teacher_by_hand() 
         StepWork {
             weighted_positions: 3,
             corrected_positions: 0,
+            head_positions: 3,
             teacher_positions: if distils { teacher_positions(d, 3) } else { 0 },
             ..two_blocks_in_six_tokens(d)
         }
@@ -425,4 +429,112 @@ fn a_dspark_head_adds_its_markov_and_confidence_heads_and_the_teacher_by_hand() 
         );
     }
     assert!(dspark_terms(&work(&plain, false)).is_none());
+}
+
+fn with_dflash2(d: &DrafterConfig) -> DrafterConfig {
+    use crate::model::drafter::{Dflash2Config, DrafterHead};
+    DrafterConfig {
+        head: DrafterHead::Dflash2(Dflash2Config {
+            conv_kernel_size: 2,
+            conv_group_size: 2,
+            selector_rank: 3,
+            selector_top_k: 2,
+            output_multiplier: 1.0,
+            final_logit_softcapping: None,
+        }),
+        ..d.clone()
+    }
+}
+
+#[test]
+fn the_lm_head_runs_over_whole_blocks_only_with_a_dflash2_head() {
+    let plain = DrafterConfig {
+        block_size: 4,
+        ..one_layer_drafter()
+    };
+    // Blocks 0 and 2 hold weighted slots (3 in all), blocks 1 and 3 none.
+    let weights = [
+        0., 0.9, 0.8, 0., 0., 0., 0., 0., 0., 0.7, 0., 0., 0., 0., 0., 0.,
+    ];
+    assert_eq!(head_positions(&plain, &weights), 3);
+    assert_eq!(head_positions(&with_dflash2(&plain), &weights), 8);
+    assert_eq!(head_positions(&with_dflash2(&plain), &[0.0; 8]), 0);
+}
+
+#[test]
+fn a_dflash2_head_adds_its_convolutions_selector_and_walk_by_hand() {
+    let plain = DrafterConfig {
+        block_size: 4,
+        layer_types: vec![LayerType::Full, LayerType::Full],
+        num_hidden_layers: 2,
+        ..one_layer_drafter()
+    };
+    let d = with_dflash2(&plain);
+    // 4 blocks of 4 (the last a padding block): Q = 16 draft positions; weighted slots 1 and 2
+    // of block 0 and slot 1 of block 2, so the head runs over blocks 0 and 2, 8 slots.
+    let weights = [
+        0., 0.9, 0.8, 0., 0., 0., 0., 0., 0., 0.7, 0., 0., 0., 0., 0., 0.,
+    ];
+    let work = |d| StepWork {
+        drafter: d,
+        batch: 1,
+        seq_len: 16,
+        anchors: &[2, 6, 9, 0],
+        keep: &[true, true, true, false],
+        weighted_positions: 3,
+        corrected_positions: 0,
+        head_positions: head_positions(d, &weights),
+        teacher_positions: 0,
+        vocab_size: 10,
+    };
+    let (w, base) = (work(&d), work(&plain));
+    // H = 4, taps = 2, G = 4 / 2 = 2, r = 3, K = 2, V = 10.
+    // Per layer two kernel projections [16, 4] × [4, 2·2·2].
+    let conv = 2.0 * (2.0 * 16.0 * 4.0 * 8.0);
+    // The selector over the 8 head slots: W_h [8, 4] × [4, 3]; B[cand] [2, 3] · context [3].
+    let (projection, scores) = (2.0 * 8.0 * 4.0 * 3.0, 2.0 * 8.0 * 2.0 * 3.0);
+    // The walk: slots 1..=3 of the 2 head blocks, 6 rows of each, forward only.
+    let walk = 2.0 * 6.0 * 4.0 * 3.0 + 2.0 * 6.0 * 2.0 * 3.0;
+    let t = dflash2_terms(&w).unwrap();
+    assert_eq!(
+        (t.layer_conv_projections, t.layers, t.hidden_projection),
+        (conv, 2.0, projection)
+    );
+    assert_eq!((t.candidate_scores, t.walk), (scores, walk));
+    // The LM head over 8 slots instead of the 3 weighted ones; its backward is the input
+    // gradient alone.
+    let head = 2.0 * (8.0 - 3.0) * 4.0 * 10.0;
+    let (with, without) = (drafter_step_flops(&w), drafter_step_flops(&base));
+    let trained = 2.0 * conv + projection + scores;
+    assert_eq!(with.forward - without.forward, head + trained + walk);
+    assert_eq!(with.backward - without.backward, head + 2.0 * trained);
+    // The executed count runs the same matmuls, and checkpointing recomputes the first
+    // layer's kernel projections with its other projections.
+    let executed = |w: &StepWork<'_>, ckpt| drafter_step_executed_flops(w, ckpt).matmul;
+    assert_eq!(
+        executed(&w, false) - executed(&base, false),
+        with.total() - without.total()
+    );
+    assert_eq!(
+        executed(&w, true) - executed(&base, true),
+        with.total() - without.total() + conv
+    );
+    assert!(dflash2_terms(&base).is_none());
+}
+
+#[test]
+fn the_typical_step_runs_a_dflash2_head_over_whole_blocks() {
+    use crate::plan::StepShape;
+    let plain = DrafterConfig {
+        block_size: 4,
+        ..one_layer_drafter()
+    };
+    // 8 anchors over the last 31 valid positions of 64 tokens: every block holds a weighted
+    // slot (the last, at 61, slots 1 and 2 only), so DFlash2's head runs over all 4 of each.
+    let typical = |d: &DrafterConfig| StepShape::typical(d, 2, 64, 8, 0.5, 1024);
+    let (base, d2) = (typical(&plain), typical(&with_dflash2(&plain)));
+    assert_eq!(base.head_positions, base.weighted_positions);
+    assert_eq!(d2.weighted_positions, base.weighted_positions);
+    assert_eq!(d2.head_positions, 2 * 8 * 4);
+    assert!(d2.weighted_positions < d2.head_positions);
 }

@@ -180,6 +180,7 @@ fn plan_carrying(spec: &RunSpec, carries_last_hidden: bool) -> RunPlan {
         keep: &s.keep,
         weighted_positions: s.weighted_positions,
         corrected_positions: s.corrected_positions,
+        head_positions: s.head_positions,
         teacher_positions: if carries_last_hidden {
             s.weighted_positions
         } else {

@@ -48,6 +48,9 @@ pub struct StepShape {
     /// Of those, the ones a Domino head corrects (`plan::flops::corrected_positions`); 0
     /// without a Domino head.
     pub corrected_positions: i64,
+    /// Positions the LM head runs over (`plan::flops::head_positions`): the weighted ones, or
+    /// with a DFlash2 head every slot of each block holding one.
+    pub head_positions: i64,
     /// `training.loss_chunk_positions`.
     pub loss_chunk_positions: i64,
     /// The tree objective's budget (`train/tree_objective.rs`: each loss chunk keeps the top
@@ -118,6 +121,13 @@ impl StepShape {
                 .map(|&a| (weighted_slots(a) - m.pure_draft_prefix_len).max(0))
                 .sum()
         });
+        // DFlash2's LM head runs over whole blocks: all `bs` slots of each block with a
+        // weighted slot.
+        let head = if drafter.head.dflash2().is_some() {
+            row.iter().filter(|&&a| weighted_slots(a) > 0).count() as i64 * bs
+        } else {
+            weighted
+        };
         Self {
             batch,
             seq_len,
@@ -125,6 +135,7 @@ impl StepShape {
             keep,
             weighted_positions: batch * weighted,
             corrected_positions: batch * corrected,
+            head_positions: batch * head,
             loss_chunk_positions,
             tree_budget: 0,
         }

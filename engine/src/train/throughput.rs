@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use crate::model::drafter::DrafterConfig;
 use crate::model::target::{FeatureRequest, TargetConfig};
 use crate::plan::flops::{
-    corrected_positions, drafter_step_flops, target_forward_flops, teacher_positions, StepWork,
+    corrected_positions, drafter_step_flops, head_positions, target_forward_flops,
+    teacher_positions, StepWork,
 };
 use crate::train::micro::PreparedMicro;
 
@@ -18,7 +19,7 @@ pub fn draft_positions(micro: &PreparedMicro, block_size: i64) -> u64 {
 }
 
 /// Forward + backward FLOPs of the drafter on `micro` (useful work only: visible attention
-/// pairs of kept blocks, the LM head over weighted positions, and the teacher's LM head
+/// pairs of kept blocks, the LM head over its head positions, and the teacher's LM head
 /// there when the head distils the target).
 pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
     let weighted = micro.labels.weights.iter().filter(|w| **w > 0.0).count() as i64;
@@ -30,6 +31,7 @@ pub fn drafter_flops(cfg: &DrafterConfig, micro: &PreparedMicro) -> f64 {
         keep: &micro.anchors.keep,
         weighted_positions: weighted,
         corrected_positions: corrected_positions(cfg, &micro.labels.weights),
+        head_positions: head_positions(cfg, &micro.labels.weights),
         teacher_positions: teacher_positions(cfg, weighted),
         vocab_size: cfg.vocab_size,
     })
