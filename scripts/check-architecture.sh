@@ -3,7 +3,7 @@
 #
 # Inside dflashd (daemon/src), dflash-engine (engine/src), dflash-shared (shared/src) and
 # dflash-tui (tui/src) it reads every `crate::<module>` path of the code that ships (comments
-# stripped; a file's `#[cfg(test)]` tail and `*_tests.rs` files are test code and exempt) and
+# stripped; a file's `#[cfg(test)]` tail, `*_tests.rs` and `*/tests.rs` files are test code and exempt) and
 # fails on any against the directions the page states, naming the file, the import and the
 # rule. Between crates it checks with `cargo tree -e normal` (skipped with a note when cargo
 # cannot answer offline) that dflash-engine has no tokio, ratatui, nvml-wrapper, sysinfo or
@@ -25,7 +25,7 @@ EXCEPTIONS=(
   "engine/src/train/continuation_eval.rs|decode|ARCHITECTURE.md: offline tau on decode::run_online's reference outputs"
   "engine/src/train/error.rs|decode|ARCHITECTURE.md: TrainError carries decode's DecodeError from the online evaluation"
   "engine/src/train/tree_metrics.rs|decode|ARCHITECTURE.md: the offline DDTree oracle builds decode's own tree and scores it with decode::tree_oracle"
-  "engine/src/train/eval.rs|decode|ARCHITECTURE.md: the offline evaluation hands tree_metrics decode's GoldSlot and tree types"
+  "engine/src/train/eval/mod.rs|decode|ARCHITECTURE.md: the offline evaluation hands tree_metrics decode's GoldSlot and tree types"
   "engine/src/train/throughput.rs|plan|ARCHITECTURE.md: train/ reaches plan/ only for MFU's FLOP counts (the step's)"
   "engine/src/train/peak.rs|plan|ARCHITECTURE.md: train/ reaches plan/ only for MFU's FLOP counts (the measured peak's matmul)"
 )
@@ -49,7 +49,7 @@ imports_of() {
 rule() {
   local root=$1 forbidden=$2 text=$3 file module
   while IFS= read -r file; do
-    case "$file" in *_tests.rs) continue ;; esac
+    case "$file" in *_tests.rs|*/tests.rs) continue ;; esac
     for module in $(imports_of "$file"); do
       if [[ " $forbidden " == *" $module "* ]] && ! is_exception "$file" "$module"; then
         echo "check-architecture: $file imports crate::$module — against: $text"
@@ -96,7 +96,7 @@ engine_rule plan "model collective files device" \
 engine_rule train "files device collective model data decode plan" \
   "train/ uses everything below it but no room beside or above it (dist/, embedded/, regenerate/)"
 rule engine/src/train "decode plan" \
-  "train/ uses decode/ only in the evaluations (trainer/online_eval.rs, continuation_eval.rs, error.rs, tree_metrics.rs, eval.rs), and plan/ only for MFU's FLOP counts (throughput.rs, peak.rs)"
+  "train/ uses decode/ only in the evaluations (trainer/online_eval.rs, continuation_eval.rs, error.rs, tree_metrics.rs, eval/mod.rs), and plan/ only for MFU's FLOP counts (throughput.rs, peak.rs)"
 engine_rule dist "files device collective" \
   "dist/ (the cross-process groups) stands on collective/, never on train/ or the model"
 engine_rule embedded "files device collective model data decode plan train" \

@@ -151,7 +151,7 @@ fn written_out(
     let lse = u.logsumexp([1], false);
     let ce_base = &lse - u.gather(1, &gold.unsqueeze(1), false).squeeze_dim(1);
     let mut numerator = (&ce_base * &w).sum(Kind::Double);
-    let projected = x.matmul(&s.hidden_projection.weight.tr());
+    let projected = x.matmul(&s.hidden_projection.tr());
     let mut covered = Vec::new();
     for p in 0..B * Q {
         let (top, cand) = u.get(p).topk(K, 0, true, true);

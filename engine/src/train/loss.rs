@@ -7,7 +7,7 @@
 //! single backward. Only positions with a non-zero weight are projected at all.
 use tch::{Kind, Reduction, Tensor};
 
-pub use super::dflash2::Dflash2Sums;
+pub use super::dflash2_sums::Dflash2Sums;
 
 /// Sums over the weighted positions of one micro-batch (not yet divided by anything).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

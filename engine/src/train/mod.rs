@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod continuation_eval;
 pub mod dflash2;
+pub mod dflash2_sums;
 pub mod domino;
 pub mod dpace;
 pub mod drafter_io;

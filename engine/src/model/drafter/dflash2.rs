@@ -15,14 +15,14 @@ use tch::{nn, Tensor};
 
 use super::config::Dflash2Config;
 use super::dspark::at_least_f32;
-use super::layer::Linear;
 
 /// One grouped dynamic convolution (`layers.{i}.attention_conv` or `.mlp_conv`):
 /// `base_kernel` `[2, taps, H]` (side 0 convolves the sublayer's input, side 1 its output) and
 /// `kernel_projection` `[2·taps·G, H]`, `G = H / group_size` groups of channels.
 pub struct GroupedConv {
     pub(crate) base_kernel: Tensor,
-    pub(crate) kernel_projection: Linear,
+    /// `[2·taps·G, H]` (bias-free).
+    pub(crate) kernel_projection: Tensor,
     taps: i64,
     groups: i64,
     group_size: i64,
@@ -42,9 +42,8 @@ impl GroupedConv {
         tch::no_grad(|| {
             let _ = base_kernel.narrow(1, 0, 1).fill_(1.0);
         });
-        let kernel_projection = Linear {
-            weight: (vs / "kernel_projection").zeros("weight", &[2 * taps * groups, hidden_size]),
-        };
+        let kernel_projection =
+            (vs / "kernel_projection").zeros("weight", &[2 * taps * groups, hidden_size]);
         Self {
             base_kernel,
             kernel_projection,
@@ -59,10 +58,13 @@ impl GroupedConv {
     /// coefficients, both projected from `x`.
     pub fn prepare(&self, x: &Tensor) -> (Tensor, OutputKernel) {
         let size = x.size();
-        let coefficients =
-            self.kernel_projection
-                .forward(x)
-                .view([size[0], size[1], 2, self.taps, self.groups]);
+        let coefficients = x.linear::<Tensor>(&self.kernel_projection, None).view([
+            size[0],
+            size[1],
+            2,
+            self.taps,
+            self.groups,
+        ]);
         let input_side = self.convolve(x, &coefficients.select(2, 0), 0);
         (input_side, OutputKernel(coefficients.select(2, 1)))
     }
@@ -107,7 +109,8 @@ impl GroupedConv {
 pub struct CandidateSelector {
     pub(crate) predecessor_codebook: Tensor,
     pub(crate) successor_codebook: Tensor,
-    pub(crate) hidden_projection: Linear,
+    /// `[r, H]` (bias-free).
+    pub(crate) hidden_projection: Tensor,
     config: Dflash2Config,
 }
 
@@ -123,7 +126,7 @@ impl CandidateSelector {
         Self {
             predecessor_codebook: vs.var("predecessor_codebook", &[vocab, r], init),
             successor_codebook: vs.zeros("successor_codebook", &[vocab, r]),
-            hidden_projection: Linear::new(&(&vs / "hidden_projection"), r, hidden, std),
+            hidden_projection: (&vs / "hidden_projection").var("weight", &[r, hidden], init),
             config: *cfg,
         }
     }
@@ -164,9 +167,9 @@ impl CandidateSelector {
             .index_select(0, &candidate_ids.reshape([-1]))
             .view([-1, self.top_k(), r]);
         let context = predecessor
-            * self
-                .hidden_projection
-                .forward(&hidden.to_kind(self.hidden_projection.weight.kind()))
+            * hidden
+                .to_kind(self.hidden_projection.kind())
+                .linear::<Tensor>(&self.hidden_projection, None)
                 .view([-1, r]);
         let transition = successor.matmul(&context.unsqueeze(-1)).squeeze_dim(-1);
         let mut shape = lead;

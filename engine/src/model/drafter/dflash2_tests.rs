@@ -57,7 +57,7 @@ fn the_convolution_is_the_written_out_sum_inside_each_block() {
     let output_side = conv.finish(&y, &kernel);
     let base = &conv.base_kernel;
     // Δ = x·Wᵀ, viewed as [side, tap, group] per position.
-    let delta = x.matmul(&conv.kernel_projection.weight.tr());
+    let delta = x.matmul(&conv.kernel_projection.tr());
     for (side, input, out) in [(0, &x, &input_side), (1, &y, &output_side)] {
         for row in 0..2 {
             for t in 0..3 * bs {
@@ -110,7 +110,7 @@ fn the_selector_score_is_the_unary_score_plus_the_written_out_transition() {
     let (unary_top, candidates) = selector.candidates(&unary);
     let previous = Tensor::from_slice(&[0i64, 3, 10, 3, 7]);
     let scores = selector.score(&candidates, &unary_top, &hidden, &previous);
-    let projected = hidden.matmul(&selector.hidden_projection.weight.tr());
+    let projected = hidden.matmul(&selector.hidden_projection.tr());
     for p in 0..positions {
         let prev = previous.int64_value(&[p]);
         for k in 0..4 {
