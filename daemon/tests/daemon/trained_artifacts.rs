@@ -65,6 +65,30 @@ fn export(run: &Path, out: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Loads the f32 export `out` and checks it against the run's step-2 checkpoint: the same
+/// config, every tensor equal and in the same order, `keys` among them. Returns the tensors.
+fn assert_loads_back_as_step_2(
+    run: &Path,
+    out: &Path,
+    keys: &[&str],
+) -> Vec<(String, tch::Tensor)> {
+    let (ckpt_cfg, ckpt_weights) =
+        read_checkpoint_drafter(&run.join("checkpoints/step-0000000002")).unwrap();
+    let loaded = load_hf(out, Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(loaded.config, ckpt_cfg);
+    let exported = named_parameters(&loaded.vs);
+    let names: Vec<&str> = exported.iter().map(|(n, _)| n.as_str()).collect();
+    for key in keys {
+        assert!(names.contains(key), "missing {key} in {names:?}");
+    }
+    assert_eq!(exported.len(), ckpt_weights.len());
+    for ((na, a), (nb, b)) in exported.iter().zip(&ckpt_weights) {
+        assert_eq!(na, nb);
+        assert!(a.equal(b), "{na} differs");
+    }
+    exported
+}
+
 #[test]
 fn export_round_trips_the_checkpoint_drafter() {
     let run = trained_run(2);
@@ -84,26 +108,18 @@ fn export_round_trips_the_checkpoint_drafter() {
     );
     assert_eq!(config["torch_dtype"], "float32");
 
-    let (ckpt_cfg, ckpt_weights) =
-        read_checkpoint_drafter(&run.path().join("checkpoints/step-0000000002")).unwrap();
-    let loaded = load_hf(&out, Device::Cpu, Kind::Float).unwrap();
-    assert_eq!(loaded.config, ckpt_cfg);
-    let exported = named_parameters(&loaded.vs);
-    let names: Vec<&str> = exported.iter().map(|(n, _)| n.as_str()).collect();
-    for key in [
-        "fc.weight",
-        "hidden_norm.weight",
-        "norm.weight",
-        "layers.0.self_attn.q_proj.weight",
-        "layers.1.mlp.down_proj.weight",
-    ] {
-        assert!(names.contains(&key), "missing {key} in {names:?}");
-    }
-    assert_eq!(exported.len(), ckpt_weights.len());
-    for ((na, a), (nb, b)) in exported.iter().zip(&ckpt_weights) {
-        assert_eq!(na, nb);
-        assert!(a.equal(b), "{na} differs");
-    }
+    let ckpt_weights = assert_loads_back_as_step_2(
+        run.path(),
+        &out,
+        &[
+            "fc.weight",
+            "hidden_norm.weight",
+            "norm.weight",
+            "layers.0.self_attn.q_proj.weight",
+            "layers.1.mlp.down_proj.weight",
+        ],
+    )
+    .len();
 
     // The default export is bf16: same keys, bf16 tensors.
     let out16 = run.path().join("export-bf16");
@@ -111,7 +127,7 @@ fn export_round_trips_the_checkpoint_drafter() {
     assert!(o.status.success());
     let tensors = tch::Tensor::read_safetensors(out16.join("model.safetensors")).unwrap();
     assert!(tensors.iter().all(|(_, t)| t.kind() == Kind::BFloat16));
-    assert_eq!(tensors.len(), ckpt_weights.len());
+    assert_eq!(tensors.len(), ckpt_weights);
 }
 
 /// A DFlash2 drafter exports in SpecForge's `DFlash2DraftModel` layout, its convolutions and
@@ -142,26 +158,17 @@ fn a_dflash2_export_round_trips_bit_for_bit_in_specforges_layout() {
             &serde_json::json!(16)
         )
     );
-    let (ckpt_cfg, ckpt_weights) =
-        read_checkpoint_drafter(&run.path().join("checkpoints/step-0000000002")).unwrap();
-    let loaded = load_hf(&out, Device::Cpu, Kind::Float).unwrap();
-    assert_eq!(loaded.config, ckpt_cfg);
-    let exported = named_parameters(&loaded.vs);
-    let names: Vec<&str> = exported.iter().map(|(n, _)| n.as_str()).collect();
-    for key in [
-        "candidate_selector.predecessor_codebook",
-        "candidate_selector.successor_codebook",
-        "candidate_selector.hidden_projection.weight",
-        "layers.0.attention_conv.base_kernel",
-        "layers.1.mlp_conv.kernel_projection.weight",
-    ] {
-        assert!(names.contains(&key), "missing {key} in {names:?}");
-    }
-    assert_eq!(exported.len(), ckpt_weights.len());
-    for ((na, a), (nb, b)) in exported.iter().zip(&ckpt_weights) {
-        assert_eq!(na, nb);
-        assert!(a.equal(b), "{na} differs");
-    }
+    let exported = assert_loads_back_as_step_2(
+        run.path(),
+        &out,
+        &[
+            "candidate_selector.predecessor_codebook",
+            "candidate_selector.successor_codebook",
+            "candidate_selector.hidden_projection.weight",
+            "layers.0.attention_conv.base_kernel",
+            "layers.1.mlp_conv.kernel_projection.weight",
+        ],
+    );
     // Two steps moved the zero-initialised successor codebook: the selector trains.
     let b = &exported
         .iter()

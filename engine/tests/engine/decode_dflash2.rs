@@ -3,15 +3,14 @@
 //! selector given the token before it (the root, then each draft). Checked against the walk
 //! written out from the checkpoint's tensors, and greedy chain and tree decoding stay lossless
 //! against the target alone.
-use dflash_engine::decode::{
-    generate_chain, generate_chain_with, generate_target_only, generate_tree, greedy_block,
-    DraftLogits,
-};
+use dflash_engine::decode::{greedy_block, DraftLogits};
 use dflash_engine::model::drafter::{Drafter, DrafterCache};
 use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
-use crate::support::decode::{dflash2_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES};
+use crate::support::decode::{
+    assert_greedy_lossless, dflash2_drafter, prefilled, prompts, target, LOSSLESS_CASES,
+};
 
 /// The greedy walk written out from the tensors by SpecForge's names: the drafter's outputs `z`
 /// of slots `1..bs−1`, `U = c·tanh(m·z·Eᵀ / c)`, each slot's top-K, and slot by slot the
@@ -86,43 +85,23 @@ fn greedy_chain_and_ddtree_with_a_dflash2_drafter_equal_the_target_alone() {
         // Fewer candidates than some trees want children, and as many as a small vocabulary.
         for top_k in [3, vocab.min(8)] {
             let (_vs, drafter) = dflash2_drafter(vocab, block_size, seed + 10, top_k);
-            let settings = greedy(24);
             for prompt in prompts(vocab) {
                 let at = format!("vocab {vocab} block {block_size} top-{top_k}");
-                let plain = generate_target_only(&target, &prompt, &settings).unwrap();
-                let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
-                assert_eq!(chain.output_ids, plain.output_ids, "{at}");
-                assert!(chain
-                    .acceptance_lengths
-                    .iter()
-                    .all(|&a| a <= block_size as usize));
-                let base = generate_chain_with(
-                    &target,
-                    &drafter,
-                    &prompt,
-                    &settings,
-                    DraftLogits::LmHeadOnly,
-                )
-                .unwrap();
-                assert_eq!(base.output_ids, plain.output_ids, "{at}");
-                accepted_chain |= chain.acceptance_lengths.iter().any(|&a| a > 1);
-                for budget in [1usize, 4, 16] {
-                    let tree = generate_tree(&target, &drafter, &prompt, &settings, budget);
-                    let tree = tree.unwrap();
-                    assert_eq!(
-                        tree.generation.output_ids, plain.output_ids,
-                        "{at} {budget}"
-                    );
-                    // A node's children are among its slot's candidates: at most K of them.
+                // bs − 1 drafts and the bonus.
+                let run =
+                    assert_greedy_lossless(&target, &drafter, &prompt, block_size as usize, &at);
+                // A node's children are among its slot's candidates: at most K of them.
+                for tree in &run.trees {
                     for round in &tree.rounds {
                         let t = &round.tree;
                         for node in 0..t.tokens.len() {
                             let children = t.parents.iter().filter(|&&p| p == Some(node)).count();
-                            assert!(children <= top_k as usize, "{at} {budget}");
+                            assert!(children <= top_k as usize, "{at}");
                         }
                     }
-                    accepted_tree |= tree.rounds.iter().any(|r| !r.accepted.is_empty());
                 }
+                accepted_chain |= run.accepted_chain;
+                accepted_tree |= run.accepted_tree;
             }
         }
     }

@@ -2,15 +2,14 @@
 //! slot over the drafter's own drafts (against a written-out reference of SpecForge's
 //! `_sample_draft_tokens`), each DDTree node from its own path's corrected distribution, and
 //! greedy chain and tree decoding stay lossless against the target alone.
-use dflash_engine::decode::{
-    generate_chain, generate_chain_with, generate_target_only, generate_tree, greedy_block,
-    DraftLogits,
-};
+use dflash_engine::decode::{generate_tree, greedy_block, DraftLogits};
 use dflash_engine::model::drafter::{Drafter, DrafterCache};
 use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
-use crate::support::decode::{domino_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES};
+use crate::support::decode::{
+    assert_greedy_lossless, domino_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES,
+};
 
 /// SpecForge's Domino head written out from the checkpoint's tensors (by their SpecForge
 /// names): the block's drafter outputs and base logits once, then per slot the GRU's state
@@ -125,34 +124,12 @@ fn greedy_chain_and_ddtree_with_a_domino_drafter_equal_the_target_alone() {
         let target = target(vocab, seed);
         for prefix in [0, 1] {
             let (_vs, drafter) = domino_drafter(vocab, block_size, seed + 10, prefix);
-            let settings = greedy(24);
             for prompt in prompts(vocab) {
                 let at = format!("vocab {vocab} block {block_size} prefix {prefix}");
-                let plain = generate_target_only(&target, &prompt, &settings).unwrap();
-                let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
-                assert_eq!(chain.output_ids, plain.output_ids, "{at}");
-                let base = generate_chain_with(
-                    &target,
-                    &drafter,
-                    &prompt,
-                    &settings,
-                    DraftLogits::LmHeadOnly,
-                )
-                .unwrap();
-                assert_eq!(base.output_ids, plain.output_ids, "{at}");
-                differs |= base.acceptance_lengths != chain.acceptance_lengths;
-                accepted_chain |= chain.acceptance_lengths.iter().any(|&a| a > 1);
-                for budget in [1usize, 4, 16] {
-                    let tree = generate_tree(&target, &drafter, &prompt, &settings, budget);
-                    let tree = tree.unwrap();
-                    assert_eq!(
-                        tree.generation.output_ids, plain.output_ids,
-                        "{at} {budget}"
-                    );
-                    let counted: usize = tree.generation.acceptance_lengths.iter().sum();
-                    assert_eq!(counted + 1, plain.output_ids.len(), "{at} {budget}");
-                    accepted_tree |= tree.rounds.iter().any(|r| !r.accepted.is_empty());
-                }
+                let run = assert_greedy_lossless(&target, &drafter, &prompt, usize::MAX, &at);
+                differs |= run.base_differs;
+                accepted_chain |= run.accepted_chain;
+                accepted_tree |= run.accepted_tree;
             }
         }
     }

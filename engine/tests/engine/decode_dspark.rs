@@ -3,15 +3,14 @@
 //! reading the token before each slot (the root, then each draft) and, for the RNN head, its
 //! state along the block. Checked against a written-out reference from the head's weights, and
 //! greedy chain and tree decoding stay lossless against the target alone.
-use dflash_engine::decode::{
-    generate_chain, generate_chain_with, generate_target_only, generate_tree, greedy_block,
-    DraftLogits,
-};
+use dflash_engine::decode::{greedy_block, DraftLogits};
 use dflash_engine::model::drafter::{Drafter, DrafterCache, MarkovHeadType};
 use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
-use crate::support::decode::{dspark_drafter, greedy, prefilled, prompts, target, LOSSLESS_CASES};
+use crate::support::decode::{
+    assert_greedy_lossless, dspark_drafter, prefilled, prompts, target, LOSSLESS_CASES,
+};
 
 const KINDS: [MarkovHeadType; 3] = [
     MarkovHeadType::Vanilla,
@@ -113,36 +112,18 @@ fn greedy_chain_and_ddtree_with_a_dspark_drafter_equal_the_target_alone() {
         let target = target(vocab, seed);
         for kind in KINDS {
             let (_vs, drafter) = dspark_drafter(vocab, block_size, seed + 10, kind);
-            let settings = greedy(24);
             for prompt in prompts(vocab) {
                 let at = format!("vocab {vocab} block {block_size} {kind:?}");
-                let plain = generate_target_only(&target, &prompt, &settings).unwrap();
-                let chain = generate_chain(&target, &drafter, &prompt, &settings).unwrap();
-                assert_eq!(chain.output_ids, plain.output_ids, "{at}");
                 // A round commits at most every slot's draft and the bonus.
-                assert!(chain
-                    .acceptance_lengths
-                    .iter()
-                    .all(|&a| a <= block_size as usize + 1));
-                let base = generate_chain_with(
+                let run = assert_greedy_lossless(
                     &target,
                     &drafter,
                     &prompt,
-                    &settings,
-                    DraftLogits::LmHeadOnly,
-                )
-                .unwrap();
-                assert_eq!(base.output_ids, plain.output_ids, "{at}");
-                accepted_chain |= chain.acceptance_lengths.iter().any(|&a| a > 1);
-                for budget in [1usize, 4, 16] {
-                    let tree = generate_tree(&target, &drafter, &prompt, &settings, budget);
-                    let tree = tree.unwrap();
-                    assert_eq!(
-                        tree.generation.output_ids, plain.output_ids,
-                        "{at} {budget}"
-                    );
-                    accepted_tree |= tree.rounds.iter().any(|r| !r.accepted.is_empty());
-                }
+                    block_size as usize + 1,
+                    &at,
+                );
+                accepted_chain |= run.accepted_chain;
+                accepted_tree |= run.accepted_tree;
             }
         }
     }

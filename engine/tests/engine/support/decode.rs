@@ -1,6 +1,9 @@
 //! The tiny hybrid target (Gated DeltaNet + gated attention), drafter and prompts of the
 //! decoding tests (chain and DDTree).
-use dflash_engine::decode::{Sampling, Settings};
+use dflash_engine::decode::{
+    generate_chain, generate_chain_with, generate_target_only, generate_tree, DraftLogits,
+    Sampling, Settings, TreeGeneration,
+};
 use dflash_engine::model::drafter::{
     Dflash2Config, DominoConfig, Drafter, DrafterCache, DrafterConfig, DrafterHead, DsparkConfig,
     LayerType, MarkovHeadType,
@@ -178,4 +181,62 @@ pub fn dflash2_drafter(
     let d = Drafter::new(&vs.root(), &cfg);
     randomize(&vs, 0.5);
     (vs, d)
+}
+
+/// What [`assert_greedy_lossless`] saw of one prompt.
+pub struct LosslessRun {
+    /// A chain round committed a draft.
+    pub accepted_chain: bool,
+    /// A tree round committed a node.
+    pub accepted_tree: bool,
+    /// The chain drafting from the drafter's own logits and the one from the LM head alone
+    /// accepted differently.
+    pub base_differs: bool,
+    /// The DDTree decodes at budgets 1, 4 and 16.
+    pub trees: Vec<TreeGeneration>,
+}
+
+/// Greedy decoding of `prompt` (24 new tokens) with the target alone, the drafter's chain from
+/// its own logits and from the LM head alone, and DDTree at budgets 1, 4 and 16: every output
+/// must equal the target's, no chain round commit more than `max_commit` tokens, and the trees'
+/// acceptance lengths account for every committed token. `at` names the case in failures.
+pub fn assert_greedy_lossless(
+    target: &TargetModel,
+    drafter: &Drafter,
+    prompt: &[i64],
+    max_commit: usize,
+    at: &str,
+) -> LosslessRun {
+    let settings = greedy(24);
+    let plain = generate_target_only(target, prompt, &settings).unwrap();
+    let chain = generate_chain(target, drafter, prompt, &settings).unwrap();
+    assert_eq!(chain.output_ids, plain.output_ids, "{at}");
+    assert!(
+        chain.acceptance_lengths.iter().all(|&a| a <= max_commit),
+        "{at}: a round committed more than {max_commit}"
+    );
+    let base =
+        generate_chain_with(target, drafter, prompt, &settings, DraftLogits::LmHeadOnly).unwrap();
+    assert_eq!(base.output_ids, plain.output_ids, "{at}: base");
+    let trees: Vec<TreeGeneration> = [1usize, 4, 16]
+        .iter()
+        .map(|&budget| {
+            let tree = generate_tree(target, drafter, prompt, &settings, budget).unwrap();
+            assert_eq!(
+                tree.generation.output_ids, plain.output_ids,
+                "{at} {budget}"
+            );
+            let counted: usize = tree.generation.acceptance_lengths.iter().sum();
+            assert_eq!(counted + 1, plain.output_ids.len(), "{at} {budget}");
+            tree
+        })
+        .collect();
+    LosslessRun {
+        accepted_chain: chain.acceptance_lengths.iter().any(|&a| a > 1),
+        accepted_tree: trees
+            .iter()
+            .any(|t| t.rounds.iter().any(|r| !r.accepted.is_empty())),
+        base_differs: base.acceptance_lengths != chain.acceptance_lengths,
+        trees,
+    }
 }
