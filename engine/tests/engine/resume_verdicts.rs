@@ -95,6 +95,16 @@ fn hand_change(key: &str) -> Option<toml::Value> {
         "training.dspark.ce" => toml::Value::Float(0.2),
         "training.dspark.l1" => toml::Value::Float(0.5),
         "training.dspark.confidence" => toml::Value::Float(0.5),
+        "drafter.conv_kernel_size" => i(3),
+        "drafter.conv_group_size" => i(32),
+        "drafter.selector_rank" => i(32),
+        "drafter.selector_top_k" => i(8),
+        "drafter.output_multiplier" => toml::Value::Float(0.5),
+        "drafter.final_logit_softcapping" => toml::Value::Float(20.0),
+        "training.dflash2.selector_loss_alpha" => toml::Value::Float(0.5),
+        "training.dflash2.selector_warmup_ratio" => toml::Value::Float(0.1),
+        "training.dflash2.selector_ramp_ratio" => toml::Value::Float(0.2),
+        "training.dflash2.selector_stop_gradient" => toml::Value::Boolean(true),
         _ => return None,
     })
 }
@@ -190,15 +200,34 @@ fn is_dspark_key(key: &str) -> bool {
         .contains(&key)
 }
 
+/// The DFlash2 head's keys, which only a DFlash2 drafter may set.
+fn is_dflash2_key(key: &str) -> bool {
+    key.starts_with("training.dflash2.")
+        || [
+            "drafter.conv_kernel_size",
+            "drafter.conv_group_size",
+            "drafter.selector_rank",
+            "drafter.selector_top_k",
+            "drafter.output_multiplier",
+            "drafter.final_logit_softcapping",
+        ]
+        .contains(&key)
+}
+
 /// The embedded default with a DSpark head (its DSpark keys left to their defaults).
 fn dspark_default() -> Config {
+    head_default(dflash_shared::config::DrafterHead::Dspark)
+}
+
+/// The embedded default with `head` instead of Domino (its own keys left to their defaults).
+fn head_default(head: dflash_shared::config::DrafterHead) -> Config {
     let mut cfg = Config::embedded_default();
-    cfg.drafter.head = dflash_shared::config::DrafterHead::Dspark;
+    cfg.drafter.head = head;
     cfg.drafter.emb_dim = None;
     cfg.drafter.gru_hidden_dim = None;
     cfg.drafter.pure_draft_prefix_len = None;
     let text = cfg.to_toml_string();
-    Config::from_toml_str(&text, "dspark default").unwrap()
+    Config::from_toml_str(&text, head.as_str()).unwrap()
 }
 
 #[test]
@@ -207,6 +236,7 @@ fn the_gate_and_the_engine_agree_on_every_key_of_the_table() {
     let mut tree = default.clone();
     tree.training.objective = dflash_shared::config::Objective::Tree;
     let dspark = dspark_default();
+    let dflash2 = head_default(dflash_shared::config::DrafterHead::Dflash2);
     let mut disagreements = Vec::new();
     let mut checked = 0;
     for row in KEYS {
@@ -215,6 +245,8 @@ fn the_gate_and_the_engine_agree_on_every_key_of_the_table() {
                 &tree
             } else if is_dspark_key(row.key) {
                 &dspark
+            } else if is_dflash2_key(row.key) {
+                &dflash2
             } else {
                 &default
             };
