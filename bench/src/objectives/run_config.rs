@@ -122,8 +122,13 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
             drafter.insert("head".into(), Value::String("dspark".into()));
             drafter.insert("markov_rank".into(), Value::Integer(DSPARK_MARKOV_RANK));
         }
-        Contender::Dflash2 => {
-            training.insert("objective".into(), Value::String("dflash".into()));
+        Contender::Dflash2 | Contender::Dflash2Tree => {
+            if recipe.contender == Contender::Dflash2Tree {
+                training.insert("objective".into(), Value::String("tree".into()));
+                training.insert("tree".into(), tree_table(recipe));
+            } else {
+                training.insert("objective".into(), Value::String("dflash".into()));
+            }
             dflash_head(&mut root);
             let drafter = section(&mut root, "drafter");
             drafter.insert("head".into(), Value::String("dflash2".into()));
@@ -213,6 +218,7 @@ mod tests {
         for (c, head) in [
             (Contender::Tree, DrafterHead::Dflash),
             (Contender::DominoTree, DrafterHead::Domino),
+            (Contender::Dflash2Tree, DrafterHead::Dflash2),
         ] {
             let cfg = parsed(c);
             assert_eq!(cfg.training.objective, Objective::Tree, "{c:?}");
@@ -227,14 +233,21 @@ mod tests {
         let dspark = parsed(Contender::Dspark).drafter;
         assert_eq!(dspark.head, DrafterHead::Dspark);
         assert_eq!(dspark.markov_rank, Some(DSPARK_MARKOV_RANK as usize));
-        let dflash2 = parsed(Contender::Dflash2).drafter;
-        assert_eq!(dflash2.head, DrafterHead::Dflash2);
-        assert_eq!(dflash2.selector_rank, Some(DFLASH2_SELECTOR_RANK as usize));
+        assert_eq!(
+            parsed(Contender::Dflash2).training.objective,
+            Objective::Dflash
+        );
+        for c in [Contender::Dflash2, Contender::Dflash2Tree] {
+            let dflash2 = parsed(c).drafter;
+            assert_eq!(dflash2.head, DrafterHead::Dflash2);
+            assert_eq!(dflash2.selector_rank, Some(DFLASH2_SELECTOR_RANK as usize));
+        }
         for c in [
             Contender::Dflash,
             Contender::Dpace,
             Contender::Dspark,
             Contender::Dflash2,
+            Contender::Dflash2Tree,
         ] {
             let d = parsed(c).drafter;
             assert_eq!(

@@ -36,10 +36,13 @@ pub enum Contender {
     /// DFlash2's convolutions and selector (`drafter.head = "dflash2"`), DFlash's loss plus
     /// the selector's, as SpecForge trains DFlash2.
     Dflash2,
+    /// DFlash2's head with the tree objective as its base loss (the selector's term added).
+    #[serde(rename = "dflash2_tree")]
+    Dflash2Tree,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 7] = [
+    pub const ALL: [Contender; 8] = [
         Contender::Dflash,
         Contender::Dpace,
         Contender::Domino,
@@ -47,6 +50,7 @@ impl Contender {
         Contender::DominoTree,
         Contender::Dspark,
         Contender::Dflash2,
+        Contender::Dflash2Tree,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +62,7 @@ impl Contender {
             Contender::DominoTree => "domino_tree",
             Contender::Dspark => "dspark",
             Contender::Dflash2 => "dflash2",
+            Contender::Dflash2Tree => "dflash2_tree",
         }
     }
 
@@ -71,6 +76,7 @@ impl Contender {
             Contender::DominoTree => "Domino + Tree",
             Contender::Dspark => "DSpark",
             Contender::Dflash2 => "DFlash2",
+            Contender::Dflash2Tree => "DFlash2 + Tree",
         }
     }
 
