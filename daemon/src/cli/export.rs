@@ -1,11 +1,12 @@
 //! `dflashd export --checkpoint DIR --out DIR` (or `--best --run-dir R`): the drafter of a
 //! training checkpoint in the published Hugging Face layout (`config.json` + `model.safetensors`,
 //! spec §1.3 keys), in the form SGLang, vLLM and the DFlash authors' loader take unchanged,
-//! followed by what each engine needs to be told to serve it.
+//! followed by what each engine needs to be told to serve it; or, with `--format speculators`,
+//! in vLLM speculators' own format (`export_speculators.rs`).
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use dflash_engine::model::drafter::{
     Dflash2Config, DominoConfig, DrafterConfig, DsparkConfig, LayerType,
 };
@@ -16,6 +17,7 @@ use dflash_engine::train::resume::{
 use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
 
+use super::export_speculators;
 use dflash_shared::run_dir::CHECKPOINTS_DIR_NAME;
 
 #[derive(Args, Debug)]
@@ -43,6 +45,22 @@ pub struct ExportArgs {
     /// drafter trained by dflashd does).
     #[arg(long)]
     pub num_target_layers: Option<usize>,
+    /// The layout: `hf` (the published DFlash layout SGLang, vLLM's `dflash` method and z-lab's
+    /// loader read; SpecForge's for Domino, DSpark and DFlash2) or `speculators` (vLLM
+    /// speculators' own format, for DFlash, DSpark and DFlash2).
+    #[arg(long, value_enum, default_value = "hf")]
+    pub format: ExportFormat,
+    /// For `--format speculators`: the drafter's target, a Hugging Face directory, which
+    /// speculators loads the embeddings, LM head and final norm from. Default: the run's
+    /// `target/` when the checkpoint lies in a run dir that has one.
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    Hf,
+    Speculators,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -63,7 +81,23 @@ pub fn run(args: ExportArgs) -> Result<()> {
         }
         config.num_target_layers = Some(n);
     }
-    write_hf(&args.out, &config, &weights, dtype)?;
+    let hints = match args.format {
+        ExportFormat::Hf if args.target.is_some() => {
+            bail!("--target is read by --format speculators only; leave it out")
+        }
+        ExportFormat::Hf => {
+            write_hf(&args.out, &config, &weights, dtype)?;
+            serving_hints(&config, &args.out)
+        }
+        ExportFormat::Speculators => export_speculators::export(
+            &dir,
+            args.target.as_deref(),
+            &args.out,
+            &config,
+            &weights,
+            dtype,
+        )?,
+    };
     println!(
         "exported {} ({} tensors, {}) to {}",
         dir.display(),
@@ -75,7 +109,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         args.out.display()
     );
-    print!("{}", serving_hints(&config, &args.out));
+    print!("{hints}");
     Ok(())
 }
 

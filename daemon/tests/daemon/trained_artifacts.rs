@@ -19,7 +19,7 @@ fn trained_run(steps: u32) -> tempfile::TempDir {
 
 /// A run dir after `steps` steps of `config` (a file under `configs/`; the embedded default
 /// without one).
-fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
+pub(crate) fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
     let run = tempfile::tempdir().unwrap();
     let mut start = Command::new(DFLASHD);
     if let Some(name) = config {
@@ -53,7 +53,7 @@ fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
 }
 
 /// `dflashd export --checkpoint RUN --out OUT [extra...]`.
-fn export(run: &Path, out: &Path, extra: &[&str]) -> Output {
+pub(crate) fn export(run: &Path, out: &Path, extra: &[&str]) -> Output {
     Command::new(DFLASHD)
         .arg("export")
         .arg("--checkpoint")
