@@ -133,7 +133,7 @@ fn our_block(hf: &Path, target: &Path, inputs: &[(String, Tensor)]) -> OurBlock 
     let (embed, lm_head) = target_embed_and_head(target);
     let ids = inputs[1].1.get(0);
     let block_ids = Tensor::full([bs], cfg.mask_token_id, (Kind::Int64, Device::Cpu));
-    let _ = block_ids.get(0).copy_(&ids.get(ANCHOR));
+    block_ids.get(0).copy_(&ids.get(ANCHOR));
     let embeddings = embed.index_select(0, &block_ids).unsqueeze(0);
     let hidden = tch::no_grad(|| {
         loaded
