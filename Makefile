@@ -83,8 +83,12 @@ test: provision test-deps
 # `#[ignore]`d test (the 200-step shape-bound run, the real structure's 6 trained steps, the
 # GPU script's whole CPU self-test) and the reliability campaign at DFLASH_CAMPAIGN=soak
 # (6 kill -9 rounds, 10,000 fuzzed frames, two crowded phases; `full` is the issue's 20 rounds).
-# `make test` checks each of these behaviours at its shortest telling length.
+# `make test` checks each of these behaviours at its shortest telling length. The loaders'
+# checks (daemon/tests/daemon/loaders.rs) need the `loaders` uv group (speculators, z-lab's
+# dflash), synced here first; torch stays the pinned 2.11.0.
 soak: provision test-deps
+	$(UV) sync --frozen --group loaders
+	@$(VENV)/bin/python -c 'import torch; assert torch.__version__.startswith("2.11.0"), torch.__version__'
 	DFLASH_REQUIRE_PROMETHEUS=1 $(CARGO) test --workspace --release -- --ignored --skip campaign_
 	DFLASH_CAMPAIGN=soak $(CARGO) test --release -p dflashd --test daemon -- --include-ignored campaign_
 

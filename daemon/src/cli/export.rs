@@ -1,11 +1,12 @@
 //! `dflashd export --checkpoint DIR --out DIR` (or `--best --run-dir R`): the drafter of a
 //! training checkpoint in the published Hugging Face layout (`config.json` + `model.safetensors`,
 //! spec §1.3 keys), in the form SGLang, vLLM and the DFlash authors' loader take unchanged,
-//! followed by what each engine needs to be told to serve it.
+//! followed by what each engine needs to be told to serve it; or, with `--format speculators`,
+//! in vLLM speculators' own format (`export_speculators.rs`).
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use dflash_engine::model::drafter::{
     Dflash2Config, DominoConfig, DrafterConfig, DsparkConfig, LayerType,
 };
@@ -16,6 +17,7 @@ use dflash_engine::train::resume::{
 use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
 
+use super::export_speculators;
 use dflash_shared::run_dir::CHECKPOINTS_DIR_NAME;
 
 #[derive(Args, Debug)]
@@ -43,6 +45,22 @@ pub struct ExportArgs {
     /// drafter trained by dflashd does).
     #[arg(long)]
     pub num_target_layers: Option<usize>,
+    /// The layout: `hf` (the published DFlash layout SGLang, vLLM's `dflash` method and z-lab's
+    /// loader read; SpecForge's for Domino, DSpark and DFlash2) or `speculators` (vLLM
+    /// speculators' own format, for DFlash, DSpark and DFlash2).
+    #[arg(long, value_enum, default_value = "hf")]
+    pub format: ExportFormat,
+    /// For `--format speculators`: the drafter's target, a Hugging Face directory, which
+    /// speculators loads the embeddings, LM head and final norm from. Default: the run's
+    /// `target/` when the checkpoint lies in a run dir that has one.
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    Hf,
+    Speculators,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -63,7 +81,23 @@ pub fn run(args: ExportArgs) -> Result<()> {
         }
         config.num_target_layers = Some(n);
     }
-    write_hf(&args.out, &config, &weights, dtype)?;
+    let hints = match args.format {
+        ExportFormat::Hf if args.target.is_some() => {
+            bail!("--target is read by --format speculators only; leave it out")
+        }
+        ExportFormat::Hf => {
+            write_hf(&args.out, &config, &weights, dtype)?;
+            serving_hints(&config, &args.out)
+        }
+        ExportFormat::Speculators => export_speculators::export(
+            &dir,
+            args.target.as_deref(),
+            &args.out,
+            &config,
+            &weights,
+            dtype,
+        )?,
+    };
     println!(
         "exported {} ({} tensors, {}) to {}",
         dir.display(),
@@ -75,7 +109,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         args.out.display()
     );
-    print!("{}", serving_hints(&config, &args.out));
+    print!("{hints}");
     Ok(())
 }
 
@@ -164,7 +198,8 @@ pub fn serving_hints(cfg: &DrafterConfig, out: &Path) -> String {
 
 /// What is known of serving a DFlash2 drafter: SpecForge serves it as SGLang's `DFLASH`
 /// algorithm, whose `DFlash2DraftModel` reads the same names (`docs/concepts/DFlash2.md`);
-/// z-lab's `DFlash2DraftModel` loads it too. Neither loader runs here.
+/// z-lab's `DFlash2DraftModel` (PyPI `dflash` 0.1.0) loads it, which `make soak` runs
+/// (`daemon/tests/daemon/loaders.rs`); SGLang's loader is not run here.
 fn dflash2_hints(dflash2: &Dflash2Config) -> String {
     format!(
         "          DFlash2 (architectures [\"DFlash2DraftModel\"]: conv_kernel_size {}, \
@@ -172,7 +207,9 @@ fn dflash2_hints(dflash2: &Dflash2Config) -> String {
          SpecForge serves it with SGLang's DFLASH algorithm, whose DFlash2DraftModel reads these \
          keys and the candidate_selector.* and layers.*.{{attention,mlp}}_conv.* tensors \
          (SpecForge's names, written as they are); vLLM's dflash method does not read them. \
-         Neither SGLang nor z-lab's loader is run on this export here.\n",
+         z-lab's DFlash2DraftModel (PyPI dflash 0.1.0) loads this layout and computes our \
+         logits and selector path (`make soak`); SGLang's loader is not run here. vLLM \
+         speculators reads DFlash2 in its own format: dflashd export --format speculators.\n",
         dflash2.conv_kernel_size,
         dflash2.conv_group_size,
         dflash2.selector_rank,
@@ -216,7 +253,8 @@ fn dspark_hints(dspark: &DsparkConfig, block: i64, out: &Path) -> String {
          token after the anchor), the Markov head reading the token drafted before it.\n  \
          SGLang and vLLM read a DSpark drafter's head keys at the top level (SGLang as \
          Qwen3DSparkModel): dflashd export does not write that form yet, so neither is \
-         verified here.\n",
+         verified here. vLLM speculators' own DSpark format: dflashd export --format \
+         speculators (loaded by speculators' DSparkDraftModel in `make soak`).\n",
         dspark.markov_rank,
         dspark.markov_head_type.as_str(),
         dspark.confidence_head,
@@ -299,7 +337,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dflash2_export_names_its_architecture_keys_and_that_no_loader_ran() {
+    fn a_dflash2_export_names_its_architecture_keys_and_which_loaders_ran() {
         use dflash_engine::model::drafter::DrafterHead;
         let target = embedded::tiny_target(None, Device::Cpu).unwrap();
         let mut cfg = embedded::tiny_drafter_config(target.config());
@@ -317,7 +355,9 @@ mod tests {
             "[\"DFlash2DraftModel\"]",
             "conv_kernel_size 2, conv_group_size 16, selector_rank 64, selector_top_k 16",
             "final_logit_softcapping 30",
-            "Neither SGLang nor z-lab's loader is run",
+            "z-lab's DFlash2DraftModel (PyPI dflash 0.1.0) loads this layout",
+            "SGLang's loader is not run here",
+            "--format speculators",
         ] {
             assert!(text.contains(wanted), "{wanted:?} missing from {text}");
         }

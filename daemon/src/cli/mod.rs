@@ -7,6 +7,7 @@ pub mod eval;
 pub mod eval_args;
 pub mod eval_online;
 pub mod export;
+mod export_speculators;
 pub mod features;
 pub mod memory_plan_args;
 pub mod plan;

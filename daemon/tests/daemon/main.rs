@@ -41,6 +41,7 @@ mod daemon_setup_errors;
 mod doctor;
 mod eval_online;
 mod export_contract;
+mod loaders;
 mod memory_plan;
 mod metrics_endpoint;
 mod multi_node_launch;

@@ -19,7 +19,7 @@ fn trained_run(steps: u32) -> tempfile::TempDir {
 
 /// A run dir after `steps` steps of `config` (a file under `configs/`; the embedded default
 /// without one).
-fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
+pub(crate) fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
     let run = tempfile::tempdir().unwrap();
     let mut start = Command::new(DFLASHD);
     if let Some(name) = config {
@@ -53,7 +53,7 @@ fn trained_run_of(config: Option<&str>, steps: u32) -> tempfile::TempDir {
 }
 
 /// `dflashd export --checkpoint RUN --out OUT [extra...]`.
-fn export(run: &Path, out: &Path, extra: &[&str]) -> Output {
+pub(crate) fn export(run: &Path, out: &Path, extra: &[&str]) -> Output {
     Command::new(DFLASHD)
         .arg("export")
         .arg("--checkpoint")
@@ -330,4 +330,60 @@ fn eval_with_a_missing_drafter_fails_clearly() {
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("no-target"), "{stderr}");
+}
+
+/// `--format speculators` writes speculators' own config for a DFlash drafter, naming the run's
+/// target as the verifier; it refuses a Domino drafter and a missing target, each saying what
+/// to do, and `--target` with the default format. (Loading it with speculators: `loaders.rs`,
+/// `make soak`.)
+#[test]
+fn export_format_speculators_names_the_target_and_refuses_what_it_cannot_carry() {
+    let run = trained_run_of(Some("tiny-cpu-dflash.toml"), 2);
+    let out = run.path().join("speculators");
+    let o = export(run.path(), &out, &["--format", "speculators"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("speculators 0.9.0's own format"));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["speculators_model_type"], "dflash");
+    // The tiny drafter taps target layers 1 and 3; speculators counts the embeddings as 0.
+    assert_eq!(
+        config["aux_hidden_state_layer_ids"],
+        serde_json::json!([2, 4])
+    );
+    let target = std::fs::canonicalize(run.path().join("target")).unwrap();
+    assert_eq!(
+        config["speculators_config"]["verifier"]["name_or_path"],
+        target.display().to_string()
+    );
+
+    let o = export(run.path(), &run.path().join("x"), &["--target", "/nowhere"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--format speculators only"),
+        "{err}"
+    );
+    std::fs::rename(&target, run.path().join("moved")).unwrap();
+    let o = export(
+        run.path(),
+        &run.path().join("y"),
+        &["--format", "speculators"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("Give --target DIR"),
+        "{err}"
+    );
+
+    let domino = trained_run(2);
+    let o = export(
+        domino.path(),
+        &domino.path().join("z"),
+        &["--format", "speculators"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no Domino model"),
+        "{err}"
+    );
 }

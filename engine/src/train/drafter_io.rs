@@ -17,7 +17,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 
-fn dtype_name(kind: Kind) -> &'static str {
+/// The `dtype` a config names for weights of `kind`.
+pub(crate) fn dtype_name(kind: Kind) -> &'static str {
     match kind {
         Kind::BFloat16 => "bfloat16",
         Kind::Half => "float16",
@@ -26,9 +27,7 @@ fn dtype_name(kind: Kind) -> &'static str {
 }
 
 /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), weights cast
-/// to `dtype`. Each file is written under a temporary name and renamed into place. The
-/// safetensors header carries `{"format": "pt"}`, which older transformers require; the config
-/// always names `num_target_layers`, which SGLang range-checks the tap layers against.
+/// to `dtype` ([`write_layout`]); the config always names `num_target_layers`, which SGLang range-checks the tap layers against.
 pub fn write_hf(
     dir: &Path,
     cfg: &DrafterConfig,
@@ -44,7 +43,6 @@ pub fn write_hf(
                 .into(),
         });
     }
-    fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
     let mut config = cfg.to_hf_json();
     if let Value::Object(map) = &mut config {
         map.insert(
@@ -53,6 +51,19 @@ pub fn write_hf(
         );
         map.insert("dtype".into(), Value::String(dtype_name(dtype).into()));
     }
+    write_layout(dir, &config, weights, dtype)
+}
+
+/// Writes `config` as `config.json` and `weights`, cast to `dtype`, as `model.safetensors`
+/// into `dir` (created if needed), each under a temporary name renamed into place; the
+/// safetensors header carries `{"format": "pt"}`, which older transformers require.
+pub(crate) fn write_layout(
+    dir: &Path,
+    config: &Value,
+    weights: &[(String, Tensor)],
+    dtype: Kind,
+) -> Result<(), TrainError> {
+    fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
     let weights_path = dir.join(WEIGHTS_FILE);
     let tensors: Vec<(String, Tensor)> = weights
         .iter()
@@ -70,7 +81,7 @@ pub fn write_hf(
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_atomic(&weights_path, &views, metadata)?;
     let config_path = dir.join(CONFIG_FILE);
-    let text = serde_json::to_string_pretty(&config).map_err(|e| TrainError::DrafterWeights {
+    let text = serde_json::to_string_pretty(config).map_err(|e| TrainError::DrafterWeights {
         path: config_path.clone(),
         detail: format!("cannot serialize config: {e}"),
     })?;

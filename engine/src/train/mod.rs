@@ -30,6 +30,7 @@ pub mod rng;
 pub mod run_config;
 pub mod schedule;
 pub mod shard;
+pub mod speculators;
 pub mod throughput;
 pub mod topology;
 pub mod trainer;

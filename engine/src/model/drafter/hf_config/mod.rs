@@ -5,7 +5,7 @@
 //!
 //! The reference loader (ZL `_draft_value`) looks a DFlash key up in `dflash_config` first and
 //! then at the top level; reading does the same. Keys that would silently change the model
-//! (YaRN RoPE, attention bias, a non-SiLU MLP, `is_causal` overrides, logit scaling) are
+//! (YaRN RoPE, attention bias, a non-SiLU MLP, an `is_causal` that changes a layer, logit scaling) are
 //! rejected with an error instead of being ignored.
 //!
 //! A Domino drafter (SpecForge's `DominoDraftModel`) is the same layout with
@@ -247,6 +247,35 @@ impl<'a> Reader<'a> {
             .collect()
     }
 
+    /// `is_causal`, which z-lab's loader reads as a value for every layer (absent: causal on
+    /// sliding layers, bidirectional on full ones, as ours). A value is accepted where it says
+    /// what the layer types already do (false: every layer full; true: every layer sliding),
+    /// refused where it would change a layer.
+    fn check_is_causal(&self) -> Result<(), DrafterError> {
+        let Some((key, v)) = self.dflash_value("is_causal") else {
+            return Ok(());
+        };
+        let causal = v
+            .as_bool()
+            .ok_or_else(|| self.invalid(&key, "true or false", v))?;
+        let num_layers = self
+            .top("num_hidden_layers")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let sliding_window = self.top("sliding_window").and_then(Value::as_i64);
+        let types = self.layer_types(num_layers as usize, sliding_window)?;
+        let changed = types.iter().any(|t| (*t == LayerType::Sliding) != causal);
+        if changed {
+            return Err(self.unsupported(
+                &key,
+                v,
+                "in-block causality follows the layer type (causal on sliding, bidirectional on \
+                 full layers); this value would change a layer of this config",
+            ));
+        }
+        Ok(())
+    }
+
     fn reject_behaviour_changes(&self) -> Result<(), DrafterError> {
         if let Some(v) = self.top("attention_bias") {
             if v.as_bool() != Some(false) {
@@ -262,13 +291,7 @@ impl<'a> Reader<'a> {
                 return Err(self.unsupported("hidden_act", v, "the drafter MLP is SwiGLU (silu)"));
             }
         }
-        if let Some((key, v)) = self.dflash_value("is_causal") {
-            return Err(self.unsupported(
-                &key,
-                v,
-                "in-block causality follows the layer type (causal on sliding, bidirectional on full layers)",
-            ));
-        }
+        self.check_is_causal()?;
         if let Some((key, v)) = self.dflash_value("input_embedding_scale") {
             if v.as_f64() != Some(1.0) {
                 return Err(self.unsupported(&key, v, "embedding scaling is not implemented"));

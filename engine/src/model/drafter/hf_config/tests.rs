@@ -426,3 +426,49 @@ fn a_dflash2_config_specforge_would_refuse_is_refused_by_name() {
         .to_string();
     assert!(e.contains("DFlash2DraftModel"), "{e}");
 }
+
+/// z-lab's loader reads a top-level `is_causal` for every layer (absent: causal exactly on
+/// sliding layers). A value that says what the layer types already do is read; one that would
+/// change a layer is refused.
+#[test]
+fn is_causal_is_read_where_it_agrees_with_the_layer_types_and_refused_where_it_would_not() {
+    let read = |edit: &dyn Fn(&mut Value)| {
+        let mut value = dflash2_value();
+        edit(&mut value);
+        DrafterConfig::from_hf_value(&value, "test").map(|c| c.layer_types)
+    };
+    let full = |v: &mut Value| {
+        v["layer_types"] = json!(["full_attention", "full_attention"]);
+        v["num_hidden_layers"] = json!(2);
+    };
+    // Every layer full: bidirectional in the block, which `is_causal: false` says too.
+    let types = read(&|v| {
+        full(v);
+        v["is_causal"] = json!(false);
+    })
+    .unwrap();
+    assert_eq!(types, [LayerType::Full, LayerType::Full]);
+    read(&|v| {
+        full(v);
+        v["dflash_config"]["is_causal"] = json!(false);
+    })
+    .unwrap();
+    for (value, layers) in [
+        (true, json!(["full_attention", "full_attention"])),
+        (false, json!(["sliding_attention", "full_attention"])),
+    ] {
+        let err = read(&|v| {
+            v["layer_types"] = layers.clone();
+            v["num_hidden_layers"] = json!(2);
+            v["sliding_window"] = json!(32);
+            v["use_sliding_window"] = json!(true);
+            v["is_causal"] = json!(value);
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("is_causal") && err.contains("would change a layer"),
+            "{err}"
+        );
+    }
+}
