@@ -14,6 +14,7 @@ use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{
     read_checkpoint_drafter, recorded_best, resolve_checkpoint, RecordedBest,
 };
+use dflash_engine::train::sglang::{write_sglang, SGLANG_DSPARK_ARCHITECTURE, SGLANG_VERSION};
 use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
 
@@ -46,8 +47,9 @@ pub struct ExportArgs {
     #[arg(long)]
     pub num_target_layers: Option<usize>,
     /// The layout: `hf` (the published DFlash layout SGLang, vLLM's `dflash` method and z-lab's
-    /// loader read; SpecForge's for Domino, DSpark and DFlash2) or `speculators` (vLLM
-    /// speculators' own format, for DFlash, DSpark and DFlash2).
+    /// loader read; SpecForge's for Domino, DSpark and DFlash2), `speculators` (vLLM
+    /// speculators' own format, for DFlash, DSpark and DFlash2) or `sglang` (a DSpark drafter
+    /// with its head's keys where SGLang's `Qwen3DSparkModel` reads them).
     #[arg(long, value_enum, default_value = "hf")]
     pub format: ExportFormat,
     /// For `--format speculators`: the drafter's target, a Hugging Face directory, which
@@ -61,6 +63,7 @@ pub struct ExportArgs {
 pub enum ExportFormat {
     Hf,
     Speculators,
+    Sglang,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -82,12 +85,16 @@ pub fn run(args: ExportArgs) -> Result<()> {
         config.num_target_layers = Some(n);
     }
     let hints = match args.format {
-        ExportFormat::Hf if args.target.is_some() => {
+        ExportFormat::Hf | ExportFormat::Sglang if args.target.is_some() => {
             bail!("--target is read by --format speculators only; leave it out")
         }
         ExportFormat::Hf => {
             write_hf(&args.out, &config, &weights, dtype)?;
             serving_hints(&config, &args.out)
+        }
+        ExportFormat::Sglang => {
+            write_sglang(&args.out, &config, &weights, dtype)?;
+            sglang_hints(&config, &args.out)
         }
         ExportFormat::Speculators => export_speculators::export(
             &dir,
@@ -251,15 +258,27 @@ fn dspark_hints(dspark: &DsparkConfig, block: i64, out: &Path) -> String {
          enable_confidence_head {}, confidence_head_with_markov {}) in {dir}: SpecForge's keys \
          for key, not loaded by SpecForge here.\n  Each of its {block} slots drafts the token after its position (slot 0 the \
          token after the anchor), the Markov head reading the token drafted before it.\n  \
-         SGLang and vLLM read a DSpark drafter's head keys at the top level (SGLang as \
-         Qwen3DSparkModel): dflashd export does not write that form yet, so neither is \
-         verified here. vLLM speculators' own DSpark format: dflashd export --format \
-         speculators (loaded by speculators' DSparkDraftModel in `make soak`).\n",
+         SGLang builds a DSpark drafter's heads from keys at the top level: dflashd export \
+         --format sglang writes that form. vLLM speculators' own DSpark format: dflashd export \
+         --format speculators (loaded by speculators' DSparkDraftModel in `make soak`).\n",
         dspark.markov_rank,
         dspark.markov_head_type.as_str(),
         dspark.confidence_head,
         dspark.confidence_head_with_markov,
         dir = out.display(),
+    )
+}
+
+/// What serving the SGLang form needs, and what was not checked.
+fn sglang_hints(cfg: &DrafterConfig, out: &Path) -> String {
+    format!(
+        "written in the form SGLang {SGLANG_VERSION}'s DSpark model reads (architectures \
+         [\"{SGLANG_DSPARK_ARCHITECTURE}\"], the head's keys at the top level as well as in \
+         dflash_config, sample_from_anchor true); dflashd reads it back as the same drafter, \
+         SGLang's own code is not run here.\nserve it:\n  SGLang: --speculative-algorithm DSPARK \
+         --speculative-draft-model-path {dir} --speculative-num-draft-tokens {tokens}\n",
+        dir = out.display(),
+        tokens = cfg.block_size + 1,
     )
 }
 

@@ -386,4 +386,47 @@ fn export_format_speculators_names_the_target_and_refuses_what_it_cannot_carry()
         !o.status.success() && err.contains("no Domino model"),
         "{err}"
     );
+    // The sglang form is DSpark's: a Domino drafter is pointed at the hf layout.
+    let o = export(
+        domino.path(),
+        &domino.path().join("w"),
+        &["--format", "sglang"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("Domino drafter in the layout `--format hf`"),
+        "{err}"
+    );
+}
+
+/// `--format sglang` writes a DSpark drafter with its head's keys at the top level too (where
+/// SGLang's DSpark model builds its heads from) under SGLang's architecture name, and it loads
+/// back to exactly the checkpoint's weights.
+#[test]
+fn a_dspark_export_for_sglang_carries_its_head_keys_at_the_top_level_and_loads_back_bit_for_bit() {
+    let run = trained_run_of(Some("tiny-cpu-dspark.toml"), 2);
+    let out = run.path().join("sglang");
+    let o = export(run.path(), &out, &["--format", "sglang", "--dtype", "f32"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("--speculative-algorithm DSPARK"),
+        "{stdout}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "Qwen3DSparkModel");
+    assert_eq!(config["sample_from_anchor"], true);
+    for key in ["markov_rank", "markov_head_type", "enable_confidence_head"] {
+        assert!(!config[key].is_null(), "{key}");
+        assert_eq!(config[key], config["dflash_config"][key], "{key}");
+    }
+    assert_loads_back_as_step_2(
+        run.path(),
+        &out,
+        &[
+            "markov_head.markov_w1.weight",
+            "confidence_head.proj.weight",
+        ],
+    );
 }

@@ -27,13 +27,20 @@ pub(crate) fn dtype_name(kind: Kind) -> &'static str {
 }
 
 /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), weights cast
-/// to `dtype` ([`write_layout`]); the config always names `num_target_layers`, which SGLang range-checks the tap layers against.
+/// to `dtype` ([`write_layout`]), the config being [`hf_json`]'s.
 pub fn write_hf(
     dir: &Path,
     cfg: &DrafterConfig,
     weights: &[(String, Tensor)],
     dtype: Kind,
 ) -> Result<(), TrainError> {
+    write_layout(dir, &hf_json(cfg, dtype)?, weights, dtype)
+}
+
+/// The published layout's `config.json` for weights of `dtype`; it always names
+/// `num_target_layers`, which SGLang range-checks the tap layers against, and refuses a
+/// drafter that does not know it.
+pub fn hf_json(cfg: &DrafterConfig, dtype: Kind) -> Result<Value, TrainError> {
     if cfg.num_target_layers.is_none() {
         return Err(TrainError::Config {
             key: "num_target_layers".into(),
@@ -51,7 +58,7 @@ pub fn write_hf(
         );
         map.insert("dtype".into(), Value::String(dtype_name(dtype).into()));
     }
-    write_layout(dir, &config, weights, dtype)
+    Ok(config)
 }
 
 /// Writes `config` as `config.json` and `weights`, cast to `dtype`, as `model.safetensors`

@@ -29,6 +29,7 @@ pub mod resume;
 pub mod rng;
 pub mod run_config;
 pub mod schedule;
+pub mod sglang;
 pub mod shard;
 pub mod speculators;
 pub mod throughput;
