@@ -252,7 +252,6 @@ fn measure(
     unary_hits: &Tensor,
 ) -> Dflash2Sums {
     let (n, bs) = (c.blocks, batch.block_size);
-    let k = s.candidates.size()[1];
     let supervised = c.supervised.view([n, bs]);
     let sup = supervised.to_kind(Kind::Double);
     let covered = s.covered.view([n, bs]);
@@ -280,7 +279,6 @@ fn measure(
         let blocks = after_anchor.any_dim(1, false);
         sum(&((chain.sum_dim_intlist(1, false, Kind::Double) + 1.0) * blocks.to_kind(Kind::Double)))
     };
-    debug_assert_eq!(k, batch.selector.top_k());
     Dflash2Sums {
         supervised: sum(&sup),
         covered: sum(&covered.logical_and(&supervised)),
