@@ -100,35 +100,30 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
     training.insert("online_eval_every".into(), Value::Integer(0));
     // One checkpoint, the final one (saved when the run ends): the one evaluated.
     training.insert("checkpoint_every".into(), Value::Integer(1_000_000));
-    match recipe.contender {
-        Contender::Dflash => {
-            training.insert("objective".into(), Value::String("dflash".into()));
-            dflash_head(&mut root);
-        }
-        Contender::Dpace => {
-            training.insert("objective".into(), Value::String("dpace".into()));
+    let objective = match recipe.contender {
+        Contender::Dpace => "dpace",
+        Contender::Tree | Contender::DominoTree | Contender::Dflash2Tree => "tree",
+        Contender::Dflash | Contender::Domino | Contender::Dspark | Contender::Dflash2 => "dflash",
+    };
+    training.insert("objective".into(), Value::String(objective.into()));
+    match objective {
+        "dpace" => {
             training.insert("dpace_alpha".into(), Value::Float(DPACE_ALPHA));
-            dflash_head(&mut root);
         }
-        Contender::Tree => {
-            training.insert("objective".into(), Value::String("tree".into()));
+        "tree" => {
             training.insert("tree".into(), tree_table(recipe));
-            dflash_head(&mut root);
         }
+        _ => {}
+    }
+    match recipe.contender {
+        Contender::Dflash | Contender::Dpace | Contender::Tree => dflash_head(&mut root),
         Contender::Dspark => {
-            training.insert("objective".into(), Value::String("dflash".into()));
             dflash_head(&mut root);
             let drafter = section(&mut root, "drafter");
             drafter.insert("head".into(), Value::String("dspark".into()));
             drafter.insert("markov_rank".into(), Value::Integer(DSPARK_MARKOV_RANK));
         }
         Contender::Dflash2 | Contender::Dflash2Tree => {
-            if recipe.contender == Contender::Dflash2Tree {
-                training.insert("objective".into(), Value::String("tree".into()));
-                training.insert("tree".into(), tree_table(recipe));
-            } else {
-                training.insert("objective".into(), Value::String("dflash".into()));
-            }
             dflash_head(&mut root);
             let drafter = section(&mut root, "drafter");
             drafter.insert("head".into(), Value::String("dflash2".into()));
@@ -138,12 +133,6 @@ pub fn run_config_toml(recipe: &RunRecipe) -> Result<String, String> {
             );
         }
         Contender::Domino | Contender::DominoTree => {
-            if recipe.contender == Contender::DominoTree {
-                training.insert("objective".into(), Value::String("tree".into()));
-                training.insert("tree".into(), tree_table(recipe));
-            } else {
-                training.insert("objective".into(), Value::String("dflash".into()));
-            }
             let drafter = section(&mut root, "drafter");
             drafter.insert("head".into(), Value::String("domino".into()));
             drafter.insert("emb_dim".into(), Value::Integer(DOMINO_EMB_DIM));

@@ -34,20 +34,7 @@ const ANCHOR: i64 = 12;
 const TOLERANCE: f64 = 1e-4;
 
 fn python() -> PathBuf {
-    let python = std::env::var_os("DFLASH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join(".venv/bin/python")
-        });
-    assert!(
-        python.exists(),
-        "no Python at {}: run `make soak` (it syncs the `loaders` uv group) or set DFLASH_PYTHON",
-        python.display()
-    );
-    python
+    crate::support::binary::project_python("run `make soak` (it syncs the `loaders` uv group)")
 }
 
 fn script(name: &str) -> PathBuf {

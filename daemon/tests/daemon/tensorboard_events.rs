@@ -31,20 +31,9 @@ json.dump(out, sys.stdout)
 "#;
 
 fn python() -> PathBuf {
-    let python = std::env::var_os("DFLASH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join(".venv/bin/python")
-        });
-    assert!(
-        python.exists(),
-        "no Python at {}: run `make provision` (uv sync installs the dev group with tensorboard) or set DFLASH_PYTHON",
-        python.display()
-    );
-    python
+    crate::support::binary::project_python(
+        "run `make provision` (uv sync installs the dev group with tensorboard)",
+    )
 }
 
 fn read_with_tensorboard(dir: &Path) -> serde_json::Value {

@@ -269,3 +269,22 @@ pub fn request_and_confirm(
     });
     (id, reply)
 }
+
+/// The project venv's Python (`DFLASH_PYTHON` overrides it); missing, the test fails saying
+/// what installs it (`remedy`, e.g. "run `make provision`").
+pub fn project_python(remedy: &str) -> PathBuf {
+    let python = std::env::var_os("DFLASH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join(".venv/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "no Python at {}: {remedy} or set DFLASH_PYTHON",
+        python.display()
+    );
+    python
+}
