@@ -8,7 +8,6 @@
 //! from the verifier the config names, so the export needs the target's directory and checks
 //! that those tensors are there.
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -17,6 +16,7 @@ use tch::Kind;
 use super::drafter_io::{dtype_name, write_layout};
 use super::error::TrainError;
 use crate::model::drafter::DrafterConfig;
+use crate::model::weights::CheckpointIndex;
 
 mod config;
 #[cfg(test)]
@@ -85,8 +85,13 @@ pub fn read_verifier(dir: &Path) -> Result<Verifier, SpeculatorsError> {
                 .collect()
         })
         .unwrap_or_default();
-    let names = tensor_names(dir).map_err(fail)?;
-    if !names.iter().any(|n| n.ends_with("embed_tokens.weight")) {
+    let index = CheckpointIndex::open(dir).map_err(|e| {
+        fail(format!(
+            "{e}: speculators reads the embeddings, LM head and final norm from the target's \
+             safetensors"
+        ))
+    })?;
+    if !index.names().any(|n| n.ends_with("embed_tokens.weight")) {
         return Err(fail(
             "has no `embed_tokens.weight` tensor, which speculators loads the drafter's \
              embeddings from"
@@ -101,40 +106,4 @@ pub fn read_verifier(dir: &Path) -> Result<Verifier, SpeculatorsError> {
         hidden_size: size("hidden_size")?,
         vocab_size: size("vocab_size")?,
     })
-}
-
-/// The tensor names of a safetensors directory, from the index or from the one file's
-/// header (the tensors are not read).
-fn tensor_names(dir: &Path) -> Result<Vec<String>, String> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = fs::read_to_string(&index).map_err(|e| format!("{}: {e}", index.display()))?;
-        let json: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
-        return Ok(json
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default());
-    }
-    let file = dir.join("model.safetensors");
-    let cannot = |e: std::io::Error| {
-        format!(
-            "cannot read {} ({e}): speculators reads the embeddings, LM head and final norm \
-             from the target's safetensors",
-            file.display()
-        )
-    };
-    // The header only: its length (8 bytes, little-endian), then that much JSON.
-    let mut reader = fs::File::open(&file).map_err(cannot)?;
-    let mut length = [0u8; 8];
-    reader.read_exact(&mut length).map_err(cannot)?;
-    let mut header = vec![0u8; u64::from_le_bytes(length).min(100 << 20) as usize];
-    reader.read_exact(&mut header).map_err(cannot)?;
-    let json: Value =
-        serde_json::from_slice(&header).map_err(|e| format!("{}: header: {e}", file.display()))?;
-    Ok(json
-        .as_object()
-        .map(|m| m.keys().filter(|k| *k != "__metadata__").cloned().collect())
-        .unwrap_or_default())
 }
