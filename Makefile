@@ -85,7 +85,7 @@ test: provision test-deps
 # (6 kill -9 rounds, 10,000 fuzzed frames, two crowded phases; `full` is the issue's 20 rounds).
 # `make test` checks each of these behaviours at its shortest telling length. The loaders'
 # checks (daemon/tests/daemon/loaders.rs) need the `loaders` uv group (speculators, z-lab's
-# dflash), synced here first; torch stays the pinned 2.11.0.
+# dflash, sglang without its CUDA dependencies), synced here first; torch stays the pinned 2.11.0.
 soak: provision test-deps
 	$(UV) sync --frozen --group loaders
 	@$(VENV)/bin/python -c 'import torch; assert torch.__version__.startswith("2.11.0"), torch.__version__'

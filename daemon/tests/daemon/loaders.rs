@@ -12,13 +12,24 @@
 //! DFlash drafter and run one block as its `dflash_generate` does; the logits match ours
 //! (DFlash2's with its multiplier and cap), and DFlash2's greedy selector path is ours.
 //!
+//! SGLang (`sglang` 0.5.23, `scripts/loaders/sglang_dspark.py`): its `Qwen3DSparkModel` is
+//! built on CPU (SGLang's single-process gloo setup, TP 1) from a DSpark drafter's `--format
+//! sglang --dtype f32` export and loads it through SGLang's loader: every parameter is loaded
+//! and equal bit for bit to the export's tensors (the fused `qkv_proj` and `gate_up_proj` too),
+//! and every tensor is consumed (with SGLANG_RAGGED_VERIFY_MODE at its default, `static`,
+//! SGLang builds no confidence head and skips exactly its tensors). Its Markov head stepped over
+//! a block and its confidence head's `predict` give our bias, confidence logit and confidence
+//! on the same hidden states and tokens. Not checked: SGLang's draft forward, which runs
+//! through its attention backends over a KV pool (CUDA/Triton kernels).
+//!
 //! Tolerance: 1e-4 on the largest absolute difference, f32 on both sides (eager or SDPA
 //! attention there, our dense-mask kernels here); the test prints the measured one.
 //!
-//! `#[ignore]`d (`make soak`, which syncs the group): importing transformers and speculators
-//! takes longer than `make test` affords. A missing package fails the test and says what to
+//! `#[ignore]`d (`make soak`, which syncs the group): importing transformers, speculators and
+//! sglang takes longer than `make test` affords. A missing package fails the test and says what to
 //! run.
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -80,11 +91,21 @@ fn target_embed_and_head(target: &Path) -> (Tensor, Tensor) {
     (find("embed_tokens.weight"), find("lm_head.weight"))
 }
 
-/// Runs a loader script over `args`, failing with its stderr and what to install.
+/// Runs a loader script over `args` and [`ANCHOR`], failing with its stderr and what to
+/// install.
 fn run_script(name: &str, args: &[&Path]) -> serde_json::Value {
-    let mut command = Command::new(python());
-    command.arg(script(name)).args(args).arg(ANCHOR.to_string());
-    let out = command.output().unwrap();
+    let mut args: Vec<OsString> = args.iter().map(|a| a.as_os_str().to_owned()).collect();
+    args.push(ANCHOR.to_string().into());
+    run_python(name, &args)
+}
+
+/// Runs a loader script over `args`; its stdout is one JSON summary.
+fn run_python(name: &str, args: &[OsString]) -> serde_json::Value {
+    let out = Command::new(python())
+        .arg(script(name))
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{name} failed (is the `loaders` uv group installed? `make soak`, or \
@@ -336,4 +357,121 @@ fn zlabs_dflash2_draft_model_loads_a_dflash2_export_and_walks_our_selector_path(
 #[ignore = "soak: imports transformers and z-lab's dflash (`make soak` syncs the loaders group)"]
 fn zlabs_dflash_draft_model_loads_a_dflash_export_and_drafts_our_logits() {
     zlab_reads("tiny-cpu-dflash.toml", "DFlashDraftModel");
+}
+
+/// What SGLang's loader did with the export in one SGLANG_RAGGED_VERIFY_MODE (the script's
+/// `ragged_verify_<mode>`): it left no parameter unloaded, each holds the export's tensors bit
+/// for bit, and the export's tensors it did not consume are `unconsumed`.
+fn assert_sglang_loaded(summary: &serde_json::Value, mode: &str, unconsumed: &[&str]) {
+    let report = &summary[format!("ragged_verify_{mode}")];
+    let names = |key: &str| -> Vec<String> {
+        report[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{mode}: no {key} in {summary}"))
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names("unloaded"), Vec::<String>::new(), "{mode}: {report}");
+    assert_eq!(names("differ"), Vec::<String>::new(), "{mode}: {report}");
+    assert_eq!(names("unconsumed"), unconsumed, "{mode}: {report}");
+    assert_eq!(report["markov_head"], "VanillaMarkov", "{report}");
+}
+
+/// SGLang 0.5.23's own `Qwen3DSparkModel` (`scripts/loaders/sglang_dspark.py`) is built on CPU
+/// from a tiny DSpark drafter's `--format sglang --dtype f32` export and loads its weights
+/// through SGLang's loader: every parameter is loaded, bit for bit the export's (the fused
+/// `qkv_proj` / `gate_up_proj` too), and every tensor is consumed; with SGLang's default
+/// SGLANG_RAGGED_VERIFY_MODE (`static`) it builds no confidence head and skips exactly that
+/// head's tensors. Its Markov head stepped over a block and its confidence head's `predict`
+/// give our drafter's bias, confidence logit and confidence on the same hidden states and
+/// tokens. SGLang's full draft forward is not run (attention backends, CUDA).
+#[test]
+#[ignore = "soak: imports sglang (`make soak` syncs the loaders group)"]
+fn sglangs_dspark_model_loads_a_sglang_export_exactly_and_its_heads_give_ours() {
+    let run = trained_run_of(Some("tiny-cpu-dspark.toml"), 2);
+    let export_dir = run.path().join("sglang");
+    let o = export(
+        run.path(),
+        &export_dir,
+        &["--dtype", "f32", "--format", "sglang"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Our reader reads the same files SGLang does.
+    let loaded = load_hf(&export_dir, Device::Cpu, Kind::Float).unwrap();
+    let cfg = &loaded.config;
+    tch::manual_seed(35);
+    let hidden = Tensor::randn(
+        [1, cfg.block_size, cfg.hidden_size],
+        (Kind::Float, Device::Cpu),
+    );
+    // The token each slot reads (the anchor's for slot 0), below the MASK id.
+    let prev = Tensor::randint(
+        cfg.vocab_size - 1,
+        [1, cfg.block_size],
+        (Kind::Int64, Device::Cpu),
+    );
+    let inputs = run.path().join("inputs.safetensors");
+    let theirs_path = run.path().join("theirs.safetensors");
+    Tensor::write_safetensors(&[("hidden", &hidden), ("prev_tokens", &prev)], &inputs).unwrap();
+    let summary = run_python(
+        "sglang_dspark.py",
+        &[
+            export_dir.into_os_string(),
+            inputs.into_os_string(),
+            theirs_path.clone().into_os_string(),
+        ],
+    );
+    assert_eq!(summary["sglang_version"], "0.5.23", "{summary}");
+    assert_eq!(summary["model"], "Qwen3DSparkModel", "{summary}");
+    assert_sglang_loaded(&summary, "cap-accept", &[]);
+    assert_eq!(
+        summary["ragged_verify_cap-accept"]["confidence_head_built"],
+        true
+    );
+    assert_sglang_loaded(
+        &summary,
+        "static",
+        &["confidence_head.proj.bias", "confidence_head.proj.weight"],
+    );
+    assert_eq!(
+        summary["ragged_verify_static"]["confidence_head_built"],
+        false
+    );
+
+    let theirs: BTreeMap<String, Tensor> = Tensor::read_safetensors(&theirs_path)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let dspark = loaded.drafter.dspark().expect("a DSpark drafter");
+    let (bias, logit) = tch::no_grad(|| {
+        let markov = dspark.markov().expect("a Markov head");
+        (
+            markov.block_bias(&prev, &hidden).get(0),
+            dspark
+                .confidence_logit(&hidden, &prev)
+                .expect("a confidence head")
+                .get(0),
+        )
+    });
+    let ours = [
+        ("markov_bias", bias),
+        ("confidence", logit.sigmoid()),
+        ("confidence_logit", logit),
+    ];
+    assert_eq!(
+        theirs.keys().collect::<Vec<_>>(),
+        ["confidence", "confidence_logit", "markov_bias"]
+    );
+    let differences: Vec<(&str, f64)> = ours
+        .iter()
+        .map(|(name, t)| (*name, max_difference(name, t, &theirs[*name])))
+        .collect();
+    eprintln!(
+        "sglang dspark: weights bit for bit ({} tensors); max |ours − theirs| {differences:?}",
+        summary["ragged_verify_cap-accept"]["consumed"]
+    );
+    for (name, d) in &differences {
+        assert!(*d <= TOLERANCE, "{name}: max difference {d} > {TOLERANCE}");
+    }
 }
