@@ -14,7 +14,9 @@ use dflash_engine::train::drafter_io::write_hf;
 use dflash_engine::train::resume::{
     read_checkpoint_drafter, recorded_best, resolve_checkpoint, RecordedBest,
 };
-use dflash_engine::train::sglang::{write_sglang, SGLANG_DSPARK_ARCHITECTURE, SGLANG_VERSION};
+use dflash_engine::train::sglang::{
+    confidence_note, write_sglang, SGLANG_DSPARK_ARCHITECTURE, SGLANG_VERSION,
+};
 use dflash_shared::best_checkpoint::NoBestCheckpoint;
 use tch::Kind;
 
@@ -271,11 +273,12 @@ fn dspark_hints(dspark: &DsparkConfig, block: i64, out: &Path) -> String {
 
 /// What serving the SGLang form needs, and what was not checked.
 fn sglang_hints(cfg: &DrafterConfig, out: &Path) -> String {
+    let note = confidence_note(cfg).map_or(String::new(), |note| format!("note: {note}\n"));
     format!(
         "written in the form SGLang {SGLANG_VERSION}'s DSpark model reads (architectures \
          [\"{SGLANG_DSPARK_ARCHITECTURE}\"], the head's keys at the top level as well as in \
-         dflash_config, sample_from_anchor true); dflashd reads it back as the same drafter, \
-         SGLang's own code is not run here.\nserve it:\n  SGLang: --speculative-algorithm DSPARK \
+         dflash_config, sample_from_anchor true); dflashd reads it back as the same drafter.\n\
+         {note}serve it:\n  SGLang: --speculative-algorithm DSPARK \
          --speculative-draft-model-path {dir} --speculative-num-draft-tokens {tokens}\n",
         dir = out.display(),
         tokens = cfg.block_size + 1,

@@ -39,6 +39,7 @@ use dflash_shared::config::DsparkSection;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use super::block_objective::block_aligned_chunks;
+use super::labels::BlockLabels;
 use super::loss::{DsparkSums, LossSums};
 use crate::model::drafter::{at_least_f32, DsparkHead};
 
@@ -87,6 +88,66 @@ pub struct DsparkBatch<'a> {
     pub teacher_hidden: &'a Tensor,
     pub block_size: i64,
     pub loss_weights: DsparkLossWeights,
+}
+
+/// [`DsparkBatch`]'s tensors, owned: built once per micro-batch (training) or anchor chunk
+/// (evaluation) from the host-side labels, on the device of the target's last hidden state.
+pub struct DsparkInputs {
+    targets: Tensor,
+    prev_tokens: Tensor,
+    weights: Tensor,
+    valid: Tensor,
+    teacher_hidden: Tensor,
+    block_size: i64,
+    loss_weights: DsparkLossWeights,
+}
+
+impl DsparkInputs {
+    /// `labels` are the next-token labels of the blocks at `anchors` (`[B, N]`, with `keep`),
+    /// flattened `[B, N·bs]`; `prev_tokens` the token before each slot; `last_hidden` the
+    /// target's final-normed last hidden state `[B, S, H]` on the drafter's device, in the LM
+    /// head's dtype.
+    pub fn new(
+        labels: &BlockLabels,
+        prev_tokens: &[i64],
+        last_hidden: &Tensor,
+        (anchors, keep): (&Tensor, &Tensor),
+        block_size: i64,
+        loss_weights: DsparkLossWeights,
+    ) -> Self {
+        let (batch, blocks) = (anchors.size()[0], anchors.size()[1]);
+        let on_device = |t: Tensor| {
+            t.view([batch, blocks * block_size])
+                .to_device(last_hidden.device())
+        };
+        let valid: Vec<u8> = labels.valid.iter().map(|&v| u8::from(v)).collect();
+        Self {
+            targets: on_device(Tensor::from_slice(&labels.targets)),
+            prev_tokens: on_device(Tensor::from_slice(prev_tokens)),
+            weights: on_device(Tensor::from_slice(&labels.weights)),
+            valid: on_device(Tensor::from_slice(&valid).to_kind(Kind::Bool)),
+            teacher_hidden: tch::no_grad(|| {
+                teacher_hidden_for_slots(last_hidden, anchors, keep, block_size)
+            }),
+            block_size,
+            loss_weights,
+        }
+    }
+
+    /// Lent to the loss with the drafter's head and the frozen LM head.
+    pub fn batch<'a>(&'a self, head: &'a DsparkHead, lm_head: &'a Tensor) -> DsparkBatch<'a> {
+        DsparkBatch {
+            head,
+            lm_head,
+            targets: &self.targets,
+            prev_tokens: &self.prev_tokens,
+            weights: &self.weights,
+            valid: &self.valid,
+            teacher_hidden: &self.teacher_hidden,
+            block_size: self.block_size,
+            loss_weights: self.loss_weights,
+        }
+    }
 }
 
 /// The target's final-normed last hidden states `[B, S, H]` gathered per slot: `[B, N·bs, H]`,

@@ -10,7 +10,7 @@ use super::block_objective::{block_objective_backward, BlockObjectiveBatch, Loss
 use super::dflash2::{dflash2_backward, Dflash2Batch};
 use super::domino::{domino_ce_backward, DominoBatch};
 use super::drafter_io::named_parameters;
-use super::dspark::{dspark_backward, teacher_hidden_for_slots, DsparkBatch, DsparkLossWeights};
+use super::dspark::{dspark_backward, DsparkInputs, DsparkLossWeights};
 use super::labels::block_input_ids;
 use super::loss::{weighted_ce_backward, LossSums};
 use super::micro::PreparedMicro;
@@ -223,12 +223,14 @@ impl DrafterReplica {
             keep: &keep,
         };
         if self.drafter.dspark().is_some() {
-            let batch = self.dspark_inputs(states, micro, &anchors, &keep, &targets, dspark);
+            let dspark_inputs = self.dspark_inputs(states, micro, (&anchors, &keep), dspark);
+            let head = self.drafter.dspark().expect("checked above");
+            let batch = dspark_inputs.batch(head, &self.lm_head);
             return self.drafter.forward_backward(
                 &inputs,
                 backend,
                 activation_checkpointing,
-                |out| dspark_backward(out, &batch.batch(self), 1.0, chunk_positions),
+                |out| dspark_backward(out, &batch, 1.0, chunk_positions),
             );
         }
         if let Some(selector) = self.drafter.selector() {
@@ -302,38 +304,25 @@ impl DrafterReplica {
         &self,
         states: TargetStates<'_>,
         micro: &PreparedMicro,
-        anchors: &Tensor,
-        keep: &Tensor,
-        targets: &Tensor,
+        anchors_keep: (&Tensor, &Tensor),
         loss_weights: DsparkLossWeights,
-    ) -> DsparkTensors {
+    ) -> DsparkInputs {
         let bs = self.drafter.config().block_size;
-        let shape = [micro.batch.batch as i64, micro.anchors.width as i64 * bs];
-        let on_device = |t: Tensor| t.view(shape).to_device(self.device);
         let last_hidden = states.last_hidden.expect(
             "a DSpark drafter's micro-batches carry the target's last hidden state \
              (DrafterHead::needs_target_last_hidden)",
         );
-        let teacher_hidden = tch::no_grad(|| {
-            teacher_hidden_for_slots(
-                &last_hidden
-                    .to_device(self.device)
-                    .to_kind(self.lm_head.kind()),
-                anchors,
-                keep,
-                bs,
-            )
-        });
-        let valid: Vec<u8> = micro.labels.valid.iter().map(|&v| u8::from(v)).collect();
-        DsparkTensors {
-            targets: targets.shallow_clone(),
-            prev_tokens: on_device(Tensor::from_slice(&micro.prev_token_ids(bs as usize))),
-            weights: on_device(Tensor::from_slice(&micro.labels.weights)),
-            valid: on_device(Tensor::from_slice(&valid).to_kind(Kind::Bool)),
-            teacher_hidden,
-            block_size: bs,
+        let last_hidden = last_hidden
+            .to_device(self.device)
+            .to_kind(self.lm_head.kind());
+        DsparkInputs::new(
+            &micro.labels,
+            &micro.prev_token_ids(bs as usize),
+            &last_hidden,
+            anchors_keep,
+            bs,
             loss_weights,
-        }
+        )
     }
 
     /// Elements of all parameters.
@@ -411,36 +400,6 @@ impl DrafterReplica {
     pub fn load_state(&mut self, state: &ReplicaState) -> Result<(), OptimError> {
         self.optimizer
             .restore(&state.master, &state.moments, state.optimizer_step)
-    }
-}
-
-/// The tensors of [`DrafterReplica::dspark_inputs`], owned, lent as a [`DsparkBatch`].
-struct DsparkTensors {
-    targets: Tensor,
-    prev_tokens: Tensor,
-    weights: Tensor,
-    valid: Tensor,
-    teacher_hidden: Tensor,
-    block_size: i64,
-    loss_weights: DsparkLossWeights,
-}
-
-impl DsparkTensors {
-    fn batch<'a>(&'a self, replica: &'a DrafterReplica) -> DsparkBatch<'a> {
-        DsparkBatch {
-            head: replica
-                .drafter
-                .dspark()
-                .expect("built for a drafter with a DSpark head"),
-            lm_head: &replica.lm_head,
-            targets: &self.targets,
-            prev_tokens: &self.prev_tokens,
-            weights: &self.weights,
-            valid: &self.valid,
-            teacher_hidden: &self.teacher_hidden,
-            block_size: self.block_size,
-            loss_weights: self.loss_weights,
-        }
     }
 }
 

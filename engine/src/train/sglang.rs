@@ -25,18 +25,27 @@ pub const SGLANG_DSPARK_ARCHITECTURE: &str = "Qwen3DSparkModel";
 /// Why `cfg` cannot be written in SGLang's DSpark form, saying what to do instead; `None`
 /// when it can.
 pub fn refusal(cfg: &DrafterConfig) -> Option<String> {
-    let head = match &cfg.head {
-        DrafterHead::Dspark(dspark) => dspark,
-        DrafterHead::Dflash => return Some(not_dspark("DFlash")),
-        DrafterHead::Domino(_) => return Some(not_dspark("Domino")),
-        DrafterHead::Dflash2(_) => return Some(not_dspark("DFlash2")),
+    match &cfg.head {
+        DrafterHead::Dspark(_) => None,
+        DrafterHead::Dflash => Some(not_dspark("DFlash")),
+        DrafterHead::Domino(_) => Some(not_dspark("Domino")),
+        DrafterHead::Dflash2(_) => Some(not_dspark("DFlash2")),
+    }
+}
+
+/// What serving a DSpark drafter without a confidence head on SGLang takes: SGLang 0.5.23
+/// builds its confidence head from the verify mode, not from `enable_confidence_head`
+/// (`build_confidence_head`), and then refuses a checkpoint without its weights. `None` for a
+/// drafter with one.
+pub fn confidence_note(cfg: &DrafterConfig) -> Option<String> {
+    let DrafterHead::Dspark(head) = &cfg.head else {
+        return None;
     };
     (!head.confidence_head).then(|| {
         format!(
-            "this DSpark drafter has no confidence head, and SGLang {SGLANG_VERSION} builds one \
-             whatever enable_confidence_head says, so it would serve with a confidence head \
-             left at its initial weights. Train with drafter.enable_confidence_head = true to \
-             serve on SGLang, or export with `--format speculators` for vLLM"
+            "this DSpark drafter has no confidence head: SGLang {SGLANG_VERSION} serves it in its \
+             default SGLANG_RAGGED_VERIFY_MODE=static, and refuses to load it under cap-accept \
+             or compact, which build a confidence head whatever enable_confidence_head says"
         )
     })
 }
@@ -127,15 +136,23 @@ mod tests {
     }
 
     #[test]
-    fn other_heads_and_a_dspark_without_confidence_head_are_refused_saying_what_to_do() {
+    fn other_heads_are_refused_saying_what_to_do_and_no_confidence_head_is_noted() {
         let plain = tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let why = refusal(&plain).unwrap();
         assert!(why.contains("`--format hf`"), "{why}");
-        let why = refusal(&dspark(false)).unwrap();
+        assert!(sglang_json(&plain, Kind::Float).is_err());
+        assert_eq!(confidence_note(&plain), None);
+        for with_confidence in [true, false] {
+            let cfg = dspark(with_confidence);
+            assert_eq!(refusal(&cfg), None);
+            assert!(sglang_json(&cfg, Kind::Float).is_ok());
+            let note = confidence_note(&cfg);
+            assert_eq!(note.is_some(), !with_confidence);
+        }
+        let note = confidence_note(&dspark(false)).unwrap();
         assert!(
-            why.contains("drafter.enable_confidence_head = true") && why.contains("speculators"),
-            "{why}"
+            note.contains("SGLANG_RAGGED_VERIFY_MODE=static") && note.contains("cap-accept"),
+            "{note}"
         );
-        assert!(sglang_json(&dspark(false), Kind::Float).is_err());
     }
 }

@@ -9,7 +9,7 @@ use dflash_engine::train::resume::{config_verdict, SavedConfigs};
 use dflash_engine::train::run_config::{drafter_config, train_config};
 use dflash_engine::train::unlocked::UnlockedKeys;
 use dflash_shared::config::keys::{OnResume, KEYS};
-use dflash_shared::config::{locked_key_changes, unlock_refusal, Config};
+use dflash_shared::config::{locked_key_changes, unlock_refusal, Config, DrafterHead};
 
 /// Keys no valid config can change from the default, and why.
 const NO_VALID_CHANGE: &[(&str, &str)] = &[
@@ -214,13 +214,8 @@ fn is_dflash2_key(key: &str) -> bool {
         .contains(&key)
 }
 
-/// The embedded default with a DSpark head (its DSpark keys left to their defaults).
-fn dspark_default() -> Config {
-    head_default(dflash_shared::config::DrafterHead::Dspark)
-}
-
 /// The embedded default with `head` instead of Domino (its own keys left to their defaults).
-fn head_default(head: dflash_shared::config::DrafterHead) -> Config {
+fn head_default(head: DrafterHead) -> Config {
     let mut cfg = Config::embedded_default();
     cfg.drafter.head = head;
     cfg.drafter.emb_dim = None;
@@ -235,8 +230,8 @@ fn the_gate_and_the_engine_agree_on_every_key_of_the_table() {
     let default = Config::embedded_default();
     let mut tree = default.clone();
     tree.training.objective = dflash_shared::config::Objective::Tree;
-    let dspark = dspark_default();
-    let dflash2 = head_default(dflash_shared::config::DrafterHead::Dflash2);
+    let dspark = head_default(DrafterHead::Dspark);
+    let dflash2 = head_default(DrafterHead::Dflash2);
     let mut disagreements = Vec::new();
     let mut checked = 0;
     for row in KEYS {

@@ -22,6 +22,43 @@ fn one_device(cfg: TrainConfig) -> Trainer {
     trainer(cfg, cpu_topology(1, 1))
 }
 
+/// A Domino head (a GRU of 32 over embeddings of 16, slot 1 left uncorrected).
+const DOMINO: DrafterHead = DrafterHead::Domino(DominoConfig {
+    emb_dim: 16,
+    gru_hidden_dim: 32,
+    pure_draft_prefix_len: 1,
+});
+
+/// A DSpark head: a gated Markov head, the confidence head reading its embedding.
+const DSPARK: DrafterHead = DrafterHead::Dspark(DsparkConfig {
+    markov_rank: 16,
+    markov_head_type: MarkovHeadType::Gated,
+    confidence_head: true,
+    confidence_head_with_markov: true,
+});
+
+/// A DFlash2 head with an output multiplier and a soft-cap, so both transforms are trained.
+const DFLASH2: DrafterHead = DrafterHead::Dflash2(Dflash2Config {
+    conv_kernel_size: 2,
+    conv_group_size: 16,
+    selector_rank: 16,
+    selector_top_k: 8,
+    output_multiplier: 0.5,
+    final_logit_softcapping: Some(20.0),
+});
+
+/// The embedded default's drafter with `head`, on one device.
+fn one_device_with(head: DrafterHead) -> impl Fn(TrainConfig) -> Trainer {
+    move |cfg| {
+        tch::set_num_threads(1);
+        let target = embedded::tiny_target(None, Device::Cpu).unwrap();
+        let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
+        drafter_cfg.head = head.clone();
+        Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1))
+            .unwrap()
+    }
+}
+
 fn steps_on_disk(root: &Path) -> Vec<u64> {
     checkpoint::list(root)
         .unwrap()
@@ -173,20 +210,7 @@ fn a_tree_objective_run_resumes_bit_for_bit_with_either_head() {
     cfg.training.objective = Objective::Tree;
     cfg.training.tree.budget = Some(8);
     resume_lands_where_a_straight_run_lands(cfg.clone());
-    resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
-}
-
-/// The embedded default's drafter with a Domino head, on one device.
-fn one_domino_device(cfg: TrainConfig) -> Trainer {
-    tch::set_num_threads(1);
-    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
-    drafter_cfg.head = DrafterHead::Domino(DominoConfig {
-        emb_dim: 16,
-        gru_hidden_dim: 32,
-        pure_draft_prefix_len: 1,
-    });
-    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
+    resume_lands_where_a_straight_run_lands_with(cfg, one_device_with(DOMINO));
 }
 
 #[test]
@@ -195,7 +219,7 @@ fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_obje
     cfg.training.checkpoint_every = 4;
     cfg.training.lambda_base_start = 0.8;
     let mut lines = CollectLines::default();
-    let mut trainer = one_domino_device(cfg.clone());
+    let mut trainer = one_device_with(DOMINO)(cfg.clone());
     trainer
         .run(
             &RunOptions {
@@ -234,24 +258,9 @@ fn a_domino_run_journals_its_curriculum_and_resumes_bit_for_bit_with_either_obje
         assert!(json.get(key).is_some(), "{key} in the metrics line");
     }
 
-    resume_lands_where_a_straight_run_lands_with(cfg.clone(), one_domino_device);
+    resume_lands_where_a_straight_run_lands_with(cfg.clone(), one_device_with(DOMINO));
     cfg.training.objective = Objective::Dpace;
-    resume_lands_where_a_straight_run_lands_with(cfg, one_domino_device);
-}
-
-/// The embedded default's drafter with a DSpark head (a gated Markov head, the confidence
-/// head reading its embedding), on one device.
-fn one_dspark_device(cfg: TrainConfig) -> Trainer {
-    tch::set_num_threads(1);
-    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
-    drafter_cfg.head = DrafterHead::Dspark(DsparkConfig {
-        markov_rank: 16,
-        markov_head_type: MarkovHeadType::Gated,
-        confidence_head: true,
-        confidence_head_with_markov: true,
-    });
-    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
+    resume_lands_where_a_straight_run_lands_with(cfg, one_device_with(DOMINO));
 }
 
 #[test]
@@ -259,7 +268,7 @@ fn a_dspark_run_reports_its_terms_and_calibration_and_resumes_bit_for_bit() {
     let mut cfg = config(4, 1);
     cfg.training.checkpoint_every = 4;
     let mut lines = CollectLines::default();
-    let mut trainer = one_dspark_device(cfg.clone());
+    let mut trainer = one_device_with(DSPARK)(cfg.clone());
     trainer
         .run(
             &RunOptions {
@@ -296,35 +305,21 @@ fn a_dspark_run_reports_its_terms_and_calibration_and_resumes_bit_for_bit() {
     ] {
         assert!(json.get(key).is_some(), "{key} in the metrics line");
     }
-    resume_lands_where_a_straight_run_lands_with(cfg, one_dspark_device);
+    resume_lands_where_a_straight_run_lands_with(cfg, one_device_with(DSPARK));
 }
 
 /// The embedded default's drafter with DFlash2's convolutions and selector, on one device.
-fn one_dflash2_device(cfg: TrainConfig) -> Trainer {
-    tch::set_num_threads(1);
-    let target = embedded::tiny_target(None, Device::Cpu).unwrap();
-    let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
-    drafter_cfg.head = DrafterHead::Dflash2(Dflash2Config {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 16,
-        selector_top_k: 8,
-        output_multiplier: 0.5,
-        final_logit_softcapping: Some(20.0),
-    });
-    Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1)).unwrap()
-}
 
 #[test]
 fn a_dflash2_run_warms_its_selector_up_reports_its_figures_and_resumes_bit_for_bit() {
     let mut cfg = config(4, 1);
     cfg.training.checkpoint_every = 4;
     // One warm-up step, then a ramp of two: α_eff is 0, 0, α/2, α from step 0.
-    let total = one_dflash2_device(cfg.clone()).total_steps();
+    let total = one_device_with(DFLASH2)(cfg.clone()).total_steps();
     cfg.training.dflash2.selector_warmup_ratio = 1.5 / total as f64;
     cfg.training.dflash2.selector_ramp_ratio = 1.5 / total as f64;
     let mut lines = CollectLines::default();
-    let mut trainer = one_dflash2_device(cfg.clone());
+    let mut trainer = one_device_with(DFLASH2)(cfg.clone());
     trainer
         .run(
             &RunOptions {
@@ -364,7 +359,7 @@ fn a_dflash2_run_warms_its_selector_up_reports_its_figures_and_resumes_bit_for_b
         assert!(json.get(key).is_some(), "{key} in the metrics line");
     }
     // The warm-up and the ramp cross the resume at step 3.
-    resume_lands_where_a_straight_run_lands_with(cfg, one_dflash2_device);
+    resume_lands_where_a_straight_run_lands_with(cfg, one_device_with(DFLASH2));
 }
 
 fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {
@@ -375,7 +370,7 @@ fn resume_lands_where_a_straight_run_lands(cfg: TrainConfig) {
 /// it and three more: the weights and the data position agree to the bit.
 fn resume_lands_where_a_straight_run_lands_with(
     cfg: TrainConfig,
-    one_device: fn(TrainConfig) -> Trainer,
+    one_device: impl Fn(TrainConfig) -> Trainer,
 ) {
     const N: u64 = 6;
     let mut straight = one_device(cfg.clone());

@@ -5,14 +5,14 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::{BlockScorer, EvalOptions, EvalReport};
 use crate::model::drafter::{CandidateSelector, Drafter, DsparkHead};
 use crate::train::anchors::AnchorBatch;
 use crate::train::block_objective::LossObjective;
 use crate::train::dflash2::{dflash2_backward, Dflash2Batch};
-use crate::train::dspark::{dspark_loss, teacher_hidden_for_slots, DsparkBatch};
+use crate::train::dspark::{dspark_loss, DsparkInputs};
 use crate::train::labels::{block_labels, next_token_block_labels, next_token_prev_ids, Rows};
 use crate::train::loss::LossSums;
 use crate::train::replica::TargetStates;
@@ -103,37 +103,22 @@ impl BlockScorer<'_> {
     ) -> LossSums {
         let (bs, opts) = (self.bs, self.opts);
         let device = chunk.out.device();
-        let shape = [chunk.rows.batch as i64, (chunk.anchors.width * bs) as i64];
-        let on_device = |t: Tensor| t.view(shape).to_device(device);
         let labels = next_token_block_labels(chunk.rows, chunk.anchors, bs, Some(opts.gamma));
-        let prev = next_token_prev_ids(chunk.rows, chunk.anchors, bs);
-        let valid: Vec<u8> = labels.valid.iter().map(|&v| u8::from(v)).collect();
         let last_hidden = states
             .last_hidden
             .expect("a DSpark drafter's evaluation asks the target for its last hidden state");
-        let (targets, prev_tokens, weights, valid) = (
-            on_device(Tensor::from_slice(&labels.targets)),
-            on_device(Tensor::from_slice(&prev)),
-            on_device(Tensor::from_slice(&labels.weights)),
-            on_device(Tensor::from_slice(&valid).to_kind(Kind::Bool)),
-        );
-        let teacher_hidden = teacher_hidden_for_slots(
+        let inputs = DsparkInputs::new(
+            &labels,
+            &next_token_prev_ids(chunk.rows, chunk.anchors, bs),
             last_hidden,
-            &chunk.anchor_t.to_device(device),
-            &chunk.keep_t.to_device(device),
+            (
+                &chunk.anchor_t.to_device(device),
+                &chunk.keep_t.to_device(device),
+            ),
             bs as i64,
+            opts.dspark,
         );
-        let batch = DsparkBatch {
-            head,
-            lm_head: &self.lm_head,
-            targets: &targets,
-            prev_tokens: &prev_tokens,
-            weights: &weights,
-            valid: &valid,
-            teacher_hidden: &teacher_hidden,
-            block_size: bs as i64,
-            loss_weights: opts.dspark,
-        };
+        let batch = inputs.batch(head, &self.lm_head);
         dspark_loss(chunk.out, &batch, opts.chunk_positions.max(1))
     }
 }
