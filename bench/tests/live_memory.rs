@@ -7,7 +7,7 @@ use dflash_bench::presets::step_preset;
 use dflash_bench::step::{run_engine_step, StepOptions};
 use dflash_bench::timing::live_step_memory;
 use dflash_engine::model::attention::AttentionBackend;
-use dflash_engine::model::drafter::{DrafterConfig, DsparkConfig};
+use dflash_engine::model::drafter::{Dflash2Config, DrafterConfig, DsparkConfig};
 use std::sync::Mutex;
 
 /// Every test here resets and reads the process-wide peak; they must not overlap.
@@ -157,24 +157,100 @@ fn the_memory_plan_predicts_a_domino_steps_live_memory() {
     assert_the_plan_predicts_the_live_step_memory("small-domino");
 }
 
+/// Live memory of one loss over a fresh drafter output `[1, q, h]` per step: `backward` runs it
+/// and backpropagates, and the gradients of `vs`'s parameters are released between steps as the
+/// trainer's `zero_grad` does. One warmup step, then one measured.
+fn loss_live_mib(
+    vs: &tch::nn::VarStore,
+    (q, h): (i64, i64),
+    backward: impl Fn(&tch::Tensor),
+) -> f64 {
+    use tch::{Device, Kind, Tensor};
+    // Before the warmup: a `[c, V]` tensor under glibc's largest dynamic mmap threshold that
+    // the warmup freed would otherwise come from the heap and stay resident.
+    assert!(dflash_bench::memory::follow_live_allocations());
+    let mut releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).unwrap();
+    for p in vs.trainable_variables() {
+        releaser.add_parameters(&p, 0).unwrap();
+    }
+    let step = |_: usize| {
+        let out = Tensor::randn([1, q, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        backward(&out);
+        releaser.zero_grad().unwrap();
+        Ok(())
+    };
+    step(0).unwrap();
+    live_step_memory(1, 1, step)
+        .unwrap()
+        .expect("Linux with glibc separates the live peak")
+}
+
+/// The plan's loss chunk of `d` (`plan/drafter.rs::loss_or_backward_peak`, the step's peak
+/// here), in MiB, for one row of `blocks` whole blocks holding `weighted` weighted positions
+/// over `head` head positions, in loss chunks of `chunk` weighted positions, on CPU in fp32.
+fn plan_loss_chunk_mib(
+    d: &DrafterConfig,
+    blocks: i64,
+    weighted: i64,
+    head: i64,
+    chunk: i64,
+) -> f64 {
+    use dflash_engine::plan::drafter::{drafter_memory, RankContext};
+    use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
+    let shape = StepShape {
+        batch: 1,
+        seq_len: 10 * blocks + 20,
+        anchors: (0..blocks).map(|j| 10 * j).collect(),
+        keep: vec![true; blocks as usize],
+        weighted_positions: weighted,
+        corrected_positions: 0,
+        head_positions: head,
+        loss_chunk_positions: chunk,
+        tree_budget: 0,
+    };
+    let rank = RankContext {
+        precision: ActivationPrecision::Fp32Cpu,
+        ranks: 1,
+        tables_shared_with_target: true,
+        queued_items: 0,
+        item_bytes: 0.0,
+        activation_checkpointing: false,
+    };
+    let plan = drafter_memory(d, &shape, rank);
+    assert_eq!(plan.peak_phase, "loss");
+    plan.step
+        .iter()
+        .find(|c| c.name.starts_with("loss chunk"))
+        .unwrap()
+        .bytes
+        / (1024.0 * 1024.0)
+}
+
+/// The loss chunk's prediction within 3 % of the loss's live memory.
+fn assert_the_loss_chunk_is_predicted(case: &str, predicted: f64, measured: f64) {
+    let error = rel_error(predicted, measured).expect("a step holds memory");
+    eprintln!(
+        "{case}: predicted {predicted:.1} MiB, measured {measured:.1} MiB ({:+.1} %)",
+        error * 100.0
+    );
+    assert!(
+        error.abs() <= 0.03,
+        "{case}: predicted {predicted:.1} MiB against {measured:.1} MiB ({:+.1} %)",
+        error * 100.0
+    );
+}
+
 /// Live memory of DSpark's loss over `q` positions in chunks of `chunk` (`train/dspark.rs`,
 /// every slot supervised) at a vocabulary large enough that its `[c, V]` tensors are nearly
-/// all of it, parameters' gradients released between steps as the trainer's `zero_grad` does.
+/// all of it.
 fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i64) -> f64 {
     use dflash_engine::model::drafter::DsparkHead;
     use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
     use tch::{nn, Device, Kind, Tensor};
     let (v, h, ht) = (d.vocab_size, d.hidden_size, d.target_hidden_size);
-    // Before the warmup: a `[c, V]` tensor under glibc's largest dynamic mmap threshold that
-    // the warmup freed would otherwise come from the heap and stay resident.
-    assert!(dflash_bench::memory::follow_live_allocations());
     let opts = (Kind::Float, Device::Cpu);
     let vs = nn::VarStore::new(Device::Cpu);
     let head = DsparkHead::new(&vs.root(), head, h, v, d.initializer_range);
-    let mut releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).unwrap();
-    for p in vs.trainable_variables() {
-        releaser.add_parameters(&p, 0).unwrap();
-    }
     let lm_head = Tensor::randn([v, h], opts);
     let ids = || Tensor::randint(v, [1, q], (Kind::Int64, Device::Cpu));
     let (targets, prev) = (ids(), ids());
@@ -192,16 +268,9 @@ fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i
         block_size: d.block_size,
         loss_weights: DsparkLossWeights::default(),
     };
-    let step = |_: usize| {
-        let out = Tensor::randn([1, q, h], opts).set_requires_grad(true);
-        let _ = dspark_backward(&out, &batch, 1.0, chunk);
-        releaser.zero_grad().unwrap();
-        Ok(())
-    };
-    step(0).unwrap();
-    live_step_memory(1, 1, step)
-        .unwrap()
-        .expect("Linux with glibc separates the live peak")
+    loss_live_mib(&vs, (q, h), |out| {
+        let _ = dspark_backward(out, &batch, 1.0, chunk);
+    })
 }
 
 /// The plan's DSpark loss chunk (`plan/drafter.rs::loss_chunk_vocab_bytes` and
@@ -211,8 +280,6 @@ fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i
 #[test]
 fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
     use dflash_engine::model::drafter::{DrafterHead, DsparkConfig, MarkovHeadType};
-    use dflash_engine::plan::drafter::{drafter_memory, RankContext};
-    use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
     let _alone = PROCESS_PEAK
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -221,25 +288,6 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
     let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
     // 8 whole blocks of 8 supervised slots, two loss chunks of 4 blocks.
     let (blocks, q) = (8, 8 * tiny.block_size);
-    let shape = StepShape {
-        batch: 1,
-        seq_len: 100,
-        anchors: (0..blocks).map(|j| 10 * j).collect(),
-        keep: vec![true; blocks as usize],
-        weighted_positions: q,
-        corrected_positions: 0,
-        head_positions: q,
-        loss_chunk_positions: q / 2,
-        tree_budget: 0,
-    };
-    let rank = RankContext {
-        precision: ActivationPrecision::Fp32Cpu,
-        ranks: 1,
-        tables_shared_with_target: true,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
     for markov_rank in [4, 0] {
         let head = DsparkConfig {
             markov_rank,
@@ -252,25 +300,97 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
             head: DrafterHead::Dspark(head),
             ..tiny.clone()
         };
-        let plan = drafter_memory(&d, &shape, rank);
-        assert_eq!(plan.peak_phase, "loss");
-        let predicted = plan
-            .step
-            .iter()
-            .find(|c| c.name.starts_with("loss chunk"))
-            .unwrap()
-            .bytes
-            / (1024.0 * 1024.0);
+        let predicted = plan_loss_chunk_mib(&d, blocks, q, q, q / 2);
         let measured = dspark_loss_live_mib(&d, &head, q, q / 2);
-        let error = rel_error(predicted, measured).expect("a step holds memory");
-        eprintln!(
-            "DSpark loss chunk, rank {markov_rank}: predicted {predicted:.1} MiB, measured \
-             {measured:.1} MiB ({:+.1} %)",
-            error * 100.0
+        assert_the_loss_chunk_is_predicted(
+            &format!("DSpark loss chunk, rank {markov_rank}"),
+            predicted,
+            measured,
         );
-        assert!(
-            error.abs() <= 0.03,
-            "rank {markov_rank}: predicted {predicted:.1} MiB against {measured:.1} MiB"
+    }
+}
+
+/// Live memory of DFlash2's loss (`train/dflash2.rs::dflash2_backward`, as the replica calls it
+/// per micro-batch: DFlash's objective, the selector trained at α 1) over one row of `blocks`
+/// whole blocks, slot 0 of each unweighted and the rest γ-weighted, in chunks of `chunk`
+/// weighted positions, with the selector the drafter builds (`CandidateSelector::new`).
+fn dflash2_loss_live_mib(d: &DrafterConfig, head: &Dflash2Config, blocks: i64, chunk: i64) -> f64 {
+    use dflash_engine::model::drafter::CandidateSelector;
+    use dflash_engine::train::block_objective::LossObjective;
+    use dflash_engine::train::dflash2::{dflash2_backward, Dflash2Batch};
+    use tch::{nn, Device, Kind, Tensor};
+    let (v, h, bs) = (d.vocab_size, d.hidden_size, d.block_size);
+    let q = blocks * bs;
+    let opts = (Kind::Float, Device::Cpu);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let selector = CandidateSelector::new(&vs.root(), head, h, v, d.initializer_range);
+    let lm_head = Tensor::randn([v, h], opts);
+    let targets = Tensor::randint(v, [1, q], (Kind::Int64, Device::Cpu));
+    let decay = Tensor::arange(bs, opts).neg().exp();
+    let weights = (decay * Tensor::arange(bs, opts).gt(0.0).to_kind(Kind::Float))
+        .repeat([blocks])
+        .view([1, q]);
+    let batch = Dflash2Batch {
+        selector: &selector,
+        lm_head: &lm_head,
+        targets: &targets,
+        weights: &weights,
+        block_size: bs,
+        selector_alpha: 1.0,
+        stop_gradient: false,
+    };
+    loss_live_mib(&vs, (q, h), |out| {
+        let _ = dflash2_backward(out, &batch, LossObjective::Dflash, 1.0, chunk);
+    })
+}
+
+/// The plan's DFlash2 loss chunk (`plan/drafter.rs::loss_chunk_vocab_bytes` and
+/// `dflash2_chunk_bytes`: five fp32 `[c, V]` tensors per slot of the chunk's blocks at its
+/// peak, six with a soft cap, and the codebooks' gradients) against what DFlash2's loss holds at
+/// once on CPU, over SpecForge's top 16 candidates at the tiny drafter's selector rank: without
+/// a multiplier or cap (SpecForge's defaults) and with both, in two chunks of 8 blocks and in
+/// one (the codebooks' gradients are in both peaks: the selector's backward runs first).
+#[test]
+fn the_memory_plan_predicts_a_dflash2_loss_chunks_live_memory() {
+    use dflash_engine::model::drafter::DrafterHead;
+    let _alone = PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::set_num_threads(1);
+    let target = dflash_engine::model::target::TargetConfig::tiny_default();
+    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    // 16 whole blocks of 8 slots, 7 of them weighted: one loss chunk, or two of 8 blocks.
+    let bs = tiny.block_size;
+    let blocks = 16;
+    let (weighted, q) = (blocks * (bs - 1), blocks * bs);
+    for (output_multiplier, final_logit_softcapping, chunk) in [
+        (1.0, None, weighted / 2),
+        (0.5, Some(30.0), weighted / 2),
+        (0.5, Some(30.0), weighted),
+    ] {
+        let head = Dflash2Config {
+            conv_kernel_size: 2,
+            conv_group_size: 16,
+            selector_rank: 64,
+            selector_top_k: 16,
+            output_multiplier,
+            final_logit_softcapping,
+        };
+        let d = DrafterConfig {
+            vocab_size: 200_000,
+            head: DrafterHead::Dflash2(head),
+            ..tiny.clone()
+        };
+        let predicted = plan_loss_chunk_mib(&d, blocks, weighted, q, chunk);
+        let measured = dflash2_loss_live_mib(&d, &head, blocks, chunk);
+        assert_the_loss_chunk_is_predicted(
+            &format!(
+                "DFlash2 loss chunk, multiplier {output_multiplier}, soft cap \
+                 {final_logit_softcapping:?}, {} chunk(s)",
+                weighted / chunk
+            ),
+            predicted,
+            measured,
         );
     }
 }

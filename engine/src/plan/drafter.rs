@@ -240,19 +240,26 @@ fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
         },
         // `train/dflash2.rs`: a chunk runs the head over every slot of its blocks, slot 0 and
         // unsupervised slots included (bs/(bs−1) of its weighted positions when its blocks are
-        // whole), and keeps the fp32 unary scores beside the logits (the multiplier's product,
-        // and with a soft cap its quotient, tanh and product). Counted from the code, not yet
-        // measured against a live step.
+        // whole). Its peak is the log-softmax's backward: alive then are the fp32 unary scores
+        // the chunk holds, their log-softmax, the nll gradient, the log-softmax's gradient, and
+        // the dense `[c, V]` gradient the unary top-K's backward wrote (the selector's nodes
+        // are younger, so they run first); with a soft cap, also the tanh its backward keeps.
+        // Five fp32 tensors, six with a soft cap, at any activation precision: the LM head's
+        // logits, their fp32 copy, the multiplier's product and the cap's quotient save nothing
+        // for backward and are freed once the unary scores are formed. Held to the loss's live
+        // memory by `bench/tests/live_memory.rs` (fp32; bf16 on CPU holds the same five). A
+        // step that does not train the selector through the unary scores (α_eff = 0, or
+        // `selector_stop_gradient`) holds one fewer; the plan counts the step that does.
         DrafterHead::Dflash2(c) => {
             let bs = d.block_size as f64;
             let slots = bs / (bs - 1.0).max(1.0);
             let cap = if c.final_logit_softcapping.is_some() {
-                12.0
+                4.0
             } else {
                 0.0
             };
             LossChunkVocabBytes {
-                per_position: slots * (dflash + 4.0 + cap),
+                per_position: slots * (20.0 + cap),
                 per_corrected_position: 0.0,
             }
         }
@@ -261,8 +268,9 @@ fn loss_chunk_vocab_bytes(d: &DrafterConfig, e: f64) -> LossChunkVocabBytes {
 
 /// What a DFlash2 selector adds to a loss chunk of `c` weighted positions besides its
 /// vocabulary-wide tensors: per slot of the chunk's blocks, the candidates' successor rows
-/// `[K, r]` and their gradient, and the codebooks' dense gradients `[V, r]` each, which the
-/// first chunk's backward writes and every later chunk's peak holds. 0 without the head.
+/// `[K, r]` and their gradient, and the codebooks' dense gradients `[V, r]` each: the
+/// selector's backward writes them before the log-softmax's backward, where the chunk peaks,
+/// so every chunk's peak holds them, the first's included. 0 without the head.
 fn dflash2_chunk_bytes(d: &DrafterConfig, c: f64, e: f64) -> f64 {
     let Some(head) = d.head.dflash2() else {
         return 0.0;
