@@ -123,12 +123,8 @@ pub fn predict(
     // The memory pass runs one process on CPU in f32: its parameters are their own masters,
     // and the tables are the case's tensors, loaded before the steps (not step memory).
     let rank = RankContext {
-        precision: ActivationPrecision::Fp32Cpu,
-        ranks: 1,
-        tables_shared_with_target: true,
-        queued_items: 0,
-        item_bytes: 0.0,
         activation_checkpointing,
+        ..RankContext::alone(ActivationPrecision::Fp32Cpu, true)
     };
     let memory = drafter_memory(&preset.drafter, &shape, rank);
     let mut consumers: Vec<(String, f64)> = memory

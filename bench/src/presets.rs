@@ -404,14 +404,7 @@ mod tests {
             0.85,
             p.loss_chunk_positions,
         );
-        let rank = RankContext {
-            precision: ActivationPrecision::Bf16Cuda,
-            ranks: 1,
-            tables_shared_with_target: false,
-            queued_items: 0,
-            item_bytes: 0.0,
-            activation_checkpointing: false,
-        };
+        let rank = RankContext::alone(ActivationPrecision::Bf16Cuda, false);
         drafter_memory(&p.drafter, &shape, rank).chunks_per_layer
     }
 

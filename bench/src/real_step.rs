@@ -111,12 +111,8 @@ pub fn predicted_peak_bytes(
         ActivationPrecision::Bf16Cuda
     };
     let rank = RankContext {
-        precision,
-        ranks: 1,
-        tables_shared_with_target: false,
-        queued_items: 0,
-        item_bytes: 0.0,
         activation_checkpointing,
+        ..RankContext::alone(precision, false)
     };
     drafter_memory(d, shape, rank).peak_bytes()
 }

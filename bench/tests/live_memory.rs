@@ -208,14 +208,7 @@ fn plan_loss_chunk_mib(
         loss_chunk_positions: chunk,
         tree_budget: 0,
     };
-    let rank = RankContext {
-        precision: ActivationPrecision::Fp32Cpu,
-        ranks: 1,
-        tables_shared_with_target: true,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Fp32Cpu, true);
     let plan = drafter_memory(d, &shape, rank);
     assert_eq!(plan.peak_phase, "loss");
     plan.step
@@ -296,7 +289,7 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
             confidence_head_with_markov: markov_rank > 0,
         };
         let d = DrafterConfig {
-            vocab_size: 200_000,
+            vocab_size: 50_000,
             head: DrafterHead::Dspark(head),
             ..tiny.clone()
         };
@@ -377,7 +370,7 @@ fn the_memory_plan_predicts_a_dflash2_loss_chunks_live_memory() {
             final_logit_softcapping,
         };
         let d = DrafterConfig {
-            vocab_size: 200_000,
+            vocab_size: 50_000,
             head: DrafterHead::Dflash2(head),
             ..tiny.clone()
         };
@@ -414,8 +407,8 @@ fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
     assert!(dflash_bench::memory::follow_live_allocations());
     let target = dflash_engine::model::target::TargetConfig::tiny_default();
     let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
-    // 4,096 blocks of the tiny drafter's 8 slots, wide enough that the latents are megabytes.
-    let (bs, blocks, r) = (tiny.block_size, 4096i64, 256i64);
+    // 1,024 blocks of the tiny drafter's 8 slots, wide enough that the latents are megabytes.
+    let (bs, blocks, r) = (tiny.block_size, 1024i64, 256i64);
     let d = DrafterConfig {
         hidden_size: 512,
         ..tiny.clone()
@@ -431,14 +424,7 @@ fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
         loss_chunk_positions: 1,
         tree_budget: 0,
     };
-    let rank = RankContext {
-        precision: ActivationPrecision::Fp32Cpu,
-        ranks: 1,
-        tables_shared_with_target: true,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Fp32Cpu, true);
     let q = (blocks * bs) as f64;
     for kind in [
         MarkovHeadType::Vanilla,

@@ -56,6 +56,21 @@ pub struct RankContext {
     pub activation_checkpointing: bool,
 }
 
+impl RankContext {
+    /// One drafter rank alone: no all-reduce bucket, no queue, no activation checkpointing.
+    /// What the memory checks, the presets and the measured steps plan for.
+    pub fn alone(precision: ActivationPrecision, tables_shared_with_target: bool) -> Self {
+        Self {
+            precision,
+            ranks: 1,
+            tables_shared_with_target,
+            queued_items: 0,
+            item_bytes: 0.0,
+            activation_checkpointing: false,
+        }
+    }
+}
+
 /// Trainable parameters of the drafter (`drafter/model.rs::Drafter::new`, `layer.rs::new`),
 /// a Domino or DSpark head's included.
 pub fn drafter_params(d: &DrafterConfig) -> f64 {

@@ -110,14 +110,7 @@ fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_te
     };
     assert_eq!(domino_params(&one_more_token) - head, 256.0);
     assert_eq!(drafter_params(&domino) - drafter_params(&plain), head);
-    let rank = RankContext {
-        precision: ActivationPrecision::Bf16Cuda,
-        ranks: 1,
-        tables_shared_with_target: false,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Bf16Cuda, false);
     let s = StepShape::typical(&domino, 1, 3072, 1024, 0.85, 2048);
     let (a, b) = (
         drafter_memory(&plain, &s, rank),
@@ -160,14 +153,7 @@ fn a_domino_head_adds_its_state_activations_and_a_second_vocabulary_wide_loss_te
 fn the_tree_objective_adds_only_its_top_b_per_chunk_position_at_the_27b_shape() {
     let d = crate::plan::reference::qwen36_27b_drafter();
     assert_eq!(d.vocab_size, 248_320);
-    let rank = RankContext {
-        precision: ActivationPrecision::Bf16Cuda,
-        ranks: 1,
-        tables_shared_with_target: false,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Bf16Cuda, false);
     let s = StepShape::typical(&d, 1, 3072, 1024, 0.85, 2048);
     let tree = s.clone().with_tree_budget(32);
     let loss_chunk = |s: &StepShape| {
@@ -317,14 +303,7 @@ fn a_dspark_head_adds_its_parameters_teacher_states_latents_and_distillation_ten
     let params = dspark_params(&d);
     assert_eq!(params, 2.0 * v * r + (h + r) + 1.0);
     assert_eq!(params, 127_145_217.0);
-    let rank = RankContext {
-        precision: ActivationPrecision::Bf16Cuda,
-        ranks: 1,
-        tables_shared_with_target: false,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Bf16Cuda, false);
     // One step shape for both, DSpark's (slot 0 weighted too).
     let s = StepShape::typical(&d, 1, 3072, 1024, 0.85, 2048);
     let (a, b) = (
@@ -388,14 +367,7 @@ fn a_dspark_head_adds_its_parameters_teacher_states_latents_and_distillation_ten
 #[test]
 fn the_markov_variants_keep_what_their_backward_reads() {
     let plain = real_drafter();
-    let rank = RankContext {
-        precision: ActivationPrecision::Fp32Cpu,
-        ranks: 1,
-        tables_shared_with_target: true,
-        queued_items: 0,
-        item_bytes: 0.0,
-        activation_checkpointing: false,
-    };
+    let rank = RankContext::alone(ActivationPrecision::Fp32Cpu, true);
     let memory = |kind| {
         let d = DrafterConfig {
             head: DrafterHead::Dspark(dspark(64, kind, false, false)),

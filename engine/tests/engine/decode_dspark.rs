@@ -9,7 +9,8 @@ use dflash_engine::model::target::TargetModel;
 use tch::{nn, Kind, Tensor};
 
 use crate::support::decode::{
-    assert_greedy_lossless, dspark_drafter, prefilled, prompts, target, LOSSLESS_CASES,
+    assert_greedy_lossless, dspark_drafter, head_prompts, prefilled, prompts, target,
+    HEAD_LOSSLESS_CASES,
 };
 
 const KINDS: [MarkovHeadType; 3] = [
@@ -108,12 +109,11 @@ fn a_dspark_block_drafts_every_slot_through_its_markov_head_over_its_own_drafts(
 #[test]
 fn greedy_chain_and_ddtree_with_a_dspark_drafter_equal_the_target_alone() {
     let (mut accepted_chain, mut accepted_tree) = (false, false);
-    // One Markov variant a case: the variants differ in the drafts only, and the verification
-    // that keeps the output the target's is the heads' common path.
-    for ((vocab, block_size, seed), kind) in LOSSLESS_CASES.into_iter().zip(KINDS) {
+    // One Markov variant a case: the variants differ in the drafts only.
+    for ((vocab, block_size, seed), kind) in HEAD_LOSSLESS_CASES.into_iter().zip(KINDS) {
         let target = target(vocab, seed);
         let (_vs, drafter) = dspark_drafter(vocab, block_size, seed + 10, kind);
-        for prompt in prompts(vocab) {
+        for prompt in head_prompts(vocab) {
             let at = format!("vocab {vocab} block {block_size} {kind:?}");
             // A round commits at most every slot's draft and the bonus.
             let run =

@@ -53,7 +53,7 @@ fn one_device_with(head: DrafterHead) -> impl Fn(TrainConfig) -> Trainer {
         tch::set_num_threads(1);
         let target = embedded::tiny_target(None, Device::Cpu).unwrap();
         let mut drafter_cfg = embedded::tiny_drafter_config(target.config());
-        drafter_cfg.head = head.clone();
+        drafter_cfg.head = head;
         Trainer::with_topology(target, drafter_cfg, tiny_samples(), cfg, cpu_topology(1, 1))
             .unwrap()
     }

@@ -77,9 +77,21 @@ pub fn prompts(vocab: i64) -> Vec<Vec<i64>> {
         .collect()
 }
 
+/// [`prompts`] for a head's own losslessness test: the shortest (1 token), a middle one (17)
+/// and the one past a delta-rule chunk (80).
+pub fn head_prompts(vocab: i64) -> Vec<Vec<i64>> {
+    prompts(vocab).into_iter().step_by(2).collect()
+}
+
 /// (vocabulary, block size, seed) of the losslessness tests: a vocabulary small enough for
 /// drafts to be accepted often, two block sizes, and a wider vocabulary.
 pub const LOSSLESS_CASES: [(i64, i64, i64); 3] = [(8, 4, 1), (8, 6, 2), (64, 4, 3)];
+
+/// (vocabulary, block size, seed) of a head's own losslessness test, one case for each of the
+/// head's variants: the small vocabulary, where drafts are accepted and trees branch, at both
+/// block sizes. The wide vocabulary's rounds are the verification path every head shares, which
+/// the DFlash and Domino tests cover.
+pub const HEAD_LOSSLESS_CASES: [(i64, i64, i64); 3] = [(8, 4, 1), (8, 6, 2), (8, 4, 3)];
 
 /// Greedy decoding of `max_new_tokens` tokens, no stop token.
 pub fn greedy(max_new_tokens: usize) -> Settings {
