@@ -13,6 +13,20 @@ use std::sync::Mutex;
 /// Every test here resets and reads the process-wide peak; they must not overlap.
 static PROCESS_PEAK: Mutex<()> = Mutex::new(());
 
+/// Holds [`PROCESS_PEAK`] for a test that measures this process's memory; a test that panicked
+/// while holding it leaves nothing behind that matters here.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    PROCESS_PEAK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The embedded default's drafter with a plain DFlash head, over the tiny target.
+fn tiny_dflash_drafter() -> DrafterConfig {
+    let target = dflash_engine::model::target::TargetConfig::tiny_default();
+    dflash_engine::embedded::tiny_dflash_drafter_config(&target)
+}
+
 /// A step holding `mib` MiB at once, in 256 KiB pieces.
 fn hold(mib: usize) -> usize {
     let pieces: Vec<Vec<u8>> = (0..mib * 4).map(|_| vec![1u8; 256 << 10]).collect();
@@ -40,9 +54,7 @@ fn cache_freed_pieces() -> Vec<Vec<u8>> {
 
 #[test]
 fn live_memory_counts_what_a_step_holds_even_after_earlier_steps_cached_it() {
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     let survivors = cache_freed_pieces();
     let mut steps = Vec::new();
     let live = live_step_memory(7, 2, |i| {
@@ -69,9 +81,7 @@ fn live_memory_counts_what_a_step_holds_even_after_earlier_steps_cached_it() {
 
 #[test]
 fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let mut preset = step_preset("tiny").unwrap();
     preset.batch = 2;
@@ -106,9 +116,7 @@ fn the_engine_step_reports_its_live_memory_after_the_timed_steps() {
 /// without activation checkpointing. One warmup step (one-time initialisation), then the
 /// memory steps, as the case's memory pass runs them, on 1 thread as its children do.
 fn assert_the_plan_predicts_the_live_step_memory(config: &str) {
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     prepare_step_case(&step_preset(config).unwrap(), dir.path()).unwrap();
@@ -273,12 +281,9 @@ fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i
 #[test]
 fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
     use dflash_engine::model::drafter::{DrafterHead, DsparkConfig, MarkovHeadType};
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     tch::set_num_threads(1);
-    let target = dflash_engine::model::target::TargetConfig::tiny_default();
-    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    let tiny = tiny_dflash_drafter();
     // 8 whole blocks of 8 supervised slots, two loss chunks of 4 blocks.
     let (blocks, q) = (8, 8 * tiny.block_size);
     for markov_rank in [4, 0] {
@@ -346,12 +351,9 @@ fn dflash2_loss_live_mib(d: &DrafterConfig, head: &Dflash2Config, blocks: i64, c
 #[test]
 fn the_memory_plan_predicts_a_dflash2_loss_chunks_live_memory() {
     use dflash_engine::model::drafter::DrafterHead;
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     tch::set_num_threads(1);
-    let target = dflash_engine::model::target::TargetConfig::tiny_default();
-    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    let tiny = tiny_dflash_drafter();
     // 16 whole blocks of 8 slots, 7 of them weighted: one loss chunk, or two of 8 blocks.
     let bs = tiny.block_size;
     let blocks = 16;
@@ -400,13 +402,10 @@ fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
     use dflash_engine::plan::drafter::{drafter_memory, RankContext};
     use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
     use tch::{nn, Device, Kind, Tensor};
-    let _alone = PROCESS_PEAK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     tch::set_num_threads(1);
     assert!(dflash_bench::memory::follow_live_allocations());
-    let target = dflash_engine::model::target::TargetConfig::tiny_default();
-    let tiny = dflash_engine::embedded::tiny_dflash_drafter_config(&target);
+    let tiny = tiny_dflash_drafter();
     // 1,024 blocks of the tiny drafter's 8 slots, wide enough that the latents are megabytes.
     let (bs, blocks, r) = (tiny.block_size, 1024i64, 256i64);
     let d = DrafterConfig {
