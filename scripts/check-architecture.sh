@@ -184,6 +184,14 @@ for crate in shared tui; do
   done
 done
 
+# --- libtorch's one generator: seeded only through engine/src/device/global_rng.rs, whose guard
+# keeps other threads' draws out from between a seed and its draws (tests run on parallel threads).
+while IFS=: read -r file line _; do
+  [ "$file" = engine/src/device/global_rng.rs ] && continue
+  echo "check-architecture: $file:$line seeds libtorch's generator itself — against: seed through dflash_engine::device::global_rng::seeded, which holds the generator's lock from the seed to the last draw"
+  violations=$((violations + 1))
+done < <(git ls-files '*.rs' | xargs grep -n 'manual_seed' | grep -v '^[^:]*:[0-9]*:[[:space:]]*//' || true)
+
 # --- between crates
 # crate_deps CRATE "FORBIDDEN..." RULE_TEXT: fails when CRATE depends on any of FORBIDDEN.
 crate_deps() {

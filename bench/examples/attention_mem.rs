@@ -158,7 +158,7 @@ fn measure(a: &Args, backend: AttentionBackend) -> Result<Value> {
             }
         }
     }
-    tch::manual_seed(0);
+    let _rng = dflash_engine::device::global_rng::seeded(0);
     let opts = (Kind::Float, Device::Cpu);
     let leaf = |shape: &[i64]| Tensor::randn(shape, opts).set_requires_grad(true);
     let q = leaf(&[a.batch, queries, a.heads, a.head_dim]);

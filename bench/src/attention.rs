@@ -64,7 +64,7 @@ pub fn prepare_attention_case(
         ));
     }
     let (anchor_t, keep_t) = anchors.to_tensors(Device::Cpu);
-    tch::manual_seed(p.seed as i64);
+    let _rng = dflash_engine::device::global_rng::seeded(p.seed as i64);
     let opts = (Kind::Float, Device::Cpu);
     let (q, s) = (p.queries(), p.context_len as i64);
     let tensors = [
@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn both_back_ends_agree_on_a_small_case_and_report_their_difference() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = AttentionPreset {
             anchors: 8,
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn too_many_anchors_for_the_context_is_a_clear_error() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = AttentionPreset {
             anchors: 100,

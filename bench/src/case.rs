@@ -117,7 +117,7 @@ fn features_and_tables(
             ))
         }
         FeatureSource::Random { vocab_size } => {
-            tch::manual_seed(preset.seed as i64);
+            let _rng = dflash_engine::device::global_rng::seeded(preset.seed as i64);
             let size = ids.size();
             let opts = (Kind::Float, Device::Cpu);
             let features = Tensor::randn([size[0], size[1], d.feature_size()], opts);
@@ -157,7 +157,7 @@ pub fn prepare_step_case(preset: &StepPreset, dir: &Path) -> Result<StepMeta, Be
     let block_ids = block_input_ids(batch.rows(), &anchors, bs, d.mask_token_id);
     let q = (anchors.width * bs) as i64;
 
-    tch::manual_seed(preset.seed as i64);
+    let _rng = dflash_engine::device::global_rng::seeded(preset.seed as i64);
     let vs = VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), d);
     let file_kind = if preset.bf16_files {
@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn random_rows_are_seeded_supervised_after_the_prompt_and_never_use_the_mask_token() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let a = random_rows(2, 50, 10, 32, 7);
         assert_eq!(a, random_rows(2, 50, 10, 32, 7));
         assert_ne!(a, random_rows(2, 50, 10, 32, 8));
@@ -288,7 +288,7 @@ mod tests {
 
     #[test]
     fn the_tiny_case_round_trips_through_disk() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let preset = step_preset("tiny").unwrap();
         let meta = prepare_step_case(&preset, dir.path()).unwrap();

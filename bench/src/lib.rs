@@ -45,15 +45,3 @@ pub mod target_pass;
 pub mod timing;
 
 pub use error::BenchError;
-
-/// libtorch's random generator is one per process, and `cargo test` runs this crate's tests
-/// on several threads of one process: a test that seeds and then draws (a drafter's
-/// initialisation, random inputs) holds this lock, so no other test reseeds or draws between
-/// its seed and its draws (the two-rank parity compares two seeded initialisations and failed
-/// when another test drew in between).
-#[cfg(test)]
-pub(crate) fn torch_rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}

@@ -31,7 +31,7 @@ pub fn measure(
     warmup: usize,
     reps: usize,
 ) -> Result<MatmulPeak, BenchError> {
-    tch::manual_seed(0);
+    let _rng = dflash_engine::device::global_rng::seeded(0);
     let a = Tensor::randn([n, n], (kind, device));
     let b = Tensor::randn([n, n], (kind, device));
     let mut out = Tensor::empty([n, n], (kind, device));
@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn a_small_matmul_reports_a_positive_rate() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let peak = measure(128, Device::Cpu, Kind::Float, 1, 3).unwrap();
         assert_eq!(peak.step_ms.len(), 3);
         assert!(peak.gflops.unwrap() > 0.0);

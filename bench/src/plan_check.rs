@@ -316,7 +316,7 @@ mod tests {
         use crate::case::prepare_step_case;
         use crate::step::{run_engine_step, StepOptions};
         use dflash_engine::model::drafter::AttentionBackend;
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         prepare_step_case(&step_preset(config).unwrap(), dir.path()).unwrap();
         for activation_checkpointing in [false, true] {
@@ -388,8 +388,8 @@ mod tests {
         };
         use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
         use tch::{nn, Tensor};
-        // Random inputs and heads: no other test may reseed or draw in between.
-        let _rng = crate::torch_rng_lock();
+        // Random inputs and heads, drawn from one seed.
+        let _rng = dflash_engine::device::global_rng::seeded(1);
         let tiny =
             dflash_engine::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let (v, h, bs, blocks) = (300, tiny.hidden_size, tiny.block_size, 6);
@@ -490,8 +490,8 @@ mod tests {
         use dflash_engine::train::block_objective::LossObjective;
         use dflash_engine::train::dflash2::{dflash2_backward, Dflash2Batch};
         use tch::{nn, Tensor};
-        // Random inputs and selector: no other test may reseed or draw in between.
-        let _rng = crate::torch_rng_lock();
+        // Random inputs and selector, drawn from one seed.
+        let _rng = dflash_engine::device::global_rng::seeded(2);
         let tiny =
             dflash_engine::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let (v, h, bs, blocks) = (300, tiny.hidden_size, tiny.block_size, 6);

@@ -574,7 +574,7 @@ mod tests {
 
     #[test]
     fn the_reduced_steps_draw_fresh_lengths_and_record_every_step() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let opts = RealStepOptions {
             shape: reduced_structure(),

@@ -419,7 +419,7 @@ mod tests {
 
     #[test]
     fn cuda_runs_report_the_allocator_and_cpu_runs_leave_it_empty() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let stats = AllocatorStats {
             allocated_bytes: 1 << 20,
             reserved_bytes: 6 << 20,
@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn the_engine_step_runs_the_tiny_case_and_learns_on_its_batch() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let mut preset = step_preset("tiny").unwrap();
         preset.batch = 2;

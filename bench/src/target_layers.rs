@@ -95,6 +95,7 @@ pub fn per_layer(result: &mut LayerKindResult, median_ms: Option<f64>, peak_flop
 }
 
 pub fn run_target_layers(opts: &TargetLayersOptions) -> Result<TargetLayersSummary, BenchError> {
+    let _rng = dflash_engine::device::global_rng::lock();
     let kind = dflash_engine::device::compute_kind(opts.device);
     let mut summary = TargetLayersSummary {
         device: dflash_engine::device::name(opts.device),
@@ -165,7 +166,7 @@ mod tests {
 
     #[test]
     fn both_layer_kinds_run_at_reduced_shapes() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let s = run_target_layers(&TargetLayersOptions {
             device: Device::Cpu,
             reduced: true,

@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn the_engine_target_case_writes_features_of_every_tap() {
-        let _rng = crate::torch_rng_lock();
+        let _rng = dflash_engine::device::global_rng::lock();
         let dir = tempfile::tempdir().unwrap();
         let mut p = target_preset(true);
         p.target = TargetConfig::tiny_default();

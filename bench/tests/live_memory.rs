@@ -173,6 +173,7 @@ fn loss_live_mib(
     (q, h): (i64, i64),
     backward: impl Fn(&tch::Tensor),
 ) -> f64 {
+    let _rng = dflash_engine::device::global_rng::seeded(1);
     use tch::{Device, Kind, Tensor};
     // Before the warmup: a `[c, V]` tensor under glibc's largest dynamic mmap threshold that
     // the warmup freed would otherwise come from the heap and stay resident.
@@ -245,6 +246,7 @@ fn assert_the_loss_chunk_is_predicted(case: &str, predicted: f64, measured: f64)
 /// every slot supervised) at a vocabulary large enough that its `[c, V]` tensors are nearly
 /// all of it.
 fn dspark_loss_live_mib(d: &DrafterConfig, head: &DsparkConfig, q: i64, chunk: i64) -> f64 {
+    let _rng = dflash_engine::device::global_rng::seeded(2);
     use dflash_engine::model::drafter::DsparkHead;
     use dflash_engine::train::dspark::{dspark_backward, DsparkBatch, DsparkLossWeights};
     use tch::{nn, Device, Kind, Tensor};
@@ -313,6 +315,7 @@ fn the_memory_plan_predicts_a_dspark_loss_chunks_live_memory() {
 /// whole blocks, slot 0 of each unweighted and the rest γ-weighted, in chunks of `chunk`
 /// weighted positions, with the selector the drafter builds (`CandidateSelector::new`).
 fn dflash2_loss_live_mib(d: &DrafterConfig, head: &Dflash2Config, blocks: i64, chunk: i64) -> f64 {
+    let _rng = dflash_engine::device::global_rng::seeded(3);
     use dflash_engine::model::drafter::CandidateSelector;
     use dflash_engine::train::block_objective::LossObjective;
     use dflash_engine::train::dflash2::{dflash2_backward, Dflash2Batch};
@@ -403,6 +406,8 @@ fn the_memory_plan_predicts_the_markov_latents_each_variant_keeps() {
     use dflash_engine::plan::shape::{ActivationPrecision, StepShape};
     use tch::{nn, Device, Kind, Tensor};
     let _alone = alone();
+    // Inside `alone()`, as the helpers above take it: one order for the two locks.
+    let _rng = dflash_engine::device::global_rng::seeded(4);
     tch::set_num_threads(1);
     assert!(dflash_bench::memory::follow_live_allocations());
     let tiny = tiny_dflash_drafter();

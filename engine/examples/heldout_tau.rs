@@ -29,7 +29,7 @@ fn main() -> Result<()> {
     let target = embedded::tiny_target(None, Device::Cpu)?;
     let (_vs, drafter, what) = match &args[..] {
         [] => {
-            tch::manual_seed(0);
+            let _rng = dflash_engine::device::global_rng::seeded(0);
             let vs = nn::VarStore::new(Device::Cpu);
             let d = Drafter::new(&vs.root(), &embedded::tiny_drafter_config(target.config()));
             (vs, d, "untrained drafter".to_string())

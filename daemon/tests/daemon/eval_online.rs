@@ -36,7 +36,7 @@ fn models(root: &Path) -> (PathBuf, PathBuf) {
 
     let drafter_dir = root.join("drafter");
     let cfg = tiny_dflash_drafter_config(&config);
-    tch::manual_seed(3);
+    let _rng = dflash_engine::device::global_rng::seeded(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
     write_hf(&drafter_dir, &cfg, &named_parameters(&vs), Kind::Float).unwrap();
@@ -406,7 +406,7 @@ fn domino_and_backbone(root: &Path) -> (PathBuf, PathBuf) {
         gru_hidden_dim: 8,
         pure_draft_prefix_len: 0,
     });
-    tch::manual_seed(5);
+    let _rng = dflash_engine::device::global_rng::seeded(5);
     let vs = nn::VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
     tch::no_grad(|| {

@@ -58,7 +58,7 @@ fn script(name: &str) -> PathBuf {
 /// hidden state (speculators' forward reads it for its targets; the logits do not depend on
 /// it), `T` = anchor + block size + 1 (speculators never anchors in the last block).
 fn block_inputs(feature_size: i64, hidden: i64, block: i64, vocab: i64) -> Vec<(String, Tensor)> {
-    tch::manual_seed(35);
+    let _rng = dflash_engine::device::global_rng::seeded(35);
     let total = ANCHOR + block + 1;
     vec![
         (
@@ -400,7 +400,7 @@ fn sglangs_dspark_model_loads_a_sglang_export_exactly_and_its_heads_give_ours() 
     // Our reader reads the same files SGLang does.
     let loaded = load_hf(&export_dir, Device::Cpu, Kind::Float).unwrap();
     let cfg = &loaded.config;
-    tch::manual_seed(35);
+    let rng = dflash_engine::device::global_rng::seeded(35);
     let hidden = Tensor::randn(
         [1, cfg.block_size, cfg.hidden_size],
         (Kind::Float, Device::Cpu),
@@ -411,6 +411,7 @@ fn sglangs_dspark_model_loads_a_sglang_export_exactly_and_its_heads_give_ours() 
         [1, cfg.block_size],
         (Kind::Int64, Device::Cpu),
     );
+    drop(rng);
     let inputs = run.path().join("inputs.safetensors");
     let theirs_path = run.path().join("theirs.safetensors");
     Tensor::write_safetensors(&[("hidden", &hidden), ("prev_tokens", &prev)], &inputs).unwrap();

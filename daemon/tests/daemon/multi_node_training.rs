@@ -494,7 +494,7 @@ fn write_drafter(dir: &Path, seed: i64) {
     use dflash_engine::model::drafter::Drafter;
     use dflash_engine::train::drafter_io::{named_parameters, write_hf};
     let cfg = embedded::tiny_drafter_config(&embedded::tiny_target_config());
-    tch::manual_seed(seed);
+    let _rng = dflash_engine::device::global_rng::seeded(seed);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
     write_hf(dir, &cfg, &named_parameters(&vs), tch::Kind::Float).unwrap();

@@ -20,7 +20,7 @@ use crate::support::binary::{checkpoint_steps, journal, run, start_for_steps, wr
 /// SpecForge lays a `DominoDraftModel` out (`dflashd export`'s writer): `config.json` and an
 /// f32 `model.safetensors`.
 fn write_domino_drafter(dir: &Path, cfg: &DrafterConfig) {
-    tch::manual_seed(7);
+    let _rng = dflash_engine::device::global_rng::seeded(7);
     let vs = VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), cfg);
     write_hf(dir, cfg, &named_parameters(&vs), Kind::Float).unwrap();

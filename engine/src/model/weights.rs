@@ -426,6 +426,7 @@ mod tests {
 
     #[test]
     fn single_file_round_trip_with_dtype_conversion() {
+        let _rng = crate::device::global_rng::seeded(1);
         let dir = tempfile::tempdir().unwrap();
         let a = Tensor::randn([3, 4], (Kind::Float, Device::Cpu));
         write(dir.path(), SINGLE_FILE, &[("a", a.shallow_clone())]);

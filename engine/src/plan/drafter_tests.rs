@@ -37,6 +37,7 @@ fn the_model_plans_the_chunks_the_engine_runs() {
 
 #[test]
 fn the_plan_counts_a_domino_heads_parameters_as_the_model_holds_them() {
+    let _rng = crate::device::global_rng::seeded(1);
     use crate::model::drafter::{DominoConfig, Drafter, DrafterHead};
     use crate::model::target::TargetConfig;
     // From DFlash's head (the embedded default's is Domino) to a Domino head.
@@ -185,6 +186,7 @@ fn the_tree_objective_adds_only_its_top_b_per_chunk_position_at_the_27b_shape() 
 
 #[test]
 fn the_plan_counts_a_dflash2_heads_parameters_as_the_model_holds_them() {
+    let _rng = crate::device::global_rng::seeded(2);
     use crate::model::drafter::{Dflash2Config, Drafter};
     use crate::model::target::TargetConfig;
     let plain = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
@@ -243,6 +245,7 @@ fn dspark(
 
 #[test]
 fn the_plan_counts_a_dspark_heads_parameters_as_the_model_holds_them() {
+    let _rng = crate::device::global_rng::seeded(3);
     use crate::model::drafter::Drafter;
     use crate::model::target::TargetConfig;
     let plain = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());

@@ -29,7 +29,7 @@ fn head(multiplier: f64, cap: Option<f64>) -> Dflash2Config {
 
 /// A selector in f64 with every parameter drawn (B too, so the transition is live).
 fn selector(cfg: &Dflash2Config, seed: i64) -> (VarStore, CandidateSelector) {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let mut vs = VarStore::new(Device::Cpu);
     let selector = CandidateSelector::new(&vs.root(), cfg, H, V, 0.5);
     vs.set_kind(Kind::Double);
@@ -52,7 +52,7 @@ struct Case {
 /// supervised); row 1's second block runs past the sequence end (slots 2 and 3 unsupervised);
 /// row 2 has no valid anchor at all. Slot 0 (the anchor) is never supervised.
 fn case(seed: i64) -> Case {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let opts = (Kind::Double, Device::Cpu);
     let gamma = 4.0;
     let mut w = vec![0.0f64; (B * Q) as usize];

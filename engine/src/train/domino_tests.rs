@@ -26,7 +26,7 @@ struct Setup {
 }
 
 fn setup(seed: i64, weights: &[f64]) -> Setup {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let mut vs = VarStore::new(Device::Cpu);
     let cfg = DominoConfig {
         emb_dim: 5,

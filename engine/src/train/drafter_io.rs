@@ -199,7 +199,12 @@ pub struct LoadedDrafter {
 pub fn load_hf(dir: &Path, device: Device, kind: Kind) -> Result<LoadedDrafter, TrainError> {
     let config = DrafterConfig::from_hf_json(&dir.join(CONFIG_FILE))?;
     let mut vs = VarStore::new(device);
-    let drafter = Drafter::new(&vs.root(), &config);
+    // Construction draws a random init (then overwritten): under the generator's lock, so it
+    // cannot land between another thread's seed and its draws.
+    let drafter = {
+        let _draws = crate::device::global_rng::lock();
+        Drafter::new(&vs.root(), &config)
+    };
     let weights = read_weights(dir)?;
     assign_weights(&vs, &weights, dir)?;
     if kind != Kind::Float {
@@ -246,7 +251,7 @@ mod tests {
     #[test]
     fn a_domino_drafter_in_specforges_layout_loads_and_exports_back_bit_exact_in_f32() {
         let cfg = domino_config();
-        tch::manual_seed(21);
+        let _rng = crate::device::global_rng::seeded(21);
         let vs = VarStore::new(Device::Cpu);
         let _drafter = Drafter::new(&vs.root(), &cfg);
         let root = tempfile::tempdir().unwrap();
@@ -299,6 +304,7 @@ mod tests {
 
     #[test]
     fn a_domino_config_without_the_heads_weights_is_refused_by_name() {
+        let _rng = crate::device::global_rng::lock();
         let dflash = crate::embedded::tiny_dflash_drafter_config(&TargetConfig::tiny_default());
         let vs = VarStore::new(Device::Cpu);
         let _drafter = Drafter::new(&vs.root(), &dflash);

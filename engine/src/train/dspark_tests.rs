@@ -75,7 +75,7 @@ struct Inputs {
 }
 
 fn setup(cfg: &DsparkConfig, seed: i64, keep: bool) -> Setup {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let mut vs = VarStore::new(Device::Cpu);
     // A larger init than the real one, so every head moves the loss visibly.
     let head = DsparkHead::new(&vs.root(), cfg, H, V, 0.5);

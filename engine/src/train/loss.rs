@@ -419,7 +419,7 @@ mod tests {
     use tch::Device;
 
     fn setup() -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
-        tch::manual_seed(0);
+        let _rng = crate::device::global_rng::seeded(0);
         let opts = (Kind::Float, Device::Cpu);
         let w_in = Tensor::randn([2, 5, 8], opts).set_requires_grad(true);
         let proj = Tensor::randn([8, 8], opts);

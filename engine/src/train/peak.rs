@@ -24,6 +24,7 @@ pub struct MeasuredPeak {
 /// Times `reps` matmuls of size `n` in `kind` on `device` (after one untimed) and returns the
 /// best rate, or `None` when no timing came out positive.
 pub fn measure_matmul(device: Device, kind: Kind, n: i64, reps: usize) -> Option<MeasuredPeak> {
+    let _rng = crate::device::global_rng::lock();
     let opts = (kind, device);
     let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
     let sync = || {

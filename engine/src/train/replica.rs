@@ -112,8 +112,7 @@ impl DrafterReplica {
         adamw: AdamWConfig,
         seed: u64,
     ) -> Self {
-        let _draws = crate::device::global_rng::lock();
-        tch::manual_seed(seed as i64);
+        let _draws = crate::device::global_rng::seeded(seed as i64);
         Self::build(cfg, embed, lm_head, device, adamw)
     }
 

@@ -269,8 +269,7 @@ mod tests {
     #[test]
     fn lockstep_domino_trees_equal_each_block_grown_alone() {
         use crate::model::drafter::DominoConfig;
-        let _rng = crate::device::global_rng::lock();
-        tch::manual_seed(11);
+        let _rng = crate::device::global_rng::seeded(11);
         let (bs, h, v, m) = (5i64, 8i64, 13i64, 3usize);
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let cfg = DominoConfig {

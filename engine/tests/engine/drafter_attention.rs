@@ -25,6 +25,7 @@ struct Problem {
 }
 
 fn problem(batch: i64, blocks: i64, bs: i64, context: i64, kind: Kind, shuffle: bool) -> Problem {
+    let _rng = dflash_engine::device::global_rng::lock();
     let (heads, kv_heads, dim) = (4, 2, 8);
     let q_len = blocks * bs;
     let leaf = |shape: &[i64], scale: f64| {
@@ -89,8 +90,7 @@ fn rules() -> [LayerRule; 3] {
 
 #[test]
 fn block_sparse_equals_dense_in_value_and_gradient_f32() {
-    let _rng = seeded(0);
-    tch::manual_seed(11);
+    let _rng = seeded(11);
     for (shuffle, budget) in [(false, 1 << 25), (true, 300), (false, 1)] {
         for rule in rules() {
             let p = problem(2, 9, 4, 23, Kind::Float, shuffle);
@@ -132,10 +132,9 @@ fn block_sparse_equals_dense_in_value_and_gradient_f32() {
 
 #[test]
 fn oracle_detects_a_wrong_visibility_rule() {
-    let _rng = seeded(0);
+    let _rng = seeded(12);
     // The comparison above must be able to fail: the block-sparse result for one rule
     // differs from the dense result for a neighbouring rule (a window one token longer).
-    tch::manual_seed(12);
     let p = problem(1, 6, 4, 17, Kind::Float, false);
     let sparse = block_sparse_attention(&p.inputs(LayerRule::Sliding { window: 5 }), 1 << 25);
     let dense = dense_mask_attention(&p.inputs(LayerRule::Sliding { window: 6 }));
@@ -144,8 +143,7 @@ fn oracle_detects_a_wrong_visibility_rule() {
 
 #[test]
 fn block_sparse_matches_dense_in_bf16_within_bf16_rounding() {
-    let _rng = seeded(0);
-    tch::manual_seed(13);
+    let _rng = seeded(13);
     for rule in rules() {
         let p = problem(2, 8, 4, 21, Kind::BFloat16, true);
         let dense = dense_mask_attention(&p.inputs(rule));
@@ -199,8 +197,7 @@ fn folded_grouped_heads_equal_dense_in_value_and_gradient_f32() {
     // rows of one head, the mask repeated along rows); it runs here on the CPU so that it is
     // held to the same oracle at the same tolerance. Two calls on one schedule, as two layers
     // make: the second reuses the folded masks the first built.
-    let _rng = seeded(0);
-    tch::manual_seed(14);
+    let _rng = seeded(14);
     let names = [
         "query",
         "context_key",

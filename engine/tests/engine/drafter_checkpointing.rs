@@ -15,7 +15,7 @@ use tch::{nn, Device, Kind, Tensor};
 const F32_TOL: f64 = 1e-5;
 
 fn build(cfg: &DrafterConfig, seed: i64) -> (nn::VarStore, Drafter) {
-    tch::manual_seed(seed);
+    let _rng = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let drafter = Drafter::new(&vs.root(), cfg);
     randomize(&vs, 0.3);
@@ -35,6 +35,7 @@ struct Batch {
 }
 
 fn batch(cfg: &DrafterConfig, rows: i64, blocks: i64, context: i64) -> Batch {
+    let _rng = dflash_engine::device::global_rng::lock();
     let (anchors, keep) = random_anchors(rows, blocks, context, true);
     let q = blocks * cfg.block_size;
     let f = (Kind::Float, Device::Cpu);
@@ -150,9 +151,8 @@ fn assert_checkpointing_changes_nothing(cfg: &DrafterConfig, b: &Batch, kind: Ki
 
 #[test]
 fn checkpointed_f32_gradients_equal_the_plain_ones_for_every_parameter_and_input() {
-    let _rng = seeded(0);
+    let _rng = seeded(3);
     let cfg = three_layers();
-    tch::manual_seed(3);
     // A few blocks in one chunk, and enough that the schedules chunk and sort the blocks.
     for (blocks, context) in [(7, 22), (400, 200)] {
         let b = batch(&cfg, 2, blocks, context);
@@ -164,9 +164,8 @@ fn checkpointed_f32_gradients_equal_the_plain_ones_for_every_parameter_and_input
 
 #[test]
 fn checkpointed_bf16_gradients_equal_the_plain_ones_for_every_parameter_and_input() {
-    let _rng = seeded(1);
+    let _rng = seeded(5);
     let cfg = three_layers();
-    tch::manual_seed(5);
     let b = batch(&cfg, 2, 7, 22);
     // The context's gradient is a bf16 sum: another order moves it by about one bf16 ulp
     // (2^-8 ≈ 0.004) of its largest term, and `fc`'s gradient (a matmul over it) with it.
@@ -175,9 +174,8 @@ fn checkpointed_bf16_gradients_equal_the_plain_ones_for_every_parameter_and_inpu
 
 #[test]
 fn checkpointed_block_sparse_gradients_equal_the_dense_mask_oracle() {
-    let _rng = seeded(2);
+    let _rng = seeded(7);
     let cfg = three_layers();
-    tch::manual_seed(7);
     let b = batch(&cfg, 1, 400, 200);
     let (vs, drafter) = build(&cfg, 4);
     let (sparse, sparse_grads) = gradients(&vs, &drafter, &b, AttentionBackend::BlockSparse, true);
@@ -197,8 +195,7 @@ fn checkpointed_block_sparse_gradients_equal_the_dense_mask_oracle() {
 
 #[test]
 fn a_one_layer_drafter_and_a_loss_without_gradient_run_checkpointed() {
-    let _rng = seeded(3);
-    tch::manual_seed(9);
+    let _rng = seeded(9);
     // One layer: nothing to recompute, the layer's input is the block embeddings.
     let cfg = tiny_config(vec![LayerType::Full]);
     let b = batch(&cfg, 1, 5, 16);

@@ -21,7 +21,7 @@ fn both_types() -> Vec<LayerType> {
 }
 
 fn build(cfg: &DrafterConfig, seed: i64) -> (nn::VarStore, Drafter) {
-    tch::manual_seed(seed);
+    let _rng = seeded(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let drafter = Drafter::new(&vs.root(), cfg);
     randomize(&vs, 0.3);
@@ -51,6 +51,7 @@ struct Batch {
 }
 
 fn batch(cfg: &DrafterConfig, rows: i64, blocks: i64, context: i64, shuffle: bool) -> Batch {
+    let _rng = dflash_engine::device::global_rng::lock();
     let (anchors, keep) = random_anchors(rows, blocks, context, shuffle);
     Batch {
         features: Tensor::randn(
@@ -80,9 +81,8 @@ impl Batch {
 
 #[test]
 fn parameters_have_the_spec_names_shapes_and_hf_init() {
-    let _rng = seeded(0);
+    let _rng = seeded(1);
     let cfg = tiny_config(both_types());
-    tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), &cfg);
     let vars: BTreeMap<String, Vec<i64>> = vs
@@ -144,6 +144,7 @@ fn parameters_have_the_spec_names_shapes_and_hf_init() {
 /// Block-sparse and dense drafters give the same output and the same gradients with respect to
 /// every parameter and both inputs, on shuffled anchors with invalid blocks.
 fn assert_backends_agree(b: &Batch, cfg: &DrafterConfig) {
+    let _rng = dflash_engine::device::global_rng::lock();
     let (vs, drafter) = build(cfg, 2);
     let features = b.features.set_requires_grad(true);
     let embeddings = b.embeddings.set_requires_grad(true);
@@ -188,16 +189,15 @@ fn block_sparse_and_dense_drafters_agree_in_output_and_all_gradients() {
     // DFlash2's convolutions (randomised, so their dynamic branch is live) sit inside each
     // layer, around the attention both back-ends compute.
     for cfg in [tiny_config(both_types()), tiny_dflash2_config(both_types())] {
-        tch::manual_seed(3);
+        let _rng = seeded(3);
         assert_backends_agree(&batch(&cfg, 2, 7, 22, true), &cfg);
     }
 }
 
 #[test]
 fn a_drafter_whose_schedules_chunk_sorts_its_blocks_once_and_still_agrees_with_dense() {
-    let _rng = seeded(0);
+    let _rng = seeded(4);
     let cfg = tiny_config(both_types());
-    tch::manual_seed(4);
     // Enough blocks that no rule's schedule fits one chunk: the blocks are chunked in anchor
     // order, so the drafter sorts them once and restores the order of its output.
     let (blocks, context) = (400, 200);
@@ -235,7 +235,7 @@ fn outputs_of_a_block_ignore_features_at_and_after_its_anchor() {
     let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (_vs, drafter) = build(&cfg, 4);
-    tch::manual_seed(5);
+    let _rng = seeded(5);
     let context = 20;
     let anchors = Tensor::from_slice(&[3i64, 9, 9, 10, 14, 18, 0]).view([1, 7]);
     let keep = Tensor::ones([1, 7], (Kind::Bool, Device::Cpu));
@@ -299,7 +299,7 @@ fn training_forward_equals_single_block_inference_at_each_anchor() {
     ] {
         let (mut vs, drafter) = build(&cfg, 6);
         in_f64_for_dflash2(&mut vs, &cfg);
-        tch::manual_seed(7);
+        let _rng = seeded(7);
         let context = 18;
         // Every position 0..=16 as an anchor (blocks overlap heavily), unsorted.
         let order: Vec<i64> = Tensor::randperm(context - 1, (Kind::Int64, Device::Cpu))
@@ -344,7 +344,7 @@ fn cached_decoding_rounds_equal_the_training_forward_at_each_round_anchor() {
     ] {
         let (mut vs, drafter) = build(&cfg, 10);
         in_f64_for_dflash2(&mut vs, &cfg);
-        tch::manual_seed(11);
+        let _rng = seeded(11);
         let accepted_per_round = [5i64, 1, 3, 1, 4, 2];
         let context: i64 = accepted_per_round.iter().sum();
         let round_anchors: Vec<i64> = accepted_per_round
@@ -390,7 +390,7 @@ fn bf16_drafter_runs_in_bf16_and_tracks_f32() {
     let _rng = seeded(0);
     let cfg = tiny_config(both_types());
     let (mut vs, drafter) = build(&cfg, 8);
-    tch::manual_seed(9);
+    let _rng = seeded(9);
     let b = batch(&cfg, 2, 5, 16, false);
     let reference = b.forward(&drafter, AttentionBackend::BlockSparse);
     vs.set_kind(Kind::BFloat16);
@@ -430,7 +430,7 @@ fn weights_round_trip_through_safetensors_with_hf_keys() {
             .any(|n| n == "layers.2.self_attn.k_norm.weight"),
         "{names:?}"
     );
-    tch::manual_seed(99);
+    let _rng = seeded(99);
     let mut loaded_vs = nn::VarStore::new(Device::Cpu);
     let loaded = Drafter::new(&loaded_vs.root(), &cfg);
     loaded_vs.load(&path).unwrap();

@@ -54,6 +54,7 @@ fn load_fixture() -> (
     Drafter,
     HashMap<String, Tensor>,
 ) {
+    let _rng = dflash_engine::device::global_rng::lock();
     let dir = fixture_dir();
     let cfg = DrafterConfig::from_hf_json(&dir.join("config.json")).expect("fixture config parses");
     let mut vs = nn::VarStore::new(Device::Cpu);

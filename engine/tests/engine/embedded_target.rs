@@ -96,7 +96,7 @@ fn a_run_dir_keeps_the_embedded_target_and_reloads_it() {
 
 #[test]
 fn chain_decoding_on_held_out_prompts_is_lossless_against_the_embedded_target() {
-    tch::manual_seed(3);
+    let _rng = crate::support::drafter::seeded(3);
     let target = embedded::tiny_target(None, Device::Cpu).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let drafter = Drafter::new(&vs.root(), &embedded::tiny_drafter_config(target.config()));

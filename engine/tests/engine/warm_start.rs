@@ -34,7 +34,7 @@ fn write_specforge_drafter(
     seed: i64,
     edit: impl FnOnce(&mut Vec<(String, Tensor)>),
 ) -> Vec<(String, Tensor)> {
-    tch::manual_seed(seed);
+    let _rng = crate::support::drafter::seeded(seed);
     let vs = VarStore::new(Device::Cpu);
     let _drafter = Drafter::new(&vs.root(), cfg);
     randomize(&vs, 0.05);

@@ -17,6 +17,7 @@ fn config(taps: i64, group: i64) -> Dflash2Config {
 }
 
 fn randn(size: &[i64]) -> Tensor {
+    let _rng = crate::device::global_rng::lock();
     Tensor::randn(size, (Kind::Double, Device::Cpu))
 }
 
@@ -33,7 +34,7 @@ fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
 /// A convolution in f64 with every parameter drawn, so the base kernel is not the identity and
 /// the dynamic branch is live.
 fn random_conv(cfg: &Dflash2Config, block_size: i64, seed: i64) -> (VarStore, GroupedConv) {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let mut vs = VarStore::new(Device::Cpu);
     let conv = GroupedConv::new(&vs.root(), cfg, H, block_size);
     vs.set_kind(Kind::Double);
@@ -82,6 +83,7 @@ fn the_convolution_is_the_written_out_sum_inside_each_block() {
 
 #[test]
 fn a_fresh_convolution_is_the_identity() {
+    let _rng = crate::device::global_rng::seeded(1);
     let cfg = config(2, 4);
     let vs = VarStore::new(Device::Cpu);
     let conv = GroupedConv::new(&vs.root(), &cfg, H, 4);
@@ -93,7 +95,7 @@ fn a_fresh_convolution_is_the_identity() {
 
 #[test]
 fn the_selector_score_is_the_unary_score_plus_the_written_out_transition() {
-    tch::manual_seed(2);
+    let _rng = crate::device::global_rng::seeded(2);
     let cfg = config(2, 4);
     let mut vs = VarStore::new(Device::Cpu);
     let selector = CandidateSelector::new(&vs.root(), &cfg, H, V, 0.5);
@@ -143,7 +145,7 @@ fn the_selector_score_is_the_unary_score_plus_the_written_out_transition() {
 
 #[test]
 fn a_fresh_selector_ranks_as_the_unary_scores_and_walks_greedily_from_the_anchor() {
-    tch::manual_seed(3);
+    let _rng = crate::device::global_rng::seeded(3);
     let cfg = config(2, 4);
     let vs = VarStore::new(Device::Cpu);
     let selector = CandidateSelector::new(&vs.root(), &cfg, H, V, 0.5);
@@ -213,10 +215,10 @@ fn tiny_drafter(head: DrafterHead) -> DrafterConfig {
 fn the_parameters_carry_specforges_names_and_shapes_and_a_fresh_drafter_is_dflashs() {
     let cfg = config(2, 4);
     let dflash2 = tiny_drafter(DrafterHead::Dflash2(cfg));
-    tch::manual_seed(4);
+    let _rng = crate::device::global_rng::seeded(4);
     let vs2 = VarStore::new(Device::Cpu);
     let drafter2 = Drafter::new(&vs2.root(), &dflash2);
-    tch::manual_seed(4);
+    let _rng = crate::device::global_rng::seeded(4);
     let vs1 = VarStore::new(Device::Cpu);
     let drafter1 = Drafter::new(&vs1.root(), &tiny_drafter(DrafterHead::Dflash));
     let (one, two) = (vs1.variables(), vs2.variables());

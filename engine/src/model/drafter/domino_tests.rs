@@ -2,6 +2,7 @@ use super::*;
 use tch::{nn::VarStore, Device};
 
 fn head(hidden: i64, gru: i64, emb: i64, vocab: i64, prefix: i64) -> (VarStore, DominoHead) {
+    let _rng = crate::device::global_rng::lock();
     let vs = VarStore::new(Device::Cpu);
     let cfg = DominoConfig {
         emb_dim: emb,
@@ -64,7 +65,7 @@ fn one_gru_step_is_pytorchs_equations_by_hand() {
 
 #[test]
 fn the_sequence_equals_libtorchs_bias_free_gru() {
-    tch::manual_seed(3);
+    let _rng = crate::device::global_rng::seeded(3);
     let (mut vs, head) = head(8, 6, 4, 11, 0);
     vs.set_kind(Kind::Double);
     let inputs = Tensor::randn([5, 7, 8], (Kind::Double, Device::Cpu));
@@ -91,7 +92,7 @@ fn the_sequence_equals_libtorchs_bias_free_gru() {
 
 #[test]
 fn each_slot_reads_the_state_after_the_tokens_before_it() {
-    tch::manual_seed(5);
+    let _rng = crate::device::global_rng::seeded(5);
     let (mut vs, head) = head(8, 6, 4, 11, 1);
     vs.set_kind(Kind::Double);
     let bs = 4;
@@ -119,7 +120,7 @@ fn each_slot_reads_the_state_after_the_tokens_before_it() {
 
 #[test]
 fn the_prefix_slots_keep_the_base_logits_and_the_rest_are_corrected() {
-    tch::manual_seed(9);
+    let _rng = crate::device::global_rng::seeded(9);
     let (mut vs, head) = head(8, 6, 4, 11, 1);
     vs.set_kind(Kind::Double);
     let bs = 4;

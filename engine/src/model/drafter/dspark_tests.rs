@@ -19,7 +19,7 @@ fn config(kind: MarkovHeadType, rank: i64, confidence: bool, with_markov: bool) 
 
 /// A head in f64 with a larger init than the real one, so every term moves the output.
 fn head(cfg: &DsparkConfig, seed: i64) -> (VarStore, DsparkHead) {
-    tch::manual_seed(seed);
+    let _rng = crate::device::global_rng::seeded(seed);
     let mut vs = VarStore::new(Device::Cpu);
     let head = DsparkHead::new(&vs.root(), cfg, H, V, 0.5);
     vs.set_kind(Kind::Double);
@@ -39,6 +39,7 @@ fn vars(vs: &VarStore) -> HashMap<String, Tensor> {
 }
 
 fn randn(size: &[i64]) -> Tensor {
+    let _rng = crate::device::global_rng::lock();
     Tensor::randn(size, (Kind::Double, Device::Cpu))
 }
 
@@ -53,6 +54,7 @@ fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
 }
 
 fn shapes(cfg: &DsparkConfig) -> Vec<(String, Vec<i64>)> {
+    let _rng = crate::device::global_rng::lock();
     let vs = VarStore::new(Device::Cpu);
     let _head = DsparkHead::new(&vs.root(), cfg, H, V, 0.02);
     let mut list: Vec<(String, Vec<i64>)> = vs
@@ -121,6 +123,7 @@ fn the_parameters_carry_specforges_names_and_shapes() {
 
 #[test]
 fn the_init_is_transformers_normal_weights_and_zero_biases() {
+    let _rng = crate::device::global_rng::seeded(2);
     let vs = VarStore::new(Device::Cpu);
     let cfg = config(MarkovHeadType::Rnn, 16, true, true);
     let head = DsparkHead::new(&vs.root(), &cfg, 64, 2000, 0.02);
@@ -188,6 +191,7 @@ fn the_gated_bias_gates_the_embedding_by_the_slots_state() {
 /// The recurrence with rank 1 and H = 1, written out in scalars for a two-slot block.
 #[test]
 fn the_rnn_steps_by_hand_from_a_zero_state() {
+    let _rng = crate::device::global_rng::seeded(3);
     let cfg = config(MarkovHeadType::Rnn, 1, false, false);
     let vs = VarStore::new(Device::Cpu);
     let head = DsparkHead::new(&vs.root(), &cfg, 1, 3, 0.02);
@@ -229,6 +233,7 @@ fn the_rnn_steps_by_hand_from_a_zero_state() {
 
 #[test]
 fn decoding_steps_reproduce_the_teacher_forced_blocks() {
+    let _rng = crate::device::global_rng::seeded(4);
     for kind in [
         MarkovHeadType::Vanilla,
         MarkovHeadType::Gated,
@@ -255,6 +260,7 @@ fn decoding_steps_reproduce_the_teacher_forced_blocks() {
 
 #[test]
 fn the_rnn_carries_its_state_within_a_block_only() {
+    let _rng = crate::device::global_rng::seeded(5);
     let (_vs, head) = head(&config(MarkovHeadType::Rnn, R, false, false), 4);
     let markov = head.markov().unwrap();
     let prev = Tensor::randint(V, [2, 3], (Kind::Int64, Device::Cpu));
@@ -313,6 +319,7 @@ fn creation_order(vs: &VarStore) -> Vec<String> {
 
 #[test]
 fn a_dspark_drafter_has_the_dflash_drafters_backbone_and_its_heads_after_it() {
+    let _rng = crate::device::global_rng::seeded(6);
     let target = crate::embedded::tiny_target_config();
     let dflash_cfg = crate::embedded::tiny_dflash_drafter_config(&target);
     let dspark = config(MarkovHeadType::Rnn, 8, true, true);

@@ -64,7 +64,7 @@ mod tests {
 
     #[test]
     fn masked_attention_with_the_offset_mask_equals_the_causal_rows_it_continues() {
-        tch::manual_seed(6);
+        let _rng = crate::device::global_rng::seeded(6);
         let opts = (Kind::Float, Device::Cpu);
         let q = Tensor::randn([1, 9, 4, 8], opts);
         let k = Tensor::randn([1, 9, 2, 8], opts);
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn sdpa_gqa_matches_loop_reference() {
-        tch::manual_seed(5);
+        let _rng = crate::device::global_rng::seeded(5);
         let opts = (Kind::Float, Device::Cpu);
         let q = Tensor::randn([2, 7, 6, 8], opts);
         let k = Tensor::randn([2, 7, 2, 8], opts);

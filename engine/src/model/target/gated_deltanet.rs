@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn windowed_conv_continues_the_causal_conv() {
-        tch::manual_seed(4);
+        let _rng = crate::device::global_rng::seeded(4);
         let x = Tensor::randn([2, 9, 3], (Kind::Float, Device::Cpu));
         let w = Tensor::randn([3, 1, 4], (Kind::Float, Device::Cpu));
         let whole = causal_depthwise_conv_silu(&x, &w);
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn the_tree_conv_of_a_chain_is_the_windowed_conv_and_a_branch_reads_its_own_path() {
-        tch::manual_seed(5);
+        let _rng = crate::device::global_rng::seeded(5);
         let opts = (Kind::Float, Device::Cpu);
         let window = Tensor::randn([1, 3, 3], opts);
         let x = Tensor::randn([1, 5, 3], opts);
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn conv_is_causal_and_matches_a_direct_sum() {
-        tch::manual_seed(3);
+        let _rng = crate::device::global_rng::seeded(3);
         let x = Tensor::randn([1, 6, 3], (Kind::Float, Device::Cpu));
         let w = Tensor::randn([3, 1, 4], (Kind::Float, Device::Cpu));
         let y = causal_depthwise_conv_silu(&x, &w);

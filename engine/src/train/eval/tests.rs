@@ -171,7 +171,7 @@ fn invalid_slots_neither_count_nor_break_the_chain() {
 #[test]
 fn a_domino_drafter_is_scored_on_its_corrected_logits() {
     use crate::model::drafter::DominoConfig;
-    tch::manual_seed(6);
+    let _rng = crate::device::global_rng::seeded(6);
     let (bs, h, v) = (4i64, 8i64, 11i64);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let cfg = DominoConfig {
@@ -231,7 +231,7 @@ fn evaluating_a_domino_drafter_applies_its_correction_and_a_zero_one_changes_not
         gru_hidden_dim: 8,
         pure_draft_prefix_len: 0,
     });
-    tch::manual_seed(2);
+    let _rng = crate::device::global_rng::seeded(2);
     let domino_vs = tch::nn::VarStore::new(device);
     let domino = Drafter::new(&domino_vs.root(), &domino_cfg);
     let mut dflash_vs = tch::nn::VarStore::new(device);
@@ -289,7 +289,7 @@ fn evaluating_a_dflash2_drafter_scores_its_selector_and_a_fresh_one_scores_as_df
         output_multiplier: 1.0,
         final_logit_softcapping: None,
     });
-    tch::manual_seed(3);
+    let _rng = crate::device::global_rng::seeded(3);
     let dflash2_vs = tch::nn::VarStore::new(device);
     let dflash2 = Drafter::new(&dflash2_vs.root(), &dflash2_cfg);
     let mut dflash_vs = tch::nn::VarStore::new(device);
@@ -377,7 +377,7 @@ fn a_subsampled_oracle_is_the_full_oracle_at_the_blocks_it_picks() {
     let device = tch::Device::Cpu;
     let target = embedded::tiny_target(None, device).unwrap();
     let cfg = embedded::tiny_dflash_drafter_config(target.config());
-    tch::manual_seed(5);
+    let _rng = crate::device::global_rng::seeded(5);
     let vs = tch::nn::VarStore::new(device);
     let drafter = Drafter::new(&vs.root(), &cfg);
     let samples = first_tiny_samples(&target, 3);

@@ -49,6 +49,7 @@ pub fn tiny_dflash2_config(layer_types: Vec<LayerType>) -> DrafterConfig {
 /// name order: `variables()` is a hash map, whose order changes from one process to the next,
 /// so the same seed gives the same weights in every run.
 pub fn randomize(vs: &nn::VarStore, scale: f64) {
+    let _rng = dflash_engine::device::global_rng::lock();
     let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     variables.sort_by(|a, b| a.0.cmp(&b.0));
     tch::no_grad(|| {
@@ -69,6 +70,7 @@ pub fn randomize(vs: &nn::VarStore, scale: f64) {
 /// blocks overlap, and some invalid slots (`keep = false`, anchor 0 as §2.2 sets it, or a
 /// stale non-zero anchor).
 pub fn random_anchors(rows: i64, blocks: i64, context: i64, shuffle: bool) -> (Tensor, Tensor) {
+    let _rng = dflash_engine::device::global_rng::lock();
     let anchors = Tensor::randint(context - 1, [rows, blocks], (Kind::Int64, Device::Cpu));
     // Force overlaps: every third anchor copies or nudges its neighbour.
     anchors.narrow(1, 1, 1).copy_(&anchors.narrow(1, 0, 1));
@@ -102,11 +104,9 @@ pub fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 /// a `Trainer` takes too) from its seed to its last random draw, so its data depend only on
 /// its own seed. Hold it no longer: tests that wait on it do not run. The decoding tests draw
 /// only while building their models ([`super::decode`] seeds inside its builders).
-pub fn seeded(seed: i64) -> std::sync::MutexGuard<'static, ()> {
-    let guard = dflash_engine::device::global_rng::lock();
+pub fn seeded(seed: i64) -> parking_lot::ReentrantMutexGuard<'static, ()> {
     single_threaded();
-    tch::manual_seed(seed);
-    guard
+    dflash_engine::device::global_rng::seeded(seed)
 }
 
 /// Runs this process's libtorch ops on one thread. The models these tests use are tiny (hidden
