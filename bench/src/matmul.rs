@@ -31,9 +31,12 @@ pub fn measure(
     warmup: usize,
     reps: usize,
 ) -> Result<MatmulPeak, BenchError> {
-    let _rng = dflash_engine::device::global_rng::seeded(0);
-    let a = Tensor::randn([n, n], (kind, device));
-    let b = Tensor::randn([n, n], (kind, device));
+    // The generator's lock for the draws only, not through the timed loop.
+    let (a, b) = {
+        let _rng = dflash_engine::device::global_rng::seeded(0);
+        let draw = || Tensor::randn([n, n], (kind, device));
+        (draw(), draw())
+    };
     let mut out = Tensor::empty([n, n], (kind, device));
     let timed = tch::no_grad(|| {
         timed_loop(warmup, reps, device, |_| {

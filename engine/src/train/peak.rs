@@ -24,9 +24,12 @@ pub struct MeasuredPeak {
 /// Times `reps` matmuls of size `n` in `kind` on `device` (after one untimed) and returns the
 /// best rate, or `None` when no timing came out positive.
 pub fn measure_matmul(device: Device, kind: Kind, n: i64, reps: usize) -> Option<MeasuredPeak> {
-    let _rng = crate::device::global_rng::lock();
     let opts = (kind, device);
-    let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
+    // The generator's lock for the draws only, not through the timed loop.
+    let (a, b) = {
+        let _rng = crate::device::global_rng::lock();
+        (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts))
+    };
     let sync = || {
         if let Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
